@@ -1,0 +1,65 @@
+"""The core's own plugin: components that need no extra package.
+
+Always registered under the plugin name ``corerl``, whatever ``CORERL_LOAD_PLUGINS`` says.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from corerl.hookspecs import hookimpl
+from corerl.pending import pending_engine
+from corerl.registry import GenerationBackend, OffloadPolicy, SequencePacker
+
+DEFAULT_PACKER = "modified_first_fit_decreasing"
+DEFAULT_OFFLOAD_POLICY = "none"
+
+_PACKERS = {
+    "first_fit_decreasing": "sort by length, place each sequence in the first row it fits",
+    "modified_first_fit_decreasing": "first-fit decreasing that pairs long and short sequences first (default)",
+    "first_fit_shuffle": "first fit over a shuffled order",
+    "concatenative": "concatenate in order, cut at the token budget",
+    "karmarkar_karp": "balance token counts across data-parallel ranks",
+}
+
+_OFFLOAD_POLICIES = {
+    "none": "everything stays on the accelerator",
+    "optimizer": "optimizer state leaves the accelerator while generating",
+    "full": "parameters and optimizer state leave the accelerator while generating",
+}
+
+
+@hookimpl
+def corerl_register_generation_backends(register: Callable[[GenerationBackend], None]) -> None:
+    register(
+        GenerationBackend(
+            id="hf",
+            priority=0,
+            factory=pending_engine("generation backend 'hf'", "the generation-backends issue"),
+            description="transformers generate(): the reference backend, no extra engine",
+        )
+    )
+
+
+@hookimpl
+def corerl_register_sequence_packers(register: Callable[[SequencePacker], None]) -> None:
+    for packer_id, description in _PACKERS.items():
+        register(
+            SequencePacker(
+                id=packer_id,
+                factory=pending_engine(f"sequence packer {packer_id!r}", "the sequence-packing issue"),
+                description=description,
+            )
+        )
+
+
+@hookimpl
+def corerl_register_offload_policies(register: Callable[[OffloadPolicy], None]) -> None:
+    for policy_id, description in _OFFLOAD_POLICIES.items():
+        register(
+            OffloadPolicy(
+                id=policy_id,
+                factory=pending_engine(f"offload policy {policy_id!r}", "the sequence-packing and offload issue"),
+                description=description,
+            )
+        )

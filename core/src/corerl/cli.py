@@ -1,0 +1,210 @@
+"""The ``corerl`` command: ``run``, ``validate`` and ``plugins``.
+
+Only the standard library is imported at module level so that ``corerl --help`` starts
+fast; each command imports what it needs. Errors a user can cause print one line each
+(exit 2 for config and usage errors, 1 for failures while running); ``CORERL_DEBUG=1``
+shows tracebacks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+EPILOG = """\
+environment:
+  CORERL_DISABLE_PLUGINS=a,b   never import these plugins
+  CORERL_LOAD_PLUGINS=a,b      import only these plugins (empty: none but the core's own)
+  CORERL_TRACE_PLUGINS=1       print each hook call and its implementations
+  CORERL_DEBUG=1               show tracebacks
+"""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, exit 2, like every other usage error
+        from corerl.errors import UsageError
+
+        raise UsageError(f"{message} (see `{self.prog} --help`)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from corerl import __version__
+
+    parser = _Parser(
+        prog="corerl",
+        description="Reinforcement-learning post-training for language models, with pluggable engines.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"corerl {__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    commands.required = True
+
+    run = commands.add_parser("run", help="run a recipe (no CONFIG: the built-in demo)")
+    run.add_argument("config", nargs="?", metavar="CONFIG", help="recipe YAML file")
+    run.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="dotted-key overrides")
+
+    validate = commands.add_parser("validate", help="check a recipe and show what would be selected and why")
+    validate.add_argument("config", metavar="CONFIG", help="recipe YAML file")
+    validate.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="dotted-key overrides")
+    validate.add_argument("--json", action="store_true", help="print a JSON report")
+
+    plugins = commands.add_parser("plugins", help="list installed plugins and what they register")
+    plugins.add_argument("--json", action="store_true", help="print JSON")
+    return parser
+
+
+def _split_run_args(config: str | None, overrides: list[str]) -> tuple[str | None, list[str]]:
+    """``corerl run key=value`` (no CONFIG) means the demo with overrides."""
+    if config is not None and "=" in config and not os.path.exists(config):
+        return None, [config, *overrides]
+    return config, overrides
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``corerl`` console script; returns the exit status."""
+    from corerl.errors import EXIT_FAILURE, CorerlError
+
+    debug = os.environ.get("CORERL_DEBUG", "") not in ("", "0")
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    json_mode = "--json" in args_list
+    try:
+        args = build_parser().parse_args(args_list)
+        if args.command == "plugins":
+            return _cmd_plugins(args)
+        if args.command == "validate":
+            return _cmd_validate(args)
+        return _cmd_run(args)
+    except CorerlError as exc:
+        if debug:
+            raise
+        if json_mode and args_list[:1] == ["validate"]:
+            _print_json({"valid": False, **_empty_selection(), "errors": _error_dicts(exc), "warnings": []})
+        else:
+            _print_errors(exc)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("corerl: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:
+        if debug:
+            raise
+        print(
+            f"corerl: internal error: {type(exc).__name__}: {exc} "
+            "(this is a bug; rerun with CORERL_DEBUG=1 for the traceback and report it)",
+            file=sys.stderr,
+        )
+        return EXIT_FAILURE
+
+
+def _error_dicts(exc: Exception) -> list[dict[str, Any]]:
+    from corerl.errors import ConfigErrors
+
+    errors = exc.errors if isinstance(exc, ConfigErrors) else [exc]
+    return [e.as_dict() for e in errors]
+
+
+def _print_errors(exc: Exception) -> None:
+    from corerl.errors import ConfigErrors
+
+    for error in exc.errors if isinstance(exc, ConfigErrors) else [exc]:
+        print(f"corerl: error: {error}", file=sys.stderr)
+
+
+def _print_json(data: Any) -> None:
+    print(json.dumps(data, indent=2))
+
+
+def _empty_selection() -> dict[str, None]:
+    return {"training_backend": None, "generation_backend": None, "sequence_packer": None, "offload_policy": None}
+
+
+def _cmd_plugins(args: argparse.Namespace) -> int:
+    from corerl.plugin_manager import PluginHost
+
+    rows = PluginHost().describe()
+    if args.json:
+        _print_json(rows)
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="corerl plugins", show_lines=False)
+    for column in ("name", "distribution", "version", "status", "registers", "error"):
+        table.add_column(column, overflow="fold")
+    labels = {
+        "training_backends": "training",
+        "generation_backends": "generation",
+        "sequence_packers": "packers",
+        "offload_policies": "offload",
+    }
+    for row in rows:
+        registers = "; ".join(f"{label}: {', '.join(row[key])}" for key, label in labels.items() if row[key])
+        status_style = {"loaded": "green", "failed": "red", "disabled": "yellow"}[row["status"]]
+        table.add_row(
+            row["name"], row["distribution"] or "-", row["version"] or "-",
+            f"[{status_style}]{row['status']}[/]", registers or "-", row["error"] or "",
+        )
+    Console().print(table)
+    return 0
+
+
+def _load_and_select(config_path: str, overrides: list[str]) -> tuple[Any, Any, Any]:
+    from corerl.config import load_config
+    from corerl.plugin_manager import PluginHost
+    from corerl.selection import select
+
+    host = PluginHost()
+    config = load_config(config_path, overrides, host)
+    return host, config, select(config, host)
+
+
+def _cmd_validate(args: argparse.Namespace) -> int:
+    _host, config, selection = _load_and_select(args.config, args.overrides)
+    if args.json:
+        _print_json({"valid": True, **selection.as_dict(), "errors": [], "warnings": selection.warnings})
+        return 0
+    _print_selection(config.source, selection, verdict="valid")
+    return 0
+
+
+def _print_selection(source: str, selection: Any, verdict: str) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    console.print(f"[bold]{source}[/]: {verdict}")
+    table = Table(show_header=True, header_style="bold")
+    table.add_column("component")
+    table.add_column("selected")
+    table.add_column("why", overflow="fold")
+    for label, choice in (
+        ("training backend", selection.training_backend),
+        ("generation backend", selection.generation_backend),
+        ("sequence packer", selection.sequence_packer),
+        ("offload policy", selection.offload_policy),
+    ):
+        table.add_row(label, choice.id or "off", choice.reason)
+    console.print(table)
+    for warning in selection.warnings:
+        console.print(f"[yellow]warning:[/] {warning}", highlight=False)
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from corerl.recipes import DEMO_RECIPE
+    from corerl.runner import run_recipe
+
+    config_path, overrides = _split_run_args(args.config, args.overrides)
+    if config_path is None:
+        config_path = str(DEMO_RECIPE)
+    host, config, selection = _load_and_select(config_path, overrides)
+    _print_selection(config.source, selection, verdict="running")
+    return run_recipe(config, selection, host)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

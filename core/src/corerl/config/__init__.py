@@ -1,0 +1,84 @@
+"""Configuration: recipes, overrides, the core schema and plugin-owned sections.
+
+:func:`load_config` is the one entry point: it reads a recipe with its ``defaults:``,
+applies ``key=value`` overrides, structures the core sections strictly and hands each
+plugin-owned section (``policy.megatron_cfg``, ...) to the owning plugin's schema.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import attrs
+
+from corerl.config.overrides import apply_overrides, parse_override
+from corerl.config.recipes import load_recipe
+from corerl.config.schema import CorerlConfig
+from corerl.config.structure import StructureContext, structure
+from corerl.config.tree import Origins
+from corerl.errors import ConfigErrors
+from corerl.known_plugins import FIRST_PARTY
+
+if TYPE_CHECKING:
+    from corerl.plugin_manager import PluginHost
+
+__all__ = ["Config", "CorerlConfig", "load_config", "owned_sections"]
+
+
+@attrs.define
+class Config:
+    """A validated recipe: the core sections plus every plugin-owned section by key path."""
+
+    core: CorerlConfig
+    sections: dict[str, Any]
+    raw: dict[str, Any]
+    origins: Origins
+    source: str
+
+    def section(self, path: str) -> Any | None:
+        """The plugin-owned section at ``path`` (a schema instance, or a mapping when its plugin is absent)."""
+        return self.sections.get(path)
+
+    def section_enabled(self, path: str) -> bool:
+        """Whether the section at ``path`` says ``enabled: true``."""
+        value = self.sections.get(path)
+        enabled = value.get("enabled") if isinstance(value, Mapping) else getattr(value, "enabled", False)
+        return enabled is True
+
+
+def owned_sections(host: PluginHost) -> dict[str, type | None]:
+    """Key path -> schema of every plugin-owned section (None: owner known but not installed)."""
+    owned: dict[str, type | None] = {}
+    for item in host.registrations():
+        if item.config_section and owned.get(item.config_section) is None:
+            owned[item.config_section] = item.config_schema
+    for plugin in FIRST_PARTY:
+        for path in plugin.sections:
+            owned.setdefault(path, None)
+    return owned
+
+
+def load_config(path: str | Path, overrides: Iterable[str], host: PluginHost) -> Config:
+    """Load, override and validate a recipe; every problem found is raised together."""
+    raw, origins = load_recipe(path)
+    apply_overrides(raw, [parse_override(text) for text in overrides], origins)
+    owned = owned_sections(host)
+    ctx = StructureContext(origins, owned)
+    core = structure(CorerlConfig, raw, "", ctx)
+    if core is not None:
+        for key, message in core.check():
+            ctx.error(key, message)
+        for section_path, value in ctx.sections.items():
+            check = getattr(value, "check", None)
+            for key, message in (check(core) if callable(check) else ()):
+                ctx.error(f"{section_path}.{key}" if key else section_path, message)
+    if ctx.errors:
+        raise ConfigErrors(ctx.errors)
+    assert core is not None
+    sections = dict(ctx.sections)
+    for section_path, schema in owned.items():
+        if section_path not in sections and schema is not None:
+            sections[section_path] = schema()
+    return Config(core, sections, raw, origins, str(Path(path)))

@@ -1,0 +1,36 @@
+"""Declaring schema fields: defaults, bounds and help text in one call.
+
+Core and plugin schemas are attrs classes whose fields are made with :func:`setting`
+(or :func:`section` for a nested section); :mod:`corerl.config.structure` reads them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+
+_NO_DEFAULT = attrs.NOTHING
+
+
+def setting(
+    default: Any = _NO_DEFAULT,
+    *,
+    min: float | None = None,
+    max: float | None = None,
+    min_exclusive: bool = False,
+    help: str = "",
+) -> Any:
+    """A scalar setting. ``min``/``max`` bound numbers (``min_exclusive`` makes ``min`` strict).
+
+    Mutable defaults (dicts, lists) are copied per instance.
+    """
+    metadata = {"min": min, "max": max, "min_exclusive": min_exclusive, "help": help}
+    if isinstance(default, (dict, list)):
+        return attrs.field(factory=lambda: type(default)(default), metadata=metadata)
+    return attrs.field(default=default, metadata=metadata)
+
+
+def section(cls: type, *, help: str = "") -> Any:
+    """A nested section whose defaults come from ``cls``."""
+    return attrs.field(factory=cls, metadata={"help": help})

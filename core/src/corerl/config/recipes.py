@@ -1,0 +1,81 @@
+"""Recipe files: ``defaults:`` inheritance, section aliases, and where each key came from."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from corerl.config.tree import Origins, deep_merge, record_origins, rename_key
+from corerl.config.yaml_io import read_yaml_file
+from corerl.errors import ConfigError
+
+# Spellings that occur in the wild for one section -> the canonical key path.
+SECTION_ALIASES: dict[str, str] = {"policy.dtensor_config": "policy.dtensor_cfg"}
+
+
+def canonical_path(path: str) -> str:
+    """``path`` with any aliased section spelled canonically."""
+    for alias, canonical in SECTION_ALIASES.items():
+        if path == alias or path.startswith(alias + "."):
+            return canonical + path[len(alias):]
+    return path
+
+
+def normalise_aliases(data: dict[str, Any], source: str) -> None:
+    """Rename aliased sections in place; both spellings at once is an error."""
+    for alias, canonical in SECTION_ALIASES.items():
+        if _has_path(data, alias):
+            if _has_path(data, canonical):
+                raise ConfigError(
+                    f"both {canonical} and its alias {alias} are set",
+                    key=canonical, source=source, hint="keep one of the two spellings",
+                )
+            rename_key(data, alias, canonical.rsplit(".", 1)[1])
+
+
+def _has_path(data: dict[str, Any], path: str) -> bool:
+    node: Any = data
+    for part in path.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return False
+        node = node[part]
+    return True
+
+
+def load_recipe(path: str | Path) -> tuple[dict[str, Any], Origins]:
+    """Load ``path`` with everything it inherits through ``defaults:``.
+
+    ``defaults`` is a path or a list of paths, relative to the file that names them; they
+    merge in order and the file itself goes on top.
+    """
+    return _load(Path(path).expanduser().resolve(), stack=(), needed_by=None)
+
+
+def _load(path: Path, stack: tuple[Path, ...], needed_by: str | None) -> tuple[dict[str, Any], Origins]:
+    if path in stack:
+        chain = " -> ".join(p.name for p in (*stack, path))
+        raise ConfigError(
+            f"inheritance cycle through defaults: {chain}", key="defaults", source=str(stack[-1]),
+            hint="remove one of the defaults entries",
+        )
+    data = read_yaml_file(path, needed_by=needed_by)
+    parents = data.pop("defaults", None)
+    normalise_aliases(data, str(path))
+    if parents is None:
+        parents = []
+    elif isinstance(parents, str):
+        parents = [parents]
+    if not isinstance(parents, list) or not all(isinstance(p, str) and p for p in parents):
+        raise ConfigError(
+            "expected a recipe path or a list of recipe paths", key="defaults", source=str(path),
+            hint="write e.g. `defaults: base.yaml`",
+        )
+    merged: dict[str, Any] = {}
+    origins: Origins = {}
+    for entry in parents:
+        target = (path.parent / Path(entry).expanduser()).resolve()
+        parent_data, parent_origins = _load(target, (*stack, path), needed_by=f"defaults: in {path}")
+        merged = deep_merge(merged, parent_data)
+        origins.update(parent_origins)
+    record_origins(data, str(path), origins)
+    return deep_merge(merged, data), origins

@@ -1,0 +1,151 @@
+"""The core's own config sections (plugin sections are validated by their plugins' schemas).
+
+Every key the product promises is here, typed and bounded; recipes and overrides are
+structured into :class:`CorerlConfig` by :mod:`corerl.config.structure`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Literal
+
+import attrs
+
+from corerl.config.fields import section, setting
+
+Precision = Literal["float32", "bfloat16", "float16"]
+
+
+@attrs.define(kw_only=True)
+class ClusterConfig:
+    """The machines a run uses; one worker per GPU (per CPU worker slot without GPUs)."""
+
+    num_nodes: int = setting(1, min=1, help="number of nodes")
+    gpus_per_node: int = setting(1, min=1, help="workers per node: GPUs, or CPU worker processes without GPUs")
+    ray_address: str | None = setting(None, help="an existing Ray cluster; unset: RAY_ADDRESS, else a local runtime")
+
+    @property
+    def world_size(self) -> int:
+        return self.num_nodes * self.gpus_per_node
+
+
+@attrs.define(kw_only=True)
+class ResourcesConfig:
+    """Resources for dedicated (non-colocated) generation."""
+
+    num_nodes: int | None = setting(None, min=1)
+    gpus_per_node: int | None = setting(None, min=1)
+
+
+@attrs.define(kw_only=True)
+class ColocatedConfig:
+    """Whether generation shares the training workers' devices."""
+
+    enabled: bool = setting(True)
+    resources: ResourcesConfig = section(ResourcesConfig)
+
+
+@attrs.define(kw_only=True)
+class GenerationConfig:
+    """``policy.generation``: the generation backend and its sampling settings."""
+
+    backend: str | None = setting(None, help="generation backend id; unset: vllm when installed, else hf")
+    max_new_tokens: int = setting(128, min=1)
+    temperature: float = setting(1.0, min=0.0)
+    top_p: float = setting(1.0, min=0.0, min_exclusive=True, max=1.0)
+    top_k: int | None = setting(None, min=1)
+    stop_strings: list[str] | None = setting(None)
+    stop_token_ids: list[int] | None = setting(None)
+    colocated: ColocatedConfig = section(ColocatedConfig)
+
+
+@attrs.define(kw_only=True)
+class SequencePackingConfig:
+    """``policy.sequence_packing``: several sequences per row, never attending across each other."""
+
+    enabled: bool = setting(False)
+    algorithm: str = setting("modified_first_fit_decreasing", help="sequence packer id")
+    train_mb_tokens: int | None = setting(None, min=1, help="token budget of a training micro-batch")
+    logprob_mb_tokens: int | None = setting(None, min=1, help="token budget of a logprob micro-batch")
+
+
+@attrs.define(kw_only=True)
+class OffloadConfig:
+    """``policy.offload``: what leaves the accelerator between phases."""
+
+    policy: str = setting("none", help="offload policy id: none, optimizer, full, ...")
+
+
+@attrs.define(kw_only=True)
+class OptimizerConfig:
+    """The generic optimizer (a backend may replace it with its own section)."""
+
+    name: Literal["adamw", "adam", "sgd"] = setting("adamw")
+    lr: float = setting(1e-5, min=0.0, min_exclusive=True)
+    weight_decay: float = setting(0.0, min=0.0)
+    betas: list[float] = setting([0.9, 0.999])
+    eps: float = setting(1e-8, min=0.0, min_exclusive=True)
+
+
+@attrs.define(kw_only=True)
+class SchedulerConfig:
+    """The generic learning-rate schedule."""
+
+    name: Literal["constant", "linear", "cosine"] = setting("constant")
+    warmup_steps: int = setting(0, min=0)
+
+
+@attrs.define(kw_only=True)
+class PolicyConfig:
+    """``policy``: the model being trained and how it is trained and sampled."""
+
+    model_name: str = setting(help="Hugging Face checkpoint directory (or a built-in model name)")
+    tokenizer_name: str | None = setting(None, help="defaults to model_name")
+    max_seq_length: int = setting(1024, min=1)
+    precision: Precision = setting("float32")
+    train_micro_batch_size: int = setting(4, min=1)
+    logprob_micro_batch_size: int | None = setting(None, min=1)
+    max_grad_norm: float | None = setting(1.0, min=0.0, min_exclusive=True)
+    training_backend: str | None = setting(None, help="training backend id; unset: chosen by priority")
+    optimizer: OptimizerConfig = section(OptimizerConfig)
+    scheduler: SchedulerConfig = section(SchedulerConfig)
+    generation: GenerationConfig = section(GenerationConfig)
+    sequence_packing: SequencePackingConfig = section(SequencePackingConfig)
+    offload: OffloadConfig = section(OffloadConfig)
+
+
+@attrs.define(kw_only=True)
+class AlgorithmConfig:
+    """``algorithm``: which algorithm runs and its batch arithmetic."""
+
+    name: Literal["grpo", "sft"] = setting("grpo")
+    batch_size: int = setting(8, min=1, help="prompts per step (GRPO) or examples per step (SFT)")
+    gradient_accumulation_steps: int = setting(1, min=1)
+    num_generations_per_prompt: int = setting(4, min=1)
+    max_steps: int = setting(10, min=1)
+    seed: int = setting(42, min=0)
+
+
+@attrs.define(kw_only=True)
+class CorerlConfig:
+    """A whole recipe: cluster, policy and algorithm sections."""
+
+    cluster: ClusterConfig = section(ClusterConfig)
+    policy: PolicyConfig = setting()
+    algorithm: AlgorithmConfig = section(AlgorithmConfig)
+
+    def check(self) -> Iterator[tuple[str, str]]:
+        """Cross-field rules of the core sections: (key path, message) per problem."""
+        colocated = self.policy.generation.colocated
+        if not colocated.enabled and colocated.resources.gpus_per_node is None:
+            yield (
+                "policy.generation.colocated.resources.gpus_per_node",
+                "dedicated generation (colocated.enabled=false) needs resources.gpus_per_node",
+            )
+        if self.algorithm.batch_size % self.algorithm.gradient_accumulation_steps:
+            yield (
+                "algorithm.gradient_accumulation_steps",
+                f"must divide algorithm.batch_size ({self.algorithm.batch_size}), "
+                f"got {self.algorithm.gradient_accumulation_steps}",
+            )
+

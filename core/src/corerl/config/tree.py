@@ -1,0 +1,56 @@
+"""Nested-mapping helpers shared by recipe loading and overrides, with origin tracking.
+
+``origins`` maps a dotted key path to where its value came from (a file, an override), so
+that an error can say where to fix it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+Origins = dict[str, str]
+
+
+def record_origins(data: Mapping[str, Any], source: str, origins: Origins, prefix: str = "") -> None:
+    """Note ``source`` as the origin of every key path in ``data``."""
+    for key, value in data.items():
+        path = f"{prefix}{key}"
+        origins[path] = source
+        if isinstance(value, Mapping):
+            record_origins(value, source, origins, prefix=f"{path}.")
+
+
+def deep_merge(base: dict[str, Any], top: Mapping[str, Any]) -> dict[str, Any]:
+    """``top`` over ``base``: mappings merge key by key, anything else (lists too) replaces."""
+    merged = dict(base)
+    for key, value in top.items():
+        if isinstance(value, Mapping) and isinstance(merged.get(key), Mapping):
+            merged[key] = deep_merge(dict(merged[key]), value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def origin_of(path: str, origins: Origins) -> str | None:
+    """The origin of ``path`` or of its nearest ancestor that has one."""
+    parts = path.split(".")
+    for end in range(len(parts), 0, -1):
+        found = origins.get(".".join(parts[:end]))
+        if found is not None:
+            return found
+    return None
+
+
+def rename_key(data: dict[str, Any], path: str, new_name: str) -> bool:
+    """Rename the key at dotted ``path`` to ``new_name`` in place; False if absent."""
+    *parents, leaf = path.split(".")
+    node: Any = data
+    for part in parents:
+        node = node.get(part) if isinstance(node, dict) else None
+        if node is None:
+            return False
+    if not isinstance(node, dict) or leaf not in node:
+        return False
+    node[new_name] = node.pop(leaf)
+    return True

@@ -1,0 +1,71 @@
+"""Every hook corerl calls, in one place (pluggy project name ``corerl``).
+
+Plugins implement these with :data:`corerl.hookimpl`. Each registration hook is called once
+per plugin manager with a ``register`` callback; the plugin calls it once per component
+it provides. Registration must stay cheap: import heavy engines (torch, vllm, megatron,
+deepspeed) in the factory, never at module level or inside the hook.
+
+The reference for plugin authors is ``docs/plugins.md``; a test keeps the two in step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pluggy
+
+from corerl.registry import GenerationBackend, OffloadPolicy, SequencePacker, TrainingBackend
+
+PROJECT_NAME = "corerl"
+
+hookspec = pluggy.HookspecMarker(PROJECT_NAME)
+hookimpl = pluggy.HookimplMarker(PROJECT_NAME)
+
+
+@hookspec
+def corerl_register_training_backends(register: Callable[[TrainingBackend], None]) -> None:
+    """Register training backends.
+
+    Call ``register(TrainingBackend(id=..., factory=..., priority=..., config_section=...,
+    config_schema=...))`` once per backend. When ``policy.training_backend`` is unset, the
+    enabled backend (``<config_section>.enabled: true``) with the highest priority is
+    selected; first-party priorities are megatron 300, deepspeed 200, dtensor 100.
+
+    Called when the plugin manager first needs the training-backend registry (``corerl
+    validate``, ``corerl run``, ``corerl plugins``).
+    """
+
+
+@hookspec
+def corerl_register_generation_backends(register: Callable[[GenerationBackend], None]) -> None:
+    """Register generation backends.
+
+    Call ``register(GenerationBackend(id=..., factory=..., config_section=...))`` once per
+    backend. ``policy.generation.backend`` names the one to use; unset, ``vllm`` is used
+    when installed and ``hf`` otherwise.
+
+    Called when the plugin manager first needs the generation-backend registry.
+    """
+
+
+@hookspec
+def corerl_register_sequence_packers(register: Callable[[SequencePacker], None]) -> None:
+    """Register sequence-packing algorithms.
+
+    Call ``register(SequencePacker(id=..., factory=...))`` once per algorithm. With
+    ``policy.sequence_packing.enabled: true`` the packer named by
+    ``policy.sequence_packing.algorithm`` is used.
+
+    Called when the plugin manager first needs the sequence-packer registry.
+    """
+
+
+@hookspec
+def corerl_register_offload_policies(register: Callable[[OffloadPolicy], None]) -> None:
+    """Register offload policies: what leaves the accelerator between phases, and when.
+
+    Call ``register(OffloadPolicy(id=..., factory=...))`` once per policy.
+    ``policy.offload.policy`` names the one to use (default ``none``).
+
+    Called when the plugin manager first needs the offload-policy registry.
+    """

@@ -1,0 +1,58 @@
+"""The first-party plugins, so that errors can say how to install what a recipe asks for.
+
+The core never imports these packages; it only knows their names, what they provide and
+how to install them from a checkout of the corerl repository.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+
+@attrs.frozen
+class KnownPlugin:
+    """A first-party plugin package: what it provides and the line that installs it."""
+
+    name: str
+    distribution: str
+    install: str
+    training_backends: tuple[str, ...] = ()
+    generation_backends: tuple[str, ...] = ()
+    sections: tuple[str, ...] = ()
+
+
+FIRST_PARTY: tuple[KnownPlugin, ...] = (
+    KnownPlugin(
+        "dtensor", "corerl-dtensor", "pip install ./plugins/dtensor",
+        training_backends=("dtensor",), sections=("policy.dtensor_cfg",),
+    ),
+    KnownPlugin(
+        "megatron", "corerl-megatron", "pip install ./plugins/megatron",
+        training_backends=("megatron",), generation_backends=("megatron",), sections=("policy.megatron_cfg",),
+    ),
+    KnownPlugin(
+        "deepspeed", "corerl-deepspeed", "pip install ./plugins/deepspeed",
+        training_backends=("deepspeed",), sections=("policy.deepspeed_cfg",),
+    ),
+    KnownPlugin(
+        "vllm", "corerl-vllm", "pip install './plugins/vllm_gen[cpu]' (or [gpu] on CUDA machines)",
+        generation_backends=("vllm",), sections=("policy.generation.vllm_cfg",),
+    ),
+)
+
+
+def provider_of(kind: str, component_id: str) -> KnownPlugin | None:
+    """The first-party plugin that provides ``component_id`` of ``kind``, if any."""
+    for plugin in FIRST_PARTY:
+        provided = plugin.training_backends if kind == "training backend" else plugin.generation_backends
+        if kind in ("training backend", "generation backend") and component_id in provided:
+            return plugin
+    return None
+
+
+def owner_of_section(path: str) -> KnownPlugin | None:
+    """The first-party plugin that owns the config section at ``path``, if any."""
+    for plugin in FIRST_PARTY:
+        if path in plugin.sections:
+            return plugin
+    return None

@@ -1,0 +1,246 @@
+"""Loading plugins safely, and the typed facade over the registration hooks.
+
+:class:`PluginHost` wraps a ``pluggy.PluginManager``: it discovers plugins through the
+``corerl.plugins`` entry-point group, honours ``CORERL_DISABLE_PLUGINS``,
+``CORERL_LOAD_PLUGINS`` and ``CORERL_TRACE_PLUGINS``, records a plugin that fails to import
+(or to register) instead of failing, and collects the four registries on first use.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata as importlib_metadata
+import os
+import sys
+from collections.abc import Mapping
+from typing import Any, TextIO
+
+import attrs
+import pluggy
+
+from corerl import builtin_plugin, hookspecs
+from corerl.registry import (
+    GenerationBackend,
+    OffloadPolicy,
+    Registration,
+    Registry,
+    SequencePacker,
+    TrainingBackend,
+)
+
+ENTRY_POINT_GROUP = "corerl.plugins"
+CORE_PLUGIN = "corerl"
+
+# hook name -> (registry attribute, registration class)
+REGISTRATION_HOOKS: dict[str, tuple[str, type[Registration]]] = {
+    "corerl_register_training_backends": ("training_backends", TrainingBackend),
+    "corerl_register_generation_backends": ("generation_backends", GenerationBackend),
+    "corerl_register_sequence_packers": ("sequence_packers", SequencePacker),
+    "corerl_register_offload_policies": ("offload_policies", OffloadPolicy),
+}
+
+
+@attrs.define
+class PluginInfo:
+    """One plugin as ``corerl plugins`` reports it."""
+
+    name: str
+    distribution: str | None = None
+    version: str | None = None
+    module: str | None = None
+    status: str = "loaded"  # loaded | failed | disabled
+    error: str | None = None
+
+
+def _names(value: str) -> set[str]:
+    return {part.strip() for part in value.split(",") if part.strip()}
+
+
+def _describe_exception(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
+
+
+class PluginHost:
+    """The plugin manager corerl runs with: discovery, safe loading and the registries.
+
+    ``discover=False`` starts with the core's own plugin only (what tests want);
+    ``env`` replaces ``os.environ`` when reading the ``CORERL_*`` variables.
+    """
+
+    def __init__(
+        self,
+        *,
+        discover: bool = True,
+        env: Mapping[str, str] | None = None,
+        trace_stream: TextIO | None = None,
+    ) -> None:
+        self.env = os.environ if env is None else env
+        self.pm = pluggy.PluginManager(hookspecs.PROJECT_NAME)
+        self.pm.add_hookspecs(hookspecs)
+        self.plugins: dict[str, PluginInfo] = {}
+        self._registries: dict[str, Registry[Any]] | None = None
+        self._trace = trace_stream if trace_stream is not None else (
+            sys.stderr if self.env.get("CORERL_TRACE_PLUGINS", "") not in ("", "0") else None
+        )
+        if self._trace is not None:
+            self.pm.add_hookcall_monitoring(self._trace_before, self._trace_after)
+        self.register(builtin_plugin, name=CORE_PLUGIN, distribution="corerl", version=_version("corerl"))
+        if discover:
+            self.load_entry_points()
+
+    # -- loading -----------------------------------------------------------------------
+
+    def _log(self, message: str) -> None:
+        if self._trace is not None:
+            print(f"corerl trace: {message}", file=self._trace)
+
+    def _trace_before(self, hook_name: str, hook_impls: list[Any], kwargs: dict[str, Any]) -> None:
+        plugins = ", ".join(impl.plugin_name for impl in hook_impls) or "no implementations"
+        self._log(f"call {hook_name}({', '.join(kwargs)}) -> {plugins}")
+
+    def _trace_after(self, outcome: Any, hook_name: str, hook_impls: list[Any], kwargs: dict[str, Any]) -> None:
+        exc = outcome.exception
+        self._log(f"done {hook_name}" + (f" (raised {_describe_exception(exc)})" if exc else ""))
+
+    def blocked(self, name: str, distribution: str | None = None) -> bool:
+        """Whether the environment keeps plugin ``name`` from being imported."""
+        names = {name} | ({distribution} if distribution else set())
+        if names & _names(self.env.get("CORERL_DISABLE_PLUGINS", "")):
+            return True
+        only = self.env.get("CORERL_LOAD_PLUGINS")
+        return only is not None and not (names & _names(only))
+
+    def load_entry_points(self) -> None:
+        """Import and register every plugin in the ``corerl.plugins`` entry-point group."""
+        seen: set[tuple[str, str]] = set()
+        for ep in sorted(importlib_metadata.entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
+            dist = getattr(ep, "dist", None)
+            dist_name = dist.name if dist is not None else None
+            version = dist.version if dist is not None else None
+            if (ep.name, ep.value) in seen:  # one distribution visible twice on sys.path
+                continue
+            seen.add((ep.name, ep.value))
+            info = PluginInfo(ep.name, dist_name, version, module=ep.value)
+            if ep.name in self.plugins:
+                holder = self.plugins[ep.name]
+                info.status, info.error = "failed", (
+                    f"plugin name {ep.name!r} is already taken by {holder.distribution or holder.module}"
+                )
+                self.plugins[f"{ep.name} ({dist_name})"] = info
+                continue
+            self.plugins[ep.name] = info
+            if self.blocked(ep.name, dist_name):
+                info.status = "disabled"
+                self._log(f"plugin {ep.name!r} disabled by CORERL_DISABLE_PLUGINS/CORERL_LOAD_PLUGINS; not imported")
+                continue
+            self._log(f"import plugin {ep.name!r} from {ep.value} ({dist_name} {version})")
+            try:
+                module = ep.load()
+            except Exception as exc:  # a broken plugin must not break anything that does not need it
+                info.status, info.error = "failed", _describe_exception(exc)
+                self._log(f"plugin {ep.name!r} failed to import: {info.error}")
+                continue
+            self._register_module(module, info)
+
+    def register(
+        self, plugin: object, name: str, *, distribution: str | None = None, version: str | None = None
+    ) -> PluginInfo:
+        """Register an already imported plugin object (a module or any object with hookimpls)."""
+        if name in self.plugins:
+            raise ValueError(f"a plugin named {name!r} is already registered")
+        info = PluginInfo(name, distribution, version, module=getattr(plugin, "__name__", type(plugin).__name__))
+        self.plugins[name] = info
+        self._register_module(plugin, info)
+        return info
+
+    def _register_module(self, plugin: object, info: PluginInfo) -> None:
+        try:
+            self.pm.register(plugin, name=info.name)
+            self.pm.check_pending()
+        except pluggy.PluginValidationError as exc:
+            if self.pm.is_registered(plugin):
+                self.pm.unregister(plugin)
+            info.status, info.error = "failed", f"invalid hook implementation: {exc}"
+            return
+        self._registries = None  # recollect on next use
+
+    # -- registries --------------------------------------------------------------------
+
+    def _collect(self) -> dict[str, Registry[Any]]:
+        registries: dict[str, Registry[Any]] = {attr: Registry(cls) for attr, cls in REGISTRATION_HOOKS.values()}
+        for hook_name, (attr, _cls) in REGISTRATION_HOOKS.items():
+            registry = registries[attr]
+            hook = getattr(self.pm.hook, hook_name)
+            for impl in hook.get_hookimpls():  # registration order: the core's own plugin first
+                info = self.plugins[impl.plugin_name]
+                if info.status != "loaded":
+                    continue
+                others = [p for p in self.pm.get_plugins() if p is not impl.plugin]
+                pending: list[Registration] = []
+                try:
+                    self.pm.subset_hook_caller(hook_name, remove_plugins=others)(register=pending.append)
+                except Exception as exc:
+                    info.status, info.error = "failed", f"{hook_name} raised {_describe_exception(exc)}"
+                    continue
+                for item in pending:
+                    try:
+                        registry.add(item, impl.plugin_name)
+                    except Exception as exc:
+                        info.error = _describe_exception(exc) if info.error is None else info.error
+                        info.status = "failed"
+        return registries
+
+    def _registry(self, attr: str) -> Registry[Any]:
+        if self._registries is None:
+            self._registries = self._collect()
+        return self._registries[attr]
+
+    @property
+    def training_backends(self) -> Registry[TrainingBackend]:
+        return self._registry("training_backends")
+
+    @property
+    def generation_backends(self) -> Registry[GenerationBackend]:
+        return self._registry("generation_backends")
+
+    @property
+    def sequence_packers(self) -> Registry[SequencePacker]:
+        return self._registry("sequence_packers")
+
+    @property
+    def offload_policies(self) -> Registry[OffloadPolicy]:
+        return self._registry("offload_policies")
+
+    def registries(self) -> dict[str, Registry[Any]]:
+        """All four registries by attribute name, collected once."""
+        self._registry("training_backends")
+        assert self._registries is not None
+        return dict(self._registries)
+
+    def registrations(self) -> list[Registration]:
+        """Every registration of every kind."""
+        return [item for registry in self.registries().values() for item in registry]
+
+    def failed_plugins(self) -> list[PluginInfo]:
+        self.registries()
+        return [p for p in self.plugins.values() if p.status == "failed"]
+
+    def describe(self) -> list[dict[str, Any]]:
+        """The ``corerl plugins --json`` listing."""
+        registries = self.registries()
+        rows = []
+        for info in self.plugins.values():
+            row: dict[str, Any] = {"name": info.name, "distribution": info.distribution, "version": info.version}
+            for attr in registries:
+                row[attr] = registries[attr].by_plugin(info.name)
+            row.update(status=info.status, error=info.error)
+            rows.append(row)
+        return rows
+
+
+def _version(distribution: str) -> str | None:
+    try:
+        return importlib_metadata.version(distribution)
+    except importlib_metadata.PackageNotFoundError:
+        return None
+

@@ -1,0 +1,174 @@
+"""What plugins register, and the registries that hold it.
+
+A plugin's registration hook receives a ``register`` callback and calls it with one of the
+four registration classes below. The factory is an import path (``"pkg.module:Class"``) or a
+callable; it is resolved only when the component is created, so registering imports nothing
+heavy.
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+from collections.abc import Callable, Iterator
+from typing import Any, ClassVar, Generic, TypeVar
+
+import attrs
+
+from corerl.errors import EngineNotAvailable, RegistrationError
+
+_ID_PATTERN = re.compile(r"^[a-z][a-z0-9_.-]*$")
+_SECTION_PATTERN = re.compile(r"^[a-z_][a-z0-9_]*(\.[a-z_][a-z0-9_]*)+$")
+_FACTORY_PATTERN = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
+
+
+def _check_id(_: Any, attribute: attrs.Attribute, value: str) -> None:
+    if not isinstance(value, str) or not _ID_PATTERN.match(value):
+        raise RegistrationError(
+            f"invalid id {value!r}: use lower-case letters, digits, '_', '.', '-' (starting with a letter)"
+        )
+
+
+def _check_factory(_: Any, attribute: attrs.Attribute, value: Any) -> None:
+    if isinstance(value, str):
+        if not _FACTORY_PATTERN.match(value):
+            raise RegistrationError(f"invalid factory {value!r}: expected an import path 'package.module:name'")
+    elif not callable(value):
+        raise RegistrationError(f"invalid factory {value!r}: expected an import path or a callable")
+
+
+def _check_section(_: Any, attribute: attrs.Attribute, value: str | None) -> None:
+    if value is not None and not (isinstance(value, str) and _SECTION_PATTERN.match(value)):
+        raise RegistrationError(f"invalid config_section {value!r}: expected a dotted key path such as 'policy.my_cfg'")
+
+
+def _check_schema(_: Any, attribute: attrs.Attribute, value: type | None) -> None:
+    if value is not None and not attrs.has(value):
+        raise RegistrationError(f"invalid config_schema {value!r}: expected an attrs class")
+
+
+def _check_priority(_: Any, attribute: attrs.Attribute, value: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise RegistrationError(f"invalid priority {value!r}: expected an integer")
+
+
+@attrs.frozen(kw_only=True)
+class Registration:
+    """One named component a plugin provides.
+
+    ``id`` is what recipes name; ``priority`` breaks ties when several enabled components
+    compete (higher wins); ``config_section`` is the dotted key path the component owns
+    (for example ``policy.megatron_cfg``) and ``config_schema`` the attrs class that
+    validates it; ``factory`` builds the component and may import heavy engines.
+    """
+
+    kind: ClassVar[str] = "component"
+
+    id: str = attrs.field(validator=_check_id)
+    factory: str | Callable[..., Any] = attrs.field(validator=_check_factory)
+    priority: int = attrs.field(default=0, validator=_check_priority)
+    config_section: str | None = attrs.field(default=None, validator=_check_section)
+    config_schema: type | None = attrs.field(default=None, validator=_check_schema)
+    description: str = ""
+    plugin: str = ""
+
+    def load(self) -> Callable[..., Any]:
+        """Resolve the factory, importing its module now (and whatever engine it needs)."""
+        if callable(self.factory):
+            return self.factory
+        module_name, _, attr_path = self.factory.partition(":")
+        try:
+            target: Any = importlib.import_module(module_name)
+            for part in attr_path.split("."):
+                target = getattr(target, part)
+        except ImportError as exc:
+            raise EngineNotAvailable(
+                f"{self.kind} {self.id!r} (plugin {self.plugin!r}) cannot import {self.factory!r}: {exc}",
+                hint="install the engine the plugin needs, or pick another backend",
+            ) from exc
+        except AttributeError as exc:
+            raise RegistrationError(
+                f"{self.kind} {self.id!r} (plugin {self.plugin!r}) names a missing factory {self.factory!r}: {exc}"
+            ) from exc
+        return target
+
+    def create(self, *args: Any, **kwargs: Any) -> Any:
+        """Build the component: ``load()`` then call the factory."""
+        return self.load()(*args, **kwargs)
+
+
+@attrs.frozen(kw_only=True)
+class TrainingBackend(Registration):
+    """A training engine (dtensor, megatron, deepspeed, ...) selected by ``policy.*`` rules."""
+
+    kind: ClassVar[str] = "training backend"
+
+
+@attrs.frozen(kw_only=True)
+class GenerationBackend(Registration):
+    """A generation engine (vllm, hf, megatron, ...) selected by ``policy.generation.backend``."""
+
+    kind: ClassVar[str] = "generation backend"
+
+
+@attrs.frozen(kw_only=True)
+class SequencePacker(Registration):
+    """A packing algorithm selected by ``policy.sequence_packing.algorithm``."""
+
+    kind: ClassVar[str] = "sequence packer"
+
+
+@attrs.frozen(kw_only=True)
+class OffloadPolicy(Registration):
+    """What leaves the accelerator between phases, selected by ``policy.offload.policy``."""
+
+    kind: ClassVar[str] = "offload policy"
+
+
+R = TypeVar("R", bound=Registration)
+
+
+class Registry(Generic[R]):
+    """The registrations of one kind, keyed by id; refuses a second registration of an id."""
+
+    def __init__(self, cls: type[R]) -> None:
+        self.cls = cls
+        self.kind = cls.kind
+        self._items: dict[str, R] = {}
+        self.conflicts: dict[str, list[str]] = {}
+
+    def add(self, item: R, plugin: str) -> R:
+        """Record ``item`` as provided by ``plugin``; raise if its id is already taken."""
+        if not isinstance(item, self.cls):
+            raise RegistrationError(
+                f"plugin {plugin!r} passed {type(item).__name__} to the {self.kind} hook; "
+                f"register a {self.cls.__name__} there"
+            )
+        item = attrs.evolve(item, plugin=plugin)
+        held = self._items.get(item.id)
+        if held is not None:
+            self.conflicts.setdefault(item.id, [held.plugin]).append(plugin)
+            raise RegistrationError(
+                f"{self.kind} {item.id!r} is registered by both plugin {held.plugin!r} and plugin {plugin!r}",
+                hint=f"uninstall one of them or disable it with CORERL_DISABLE_PLUGINS={plugin}",
+            )
+        self._items[item.id] = item
+        return item
+
+    def get(self, id: str) -> R | None:
+        return self._items.get(id)
+
+    def ids(self) -> list[str]:
+        return sorted(self._items)
+
+    def by_plugin(self, plugin: str) -> list[str]:
+        return sorted(i.id for i in self._items.values() if i.plugin == plugin)
+
+    def __iter__(self) -> Iterator[R]:
+        return iter(sorted(self._items.values(), key=lambda r: (-r.priority, r.id)))
+
+    def __contains__(self, id: object) -> bool:
+        return id in self._items
+
+    def __len__(self) -> int:
+        return len(self._items)

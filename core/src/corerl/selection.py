@@ -1,0 +1,213 @@
+"""Which training backend, generation backend, packer and offload policy run, and why.
+
+Training backend, in order:
+1. ``policy.training_backend`` names one: that one, or an error listing what is installed
+   and how to install the plugin that provides the name;
+2. otherwise the enabled sections (``<config_section>.enabled: true``) compete and the
+   highest priority wins (megatron 300 > deepspeed 200 > dtensor 100), with a warning per
+   backend passed over;
+3. none enabled: ``dtensor``.
+
+Generation backend: ``policy.generation.backend``, else ``vllm``, else ``hf``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+
+from corerl.config import Config
+from corerl.config.structure import suggest
+from corerl.config.tree import origin_of
+from corerl.errors import ConfigErrors, CorerlError, SelectionError
+from corerl.known_plugins import FIRST_PARTY, provider_of
+from corerl.plugin_manager import PluginHost
+from corerl.registry import Registration, Registry
+
+DEFAULT_TRAINING_BACKEND = "dtensor"
+DEFAULT_GENERATION_BACKEND = "vllm"
+FALLBACK_GENERATION_BACKEND = "hf"
+
+
+@attrs.frozen
+class Choice:
+    """One selected component (``id`` None when the feature is off) and the reason for it."""
+
+    id: str | None
+    reason: str
+    registration: Registration | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"id": self.id, "reason": self.reason}
+
+
+@attrs.define
+class Selection:
+    """Everything selected for a config, with the warnings the choice produced."""
+
+    training_backend: Choice
+    generation_backend: Choice
+    sequence_packer: Choice
+    offload_policy: Choice
+    warnings: list[str] = attrs.field(factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "training_backend": self.training_backend.as_dict(),
+            "generation_backend": self.generation_backend.as_dict(),
+            "sequence_packer": self.sequence_packer.as_dict(),
+            "offload_policy": self.offload_policy.as_dict(),
+        }
+
+
+def _plugin_trouble(host: PluginHost, kind: str, component_id: str) -> str | None:
+    """Why a plugin that might provide ``component_id`` is not there: failed or disabled."""
+    known = provider_of(kind, component_id)
+    candidates = {component_id} | ({known.name, known.distribution} if known else set())
+    for info in host.plugins.values():
+        if info.name in candidates or info.distribution in candidates:
+            if info.status == "failed":
+                return f"plugin {info.name!r} ({info.distribution}) failed to load: {info.error}"
+            if info.status == "disabled":
+                return f"plugin {info.name!r} is disabled by CORERL_DISABLE_PLUGINS or CORERL_LOAD_PLUGINS"
+    failed = [f"{p.name!r} ({p.error})" for p in host.failed_plugins()]
+    if failed:
+        return "plugins that failed to load and may provide it: " + ", ".join(failed)
+    return None
+
+
+def _unavailable(host: PluginHost, registry: Registry[Any], component_id: str, key: str, config: Config) -> SelectionError:
+    kind = registry.kind
+    installed = ", ".join(registry.ids()) or "none"
+    message = f"{kind} {component_id!r} is not available (installed: {installed})"
+    trouble = _plugin_trouble(host, kind, component_id)
+    if trouble:
+        message += f"; {trouble}"
+    known = provider_of(kind, component_id)
+    if known is not None:
+        hint = f"install it with: {known.install}"
+    else:
+        close = suggest(component_id, registry.ids())
+        hint = f"did you mean {close!r}?" if close else f"pick one of the installed ids, or install the plugin that provides {component_id!r}"
+    return SelectionError(message, key=key, source=origin_of(key, config.origins), hint=hint)
+
+
+def _lookup(host: PluginHost, registry: Registry[Any], component_id: str, key: str, config: Config) -> Registration:
+    if component_id in registry.conflicts:
+        plugins = " and ".join(repr(p) for p in registry.conflicts[component_id])
+        raise SelectionError(
+            f"{registry.kind} {component_id!r} is registered by more than one plugin ({plugins})",
+            key=key, source=origin_of(key, config.origins),
+            hint=f"disable one with CORERL_DISABLE_PLUGINS={registry.conflicts[component_id][-1]}",
+        )
+    found = registry.get(component_id)
+    if found is None:
+        raise _unavailable(host, registry, component_id, key, config)
+    return found
+
+
+def select_training_backend(config: Config, host: PluginHost) -> tuple[Choice, list[str]]:
+    """Apply the training-backend rules; returns the choice and the warnings it produced."""
+    registry = host.training_backends
+    enabled = [r for r in registry if r.config_section and config.section_enabled(r.config_section)]
+    owned = {r.config_section for r in registry}
+    for plugin in FIRST_PARTY:
+        for path in plugin.sections:
+            if plugin.training_backends and path not in owned and config.section_enabled(path):
+                raise _unavailable(host, registry, plugin.training_backends[0], f"{path}.enabled", config)
+    explicit = config.core.policy.training_backend
+    if explicit is not None:
+        chosen = _lookup(host, registry, explicit, "policy.training_backend", config)
+        ignored = [r for r in enabled if r.id != chosen.id]
+        warnings = [
+            f"training backend {r.id!r} is enabled ({r.config_section}.enabled=true) but policy.training_backend "
+            f"picks {chosen.id!r}; {r.id!r} is not used"
+            for r in ignored
+        ]
+        reason = f"policy.training_backend names {chosen.id!r}"
+        if ignored:
+            reason += "; it overrides the enabled " + ", ".join(f"{r.config_section}" for r in ignored)
+        return Choice(chosen.id, reason, chosen), warnings
+    if enabled:
+        top = enabled[0]  # the registry iterates by descending priority
+        tied = [r.id for r in enabled[1:] if r.priority == top.priority]
+        if tied:
+            raise SelectionError(
+                f"training backends {', '.join(repr(i) for i in [top.id, *tied])} are all enabled with priority {top.priority}",
+                key="policy.training_backend", hint="name one with policy.training_backend=<id>",
+            )
+        others = enabled[1:]
+        reason = f"{top.config_section}.enabled is true and {top.id!r} has the highest priority ({top.priority})"
+        if others:
+            reason += " over " + ", ".join(f"{r.id!r} ({r.priority}, also enabled)" for r in others)
+        warnings = [
+            f"training backend {r.id!r} passed over: {r.config_section}.enabled is true but {top.id!r} "
+            f"has a higher priority ({top.priority} > {r.priority}); set policy.training_backend to choose"
+            for r in others
+        ]
+        return Choice(top.id, reason, top), warnings
+    chosen = _lookup(host, registry, DEFAULT_TRAINING_BACKEND, "policy.training_backend", config)
+    reason = f"no training backend section is enabled; {DEFAULT_TRAINING_BACKEND!r} is the default"
+    return Choice(chosen.id, reason, chosen), []
+
+
+def select_generation_backend(config: Config, host: PluginHost) -> tuple[Choice, list[str]]:
+    """``policy.generation.backend``, else vllm when installed, else hf."""
+    registry = host.generation_backends
+    key = "policy.generation.backend"
+    explicit = config.core.policy.generation.backend
+    if explicit is not None:
+        chosen = _lookup(host, registry, explicit, key, config)
+        return Choice(chosen.id, f"{key} names {chosen.id!r}", chosen), []
+    if DEFAULT_GENERATION_BACKEND in registry:
+        chosen = _lookup(host, registry, DEFAULT_GENERATION_BACKEND, key, config)
+        return Choice(chosen.id, f"{key} is unset; {chosen.id!r} is the default", chosen), []
+    chosen = _lookup(host, registry, FALLBACK_GENERATION_BACKEND, key, config)
+    why = _plugin_trouble(host, "generation backend", DEFAULT_GENERATION_BACKEND) or "it is not installed"
+    known = provider_of("generation backend", DEFAULT_GENERATION_BACKEND)
+    reason = f"{key} is unset and the default 'vllm' is not available ({why}); falling back to {chosen.id!r}"
+    warning = f"generation falls back to {chosen.id!r}: vllm is not available" + (
+        f" (install it with: {known.install})" if known else ""
+    )
+    return Choice(chosen.id, reason, chosen), [warning]
+
+
+def select_sequence_packer(config: Config, host: PluginHost) -> Choice:
+    """The packer named by ``policy.sequence_packing.algorithm``, or none when packing is off."""
+    packing = config.core.policy.sequence_packing
+    if not packing.enabled:
+        return Choice(None, "sequence packing is off (policy.sequence_packing.enabled is false)")
+    chosen = _lookup(host, host.sequence_packers, packing.algorithm, "policy.sequence_packing.algorithm", config)
+    return Choice(chosen.id, f"policy.sequence_packing.algorithm is {chosen.id!r}", chosen)
+
+
+def select_offload_policy(config: Config, host: PluginHost) -> Choice:
+    """The offload policy named by ``policy.offload.policy`` (default ``none``)."""
+    policy_id = config.core.policy.offload.policy
+    chosen = _lookup(host, host.offload_policies, policy_id, "policy.offload.policy", config)
+    return Choice(chosen.id, f"policy.offload.policy is {chosen.id!r}", chosen)
+
+
+def select(config: Config, host: PluginHost) -> Selection:
+    """Select all four components; every selection error is raised together."""
+    errors: list[CorerlError] = []
+    warnings: list[str] = []
+    choices: dict[str, Choice] = {}
+    for name, pick in (
+        ("training_backend", select_training_backend),
+        ("generation_backend", select_generation_backend),
+        ("sequence_packer", select_sequence_packer),
+        ("offload_policy", select_offload_policy),
+    ):
+        try:
+            result = pick(config, host)
+        except SelectionError as exc:
+            errors.append(exc)
+            continue
+        choice, found = result if isinstance(result, tuple) else (result, [])
+        choices[name] = choice
+        warnings.extend(found)
+    if errors:
+        raise ConfigErrors(errors)
+    return Selection(**choices, warnings=warnings)

@@ -1,0 +1,35 @@
+"""``policy.deepspeed_cfg``."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any, Literal
+
+import attrs
+
+from corerl.config.fields import setting
+
+OffloadTarget = Literal["none", "cpu", "nvme"]
+
+
+@attrs.define(kw_only=True)
+class DeepSpeedConfig:
+    """Settings of the deepspeed training backend."""
+
+    enabled: bool = setting(False)
+    zero_stage: Literal[0, 1, 2, 3] = setting(2)
+    offload_optimizer: OffloadTarget = setting("none")
+    offload_param: OffloadTarget = setting("none")
+    nvme_path: str | None = setting(None, help="folder for nvme offload")
+    gradient_clipping: float | None = setting(1.0, min=0.0)
+    use_deepspeed_optimizer: bool = setting(False, help="DeepSpeed's own Adam instead of policy.optimizer")
+    config: dict[str, Any] = setting({}, help="further DeepSpeed JSON keys, passed through as given")
+
+    def check(self, config: Any) -> Iterator[tuple[str, str]]:
+        """nvme offload needs a path; parameter offload needs ZeRO-3."""
+        if "nvme" in (self.offload_optimizer, self.offload_param) and not self.nvme_path:
+            yield ("nvme_path", "offload to nvme needs nvme_path (a folder on a fast local disk)")
+        if self.offload_param != "none" and self.zero_stage != 3:
+            yield ("offload_param", f"parameter offload needs zero_stage 3, got {self.zero_stage}")
+        if self.offload_optimizer != "none" and self.zero_stage == 0:
+            yield ("offload_optimizer", "optimizer offload needs zero_stage 1, 2 or 3")

@@ -1,0 +1,37 @@
+"""``policy.dtensor_cfg`` (alias ``policy.dtensor_config``)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any, Literal
+
+import attrs
+
+from corerl.config.fields import setting
+
+
+@attrs.define(kw_only=True)
+class DTensorConfig:
+    """Settings of the dtensor training backend."""
+
+    enabled: bool = setting(False)
+    tensor_parallel_size: int = setting(1, min=1)
+    context_parallel_size: int = setting(1, min=1)
+    sequence_parallel: bool = setting(False)
+    activation_checkpointing: bool = setting(False)
+    cpu_offload: bool = setting(False)
+    custom_parallel_plan: str | None = setting(None, help="import path of a tensor-parallel plan")
+    fsdp_version: Literal[1, 2] = setting(2, help="2: fully_shard (FSDP2); 1: legacy FullyShardedDataParallel")
+
+    def check(self, config: Any) -> Iterator[tuple[str, str]]:
+        """TP x CP must divide the world size."""
+        world = config.cluster.world_size
+        model_parallel = self.tensor_parallel_size * self.context_parallel_size
+        if world % model_parallel:
+            yield (
+                "tensor_parallel_size",
+                f"tensor_parallel_size x context_parallel_size ({model_parallel}) must divide the world size "
+                f"cluster.num_nodes x cluster.gpus_per_node ({world})",
+            )
+        if self.sequence_parallel and self.tensor_parallel_size == 1:
+            yield ("sequence_parallel", "needs tensor_parallel_size > 1")

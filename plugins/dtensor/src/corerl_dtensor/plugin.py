@@ -1,0 +1,23 @@
+"""Registers the ``dtensor`` training backend (priority 100, the default)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from corerl import TrainingBackend, hookimpl
+from corerl.pending import pending_engine
+from corerl_dtensor.config import DTensorConfig
+
+
+@hookimpl
+def corerl_register_training_backends(register: Callable[[TrainingBackend], None]) -> None:
+    register(
+        TrainingBackend(
+            id="dtensor",
+            priority=100,
+            factory=pending_engine("training backend 'dtensor'", "the DTensor training-backend issue"),
+            config_section="policy.dtensor_cfg",
+            config_schema=DTensorConfig,
+            description="PyTorch FSDP2 + tensor parallel (DTensor)",
+        )
+    )

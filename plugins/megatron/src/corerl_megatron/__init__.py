@@ -1,0 +1,3 @@
+"""corerl-megatron: training and generation on megatron-core."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,82 @@
+"""``policy.megatron_cfg`` and ``policy.generation.mcore_generation_config``."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any, Literal
+
+import attrs
+
+from corerl.config.fields import section, setting
+
+
+@attrs.define(kw_only=True)
+class MegatronOptimizerConfig:
+    """``policy.megatron_cfg.optimizer``: replaces ``policy.optimizer`` when Megatron runs."""
+
+    optimizer: Literal["adam", "sgd"] = setting("adam")
+    lr: float = setting(5e-6, min=0.0, min_exclusive=True)
+    min_lr: float = setting(0.0, min=0.0)
+    weight_decay: float = setting(0.01, min=0.0)
+    adam_beta1: float = setting(0.9, min=0.0, max=1.0)
+    adam_beta2: float = setting(0.999, min=0.0, max=1.0)
+    adam_eps: float = setting(1e-8, min=0.0, min_exclusive=True)
+    clip_grad: float = setting(1.0, min=0.0)
+    use_distributed_optimizer: bool = setting(False)
+
+
+@attrs.define(kw_only=True)
+class MegatronSchedulerConfig:
+    """``policy.megatron_cfg.scheduler``: replaces ``policy.scheduler`` when Megatron runs."""
+
+    lr_decay_style: Literal["constant", "linear", "cosine"] = setting("constant")
+    lr_warmup_iters: int = setting(0, min=0)
+    lr_decay_iters: int | None = setting(None, min=1)
+
+
+@attrs.define(kw_only=True)
+class MegatronConfig:
+    """Settings of the megatron training backend."""
+
+    enabled: bool = setting(False)
+    converter_type: str | None = setting(None, help="architecture, e.g. Qwen2ForCausalLM; unset: from config.json")
+    tensor_model_parallel_size: int = setting(1, min=1)
+    pipeline_model_parallel_size: int = setting(1, min=1)
+    context_parallel_size: int = setting(1, min=1)
+    expert_model_parallel_size: int = setting(1, min=1)
+    expert_tensor_parallel_size: int = setting(1, min=1)
+    sequence_parallel: bool = setting(False)
+    activation_checkpointing: bool = setting(False)
+    empty_unused_memory_level: int = setting(0, min=0, max=2)
+    freeze_moe_router: bool = setting(False)
+    apply_rope_fusion: bool = setting(False)
+    bias_activation_fusion: bool = setting(False)
+    fp8_cfg: dict[str, Any] | None = setting(None)
+    force_reconvert_from_hf: bool = setting(False)
+    optimizer: MegatronOptimizerConfig = section(MegatronOptimizerConfig)
+    scheduler: MegatronSchedulerConfig = section(MegatronSchedulerConfig)
+
+    def check(self, config: Any) -> Iterator[tuple[str, str]]:
+        """TP x PP x CP must divide the world size; sequence parallel needs TP > 1."""
+        world = config.cluster.world_size
+        model_parallel = (
+            self.tensor_model_parallel_size * self.pipeline_model_parallel_size * self.context_parallel_size
+        )
+        if world % model_parallel:
+            yield (
+                "tensor_model_parallel_size",
+                f"tensor x pipeline x context parallel sizes ({model_parallel}) must divide the world size "
+                f"cluster.num_nodes x cluster.gpus_per_node ({world})",
+            )
+        if self.sequence_parallel and self.tensor_model_parallel_size == 1:
+            yield ("sequence_parallel", "needs tensor_model_parallel_size > 1")
+
+
+@attrs.define(kw_only=True)
+class MegatronGenerationConfig:
+    """``policy.generation.mcore_generation_config``: Megatron's own sampling engine."""
+
+    buffer_size_gb: float = setting(20.0, min=0.0, min_exclusive=True)
+    num_cuda_graphs: int = setting(16, min=0)
+    block_size_tokens: int = setting(256, min=1)
+    enable_chunked_prefill: bool = setting(True)

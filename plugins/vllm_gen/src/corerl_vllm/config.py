@@ -1,0 +1,29 @@
+"""``policy.generation.vllm_cfg``."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import attrs
+
+from corerl.config.fields import setting
+
+
+@attrs.define(kw_only=True)
+class VllmConfig:
+    """Settings of the vllm generation backend."""
+
+    tensor_parallel_size: int = setting(1, min=1)
+    pipeline_parallel_size: int = setting(1, min=1)
+    gpu_memory_utilization: float = setting(0.6, min=0.0, min_exclusive=True, max=1.0)
+    max_model_len: int | None = setting(None, min=1, help="unset: policy.max_seq_length")
+    enforce_eager: bool = setting(False)
+    cpu_kvcache_space_gib: float = setting(1.0, min=0.0, min_exclusive=True, help="KV cache on CPU machines")
+    engine_args: dict[str, Any] = setting({}, help="further vLLM engine arguments, passed through as given")
+
+    def check(self, config: Any) -> Iterator[tuple[str, str]]:
+        """max_model_len must hold the prompt plus the generated tokens."""
+        new_tokens = config.policy.generation.max_new_tokens
+        if self.max_model_len is not None and self.max_model_len <= new_tokens:
+            yield ("max_model_len", f"must exceed policy.generation.max_new_tokens ({new_tokens})")

@@ -1,0 +1,23 @@
+"""Registers the ``vllm`` generation backend, the default."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from corerl import GenerationBackend, hookimpl
+from corerl.pending import pending_engine
+from corerl_vllm.config import VllmConfig
+
+
+@hookimpl
+def corerl_register_generation_backends(register: Callable[[GenerationBackend], None]) -> None:
+    register(
+        GenerationBackend(
+            id="vllm",
+            priority=200,
+            factory=pending_engine("generation backend 'vllm'", "the generation-backends issue"),
+            config_section="policy.generation.vllm_cfg",
+            config_schema=VllmConfig,
+            description="vLLM engine with in-place weight refit",
+        )
+    )

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Create or refresh .venv/ with corerl, every first-party plugin and the test tools.
+# torch is pinned: a range would pull a multi-GB CUDA build on machines without a GPU.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PYTHON="${PYTHON:-python3}"
+if [ ! -x .venv/bin/python ]; then
+  echo "setup: creating .venv with $($PYTHON --version)"
+  "$PYTHON" -m venv .venv
+fi
+
+echo "setup: installing corerl, its plugins and the test tools into .venv"
+.venv/bin/python -m pip install --quiet --disable-pip-version-check \
+  "torch==2.13.0" \
+  "setuptools>=69" wheel "pytest>=8" "ruff>=0.6"
+# Our packages, editable, without build isolation (setuptools is already in the venv).
+.venv/bin/python -m pip install --quiet --disable-pip-version-check --no-build-isolation \
+  -e ./core \
+  -e ./plugins/dtensor \
+  -e ./plugins/megatron \
+  -e ./plugins/deepspeed \
+  -e ./plugins/vllm_gen
+echo "setup: done ($(.venv/bin/corerl --version))"
