@@ -61,31 +61,37 @@ class Selection:
         }
 
 
-def _plugin_trouble(host: PluginHost, kind: str, component_id: str) -> str | None:
-    """Why a plugin that might provide ``component_id`` is not there: failed or disabled."""
+def _plugin_trouble(host: PluginHost, kind: str, component_id: str) -> tuple[str | None, str | None]:
+    """Why a plugin that might provide ``component_id`` is not there: (explanation, status)."""
     known = provider_of(kind, component_id)
     candidates = {component_id} | ({known.name, known.distribution} if known else set())
     for info in host.plugins.values():
         if info.name in candidates or info.distribution in candidates:
             if info.status == "failed":
-                return f"plugin {info.name!r} ({info.distribution}) failed to load: {info.error}"
+                return f"plugin {info.name!r} ({info.distribution}) failed to load: {info.error}", "failed"
             if info.status == "disabled":
-                return f"plugin {info.name!r} is disabled by CORERL_DISABLE_PLUGINS or CORERL_LOAD_PLUGINS"
+                return f"plugin {info.name!r} is disabled by CORERL_DISABLE_PLUGINS or CORERL_LOAD_PLUGINS", "disabled"
     failed = [f"{p.name!r} ({p.error})" for p in host.failed_plugins()]
     if failed:
-        return "plugins that failed to load and may provide it: " + ", ".join(failed)
-    return None
+        return "plugins that failed to load and may provide it: " + ", ".join(failed), None
+    return None, None
 
 
 def _unavailable(host: PluginHost, registry: Registry[Any], component_id: str, key: str, config: Config) -> SelectionError:
     kind = registry.kind
     installed = ", ".join(registry.ids()) or "none"
     message = f"{kind} {component_id!r} is not available (installed: {installed})"
-    trouble = _plugin_trouble(host, kind, component_id)
+    trouble, status = _plugin_trouble(host, kind, component_id)
     if trouble:
         message += f"; {trouble}"
     known = provider_of(kind, component_id)
-    if known is not None:
+    if status == "disabled":
+        hint = "enable it: take it out of CORERL_DISABLE_PLUGINS, or add it to CORERL_LOAD_PLUGINS"
+    elif status == "failed":
+        hint = "fix the plugin's error (`corerl plugins` shows it) or reinstall it" + (
+            f": {known.install}" if known else ""
+        )
+    elif known is not None:
         hint = f"install it with: {known.install}"
     else:
         close = suggest(component_id, registry.ids())
@@ -164,7 +170,7 @@ def select_generation_backend(config: Config, host: PluginHost) -> tuple[Choice,
         chosen = _lookup(host, registry, DEFAULT_GENERATION_BACKEND, key, config)
         return Choice(chosen.id, f"{key} is unset; {chosen.id!r} is the default", chosen), []
     chosen = _lookup(host, registry, FALLBACK_GENERATION_BACKEND, key, config)
-    why = _plugin_trouble(host, "generation backend", DEFAULT_GENERATION_BACKEND) or "it is not installed"
+    why = _plugin_trouble(host, "generation backend", DEFAULT_GENERATION_BACKEND)[0] or "it is not installed"
     known = provider_of("generation backend", DEFAULT_GENERATION_BACKEND)
     reason = f"{key} is unset and the default 'vllm' is not available ({why}); falling back to {chosen.id!r}"
     warning = f"generation falls back to {chosen.id!r}: vllm is not available" + (

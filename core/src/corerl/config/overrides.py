@@ -62,7 +62,10 @@ def apply_overrides(data: dict[str, Any], overrides: Iterable[Override], origins
         walked: list[str] = []
         for part in parents:
             walked.append(part)
-            child = node.setdefault(part, {})
+            if part not in node:
+                node[part] = {}
+                origins[".".join(walked)] = override.source
+            child = node[part]
             if not isinstance(child, dict):
                 raise ConfigError(
                     f"cannot set {override.path}: {'.'.join(walked)} holds a {type(child).__name__}, not a section",

@@ -1,0 +1,44 @@
+"""Test helpers for corerl and for third-party plugin authors.
+
+The pytest plugin (:mod:`corerl.testing.pytest_plugin`, loaded automatically through the
+``pytest11`` entry point) provides the fixtures ``corerl_host`` (a fresh plugin manager per
+test, with only the core's own plugin) and ``fake_site`` (fake installed distributions with
+entry points, found by real ``importlib.metadata`` discovery). This module holds the plain
+helpers those fixtures and tests build on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import yaml
+
+from corerl.testing.fake_site import FakeSite
+from corerl.testing.in_memory import plugin_from
+
+if TYPE_CHECKING:
+    from corerl.config import Config
+    from corerl.plugin_manager import PluginHost
+    from corerl.selection import Selection
+
+__all__ = ["FakeSite", "plugin_from", "select_for", "write_recipe"]
+
+
+def write_recipe(path: Path, data: Mapping[str, Any]) -> Path:
+    """Write ``data`` as a YAML recipe at ``path`` and return the path."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(dict(data), sort_keys=False), encoding="utf-8")
+    return path
+
+
+def select_for(
+    host: PluginHost, recipe: Path | str, overrides: Iterable[str] = ()
+) -> tuple[Config, Selection]:
+    """Load and validate ``recipe`` with ``host``'s plugins, then select: what ``corerl validate`` does."""
+    from corerl.config import load_config
+    from corerl.selection import select
+
+    config = load_config(recipe, list(overrides), host)
+    return config, select(config, host)
