@@ -77,7 +77,7 @@ class PluginHost:
         self.env = os.environ if env is None else env
         self.pm = pluggy.PluginManager(hookspecs.PROJECT_NAME)
         self.pm.add_hookspecs(hookspecs)
-        self.plugins: dict[str, PluginInfo] = {}
+        self._plugins: dict[str, PluginInfo] = {}
         self._registries: dict[str, Registry[Any]] | None = None
         self._trace = trace_stream if trace_stream is not None else (
             sys.stderr if self.env.get("CORERL_TRACE_PLUGINS", "") not in ("", "0") else None
@@ -102,6 +102,12 @@ class PluginHost:
         exc = outcome.exception
         self._log(f"done {hook_name}" + (f" (raised {_describe_exception(exc)})" if exc else ""))
 
+    @property
+    def plugins(self) -> dict[str, PluginInfo]:
+        """Every plugin seen, by name, with its status after registration (failed ones included)."""
+        self.registries()
+        return self._plugins
+
     def blocked(self, name: str, distribution: str | None = None) -> bool:
         """Whether the environment keeps plugin ``name`` from being imported."""
         names = {name} | ({distribution} if distribution else set())
@@ -121,14 +127,14 @@ class PluginHost:
                 continue
             seen.add((ep.name, ep.value))
             info = PluginInfo(ep.name, dist_name, version, module=ep.value)
-            if ep.name in self.plugins:
-                holder = self.plugins[ep.name]
+            if ep.name in self._plugins:
+                holder = self._plugins[ep.name]
                 info.status, info.error = "failed", (
                     f"plugin name {ep.name!r} is already taken by {holder.distribution or holder.module}"
                 )
-                self.plugins[f"{ep.name} ({dist_name})"] = info
+                self._plugins[f"{ep.name} ({dist_name})"] = info
                 continue
-            self.plugins[ep.name] = info
+            self._plugins[ep.name] = info
             if self.blocked(ep.name, dist_name):
                 info.status = "disabled"
                 self._log(f"plugin {ep.name!r} disabled by CORERL_DISABLE_PLUGINS/CORERL_LOAD_PLUGINS; not imported")
@@ -146,10 +152,10 @@ class PluginHost:
         self, plugin: object, name: str, *, distribution: str | None = None, version: str | None = None
     ) -> PluginInfo:
         """Register an already imported plugin object (a module or any object with hookimpls)."""
-        if name in self.plugins:
+        if name in self._plugins:
             raise ValueError(f"a plugin named {name!r} is already registered")
         info = PluginInfo(name, distribution, version, module=getattr(plugin, "__name__", type(plugin).__name__))
-        self.plugins[name] = info
+        self._plugins[name] = info
         self._register_module(plugin, info)
         return info
 
@@ -172,7 +178,7 @@ class PluginHost:
             registry = registries[attr]
             hook = getattr(self.pm.hook, hook_name)
             for impl in hook.get_hookimpls():  # registration order: the core's own plugin first
-                info = self.plugins[impl.plugin_name]
+                info = self._plugins[impl.plugin_name]
                 if info.status != "loaded":
                     continue
                 others = [p for p in self.pm.get_plugins() if p is not impl.plugin]
@@ -223,13 +229,13 @@ class PluginHost:
 
     def failed_plugins(self) -> list[PluginInfo]:
         self.registries()
-        return [p for p in self.plugins.values() if p.status == "failed"]
+        return [p for p in self._plugins.values() if p.status == "failed"]
 
     def describe(self) -> list[dict[str, Any]]:
         """The ``corerl plugins --json`` listing."""
         registries = self.registries()
         rows = []
-        for info in self.plugins.values():
+        for info in self._plugins.values():
             row: dict[str, Any] = {"name": info.name, "distribution": info.distribution, "version": info.version}
             for attr in registries:
                 row[attr] = registries[attr].by_plugin(info.name)

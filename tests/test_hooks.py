@@ -1,0 +1,69 @@
+"""One test per hook spec (tests/test_docs.py checks that each has one)."""
+
+from __future__ import annotations
+
+from corerl import GenerationBackend, OffloadPolicy, SequencePacker, TrainingBackend, hookimpl
+from corerl.plugin_manager import PluginHost
+
+
+class _AllKinds:
+    """An in-memory plugin implementing every registration hook."""
+
+    @hookimpl
+    def corerl_register_training_backends(self, register):
+        register(TrainingBackend(id="quick", factory="os:getcwd", priority=7, config_section="policy.quick_cfg"))
+
+    @hookimpl
+    def corerl_register_generation_backends(self, register):
+        register(GenerationBackend(id="quickgen", factory="os:getcwd"))
+
+    @hookimpl
+    def corerl_register_sequence_packers(self, register):
+        register(SequencePacker(id="quickpack", factory="os:getcwd"))
+
+    @hookimpl
+    def corerl_register_offload_policies(self, register):
+        register(OffloadPolicy(id="quickoff", factory="os:getcwd"))
+
+
+def _host_with_plugin() -> PluginHost:
+    host = PluginHost(discover=False, env={})
+    host.register(_AllKinds(), name="quick")
+    return host
+
+
+def test_hook_corerl_register_training_backends():
+    backend = _host_with_plugin().training_backends.get("quick")
+    assert (backend.plugin, backend.priority, backend.config_section) == ("quick", 7, "policy.quick_cfg")
+
+
+def test_hook_corerl_register_generation_backends():
+    host = _host_with_plugin()
+    assert host.generation_backends.get("quickgen").plugin == "quick"
+    assert host.generation_backends.get("hf").plugin == "corerl"
+
+
+def test_hook_corerl_register_sequence_packers():
+    host = _host_with_plugin()
+    assert host.sequence_packers.get("quickpack").plugin == "quick"
+    assert "modified_first_fit_decreasing" in host.sequence_packers
+
+
+def test_hook_corerl_register_offload_policies():
+    host = _host_with_plugin()
+    assert host.offload_policies.get("quickoff").plugin == "quick"
+    assert host.offload_policies.ids() == ["full", "none", "optimizer", "quickoff"]
+
+
+def test_a_hook_that_registers_the_wrong_kind_fails_that_plugin_only():
+    class Confused:
+        @hookimpl
+        def corerl_register_training_backends(self, register):
+            register(GenerationBackend(id="oops", factory="os:getcwd"))
+
+    host = PluginHost(discover=False, env={})
+    host.register(Confused(), name="confused")
+    assert "oops" not in host.training_backends
+    assert host.plugins["confused"].status == "failed"
+    assert "register a TrainingBackend" in host.plugins["confused"].error
+    assert "hf" in host.generation_backends
