@@ -65,7 +65,7 @@ def load_config(path: str | Path, overrides: Iterable[str], host: PluginHost) ->
     raw, origins = load_recipe(path)
     apply_overrides(raw, [parse_override(text) for text in overrides], origins)
     owned = owned_sections(host)
-    ctx = StructureContext(origins, owned)
+    ctx = StructureContext(origins, owned, default_source=str(path))
     core = structure(CorerlConfig, raw, "", ctx)
     if core is not None:
         for key, message in core.check():

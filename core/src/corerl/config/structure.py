@@ -31,9 +31,11 @@ class StructureContext:
     owned_sections: OwnedSections
     errors: list[ConfigError] = attrs.field(factory=list)
     sections: dict[str, Any] = attrs.field(factory=dict)
+    default_source: str | None = None
 
     def error(self, path: str, message: str, hint: str | None = None) -> None:
-        self.errors.append(ConfigError(message, key=path, source=origin_of(path, self.origins), hint=hint))
+        source = origin_of(path, self.origins) or self.default_source
+        self.errors.append(ConfigError(message, key=path, source=source, hint=hint))
 
 
 _INVALID = object()
@@ -126,7 +128,7 @@ def _structure_union(tp: Any, value: Any, path: str, ctx: StructureContext) -> A
     for arg in args:
         if arg is type(None):
             continue
-        probe = StructureContext(ctx.origins, ctx.owned_sections)
+        probe = StructureContext(ctx.origins, ctx.owned_sections, default_source=ctx.default_source)
         result = _structure_value(arg, value, path, probe)
         if result is not _INVALID and not probe.errors:
             ctx.sections.update(probe.sections)
@@ -171,6 +173,7 @@ def _structure_class(cls: type, value: Any, path: str, ctx: StructureContext) ->
     }
     kwargs: dict[str, Any] = {}
     failed = False
+    suggested: set[str] = set()
     for key, raw in value.items():
         key_path = f"{prefix}{key}"
         if not isinstance(key, str):
@@ -187,13 +190,17 @@ def _structure_class(cls: type, value: Any, path: str, ctx: StructureContext) ->
         else:
             known = sorted([*fields, *owned_here])
             close = suggest(key, known)
+            if close:
+                suggested.add(close)
             hint = f"did you mean {prefix}{close}?" if close else f"known keys here: {', '.join(known)}"
             ctx.error(key_path, "unknown key", hint=hint)
             failed = True
     for name, field in fields.items():
         if name not in kwargs and field.default is attrs.NOTHING and name not in value:
-            ctx.error(f"{prefix}{name}", f"missing required key ({describe_type(field.type)})")
             failed = True
+            if name not in suggested:  # a misspelling of it is already reported
+                what = "section" if attrs.has(field.type) else f"key ({describe_type(field.type)})"
+                ctx.error(f"{prefix}{name}", f"missing required {what}")
     if failed:
         return _INVALID
     return cls(**kwargs)

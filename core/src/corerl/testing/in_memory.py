@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from types import SimpleNamespace
 
 from corerl.hookspecs import hookimpl
 from corerl.registry import GenerationBackend, OffloadPolicy, SequencePacker, TrainingBackend
@@ -21,8 +20,8 @@ def plugin_from(
     Register it with ``corerl_host.register(plugin_from(...), name="mine")``.
     """
 
-    def registering(items: Sequence[object]) -> Callable[[Callable[[object], None]], None]:
-        def hook(register: Callable[[object], None]) -> None:
+    def registering(items: Sequence[object]) -> Callable[..., None]:
+        def hook(self: object, register: Callable[[object], None]) -> None:
             for item in items:
                 register(item)
 
@@ -34,4 +33,5 @@ def plugin_from(
         "corerl_register_sequence_packers": sequence_packers,
         "corerl_register_offload_policies": offload_policies,
     }
-    return SimpleNamespace(**{name: registering(items) for name, items in hooks.items() if items})
+    methods = {name: registering(items) for name, items in hooks.items() if items}
+    return type("InMemoryPlugin", (), methods)()
