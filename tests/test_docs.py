@@ -1,0 +1,53 @@
+"""The hook reference, the README and CI stay in step with the code."""
+
+from __future__ import annotations
+
+import inspect
+import re
+
+from corerl import hookspecs
+from tests.conftest import REPO
+
+HOOKS = sorted(
+    name for name, fn in inspect.getmembers(hookspecs, inspect.isfunction)
+    if getattr(fn, "corerl_spec", None) is not None
+)
+
+
+def test_there_are_hook_specs():
+    assert HOOKS == [
+        "corerl_register_generation_backends",
+        "corerl_register_offload_policies",
+        "corerl_register_sequence_packers",
+        "corerl_register_training_backends",
+    ]
+
+
+def test_every_hook_spec_has_a_docstring_and_a_section_in_the_reference():
+    reference = (REPO / "docs" / "plugins.md").read_text(encoding="utf-8")
+    headings = set(re.findall(r"^### (\w+)$", reference, flags=re.MULTILINE))
+    for name in HOOKS:
+        assert (getattr(hookspecs, name).__doc__ or "").strip(), f"{name} has no docstring"
+        assert name in headings, f"docs/plugins.md has no '### {name}' section"
+    assert headings <= set(HOOKS) | {"Hook reference"}, "docs/plugins.md documents a hook that does not exist"
+
+
+def test_every_hook_spec_has_a_test_of_its_own():
+    tests = "\n".join(p.read_text(encoding="utf-8") for p in (REPO / "tests").glob("test_*.py"))
+    for name in HOOKS:
+        assert re.search(rf"^def test_hook_{name}\(", tests, flags=re.MULTILINE), f"no test_hook_{name}"
+
+
+def _readme_commands() -> list[str]:
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    block = re.search(r"```bash\n(.*?)```", readme, flags=re.DOTALL)
+    assert block and readme.index("```bash") < readme.index("\n## "), "README must open with its commands"
+    return [line.split("#")[0].strip() for line in block.group(1).splitlines() if line.strip()]
+
+
+def test_readme_opens_with_two_commands_and_ci_runs_the_test_one():
+    demo, test = _readme_commands()
+    assert demo == "bash scripts/demo.sh" and test == "bash scripts/test.sh"
+    ci = [line for line in (REPO / ".ci" / "run").read_text(encoding="utf-8").splitlines()
+          if line.strip() and not line.startswith("#") and not line.startswith("set ") and not line.startswith("cd ")]
+    assert ci == [f"exec {test}"]
