@@ -36,7 +36,7 @@ CASES = [
     ("unknown-generation-backend", None, ["policy.generation.backend=sglang"], "policy.generation.backend: generation backend 'sglang' is not available"),
     ("unknown-packer", None, ["policy.sequence_packing.enabled=true", "policy.sequence_packing.algorithm=best"], "policy.sequence_packing.algorithm: sequence packer 'best' is not available"),
     ("tp-does-not-divide-world", None, ["policy.dtensor_cfg.tensor_parallel_size=3"], "policy.dtensor_cfg.tensor_parallel_size: tensor_parallel_size x context_parallel_size (3) must divide"),
-    ("megatron-parallel-too-large", None, ["policy.megatron_cfg.pipeline_model_parallel_size=4"], "policy.megatron_cfg.tensor_model_parallel_size: tensor x pipeline x context"),
+    ("megatron-parallel-too-large", None, ["policy.megatron_cfg.pipeline_model_parallel_size=4"], "policy.megatron_cfg.tensor_model_parallel_size: tensor_model_parallel_size x pipeline_model_parallel_size x context_parallel_size (4) must divide"),
     ("nvme-without-path", None, ["policy.deepspeed_cfg.offload_optimizer=nvme"], "policy.deepspeed_cfg.nvme_path: offload to nvme needs nvme_path"),
     ("dedicated-without-resources", None, ["policy.generation.colocated.enabled=false"], "policy.generation.colocated.resources.gpus_per_node: dedicated generation"),
     ("both-alias-spellings", GOOD + "  dtensor_cfg: {}\n  dtensor_config: {}\n", [], "policy.dtensor_cfg: both policy.dtensor_cfg and its alias"),

@@ -133,7 +133,7 @@ def _cmd_plugins(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title="corerl plugins", show_lines=False)
+    table = Table(title="corerl plugins", show_lines=True)
     for column in ("name", "distribution", "version", "status", "registers", "error"):
         table.add_column(column, overflow="fold")
     labels = {
@@ -143,7 +143,7 @@ def _cmd_plugins(args: argparse.Namespace) -> int:
         "offload_policies": "offload",
     }
     for row in rows:
-        registers = "; ".join(f"{label}: {', '.join(row[key])}" for key, label in labels.items() if row[key])
+        registers = "\n".join(f"{label}: {', '.join(row[key])}" for key, label in labels.items() if row[key])
         status_style = {"loaded": "green", "failed": "red", "disabled": "yellow"}[row["status"]]
         table.add_row(
             row["name"], row["distribution"] or "-", row["version"] or "-",

@@ -7,6 +7,7 @@ from typing import Any, Literal
 
 import attrs
 
+from corerl.config.checks import parallel_sizes_divide_world
 from corerl.config.fields import setting
 
 
@@ -25,13 +26,10 @@ class DTensorConfig:
 
     def check(self, config: Any) -> Iterator[tuple[str, str]]:
         """TP x CP must divide the world size."""
-        world = config.cluster.world_size
-        model_parallel = self.tensor_parallel_size * self.context_parallel_size
-        if world % model_parallel:
-            yield (
-                "tensor_parallel_size",
-                f"tensor_parallel_size x context_parallel_size ({model_parallel}) must divide the world size "
-                f"cluster.num_nodes x cluster.gpus_per_node ({world})",
-            )
+        yield from parallel_sizes_divide_world(
+            "tensor_parallel_size",
+            {"tensor_parallel_size": self.tensor_parallel_size, "context_parallel_size": self.context_parallel_size},
+            config,
+        )
         if self.sequence_parallel and self.tensor_parallel_size == 1:
             yield ("sequence_parallel", "needs tensor_parallel_size > 1")

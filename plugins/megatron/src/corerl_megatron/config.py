@@ -7,6 +7,7 @@ from typing import Any, Literal
 
 import attrs
 
+from corerl.config.checks import parallel_sizes_divide_world
 from corerl.config.fields import section, setting
 
 
@@ -58,16 +59,12 @@ class MegatronConfig:
 
     def check(self, config: Any) -> Iterator[tuple[str, str]]:
         """TP x PP x CP must divide the world size; sequence parallel needs TP > 1."""
-        world = config.cluster.world_size
-        model_parallel = (
-            self.tensor_model_parallel_size * self.pipeline_model_parallel_size * self.context_parallel_size
-        )
-        if world % model_parallel:
-            yield (
-                "tensor_model_parallel_size",
-                f"tensor x pipeline x context parallel sizes ({model_parallel}) must divide the world size "
-                f"cluster.num_nodes x cluster.gpus_per_node ({world})",
-            )
+        sizes = {
+            "tensor_model_parallel_size": self.tensor_model_parallel_size,
+            "pipeline_model_parallel_size": self.pipeline_model_parallel_size,
+            "context_parallel_size": self.context_parallel_size,
+        }
+        yield from parallel_sizes_divide_world("tensor_model_parallel_size", sizes, config)
         if self.sequence_parallel and self.tensor_model_parallel_size == 1:
             yield ("sequence_parallel", "needs tensor_model_parallel_size > 1")
 
