@@ -134,7 +134,8 @@ def _cmd_plugins(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     table = Table(title="corerl plugins", show_lines=True)
-    for column in ("name", "distribution", "version", "status", "registers", "error"):
+    any_error = any(row["error"] for row in rows)
+    for column in ("name", "distribution", "version", "status", "registers", *(("error",) if any_error else ())):
         table.add_column(column, overflow="fold")
     labels = {
         "training_backends": "training",
@@ -147,7 +148,7 @@ def _cmd_plugins(args: argparse.Namespace) -> int:
         status_style = {"loaded": "green", "failed": "red", "disabled": "yellow"}[row["status"]]
         table.add_row(
             row["name"], row["distribution"] or "-", row["version"] or "-",
-            f"[{status_style}]{row['status']}[/]", registers or "-", row["error"] or "",
+            f"[{status_style}]{row['status']}[/]", registers or "-", *((row["error"] or "",) if any_error else ()),
         )
     Console().print(table)
     return 0
