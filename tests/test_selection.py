@@ -128,3 +128,12 @@ def test_a_clashing_id_cannot_be_selected_and_both_plugins_are_named():
         host.register(plugin_from(training_backends=[TrainingBackend(id="dup", factory="os:getcwd")]), name=name)
     (error,) = errors_of(["policy.training_backend=dup"], host=host)
     assert "('one' and 'two')" in error.message
+
+
+def test_a_clashing_id_is_not_selected_by_priority_either():
+    host = PluginHost(env={})
+    for name in ("one", "two"):
+        backend = TrainingBackend(id="dup", priority=500, factory="os:getcwd", config_section="policy.dup_cfg")
+        host.register(plugin_from(training_backends=[backend]), name=name)
+    (error,) = errors_of(["policy.dup_cfg.enabled=true"], host=host)
+    assert error.key == "policy.dup_cfg.enabled" and "('one' and 'two')" in error.message

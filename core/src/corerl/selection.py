@@ -137,6 +137,7 @@ def select_training_backend(config: Config, host: PluginHost) -> tuple[Choice, l
         return Choice(chosen.id, reason, chosen), warnings
     if enabled:
         top = enabled[0]  # the registry iterates by descending priority
+        _lookup(host, registry, top.id, f"{top.config_section}.enabled", config)  # refuses a clashing id
         tied = [r.id for r in enabled[1:] if r.priority == top.priority]
         if tied:
             raise SelectionError(
