@@ -128,7 +128,7 @@ def test_run_without_config_validates_the_demo_and_says_in_one_line_what_is_miss
     assert result.code == 1, result
     assert "demo.yaml" in result.out
     (line,) = result.err.strip().splitlines()
-    assert "training backend 'dtensor' is registered but its engine is not implemented yet" in line
+    assert "algorithm 'grpo' is not implemented yet" in line
 
 
 def test_run_with_overrides_and_no_config_applies_them_to_the_demo():

@@ -16,8 +16,11 @@ def run_recipe(config: Config, selection: Selection, host: PluginHost) -> int:
     """Run ``config`` with the selected components; returns the exit status."""
     training = selection.training_backend.registration
     assert training is not None
-    training.create(config=config)
-    raise EngineNotAvailable(
-        f"algorithm {config.core.algorithm.name!r} is not implemented yet (it lands with the GRPO/SFT issue)",
-        hint="`corerl validate` checks a recipe meanwhile",
-    )
+    backend = training.create(config=config)
+    try:
+        raise EngineNotAvailable(
+            f"algorithm {config.core.algorithm.name!r} is not implemented yet (it lands with the GRPO/SFT issue)",
+            hint="`corerl validate` checks a recipe meanwhile",
+        )
+    finally:
+        backend.shutdown()

@@ -84,6 +84,7 @@ class OptimizerConfig:
     lr: float = setting(1e-5, min=0.0, min_exclusive=True)
     weight_decay: float = setting(0.0, min=0.0)
     betas: list[float] = setting([0.9, 0.999])
+    momentum: float = setting(0.0, min=0.0, help="SGD only")
     eps: float = setting(1e-8, min=0.0, min_exclusive=True)
 
 

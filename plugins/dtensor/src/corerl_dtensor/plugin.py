@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from corerl import TrainingBackend, hookimpl
-from corerl.pending import pending_engine
 from corerl_dtensor.config import DTensorConfig
 
 
@@ -15,7 +14,7 @@ def corerl_register_training_backends(register: Callable[[TrainingBackend], None
         TrainingBackend(
             id="dtensor",
             priority=100,
-            factory=pending_engine("training backend 'dtensor'", "the DTensor training-backend issue"),
+            factory="corerl_dtensor.backend:DTensorBackend",
             config_section="policy.dtensor_cfg",
             config_schema=DTensorConfig,
             description="PyTorch FSDP2 + tensor parallel (DTensor)",

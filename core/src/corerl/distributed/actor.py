@@ -1,0 +1,31 @@
+"""The Ray actor that hosts one rank's worker object (imported by Ray in each worker process)."""
+
+from __future__ import annotations
+
+import importlib
+import os
+from typing import Any
+
+
+def resolve(path: str) -> Any:
+    """``"package.module:Name"`` -> the object."""
+    module_name, _, attr = path.partition(":")
+    target: Any = importlib.import_module(module_name)
+    for part in attr.split("."):
+        target = getattr(target, part)
+    return target
+
+
+class RankActor:
+    """Builds ``worker_path(rank=..., world_size=..., **kwargs)`` and forwards method calls to it."""
+
+    def __init__(self, worker_path: str, rank: int, world_size: int, env: dict[str, str], kwargs: dict[str, Any]) -> None:
+        os.environ.update(env)
+        self.rank = rank
+        self.worker = resolve(worker_path)(rank=rank, world_size=world_size, **kwargs)
+
+    def call(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        return getattr(self.worker, method)(*args, **kwargs)
+
+    def pid(self) -> int:
+        return os.getpid()

@@ -1,0 +1,159 @@
+"""A group of rank workers the driver talks to as one.
+
+:class:`RayWorkerGroup` starts one Ray actor per rank (on a local Ray runtime, or on the
+cluster at ``cluster.ray_address`` / ``RAY_ADDRESS``); :class:`LocalWorkerGroup` runs world
+size 1 in this process. Both call a method on every rank and return the results by rank.
+A rank that dies or raises ends the whole group at once (the other ranks would wait in a
+collective forever) and surfaces as :class:`WorkerFailed` naming the rank.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from collections.abc import Sequence
+from typing import Any
+
+from corerl.distributed.actor import RankActor, resolve
+from corerl.errors import CorerlError
+
+log = logging.getLogger(__name__)
+
+
+class WorkerFailed(CorerlError):
+    """A rank died or raised; the group has been shut down."""
+
+
+def free_port() -> int:
+    """A TCP port that is free on this host now (for the process group's rendezvous)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("", 0))
+        return int(sock.getsockname()[1])
+
+
+class LocalWorkerGroup:
+    """World size 1 in the calling process: no Ray, no process group."""
+
+    world_size = 1
+
+    def __init__(self, worker_path: str, **kwargs: Any) -> None:
+        self.worker = resolve(worker_path)(rank=0, world_size=1, **kwargs)
+
+    def call(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
+        return [getattr(self.worker, method)(*args, **kwargs)]
+
+    def call_per_rank(self, method: str, args_by_rank: Sequence[tuple[Any, ...]]) -> list[Any]:
+        (args,) = args_by_rank
+        return [getattr(self.worker, method)(*args)]
+
+    def pids(self) -> list[int]:
+        return [os.getpid()]
+
+    def shutdown(self) -> None:
+        self.worker = None
+
+
+def ensure_ray(address: str | None, num_cpus_needed: int) -> None:
+    """Connect to Ray: ``address``, else ``RAY_ADDRESS``, else a local runtime sized for the job."""
+    import ray
+
+    if ray.is_initialized():
+        return
+    address = address or os.environ.get("RAY_ADDRESS")
+    options: dict[str, Any] = {"logging_level": logging.WARNING, "include_dashboard": False}
+    if address:
+        ray.init(address=address, **options)
+    else:
+        ray.init(num_cpus=max(os.cpu_count() or 1, num_cpus_needed), **options)
+
+
+class RayWorkerGroup:
+    """One Ray actor per rank; rank ``r`` builds ``worker_path(rank=r, world_size=n, **kwargs)``."""
+
+    def __init__(
+        self,
+        worker_path: str,
+        world_size: int,
+        *,
+        ray_address: str | None = None,
+        gpus_per_worker: float = 0,
+        cpus_per_worker: float = 1,
+        env: dict[str, str] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        import ray
+
+        ensure_ray(ray_address, int(world_size * cpus_per_worker))
+        self.world_size = world_size
+        self._failed: str | None = None
+        master_addr = ray.util.get_node_ip_address()
+        rendezvous = {"MASTER_ADDR": master_addr, "MASTER_PORT": str(free_port()), **(env or {})}
+        actor_cls = ray.remote(RankActor)
+        self.actors = [
+            actor_cls.options(num_cpus=cpus_per_worker, num_gpus=gpus_per_worker, max_restarts=0).remote(
+                worker_path, rank, world_size, rendezvous, kwargs
+            )
+            for rank in range(world_size)
+        ]
+        self._pids = self._gather([actor.pid.remote() for actor in self.actors], "start")
+
+    def pids(self) -> list[int]:
+        return list(self._pids)
+
+    def call(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
+        """Call ``method(*args, **kwargs)`` on every rank; results by rank."""
+        self._check_alive()
+        return self._gather([a.call.remote(method, args, kwargs) for a in self.actors], method)
+
+    def call_per_rank(self, method: str, args_by_rank: Sequence[tuple[Any, ...]]) -> list[Any]:
+        """Call ``method(*args_by_rank[r])`` on rank ``r``; results by rank."""
+        self._check_alive()
+        futures = [a.call.remote(method, tuple(args), {}) for a, args in zip(self.actors, args_by_rank, strict=True)]
+        return self._gather(futures, method)
+
+    def _check_alive(self) -> None:
+        if self._failed is not None:
+            raise WorkerFailed(f"the worker group was shut down after an earlier failure: {self._failed}")
+
+    def _gather(self, futures: list[Any], what: str) -> list[Any]:
+        import ray
+        from ray.exceptions import RayActorError, RayTaskError
+
+        rank_of = {f: rank for rank, f in enumerate(futures)}
+        results: list[Any] = [None] * len(futures)
+        pending = list(futures)
+        while pending:
+            done, pending = ray.wait(pending, num_returns=1)
+            for future in done:
+                rank = rank_of[future]
+                try:
+                    results[rank] = ray.get(future)
+                except RayTaskError as exc:
+                    cause = exc.cause if exc.cause is not None else exc
+                    self._fail(rank, what, f"raised {type(cause).__name__}: {cause}", cause)
+                except RayActorError as exc:
+                    pid = self._pids[rank] if getattr(self, "_pids", None) else None
+                    who = f"rank {rank}" + (f" (pid {pid})" if pid else "")
+                    self._fail(rank, what, "died", exc, who=who)
+        return results
+
+    def _fail(self, rank: int, what: str, how: str, exc: BaseException, who: str | None = None) -> None:
+        message = f"training worker {who or f'rank {rank}'} {how} during {what!r}"
+        self._failed = message
+        self.shutdown()
+        if isinstance(exc, CorerlError):  # a user error raised on a rank keeps its own message
+            raise type(exc)(f"{exc.message} (on rank {rank})", key=exc.key, source=exc.source, hint=exc.hint)
+        raise WorkerFailed(message.split(" during ")[0] + f" during {what!r}: the group was shut down",
+                           hint="see the worker's log above for its last words") from exc
+
+    def shutdown(self) -> None:
+        """Kill every actor (idempotent)."""
+        import ray
+
+        for actor in getattr(self, "actors", []):
+            try:
+                ray.kill(actor, no_restart=True)
+            except Exception as exc:  # already dead: nothing to release
+                log.debug("ray.kill: %s", exc)
+        self.actors = []

@@ -1,0 +1,1 @@
+"""Models corerl can build in code (no hub downloads)."""

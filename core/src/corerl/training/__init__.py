@@ -1,0 +1,1 @@
+"""The training-backend contract and the helpers backends share."""

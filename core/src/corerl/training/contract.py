@@ -1,0 +1,89 @@
+"""What a training backend does for the algorithms (the driver-side contract).
+
+A training backend's factory (``TrainingBackend.factory``) is called as
+``factory(config=Config)`` and returns an object with the methods of
+:class:`TrainingEngine`. The algorithms talk to nothing else: where the ranks run (Ray
+actors, one process) is the backend's business.
+
+Batches are ``dict[str, torch.Tensor]`` with rows right-padded to a common length ``T``:
+
+- ``input_ids`` ``[B, T]`` (long), ``attention_mask`` ``[B, T]`` (1 for real tokens);
+- ``loss_mask`` ``[B, T]``: 1 where the token's logprob enters the loss (position 0 never does);
+- any per-row or per-token fields the loss function reads (``advantages``, ``old_logprobs``, ...).
+
+Logprobs come back as ``[B, T]`` float32: position ``t`` holds ``log p(input_ids[t] | input_ids[:t])``,
+position 0 and padding hold 0.
+
+A loss function is a picklable callable ``loss_fn(logprobs, micro_batch, normaliser) ->
+(loss, metrics)``: ``logprobs`` are the differentiable ``[b, T]`` logprobs of one micro-batch,
+``normaliser`` the number of loss tokens in the whole step (all ranks), and ``loss`` a
+scalar whose sum over micro-batches and ranks is the step's loss (so token-level
+normalisation is exact whatever the micro-batching and data parallelism).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+import attrs
+
+if TYPE_CHECKING:
+    import torch
+
+Batch = dict[str, "torch.Tensor"]
+LossFn = Callable[["torch.Tensor", Batch, float], tuple["torch.Tensor", dict[str, float]]]
+
+
+@attrs.frozen
+class StepResult:
+    """What one optimizer step reports."""
+
+    loss: float
+    grad_norm: float
+    lr: float
+    tokens: int
+    step: int
+    metrics: dict[str, float] = attrs.field(factory=dict)
+
+
+@runtime_checkable
+class TrainingEngine(Protocol):
+    """The methods every training backend provides to the algorithms."""
+
+    def load_hf(self, model_path: str) -> None:
+        """(Re)initialise model, optimizer, scheduler and step from a Hugging Face checkpoint directory."""
+
+    def logprobs(self, batch: Batch) -> torch.Tensor:
+        """Per-token logprobs ``[B, T]`` of ``batch`` under the current weights (no gradient)."""
+
+    def train_step(self, batch: Batch, loss_fn: LossFn) -> StepResult:
+        """One optimizer step over ``batch``, in micro-batches of ``policy.train_micro_batch_size``
+        with gradients accumulated, clipped to ``policy.max_grad_norm``, then the LR scheduler steps."""
+
+    def save_checkpoint(self, path: str) -> None:
+        """Write a resumable checkpoint (model, optimizer, scheduler, RNG, step) to folder ``path``."""
+
+    def load_checkpoint(self, path: str) -> None:
+        """Restore everything :meth:`save_checkpoint` wrote; training then continues exactly."""
+
+    def export_hf(self, path: str) -> None:
+        """Write a Hugging Face checkpoint (safetensors, config, tokenizer) of the current weights."""
+
+    def weight_stream(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """The current full weights as ``(Hugging Face name, tensor)`` pairs, for a generation backend."""
+
+    def offload(self) -> None:
+        """Move what the offload policy allows off the accelerator (a logged no-op where there is none)."""
+
+    def reload(self) -> None:
+        """Bring back what :meth:`offload` moved."""
+
+    def shutdown(self) -> None:
+        """Release the workers and their resources."""
+
+
+def describe_missing(engine: Any) -> list[str]:
+    """The :class:`TrainingEngine` methods ``engine`` lacks (empty when it conforms)."""
+    names = [n for n in vars(TrainingEngine) if not n.startswith("_") and callable(getattr(TrainingEngine, n))]
+    return [n for n in names if not callable(getattr(engine, n, None))]

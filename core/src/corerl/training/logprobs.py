@@ -1,0 +1,24 @@
+"""Per-token logprobs from a causal LM's logits."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+
+
+def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """``[B, T]`` float32: position t holds log p(input_ids[t] | input_ids[:t]); 0 at t=0 and on padding."""
+    import torch
+
+    logp = torch.log_softmax(logits[:, :-1].float(), dim=-1)
+    picked = logp.gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+    out = torch.cat([torch.zeros_like(picked[:, :1]), picked], dim=1)
+    return out * attention_mask.to(out.dtype)
+
+
+def model_logprobs(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Run ``model`` on a right-padded batch and return :func:`token_logprobs`."""
+    out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False)
+    return token_logprobs(out.logits, batch["input_ids"], batch["attention_mask"])

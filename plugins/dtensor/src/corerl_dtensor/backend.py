@@ -1,0 +1,124 @@
+"""The driver side of the dtensor backend: one worker group, batches in, results out."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from corerl.config import Config
+from corerl.distributed.worker_group import LocalWorkerGroup, RayWorkerGroup
+from corerl.errors import ConfigError, EngineNotAvailable
+from corerl.training.batching import concat_rows, loss_token_count, shard_rows
+from corerl.training.contract import Batch, LossFn, StepResult
+
+WORKER = "corerl_dtensor.worker:DTensorWorker"
+
+
+def check_supported(config: Config) -> None:
+    """Refuse, in one line each, the options this platform or this backend cannot run."""
+    settings = config.section("policy.dtensor_cfg")
+    section = "policy.dtensor_cfg"
+    if settings.context_parallel_size > 1:
+        raise EngineNotAvailable(
+            "context parallelism needs torch's context_parallel over flash/efficient SDPA, which runs only on CUDA; "
+            "the dtensor backend does not implement it yet",
+            key=f"{section}.context_parallel_size", hint="set it to 1",
+        )
+    if settings.sequence_parallel:
+        raise EngineNotAvailable(
+            "sequence parallelism is not implemented by the dtensor backend yet",
+            key=f"{section}.sequence_parallel", hint="set it to false",
+        )
+    if settings.fsdp_version == 1 and settings.tensor_parallel_size > 1:
+        raise ConfigError(
+            "fsdp_version 1 (FullyShardedDataParallel) cannot be combined with tensor parallelism",
+            key=f"{section}.fsdp_version", hint="use fsdp_version 2 with tensor_parallel_size > 1",
+        )
+    if config.core.policy.precision == "float16":
+        raise ConfigError(
+            "the dtensor backend trains in float32 or bfloat16", key="policy.precision", hint="use bfloat16",
+        )
+
+
+class DTensorBackend:
+    """FSDP2 (or FSDP1) x tensor parallel over ``cluster.num_nodes x cluster.gpus_per_node`` ranks."""
+
+    def __init__(self, config: Config) -> None:
+        check_supported(config)
+        self.config = config
+        cluster = config.core.cluster
+        settings = config.section("policy.dtensor_cfg")
+        self.world_size = cluster.world_size
+        self.tp = settings.tensor_parallel_size
+        self.dp = self.world_size // self.tp
+        if self.world_size == 1:
+            self.group: Any = LocalWorkerGroup(WORKER, config=config)
+        else:
+            gpus = 1 if torch.cuda.is_available() else 0
+            threads = max(1, (os.cpu_count() or 1) // self.world_size)
+            self.group = RayWorkerGroup(
+                WORKER, self.world_size, ray_address=cluster.ray_address, gpus_per_worker=gpus,
+                cpus_per_worker=1, config=config, threads=threads,
+            )
+
+    def _by_rank(self, batch: Batch) -> list[Batch]:
+        shards = shard_rows(batch, self.dp)
+        return [shards[rank // self.tp] for rank in range(self.world_size)]
+
+    def _dp_leaders(self, results: list[Any]) -> list[Any]:
+        return [r for rank, r in enumerate(results) if rank % self.tp == 0]
+
+    def load_hf(self, model_path: str) -> None:
+        self.group.call("load_hf", model_path)
+
+    def logprobs(self, batch: Batch) -> torch.Tensor:
+        results = self.group.call_per_rank("logprobs", [(shard,) for shard in self._by_rank(batch)])
+        return concat_rows(self._dp_leaders(results))
+
+    def train_step(self, batch: Batch, loss_fn: LossFn) -> StepResult:
+        normaliser = float(max(1, loss_token_count(batch)))
+        args = [(shard, loss_fn, normaliser) for shard in self._by_rank(batch)]
+        results = self.group.call_per_rank("train_step", args)
+        leaders = self._dp_leaders(results)
+        metrics: dict[str, float] = {}
+        for result in leaders:
+            for key, value in result["metrics"].items():
+                metrics[key] = metrics.get(key, 0.0) + value
+        first = results[0]
+        return StepResult(
+            loss=sum(r["loss"] for r in leaders), grad_norm=first["grad_norm"], lr=first["lr"],
+            tokens=int(normaliser), step=first["step"], metrics=metrics,
+        )
+
+    def save_checkpoint(self, path: str) -> None:
+        os.makedirs(path, exist_ok=True)
+        self.group.call("save_checkpoint", path)
+
+    def load_checkpoint(self, path: str) -> None:
+        self.group.call("load_checkpoint", path)
+
+    def export_hf(self, path: str) -> None:
+        self.group.call("export_hf", path)
+
+    def weight_stream(self) -> Iterator[tuple[str, torch.Tensor]]:
+        state = self.group.call("full_state_dict")[0]
+        yield from state.items()
+
+    def offload(self) -> None:
+        self.group.call("offload")
+
+    def reload(self) -> None:
+        self.group.call("reload")
+
+    def worker_pids(self) -> list[int]:
+        return self.group.pids()
+
+    def shutdown(self) -> None:
+        if self.world_size > 1:
+            self.group.shutdown()
+        else:
+            self.group.call("shutdown")
+            self.group.shutdown()

@@ -1,0 +1,110 @@
+"""How the dtensor backend lays a Hugging Face causal LM over its device mesh.
+
+One function per technique, applied in this order: tensor parallel (DTensor plans),
+activation checkpointing, then FSDP2 (``fully_shard`` per decoder layer, then the root) or
+the legacy FSDP1 wrapper.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+
+def decoder_layers(model: nn.Module) -> nn.ModuleList:
+    """The decoder layers of a Llama/Qwen2-style model (``model.model.layers``)."""
+    inner = getattr(model, "model", None)
+    layers = getattr(inner, "layers", None)
+    if not isinstance(layers, nn.ModuleList):
+        raise TypeError(f"{type(model).__name__} has no model.layers; give policy.dtensor_cfg.custom_parallel_plan")
+    return layers
+
+
+def default_tp_plan() -> dict[str, Any]:
+    """Llama/Qwen2 decoder layer: q/k/v/gate/up split by output features, o/down by input features."""
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+    return {
+        "self_attn.q_proj": ColwiseParallel(),
+        "self_attn.k_proj": ColwiseParallel(),
+        "self_attn.v_proj": ColwiseParallel(),
+        "self_attn.o_proj": RowwiseParallel(),
+        "mlp.gate_proj": ColwiseParallel(),
+        "mlp.up_proj": ColwiseParallel(),
+        "mlp.down_proj": RowwiseParallel(),
+    }
+
+
+def apply_tensor_parallel(model: nn.Module, tp_mesh: Any, custom_plan: Any | None = None) -> None:
+    """Shard projections over ``tp_mesh``.
+
+    ``custom_plan`` (from ``custom_parallel_plan``) is either a dict ``{module path: ParallelStyle}``
+    applied to the whole model, or a callable ``plan(model, tp_mesh)`` that parallelizes it itself.
+    """
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    if callable(custom_plan):
+        custom_plan(model, tp_mesh)
+        return
+    if isinstance(custom_plan, dict):
+        parallelize_module(model, tp_mesh, custom_plan)
+        return
+    config = model.config
+    tp = tp_mesh.size()
+    for name in ("num_attention_heads", "num_key_value_heads"):
+        heads = getattr(config, name)
+        if heads % tp:
+            raise ValueError(f"{name}={heads} of the model is not divisible by tensor_parallel_size={tp}")
+    plan = default_tp_plan()
+    for layer in decoder_layers(model):
+        parallelize_module(layer, tp_mesh, plan)
+
+
+def apply_activation_checkpointing(model: nn.Module) -> None:
+    """Recompute each decoder layer's activations in backward (non-reentrant checkpoint wrapper)."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+        CheckpointImpl,
+        checkpoint_wrapper,
+    )
+
+    layers = decoder_layers(model)
+    for index, layer in enumerate(layers):
+        layers[index] = checkpoint_wrapper(layer, checkpoint_impl=CheckpointImpl.NO_REENTRANT)
+
+
+def apply_fsdp2(model: nn.Module, dp_mesh: Any, param_dtype: torch.dtype, cpu_offload: bool) -> None:
+    """``fully_shard`` each decoder layer, then the root (which holds embeddings, norm, head)."""
+    from torch.distributed.fsdp import (
+        CPUOffloadPolicy,
+        MixedPrecisionPolicy,
+        OffloadPolicy,
+        fully_shard,
+    )
+
+    mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
+    offload = CPUOffloadPolicy(pin_memory=torch.cuda.is_available()) if cpu_offload else OffloadPolicy()
+    for layer in decoder_layers(model):
+        fully_shard(layer, mesh=dp_mesh, mp_policy=mp, offload_policy=offload)
+    fully_shard(model, mesh=dp_mesh, mp_policy=mp, offload_policy=offload)
+
+
+def apply_fsdp1(model: nn.Module, param_dtype: torch.dtype, cpu_offload: bool, device: torch.device) -> nn.Module:
+    """The legacy ``FullyShardedDataParallel`` wrapper, one unit per decoder layer; returns the wrapper."""
+    from torch.distributed.fsdp import CPUOffload, MixedPrecision
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+    layer_types = {type(layer) for layer in decoder_layers(model)}
+    mixed = None
+    if param_dtype != torch.float32:
+        mixed = MixedPrecision(param_dtype=param_dtype, reduce_dtype=torch.float32, buffer_dtype=param_dtype)
+    return FSDP(
+        model,
+        auto_wrap_policy=ModuleWrapPolicy(layer_types),
+        mixed_precision=mixed,
+        cpu_offload=CPUOffload(offload_params=cpu_offload),
+        device_id=device,
+        use_orig_params=True,
+    )
