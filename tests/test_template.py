@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 
@@ -9,10 +10,13 @@ from tests.conftest import EXAMPLES, REPO, clean_env, run_corerl
 
 
 def test_template_package_installs_and_is_listed_and_selected(tmp_path):
+    # Build from a copy: setuptools writes *.egg-info into the source tree, which would make the
+    # template look installed to every later test in this session.
+    source = shutil.copytree(REPO / "templates" / "plugin", tmp_path / "template")
     target = tmp_path / "site"
     proc = subprocess.run(
         [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
-         "--disable-pip-version-check", "--target", str(target), str(REPO / "templates" / "plugin")],
+         "--disable-pip-version-check", "--target", str(target), str(source)],
         capture_output=True, text=True, timeout=300,
     )
     assert proc.returncode == 0, proc.stderr

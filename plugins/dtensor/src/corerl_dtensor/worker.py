@@ -10,6 +10,7 @@ import contextlib
 import logging
 import os
 import random
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -163,7 +164,10 @@ class DTensorWorker:
 
         model = self._require_model()
         model_sd, optim_sd = get_state_dict(model, self.optimizer)
-        dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=os.path.join(path, "weights"))
+        dcp.save(
+            {"model": model_sd, "optim": optim_sd}, checkpoint_id=os.path.join(path, "weights"),
+            no_dist=not dist.is_initialized(),
+        )
         extra = {"scheduler": self.scheduler.state_dict(), "step": self.step, "rng": self._rng_state()}
         torch.save(extra, os.path.join(path, f"rank{self.rank}.pt"))
         self._barrier()
@@ -175,7 +179,7 @@ class DTensorWorker:
         model = self._require_model()
         model_sd, optim_sd = get_state_dict(model, self.optimizer)
         state = {"model": model_sd, "optim": optim_sd}
-        dcp.load(state, checkpoint_id=os.path.join(path, "weights"))
+        dcp.load(state, checkpoint_id=os.path.join(path, "weights"), no_dist=not dist.is_initialized())
         set_state_dict(model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
         extra = torch.load(os.path.join(path, f"rank{self.rank}.pt"), weights_only=False)
         self.scheduler.load_state_dict(extra["scheduler"])
@@ -194,8 +198,16 @@ class DTensorWorker:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
         model = self._require_model()
-        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-        state = get_model_state_dict(model, options=options)
+        if self.fsdp1:  # torch's generic full-state-dict path crashes FSDP1 on CPU; use FSDP1's own
+            from torch.distributed.fsdp import FullStateDictConfig, StateDictType
+            from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+            with warnings.catch_warnings():  # "state_dict_type is being deprecated": still FSDP1's own way
+                warnings.simplefilter("ignore", FutureWarning)
+                with FSDP.state_dict_type(model, StateDictType.FULL_STATE_DICT, FullStateDictConfig(rank0_only=True)):
+                    state = model.state_dict()
+        else:
+            state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         return {k: v.detach().cpu() for k, v in state.items()} if self.rank == 0 else None
 
     def export_hf(self, path: str) -> None:

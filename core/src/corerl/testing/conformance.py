@@ -1,0 +1,222 @@
+"""The training-backend conformance suite: subclass :class:`TrainingBackendConformance`.
+
+Any training backend runs the same checks, on a tiny model built in code::
+
+    from corerl.testing.conformance import TrainingBackendConformance
+
+    class TestMyBackendWorld1(TrainingBackendConformance):
+        backend_id = "mine"
+        overrides = ["policy.mine_cfg.enabled=true", "cluster.gpus_per_node=1"]
+
+One subclass per layout (world size, parallel sizes). The checks:
+
+(a) logprobs equal a plain transformers forward within ``tolerance`` (fp32);
+(b) one train step on a fixed batch gives the loss and the updated weights of a plain
+    single-process PyTorch step (whole batch at once, SGD, gradient clipping);
+(c) at world size > 1, logprobs, losses and weights equal the same backend at world size 1;
+(d) save, load into a fresh model, continue equals uninterrupted training;
+(e) the exported Hugging Face checkpoint loads with transformers, reproduces the logprobs,
+    and carries the tokenizer;
+(f) the weight stream covers every parameter with Hugging Face names and shapes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, ClassVar
+
+import pytest
+import torch
+
+from corerl.testing.reference import hf_logprobs, reference_sgd_step
+
+LR = 0.5
+MOMENTUM = 0.9
+MAX_GRAD_NORM = 1.0
+
+
+def conformance_loss(logprobs: torch.Tensor, batch: dict[str, torch.Tensor], normaliser: float) -> tuple[torch.Tensor, dict[str, float]]:
+    """A policy-gradient-shaped loss: -sum(advantage * logprob) over loss tokens / normaliser."""
+    weighted = logprobs * batch["advantages"] * batch["loss_mask"]
+    loss = -weighted.sum() / normaliser
+    return loss, {"loss_tokens": float(batch["loss_mask"][:, 1:].sum())}
+
+
+def conformance_batch(rows: int = 4, length: int = 16, vocab: int = 128, seed: int = 0) -> dict[str, torch.Tensor]:
+    """A fixed right-padded batch with varied lengths, a prompt/response mask and advantages."""
+    gen = torch.Generator().manual_seed(seed)
+    input_ids = torch.randint(4, vocab, (rows, length), generator=gen)
+    lengths = [length - (3 * i) % 7 for i in range(rows)]
+    attention_mask = torch.zeros(rows, length, dtype=torch.long)
+    for row, n in enumerate(lengths):
+        attention_mask[row, :n] = 1
+    input_ids = input_ids * attention_mask
+    loss_mask = attention_mask.clone()
+    loss_mask[:, :5] = 0  # the "prompt"
+    advantages = torch.randn(rows, 1, generator=gen).expand(rows, length).contiguous()
+    return {"input_ids": input_ids, "attention_mask": attention_mask, "loss_mask": loss_mask, "advantages": advantages}
+
+
+def _max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.float() - b.float()).abs().max().item())
+
+
+class TrainingBackendConformance:
+    """Base class of a backend's conformance tests; set ``backend_id`` and ``overrides``."""
+
+    backend_id: ClassVar[str]
+    overrides: ClassVar[list[str]] = []
+    #: a plugin object to register instead of discovering installed plugins (optional)
+    plugin: ClassVar[Any] = None
+    tolerance: ClassVar[float] = 1e-5
+
+    # -- fixtures ----------------------------------------------------------------------
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def model_dir(cls, tmp_path_factory: pytest.TempPathFactory) -> str:
+        from corerl.models.tiny import build_tiny_model
+
+        return str(build_tiny_model(tmp_path_factory.mktemp("tiny-model"), hidden_size=64, num_layers=2))
+
+    @classmethod
+    def _build(cls, model_dir: str, tmp_path: Path, extra: list[str]) -> Any:
+        from corerl.config import load_config
+        from corerl.plugin_manager import PluginHost
+        from corerl.selection import select
+        from corerl.testing import write_recipe
+
+        host = PluginHost(discover=cls.plugin is None, env={})
+        if cls.plugin is not None:
+            host.register(cls.plugin, name=f"{cls.backend_id}-under-test")
+        recipe = write_recipe(tmp_path / "conformance.yaml", {
+            "policy": {
+                "model_name": model_dir, "precision": "float32", "train_micro_batch_size": 2,
+                "max_grad_norm": MAX_GRAD_NORM, "training_backend": cls.backend_id,
+                "optimizer": {"name": "sgd", "lr": LR, "momentum": MOMENTUM},
+                "scheduler": {"name": "linear", "warmup_steps": 2},
+            },
+            "algorithm": {"max_steps": 8, "seed": 1234},
+        })
+        config = load_config(recipe, [*cls.overrides, *extra], host)
+        choice = select(config, host).training_backend
+        assert choice.id == cls.backend_id, choice.reason
+        return config, choice.registration.create(config=config)
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def backend(cls, model_dir: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+        config, backend = cls._build(model_dir, tmp_path_factory.mktemp("recipe"), [])
+        backend.conformance_world_size = config.core.cluster.world_size
+        try:
+            yield backend
+        finally:
+            backend.shutdown()
+
+    @pytest.fixture
+    def batch(self) -> dict[str, torch.Tensor]:
+        return conformance_batch()
+
+    # -- (a) ---------------------------------------------------------------------------
+
+    def test_logprobs_match_transformers(self, backend: Any, model_dir: str, batch: dict[str, torch.Tensor]) -> None:
+        from transformers import AutoModelForCausalLM
+
+        backend.load_hf(model_dir)
+        ours = backend.logprobs(batch)
+        reference = hf_logprobs(AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32), batch)
+        assert ours.shape == batch["input_ids"].shape
+        assert _max_diff(ours, reference) <= self.tolerance
+
+    # -- (b) ---------------------------------------------------------------------------
+
+    def test_train_step_matches_plain_pytorch(self, backend: Any, model_dir: str, batch: dict[str, torch.Tensor]) -> None:
+        backend.load_hf(model_dir)
+        result = backend.train_step(batch, conformance_loss)
+        ref_loss, ref_params = reference_sgd_step(
+            model_dir, batch, conformance_loss, lr=result.lr, momentum=MOMENTUM, max_grad_norm=MAX_GRAD_NORM
+        )
+        assert result.step == 1 and result.tokens == int(batch["loss_mask"][:, 1:].sum())
+        assert abs(result.loss - ref_loss) <= self.tolerance
+        weights = dict(backend.weight_stream())
+        moved = max(_max_diff(weights[n], p) for n, p in ref_params.items())
+        assert moved <= self.tolerance, f"weights differ from the reference by {moved:.3g}"
+
+    # -- (c) ---------------------------------------------------------------------------
+
+    def test_matches_world_size_1(self, backend: Any, model_dir: str, batch: dict[str, torch.Tensor], tmp_path: Path) -> None:
+        if backend.conformance_world_size == 1:
+            pytest.skip("this layout is world size 1 already")
+        _, single = self._build(model_dir, tmp_path, ["cluster.num_nodes=1", "cluster.gpus_per_node=1",
+                                                      *self._single_rank_overrides()])
+        try:
+            for engine in (backend, single):
+                engine.load_hf(model_dir)
+            assert _max_diff(backend.logprobs(batch), single.logprobs(batch)) <= self.tolerance
+            for _ in range(2):
+                ours, theirs = backend.train_step(batch, conformance_loss), single.train_step(batch, conformance_loss)
+                assert abs(ours.loss - theirs.loss) <= self.tolerance
+                assert abs(ours.grad_norm - theirs.grad_norm) <= self.tolerance * max(1.0, theirs.grad_norm)
+            ours_w, theirs_w = dict(backend.weight_stream()), dict(single.weight_stream())
+            assert ours_w.keys() == theirs_w.keys()
+            assert max(_max_diff(ours_w[n], theirs_w[n]) for n in ours_w) <= self.tolerance
+        finally:
+            single.shutdown()
+
+    def _single_rank_overrides(self) -> list[str]:
+        """Overrides that turn this layout's parallelism off (world size 1); extend for your sections."""
+        return []
+
+    # -- (d) ---------------------------------------------------------------------------
+
+    def test_save_load_continue_equals_uninterrupted(
+        self, backend: Any, model_dir: str, batch: dict[str, torch.Tensor], tmp_path: Path
+    ) -> None:
+        other = conformance_batch(seed=1)
+        backend.load_hf(model_dir)
+        backend.train_step(batch, conformance_loss)
+        backend.save_checkpoint(str(tmp_path / "ckpt"))
+        straight = [backend.train_step(b, conformance_loss) for b in (other, batch)]
+        straight_w = dict(backend.weight_stream())
+
+        backend.load_hf(model_dir)  # a fresh model and optimizer
+        backend.load_checkpoint(str(tmp_path / "ckpt"))
+        resumed = [backend.train_step(b, conformance_loss) for b in (other, batch)]
+        resumed_w = dict(backend.weight_stream())
+        for a, b in zip(straight, resumed, strict=True):
+            assert (a.step, a.lr) == (b.step, b.lr)
+            assert abs(a.loss - b.loss) <= self.tolerance
+        assert max(_max_diff(straight_w[n], resumed_w[n]) for n in straight_w) <= self.tolerance
+
+    # -- (e) ---------------------------------------------------------------------------
+
+    def test_exported_checkpoint_loads_and_reproduces_logprobs(
+        self, backend: Any, model_dir: str, batch: dict[str, torch.Tensor], tmp_path: Path
+    ) -> None:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        backend.load_hf(model_dir)
+        backend.train_step(batch, conformance_loss)  # so the weights differ from the input checkpoint
+        out = tmp_path / "export"
+        backend.export_hf(str(out))
+        assert list(out.glob("*.safetensors")) and (out / "config.json").exists()
+        exported = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)
+        assert _max_diff(hf_logprobs(exported, batch), backend.logprobs(batch)) <= self.tolerance
+        original = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+        assert _max_diff(hf_logprobs(original, batch), backend.logprobs(batch)) > self.tolerance
+        tokenizer = AutoTokenizer.from_pretrained(out)
+        assert tokenizer.vocab_size == AutoTokenizer.from_pretrained(model_dir).vocab_size
+
+    # -- (f) ---------------------------------------------------------------------------
+
+    def test_weight_stream_covers_every_parameter(self, backend: Any, model_dir: str) -> None:
+        from transformers import AutoModelForCausalLM
+
+        backend.load_hf(model_dir)
+        streamed = {name: tuple(t.shape) for name, t in backend.weight_stream()}
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+        expected = {name: tuple(p.shape) for name, p in model.named_parameters()}
+        assert set(expected) <= set(streamed), f"missing: {sorted(set(expected) - set(streamed))}"
+        assert set(streamed) <= set(model.state_dict()), f"not Hugging Face names: {sorted(set(streamed) - set(model.state_dict()))}"
+        assert all(streamed[name] == shape for name, shape in expected.items())

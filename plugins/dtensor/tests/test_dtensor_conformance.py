@@ -1,0 +1,32 @@
+"""dtensor through the training-backend conformance suite, in every layout the issue names."""
+
+from __future__ import annotations
+
+from corerl.testing.conformance import TrainingBackendConformance
+
+
+class _DTensor(TrainingBackendConformance):
+    backend_id = "dtensor"
+
+    def _single_rank_overrides(self) -> list[str]:
+        return ["policy.dtensor_cfg.tensor_parallel_size=1", "policy.dtensor_cfg.fsdp_version=2"]
+
+
+class TestWorld1(_DTensor):
+    overrides = ["cluster.gpus_per_node=1"]
+
+
+class TestDataParallel2(_DTensor):
+    overrides = ["cluster.gpus_per_node=2"]
+
+
+class TestTensorParallel2(_DTensor):
+    overrides = ["cluster.gpus_per_node=2", "policy.dtensor_cfg.tensor_parallel_size=2"]
+
+
+class TestFSDP1DataParallel2(_DTensor):
+    overrides = ["cluster.gpus_per_node=2", "policy.dtensor_cfg.fsdp_version=1"]
+
+
+class TestActivationCheckpointingDataParallel2(_DTensor):
+    overrides = ["cluster.gpus_per_node=2", "policy.dtensor_cfg.activation_checkpointing=true"]
