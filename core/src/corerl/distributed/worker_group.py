@@ -87,6 +87,7 @@ class RayWorkerGroup:
         ensure_ray(ray_address, int(world_size * cpus_per_worker))
         self.world_size = world_size
         self._failed: str | None = None
+        self._pids: list[int] = []
         master_addr = ray.util.get_node_ip_address()
         rendezvous = {"MASTER_ADDR": master_addr, "MASTER_PORT": str(free_port()), **(env or {})}
         actor_cls = ray.remote(RankActor)
@@ -133,19 +134,20 @@ class RayWorkerGroup:
                     cause = exc.cause if exc.cause is not None else exc
                     self._fail(rank, what, f"raised {type(cause).__name__}: {cause}", cause)
                 except RayActorError as exc:
-                    pid = self._pids[rank] if getattr(self, "_pids", None) else None
-                    who = f"rank {rank}" + (f" (pid {pid})" if pid else "")
-                    self._fail(rank, what, "died", exc, who=who)
+                    self._fail(rank, what, "died", exc)
         return results
 
-    def _fail(self, rank: int, what: str, how: str, exc: BaseException, who: str | None = None) -> None:
-        message = f"training worker {who or f'rank {rank}'} {how} during {what!r}"
-        self._failed = message
+    def _fail(self, rank: int, what: str, how: str, exc: BaseException) -> None:
+        """Shut the whole group down (the other ranks may wait in a collective forever), then raise."""
+        pid = self._pids[rank] if self._pids else None
+        who = f"rank {rank}" + (f" (pid {pid})" if pid else "")
+        self._failed = f"training worker {who} {how} during {what!r}"
         self.shutdown()
-        if isinstance(exc, CorerlError):  # a user error raised on a rank keeps its own message
-            raise type(exc)(f"{exc.message} (on rank {rank})", key=exc.key, source=exc.source, hint=exc.hint)
-        raise WorkerFailed(message.split(" during ")[0] + f" during {what!r}: the group was shut down",
-                           hint="see the worker's log above for its last words") from exc
+        if isinstance(exc, CorerlError):  # a user error raised on a rank keeps its type and message
+            raise type(exc)(f"{exc.message} (on rank {rank})", key=exc.key, source=exc.source, hint=exc.hint) from exc
+        raise WorkerFailed(
+            f"{self._failed}; the group was shut down", hint="see the worker's log above for its last words"
+        ) from exc
 
     def shutdown(self) -> None:
         """Kill every actor (idempotent)."""

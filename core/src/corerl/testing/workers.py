@@ -1,0 +1,39 @@
+"""A small rank worker for testing worker groups themselves (real process groups, real failures)."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from corerl.errors import ConfigError
+
+
+class ProbeWorker:
+    """Joins a gloo process group when ``world_size > 1`` and answers simple requests."""
+
+    def __init__(self, *, rank: int, world_size: int, tag: str = "") -> None:
+        self.rank, self.world_size, self.tag = rank, world_size, tag
+        if world_size > 1:
+            import torch.distributed as dist
+
+            dist.init_process_group("gloo", init_method="env://", rank=rank, world_size=world_size)
+
+    def all_reduce_rank(self) -> int:
+        """The sum of all ranks, through a real all-reduce."""
+        import torch
+        import torch.distributed as dist
+
+        value = torch.tensor([self.rank])
+        if self.world_size > 1:
+            dist.all_reduce(value)
+        return int(value.item())
+
+    def echo(self, value: Any) -> tuple[int, str, Any]:
+        return self.rank, self.tag, value
+
+    def fail_on(self, rank: int, user_error: bool = False) -> int:
+        if self.rank == rank:
+            if user_error:
+                raise ConfigError("the batch is wrong", key="algorithm.batch_size")
+            raise ValueError(f"rank {rank} refuses")
+        return os.getpid()

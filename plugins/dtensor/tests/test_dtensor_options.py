@@ -1,0 +1,78 @@
+"""dtensor options beyond the conformance layouts: precision, CPU offload, custom plans, refusals."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from corerl.config import load_config
+from corerl.errors import ConfigError, EngineNotAvailable
+from corerl.models.tiny import build_tiny_model
+from corerl.plugin_manager import PluginHost
+from corerl.testing import write_recipe
+from corerl.testing.conformance import conformance_batch, conformance_loss
+from corerl.testing.reference import hf_logprobs
+from corerl_dtensor.backend import DTensorBackend
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return str(build_tiny_model(tmp_path_factory.mktemp("model")))
+
+
+def make_config(model_dir, tmp_path, *overrides):
+    recipe = write_recipe(tmp_path / "r.yaml", {"policy": {"model_name": model_dir, "train_micro_batch_size": 2}})
+    return load_config(recipe, list(overrides), PluginHost(env={}))
+
+
+@pytest.mark.parametrize(
+    ("override", "error", "key"),
+    [
+        ("policy.dtensor_cfg.context_parallel_size=2", EngineNotAvailable, "policy.dtensor_cfg.context_parallel_size"),
+        ("policy.dtensor_cfg.sequence_parallel=true", EngineNotAvailable, "policy.dtensor_cfg.sequence_parallel"),
+        ("policy.dtensor_cfg.fsdp_version=1", ConfigError, "policy.dtensor_cfg.fsdp_version"),
+        ("policy.precision=float16", ConfigError, "policy.precision"),
+    ],
+)
+def test_unsupported_options_are_refused_in_one_line_before_any_worker_starts(model_dir, tmp_path, override, error, key):
+    extra = ["cluster.gpus_per_node=4", "policy.dtensor_cfg.tensor_parallel_size=2"]
+    config = make_config(model_dir, tmp_path, *extra, override)
+    with pytest.raises(error) as caught:
+        DTensorBackend(config)
+    assert caught.value.key == key and "\n" not in str(caught.value)
+
+
+def test_bfloat16_with_cpu_offload_trains_at_dp2_close_to_float32(model_dir, tmp_path):
+    batch = conformance_batch()
+    single = DTensorBackend(make_config(model_dir, tmp_path))
+    single.load_hf(model_dir)
+    reference = single.train_step(batch, conformance_loss).loss
+    config = make_config(model_dir, tmp_path, "cluster.gpus_per_node=2", "policy.precision=bfloat16",
+                         "policy.dtensor_cfg.cpu_offload=true")
+    backend = DTensorBackend(config)
+    try:
+        backend.load_hf(model_dir)
+        losses = [backend.train_step(batch, conformance_loss).loss for _ in range(2)]
+        weights = dict(backend.weight_stream())
+    finally:
+        backend.shutdown()
+    assert all(math.isfinite(x) for x in losses)
+    assert abs(losses[0] - reference) < 0.05 and losses[0] != reference  # bf16 compute, not fp32
+    assert all(w.dtype == torch.float32 for w in weights.values())  # fp32 master weights
+
+
+def test_custom_parallel_plan_by_import_path(model_dir, tmp_path):
+    config = make_config(model_dir, tmp_path, "cluster.gpus_per_node=2", "policy.dtensor_cfg.tensor_parallel_size=2",
+                         "policy.dtensor_cfg.custom_parallel_plan=corerl_dtensor.plans:mlp_only")
+    backend = DTensorBackend(config)
+    try:
+        backend.load_hf(model_dir)
+        batch = conformance_batch()
+        ours = backend.logprobs(batch)
+    finally:
+        backend.shutdown()
+    reference = hf_logprobs(AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32), batch)
+    assert float((ours - reference).abs().max()) <= 1e-5

@@ -1,0 +1,48 @@
+"""Worker groups: real Ray actors forming a real gloo group; failures name the rank."""
+
+from __future__ import annotations
+
+import pytest
+
+from corerl.distributed.worker_group import LocalWorkerGroup, RayWorkerGroup, WorkerFailed
+from corerl.errors import ConfigError
+
+PROBE = "corerl.testing.workers:ProbeWorker"
+
+
+def test_two_ray_ranks_form_a_process_group_and_calls_return_by_rank():
+    group = RayWorkerGroup(PROBE, 2, tag="t")
+    try:
+        assert group.call("all_reduce_rank") == [1, 1]
+        assert group.call("echo", "x") == [(0, "t", "x"), (1, "t", "x")]
+        assert group.call_per_rank("echo", [("a",), ("b",)]) == [(0, "t", "a"), (1, "t", "b")]
+        assert len(set(group.pids())) == 2
+    finally:
+        group.shutdown()
+
+
+def test_a_rank_that_raises_ends_the_group_and_is_named():
+    group = RayWorkerGroup(PROBE, 2)
+    with pytest.raises(WorkerFailed) as caught:
+        group.call("fail_on", 1)
+    assert str(caught.value).startswith("training worker rank 1 (pid ")
+    assert "raised ValueError: rank 1 refuses during 'fail_on'" in str(caught.value)
+    with pytest.raises(WorkerFailed, match="shut down after an earlier failure"):
+        group.call("echo", 1)
+
+
+def test_a_user_error_on_a_rank_keeps_its_type_key_and_message():
+    group = RayWorkerGroup(PROBE, 2)
+    with pytest.raises(ConfigError) as caught:
+        group.call("fail_on", 0, user_error=True)
+    assert caught.value.key == "algorithm.batch_size"
+    assert caught.value.message == "the batch is wrong (on rank 0)"
+
+
+def test_local_group_runs_world_size_1_in_this_process():
+    import os
+
+    group = LocalWorkerGroup(PROBE, tag="solo")
+    assert group.call("echo", 3) == [(0, "solo", 3)]
+    assert group.call("all_reduce_rank") == [0]
+    assert group.pids() == [os.getpid()]
