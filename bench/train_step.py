@@ -1,0 +1,150 @@
+"""Forward+backward+optimizer tokens/s: the dtensor backend vs plain PyTorch, same model, same batch.
+
+    .venv/bin/python bench/train_step.py            # hidden 256, 4 layers, 8 x 512 tokens
+    .venv/bin/python bench/train_step.py --dp2      # also dtensor with 2 Ray ranks (FSDP2, gloo)
+
+Both sides run in this one process with the same thread count, alternating step by step;
+the table shows the median over the timed steps and the ratio ours/theirs (higher is better).
+Writes bench/results/train_step.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM
+
+from corerl.config import load_config
+from corerl.models.tiny import build_tiny_model
+from corerl.plugin_manager import PluginHost
+from corerl.testing import write_recipe
+from corerl.training.logprobs import model_logprobs
+from corerl_dtensor.backend import DTensorBackend
+
+RESULTS = Path(__file__).parent / "results" / "train_step.json"
+
+
+def loss_fn(logprobs, batch, normaliser):
+    return -(logprobs * batch["advantages"] * batch["loss_mask"]).sum() / normaliser, {}
+
+
+def make_batch(rows: int, length: int, vocab: int) -> dict[str, torch.Tensor]:
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(4, vocab, (rows, length), generator=gen)
+    mask = torch.ones_like(ids)
+    loss_mask = mask.clone()
+    loss_mask[:, : length // 4] = 0
+    adv = torch.randn(rows, 1, generator=gen).expand(rows, length).contiguous()
+    return {"input_ids": ids, "attention_mask": mask, "loss_mask": loss_mask, "advantages": adv}
+
+
+class PlainPyTorch:
+    """The comparison: a transformers model, AdamW, one forward/backward/step on the batch."""
+
+    def __init__(self, model_dir: str, lr: float) -> None:
+        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+        self.model.train()
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=lr)
+
+    def step(self, batch: dict[str, torch.Tensor]) -> float:
+        logprobs = model_logprobs(self.model, batch)
+        loss, _ = loss_fn(logprobs, batch, float(batch["loss_mask"][:, 1:].sum()))
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return float(loss.item())
+
+
+def timed(fn, batch) -> float:
+    start = time.perf_counter()
+    fn(batch)
+    return time.perf_counter() - start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--hidden", type=int, default=256)
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--rows", type=int, default=8)
+    parser.add_argument("--seq", type=int, default=512)
+    parser.add_argument("--steps", type=int, default=5, help="timed steps per side (after one warm-up)")
+    parser.add_argument("--dp2", action="store_true", help="also time dtensor at dp=2 on Ray")
+    args = parser.parse_args()
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+
+    work = Path(tempfile.mkdtemp(prefix="corerl-bench-"))
+    vocab = 512
+    model_dir = str(build_tiny_model(work / "model", hidden_size=args.hidden, num_layers=args.layers,
+                                     num_heads=4, num_kv_heads=2, vocab_size=vocab, max_positions=args.seq))
+    batch = make_batch(args.rows, args.seq, vocab)
+    tokens = int(batch["attention_mask"].sum())
+    threads = torch.get_num_threads()
+    bench_config = {"hidden": args.hidden, "layers": args.layers, "batch": f"{args.rows}x{args.seq}",
+                    "threads": threads, "steps": args.steps, "precision": "float32", "optimizer": "adamw"}
+
+    def dtensor(world: int) -> DTensorBackend:
+        recipe = write_recipe(work / f"r{world}.yaml", {"policy": {
+            "model_name": model_dir, "train_micro_batch_size": args.rows // world, "max_seq_length": args.seq,
+            "optimizer": {"name": "adamw", "lr": 1e-5}, "max_grad_norm": 1.0}})
+        config = load_config(recipe, [f"cluster.gpus_per_node={world}"], PluginHost(env={}))
+        backend = DTensorBackend(config)
+        backend.load_hf(model_dir)
+        return backend
+
+    rows = []
+    plain = PlainPyTorch(model_dir, lr=1e-5)
+    ours = dtensor(1)
+    ours_step = lambda b: ours.train_step(b, loss_fn)  # noqa: E731
+    for fn in (plain.step, ours_step):
+        timed(fn, batch)  # warm-up
+    plain_times, ours_times = [], []
+    for _ in range(args.steps):
+        plain_times.append(timed(plain.step, batch))
+        ours_times.append(timed(ours_step, batch))
+    ours.shutdown()
+    theirs_tps = tokens / statistics.median(plain_times)
+    ours_tps = tokens / statistics.median(ours_times)
+    rows.append({"name": "dtensor world 1 vs plain PyTorch", "ours": round(ours_tps, 1), "theirs": round(theirs_tps, 1),
+                 "ratio": round(ours_tps / theirs_tps, 3), "unit": "tokens/s", "config": dict(bench_config)})
+
+    if args.dp2:
+        wide = dtensor(2)
+        wide_step = lambda b: wide.train_step(b, loss_fn)  # noqa: E731
+        timed(wide_step, batch)
+        wide_times, plain_times = [], []
+        for _ in range(args.steps):
+            plain_times.append(timed(plain.step, batch))
+            wide_times.append(timed(wide_step, batch))
+        wide.shutdown()
+        theirs_tps = tokens / statistics.median(plain_times)
+        wide_tps = tokens / statistics.median(wide_times)
+        rows.append({"name": "dtensor dp=2 (2 Ray ranks, FSDP2, gloo) vs plain PyTorch", "ours": round(wide_tps, 1),
+                     "theirs": round(theirs_tps, 1), "ratio": round(wide_tps / theirs_tps, 3), "unit": "tokens/s",
+                     "config": {**bench_config, "world_size": 2}})
+
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"train step, {bench_config['batch']} tokens, hidden {args.hidden} x {args.layers} layers, "
+                        f"{threads} threads (median of {args.steps})")
+    for column in ("comparison", "ours tok/s", "plain PyTorch tok/s", "ratio"):
+        table.add_column(column)
+    for row in rows:
+        table.add_row(row["name"], f"{row['ours']:,.0f}", f"{row['theirs']:,.0f}", f"{row['ratio']:.3f}")
+    Console().print(table)
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps(rows, indent=2) + "\n", encoding="utf-8")
+    print(f"wrote {RESULTS}")
+
+
+if __name__ == "__main__":
+    main()
