@@ -9,6 +9,7 @@ from corerl.errors import ConfigErrors
 from corerl.testing import select_for, write_recipe
 
 RECIPE = {"cluster": {"gpus_per_node": 2}, "policy": {"model_name": "some/model"}}
+SINGLE = {"cluster": {"gpus_per_node": 1}, "policy": {"model_name": "some/model"}}
 
 
 def test_registers_the_example_backend(corerl_host):
@@ -46,7 +47,8 @@ def test_section_is_validated_by_its_schema(corerl_host, tmp_path, override, key
 
 def test_factory_builds_the_backend(corerl_host, tmp_path):
     corerl_host.register(corerl_example.plugin, name="example")
-    recipe = write_recipe(tmp_path / "recipe.yaml", RECIPE)
+    recipe = write_recipe(tmp_path / "recipe.yaml", SINGLE)
     config, selection = select_for(corerl_host, recipe, ["policy.example_cfg.enabled=true"])
     backend = selection.training_backend.registration.create(config=config)
     assert backend.settings.enabled is True
+    assert type(backend).__name__ == "ExampleBackend"
