@@ -9,7 +9,8 @@ class _DTensor(TrainingBackendConformance):
     backend_id = "dtensor"
 
     def _single_rank_overrides(self) -> list[str]:
-        return ["policy.dtensor_cfg.tensor_parallel_size=1", "policy.dtensor_cfg.fsdp_version=2"]
+        return ["policy.dtensor_cfg.tensor_parallel_size=1", "policy.dtensor_cfg.fsdp_version=2",
+                "policy.dtensor_cfg.sequence_parallel=false"]
 
 
 class TestWorld1(_DTensor):
@@ -22,6 +23,11 @@ class TestDataParallel2(_DTensor):
 
 class TestTensorParallel2(_DTensor):
     overrides = ["cluster.gpus_per_node=2", "policy.dtensor_cfg.tensor_parallel_size=2"]
+
+
+class TestTensorParallel2SequenceParallel(_DTensor):
+    overrides = ["cluster.gpus_per_node=2", "policy.dtensor_cfg.tensor_parallel_size=2",
+                 "policy.dtensor_cfg.sequence_parallel=true"]
 
 
 class TestFSDP1DataParallel2(_DTensor):

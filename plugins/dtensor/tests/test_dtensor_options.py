@@ -32,14 +32,15 @@ def make_config(model_dir, tmp_path, *overrides):
     ("override", "error", "key"),
     [
         ("policy.dtensor_cfg.context_parallel_size=2", EngineNotAvailable, "policy.dtensor_cfg.context_parallel_size"),
-        ("policy.dtensor_cfg.sequence_parallel=true", EngineNotAvailable, "policy.dtensor_cfg.sequence_parallel"),
+        ("policy.dtensor_cfg.sequence_parallel=true\npolicy.dtensor_cfg.custom_parallel_plan=corerl_dtensor.plans:mlp_only",
+         ConfigError, "policy.dtensor_cfg.sequence_parallel"),
         ("policy.dtensor_cfg.fsdp_version=1", ConfigError, "policy.dtensor_cfg.fsdp_version"),
         ("policy.precision=float16", ConfigError, "policy.precision"),
     ],
 )
 def test_unsupported_options_are_refused_in_one_line_before_any_worker_starts(model_dir, tmp_path, override, error, key):
     extra = ["cluster.gpus_per_node=4", "policy.dtensor_cfg.tensor_parallel_size=2"]
-    config = make_config(model_dir, tmp_path, *extra, override)
+    config = make_config(model_dir, tmp_path, *extra, *override.split("\n"))
     with pytest.raises(error) as caught:
         DTensorBackend(config)
     assert caught.value.key == key and "\n" not in str(caught.value)

@@ -27,10 +27,10 @@ def check_supported(config: Config) -> None:
             "the dtensor backend does not implement it yet",
             key=f"{section}.context_parallel_size", hint="set it to 1",
         )
-    if settings.sequence_parallel:
-        raise EngineNotAvailable(
-            "sequence parallelism is not implemented by the dtensor backend yet",
-            key=f"{section}.sequence_parallel", hint="set it to false",
+    if settings.sequence_parallel and settings.custom_parallel_plan:
+        raise ConfigError(
+            "sequence_parallel applies to the built-in plan; a custom_parallel_plan lays out sequences itself",
+            key=f"{section}.sequence_parallel", hint="drop one of the two",
         )
     if settings.fsdp_version == 1 and settings.tensor_parallel_size > 1:
         raise ConfigError(

@@ -37,13 +37,44 @@ def default_tp_plan() -> dict[str, Any]:
     }
 
 
-def apply_tensor_parallel(model: nn.Module, tp_mesh: Any, custom_plan: Any | None = None) -> None:
-    """Shard projections over ``tp_mesh``.
+def sequence_parallel_tp_plan() -> dict[str, Any]:
+    """The decoder-layer plan with sequence parallelism: norms and residuals sharded on the
+    sequence dimension, gathered before attention and MLP, reduce-scattered after."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (
+        PrepareModuleInput,
+        RowwiseParallel,
+        SequenceParallel,
+    )
+
+    plan = default_tp_plan()
+    plan.update({
+        "input_layernorm": SequenceParallel(),
+        "self_attn": PrepareModuleInput(
+            input_kwarg_layouts={"hidden_states": Shard(1)}, desired_input_kwarg_layouts={"hidden_states": Replicate()}
+        ),
+        "self_attn.o_proj": RowwiseParallel(output_layouts=Shard(1), use_local_output=False),
+        "post_attention_layernorm": SequenceParallel(),
+        "mlp": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
+        "mlp.down_proj": RowwiseParallel(output_layouts=Shard(1), use_local_output=False),
+    })
+    return plan
+
+
+def apply_tensor_parallel(
+    model: nn.Module, tp_mesh: Any, custom_plan: Any | None = None, sequence_parallel: bool = False
+) -> None:
+    """Shard projections over ``tp_mesh`` (and, with ``sequence_parallel``, the residual stream).
 
     ``custom_plan`` (from ``custom_parallel_plan``) is either a dict ``{module path: ParallelStyle}``
     applied to the whole model, or a callable ``plan(model, tp_mesh)`` that parallelizes it itself.
     """
-    from torch.distributed.tensor.parallel import parallelize_module
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (
+        PrepareModuleInput,
+        PrepareModuleOutput,
+        parallelize_module,
+    )
 
     if callable(custom_plan):
         custom_plan(model, tp_mesh)
@@ -57,9 +88,16 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh: Any, custom_plan: Any | Non
         heads = getattr(config, name)
         if heads % tp:
             raise ValueError(f"{name}={heads} of the model is not divisible by tensor_parallel_size={tp}")
-    plan = default_tp_plan()
-    for layer in decoder_layers(model):
+    layers = decoder_layers(model)
+    plan = sequence_parallel_tp_plan() if sequence_parallel else default_tp_plan()
+    for layer in layers:
         parallelize_module(layer, tp_mesh, plan)
+    if sequence_parallel:
+        # The residual stream enters the first layer sequence-sharded and leaves the last one whole.
+        parallelize_module(layers[0], tp_mesh, PrepareModuleInput(
+            input_layouts=(Replicate(),), desired_input_layouts=(Shard(1),), use_local_output=False))
+        parallelize_module(layers[-1], tp_mesh, PrepareModuleOutput(
+            output_layouts=Shard(1), desired_output_layouts=Replicate(), use_local_output=True))
 
 
 def apply_activation_checkpointing(model: nn.Module) -> None:

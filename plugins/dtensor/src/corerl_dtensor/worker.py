@@ -67,7 +67,7 @@ class DTensorWorker:
         self.hf_class = type(model)
         if self.mesh is not None and self.tp > 1:
             plan = resolve(self.settings.custom_parallel_plan) if self.settings.custom_parallel_plan else None
-            parallelize.apply_tensor_parallel(model, self.mesh["tp"], plan)
+            parallelize.apply_tensor_parallel(model, self.mesh["tp"], plan, self.settings.sequence_parallel)
         if self.settings.activation_checkpointing:
             parallelize.apply_activation_checkpointing(model)
         self.autocast = self.param_dtype != torch.float32
