@@ -100,36 +100,29 @@ def main() -> None:
         backend.load_hf(model_dir)
         return backend
 
-    rows = []
     plain = PlainPyTorch(model_dir, lr=1e-5)
-    ours = dtensor(1)
-    ours_step = lambda b: ours.train_step(b, loss_fn)  # noqa: E731
-    for fn in (plain.step, ours_step):
-        timed(fn, batch)  # warm-up
-    plain_times, ours_times = [], []
-    for _ in range(args.steps):
-        plain_times.append(timed(plain.step, batch))
-        ours_times.append(timed(ours_step, batch))
-    ours.shutdown()
-    theirs_tps = tokens / statistics.median(plain_times)
-    ours_tps = tokens / statistics.median(ours_times)
-    rows.append({"name": "dtensor world 1 vs plain PyTorch", "ours": round(ours_tps, 1), "theirs": round(theirs_tps, 1),
-                 "ratio": round(ours_tps / theirs_tps, 3), "unit": "tokens/s", "config": dict(bench_config)})
+    timed(plain.step, batch)  # warm-up
 
-    if args.dp2:
-        wide = dtensor(2)
-        wide_step = lambda b: wide.train_step(b, loss_fn)  # noqa: E731
-        timed(wide_step, batch)
-        wide_times, plain_times = [], []
-        for _ in range(args.steps):
-            plain_times.append(timed(plain.step, batch))
-            wide_times.append(timed(wide_step, batch))
-        wide.shutdown()
+    def race(name: str, world: int) -> dict:
+        """Alternate plain PyTorch and dtensor at ``world`` ranks, step by step; median tokens/s."""
+        ours = dtensor(world)
+        try:
+            timed(lambda b: ours.train_step(b, loss_fn), batch)  # warm-up
+            plain_times, ours_times = [], []
+            for _ in range(args.steps):
+                plain_times.append(timed(plain.step, batch))
+                ours_times.append(timed(lambda b: ours.train_step(b, loss_fn), batch))
+        finally:
+            ours.shutdown()
         theirs_tps = tokens / statistics.median(plain_times)
-        wide_tps = tokens / statistics.median(wide_times)
-        rows.append({"name": "dtensor dp=2 (2 Ray ranks, FSDP2, gloo) vs plain PyTorch", "ours": round(wide_tps, 1),
-                     "theirs": round(theirs_tps, 1), "ratio": round(wide_tps / theirs_tps, 3), "unit": "tokens/s",
-                     "config": {**bench_config, "world_size": 2}})
+        ours_tps = tokens / statistics.median(ours_times)
+        return {"name": name, "ours": round(ours_tps, 1), "theirs": round(theirs_tps, 1),
+                "ratio": round(ours_tps / theirs_tps, 3), "unit": "tokens/s",
+                "config": {**bench_config, "world_size": world}}
+
+    rows = [race("dtensor world 1 vs plain PyTorch", 1)]
+    if args.dp2:
+        rows.append(race("dtensor dp=2 (2 Ray ranks, FSDP2, gloo) vs plain PyTorch", 2))
 
     from rich.console import Console
     from rich.table import Table

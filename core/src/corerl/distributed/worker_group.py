@@ -69,7 +69,10 @@ def ensure_ray(address: str | None, num_cpus_needed: int) -> None:
 
 
 class RayWorkerGroup:
-    """One Ray actor per rank; rank ``r`` builds ``worker_path(rank=r, world_size=n, **kwargs)``."""
+    """One Ray actor per rank; rank ``r`` builds ``worker_path(rank=r, world_size=n, **kwargs)``.
+
+    ``gpus_per_worker`` unset: one GPU per rank when the cluster has ``world_size`` GPUs, else none.
+    """
 
     def __init__(
         self,
@@ -77,7 +80,7 @@ class RayWorkerGroup:
         world_size: int,
         *,
         ray_address: str | None = None,
-        gpus_per_worker: float = 0,
+        gpus_per_worker: float | None = None,
         cpus_per_worker: float = 1,
         env: dict[str, str] | None = None,
         **kwargs: Any,
@@ -85,6 +88,8 @@ class RayWorkerGroup:
         import ray
 
         ensure_ray(ray_address, int(world_size * cpus_per_worker))
+        if gpus_per_worker is None:  # one GPU per rank where the cluster has enough, else CPU ranks
+            gpus_per_worker = 1 if ray.cluster_resources().get("GPU", 0) >= world_size else 0
         self.world_size = world_size
         self._failed: str | None = None
         self._pids: list[int] = []

@@ -57,11 +57,10 @@ class DTensorBackend:
         if self.world_size == 1:
             self.group: Any = LocalWorkerGroup(WORKER, config=config)
         else:
-            gpus = 1 if torch.cuda.is_available() else 0
             threads = max(1, (os.cpu_count() or 1) // self.world_size)
             self.group = RayWorkerGroup(
-                WORKER, self.world_size, ray_address=cluster.ray_address, gpus_per_worker=gpus,
-                cpus_per_worker=1, config=config, threads=threads,
+                WORKER, self.world_size, ray_address=cluster.ray_address, cpus_per_worker=1,
+                config=config, threads=threads,
             )
 
     def _by_rank(self, batch: Batch) -> list[Batch]:
