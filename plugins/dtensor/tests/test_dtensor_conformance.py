@@ -30,6 +30,11 @@ class TestTensorParallel2SequenceParallel(_DTensor):
                  "policy.dtensor_cfg.sequence_parallel=true"]
 
 
+class TestLlamaUntiedTensorParallel2(_DTensor):
+    model_family = "llama"
+    overrides = ["cluster.gpus_per_node=2", "policy.dtensor_cfg.tensor_parallel_size=2"]
+
+
 class TestFSDP1DataParallel2(_DTensor):
     overrides = ["cluster.gpus_per_node=2", "policy.dtensor_cfg.fsdp_version=1"]
 

@@ -69,6 +69,8 @@ class TrainingBackendConformance:
     overrides: ClassVar[list[str]] = []
     #: a plugin object to register instead of discovering installed plugins (optional)
     plugin: ClassVar[Any] = None
+    #: the tiny model's architecture family: "qwen2" (biased q/k/v, tied embeddings) or "llama" (untied)
+    model_family: ClassVar[str] = "qwen2"
     tolerance: ClassVar[float] = 1e-5
 
     # -- fixtures ----------------------------------------------------------------------
@@ -78,7 +80,10 @@ class TrainingBackendConformance:
     def model_dir(cls, tmp_path_factory: pytest.TempPathFactory) -> str:
         from corerl.models.tiny import build_tiny_model
 
-        return str(build_tiny_model(tmp_path_factory.mktemp("tiny-model"), hidden_size=64, num_layers=2))
+        return str(build_tiny_model(
+            tmp_path_factory.mktemp("tiny-model"), family=cls.model_family, hidden_size=64, num_layers=2,
+            tie_word_embeddings=cls.model_family == "qwen2",
+        ))
 
     @classmethod
     def _build(cls, model_dir: str, tmp_path: Path, extra: list[str]) -> Any:
