@@ -35,7 +35,7 @@ def corerl_register_generation_backends(register: Callable[[GenerationBackend], 
         GenerationBackend(
             id="hf",
             priority=0,
-            factory=pending_engine("generation backend 'hf'", "the generation-backends issue"),
+            factory="corerl.generation.hf:HFGenerationBackend",
             description="transformers generate(): the reference backend, no extra engine",
         )
     )

@@ -44,6 +44,7 @@ def build_tiny_model(
     vocab_size: int = 128,
     max_positions: int = 512,
     tie_word_embeddings: bool = True,
+    initializer_range: float = 0.02,
     seed: int = 0,
 ) -> Path:
     """Build a randomly initialised causal LM plus tokenizer and save both to ``out_dir``."""
@@ -67,6 +68,7 @@ def build_tiny_model(
         pad_token_id=tokenizer.pad_token_id,
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
+        initializer_range=initializer_range,
     )
     torch.manual_seed(seed)
     model = model_cls(config)

@@ -1,0 +1,1 @@
+"""The generation-backend contract and the core's own transformers backend (``hf``)."""

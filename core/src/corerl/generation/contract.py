@@ -1,0 +1,78 @@
+"""What a generation backend does for the algorithms.
+
+A generation backend's factory is called as ``factory(config=Config)`` and returns an object
+with the methods of :class:`GenerationEngine`. Prompts and completions are token ids; the
+tokenizer is the algorithm's business.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
+
+import attrs
+
+if TYPE_CHECKING:
+    import torch
+
+FinishReason = Literal["stop", "length"]
+
+
+@attrs.frozen(kw_only=True)
+class SamplingSettings:
+    """How to sample. ``temperature`` 0 means greedy."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int | None = None
+    max_new_tokens: int = 128
+    stop_strings: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    seed: int | None = None
+
+    @classmethod
+    def from_config(cls, config: Any, **changes: Any) -> SamplingSettings:
+        """``policy.generation`` of a validated config (``algorithm.seed`` as the seed)."""
+        gen = config.core.policy.generation
+        values = dict(
+            temperature=gen.temperature, top_p=gen.top_p, top_k=gen.top_k, max_new_tokens=gen.max_new_tokens,
+            stop_strings=tuple(gen.stop_strings or ()), stop_token_ids=tuple(gen.stop_token_ids or ()),
+            seed=config.core.algorithm.seed,
+        )
+        values.update(changes)
+        return cls(**values)
+
+
+@attrs.frozen(kw_only=True)
+class Sample:
+    """One completion: its prompt, the generated ids (a final stop token included), the
+    logprob of each generated id under the model (no temperature), and why it ended."""
+
+    prompt_ids: tuple[int, ...]
+    completion_ids: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    finish_reason: FinishReason
+
+
+@runtime_checkable
+class GenerationEngine(Protocol):
+    """The methods every generation backend provides to the algorithms."""
+
+    def load_hf(self, model_path: str) -> None:
+        """Start (or restart) the engine on a Hugging Face checkpoint directory."""
+
+    def generate(self, prompts: list[list[int]], sampling: SamplingSettings, n: int = 1) -> list[list[Sample]]:
+        """``n`` samples per prompt: one list per prompt, in prompt order, each with ``n`` samples."""
+
+    def update_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Replace the weights in place from ``(Hugging Face name, tensor)`` pairs (a training
+        backend's ``weight_stream()``) without restarting the engine."""
+
+    def sleep(self) -> None:
+        """Release accelerator memory between phases where the engine can (logged where it cannot)."""
+
+    def wake(self) -> None:
+        """Take back what :meth:`sleep` released."""
+
+    def shutdown(self) -> None:
+        """Stop the engine and release its resources."""
