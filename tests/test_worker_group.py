@@ -25,7 +25,7 @@ def test_a_rank_that_raises_ends_the_group_and_is_named():
     group = RayWorkerGroup(PROBE, 2)
     with pytest.raises(WorkerFailed) as caught:
         group.call("fail_on", 1)
-    assert str(caught.value).startswith("training worker rank 1 (pid ")
+    assert str(caught.value).startswith("worker rank 1 (pid ")
     assert "raised ValueError: rank 1 refuses during 'fail_on'" in str(caught.value)
     with pytest.raises(WorkerFailed, match="shut down after an earlier failure"):
         group.call("echo", 1)

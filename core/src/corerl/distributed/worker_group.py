@@ -71,6 +71,7 @@ def ensure_ray(address: str | None, num_cpus_needed: int) -> None:
 class RayWorkerGroup:
     """One Ray actor per rank; rank ``r`` builds ``worker_path(rank=r, world_size=n, **kwargs)``.
 
+    ``role`` names the workers in errors ("training worker rank 1 (pid 123) died during 'train_step'").
     ``gpus_per_worker`` unset: one GPU per rank when the cluster has ``world_size`` GPUs, else none.
     """
 
@@ -83,9 +84,12 @@ class RayWorkerGroup:
         gpus_per_worker: float | None = None,
         cpus_per_worker: float = 1,
         env: dict[str, str] | None = None,
+        role: str = "worker",
         **kwargs: Any,
     ) -> None:
         import ray
+
+        self.role = role
 
         ensure_ray(ray_address, int(world_size * cpus_per_worker))
         if gpus_per_worker is None:  # one GPU per rank where the cluster has enough, else CPU ranks
@@ -146,7 +150,7 @@ class RayWorkerGroup:
         """Shut the whole group down (the other ranks may wait in a collective forever), then raise."""
         pid = self._pids[rank] if self._pids else None
         who = f"rank {rank}" + (f" (pid {pid})" if pid else "")
-        self._failed = f"training worker {who} {how} during {what!r}"
+        self._failed = f"{self.role} {who} {how} during {what!r}"
         self.shutdown()
         if isinstance(exc, CorerlError):  # a user error raised on a rank keeps its type and message
             raise type(exc)(f"{exc.message} (on rank {rank})", key=exc.key, source=exc.source, hint=exc.hint) from exc

@@ -68,7 +68,8 @@ class GenerationBackendConformance:
         from corerl.models.tiny import build_tiny_model
 
         return tuple(
-            str(build_tiny_model(tmp_path_factory.mktemp(f"gen-model-{seed}"), seed=seed, initializer_range=0.3))
+            str(build_tiny_model(tmp_path_factory.mktemp(f"gen-model-{seed}"), seed=seed, initializer_range=0.3,
+                                 hidden_size=128, num_heads=4, num_kv_heads=2))  # head_dim 32: vLLM's CPU kernels
             for seed in (0, 1)
         )
 

@@ -60,7 +60,7 @@ class DTensorBackend:
             threads = max(1, (os.cpu_count() or 1) // self.world_size)
             self.group = RayWorkerGroup(
                 WORKER, self.world_size, ray_address=cluster.ray_address, cpus_per_worker=1,
-                config=config, threads=threads,
+                role="training worker", config=config, threads=threads,
             )
 
     def _by_rank(self, batch: Batch) -> list[Batch]:

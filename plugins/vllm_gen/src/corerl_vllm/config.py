@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Literal
 
 import attrs
 
@@ -20,6 +20,11 @@ class VllmConfig:
     max_model_len: int | None = setting(None, min=1, help="unset: policy.max_seq_length")
     enforce_eager: bool = setting(False)
     cpu_kvcache_space_gib: float = setting(1.0, min=0.0, min_exclusive=True, help="KV cache on CPU machines")
+    engine_layout: Literal["auto", "in_process", "multi_process"] = setting(
+        "auto", help="auto: in-process on CPU (faster there, no busy-spinning core), multi-process on GPU"
+    )
+    host: Literal["ray_actor", "driver"] = setting("ray_actor", help="where the engine object lives")
+    cpu_threads: int | None = setting(None, min=1, help="threads for the engine on CPU; unset: all cores")
     engine_args: dict[str, Any] = setting({}, help="further vLLM engine arguments, passed through as given")
 
     def check(self, config: Any) -> Iterator[tuple[str, str]]:

@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from corerl import GenerationBackend, hookimpl
-from corerl.pending import pending_engine
 from corerl_vllm.config import VllmConfig
 
 
@@ -15,7 +14,7 @@ def corerl_register_generation_backends(register: Callable[[GenerationBackend], 
         GenerationBackend(
             id="vllm",
             priority=200,
-            factory=pending_engine("generation backend 'vllm'", "the generation-backends issue"),
+            factory="corerl_vllm.backend:VllmGenerationBackend",
             config_section="policy.generation.vllm_cfg",
             config_schema=VllmConfig,
             description="vLLM engine with in-place weight refit",

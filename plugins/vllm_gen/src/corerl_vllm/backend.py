@@ -1,0 +1,51 @@
+"""The driver side of the vllm backend: the engine lives in a Ray actor (or, on request, here)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from typing import Any
+
+from corerl.config import Config
+from corerl.distributed.worker_group import LocalWorkerGroup, RayWorkerGroup
+from corerl.generation.contract import Sample, SamplingSettings
+
+ENGINE = "corerl_vllm.engine:VllmEngine"
+
+
+class VllmGenerationBackend:
+    """``policy.generation.vllm_cfg`` decides the engine; ``colocated`` decides its resources."""
+
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        settings = config.section("policy.generation.vllm_cfg")
+        colocated = config.core.policy.generation.colocated
+        threads = settings.cpu_threads or (os.cpu_count() or 1)
+        if settings.host == "driver":
+            self.group: Any = LocalWorkerGroup(ENGINE, config=config, threads=threads)
+        elif colocated.enabled:  # shares the training workers' devices: reserve nothing extra
+            self.group = RayWorkerGroup(ENGINE, 1, ray_address=config.core.cluster.ray_address,
+                                        cpus_per_worker=0, gpus_per_worker=0, role="generation engine", config=config, threads=threads)
+        else:
+            gpus = colocated.resources.gpus_per_node or 0
+            self.group = RayWorkerGroup(ENGINE, 1, ray_address=config.core.cluster.ray_address,
+                                        cpus_per_worker=1, gpus_per_worker=gpus, role="generation engine", config=config, threads=threads)
+
+    def load_hf(self, model_path: str) -> None:
+        self.group.call("load_hf", model_path)
+
+    def generate(self, prompts: list[list[int]], sampling: SamplingSettings, n: int = 1) -> list[list[Sample]]:
+        return self.group.call("generate", prompts, sampling, n)[0]
+
+    def update_weights(self, weights: Iterable[tuple[str, Any]]) -> None:
+        self.group.call("update_weights", list(weights))
+
+    def sleep(self) -> None:
+        self.group.call("sleep")
+
+    def wake(self) -> None:
+        self.group.call("wake")
+
+    def shutdown(self) -> None:
+        self.group.call("shutdown")
+        self.group.shutdown()

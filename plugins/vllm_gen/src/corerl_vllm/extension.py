@@ -1,0 +1,17 @@
+"""Methods vLLM mixes into its workers (``LLM(worker_extension_cls=...)``) for in-place refit."""
+
+from __future__ import annotations
+
+
+class RefitExtension:
+    """Loads new weights into the running model without restarting the engine."""
+
+    def corerl_reload_weights(self, blob: bytes) -> int:
+        """``blob`` is a safetensors archive of ``{Hugging Face name: tensor}``; returns how many tensors."""
+        from safetensors.torch import load
+
+        weights = load(blob)
+        # reload_weights re-runs the loader's post-processing: the CPU kernels use a pre-packed copy
+        # of each weight, so a plain model.load_weights() would leave the outputs unchanged.
+        self.reload_weights(weights_iterator=list(weights.items()))
+        return len(weights)
