@@ -98,6 +98,10 @@ class VllmEngine:
         )
         if self.on_gpu:
             kwargs["gpu_memory_utilization"] = s.gpu_memory_utilization
+        else:
+            # Seeded sampling rewinds per-request generators across chunked prefills, which CPU
+            # generators cannot do ("CPU Generator does not use offset"): prefill whole prompts.
+            kwargs["enable_chunked_prefill"] = False
         kwargs.update(s.engine_args)
         self.llm = LLM(**kwargs)
 

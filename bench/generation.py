@@ -1,0 +1,155 @@
+"""Generation tokens/s: vllm (each engine layout) vs hf, plus refit time and idle-engine cost.
+
+    .venv/bin/python bench/generation.py            # the full run (several minutes on 2 cores)
+    .venv/bin/python bench/generation.py --quick    # small model, float32 only
+
+64 prompts x 4 samples x 64 new tokens, for a ~2.6M and a ~25M parameter Qwen2-style model,
+in float32 and bfloat16. Every backend runs through corerl's own generation contract (the
+engine in a Ray actor for vllm, as the plugin runs it by default). The training-phase
+slowdown is the time of a fixed training phase in this process with an idle engine alive
+(right after it generated) against the same phase with no engine. All in one run; writes
+bench/results/generation.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from corerl.config import load_config
+from corerl.generation.contract import SamplingSettings
+from corerl.models.tiny import build_tiny_model
+from corerl.plugin_manager import PluginHost
+from corerl.testing import write_recipe
+
+RESULTS = Path(__file__).parent / "results" / "generation.json"
+SIZES = {  # name -> tiny-model arguments
+    "2.6M": dict(hidden_size=256, num_layers=4, num_heads=4, num_kv_heads=2, intermediate_size=512),
+    "25M": dict(hidden_size=512, num_layers=8, num_heads=8, num_kv_heads=2, intermediate_size=1536),
+}
+VOCAB = 512
+
+
+def parameter_count(model_dir: str) -> int:
+    from transformers import AutoModelForCausalLM
+
+    return sum(p.numel() for p in AutoModelForCausalLM.from_pretrained(model_dir).parameters())
+
+
+def make_backend(backend: str, model_dir: str, work: Path, dtype: str, layout: str = "auto") -> Any:
+    recipe = write_recipe(work / f"{backend}-{layout}-{dtype}.yaml", {"policy": {
+        "model_name": model_dir, "precision": dtype, "max_seq_length": 128,
+        "generation": {"backend": backend, "vllm_cfg": {"engine_layout": layout, "cpu_kvcache_space_gib": 2}}}})
+    config = load_config(recipe, [], PluginHost(env={}))
+    registration = PluginHost(env={}).generation_backends.get(backend)
+    engine = registration.create(config=config)
+    engine.load_hf(model_dir)
+    return engine
+
+
+def timed_generate(engine: Any, prompts: list[list[int]], sampling: SamplingSettings, reps: int) -> float:
+    """Median tokens/s over ``reps`` runs (after one warm-up)."""
+    engine.generate(prompts[:8], SamplingSettings(temperature=1.0, max_new_tokens=8, seed=0), n=1)
+    rates = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        groups = engine.generate(prompts, sampling, n=4)
+        elapsed = time.perf_counter() - start
+        rates.append(sum(len(s.completion_ids) for g in groups for s in g) / elapsed)
+    return statistics.median(rates)
+
+
+def refit_seconds(engine: Any, model_dir: str, reps: int = 3) -> float:
+    from transformers import AutoModelForCausalLM
+
+    weights = list(AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).state_dict().items())
+    times = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        engine.update_weights(weights)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def training_phase(model: Any, batch: torch.Tensor, steps: int) -> float:
+    """Seconds for ``steps`` forward+backward passes of ``model`` on ``batch`` in this process."""
+    start = time.perf_counter()
+    for _ in range(steps):
+        model(input_ids=batch, labels=batch).loss.backward()
+    return time.perf_counter() - start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="2.6M float32 only, one timed run")
+    parser.add_argument("--reps", type=int, default=2)
+    args = parser.parse_args()
+    from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    sizes = ["2.6M"] if args.quick else list(SIZES)
+    dtypes = ["float32"] if args.quick else ["float32", "bfloat16"]
+    reps = 1 if args.quick else args.reps
+    work = Path(tempfile.mkdtemp(prefix="corerl-genbench-"))
+    gen = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(4, VOCAB, (int(torch.randint(16, 33, (1,), generator=gen)),), generator=gen).tolist()
+               for _ in range(64)]
+    sampling = SamplingSettings(temperature=1.0, max_new_tokens=64, seed=0)
+    rows: list[dict[str, Any]] = []
+    slowdown: dict[str, float] = {}
+    for size in sizes:
+        model_dir = str(build_tiny_model(work / size, vocab_size=VOCAB, max_positions=128, **SIZES[size]))
+        params = parameter_count(model_dir)
+        for dtype in dtypes:
+            point = {"size": size, "parameters": params, "dtype": dtype}
+            hf = make_backend("hf", model_dir, work, dtype)
+            hf_rate = timed_generate(hf, prompts, sampling, reps)
+            hf.shutdown()
+            for layout in ("in_process", "multi_process"):
+                engine = make_backend("vllm", model_dir, work, dtype, layout)
+                rate = timed_generate(engine, prompts, sampling, reps)
+                refit = refit_seconds(engine, model_dir)
+                if size == sizes[0] and dtype == "float32":
+                    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+                    batch = torch.randint(4, VOCAB, (8, 128), generator=gen)
+                    training_phase(model, batch, 1)
+                    engine.generate(prompts[:4], sampling, n=1)  # the engine has just worked, now idles
+                    busy = training_phase(model, batch, 6)
+                    engine.shutdown()
+                    engine = None
+                    alone = training_phase(model, batch, 6)
+                    slowdown[layout] = busy / alone - 1.0
+                else:
+                    engine.shutdown()
+                rows.append({"name": f"vllm {layout} vs hf", **point, "layout": layout, "ours": round(rate, 1),
+                             "theirs": round(hf_rate, 1), "ratio": round(rate / hf_rate, 3), "unit": "tokens/s",
+                             "refit_s": round(refit, 4)})
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"generation: 64 prompts x 4 samples x 64 new tokens, {torch.get_num_threads()} threads")
+    for column in ("model", "dtype", "vllm layout", "vllm tok/s", "hf tok/s", "ratio", "refit s"):
+        table.add_column(column)
+    for row in rows:
+        default = " (default)" if row["layout"] == "in_process" else ""
+        table.add_row(f"{row['size']} ({row['parameters'] / 1e6:.2f}M)", row["dtype"], row["layout"] + default,
+                      f"{row['ours']:,.0f}", f"{row['theirs']:,.0f}", f"{row['ratio']:.2f}", f"{row['refit_s']:.3f}")
+    console = Console()
+    console.print(table)
+    for layout, value in slowdown.items():
+        console.print(f"training phase next to an idle {layout} engine: {value * 100:+.1f}% time")
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps({"rows": rows, "idle_engine_training_slowdown": slowdown}, indent=2) + "\n")
+    print(f"wrote {RESULTS}")
+
+
+if __name__ == "__main__":
+    main()
