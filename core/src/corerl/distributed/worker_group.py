@@ -64,8 +64,15 @@ def ensure_ray(address: str | None, num_cpus_needed: int) -> None:
     options: dict[str, Any] = {"logging_level": logging.WARNING, "include_dashboard": False}
     if address:
         ray.init(address=address, **options)
-    else:
+        return
+    # A local runtime of our own: its token-authentication notice is noise on every run.
+    notice = logging.getLogger("ray._private.authentication.authentication_token_setup")
+    level = notice.level
+    notice.setLevel(logging.ERROR)
+    try:
         ray.init(num_cpus=max(os.cpu_count() or 1, num_cpus_needed), **options)
+    finally:
+        notice.setLevel(level)
 
 
 class RayWorkerGroup:
