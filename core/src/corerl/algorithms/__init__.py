@@ -1,0 +1,1 @@
+"""The algorithms (GRPO first), written only against the backend contracts."""

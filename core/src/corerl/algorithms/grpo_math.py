@@ -1,0 +1,52 @@
+"""GRPO's arithmetic: group-normalised advantages and the clipped, optionally KL-penalised loss.
+
+Pure tensor functions; the loop that feeds them lives in :mod:`corerl.algorithms.grpo`.
+"""
+
+from __future__ import annotations
+
+import attrs
+import torch
+
+
+def group_advantages(rewards: torch.Tensor, *, scale_by_std: bool = True, eps: float = 1e-6) -> torch.Tensor:
+    """``rewards`` ``[prompts, n]`` -> each reward minus its group's mean (divided by the group's
+    std when ``scale_by_std``). A group whose rewards are all equal gets zero advantages."""
+    centred = rewards - rewards.mean(dim=1, keepdim=True)
+    if not scale_by_std:
+        return centred
+    std = rewards.std(dim=1, keepdim=True, unbiased=False)
+    return centred / (std + eps)
+
+
+@attrs.frozen
+class GRPOLoss:
+    """The training loss, picklable for the workers (see ``corerl.training.contract``).
+
+    Per loss token: ``-min(r * A, clip(r, 1 - ratio_clip_min, 1 + ratio_clip_max) * A)`` with
+    ``r = exp(logprob - old_logprob)``, plus ``kl_penalty`` times the k3 estimate of
+    KL(policy || reference) where ``ref_logprobs`` are given; summed and divided by the
+    number of loss tokens in the whole step (token-level normalisation).
+    """
+
+    ratio_clip_min: float = 0.2
+    ratio_clip_max: float = 0.2
+    kl_penalty: float = 0.0
+
+    def __call__(
+        self, logprobs: torch.Tensor, batch: dict[str, torch.Tensor], normaliser: float
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        mask = batch["loss_mask"].to(logprobs.dtype)
+        advantages = batch["advantages"]
+        ratio = torch.exp(logprobs - batch["old_logprobs"])
+        clipped = torch.clamp(ratio, 1.0 - self.ratio_clip_min, 1.0 + self.ratio_clip_max)
+        per_token = -torch.minimum(ratio * advantages, clipped * advantages)
+        metrics = {
+            "clip_fraction": float((((ratio - clipped).abs() > 1e-6).to(mask.dtype) * mask).sum() / normaliser),
+        }
+        if self.kl_penalty and "ref_logprobs" in batch:
+            delta = batch["ref_logprobs"] - logprobs
+            kl = torch.exp(delta) - delta - 1.0
+            per_token = per_token + self.kl_penalty * kl
+            metrics["kl"] = float((kl.detach() * mask).sum() / normaliser)
+        return (per_token * mask).sum() / normaliser, metrics

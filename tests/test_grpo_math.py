@@ -1,0 +1,53 @@
+"""GRPO's advantages and loss against hand-computed values."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from corerl.algorithms.grpo_math import GRPOLoss, group_advantages
+
+
+def test_group_advantages_centre_and_scale_each_group():
+    rewards = torch.tensor([[1.0, 0.0, 0.0, 1.0], [2.0, 2.0, 2.0, 2.0]])
+    adv = group_advantages(rewards)
+    assert torch.allclose(adv[0], torch.tensor([1.0, -1.0, -1.0, 1.0]), atol=1e-5)
+    assert torch.equal(adv[1], torch.zeros(4))
+    assert torch.allclose(group_advantages(rewards, scale_by_std=False)[0], torch.tensor([0.5, -0.5, -0.5, 0.5]))
+
+
+def _batch(logprobs, old, adv, mask, ref=None):
+    batch = {"old_logprobs": torch.tensor([old]), "advantages": torch.tensor([[adv] * len(old)]),
+             "loss_mask": torch.tensor([mask])}
+    if ref is not None:
+        batch["ref_logprobs"] = torch.tensor([ref])
+    return torch.tensor([logprobs], requires_grad=True), batch
+
+
+def test_loss_is_the_plain_policy_gradient_when_the_ratio_is_one():
+    logprobs, batch = _batch([0.0, -1.0, -2.0], [0.0, -1.0, -2.0], 2.0, [0, 1, 1])
+    loss, metrics = GRPOLoss()(logprobs, batch, normaliser=2.0)
+    assert math.isclose(loss.item(), -2.0, rel_tol=1e-6)  # -(1*2 + 1*2) / 2
+    loss.backward()
+    assert torch.allclose(logprobs.grad, torch.tensor([[0.0, -1.0, -1.0]]))  # d(-r*A)/dlogp = -A*r / n
+    assert metrics["clip_fraction"] == 0.0
+
+
+def test_ratio_is_clipped_on_the_side_that_would_increase_the_objective():
+    # r = e^0.5 = 1.65 > 1.2 with a positive advantage: the clipped term (1.2 * A) is the minimum.
+    logprobs, batch = _batch([0.0, 0.5], [0.0, 0.0], 1.0, [0, 1])
+    loss, metrics = GRPOLoss(ratio_clip_min=0.2, ratio_clip_max=0.2)(logprobs, batch, normaliser=1.0)
+    assert math.isclose(loss.item(), -1.2, rel_tol=1e-6)
+    loss.backward()
+    assert logprobs.grad.abs().sum().item() == 0.0  # clipped: no gradient
+    assert metrics["clip_fraction"] == 1.0
+
+
+def test_kl_penalty_uses_the_k3_estimate():
+    logprobs, batch = _batch([0.0, -1.0], [0.0, -1.0], 0.0, [0, 1], ref=[0.0, -1.5])
+    loss, metrics = GRPOLoss(kl_penalty=0.5)(logprobs, batch, normaliser=1.0)
+    delta = -0.5
+    k3 = math.exp(delta) - delta - 1.0
+    assert math.isclose(loss.item(), 0.5 * k3, rel_tol=1e-6)
+    assert math.isclose(metrics["kl"], k3, rel_tol=1e-6)
