@@ -1,0 +1,99 @@
+"""One GRPO step over any training and generation backend (only their contracts are used).
+
+prompts --generate--> samples --reward--> rewards --group normalisation--> advantages
+        --training.logprobs--> old logprobs --train_step x passes--> new weights --refit--> generation
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import attrs
+import torch
+
+from corerl.algorithms.grpo_math import GRPOLoss, group_advantages
+from corerl.generation.contract import Sample, SamplingSettings
+
+RewardFn = Callable[[Sample, Any], float]
+
+
+def samples_to_batch(groups: Sequence[Sequence[Sample]], advantages: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Right-padded training rows (prompt + completion), a loss mask on the completion, each
+    row's advantage on every token, and the generation backend's logprobs for comparison."""
+    samples = [s for group in groups for s in group]
+    width = max(len(s.prompt_ids) + len(s.completion_ids) for s in samples)
+    rows = len(samples)
+    input_ids = torch.zeros((rows, width), dtype=torch.long)
+    attention = torch.zeros((rows, width), dtype=torch.long)
+    loss_mask = torch.zeros((rows, width), dtype=torch.long)
+    gen_logprobs = torch.zeros((rows, width), dtype=torch.float32)
+    for row, s in enumerate(samples):
+        p, c = len(s.prompt_ids), len(s.completion_ids)
+        input_ids[row, : p + c] = torch.tensor(list(s.prompt_ids) + list(s.completion_ids))
+        attention[row, : p + c] = 1
+        loss_mask[row, p : p + c] = 1
+        gen_logprobs[row, p : p + c] = torch.tensor(s.logprobs, dtype=torch.float32)
+    adv = advantages.reshape(rows, 1).to(torch.float32).expand(rows, width).contiguous()
+    return {"input_ids": input_ids, "attention_mask": attention, "loss_mask": loss_mask,
+            "advantages": adv, "gen_logprobs": gen_logprobs}
+
+
+@attrs.define
+class GRPO:
+    """GRPO over a training backend and a generation backend; call :meth:`step` per batch of prompts."""
+
+    config: Any
+    training: Any
+    generation: Any
+    reward_fn: RewardFn
+    loss: GRPOLoss = attrs.field(factory=GRPOLoss)
+    scale_rewards_by_std: bool = True
+    optimization_passes: int = 1
+
+    def step(self, prompts: Sequence[Sequence[int]], items: Sequence[Any] | None = None) -> dict[str, float]:
+        """Generate, score, train, refit; returns the step's metrics (timings in seconds)."""
+        algorithm = self.config.core.algorithm
+        n = algorithm.num_generations_per_prompt
+        items = list(items) if items is not None else [None] * len(prompts)
+        timings: dict[str, float] = {}
+
+        start = time.perf_counter()
+        sampling = SamplingSettings.from_config(self.config, seed=None)
+        groups = self.generation.generate([list(p) for p in prompts], sampling, n=n)
+        timings["time/generation"] = time.perf_counter() - start
+
+        rewards = torch.tensor([[float(self.reward_fn(s, item)) for s in group] for group, item in zip(groups, items, strict=True)])
+        advantages = group_advantages(rewards, scale_by_std=self.scale_rewards_by_std)
+        batch = samples_to_batch(groups, advantages)
+
+        start = time.perf_counter()
+        batch["old_logprobs"] = self.training.logprobs(batch)
+        timings["time/logprobs"] = time.perf_counter() - start
+        mask = batch["loss_mask"].bool()
+        mismatch = (batch["old_logprobs"] - batch["gen_logprobs"]).abs()[mask]
+
+        start = time.perf_counter()
+        results = [self.training.train_step(batch, self.loss) for _ in range(self.optimization_passes)]
+        timings["time/training"] = time.perf_counter() - start
+
+        start = time.perf_counter()
+        self.generation.update_weights(self.training.weight_stream())
+        timings["time/refit"] = time.perf_counter() - start
+
+        last = results[-1]
+        generated = int(mask.sum())
+        return {
+            "step": float(last.step),
+            "reward/mean": float(rewards.mean()),
+            "reward/max": float(rewards.max()),
+            "loss": float(last.loss),
+            "grad_norm": float(last.grad_norm),
+            "lr": float(last.lr),
+            "generated_tokens": float(generated),
+            "logprob_mismatch/mean": float(mismatch.mean()) if generated else 0.0,
+            "logprob_mismatch/max": float(mismatch.max()) if generated else 0.0,
+            **{k: float(v) for k, v in last.metrics.items()},
+            **timings,
+        }
