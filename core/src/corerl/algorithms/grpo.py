@@ -51,6 +51,7 @@ class GRPO:
     loss: GRPOLoss = attrs.field(factory=GRPOLoss)
     scale_rewards_by_std: bool = True
     optimization_passes: int = 1
+    steps_done: int = 0
 
     def step(self, prompts: Sequence[Sequence[int]], items: Sequence[Any] | None = None) -> dict[str, float]:
         """Generate, score, train, refit; returns the step's metrics (timings in seconds)."""
@@ -60,7 +61,8 @@ class GRPO:
         timings: dict[str, float] = {}
 
         start = time.perf_counter()
-        sampling = SamplingSettings.from_config(self.config, seed=None)
+        # one seed per step: sampling is reproducible run to run, and differs step to step
+        sampling = SamplingSettings.from_config(self.config, seed=algorithm.seed * 100_003 + self.steps_done)
         groups = self.generation.generate([list(p) for p in prompts], sampling, n=n)
         timings["time/generation"] = time.perf_counter() - start
 
@@ -82,6 +84,7 @@ class GRPO:
         self.generation.update_weights(self.training.weight_stream())
         timings["time/refit"] = time.perf_counter() - start
 
+        self.steps_done += 1
         last = results[-1]
         generated = int(mask.sum())
         return {

@@ -125,6 +125,26 @@ class AlgorithmConfig:
     num_generations_per_prompt: int = setting(4, min=1)
     max_steps: int = setting(10, min=1)
     seed: int = setting(42, min=0)
+    ratio_clip_min: float = setting(0.2, min=0.0)
+    ratio_clip_max: float = setting(0.2, min=0.0)
+    kl_penalty: float = setting(0.0, min=0.0)
+    scale_rewards_by_std: bool = setting(True)
+    optimization_passes: int = setting(1, min=1)
+
+
+@attrs.define(kw_only=True)
+class DataConfig:
+    """``data``: where prompts and rewards come from."""
+
+    task: str = setting("digit_echo", help="a built-in task")
+
+
+@attrs.define(kw_only=True)
+class RunConfig:
+    """``run``: where a run keeps what it writes."""
+
+    output_dir: str = setting("runs", help="parent folder of run directories")
+    name: str | None = setting(None, help="run directory name; unset: a timestamp")
 
 
 @attrs.define(kw_only=True)
@@ -134,6 +154,8 @@ class CorerlConfig:
     cluster: ClusterConfig = section(ClusterConfig)
     policy: PolicyConfig = setting()
     algorithm: AlgorithmConfig = section(AlgorithmConfig)
+    data: DataConfig = section(DataConfig)
+    run: RunConfig = section(RunConfig)
 
     def check(self) -> Iterator[tuple[str, str]]:
         """Cross-field rules of the core sections: (key path, message) per problem."""

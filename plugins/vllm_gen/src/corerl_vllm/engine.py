@@ -67,6 +67,7 @@ class VllmEngine:
                 torch.set_num_threads(threads)  # vLLM's CPU worker forbids this once it has bound threads
                 os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"0-{threads - 1}")
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0" if self.layout == "in_process" else "1"
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # no per-call notes over the progress bar
         self.llm: Any = None
 
     def check_engine(self) -> str:
