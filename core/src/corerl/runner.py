@@ -2,7 +2,9 @@
 directory (metrics.jsonl, the final Hugging Face checkpoint) and a held-out evaluation
 before and after.
 
-SFT, checkpoints and resume, TensorBoard and the plot land with the rest of the GRPO issue.
+With ``checkpointing.enabled`` a run saves resumable checkpoints, and ``corerl run`` on an
+existing run directory resumes from the last complete one. SFT, TensorBoard and the plot land
+with the rest of the GRPO issue.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from corerl.checkpoints import latest_checkpoint, read_state, save_checkpoint
 from corerl.config import Config
 from corerl.errors import ConfigError, EngineNotAvailable
 from corerl.plugin_manager import PluginHost
@@ -22,18 +25,24 @@ BUILTIN_MODELS = {
 }
 
 
-def make_run_dir(config: Config) -> Path:
-    """``run.output_dir/run.name`` (a timestamp when unnamed); refuses to overwrite a finished run."""
+def make_run_dir(config: Config) -> tuple[Path, tuple[int, Path] | None]:
+    """``run.output_dir/run.name`` (a timestamp when unnamed) and the checkpoint to resume from.
+
+    An existing run resumes from its last complete checkpoint; one without any is refused.
+    """
     run = config.core.run
     name = run.name or time.strftime("%Y%m%d-%H%M%S")
     path = Path(run.output_dir) / name
     if (path / "metrics.jsonl").exists():
-        raise ConfigError(
-            f"run directory {path} already holds a run", key="run.name",
-            hint="pick another run.name (resuming lands with checkpointing)",
-        )
+        resume = latest_checkpoint(path) if config.core.checkpointing.enabled else None
+        if resume is None:
+            raise ConfigError(
+                f"run directory {path} already holds a run and no complete checkpoint to resume from",
+                key="run.name", hint="pick another run.name, or enable checkpointing to make runs resumable",
+            )
+        return path, resume
     path.mkdir(parents=True, exist_ok=True)
-    return path
+    return path, None
 
 
 def resolve_model(model_name: str, run_dir: Path) -> str:
@@ -41,6 +50,8 @@ def resolve_model(model_name: str, run_dir: Path) -> str:
     if model_name in BUILTIN_MODELS:
         from corerl.models.tiny import build_tiny_model
 
+        if (run_dir / "base_model" / "config.json").exists():  # a resumed run keeps its base model
+            return str(run_dir / "base_model")
         return str(build_tiny_model(run_dir / "base_model", **BUILTIN_MODELS[model_name]))
     if model_name.startswith("builtin:"):
         raise ConfigError(f"unknown built-in model {model_name!r}", key="policy.model_name",
@@ -81,8 +92,8 @@ def run_recipe(config: Config, selection: Selection, host: PluginHost) -> int:
         raise EngineNotAvailable(f"algorithm {algorithm.name!r} is not implemented yet (it lands with the SFT work)",
                                  key="algorithm.name", hint="use algorithm.name=grpo")
     console = Console()
-    run_dir = make_run_dir(config)
-    console.print(f"run directory: [bold]{run_dir}[/]")
+    run_dir, resume = make_run_dir(config)
+    console.print(f"run directory: [bold]{run_dir}[/]" + (f" (resuming from step {resume[0]})" if resume else ""))
     model_path = resolve_model(config.core.policy.model_name, run_dir)
     task = load_task(config.core.data.task, AutoTokenizer.from_pretrained(model_path), algorithm.seed)
     max_new = config.core.policy.generation.max_new_tokens
@@ -100,14 +111,27 @@ def run_recipe(config: Config, selection: Selection, host: PluginHost) -> int:
             loss=GRPOLoss(algorithm.ratio_clip_min, algorithm.ratio_clip_max, algorithm.kl_penalty),
             scale_rewards_by_std=algorithm.scale_rewards_by_std, optimization_passes=algorithm.optimization_passes,
         )
-        before = evaluate(generation, task, max_new)
-        console.print(f"held-out reward before training: {before:.3f}")
+        metrics_path = run_dir / "metrics.jsonl"
+        if resume is not None:
+            state = read_state(resume[1])
+            training.load_checkpoint(str(resume[1] / "training"))
+            generation.update_weights(training.weight_stream())
+            loop.steps_done = state["steps_done"]
+            task.set_state(state["task"])
+            before = state["held_out_reward_before"]
+            kept = metrics_path.read_text().splitlines()[: loop.steps_done]
+            metrics_path.write_text("".join(line + "\n" for line in kept))
+        else:
+            before = evaluate(generation, task, max_new)
+            console.print(f"held-out reward before training: {before:.3f}")
+        checkpointing = config.core.checkpointing
         columns = [TextColumn("[bold]GRPO"), BarColumn(), MofNCompleteColumn(),
                    TextColumn("reward {task.fields[reward]:.3f}  loss {task.fields[loss]:+.4f}  {task.fields[tps]:,.0f} tok/s"),
                    TimeRemainingColumn()]
-        with (run_dir / "metrics.jsonl").open("w") as log, Progress(*columns, console=console) as progress:
-            bar = progress.add_task("grpo", total=algorithm.max_steps, reward=0.0, loss=0.0, tps=0.0)
-            for _ in range(algorithm.max_steps):
+        with metrics_path.open("a") as log, Progress(*columns, console=console) as progress:
+            bar = progress.add_task("grpo", total=algorithm.max_steps, completed=loop.steps_done, reward=0.0,
+                                    loss=0.0, tps=0.0)
+            while loop.steps_done < algorithm.max_steps:
                 prompts, items = task.sample(algorithm.batch_size)
                 start = time.perf_counter()
                 metrics = loop.step(prompts, items)
@@ -116,6 +140,11 @@ def run_recipe(config: Config, selection: Selection, host: PluginHost) -> int:
                 log.flush()
                 progress.update(bar, advance=1, reward=metrics["reward/mean"], loss=metrics["loss"],
                                 tps=metrics["generated_tokens"] / metrics["time/step"])
+                step = loop.steps_done
+                if checkpointing.enabled and (step % checkpointing.save_period == 0 or step == algorithm.max_steps):
+                    state = {"steps_done": step, "task": task.state(), "held_out_reward_before": before}
+                    save_checkpoint(run_dir, step, lambda folder: training.save_checkpoint(str(folder / "training")),
+                                    state, checkpointing.keep_last)
         after = evaluate(generation, task, max_new)
         training.export_hf(str(run_dir / "final"))
         (run_dir / "summary.json").write_text(json.dumps({

@@ -148,6 +148,15 @@ class RunConfig:
 
 
 @attrs.define(kw_only=True)
+class CheckpointingConfig:
+    """``checkpointing``: resumable checkpoints in ``<run dir>/checkpoints``."""
+
+    enabled: bool = setting(False)
+    save_period: int = setting(10, min=1, help="save every this many steps (and at the end)")
+    keep_last: int = setting(2, min=1, help="complete checkpoints kept; older ones are deleted")
+
+
+@attrs.define(kw_only=True)
 class CorerlConfig:
     """A whole recipe: cluster, policy and algorithm sections."""
 
@@ -156,6 +165,7 @@ class CorerlConfig:
     algorithm: AlgorithmConfig = section(AlgorithmConfig)
     data: DataConfig = section(DataConfig)
     run: RunConfig = section(RunConfig)
+    checkpointing: CheckpointingConfig = section(CheckpointingConfig)
 
     def check(self) -> Iterator[tuple[str, str]]:
         """Cross-field rules of the core sections: (key path, message) per problem."""

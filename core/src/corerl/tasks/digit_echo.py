@@ -21,6 +21,15 @@ class DigitEcho:
         self.colon = tokenizer.convert_tokens_to_ids(":")
         self.rng = random.Random(seed)
 
+    def state(self) -> Any:
+        """The sampler's state, JSON-serialisable (for checkpoints)."""
+        version, internal, gauss = self.rng.getstate()
+        return [version, list(internal), gauss]
+
+    def set_state(self, state: Any) -> None:
+        version, internal, gauss = state
+        self.rng.setstate((version, tuple(internal), gauss))
+
     def prompt(self, digit: int) -> list[int]:
         return [*self.prefix, self.digits[digit], self.colon]
 
