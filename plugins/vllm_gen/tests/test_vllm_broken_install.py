@@ -19,8 +19,9 @@ def test_broken_vllm_is_reported_in_one_line_when_selected(tmp_path, fake_site):
     assert listing.returncode == 0 and '"vllm"' in listing.stdout
 
     recipe = tmp_path / "r.yaml"
-    recipe.write_text("policy:\n  model_name: some/model\n", encoding="utf-8")
-    run = subprocess.run([str(CORERL), "run", str(recipe), "policy.generation.backend=vllm"],
+    recipe.write_text("policy:\n  model_name: builtin:tiny-qwen2\n", encoding="utf-8")
+    run = subprocess.run([str(CORERL), "run", str(recipe), "policy.generation.backend=vllm",
+                          f"run.output_dir={tmp_path / 'runs'}"],
                          capture_output=True, text=True, env=env, timeout=300)
     assert run.returncode == 1, run.stderr
     errors = [line for line in run.stderr.splitlines() if line.startswith("corerl: error:")]
