@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from corerl.plugin_manager import PluginHost
     from corerl.selection import Selection
 
-__all__ = ["FakeSite", "plugin_from", "select_for", "write_recipe"]
+__all__ = ["FakeSite", "host_with", "plugin_from", "select_for", "write_recipe"]
 
 
 def write_recipe(path: Path, data: Mapping[str, Any]) -> Path:
@@ -31,6 +31,17 @@ def write_recipe(path: Path, data: Mapping[str, Any]) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(yaml.safe_dump(dict(data), sort_keys=False), encoding="utf-8")
     return path
+
+
+def host_with(plugin: Any | None, name: str) -> PluginHost:
+    """A plugin manager for a conformance run: the installed plugins when ``plugin`` is None,
+    else the core's own plus ``plugin`` registered as ``name`` (no ``CORERL_*`` variables either way)."""
+    from corerl.plugin_manager import PluginHost
+
+    host = PluginHost(discover=plugin is None, env={})
+    if plugin is not None:
+        host.register(plugin, name=name)
+    return host
 
 
 def select_for(

@@ -87,14 +87,9 @@ class TrainingBackendConformance:
 
     @classmethod
     def _build(cls, model_dir: str, tmp_path: Path, extra: list[str]) -> Any:
-        from corerl.config import load_config
-        from corerl.plugin_manager import PluginHost
-        from corerl.selection import select
-        from corerl.testing import write_recipe
+        from corerl.testing import host_with, select_for, write_recipe
 
-        host = PluginHost(discover=cls.plugin is None, env={})
-        if cls.plugin is not None:
-            host.register(cls.plugin, name=f"{cls.backend_id}-under-test")
+        host = host_with(cls.plugin, f"{cls.backend_id}-under-test")
         recipe = write_recipe(tmp_path / "conformance.yaml", {
             "policy": {
                 "model_name": model_dir, "precision": "float32", "train_micro_batch_size": 2,
@@ -104,8 +99,8 @@ class TrainingBackendConformance:
             },
             "algorithm": {"max_steps": 8, "seed": 1234},
         })
-        config = load_config(recipe, [*cls.overrides, *extra], host)
-        choice = select(config, host).training_backend
+        config, selection = select_for(host, recipe, [*cls.overrides, *extra])
+        choice = selection.training_backend
         assert choice.id == cls.backend_id, choice.reason
         return config, choice.registration.create(config=config)
 

@@ -76,20 +76,15 @@ class GenerationBackendConformance:
     @pytest.fixture(scope="class")
     @classmethod
     def engine(cls, model_dirs: tuple[str, str], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-        from corerl.config import load_config
-        from corerl.plugin_manager import PluginHost
-        from corerl.selection import select
-        from corerl.testing import write_recipe
+        from corerl.testing import host_with, select_for, write_recipe
 
-        host = PluginHost(discover=cls.plugin is None, env={})
-        if cls.plugin is not None:
-            host.register(cls.plugin, name=f"{cls.backend_id}-under-test")
+        host = host_with(cls.plugin, f"{cls.backend_id}-under-test")
         recipe = write_recipe(Path(tmp_path_factory.mktemp("gen-recipe")) / "r.yaml", {
             "policy": {"model_name": model_dirs[0], "precision": "float32", "max_seq_length": 64,
                        "generation": {"backend": cls.backend_id}},
         })
-        config = load_config(recipe, cls.overrides, host)
-        choice = select(config, host).generation_backend
+        config, selection = select_for(host, recipe, cls.overrides)
+        choice = selection.generation_backend
         assert choice.id == cls.backend_id, choice.reason
         engine = choice.registration.create(config=config)
         try:
