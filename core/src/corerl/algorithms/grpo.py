@@ -15,6 +15,7 @@ import torch
 
 from corerl.algorithms.grpo_math import GRPOLoss, group_advantages
 from corerl.generation.contract import Sample, SamplingSettings
+from corerl.training.batching import right_pad
 
 RewardFn = Callable[[Sample, Any], float]
 
@@ -23,16 +24,12 @@ def samples_to_batch(groups: Sequence[Sequence[Sample]], advantages: torch.Tenso
     """Right-padded training rows (prompt + completion), a loss mask on the completion, each
     row's advantage on every token, and the generation backend's logprobs for comparison."""
     samples = [s for group in groups for s in group]
-    width = max(len(s.prompt_ids) + len(s.completion_ids) for s in samples)
-    rows = len(samples)
-    input_ids = torch.zeros((rows, width), dtype=torch.long)
-    attention = torch.zeros((rows, width), dtype=torch.long)
+    input_ids, attention = right_pad([list(s.prompt_ids) + list(s.completion_ids) for s in samples])
+    rows, width = input_ids.shape
     loss_mask = torch.zeros((rows, width), dtype=torch.long)
     gen_logprobs = torch.zeros((rows, width), dtype=torch.float32)
     for row, s in enumerate(samples):
         p, c = len(s.prompt_ids), len(s.completion_ids)
-        input_ids[row, : p + c] = torch.tensor(list(s.prompt_ids) + list(s.completion_ids))
-        attention[row, : p + c] = 1
         loss_mask[row, p : p + c] = 1
         gen_logprobs[row, p : p + c] = torch.tensor(s.logprobs, dtype=torch.float32)
     adv = advantages.reshape(rows, 1).to(torch.float32).expand(rows, width).contiguous()

@@ -90,17 +90,13 @@ class HFGenerationBackend:
     def _logprobs(self, pairs: list[tuple[list[int], list[int]]]) -> list[list[float]]:
         import torch
 
-        from corerl.training.logprobs import token_logprobs
+        from corerl.training.batching import right_pad
+        from corerl.training.logprobs import model_logprobs
 
-        width = max(len(p) + len(c) for p, c in pairs)
-        ids = torch.zeros((len(pairs), width), dtype=torch.long)
-        mask = torch.zeros((len(pairs), width), dtype=torch.long)
-        for row, (p, c) in enumerate(pairs):
-            ids[row, : len(p) + len(c)] = torch.tensor(p + c)
-            mask[row, : len(p) + len(c)] = 1
+        ids, mask = right_pad([p + c for p, c in pairs])
         with torch.no_grad():
-            logits = self.model(input_ids=ids.to(self.device), attention_mask=mask.to(self.device)).logits
-        lp = token_logprobs(logits, ids.to(self.device), mask.to(self.device)).cpu()
+            lp = model_logprobs(self.model, {"input_ids": ids.to(self.device), "attention_mask": mask.to(self.device)})
+        lp = lp.cpu()
         return [lp[row, len(p): len(p) + len(c)].tolist() for row, (p, c) in enumerate(pairs)]
 
     def update_weights(self, weights: Iterable[tuple[str, Any]]) -> None:

@@ -7,14 +7,17 @@ from typing import Any
 import torch
 
 
-def hf_logprobs(model: Any, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-    """Per-token logprobs by a plain transformers forward, written out independently of corerl."""
-    with torch.no_grad():
-        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits.float()
+def _plain_logprobs(model: Any, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Per-token logprobs ``[B, T]`` by a plain transformers forward, written out independently of corerl."""
+    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits.float()
     logp = torch.log_softmax(logits[:, :-1], dim=-1).gather(-1, batch["input_ids"][:, 1:, None])[..., 0]
-    out = torch.zeros(batch["input_ids"].shape, dtype=torch.float32)
-    out[:, 1:] = logp
-    return out * batch["attention_mask"]
+    return torch.cat([torch.zeros_like(logp[:, :1]), logp], dim=1) * batch["attention_mask"]
+
+
+def hf_logprobs(model: Any, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """:func:`_plain_logprobs` without gradient."""
+    with torch.no_grad():
+        return _plain_logprobs(model, batch)
 
 
 def reference_sgd_step(
@@ -26,9 +29,7 @@ def reference_sgd_step(
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
-    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits.float()
-    logp = torch.log_softmax(logits[:, :-1], dim=-1).gather(-1, batch["input_ids"][:, 1:, None])[..., 0]
-    logprobs = torch.cat([torch.zeros_like(logp[:, :1]), logp], dim=1) * batch["attention_mask"]
+    logprobs = _plain_logprobs(model, batch)
     normaliser = float(batch["loss_mask"][:, 1:].sum())
     loss, _ = loss_fn(logprobs, batch, normaliser)
     loss.backward()

@@ -47,6 +47,19 @@ def concat_rows(parts: list[torch.Tensor]) -> torch.Tensor:
     return torch.cat(parts, dim=0)
 
 
+def right_pad(sequences: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token-id lists as ``input_ids`` and ``attention_mask`` ``[len(sequences), longest]``, padded with 0 on the right."""
+    import torch
+
+    width = max(len(seq) for seq in sequences)
+    input_ids = torch.zeros((len(sequences), width), dtype=torch.long)
+    attention = torch.zeros((len(sequences), width), dtype=torch.long)
+    for row, seq in enumerate(sequences):
+        input_ids[row, : len(seq)] = torch.tensor(seq, dtype=torch.long)
+        attention[row, : len(seq)] = 1
+    return input_ids, attention
+
+
 def loss_token_count(batch: Batch) -> int:
     """How many tokens enter the loss (``loss_mask`` summed, position 0 excluded)."""
     return int(batch["loss_mask"][:, 1:].sum().item())
