@@ -47,9 +47,9 @@ def make_backend(backend: str, model_dir: str, work: Path, dtype: str, layout: s
     recipe = write_recipe(work / f"{backend}-{layout}-{dtype}.yaml", {"policy": {
         "model_name": model_dir, "precision": dtype, "max_seq_length": 128,
         "generation": {"backend": backend, "vllm_cfg": {"engine_layout": layout, "cpu_kvcache_space_gib": 2}}}})
-    config = load_config(recipe, [], PluginHost(env={}))
-    registration = PluginHost(env={}).generation_backends.get(backend)
-    engine = registration.create(config=config)
+    host = PluginHost(env={})
+    config = load_config(recipe, [], host)
+    engine = host.generation_backends.get(backend).create(config=config)
     engine.load_hf(model_dir)
     return engine
 

@@ -23,13 +23,13 @@ class VllmGenerationBackend:
         threads = settings.cpu_threads or (os.cpu_count() or 1)
         if settings.host == "driver":
             self.group: Any = LocalWorkerGroup(ENGINE, config=config, threads=threads)
-        elif colocated.enabled:  # shares the training workers' devices: reserve nothing extra
-            self.group = RayWorkerGroup(ENGINE, 1, ray_address=config.core.cluster.ray_address,
-                                        cpus_per_worker=0, gpus_per_worker=0, role="generation engine", config=config, threads=threads)
         else:
-            gpus = colocated.resources.gpus_per_node or 0
-            self.group = RayWorkerGroup(ENGINE, 1, ray_address=config.core.cluster.ray_address,
-                                        cpus_per_worker=1, gpus_per_worker=gpus, role="generation engine", config=config, threads=threads)
+            # colocated: shares the training workers' devices, so it reserves nothing of its own
+            cpus, gpus = (0, 0) if colocated.enabled else (1, colocated.resources.gpus_per_node or 0)
+            self.group = RayWorkerGroup(
+                ENGINE, 1, ray_address=config.core.cluster.ray_address, cpus_per_worker=cpus,
+                gpus_per_worker=gpus, role="generation engine", config=config, threads=threads,
+            )
 
         self.engine_version = self.group.call("check_engine")[0]
 
