@@ -62,7 +62,10 @@ class GenerationEngine(Protocol):
         """Start (or restart) the engine on a Hugging Face checkpoint directory."""
 
     def generate(self, prompts: list[list[int]], sampling: SamplingSettings, n: int = 1) -> list[list[Sample]]:
-        """``n`` samples per prompt: one list per prompt, in prompt order, each with ``n`` samples."""
+        """``n`` samples per prompt: one list per prompt, in prompt order, each with ``n`` samples.
+
+        With ``sampling.seed`` set, the same call returns the same samples, and every sample of
+        the call (a prompt repeated in ``prompts`` included) is drawn independently."""
 
     def update_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Replace the weights in place from ``(Hugging Face name, tensor)`` pairs (a training

@@ -135,6 +135,16 @@ class GenerationBackendConformance:
                 assert 0 < len(sample.completion_ids) <= 5
                 assert sample.finish_reason == ("length" if len(sample.completion_ids) == 5 else "stop")
 
+    def test_the_same_prompt_twice_draws_independent_samples(self, engine: Any) -> None:
+        # one seed per call must not mean one random stream per prompt: GRPO batches repeat prompts
+        # and needs every sample drawn independently (the model here has high-entropy outputs)
+        sampling = SamplingSettings(temperature=1.0, max_new_tokens=6, seed=11)
+        first, second = engine.generate([PROMPTS[0], PROMPTS[0]], sampling, n=4)
+        assert [s.completion_ids for s in first] != [s.completion_ids for s in second]
+        assert len({s.completion_ids for s in first}) > 1
+        again = engine.generate([PROMPTS[0], PROMPTS[0]], sampling, n=4)
+        assert [s.completion_ids for s in again[0]] == [s.completion_ids for s in first]
+
 
 def _weights_of(model_dir: str) -> list[tuple[str, torch.Tensor]]:
     from transformers import AutoModelForCausalLM

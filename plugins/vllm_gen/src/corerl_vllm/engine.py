@@ -110,12 +110,18 @@ class VllmEngine:
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
-        params = SamplingParams(
-            n=n, temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k or 0,
-            max_tokens=sampling.max_new_tokens, stop=list(sampling.stop_strings) or None,
-            stop_token_ids=list(sampling.stop_token_ids) or None, ignore_eos=bool(sampling.stop_token_ids),
-            seed=sampling.seed, logprobs=0,
-        )
+        # vLLM seeds sample j of a request with seed + j: prompt i starts at seed + i * n, so no two
+        # samples of one call share a random stream (one shared seed would repeat the same draws
+        # on every prompt)
+        params = [
+            SamplingParams(
+                n=n, temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k or 0,
+                max_tokens=sampling.max_new_tokens, stop=list(sampling.stop_strings) or None,
+                stop_token_ids=list(sampling.stop_token_ids) or None, ignore_eos=bool(sampling.stop_token_ids),
+                seed=None if sampling.seed is None else sampling.seed + i * n, logprobs=0,
+            )
+            for i in range(len(prompts))
+        ]
         outputs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
         groups = []
         for prompt, request in zip(prompts, outputs, strict=True):
