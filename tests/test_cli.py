@@ -123,14 +123,6 @@ def test_broken_plugin_is_shown_and_only_hurts_configs_that_need_it(fake_site):
     assert len(needs_it.err.strip().splitlines()) == 1 and "Traceback" not in needs_it.err
 
 
-def test_run_of_an_algorithm_that_has_not_landed_says_so_in_one_line(tmp_path):
-    result = run_corerl("run", "algorithm.name=sft", f"run.output_dir={tmp_path}")
-    assert result.code == 1, result
-    assert "demo.yaml" in result.out
-    (line,) = result.err.strip().splitlines()
-    assert "algorithm 'sft' is not implemented yet" in line
-
-
 def test_run_with_overrides_and_no_config_applies_them_to_the_demo():
     result = run_corerl("run", "policy.training_backend=nope")
     assert result.code == 2, result

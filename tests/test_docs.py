@@ -18,7 +18,9 @@ def test_there_are_hook_specs():
     assert HOOKS == [
         "corerl_register_generation_backends",
         "corerl_register_offload_policies",
+        "corerl_register_rewards",
         "corerl_register_sequence_packers",
+        "corerl_register_tasks",
         "corerl_register_training_backends",
     ]
 

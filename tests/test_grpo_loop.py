@@ -46,7 +46,7 @@ def test_a_step_reports_metrics_and_refits_the_generation_backend(grpo):
     metrics = grpo.step(PROMPTS)
     for key in ("reward/mean", "loss", "grad_norm", "logprob_mismatch/max", "time/generation", "time/refit"):
         assert torch.isfinite(torch.tensor(metrics[key])), key
-    assert metrics["step"] == 1.0 and metrics["generated_tokens"] > 0
+    assert metrics["optimizer_step"] == 1.0 and metrics["generated_tokens"] > 0
     # before the step both backends held the same weights, so their logprobs agreed
     assert metrics["logprob_mismatch/max"] < 1e-4
     # after the refit they agree again on new samples

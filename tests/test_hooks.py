@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
-from corerl import GenerationBackend, OffloadPolicy, SequencePacker, TrainingBackend, hookimpl
+from corerl import (
+    GenerationBackend,
+    OffloadPolicy,
+    Reward,
+    SequencePacker,
+    Task,
+    TrainingBackend,
+    hookimpl,
+)
 from corerl.plugin_manager import PluginHost
 
 
@@ -24,6 +32,14 @@ class _AllKinds:
     @hookimpl
     def corerl_register_offload_policies(self, register):
         register(OffloadPolicy(id="quickoff", factory="os:getcwd"))
+
+    @hookimpl
+    def corerl_register_tasks(self, register):
+        register(Task(id="quicktask", factory="os:getcwd"))
+
+    @hookimpl
+    def corerl_register_rewards(self, register):
+        register(Reward(id="always_one", factory=lambda completion, example: 1.0))
 
 
 def _host_with_plugin() -> PluginHost:
@@ -53,6 +69,19 @@ def test_hook_corerl_register_offload_policies():
     host = _host_with_plugin()
     assert host.offload_policies.get("quickoff").plugin == "quick"
     assert host.offload_policies.ids() == ["full", "none", "optimizer", "quickoff"]
+
+
+def test_hook_corerl_register_tasks():
+    host = _host_with_plugin()
+    assert host.tasks.get("quicktask").plugin == "quick"
+    assert host.tasks.ids() == ["dataset", "digit_echo", "quicktask"]
+
+
+def test_hook_corerl_register_rewards():
+    host = _host_with_plugin()
+    reward = host.rewards.get("always_one")
+    assert reward.plugin == "quick" and reward.load()("anything", {}) == 1.0
+    assert host.rewards.get("exact_answer").load()(" 42. ", {"answer": "42"}) == 1.0
 
 
 def test_a_hook_that_registers_the_wrong_kind_fails_that_plugin_only():

@@ -1,4 +1,5 @@
-"""A killed run resumes from its last complete checkpoint and ends with the same per-step metrics."""
+"""A killed run resumes from its last complete checkpoint and ends with the same per-step
+metrics; Ctrl-C saves a checkpoint and exits cleanly."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ import time
 
 from tests.conftest import CORERL, REPO, clean_env, run_corerl
 
-COMMON = ["algorithm.max_steps=6", "checkpointing.enabled=true", "checkpointing.save_period=2",
+# 2 SFT steps then 6 GRPO steps: checkpoints at global steps 2 (end of SFT), 4, 6 and 8
+COMMON = ["sft.max_steps=2", "algorithm.max_steps=6", "checkpointing.enabled=true", "checkpointing.save_period=2",
           "checkpointing.keep_last=2", "algorithm.batch_size=4", "algorithm.num_generations_per_prompt=4"]
 
 
@@ -19,33 +21,75 @@ def _rows(run_dir):
     return [{k: v for k, v in row.items() if not k.startswith("time/")} for row in rows]
 
 
-def test_sigkilled_run_resumes_from_the_last_complete_checkpoint_with_identical_metrics(tmp_path):
+def _same_metrics(want, got):
+    assert len(want) == len(got)
+    for a, b in zip(want, got, strict=True):
+        assert a.keys() == b.keys()
+        for key in a:
+            if isinstance(a[key], str):
+                assert a[key] == b[key]
+            else:
+                assert abs(a[key] - b[key]) <= 1e-6 * max(1.0, abs(a[key])), (a["phase"], a["step"], key, a[key], b[key])
+
+
+def _start(tmp_path, name, *args, env=None):
+    return subprocess.Popen([str(CORERL), "run", f"run.output_dir={tmp_path}", f"run.name={name}", *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=clean_env(env), cwd=REPO,
+                            start_new_session=True)
+
+
+def _wait_for(path, proc, seconds=240):
+    deadline = time.monotonic() + seconds
+    while not path.exists():
+        assert proc.poll() is None, f"the run ended before {path} appeared: {proc.communicate()}"
+        assert time.monotonic() < deadline, f"{path} did not appear"
+        time.sleep(0.02)
+
+
+def test_a_run_sigkilled_inside_a_checkpoint_save_resumes_from_the_last_complete_one(tmp_path):
     straight = run_corerl("run", f"run.output_dir={tmp_path}", "run.name=straight", *COMMON)
     assert straight.code == 0, straight
 
+    # each save pauses 3 s after writing the training state and before it is complete
+    proc = _start(tmp_path, "killed", *COMMON, env={"CORERL_TEST_CHECKPOINT_DELAY": "3"})
     killed_dir = tmp_path / "killed"
-    proc = subprocess.Popen([str(CORERL), "run", f"run.output_dir={tmp_path}", "run.name=killed", *COMMON],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=clean_env(), cwd=REPO,
-                            start_new_session=True)
-    deadline = time.monotonic() + 240
-    while not (killed_dir / "checkpoints" / "step_000004" / "state.json").exists():
-        assert proc.poll() is None and time.monotonic() < deadline, "the run ended before its second checkpoint"
-        time.sleep(0.05)
-    os.killpg(proc.pid, signal.SIGKILL)  # the run and every process it started
-    proc.wait(timeout=30)
-    # what a save killed halfway leaves behind: a temporary folder without state.json
     partial = killed_dir / "checkpoints" / ".step_000006.tmp"
-    partial.mkdir(exist_ok=True)
-    (partial / "junk").write_text("half-written")
+    _wait_for(partial / "training", proc)
+    time.sleep(0.5)
+    os.killpg(proc.pid, signal.SIGKILL)  # the run and every process it started, in the middle of the save
+    proc.wait(timeout=30)
+    assert partial.is_dir() and not (partial / "state.json").exists()
+    assert sorted(p.name for p in (killed_dir / "checkpoints").iterdir()) == [".step_000006.tmp", "step_000002",
+                                                                               "step_000004"]
 
     resumed = run_corerl("run", f"run.output_dir={tmp_path}", "run.name=killed", *COMMON)
     assert resumed.code == 0, resumed
     assert "resuming from step 4" in " ".join(resumed.out.split())
     want, got = _rows(tmp_path / "straight"), _rows(killed_dir)
-    assert len(want) == len(got) == 6
-    for a, b in zip(want, got, strict=True):
-        assert a.keys() == b.keys()
-        for key in a:
-            assert abs(a[key] - b[key]) <= 1e-6 * max(1.0, abs(a[key])), (a["step"], key, a[key], b[key])
+    assert [r["phase"] for r in want] == ["sft"] * 2 + ["grpo"] * 6
+    _same_metrics(want, got)
     kept = sorted(p.name for p in (killed_dir / "checkpoints").iterdir())
-    assert kept == ["step_000004", "step_000006"]  # keep_last=2, the partial one replaced by the real save
+    assert kept == ["step_000006", "step_000008"]  # keep_last=2, the partial save replaced by a real one
+
+
+def test_ctrl_c_saves_a_checkpoint_and_exits_cleanly_then_the_run_resumes(tmp_path):
+    args = ["sft.max_steps=2", "algorithm.max_steps=40", "algorithm.batch_size=4", "algorithm.num_generations_per_prompt=4"]
+    proc = _start(tmp_path, "interrupted", *args)  # checkpointing is off: Ctrl-C saves anyway
+    run_dir = tmp_path / "interrupted"
+    deadline = time.monotonic() + 240
+    while not (run_dir / "metrics.jsonl").exists() or len((run_dir / "metrics.jsonl").read_text().splitlines()) < 5:
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: the whole foreground group
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, (out, err)
+    assert "Traceback" not in err, err
+    (checkpoint,) = (run_dir / "checkpoints").iterdir()
+    step = int(checkpoint.name.removeprefix("step_"))
+    assert 5 <= step < 42 and f"saved a checkpoint at step {step}" in " ".join(out.split())
+    assert len((run_dir / "metrics.jsonl").read_text().splitlines()) == step
+
+    resumed = run_corerl("run", f"run.output_dir={tmp_path}", "run.name=interrupted", *args)
+    assert resumed.code == 0, resumed
+    assert f"resuming from step {step}" in " ".join(resumed.out.split())
+    assert len(_rows(run_dir)) == 42

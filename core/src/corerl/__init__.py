@@ -5,14 +5,23 @@ only light modules (no torch, vllm, megatron or deepspeed).
 """
 
 from corerl.hookspecs import hookimpl
-from corerl.registry import GenerationBackend, OffloadPolicy, SequencePacker, TrainingBackend
+from corerl.registry import (
+    GenerationBackend,
+    OffloadPolicy,
+    Reward,
+    SequencePacker,
+    Task,
+    TrainingBackend,
+)
 
 __version__ = "0.1.0"
 
 __all__ = [
     "GenerationBackend",
     "OffloadPolicy",
+    "Reward",
     "SequencePacker",
+    "Task",
     "TrainingBackend",
     "__version__",
     "hookimpl",

@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 from corerl.hookspecs import hookimpl
 from corerl.pending import pending_engine
-from corerl.registry import GenerationBackend, OffloadPolicy, SequencePacker
+from corerl.registry import GenerationBackend, OffloadPolicy, Reward, SequencePacker, Task
 
 DEFAULT_PACKER = "modified_first_fit_decreasing"
 DEFAULT_OFFLOAD_POLICY = "none"
@@ -63,3 +63,17 @@ def corerl_register_offload_policies(register: Callable[[OffloadPolicy], None]) 
                 description=description,
             )
         )
+
+
+@hookimpl
+def corerl_register_tasks(register: Callable[[Task], None]) -> None:
+    register(Task(id="digit_echo", factory="corerl.tasks.digit_echo:DigitEcho",
+                  description="echo the digit in the prompt (made in code; the demo's task)"))
+    register(Task(id="dataset", factory="corerl.tasks.dataset:DatasetTask",
+                  description="prompt/answer rows from data.train_files (JSONL or Parquet)"))
+
+
+@hookimpl
+def corerl_register_rewards(register: Callable[[Reward], None]) -> None:
+    register(Reward(id="exact_answer", factory="corerl.tasks.rewards:exact_answer",
+                    description="1 when the completion's answer equals the example's answer, else 0"))

@@ -7,11 +7,13 @@ import json
 import os
 import re
 import shutil
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 _COMPLETE = re.compile(r"^step_(\d+)$")
+SLOW_SAVE_ENV = "CORERL_TEST_CHECKPOINT_DELAY"  # seconds a save pauses before it completes
 
 
 def complete_checkpoints(run_dir: Path) -> list[tuple[int, Path]]:
@@ -38,6 +40,8 @@ def save_checkpoint(run_dir: Path, step: int, write: Callable[[Path], None], sta
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     write(tmp)
+    if os.environ.get(SLOW_SAVE_ENV):  # fault injection for tests: a window to kill a save in
+        time.sleep(float(os.environ[SLOW_SAVE_ENV]))
     with (tmp / "state.json").open("w") as handle:
         json.dump(state, handle)
         handle.flush()

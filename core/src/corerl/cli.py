@@ -120,7 +120,8 @@ def _print_json(data: Any) -> None:
 
 
 def _empty_selection() -> dict[str, None]:
-    return {"training_backend": None, "generation_backend": None, "sequence_packer": None, "offload_policy": None}
+    return {"training_backend": None, "generation_backend": None, "sequence_packer": None, "offload_policy": None,
+            "task": None, "reward": None}
 
 
 def _cmd_plugins(args: argparse.Namespace) -> int:
@@ -142,6 +143,8 @@ def _cmd_plugins(args: argparse.Namespace) -> int:
         "generation_backends": "generation",
         "sequence_packers": "packers",
         "offload_policies": "offload",
+        "tasks": "tasks",
+        "rewards": "rewards",
     }
     for row in rows:
         registers = "\n".join(f"{label}: {', '.join(row[key])}" for key, label in labels.items() if row[key])
@@ -188,6 +191,8 @@ def _print_selection(source: str, selection: Any, verdict: str) -> None:
         ("generation backend", selection.generation_backend),
         ("sequence packer", selection.sequence_packer),
         ("offload policy", selection.offload_policy),
+        ("task", selection.task),
+        ("reward", selection.reward),
     ):
         table.add_row(label, choice.id or "off", choice.reason)
     console.print(table)

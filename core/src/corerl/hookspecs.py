@@ -14,7 +14,14 @@ from collections.abc import Callable
 
 import pluggy
 
-from corerl.registry import GenerationBackend, OffloadPolicy, SequencePacker, TrainingBackend
+from corerl.registry import (
+    GenerationBackend,
+    OffloadPolicy,
+    Reward,
+    SequencePacker,
+    Task,
+    TrainingBackend,
+)
 
 PROJECT_NAME = "corerl"
 
@@ -68,4 +75,30 @@ def corerl_register_offload_policies(register: Callable[[OffloadPolicy], None]) 
     ``policy.offload.policy`` names the one to use (default ``none``).
 
     Called when the plugin manager first needs the offload-policy registry.
+    """
+
+
+@hookspec
+def corerl_register_tasks(register: Callable[[Task], None]) -> None:
+    """Register tasks: where training prompts, held-out prompts and SFT demonstrations come from.
+
+    Call ``register(Task(id=..., factory=...))`` once per task; ``data.task`` names the one
+    to use. The factory receives a :class:`corerl.tasks.TaskContext` (tokenizer, seed, the
+    ``data`` section, the reward chosen by ``data.reward`` or None) and returns an object
+    with the methods of :class:`corerl.tasks.TaskSource`.
+
+    Called when the plugin manager first needs the task registry.
+    """
+
+
+@hookspec
+def corerl_register_rewards(register: Callable[[Reward], None]) -> None:
+    """Register reward functions.
+
+    Call ``register(Reward(id=..., factory=...))`` once per function; the factory is the
+    function itself (or its import path), called as ``fn(completion: str, example: dict)
+    -> float``. ``data.reward`` names one by id, or gives any function by import path
+    ``pkg.module:fn`` without a plugin.
+
+    Called when the plugin manager first needs the reward registry.
     """

@@ -23,7 +23,9 @@ from corerl.registry import (
     OffloadPolicy,
     Registration,
     Registry,
+    Reward,
     SequencePacker,
+    Task,
     TrainingBackend,
 )
 
@@ -36,6 +38,8 @@ REGISTRATION_HOOKS: dict[str, tuple[str, type[Registration]]] = {
     "corerl_register_generation_backends": ("generation_backends", GenerationBackend),
     "corerl_register_sequence_packers": ("sequence_packers", SequencePacker),
     "corerl_register_offload_policies": ("offload_policies", OffloadPolicy),
+    "corerl_register_tasks": ("tasks", Task),
+    "corerl_register_rewards": ("rewards", Reward),
 }
 
 
@@ -217,8 +221,16 @@ class PluginHost:
     def offload_policies(self) -> Registry[OffloadPolicy]:
         return self._registry("offload_policies")
 
+    @property
+    def tasks(self) -> Registry[Task]:
+        return self._registry("tasks")
+
+    @property
+    def rewards(self) -> Registry[Reward]:
+        return self._registry("rewards")
+
     def registries(self) -> dict[str, Registry[Any]]:
-        """All four registries by attribute name, collected once."""
+        """All registries by attribute name, collected once."""
         self._registry("training_backends")
         assert self._registries is not None
         return dict(self._registries)

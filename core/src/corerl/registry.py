@@ -1,7 +1,7 @@
 """What plugins register, and the registries that hold it.
 
 A plugin's registration hook receives a ``register`` callback and calls it with one of the
-four registration classes below. The factory is an import path (``"pkg.module:Class"``) or a
+registration classes below. The factory is an import path (``"pkg.module:Class"``) or a
 callable; it is resolved only when the component is created, so registering imports nothing
 heavy.
 """
@@ -123,6 +123,24 @@ class OffloadPolicy(Registration):
     """What leaves the accelerator between phases, selected by ``policy.offload.policy``."""
 
     kind: ClassVar[str] = "offload policy"
+
+
+@attrs.frozen(kw_only=True)
+class Task(Registration):
+    """A source of prompts, held-out prompts and (by default) their reward, named by ``data.task``.
+
+    The factory is called as ``factory(context)`` with a :class:`corerl.tasks.TaskContext`.
+    """
+
+    kind: ClassVar[str] = "task"
+
+
+@attrs.frozen(kw_only=True)
+class Reward(Registration):
+    """A reward function named by ``data.reward``: the factory *is* the function,
+    ``fn(completion: str, example: dict) -> float``."""
+
+    kind: ClassVar[str] = "reward"
 
 
 R = TypeVar("R", bound=Registration)

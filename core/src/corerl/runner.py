@@ -1,28 +1,40 @@
-"""Running a validated recipe: GRPO over the selected backends, with a progress bar, a run
-directory (metrics.jsonl, the final Hugging Face checkpoint) and a held-out evaluation
-before and after.
+"""Running a validated recipe: an optional SFT warm start, then GRPO (or SFT alone), over the
+selected backends, with a progress bar per phase and a run directory holding metrics.jsonl,
+TensorBoard event files, curves.png, summary.json and the final Hugging Face checkpoint.
 
-With ``checkpointing.enabled`` a run saves resumable checkpoints, and ``corerl run`` on an
-existing run directory resumes from the last complete one. SFT, TensorBoard and the plot land
-with the rest of the GRPO issue.
+``corerl run`` on a run directory that holds a complete checkpoint resumes from it. Ctrl-C
+finishes the current step, saves a checkpoint and exits with status 130.
 """
 
 from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import attrs
+
 from corerl.checkpoints import latest_checkpoint, read_state, save_checkpoint
 from corerl.config import Config
-from corerl.errors import ConfigError, EngineNotAvailable
+from corerl.errors import ConfigError
 from corerl.plugin_manager import PluginHost
 from corerl.selection import Selection
 
 BUILTIN_MODELS = {
     "builtin:tiny-qwen2": dict(hidden_size=128, num_layers=2, num_heads=4, num_kv_heads=2, vocab_size=128),
 }
+EXIT_INTERRUPTED = 130
+
+
+@attrs.define
+class RunResult:
+    """What a run produced: its directory, its summary, and whether Ctrl-C stopped it early."""
+
+    run_dir: Path
+    summary: dict[str, Any]
+    interrupted: bool = False
 
 
 def make_run_dir(config: Config) -> tuple[Path, tuple[int, Path] | None]:
@@ -34,7 +46,7 @@ def make_run_dir(config: Config) -> tuple[Path, tuple[int, Path] | None]:
     name = run.name or time.strftime("%Y%m%d-%H%M%S")
     path = Path(run.output_dir) / name
     if (path / "metrics.jsonl").exists():
-        resume = latest_checkpoint(path) if config.core.checkpointing.enabled else None
+        resume = latest_checkpoint(path)
         if resume is None:
             raise ConfigError(
                 f"run directory {path} already holds a run and no complete checkpoint to resume from",
@@ -65,15 +77,24 @@ def resolve_model(model_name: str, run_dir: Path) -> str:
 def evaluate(generation: Any, task: Any, max_new_tokens: int) -> float:
     """Mean held-out reward of greedy answers."""
     from corerl.generation.contract import SamplingSettings
+    from corerl.tasks import mean_reward
 
-    prompts, items = task.held_out()
+    prompts, examples = task.held_out()
     groups = generation.generate(prompts, SamplingSettings(temperature=0.0, max_new_tokens=max_new_tokens), n=1)
-    return sum(task.reward(g[0], item) for g, item in zip(groups, items, strict=True)) / len(items)
+    return mean_reward(task, groups, examples)
 
 
-def run_recipe(config: Config, selection: Selection, host: PluginHost) -> int:
-    """Run ``config`` with the selected components; returns the exit status."""
-    from rich.console import Console
+@attrs.define
+class Phase:
+    """One phase of a run (``sft`` or ``grpo``): its length and how to run one step."""
+
+    name: str
+    total: int
+    step: Callable[[], dict[str, float]]
+    done: int = 0
+
+
+def _progress(console: Any) -> Any:
     from rich.progress import (
         BarColumn,
         MofNCompleteColumn,
@@ -81,79 +102,177 @@ def run_recipe(config: Config, selection: Selection, host: PluginHost) -> int:
         TextColumn,
         TimeRemainingColumn,
     )
+
+    return Progress(
+        TextColumn("[bold]{task.description:<4}"), BarColumn(), MofNCompleteColumn(),
+        TextColumn("{task.fields[shown]}"), TimeRemainingColumn(), console=console,
+    )
+
+
+def _shown(metrics: dict[str, float]) -> str:
+    tokens = metrics.get("generated_tokens", metrics.get("tokens", 0.0))
+    text = f"reward {metrics['reward/mean']:.3f}  " if "reward/mean" in metrics else ""
+    return text + f"loss {metrics['loss']:+.4f}  {tokens / metrics['time/step']:,.0f} tok/s"
+
+
+def execute(config: Config, selection: Selection, host: PluginHost, console: Any = None) -> RunResult:
+    """Run ``config`` with the selected components (see the module docstring)."""
+    from rich.console import Console
     from transformers import AutoTokenizer
+    from transformers.utils import logging as hf_logging
 
     from corerl.algorithms.grpo import GRPO
     from corerl.algorithms.grpo_math import GRPOLoss
-    from corerl.tasks import load_task
+    from corerl.algorithms.sft import SFT
+    from corerl.interrupt import stop_on_sigint
+    from corerl.reporting.metrics_log import MetricsLog, read_metrics
+    from corerl.reporting.plot import plot_curves
+    from corerl.tasks import TaskContext
 
-    algorithm = config.core.algorithm
-    if algorithm.name != "grpo":
-        raise EngineNotAvailable(f"algorithm {algorithm.name!r} is not implemented yet (it lands with the SFT work)",
-                                 key="algorithm.name", hint="use algorithm.name=grpo")
-    console = Console()
+    console = console or Console()
+    hf_logging.disable_progress_bar()  # the run's own bars say what is happening
+    core = config.core
+    algorithm = core.algorithm
     run_dir, resume = make_run_dir(config)
     console.print(f"run directory: [bold]{run_dir}[/]" + (f" (resuming from step {resume[0]})" if resume else ""))
-    model_path = resolve_model(config.core.policy.model_name, run_dir)
-    task = load_task(config.core.data.task, AutoTokenizer.from_pretrained(model_path), algorithm.seed)
-    max_new = config.core.policy.generation.max_new_tokens
+    state = read_state(resume[1]) if resume else {}
+    model_path = resolve_model(core.policy.model_name, run_dir)
+    tokenizer = AutoTokenizer.from_pretrained(core.policy.tokenizer_name or model_path)
+    assert selection.task.registration is not None
+    task = selection.task.registration.create(TaskContext(tokenizer, algorithm.seed, core.data, selection.reward_fn))
+    max_new = core.policy.generation.max_new_tokens
+    sft_only = algorithm.name == "sft"
+    sft_steps = algorithm.max_steps if sft_only else (core.sft.max_steps if core.sft.enabled else 0)
+    sft_batch = algorithm.batch_size if sft_only else core.sft.batch_size
+    grpo_steps = 0 if sft_only else algorithm.max_steps
+    evals: dict[str, float] = dict(state.get("evals", {}))
+    done: dict[str, int] = dict(state.get("steps_done", {}))
 
-    started = []
+    started: list[Any] = []
+
+    def start(registration: Any, path: str) -> Any:
+        backend = registration.create(config=config)
+        started.append(backend)
+        backend.load_hf(path)
+        return backend
+
     try:
-        for choice in (selection.training_backend, selection.generation_backend):
-            assert choice.registration is not None
-            backend = choice.registration.create(config=config)
-            started.append(backend)
-            backend.load_hf(model_path)
-        training, generation = started
-        loop = GRPO(
-            config, training, generation, task.reward,
-            loss=GRPOLoss(algorithm.ratio_clip_min, algorithm.ratio_clip_max, algorithm.kl_penalty),
-            scale_rewards_by_std=algorithm.scale_rewards_by_std, optimization_passes=algorithm.optimization_passes,
-        )
-        metrics_path = run_dir / "metrics.jsonl"
+        assert selection.training_backend.registration and selection.generation_backend.registration
+        training = start(selection.training_backend.registration, model_path)
+        generation = start(selection.generation_backend.registration, model_path)
         if resume is not None:
-            state = read_state(resume[1])
             training.load_checkpoint(str(resume[1] / "training"))
             generation.update_weights(training.weight_stream())
-            loop.steps_done = state["steps_done"]
             task.set_state(state["task"])
-            before = state["held_out_reward_before"]
-            kept = metrics_path.read_text().splitlines()[: loop.steps_done]
-            metrics_path.write_text("".join(line + "\n" for line in kept))
-        else:
-            before = evaluate(generation, task, max_new)
-            console.print(f"held-out reward before training: {before:.3f}")
-        checkpointing = config.core.checkpointing
-        columns = [TextColumn("[bold]GRPO"), BarColumn(), MofNCompleteColumn(),
-                   TextColumn("reward {task.fields[reward]:.3f}  loss {task.fields[loss]:+.4f}  {task.fields[tps]:,.0f} tok/s"),
-                   TimeRemainingColumn()]
-        with metrics_path.open("a") as log, Progress(*columns, console=console) as progress:
-            bar = progress.add_task("grpo", total=algorithm.max_steps, completed=loop.steps_done, reward=0.0,
-                                    loss=0.0, tps=0.0)
-            while loop.steps_done < algorithm.max_steps:
-                prompts, items = task.sample(algorithm.batch_size)
-                start = time.perf_counter()
-                metrics = loop.step(prompts, items)
-                metrics["time/step"] = time.perf_counter() - start
-                log.write(json.dumps(metrics) + "\n")
-                log.flush()
-                progress.update(bar, advance=1, reward=metrics["reward/mean"], loss=metrics["loss"],
-                                tps=metrics["generated_tokens"] / metrics["time/step"])
-                step = loop.steps_done
-                if checkpointing.enabled and (step % checkpointing.save_period == 0 or step == algorithm.max_steps):
-                    state = {"steps_done": step, "task": task.state(), "held_out_reward_before": before}
-                    save_checkpoint(run_dir, step, lambda folder: training.save_checkpoint(str(folder / "training")),
-                                    state, checkpointing.keep_last)
-        after = evaluate(generation, task, max_new)
+        if "before" not in evals:
+            evals["before"] = evaluate(generation, task, max_new)
+            console.print(f"held-out reward before training: {evals['before']:.3f}")
+        log = MetricsLog(run_dir, keep_lines=state.get("metrics_lines") if resume else None)
+
+        sft = SFT(training, steps_done=done.get("sft", 0))
+        phases = [Phase("sft", sft_steps, lambda: sft.step(task.demonstrations(sft_batch)), sft.steps_done)]
+        grpo: GRPO | None = None
+
+        def begin_grpo() -> None:
+            nonlocal grpo
+            reference = None
+            if algorithm.kl_penalty:
+                ref_path = run_dir / "sft_model" if sft_steps else Path(model_path)
+                reference = start(selection.training_backend.registration, str(ref_path))
+            grpo = GRPO(config, training, generation, task.reward,
+                        loss=GRPOLoss(algorithm.ratio_clip_min, algorithm.ratio_clip_max, algorithm.kl_penalty),
+                        scale_rewards_by_std=algorithm.scale_rewards_by_std,
+                        optimization_passes=algorithm.optimization_passes, reference=reference,
+                        steps_done=done.get("grpo", 0))
+
+        def grpo_step() -> dict[str, float]:
+            assert grpo is not None
+            prompts, examples = task.sample(algorithm.batch_size)
+            return grpo.step(prompts, examples)
+
+        phases.append(Phase("grpo", grpo_steps, grpo_step, done.get("grpo", 0)))
+
+        def checkpoint() -> None:
+            global_step = sum(p.done for p in phases)
+            snapshot = {"steps_done": {p.name: p.done for p in phases}, "metrics_lines": log.lines,
+                        "task": task.state(), "evals": evals}
+            save_checkpoint(run_dir, global_step, lambda folder: training.save_checkpoint(str(folder / "training")),
+                            snapshot, core.checkpointing.keep_last)
+
+        interrupted = False
+        with stop_on_sigint(lambda text: console.print(f"[yellow]{text}[/]")) as stop:
+            for phase in phases:
+                if phase.total == 0:
+                    continue
+                if phase.name == "grpo":
+                    begin_grpo()
+                    if phases[0].total and "after_sft" not in evals:
+                        evals["after_sft"] = evaluate(generation, task, max_new)
+                        console.print(f"held-out reward after SFT: {evals['after_sft']:.3f}")
+                with _progress(console) as progress:
+                    bar = progress.add_task(phase.name.upper(), total=phase.total, completed=phase.done, shown="")
+                    while phase.done < phase.total and not stop.requested:
+                        begin = time.perf_counter()
+                        metrics = phase.step()
+                        phase.done += 1
+                        metrics = {"phase": phase.name, "step": phase.done, **metrics,
+                                   "time/step": time.perf_counter() - begin}
+                        log.write(metrics, tb_step=sum(p.done for p in phases))
+                        progress.update(bar, advance=1, shown=_shown(metrics))
+                        every = core.checkpointing.save_period
+                        if core.checkpointing.enabled and (phase.done % every == 0 or phase.done == phase.total):
+                            checkpoint()
+                if stop.requested:
+                    interrupted = True
+                    break
+                if phase.name == "sft" and not sft_only and "after_sft" not in evals:
+                    # GRPO starts from the SFT weights with a fresh optimizer and schedule: Adam's
+                    # moments from SFT's large gradients would shrink GRPO's first hundreds of steps
+                    training.export_hf(str(run_dir / "sft_model"))
+                    training.load_hf(str(run_dir / "sft_model"))
+                    generation.update_weights(training.weight_stream())
+
+        if interrupted:
+            checkpoint()
+            log.close()
+            plot_curves(read_metrics(log.path), run_dir / "curves.png", f"{run_dir.name} (interrupted)")
+            console.print(f"saved a checkpoint at step {sum(p.done for p in phases)}; "
+                          f"run the same command with run.name={run_dir.name} to resume")
+            return RunResult(run_dir, {"interrupted_at": {p.name: p.done for p in phases}}, interrupted=True)
+
+        if sft_only:
+            generation.update_weights(training.weight_stream())
+        evals["after"] = evaluate(generation, task, max_new)
+        log.scalar("eval/held_out_reward", evals["after"], sum(p.done for p in phases))
+        log.close()
         training.export_hf(str(run_dir / "final"))
-        (run_dir / "summary.json").write_text(json.dumps({
-            "held_out_reward_before": before, "held_out_reward_after": after, "steps": algorithm.max_steps,
-            "training_backend": selection.training_backend.id, "generation_backend": selection.generation_backend.id,
-        }, indent=2) + "\n")
-        console.print(f"held-out reward: {before:.3f} -> {after:.3f} ({(after - before) * 100:+.1f} points)")
-        console.print(f"wrote {run_dir / 'metrics.jsonl'}, {run_dir / 'final'} (Hugging Face checkpoint)")
-        return 0
+        plot_curves(read_metrics(log.path), run_dir / "curves.png", run_dir.name)
+        summary = {
+            "held_out_reward_before": evals["before"], "held_out_reward_after_sft": evals.get("after_sft"),
+            "held_out_reward_after": evals["after"], "sft_steps": sft_steps, "grpo_steps": grpo_steps,
+            "steps": sft_steps + grpo_steps, "algorithm": algorithm.name, "task": selection.task.id,
+            "reward": selection.reward.id, "training_backend": selection.training_backend.id,
+            "generation_backend": selection.generation_backend.id,
+        }
+        (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        _report(console, evals)
+        console.print(f"wrote {run_dir / 'metrics.jsonl'}, {run_dir / 'tensorboard'}, {run_dir / 'curves.png'}, "
+                      f"{run_dir / 'final'} (Hugging Face checkpoint)")
+        return RunResult(run_dir, summary)
     finally:
         for backend in reversed(started):
             backend.shutdown()
+
+
+def _report(console: Any, evals: dict[str, float]) -> None:
+    start_label, start = ("SFT start", evals["after_sft"]) if "after_sft" in evals else ("start", evals["before"])
+    line = f"held-out reward: {evals['before']:.3f} before"
+    if "after_sft" in evals:
+        line += f", {evals['after_sft']:.3f} after SFT"
+    line += f", {evals['after']:.3f} at the end ({(evals['after'] - start) * 100:+.1f} points over the {start_label})"
+    console.print(line)
+
+
+def run_recipe(config: Config, selection: Selection, host: PluginHost) -> int:
+    """``corerl run``: run ``config``; returns the exit status (130 when Ctrl-C stopped it)."""
+    return EXIT_INTERRUPTED if execute(config, selection, host).interrupted else 0

@@ -9,6 +9,9 @@ Training backend, in order:
 3. none enabled: ``dtensor``.
 
 Generation backend: ``policy.generation.backend``, else ``vllm``, else ``hf``.
+
+Task: ``data.task``. Reward: ``data.reward`` as a registered id or an import path
+``pkg.module:fn`` (imported now, so a typo fails validation), unset: the task's own.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import attrs
 from corerl.config import Config
 from corerl.config.structure import suggest
 from corerl.config.tree import origin_of
-from corerl.errors import ConfigErrors, CorerlError, SelectionError
+from corerl.errors import ConfigError, ConfigErrors, CorerlError, SelectionError
 from corerl.known_plugins import FIRST_PARTY, provider_of
 from corerl.plugin_manager import PluginHost
 from corerl.registry import Registration, Registry
@@ -50,6 +53,9 @@ class Selection:
     generation_backend: Choice
     sequence_packer: Choice
     offload_policy: Choice
+    task: Choice
+    reward: Choice
+    reward_fn: Any = None
     warnings: list[str] = attrs.field(factory=list)
 
     def as_dict(self) -> dict[str, Any]:
@@ -58,6 +64,8 @@ class Selection:
             "generation_backend": self.generation_backend.as_dict(),
             "sequence_packer": self.sequence_packer.as_dict(),
             "offload_policy": self.offload_policy.as_dict(),
+            "task": self.task.as_dict(),
+            "reward": self.reward.as_dict(),
         }
 
 
@@ -196,8 +204,31 @@ def select_offload_policy(config: Config, host: PluginHost) -> Choice:
     return Choice(chosen.id, f"policy.offload.policy is {chosen.id!r}", chosen)
 
 
+def select_task(config: Config, host: PluginHost) -> Choice:
+    """The task named by ``data.task``."""
+    chosen = _lookup(host, host.tasks, config.core.data.task, "data.task", config)
+    return Choice(chosen.id, f"data.task is {chosen.id!r}", chosen)
+
+
+def select_reward(config: Config, host: PluginHost) -> tuple[Choice, Any]:
+    """The reward ``data.reward`` names and the function itself (None: the task's own)."""
+    from corerl.tasks.rewards import IMPORT_PATH, import_reward
+
+    spec = config.core.data.reward
+    if spec is None:
+        return Choice(None, "data.reward is unset: the task's own reward"), None
+    if IMPORT_PATH.match(spec):
+        try:
+            return Choice(spec, f"data.reward is the import path {spec!r}"), import_reward(spec)
+        except ConfigError as exc:
+            raise SelectionError(exc.message, key="data.reward", source=origin_of("data.reward", config.origins),
+                                 hint=exc.hint) from exc
+    chosen = _lookup(host, host.rewards, spec, "data.reward", config)
+    return Choice(chosen.id, f"data.reward is {chosen.id!r}", chosen), chosen.load()
+
+
 def select(config: Config, host: PluginHost) -> Selection:
-    """Select all four components; every selection error is raised together."""
+    """Select every component; every selection error is raised together."""
     errors: list[CorerlError] = []
     warnings: list[str] = []
     choices: dict[str, Choice] = {}
@@ -206,6 +237,7 @@ def select(config: Config, host: PluginHost) -> Selection:
         ("generation_backend", select_generation_backend),
         ("sequence_packer", select_sequence_packer),
         ("offload_policy", select_offload_policy),
+        ("task", select_task),
     ):
         try:
             result = pick(config, host)
@@ -215,6 +247,11 @@ def select(config: Config, host: PluginHost) -> Selection:
         choice, found = result if isinstance(result, tuple) else (result, [])
         choices[name] = choice
         warnings.extend(found)
+    reward_fn = None
+    try:
+        choices["reward"], reward_fn = select_reward(config, host)
+    except SelectionError as exc:
+        errors.append(exc)
     if errors:
         raise ConfigErrors(errors)
-    return Selection(**choices, warnings=warnings)
+    return Selection(**choices, reward_fn=reward_fn, warnings=warnings)

@@ -1,11 +1,13 @@
 """One GRPO step over any training and generation backend (only their contracts are used).
 
 prompts --generate--> samples --reward--> rewards --group normalisation--> advantages
-        --training.logprobs--> old logprobs --train_step x passes--> new weights --refit--> generation
+        --training.logprobs--> old logprobs (--reference.logprobs--> KL reference)
+        --train_step x passes--> new weights --refit--> generation
 """
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -18,6 +20,14 @@ from corerl.generation.contract import Sample, SamplingSettings
 from corerl.training.batching import right_pad
 
 RewardFn = Callable[[Sample, Any], float]
+
+
+def step_seed(seed: int, step: int) -> int:
+    """The sampling seed of one step: reproducible run to run, and far from the seeds of other
+    steps (engines derive per-sample seeds as seed + offset, so neighbouring integers would
+    replay the previous step's random draws)."""
+    digest = hashlib.blake2b(f"{seed}:{step}".encode(), digest_size=4).digest()
+    return int.from_bytes(digest, "little") & 0x7FFF_FFFF
 
 
 def samples_to_batch(groups: Sequence[Sequence[Sample]], advantages: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -46,6 +56,7 @@ class GRPO:
     generation: Any
     reward_fn: RewardFn
     loss: GRPOLoss = attrs.field(factory=GRPOLoss)
+    reference: Any = None  # a frozen training backend for the KL penalty (logprobs only)
     scale_rewards_by_std: bool = True
     optimization_passes: int = 1
     steps_done: int = 0
@@ -58,8 +69,7 @@ class GRPO:
         timings: dict[str, float] = {}
 
         start = time.perf_counter()
-        # one seed per step: sampling is reproducible run to run, and differs step to step
-        sampling = SamplingSettings.from_config(self.config, seed=algorithm.seed * 100_003 + self.steps_done)
+        sampling = SamplingSettings.from_config(self.config, seed=step_seed(algorithm.seed, self.steps_done))
         groups = self.generation.generate([list(p) for p in prompts], sampling, n=n)
         timings["time/generation"] = time.perf_counter() - start
 
@@ -69,6 +79,8 @@ class GRPO:
 
         start = time.perf_counter()
         batch["old_logprobs"] = self.training.logprobs(batch)
+        if self.reference is not None and self.loss.kl_penalty:
+            batch["ref_logprobs"] = self.reference.logprobs(batch)
         timings["time/logprobs"] = time.perf_counter() - start
         mask = batch["loss_mask"].bool()
         mismatch = (batch["old_logprobs"] - batch["gen_logprobs"]).abs()[mask]
@@ -85,7 +97,7 @@ class GRPO:
         last = results[-1]
         generated = int(mask.sum())
         return {
-            "step": float(last.step),
+            "optimizer_step": float(last.step),
             "reward/mean": float(rewards.mean()),
             "reward/max": float(rewards.max()),
             "loss": float(last.loss),

@@ -134,9 +134,26 @@ class AlgorithmConfig:
 
 @attrs.define(kw_only=True)
 class DataConfig:
-    """``data``: where prompts and rewards come from."""
+    """``data``: where prompts, demonstrations and rewards come from."""
 
-    task: str = setting("digit_echo", help="a built-in task")
+    task: str = setting("digit_echo", help="a registered task id: digit_echo, dataset, or one a plugin registers")
+    reward: str | None = setting(None, help="a registered reward id or an import path pkg.module:fn; unset: the task's own")
+    train_files: str | list[str] | None = setting(None, help="dataset task: JSONL or Parquet file(s)")
+    held_out_files: str | list[str] | None = setting(None, help="dataset task: held-out file(s); unset: cut from train_files")
+    held_out_size: int = setting(32, min=1, help="dataset task without held_out_files: rows kept out of training")
+    prompt_key: str = setting("prompt", help="dataset task: the prompt column")
+    answer_key: str = setting("answer", help="dataset task: the answer column (rewards read it)")
+    response_key: str | None = setting(None, help="dataset task: the SFT response column; unset: answer_key")
+    apply_chat_template: bool = setting(False, help="dataset task: wrap each prompt in the tokenizer's chat template")
+
+
+@attrs.define(kw_only=True)
+class SftConfig:
+    """``sft``: a supervised warm start (masked next-token loss) before GRPO."""
+
+    enabled: bool = setting(False, help="run SFT on the task's demonstrations before GRPO")
+    max_steps: int = setting(20, min=1, help="SFT optimizer steps")
+    batch_size: int = setting(32, min=1, help="demonstrations per SFT step")
 
 
 @attrs.define(kw_only=True)
@@ -158,12 +175,13 @@ class CheckpointingConfig:
 
 @attrs.define(kw_only=True)
 class CorerlConfig:
-    """A whole recipe: cluster, policy and algorithm sections."""
+    """A whole recipe: cluster, policy, algorithm, data, sft, run and checkpointing sections."""
 
     cluster: ClusterConfig = section(ClusterConfig)
     policy: PolicyConfig = setting()
     algorithm: AlgorithmConfig = section(AlgorithmConfig)
     data: DataConfig = section(DataConfig)
+    sft: SftConfig = section(SftConfig)
     run: RunConfig = section(RunConfig)
     checkpointing: CheckpointingConfig = section(CheckpointingConfig)
 

@@ -1,20 +1,73 @@
-"""Built-in tasks: prompts, held-out prompts and a reward, made in code."""
+"""Tasks and rewards: where prompts, held-out prompts and SFT demonstrations come from, and
+how completions are scored.
+
+A task is registered through ``corerl_register_tasks`` and named by ``data.task``; a reward
+through ``corerl_register_rewards`` (or given by import path) and named by ``data.reward``.
+The core registers ``digit_echo`` (made in code), ``dataset`` (JSONL/Parquet files) and the
+``exact_answer`` reward.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol, runtime_checkable
 
-from corerl.errors import ConfigError
+import attrs
 
-BUILTIN_TASKS = ("digit_echo",)
+from corerl.generation.contract import Sample
+
+TextReward = Callable[[str, Mapping[str, Any]], float]
+"""A reward function: ``fn(completion_text, example) -> float``; ``example`` is the dataset row."""
 
 
-def load_task(name: str, tokenizer: Any, seed: int) -> Any:
-    """The built-in task called ``name`` over ``tokenizer``."""
-    if name == "digit_echo":
-        from corerl.tasks.digit_echo import DigitEcho
+@attrs.frozen
+class TaskContext:
+    """What a task factory receives: the tokenizer, the run's seed, the ``data`` config
+    section and the reward ``data.reward`` names (None when unset: the task's own default)."""
 
-        return DigitEcho(tokenizer, seed)
-    raise ConfigError(
-        f"unknown task {name!r}", key="data.task", hint=f"built-in tasks: {', '.join(BUILTIN_TASKS)}"
-    )
+    tokenizer: Any
+    seed: int
+    data: Any
+    reward: TextReward | None = None
+
+
+@runtime_checkable
+class TaskSource(Protocol):
+    """The methods a task object provides to the algorithms (prompts are token ids)."""
+
+    def sample(self, count: int) -> tuple[list[list[int]], list[Any]]:
+        """``count`` training prompts and the example each came from."""
+
+    def held_out(self) -> tuple[list[list[int]], list[Any]]:
+        """The held-out prompts (evaluated greedily before and after training) and their examples."""
+
+    def demonstrations(self, count: int) -> list[tuple[list[int], list[int]]]:
+        """``count`` (prompt ids, response ids) pairs for SFT; the response ends with end-of-sequence."""
+
+    def reward(self, sample: Sample, example: Any) -> float:
+        """The reward of one completion."""
+
+    def state(self) -> Any:
+        """The sampler's position, JSON-serialisable (saved with checkpoints)."""
+
+    def set_state(self, state: Any) -> None:
+        """Restore what :meth:`state` returned."""
+
+
+def decode_completion(tokenizer: Any, sample: Sample) -> str:
+    """The completion's text, special tokens (the final end-of-sequence) left out."""
+    return tokenizer.decode(list(sample.completion_ids), skip_special_tokens=True)
+
+
+def score(reward: TextReward, text: str, example: Mapping[str, Any], where: str) -> float:
+    """Call a user reward function and check it returned a number."""
+    value = reward(text, example)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"reward function {where} returned {value!r} ({type(value).__name__}); it must return a float")
+    return float(value)
+
+
+def mean_reward(task: TaskSource, groups: Sequence[Sequence[Sample]], examples: Sequence[Any]) -> float:
+    """The mean reward of one sample per example (the held-out evaluation)."""
+    scores = [task.reward(group[0], example) for group, example in zip(groups, examples, strict=True)]
+    return sum(scores) / len(scores)

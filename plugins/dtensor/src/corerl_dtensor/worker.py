@@ -253,11 +253,13 @@ class DTensorWorker:
 
 
 def _quiet_libraries() -> None:
-    """No per-load progress bars from transformers; no per-step DTensor redistribution notes."""
+    """No per-load progress bars from transformers; no per-step DTensor redistribution notes; no
+    note per checkpoint that a world-size-1 save runs in one process (it is meant to)."""
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
     logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)
+    warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
 
 
 def _copy_tokenizer(source: str, target: str) -> None:

@@ -1,0 +1,61 @@
+"""Supervised fine-tuning: masked next-token loss on (prompt, response) pairs, over any
+training backend (only its contract is used). Used for warm starts before GRPO and for
+``algorithm.name: sft`` runs.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import attrs
+import torch
+
+from corerl.training.batching import right_pad
+
+
+@attrs.frozen
+class SFTLoss:
+    """Mean negative log-likelihood of the response tokens: the sum over loss tokens divided by
+    the number of loss tokens in the whole step (picklable, for the workers)."""
+
+    def __call__(
+        self, logprobs: torch.Tensor, batch: dict[str, torch.Tensor], normaliser: float
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        mask = batch["loss_mask"].to(logprobs.dtype)
+        return -(logprobs * mask).sum() / normaliser, {}
+
+
+def pairs_to_batch(pairs: Sequence[tuple[Sequence[int], Sequence[int]]]) -> dict[str, torch.Tensor]:
+    """Right-padded rows prompt + response, the loss mask on the response only."""
+    input_ids, attention = right_pad([list(p) + list(r) for p, r in pairs])
+    loss_mask = torch.zeros_like(input_ids)
+    for row, (prompt, response) in enumerate(pairs):
+        loss_mask[row, len(prompt) : len(prompt) + len(response)] = 1
+    return {"input_ids": input_ids, "attention_mask": attention, "loss_mask": loss_mask}
+
+
+@attrs.define
+class SFT:
+    """SFT over a training backend; call :meth:`step` per batch of demonstrations."""
+
+    training: Any
+    loss: SFTLoss = attrs.field(factory=SFTLoss)
+    steps_done: int = 0
+
+    def step(self, pairs: Sequence[tuple[Sequence[int], Sequence[int]]]) -> dict[str, float]:
+        """One optimizer step; returns its metrics (timings in seconds)."""
+        batch = pairs_to_batch(pairs)
+        start = time.perf_counter()
+        result = self.training.train_step(batch, self.loss)
+        elapsed = time.perf_counter() - start
+        self.steps_done += 1
+        return {
+            "optimizer_step": float(result.step),
+            "loss": float(result.loss),
+            "grad_norm": float(result.grad_norm),
+            "lr": float(result.lr),
+            "tokens": float(batch["loss_mask"].sum()),
+            "time/training": elapsed,
+        }

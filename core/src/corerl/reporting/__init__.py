@@ -1,0 +1,1 @@
+"""What a run leaves behind for people: metrics.jsonl, TensorBoard event files, the curves PNG."""

@@ -1,0 +1,49 @@
+"""Per-step metrics, written to ``metrics.jsonl`` (one JSON object per line) and to
+TensorBoard event files under ``<run dir>/tensorboard``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+
+class MetricsLog:
+    """Appends each step's metrics to the JSONL file and the TensorBoard writer."""
+
+    def __init__(self, run_dir: Path, keep_lines: int | None = None) -> None:
+        """Open the log; ``keep_lines`` (a resumed run) cuts the JSONL back to that many lines."""
+        self.path = run_dir / "metrics.jsonl"
+        if keep_lines is not None and self.path.exists():
+            kept = self.path.read_text().splitlines()[:keep_lines]
+            self.path.write_text("".join(line + "\n" for line in kept))
+        self.lines = len(self.path.read_text().splitlines()) if self.path.exists() else 0
+        self._file = self.path.open("a")
+        from torch.utils.tensorboard import SummaryWriter
+
+        # a resumed run writes a new event file; TensorBoard shows the later value of a step
+        self._writer = SummaryWriter(log_dir=str(run_dir / "tensorboard"))
+
+    def write(self, metrics: dict[str, Any], tb_step: int) -> None:
+        self._file.write(json.dumps(metrics) + "\n")
+        self._file.flush()
+        self.lines += 1
+        phase = metrics.get("phase", "run")
+        for key, value in metrics.items():
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and key not in ("step",):
+                self._writer.add_scalar(f"{phase}/{key}", value, tb_step)
+        self._writer.flush()
+
+    def scalar(self, tag: str, value: float, tb_step: int) -> None:
+        """One extra scalar (the held-out reward after a phase)."""
+        self._writer.add_scalar(tag, value, tb_step)
+        self._writer.flush()
+
+    def close(self) -> None:
+        self._file.close()
+        self._writer.close()
+
+
+def read_metrics(path: Path) -> list[dict[str, Any]]:
+    """Every line of a ``metrics.jsonl``."""
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]

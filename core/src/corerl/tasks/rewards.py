@@ -1,0 +1,55 @@
+"""Built-in reward functions and reward import paths (``pkg.module:fn``)."""
+
+from __future__ import annotations
+
+import importlib
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from corerl.errors import ConfigError
+
+_SPACES = re.compile(r"\s+")
+IMPORT_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
+
+
+def normalise_answer(text: str) -> str:
+    """Lower case, single spaces, no surrounding spaces or final full stop."""
+    return _SPACES.sub(" ", text).strip().rstrip(".").strip().lower()
+
+
+def answer_candidates(completion: str) -> list[str]:
+    """Where an answer may sit in a completion: all of it, after the last ``####``, or its last line."""
+    candidates = [completion]
+    if "####" in completion:
+        candidates.append(completion.rsplit("####", 1)[1])
+    lines = [line for line in completion.splitlines() if line.strip()]
+    if lines:
+        candidates.append(lines[-1])
+    return candidates
+
+
+def exact_answer(completion: str, example: Mapping[str, Any]) -> float:
+    """1.0 when the completion (all of it, the text after its last ``####``, or its last line)
+    equals ``example["answer"]`` up to case, spacing and a final full stop; else 0.0."""
+    expected = normalise_answer(str(example["answer"]))
+    return 1.0 if any(normalise_answer(c) == expected for c in answer_candidates(completion)) else 0.0
+
+
+def import_reward(path: str) -> Any:
+    """The function at import path ``pkg.module:fn`` (``data.reward``)."""
+    module_name, _, attr_path = path.partition(":")
+    try:
+        target: Any = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigError(f"cannot import reward module {module_name!r}: {exc}", key="data.reward",
+                          hint="put the module on PYTHONPATH (or install its package), or name a registered reward") from exc
+    for part in attr_path.split("."):
+        if not hasattr(target, part):
+            raise ConfigError(f"module {module_name!r} has no {attr_path!r}", key="data.reward",
+                              hint=f"check the function name in {path!r}")
+        target = getattr(target, part)
+    if not callable(target):
+        raise ConfigError(f"{path!r} is not callable", key="data.reward",
+                          hint="point data.reward at a function fn(completion: str, example: dict) -> float")
+    return target
