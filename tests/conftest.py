@@ -41,7 +41,7 @@ def run_corerl(*args: str, env: Mapping[str, str] | None = None, cwd: Path | Non
     """Run the installed ``corerl`` console script."""
     proc = subprocess.run(
         [str(CORERL), *args], capture_output=True, text=True, env=dict(env) if env is not None else clean_env(),
-        cwd=cwd or REPO, timeout=120,
+        cwd=cwd or REPO, timeout=600,
     )
     return CliResult(proc)
 
