@@ -1,9 +1,11 @@
 """corerl: reinforcement-learning post-training for language models, with pluggable engines.
 
-Plugin authors need :data:`hookimpl` and the registration classes; everything here imports
-only light modules (no torch, vllm, megatron or deepspeed).
+Users need :func:`train`, :class:`GRPOTrainer` and :class:`SFTTrainer`; plugin authors need
+:data:`hookimpl` and the registration classes. Everything here imports only light modules
+(no torch, vllm, megatron or deepspeed).
 """
 
+from corerl.api import GRPOTrainer, SFTTrainer, train
 from corerl.hookspecs import hookimpl
 from corerl.registry import (
     GenerationBackend,
@@ -17,6 +19,9 @@ from corerl.registry import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "GRPOTrainer",
+    "SFTTrainer",
+    "train",
     "GenerationBackend",
     "OffloadPolicy",
     "Reward",

@@ -1,6 +1,7 @@
 """Configuration: recipes, overrides, the core schema and plugin-owned sections.
 
-:func:`load_config` is the one entry point: it reads a recipe with its ``defaults:``,
+:func:`load_config` is the entry point for files (:func:`config_from_mapping` for Python
+dicts): it reads a recipe with its ``defaults:``,
 applies ``key=value`` overrides, structures the core sections strictly and hands each
 plugin-owned section (``policy.megatron_cfg``, ...) to the owning plugin's schema.
 """
@@ -14,17 +15,17 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from corerl.config.overrides import apply_overrides, parse_override
-from corerl.config.recipes import load_recipe
+from corerl.config.recipes import load_recipe, normalise_aliases
 from corerl.config.schema import CorerlConfig
 from corerl.config.structure import StructureContext, structure
-from corerl.config.tree import Origins
-from corerl.errors import ConfigErrors
+from corerl.config.tree import Origins, deep_merge, record_origins
+from corerl.errors import ConfigError, ConfigErrors
 from corerl.known_plugins import FIRST_PARTY
 
 if TYPE_CHECKING:
     from corerl.plugin_manager import PluginHost
 
-__all__ = ["Config", "CorerlConfig", "load_config", "owned_sections"]
+__all__ = ["Config", "CorerlConfig", "config_from_mapping", "load_config", "owned_sections"]
 
 
 @attrs.define
@@ -64,8 +65,28 @@ def load_config(path: str | Path, overrides: Iterable[str], host: PluginHost) ->
     """Load, override and validate a recipe; every problem found is raised together."""
     raw, origins = load_recipe(path)
     apply_overrides(raw, [parse_override(text) for text in overrides], origins)
+    return validate_tree(raw, origins, host, str(Path(path)))
+
+
+def config_from_mapping(data: Mapping[str, Any], host: PluginHost, source: str = "<python dict>") -> Config:
+    """Validate a recipe given as nested Python mappings (the Python API's ``config_dict``)."""
+    if not isinstance(data, Mapping):
+        raise ConfigErrors([ConfigError(f"expected a mapping of recipe sections, got {type(data).__name__}",
+                                        source=source, hint="pass e.g. {'policy': {'model_name': ...}}")])
+    raw = deep_merge({}, data)
+    if "defaults" in raw:
+        raise ConfigErrors([ConfigError("defaults: is for recipe files", key="defaults", source=source,
+                                        hint="merge the dicts in Python, or load the file with the trainer's from_recipe")])
+    normalise_aliases(raw, source)
+    origins: Origins = {}
+    record_origins(raw, source, origins)
+    return validate_tree(raw, origins, host, source)
+
+
+def validate_tree(raw: dict[str, Any], origins: Origins, host: PluginHost, source: str) -> Config:
+    """Structure the core sections strictly and each plugin-owned section by its plugin's schema."""
     owned = owned_sections(host)
-    ctx = StructureContext(origins, owned, default_source=str(path))
+    ctx = StructureContext(origins, owned, default_source=source)
     core = structure(CorerlConfig, raw, "", ctx)
     if core is not None:
         for key, message in core.check():
@@ -81,4 +102,4 @@ def load_config(path: str | Path, overrides: Iterable[str], host: PluginHost) ->
     for section_path, schema in owned.items():
         if section_path not in sections and schema is not None:
             sections[section_path] = schema()
-    return Config(core, sections, raw, origins, str(Path(path)))
+    return Config(core, sections, raw, origins, source)
