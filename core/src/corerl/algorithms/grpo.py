@@ -1,13 +1,14 @@
 """One GRPO step over any training and generation backend (only their contracts are used).
 
 prompts --generate--> samples --reward--> rewards --group normalisation--> advantages
-        --training.logprobs--> old logprobs (--reference.logprobs--> KL reference)
+        (--training.logprobs--> old logprobs, for several passes) (--reference.logprobs--> KL reference)
         --train_step x passes--> new weights --refit--> generation
 """
 
 from __future__ import annotations
 
 import hashlib
+import math
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -78,12 +79,14 @@ class GRPO:
         batch = samples_to_batch(groups, advantages)
 
         start = time.perf_counter()
-        batch["old_logprobs"] = self.training.logprobs(batch)
+        mask = batch["loss_mask"].bool()
+        mismatch = None
+        if self.optimization_passes > 1:  # later passes need the pre-update logprobs
+            batch["old_logprobs"] = self.training.logprobs(batch)
+            mismatch = (batch["old_logprobs"] - batch["gen_logprobs"]).abs()[mask]
         if self.reference is not None and self.loss.kl_penalty:
             batch["ref_logprobs"] = self.reference.logprobs(batch)
         timings["time/logprobs"] = time.perf_counter() - start
-        mask = batch["loss_mask"].bool()
-        mismatch = (batch["old_logprobs"] - batch["gen_logprobs"]).abs()[mask]
 
         start = time.perf_counter()
         results = [self.training.train_step(batch, self.loss) for _ in range(self.optimization_passes)]
@@ -96,6 +99,17 @@ class GRPO:
         self.steps_done += 1
         last = results[-1]
         generated = int(mask.sum())
+        # how far the training backend's logprobs of the sampled tokens are from the generation
+        # backend's: from the separate logprob pass, else from the first pass's forward
+        first = results[0].metrics
+        gap = {"logprob_mismatch/mean": first.pop("logprob_mismatch/mean", 0.0),
+               "logprob_mismatch/rms": math.sqrt(max(first.pop("logprob_mismatch/mean_sq", 0.0), 0.0))}
+        if mismatch is not None and generated:
+            gap = {"logprob_mismatch/mean": float(mismatch.mean()), "logprob_mismatch/max": float(mismatch.max()),
+                   "logprob_mismatch/rms": float(mismatch.pow(2).mean().sqrt())}
+        for result in results:
+            result.metrics.pop("logprob_mismatch/mean", None)
+            result.metrics.pop("logprob_mismatch/mean_sq", None)
         return {
             "optimizer_step": float(last.step),
             "reward/mean": float(rewards.mean()),
@@ -104,8 +118,7 @@ class GRPO:
             "grad_norm": float(last.grad_norm),
             "lr": float(last.lr),
             "generated_tokens": float(generated),
-            "logprob_mismatch/mean": float(mismatch.mean()) if generated else 0.0,
-            "logprob_mismatch/max": float(mismatch.max()) if generated else 0.0,
+            **gap,
             **{k: float(v) for k, v in last.metrics.items()},
             **timings,
         }

@@ -24,7 +24,8 @@ class GRPOLoss:
     """The training loss, picklable for the workers (see ``corerl.training.contract``).
 
     Per loss token: ``-min(r * A, clip(r, 1 - ratio_clip_min, 1 + ratio_clip_max) * A)`` with
-    ``r = exp(logprob - old_logprob)``, plus ``kl_penalty`` times the k3 estimate of
+    ``r = exp(logprob - old_logprob)`` (``old_logprob`` is the detached current logprob when
+    the batch has no ``old_logprobs``: one on-policy pass needs no separate logprob pass), plus ``kl_penalty`` times the k3 estimate of
     KL(policy || reference) where ``ref_logprobs`` are given; summed and divided by the
     number of loss tokens in the whole step (token-level normalisation).
     """
@@ -38,12 +39,18 @@ class GRPOLoss:
     ) -> tuple[torch.Tensor, dict[str, float]]:
         mask = batch["loss_mask"].to(logprobs.dtype)
         advantages = batch["advantages"]
-        ratio = torch.exp(logprobs - batch["old_logprobs"])
+        # on-policy (one pass, no separate logprob pass): the old policy is the current one
+        old = batch["old_logprobs"] if "old_logprobs" in batch else logprobs.detach()
+        ratio = torch.exp(logprobs - old)
         clipped = torch.clamp(ratio, 1.0 - self.ratio_clip_min, 1.0 + self.ratio_clip_max)
         per_token = -torch.minimum(ratio * advantages, clipped * advantages)
         metrics = {
             "clip_fraction": float((((ratio - clipped).abs() > 1e-6).to(mask.dtype) * mask).sum() / normaliser),
         }
+        if "gen_logprobs" in batch:  # the generation backend's logprobs of the same tokens
+            gap = (logprobs.detach() - batch["gen_logprobs"]).abs() * mask
+            metrics["logprob_mismatch/mean"] = float(gap.sum() / normaliser)
+            metrics["logprob_mismatch/mean_sq"] = float((gap * gap).sum() / normaliser)
         if self.kl_penalty and "ref_logprobs" in batch:
             delta = batch["ref_logprobs"] - logprobs
             kl = torch.exp(delta) - delta - 1.0
