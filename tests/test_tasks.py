@@ -15,7 +15,7 @@ from corerl.models.tiny import build_tokenizer
 from corerl.tasks import TaskContext, TaskSource
 from corerl.tasks.dataset import DatasetTask
 from corerl.tasks.rewards import exact_answer
-from tests.conftest import run_corerl
+from tests.conftest import clean_env, run_corerl
 
 ROWS = [{"question": f"w1 {d} w{i}", "answer": str(d), "id": i} for i, d in enumerate([3, 1, 4, 1, 5, 9, 2, 6, 5, 3] * 2)]
 
@@ -94,8 +94,6 @@ def test_a_run_on_a_dataset_with_a_reward_given_by_import_path(tmp_path):
         "    assert isinstance(completion, str) and example['answer'].isdigit()\n"
         "    return 0.25\n")
     env_path = {"PYTHONPATH": str(tmp_path)}
-    from tests.conftest import clean_env
-
     result = run_corerl(*_recipe_args(tmp_path, "run.name=ds", "algorithm.max_steps=3", "data.task=dataset",
                                       f"data.train_files={train}", "data.prompt_key=question",
                                       "data.reward=my_rewards:quarter"), env=clean_env(env_path))

@@ -192,11 +192,13 @@ def execute(config: Config, selection: Selection, host: PluginHost, console: Any
 
         phases.append(Phase("grpo", grpo_steps, grpo_step, done.get("grpo", 0)))
 
+        def global_step() -> int:
+            return sum(p.done for p in phases)
+
         def checkpoint() -> None:
-            global_step = sum(p.done for p in phases)
             snapshot = {"steps_done": {p.name: p.done for p in phases}, "metrics_lines": log.lines,
                         "task": task.state(), "evals": evals}
-            save_checkpoint(run_dir, global_step, lambda folder: training.save_checkpoint(str(folder / "training")),
+            save_checkpoint(run_dir, global_step(), lambda folder: training.save_checkpoint(str(folder / "training")),
                             snapshot, core.checkpointing.keep_last)
 
         interrupted = False
@@ -217,7 +219,7 @@ def execute(config: Config, selection: Selection, host: PluginHost, console: Any
                         phase.done += 1
                         metrics = {"phase": phase.name, "step": phase.done, **metrics,
                                    "time/step": time.perf_counter() - begin}
-                        log.write(metrics, tb_step=sum(p.done for p in phases))
+                        log.write(metrics, tb_step=global_step())
                         progress.update(bar, advance=1, shown=_shown(metrics))
                         every = core.checkpointing.save_period
                         if core.checkpointing.enabled and (phase.done % every == 0 or phase.done == phase.total):
@@ -236,14 +238,14 @@ def execute(config: Config, selection: Selection, host: PluginHost, console: Any
             checkpoint()
             log.close()
             plot_curves(read_metrics(log.path), run_dir / "curves.png", f"{run_dir.name} (interrupted)")
-            console.print(f"saved a checkpoint at step {sum(p.done for p in phases)}; "
+            console.print(f"saved a checkpoint at step {global_step()}; "
                           f"run the same command with run.name={run_dir.name} to resume")
             return RunResult(run_dir, {"interrupted_at": {p.name: p.done for p in phases}}, interrupted=True)
 
         if sft_only:
             generation.update_weights(training.weight_stream())
         evals["after"] = evaluate(generation, task, max_new)
-        log.scalar("eval/held_out_reward", evals["after"], sum(p.done for p in phases))
+        log.scalar("eval/held_out_reward", evals["after"], global_step())
         log.close()
         training.export_hf(str(run_dir / "final"))
         plot_curves(read_metrics(log.path), run_dir / "curves.png", run_dir.name)

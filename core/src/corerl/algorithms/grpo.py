@@ -102,14 +102,12 @@ class GRPO:
         # how far the training backend's logprobs of the sampled tokens are from the generation
         # backend's: from the separate logprob pass, else from the first pass's forward
         first = results[0].metrics
-        gap = {"logprob_mismatch/mean": first.pop("logprob_mismatch/mean", 0.0),
-               "logprob_mismatch/rms": math.sqrt(max(first.pop("logprob_mismatch/mean_sq", 0.0), 0.0))}
+        gap = {"logprob_mismatch/mean": first.get("logprob_mismatch/mean", 0.0),
+               "logprob_mismatch/rms": math.sqrt(max(first.get("logprob_mismatch/mean_sq", 0.0), 0.0))}
         if mismatch is not None and generated:
             gap = {"logprob_mismatch/mean": float(mismatch.mean()), "logprob_mismatch/max": float(mismatch.max()),
                    "logprob_mismatch/rms": float(mismatch.pow(2).mean().sqrt())}
-        for result in results:
-            result.metrics.pop("logprob_mismatch/mean", None)
-            result.metrics.pop("logprob_mismatch/mean_sq", None)
+        loss_metrics = {k: float(v) for k, v in last.metrics.items() if not k.startswith("logprob_mismatch/")}
         return {
             "optimizer_step": float(last.step),
             "reward/mean": float(rewards.mean()),
@@ -119,6 +117,6 @@ class GRPO:
             "lr": float(last.lr),
             "generated_tokens": float(generated),
             **gap,
-            **{k: float(v) for k, v in last.metrics.items()},
+            **loss_metrics,
             **timings,
         }

@@ -14,10 +14,11 @@ class MetricsLog:
     def __init__(self, run_dir: Path, keep_lines: int | None = None) -> None:
         """Open the log; ``keep_lines`` (a resumed run) cuts the JSONL back to that many lines."""
         self.path = run_dir / "metrics.jsonl"
-        if keep_lines is not None and self.path.exists():
-            kept = self.path.read_text().splitlines()[:keep_lines]
+        kept = self.path.read_text().splitlines() if self.path.exists() else []
+        if keep_lines is not None and len(kept) > keep_lines:
+            kept = kept[:keep_lines]
             self.path.write_text("".join(line + "\n" for line in kept))
-        self.lines = len(self.path.read_text().splitlines()) if self.path.exists() else 0
+        self.lines = len(kept)
         self._file = self.path.open("a")
         from torch.utils.tensorboard import SummaryWriter
 

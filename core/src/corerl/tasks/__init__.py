@@ -9,6 +9,7 @@ The core registers ``digit_echo`` (made in code), ``dataset`` (JSONL/Parquet fil
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
@@ -52,6 +53,18 @@ class TaskSource(Protocol):
 
     def set_state(self, state: Any) -> None:
         """Restore what :meth:`state` returned."""
+
+
+def rng_state(rng: random.Random) -> list[Any]:
+    """A ``random.Random``'s state as JSON (for :meth:`TaskSource.state`)."""
+    version, internal, gauss = rng.getstate()
+    return [version, list(internal), gauss]
+
+
+def restore_rng(rng: random.Random, state: list[Any]) -> None:
+    """Undo :func:`rng_state`."""
+    version, internal, gauss = state
+    rng.setstate((version, tuple(internal), gauss))
 
 
 def decode_completion(tokenizer: Any, sample: Sample) -> str:

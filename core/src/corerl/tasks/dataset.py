@@ -11,7 +11,7 @@ from typing import Any
 
 from corerl.errors import ConfigError
 from corerl.generation.contract import Sample
-from corerl.tasks import TaskContext, decode_completion, score
+from corerl.tasks import TaskContext, decode_completion, restore_rng, rng_state, score
 from corerl.tasks.rewards import exact_answer
 
 _BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
@@ -113,12 +113,15 @@ class DatasetTask:
             self.position += 1
         return drawn
 
+    def _prompt_of(self, row: dict[str, Any]) -> list[int]:
+        return self.encode_prompt(str(row[self.prompt_key]))
+
     def sample(self, count: int) -> tuple[list[list[int]], list[Any]]:
         rows = self._draw(count)
-        return [self.encode_prompt(str(row[self.prompt_key])) for row in rows], rows
+        return [self._prompt_of(row) for row in rows], rows
 
     def held_out(self) -> tuple[list[list[int]], list[Any]]:
-        return [self.encode_prompt(str(row[self.prompt_key])) for row in self.held], list(self.held)
+        return [self._prompt_of(row) for row in self.held], list(self.held)
 
     def demonstrations(self, count: int) -> list[tuple[list[int], list[int]]]:
         pairs = []
@@ -127,17 +130,15 @@ class DatasetTask:
                 raise ConfigError(f"SFT needs column {self.response_key!r} (data.response_key)", key="data.response_key",
                                   hint=f"set data.response_key to one of: {', '.join(sorted(row))}")
             response = list(self.tokenizer.encode(" " + str(row[self.response_key]), add_special_tokens=False))
-            pairs.append((self.encode_prompt(str(row[self.prompt_key])), [*response, self.tokenizer.eos_token_id]))
+            pairs.append((self._prompt_of(row), [*response, self.tokenizer.eos_token_id]))
         return pairs
 
     def reward(self, sample: Sample, example: Any) -> float:
         return score(self.reward_fn, decode_completion(self.tokenizer, sample), example, "data.reward")
 
     def state(self) -> Any:
-        version, internal, gauss = self.rng.getstate()
-        return {"rng": [version, list(internal), gauss], "order": self.order, "position": self.position}
+        return {"rng": rng_state(self.rng), "order": self.order, "position": self.position}
 
     def set_state(self, state: Any) -> None:
-        version, internal, gauss = state["rng"]
-        self.rng.setstate((version, tuple(internal), gauss))
+        restore_rng(self.rng, state["rng"])
         self.order, self.position = list(state["order"]), int(state["position"])

@@ -13,7 +13,7 @@ import random
 from typing import Any
 
 from corerl.generation.contract import Sample
-from corerl.tasks import TaskContext, decode_completion, score
+from corerl.tasks import TaskContext, decode_completion, restore_rng, rng_state, score
 
 
 class DigitEcho:
@@ -30,12 +30,10 @@ class DigitEcho:
         self.rng = random.Random(context.seed)
 
     def state(self) -> Any:
-        version, internal, gauss = self.rng.getstate()
-        return [version, list(internal), gauss]
+        return rng_state(self.rng)
 
     def set_state(self, state: Any) -> None:
-        version, internal, gauss = state
-        self.rng.setstate((version, tuple(internal), gauss))
+        restore_rng(self.rng, state)
 
     def prompt(self, digit: int) -> list[int]:
         return [*self.prefix, self.digits[digit], self.colon]
