@@ -8,24 +8,24 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from corerl.hookspecs import hookimpl
-from corerl.pending import pending_engine
 from corerl.registry import GenerationBackend, OffloadPolicy, Reward, SequencePacker, Task
 
 DEFAULT_PACKER = "modified_first_fit_decreasing"
 DEFAULT_OFFLOAD_POLICY = "none"
 
 _PACKERS = {
-    "first_fit_decreasing": "sort by length, place each sequence in the first row it fits",
-    "modified_first_fit_decreasing": "first-fit decreasing that pairs long and short sequences first (default)",
-    "first_fit_shuffle": "first fit over a shuffled order",
-    "concatenative": "concatenate in order, cut at the token budget",
-    "karmarkar_karp": "balance token counts across data-parallel ranks",
+    "first_fit_decreasing": ("FirstFitDecreasing", "sort by length, place each sequence in the first row it fits"),
+    "modified_first_fit_decreasing": ("ModifiedFirstFitDecreasing",
+                                      "first-fit decreasing that pairs long and short sequences first (default)"),
+    "first_fit_shuffle": ("FirstFitShuffle", "first fit over a shuffled order"),
+    "concatenative": ("Concatenative", "concatenate in order, cut at the token budget"),
+    "karmarkar_karp": ("KarmarkarKarp", "rows of balanced token counts (Karmarkar-Karp differencing)"),
 }
 
 _OFFLOAD_POLICIES = {
-    "none": "everything stays on the accelerator",
-    "optimizer": "optimizer state leaves the accelerator while generating",
-    "full": "parameters and optimizer state leave the accelerator while generating",
+    "none": ("NoOffload", "everything stays on the accelerator"),
+    "optimizer": ("OptimizerOffload", "optimizer state leaves the accelerator while generating"),
+    "full": ("FullOffload", "parameters and optimizer state leave the accelerator while generating"),
 }
 
 
@@ -43,26 +43,14 @@ def corerl_register_generation_backends(register: Callable[[GenerationBackend], 
 
 @hookimpl
 def corerl_register_sequence_packers(register: Callable[[SequencePacker], None]) -> None:
-    for packer_id, description in _PACKERS.items():
-        register(
-            SequencePacker(
-                id=packer_id,
-                factory=pending_engine(f"sequence packer {packer_id!r}", "the sequence-packing issue"),
-                description=description,
-            )
-        )
+    for packer_id, (name, description) in _PACKERS.items():
+        register(SequencePacker(id=packer_id, factory=f"corerl.packing.algorithms:{name}", description=description))
 
 
 @hookimpl
 def corerl_register_offload_policies(register: Callable[[OffloadPolicy], None]) -> None:
-    for policy_id, description in _OFFLOAD_POLICIES.items():
-        register(
-            OffloadPolicy(
-                id=policy_id,
-                factory=pending_engine(f"offload policy {policy_id!r}", "the sequence-packing and offload issue"),
-                description=description,
-            )
-        )
+    for policy_id, (name, description) in _OFFLOAD_POLICIES.items():
+        register(OffloadPolicy(id=policy_id, factory=f"corerl.offload.schedule:{name}", description=description))
 
 
 @hookimpl

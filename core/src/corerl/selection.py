@@ -254,4 +254,6 @@ def select(config: Config, host: PluginHost) -> Selection:
         errors.append(exc)
     if errors:
         raise ConfigErrors(errors)
+    for name in ("sequence_packer", "offload_policy"):  # what the backends and the algorithm build
+        config.components[name] = choices[name].registration
     return Selection(**choices, reward_fn=reward_fn, warnings=warnings)

@@ -37,6 +37,8 @@ class Config:
     raw: dict[str, Any]
     origins: Origins
     source: str
+    #: registrations selection resolved for the backends to use (``sequence_packer``, ``offload_policy``)
+    components: dict[str, Any] = attrs.field(factory=dict, eq=False)
 
     def section(self, path: str) -> Any | None:
         """The plugin-owned section at ``path`` (a schema instance, or a mapping when its plugin is absent)."""

@@ -70,6 +70,22 @@ class SequencePackingConfig:
 
 
 @attrs.define(kw_only=True)
+class DynamicBatchingConfig:
+    """``policy.dynamic_batching``: micro-batches by token budget instead of row count, without packing."""
+
+    enabled: bool = setting(False)
+    train_mb_tokens: int | None = setting(None, min=1, help="token budget (rows x longest row) of a training micro-batch")
+    logprob_mb_tokens: int | None = setting(None, min=1, help="token budget of a logprob micro-batch")
+
+
+@attrs.define(kw_only=True)
+class ReferenceConfig:
+    """``policy.reference``: the frozen reference model of the KL penalty."""
+
+    cpu_offload: bool = setting(False, help="keep the reference model off the accelerator except while it scores")
+
+
+@attrs.define(kw_only=True)
 class OffloadConfig:
     """``policy.offload``: what leaves the accelerator between phases."""
 
@@ -112,7 +128,9 @@ class PolicyConfig:
     scheduler: SchedulerConfig = section(SchedulerConfig)
     generation: GenerationConfig = section(GenerationConfig)
     sequence_packing: SequencePackingConfig = section(SequencePackingConfig)
+    dynamic_batching: DynamicBatchingConfig = section(DynamicBatchingConfig)
     offload: OffloadConfig = section(OffloadConfig)
+    reference: ReferenceConfig = section(ReferenceConfig)
 
 
 @attrs.define(kw_only=True)
@@ -192,6 +210,11 @@ class CorerlConfig:
             yield (
                 "policy.generation.colocated.resources.gpus_per_node",
                 "dedicated generation (colocated.enabled=false) needs resources.gpus_per_node",
+            )
+        if self.policy.sequence_packing.enabled and self.policy.dynamic_batching.enabled:
+            yield (
+                "policy.dynamic_batching.enabled",
+                "sequence packing and dynamic batching are two ways to cut micro-batches; pick one",
             )
         if self.algorithm.batch_size % self.algorithm.gradient_accumulation_steps:
             yield (

@@ -17,7 +17,10 @@ One subclass per layout (world size, parallel sizes). The checks:
 (d) save, load into a fresh model, continue equals uninterrupted training;
 (e) the exported Hugging Face checkpoint loads with transformers, reproduces the logprobs,
     and carries the tokenizer;
-(f) the weight stream covers every parameter with Hugging Face names and shapes.
+(f) the weight stream covers every parameter with Hugging Face names and shapes;
+(g) with sequence packing (the default packer) and with dynamic token-budget micro-batches,
+    logprobs, the loss, the gradient norm and the (clipped) gradients equal a plain forward
+    of each sequence alone, unpadded (set ``micro_batch_layouts`` to narrow this).
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from typing import Any, ClassVar
 import pytest
 import torch
 
-from corerl.testing.reference import hf_logprobs, reference_sgd_step
+from corerl.testing.reference import hf_logprobs, reference_gradients, reference_sgd_step
 
 LR = 0.5
 MOMENTUM = 0.9
@@ -72,6 +75,8 @@ class TrainingBackendConformance:
     #: the tiny model's architecture family: "qwen2" (biased q/k/v, tied embeddings) or "llama" (untied)
     model_family: ClassVar[str] = "qwen2"
     tolerance: ClassVar[float] = 1e-5
+    #: the token-budget micro-batch layouts checked by (g)
+    micro_batch_layouts: ClassVar[tuple[str, ...]] = ("packed", "dynamic")
 
     # -- fixtures ----------------------------------------------------------------------
 
@@ -220,3 +225,37 @@ class TrainingBackendConformance:
         assert set(expected) <= set(streamed), f"missing: {sorted(set(expected) - set(streamed))}"
         assert set(streamed) <= set(model.state_dict()), f"not Hugging Face names: {sorted(set(streamed) - set(model.state_dict()))}"
         assert all(streamed[name] == shape for name, shape in expected.items())
+
+    # -- (g) ---------------------------------------------------------------------------
+
+    @pytest.mark.parametrize("layout", ["packed", "dynamic"])
+    def test_token_budget_micro_batches_match_unpadded(self, layout: str, model_dir: str, tmp_path: Path) -> None:
+        if layout not in self.micro_batch_layouts:
+            pytest.skip(f"{self.backend_id} does not offer the {layout} layout")
+        section = "sequence_packing" if layout == "packed" else "dynamic_batching"
+        # budgets of a few sequences: several micro-batches per rank, sequences cut nowhere
+        config, engine = self._build(model_dir, tmp_path, [
+            f"policy.{section}.enabled=true", f"policy.{section}.train_mb_tokens=30",
+            f"policy.{section}.logprob_mb_tokens=40",
+        ])
+        batch = conformance_batch(rows=8)
+        try:
+            engine.load_hf(model_dir)
+            from transformers import AutoModelForCausalLM
+
+            original = {name: p.clone() for name, p in engine.weight_stream()}  # copies: a stream may share storage
+
+            reference = hf_logprobs(AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32), batch, unpadded=True)
+            assert _max_diff(engine.logprobs(batch), reference) <= self.tolerance
+
+            result = engine.train_step(batch, conformance_loss)
+            ref_loss, (ref_norm, ref_grads), _ = reference_gradients(
+                model_dir, batch, conformance_loss, max_grad_norm=MAX_GRAD_NORM, unpadded=True)
+            assert abs(result.loss - ref_loss) <= self.tolerance
+            assert abs(result.grad_norm - ref_norm) <= self.tolerance * max(1.0, ref_norm)
+            # SGD's first step with momentum moves each weight by lr x its clipped gradient
+            after = dict(engine.weight_stream())
+            worst = max(_max_diff((original[n] - after[n]) / result.lr, g) for n, g in ref_grads.items())
+            assert worst <= self.tolerance, f"gradients differ from the unpadded reference by {worst:.3g}"
+        finally:
+            engine.shutdown()

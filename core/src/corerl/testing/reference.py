@@ -14,26 +14,51 @@ def _plain_logprobs(model: Any, batch: dict[str, torch.Tensor]) -> torch.Tensor:
     return torch.cat([torch.zeros_like(logp[:, :1]), logp], dim=1) * batch["attention_mask"]
 
 
-def hf_logprobs(model: Any, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-    """:func:`_plain_logprobs` without gradient."""
+def _unpadded_logprobs(model: Any, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Per-token logprobs ``[B, T]``, each row run alone at its own length (no padding, no mask)."""
+    rows = []
+    for ids, mask in zip(batch["input_ids"], batch["attention_mask"], strict=True):
+        n = int(mask.sum())
+        logits = model(input_ids=ids[None, :n]).logits.float()
+        logp = torch.log_softmax(logits[0, :-1], dim=-1).gather(-1, ids[1:n, None])[:, 0]
+        rows.append(torch.cat([logp.new_zeros(1), logp, logp.new_zeros(ids.shape[0] - n)]))
+    return torch.stack(rows)
+
+
+def hf_logprobs(model: Any, batch: dict[str, torch.Tensor], *, unpadded: bool = False) -> torch.Tensor:
+    """:func:`_plain_logprobs` (or, ``unpadded``, each row alone) without gradient."""
     with torch.no_grad():
-        return _plain_logprobs(model, batch)
+        return _unpadded_logprobs(model, batch) if unpadded else _plain_logprobs(model, batch)
 
 
 def reference_sgd_step(
-    model_dir: str, batch: dict[str, torch.Tensor], loss_fn: Any, *, lr: float, momentum: float, max_grad_norm: float | None
+    model_dir: str, batch: dict[str, torch.Tensor], loss_fn: Any, *, lr: float, momentum: float,
+    max_grad_norm: float | None, unpadded: bool = False,
 ) -> tuple[float, dict[str, torch.Tensor]]:
-    """One SGD step on the whole batch at once: transformers model, ``torch.optim.SGD``,
-    ``clip_grad_norm_``. Returns the loss and the updated parameters by name."""
+    """One SGD step on the whole batch at once (``unpadded``: each row's forward alone, at its
+    own length): transformers model, ``torch.optim.SGD``, ``clip_grad_norm_``. Returns the loss
+    and the updated parameters by name."""
+    loss, _, params = reference_gradients(model_dir, batch, loss_fn, max_grad_norm=max_grad_norm, unpadded=unpadded,
+                                          lr=lr, momentum=momentum)
+    return loss, params
+
+
+def reference_gradients(
+    model_dir: str, batch: dict[str, torch.Tensor], loss_fn: Any, *, max_grad_norm: float | None,
+    unpadded: bool = False, lr: float = 0.0, momentum: float = 0.0,
+) -> tuple[float, tuple[float, dict[str, torch.Tensor]], dict[str, torch.Tensor]]:
+    """Loss, (gradient norm before clipping, clipped gradients by name) and the parameters
+    after one SGD step with ``lr`` (the loaded ones when ``lr`` is 0)."""
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
-    logprobs = _plain_logprobs(model, batch)
+    logprobs = _unpadded_logprobs(model, batch) if unpadded else _plain_logprobs(model, batch)
     normaliser = float(batch["loss_mask"][:, 1:].sum())
     loss, _ = loss_fn(logprobs, batch, normaliser)
     loss.backward()
-    if max_grad_norm is not None:
-        torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+    limit = max_grad_norm if max_grad_norm is not None else float("inf")
+    norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), limit))
+    grads = {name: p.grad.detach().clone() for name, p in model.named_parameters() if p.grad is not None}
     optimizer.step()
-    return float(loss.item()), {name: p.detach().clone() for name, p in model.named_parameters()}
+    return float(loss.item()), (norm, grads), {name: p.detach().clone() for name, p in model.named_parameters()}

@@ -40,13 +40,6 @@ def micro_batches(batch: Batch, size: int) -> list[Batch]:
     return [_take(batch, start, min(start + size, rows)) for start in range(0, rows, size)]
 
 
-def concat_rows(parts: list[torch.Tensor]) -> torch.Tensor:
-    """Shards back into one tensor, in order."""
-    import torch
-
-    return torch.cat(parts, dim=0)
-
-
 def right_pad(sequences: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
     """Token-id lists as ``input_ids`` and ``attention_mask`` ``[len(sequences), longest]``, padded with 0 on the right."""
     import torch

@@ -23,7 +23,7 @@ normalisation is exact whatever the micro-batching and data parallelism).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import attrs
@@ -58,8 +58,10 @@ class TrainingEngine(Protocol):
         """Per-token logprobs ``[B, T]`` of ``batch`` under the current weights (no gradient)."""
 
     def train_step(self, batch: Batch, loss_fn: LossFn) -> StepResult:
-        """One optimizer step over ``batch``, in micro-batches of ``policy.train_micro_batch_size``
-        with gradients accumulated, clipped to ``policy.max_grad_norm``, then the LR scheduler steps."""
+        """One optimizer step over ``batch``, in the micro-batches
+        :class:`corerl.training.microbatching.MicroBatcher` plans (rows, token budget or packed,
+        as the recipe says) with gradients accumulated, clipped to ``policy.max_grad_norm``,
+        then the LR scheduler steps."""
 
     def save_checkpoint(self, path: str) -> None:
         """Write a resumable checkpoint (model, optimizer, scheduler, RNG, step) to folder ``path``."""
@@ -73,11 +75,12 @@ class TrainingEngine(Protocol):
     def weight_stream(self) -> Iterator[tuple[str, torch.Tensor]]:
         """The current full weights as ``(Hugging Face name, tensor)`` pairs, for a generation backend."""
 
-    def offload(self) -> None:
-        """Move what the offload policy allows off the accelerator (a logged no-op where there is none)."""
+    def offload(self, parts: Sequence[str] = ("optimizer", "parameters")) -> None:
+        """Move ``parts`` (``"parameters"``, ``"optimizer"``) off the accelerator; the offload
+        policy decides when (a logged no-op where there is no accelerator)."""
 
-    def reload(self) -> None:
-        """Bring back what :meth:`offload` moved."""
+    def reload(self, parts: Sequence[str] = ("optimizer", "parameters")) -> None:
+        """Bring ``parts`` back onto the accelerator."""
 
     def shutdown(self) -> None:
         """Release the workers and their resources."""

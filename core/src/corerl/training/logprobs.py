@@ -19,6 +19,17 @@ def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor, attention_mask
 
 
 def model_logprobs(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-    """Run ``model`` on a right-padded batch and return :func:`token_logprobs`."""
+    """Run ``model`` on a micro-batch and return :func:`token_logprobs`.
+
+    A right-padded micro-batch goes in with its ``attention_mask``. A packed one (it has
+    ``position_ids``, restarting at 0 where each sequence starts) goes in with the positions
+    and no mask, and ``use_cache=False``: transformers then builds a block-diagonal causal
+    mask from the restarts (with a cache it silently attends across sequences). Each
+    sequence's first token gets logprob 0, as position 0 of a padded row does.
+    """
+    if "position_ids" in batch:
+        out = model(input_ids=batch["input_ids"], position_ids=batch["position_ids"], use_cache=False)
+        inside = batch["attention_mask"] * (batch["position_ids"] != 0).to(batch["attention_mask"].dtype)
+        return token_logprobs(out.logits, batch["input_ids"], inside)
     out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False)
     return token_logprobs(out.logits, batch["input_ids"], batch["attention_mask"])

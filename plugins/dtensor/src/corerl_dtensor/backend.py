@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
@@ -11,8 +11,9 @@ import torch
 from corerl.config import Config
 from corerl.distributed.worker_group import LocalWorkerGroup, RayWorkerGroup
 from corerl.errors import ConfigError, EngineNotAvailable
-from corerl.training.batching import concat_rows, loss_token_count, shard_rows
+from corerl.training.batching import loss_token_count
 from corerl.training.contract import Batch, LossFn, StepResult
+from corerl.training.microbatching import MicroBatcher, MicroBatchPlan
 
 WORKER = "corerl_dtensor.worker:DTensorWorker"
 
@@ -54,6 +55,7 @@ class DTensorBackend:
         self.world_size = cluster.world_size
         self.tp = settings.tensor_parallel_size
         self.dp = self.world_size // self.tp
+        self.batcher = MicroBatcher.from_config(config)
         if self.world_size == 1:
             self.group: Any = LocalWorkerGroup(WORKER, config=config)
         else:
@@ -63,9 +65,9 @@ class DTensorBackend:
                 role="training worker", config=config, threads=threads,
             )
 
-    def _by_rank(self, batch: Batch) -> list[Batch]:
-        shards = shard_rows(batch, self.dp)
-        return [shards[rank // self.tp] for rank in range(self.world_size)]
+    def _by_rank(self, plan: MicroBatchPlan) -> list[list[Batch]]:
+        """Each rank's micro-batches: the ranks of one tensor-parallel group share their dp rank's."""
+        return [plan.per_rank[rank // self.tp] for rank in range(self.world_size)]
 
     def _dp_leaders(self, results: list[Any]) -> list[Any]:
         return [r for rank, r in enumerate(results) if rank % self.tp == 0]
@@ -74,12 +76,14 @@ class DTensorBackend:
         self.group.call("load_hf", model_path)
 
     def logprobs(self, batch: Batch) -> torch.Tensor:
-        results = self.group.call_per_rank("logprobs", [(shard,) for shard in self._by_rank(batch)])
-        return concat_rows(self._dp_leaders(results))
+        plan = self.batcher.plan(batch, self.dp, "logprobs")
+        results = self.group.call_per_rank("logprobs", [(mbs,) for mbs in self._by_rank(plan)])
+        return plan.unpack(self._dp_leaders(results))
 
     def train_step(self, batch: Batch, loss_fn: LossFn) -> StepResult:
         normaliser = float(max(1, loss_token_count(batch)))
-        args = [(shard, loss_fn, normaliser) for shard in self._by_rank(batch)]
+        plan = self.batcher.plan(batch, self.dp, "train")
+        args = [(mbs, loss_fn, normaliser) for mbs in self._by_rank(plan)]
         results = self.group.call_per_rank("train_step", args)
         leaders = self._dp_leaders(results)
         metrics: dict[str, float] = {}
@@ -106,11 +110,11 @@ class DTensorBackend:
         state = self.group.call("full_state_dict")[0]
         yield from state.items()
 
-    def offload(self) -> None:
-        self.group.call("offload")
+    def offload(self, parts: Sequence[str] = ("optimizer", "parameters")) -> None:
+        self.group.call("offload", list(parts))
 
-    def reload(self) -> None:
-        self.group.call("reload")
+    def reload(self, parts: Sequence[str] = ("optimizer", "parameters")) -> None:
+        self.group.call("reload", list(parts))
 
     def worker_pids(self) -> list[int]:
         return self.group.pids()

@@ -20,7 +20,6 @@ from torch import nn
 
 from corerl.config import Config
 from corerl.distributed.actor import resolve
-from corerl.training.batching import micro_batches
 from corerl.training.grad_norm import clip_grad_norm
 from corerl.training.logprobs import model_logprobs
 from corerl.training.optim import build_optimizer, build_scheduler
@@ -99,20 +98,18 @@ class DTensorWorker:
 
     # -- work --------------------------------------------------------------------------
 
-    def logprobs(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    def logprobs(self, mbs: list[dict[str, torch.Tensor]]) -> list[torch.Tensor]:
+        """Logprobs of each of this rank's micro-batches (planned by the driver)."""
         model = self._require_model()
         model.eval()
-        size = self.config.core.policy.logprob_micro_batch_size or self.config.core.policy.train_micro_batch_size
-        parts = []
         with torch.no_grad(), self._forward_context():
-            for mb in micro_batches(self._to_device(batch), size):
-                parts.append(model_logprobs(model, mb).float().cpu())
-        return torch.cat(parts, dim=0)
+            return [model_logprobs(model, self._to_device(mb)).float().cpu() for mb in mbs]
 
-    def train_step(self, batch: dict[str, torch.Tensor], loss_fn: Any, normaliser: float) -> dict[str, Any]:
+    def train_step(self, mbs: list[dict[str, torch.Tensor]], loss_fn: Any, normaliser: float) -> dict[str, Any]:
+        """One optimizer step over this rank's micro-batches, gradients accumulated."""
         model = self._require_model()
         model.train()
-        mbs = micro_batches(self._to_device(batch), self.config.core.policy.train_micro_batch_size)
+        mbs = [self._to_device(mb) for mb in mbs]
         total = 0.0
         metrics: dict[str, float] = {}
         sync = getattr(model, "set_requires_gradient_sync", None)  # FSDP2: reduce once per step
@@ -225,24 +222,34 @@ class DTensorWorker:
 
     # -- memory ------------------------------------------------------------------------
 
-    def offload(self) -> None:
-        self._move(torch.device("cpu"))
+    def offload(self, parts: list[str]) -> None:
+        self._move(torch.device("cpu"), parts)
 
-    def reload(self) -> None:
-        self._move(self.device)
+    def reload(self, parts: list[str]) -> None:
+        self._move(self.device, parts)
 
-    def _move(self, device: torch.device) -> None:
+    def _move(self, device: torch.device, parts: list[str]) -> None:
         if self.device.type == "cpu":
-            log.info("dtensor rank %d: offload/reload is a no-op on CPU", self.rank)
+            log.info("dtensor rank %d: moving %s is a no-op on CPU", self.rank, " and ".join(parts))
             return
         model = self._require_model()
-        model.to(device)
-        for state in self.optimizer.state.values():
-            for key, value in state.items():
-                if isinstance(value, torch.Tensor) and value.dim() > 0:
-                    state[key] = value.to(device)
+        if "parameters" in parts:
+            model.to(device)
+        if "optimizer" in parts:
+            for state in self.optimizer.state.values():
+                for key, value in state.items():
+                    if isinstance(value, torch.Tensor) and value.dim() > 0:
+                        state[key] = value.to(device, non_blocking=True)
         if device.type == "cpu":
+            torch.cuda.synchronize()
             torch.cuda.empty_cache()
+
+    def accelerator_memory(self) -> dict[str, int]:
+        """Bytes the accelerator holds for this process (allocated, reserved); zeros without one."""
+        if self.device.type != "cuda":
+            return {"allocated": 0, "reserved": 0}
+        torch.cuda.synchronize()
+        return {"allocated": torch.cuda.memory_allocated(), "reserved": torch.cuda.memory_reserved()}
 
     def pid(self) -> int:
         return os.getpid()

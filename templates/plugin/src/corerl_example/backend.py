@@ -14,10 +14,11 @@ from typing import Any
 import torch
 
 from corerl.errors import ConfigError
-from corerl.training.batching import loss_token_count, micro_batches
+from corerl.training.batching import loss_token_count
 from corerl.training.contract import StepResult
 from corerl.training.grad_norm import clip_grad_norm
 from corerl.training.logprobs import model_logprobs
+from corerl.training.microbatching import MicroBatcher
 from corerl.training.optim import build_optimizer, build_scheduler
 
 
@@ -31,6 +32,8 @@ class ExampleBackend:
             )
         self.config = config
         self.settings = config.section("policy.example_cfg")
+        # rows, dynamic (token-budget) or packed micro-batches, as the recipe says
+        self.batcher = MicroBatcher.from_config(config)
         self.model: Any = None
 
     def load_hf(self, model_path: str) -> None:
@@ -45,15 +48,15 @@ class ExampleBackend:
 
     def logprobs(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         self.model.eval()
+        plan = self.batcher.plan(batch, ranks=1, purpose="logprobs")
         with torch.no_grad():
-            size = self.config.core.policy.train_micro_batch_size
-            return torch.cat([model_logprobs(self.model, mb) for mb in micro_batches(batch, size)])
+            return plan.unpack([[model_logprobs(self.model, mb) for mb in plan.per_rank[0]]])
 
     def train_step(self, batch: dict[str, torch.Tensor], loss_fn: Any) -> StepResult:
         self.model.train()
         normaliser = float(max(1, loss_token_count(batch)))
         total = 0.0
-        for mb in micro_batches(batch, self.config.core.policy.train_micro_batch_size):
+        for mb in self.batcher.plan(batch, ranks=1, purpose="train").per_rank[0]:
             loss, _ = loss_fn(model_logprobs(self.model, mb), mb, normaliser)
             loss.backward()
             total += float(loss.item())
@@ -90,10 +93,10 @@ class ExampleBackend:
         for name, tensor in self.model.state_dict().items():
             yield name, tensor.detach()
 
-    def offload(self) -> None:
+    def offload(self, parts: Any = ("optimizer", "parameters")) -> None:
         """Nothing to move: this engine lives on the CPU."""
 
-    def reload(self) -> None:
+    def reload(self, parts: Any = ("optimizer", "parameters")) -> None:
         """Nothing to move back."""
 
     def shutdown(self) -> None:

@@ -1,0 +1,272 @@
+"""How a batch becomes each data-parallel rank's micro-batches, and how per-micro-batch
+outputs are put back in the batch's row order.
+
+Three layouts, picked by the config:
+
+- ``rows`` (default): contiguous equal shards per rank, ``policy.train_micro_batch_size``
+  rows per micro-batch, every row at the batch's full width;
+- ``dynamic`` (``policy.dynamic_batching.enabled``): rows balanced across ranks by token
+  count (Karmarkar-Karp), then grouped longest first so that rows x longest row stays within
+  the token budget, each micro-batch cut to its longest row;
+- ``packed`` (``policy.sequence_packing.enabled``): rows balanced across ranks likewise,
+  then the selected packer fills bins of at most the token budget; each bin is one row of
+  concatenated sequences with ``position_ids`` restarting at 0 per sequence (no padding, no
+  attention across sequences: see :func:`corerl.training.logprobs.model_logprobs`).
+
+Every rank gets the same number of micro-batches (ranks with fewer get empty ones whose loss
+and gradient are zero), because FSDP and tensor parallelism run collectives per forward.
+Fields of shape ``[B, T, ...]`` are per token and move with their tokens; other row-shaped
+fields are refused in the packed layout (a packed row holds several rows).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Literal
+
+import attrs
+
+from corerl.errors import ConfigError
+from corerl.packing.algorithms import karmarkar_karp
+from corerl.packing.contract import check_bins, check_budget
+from corerl.training.batching import batch_rows, micro_batches, shard_rows
+
+if TYPE_CHECKING:
+    import torch
+
+    from corerl.config import Config
+    from corerl.packing.contract import Packer
+    from corerl.training.contract import Batch
+
+Layout = Literal["rows", "dynamic", "packed"]
+Purpose = Literal["train", "logprobs"]
+
+
+@attrs.frozen
+class Placement:
+    """Where the tokens of one batch row sit: micro-batch ``micro_batch`` of its rank, row
+    ``row``, columns ``start`` to ``start + length``."""
+
+    source_row: int
+    micro_batch: int
+    row: int
+    start: int
+    length: int
+
+
+@attrs.define
+class MicroBatchPlan:
+    """Each data-parallel rank's micro-batches (equal counts) and where every batch row went."""
+
+    per_rank: list[list[Batch]]
+    placements: list[list[Placement]]
+    rows: int
+    width: int
+    real_tokens: int
+    slots: int
+
+    @property
+    def efficiency(self) -> float:
+        """Real tokens over the token slots the forward passes process."""
+        return self.real_tokens / self.slots if self.slots else 1.0
+
+    def unpack(self, outputs: Sequence[Sequence[torch.Tensor]]) -> torch.Tensor:
+        """Per-token outputs ``outputs[rank][micro_batch]`` (``[rows, width]``) back into the
+        batch's ``[B, T]`` layout; padding stays 0."""
+        import torch
+
+        out = torch.zeros((self.rows, self.width), dtype=torch.float32)
+        for rank, placements in enumerate(self.placements):
+            for p in placements:
+                out[p.source_row, : p.length] = outputs[rank][p.micro_batch][p.row, p.start : p.start + p.length]
+        return out
+
+
+@attrs.define
+class MicroBatcher:
+    """Plans micro-batches in one layout; build it with :meth:`from_config`."""
+
+    layout: Layout = "rows"
+    train_rows: int = 4
+    logprob_rows: int = 4
+    train_tokens: int = 4096
+    logprob_tokens: int = 4096
+    packer: Packer | None = None
+    packer_id: str = ""
+
+    @classmethod
+    def from_config(cls, config: Config) -> MicroBatcher:
+        """The layout, sizes and packer the recipe asks for (``policy.sequence_packing``,
+        ``policy.dynamic_batching``, ``policy.*micro_batch_size``)."""
+        policy = config.core.policy
+        logprob_rows = policy.logprob_micro_batch_size or policy.train_micro_batch_size
+        packing, dynamic = policy.sequence_packing, policy.dynamic_batching
+        settings = packing if packing.enabled else dynamic
+        return cls(
+            layout="packed" if packing.enabled else "dynamic" if dynamic.enabled else "rows",
+            train_rows=policy.train_micro_batch_size,
+            logprob_rows=logprob_rows,
+            train_tokens=settings.train_mb_tokens or policy.train_micro_batch_size * policy.max_seq_length,
+            logprob_tokens=settings.logprob_mb_tokens or logprob_rows * policy.max_seq_length,
+            packer=resolve_packer(config) if packing.enabled else None,
+            packer_id=packing.algorithm if packing.enabled else "",
+        )
+
+    def _budget_key(self, purpose: Purpose) -> str:
+        section = "sequence_packing" if self.layout == "packed" else "dynamic_batching"
+        return f"policy.{section}.{'train' if purpose == 'train' else 'logprob'}_mb_tokens"
+
+    def plan(self, batch: Batch, ranks: int, purpose: Purpose = "train") -> MicroBatchPlan:
+        """Micro-batches of ``batch`` for ``ranks`` data-parallel ranks."""
+        rows, width = batch_rows(batch), int(batch["input_ids"].shape[1])
+        lengths = [int(n) for n in batch["attention_mask"].sum(dim=1).tolist()]
+        if self.layout == "rows":
+            return self._plan_rows(batch, ranks, self.train_rows if purpose == "train" else self.logprob_rows, lengths)
+        budget = self.train_tokens if purpose == "train" else self.logprob_tokens
+        check_budget(lengths, budget, self._budget_key(purpose))
+        if self.layout == "packed":
+            _refuse_row_fields(batch, rows, width)
+        per_rank: list[list[Batch]] = []
+        placements: list[list[Placement]] = []
+        slots = 0
+        for members in karmarkar_karp(lengths, ranks):
+            if self.layout == "packed":
+                mbs, places, used = self._pack_rank(batch, members, lengths, budget)
+            else:
+                mbs, places, used = self._group_rank(batch, members, lengths, budget)
+            per_rank.append(mbs)
+            placements.append(places)
+            slots += used
+        _even_out(per_rank, batch, packed=self.layout == "packed")
+        return MicroBatchPlan(per_rank, placements, rows, width, sum(lengths), slots)
+
+    def _plan_rows(self, batch: Batch, ranks: int, size: int, lengths: list[int]) -> MicroBatchPlan:
+        width = int(batch["input_ids"].shape[1])
+        per_rank, placements = [], []
+        for rank, shard in enumerate(shard_rows(batch, ranks)):
+            mbs = micro_batches(shard, size)
+            first = rank * batch_rows(shard)
+            placements.append([Placement(first + index * size + row, index, row, 0, width)
+                               for index, mb in enumerate(mbs) for row in range(batch_rows(mb))])
+            per_rank.append(mbs)
+        return MicroBatchPlan(per_rank, placements, batch_rows(batch), width, sum(lengths), batch_rows(batch) * width)
+
+    def _group_rank(self, batch: Batch, members: list[int], lengths: list[int], budget: int) -> tuple[list[Batch], list[Placement], int]:
+        order = sorted(members, key=lambda i: (-lengths[i], i))
+        groups: list[list[int]] = []
+        for index in order:  # longest first, so a group's first row is its widest
+            if groups and (len(groups[-1]) + 1) * lengths[groups[-1][0]] <= budget:
+                groups[-1].append(index)
+            else:
+                groups.append([index])
+        mbs, places, used = [], [], 0
+        for number, group in enumerate(groups):
+            cut = lengths[group[0]]
+            mbs.append(_select_rows(batch, group, cut))
+            places.extend(Placement(source, number, row, 0, cut) for row, source in enumerate(group))
+            used += cut * len(group)
+        return mbs, places, used
+
+    def _pack_rank(self, batch: Batch, members: list[int], lengths: list[int], budget: int) -> tuple[list[Batch], list[Placement], int]:
+        assert self.packer is not None
+        local = [lengths[i] for i in members]
+        bins = self.packer.pack(local, budget)
+        check_bins(bins, local, budget, self.packer_id)
+        mbs, places, used = [], [], 0
+        for number, members_of_bin in enumerate(bins):
+            sources = [members[i] for i in members_of_bin]
+            mbs.append(_pack_rows(batch, sources, lengths))
+            start = 0
+            for source in sources:
+                places.append(Placement(source, number, 0, start, lengths[source]))
+                start += lengths[source]
+            used += budget
+        return mbs, places, used
+
+
+def resolve_packer(config: Config) -> Packer:
+    """The packer ``policy.sequence_packing.algorithm`` names: the registration selection
+    resolved (see :func:`corerl.selection.select`), else the installed plugins' one."""
+    packer_id = config.core.policy.sequence_packing.algorithm
+    registration = config.components.get("sequence_packer")
+    if registration is None or registration.id != packer_id:
+        from corerl.plugin_manager import PluginHost
+
+        registration = PluginHost().sequence_packers.get(packer_id)
+    if registration is None:
+        raise ConfigError(f"no sequence packer {packer_id!r} is installed", key="policy.sequence_packing.algorithm",
+                          hint="`corerl plugins` lists the packers; install the plugin that provides it")
+    packer = registration.create()
+    if not callable(getattr(packer, "pack", None)):
+        raise ConfigError(f"sequence packer {packer_id!r} (plugin {registration.plugin!r}) built an object without pack()",
+                          key="policy.sequence_packing.algorithm", hint="its factory must return an object with pack(lengths, budget)")
+    return packer
+
+
+def _per_token(value: Any, rows: int, width: int) -> bool:
+    return getattr(value, "dim", lambda: 0)() >= 2 and tuple(value.shape[:2]) == (rows, width)
+
+
+def _refuse_row_fields(batch: Batch, rows: int, width: int) -> None:
+    for key, value in batch.items():
+        if getattr(value, "dim", lambda: 0)() >= 1 and value.shape[0] == rows and not _per_token(value, rows, width):
+            raise ValueError(f"batch field {key!r} of shape {tuple(value.shape)} is per row, not per token: "
+                             "sequence packing moves [B, T, ...] fields only; expand it over the tokens")
+
+
+def _select_rows(batch: Batch, sources: list[int], cut: int) -> Batch:
+    import torch
+
+    rows, width = batch_rows(batch), int(batch["input_ids"].shape[1])
+    index = torch.tensor(sources, dtype=torch.long)
+    out = {}
+    for key, value in batch.items():
+        if _per_token(value, rows, width):
+            out[key] = value.index_select(0, index)[:, :cut].contiguous()
+        elif getattr(value, "dim", lambda: 0)() >= 1 and value.shape[0] == rows:
+            out[key] = value.index_select(0, index)
+        else:
+            out[key] = value
+    return out
+
+
+def _pack_rows(batch: Batch, sources: list[int], lengths: list[int]) -> Batch:
+    import torch
+
+    rows, width = batch_rows(batch), int(batch["input_ids"].shape[1])
+    out: Batch = {}
+    for key, value in batch.items():
+        if _per_token(value, rows, width):
+            out[key] = torch.cat([value[s, : lengths[s]] for s in sources]).unsqueeze(0)
+        else:
+            out[key] = value
+    out["position_ids"] = torch.cat([torch.arange(lengths[s]) for s in sources]).unsqueeze(0)
+    out["attention_mask"] = torch.ones_like(out["input_ids"])
+    if "loss_mask" in out:  # a sequence's first token has no context: never in the loss
+        out["loss_mask"] = out["loss_mask"] * (out["position_ids"] != 0).to(out["loss_mask"].dtype)
+    return out
+
+
+def _empty_micro_batch(batch: Batch, packed: bool) -> Batch:
+    import torch
+
+    rows, width = batch_rows(batch), int(batch["input_ids"].shape[1])
+    out: Batch = {}
+    for key, value in batch.items():
+        if _per_token(value, rows, width):
+            out[key] = torch.zeros((1, 1, *value.shape[2:]), dtype=value.dtype)
+        elif getattr(value, "dim", lambda: 0)() >= 1 and value.shape[0] == rows:
+            out[key] = torch.zeros((1, *value.shape[1:]), dtype=value.dtype)
+        else:
+            out[key] = value
+    out["attention_mask"] = torch.ones((1, 1), dtype=batch["attention_mask"].dtype)
+    if packed:
+        out["position_ids"] = torch.zeros((1, 1), dtype=torch.long)
+    return out
+
+
+def _even_out(per_rank: list[list[Batch]], batch: Batch, packed: bool) -> None:
+    most = max((len(mbs) for mbs in per_rank), default=0)
+    for mbs in per_rank:
+        while len(mbs) < most:
+            mbs.append(_empty_micro_batch(batch, packed))
