@@ -125,6 +125,7 @@ def execute(config: Config, selection: Selection, host: PluginHost, console: Any
     from corerl.algorithms.grpo_math import GRPOLoss
     from corerl.algorithms.sft import SFT
     from corerl.interrupt import stop_on_sigint
+    from corerl.offload import ReferenceOffload
     from corerl.reporting.metrics_log import MetricsLog, read_metrics
     from corerl.reporting.plot import plot_curves
     from corerl.tasks import TaskContext
@@ -160,30 +161,46 @@ def execute(config: Config, selection: Selection, host: PluginHost, console: Any
         assert selection.training_backend.registration and selection.generation_backend.registration
         training = start(selection.training_backend.registration, model_path)
         generation = start(selection.generation_backend.registration, model_path)
+        assert selection.offload_policy.registration is not None
+        offload = selection.offload_policy.registration.create(training=training, generation=generation, config=config)
+
+        def held_out_reward() -> float:
+            offload.before_generation()
+            return evaluate(generation, task, max_new)
+
+        def export(folder: Path) -> None:
+            offload.restore()
+            training.export_hf(str(folder))
         if resume is not None:
             training.load_checkpoint(str(resume[1] / "training"))
             generation.update_weights(training.weight_stream())
             task.set_state(state["task"])
         if "before" not in evals:
-            evals["before"] = evaluate(generation, task, max_new)
+            evals["before"] = held_out_reward()
             console.print(f"held-out reward before training: {evals['before']:.3f}")
         log = MetricsLog(run_dir, keep_lines=state.get("metrics_lines") if resume else None)
 
         sft = SFT(training, steps_done=done.get("sft", 0))
-        phases = [Phase("sft", sft_steps, lambda: sft.step(task.demonstrations(sft_batch)), sft.steps_done)]
+
+        def sft_step() -> dict[str, float]:
+            offload.before_training()
+            return sft.step(task.demonstrations(sft_batch))
+
+        phases = [Phase("sft", sft_steps, sft_step, sft.steps_done)]
         grpo: GRPO | None = None
 
         def begin_grpo() -> None:
             nonlocal grpo
-            reference = None
+            reference = reference_offload = None
             if algorithm.kl_penalty:
                 ref_path = run_dir / "sft_model" if sft_steps else Path(model_path)
                 reference = start(selection.training_backend.registration, str(ref_path))
+                reference_offload = ReferenceOffload(reference, core.policy.reference.cpu_offload)
             grpo = GRPO(config, training, generation, task.reward,
                         loss=GRPOLoss(algorithm.ratio_clip_min, algorithm.ratio_clip_max, algorithm.kl_penalty),
                         scale_rewards_by_std=algorithm.scale_rewards_by_std,
                         optimization_passes=algorithm.optimization_passes, reference=reference,
-                        steps_done=done.get("grpo", 0))
+                        steps_done=done.get("grpo", 0), offload=offload, reference_offload=reference_offload)
 
         def grpo_step() -> dict[str, float]:
             assert grpo is not None
@@ -196,6 +213,7 @@ def execute(config: Config, selection: Selection, host: PluginHost, console: Any
             return sum(p.done for p in phases)
 
         def checkpoint() -> None:
+            offload.restore()
             snapshot = {"steps_done": {p.name: p.done for p in phases}, "metrics_lines": log.lines,
                         "task": task.state(), "evals": evals}
             save_checkpoint(run_dir, global_step(), lambda folder: training.save_checkpoint(str(folder / "training")),
@@ -209,7 +227,7 @@ def execute(config: Config, selection: Selection, host: PluginHost, console: Any
                 if phase.name == "grpo":
                     begin_grpo()
                     if phases[0].total and "after_sft" not in evals:
-                        evals["after_sft"] = evaluate(generation, task, max_new)
+                        evals["after_sft"] = held_out_reward()
                         console.print(f"held-out reward after SFT: {evals['after_sft']:.3f}")
                 with _progress(console) as progress:
                     bar = progress.add_task(phase.name.upper(), total=phase.total, completed=phase.done, shown="")
@@ -230,7 +248,7 @@ def execute(config: Config, selection: Selection, host: PluginHost, console: Any
                 if phase.name == "sft" and not sft_only and "after_sft" not in evals:
                     # GRPO starts from the SFT weights with a fresh optimizer and schedule: Adam's
                     # moments from SFT's large gradients would shrink GRPO's first hundreds of steps
-                    training.export_hf(str(run_dir / "sft_model"))
+                    export(run_dir / "sft_model")
                     training.load_hf(str(run_dir / "sft_model"))
                     generation.update_weights(training.weight_stream())
 
@@ -244,10 +262,10 @@ def execute(config: Config, selection: Selection, host: PluginHost, console: Any
 
         if sft_only:
             generation.update_weights(training.weight_stream())
-        evals["after"] = evaluate(generation, task, max_new)
+        evals["after"] = held_out_reward()
         log.scalar("eval/held_out_reward", evals["after"], global_step())
         log.close()
-        training.export_hf(str(run_dir / "final"))
+        export(run_dir / "final")
         plot_curves(read_metrics(log.path), run_dir / "curves.png", run_dir.name)
         summary = {
             "held_out_reward_before": evals["before"], "held_out_reward_after_sft": evals.get("after_sft"),

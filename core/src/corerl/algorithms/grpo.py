@@ -3,6 +3,9 @@
 prompts --generate--> samples --reward--> rewards --group normalisation--> advantages
         (--training.logprobs--> old logprobs, for several passes) (--reference.logprobs--> KL reference)
         --train_step x passes--> new weights --refit--> generation
+
+The offload policy is called at each boundary: before generation, before training, and
+around the refit (see :mod:`corerl.offload.schedule`).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import torch
 
 from corerl.algorithms.grpo_math import GRPOLoss, group_advantages
 from corerl.generation.contract import Sample, SamplingSettings
+from corerl.offload import NoOffload, PhaseOffload, ReferenceOffload
 from corerl.training.batching import right_pad
 
 RewardFn = Callable[[Sample, Any], float]
@@ -61,6 +65,14 @@ class GRPO:
     scale_rewards_by_std: bool = True
     optimization_passes: int = 1
     steps_done: int = 0
+    offload: PhaseOffload | None = None  # default: nothing moves
+    reference_offload: ReferenceOffload | None = None  # default: the reference stays where it is
+
+    def __attrs_post_init__(self) -> None:
+        if self.offload is None:
+            self.offload = NoOffload(self.training, self.generation)
+        if self.reference_offload is None and self.reference is not None:
+            self.reference_offload = ReferenceOffload(self.reference, enabled=False)
 
     def step(self, prompts: Sequence[Sequence[int]], items: Sequence[Any] | None = None) -> dict[str, float]:
         """Generate, score, train, refit; returns the step's metrics (timings in seconds)."""
@@ -69,7 +81,10 @@ class GRPO:
         items = list(items) if items is not None else [None] * len(prompts)
         timings: dict[str, float] = {}
 
+        offload = self.offload
+        assert offload is not None
         start = time.perf_counter()
+        offload.before_generation()
         sampling = SamplingSettings.from_config(self.config, seed=step_seed(algorithm.seed, self.steps_done))
         groups = self.generation.generate([list(p) for p in prompts], sampling, n=n)
         timings["time/generation"] = time.perf_counter() - start
@@ -79,13 +94,15 @@ class GRPO:
         batch = samples_to_batch(groups, advantages)
 
         start = time.perf_counter()
+        offload.before_training()
         mask = batch["loss_mask"].bool()
         mismatch = None
         if self.optimization_passes > 1:  # later passes need the pre-update logprobs
             batch["old_logprobs"] = self.training.logprobs(batch)
             mismatch = (batch["old_logprobs"] - batch["gen_logprobs"]).abs()[mask]
-        if self.reference is not None and self.loss.kl_penalty:
-            batch["ref_logprobs"] = self.reference.logprobs(batch)
+        if self.reference_offload is not None and self.loss.kl_penalty:
+            with self.reference_offload.scoring() as reference:
+                batch["ref_logprobs"] = reference.logprobs(batch)
         timings["time/logprobs"] = time.perf_counter() - start
 
         start = time.perf_counter()
@@ -93,7 +110,9 @@ class GRPO:
         timings["time/training"] = time.perf_counter() - start
 
         start = time.perf_counter()
+        offload.before_refit()
         self.generation.update_weights(self.training.weight_stream())
+        offload.after_refit()
         timings["time/refit"] = time.perf_counter() - start
 
         self.steps_done += 1
