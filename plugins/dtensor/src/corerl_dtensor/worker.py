@@ -60,7 +60,12 @@ class DTensorWorker:
 
         policy = self.config.core.policy
         torch.manual_seed(self.config.core.algorithm.seed)
-        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).to(self.device)
+        extra = {}
+        if policy.sequence_packing.enabled:  # packed rows: attention per sequence, not over the whole row
+            from corerl.training.segment_attention import register
+
+            extra["attn_implementation"] = register()
+        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32, **extra).to(self.device)
         self.model_path = model_path
         self.hf_config = model.config
         self.hf_class = type(model)
