@@ -46,3 +46,25 @@ def test_local_group_runs_world_size_1_in_this_process():
     assert group.call("echo", 3) == [(0, "solo", 3)]
     assert group.call("all_reduce_rank") == [0]
     assert group.pids() == [os.getpid()]
+
+
+def test_two_cpu_groups_share_a_small_machine():
+    # a policy and a KL reference model, both at world size 2, on a 2-core machine
+    first = RayWorkerGroup(PROBE, 2, cpus_per_worker=1)
+    try:
+        second = RayWorkerGroup(PROBE, 2, cpus_per_worker=1)
+        try:
+            assert second.call("all_reduce_rank") == [1, 1] and first.call("all_reduce_rank") == [1, 1]
+        finally:
+            second.shutdown()
+    finally:
+        first.shutdown()
+
+
+def test_workers_ray_cannot_place_fail_in_one_line_instead_of_hanging(monkeypatch):
+    monkeypatch.setenv("CORERL_WORKER_START_TIMEOUT", "3")
+    with pytest.raises(WorkerFailed) as caught:
+        RayWorkerGroup(PROBE, 2, gpus_per_worker=1, role="training worker")  # this machine has no GPU
+    message = str(caught.value)
+    assert message.startswith("Ray started 0 of 2 training workers within 3 s (each asks for 1 CPU, 1 GPU; free now:")
+    assert "\n" not in message

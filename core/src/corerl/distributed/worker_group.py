@@ -107,13 +107,29 @@ class RayWorkerGroup:
         master_addr = ray.util.get_node_ip_address()
         rendezvous = {"MASTER_ADDR": master_addr, "MASTER_PORT": str(free_port()), **(env or {})}
         actor_cls = ray.remote(RankActor)
+        # CPU ranks reserve no Ray CPUs: their threads are set by the backend, and a reservation
+        # would leave a second group (a KL reference model, a generation engine) unplaceable on a
+        # small machine. GPU ranks are placed by their GPU and keep their CPU reservation.
+        cpus = cpus_per_worker if gpus_per_worker else 0
         self.actors = [
-            actor_cls.options(num_cpus=cpus_per_worker, num_gpus=gpus_per_worker, max_restarts=0).remote(
+            actor_cls.options(num_cpus=cpus, num_gpus=gpus_per_worker, max_restarts=0).remote(
                 worker_path, rank, world_size, rendezvous, kwargs
             )
             for rank in range(world_size)
         ]
-        self._pids = self._gather([actor.pid.remote() for actor in self.actors], "start")
+        started = [actor.pid.remote() for actor in self.actors]
+        timeout = float(os.environ.get("CORERL_WORKER_START_TIMEOUT", "300"))
+        ready, _ = ray.wait(started, num_returns=len(started), timeout=timeout)
+        if len(ready) < len(started):
+            free = ray.available_resources()
+            self.shutdown()
+            raise WorkerFailed(
+                f"Ray started {len(ready)} of {world_size} {role}s within {timeout:.0f} s "
+                f"(each asks for {cpus} CPU, {gpus_per_worker} GPU; free now: {free.get('CPU', 0):g} CPU, "
+                f"{free.get('GPU', 0):g} GPU)",
+                hint="free the resources other runs hold, give the cluster more, or raise CORERL_WORKER_START_TIMEOUT",
+            )
+        self._pids = self._gather(started, "start")
 
     def pids(self) -> list[int]:
         return list(self._pids)
