@@ -164,10 +164,26 @@ class RayWorkerGroup:
                     results[rank] = ray.get(future)
                 except RayTaskError as exc:
                     cause = exc.cause if exc.cause is not None else exc
+                    self._blame_a_dead_rank(pending, rank_of, what)
                     self._fail(rank, what, f"raised {type(cause).__name__}: {cause}", cause)
                 except RayActorError as exc:
                     self._fail(rank, what, "died", exc)
         return results
+
+    def _blame_a_dead_rank(self, pending: list[Any], rank_of: dict[Any, int], what: str) -> None:
+        """A rank whose peer died fails too (its collective loses the connection), often first:
+        wait a moment for the others, and report a rank that died as the cause."""
+        import ray
+        from ray.exceptions import RayActorError
+
+        done, _ = ray.wait(pending, num_returns=len(pending), timeout=5) if pending else ([], [])
+        for future in done:
+            try:
+                ray.get(future)
+            except RayActorError as exc:
+                self._fail(rank_of[future], what, "died", exc)
+            except Exception as exc:  # another consequence of the same failure  # noqa: BLE001
+                log.debug("rank %d also failed: %s", rank_of[future], exc)
 
     def _fail(self, rank: int, what: str, how: str, exc: BaseException) -> None:
         """Shut the whole group down (the other ranks may wait in a collective forever), then raise."""
