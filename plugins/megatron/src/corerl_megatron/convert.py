@@ -1,0 +1,114 @@
+"""Hugging Face state dicts <-> Megatron GPTModel state dicts (full, unsharded tensors).
+
+Driven by the family tables in :mod:`corerl_megatron.families`; exact in both directions
+(tensors are only sliced, stacked and concatenated).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+import torch
+
+from corerl_megatron.families import Family, Rule
+
+
+@attrs.frozen
+class Shape:
+    """What the mapping needs to know of the model: layers, heads, tying and biases."""
+
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    tied: bool
+    qkv_bias: bool
+
+    @classmethod
+    def from_hf_config(cls, hf: Any, family: Family) -> Shape:
+        heads = hf.num_attention_heads
+        return cls(
+            num_layers=hf.num_hidden_layers, num_heads=heads,
+            num_kv_heads=getattr(hf, "num_key_value_heads", None) or heads,
+            head_dim=getattr(hf, "head_dim", None) or hf.hidden_size // heads,
+            tied=bool(getattr(hf, "tie_word_embeddings", False)),
+            qkv_bias=bool(getattr(hf, "attention_bias", family.qkv_bias_default)),
+        )
+
+
+def _applies(rule: Rule, shape: Shape) -> bool:
+    return rule.when == "always" or (rule.when == "untied" and not shape.tied) or (rule.when == "qkv_bias" and shape.qkv_bias)
+
+
+def _expand(rule: Rule, shape: Shape) -> list[tuple[str, tuple[str, ...]]]:
+    if "{i}" not in rule.megatron:
+        return [(rule.megatron, rule.hf)]
+    return [(rule.megatron.format(i=i), tuple(h.format(i=i) for h in rule.hf)) for i in range(shape.num_layers)]
+
+
+def fuse_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, shape: Shape) -> torch.Tensor:
+    """q ``[heads*d, ...]``, k and v ``[kv_heads*d, ...]`` -> per query group: its query heads, its k, its v."""
+    groups, d = shape.num_kv_heads, shape.head_dim
+    per_group = shape.num_heads // groups
+    rest = q.shape[1:]
+    q = q.reshape(groups, per_group * d, *rest)
+    k = k.reshape(groups, d, *rest)
+    v = v.reshape(groups, d, *rest)
+    return torch.cat([q, k, v], dim=1).reshape(-1, *rest)
+
+
+def split_qkv(qkv: torch.Tensor, shape: Shape) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The inverse of :func:`fuse_qkv`."""
+    groups, d = shape.num_kv_heads, shape.head_dim
+    per_group = shape.num_heads // groups
+    rest = qkv.shape[1:]
+    grouped = qkv.reshape(groups, (per_group + 2) * d, *rest)
+    q, k, v = torch.split(grouped, [per_group * d, d, d], dim=1)
+    return q.reshape(-1, *rest), k.reshape(-1, *rest), v.reshape(-1, *rest)
+
+
+def hf_to_megatron(hf_state: dict[str, torch.Tensor], family: Family, shape: Shape) -> dict[str, torch.Tensor]:
+    """The Megatron state dict of a Hugging Face one; every Hugging Face tensor must be used."""
+    out: dict[str, torch.Tensor] = {}
+    used: set[str] = set()
+    for rule in family.rules:
+        if not _applies(rule, shape):
+            continue
+        for target, sources in _expand(rule, shape):
+            missing = [s for s in sources if s not in hf_state]
+            if missing:
+                raise KeyError(f"the {family.name} checkpoint lacks {missing[0]} (needed for {target})")
+            tensors = [hf_state[s] for s in sources]
+            used.update(sources)
+            if rule.kind == "qkv":
+                out[target] = fuse_qkv(*tensors, shape)
+            elif rule.kind == "gate_up":
+                out[target] = torch.cat(tensors, dim=0)
+            else:
+                out[target] = tensors[0]
+    left = sorted(set(hf_state) - used - ({"lm_head.weight"} if shape.tied else set()))
+    if left:
+        raise KeyError(f"the {family.name} table has no rule for {left[0]} ({len(left)} tensors unmapped)")
+    return {k: v.contiguous() for k, v in out.items()}
+
+
+def megatron_to_hf(state: dict[str, torch.Tensor], family: Family, shape: Shape) -> dict[str, torch.Tensor]:
+    """The Hugging Face state dict of a Megatron one (the inverse of :func:`hf_to_megatron`)."""
+    out: dict[str, torch.Tensor] = {}
+    for rule in family.rules:
+        if not _applies(rule, shape):
+            continue
+        for source, targets in _expand(rule, shape):
+            tensor = state[source]
+            if rule.kind == "qkv":
+                parts = split_qkv(tensor, shape)
+            elif rule.kind == "gate_up":
+                parts = tuple(torch.chunk(tensor, 2, dim=0))
+            else:
+                parts = (tensor,)
+            for name, part in zip(targets, parts, strict=True):
+                out[name] = part.contiguous()
+    if shape.tied:
+        out["lm_head.weight"] = out["model.embed_tokens.weight"]
+    return out

@@ -1,0 +1,118 @@
+"""megatron-core on a machine without a GPU: its handful of CUDA-only calls, redirected.
+
+megatron-core 0.16 assumes CUDA in a few places even when its models are built with
+``use_cpu_initialization``: ``torch.cuda.current_device()`` as a device, ``torch.cuda.
+synchronize()``, the CUDA RNG tracker, and ``device="cuda"`` literals in the pipeline
+schedules. :func:`install` gives the megatron-core modules (and only them) a stand-in for
+their ``torch`` global that maps those to the CPU; ``torch`` itself is not touched. It does
+nothing when a GPU is present, so GPU runs use megatron-core unmodified.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import types
+from typing import Any
+
+import torch
+
+_FACTORIES = {"empty", "zeros", "ones", "full", "tensor", "arange", "randn", "rand", "empty_like", "zeros_like"}
+_MODULE_PREFIX = "megatron.core"
+
+
+def _cpu_device(device: Any) -> Any:
+    if device is None:
+        return None
+    if isinstance(device, int) or (isinstance(device, str) and device.startswith("cuda")):
+        return "cpu"
+    if isinstance(device, torch.device) and device.type == "cuda":
+        return "cpu"
+    return device
+
+
+class _NoOp:
+    def __call__(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+    def __getattr__(self, name: str) -> _NoOp:
+        return self
+
+
+class _CpuCuda:
+    """What megatron-core's modules see as ``torch.cuda`` without a GPU."""
+
+    nvtx = _NoOp()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(torch.cuda, name)
+
+    @staticmethod
+    def is_available() -> bool:
+        return False
+
+    @staticmethod
+    def current_device() -> str:
+        return "cpu"
+
+    @staticmethod
+    def synchronize(*args: Any, **kwargs: Any) -> None:
+        return None
+
+    @staticmethod
+    def empty_cache() -> None:
+        return None
+
+    @staticmethod
+    def manual_seed(seed: int) -> None:
+        """The CUDA generator's seed: there is no CUDA generator; the CPU one is seeded by the backend."""
+
+    @staticmethod
+    def get_rng_state(*args: Any, **kwargs: Any) -> torch.Tensor:
+        return torch.get_rng_state()
+
+    @staticmethod
+    def memory_allocated(*args: Any, **kwargs: Any) -> int:
+        return 0
+
+
+class _CpuTorch(types.ModuleType):
+    """What megatron-core's modules see as ``torch``: torch, with ``cuda`` and CUDA devices mapped to the CPU."""
+
+    def __init__(self) -> None:
+        super().__init__("torch")
+        self.cuda = _CpuCuda()
+
+    def __getattr__(self, name: str) -> Any:
+        value = getattr(torch, name)
+        if name in _FACTORIES:
+            def factory(*args: Any, **kwargs: Any) -> Any:
+                if "device" in kwargs:
+                    kwargs["device"] = _cpu_device(kwargs["device"])
+                kwargs.pop("pin_memory", None)
+                return value(*args, **kwargs)
+
+            return factory
+        return value
+
+
+_STAND_IN = _CpuTorch()
+
+
+def _cpu_rng_fork(self: Any, name: str = "model-parallel-rng") -> Any:
+    """The RNG tracker's fork without a CUDA generator: dropout draws from the CPU generator."""
+    return contextlib.nullcontext()
+
+
+def install() -> bool:
+    """Redirect the loaded megatron-core modules when there is no GPU; True when it did.
+    Call it after importing the megatron-core modules a backend uses (it is idempotent)."""
+    if torch.cuda.is_available():
+        return False
+    from megatron.core.tensor_parallel import random as mp_random
+
+    mp_random.CudaRNGStatesTracker.fork = _cpu_rng_fork  # type: ignore[method-assign]
+    for name, module in list(sys.modules.items()):
+        if name.startswith(_MODULE_PREFIX) and getattr(module, "torch", None) is torch:
+            module.torch = _STAND_IN  # type: ignore[attr-defined]
+    return True

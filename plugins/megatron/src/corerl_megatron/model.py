@@ -1,0 +1,67 @@
+"""A megatron-core GPTModel shaped like a Hugging Face Llama/Qwen2 checkpoint."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+
+def rope_theta(hf: Any) -> float:
+    params = getattr(hf, "rope_parameters", None) or {}
+    return float(params.get("rope_theta", getattr(hf, "rope_theta", 10000.0)))
+
+
+def transformer_config(hf: Any, settings: Any = None, params_dtype: torch.dtype = torch.float32, *,
+                       tensor_parallel: int = 1, pipeline_parallel: int = 1, qkv_bias: bool = False) -> Any:
+    """megatron-core's TransformerConfig for the Hugging Face config ``hf`` (RMSNorm, SwiGLU,
+    RoPE, grouped-query attention), with the parallel sizes and switches of ``settings``."""
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    on_gpu = torch.cuda.is_available()
+    get = (lambda name, default: getattr(settings, name, default)) if settings is not None else (lambda n, d: d)
+    return TransformerConfig(
+        num_layers=hf.num_hidden_layers, hidden_size=hf.hidden_size, ffn_hidden_size=hf.intermediate_size,
+        num_attention_heads=hf.num_attention_heads,
+        num_query_groups=getattr(hf, "num_key_value_heads", None) or hf.num_attention_heads,
+        kv_channels=getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads,
+        normalization="RMSNorm", layernorm_epsilon=hf.rms_norm_eps, gated_linear_unit=True, activation_func=F.silu,
+        add_bias_linear=False, add_qkv_bias=qkv_bias, hidden_dropout=0.0, attention_dropout=0.0,
+        tensor_model_parallel_size=tensor_parallel, pipeline_model_parallel_size=pipeline_parallel,
+        sequence_parallel=get("sequence_parallel", False),
+        pipeline_dtype=params_dtype if pipeline_parallel > 1 else None,
+        params_dtype=params_dtype, bf16=params_dtype == torch.bfloat16,
+        use_cpu_initialization=True, perform_initialization=False,
+        recompute_granularity="full" if get("activation_checkpointing", False) else None,
+        recompute_method="uniform" if get("activation_checkpointing", False) else None,
+        recompute_num_layers=1 if get("activation_checkpointing", False) else None,
+        apply_rope_fusion=get("apply_rope_fusion", False) and on_gpu,
+        bias_activation_fusion=get("bias_activation_fusion", False) and on_gpu,
+        masked_softmax_fusion=False, bias_dropout_fusion=False, gradient_accumulation_fusion=False,
+        persist_layer_norm=False,
+    )
+
+
+def build_gpt(hf: Any, config: Any, *, pre_process: bool = True, post_process: bool = True) -> Any:
+    """A GPTModel (local layer spec; Transformer Engine's when importable and on a GPU)."""
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+
+    spec = get_gpt_layer_local_spec(normalization="RMSNorm")
+    if torch.cuda.is_available():
+        try:
+            import transformer_engine  # noqa: F401
+            from megatron.core.models.gpt.gpt_layer_specs import (
+                get_gpt_layer_with_transformer_engine_spec,
+            )
+
+            spec = get_gpt_layer_with_transformer_engine_spec()
+        except ImportError:
+            pass
+    return GPTModel(
+        config, spec, vocab_size=hf.vocab_size, max_sequence_length=hf.max_position_embeddings,
+        pre_process=pre_process, post_process=post_process, parallel_output=False,
+        share_embeddings_and_output_weights=bool(getattr(hf, "tie_word_embeddings", False)),
+        position_embedding_type="rope", rotary_base=int(rope_theta(hf)),
+    )

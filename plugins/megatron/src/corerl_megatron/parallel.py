@@ -1,0 +1,38 @@
+"""torch.distributed and megatron-core's parallel state for one rank."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.distributed as dist
+
+
+def init_parallel(*, rank: int, world_size: int, tensor: int, pipeline: int, context: int = 1, expert: int = 1) -> None:
+    """Join the process group (gloo on CPU, nccl on GPU; a private one at world size 1) and lay
+    out megatron-core's tensor/pipeline/context/expert groups; then redirect megatron-core's
+    CUDA-only calls when there is no GPU."""
+    from megatron.core import parallel_state
+
+    if not dist.is_initialized():
+        if world_size == 1:
+            os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+            if "MASTER_PORT" not in os.environ:
+                from corerl.distributed.worker_group import free_port
+
+                os.environ["MASTER_PORT"] = str(free_port())
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        dist.init_process_group(backend, init_method="env://", rank=rank, world_size=world_size)
+    if not parallel_state.model_parallel_is_initialized():
+        parallel_state.initialize_model_parallel(
+            tensor_model_parallel_size=tensor, pipeline_model_parallel_size=pipeline,
+            context_parallel_size=context, expert_model_parallel_size=expert,
+        )
+    # the modules a backend uses, imported before their CUDA-only calls are redirected
+    import megatron.core.models.gpt  # noqa: F401
+    import megatron.core.pipeline_parallel.p2p_communication  # noqa: F401
+    import megatron.core.pipeline_parallel.schedules  # noqa: F401
+
+    from corerl_megatron.cpu_redirect import install
+
+    install()
