@@ -22,6 +22,7 @@ class MegatronOptimizerConfig:
     adam_beta1: float = setting(0.9, min=0.0, max=1.0)
     adam_beta2: float = setting(0.999, min=0.0, max=1.0)
     adam_eps: float = setting(1e-8, min=0.0, min_exclusive=True)
+    sgd_momentum: float = setting(0.9, min=0.0, help="sgd only")
     clip_grad: float = setting(1.0, min=0.0)
     use_distributed_optimizer: bool = setting(False)
 

@@ -104,6 +104,17 @@ def _cpu_rng_fork(self: Any, name: str = "model-parallel-rng") -> Any:
     return contextlib.nullcontext()
 
 
+def _clip_by_total_norm(parameters: Any, max_norm: float, total_norm: float, use_decoupled_grad: bool = False) -> None:
+    """megatron-core's clip, without its check that gradients are CUDA tensors."""
+    params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
+    coeff = max_norm / (total_norm + 1.0e-6)
+    if coeff < 1.0:
+        for p in params:
+            grad = p.decoupled_grad if use_decoupled_grad else p.grad
+            if grad is not None:
+                grad.mul_(coeff)
+
+
 def install() -> bool:
     """Redirect the loaded megatron-core modules when there is no GPU; True when it did.
     Call it after importing the megatron-core modules a backend uses (it is idempotent)."""
@@ -112,6 +123,10 @@ def install() -> bool:
     from megatron.core.tensor_parallel import random as mp_random
 
     mp_random.CudaRNGStatesTracker.fork = _cpu_rng_fork  # type: ignore[method-assign]
+    from megatron.core.optimizer import clip_grads, optimizer
+
+    clip_grads.clip_grad_by_total_norm_fp32 = _clip_by_total_norm
+    optimizer.clip_grad_by_total_norm_fp32 = _clip_by_total_norm
     for name, module in list(sys.modules.items()):
         if name.startswith(_MODULE_PREFIX) and getattr(module, "torch", None) is torch:
             module.torch = _STAND_IN  # type: ignore[attr-defined]

@@ -17,7 +17,7 @@ def corerl_register_training_backends(register: Callable[[TrainingBackend], None
         TrainingBackend(
             id="megatron",
             priority=300,
-            factory=pending_engine("training backend 'megatron'", _LANDS_WITH),
+            factory="corerl_megatron.backend:MegatronBackend",
             config_section="policy.megatron_cfg",
             config_schema=MegatronConfig,
             description="megatron-core tensor/pipeline/context/expert parallel",

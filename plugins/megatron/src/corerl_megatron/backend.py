@@ -1,0 +1,126 @@
+"""The driver side of the megatron backend: one Ray worker group, batches in, results out."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from corerl.config import Config
+from corerl.distributed.worker_group import RayWorkerGroup
+from corerl.errors import EngineNotAvailable
+from corerl.training.batching import loss_token_count
+from corerl.training.contract import Batch, LossFn, StepResult
+from corerl.training.microbatching import MicroBatcher
+
+WORKER = "corerl_megatron.worker:MegatronWorker"
+
+
+def check_supported(config: Config) -> None:
+    """Refuse, in one line each, what this machine or this backend cannot run."""
+    settings = config.section("policy.megatron_cfg")
+    section = "policy.megatron_cfg"
+    on_gpu = torch.cuda.is_available()
+    gpu_only = {
+        f"{section}.fp8_cfg": settings.fp8_cfg,
+        f"{section}.optimizer.use_distributed_optimizer": settings.optimizer.use_distributed_optimizer,
+        f"{section}.apply_rope_fusion": settings.apply_rope_fusion,
+        f"{section}.bias_activation_fusion": settings.bias_activation_fusion,
+    }
+    for key, value in gpu_only.items():
+        if value and not on_gpu:
+            raise EngineNotAvailable(f"{key} needs a GPU (megatron-core runs it with CUDA kernels); this machine has none",
+                                     key=key, hint="turn it off on CPU machines")
+    policy = config.core.policy
+    if policy.sequence_packing.enabled or policy.dynamic_batching.enabled:
+        key = "policy.sequence_packing.enabled" if policy.sequence_packing.enabled else "policy.dynamic_batching.enabled"
+        raise EngineNotAvailable("the megatron backend runs fixed-width row micro-batches only (its pipeline "
+                                 "schedule needs one shape); packing is not wired into it yet", key=key,
+                                 hint="turn it off, or use the dtensor backend for packed sequences")
+    if settings.context_parallel_size > 1 or settings.expert_model_parallel_size > 1:
+        raise EngineNotAvailable("context and expert parallelism are not wired into the megatron backend yet",
+                                 key=f"{section}.context_parallel_size", hint="set both sizes to 1")
+
+
+class MegatronBackend:
+    """megatron-core GPTModel, tensor x pipeline x data parallel over Ray ranks."""
+
+    def __init__(self, config: Config) -> None:
+        check_supported(config)
+        self.config = config
+        self.world_size = config.core.cluster.world_size
+        threads = max(1, (os.cpu_count() or 1) // self.world_size)
+        self.batcher = MicroBatcher.from_config(config)
+        self.group = RayWorkerGroup(WORKER, self.world_size, ray_address=config.core.cluster.ray_address,
+                                    cpus_per_worker=1, role="megatron worker", config=config, threads=threads)
+        coords = self.group.call("coordinates")
+        self.dp_of = [c["dp"] for c in coords]
+        self.reports = [c["reports"] for c in coords]
+        self.dp = max(self.dp_of) + 1
+
+    def load_hf(self, model_path: str) -> None:
+        self.group.call("load_hf", model_path)
+        self.model_path = model_path
+
+    def _args(self, plan: Any, *extra: Any) -> list[tuple[Any, ...]]:
+        return [(plan.per_rank[self.dp_of[rank]], *extra) for rank in range(self.world_size)]
+
+    def logprobs(self, batch: Batch) -> torch.Tensor:
+        plan = self.batcher.plan(batch, self.dp, "logprobs")
+        results = self.group.call_per_rank("logprobs", self._args(plan))
+        by_dp = {self.dp_of[r]: out for r, out in enumerate(results) if self.reports[r]}
+        return plan.unpack([by_dp[d] for d in range(self.dp)])
+
+    def train_step(self, batch: Batch, loss_fn: LossFn) -> StepResult:
+        normaliser = float(max(1, loss_token_count(batch)))
+        plan = self.batcher.plan(batch, self.dp, "train")
+        results = self.group.call_per_rank("train_step", self._args(plan, loss_fn, normaliser))
+        reporting = [r for rank, r in enumerate(results) if self.reports[rank]]
+        metrics: dict[str, float] = {}
+        for result in reporting:
+            for key, value in result["metrics"].items():
+                metrics[key] = metrics.get(key, 0.0) + value
+        first = results[0]
+        return StepResult(loss=sum(r["loss"] for r in reporting), grad_norm=first["grad_norm"], lr=first["lr"],
+                          tokens=int(normaliser), step=first["step"], metrics=metrics)
+
+    def _megatron_state(self) -> dict[str, torch.Tensor]:
+        state: dict[str, torch.Tensor] = {}
+        for part in self.group.call("full_state_dict"):
+            state.update(part or {})
+        return state
+
+    def weight_stream(self) -> Iterator[tuple[str, torch.Tensor]]:
+        from corerl_megatron.conversion import load_hf_model_config
+        from corerl_megatron.convert import megatron_to_hf
+
+        _, family, shape = load_hf_model_config(Path(self.model_path), self.config.section("policy.megatron_cfg").converter_type)
+        yield from megatron_to_hf(self._megatron_state(), family, shape).items()
+
+    def export_hf(self, path: str) -> None:
+        from corerl_megatron.export import write_hf_checkpoint
+
+        write_hf_checkpoint(dict(self.weight_stream()), self.model_path, path)
+
+    def save_checkpoint(self, path: str) -> None:
+        os.makedirs(path, exist_ok=True)
+        self.group.call("save_checkpoint", path)
+
+    def load_checkpoint(self, path: str) -> None:
+        self.group.call("load_checkpoint", path)
+
+    def offload(self, parts: Sequence[str] = ("optimizer", "parameters")) -> None:
+        self.group.call("offload", list(parts))
+
+    def reload(self, parts: Sequence[str] = ("optimizer", "parameters")) -> None:
+        self.group.call("reload", list(parts))
+
+    def worker_pids(self) -> list[int]:
+        return self.group.pids()
+
+    def shutdown(self) -> None:
+        self.group.call("shutdown")
+        self.group.shutdown()

@@ -1,0 +1,103 @@
+"""The one-time Hugging Face -> Megatron conversion and where it is kept.
+
+Converted checkpoints live under the first of ``CORERL_MEGATRON_CHECKPOINT_DIR``,
+``NRL_MEGATRON_CHECKPOINT_DIR``, ``$HF_HOME/corerl`` and ``~/.cache/huggingface/corerl``,
+in a folder named after the source and a fingerprint of it (its ``config.json`` and the
+names, sizes and modification times of its weight files): a changed source gets a new
+conversion. A conversion is written into a temporary folder and renamed when complete, so
+one interrupted halfway is never mistaken for a complete one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+COMPLETE = "corerl_conversion.json"
+WEIGHTS = "megatron.safetensors"
+
+
+def checkpoint_root(env: dict[str, str] | None = None) -> Path:
+    """Where converted checkpoints are kept (see the module docstring for the order)."""
+    env = dict(os.environ) if env is None else env
+    for name in ("CORERL_MEGATRON_CHECKPOINT_DIR", "NRL_MEGATRON_CHECKPOINT_DIR"):
+        if env.get(name):
+            return Path(env[name]).expanduser()
+    if env.get("HF_HOME"):
+        return Path(env["HF_HOME"]).expanduser() / "corerl"
+    return Path("~/.cache/huggingface/corerl").expanduser()
+
+
+def fingerprint(source: Path) -> str:
+    """A digest of the source checkpoint: config.json's bytes and each weight file's name, size and mtime."""
+    digest = hashlib.sha256((source / "config.json").read_bytes())
+    for path in sorted(source.glob("*.safetensors")) + sorted(source.glob("*.bin")):
+        stat = path.stat()
+        digest.update(f"{path.name}:{stat.st_size}:{stat.st_mtime_ns}".encode())
+    return digest.hexdigest()[:16]
+
+
+def converted_dir(source: Path, root: Path) -> Path:
+    return root / f"{source.resolve().name}-{fingerprint(source)}"
+
+
+def ensure_converted(source: str | Path, *, force: bool = False, root: Path | None = None,
+                     converter_type: str | None = None) -> Path:
+    """The folder of the Megatron conversion of ``source``, converting now when there is no
+    complete one (or ``force``). Returns the folder holding :data:`WEIGHTS`."""
+    source = Path(source)
+    target = converted_dir(source, root or checkpoint_root())
+    if (target / COMPLETE).exists() and not force:
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    try:
+        meta = convert_folder(source, work, converter_type)
+        (work / COMPLETE).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+        if target.exists():
+            shutil.rmtree(target)
+        os.replace(work, target)
+    finally:
+        if work.exists():
+            shutil.rmtree(work, ignore_errors=True)
+    return target
+
+
+def load_hf_model_config(source: Path, converter_type: str | None = None) -> tuple[Any, Any, Any]:
+    """(Hugging Face config, family, shape) of ``source``; a one-line error for an unknown architecture."""
+    from transformers import AutoConfig
+
+    from corerl.errors import ConfigError
+    from corerl_megatron.convert import Shape
+    from corerl_megatron.families import family_of, supported_architectures
+
+    hf = AutoConfig.from_pretrained(source)
+    architecture = converter_type or (hf.architectures or ["?"])[0]
+    family = family_of(architecture)
+    if family is None:
+        raise ConfigError(
+            f"no Hugging Face -> Megatron table for {architecture} ({source})", key="policy.megatron_cfg.converter_type",
+            hint=f"supported: {', '.join(supported_architectures())}; add a table in corerl_megatron.families",
+        )
+    return hf, family, Shape.from_hf_config(hf, family)
+
+
+def convert_folder(source: Path, target: Path, converter_type: str | None = None) -> dict[str, Any]:
+    """Write the Megatron state dict of the Hugging Face checkpoint ``source`` into ``target``."""
+    import torch
+    from safetensors.torch import save_file
+    from transformers import AutoModelForCausalLM
+
+    from corerl_megatron.convert import hf_to_megatron
+
+    hf, family, shape = load_hf_model_config(source, converter_type)
+    model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)
+    state = hf_to_megatron({k: v.detach() for k, v in model.state_dict().items()}, family, shape)
+    save_file(state, str(target / WEIGHTS))
+    return {"source": str(source.resolve()), "fingerprint": fingerprint(source), "family": family.name,
+            "tensors": len(state)}

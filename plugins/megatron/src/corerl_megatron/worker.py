@@ -1,0 +1,246 @@
+"""One rank of the megatron backend: its GPTModel stage and shard, megatron's optimizer and
+schedule, and the work on them. Every rank is a Ray actor (megatron-core keeps process-wide
+parallel state), laid out by megatron-core's parallel_state (TP innermost, then PP, then DP)."""
+
+from __future__ import annotations
+
+import logging
+import os
+from functools import partial
+from typing import Any
+
+import torch
+
+from corerl.config import Config
+from corerl.training.logprobs import token_logprobs
+
+log = logging.getLogger(__name__)
+
+
+class MegatronWorker:
+    """The rank-local half of the megatron backend."""
+
+    def __init__(self, *, rank: int, world_size: int, config: Config, threads: int | None = None) -> None:
+        if threads:
+            torch.set_num_threads(threads)
+        from corerl_megatron.parallel import init_parallel
+
+        self.rank, self.world_size, self.config = rank, world_size, config
+        self.settings = config.section("policy.megatron_cfg")
+        s = self.settings
+        init_parallel(rank=rank, world_size=world_size, tensor=s.tensor_model_parallel_size,
+                      pipeline=s.pipeline_model_parallel_size, context=s.context_parallel_size,
+                      expert=s.expert_model_parallel_size)
+        from megatron.core import parallel_state as ps
+
+        self.ps = ps
+        self.tp_rank, self.tp = ps.get_tensor_model_parallel_rank(), ps.get_tensor_model_parallel_world_size()
+        self.dp = ps.get_data_parallel_world_size()
+        self.model: Any = None
+
+    # -- set-up ------------------------------------------------------------------------
+
+    def load_hf(self, model_path: str) -> None:
+        from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+        from safetensors.torch import load_file
+
+        from corerl_megatron.conversion import WEIGHTS, ensure_converted, load_hf_model_config
+        from corerl_megatron.model import build_gpt, transformer_config
+        from corerl_megatron.sharding import layer_numbering, renumber, shard
+
+        torch.manual_seed(self.config.core.algorithm.seed)
+        hf, self.family, self.shape = load_hf_model_config(model_path, self.settings.converter_type)
+        self.hf_config, self.model_path = hf, model_path
+        folder = ensure_converted(model_path, force=self.settings.force_reconvert_from_hf,
+                                  converter_type=self.settings.converter_type) if self._first_in_node() else None
+        self._barrier()
+        if folder is None:
+            folder = ensure_converted(model_path, converter_type=self.settings.converter_type)
+        full = load_file(str(folder / WEIGHTS))
+        self.mconfig = transformer_config(
+            hf, self.settings, tensor_parallel=self.tp, pipeline_parallel=self.settings.pipeline_model_parallel_size,
+            qkv_bias=self.shape.qkv_bias)
+        model = build_gpt(hf, self.mconfig, pre_process=self.ps.is_pipeline_first_stage(),
+                          post_process=self.ps.is_pipeline_last_stage())
+        numbering = layer_numbering(model)
+        local = {}
+        for name, param in model.named_parameters():
+            local[name] = shard(name, full[self._global_name(renumber(name, numbering))], param, self.tp_rank, self.tp)
+        missing, unexpected = model.load_state_dict(local, strict=False)
+        missing = [m for m in missing if not m.endswith("_extra_state")]
+        if missing or unexpected:
+            raise RuntimeError(f"megatron rank {self.rank}: missing {missing[:3]}, unexpected {unexpected[:3]}")
+        self.numbering = numbering
+        ddp = DistributedDataParallelConfig(grad_reduce_in_fp32=True, overlap_grad_reduce=False,
+                                            use_distributed_optimizer=False)
+        self.model = DistributedDataParallel(self.mconfig, ddp, model)
+        self._build_optimizer()
+        self.step = 0
+
+    def _global_name(self, name: str) -> str:
+        # tied embeddings: the last pipeline stage's copy of the word embeddings is the same tensor
+        if name == "output_layer.weight" and self.shape.tied:
+            return "embedding.word_embeddings.weight"
+        return name
+
+    def _build_optimizer(self) -> None:
+        from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+        from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+
+        opt, sched = self.settings.optimizer, self.settings.scheduler
+        self.optimizer = get_megatron_optimizer(OptimizerConfig(
+            optimizer=opt.optimizer, lr=opt.lr, min_lr=opt.min_lr, weight_decay=opt.weight_decay,
+            adam_beta1=opt.adam_beta1, adam_beta2=opt.adam_beta2, adam_eps=opt.adam_eps,
+            sgd_momentum=opt.sgd_momentum, clip_grad=opt.clip_grad, bf16=self.mconfig.bf16,
+            params_dtype=self.mconfig.params_dtype, use_distributed_optimizer=opt.use_distributed_optimizer,
+        ), [self.model])
+        total = self.config.core.algorithm.max_steps
+        self.scheduler = OptimizerParamScheduler(
+            self.optimizer, init_lr=0.0 if sched.lr_warmup_iters else opt.lr, max_lr=opt.lr, min_lr=opt.min_lr,
+            lr_warmup_steps=sched.lr_warmup_iters, lr_decay_steps=sched.lr_decay_iters or total,
+            lr_decay_style=sched.lr_decay_style, start_wd=opt.weight_decay, end_wd=opt.weight_decay,
+            wd_incr_steps=total, wd_incr_style="constant",
+        )
+        # megatron's warm-up gives step 0 the initial lr (0): count the first step as 1, so every
+        # optimizer step learns (warm-up w: lr/w, 2 lr/w, ... lr)
+        self.scheduler.step(increment=1)
+
+    def _first_in_node(self) -> bool:
+        return int(os.environ.get("LOCAL_RANK", self.rank)) == 0
+
+    def _barrier(self) -> None:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.barrier()
+
+    # -- work --------------------------------------------------------------------------
+
+    def _run(self, mbs: list[dict[str, torch.Tensor]], loss_fn: Any, normaliser: float, forward_only: bool) -> list[Any]:
+        from megatron.core.pipeline_parallel import get_forward_backward_func
+
+        count, width = len(mbs), int(mbs[0]["input_ids"].shape[1])
+        scale = count * self.dp  # the schedule divides by the micro-batch count, DDP averages over dp
+
+        def forward_step(data: Any, model: Any) -> tuple[torch.Tensor, Any]:
+            mb = next(data)
+            ids = mb["input_ids"]
+            positions = torch.arange(ids.shape[1]).expand_as(ids)
+            output = model(ids, positions, attention_mask=None)
+            return output, partial(self._loss, mb, loss_fn, normaliser, scale, forward_only)
+
+        self.mconfig.finalize_model_grads_func = None if forward_only else _finalize
+        return get_forward_backward_func()(
+            forward_step_func=forward_step, data_iterator=iter(mbs), model=[self.model], num_microbatches=count,
+            seq_length=width, micro_batch_size=int(mbs[0]["input_ids"].shape[0]), forward_only=forward_only,
+        )
+
+    @staticmethod
+    def _loss(mb: dict[str, torch.Tensor], loss_fn: Any, normaliser: float, scale: float, forward_only: bool,
+              logits: torch.Tensor) -> tuple[torch.Tensor, dict[str, Any]]:
+        logprobs = token_logprobs(logits, mb["input_ids"], mb["attention_mask"])
+        if forward_only:
+            return logits.new_zeros(()), {"logprobs": logprobs.detach().float()}
+        loss, metrics = loss_fn(logprobs, mb, normaliser)
+        return loss * scale, {"loss": float(loss.detach()), "metrics": metrics}
+
+    def logprobs(self, mbs: list[dict[str, torch.Tensor]]) -> list[torch.Tensor] | None:
+        self.model.eval()
+        with torch.no_grad():
+            out = self._run(mbs, None, 1.0, forward_only=True)
+        return [o["logprobs"] for o in out] if self.ps.is_pipeline_last_stage() else None
+
+    def train_step(self, mbs: list[dict[str, torch.Tensor]], loss_fn: Any, normaliser: float) -> dict[str, Any]:
+        self.model.train()
+        self.model.zero_grad_buffer()
+        self.optimizer.zero_grad()
+        out = self._run(mbs, loss_fn, normaliser, forward_only=False)
+        lr = self.optimizer.param_groups[0]["lr"]
+        _, grad_norm, _ = self.optimizer.step()
+        self.scheduler.step(increment=1)
+        self.step += 1
+        metrics: dict[str, float] = {}
+        for o in out:
+            for key, value in o["metrics"].items():
+                metrics[key] = metrics.get(key, 0.0) + float(value)
+        last = self.ps.is_pipeline_last_stage()
+        return {"loss": sum(o["loss"] for o in out) if last else None, "grad_norm": float(grad_norm or 0.0),
+                "lr": lr, "step": self.step, "metrics": metrics if last else None}
+
+    # -- checkpoints -------------------------------------------------------------------
+
+    def save_checkpoint(self, path: str) -> None:
+        """Each rank writes its shard, optimizer and scheduler state, RNG and step."""
+        import random
+
+        state = {"model": self.model.module.state_dict(), "optimizer": self.optimizer.state_dict(),
+                 "scheduler": self.scheduler.state_dict(), "step": self.step,
+                 "rng": {"torch": torch.get_rng_state(), "python": random.getstate()}}
+        torch.save(state, os.path.join(path, f"megatron_rank{self.rank}.pt"))
+        self._barrier()
+
+    def load_checkpoint(self, path: str) -> None:
+        import random
+
+        state = torch.load(os.path.join(path, f"megatron_rank{self.rank}.pt"), weights_only=False)
+        self.model.module.load_state_dict(state["model"], strict=False)
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.num_steps = 0  # its load_state_dict steps forward by the saved count
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.step = state["step"]
+        torch.set_rng_state(state["rng"]["torch"])
+        random.setstate(state["rng"]["python"])
+        self._barrier()
+
+    # -- memory ------------------------------------------------------------------------
+
+    def offload(self, parts: list[str]) -> None:
+        if not torch.cuda.is_available():
+            log.info("megatron rank %d: moving %s is a no-op on CPU", self.rank, " and ".join(parts))
+            return
+        if "optimizer" in parts:
+            self.optimizer.offload_to_cpu() if hasattr(self.optimizer, "offload_to_cpu") else None
+        torch.cuda.empty_cache()
+
+    def reload(self, parts: list[str]) -> None:
+        if torch.cuda.is_available() and "optimizer" in parts and hasattr(self.optimizer, "restore_from_cpu"):
+            self.optimizer.restore_from_cpu()
+
+    def coordinates(self) -> dict[str, Any]:
+        """This rank's data-parallel index, and whether it reports losses and logprobs (the last
+        pipeline stage's first tensor-parallel rank)."""
+        return {"dp": self.ps.get_data_parallel_rank(),
+                "reports": self.ps.is_pipeline_last_stage() and self.tp_rank == 0}
+
+    # -- weights out -------------------------------------------------------------------
+
+    def full_state_dict(self) -> dict[str, torch.Tensor] | None:
+        """Every rank must call this; each pipeline stage's first tensor-parallel rank returns
+        its stage's full tensors with global Megatron names (the driver merges the stages)."""
+        from corerl_megatron.sharding import gather, renumber
+
+        module = self.model.module
+        group = self.ps.get_tensor_model_parallel_group()
+        out = {}
+        for name, param in module.named_parameters():
+            full = gather(name, param.detach(), param, group, self.tp)
+            out[renumber(name, self.numbering)] = full.cpu()
+        if self.shape.tied:
+            out.pop("output_layer.weight", None)
+        keep = self.tp_rank == 0 and self.ps.get_data_parallel_rank() == 0
+        return out if keep else None
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def shutdown(self) -> None:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _finalize(*args: Any, **kwargs: Any) -> None:
+    from megatron.core.distributed import finalize_model_grads
+
+    finalize_model_grads(*args, **kwargs)

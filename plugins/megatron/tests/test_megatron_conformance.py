@@ -1,0 +1,32 @@
+"""megatron through the training-backend conformance suite (megatron's own optimizer and
+scheduler replace the generic ones: SGD with momentum and linear warm-up, as the suite's reference)."""
+
+from __future__ import annotations
+
+from corerl.testing.conformance import LR, MAX_GRAD_NORM, MOMENTUM, TrainingBackendConformance
+
+MEGATRON = ["policy.megatron_cfg.enabled=true", "policy.megatron_cfg.optimizer.optimizer=sgd",
+            f"policy.megatron_cfg.optimizer.lr={LR}", f"policy.megatron_cfg.optimizer.sgd_momentum={MOMENTUM}",
+            f"policy.megatron_cfg.optimizer.clip_grad={MAX_GRAD_NORM}", "policy.megatron_cfg.optimizer.weight_decay=0.0",
+            "policy.megatron_cfg.scheduler.lr_decay_style=linear", "policy.megatron_cfg.scheduler.lr_warmup_iters=2"]
+
+
+class _Megatron(TrainingBackendConformance):
+    backend_id = "megatron"
+    micro_batch_layouts = ()
+
+    def _single_rank_overrides(self) -> list[str]:
+        return ["policy.megatron_cfg.tensor_model_parallel_size=1", "policy.megatron_cfg.pipeline_model_parallel_size=1",
+                "policy.megatron_cfg.sequence_parallel=false"]
+
+
+class TestWorld1(_Megatron):
+    overrides = ["cluster.gpus_per_node=1", *MEGATRON]
+
+
+class TestTensorParallel2(_Megatron):
+    overrides = ["cluster.gpus_per_node=2", "policy.megatron_cfg.tensor_model_parallel_size=2", *MEGATRON]
+
+
+class TestPipelineParallel2(_Megatron):
+    overrides = ["cluster.gpus_per_node=2", "policy.megatron_cfg.pipeline_model_parallel_size=2", *MEGATRON]
