@@ -46,7 +46,7 @@ class MegatronWorker:
 
         from corerl_megatron.conversion import WEIGHTS, ensure_converted, load_hf_model_config
         from corerl_megatron.model import build_gpt, transformer_config
-        from corerl_megatron.sharding import layer_numbering, renumber, shard
+        from corerl_megatron.sharding import layer_numbering, partition_dim, renumber, shard
 
         torch.manual_seed(self.config.core.algorithm.seed)
         hf, self.family, self.shape = load_hf_model_config(model_path, self.settings.converter_type)
@@ -63,9 +63,17 @@ class MegatronWorker:
         model = build_gpt(hf, self.mconfig, pre_process=self.ps.is_pipeline_first_stage(),
                           post_process=self.ps.is_pipeline_last_stage())
         numbering = layer_numbering(model)
-        local = {}
+        local, self.partition = {}, {}
         for name, param in model.named_parameters():
-            local[name] = shard(name, full[self._global_name(renumber(name, numbering))], param, self.tp_rank, self.tp)
+            source = full[self._global_name(renumber(name, numbering))]
+            self.partition[name] = partition_dim(source.shape, param.shape)
+            local[name] = shard(name, source, self.partition[name], self.tp_rank, self.tp)
+            # megatron marks these while initialising weights, which conversion skips; its grad
+            # norm counts a tensor-parallel-duplicated parameter once by them
+            dim = self.partition[name]
+            param.tensor_model_parallel = dim is not None
+            param.partition_dim = dim if dim is not None else -1
+            param.partition_stride = 1
         missing, unexpected = model.load_state_dict(local, strict=False)
         missing = [m for m in missing if not m.endswith("_extra_state")]
         if missing or unexpected:
@@ -223,7 +231,7 @@ class MegatronWorker:
         group = self.ps.get_tensor_model_parallel_group()
         out = {}
         for name, param in module.named_parameters():
-            full = gather(name, param.detach(), param, group, self.tp)
+            full = gather(name, param.detach(), self.partition[name], group, self.tp)
             out[renumber(name, self.numbering)] = full.cpu()
         if self.shape.tied:
             out.pop("output_layer.weight", None)
