@@ -115,6 +115,28 @@ def _clip_by_total_norm(parameters: Any, max_norm: float, total_norm: float, use
                 grad.mul_(coeff)
 
 
+@contextlib.contextmanager
+def _tensor_cuda_is_identity() -> Any:
+    original = torch.Tensor.cuda
+    torch.Tensor.cuda = lambda self, *args, **kwargs: self  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        torch.Tensor.cuda = original  # type: ignore[method-assign]
+
+
+def _cpu_setup_embeddings(original: Any) -> Any:
+    """The tied-embedding set-up of a pipelined model calls ``weight.data.cuda()``: on the CPU
+    that copy stays where it is (only while the set-up runs)."""
+
+    def setup(self: Any, *args: Any, **kwargs: Any) -> Any:
+        with _tensor_cuda_is_identity():
+            return original(self, *args, **kwargs)
+
+    setup.__wrapped__ = original  # type: ignore[attr-defined]
+    return setup
+
+
 def install() -> bool:
     """Redirect the loaded megatron-core modules when there is no GPU; True when it did.
     Call it after importing the megatron-core modules a backend uses (it is idempotent)."""
@@ -127,6 +149,11 @@ def install() -> bool:
 
     clip_grads.clip_grad_by_total_norm_fp32 = _clip_by_total_norm
     optimizer.clip_grad_by_total_norm_fp32 = _clip_by_total_norm
+    from megatron.core.models.common.language_module.language_module import LanguageModule
+
+    if not hasattr(LanguageModule.setup_embeddings_and_output_layer, "__wrapped__"):
+        LanguageModule.setup_embeddings_and_output_layer = _cpu_setup_embeddings(  # type: ignore[method-assign]
+            LanguageModule.setup_embeddings_and_output_layer)
     for name, module in list(sys.modules.items()):
         if name.startswith(_MODULE_PREFIX) and getattr(module, "torch", None) is torch:
             module.torch = _STAND_IN  # type: ignore[attr-defined]

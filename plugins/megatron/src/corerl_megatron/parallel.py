@@ -29,7 +29,11 @@ def init_parallel(*, rank: int, world_size: int, tensor: int, pipeline: int, con
             context_parallel_size=context, expert_model_parallel_size=expert,
         )
     # the modules a backend uses, imported before their CUDA-only calls are redirected
+    import megatron.core.distributed  # noqa: F401
+    import megatron.core.models.common.language_module.language_module  # noqa: F401
     import megatron.core.models.gpt  # noqa: F401
+    import megatron.core.optimizer  # noqa: F401
+    import megatron.core.optimizer_param_scheduler  # noqa: F401
     import megatron.core.pipeline_parallel.p2p_communication  # noqa: F401
     import megatron.core.pipeline_parallel.schedules  # noqa: F401
 
