@@ -54,8 +54,12 @@ class MegatronBackend:
         self.world_size = config.core.cluster.world_size
         threads = max(1, (os.cpu_count() or 1) // self.world_size)
         self.batcher = MicroBatcher.from_config(config)
+        from corerl_megatron.conversion import checkpoint_root
+
+        # the driver's environment decides where conversions live (Ray workers may have started earlier)
         self.group = RayWorkerGroup(WORKER, self.world_size, ray_address=config.core.cluster.ray_address,
-                                    cpus_per_worker=1, role="megatron worker", config=config, threads=threads)
+                                    cpus_per_worker=1, role="megatron worker", config=config, threads=threads,
+                                    checkpoint_dir=str(checkpoint_root()))
         coords = self.group.call("coordinates")
         self.dp_of = [c["dp"] for c in coords]
         self.reports = [c["reports"] for c in coords]

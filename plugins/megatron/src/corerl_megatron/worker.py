@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import os
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -20,12 +21,14 @@ log = logging.getLogger(__name__)
 class MegatronWorker:
     """The rank-local half of the megatron backend."""
 
-    def __init__(self, *, rank: int, world_size: int, config: Config, threads: int | None = None) -> None:
+    def __init__(self, *, rank: int, world_size: int, config: Config, threads: int | None = None,
+                 checkpoint_dir: str | None = None) -> None:
         if threads:
             torch.set_num_threads(threads)
         from corerl_megatron.parallel import init_parallel
 
         self.rank, self.world_size, self.config = rank, world_size, config
+        self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir else None
         self.settings = config.section("policy.megatron_cfg")
         s = self.settings
         init_parallel(rank=rank, world_size=world_size, tensor=s.tensor_model_parallel_size,
@@ -51,11 +54,11 @@ class MegatronWorker:
         torch.manual_seed(self.config.core.algorithm.seed)
         hf, self.family, self.shape = load_hf_model_config(model_path, self.settings.converter_type)
         self.hf_config, self.model_path = hf, model_path
-        folder = ensure_converted(model_path, force=self.settings.force_reconvert_from_hf,
-                                  converter_type=self.settings.converter_type) if self._first_in_node() else None
-        self._barrier()
+        convert = partial(ensure_converted, model_path, converter_type=self.settings.converter_type, root=self.checkpoint_dir)
+        folder = convert(force=self.settings.force_reconvert_from_hf) if self._first_in_node() else None
+        self._barrier()  # one rank converts; the others then find the complete conversion
         if folder is None:
-            folder = ensure_converted(model_path, converter_type=self.settings.converter_type)
+            folder = convert()
         full = load_file(str(folder / WEIGHTS))
         self.mconfig = transformer_config(
             hf, self.settings, tensor_parallel=self.tp, pipeline_parallel=self.settings.pipeline_model_parallel_size,
