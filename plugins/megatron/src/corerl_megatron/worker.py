@@ -209,8 +209,8 @@ class MegatronWorker:
         if not torch.cuda.is_available():
             log.info("megatron rank %d: moving %s is a no-op on CPU", self.rank, " and ".join(parts))
             return
-        if "optimizer" in parts:
-            self.optimizer.offload_to_cpu() if hasattr(self.optimizer, "offload_to_cpu") else None
+        if "optimizer" in parts and hasattr(self.optimizer, "offload_to_cpu"):
+            self.optimizer.offload_to_cpu()
         torch.cuda.empty_cache()
 
     def reload(self, parts: list[str]) -> None:
