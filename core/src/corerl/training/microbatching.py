@@ -121,7 +121,7 @@ class MicroBatcher:
         rows, width = batch_rows(batch), int(batch["input_ids"].shape[1])
         lengths = [int(n) for n in batch["attention_mask"].sum(dim=1).tolist()]
         if self.layout == "rows":
-            return self._plan_rows(batch, ranks, self.train_rows if purpose == "train" else self.logprob_rows, lengths)
+            return self._plan_rows(batch, ranks, self.train_rows if purpose == "train" else self.logprob_rows, sum(lengths))
         budget = self.train_tokens if purpose == "train" else self.logprob_tokens
         check_budget(lengths, budget, self._budget_key(purpose))
         if self.layout == "packed":
@@ -140,7 +140,7 @@ class MicroBatcher:
         _even_out(per_rank, batch, packed=self.layout == "packed")
         return MicroBatchPlan(per_rank, placements, rows, width, sum(lengths), slots)
 
-    def _plan_rows(self, batch: Batch, ranks: int, size: int, lengths: list[int]) -> MicroBatchPlan:
+    def _plan_rows(self, batch: Batch, ranks: int, size: int, real_tokens: int) -> MicroBatchPlan:
         width = int(batch["input_ids"].shape[1])
         per_rank, placements = [], []
         for rank, shard in enumerate(shard_rows(batch, ranks)):
@@ -149,7 +149,7 @@ class MicroBatcher:
             placements.append([Placement(first + index * size + row, index, row, 0, width)
                                for index, mb in enumerate(mbs) for row in range(batch_rows(mb))])
             per_rank.append(mbs)
-        return MicroBatchPlan(per_rank, placements, batch_rows(batch), width, sum(lengths), batch_rows(batch) * width)
+        return MicroBatchPlan(per_rank, placements, batch_rows(batch), width, real_tokens, batch_rows(batch) * width)
 
     def _group_rank(self, batch: Batch, members: list[int], lengths: list[int], budget: int) -> tuple[list[Batch], list[Placement], int]:
         order = sorted(members, key=lambda i: (-lengths[i], i))
@@ -203,13 +203,17 @@ def resolve_packer(config: Config) -> Packer:
     return packer
 
 
+def _per_row(value: Any, rows: int) -> bool:
+    return getattr(value, "dim", lambda: 0)() >= 1 and value.shape[0] == rows
+
+
 def _per_token(value: Any, rows: int, width: int) -> bool:
-    return getattr(value, "dim", lambda: 0)() >= 2 and tuple(value.shape[:2]) == (rows, width)
+    return _per_row(value, rows) and value.dim() >= 2 and value.shape[1] == width
 
 
 def _refuse_row_fields(batch: Batch, rows: int, width: int) -> None:
     for key, value in batch.items():
-        if getattr(value, "dim", lambda: 0)() >= 1 and value.shape[0] == rows and not _per_token(value, rows, width):
+        if _per_row(value, rows) and not _per_token(value, rows, width):
             raise ValueError(f"batch field {key!r} of shape {tuple(value.shape)} is per row, not per token: "
                              "sequence packing moves [B, T, ...] fields only; expand it over the tokens")
 
@@ -223,7 +227,7 @@ def _select_rows(batch: Batch, sources: list[int], cut: int) -> Batch:
     for key, value in batch.items():
         if _per_token(value, rows, width):
             out[key] = value.index_select(0, index)[:, :cut].contiguous()
-        elif getattr(value, "dim", lambda: 0)() >= 1 and value.shape[0] == rows:
+        elif _per_row(value, rows):
             out[key] = value.index_select(0, index)
         else:
             out[key] = value
@@ -255,7 +259,7 @@ def _empty_micro_batch(batch: Batch, packed: bool) -> Batch:
     for key, value in batch.items():
         if _per_token(value, rows, width):
             out[key] = torch.zeros((1, 1, *value.shape[2:]), dtype=value.dtype)
-        elif getattr(value, "dim", lambda: 0)() >= 1 and value.shape[0] == rows:
+        elif _per_row(value, rows):
             out[key] = torch.zeros((1, *value.shape[1:]), dtype=value.dtype)
         else:
             out[key] = value

@@ -13,9 +13,10 @@ custom attention, and causal attention alone keeps right padding from reaching r
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 NAME = "corerl_segments"
 
@@ -34,6 +35,8 @@ def segment_attention(
 ) -> tuple[torch.Tensor, None]:
     """Causal SDPA per sequence of each row; ``query`` ``[B, H, T, D]``, ``key``/``value``
     ``[B, Hkv, T, D]``; returns ``[B, T, H, D]`` as transformers' attention functions do."""
+    import torch
+
     if attention_mask is not None:
         raise ValueError(f"the {NAME} attention takes no mask: use it for right-padded or packed rows only")
     position_ids = kwargs.get("position_ids")

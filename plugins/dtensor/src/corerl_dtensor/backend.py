@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from typing import Any
 
 import torch
 
 from corerl.config import Config
+from corerl.distributed.group_backend import WorkerGroupBackend
 from corerl.distributed.worker_group import LocalWorkerGroup, RayWorkerGroup
 from corerl.errors import ConfigError, EngineNotAvailable
 from corerl.training.batching import loss_token_count
@@ -44,7 +45,7 @@ def check_supported(config: Config) -> None:
         )
 
 
-class DTensorBackend:
+class DTensorBackend(WorkerGroupBackend):
     """FSDP2 (or FSDP1) x tensor parallel over ``cluster.num_nodes x cluster.gpus_per_node`` ranks."""
 
     def __init__(self, config: Config) -> None:
@@ -96,28 +97,12 @@ class DTensorBackend:
             tokens=int(normaliser), step=first["step"], metrics=metrics,
         )
 
-    def save_checkpoint(self, path: str) -> None:
-        os.makedirs(path, exist_ok=True)
-        self.group.call("save_checkpoint", path)
-
-    def load_checkpoint(self, path: str) -> None:
-        self.group.call("load_checkpoint", path)
-
     def export_hf(self, path: str) -> None:
         self.group.call("export_hf", path)
 
     def weight_stream(self) -> Iterator[tuple[str, torch.Tensor]]:
         state = self.group.call("full_state_dict")[0]
         yield from state.items()
-
-    def offload(self, parts: Sequence[str] = ("optimizer", "parameters")) -> None:
-        self.group.call("offload", list(parts))
-
-    def reload(self, parts: Sequence[str] = ("optimizer", "parameters")) -> None:
-        self.group.call("reload", list(parts))
-
-    def worker_pids(self) -> list[int]:
-        return self.group.pids()
 
     def shutdown(self) -> None:
         if self.world_size > 1:

@@ -11,7 +11,6 @@ import logging
 import os
 import random
 import warnings
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -21,6 +20,7 @@ from torch import nn
 from corerl.config import Config
 from corerl.distributed.actor import resolve
 from corerl.training.grad_norm import clip_grad_norm
+from corerl.training.hf_export import write_hf_checkpoint
 from corerl.training.logprobs import model_logprobs
 from corerl.training.optim import build_optimizer, build_scheduler
 from corerl_dtensor import parallelize
@@ -68,7 +68,6 @@ class DTensorWorker:
         model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32, **extra).to(self.device)
         self.model_path = model_path
         self.hf_config = model.config
-        self.hf_class = type(model)
         if self.mesh is not None and self.tp > 1:
             plan = resolve(self.settings.custom_parallel_plan) if self.settings.custom_parallel_plan else None
             parallelize.apply_tensor_parallel(model, self.mesh["tp"], plan, self.settings.sequence_parallel)
@@ -216,13 +215,7 @@ class DTensorWorker:
         state = self.full_state_dict()
         if self.rank == 0:
             assert state is not None
-            with torch.device("meta"):
-                model = self.hf_class(self.hf_config)
-            model.load_state_dict(state, strict=True, assign=True)
-            model.tie_weights()
-            Path(path).mkdir(parents=True, exist_ok=True)
-            model.save_pretrained(path)
-            _copy_tokenizer(self.model_path, path)
+            write_hf_checkpoint(state, self.hf_config, self.model_path, path)
         self._barrier()
 
     # -- memory ------------------------------------------------------------------------
@@ -273,13 +266,3 @@ def _quiet_libraries() -> None:
     logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)
     warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
 
-
-def _copy_tokenizer(source: str, target: str) -> None:
-    from transformers import AutoTokenizer
-
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(source)
-    except (OSError, ValueError) as exc:
-        log.warning("no tokenizer exported: %s has none that loads (%s)", source, exc)
-        return
-    tokenizer.save_pretrained(target)

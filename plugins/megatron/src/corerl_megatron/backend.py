@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from corerl.config import Config
+from corerl.distributed.group_backend import WorkerGroupBackend
 from corerl.distributed.worker_group import RayWorkerGroup
 from corerl.errors import EngineNotAvailable
 from corerl.training.batching import loss_token_count
@@ -45,7 +46,7 @@ def check_supported(config: Config) -> None:
                                  key=f"{section}.context_parallel_size", hint="set both sizes to 1")
 
 
-class MegatronBackend:
+class MegatronBackend(WorkerGroupBackend):
     """megatron-core GPTModel, tensor x pipeline x data parallel over Ray ranks."""
 
     def __init__(self, config: Config) -> None:
@@ -66,8 +67,13 @@ class MegatronBackend:
         self.dp = max(self.dp_of) + 1
 
     def load_hf(self, model_path: str) -> None:
+        from corerl_megatron.conversion import load_hf_model_config
+
         self.group.call("load_hf", model_path)
         self.model_path = model_path
+        # read once here, not on every refit
+        self.hf_config, self.family, self.shape = load_hf_model_config(
+            Path(model_path), self.config.section("policy.megatron_cfg").converter_type)
 
     def _args(self, plan: Any, *extra: Any) -> list[tuple[Any, ...]]:
         return [(plan.per_rank[self.dp_of[rank]], *extra) for rank in range(self.world_size)]
@@ -98,33 +104,16 @@ class MegatronBackend:
         return state
 
     def weight_stream(self) -> Iterator[tuple[str, torch.Tensor]]:
-        from corerl_megatron.conversion import load_hf_model_config
         from corerl_megatron.convert import megatron_to_hf
 
-        _, family, shape = load_hf_model_config(Path(self.model_path), self.config.section("policy.megatron_cfg").converter_type)
-        yield from megatron_to_hf(self._megatron_state(), family, shape).items()
+        yield from megatron_to_hf(self._megatron_state(), self.family, self.shape).items()
 
     def export_hf(self, path: str) -> None:
-        from corerl_megatron.export import write_hf_checkpoint
+        from corerl.training.hf_export import write_hf_checkpoint
 
-        write_hf_checkpoint(dict(self.weight_stream()), self.model_path, path)
-
-    def save_checkpoint(self, path: str) -> None:
-        os.makedirs(path, exist_ok=True)
-        self.group.call("save_checkpoint", path)
-
-    def load_checkpoint(self, path: str) -> None:
-        self.group.call("load_checkpoint", path)
-
-    def offload(self, parts: Sequence[str] = ("optimizer", "parameters")) -> None:
-        self.group.call("offload", list(parts))
-
-    def reload(self, parts: Sequence[str] = ("optimizer", "parameters")) -> None:
-        self.group.call("reload", list(parts))
-
-    def worker_pids(self) -> list[int]:
-        return self.group.pids()
+        write_hf_checkpoint(dict(self.weight_stream()), self.hf_config, self.model_path, path)
 
     def shutdown(self) -> None:
         self.group.call("shutdown")
         self.group.shutdown()
+

@@ -1,0 +1,39 @@
+"""Writing a Hugging Face checkpoint from full, Hugging Face-named weights (any training backend)."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+log = logging.getLogger(__name__)
+
+
+def write_hf_checkpoint(state: dict[str, torch.Tensor], hf_config: Any, source: str, target: str) -> None:
+    """Save ``state`` as a causal LM of ``hf_config`` (safetensors and config.json) at ``target``,
+    with the tokenizer of the checkpoint folder ``source`` when it has one that loads."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(hf_config, dtype=torch.float32)
+    model.load_state_dict(state, strict=True, assign=True)
+    model.tie_weights()
+    Path(target).mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(target)
+    copy_tokenizer(source, target)
+
+
+def copy_tokenizer(source: str, target: str) -> None:
+    """Save ``source``'s tokenizer into ``target``; a warning when it has none that loads."""
+    from transformers import AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source)
+    except (OSError, ValueError) as exc:
+        log.warning("no tokenizer exported: %s has none that loads (%s)", source, exc)
+        return
+    tokenizer.save_pretrained(target)
