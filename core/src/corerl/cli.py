@@ -1,4 +1,4 @@
-"""The ``corerl`` command: ``run``, ``validate`` and ``plugins``.
+"""The ``corerl`` command: ``run``, ``validate``, ``plugins`` and ``convert``.
 
 Only the standard library is imported at module level so that ``corerl --help`` starts
 fast; each command imports what it needs. Errors a user can cause print one line each
@@ -55,6 +55,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     plugins = commands.add_parser("plugins", help="list installed plugins and what they register")
     plugins.add_argument("--json", action="store_true", help="print JSON")
+
+    convert = commands.add_parser("convert", help="convert a checkpoint between Hugging Face and Megatron formats "
+                                                  "(needs the megatron plugin)")
+    convert.add_argument("direction", choices=["hf-to-megatron", "megatron-to-hf"], help="which way")
+    convert.add_argument("source", metavar="SOURCE", help="checkpoint folder to read")
+    convert.add_argument("target", nargs="?", metavar="TARGET",
+                         help="folder to write (hf-to-megatron without it: the conversion cache runs use)")
+    convert.add_argument("--converter-type", metavar="ARCH", help="architecture table, e.g. Qwen2ForCausalLM "
+                                                                  "(default: from config.json)")
+    convert.add_argument("--force", action="store_true", help="convert again / replace a non-empty TARGET")
     return parser
 
 
@@ -78,6 +88,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _cmd_plugins(args)
         if args.command == "validate":
             return _cmd_validate(args)
+        if args.command == "convert":
+            return _cmd_convert(args)
         return _cmd_run(args)
     except CorerlError as exc:
         if debug:
@@ -198,6 +210,22 @@ def _print_selection(source: str, selection: Any, verdict: str) -> None:
     console.print(table)
     for warning in selection.warnings:
         console.print(f"[yellow]warning:[/] {warning}", highlight=False)
+
+
+def _cmd_convert(args: argparse.Namespace) -> int:
+    from corerl.errors import UsageError
+    from corerl.known_plugins import FIRST_PARTY
+
+    try:
+        from corerl_megatron.convert_command import run_convert
+    except ImportError as exc:
+        install = next(p.install for p in FIRST_PARTY if p.name == "megatron")
+        raise UsageError(f"corerl convert needs the megatron plugin, which does not import ({exc})",
+                         hint=f"install it: {install}") from exc
+    written = run_convert(args.direction, args.source, args.target, converter_type=args.converter_type,
+                          force=args.force)
+    print(f"wrote {written}")
+    return 0
 
 
 def _cmd_run(args: argparse.Namespace) -> int:

@@ -151,16 +151,19 @@ def execute(config: Config, selection: Selection, host: PluginHost, console: Any
 
     started: list[Any] = []
 
-    def start(registration: Any, path: str) -> Any:
+    def start(registration: Any, path: str, training: Any = None) -> Any:
         backend = registration.create(config=config)
         started.append(backend)
+        if training is not None and hasattr(backend, "use_training_engine"):
+            if backend.use_training_engine(training):
+                console.print(f"generation samples with the {selection.training_backend.id} training model itself")
         backend.load_hf(path)
         return backend
 
     try:
         assert selection.training_backend.registration and selection.generation_backend.registration
         training = start(selection.training_backend.registration, model_path)
-        generation = start(selection.generation_backend.registration, model_path)
+        generation = start(selection.generation_backend.registration, model_path, training)
         assert selection.offload_policy.registration is not None
         offload = selection.offload_policy.registration.create(training=training, generation=generation, config=config)
 

@@ -3,6 +3,10 @@
 A generation backend's factory is called as ``factory(config=Config)`` and returns an object
 with the methods of :class:`GenerationEngine`. Prompts and completions are token ids; the
 tokenizer is the algorithm's business.
+
+A backend that samples with the training model itself (megatron's) also has
+``use_training_engine(training) -> bool``: the runner calls it with the training engine before
+``load_hf``, and the backend answers whether it will share that engine's model.
 """
 
 from __future__ import annotations

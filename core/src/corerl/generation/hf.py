@@ -11,6 +11,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from corerl.generation.contract import Sample, SamplingSettings
+from corerl.generation.sampling import cut_at_stop_ids, cut_at_stop_strings
 
 log = logging.getLogger(__name__)
 
@@ -68,8 +69,8 @@ class HFGenerationBackend:
         for row in range(out.shape[0]):
             prompt = prompts[row // n]
             ids = out[row, width:].tolist()
-            ids, reason = _cut_at_stop(ids, stop_ids)
-            ids, reason = self._cut_at_strings(ids, sampling.stop_strings, reason)
+            ids, reason = cut_at_stop_ids(ids, stop_ids)
+            ids, reason = cut_at_stop_strings(ids, sampling.stop_strings, self.tokenizer, reason)
             completions.append((prompt, ids, reason))
         logprobs = self._logprobs([(p, c) for p, c, _ in completions])
         samples = [
@@ -77,15 +78,6 @@ class HFGenerationBackend:
             for (p, c, r), lp in zip(completions, logprobs, strict=True)
         ]
         return [samples[i * n:(i + 1) * n] for i in range(len(prompts))]
-
-    def _cut_at_strings(self, ids: list[int], stops: tuple[str, ...], reason: str) -> tuple[list[int], str]:
-        if not stops:
-            return ids, reason
-        for end in range(1, len(ids) + 1):
-            text = self.tokenizer.decode(ids[:end], skip_special_tokens=False)
-            if any(s in text for s in stops):
-                return ids[:end], "stop"
-        return ids, reason
 
     def _logprobs(self, pairs: list[tuple[list[int], list[int]]]) -> list[list[float]]:
         import torch
@@ -120,9 +112,3 @@ class HFGenerationBackend:
     def shutdown(self) -> None:
         self.model = None
 
-
-def _cut_at_stop(ids: list[int], stop_ids: list[int]) -> tuple[list[int], str]:
-    for index, token in enumerate(ids):
-        if token in stop_ids:
-            return ids[: index + 1], "stop"
-    return ids, "length"

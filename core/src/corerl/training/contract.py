@@ -23,7 +23,7 @@ normalisation is exact whatever the micro-batching and data parallelism).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import attrs
@@ -72,8 +72,9 @@ class TrainingEngine(Protocol):
     def export_hf(self, path: str) -> None:
         """Write a Hugging Face checkpoint (safetensors, config, tokenizer) of the current weights."""
 
-    def weight_stream(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """The current full weights as ``(Hugging Face name, tensor)`` pairs, for a generation backend."""
+    def weight_stream(self) -> Iterable[tuple[str, torch.Tensor]]:
+        """The current full weights as ``(Hugging Face name, tensor)`` pairs, for a generation
+        backend; iterated once (a generator will do)."""
 
     def offload(self, parts: Sequence[str] = ("optimizer", "parameters")) -> None:
         """Move ``parts`` (``"parameters"``, ``"optimizer"``) off the accelerator; the offload

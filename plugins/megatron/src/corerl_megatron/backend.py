@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -41,9 +41,14 @@ def check_supported(config: Config) -> None:
         raise EngineNotAvailable("the megatron backend runs fixed-width row micro-batches only (its pipeline "
                                  "schedule needs one shape); packing is not wired into it yet", key=key,
                                  hint="turn it off, or use the dtensor backend for packed sequences")
-    if settings.context_parallel_size > 1 or settings.expert_model_parallel_size > 1:
-        raise EngineNotAvailable("context and expert parallelism are not wired into the megatron backend yet",
-                                 key=f"{section}.context_parallel_size", hint="set both sizes to 1")
+    if settings.context_parallel_size > 1:
+        raise EngineNotAvailable("context parallelism needs Transformer Engine's attention, which the megatron "
+                                 "backend does not wire in yet (the local layer spec has no context-parallel attention)",
+                                 key=f"{section}.context_parallel_size", hint="set it to 1")
+    if settings.expert_model_parallel_size > 1 or settings.expert_tensor_parallel_size > 1:
+        key = "expert_model_parallel_size" if settings.expert_model_parallel_size > 1 else "expert_tensor_parallel_size"
+        raise EngineNotAvailable("expert parallelism needs a mixture-of-experts model; the converter's tables cover "
+                                 "the dense Llama and Qwen2 families only", key=f"{section}.{key}", hint="set it to 1")
 
 
 class MegatronBackend(WorkerGroupBackend):
@@ -103,10 +108,8 @@ class MegatronBackend(WorkerGroupBackend):
             state.update(part or {})
         return state
 
-    def weight_stream(self) -> Iterator[tuple[str, torch.Tensor]]:
-        from corerl_megatron.convert import megatron_to_hf
-
-        yield from megatron_to_hf(self._megatron_state(), self.family, self.shape).items()
+    def weight_stream(self) -> Iterable[tuple[str, torch.Tensor]]:
+        return OwnWeights(self)
 
     def export_hf(self, path: str) -> None:
         from corerl.training.hf_export import write_hf_checkpoint
@@ -117,3 +120,17 @@ class MegatronBackend(WorkerGroupBackend):
         self.group.call("shutdown")
         self.group.shutdown()
 
+
+class OwnWeights:
+    """A megatron engine's weights as Hugging Face ``(name, tensor)`` pairs, gathered when
+    iterated. ``engine`` lets the megatron generation backend, which samples with this very
+    engine, recognise its own weights and skip the copy."""
+
+    def __init__(self, engine: MegatronBackend) -> None:
+        self.engine = engine
+
+    def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
+        from corerl_megatron.convert import megatron_to_hf
+
+        engine = self.engine
+        yield from megatron_to_hf(engine._megatron_state(), engine.family, engine.shape).items()

@@ -20,6 +20,7 @@ from typing import Any
 
 COMPLETE = "corerl_conversion.json"
 WEIGHTS = "megatron.safetensors"
+HF_FILES = "hf"  # the source's config and tokenizer, for the way back to Hugging Face
 
 
 def checkpoint_root(env: dict[str, str] | None = None) -> Path:
@@ -54,6 +55,11 @@ def ensure_converted(source: str | Path, *, force: bool = False, root: Path | No
     target = converted_dir(source, root or checkpoint_root())
     if (target / COMPLETE).exists() and not force:
         return target
+    return convert_into(source, target, converter_type)
+
+
+def convert_into(source: Path, target: Path, converter_type: str | None = None) -> Path:
+    """Convert ``source`` into the folder ``target`` (replaced), published only when complete."""
     target.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
     try:
@@ -93,11 +99,30 @@ def convert_folder(source: Path, target: Path, converter_type: str | None = None
     from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM
 
+    from corerl.training.hf_export import copy_tokenizer
     from corerl_megatron.convert import hf_to_megatron
 
     hf, family, shape = load_hf_model_config(source, converter_type)
     model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)
     state = hf_to_megatron({k: v.detach() for k, v in model.state_dict().items()}, family, shape)
     save_file(state, str(target / WEIGHTS))
+    hf.save_pretrained(target / HF_FILES)
+    copy_tokenizer(str(source), str(target / HF_FILES))
     return {"source": str(source.resolve()), "fingerprint": fingerprint(source), "family": family.name,
             "tensors": len(state)}
+
+
+def export_conversion(folder: Path, target: Path) -> None:
+    """Write the Hugging Face checkpoint of a conversion made by :func:`convert_into`."""
+    from safetensors.torch import load_file
+
+    from corerl.errors import ConfigError
+    from corerl.training.hf_export import write_hf_checkpoint
+    from corerl_megatron.convert import megatron_to_hf
+
+    if not (folder / COMPLETE).exists() or not (folder / HF_FILES / "config.json").exists():
+        raise ConfigError(f"{folder} is not a complete corerl Megatron conversion (no {COMPLETE} and {HF_FILES}/config.json)",
+                          hint="convert a Hugging Face checkpoint first: corerl convert hf-to-megatron SOURCE TARGET")
+    hf, family, shape = load_hf_model_config(folder / HF_FILES)
+    state = megatron_to_hf(load_file(str(folder / WEIGHTS)), family, shape)
+    write_hf_checkpoint(state, hf, str(folder / HF_FILES), str(target))

@@ -5,10 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from corerl import GenerationBackend, TrainingBackend, hookimpl
-from corerl.pending import pending_engine
 from corerl_megatron.config import MegatronConfig, MegatronGenerationConfig
-
-_LANDS_WITH = "the Megatron plugin issue"
 
 
 @hookimpl
@@ -31,7 +28,7 @@ def corerl_register_generation_backends(register: Callable[[GenerationBackend], 
         GenerationBackend(
             id="megatron",
             priority=100,
-            factory=pending_engine("generation backend 'megatron'", _LANDS_WITH),
+            factory="corerl_megatron.generation:MegatronGeneration",
             config_section="policy.generation.mcore_generation_config",
             config_schema=MegatronGenerationConfig,
             description="sampling with the Megatron training model itself",

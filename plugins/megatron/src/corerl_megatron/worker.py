@@ -49,7 +49,7 @@ class MegatronWorker:
 
         from corerl_megatron.conversion import WEIGHTS, ensure_converted, load_hf_model_config
         from corerl_megatron.model import build_gpt, transformer_config
-        from corerl_megatron.sharding import layer_numbering, partition_dim, renumber, shard
+        from corerl_megatron.sharding import layer_numbering, partition_dim
 
         torch.manual_seed(self.config.core.algorithm.seed)
         hf, self.family, self.shape = load_hf_model_config(model_path, self.settings.converter_type)
@@ -60,39 +60,69 @@ class MegatronWorker:
         if folder is None:
             folder = convert()
         full = load_file(str(folder / WEIGHTS))
+        dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
         self.mconfig = transformer_config(
-            hf, self.settings, tensor_parallel=self.tp, pipeline_parallel=self.settings.pipeline_model_parallel_size,
-            qkv_bias=self.shape.qkv_bias)
+            hf, self.settings, dtype[self.config.core.policy.precision], tensor_parallel=self.tp,
+            pipeline_parallel=self.settings.pipeline_model_parallel_size, qkv_bias=self.shape.qkv_bias)
         model = build_gpt(hf, self.mconfig, pre_process=self.ps.is_pipeline_first_stage(),
                           post_process=self.ps.is_pipeline_last_stage())
-        numbering = layer_numbering(model)
-        local, self.partition = {}, {}
+        if self.settings.freeze_moe_router:
+            self._freeze_routers(model)
+        self.numbering = layer_numbering(model)
+        self.partition = {}
         for name, param in model.named_parameters():
-            source = full[self._global_name(renumber(name, numbering))]
-            self.partition[name] = partition_dim(source.shape, param.shape)
-            local[name] = shard(name, source, self.partition[name], self.tp_rank, self.tp)
+            self.partition[name] = partition_dim(full[self._source_name(name)].shape, param.shape)
             # megatron marks these while initialising weights, which conversion skips; its grad
             # norm counts a tensor-parallel-duplicated parameter once by them
             dim = self.partition[name]
             param.tensor_model_parallel = dim is not None
             param.partition_dim = dim if dim is not None else -1
             param.partition_stride = 1
-        missing, unexpected = model.load_state_dict(local, strict=False)
-        missing = [m for m in missing if not m.endswith("_extra_state")]
-        if missing or unexpected:
-            raise RuntimeError(f"megatron rank {self.rank}: missing {missing[:3]}, unexpected {unexpected[:3]}")
-        self.numbering = numbering
+        self._copy_in(model, full)
         ddp = DistributedDataParallelConfig(grad_reduce_in_fp32=True, overlap_grad_reduce=False,
                                             use_distributed_optimizer=False)
         self.model = DistributedDataParallel(self.mconfig, ddp, model)
         self._build_optimizer()
         self.step = 0
 
-    def _global_name(self, name: str) -> str:
+    def _freeze_routers(self, model: Any) -> None:
+        """``freeze_moe_router``: the MoE routers' weights take no gradient (set before DDP
+        builds its gradient buffers, which then leave them out)."""
+        routers = [name for name, param in model.named_parameters() if ".router." in name]
+        for name, param in model.named_parameters():
+            if name in routers:
+                param.requires_grad_(False)
+        if not routers:
+            log.info("megatron rank %d: freeze_moe_router is set but the model has no MoE router", self.rank)
+
+    def _source_name(self, local_name: str) -> str:
+        """The global Megatron name a local parameter is cut from."""
+        from corerl_megatron.sharding import renumber
+
+        name = renumber(local_name, self.numbering)
         # tied embeddings: the last pipeline stage's copy of the word embeddings is the same tensor
         if name == "output_layer.weight" and self.shape.tied:
             return "embedding.word_embeddings.weight"
         return name
+
+    def _copy_in(self, module: Any, full: dict[str, torch.Tensor]) -> None:
+        """This rank's shard of every parameter of ``module`` from the full Megatron state."""
+        from corerl_megatron.sharding import shard
+
+        names = {name for name, _ in module.named_parameters()}
+        local = {name: shard(name, full[self._source_name(name)], self.partition[name], self.tp_rank, self.tp)
+                 for name in names}
+        missing, unexpected = module.load_state_dict(local, strict=False)
+        missing = [m for m in missing if not m.endswith("_extra_state")]
+        if missing or unexpected:
+            raise RuntimeError(f"megatron rank {self.rank}: missing {missing[:3]}, unexpected {unexpected[:3]}")
+
+    def load_weights(self, full: dict[str, torch.Tensor]) -> None:
+        """Replace the model's weights in place from a full Megatron state (a refit from elsewhere)."""
+        with torch.no_grad():
+            self._copy_in(self.model.module, full)
+        if hasattr(self.optimizer, "reload_model_params"):  # bf16: the fp32 main copies follow
+            self.optimizer.reload_model_params()
 
     def _build_optimizer(self) -> None:
         from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
@@ -155,6 +185,12 @@ class MegatronWorker:
         loss, metrics = loss_fn(logprobs, mb, normaliser)
         return loss * scale, {"loss": float(loss.detach()), "metrics": metrics}
 
+    def _empty_unused_memory(self, level: int) -> None:
+        """megatron's ``empty_unused_memory_level``: 1 empties the CUDA cache after the forward and
+        backward passes, 2 after the optimizer step as well (nothing to empty on the CPU)."""
+        if self.settings.empty_unused_memory_level >= level and torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
     def logprobs(self, mbs: list[dict[str, torch.Tensor]]) -> list[torch.Tensor] | None:
         self.model.eval()
         with torch.no_grad():
@@ -166,8 +202,10 @@ class MegatronWorker:
         self.model.zero_grad_buffer()
         self.optimizer.zero_grad()
         out = self._run(mbs, loss_fn, normaliser, forward_only=False)
+        self._empty_unused_memory(1)
         lr = self.optimizer.param_groups[0]["lr"]
         _, grad_norm, _ = self.optimizer.step()
+        self._empty_unused_memory(2)
         self.scheduler.step(increment=1)
         self.step += 1
         metrics: dict[str, float] = {}
@@ -177,6 +215,48 @@ class MegatronWorker:
         last = self.ps.is_pipeline_last_stage()
         return {"loss": sum(o["loss"] for o in out) if last else None, "grad_norm": float(grad_norm or 0.0),
                 "lr": lr, "step": self.step, "metrics": metrics if last else None}
+
+    # -- generation --------------------------------------------------------------------
+
+    def generate(self, rows: list[list[int]], sampling: Any, stop_ids: list[int]) -> list[Any] | None:
+        """Completions of this data-parallel group's ``rows`` (see :mod:`corerl_megatron.decode`);
+        returned by the rank that reports, None elsewhere."""
+        from megatron.core.inference import contexts  # noqa: F401  (loaded before the redirect below)
+
+        from corerl_megatron import cpu_redirect
+        from corerl_megatron.decode import decode_rows
+
+        cpu_redirect.install()  # the KV cache is allocated on torch.cuda.current_device()
+        if self.mconfig.sequence_parallel:
+            raise RuntimeError("megatron generation does not run with sequence_parallel (a decode step "
+                               "is one token wide); set policy.megatron_cfg.sequence_parallel=false")
+        self.model.eval()
+        with torch.no_grad():
+            out = decode_rows(rows, sampling, stop_ids, self._last_logits, self._share_tokens) if rows else []
+        return out if self.coordinates()["reports"] else None
+
+    def _last_logits(self, ids: torch.Tensor, positions: torch.Tensor, cache: Any) -> torch.Tensor | None:
+        from megatron.core.pipeline_parallel import get_forward_backward_func
+
+        def forward_step(data: Any, model: Any) -> tuple[torch.Tensor, Any]:
+            next(data)
+            logits = model(ids, positions, attention_mask=None, inference_context=cache, runtime_gather_output=True)
+            return logits, lambda out: (out.new_zeros(()), {"logits": out[:, -1].float()})
+
+        self.mconfig.finalize_model_grads_func = None
+        out = get_forward_backward_func()(
+            forward_step_func=forward_step, data_iterator=iter([None]), model=[self.model], num_microbatches=1,
+            seq_length=int(ids.shape[1]), micro_batch_size=int(ids.shape[0]), forward_only=True,
+        )
+        return out[0]["logits"] if self.ps.is_pipeline_last_stage() else None
+
+    def _share_tokens(self, tokens: torch.Tensor) -> torch.Tensor:
+        if self.ps.get_pipeline_model_parallel_world_size() > 1:
+            import torch.distributed as dist
+
+            dist.broadcast(tokens, src=self.ps.get_pipeline_model_parallel_last_rank(),
+                           group=self.ps.get_pipeline_model_parallel_group())
+        return tokens
 
     # -- checkpoints -------------------------------------------------------------------
 

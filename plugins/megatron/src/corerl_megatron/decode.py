@@ -1,0 +1,68 @@
+"""The rank-local decode loop of the ``megatron`` generation backend.
+
+Rows with the same prompt length are decoded together: one prefill of the prompts, then one
+token per step, with megatron-core's static KV cache (``StaticInferenceContext``) so that a
+step reads the cache instead of re-running the sequence. Every rank of a model replica runs
+the loop; the last pipeline stage chooses the tokens and passes them to the other stages.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from corerl.generation.contract import SamplingSettings
+from corerl.generation.sampling import choose_tokens
+
+# (ids [rows, width], positions [rows, width], KV cache) -> last-position logits [rows, vocab],
+# or None on a rank that is not the last pipeline stage
+Forward = Callable[[torch.Tensor, torch.Tensor, Any], "torch.Tensor | None"]
+# the chosen tokens [rows] of the last stage, the same tensor on every stage afterwards
+ShareTokens = Callable[[torch.Tensor], torch.Tensor]
+Decoded = tuple[list[int], list[float], str]
+
+
+def decode_rows(rows: list[list[int]], sampling: SamplingSettings, stop_ids: list[int], forward: Forward,
+                share: ShareTokens) -> list[Decoded]:
+    """Completions of ``rows`` in order: ids (a final stop id included), logprobs (empty on
+    ranks that do not hold the logits) and the finish reason."""
+    from megatron.core.inference.contexts import StaticInferenceContext
+
+    generator = torch.Generator().manual_seed(sampling.seed) if sampling.seed is not None else None
+    by_length: dict[int, list[int]] = {}
+    for index, row in enumerate(rows):
+        by_length.setdefault(len(row), []).append(index)
+    decoded: list[Decoded | None] = [None] * len(rows)
+    for length, members in sorted(by_length.items()):
+        cache = StaticInferenceContext(len(members), length + sampling.max_new_tokens)
+        tokens = torch.tensor([rows[i] for i in members], dtype=torch.long)
+        positions = torch.arange(length).expand(len(members), -1)
+        ids: list[list[int]] = [[] for _ in members]
+        logprobs: list[list[float]] = [[] for _ in members]
+        reasons = ["length"] * len(members)
+        for step in range(sampling.max_new_tokens):
+            logits = forward(tokens, positions, cache)
+            if logits is not None:
+                chosen, chosen_logprobs = choose_tokens(logits, sampling, generator)
+            else:
+                chosen, chosen_logprobs = torch.zeros(len(members), dtype=torch.long), None
+            chosen = share(chosen)
+            for slot, token in enumerate(chosen.tolist()):
+                if reasons[slot] == "stop":
+                    continue
+                ids[slot].append(token)
+                if chosen_logprobs is not None:
+                    logprobs[slot].append(float(chosen_logprobs[slot]))
+                if token in stop_ids:
+                    reasons[slot] = "stop"
+            if all(reason == "stop" for reason in reasons):
+                break
+            cache.sequence_len_offset += tokens.shape[1]
+            cache.enable_decode_mode()
+            tokens = chosen.unsqueeze(1)
+            positions = torch.full((len(members), 1), length + step, dtype=torch.long)
+        for slot, index in enumerate(members):
+            decoded[index] = (ids[slot], logprobs[slot], reasons[slot])
+    return [d for d in decoded if d is not None]

@@ -1,0 +1,20 @@
+"""megatron generation through the generation conformance suite: on its own engine at world
+size 1, and at tp=2 and pp=2 (every rank of the replica runs the decode loop)."""
+
+from __future__ import annotations
+
+from corerl.testing.generation_conformance import GenerationBackendConformance
+
+
+class TestMegatronGeneration(GenerationBackendConformance):
+    backend_id = "megatron"
+
+
+class TestMegatronGenerationTensorParallel2(GenerationBackendConformance):
+    backend_id = "megatron"
+    overrides = ["cluster.gpus_per_node=2", "policy.megatron_cfg.tensor_model_parallel_size=2"]
+
+
+class TestMegatronGenerationPipelineParallel2(GenerationBackendConformance):
+    backend_id = "megatron"
+    overrides = ["cluster.gpus_per_node=2", "policy.megatron_cfg.pipeline_model_parallel_size=2"]
