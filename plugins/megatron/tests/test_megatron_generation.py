@@ -18,3 +18,10 @@ class TestMegatronGenerationTensorParallel2(GenerationBackendConformance):
 class TestMegatronGenerationPipelineParallel2(GenerationBackendConformance):
     backend_id = "megatron"
     overrides = ["cluster.gpus_per_node=2", "policy.megatron_cfg.pipeline_model_parallel_size=2"]
+
+
+class TestMegatronGenerationOneRowPerKVBudget(GenerationBackendConformance):
+    """A KV budget (``buffer_size_gb``) that holds one row's cache: rows decode one at a time."""
+
+    backend_id = "megatron"
+    overrides = ["policy.generation.mcore_generation_config.buffer_size_gb=0.0000001"]

@@ -25,44 +25,56 @@ Decoded = tuple[list[int], list[float], str]
 
 
 def decode_rows(rows: list[list[int]], sampling: SamplingSettings, stop_ids: list[int], forward: Forward,
-                share: ShareTokens) -> list[Decoded]:
+                share: ShareTokens, kv_bytes_per_token: int, kv_budget_bytes: float) -> list[Decoded]:
     """Completions of ``rows`` in order: ids (a final stop id included), logprobs (empty on
-    ranks that do not hold the logits) and the finish reason."""
-    from megatron.core.inference.contexts import StaticInferenceContext
-
+    ranks that do not hold the logits) and the finish reason. Rows of one prompt length are
+    decoded in batches whose KV cache (``kv_bytes_per_token`` per cached token of a row) fits
+    ``kv_budget_bytes``."""
     generator = torch.Generator().manual_seed(sampling.seed) if sampling.seed is not None else None
     by_length: dict[int, list[int]] = {}
     for index, row in enumerate(rows):
         by_length.setdefault(len(row), []).append(index)
     decoded: list[Decoded | None] = [None] * len(rows)
-    for length, members in sorted(by_length.items()):
-        cache = StaticInferenceContext(len(members), length + sampling.max_new_tokens)
-        tokens = torch.tensor([rows[i] for i in members], dtype=torch.long)
-        positions = torch.arange(length).expand(len(members), -1)
-        ids: list[list[int]] = [[] for _ in members]
-        logprobs: list[list[float]] = [[] for _ in members]
-        reasons = ["length"] * len(members)
-        for step in range(sampling.max_new_tokens):
-            logits = forward(tokens, positions, cache)
-            if logits is not None:
-                chosen, chosen_logprobs = choose_tokens(logits, sampling, generator)
-            else:
-                chosen, chosen_logprobs = torch.zeros(len(members), dtype=torch.long), None
-            chosen = share(chosen)
-            for slot, token in enumerate(chosen.tolist()):
-                if reasons[slot] == "stop":
-                    continue
-                ids[slot].append(token)
-                if chosen_logprobs is not None:
-                    logprobs[slot].append(float(chosen_logprobs[slot]))
-                if token in stop_ids:
-                    reasons[slot] = "stop"
-            if all(reason == "stop" for reason in reasons):
-                break
-            cache.sequence_len_offset += tokens.shape[1]
-            cache.enable_decode_mode()
-            tokens = chosen.unsqueeze(1)
-            positions = torch.full((len(members), 1), length + step, dtype=torch.long)
-        for slot, index in enumerate(members):
-            decoded[index] = (ids[slot], logprobs[slot], reasons[slot])
+    for length, same_length in sorted(by_length.items()):
+        per_row = kv_bytes_per_token * (length + sampling.max_new_tokens)
+        batch = max(1, int(kv_budget_bytes // per_row))
+        for start in range(0, len(same_length), batch):
+            members = same_length[start:start + batch]
+            for index, done in zip(members, _decode_batch(rows, members, length, sampling, stop_ids, forward, share,
+                                                          generator), strict=True):
+                decoded[index] = done
     return [d for d in decoded if d is not None]
+
+
+def _decode_batch(rows: list[list[int]], members: list[int], length: int, sampling: SamplingSettings,
+                  stop_ids: list[int], forward: Forward, share: ShareTokens, generator: Any) -> list[Decoded]:
+    from megatron.core.inference.contexts import StaticInferenceContext
+
+    cache = StaticInferenceContext(len(members), length + sampling.max_new_tokens)
+    tokens = torch.tensor([rows[i] for i in members], dtype=torch.long)
+    positions = torch.arange(length).expand(len(members), -1)
+    ids: list[list[int]] = [[] for _ in members]
+    logprobs: list[list[float]] = [[] for _ in members]
+    reasons = ["length"] * len(members)
+    for step in range(sampling.max_new_tokens):
+        logits = forward(tokens, positions, cache)
+        if logits is not None:
+            chosen, chosen_logprobs = choose_tokens(logits, sampling, generator)
+        else:
+            chosen, chosen_logprobs = torch.zeros(len(members), dtype=torch.long), None
+        chosen = share(chosen)
+        for slot, token in enumerate(chosen.tolist()):
+            if reasons[slot] == "stop":
+                continue
+            ids[slot].append(token)
+            if chosen_logprobs is not None:
+                logprobs[slot].append(float(chosen_logprobs[slot]))
+            if token in stop_ids:
+                reasons[slot] = "stop"
+        if all(reason == "stop" for reason in reasons):
+            break
+        cache.sequence_len_offset += tokens.shape[1]
+        cache.enable_decode_mode()
+        tokens = chosen.unsqueeze(1)
+        positions = torch.full((len(members), 1), length + step, dtype=torch.long)
+    return [(ids[slot], logprobs[slot], reasons[slot]) for slot in range(len(members))]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import os
+import warnings
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,11 @@ from corerl.training.logprobs import token_logprobs
 
 log = logging.getLogger(__name__)
 
+# megatron-core's import-time and per-call notices that say nothing about this run: the optional
+# CUDA packages it falls back from, and CUDA-only tuning advice
+_QUIET = (r".*(Apex|Transformer Engine).* not installed.*", r".*CUDA_DEVICE_MAX_CONNECTIONS.*",
+          r".*all_gather_into_tensor. is deprecated.*", r".*full scope is deprecated.*")
+
 
 class MegatronWorker:
     """The rank-local half of the megatron backend."""
@@ -25,6 +31,8 @@ class MegatronWorker:
                  checkpoint_dir: str | None = None) -> None:
         if threads:
             torch.set_num_threads(threads)
+        for pattern in _QUIET:
+            warnings.filterwarnings("ignore", message=pattern)
         from corerl_megatron.parallel import init_parallel
 
         self.rank, self.world_size, self.config = rank, world_size, config
@@ -232,8 +240,20 @@ class MegatronWorker:
                                "is one token wide); set policy.megatron_cfg.sequence_parallel=false")
         self.model.eval()
         with torch.no_grad():
-            out = decode_rows(rows, sampling, stop_ids, self._last_logits, self._share_tokens) if rows else []
+            out = decode_rows(rows, sampling, stop_ids, self._last_logits, self._share_tokens,
+                              self._kv_bytes_per_token(), self._kv_budget_bytes()) if rows else []
         return out if self.coordinates()["reports"] else None
+
+    def _kv_bytes_per_token(self) -> int:
+        """KV-cache bytes of one cached token of one row on a rank (the same on every rank)."""
+        pp = self.settings.pipeline_model_parallel_size
+        layers = -(-self.shape.num_layers // pp)
+        kv_heads = max(1, self.shape.num_kv_heads // self.tp)
+        size = torch.empty((), dtype=self.mconfig.params_dtype).element_size()
+        return 2 * layers * kv_heads * self.shape.head_dim * size
+
+    def _kv_budget_bytes(self) -> float:
+        return self.config.section("policy.generation.mcore_generation_config").buffer_size_gb * 2**30
 
     def _last_logits(self, ids: torch.Tensor, positions: torch.Tensor, cache: Any) -> torch.Tensor | None:
         from megatron.core.pipeline_parallel import get_forward_backward_func

@@ -1,0 +1,48 @@
+"""What the megatron backend cannot run here is refused before any rank starts, in one line
+that names the key."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from corerl.errors import EngineNotAvailable
+from corerl.testing import host_with, select_for, write_recipe
+from corerl_megatron.backend import check_supported
+
+GPU_ONLY = ["policy.megatron_cfg.fp8_cfg={format: hybrid}", "policy.megatron_cfg.optimizer.use_distributed_optimizer=true",
+            "policy.megatron_cfg.apply_rope_fusion=true", "policy.megatron_cfg.bias_activation_fusion=true"]
+NOT_OFFERED = [
+    ("policy.sequence_packing.enabled=true", "policy.sequence_packing.enabled", "packing is not wired"),
+    ("policy.dynamic_batching.enabled=true", "policy.dynamic_batching.enabled", "packing is not wired"),
+    ("policy.megatron_cfg.context_parallel_size=2", "policy.megatron_cfg.context_parallel_size", "Transformer Engine"),
+    ("policy.megatron_cfg.expert_model_parallel_size=2", "policy.megatron_cfg.expert_model_parallel_size",
+     "mixture-of-experts"),
+]
+
+
+def _config(tmp_path, override: str):
+    recipe = write_recipe(tmp_path / "r.yaml", {"cluster": {"gpus_per_node": 2},
+                                                "policy": {"model_name": "m", "megatron_cfg": {"enabled": True}}})
+    config, _ = select_for(host_with(None, "installed"), recipe, [override])
+    return config
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="these run where a GPU is present")
+@pytest.mark.parametrize("override", GPU_ONLY)
+def test_gpu_only_options_are_refused_on_a_machine_without_one(tmp_path, override):
+    key = override.split("=")[0]
+    with pytest.raises(EngineNotAvailable) as raised:
+        check_supported(_config(tmp_path, override))
+    assert raised.value.key == key and "needs a GPU" in str(raised.value) and "\n" not in str(raised.value)
+
+
+@pytest.mark.parametrize(("override", "key", "reason"), NOT_OFFERED)
+def test_what_the_backend_does_not_offer_is_refused_with_its_reason(tmp_path, override, key, reason):
+    with pytest.raises(EngineNotAvailable) as raised:
+        check_supported(_config(tmp_path, override))
+    assert raised.value.key == key and reason in str(raised.value) and "\n" not in str(raised.value)
+
+
+def test_the_supported_options_pass(tmp_path):
+    check_supported(_config(tmp_path, "policy.megatron_cfg.tensor_model_parallel_size=2"))
