@@ -59,3 +59,13 @@ def test_converted_model_matches_transformers_and_round_trips_exactly(family, ti
     assert result["family"] == family
     assert result["logit_diff"] <= 1e-4
     assert result["same_names"] and result["exact"]
+
+
+def test_transformer_engine_names_map_to_the_tables_local_names():
+    from corerl_megatron.model import spec_neutral_name
+
+    assert spec_neutral_name("decoder.layers.3.self_attention.linear_qkv.layer_norm_weight") == \
+        "decoder.layers.3.input_layernorm.weight"
+    assert spec_neutral_name("decoder.layers.0.mlp.linear_fc1.layer_norm_weight") == \
+        "decoder.layers.0.pre_mlp_layernorm.weight"
+    assert spec_neutral_name("decoder.layers.0.mlp.linear_fc1.weight") == "decoder.layers.0.mlp.linear_fc1.weight"

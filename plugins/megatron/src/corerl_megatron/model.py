@@ -65,3 +65,18 @@ def build_gpt(hf: Any, config: Any, *, pre_process: bool = True, post_process: b
         share_embeddings_and_output_weights=bool(getattr(hf, "tie_word_embeddings", False)),
         position_embedding_type="rope", rotary_base=int(rope_theta(hf)),
     )
+
+
+# Transformer Engine's layer spec folds each pre-norm into the linear layer after it; the
+# conversion tables use the local spec's names
+_FOLDED_NORMS = {"self_attention.linear_qkv.layer_norm_weight": "input_layernorm.weight",
+                 "mlp.linear_fc1.layer_norm_weight": "pre_mlp_layernorm.weight"}
+
+
+def spec_neutral_name(name: str) -> str:
+    """The local-spec name of a GPTModel parameter name (the same name under the local spec)."""
+    for folded, local in _FOLDED_NORMS.items():
+        if name.endswith(folded):
+            return name[: -len(folded)] + local
+    return name
+

@@ -105,9 +105,10 @@ class MegatronWorker:
 
     def _source_name(self, local_name: str) -> str:
         """The global Megatron name a local parameter is cut from."""
+        from corerl_megatron.model import spec_neutral_name
         from corerl_megatron.sharding import renumber
 
-        name = renumber(local_name, self.numbering)
+        name = spec_neutral_name(renumber(local_name, self.numbering))
         # tied embeddings: the last pipeline stage's copy of the word embeddings is the same tensor
         if name == "output_layer.weight" and self.shape.tied:
             return "embedding.word_embeddings.weight"
@@ -328,6 +329,7 @@ class MegatronWorker:
     def full_state_dict(self) -> dict[str, torch.Tensor] | None:
         """Every rank must call this; each pipeline stage's first tensor-parallel rank returns
         its stage's full tensors with global Megatron names (the driver merges the stages)."""
+        from corerl_megatron.model import spec_neutral_name
         from corerl_megatron.sharding import gather, renumber
 
         module = self.model.module
@@ -335,7 +337,7 @@ class MegatronWorker:
         out = {}
         for name, param in module.named_parameters():
             full = gather(name, param.detach(), self.partition[name], group, self.tp)
-            out[renumber(name, self.numbering)] = full.cpu()
+            out[spec_neutral_name(renumber(name, self.numbering))] = full.cpu()
         if self.shape.tied:
             out.pop("output_layer.weight", None)
         keep = self.tp_rank == 0 and self.ps.get_data_parallel_rank() == 0
