@@ -24,10 +24,11 @@ DRIVER = textwrap.dedent(
     from corerl_dtensor.backend import DTensorBackend
 
     if __name__ == "__main__":
+        host = PluginHost()  # first, as the CLI does: plugins quiet their libraries' import-time notices
         work = tempfile.mkdtemp()
         model = str(build_tiny_model(work + "/model", hidden_size=128, num_layers=4))
         recipe = write_recipe(__import__("pathlib").Path(work) / "r.yaml", {"policy": {"model_name": model}})
-        config = load_config(recipe, ["cluster.gpus_per_node=2", "policy.train_micro_batch_size=1"], PluginHost())
+        config = load_config(recipe, ["cluster.gpus_per_node=2", "policy.train_micro_batch_size=1"], host)
         try:
             backend = DTensorBackend(config)
             backend.load_hf(model)

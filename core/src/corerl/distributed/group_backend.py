@@ -7,6 +7,21 @@ from collections.abc import Sequence
 from typing import Any
 
 
+def step_result(reporting: list[dict[str, Any]], tokens: int) -> Any:
+    """One :class:`~corerl.training.contract.StepResult` from the ranks' ``train_step`` results:
+    losses and metrics summed over the ranks that report (one per data-parallel group); the grad
+    norm, lr and step, which every rank shares, from the first."""
+    from corerl.training.contract import StepResult
+
+    metrics: dict[str, float] = {}
+    for result in reporting:
+        for key, value in result["metrics"].items():
+            metrics[key] = metrics.get(key, 0.0) + value
+    first = reporting[0]
+    return StepResult(loss=sum(r["loss"] for r in reporting), grad_norm=first["grad_norm"], lr=first["lr"],
+                      tokens=tokens, step=first["step"], metrics=metrics)
+
+
 class WorkerGroupBackend:
     """Base of a driver-side backend whose ranks are ``self.group`` (a worker group): the
     contract methods that are the same call on every rank."""
@@ -25,6 +40,10 @@ class WorkerGroupBackend:
 
     def reload(self, parts: Sequence[str] = ("optimizer", "parameters")) -> None:
         self.group.call("reload", list(parts))
+
+    def state_bytes(self) -> list[dict[str, int]]:
+        """Per rank: bytes held for parameters, gradients and optimizer state (bench/memory.py)."""
+        return self.group.call("state_bytes")
 
     def worker_pids(self) -> list[int]:
         return self.group.pids()

@@ -2,11 +2,22 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 
 from corerl import TrainingBackend, hookimpl
-from corerl.pending import pending_engine
 from corerl_deepspeed.config import DeepSpeedConfig
+
+
+def _drop_accelerator_notice(record: logging.LogRecord) -> bool:
+    return "Setting accelerator to CPU" not in record.getMessage()
+
+
+# transformers imports DeepSpeed whenever it is installed, and DeepSpeed then prints, on stdout, a
+# notice that it found no GPU: on a CPU machine that line would open every run's output (and break
+# tools that read corerl's stdout). A filter on DeepSpeed's logger (set up before DeepSpeed creates
+# it, kept when it does) drops that one record, without importing DeepSpeed here.
+logging.getLogger("DeepSpeed").addFilter(_drop_accelerator_notice)
 
 
 @hookimpl
@@ -15,7 +26,7 @@ def corerl_register_training_backends(register: Callable[[TrainingBackend], None
         TrainingBackend(
             id="deepspeed",
             priority=200,
-            factory=pending_engine("training backend 'deepspeed'", "the DeepSpeed plugin issue"),
+            factory="corerl_deepspeed.backend:DeepSpeedBackend",
             config_section="policy.deepspeed_cfg",
             config_schema=DeepSpeedConfig,
             description="DeepSpeed ZeRO stages 0-3 with CPU/NVMe offload",

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from corerl.config import Config
-from corerl.distributed.group_backend import WorkerGroupBackend
+from corerl.distributed.group_backend import WorkerGroupBackend, step_result
 from corerl.distributed.worker_group import LocalWorkerGroup, RayWorkerGroup
 from corerl.errors import ConfigError, EngineNotAvailable
 from corerl.training.batching import loss_token_count
@@ -86,16 +86,7 @@ class DTensorBackend(WorkerGroupBackend):
         plan = self.batcher.plan(batch, self.dp, "train")
         args = [(mbs, loss_fn, normaliser) for mbs in self._by_rank(plan)]
         results = self.group.call_per_rank("train_step", args)
-        leaders = self._dp_leaders(results)
-        metrics: dict[str, float] = {}
-        for result in leaders:
-            for key, value in result["metrics"].items():
-                metrics[key] = metrics.get(key, 0.0) + value
-        first = results[0]
-        return StepResult(
-            loss=sum(r["loss"] for r in leaders), grad_norm=first["grad_norm"], lr=first["lr"],
-            tokens=int(normaliser), step=first["step"], metrics=metrics,
-        )
+        return step_result(self._dp_leaders(results), int(normaliser))
 
     def export_hf(self, path: str) -> None:
         self.group.call("export_hf", path)

@@ -22,6 +22,7 @@ from corerl.distributed.actor import resolve
 from corerl.training.grad_norm import clip_grad_norm
 from corerl.training.hf_export import write_hf_checkpoint
 from corerl.training.logprobs import model_logprobs
+from corerl.training.memory import optimizer_state_tensors, storage_bytes
 from corerl.training.optim import build_optimizer, build_scheduler
 from corerl_dtensor import parallelize
 
@@ -86,6 +87,7 @@ class DTensorWorker:
         self.optimizer = build_optimizer(model.parameters(), policy.optimizer)
         self.scheduler = build_scheduler(self.optimizer, policy.scheduler, self.config.core.algorithm.max_steps)
         self.step = 0
+        self.grad_bytes = 0
 
     def _require_model(self) -> nn.Module:
         if self.model is None:
@@ -134,6 +136,7 @@ class DTensorWorker:
         else:
             grad_norm = clip_grad_norm(model.parameters(), max_norm)
         lr = self.optimizer.param_groups[0]["lr"]
+        self.grad_bytes = storage_bytes(p.grad for p in model.parameters())
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
@@ -241,6 +244,13 @@ class DTensorWorker:
         if device.type == "cpu":
             torch.cuda.synchronize()
             torch.cuda.empty_cache()
+
+    def state_bytes(self) -> dict[str, int]:
+        """Bytes this rank holds for parameters (its shards), gradients (at the last step, before
+        the optimizer ran) and optimizer state (see bench/memory.py)."""
+        model = self._require_model()
+        return {"parameters": storage_bytes(model.parameters()), "gradients": self.grad_bytes,
+                "optimizer": storage_bytes(optimizer_state_tensors(self.optimizer))}
 
     def accelerator_memory(self) -> dict[str, int]:
         """Bytes the accelerator holds for this process (allocated, reserved); zeros without one."""

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from corerl.config import Config
-from corerl.distributed.group_backend import WorkerGroupBackend
+from corerl.distributed.group_backend import WorkerGroupBackend, step_result
 from corerl.distributed.worker_group import RayWorkerGroup
 from corerl.errors import EngineNotAvailable
 from corerl.training.batching import loss_token_count
@@ -93,14 +93,7 @@ class MegatronBackend(WorkerGroupBackend):
         normaliser = float(max(1, loss_token_count(batch)))
         plan = self.batcher.plan(batch, self.dp, "train")
         results = self.group.call_per_rank("train_step", self._args(plan, loss_fn, normaliser))
-        reporting = [r for rank, r in enumerate(results) if self.reports[rank]]
-        metrics: dict[str, float] = {}
-        for result in reporting:
-            for key, value in result["metrics"].items():
-                metrics[key] = metrics.get(key, 0.0) + value
-        first = results[0]
-        return StepResult(loss=sum(r["loss"] for r in reporting), grad_norm=first["grad_norm"], lr=first["lr"],
-                          tokens=int(normaliser), step=first["step"], metrics=metrics)
+        return step_result([r for rank, r in enumerate(results) if self.reports[rank]], int(normaliser))
 
     def _megatron_state(self) -> dict[str, torch.Tensor]:
         state: dict[str, torch.Tensor] = {}

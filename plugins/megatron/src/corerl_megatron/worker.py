@@ -318,6 +318,17 @@ class MegatronWorker:
         if torch.cuda.is_available() and "optimizer" in parts and hasattr(self.optimizer, "restore_from_cpu"):
             self.optimizer.restore_from_cpu()
 
+    def state_bytes(self) -> dict[str, int]:
+        """Bytes this rank holds for parameters (its shards), gradients (megatron's gradient
+        buffer) and optimizer state, fp32 main copies included (see bench/memory.py)."""
+        from corerl.training.memory import optimizer_state_tensors, storage_bytes
+
+        module = self.model.module
+        mains = [p for group in getattr(self.optimizer, "fp32_from_float16_groups", None) or [] for p in group]
+        return {"parameters": storage_bytes(module.parameters()),
+                "gradients": storage_bytes(getattr(p, "main_grad", None) for p in module.parameters()),
+                "optimizer": storage_bytes([*optimizer_state_tensors(self.optimizer), *mains])}
+
     def coordinates(self) -> dict[str, Any]:
         """This rank's data-parallel index, and whether it reports losses and logprobs (the last
         pipeline stage's first tensor-parallel rank)."""

@@ -1,0 +1,46 @@
+"""deepspeed through the training-backend conformance suite: ZeRO stages 1, 2 and 3 at world
+size 1 and 2, and ZeRO-2 / ZeRO-3 with the optimizer offloaded to the CPU."""
+
+from __future__ import annotations
+
+from corerl.testing.conformance import TrainingBackendConformance
+
+
+class _DeepSpeed(TrainingBackendConformance):
+    backend_id = "deepspeed"
+
+
+def _layout(stage: int, world: int, *extra: str) -> list[str]:
+    return [f"cluster.gpus_per_node={world}", f"policy.deepspeed_cfg.zero_stage={stage}", *extra]
+
+
+class TestZero1World1(_DeepSpeed):
+    overrides = _layout(1, 1)
+
+
+class TestZero1World2(_DeepSpeed):
+    overrides = _layout(1, 2)
+
+
+class TestZero2World1(_DeepSpeed):
+    overrides = _layout(2, 1)
+
+
+class TestZero2World2(_DeepSpeed):
+    overrides = _layout(2, 2)
+
+
+class TestZero3World1(_DeepSpeed):
+    overrides = _layout(3, 1)
+
+
+class TestZero3World2(_DeepSpeed):
+    overrides = _layout(3, 2)
+
+
+class TestZero2OptimizerOffloadWorld2(_DeepSpeed):
+    overrides = _layout(2, 2, "policy.deepspeed_cfg.offload_optimizer=cpu")
+
+
+class TestZero3OptimizerOffloadWorld2(_DeepSpeed):
+    overrides = _layout(3, 2, "policy.deepspeed_cfg.offload_optimizer=cpu")
