@@ -5,6 +5,7 @@ Users need :func:`train`, :class:`GRPOTrainer` and :class:`SFTTrainer`; plugin a
 (no torch, vllm, megatron or deepspeed).
 """
 
+from corerl import presets
 from corerl.api import GRPOTrainer, SFTTrainer, train
 from corerl.hookspecs import hookimpl
 from corerl.registry import (
@@ -29,5 +30,6 @@ __all__ = [
     "Task",
     "TrainingBackend",
     "__version__",
+    "presets",
     "hookimpl",
 ]

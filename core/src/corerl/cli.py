@@ -24,6 +24,10 @@ environment:
 """
 
 
+PRESET_HELP = ("lay a preset over the recipe, under the overrides: fsdp, zero2, zero3, zero3_offload, "
+               "megatron_tp (repeatable)")
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # one line, exit 2, like every other usage error
         from corerl.errors import UsageError
@@ -47,11 +51,13 @@ def build_parser() -> argparse.ArgumentParser:
     run = commands.add_parser("run", help="run a recipe (no CONFIG: the built-in demo)")
     run.add_argument("config", nargs="?", metavar="CONFIG", help="recipe YAML file")
     run.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="dotted-key overrides")
+    run.add_argument("--preset", action="append", default=[], metavar="NAME", help=PRESET_HELP)
 
     validate = commands.add_parser("validate", help="check a recipe and show what would be selected and why")
     validate.add_argument("config", metavar="CONFIG", help="recipe YAML file")
     validate.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="dotted-key overrides")
     validate.add_argument("--json", action="store_true", help="print a JSON report")
+    validate.add_argument("--preset", action="append", default=[], metavar="NAME", help=PRESET_HELP)
 
     plugins = commands.add_parser("plugins", help="list installed plugins and what they register")
     plugins.add_argument("--json", action="store_true", help="print JSON")
@@ -169,18 +175,18 @@ def _cmd_plugins(args: argparse.Namespace) -> int:
     return 0
 
 
-def _load_and_select(config_path: str, overrides: list[str]) -> tuple[Any, Any, Any]:
+def _load_and_select(config_path: str, overrides: list[str], presets: list[str]) -> tuple[Any, Any, Any]:
     from corerl.config import load_config
     from corerl.plugin_manager import PluginHost
     from corerl.selection import select
 
     host = PluginHost()
-    config = load_config(config_path, overrides, host)
+    config = load_config(config_path, overrides, host, presets)
     return host, config, select(config, host)
 
 
 def _cmd_validate(args: argparse.Namespace) -> int:
-    _host, config, selection = _load_and_select(args.config, args.overrides)
+    _host, config, selection = _load_and_select(args.config, args.overrides, args.preset)
     if args.json:
         _print_json({"valid": True, **selection.as_dict(), "errors": [], "warnings": selection.warnings})
         return 0
@@ -235,7 +241,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     config_path, overrides = _split_run_args(args.config, args.overrides)
     if config_path is None:
         config_path = str(DEMO_RECIPE)
-    host, config, selection = _load_and_select(config_path, overrides)
+    host, config, selection = _load_and_select(config_path, overrides, args.preset)
     _print_selection(config.source, selection, verdict="running")
     return run_recipe(config, selection, host)
 

@@ -45,10 +45,21 @@ def _has_path(data: dict[str, Any], path: str) -> bool:
 def load_recipe(path: str | Path) -> tuple[dict[str, Any], Origins]:
     """Load ``path`` with everything it inherits through ``defaults:``.
 
-    ``defaults`` is a path or a list of paths, relative to the file that names them; they
-    merge in order and the file itself goes on top.
+    ``defaults`` is a path or a list of paths, relative to the file that names them, or
+    ``preset:NAME`` (:mod:`corerl.presets`); they merge in order and the file itself goes on top.
     """
     return _load(Path(path).expanduser().resolve(), stack=(), needed_by=None)
+
+
+def _defaults_target(path: Path, entry: str) -> Path:
+    from corerl import presets
+
+    if entry.startswith(presets.PREFIX):
+        try:
+            return presets.path_of(entry[len(presets.PREFIX):])
+        except ConfigError as exc:
+            raise ConfigError(exc.message, key="defaults", source=str(path), hint=exc.hint) from None
+    return (path.parent / Path(entry).expanduser()).resolve()
 
 
 def _load(path: Path, stack: tuple[Path, ...], needed_by: str | None) -> tuple[dict[str, Any], Origins]:
@@ -73,7 +84,7 @@ def _load(path: Path, stack: tuple[Path, ...], needed_by: str | None) -> tuple[d
     merged: dict[str, Any] = {}
     origins: Origins = {}
     for entry in parents:
-        target = (path.parent / Path(entry).expanduser()).resolve()
+        target = _defaults_target(path, entry)
         parent_data, parent_origins = _load(target, (*stack, path), needed_by=f"defaults: in {path}")
         merged = deep_merge(merged, parent_data)
         origins.update(parent_origins)
