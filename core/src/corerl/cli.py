@@ -24,10 +24,6 @@ environment:
 """
 
 
-PRESET_HELP = ("lay a preset over the recipe, under the overrides: fsdp, zero2, zero3, zero3_offload, "
-               "megatron_tp (repeatable)")
-
-
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # one line, exit 2, like every other usage error
         from corerl.errors import UsageError
@@ -45,19 +41,22 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"corerl {__version__}")
+    from corerl import presets
+
+    preset_help = f"lay a preset over the recipe, under the overrides: {', '.join(presets.names())} (repeatable)"
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     commands.required = True
 
     run = commands.add_parser("run", help="run a recipe (no CONFIG: the built-in demo)")
     run.add_argument("config", nargs="?", metavar="CONFIG", help="recipe YAML file")
     run.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="dotted-key overrides")
-    run.add_argument("--preset", action="append", default=[], metavar="NAME", help=PRESET_HELP)
+    run.add_argument("--preset", action="append", default=[], metavar="NAME", help=preset_help)
 
     validate = commands.add_parser("validate", help="check a recipe and show what would be selected and why")
     validate.add_argument("config", metavar="CONFIG", help="recipe YAML file")
     validate.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="dotted-key overrides")
     validate.add_argument("--json", action="store_true", help="print a JSON report")
-    validate.add_argument("--preset", action="append", default=[], metavar="NAME", help=PRESET_HELP)
+    validate.add_argument("--preset", action="append", default=[], metavar="NAME", help=preset_help)
 
     plugins = commands.add_parser("plugins", help="list installed plugins and what they register")
     plugins.add_argument("--json", action="store_true", help="print JSON")

@@ -67,21 +67,14 @@ def load_config(path: str | Path, overrides: Iterable[str], host: PluginHost, pr
     """Load a recipe, lay ``presets`` over it (:mod:`corerl.presets`), apply the overrides, and
     validate; every problem found is raised together."""
     raw, origins = load_recipe(path)
+    from corerl import presets as bundled
+
     for name in presets:
-        preset_data, preset_origins = load_recipe(_preset_path(name))
+        preset_data, preset_origins = load_recipe(bundled.path_of(name, key="--preset"))
         raw = deep_merge(raw, preset_data)
         origins.update(preset_origins)
     apply_overrides(raw, [parse_override(text) for text in overrides], origins)
     return validate_tree(raw, origins, host, str(Path(path)))
-
-
-def _preset_path(name: str) -> Path:
-    from corerl import presets
-
-    try:
-        return presets.path_of(name)
-    except ConfigError as exc:
-        raise ConfigErrors([ConfigError(exc.message, key="--preset", hint=exc.hint)]) from None
 
 
 def config_from_mapping(data: Mapping[str, Any], host: PluginHost, source: str = "<python dict>") -> Config:

@@ -55,10 +55,7 @@ def _defaults_target(path: Path, entry: str) -> Path:
     from corerl import presets
 
     if entry.startswith(presets.PREFIX):
-        try:
-            return presets.path_of(entry[len(presets.PREFIX):])
-        except ConfigError as exc:
-            raise ConfigError(exc.message, key="defaults", source=str(path), hint=exc.hint) from None
+        return presets.path_of(entry[len(presets.PREFIX):], key="defaults", source=str(path))
     return (path.parent / Path(entry).expanduser()).resolve()
 
 

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from corerl.training.contract import StepResult
 
 
-def step_result(reporting: list[dict[str, Any]], tokens: int) -> Any:
+def step_result(reporting: list[dict[str, Any]], tokens: int) -> StepResult:
     """One :class:`~corerl.training.contract.StepResult` from the ranks' ``train_step`` results:
     losses and metrics summed over the ranks that report (one per data-parallel group); the grad
     norm, lr and step, which every rank shares, from the first."""

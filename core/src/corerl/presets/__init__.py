@@ -24,13 +24,14 @@ def names() -> list[str]:
     return sorted(path.stem for path in FOLDER.glob("*.yaml"))
 
 
-def path_of(name: str) -> Path:
-    """The file of preset ``name``; a one-line error naming the presets for an unknown one."""
+def path_of(name: str, key: str = "preset", source: str | None = None) -> Path:
+    """The file of preset ``name``; for an unknown one, a one-line error at ``key`` (and
+    ``source``, the file that names it) that lists the presets."""
     from corerl.errors import ConfigError
 
     path = FOLDER / f"{name}.yaml"
     if not path.is_file():
-        raise ConfigError(f"no preset named {name!r}", key="preset", hint=f"presets: {', '.join(names())}")
+        raise ConfigError(f"no preset named {name!r}", key=key, source=source, hint=f"presets: {', '.join(names())}")
     return path
 
 

@@ -27,6 +27,18 @@ def write_hf_checkpoint(state: dict[str, torch.Tensor], hf_config: Any, source: 
     copy_tokenizer(source, target)
 
 
+def export_on_rank_zero(rank: int, state: dict[str, torch.Tensor] | None, hf_config: Any, source: str,
+                        target: str) -> None:
+    """Rank 0 writes the checkpoint of the full ``state`` it gathered (every rank calls this);
+    the others wait until it is written."""
+    from corerl.distributed.rank_state import barrier
+
+    if rank == 0:
+        assert state is not None
+        write_hf_checkpoint(state, hf_config, source, target)
+    barrier()
+
+
 def copy_tokenizer(source: str, target: str) -> None:
     """Save ``source``'s tokenizer into ``target``; a warning when it has none that loads."""
     from transformers import AutoTokenizer

@@ -4,15 +4,16 @@ process-wide communication state), data parallel over all ranks."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
-import random
 import warnings
 from typing import Any
 
 import torch
 
 from corerl.config import Config
+from corerl.distributed.rank_state import barrier, capture_rng, restore_rng
 from corerl.training.logprobs import model_logprobs
 from corerl_deepspeed.memory import gradient_bytes
 
@@ -124,24 +125,15 @@ class DeepSpeedWorker:
         """DeepSpeed's own checkpoint (model, partitioned optimizer, scheduler), plus the step and
         this rank's RNG state."""
         self.engine.save_checkpoint(path, tag="deepspeed", client_state={"step": self.step}, save_latest=False)
-        rng = {"torch": torch.get_rng_state(), "python": random.getstate()}
-        torch.save(rng, os.path.join(path, f"rng_rank{self.rank}.pt"))
-        self._barrier()
+        torch.save(capture_rng(), os.path.join(path, f"rng_rank{self.rank}.pt"))
+        barrier()
 
     def load_checkpoint(self, path: str) -> None:
         _, client = self.engine.load_checkpoint(path, tag="deepspeed", load_optimizer_states=True,
                                                 load_lr_scheduler_states=True)
         self.step = client["step"]
-        rng = torch.load(os.path.join(path, f"rng_rank{self.rank}.pt"), weights_only=False)
-        torch.set_rng_state(rng["torch"])
-        random.setstate(rng["python"])
-        self._barrier()
-
-    def _barrier(self) -> None:
-        import torch.distributed as dist
-
-        if dist.is_initialized():
-            dist.barrier()
+        restore_rng(torch.load(os.path.join(path, f"rng_rank{self.rank}.pt"), weights_only=False))
+        barrier()
 
     # -- weights out -------------------------------------------------------------------
 
@@ -149,26 +141,19 @@ class DeepSpeedWorker:
         """Every rank must call this; rank 0 gets the full weights (Hugging Face names, on CPU).
         Under ZeRO-3 each parameter is gathered from its shards in turn, so no rank ever holds
         more than one whole parameter beyond its own shards."""
-        module = self.engine.module
         out: dict[str, torch.Tensor] = {}
-        zero3 = self.settings.zero_stage == 3
-        for name, param in module.named_parameters(remove_duplicate=False):
-            if zero3:
-                with self.deepspeed.zero.GatheredParameters([param], modifier_rank=None):
-                    if self.rank == 0:
-                        out[name] = param.detach().to("cpu", copy=True)
-            elif self.rank == 0:
-                out[name] = param.detach().to("cpu", copy=True)
+        for name, param in self.engine.module.named_parameters(remove_duplicate=False):
+            gathered = (self.deepspeed.zero.GatheredParameters([param], modifier_rank=None)
+                        if self.settings.zero_stage == 3 else contextlib.nullcontext())
+            with gathered:
+                if self.rank == 0:
+                    out[name] = param.detach().to("cpu", copy=True)
         return out if self.rank == 0 else None
 
     def export_hf(self, path: str) -> None:
-        from corerl.training.hf_export import write_hf_checkpoint
+        from corerl.training.hf_export import export_on_rank_zero
 
-        state = self.full_state_dict()
-        if self.rank == 0:
-            assert state is not None
-            write_hf_checkpoint(state, self.hf_config, self.model_path, path)
-        self._barrier()
+        export_on_rank_zero(self.rank, self.full_state_dict(), self.hf_config, self.model_path, path)
 
     # -- memory ------------------------------------------------------------------------
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import random
 import warnings
 from typing import Any
 
@@ -19,8 +18,9 @@ from torch import nn
 
 from corerl.config import Config
 from corerl.distributed.actor import resolve
+from corerl.distributed.rank_state import barrier, capture_rng, restore_rng
 from corerl.training.grad_norm import clip_grad_norm
-from corerl.training.hf_export import write_hf_checkpoint
+from corerl.training.hf_export import export_on_rank_zero
 from corerl.training.logprobs import model_logprobs
 from corerl.training.memory import optimizer_state_tensors, storage_bytes
 from corerl.training.optim import build_optimizer, build_scheduler
@@ -145,23 +145,6 @@ class DTensorWorker:
 
     # -- checkpoints -------------------------------------------------------------------
 
-    def _rng_state(self) -> dict[str, Any]:
-        import numpy as np
-
-        state = {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()}
-        if torch.cuda.is_available():
-            state["cuda"] = torch.cuda.get_rng_state()
-        return state
-
-    def _set_rng_state(self, state: dict[str, Any]) -> None:
-        import numpy as np
-
-        torch.set_rng_state(state["torch"])
-        random.setstate(state["python"])
-        np.random.set_state(state["numpy"])
-        if "cuda" in state and torch.cuda.is_available():
-            torch.cuda.set_rng_state(state["cuda"])
-
     def save_checkpoint(self, path: str) -> None:
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import get_state_dict
@@ -172,9 +155,9 @@ class DTensorWorker:
             {"model": model_sd, "optim": optim_sd}, checkpoint_id=os.path.join(path, "weights"),
             no_dist=not dist.is_initialized(),
         )
-        extra = {"scheduler": self.scheduler.state_dict(), "step": self.step, "rng": self._rng_state()}
+        extra = {"scheduler": self.scheduler.state_dict(), "step": self.step, "rng": capture_rng()}
         torch.save(extra, os.path.join(path, f"rank{self.rank}.pt"))
-        self._barrier()
+        barrier()
 
     def load_checkpoint(self, path: str) -> None:
         import torch.distributed.checkpoint as dcp
@@ -188,12 +171,8 @@ class DTensorWorker:
         extra = torch.load(os.path.join(path, f"rank{self.rank}.pt"), weights_only=False)
         self.scheduler.load_state_dict(extra["scheduler"])
         self.step = extra["step"]
-        self._set_rng_state(extra["rng"])
-        self._barrier()
-
-    def _barrier(self) -> None:
-        if dist.is_initialized():
-            dist.barrier()
+        restore_rng(extra["rng"])
+        barrier()
 
     # -- weights out -------------------------------------------------------------------
 
@@ -215,11 +194,7 @@ class DTensorWorker:
         return {k: v.detach().cpu() for k, v in state.items()} if self.rank == 0 else None
 
     def export_hf(self, path: str) -> None:
-        state = self.full_state_dict()
-        if self.rank == 0:
-            assert state is not None
-            write_hf_checkpoint(state, self.hf_config, self.model_path, path)
-        self._barrier()
+        export_on_rank_zero(self.rank, self.full_state_dict(), self.hf_config, self.model_path, path)
 
     # -- memory ------------------------------------------------------------------------
 

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from corerl.config import Config
+from corerl.distributed.rank_state import barrier, capture_rng, restore_rng
 from corerl.training.logprobs import token_logprobs
 
 log = logging.getLogger(__name__)
@@ -64,7 +65,7 @@ class MegatronWorker:
         self.hf_config, self.model_path = hf, model_path
         convert = partial(ensure_converted, model_path, converter_type=self.settings.converter_type, root=self.checkpoint_dir)
         folder = convert(force=self.settings.force_reconvert_from_hf) if self._first_in_node() else None
-        self._barrier()  # one rank converts; the others then find the complete conversion
+        barrier()  # one rank converts; the others then find the complete conversion
         if folder is None:
             folder = convert()
         full = load_file(str(folder / WEIGHTS))
@@ -157,12 +158,6 @@ class MegatronWorker:
 
     def _first_in_node(self) -> bool:
         return int(os.environ.get("LOCAL_RANK", self.rank)) == 0
-
-    def _barrier(self) -> None:
-        import torch.distributed as dist
-
-        if dist.is_initialized():
-            dist.barrier()
 
     # -- work --------------------------------------------------------------------------
 
@@ -283,26 +278,20 @@ class MegatronWorker:
 
     def save_checkpoint(self, path: str) -> None:
         """Each rank writes its shard, optimizer and scheduler state, RNG and step."""
-        import random
-
         state = {"model": self.model.module.state_dict(), "optimizer": self.optimizer.state_dict(),
-                 "scheduler": self.scheduler.state_dict(), "step": self.step,
-                 "rng": {"torch": torch.get_rng_state(), "python": random.getstate()}}
+                 "scheduler": self.scheduler.state_dict(), "step": self.step, "rng": capture_rng()}
         torch.save(state, os.path.join(path, f"megatron_rank{self.rank}.pt"))
-        self._barrier()
+        barrier()
 
     def load_checkpoint(self, path: str) -> None:
-        import random
-
         state = torch.load(os.path.join(path, f"megatron_rank{self.rank}.pt"), weights_only=False)
         self.model.module.load_state_dict(state["model"], strict=False)
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.num_steps = 0  # its load_state_dict steps forward by the saved count
         self.scheduler.load_state_dict(state["scheduler"])
         self.step = state["step"]
-        torch.set_rng_state(state["rng"]["torch"])
-        random.setstate(state["rng"]["python"])
-        self._barrier()
+        restore_rng(state["rng"])
+        barrier()
 
     # -- memory ------------------------------------------------------------------------
 
