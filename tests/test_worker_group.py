@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from corerl.config.schema import ResourcesConfig
+from corerl.distributed.placement import dedicated_generation_layout
 from corerl.distributed.worker_group import LocalWorkerGroup, RayWorkerGroup, WorkerFailed
 from corerl.errors import ConfigError
 
@@ -49,22 +51,30 @@ def test_local_group_runs_world_size_1_in_this_process():
 
 
 def test_two_cpu_groups_share_a_small_machine():
-    # a policy and a KL reference model, both at world size 2, on a 2-core machine
-    first = RayWorkerGroup(PROBE, 2, cpus_per_worker=1)
+    # a policy and a KL reference model, both at world size 2, on a 2-core machine: one pool, shared
+    first = RayWorkerGroup(PROBE, 2)
     try:
-        second = RayWorkerGroup(PROBE, 2, cpus_per_worker=1)
+        second = RayWorkerGroup(PROBE, 2)
         try:
             assert second.call("all_reduce_rank") == [1, 1] and first.call("all_reduce_rank") == [1, 1]
+            assert first.pool is second.pool and first.pool.users == 2
         finally:
             second.shutdown()
+        assert first.pool.users == 1 and first.call("echo", 1) == [(0, "", 1), (1, "", 1)]
     finally:
         first.shutdown()
 
 
-def test_workers_ray_cannot_place_fail_in_one_line_instead_of_hanging(monkeypatch):
-    monkeypatch.setenv("CORERL_WORKER_START_TIMEOUT", "3")
-    with pytest.raises(WorkerFailed) as caught:
-        RayWorkerGroup(PROBE, 2, gpus_per_worker=1, role="training worker")  # this machine has no GPU
+def test_a_gpu_request_on_a_gpu_less_cluster_fails_at_once_in_one_line(monkeypatch):
+    import time
+
+    monkeypatch.setenv("CORERL_WORKER_START_TIMEOUT", "300")  # must not be waited out
+    layout = dedicated_generation_layout(ResourcesConfig(gpus_per_node=1))
+    started = time.monotonic()
+    with pytest.raises(ConfigError) as caught:
+        RayWorkerGroup(PROBE, 1, layout=layout, role="generation engine")  # this machine has no GPU
+    assert time.monotonic() - started < 10
     message = str(caught.value)
-    assert message.startswith("Ray started 0 of 2 training workers within 3 s (each asks for 1 CPU, 1 GPU; free now:")
-    assert "\n" not in message
+    assert message.startswith("policy.generation.colocated.resources.gpus_per_node: the generation engines ask for "
+                              "a GPU each but the Ray cluster has none (1 node, 0 GPUs, ")
+    assert "\n" not in message and caught.value.exit_code == 2

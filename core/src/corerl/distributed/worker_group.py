@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from corerl.distributed.actor import RankActor, resolve
+from corerl.distributed.placement import COLOCATED, POOLS, Pool, PoolLayout
 from corerl.errors import CorerlError
 
 log = logging.getLogger(__name__)
@@ -54,7 +55,7 @@ class LocalWorkerGroup:
         self.worker = None
 
 
-def ensure_ray(address: str | None, num_cpus_needed: int) -> None:
+def ensure_ray(address: str | None, num_cpus_needed: int = 1) -> None:
     """Connect to Ray: ``address``, else ``RAY_ADDRESS``, else a local runtime sized for the job."""
     import ray
 
@@ -79,7 +80,10 @@ class RayWorkerGroup:
     """One Ray actor per rank; rank ``r`` builds ``worker_path(rank=r, world_size=n, **kwargs)``.
 
     ``role`` names the workers in errors ("training worker rank 1 (pid 123) died during 'train_step'").
-    ``gpus_per_worker`` unset: one GPU per rank when the cluster has ``world_size`` GPUs, else none.
+    ``layout`` names the pool of devices the ranks run in (:mod:`corerl.distributed.placement`):
+    groups with the same layout share its GPUs bundle by bundle (policy, reference, colocated
+    engine); unset, a colocated pool of ``world_size`` slots on one node. A request the cluster
+    can never satisfy raises :class:`~corerl.errors.ConfigError` at once, naming the layout's key.
     """
 
     def __init__(
@@ -88,8 +92,7 @@ class RayWorkerGroup:
         world_size: int,
         *,
         ray_address: str | None = None,
-        gpus_per_worker: float | None = None,
-        cpus_per_worker: float = 1,
+        layout: PoolLayout | None = None,
         env: dict[str, str] | None = None,
         role: str = "worker",
         **kwargs: Any,
@@ -97,22 +100,23 @@ class RayWorkerGroup:
         import ray
 
         self.role = role
-
-        ensure_ray(ray_address, int(world_size * cpus_per_worker))
-        if gpus_per_worker is None:  # one GPU per rank where the cluster has enough, else CPU ranks
-            gpus_per_worker = 1 if ray.cluster_resources().get("GPU", 0) >= world_size else 0
         self.world_size = world_size
         self._failed: str | None = None
         self._pids: list[int] = []
+        self._nodes: list[str] = []
+        self.actors: list[Any] = []
+        self.pool: Pool | None = None
+        ensure_ray(ray_address, world_size)
+        self.pool = POOLS.acquire(layout or PoolLayout(COLOCATED, 1, world_size), world_size, role)
         master_addr = ray.util.get_node_ip_address()
+        if self.pool.node_of(0) != ray.get_runtime_context().get_node_id():  # rank 0 hosts the rendezvous
+            master_addr = next(n["NodeManagerAddress"] for n in ray.nodes() if n["NodeID"] == self.pool.node_of(0))
         rendezvous = {"MASTER_ADDR": master_addr, "MASTER_PORT": str(free_port()), **(env or {})}
         actor_cls = ray.remote(RankActor)
-        # CPU ranks reserve no Ray CPUs: their threads are set by the backend, and a reservation
-        # would leave a second group (a KL reference model, a generation engine) unplaceable on a
-        # small machine. GPU ranks are placed by their GPU and keep their CPU reservation.
-        cpus = cpus_per_worker if gpus_per_worker else 0
+        # Every rank asks for no CPU and a share of its bundle's GPU: the backend sets its threads,
+        # and the bundle (reserved once per pool) is what keeps groups apart or together.
         self.actors = [
-            actor_cls.options(num_cpus=cpus, num_gpus=gpus_per_worker, max_restarts=0).remote(
+            actor_cls.options(max_restarts=0, **self.pool.actor_options(rank)).remote(
                 worker_path, rank, world_size, rendezvous, kwargs
             )
             for rank in range(world_size)
@@ -121,15 +125,19 @@ class RayWorkerGroup:
         timeout = float(os.environ.get("CORERL_WORKER_START_TIMEOUT", "300"))
         ready, _ = ray.wait(started, num_returns=len(started), timeout=timeout)
         if len(ready) < len(started):
-            free = ray.available_resources()
             self.shutdown()
             raise WorkerFailed(
-                f"Ray started {len(ready)} of {world_size} {role}s within {timeout:.0f} s "
-                f"(each asks for {cpus} CPU, {gpus_per_worker} GPU; free now: {free.get('CPU', 0):g} CPU, "
-                f"{free.get('GPU', 0):g} GPU)",
-                hint="free the resources other runs hold, give the cluster more, or raise CORERL_WORKER_START_TIMEOUT",
+                f"Ray started {len(ready)} of {world_size} {role}s within {timeout:.0f} s",
+                hint="see the Ray log for the actors' start-up errors, or raise CORERL_WORKER_START_TIMEOUT",
             )
         self._pids = self._gather(started, "start")
+        self._nodes = [self.pool.node_of(rank) for rank in range(world_size)]
+        log.info("%d %ss on %d Ray node(s), %s", world_size, role, len(set(self._nodes)),
+                 "a GPU share each" if self.pool.gpus else "CPU")
+
+    def nodes(self) -> list[str]:
+        """The Ray node id of each rank, by rank."""
+        return list(self._nodes)
 
     def pids(self) -> list[int]:
         return list(self._pids)
@@ -198,12 +206,15 @@ class RayWorkerGroup:
         ) from exc
 
     def shutdown(self) -> None:
-        """Kill every actor (idempotent)."""
+        """Kill every actor and give the pool back (idempotent)."""
         import ray
 
-        for actor in getattr(self, "actors", []):
+        for actor in self.actors:
             try:
                 ray.kill(actor, no_restart=True)
             except Exception as exc:  # already dead: nothing to release
                 log.debug("ray.kill: %s", exc)
         self.actors = []
+        if self.pool is not None:
+            pool, self.pool = self.pool, None
+            POOLS.release(pool)

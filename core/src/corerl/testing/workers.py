@@ -28,6 +28,13 @@ class ProbeWorker:
             dist.all_reduce(value)
         return int(value.item())
 
+    def placement(self) -> dict[str, Any]:
+        """Where Ray put this rank: its node, its GPU ids and what CUDA_VISIBLE_DEVICES says."""
+        import ray
+
+        return {"node": ray.get_runtime_context().get_node_id(), "gpus": [str(g) for g in ray.get_gpu_ids()],
+                "visible": os.environ.get("CUDA_VISIBLE_DEVICES")}
+
     def echo(self, value: Any) -> tuple[int, str, Any]:
         return self.rank, self.tag, value
 

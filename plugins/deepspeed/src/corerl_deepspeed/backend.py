@@ -9,6 +9,7 @@ import torch
 
 from corerl.config import Config
 from corerl.distributed.group_backend import WorkerGroupBackend, step_result
+from corerl.distributed.placement import training_layout
 from corerl.distributed.worker_group import RayWorkerGroup
 from corerl.errors import EngineNotAvailable
 from corerl.training.batching import loss_token_count
@@ -41,7 +42,7 @@ class DeepSpeedBackend(WorkerGroupBackend):
         self.batcher = MicroBatcher.from_config(config)
         threads = max(1, (os.cpu_count() or 1) // self.world_size)
         self.group = RayWorkerGroup(WORKER, self.world_size, ray_address=config.core.cluster.ray_address,
-                                    cpus_per_worker=1, role="deepspeed worker", config=config, threads=threads)
+                                    layout=training_layout(config.core.cluster), role="deepspeed worker", config=config, threads=threads)
 
     def load_hf(self, model_path: str) -> None:
         self.group.call("load_hf", model_path)

@@ -10,6 +10,7 @@ import torch
 
 from corerl.config import Config
 from corerl.distributed.group_backend import WorkerGroupBackend, step_result
+from corerl.distributed.placement import training_layout
 from corerl.distributed.worker_group import LocalWorkerGroup, RayWorkerGroup
 from corerl.errors import ConfigError, EngineNotAvailable
 from corerl.training.batching import loss_token_count
@@ -62,7 +63,7 @@ class DTensorBackend(WorkerGroupBackend):
         else:
             threads = max(1, (os.cpu_count() or 1) // self.world_size)
             self.group = RayWorkerGroup(
-                WORKER, self.world_size, ray_address=cluster.ray_address, cpus_per_worker=1,
+                WORKER, self.world_size, ray_address=cluster.ray_address, layout=training_layout(cluster),
                 role="training worker", config=config, threads=threads,
             )
 

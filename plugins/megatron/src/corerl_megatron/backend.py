@@ -11,6 +11,7 @@ import torch
 
 from corerl.config import Config
 from corerl.distributed.group_backend import WorkerGroupBackend, step_result
+from corerl.distributed.placement import training_layout
 from corerl.distributed.worker_group import RayWorkerGroup
 from corerl.errors import EngineNotAvailable
 from corerl.training.batching import loss_token_count
@@ -64,7 +65,7 @@ class MegatronBackend(WorkerGroupBackend):
 
         # the driver's environment decides where conversions live (Ray workers may have started earlier)
         self.group = RayWorkerGroup(WORKER, self.world_size, ray_address=config.core.cluster.ray_address,
-                                    cpus_per_worker=1, role="megatron worker", config=config, threads=threads,
+                                    layout=training_layout(config.core.cluster), role="megatron worker", config=config, threads=threads,
                                     checkpoint_dir=str(checkpoint_root()))
         coords = self.group.call("coordinates")
         self.dp_of = [c["dp"] for c in coords]

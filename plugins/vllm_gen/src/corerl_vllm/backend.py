@@ -7,6 +7,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from corerl.config import Config
+from corerl.distributed.placement import dedicated_generation_layout, training_layout
 from corerl.distributed.worker_group import LocalWorkerGroup, RayWorkerGroup
 from corerl.generation.contract import Sample, SamplingSettings
 
@@ -24,11 +25,13 @@ class VllmGenerationBackend:
         if settings.host == "driver":
             self.group: Any = LocalWorkerGroup(ENGINE, config=config, threads=threads)
         else:
-            # colocated: shares the training workers' devices, so it reserves nothing of its own
-            cpus, gpus = (0, 0) if colocated.enabled else (1, colocated.resources.gpus_per_node or 0)
+            # colocated: a share of rank 0's device in the training pool; dedicated: GPUs of its own
+            cluster = config.core.cluster
+            layout = (training_layout(cluster) if colocated.enabled
+                      else dedicated_generation_layout(colocated.resources))
             self.group = RayWorkerGroup(
-                ENGINE, 1, ray_address=config.core.cluster.ray_address, cpus_per_worker=cpus,
-                gpus_per_worker=gpus, role="generation engine", config=config, threads=threads,
+                ENGINE, 1, ray_address=cluster.ray_address, layout=layout, role="generation engine",
+                config=config, threads=threads,
             )
 
         self.engine_version = self.group.call("check_engine")[0]
