@@ -154,6 +154,9 @@ def execute(config: Config, selection: Selection, host: PluginHost, console: Any
     def start(registration: Any, path: str, training: Any = None) -> Any:
         backend = registration.create(config=config)
         started.append(backend)
+        nodes = backend.worker_nodes() if hasattr(backend, "worker_nodes") else []
+        if nodes:
+            console.print(f"{registration.id}: {len(nodes)} rank(s) on {len(set(nodes))} Ray node(s)")
         if training is not None and hasattr(backend, "use_training_engine"):
             if backend.use_training_engine(training):
                 console.print(f"generation samples with the {selection.training_backend.id} training model itself")

@@ -23,21 +23,23 @@ CHECK = textwrap.dedent(
     from corerl_megatron.model import build_gpt, transformer_config
 
     if __name__ == "__main__":
+        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # megatron builds on the GPU if any
         init_parallel(rank=0, world_size=1, tensor=1, pipeline=1)
-        hf_model = AutoModelForCausalLM.from_pretrained(sys.argv[1], dtype=torch.float32)
+        hf_model = AutoModelForCausalLM.from_pretrained(sys.argv[1], dtype=torch.float32).to(device)
         hf = hf_model.config
         family = family_of(hf.architectures[0])
         shape = Shape.from_hf_config(hf, family)
         model = build_gpt(hf, transformer_config(hf, qkv_bias=shape.qkv_bias))
         model.load_state_dict(hf_to_megatron(dict(hf_model.state_dict()), family, shape), strict=False)
-        ids = torch.randint(4, hf.vocab_size, (3, 17), generator=torch.Generator().manual_seed(0))
+        ids = torch.randint(4, hf.vocab_size, (3, 17), generator=torch.Generator().manual_seed(0)).to(device)
         with torch.no_grad():
-            ours = model(ids, torch.arange(17).expand(3, -1), attention_mask=None)
+            ours = model(ids, torch.arange(17, device=device).expand(3, -1), attention_mask=None)
             theirs = hf_model(ids).logits
         back = megatron_to_hf({k: v for k, v in model.state_dict().items() if "_extra_state" not in k}, family, shape)
         ref = hf_model.state_dict()
         print(json.dumps({
             "family": family.name, "logit_diff": float((ours - theirs).abs().max()),
+            "device": str(next(model.parameters()).device.type),
             "same_names": sorted(back) == sorted(ref),
             "exact": all(torch.equal(back[k], ref[k]) for k in ref),
         }))

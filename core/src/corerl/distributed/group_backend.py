@@ -50,3 +50,7 @@ class WorkerGroupBackend:
 
     def worker_pids(self) -> list[int]:
         return self.group.pids()
+
+    def worker_nodes(self) -> list[str]:
+        """The Ray node id of each rank (empty where the ranks are not Ray actors)."""
+        return self.group.nodes()

@@ -51,6 +51,10 @@ class LocalWorkerGroup:
     def pids(self) -> list[int]:
         return [os.getpid()]
 
+    def nodes(self) -> list[str]:
+        """No Ray nodes: the rank is this process."""
+        return []
+
     def shutdown(self) -> None:
         self.worker = None
 

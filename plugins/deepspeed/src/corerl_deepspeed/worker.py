@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from corerl.config import Config
+from corerl.distributed.devices import local_gpu_index, rank_device
 from corerl.distributed.rank_state import barrier, capture_rng, restore_rng
 from corerl.training.logprobs import model_logprobs
 from corerl_deepspeed.memory import gradient_bytes
@@ -28,6 +29,10 @@ def _prepare_deepspeed(on_gpu: bool) -> Any:
     all-reduce op (DeepSpeed would JIT-compile it for about 85 s in every fresh environment;
     gloo does the reductions training needs)."""
     os.environ.setdefault("DS_ACCELERATOR", "cuda" if on_gpu else "cpu")
+    if on_gpu:
+        from corerl_deepspeed.cuda_arch import fix_arch_list_for_deepspeed
+
+        fix_arch_list_for_deepspeed()  # before any op is JIT-built
     import deepspeed
 
     if not on_gpu:
@@ -51,12 +56,11 @@ class DeepSpeedWorker:
         self.rank, self.world_size, self.config = rank, world_size, config
         self.settings = config.section("policy.deepspeed_cfg")
         self.on_gpu = torch.cuda.is_available()
-        local = rank % torch.cuda.device_count() if self.on_gpu and torch.cuda.device_count() > 1 else 0
-        os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(local))
+        self.device = rank_device()  # the GPU of this rank's Ray bundle (the one it sees), else the CPU
+        os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(local_gpu_index()))
         self.deepspeed = _prepare_deepspeed(self.on_gpu)
         self.deepspeed.init_distributed(dist_backend="nccl" if self.on_gpu else "gloo", verbose=False,
                                         rank=rank, world_size=world_size)
-        self.device = torch.device("cuda", torch.cuda.current_device()) if self.on_gpu else torch.device("cpu")
         self.engine: Any = None
 
     # -- set-up ------------------------------------------------------------------------

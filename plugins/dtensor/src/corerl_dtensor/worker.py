@@ -18,6 +18,7 @@ from torch import nn
 
 from corerl.config import Config
 from corerl.distributed.actor import resolve
+from corerl.distributed.devices import rank_device
 from corerl.distributed.rank_state import barrier, capture_rng, restore_rng
 from corerl.training.grad_norm import clip_grad_norm
 from corerl.training.hf_export import export_on_rank_zero
@@ -42,7 +43,7 @@ class DTensorWorker:
         self.settings = config.section("policy.dtensor_cfg")
         self.tp = self.settings.tensor_parallel_size
         self.dp = world_size // self.tp
-        self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+        self.device = rank_device()
         self.param_dtype = DTYPES[config.core.policy.precision]
         self.mesh = None
         if world_size > 1:

@@ -25,11 +25,13 @@ Decoded = tuple[list[int], list[float], str]
 
 
 def decode_rows(rows: list[list[int]], sampling: SamplingSettings, stop_ids: list[int], forward: Forward,
-                share: ShareTokens, kv_bytes_per_token: int, kv_budget_bytes: float) -> list[Decoded]:
+                share: ShareTokens, kv_bytes_per_token: int, kv_budget_bytes: float,
+                device: torch.device | None = None) -> list[Decoded]:
     """Completions of ``rows`` in order: ids (a final stop id included), logprobs (empty on
     ranks that do not hold the logits) and the finish reason. Rows of one prompt length are
     decoded in batches whose KV cache (``kv_bytes_per_token`` per cached token of a row) fits
-    ``kv_budget_bytes``."""
+    ``kv_budget_bytes``. The model's inputs live on ``device`` (the CPU unless given); tokens
+    are chosen on the CPU, from one seeded generator whatever the device."""
     generator = torch.Generator().manual_seed(sampling.seed) if sampling.seed is not None else None
     by_length: dict[int, list[int]] = {}
     for index, row in enumerate(rows):
@@ -41,28 +43,29 @@ def decode_rows(rows: list[list[int]], sampling: SamplingSettings, stop_ids: lis
         for start in range(0, len(same_length), batch):
             members = same_length[start:start + batch]
             for index, done in zip(members, _decode_batch(rows, members, length, sampling, stop_ids, forward, share,
-                                                          generator), strict=True):
+                                                          generator, device or torch.device("cpu")), strict=True):
                 decoded[index] = done
     return [d for d in decoded if d is not None]
 
 
 def _decode_batch(rows: list[list[int]], members: list[int], length: int, sampling: SamplingSettings,
-                  stop_ids: list[int], forward: Forward, share: ShareTokens, generator: Any) -> list[Decoded]:
+                  stop_ids: list[int], forward: Forward, share: ShareTokens, generator: Any,
+                  device: torch.device) -> list[Decoded]:
     from megatron.core.inference.contexts import StaticInferenceContext
 
     cache = StaticInferenceContext(len(members), length + sampling.max_new_tokens)
-    tokens = torch.tensor([rows[i] for i in members], dtype=torch.long)
-    positions = torch.arange(length).expand(len(members), -1)
+    tokens = torch.tensor([rows[i] for i in members], dtype=torch.long, device=device)
+    positions = torch.arange(length, device=device).expand(len(members), -1)
     ids: list[list[int]] = [[] for _ in members]
     logprobs: list[list[float]] = [[] for _ in members]
     reasons = ["length"] * len(members)
     for step in range(sampling.max_new_tokens):
         logits = forward(tokens, positions, cache)
         if logits is not None:
-            chosen, chosen_logprobs = choose_tokens(logits, sampling, generator)
+            chosen, chosen_logprobs = choose_tokens(logits.cpu(), sampling, generator)
         else:
             chosen, chosen_logprobs = torch.zeros(len(members), dtype=torch.long), None
-        chosen = share(chosen)
+        chosen = share(chosen.to(device))  # the pipeline's broadcast runs on the model's device
         for slot, token in enumerate(chosen.tolist()):
             if reasons[slot] == "stop":
                 continue
@@ -76,5 +79,5 @@ def _decode_batch(rows: list[list[int]], members: list[int], length: int, sampli
         cache.sequence_len_offset += tokens.shape[1]
         cache.enable_decode_mode()
         tokens = chosen.unsqueeze(1)
-        positions = torch.full((len(members), 1), length + step, dtype=torch.long)
+        positions = torch.full((len(members), 1), length + step, dtype=torch.long, device=device)
     return [(ids[slot], logprobs[slot], reasons[slot]) for slot in range(len(members))]

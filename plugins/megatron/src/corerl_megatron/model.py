@@ -32,7 +32,8 @@ def transformer_config(hf: Any, settings: Any = None, params_dtype: torch.dtype 
         sequence_parallel=get("sequence_parallel", False),
         pipeline_dtype=params_dtype if pipeline_parallel > 1 else None,
         params_dtype=params_dtype, bf16=params_dtype == torch.bfloat16,
-        use_cpu_initialization=True, perform_initialization=False,
+        # on a GPU the parameters are allocated on the rank's device (the weights are copied in after)
+        use_cpu_initialization=not on_gpu, perform_initialization=False,
         recompute_granularity="full" if get("activation_checkpointing", False) else None,
         recompute_method="uniform" if get("activation_checkpointing", False) else None,
         recompute_num_layers=1 if get("activation_checkpointing", False) else None,

@@ -8,10 +8,12 @@ import torch
 import torch.distributed as dist
 
 
-def init_parallel(*, rank: int, world_size: int, tensor: int, pipeline: int, context: int = 1, expert: int = 1) -> None:
+def init_parallel(*, rank: int, world_size: int, tensor: int, pipeline: int, context: int = 1, expert: int = 1,
+                  seed: int = 0) -> None:
     """Join the process group (gloo on CPU, nccl on GPU; a private one at world size 1) and lay
-    out megatron-core's tensor/pipeline/context/expert groups; then redirect megatron-core's
-    CUDA-only calls when there is no GPU."""
+    out megatron-core's tensor/pipeline/context/expert groups. With a GPU, seed megatron-core's
+    CUDA RNG tracker (its layers fork the "model-parallel-rng" state in every forward); without
+    one, redirect megatron-core's CUDA-only calls. Call it after the rank's device is set."""
     from megatron.core import parallel_state
 
     if not dist.is_initialized():
@@ -37,6 +39,11 @@ def init_parallel(*, rank: int, world_size: int, tensor: int, pipeline: int, con
     import megatron.core.pipeline_parallel.p2p_communication  # noqa: F401
     import megatron.core.pipeline_parallel.schedules  # noqa: F401
 
+    if torch.cuda.is_available():
+        from megatron.core import tensor_parallel
+
+        tensor_parallel.model_parallel_cuda_manual_seed(seed)
+        return
     from corerl_megatron.cpu_redirect import install
 
     install()

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from corerl.config import Config
+from corerl.distributed.devices import rank_device
 from corerl.distributed.rank_state import barrier, capture_rng, restore_rng
 from corerl.training.logprobs import token_logprobs
 
@@ -40,9 +41,10 @@ class MegatronWorker:
         self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir else None
         self.settings = config.section("policy.megatron_cfg")
         s = self.settings
+        self.device = rank_device()  # the GPU of this rank's Ray bundle, else the CPU
         init_parallel(rank=rank, world_size=world_size, tensor=s.tensor_model_parallel_size,
                       pipeline=s.pipeline_model_parallel_size, context=s.context_parallel_size,
-                      expert=s.expert_model_parallel_size)
+                      expert=s.expert_model_parallel_size, seed=config.core.algorithm.seed)
         from megatron.core import parallel_state as ps
 
         self.ps = ps
@@ -168,9 +170,9 @@ class MegatronWorker:
         scale = count * self.dp  # the schedule divides by the micro-batch count, DDP averages over dp
 
         def forward_step(data: Any, model: Any) -> tuple[torch.Tensor, Any]:
-            mb = next(data)
+            mb = {k: v.to(self.device) if isinstance(v, torch.Tensor) else v for k, v in next(data).items()}
             ids = mb["input_ids"]
-            positions = torch.arange(ids.shape[1]).expand_as(ids)
+            positions = torch.arange(ids.shape[1], device=self.device).expand_as(ids)
             output = model(ids, positions, attention_mask=None)
             return output, partial(self._loss, mb, loss_fn, normaliser, scale, forward_only)
 
@@ -185,7 +187,7 @@ class MegatronWorker:
               logits: torch.Tensor) -> tuple[torch.Tensor, dict[str, Any]]:
         logprobs = token_logprobs(logits, mb["input_ids"], mb["attention_mask"])
         if forward_only:
-            return logits.new_zeros(()), {"logprobs": logprobs.detach().float()}
+            return logits.new_zeros(()), {"logprobs": logprobs.detach().float().cpu()}
         loss, metrics = loss_fn(logprobs, mb, normaliser)
         return loss * scale, {"loss": float(loss.detach()), "metrics": metrics}
 
@@ -237,7 +239,7 @@ class MegatronWorker:
         self.model.eval()
         with torch.no_grad():
             out = decode_rows(rows, sampling, stop_ids, self._last_logits, self._share_tokens,
-                              self._kv_bytes_per_token(), self._kv_budget_bytes()) if rows else []
+                              self._kv_bytes_per_token(), self._kv_budget_bytes(), self.device) if rows else []
         return out if self.coordinates()["reports"] else None
 
     def _kv_bytes_per_token(self) -> int:
@@ -284,7 +286,8 @@ class MegatronWorker:
         barrier()
 
     def load_checkpoint(self, path: str) -> None:
-        state = torch.load(os.path.join(path, f"megatron_rank{self.rank}.pt"), weights_only=False)
+        state = torch.load(os.path.join(path, f"megatron_rank{self.rank}.pt"), weights_only=False,
+                           map_location=self.device)
         self.model.module.load_state_dict(state["model"], strict=False)
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.num_steps = 0  # its load_state_dict steps forward by the saved count

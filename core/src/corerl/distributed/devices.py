@@ -1,0 +1,35 @@
+"""The device a rank computes on: the GPU its Ray bundle gave it, else the CPU.
+
+A Ray rank with a share of a bundle's GPU sees exactly that GPU (Ray sets its
+``CUDA_VISIBLE_DEVICES``), so its device is ``cuda:0`` whatever its rank number. A process that
+sees several GPUs (the driver at world size 1 on a multi-GPU host, a torchrun launch) takes
+``LOCAL_RANK``, else the current device.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+
+
+def local_gpu_index() -> int:
+    """Which visible GPU this process uses (0 where it sees one)."""
+    import torch
+
+    if torch.cuda.device_count() <= 1:
+        return 0
+    return int(os.environ.get("LOCAL_RANK", torch.cuda.current_device()))
+
+
+def rank_device() -> torch.device:
+    """This process's compute device, made current where it is a GPU."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return torch.device("cpu")
+    index = local_gpu_index()
+    torch.cuda.set_device(index)
+    return torch.device("cuda", index)
