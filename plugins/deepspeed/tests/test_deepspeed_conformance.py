@@ -3,6 +3,8 @@ size 1 and 2, and ZeRO-2 / ZeRO-3 with the optimizer offloaded to the CPU."""
 
 from __future__ import annotations
 
+import pytest
+
 from corerl.testing.conformance import TrainingBackendConformance
 
 
@@ -44,3 +46,10 @@ class TestZero2OptimizerOffloadWorld2(_DeepSpeed):
 
 class TestZero3OptimizerOffloadWorld2(_DeepSpeed):
     overrides = _layout(3, 2, "policy.deepspeed_cfg.offload_optimizer=cpu")
+
+
+@pytest.mark.gpu
+class TestZero3World1OnGpu(_DeepSpeed):
+    """The gpu tier: ZeRO-3 at world size 1 on the machine's GPU, in the bundle Ray gave the rank."""
+
+    overrides = _layout(3, 1)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from corerl.testing.conformance import TrainingBackendConformance
 
 
@@ -41,3 +43,10 @@ class TestFSDP1DataParallel2(_DTensor):
 
 class TestActivationCheckpointingDataParallel2(_DTensor):
     overrides = ["cluster.gpus_per_node=2", "policy.dtensor_cfg.activation_checkpointing=true"]
+
+
+@pytest.mark.gpu
+class TestWorld1OnGpu(_DTensor):
+    """The gpu tier: world size 1 on the machine's GPU (check (h) asserts the rank computes there)."""
+
+    overrides = ["cluster.gpus_per_node=1"]

@@ -47,8 +47,7 @@ CHECK = textwrap.dedent(
 )
 
 
-@pytest.mark.parametrize("family, tied", [("qwen2", True), ("llama", False)])
-def test_converted_model_matches_transformers_and_round_trips_exactly(family, tied, tmp_path):
+def _check(family: str, tied: bool, tmp_path) -> dict:
     from corerl.models.tiny import build_tiny_model
 
     model = build_tiny_model(tmp_path / "model", family=family, hidden_size=64, num_layers=2, num_heads=4,
@@ -61,6 +60,17 @@ def test_converted_model_matches_transformers_and_round_trips_exactly(family, ti
     assert result["family"] == family
     assert result["logit_diff"] <= 1e-4
     assert result["same_names"] and result["exact"]
+    return result
+
+
+@pytest.mark.parametrize("family, tied", [("qwen2", True), ("llama", False)])
+def test_converted_model_matches_transformers_and_round_trips_exactly(family, tied, tmp_path):
+    _check(family, tied, tmp_path)
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_the_model_is_built_on_cuda_and_its_fp32_logits_match_transformers(tmp_path):
+    assert _check("qwen2", True, tmp_path)["device"] == "cuda"  # no CPU initialisation left behind
 
 
 def test_transformer_engine_names_map_to_the_tables_local_names():

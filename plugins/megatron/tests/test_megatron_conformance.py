@@ -3,6 +3,8 @@ scheduler replace the generic ones: SGD with momentum and linear warm-up, as the
 
 from __future__ import annotations
 
+import pytest
+
 from corerl.testing.conformance import LR, MAX_GRAD_NORM, MOMENTUM, TrainingBackendConformance
 
 MEGATRON = ["policy.megatron_cfg.enabled=true", "policy.megatron_cfg.optimizer.optimizer=sgd",
@@ -30,3 +32,10 @@ class TestTensorParallel2(_Megatron):
 
 class TestPipelineParallel2(_Megatron):
     overrides = ["cluster.gpus_per_node=2", "policy.megatron_cfg.pipeline_model_parallel_size=2", *MEGATRON]
+
+
+@pytest.mark.gpu
+class TestWorld1OnGpu(_Megatron):
+    """The gpu tier: megatron-core on CUDA at world size 1 (model built on the GPU, CUDA RNG tracker seeded)."""
+
+    overrides = ["cluster.gpus_per_node=1", *MEGATRON]

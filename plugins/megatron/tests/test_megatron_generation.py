@@ -3,6 +3,8 @@ size 1, and at tp=2 and pp=2 (every rank of the replica runs the decode loop).""
 
 from __future__ import annotations
 
+import pytest
+
 from corerl.testing.generation_conformance import GenerationBackendConformance
 
 
@@ -25,3 +27,10 @@ class TestMegatronGenerationOneRowPerKVBudget(GenerationBackendConformance):
 
     backend_id = "megatron"
     overrides = ["policy.generation.mcore_generation_config.buffer_size_gb=0.0000001"]
+
+
+@pytest.mark.gpu
+class TestMegatronGenerationOnGpu(GenerationBackendConformance):
+    """The gpu tier: megatron decoding with its KV cache on CUDA."""
+
+    backend_id = "megatron"

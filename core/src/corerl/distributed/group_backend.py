@@ -51,6 +51,10 @@ class WorkerGroupBackend:
     def worker_pids(self) -> list[int]:
         return self.group.pids()
 
+    def worker_devices(self) -> list[str]:
+        """Where each rank computes ("cuda:0", "cpu"), by rank."""
+        return self.group.call("device_name")
+
     def worker_nodes(self) -> list[str]:
         """The Ray node id of each rank (empty where the ranks are not Ray actors)."""
         return self.group.nodes()

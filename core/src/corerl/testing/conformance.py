@@ -20,7 +20,9 @@ One subclass per layout (world size, parallel sizes). The checks:
 (f) the weight stream covers every parameter with Hugging Face names and shapes;
 (g) with sequence packing (the default packer) and with dynamic token-budget micro-batches,
     logprobs, the loss, the gradient norm and the (clipped) gradients equal a plain forward
-    of each sequence alone, unpadded (set ``micro_batch_layouts`` to narrow this).
+    of each sequence alone, unpadded (set ``micro_batch_layouts`` to narrow this);
+(h) every rank computes on the machine's accelerator (a GPU where torch sees one, else the
+    CPU), for backends that report ``worker_devices()``.
 """
 
 from __future__ import annotations
@@ -225,6 +227,16 @@ class TrainingBackendConformance:
         assert set(expected) <= set(streamed), f"missing: {sorted(set(expected) - set(streamed))}"
         assert set(streamed) <= set(model.state_dict()), f"not Hugging Face names: {sorted(set(streamed) - set(model.state_dict()))}"
         assert all(streamed[name] == shape for name, shape in expected.items())
+
+    # -- (h) ---------------------------------------------------------------------------
+
+    def test_ranks_compute_on_the_machines_accelerator(self, backend: Any) -> None:
+        if not hasattr(backend, "worker_devices"):
+            pytest.skip(f"{self.backend_id} does not report its ranks' devices")
+        expected = "cuda" if torch.cuda.is_available() else "cpu"
+        devices = backend.worker_devices()
+        assert len(devices) == backend.conformance_world_size
+        assert all(device.split(":")[0] == expected for device in devices), devices
 
     # -- (g) ---------------------------------------------------------------------------
 

@@ -189,6 +189,10 @@ class DeepSpeedWorker:
         return {"parameters": parameter_bytes(self.engine, self.settings.zero_stage),
                 "gradients": self.grad_bytes, "optimizer": optimizer_bytes(self.engine)}
 
+    def device_name(self) -> str:
+        """Where this rank computes ("cuda:0", "cpu")."""
+        return str(self.device)
+
     def pid(self) -> int:
         return os.getpid()
 

@@ -235,6 +235,10 @@ class DTensorWorker:
         torch.cuda.synchronize()
         return {"allocated": torch.cuda.memory_allocated(), "reserved": torch.cuda.memory_reserved()}
 
+    def device_name(self) -> str:
+        """Where this rank computes ("cuda:0", "cpu")."""
+        return str(self.device)
+
     def pid(self) -> int:
         return os.getpid()
 

@@ -346,6 +346,10 @@ class MegatronWorker:
         keep = self.tp_rank == 0 and self.ps.get_data_parallel_rank() == 0
         return out if keep else None
 
+    def device_name(self) -> str:
+        """Where this rank computes ("cuda:0", "cpu")."""
+        return str(self.device)
+
     def pid(self) -> int:
         return os.getpid()
 

@@ -1,0 +1,37 @@
+"""The gpu tier's end-to-end runs: GRPO with a KL penalty on one GPU for each training backend
+(the policy's ranks and the frozen reference's share the GPU through one Ray bundle), and a
+bf16 run. Skipped without a GPU."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.conftest import run_corerl
+
+pytestmark = [pytest.mark.gpu, pytest.mark.slow]
+
+SHORT = ["policy.generation.backend=hf", "sft.max_steps=5", "algorithm.max_steps=5", "algorithm.kl_penalty=0.05",
+         "checkpointing.enabled=false"]
+
+
+@pytest.mark.parametrize("backend, ray_ranks", [
+    ("dtensor", False), ("deepspeed", True), ("megatron", True),
+])
+def test_grpo_with_a_kl_reference_shares_one_gpu(backend, ray_ranks, tmp_path):
+    result = run_corerl("run", f"policy.training_backend={backend}", *SHORT, f"run.output_dir={tmp_path}",
+                        "run.name=gpu")
+    assert result.code == 0, result
+    summary = json.loads((tmp_path / "gpu" / "summary.json").read_text())
+    assert summary["training_backend"] == backend and summary["grpo_steps"] == 5
+    rows = [json.loads(line) for line in (tmp_path / "gpu" / "metrics.jsonl").read_text().splitlines()]
+    assert all(r["kl"] >= 0 for r in rows if r["phase"] == "grpo")  # the reference took part
+    if ray_ranks:  # the policy and the reference: two groups, one GPU
+        assert " ".join(result.out.split()).count(f"{backend}: 1 rank(s) on 1 Ray node(s)") == 2, result
+
+
+def test_a_bf16_run_on_the_gpu(tmp_path):
+    result = run_corerl("run", "policy.precision=bfloat16", *SHORT, f"run.output_dir={tmp_path}", "run.name=bf16")
+    assert result.code == 0, result
+    assert json.loads((tmp_path / "bf16" / "summary.json").read_text())["grpo_steps"] == 5
