@@ -3,8 +3,10 @@
     .venv/bin/python bench/train_step.py            # hidden 256, 4 layers, 8 x 512 tokens
     .venv/bin/python bench/train_step.py --dp2      # also dtensor with 2 Ray ranks (FSDP2, gloo)
 
-Both sides run in this one process with the same thread count, alternating step by step;
-the table shows the median over the timed steps and the ratio ours/theirs (higher is better).
+Both sides run on the same device (the GPU where torch sees one, which the dtensor ranks take
+too; else the CPU with the same thread count), alternating step by step; on a GPU each timed
+step is bracketed by ``torch.cuda.synchronize()`` so that queued kernels are counted. The
+table shows the median over the timed steps and the ratio ours/theirs (higher is better).
 Writes bench/results/train_step.json.
 """
 
@@ -47,13 +49,18 @@ def make_batch(rows: int, length: int, vocab: int) -> dict[str, torch.Tensor]:
 class PlainPyTorch:
     """The comparison: a transformers model, AdamW, one forward/backward/step on the batch."""
 
-    def __init__(self, model_dir: str, lr: float) -> None:
-        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    def __init__(self, model_dir: str, lr: float, device: torch.device, dtype: torch.dtype) -> None:
+        self.device = device
+        self.autocast = dtype != torch.float32
+        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(device)
         self.model.train()
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=lr)
+        self.dtype = dtype
 
     def step(self, batch: dict[str, torch.Tensor]) -> float:
-        logprobs = model_logprobs(self.model, batch)
+        batch = {k: v.to(self.device) for k, v in batch.items()}
+        with torch.autocast(self.device.type, dtype=self.dtype, enabled=self.autocast):
+            logprobs = model_logprobs(self.model, batch)
         loss, _ = loss_fn(logprobs, batch, float(batch["loss_mask"][:, 1:].sum()))
         loss.backward()
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
@@ -62,9 +69,17 @@ class PlainPyTorch:
         return float(loss.item())
 
 
+def synchronize() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
 def timed(fn, batch) -> float:
+    """Seconds for ``fn(batch)``, with the GPU's queue drained before and after."""
+    synchronize()
     start = time.perf_counter()
     fn(batch)
+    synchronize()
     return time.perf_counter() - start
 
 
@@ -75,7 +90,8 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=8)
     parser.add_argument("--seq", type=int, default=512)
     parser.add_argument("--steps", type=int, default=5, help="timed steps per side (after one warm-up)")
-    parser.add_argument("--dp2", action="store_true", help="also time dtensor at dp=2 on Ray")
+    parser.add_argument("--dp2", action="store_true", help="also time dtensor at dp=2 on Ray (needs 2 GPUs on a GPU machine)")
+    parser.add_argument("--precision", choices=["float32", "bfloat16"], default="float32")
     args = parser.parse_args()
     from transformers.utils import logging as hf_logging
 
@@ -88,19 +104,25 @@ def main() -> None:
     batch = make_batch(args.rows, args.seq, vocab)
     tokens = int(batch["attention_mask"].sum())
     threads = torch.get_num_threads()
+    device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+    where = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU, {threads} threads"
     bench_config = {"hidden": args.hidden, "layers": args.layers, "batch": f"{args.rows}x{args.seq}",
-                    "threads": threads, "steps": args.steps, "precision": "float32", "optimizer": "adamw"}
+                    "threads": threads, "steps": args.steps, "precision": args.precision, "optimizer": "adamw",
+                    "device": where}
 
     def dtensor(world: int) -> DTensorBackend:
         recipe = write_recipe(work / f"r{world}.yaml", {"policy": {
             "model_name": model_dir, "train_micro_batch_size": args.rows // world, "max_seq_length": args.seq,
-            "optimizer": {"name": "adamw", "lr": 1e-5}, "max_grad_norm": 1.0}})
+            "optimizer": {"name": "adamw", "lr": 1e-5}, "max_grad_norm": 1.0, "precision": args.precision}})
         config = load_config(recipe, [f"cluster.gpus_per_node={world}"], PluginHost(env={}))
         backend = DTensorBackend(config)
         backend.load_hf(model_dir)
+        ranks_on = {d.split(":")[0] for d in backend.worker_devices()}
+        assert ranks_on == {device.type}, f"the dtensor ranks compute on {ranks_on}, plain PyTorch on {device.type}"
         return backend
 
-    plain = PlainPyTorch(model_dir, lr=1e-5)
+    dtype = torch.bfloat16 if args.precision == "bfloat16" else torch.float32
+    plain = PlainPyTorch(model_dir, lr=1e-5, device=device, dtype=dtype)
     timed(plain.step, batch)  # warm-up
 
     def race(name: str, world: int) -> dict:
@@ -128,7 +150,7 @@ def main() -> None:
     from rich.table import Table
 
     table = Table(title=f"train step, {bench_config['batch']} tokens, hidden {args.hidden} x {args.layers} layers, "
-                        f"{threads} threads (median of {args.steps})")
+                        f"{args.precision}, {where} (median of {args.steps})")
     for column in ("comparison", "ours tok/s", "plain PyTorch tok/s", "ratio"):
         table.add_column(column)
     for row in rows:

@@ -33,3 +33,23 @@ def rank_device() -> torch.device:
     index = local_gpu_index()
     torch.cuda.set_device(index)
     return torch.device("cuda", index)
+
+
+def accelerator_memory(device: torch.device) -> dict[str, int]:
+    """Bytes the GPU ``device`` holds for this process now (allocated, reserved) and at its peak
+    since the last :func:`reset_peak` (or the start); zeros on the CPU."""
+    import torch
+
+    if device.type != "cuda":
+        return {"allocated": 0, "reserved": 0, "peak": 0}
+    torch.cuda.synchronize(device)
+    return {"allocated": torch.cuda.memory_allocated(device), "reserved": torch.cuda.memory_reserved(device),
+            "peak": torch.cuda.max_memory_allocated(device)}
+
+
+def reset_peak(device: torch.device) -> None:
+    """Start a new peak for :func:`accelerator_memory` (nothing to do on the CPU)."""
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)

@@ -51,6 +51,10 @@ class WorkerGroupBackend:
     def worker_pids(self) -> list[int]:
         return self.group.pids()
 
+    def accelerator_memory(self, reset_peak: bool = False) -> list[dict[str, int]]:
+        """Per rank: GPU bytes allocated, reserved and at the peak (zeros on CPU ranks; bench/memory.py)."""
+        return self.group.call("accelerator_memory", reset_peak)
+
     def worker_devices(self) -> list[str]:
         """Where each rank computes ("cuda:0", "cpu"), by rank."""
         return self.group.call("device_name")

@@ -17,6 +17,7 @@ import torch.distributed as dist
 from torch import nn
 
 from corerl.config import Config
+from corerl.distributed import devices
 from corerl.distributed.actor import resolve
 from corerl.distributed.devices import rank_device
 from corerl.distributed.rank_state import barrier, capture_rng, restore_rng
@@ -228,12 +229,12 @@ class DTensorWorker:
         return {"parameters": storage_bytes(model.parameters()), "gradients": self.grad_bytes,
                 "optimizer": storage_bytes(optimizer_state_tensors(self.optimizer))}
 
-    def accelerator_memory(self) -> dict[str, int]:
-        """Bytes the accelerator holds for this process (allocated, reserved); zeros without one."""
-        if self.device.type != "cuda":
-            return {"allocated": 0, "reserved": 0}
-        torch.cuda.synchronize()
-        return {"allocated": torch.cuda.memory_allocated(), "reserved": torch.cuda.memory_reserved()}
+    def accelerator_memory(self, reset_peak: bool = False) -> dict[str, int]:
+        """GPU bytes this rank holds now and at its peak (zeros on the CPU); ``reset_peak`` starts a new peak."""
+        memory = devices.accelerator_memory(self.device)
+        if reset_peak:
+            devices.reset_peak(self.device)
+        return memory
 
     def device_name(self) -> str:
         """Where this rank computes ("cuda:0", "cpu")."""
