@@ -113,3 +113,18 @@ def test_json_mode_reports_errors_with_key_and_message(tmp_path):
 def test_no_command_is_a_usage_error():
     result = run_corerl()
     assert result.code == 2 and "Traceback" not in result.err
+
+
+def test_a_gpu_asked_of_a_machine_without_one_stops_the_run_at_once_in_one_line(tmp_path):
+    import time
+
+    # dedicated generation on a GPU of its own: this machine (and its local Ray runtime) has none
+    started = time.monotonic()
+    result = run_corerl("run", "policy.generation.colocated.enabled=false", "policy.generation.backend=vllm",
+                        "policy.generation.colocated.resources.gpus_per_node=1", f"run.output_dir={tmp_path}")
+    assert time.monotonic() - started < 10  # before any model is built; never CORERL_WORKER_START_TIMEOUT
+    assert result.code == 2, result
+    assert list(tmp_path.iterdir()) == []  # no run directory for a run that cannot start
+    (line,) = result.err.strip().splitlines()
+    assert line.startswith("corerl: error: policy.generation.colocated.resources.gpus_per_node: the generation "
+                           "engines ask for a GPU each but the Ray cluster has none"), line
