@@ -37,7 +37,7 @@ def rank_device() -> torch.device:
 
 def accelerator_memory(device: torch.device) -> dict[str, int]:
     """Bytes the GPU ``device`` holds for this process now (allocated, reserved) and at its peak
-    since the last :func:`reset_peak` (or the start); zeros on the CPU."""
+    since the last :func:`reset_peak_memory` (or the start); zeros on the CPU."""
     import torch
 
     if device.type != "cuda":
@@ -47,9 +47,26 @@ def accelerator_memory(device: torch.device) -> dict[str, int]:
             "peak": torch.cuda.max_memory_allocated(device)}
 
 
-def reset_peak(device: torch.device) -> None:
+def reset_peak_memory(device: torch.device) -> None:
     """Start a new peak for :func:`accelerator_memory` (nothing to do on the CPU)."""
     import torch
 
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
+
+
+class RankDeviceReport:
+    """What a rank worker with a ``device`` attribute reports about it (a mixin for the workers)."""
+
+    device: torch.device
+
+    def accelerator_memory(self, reset_peak: bool = False) -> dict[str, int]:
+        """GPU bytes this rank holds now and at its peak (zeros on the CPU); ``reset_peak`` starts a new peak."""
+        memory = accelerator_memory(self.device)
+        if reset_peak:
+            reset_peak_memory(self.device)
+        return memory
+
+    def device_name(self) -> str:
+        """Where this rank computes ("cuda:0", "cpu")."""
+        return str(self.device)

@@ -13,8 +13,7 @@ from typing import Any
 import torch
 
 from corerl.config import Config
-from corerl.distributed import devices
-from corerl.distributed.devices import local_gpu_index, rank_device
+from corerl.distributed.devices import RankDeviceReport, local_gpu_index, rank_device
 from corerl.distributed.rank_state import barrier, capture_rng, restore_rng
 from corerl.training.logprobs import model_logprobs
 from corerl_deepspeed.memory import gradient_bytes
@@ -43,7 +42,7 @@ def _prepare_deepspeed(on_gpu: bool) -> Any:
     return deepspeed
 
 
-class DeepSpeedWorker:
+class DeepSpeedWorker(RankDeviceReport):
     """The rank-local half of the deepspeed backend."""
 
     def __init__(self, *, rank: int, world_size: int, config: Config, threads: int | None = None) -> None:
@@ -189,17 +188,6 @@ class DeepSpeedWorker:
 
         return {"parameters": parameter_bytes(self.engine, self.settings.zero_stage),
                 "gradients": self.grad_bytes, "optimizer": optimizer_bytes(self.engine)}
-
-    def accelerator_memory(self, reset_peak: bool = False) -> dict[str, int]:
-        """GPU bytes this rank holds now and at its peak (zeros on the CPU); ``reset_peak`` starts a new peak."""
-        memory = devices.accelerator_memory(self.device)
-        if reset_peak:
-            devices.reset_peak(self.device)
-        return memory
-
-    def device_name(self) -> str:
-        """Where this rank computes ("cuda:0", "cpu")."""
-        return str(self.device)
 
     def pid(self) -> int:
         return os.getpid()

@@ -17,9 +17,8 @@ import torch.distributed as dist
 from torch import nn
 
 from corerl.config import Config
-from corerl.distributed import devices
 from corerl.distributed.actor import resolve
-from corerl.distributed.devices import rank_device
+from corerl.distributed.devices import RankDeviceReport, rank_device
 from corerl.distributed.rank_state import barrier, capture_rng, restore_rng
 from corerl.training.grad_norm import clip_grad_norm
 from corerl.training.hf_export import export_on_rank_zero
@@ -33,7 +32,7 @@ log = logging.getLogger(__name__)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
-class DTensorWorker:
+class DTensorWorker(RankDeviceReport):
     """The rank-local half of the dtensor backend."""
 
     def __init__(self, *, rank: int, world_size: int, config: Config, threads: int | None = None) -> None:
@@ -228,17 +227,6 @@ class DTensorWorker:
         model = self._require_model()
         return {"parameters": storage_bytes(model.parameters()), "gradients": self.grad_bytes,
                 "optimizer": storage_bytes(optimizer_state_tensors(self.optimizer))}
-
-    def accelerator_memory(self, reset_peak: bool = False) -> dict[str, int]:
-        """GPU bytes this rank holds now and at its peak (zeros on the CPU); ``reset_peak`` starts a new peak."""
-        memory = devices.accelerator_memory(self.device)
-        if reset_peak:
-            devices.reset_peak(self.device)
-        return memory
-
-    def device_name(self) -> str:
-        """Where this rank computes ("cuda:0", "cpu")."""
-        return str(self.device)
 
     def pid(self) -> int:
         return os.getpid()

@@ -14,8 +14,7 @@ from typing import Any
 import torch
 
 from corerl.config import Config
-from corerl.distributed import devices
-from corerl.distributed.devices import rank_device
+from corerl.distributed.devices import RankDeviceReport, rank_device
 from corerl.distributed.rank_state import barrier, capture_rng, restore_rng
 from corerl.training.logprobs import token_logprobs
 
@@ -27,7 +26,7 @@ _QUIET = (r".*(Apex|Transformer Engine).* not installed.*", r".*CUDA_DEVICE_MAX_
           r".*all_gather_into_tensor. is deprecated.*", r".*full scope is deprecated.*")
 
 
-class MegatronWorker:
+class MegatronWorker(RankDeviceReport):
     """The rank-local half of the megatron backend."""
 
     def __init__(self, *, rank: int, world_size: int, config: Config, threads: int | None = None,
@@ -346,17 +345,6 @@ class MegatronWorker:
             out.pop("output_layer.weight", None)
         keep = self.tp_rank == 0 and self.ps.get_data_parallel_rank() == 0
         return out if keep else None
-
-    def accelerator_memory(self, reset_peak: bool = False) -> dict[str, int]:
-        """GPU bytes this rank holds now and at its peak (zeros on the CPU); ``reset_peak`` starts a new peak."""
-        memory = devices.accelerator_memory(self.device)
-        if reset_peak:
-            devices.reset_peak(self.device)
-        return memory
-
-    def device_name(self) -> str:
-        """Where this rank computes ("cuda:0", "cpu")."""
-        return str(self.device)
 
     def pid(self) -> int:
         return os.getpid()
