@@ -56,6 +56,8 @@ class GenerationConfig:
     top_k: int | None = setting(None, min=1)
     stop_strings: list[str] | None = setting(None)
     stop_token_ids: list[int] | None = setting(None)
+    hf_kv_cache: Literal["auto", "dynamic", "static"] = setting(
+        "auto", help="hf backend: the KV cache of generate(); auto: static on a GPU, dynamic on CPU")
     colocated: ColocatedConfig = section(ColocatedConfig)
 
 

@@ -2,6 +2,13 @@
 
 No extra engine: the reference for correctness tests and the fallback where vLLM is not
 installed. torch and transformers are imported when the backend is built.
+
+Logprobs come from the raw logits ``generate()`` returns for each step (untempered, one
+log-softmax), so no second forward runs. ``policy.generation.hf_kv_cache`` picks the KV cache
+(static on a GPU by default: its fixed shapes decode faster there). Beside a training engine
+that keeps its unsharded model in this process (dtensor at world size 1), the backend samples
+with that very model (:meth:`HFGenerationBackend.use_training_engine`): no second copy of the
+weights, and a refit from that engine copies nothing.
 """
 
 from __future__ import annotations
@@ -17,11 +24,31 @@ log = logging.getLogger(__name__)
 
 
 class HFGenerationBackend:
-    """Batched ``generate()`` with left padding; logprobs from a separate fp32-softmax forward."""
+    """Batched ``generate()`` with left padding; logprobs from the logits of each decoding step."""
 
     def __init__(self, config: Any) -> None:
         self.config = config
-        self.model: Any = None
+        self.own_model: Any = None
+        self.shared_engine: Any = None  # the training engine whose model this backend samples with
+
+    @property
+    def model(self) -> Any:
+        """The model sampled with: the shared training engine's current one (it may rebuild it, as
+        a reload after SFT does), else this backend's own."""
+        return self.shared_engine.local_model() if self.shared_engine is not None else self.own_model
+
+    def use_training_engine(self, training: Any) -> bool:
+        """Sample with ``training``'s own model when it lives here unsharded (True), unless the
+        offload policy moves its parameters away while generating (they would leave with it)."""
+        model = training.local_model() if hasattr(training, "local_model") else None
+        if model is None:
+            return False
+        if self.config.core.policy.offload.policy == "full":
+            log.info("hf generation: the 'full' offload policy moves the training parameters away while "
+                     "generating; keeping a copy of its own")
+            return False
+        self.shared_engine = training
+        return True
 
     def load_hf(self, model_path: str) -> None:
         import torch
@@ -29,13 +56,19 @@ class HFGenerationBackend:
         from transformers.utils import logging as hf_logging
 
         hf_logging.disable_progress_bar()
-        dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-        self.device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
-        self.model = AutoModelForCausalLM.from_pretrained(
-            model_path, dtype=dtype[self.config.core.policy.precision]
-        ).to(self.device)
-        self.model.eval()
-        self.tokenizer = AutoTokenizer.from_pretrained(model_path)
+        precision = self.config.core.policy.precision
+        dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[precision]
+        if self.shared_engine is not None:  # the training model (float32 weights, autocast to the precision)
+            self.device = next(self.model.parameters()).device
+            self.autocast = dtype if dtype != torch.float32 else None
+        else:
+            self.device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+            self.own_model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype).to(self.device)
+            self.own_model.eval()
+            self.autocast = None
+        self.tokenizer = AutoTokenizer.from_pretrained(self.config.core.policy.tokenizer_name or model_path)
+        choice = self.config.core.policy.generation.hf_kv_cache
+        self.static_cache = choice == "static" or (choice == "auto" and self.device.type == "cuda")
 
     def _stop_ids(self, sampling: SamplingSettings) -> list[int]:
         if sampling.stop_token_ids:
@@ -57,41 +90,42 @@ class HFGenerationBackend:
         kwargs: dict[str, Any] = {"do_sample": sampling.temperature > 0}
         if sampling.temperature > 0:
             kwargs.update(temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k or 0)
+        if self.static_cache:
+            kwargs["cache_implementation"] = "static"
         if sampling.seed is not None:
             torch.manual_seed(sampling.seed)
-        with torch.no_grad():
-            out = self.model.generate(
-                input_ids=input_ids.to(self.device), attention_mask=attention.to(self.device),
-                max_new_tokens=sampling.max_new_tokens, min_new_tokens=0, num_return_sequences=n,
-                eos_token_id=stop_ids, pad_token_id=pad, use_cache=True, **kwargs,
-            )
-        completions: list[tuple[list[int], list[int], str]] = []
-        for row in range(out.shape[0]):
-            prompt = prompts[row // n]
-            ids = out[row, width:].tolist()
-            ids, reason = cut_at_stop_ids(ids, stop_ids)
+        model = self.model
+        was_training = model.training
+        model.eval()
+        try:
+            with torch.no_grad(), torch.autocast(self.device.type, dtype=self.autocast, enabled=self.autocast is not None):
+                out = model.generate(
+                    input_ids=input_ids.to(self.device), attention_mask=attention.to(self.device),
+                    max_new_tokens=sampling.max_new_tokens, min_new_tokens=0, num_return_sequences=n,
+                    eos_token_id=stop_ids, pad_token_id=pad, use_cache=True, return_dict_in_generate=True,
+                    output_logits=True, **kwargs,
+                )
+        finally:
+            model.train(was_training)
+        # the logprob of each chosen token under the model's untempered distribution, from the
+        # raw logits of its decoding step: [rows, steps]
+        chosen = out.sequences[:, width:]
+        steps = torch.stack(out.logits, dim=1).float().log_softmax(dim=-1)
+        logprobs = steps.gather(-1, chosen.unsqueeze(-1)).squeeze(-1).cpu()
+        chosen = chosen.cpu()
+        samples = []
+        for row in range(chosen.shape[0]):
+            ids, reason = cut_at_stop_ids(chosen[row].tolist(), stop_ids)
             ids, reason = cut_at_stop_strings(ids, sampling.stop_strings, self.tokenizer, reason)
-            completions.append((prompt, ids, reason))
-        logprobs = self._logprobs([(p, c) for p, c, _ in completions])
-        samples = [
-            Sample(prompt_ids=tuple(p), completion_ids=tuple(c), logprobs=tuple(lp), finish_reason=r)
-            for (p, c, r), lp in zip(completions, logprobs, strict=True)
-        ]
+            samples.append(Sample(prompt_ids=tuple(prompts[row // n]), completion_ids=tuple(ids),
+                                  logprobs=tuple(logprobs[row, : len(ids)].tolist()), finish_reason=reason))
         return [samples[i * n:(i + 1) * n] for i in range(len(prompts))]
 
-    def _logprobs(self, pairs: list[tuple[list[int], list[int]]]) -> list[list[float]]:
-        import torch
-
-        from corerl.training.batching import right_pad
-        from corerl.training.logprobs import model_logprobs
-
-        ids, mask = right_pad([p + c for p, c in pairs])
-        with torch.no_grad():
-            lp = model_logprobs(self.model, {"input_ids": ids.to(self.device), "attention_mask": mask.to(self.device)})
-        lp = lp.cpu()
-        return [lp[row, len(p): len(p) + len(c)].tolist() for row, (p, c) in enumerate(pairs)]
-
     def update_weights(self, weights: Iterable[tuple[str, Any]]) -> None:
+        if self.shared_engine is not None:
+            if getattr(weights, "engine", None) is self.shared_engine:
+                return  # the training engine's own weights: generation already runs on them
+            raise ValueError("hf generation samples with the training model itself and takes no other weights")
         state = {name: tensor for name, tensor in weights}
         missing, unexpected = self.model.load_state_dict(state, strict=False)
         tied = set(getattr(self.model, "_tied_weights_keys", None) or ())
@@ -100,15 +134,17 @@ class HFGenerationBackend:
             raise ValueError(f"weights do not fit the model: missing {missing[:5]}, unexpected {unexpected[:5]}")
 
     def sleep(self) -> None:
+        if self.shared_engine is not None:
+            return  # the training engine's model: where it lives is the training side's business
         if self.device.type == "cpu":
             log.info("hf generation: sleep() is a no-op on CPU")
             return
         self.model.to("cpu")
 
     def wake(self) -> None:
-        if self.device.type != "cpu":
+        if self.shared_engine is None and self.device.type != "cpu":
             self.model.to(self.device)
 
     def shutdown(self) -> None:
-        self.model = None
+        self.own_model = self.shared_engine = None
 

@@ -74,7 +74,9 @@ class TrainingEngine(Protocol):
 
     def weight_stream(self) -> Iterable[tuple[str, torch.Tensor]]:
         """The current full weights as ``(Hugging Face name, tensor)`` pairs, for a generation
-        backend; iterated once (a generator will do)."""
+        backend; iterated once (a generator will do). A
+        :class:`~corerl.training.weights.EngineWeights` lets a generation backend that shares
+        this engine's model recognise the stream and skip the copy."""
 
     def offload(self, parts: Sequence[str] = ("optimizer", "parameters")) -> None:
         """Move ``parts`` (``"parameters"``, ``"optimizer"``) off the accelerator; the offload

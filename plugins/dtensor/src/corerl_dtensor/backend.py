@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -16,6 +15,7 @@ from corerl.errors import ConfigError, EngineNotAvailable
 from corerl.training.batching import loss_token_count
 from corerl.training.contract import Batch, LossFn, StepResult
 from corerl.training.microbatching import MicroBatcher, MicroBatchPlan
+from corerl.training.weights import EngineWeights
 
 WORKER = "corerl_dtensor.worker:DTensorWorker"
 
@@ -92,9 +92,13 @@ class DTensorBackend(WorkerGroupBackend):
     def export_hf(self, path: str) -> None:
         self.group.call("export_hf", path)
 
-    def weight_stream(self) -> Iterator[tuple[str, torch.Tensor]]:
-        state = self.group.call("full_state_dict")[0]
-        yield from state.items()
+    def weight_stream(self) -> EngineWeights:
+        return EngineWeights(self, lambda: self.group.call("full_state_dict")[0].items())
+
+    def local_model(self) -> torch.nn.Module | None:
+        """The training model itself where it lives in this process unsharded (world size 1), for a
+        generation backend that samples with it; None where the ranks are elsewhere."""
+        return self.group.worker.model if isinstance(self.group, LocalWorkerGroup) else None
 
     def shutdown(self) -> None:
         if self.world_size > 1:

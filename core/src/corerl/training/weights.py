@@ -1,0 +1,23 @@
+"""A training engine's weight stream that says whose weights it carries.
+
+A generation backend that samples with the training engine's own model (``use_training_engine``)
+recognises that engine's stream by its ``engine`` attribute and skips the refit: it already
+runs on those weights. Everyone else iterates it as ``(Hugging Face name, tensor)`` pairs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+
+class EngineWeights:
+    """``(name, tensor)`` pairs produced by ``produce()`` when iterated (not before); ``engine``
+    is the training engine they belong to."""
+
+    def __init__(self, engine: Any, produce: Callable[[], Iterable[tuple[str, Any]]]) -> None:
+        self.engine = engine
+        self._produce = produce
+
+    def __iter__(self) -> Iterator[tuple[str, Any]]:
+        yield from self._produce()

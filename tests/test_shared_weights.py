@@ -1,0 +1,78 @@
+"""The hf backend beside dtensor at world size 1 samples with the training model itself: no
+second copy of the weights, a refit that copies nothing, and logprobs equal to the trainer's."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from corerl.algorithms.grpo import samples_to_batch
+from corerl.generation.contract import SamplingSettings
+from corerl.testing import host_with, select_for, write_recipe
+from corerl.testing.conformance import conformance_loss
+from corerl.training.weights import EngineWeights
+
+PROMPTS = [[2, 5, 9, 13], [2, 7], [2, 11, 4, 6]]
+
+
+def _engines(tmp_path, model_dir, *overrides):
+    recipe = write_recipe(tmp_path / "r.yaml", {"policy": {
+        "model_name": model_dir, "precision": "float32", "max_seq_length": 64, "training_backend": "dtensor",
+        "optimizer": {"name": "sgd", "lr": 0.5}, "generation": {"backend": "hf"}}})
+    config, selection = select_for(host_with(None, "installed"), recipe, list(overrides))
+    training = selection.training_backend.registration.create(config=config)
+    generation = selection.generation_backend.registration.create(config=config)
+    return training, generation
+
+
+@pytest.fixture
+def model_dir(tmp_path):
+    from corerl.models.tiny import build_tiny_model
+
+    return str(build_tiny_model(tmp_path / "model", hidden_size=64, num_layers=2, initializer_range=0.3))
+
+
+def _trainer_logprobs(training, groups):
+    batch = samples_to_batch(groups, torch.zeros(len(groups), len(groups[0])))
+    mask = batch["loss_mask"].bool()
+    return training.logprobs(batch)[mask], batch["gen_logprobs"][mask], batch
+
+
+def test_generation_follows_every_train_step_without_a_copy(tmp_path, model_dir):
+    training, generation = _engines(tmp_path, model_dir)
+    try:
+        training.load_hf(model_dir)  # as the runner does: the training engine first
+        assert generation.use_training_engine(training)
+        generation.load_hf(model_dir)
+        assert generation.model is training.local_model()  # one model, no second copy
+        sampling = SamplingSettings(temperature=1.0, max_new_tokens=8, seed=3)
+        for round_ in range(3):
+            if round_ == 2:  # the runner reloads the training engine after SFT: a new model object
+                training.export_hf(str(tmp_path / "sft_model"))
+                training.load_hf(str(tmp_path / "sft_model"))
+                assert generation.model is training.local_model()
+            groups = generation.generate(PROMPTS, sampling, n=2)
+            ours, theirs, batch = _trainer_logprobs(training, groups)
+            assert (ours - theirs).abs().max() <= 1e-5  # the sampler's logprobs are the trainer's
+            batch["advantages"] = torch.randn(batch["input_ids"].shape[0], 1).expand_as(batch["input_ids"]).contiguous()
+            training.train_step(batch, conformance_loss)
+            # the refit recognises the engine's own stream and copies nothing (it is never iterated)
+            generation.update_weights(EngineWeights(training, lambda: pytest.fail("the stream was copied")))
+            generation.update_weights(training.weight_stream())
+        with pytest.raises(ValueError, match="takes no other weights"):
+            generation.update_weights([("model.embed_tokens.weight", torch.zeros(1))])
+    finally:
+        generation.shutdown()
+        training.shutdown()
+
+
+def test_the_full_offload_policy_keeps_a_copy(tmp_path, model_dir):
+    training, generation = _engines(tmp_path, model_dir, "policy.offload.policy=full")
+    try:
+        training.load_hf(model_dir)
+        assert not generation.use_training_engine(training)
+        generation.load_hf(model_dir)
+        assert generation.model is not training.local_model()
+    finally:
+        generation.shutdown()
+        training.shutdown()
