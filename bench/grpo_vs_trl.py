@@ -3,15 +3,17 @@
     .venv/bin/pip install -r bench/requirements-trl.txt    # TRL is a benchmark-only dependency
     .venv/bin/python bench/grpo_vs_trl.py                   # 20 steps each (about 10 minutes on 2 cores)
     .venv/bin/python bench/grpo_vs_trl.py --steps 5         # a quick look
+    python bench/grpo_vs_trl.py --device cuda --hidden 1024 --layers 8   # on a GPU (TRL with use_cpu=False)
 
-A Qwen2-style model (hidden 256, 4 layers, the built-in word-level tokenizer) built once;
+A Qwen2-style model (hidden 256, 4 layers by default, the built-in word-level tokenizer) built once;
 the digit-echo prompts as text; the reward is the share of completion words equal to the
 prompt's digit. 8 prompts x 8 generations, 64 new tokens, float32, the same torch thread
 count everywhere. Contenders, each in its own fresh process, one after the other:
 
 - TRL GRPOTrainer with its defaults, use_vllm=False and bf16=False (gradient checkpointing on);
 - the same with gradient checkpointing off;
-- corerl: dtensor training, vLLM generation (hf when vllm is absent), through the Python API.
+- corerl: dtensor training, vLLM generation (hf when vllm is absent), through the Python API;
+- corerl-hf: dtensor training and hf generation on the training model itself (no refit copy).
 
 The first step of each is warm-up and not counted. Prints median step time, samples/s, the
 ratio against the faster TRL variant, corerl's median time per phase and TRL's generation
@@ -49,7 +51,7 @@ def digit_share(completion: str, answer: str) -> float:
 # -- the contenders, each run in a child process -------------------------------------------------
 
 
-def run_trl(model_dir: str, steps: int, threads: int, checkpointing: bool) -> dict[str, Any]:
+def run_trl(model_dir: str, steps: int, threads: int, checkpointing: bool, device: str) -> dict[str, Any]:
     import datasets
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
@@ -70,7 +72,7 @@ def run_trl(model_dir: str, steps: int, threads: int, checkpointing: bool) -> di
 
     with tempfile.TemporaryDirectory() as out:
         config = GRPOConfig(
-            output_dir=out, use_vllm=False, bf16=False, gradient_checkpointing=checkpointing, use_cpu=True,
+            output_dir=out, use_vllm=False, bf16=False, gradient_checkpointing=checkpointing, use_cpu=device == "cpu",
             per_device_train_batch_size=PROMPTS * GENERATIONS, num_generations=GENERATIONS,
             max_completion_length=NEW_TOKENS, max_steps=steps, learning_rate=LR, report_to="none",
             logging_steps=1_000_000, save_strategy="no", seed=7, disable_tqdm=True, dataloader_num_workers=0,
@@ -94,7 +96,7 @@ def run_trl(model_dir: str, steps: int, threads: int, checkpointing: bool) -> di
     return {"step_times": times, "phases": {"generation": phases["generation"]}}
 
 
-def run_corerl(model_dir: str, steps: int, threads: int) -> dict[str, Any]:
+def run_corerl(model_dir: str, steps: int, threads: int, generation_backend: str | None) -> dict[str, Any]:
     import importlib.util
 
     import torch
@@ -102,7 +104,7 @@ def run_corerl(model_dir: str, steps: int, threads: int) -> dict[str, Any]:
     import corerl
 
     torch.set_num_threads(threads)
-    backend = "vllm" if importlib.util.find_spec("vllm") else "hf"
+    backend = generation_backend or ("vllm" if importlib.util.find_spec("vllm") else "hf")
     generation: dict[str, Any] = {"backend": backend, "max_new_tokens": NEW_TOKENS, "temperature": 1.0}
     if backend == "vllm":
         generation["vllm_cfg"] = {"cpu_threads": threads}
@@ -123,12 +125,21 @@ def run_corerl(model_dir: str, steps: int, threads: int) -> dict[str, Any]:
 
 # -- the parent: build the model, run each contender, compare -------------------------------------
 
+CONTENDERS = ["trl-default", "trl-no-gc", "corerl", "corerl-hf"]
+
+
+def _gpu_name() -> str:
+    import torch
+
+    return torch.cuda.get_device_name()
+
 
 def child(args: argparse.Namespace) -> None:
-    if args.contender == "corerl":
-        result = run_corerl(args.model, args.steps, args.threads)
+    if args.contender.startswith("corerl"):
+        result = run_corerl(args.model, args.steps, args.threads, "hf" if args.contender == "corerl-hf" else None)
     else:
-        result = run_trl(args.model, args.steps, args.threads, checkpointing=args.contender == "trl-default")
+        result = run_trl(args.model, args.steps, args.threads, checkpointing=args.contender == "trl-default",
+                         device=args.device)
     Path(args.out).write_text(json.dumps(result))
 
 
@@ -148,7 +159,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
-    parser.add_argument("--contender", choices=["trl-default", "trl-no-gc", "corerl"], help=argparse.SUPPRESS)
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                        help="where both sides run; cuda: TRL with use_cpu=False, corerl's ranks take the GPU")
+    parser.add_argument("--hidden", type=int, default=MODEL["hidden_size"])
+    parser.add_argument("--layers", type=int, default=MODEL["num_layers"])
+    parser.add_argument("--contender", choices=CONTENDERS, help=argparse.SUPPRESS)
     parser.add_argument("--model", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -158,34 +173,50 @@ def main() -> None:
 
     from corerl.models.tiny import build_tiny_model
 
+    if args.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            parser.error("--device cuda: torch sees no GPU on this machine")
+    shape = {**MODEL, "hidden_size": args.hidden, "num_layers": args.layers,
+             "intermediate_size": 2 * args.hidden, "num_heads": max(4, args.hidden // 64),
+             "num_kv_heads": max(2, args.hidden // 128)}
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        model = str(build_tiny_model(Path(tmp) / "model", **MODEL))
-        for name in ("trl-default", "trl-no-gc", "corerl"):
+        model = str(build_tiny_model(Path(tmp) / "model", **shape))
+        # the GPU run has no vLLM: corerl's default generation there is hf on the training model
+        names = [n for n in CONTENDERS if not (args.device == "cuda" and n == "corerl")]
+        env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""} if args.device == "cpu" else dict(os.environ)
+        for name in names:
             out = Path(tmp) / f"{name}.json"
             print(f"running {name} ({args.steps} steps) ...", flush=True)
             start = time.perf_counter()
             subprocess.run([sys.executable, __file__, "--contender", name, "--model", model, "--out", str(out),
-                            "--steps", str(args.steps), "--threads", str(args.threads)], check=True,
-                           stdout=subprocess.DEVNULL)
+                            "--steps", str(args.steps), "--threads", str(args.threads), "--device", args.device],
+                           check=True, stdout=subprocess.DEVNULL, env=env)
             rows.append(summarise(name, json.loads(out.read_text())) | {"wall_s": time.perf_counter() - start})
 
     trl_best = min((r for r in rows if r["contender"].startswith("trl")), key=lambda r: r["median_step_s"])
-    ours = rows[-1]
-    ratio = trl_best["median_step_s"] / ours["median_step_s"]
+    ratios = {r["contender"]: trl_best["median_step_s"] / r["median_step_s"] for r in rows
+              if r["contender"].startswith("corerl")}
+    where = f"{args.threads} threads" if args.device == "cpu" else _gpu_name()
     print(f"\n{PROMPTS} prompts x {GENERATIONS} generations, {NEW_TOKENS} new tokens, {args.steps} steps, "
-          f"{args.threads} threads, float32")
-    print(f"{'contender':<14}{'median step s':>15}{'samples/s':>12}{'wall s':>9}")
+          f"{where}, float32, hidden {args.hidden} x {args.layers} layers")
+    print(f"{'contender':<14}{'median step s':>15}{'samples/s':>12}{'wall s':>9}{'vs faster TRL':>15}{'refit share':>13}")
     for r in rows:
-        print(f"{r['contender']:<14}{r['median_step_s']:>15.3f}{r['samples_per_s']:>12.1f}{r['wall_s']:>9.1f}")
-    print(f"corerl vs {trl_best['contender']}: {ratio:.2f}x faster per step (target 2x)")
+        phases = r["phases_median_s"]
+        refit = f"{phases['refit'] / r['median_step_s']:.1%}" if "refit" in phases else "-"
+        ratio = f"{ratios[r['contender']]:.2f}x" if r["contender"] in ratios else "-"
+        print(f"{r['contender']:<14}{r['median_step_s']:>15.3f}{r['samples_per_s']:>12.1f}{r['wall_s']:>9.1f}"
+              f"{ratio:>15}{refit:>13}")
     for r in rows:
         print(f"{r['contender']} median per phase (s): " + ", ".join(f"{k} {v:.3f}" for k, v in r["phases_median_s"].items()))
     RESULTS.parent.mkdir(exist_ok=True)
     RESULTS.write_text(json.dumps({
-        "setup": {"model": MODEL, "prompts": PROMPTS, "generations": GENERATIONS, "new_tokens": NEW_TOKENS,
-                  "steps": args.steps, "threads": args.threads, "precision": "float32", "lr": LR},
-        "rows": rows, "faster_trl": trl_best["contender"], "corerl_speedup_vs_faster_trl": ratio,
+        "setup": {"model": shape, "prompts": PROMPTS, "generations": GENERATIONS, "new_tokens": NEW_TOKENS,
+                  "steps": args.steps, "threads": args.threads, "precision": "float32", "lr": LR,
+                  "device": where},
+        "rows": rows, "faster_trl": trl_best["contender"], "corerl_speedup_vs_faster_trl": ratios,
     }, indent=2) + "\n")
     print(f"wrote {RESULTS}")
 

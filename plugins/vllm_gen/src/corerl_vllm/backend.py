@@ -10,6 +10,7 @@ from corerl.config import Config
 from corerl.distributed.placement import dedicated_generation_layout, training_layout
 from corerl.distributed.worker_group import LocalWorkerGroup, RayWorkerGroup
 from corerl.generation.contract import Sample, SamplingSettings
+from corerl.generation.shared_weights import SharedWeightWriter
 
 ENGINE = "corerl_vllm.engine:VllmEngine"
 
@@ -35,6 +36,16 @@ class VllmGenerationBackend:
             )
 
         self.engine_version = self.group.call("check_engine")[0]
+        self.shared: SharedWeightWriter | None = None
+        if self._engine_on_this_machine():
+            self.shared = SharedWeightWriter()
+
+    def _engine_on_this_machine(self) -> bool:
+        """A Ray-hosted engine on this driver's node (a driver-hosted one needs no transfer at all)."""
+        import ray
+
+        nodes = self.group.nodes()
+        return bool(nodes) and nodes[0] == ray.get_runtime_context().get_node_id()
 
     def load_hf(self, model_path: str) -> None:
         self.group.call("load_hf", model_path)
@@ -43,7 +54,12 @@ class VllmGenerationBackend:
         return self.group.call("generate", prompts, sampling, n)[0]
 
     def update_weights(self, weights: Iterable[tuple[str, Any]]) -> None:
-        self.group.call("update_weights", list(weights))
+        """Through a shared-memory file where the engine runs on this machine (one copy, a small
+        manifest through Ray), else as tensors through Ray."""
+        if self.shared is None:
+            self.group.call("update_weights", list(weights))
+            return
+        self.group.call("update_weights_shared", self.shared.write(weights))
 
     def sleep(self) -> None:
         self.group.call("sleep")
@@ -54,3 +70,5 @@ class VllmGenerationBackend:
     def shutdown(self) -> None:
         self.group.call("shutdown")
         self.group.shutdown()
+        if self.shared is not None:
+            self.shared.close()

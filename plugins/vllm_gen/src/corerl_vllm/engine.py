@@ -148,6 +148,10 @@ class VllmEngine:
         counts = self.llm.collective_rpc("corerl_reload_weights", args=(save(state),))
         return int(counts[0])
 
+    def update_weights_shared(self, manifest: Any) -> int:
+        """New weights from a shared-memory file on this machine (see :mod:`corerl.generation.shared_weights`)."""
+        return int(self.llm.collective_rpc("corerl_reload_shared", args=(manifest,))[0])
+
     def sleep(self) -> None:
         if not self.on_gpu:
             log.info("vllm: sleep() is not supported on CPU; the engine keeps its memory")

@@ -15,3 +15,12 @@ class RefitExtension:
         # of each weight, so a plain model.load_weights() would leave the outputs unchanged.
         self.reload_weights(weights_iterator=list(weights.items()))
         return len(weights)
+
+    def corerl_reload_shared(self, manifest: object) -> int:
+        """The weights named by a :class:`corerl.generation.shared_weights.WeightManifest`, read as
+        views of the shared-memory file the driver wrote (no copy before vLLM's own)."""
+        from corerl.generation.shared_weights import read_shared
+
+        weights = read_shared(manifest)  # type: ignore[arg-type]
+        self.reload_weights(weights_iterator=weights)
+        return len(weights)

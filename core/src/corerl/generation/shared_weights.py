@@ -1,0 +1,96 @@
+"""Weights handed between processes of one machine through one shared-memory file.
+
+A refit to a generation engine in another process (a Ray actor) used to pickle every tensor
+through Ray's object store and then serialise it again for the engine. Here the writer copies
+each tensor once into a file under ``/dev/shm`` that both processes map (``torch.from_file``
+with ``shared=True``); only a small manifest (names, dtypes, shapes, offsets) crosses the
+process boundary, and the reader's tensors are views of the mapping: no copy on its side.
+Tensors that share storage (tied embeddings) are written once and named twice.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+_ALIGN = 64  # bytes: every tensor starts on a cache line
+
+
+@dataclass(frozen=True)
+class WeightManifest:
+    """Where each named tensor lies in the shared file: ``(name, dtype name, shape, byte offset)``."""
+
+    path: str
+    size: int
+    entries: tuple[tuple[str, str, tuple[int, ...], int], ...]
+
+
+def _shm_dir() -> str:
+    return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
+
+
+class SharedWeightWriter:
+    """The writing side: one file, grown when the weights outgrow it, removed by :meth:`close`."""
+
+    def __init__(self) -> None:
+        handle, self.path = tempfile.mkstemp(prefix="corerl-weights-", dir=_shm_dir())
+        os.close(handle)
+        self.size = 0
+        self.buffer: Any = None
+
+    def write(self, weights: Iterable[tuple[str, torch.Tensor]]) -> WeightManifest:
+        """Copy ``weights`` into the file; the manifest a reader needs to see them."""
+        import torch
+
+        pairs = [(name, tensor.detach()) for name, tensor in weights]
+        placed: dict[tuple[int, torch.dtype, tuple[int, ...]], int] = {}
+        layout: list[tuple[str, torch.Tensor, int, bool]] = []
+        end = 0
+        for name, tensor in pairs:
+            key = (tensor.data_ptr(), tensor.dtype, tuple(tensor.shape))
+            if key in placed:  # the same storage under a second name (tied weights)
+                layout.append((name, tensor, placed[key], False))
+                continue
+            offset = -(-end // _ALIGN) * _ALIGN
+            placed[key] = offset
+            layout.append((name, tensor, offset, True))
+            end = offset + tensor.numel() * tensor.element_size()
+        if end > self.size or self.buffer is None:
+            with open(self.path, "r+b") as handle:
+                handle.truncate(max(end, 1))
+            self.size = max(end, 1)
+            self.buffer = torch.from_file(self.path, shared=True, size=self.size, dtype=torch.uint8)
+        for _, tensor, offset, first in layout:
+            if first:
+                _view(self.buffer, tensor.dtype, tuple(tensor.shape), offset).copy_(tensor)
+        return WeightManifest(self.path, self.size, tuple(
+            (name, str(tensor.dtype).removeprefix("torch."), tuple(tensor.shape), offset)
+            for name, tensor, offset, _ in layout))
+
+    def close(self) -> None:
+        self.buffer = None
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass
+
+
+def _view(buffer: torch.Tensor, dtype: torch.dtype, shape: tuple[int, ...], offset: int) -> torch.Tensor:
+    import math
+
+    nbytes = math.prod(shape) * dtype.itemsize
+    return buffer[offset: offset + nbytes].view(dtype).view(shape)
+
+
+def read_shared(manifest: WeightManifest) -> list[tuple[str, torch.Tensor]]:
+    """The named tensors of ``manifest``, as views of the shared file (valid until it is rewritten)."""
+    import torch
+
+    buffer = torch.from_file(manifest.path, shared=True, size=manifest.size, dtype=torch.uint8)
+    return [(name, _view(buffer, getattr(torch, dtype), shape, offset)) for name, dtype, shape, offset in manifest.entries]
