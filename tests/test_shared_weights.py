@@ -66,8 +66,9 @@ def test_generation_follows_every_train_step_without_a_copy(tmp_path, model_dir)
         training.shutdown()
 
 
-def test_the_full_offload_policy_keeps_a_copy(tmp_path, model_dir):
-    training, generation = _engines(tmp_path, model_dir, "policy.offload.policy=full")
+@pytest.mark.parametrize("override", ["policy.offload.policy=full", "policy.sequence_packing.enabled=true"])
+def test_full_offload_and_packed_attention_keep_a_copy(tmp_path, model_dir, override):
+    training, generation = _engines(tmp_path, model_dir, override)
     try:
         training.load_hf(model_dir)
         assert not generation.use_training_engine(training)

@@ -36,7 +36,7 @@ class GRPOLoss:
 
     def __call__(
         self, logprobs: torch.Tensor, batch: dict[str, torch.Tensor], normaliser: float
-    ) -> tuple[torch.Tensor, dict[str, float]]:
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         mask = batch["loss_mask"].to(logprobs.dtype)
         advantages = batch["advantages"]
         # on-policy (one pass, no separate logprob pass): the old policy is the current one
@@ -44,16 +44,17 @@ class GRPOLoss:
         ratio = torch.exp(logprobs - old)
         clipped = torch.clamp(ratio, 1.0 - self.ratio_clip_min, 1.0 + self.ratio_clip_max)
         per_token = -torch.minimum(ratio * advantages, clipped * advantages)
+        # metrics stay 0-d tensors on the device: the backend reads them once per step
         metrics = {
-            "clip_fraction": float((((ratio - clipped).abs() > 1e-6).to(mask.dtype) * mask).sum() / normaliser),
+            "clip_fraction": (((ratio - clipped).abs() > 1e-6).to(mask.dtype) * mask).sum().detach() / normaliser,
         }
         if "gen_logprobs" in batch:  # the generation backend's logprobs of the same tokens
             gap = (logprobs.detach() - batch["gen_logprobs"]).abs() * mask
-            metrics["logprob_mismatch/mean"] = float(gap.sum() / normaliser)
-            metrics["logprob_mismatch/mean_sq"] = float((gap * gap).sum() / normaliser)
+            metrics["logprob_mismatch/mean"] = gap.sum() / normaliser
+            metrics["logprob_mismatch/mean_sq"] = (gap * gap).sum() / normaliser
         if self.kl_penalty and "ref_logprobs" in batch:
             delta = batch["ref_logprobs"] - logprobs
             kl = torch.exp(delta) - delta - 1.0
             per_token = per_token + self.kl_penalty * kl
-            metrics["kl"] = float((kl.detach() * mask).sum() / normaliser)
+            metrics["kl"] = (kl.detach() * mask).sum() / normaliser
         return (per_token * mask).sum() / normaliser, metrics

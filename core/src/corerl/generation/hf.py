@@ -39,13 +39,19 @@ class HFGenerationBackend:
 
     def use_training_engine(self, training: Any) -> bool:
         """Sample with ``training``'s own model when it lives here unsharded (True), unless the
-        offload policy moves its parameters away while generating (they would leave with it)."""
+        offload policy moves its parameters away while generating (they would leave with it) or
+        sequence packing gave it the packed-rows attention."""
         model = training.local_model() if hasattr(training, "local_model") else None
         if model is None:
             return False
-        if self.config.core.policy.offload.policy == "full":
+        policy = self.config.core.policy
+        if policy.offload.policy == "full":
             log.info("hf generation: the 'full' offload policy moves the training parameters away while "
                      "generating; keeping a copy of its own")
+            return False
+        if policy.sequence_packing.enabled:
+            log.info("hf generation: the training model attends within packed rows (sequence packing), which "
+                     "decoding with a KV cache does not use; keeping a copy of its own")
             return False
         self.shared_engine = training
         return True

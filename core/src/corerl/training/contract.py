@@ -18,7 +18,9 @@ A loss function is a picklable callable ``loss_fn(logprobs, micro_batch, normali
 (loss, metrics)``: ``logprobs`` are the differentiable ``[b, T]`` logprobs of one micro-batch,
 ``normaliser`` the number of loss tokens in the whole step (all ranks), and ``loss`` a
 scalar whose sum over micro-batches and ranks is the step's loss (so token-level
-normalisation is exact whatever the micro-batching and data parallelism).
+normalisation is exact whatever the micro-batching and data parallelism). Metric values are
+floats or 0-d tensors (a backend may sum tensors over its micro-batches and read them once per
+step, :class:`corerl.training.step_totals.StepTotals`, so that no micro-batch waits on the host).
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ if TYPE_CHECKING:
     import torch
 
 Batch = dict[str, "torch.Tensor"]
-LossFn = Callable[["torch.Tensor", Batch, float], tuple["torch.Tensor", dict[str, float]]]
+LossFn = Callable[["torch.Tensor", Batch, float], tuple["torch.Tensor", dict[str, Any]]]
 
 
 @attrs.frozen

@@ -16,6 +16,7 @@ from corerl.config import Config
 from corerl.distributed.devices import RankDeviceReport, local_gpu_index, rank_device
 from corerl.distributed.rank_state import barrier, capture_rng, restore_rng
 from corerl.training.logprobs import model_logprobs
+from corerl.training.step_totals import StepTotals
 from corerl_deepspeed.memory import gradient_bytes
 
 log = logging.getLogger(__name__)
@@ -103,8 +104,7 @@ class DeepSpeedWorker(RankDeviceReport):
         one, where DeepSpeed reduces (and partitions) them and steps."""
         engine = self.engine
         engine.train()
-        total = 0.0
-        metrics: dict[str, float] = {}
+        totals = StepTotals()
         for index, mb in enumerate(mbs):
             engine.set_gradient_accumulation_boundary(index == len(mbs) - 1)
             mb = self._to_device(mb)
@@ -112,9 +112,8 @@ class DeepSpeedWorker(RankDeviceReport):
             loss, mb_metrics = loss_fn(logprobs, mb, normaliser)
             # DeepSpeed averages gradients over the ranks; the loss is a sum over them
             engine.backward(loss * self.world_size, scale_wrt_gas=False)
-            total += float(loss.detach().item())
-            for key, value in mb_metrics.items():
-                metrics[key] = metrics.get(key, 0.0) + float(value)
+            totals.add(loss, mb_metrics)
+        total, metrics = totals.result()
         lr = self.scheduler.get_last_lr()[0]
         self.grad_bytes = gradient_bytes(engine)  # gradients live now; after the step some are freed
         engine.step()

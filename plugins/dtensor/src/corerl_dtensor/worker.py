@@ -25,6 +25,7 @@ from corerl.training.hf_export import export_on_rank_zero
 from corerl.training.logprobs import model_logprobs
 from corerl.training.memory import optimizer_state_tensors, storage_bytes
 from corerl.training.optim import build_optimizer, build_scheduler
+from corerl.training.step_totals import StepTotals
 from corerl_dtensor import parallelize
 
 log = logging.getLogger(__name__)
@@ -117,8 +118,7 @@ class DTensorWorker(RankDeviceReport):
         model = self._require_model()
         model.train()
         mbs = [self._to_device(mb) for mb in mbs]
-        total = 0.0
-        metrics: dict[str, float] = {}
+        totals = StepTotals()
         sync = getattr(model, "set_requires_gradient_sync", None)  # FSDP2: reduce once per step
         for index, mb in enumerate(mbs):
             if sync is not None:
@@ -128,9 +128,8 @@ class DTensorWorker(RankDeviceReport):
             loss, mb_metrics = loss_fn(logprobs, mb, normaliser)
             # FSDP averages gradients over the dp ranks; the loss is a sum over ranks.
             (loss * self.dp).backward()
-            total += float(loss.detach().item())
-            for key, value in mb_metrics.items():
-                metrics[key] = metrics.get(key, 0.0) + float(value)
+            totals.add(loss, mb_metrics)
+        total, metrics = totals.result()
         max_norm = self.config.core.policy.max_grad_norm
         if self.fsdp1:  # its flat shards are plain tensors: only the wrapper knows the global norm
             grad_norm = float(model.clip_grad_norm_(max_norm if max_norm is not None else float("inf")))
