@@ -38,11 +38,11 @@ def _start(tmp_path, name, *args, env=None):
                             start_new_session=True)
 
 
-def _wait_for(path, proc, seconds=240):
+def _wait_for_line(path, line, proc, seconds=240):
     deadline = time.monotonic() + seconds
-    while not path.exists():
-        assert proc.poll() is None, f"the run ended before {path} appeared: {proc.communicate()}"
-        assert time.monotonic() < deadline, f"{path} did not appear"
+    while line not in (path.read_text().splitlines() if path.exists() else []):
+        assert proc.poll() is None, f"the run ended before reaching {line}: {proc.communicate()}"
+        assert time.monotonic() < deadline, f"the run did not reach {line}"
         time.sleep(0.02)
 
 
@@ -50,17 +50,18 @@ def test_a_run_sigkilled_inside_a_checkpoint_save_resumes_from_the_last_complete
     straight = run_corerl("run", f"run.output_dir={tmp_path}", "run.name=straight", *COMMON)
     assert straight.code == 0, straight
 
-    # each save pauses 3 s after writing the training state and before it is complete
-    proc = _start(tmp_path, "killed", *COMMON, env={"CORERL_TEST_CHECKPOINT_DELAY": "3"})
+    # the run stops inside the step-6 save (training state written, folder not sealed) until killed
+    markers = tmp_path / "markers"
+    proc = _start(tmp_path, "killed", *COMMON, env={"CORERL_PROGRESS_MARKERS": str(markers),
+                                                     "CORERL_TEST_HOLD_AT": "folder:step_000006:filled"})
     killed_dir = tmp_path / "killed"
-    partial = killed_dir / "checkpoints" / ".step_000006.tmp"
-    _wait_for(partial / "training", proc)
-    time.sleep(0.5)
+    _wait_for_line(markers, "folder:step_000006:filled", proc)
     os.killpg(proc.pid, signal.SIGKILL)  # the run and every process it started, in the middle of the save
     proc.wait(timeout=30)
-    assert partial.is_dir() and not (partial / "state.json").exists()
-    assert sorted(p.name for p in (killed_dir / "checkpoints").iterdir()) == [".step_000006.tmp", "step_000002",
-                                                                               "step_000004"]
+    (partial,) = (killed_dir / "checkpoints").glob(".step_000006.partial-*")
+    assert (partial / "training").is_dir() and (partial / "state.json").exists()  # written, never sealed
+    assert sorted(p.name for p in (killed_dir / "checkpoints").iterdir() if not p.name.startswith(".")) == [
+        "step_000002", "step_000004"]
 
     resumed = run_corerl("run", f"run.output_dir={tmp_path}", "run.name=killed", *COMMON)
     assert resumed.code == 0, resumed

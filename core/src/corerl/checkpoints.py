@@ -1,58 +1,68 @@
-"""Run checkpoints: written to a temporary folder and renamed into place, so a save that is
-killed halfway never looks complete and the previous checkpoint stays usable."""
+"""Run checkpoints in ``<run dir>/checkpoints/step_NNNNNN``, each a complete folder
+(:mod:`corerl.complete_folders`): a save that is killed halfway never looks complete, saving a
+step again replaces the old folder in one rename, and pruning renames before it deletes, so
+the previous checkpoint stays usable at every moment."""
 
 from __future__ import annotations
 
 import json
-import os
 import re
-import shutil
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-_COMPLETE = re.compile(r"^step_(\d+)$")
-SLOW_SAVE_ENV = "CORERL_TEST_CHECKPOINT_DELAY"  # seconds a save pauses before it completes
+from corerl.complete_folders import is_complete, recover, remove, write_complete
+
+_STEP = re.compile(r"^step_(\d+)$")
+_LEFTOVER = re.compile(r"^\.(step_\d+)\.")
+
+
+def _root(run_dir: Path) -> Path:
+    return run_dir / "checkpoints"
+
+
+def recover_checkpoints(run_dir: Path) -> None:
+    """Put back or delete what a killed save or prune left in the checkpoints folder."""
+    root = _root(run_dir)
+    names = {p.name for p in root.iterdir() if _STEP.match(p.name)} if root.is_dir() else set()
+    names |= {m.group(1) for p in (root.iterdir() if root.is_dir() else []) if (m := _LEFTOVER.match(p.name))}
+    for name in sorted(names):
+        recover(root / name)
 
 
 def complete_checkpoints(run_dir: Path) -> list[tuple[int, Path]]:
     """Complete checkpoints of ``run_dir``, oldest first."""
-    root = run_dir / "checkpoints"
+    root = _root(run_dir)
     found = []
     for path in root.iterdir() if root.is_dir() else []:
-        match = _COMPLETE.match(path.name)
-        if match and (path / "state.json").is_file():
+        match = _STEP.match(path.name)
+        if match and is_complete(path):
             found.append((int(match.group(1)), path))
     return sorted(found)
 
 
 def latest_checkpoint(run_dir: Path) -> tuple[int, Path] | None:
+    """The newest complete checkpoint (after :func:`recover_checkpoints`), or None."""
+    recover_checkpoints(run_dir)
     found = complete_checkpoints(run_dir)
     return found[-1] if found else None
 
 
 def save_checkpoint(run_dir: Path, step: int, write: Callable[[Path], None], state: dict[str, Any], keep_last: int) -> Path:
-    """``write(folder)`` fills a temporary folder, ``state.json`` goes last, then one rename publishes it."""
-    root = run_dir / "checkpoints"
-    root.mkdir(parents=True, exist_ok=True)
-    tmp = root / f".step_{step:06d}.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    write(tmp)
-    if os.environ.get(SLOW_SAVE_ENV):  # fault injection for tests: a window to kill a save in
-        time.sleep(float(os.environ[SLOW_SAVE_ENV]))
-    with (tmp / "state.json").open("w") as handle:
-        json.dump(state, handle)
-        handle.flush()
-        os.fsync(handle.fileno())
-    final = root / f"step_{step:06d}"
-    shutil.rmtree(final, ignore_errors=True)
-    os.replace(tmp, final)
+    """``write(folder)`` fills the new checkpoint, ``state.json`` is added, the folder is published;
+    then all but the ``keep_last`` newest complete checkpoints are removed."""
+
+    def fill(folder: Path) -> None:
+        write(folder)
+        (folder / "state.json").write_text(json.dumps(state))
+
+    final = _root(run_dir) / f"step_{step:06d}"
+    write_complete(final, fill)
     for _, old in complete_checkpoints(run_dir)[:-keep_last]:
-        shutil.rmtree(old, ignore_errors=True)
+        remove(old)
     return final
 
 
 def read_state(checkpoint: Path) -> dict[str, Any]:
+    """The run state (steps done, task position, metrics lines, evaluations) a checkpoint holds."""
     return json.loads((checkpoint / "state.json").read_text())

@@ -83,3 +83,10 @@ class EngineNotAvailable(CorerlError):
     """A registered component whose engine is not implemented or cannot start here."""
 
     exit_code = EXIT_FAILURE
+
+
+class RunError(CorerlError):
+    """A run stopped by what it was given or what it computed: a malformed data line, a reward
+    function that raised or returned no number, a loss that became NaN."""
+
+    exit_code = EXIT_FAILURE

@@ -2,13 +2,16 @@
 selected backends, with a progress bar per phase and a run directory holding metrics.jsonl,
 TensorBoard event files, curves.png, summary.json and the final Hugging Face checkpoint.
 
-``corerl run`` on a run directory that holds a complete checkpoint resumes from it. Ctrl-C
-finishes the current step, saves a checkpoint and exits with status 130.
+``corerl run`` on a run directory that holds a complete checkpoint resumes from it; one that
+holds none starts over there (``run.resume=must`` refuses instead). Folders the run trusts later
+are written as complete folders (:mod:`corerl.complete_folders`). Ctrl-C finishes the current
+step, saves a checkpoint and exits with status 130. A NaN loss or gradient stops the run.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -17,9 +20,11 @@ from typing import Any
 import attrs
 
 from corerl.checkpoints import latest_checkpoint, read_state, save_checkpoint
+from corerl.complete_folders import is_complete, recover, remove, write_complete
 from corerl.config import Config
-from corerl.errors import ConfigError
+from corerl.errors import ConfigError, RunError
 from corerl.plugin_manager import PluginHost
+from corerl.progress_markers import mark
 from corerl.selection import Selection
 
 BUILTIN_MODELS = {
@@ -37,22 +42,38 @@ class RunResult:
     interrupted: bool = False
 
 
-def make_run_dir(config: Config) -> tuple[Path, tuple[int, Path] | None]:
+# what a run writes into its directory; a run that holds no complete checkpoint loses these
+# when it starts over (a complete built-in base model is kept: it is rebuilt identically anyway)
+RUN_OUTPUTS = ("metrics.jsonl", "tensorboard", "checkpoints", "sft_model", "final", "curves.png", "summary.json")
+
+
+def make_run_dir(config: Config, console: Any = None) -> tuple[Path, tuple[int, Path] | None]:
     """``run.output_dir/run.name`` (a timestamp when unnamed) and the checkpoint to resume from.
 
-    An existing run resumes from its last complete checkpoint; one without any is refused.
+    An existing run resumes from its last complete checkpoint. One without any starts over in
+    the same directory, saying so in one line (``run.resume=must`` refuses instead); a finished
+    run without checkpoints is refused rather than overwritten.
     """
     run = config.core.run
     name = run.name or time.strftime("%Y%m%d-%H%M%S")
     path = Path(run.output_dir) / name
-    if (path / "metrics.jsonl").exists():
-        resume = latest_checkpoint(path)
-        if resume is None:
-            raise ConfigError(
-                f"run directory {path} already holds a run and no complete checkpoint to resume from",
-                key="run.name", hint="pick another run.name, or enable checkpointing to make runs resumable",
-            )
+    resume = latest_checkpoint(path)
+    if resume is not None:
         return path, resume
+    leftovers = [n for n in RUN_OUTPUTS if (path / n).exists()]
+    if run.resume == "must":
+        raise ConfigError(f"run directory {path} holds no complete checkpoint to resume from", key="run.resume",
+                          hint="set run.resume=auto to start the run over in the same directory")
+    if (path / "summary.json").exists():
+        raise ConfigError(f"run directory {path} holds a finished run and no checkpoint to resume from", key="run.name",
+                          hint="pick another run.name, or delete the directory to run it again")
+    if leftovers:
+        for name in leftovers:
+            target = path / name
+            remove(target) if target.is_dir() else target.unlink()
+        if console is not None:
+            console.print(f"run directory {path} holds no complete checkpoint: starting over "
+                          f"(removed {', '.join(leftovers)})")
     path.mkdir(parents=True, exist_ok=True)
     return path, None
 
@@ -62,16 +83,30 @@ def resolve_model(model_name: str, run_dir: Path) -> str:
     if model_name in BUILTIN_MODELS:
         from corerl.models.tiny import build_tiny_model
 
-        if (run_dir / "base_model" / "config.json").exists():  # a resumed run keeps its base model
-            return str(run_dir / "base_model")
-        return str(build_tiny_model(run_dir / "base_model", **BUILTIN_MODELS[model_name]))
+        target = run_dir / "base_model"
+        recover(target)
+        if not is_complete(target):  # a resumed run keeps its base model; a half-built one is rebuilt
+            write_complete(target, lambda work: build_tiny_model(work, **BUILTIN_MODELS[model_name]))
+        return str(target)
     if model_name.startswith("builtin:"):
         raise ConfigError(f"unknown built-in model {model_name!r}", key="policy.model_name",
                           hint=f"built-in models: {', '.join(BUILTIN_MODELS)}")
+    if not Path(model_name).exists():
+        raise ConfigError(f"model path {model_name} does not exist", key="policy.model_name",
+                          hint="give a local Hugging Face checkpoint folder or a builtin: model; nothing is downloaded")
     if not (Path(model_name) / "config.json").exists():
         raise ConfigError(f"{model_name} is not a Hugging Face checkpoint directory (no config.json)",
                           key="policy.model_name", hint="give a local checkpoint folder: nothing is downloaded")
     return model_name
+
+
+def check_finite(phase: str, step: int, metrics: dict[str, Any]) -> None:
+    """Stop the run at a step whose loss or gradient norm is NaN or infinite."""
+    bad = {k: metrics[k] for k in ("loss", "grad_norm") if k in metrics and not math.isfinite(metrics[k])}
+    if bad:
+        shown = ", ".join(f"{k} {v}" for k, v in bad.items())
+        raise RunError(f"{phase} step {step}: {shown}; the run stopped there, before logging or saving that step",
+                       key="policy.optimizer.lr", hint="lower the learning rate; the last checkpoint, if any, is intact")
 
 
 def evaluate(generation: Any, task: Any, max_new_tokens: int) -> float:
@@ -137,14 +172,16 @@ def execute(config: Config, selection: Selection, host: PluginHost, console: Any
     hf_logging.disable_progress_bar()  # the run's own bars say what is happening
     core = config.core
     algorithm = core.algorithm
-    run_dir, resume = make_run_dir(config)
+    mark("run:start")
+    run_dir, resume = make_run_dir(config, console)
     console.print(f"run directory: [bold]{run_dir}[/]" + (f" (resuming from step {resume[0]})" if resume else ""))
     state = read_state(resume[1]) if resume else {}
     model_path = resolve_model(core.policy.model_name, run_dir)
     tokenizer = AutoTokenizer.from_pretrained(core.policy.tokenizer_name or model_path)
     assert selection.task.registration is not None
-    task = selection.task.registration.create(TaskContext(tokenizer, algorithm.seed, core.data, selection.reward_fn))
     max_new = core.policy.generation.max_new_tokens
+    task = selection.task.registration.create(TaskContext(tokenizer, algorithm.seed, core.data, selection.reward_fn,
+                                                          max_prompt_tokens=core.policy.max_seq_length - max_new))
     sft_only = algorithm.name == "sft"
     sft_steps = algorithm.max_steps if sft_only else (core.sft.max_steps if core.sft.enabled else 0)
     sft_batch = algorithm.batch_size if sft_only else core.sft.batch_size
@@ -179,7 +216,7 @@ def execute(config: Config, selection: Selection, host: PluginHost, console: Any
 
         def export(folder: Path) -> None:
             offload.restore()
-            training.export_hf(str(folder))
+            write_complete(folder, lambda work: training.export_hf(str(work)))
         if resume is not None:
             training.load_checkpoint(str(resume[1] / "training"))
             generation.update_weights(training.weight_stream())
@@ -243,11 +280,13 @@ def execute(config: Config, selection: Selection, host: PluginHost, console: Any
                     while phase.done < phase.total and not stop.requested:
                         begin = time.perf_counter()
                         metrics = phase.step()
+                        check_finite(phase.name, phase.done + 1, metrics)
                         phase.done += 1
                         metrics = {"phase": phase.name, "step": phase.done, **metrics,
                                    "time/step": time.perf_counter() - begin}
                         log.write(metrics, tb_step=global_step())
                         progress.update(bar, advance=1, shown=_shown(metrics))
+                        mark(f"{phase.name}:step:{phase.done}")
                         every = core.checkpointing.save_period
                         if core.checkpointing.enabled and (phase.done % every == 0 or phase.done == phase.total):
                             checkpoint()
@@ -283,7 +322,10 @@ def execute(config: Config, selection: Selection, host: PluginHost, console: Any
             "reward": selection.reward.id, "training_backend": selection.training_backend.id,
             "generation_backend": selection.generation_backend.id,
         }
-        (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        written = run_dir / ".summary.json.partial"
+        written.write_text(json.dumps(summary, indent=2) + "\n")
+        written.replace(run_dir / "summary.json")  # its presence says the run finished: all or nothing
+        mark("run:end")
         _report(console, evals)
         console.print(f"wrote {run_dir / 'metrics.jsonl'}, {run_dir / 'tensorboard'}, {run_dir / 'curves.png'}, "
                       f"{run_dir / 'final'} (Hugging Face checkpoint)")

@@ -182,6 +182,8 @@ class RunConfig:
 
     output_dir: str = setting("runs", help="parent folder of run directories")
     name: str | None = setting(None, help="run directory name; unset: a timestamp")
+    resume: Literal["auto", "must"] = setting(
+        "auto", help="auto: resume from the last complete checkpoint, else start over; must: resume or fail")
 
 
 @attrs.define(kw_only=True)

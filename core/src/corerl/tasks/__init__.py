@@ -24,12 +24,14 @@ TextReward = Callable[[str, Mapping[str, Any]], float]
 @attrs.frozen
 class TaskContext:
     """What a task factory receives: the tokenizer, the run's seed, the ``data`` config
-    section and the reward ``data.reward`` names (None when unset: the task's own default)."""
+    section, the reward ``data.reward`` names (None when unset: the task's own default) and the
+    longest prompt, in tokens, that leaves room for the completion (a task refuses longer ones)."""
 
     tokenizer: Any
     seed: int
     data: Any
     reward: TextReward | None = None
+    max_prompt_tokens: int | None = None  # the longest prompt that leaves room for the completion
 
 
 @runtime_checkable
@@ -72,11 +74,27 @@ def decode_completion(tokenizer: Any, sample: Sample) -> str:
     return tokenizer.decode(list(sample.completion_ids), skip_special_tokens=True)
 
 
-def score(reward: TextReward, text: str, example: Mapping[str, Any], where: str) -> float:
-    """Call a user reward function and check it returned a number."""
-    value = reward(text, example)
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"reward function {where} returned {value!r} ({type(value).__name__}); it must return a float")
+def score(reward: TextReward, text: str, example: Mapping[str, Any], where: str, row: str | None = None) -> float:
+    """Call a user reward function; what it raises, or a value that is not a finite number, stops
+    the run in one line naming the function and, where known, the example's row (``row``)."""
+    import math
+    import numbers
+
+    from corerl.errors import RunError
+
+    name = getattr(reward, "__qualname__", None) or type(reward).__name__
+    at = f" on {row}" if row else ""
+    try:
+        value = reward(text, example)
+    except Exception as exc:  # the user's code: reported where it happened, the cause kept for CORERL_DEBUG=1
+        raise RunError(f"reward function {name} raised {type(exc).__name__}: {exc}{at}", key=where,
+                       hint="fix the function (CORERL_DEBUG=1 shows the traceback)") from exc
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise RunError(f"reward function {name} returned {value!r} ({type(value).__name__}){at}; it must return a number",
+                       key=where, hint="return a float for every completion")
+    if not math.isfinite(value):
+        raise RunError(f"reward function {name} returned {value}{at}; rewards must be finite", key=where,
+                       hint="return a finite float for every completion")
     return float(value)
 
 

@@ -5,6 +5,7 @@ the shuffled training rows.
 
 from __future__ import annotations
 
+import json
 import random
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ from corerl.tasks import TaskContext, decode_completion, restore_rng, rng_state,
 from corerl.tasks.rewards import exact_answer
 
 _BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
+ORIGIN = "_corerl_origin"  # where a row came from: a key the rows carry, dropped before a reward sees them
 
 
 def _as_list(value: str | list[str] | None) -> list[str]:
@@ -23,8 +25,29 @@ def _as_list(value: str | list[str] | None) -> list[str]:
     return [value] if isinstance(value, str) else list(value)
 
 
+def _read_jsonl(path: Path, key: str) -> list[dict[str, Any]]:
+    """The objects of a JSONL file; a line that is not a JSON object is refused with its number."""
+    rows = []
+    with path.open(encoding="utf-8") as handle:
+        for number, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except ValueError as exc:
+                raise ConfigError(f"{path} line {number} is not valid JSON ({exc})", key=key,
+                                  hint="each line must hold one JSON object") from None
+            if not isinstance(row, dict):
+                raise ConfigError(f"{path} line {number} holds a {type(row).__name__}, not a JSON object", key=key,
+                                  hint='each line must hold one object, e.g. {"prompt": "...", "answer": "..."}')
+            row[ORIGIN] = f"{path.name} line {number}"
+            rows.append(row)
+    return rows
+
+
 def read_rows(files: list[str], key: str) -> list[dict[str, Any]]:
-    """Every row of ``files`` (all JSONL/JSON lines or all Parquet), in file order."""
+    """Every row of ``files`` (all JSONL/JSON lines or all Parquet), in file order; each row
+    remembers where it came from under :data:`ORIGIN` (file and line or row number)."""
     builders = set()
     for name in files:
         path = Path(name)
@@ -37,26 +60,35 @@ def read_rows(files: list[str], key: str) -> list[dict[str, Any]]:
         builders.add(builder)
     if len(builders) > 1:
         raise ConfigError("data files mix JSONL and Parquet", key=key, hint="convert them to one format")
+    if all(Path(name).suffix.lower() == ".jsonl" for name in files):
+        return [row for name in files for row in _read_jsonl(Path(name), key)]
     import datasets
 
     datasets.disable_progress_bars()
     datasets.logging.set_verbosity_error()
-    try:
-        table = datasets.load_dataset(builders.pop(), data_files=files, split="train")
-    except Exception as exc:  # a malformed file: say which key and files, keep the cause
-        raise ConfigError(f"cannot read {', '.join(files)}: {type(exc).__name__}: {str(exc).splitlines()[0]}",
-                          key=key, hint="check the file is valid JSONL (one object per line) or Parquet") from exc
-    return table.to_list()
+    rows = []
+    for name in files:
+        try:
+            table = datasets.load_dataset(builders.copy().pop(), data_files=[name], split="train")
+        except Exception as exc:  # a malformed file: say which key and file, keep the cause
+            raise ConfigError(f"cannot read {name}: {type(exc).__name__}: {str(exc).splitlines()[0]}",
+                              key=key, hint="check the file is valid JSONL (one object per line) or Parquet") from exc
+        rows += [{**row, ORIGIN: f"{Path(name).name} row {index + 1}"} for index, row in enumerate(table.to_list())]
+    return rows
 
 
 def _check_columns(rows: list[dict[str, Any]], columns: dict[str, str], key: str, files: list[str]) -> None:
     if not rows:
         raise ConfigError(f"{', '.join(files)} holds no rows", key=key, hint="give a file with at least one example")
-    present = sorted(rows[0])
+    present = sorted(c for c in rows[0] if c != ORIGIN)
     for setting, column in columns.items():
         if column not in rows[0]:
             raise ConfigError(f"column {column!r} (data.{setting}) is not in {', '.join(files)}; columns: {', '.join(present)}",
                               key=f"data.{setting}", hint=f"set data.{setting} to one of: {', '.join(present)}")
+        for row in rows:
+            if row.get(column) is None:
+                raise ConfigError(f"{row[ORIGIN]} has no {column!r} (data.{setting})", key=key,
+                                  hint="give every row that column, or remove the row")
 
 
 class DatasetTask:
@@ -69,6 +101,7 @@ class DatasetTask:
         self.prompt_key, self.answer_key = data.prompt_key, data.answer_key
         self.response_key = data.response_key or data.answer_key
         self.chat_template = data.apply_chat_template
+        self.max_prompt_tokens = context.max_prompt_tokens
         train_files = _as_list(data.train_files)
         if not train_files:
             raise ConfigError("the dataset task needs data.train_files", key="data.train_files",
@@ -114,27 +147,36 @@ class DatasetTask:
         return drawn
 
     def _prompt_of(self, row: dict[str, Any]) -> list[int]:
-        return self.encode_prompt(str(row[self.prompt_key]))
+        ids = self.encode_prompt(str(row[self.prompt_key]))
+        limit = self.max_prompt_tokens
+        if limit is not None and len(ids) > limit:  # refused, not truncated: a cut prompt asks another question
+            raise ConfigError(
+                f"{row[ORIGIN]}: the prompt is {len(ids)} tokens, more than the {limit} that leave room for "
+                "policy.generation.max_new_tokens within policy.max_seq_length", key="policy.max_seq_length",
+                hint=f"prompts are not truncated: raise policy.max_seq_length by at least {len(ids) - limit}, "
+                     "or shorten or remove that row")
+        return ids
 
     def sample(self, count: int) -> tuple[list[list[int]], list[Any]]:
         rows = self._draw(count)
-        return [self._prompt_of(row) for row in rows], rows
+        return [self._prompt_of(row) for row in rows], [_public(row) for row in rows]
 
     def held_out(self) -> tuple[list[list[int]], list[Any]]:
-        return [self._prompt_of(row) for row in self.held], list(self.held)
+        return [self._prompt_of(row) for row in self.held], [_public(row) for row in self.held]
 
     def demonstrations(self, count: int) -> list[tuple[list[int], list[int]]]:
         pairs = []
         for row in self._draw(count):
             if self.response_key not in row:
                 raise ConfigError(f"SFT needs column {self.response_key!r} (data.response_key)", key="data.response_key",
-                                  hint=f"set data.response_key to one of: {', '.join(sorted(row))}")
+                                  hint=f"set data.response_key to one of: {', '.join(sorted(set(row) - {ORIGIN}))}")
             response = list(self.tokenizer.encode(" " + str(row[self.response_key]), add_special_tokens=False))
             pairs.append((self._prompt_of(row), [*response, self.tokenizer.eos_token_id]))
         return pairs
 
     def reward(self, sample: Sample, example: Any) -> float:
-        return score(self.reward_fn, decode_completion(self.tokenizer, sample), example, "data.reward")
+        row = example.origin if isinstance(example, _Example) else None
+        return score(self.reward_fn, decode_completion(self.tokenizer, sample), example, "data.reward", row)
 
     def state(self) -> Any:
         return {"rng": rng_state(self.rng), "order": self.order, "position": self.position}
@@ -142,3 +184,15 @@ class DatasetTask:
     def set_state(self, state: Any) -> None:
         restore_rng(self.rng, state["rng"])
         self.order, self.position = list(state["order"]), int(state["position"])
+
+
+class _Example(dict):  # type: ignore[type-arg]
+    """A row as reward functions see it (its columns), remembering where it came from."""
+
+    origin: str | None = None
+
+
+def _public(row: dict[str, Any]) -> _Example:
+    example = _Example((k, v) for k, v in row.items() if k != ORIGIN)
+    example.origin = row.get(ORIGIN)
+    return example

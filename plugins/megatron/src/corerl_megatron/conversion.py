@@ -4,8 +4,9 @@ Converted checkpoints live under the first of ``CORERL_MEGATRON_CHECKPOINT_DIR``
 ``NRL_MEGATRON_CHECKPOINT_DIR``, ``$HF_HOME/corerl`` and ``~/.cache/huggingface/corerl``,
 in a folder named after the source and a fingerprint of it (its ``config.json`` and the
 names, sizes and modification times of its weight files): a changed source gets a new
-conversion. A conversion is written into a temporary folder and renamed when complete, so
-one interrupted halfway is never mistaken for a complete one.
+conversion. A conversion, and the Hugging Face checkpoint exported from one, is a complete
+folder (``corerl.complete_folders``): written aside, sealed with a manifest, renamed into
+place, so one interrupted halfway is never mistaken for a complete one.
 """
 
 from __future__ import annotations
@@ -13,10 +14,10 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
+
+from corerl.complete_folders import is_complete, write_complete
 
 COMPLETE = "corerl_conversion.json"
 WEIGHTS = "megatron.safetensors"
@@ -53,24 +54,19 @@ def ensure_converted(source: str | Path, *, force: bool = False, root: Path | No
     complete one (or ``force``). Returns the folder holding :data:`WEIGHTS`."""
     source = Path(source)
     target = converted_dir(source, root or checkpoint_root())
-    if (target / COMPLETE).exists() and not force:
+    if is_complete(target) and not force:
         return target
     return convert_into(source, target, converter_type)
 
 
 def convert_into(source: Path, target: Path, converter_type: str | None = None) -> Path:
     """Convert ``source`` into the folder ``target`` (replaced), published only when complete."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
-    try:
+
+    def fill(work: Path) -> None:
         meta = convert_folder(source, work, converter_type)
         (work / COMPLETE).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
-        if target.exists():
-            shutil.rmtree(target)
-        os.replace(work, target)
-    finally:
-        if work.exists():
-            shutil.rmtree(work, ignore_errors=True)
+
+    write_complete(target, fill)
     return target
 
 
@@ -120,9 +116,9 @@ def export_conversion(folder: Path, target: Path) -> None:
     from corerl.training.hf_export import write_hf_checkpoint
     from corerl_megatron.convert import megatron_to_hf
 
-    if not (folder / COMPLETE).exists() or not (folder / HF_FILES / "config.json").exists():
-        raise ConfigError(f"{folder} is not a complete corerl Megatron conversion (no {COMPLETE} and {HF_FILES}/config.json)",
+    if not is_complete(folder) or not (folder / COMPLETE).exists():
+        raise ConfigError(f"{folder} is not a complete corerl Megatron conversion (unsealed, damaged, or not one at all)",
                           hint="convert a Hugging Face checkpoint first: corerl convert hf-to-megatron SOURCE TARGET")
     hf, family, shape = load_hf_model_config(folder / HF_FILES)
     state = megatron_to_hf(load_file(str(folder / WEIGHTS)), family, shape)
-    write_hf_checkpoint(state, hf, str(folder / HF_FILES), str(target))
+    write_complete(target, lambda work: write_hf_checkpoint(state, hf, str(folder / HF_FILES), str(work)))

@@ -1,0 +1,174 @@
+"""The kill harness: a short run is SIGKILLed (its whole process group) at points spread over its
+whole life, chosen from the run's own progress markers (``corerl.progress_markers``: the run
+stops at the named marker until it is killed, so the kill lands exactly there); after each kill
+the same command runs again, and the run that finally completes must match an uninterrupted
+one, step for step."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from corerl.complete_folders import is_complete
+from tests.conftest import CORERL, REPO, clean_env, run_corerl
+
+# 2 SFT + 3 GRPO steps, a checkpoint after every step (keep_last 1 prunes at every save), hf
+# generation on the training model: about 7 s a run
+ARGS = ["sft.max_steps=2", "algorithm.max_steps=3", "algorithm.batch_size=4", "algorithm.num_generations_per_prompt=4",
+        "checkpointing.enabled=true", "checkpointing.save_period=1", "checkpointing.keep_last=1",
+        "policy.generation.backend=hf"]
+
+# in the order a run reaches them; each one is where the next attempt is killed
+KILL_POINTS = [
+    "folder:base_model:begin",     # model build: nothing written yet
+    "folder:base_model:filled",    # model build: weights written, folder not sealed
+    "sft:step:1",                  # SFT, before the first checkpoint exists
+    "folder:step_000001:filled",   # inside the first (SFT) checkpoint save
+    "folder:step_000002:begin",    # the SFT-end checkpoint save starting
+    "folder:sft_model:filled",     # inside the SFT model export
+    "grpo:step:1",
+    "folder:step_000003:filled",   # inside a GRPO checkpoint save (pruning still to come)
+    "grpo:step:2",
+    "folder:step_000004:begin",
+    "grpo:step:3",
+    "folder:step_000005:filled",   # inside the last checkpoint save
+    "folder:final:begin",          # final export starting
+    "folder:final:filled",         # inside the final export: written, not sealed
+]
+TRUSTED = ("base_model", "sft_model", "final")
+
+
+def _start(tmp_path: Path, markers: Path, hold: str, args: list[str] = ARGS) -> subprocess.Popen[str]:
+    env = clean_env({"CORERL_PROGRESS_MARKERS": str(markers), "CORERL_TEST_HOLD_AT": hold})
+    return subprocess.Popen([str(CORERL), "run", f"run.output_dir={tmp_path}", "run.name=killed", *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=REPO,
+                            start_new_session=True)
+
+
+def _wait_for_marker(markers: Path, name: str, proc: subprocess.Popen[str], seconds: float = 300) -> None:
+    deadline = time.monotonic() + seconds
+    while name not in (markers.read_text().splitlines() if markers.exists() else []):
+        if proc.poll() is not None:
+            pytest.fail(f"the run ended (exit {proc.returncode}) before reaching {name}:\n{proc.stdout.read()}")
+        assert time.monotonic() < deadline, f"the run did not reach {name}"
+        time.sleep(0.02)
+
+
+def _group_is_gone(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+def _rows(run_dir: Path) -> list[dict]:
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    rows = [json.loads(line) for line in lines]  # well-formed: every line one JSON object
+    return [{k: v for k, v in row.items() if not k.startswith("time/")} for row in rows]
+
+
+def _assert_same(want: list[dict], got: list[dict]) -> None:
+    assert [(r["phase"], r["step"]) for r in got] == [(r["phase"], r["step"]) for r in want]
+    for a, b in zip(want, got, strict=True):
+        assert a.keys() == b.keys()
+        for key, value in a.items():
+            if isinstance(value, str):
+                assert value == b[key]
+            else:
+                assert math.isclose(value, b[key], rel_tol=1e-6, abs_tol=1e-6), (a["phase"], a["step"], key, value, b[key])
+
+
+@pytest.mark.slow
+def test_a_run_killed_at_every_stage_and_run_again_ends_like_an_uninterrupted_one(tmp_path):
+    straight = run_corerl("run", f"run.output_dir={tmp_path}", "run.name=straight", *ARGS)
+    assert straight.code == 0, straight
+    run_dir = tmp_path / "killed"
+
+    for point in KILL_POINTS:
+        markers = tmp_path / f"markers-{point.replace(':', '_')}"
+        proc = _start(tmp_path, markers, point)
+        _wait_for_marker(markers, point, proc)
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+        assert _group_is_gone(proc.pid), f"processes of the run killed at {point} outlived it"
+        # whatever sits at a trusted name is complete; a half-written folder stays out of sight
+        for name in TRUSTED:
+            folder = run_dir / name
+            assert not folder.exists() or is_complete(folder), (point, name, sorted(os.listdir(folder)))
+        for checkpoint in (run_dir / "checkpoints").glob("step_*"):
+            assert is_complete(checkpoint), (point, checkpoint.name)
+
+    final = run_corerl("run", f"run.output_dir={tmp_path}", "run.name=killed", *ARGS)
+    assert final.code == 0, final
+    assert "Traceback" not in final.out + final.err
+    _assert_same(_rows(tmp_path / "straight"), _rows(run_dir))
+    assert is_complete(run_dir / "final")
+    assert json.loads((run_dir / "summary.json").read_text())["steps"] == 5
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step_000005"]
+    assert not [p.name for p in run_dir.rglob(".*.partial-*")], "a partial folder was left behind"
+
+
+def test_a_run_with_no_complete_checkpoint_starts_over_in_the_same_directory(tmp_path):
+    args = [*(a for a in ARGS if not a.startswith("checkpointing.")), "checkpointing.enabled=false"]  # nothing to resume
+    markers = tmp_path / "markers"
+    proc = _start(tmp_path, markers, "sft:step:2", args)
+    _wait_for_marker(markers, "sft:step:2", proc)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=30)
+    assert len((tmp_path / "killed" / "metrics.jsonl").read_text().splitlines()) == 2
+
+    must = run_corerl("run", f"run.output_dir={tmp_path}", "run.name=killed", *args, "run.resume=must")
+    assert must.code == 2 and must.err.strip().count("\n") == 0, must
+    assert "run.resume" in must.err and "no complete checkpoint" in must.err
+
+    again = run_corerl("run", f"run.output_dir={tmp_path}", "run.name=killed", *args)
+    assert again.code == 0, again
+    assert "holds no complete checkpoint: starting over (removed metrics.jsonl, tensorboard)" in " ".join(again.out.split())
+    assert [(r["phase"], r["step"]) for r in _rows(tmp_path / "killed")] == [
+        ("sft", 1), ("sft", 2), ("grpo", 1), ("grpo", 2), ("grpo", 3)]
+
+    finished = run_corerl("run", f"run.output_dir={tmp_path}", "run.name=killed", *args)
+    assert finished.code == 2 and "holds a finished run" in finished.err, finished
+
+
+_REPLACE_SCRIPT = """
+import sys
+from pathlib import Path
+from corerl.complete_folders import write_complete
+def fill(work, text):
+    (work / "weights.bin").write_bytes(text.encode() * 1000)
+    (work / "state.json").write_text(text)
+write_complete(Path(sys.argv[1]), lambda work: fill(work, sys.argv[2]))
+"""
+
+
+@pytest.mark.parametrize("point, expected", [("folder:ckpt:filled", "old"), ("folder:ckpt:aside", "new")])
+def test_replacing_a_folder_killed_midway_leaves_one_complete_version(tmp_path, point, expected):
+    target = tmp_path / "ckpt"
+    subprocess.run([sys.executable, "-c", _REPLACE_SCRIPT, str(target), "old"], check=True, env=clean_env())
+    markers = tmp_path / "markers"
+    proc = subprocess.Popen([sys.executable, "-c", _REPLACE_SCRIPT, str(target), "new"], start_new_session=True,
+                            env=clean_env({"CORERL_PROGRESS_MARKERS": str(markers), "CORERL_TEST_HOLD_AT": point}))
+    deadline = time.monotonic() + 60
+    while point not in (markers.read_text().splitlines() if markers.exists() else []):
+        assert proc.poll() is None and time.monotonic() < deadline
+        time.sleep(0.01)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=30)
+    # killed after sealing, between the two renames: nothing at the name, both versions aside
+    assert target.exists() == (point == "folder:ckpt:filled")
+
+    from corerl.complete_folders import recover
+
+    recover(target)
+    assert is_complete(target) and (target / "state.json").read_text() == expected
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt", "markers"]  # leftovers gone

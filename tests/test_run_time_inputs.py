@@ -1,0 +1,108 @@
+"""Bad inputs met while a run runs (data lines, rewards, prompt lengths, model paths, a diverging
+loss): each stops the run in one line naming the row, the function or the step, with exit 1 or 2
+and no traceback."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import clean_env, run_corerl
+
+ROWS = [{"question": f"w1 {d} w{i % 7}", "answer": str(d)} for i, d in enumerate(list(range(10)) * 2)]
+REWARDS = '''
+import math
+def explode(completion, example):
+    if example["answer"] == "3":
+        raise ValueError("boom")
+    return 0.0
+def not_a_number(completion, example):
+    return "high"
+def nan(completion, example):
+    return math.nan
+'''
+
+
+def _jsonl(path: Path, rows: list[dict], broken: dict[int, str] | None = None) -> Path:
+    lines = [json.dumps(r) for r in rows]
+    for number, text in (broken or {}).items():
+        lines[number - 1] = text
+    path.write_text("".join(line + "\n" for line in lines))
+    return path
+
+
+def _run(tmp_path: Path, *extra: str, train: Path | None = None):
+    (tmp_path / "my_rewards.py").write_text(REWARDS)
+    train = train or _jsonl(tmp_path / "train.jsonl", ROWS)
+    result = run_corerl("run", f"run.output_dir={tmp_path}", "run.name=bad", "policy.generation.backend=hf",
+                        "sft.enabled=false", "algorithm.max_steps=2", "algorithm.batch_size=4",
+                        "algorithm.num_generations_per_prompt=2", "checkpointing.enabled=false", "data.task=dataset",
+                        f"data.train_files={train}", "data.prompt_key=question", "data.held_out_size=5", *extra,
+                        env=clean_env({"PYTHONPATH": str(tmp_path)}))
+    lines = result.err.strip().splitlines()
+    assert len(lines) == 1, result  # one line, no traceback
+    assert "Traceback" not in result.out + result.err and "internal error" not in result.err
+    return result.code, lines[0]
+
+
+def test_a_malformed_jsonl_line_is_named_by_number(tmp_path):
+    train = _jsonl(tmp_path / "train.jsonl", ROWS, {7: '{"question": "w1 3 w2", "answer": '})
+    code, line = _run(tmp_path, train=train)
+    assert code == 2 and "data.train_files" in line and "train.jsonl line 7 is not valid JSON" in line
+
+
+def test_a_line_that_is_not_an_object_is_named_by_number(tmp_path):
+    train = _jsonl(tmp_path / "train.jsonl", ROWS, {4: "[1, 2]"})
+    code, line = _run(tmp_path, train=train)
+    assert code == 2 and "train.jsonl line 4 holds a list, not a JSON object" in line
+
+
+def test_an_empty_dataset_is_refused(tmp_path):
+    train = tmp_path / "train.jsonl"
+    train.write_text("\n")
+    code, line = _run(tmp_path, train=train)
+    assert code == 2 and "holds no rows" in line and "data.train_files" in line
+
+
+def test_a_reward_function_that_raises_is_named_with_the_row(tmp_path):
+    code, line = _run(tmp_path, "data.reward=my_rewards:explode")
+    row = next(i for i, r in enumerate(ROWS, start=1) if r["answer"] == "3")
+    assert code == 1 and line.startswith("corerl: error: data.reward: reward function explode raised ValueError: boom on ")
+    assert "train.jsonl line " in line
+    number = int(line.split("train.jsonl line ")[1].split(";")[0])
+    assert ROWS[number - 1]["answer"] == "3" and number in (row, row + 10)
+
+
+@pytest.mark.parametrize("function, says", [("not_a_number", "returned 'high' (str)"), ("nan", "returned nan")])
+def test_a_reward_that_is_not_a_finite_number_stops_the_run(tmp_path, function, says):
+    code, line = _run(tmp_path, f"data.reward=my_rewards:{function}")
+    assert code == 1 and f"reward function {function} {says} on train.jsonl line " in line
+
+
+def test_a_prompt_longer_than_the_sequence_allows_is_refused_with_its_row(tmp_path):
+    rows = [*ROWS[:12], {"question": " ".join(["w5"] * 40), "answer": "1"}, *ROWS[12:]]
+    train = _jsonl(tmp_path / "train.jsonl", rows)
+    code, line = _run(tmp_path, "policy.max_seq_length=32", "policy.generation.max_new_tokens=8", "data.held_out_size=19",
+                      train=train)
+    # 40 words and the beginning-of-sequence token; 32 - 8 = 24 tokens leave room for the completion
+    assert code == 2 and "policy.max_seq_length: train.jsonl line 13: the prompt is 41 tokens" in line
+    assert "more than the 24 that leave room" in line
+    assert "prompts are not truncated: raise policy.max_seq_length by at least 17" in line
+
+
+def test_a_model_path_that_does_not_exist_is_named(tmp_path):
+    code, line = _run(tmp_path, f"policy.model_name={tmp_path / 'no-such-model'}")
+    assert code == 2 and f"policy.model_name: model path {tmp_path / 'no-such-model'} does not exist" in line
+
+
+def test_a_nan_gradient_stops_the_run_at_its_step(tmp_path):
+    result = run_corerl("run", f"run.output_dir={tmp_path}", "run.name=nan", "policy.generation.backend=hf",
+                        "sft.max_steps=3", "algorithm.max_steps=2", "policy.optimizer.lr=1e30",
+                        "checkpointing.enabled=false")
+    assert result.code == 1, result
+    (line,) = result.err.strip().splitlines()
+    assert "sft step 2: grad_norm nan; the run stopped there" in line, line
+    rows = (tmp_path / "nan" / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(r)["step"] for r in rows] == [1]  # the bad step is not logged
