@@ -53,3 +53,11 @@ def test_readme_opens_with_two_commands_and_ci_runs_the_test_one():
     ci = [line for line in (REPO / ".ci" / "run").read_text(encoding="utf-8").splitlines()
           if line.strip() and not line.startswith("#") and not line.startswith("set ") and not line.startswith("cd ")]
     assert ci == [f"exec {test}"]
+
+
+def test_the_nemo_rl_migration_guide_lists_every_key_of_the_dialect_table():
+    from corerl.config.dialects.nemo_rl import RULES
+
+    guide = (REPO / "docs" / "migrating-from-nemo-rl.md").read_text()
+    missing = [key for key in RULES if f"| `{key}` |" not in guide]
+    assert missing == [], f"keys of corerl.config.dialects.nemo_rl.RULES missing from the guide: {missing}"

@@ -51,3 +51,22 @@ def test_kl_penalty_uses_the_k3_estimate():
     k3 = math.exp(delta) - delta - 1.0
     assert math.isclose(loss.item(), 0.5 * k3, rel_tol=1e-6)
     assert math.isclose(metrics["kl"], k3, rel_tol=1e-6)
+
+
+def test_the_leave_one_out_baseline_is_the_mean_of_the_other_rewards():
+    rewards = torch.tensor([[1.0, 0.0, 0.0, 1.0], [2.0, 2.0, 2.0, 2.0]])
+    plain = group_advantages(rewards, scale_by_std=False, leave_one_out=True)
+    assert torch.allclose(plain[0], torch.tensor([2 / 3, -2 / 3, -2 / 3, 2 / 3]))
+    assert torch.equal(plain[1], torch.zeros(4))
+    scaled = group_advantages(rewards, scale_by_std=True, leave_one_out=True)
+    assert torch.allclose(scaled[0], plain[0] / (0.5 + 1e-6))
+    # n/(n-1) times the group-mean advantage: the same direction, a larger step
+    assert torch.allclose(plain[0], group_advantages(rewards, scale_by_std=False)[0] * 4 / 3)
+
+
+def test_completions_end_at_the_maximum_sequence_length():
+    from corerl.generation.contract import SamplingSettings
+
+    sampling = SamplingSettings(max_new_tokens=512)
+    assert sampling.within(64, [[1] * 10, [1] * 20]).max_new_tokens == 44
+    assert sampling.within(1024, [[1] * 10]).max_new_tokens == 512

@@ -86,10 +86,10 @@ def test_a_prompt_longer_than_the_sequence_allows_is_refused_with_its_row(tmp_pa
     train = _jsonl(tmp_path / "train.jsonl", rows)
     code, line = _run(tmp_path, "policy.max_seq_length=32", "policy.generation.max_new_tokens=8", "data.held_out_size=19",
                       train=train)
-    # 40 words and the beginning-of-sequence token; 32 - 8 = 24 tokens leave room for the completion
+    # 40 words and the beginning-of-sequence token; 31 tokens leave room for a completion in 32
     assert code == 2 and "policy.max_seq_length: train.jsonl line 13: the prompt is 41 tokens" in line
-    assert "more than the 24 that leave room" in line
-    assert "prompts are not truncated: raise policy.max_seq_length by at least 17" in line
+    assert "more than the 31 that leave room" in line
+    assert "prompts are not truncated: raise policy.max_seq_length by at least 10" in line
 
 
 def test_a_model_path_that_does_not_exist_is_named(tmp_path):

@@ -42,8 +42,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"corerl {__version__}")
     from corerl import presets
+    from corerl.config.dialects import DIALECTS
 
     preset_help = f"lay a preset over the recipe, under the overrides: {', '.join(presets.names())} (repeatable)"
+    dialect_help = "the recipe's dialect; unset: recognised from its sections (nemo-rl: a grpo:/sft:/dpo: section)"
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     commands.required = True
 
@@ -51,12 +53,16 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("config", nargs="?", metavar="CONFIG", help="recipe YAML file")
     run.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="dotted-key overrides")
     run.add_argument("--preset", action="append", default=[], metavar="NAME", help=preset_help)
+    run.add_argument("--dialect", choices=DIALECTS, help=dialect_help)
 
     validate = commands.add_parser("validate", help="check a recipe and show what would be selected and why")
     validate.add_argument("config", metavar="CONFIG", help="recipe YAML file")
     validate.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="dotted-key overrides")
     validate.add_argument("--json", action="store_true", help="print a JSON report")
     validate.add_argument("--preset", action="append", default=[], metavar="NAME", help=preset_help)
+    validate.add_argument("--dialect", choices=DIALECTS, help=dialect_help)
+    validate.add_argument("--explain", action="store_true",
+                          help="list what each key of a recipe in another dialect does in corerl, or why it is inert")
 
     plugins = commands.add_parser("plugins", help="list installed plugins and what they register")
     plugins.add_argument("--json", action="store_true", help="print JSON")
@@ -174,23 +180,43 @@ def _cmd_plugins(args: argparse.Namespace) -> int:
     return 0
 
 
-def _load_and_select(config_path: str, overrides: list[str], presets: list[str]) -> tuple[Any, Any, Any]:
+def _load_and_select(config_path: str, overrides: list[str], presets: list[str],
+                     dialect: str | None = None) -> tuple[Any, Any, Any]:
     from corerl.config import load_config
     from corerl.plugin_manager import PluginHost
     from corerl.selection import select
 
     host = PluginHost()
-    config = load_config(config_path, overrides, host, presets)
+    config = load_config(config_path, overrides, host, presets, dialect)
     return host, config, select(config, host)
 
 
 def _cmd_validate(args: argparse.Namespace) -> int:
-    _host, config, selection = _load_and_select(args.config, args.overrides, args.preset)
+    _host, config, selection = _load_and_select(args.config, args.overrides, args.preset, args.dialect)
+    fates = [{"key": f.key, "fate": f.fate, "detail": f.detail} for f in config.fates]
     if args.json:
-        _print_json({"valid": True, **selection.as_dict(), "errors": [], "warnings": selection.warnings})
+        _print_json({"valid": True, **selection.as_dict(), "errors": [], "warnings": selection.warnings,
+                     "dialect": config.dialect, **({"keys": fates} if args.explain else {})})
         return 0
-    _print_selection(config.source, selection, verdict="valid")
+    _print_selection(config.source, selection, verdict="valid" + (f" ({config.dialect} dialect)"
+                                                                    if config.dialect != "corerl" else ""))
+    if args.explain:
+        _print_fates(config)
     return 0
+
+
+def _print_fates(config: Any) -> None:
+    if config.dialect == "corerl":
+        print("a corerl recipe: every key means what docs/configuration says; nothing to explain")
+        return
+    acting = [f for f in config.fates if f.fate == "acts"]
+    inert = [f for f in config.fates if f.fate == "inert"]
+    print(f"\nacts ({len(acting)} keys): the {config.dialect} key -> the corerl key it sets")
+    for fate in acting:
+        print(f"  {fate.key} -> {fate.detail}")
+    print(f"\ninert ({len(inert)} keys): accepted, no effect in corerl, and why")
+    for fate in inert:
+        print(f"  {fate.key}: {fate.detail}")
 
 
 def _print_selection(source: str, selection: Any, verdict: str) -> None:
@@ -240,8 +266,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
     config_path, overrides = _split_run_args(args.config, args.overrides)
     if config_path is None:
         config_path = str(DEMO_RECIPE)
-    host, config, selection = _load_and_select(config_path, overrides, args.preset)
-    _print_selection(config.source, selection, verdict="running")
+    host, config, selection = _load_and_select(config_path, overrides, args.preset, args.dialect)
+    _print_selection(config.source, selection, verdict="running" + (f" ({config.dialect} dialect)"
+                                                                    if config.dialect != "corerl" else ""))
     return run_recipe(config, selection, host)
 
 

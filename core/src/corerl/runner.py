@@ -109,13 +109,14 @@ def check_finite(phase: str, step: int, metrics: dict[str, Any]) -> None:
                        key="policy.optimizer.lr", hint="lower the learning rate; the last checkpoint, if any, is intact")
 
 
-def evaluate(generation: Any, task: Any, max_new_tokens: int) -> float:
-    """Mean held-out reward of greedy answers."""
+def evaluate(generation: Any, task: Any, max_new_tokens: int, max_seq_length: int) -> float:
+    """Mean held-out reward of greedy answers (completions end at ``max_seq_length``)."""
     from corerl.generation.contract import SamplingSettings
     from corerl.tasks import mean_reward
 
     prompts, examples = task.held_out()
-    groups = generation.generate(prompts, SamplingSettings(temperature=0.0, max_new_tokens=max_new_tokens), n=1)
+    sampling = SamplingSettings(temperature=0.0, max_new_tokens=max_new_tokens).within(max_seq_length, prompts)
+    groups = generation.generate(prompts, sampling, n=1)
     return mean_reward(task, groups, examples)
 
 
@@ -177,11 +178,11 @@ def execute(config: Config, selection: Selection, host: PluginHost, console: Any
     console.print(f"run directory: [bold]{run_dir}[/]" + (f" (resuming from step {resume[0]})" if resume else ""))
     state = read_state(resume[1]) if resume else {}
     model_path = resolve_model(core.policy.model_name, run_dir)
-    tokenizer = AutoTokenizer.from_pretrained(core.policy.tokenizer_name or model_path)
+    tokenizer = AutoTokenizer.from_pretrained(core.policy.tokenizer_path(model_path))
     assert selection.task.registration is not None
     max_new = core.policy.generation.max_new_tokens
     task = selection.task.registration.create(TaskContext(tokenizer, algorithm.seed, core.data, selection.reward_fn,
-                                                          max_prompt_tokens=core.policy.max_seq_length - max_new))
+                                                          max_prompt_tokens=core.policy.max_seq_length - 1))
     sft_only = algorithm.name == "sft"
     sft_steps = algorithm.max_steps if sft_only else (core.sft.max_steps if core.sft.enabled else 0)
     sft_batch = algorithm.batch_size if sft_only else core.sft.batch_size
@@ -212,7 +213,7 @@ def execute(config: Config, selection: Selection, host: PluginHost, console: Any
 
         def held_out_reward() -> float:
             offload.before_generation()
-            return evaluate(generation, task, max_new)
+            return evaluate(generation, task, max_new, core.policy.max_seq_length)
 
         def export(folder: Path) -> None:
             offload.restore()
@@ -245,6 +246,7 @@ def execute(config: Config, selection: Selection, host: PluginHost, console: Any
             grpo = GRPO(config, training, generation, task.reward,
                         loss=GRPOLoss(algorithm.ratio_clip_min, algorithm.ratio_clip_max, algorithm.kl_penalty),
                         scale_rewards_by_std=algorithm.scale_rewards_by_std,
+                        leave_one_out_baseline=algorithm.leave_one_out_baseline,
                         optimization_passes=algorithm.optimization_passes, reference=reference,
                         steps_done=done.get("grpo", 0), offload=offload, reference_offload=reference_offload)
 

@@ -63,6 +63,7 @@ class GRPO:
     loss: GRPOLoss = attrs.field(factory=GRPOLoss)
     reference: Any = None  # a frozen training backend for the KL penalty (logprobs only)
     scale_rewards_by_std: bool = True
+    leave_one_out_baseline: bool = False
     optimization_passes: int = 1
     steps_done: int = 0
     offload: PhaseOffload | None = None  # default: nothing moves
@@ -86,11 +87,13 @@ class GRPO:
         start = time.perf_counter()
         offload.before_generation()
         sampling = SamplingSettings.from_config(self.config, seed=step_seed(algorithm.seed, self.steps_done))
+        sampling = sampling.within(self.config.core.policy.max_seq_length, prompts)
         groups = self.generation.generate([list(p) for p in prompts], sampling, n=n)
         timings["time/generation"] = time.perf_counter() - start
 
         rewards = torch.tensor([[float(self.reward_fn(s, item)) for s in group] for group, item in zip(groups, items, strict=True)])
-        advantages = group_advantages(rewards, scale_by_std=self.scale_rewards_by_std)
+        advantages = group_advantages(rewards, scale_by_std=self.scale_rewards_by_std,
+                                      leave_one_out=self.leave_one_out_baseline)
         batch = samples_to_batch(groups, advantages)
 
         start = time.perf_counter()

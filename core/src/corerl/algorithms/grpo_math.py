@@ -9,10 +9,17 @@ import attrs
 import torch
 
 
-def group_advantages(rewards: torch.Tensor, *, scale_by_std: bool = True, eps: float = 1e-6) -> torch.Tensor:
-    """``rewards`` ``[prompts, n]`` -> each reward minus its group's mean (divided by the group's
-    std when ``scale_by_std``). A group whose rewards are all equal gets zero advantages."""
-    centred = rewards - rewards.mean(dim=1, keepdim=True)
+def group_advantages(rewards: torch.Tensor, *, scale_by_std: bool = True, leave_one_out: bool = False,
+                     eps: float = 1e-6) -> torch.Tensor:
+    """``rewards`` ``[prompts, n]`` -> each reward minus its group's mean, or with ``leave_one_out``
+    minus the mean of the group's other rewards (divided by the group's std when
+    ``scale_by_std``). A group whose rewards are all equal gets zero advantages."""
+    n = rewards.shape[1]
+    if leave_one_out and n > 1:
+        baseline = (rewards.sum(dim=1, keepdim=True) - rewards) / (n - 1)
+    else:
+        baseline = rewards.mean(dim=1, keepdim=True)
+    centred = rewards - baseline
     if not scale_by_std:
         return centred
     std = rewards.std(dim=1, keepdim=True, unbiased=False)

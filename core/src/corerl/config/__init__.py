@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
+from corerl.config.dialects import KeyFate, detect
+from corerl.config.interpolation import resolve_references
 from corerl.config.overrides import apply_overrides, parse_override
 from corerl.config.recipes import load_recipe, normalise_aliases
 from corerl.config.schema import CorerlConfig
@@ -39,6 +41,9 @@ class Config:
     source: str
     #: registrations selection resolved for the backends to use (``sequence_packer``, ``offload_policy``)
     components: dict[str, Any] = attrs.field(factory=dict, eq=False)
+    #: the recipe's dialect, and what it did with each key (empty for corerl's own recipes)
+    dialect: str = "corerl"
+    fates: list[KeyFate] = attrs.field(factory=list, eq=False)
 
     def section(self, path: str) -> Any | None:
         """The plugin-owned section at ``path`` (a schema instance, or a mapping when its plugin is absent)."""
@@ -63,9 +68,12 @@ def owned_sections(host: PluginHost) -> dict[str, type | None]:
     return owned
 
 
-def load_config(path: str | Path, overrides: Iterable[str], host: PluginHost, presets: Iterable[str] = ()) -> Config:
-    """Load a recipe, lay ``presets`` over it (:mod:`corerl.presets`), apply the overrides, and
-    validate; every problem found is raised together."""
+def load_config(path: str | Path, overrides: Iterable[str], host: PluginHost, presets: Iterable[str] = (),
+                dialect: str | None = None) -> Config:
+    """Load a recipe, lay ``presets`` over it (:mod:`corerl.presets`), apply the overrides, resolve
+    ``${...}`` references, translate a recipe in another framework's ``dialect`` (None: recognised
+    from its shape; :mod:`corerl.config.dialects`), and validate; every problem found is raised
+    together."""
     raw, origins = load_recipe(path)
     from corerl import presets as bundled
 
@@ -74,7 +82,28 @@ def load_config(path: str | Path, overrides: Iterable[str], host: PluginHost, pr
         raw = deep_merge(raw, preset_data)
         origins.update(preset_origins)
     apply_overrides(raw, [parse_override(text) for text in overrides], origins)
-    return validate_tree(raw, origins, host, str(Path(path)))
+    raw = resolve_references(raw, origins)
+    dialect = dialect or detect(raw)
+    if dialect == "nemo-rl":
+        from corerl.config.dialects import nemo_rl
+
+        translation = nemo_rl.translate(raw, origins)
+        config = validate_tree(translation.tree, translation.origins, host, str(Path(path)))
+        return attrs.evolve(config, dialect=dialect, fates=translation.fates)
+    try:
+        return validate_tree(raw, origins, host, str(Path(path)))
+    except ConfigErrors as exc:
+        raise _with_dialect_hint(exc) from None
+
+
+def _with_dialect_hint(exc: ConfigErrors) -> ConfigErrors:
+    """An unknown key that NeMo RL's dialect knows gets a hint to use it."""
+    from corerl.config.dialects import nemo_rl
+
+    for error in exc.errors:
+        if error.message == "unknown key" and error.key and nemo_rl.rule_for(error.key) is not None:
+            error.hint = f"{error.key} is a NeMo RL key: run the recipe with --dialect nemo-rl (or write corerl's key)"
+    return ConfigErrors(exc.errors)
 
 
 def config_from_mapping(data: Mapping[str, Any], host: PluginHost, source: str = "<python dict>") -> Config:

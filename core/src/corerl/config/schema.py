@@ -134,6 +134,11 @@ class PolicyConfig:
     offload: OffloadConfig = section(OffloadConfig)
     reference: ReferenceConfig = section(ReferenceConfig)
 
+    def tokenizer_path(self, model_path: str) -> str:
+        """Where the tokenizer loads from: ``tokenizer_name``, unless it is unset or names the model
+        itself (NeMo RL recipes say ``${policy.model_name}``), then the model's resolved folder."""
+        return self.tokenizer_name if self.tokenizer_name not in (None, self.model_name) else model_path
+
 
 @attrs.define(kw_only=True)
 class AlgorithmConfig:
@@ -149,6 +154,7 @@ class AlgorithmConfig:
     ratio_clip_max: float = setting(0.2, min=0.0)
     kl_penalty: float = setting(0.0, min=0.0)
     scale_rewards_by_std: bool = setting(True)
+    leave_one_out_baseline: bool = setting(False, help="each sample's baseline is the mean of its group's other rewards")
     optimization_passes: int = setting(1, min=1)
 
 
@@ -165,6 +171,9 @@ class DataConfig:
     answer_key: str = setting("answer", help="dataset task: the answer column (rewards read it)")
     response_key: str | None = setting(None, help="dataset task: the SFT response column; unset: answer_key")
     apply_chat_template: bool = setting(False, help="dataset task: wrap each prompt in the tokenizer's chat template")
+    prompt_file: str | None = setting(None, help="dataset task: a text file whose {} each prompt fills (str.format)")
+    hub_dataset: str | None = setting(None, help="a Hugging Face Hub dataset name (NeMo RL recipes); refused at run "
+                                                 "start: nothing is downloaded, give data.train_files")
 
 
 @attrs.define(kw_only=True)

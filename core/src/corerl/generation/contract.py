@@ -46,6 +46,12 @@ class SamplingSettings:
         values.update(changes)
         return cls(**values)
 
+    def within(self, max_seq_length: int, prompts: Any) -> SamplingSettings:
+        """These settings with ``max_new_tokens`` cut so that the longest of ``prompts`` and its
+        completion fit in ``max_seq_length`` (completions end there, as NeMo RL's do)."""
+        room = max_seq_length - max((len(p) for p in prompts), default=0)
+        return attrs.evolve(self, max_new_tokens=max(1, min(self.max_new_tokens, room)))
+
 
 @attrs.frozen(kw_only=True)
 class Sample:

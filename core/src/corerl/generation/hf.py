@@ -72,7 +72,7 @@ class HFGenerationBackend:
             self.own_model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype).to(self.device)
             self.own_model.eval()
             self.autocast = None
-        self.tokenizer = AutoTokenizer.from_pretrained(self.config.core.policy.tokenizer_name or model_path)
+        self.tokenizer = AutoTokenizer.from_pretrained(self.config.core.policy.tokenizer_path(model_path))
         choice = self.config.core.policy.generation.hf_kv_cache
         self.static_cache = choice == "static" or (choice == "auto" and self.device.type == "cuda")
 

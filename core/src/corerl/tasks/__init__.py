@@ -31,7 +31,7 @@ class TaskContext:
     seed: int
     data: Any
     reward: TextReward | None = None
-    max_prompt_tokens: int | None = None  # the longest prompt that leaves room for the completion
+    max_prompt_tokens: int | None = None  # the longest prompt that leaves room for a completion
 
 
 @runtime_checkable

@@ -77,6 +77,32 @@ def read_rows(files: list[str], key: str) -> list[dict[str, Any]]:
     return rows
 
 
+def _exact_answer_in(column: str) -> Any:
+    """The built-in ``exact_answer`` reward reading the answer from ``column`` (``data.answer_key``)."""
+
+    def exact_answer_in_column(completion: str, example: Any) -> float:
+        return exact_answer(completion, {"answer": example[column]})
+
+    return exact_answer_in_column
+
+
+def _read_template(path: str | None) -> str | None:
+    """The prompt template ``data.prompt_file`` names (``{}`` is where each prompt goes)."""
+    if path is None:
+        return None
+    try:
+        template = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"cannot read the prompt file {path}: {exc.strerror}", key="data.prompt_file",
+                          hint="give an existing text file with one {} where the prompt goes") from None
+    try:
+        template.format("")
+    except (IndexError, KeyError, ValueError) as exc:
+        raise ConfigError(f"the prompt file {path} is not a str.format template with one {{}} ({exc})",
+                          key="data.prompt_file", hint="write {{ and }} for literal braces") from None
+    return template
+
+
 def _check_columns(rows: list[dict[str, Any]], columns: dict[str, str], key: str, files: list[str]) -> None:
     if not rows:
         raise ConfigError(f"{', '.join(files)} holds no rows", key=key, hint="give a file with at least one example")
@@ -97,12 +123,19 @@ class DatasetTask:
     def __init__(self, context: TaskContext) -> None:
         data = context.data
         self.tokenizer = context.tokenizer
-        self.reward_fn = context.reward or exact_answer
         self.prompt_key, self.answer_key = data.prompt_key, data.answer_key
+        self.reward_fn = context.reward or exact_answer
+        if self.reward_fn is exact_answer and self.answer_key != "answer":
+            self.reward_fn = _exact_answer_in(self.answer_key)
         self.response_key = data.response_key or data.answer_key
         self.chat_template = data.apply_chat_template
         self.max_prompt_tokens = context.max_prompt_tokens
         train_files = _as_list(data.train_files)
+        if data.hub_dataset and not train_files:
+            raise ConfigError(f"{data.hub_dataset!r} is a Hugging Face Hub dataset, and nothing is downloaded",
+                              key="data.hub_dataset", hint="give a local JSONL/Parquet file: data.train_files=train.jsonl "
+                              "(in a NeMo RL recipe: data.train.data_path=train.jsonl)")
+        self.template = _read_template(data.prompt_file)
         if not train_files:
             raise ConfigError("the dataset task needs data.train_files", key="data.train_files",
                               hint="set data.train_files=path/to/train.jsonl (or .parquet)")
@@ -128,6 +161,8 @@ class DatasetTask:
         self.position = 0
 
     def encode_prompt(self, text: str) -> list[int]:
+        if self.template is not None:
+            text = self.template.format(text)
         if self.chat_template:
             return list(self.tokenizer.apply_chat_template([{"role": "user", "content": text}],
                                                            add_generation_prompt=True, tokenize=True))
@@ -152,7 +187,7 @@ class DatasetTask:
         if limit is not None and len(ids) > limit:  # refused, not truncated: a cut prompt asks another question
             raise ConfigError(
                 f"{row[ORIGIN]}: the prompt is {len(ids)} tokens, more than the {limit} that leave room for "
-                "policy.generation.max_new_tokens within policy.max_seq_length", key="policy.max_seq_length",
+                "a completion within policy.max_seq_length", key="policy.max_seq_length",
                 hint=f"prompts are not truncated: raise policy.max_seq_length by at least {len(ids) - limit}, "
                      "or shorten or remove that row")
         return ids

@@ -52,7 +52,7 @@ class MegatronGeneration:
         elif model_path != self.engine.model_path:
             raise ValueError(f"megatron generation shares the training model (loaded from {self.engine.model_path}) "
                              f"and cannot load another one ({model_path})")
-        self.tokenizer = AutoTokenizer.from_pretrained(self.config.core.policy.tokenizer_name or model_path)
+        self.tokenizer = AutoTokenizer.from_pretrained(self.config.core.policy.tokenizer_path(model_path))
         self.default_stop_ids = _eos_ids(model_path, self.tokenizer)
 
     def generate(self, prompts: list[list[int]], sampling: SamplingSettings, n: int = 1) -> list[list[Sample]]:

@@ -28,7 +28,8 @@ class VllmConfig:
     engine_args: dict[str, Any] = setting({}, help="further vLLM engine arguments, passed through as given")
 
     def check(self, config: Any) -> Iterator[tuple[str, str]]:
-        """max_model_len must hold the prompt plus the generated tokens."""
-        new_tokens = config.policy.generation.max_new_tokens
-        if self.max_model_len is not None and self.max_model_len <= new_tokens:
-            yield ("max_model_len", f"must exceed policy.generation.max_new_tokens ({new_tokens})")
+        """max_model_len must hold every sequence a run makes: prompt and completion end within
+        policy.max_seq_length."""
+        longest = config.policy.max_seq_length
+        if self.max_model_len is not None and self.max_model_len < longest:
+            yield ("max_model_len", f"must be at least policy.max_seq_length ({longest}): completions end there")

@@ -1,0 +1,425 @@
+"""NeMo RL's recipe dialect, translated into corerl's configuration.
+
+The whole mapping is the table :data:`RULES`: each NeMo RL key either **acts** (its value goes to
+a corerl key, converted where the two differ), is **inert** (accepted with a stated reason: it
+has no effect in corerl, or only the value NeMo RL uses by default is accepted), or is
+**refused** in one line saying what corerl does not support. Keys the table does not name are
+taken to mean what the same key means in corerl and go through corerl's strict validation, so
+nothing is dropped silently. A section switched off (``enabled: false``) is inert as a whole.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+
+from corerl.config.dialects import KeyFate
+from corerl.config.tree import Origins, origin_of
+from corerl.errors import ConfigError, ConfigErrors
+
+ALGORITHM_SECTIONS = ("grpo", "sft", "dpo")
+NEMO_ONLY_SECTIONS = ("loss_fn", "logger", "env")
+
+
+@attrs.frozen
+class Rule:
+    """What one NeMo RL key (or every key under a ``prefix.*``) becomes."""
+
+    fate: str  # "acts", "inert", "refused", or "derived" (decided with other keys)
+    target: str | None = None  # acts: the corerl key
+    convert: Callable[[Any], Any] | None = None  # acts: the value corerl takes
+    reason: str = ""
+    refuse_if: Callable[[Any], bool] | None = None  # inert: values that would change behaviour
+
+
+def acts(target: str, convert: Callable[[Any], Any] | None = None) -> Rule:
+    return Rule("acts", target, convert)
+
+
+def inert(reason: str, refuse_if: Callable[[Any], bool] | None = None) -> Rule:
+    return Rule("inert", reason=reason, refuse_if=refuse_if)
+
+
+def refused(reason: str) -> Rule:
+    return Rule("refused", reason=reason)
+
+
+DERIVED = Rule("derived")  # decided together with other keys, in _derived()
+
+
+def _truthy(value: Any) -> bool:
+    return bool(value) and value not in ("none", "None")
+
+
+def _not(expected: Any) -> Callable[[Any], bool]:
+    return lambda value: value != expected
+
+
+def _above(limit: int) -> Callable[[Any], bool]:
+    return lambda value: value is not None and value > limit
+
+
+def _torch_optimizer(name: Any) -> str:
+    known = {"torch.optim.AdamW": "adamw", "torch.optim.Adam": "adam", "torch.optim.SGD": "sgd"}
+    if name not in known:
+        raise ValueError(f"optimizer {name!r} is not one corerl builds; use one of {', '.join(known)}")
+    return known[name]
+
+
+_OFF = "a switch NeMo RL leaves off by default; corerl has no such feature, so only false/null is accepted"
+_PERF = "a kernel-fusion or memory switch of NeMo RL's engines; corerl leaves the choice to the library"
+_DEFAULT_ONLY = "corerl behaves as NeMo RL's default value; another value is refused"
+
+# NeMo RL key (or prefix.*) -> what corerl does with it
+RULES: dict[str, Rule] = {
+    # -- grpo --
+    "grpo.num_prompts_per_step": acts("algorithm.batch_size"),
+    "grpo.num_generations_per_prompt": acts("algorithm.num_generations_per_prompt"),
+    "grpo.max_num_steps": acts("algorithm.max_steps"),
+    "grpo.seed": acts("algorithm.seed"),
+    "grpo.normalize_rewards": acts("algorithm.scale_rewards_by_std"),
+    "grpo.use_leave_one_out_baseline": acts("algorithm.leave_one_out_baseline"),
+    "grpo.max_val_samples": acts("data.held_out_size"),
+    "grpo.max_num_epochs": inert("corerl stops at max_num_steps, drawing the shuffled data again epoch after epoch"),
+    "grpo.max_rollout_turns": inert("one turn: corerl's tasks answer in a single completion", _above(1)),
+    "grpo.val_period": inert("corerl evaluates the held-out rows before and after training (and after SFT)"),
+    "grpo.val_at_start": inert("corerl always evaluates before training"),
+    "grpo.val_batch_size": inert("the held-out rows are generated in one batch"),
+    "grpo.overlong_filtering": inert(_OFF, _truthy),
+    "grpo.async_grpo.enabled": inert(_OFF, _truthy),
+    "grpo.async_grpo.max_trajectory_age_steps": inert("used only by async GRPO, which corerl does not run"),
+    # -- sft --
+    "sft.max_num_steps": acts("algorithm.max_steps"),
+    "sft.seed": acts("algorithm.seed"),
+    "sft.max_num_epochs": inert("corerl stops at max_num_steps, drawing the shuffled data again epoch after epoch"),
+    "sft.val_period": inert("corerl evaluates the held-out rows before and after training"),
+    "sft.val_batches": inert("the held-out rows are evaluated in one batch"),
+    "sft.val_global_batch_size": inert("the held-out rows are evaluated in one batch"),
+    "sft.val_micro_batch_size": inert("the held-out rows are evaluated in one batch"),
+    "sft.val_at_start": inert("corerl always evaluates before training"),
+    "sft.val_at_end": inert("corerl always evaluates after training"),
+    # -- loss_fn --
+    "loss_fn.reference_policy_kl_penalty": acts("algorithm.kl_penalty"),
+    "loss_fn.ratio_clip_min": acts("algorithm.ratio_clip_min"),
+    "loss_fn.ratio_clip_max": acts("algorithm.ratio_clip_max"),
+    "loss_fn.ratio_clip_c": inert("dual clipping is off at null, NeMo RL's default; corerl has none", _truthy),
+    "loss_fn.use_on_policy_kl_approximation": inert(_OFF, _truthy),
+    "loss_fn.use_importance_sampling_correction": inert(_OFF, _truthy),
+    "loss_fn.sequence_level_importance_ratios": inert(_OFF, _truthy),
+    "loss_fn.token_level_loss": inert("corerl's loss is token-level, NeMo RL's default", _not(True)),
+    "loss_fn.kl_type": inert("corerl's KL penalty is the k3 estimator, NeMo RL's default", _not("k3")),
+    # -- checkpointing --
+    "checkpointing.keep_top_k": acts("checkpointing.keep_last"),
+    "checkpointing.checkpoint_dir": inert("checkpoints live in <run dir>/checkpoints; set run.output_dir and run.name"),
+    "checkpointing.metric_name": inert("corerl keeps the newest checkpoints, not the best by a metric"),
+    "checkpointing.higher_is_better": inert("corerl keeps the newest checkpoints, not the best by a metric"),
+    "checkpointing.checkpoint_must_save_by": inert(_OFF, _truthy),
+    "checkpointing.model_save_format": inert("final/ is written as safetensors", _not("safetensors")),
+    "checkpointing.save_consolidated": inert("final/ is always a consolidated Hugging Face checkpoint"),
+    # -- policy --
+    "policy.tokenizer.name": acts("policy.tokenizer_name"),
+    "policy.tokenizer.chat_template": inert("corerl uses the tokenizer's own chat template", _truthy),
+    "policy.tokenizer.chat_template_kwargs": inert(_OFF, _truthy),
+    "policy.train_global_batch_size": DERIVED,
+    "policy.scheduler": DERIVED,
+    "policy.scheduler.*": DERIVED,
+    "data.dataset_name": DERIVED,
+    "data.train.dataset_name": DERIVED,
+    "data.validation.dataset_name": DERIVED,
+    "data.default.dataset_name": DERIVED,
+    "policy.logprob_batch_size": acts("policy.logprob_micro_batch_size"),
+    "policy.max_total_sequence_length": acts("policy.max_seq_length"),
+    "policy.generation_batch_size": inert("the hf backend generates the whole step's prompts in one batch"),
+    "policy.logprob_chunk_size": inert(_OFF, _truthy),
+    "policy.make_sequence_length_divisible_by": inert("corerl pads rows as its tensor-parallel plan needs"),
+    "policy.offload_optimizer_for_logprob": inert(_OFF + " (see policy.offload.policy)", _truthy),
+    "policy.optimizer.name": acts("policy.optimizer.name", _torch_optimizer),
+    "policy.optimizer.kwargs.lr": acts("policy.optimizer.lr"),
+    "policy.optimizer.kwargs.weight_decay": acts("policy.optimizer.weight_decay"),
+    "policy.optimizer.kwargs.betas": acts("policy.optimizer.betas"),
+    "policy.optimizer.kwargs.eps": acts("policy.optimizer.eps"),
+    "policy.optimizer.kwargs.momentum": acts("policy.optimizer.momentum"),
+    "policy.optimizer.kwargs.foreach": inert("corerl picks torch's optimizer implementation itself"),
+    "policy.optimizer.kwargs.fused": inert("corerl picks torch's optimizer implementation itself"),
+    "policy.dtensor_cfg._v2": inert("corerl has one DTensor path (FSDP2 by default)"),
+    "policy.dtensor_cfg.env_vars": inert("corerl sets no environment variables per backend", _truthy),
+    "policy.dtensor_cfg.automodel_kwargs": inert("corerl loads models with transformers directly", _truthy),
+    "policy.dtensor_cfg.clear_cache_every_n_steps": inert(_PERF),
+    "policy.megatron_cfg.env_vars": inert("corerl sets no environment variables per backend", _truthy),
+    "policy.megatron_cfg.num_layers_in_first_pipeline_stage": inert(_DEFAULT_ONLY, _truthy),
+    "policy.megatron_cfg.num_layers_in_last_pipeline_stage": inert(_DEFAULT_ONLY, _truthy),
+    "policy.megatron_cfg.pipeline_dtype": inert("pipeline stages exchange activations in policy.precision"),
+    "policy.megatron_cfg.moe_router_dtype": inert("dense models only: no MoE router"),
+    "policy.megatron_cfg.moe_router_load_balancing_type": inert("dense models only: no MoE router"),
+    "policy.megatron_cfg.moe_router_bias_update_rate": inert("dense models only: no MoE router"),
+    "policy.megatron_cfg.moe_permute_fusion": inert("dense models only: no MoE router"),
+    "policy.megatron_cfg.moe_per_layer_logging": inert("dense models only: no MoE router"),
+    "policy.megatron_cfg.moe_enable_deepep": inert("dense models only: no MoE router", _truthy),
+    "policy.megatron_cfg.moe_token_dispatcher_type": inert("dense models only: no MoE router"),
+    "policy.megatron_cfg.moe_shared_expert_overlap": inert("dense models only: no MoE router", _truthy),
+    "policy.megatron_cfg.defer_fp32_logits": inert(_PERF),
+    "policy.megatron_cfg.optimizer.bf16": inert("follows policy.precision"),
+    "policy.megatron_cfg.optimizer.fp16": inert("follows policy.precision"),
+    "policy.megatron_cfg.optimizer.params_dtype": inert("master weights are float32"),
+    "policy.megatron_cfg.optimizer.use_precision_aware_optimizer": inert(_PERF),
+    "policy.megatron_cfg.optimizer.optimizer_cpu_offload": inert(_OFF, _truthy),
+    "policy.megatron_cfg.optimizer.optimizer_offload_fraction": inert(_OFF, _truthy),
+    "policy.megatron_cfg.scheduler.start_weight_decay": inert("weight decay stays at optimizer.weight_decay"),
+    "policy.megatron_cfg.scheduler.end_weight_decay": inert("weight decay stays at optimizer.weight_decay"),
+    "policy.megatron_cfg.scheduler.weight_decay_incr_style": inert("weight decay stays at optimizer.weight_decay",
+                                                                   _not("constant")),
+    "policy.megatron_cfg.scheduler.lr_warmup_init": inert("warm-up starts from zero"),
+    "policy.megatron_cfg.distributed_data_parallel_config.*": inert(_PERF),
+    "policy.sequence_packing.sequence_length_round": inert("corerl packs exact lengths"),
+    "policy.dynamic_batching.sequence_length_round": inert("corerl cuts micro-batches at exact lengths"),
+    "policy.generation.vllm_cfg.async_engine": inert(_OFF, _truthy),
+    "policy.generation.vllm_cfg.precision": inert("the engine runs in policy.precision"),
+    "policy.generation.vllm_cfg.expert_parallel_size": inert("dense models only", _above(1)),
+    "policy.generation.vllm_cfg.use_deep_gemm": inert(_PERF),
+    "policy.generation.vllm_cfg.num_last_layers_in_bf16": inert(_OFF, _truthy),
+    "policy.generation.vllm_cfg.num_first_layers_in_bf16": inert(_OFF, _truthy),
+    "policy.generation.vllm_kwargs": acts("policy.generation.vllm_cfg.engine_args"),
+    # -- data --
+    "data.max_input_seq_length": inert("a prompt that leaves no room for a completion in policy.max_seq_length is "
+                                       "refused with its row; completions end at policy.max_seq_length"),
+    "data.shuffle": inert("corerl shuffles the training rows every epoch", _not(True)),
+    "data.num_workers": inert("rows are read in the driver"),
+    "data.add_bos": inert("prompts start with the tokenizer's beginning-of-sequence token", _not(True)),
+    "data.add_eos": inert("SFT responses end with the end-of-sequence token", _not(True)),
+    "data.add_generation_prompt": inert(_OFF, _truthy),
+    "data.system_prompt_file": inert(_OFF, _truthy),
+    "data.prompt_file": acts("data.prompt_file"),
+    "data.input_key": acts("data.prompt_key"),
+    "data.output_key": acts("data.answer_key"),
+    "data.train_data_path": acts("data.train_files"),
+    "data.val_data_path": acts("data.held_out_files"),
+    "data.train.data_path": acts("data.train_files"),
+    "data.validation.data_path": acts("data.held_out_files"),
+    "data.train.input_key": acts("data.prompt_key"),
+    "data.train.output_key": acts("data.answer_key"),
+    "data.default.input_key": acts("data.prompt_key"),
+    "data.default.output_key": acts("data.answer_key"),
+    "data.default.prompt_file": acts("data.prompt_file"),
+    "data.default.system_prompt_file": inert(_OFF, _truthy),
+    "data.default.processor": inert("corerl's dataset task formats prompt/answer rows itself"),
+    "data.train.split": inert("local files are read whole"),
+    "data.validation.split": inert("local files are read whole"),
+    "data.validation.input_key": inert("the validation rows use the training columns"),
+    "data.validation.output_key": inert("the validation rows use the training columns"),
+    "data.train_split": inert("local files are read whole"),
+    "data.val_split": inert("local files are read whole"),
+    # -- env: the reward --
+    "env.math.*": inert("the dataset task's exact_answer reward scores the final answer"),
+    # -- logger --
+    "logger.log_dir": inert("metrics.jsonl and TensorBoard files are written in the run directory"),
+    "logger.tensorboard_enabled": inert("corerl always writes TensorBoard files in <run dir>/tensorboard"),
+    "logger.tensorboard.*": inert("corerl always writes TensorBoard files in <run dir>/tensorboard"),
+    "logger.wandb_enabled": inert("W&B logging is not built into corerl yet", _truthy),
+    "logger.mlflow_enabled": inert("MLflow logging is not built into corerl yet", _truthy),
+    "logger.swanlab_enabled": inert("SwanLab logging is not built into corerl yet", _truthy),
+    "logger.wandb.*": inert("used only with W&B logging"),
+    "logger.mlflow.*": inert("used only with MLflow logging"),
+    "logger.swanlab.*": inert("used only with SwanLab logging"),
+    "logger.monitor_gpus": inert("the run reports accelerator memory itself"),
+    "logger.gpu_monitoring.*": inert("the run reports accelerator memory itself"),
+    "logger.num_val_samples_to_print": inert("no samples are printed"),
+}
+
+# sections whose keys are all inert while their ``enabled`` is false (``enabled`` itself acts)
+SWITCHED_SECTIONS = {
+    "policy.megatron_cfg": True, "policy.dtensor_cfg": True, "policy.dtensor_cfg.lora_cfg": False,
+    "policy.megatron_cfg.peft": False, "policy.megatron_cfg.fp8_cfg": False, "policy.dynamic_batching": True,
+    "policy.sequence_packing": True,
+}
+# on in these sections is refused: corerl has no such feature
+UNSUPPORTED_SECTIONS = {
+    "policy.dtensor_cfg.lora_cfg": "LoRA is not built into corerl yet",
+    "policy.megatron_cfg.peft": "LoRA/PEFT is not built into corerl yet",
+    "policy.megatron_cfg.fp8_cfg": "FP8 training is not built into corerl yet",
+}
+
+
+def looks_like(raw: dict[str, Any]) -> bool:
+    """A NeMo RL recipe: a ``grpo:``/``dpo:`` section, an ``sft:`` section in NeMo RL's form, or
+    one of its own top-level sections (``loss_fn``, ``logger``, ``env``)."""
+    sft = raw.get("sft")
+    nemo_sft = isinstance(sft, dict) and any(k in sft for k in ("max_num_steps", "max_num_epochs", "val_period"))
+    return "grpo" in raw or "dpo" in raw or nemo_sft or any(s in raw for s in NEMO_ONLY_SECTIONS)
+
+
+def _leaves(node: dict[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
+    out = []
+    for key, value in node.items():
+        path = f"{prefix}{key}"
+        if isinstance(value, dict) and value:
+            out += _leaves(value, f"{path}.")
+        else:
+            out.append((path, value))
+    return out
+
+
+def _get(tree: dict[str, Any], path: str) -> Any:
+    node: Any = tree
+    for part in path.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return None
+        node = node[part]
+    return node
+
+
+def _set(tree: dict[str, Any], path: str, value: Any) -> None:
+    *parents, leaf = path.split(".")
+    node = tree
+    for part in parents:
+        node = node.setdefault(part, {})
+    node[leaf] = value
+
+
+def rule_for(path: str) -> Rule | None:
+    """The rule of ``path``: its own, else that of the nearest ``prefix.*`` above it."""
+    if path in RULES:
+        return RULES[path]
+    parts = path.split(".")
+    for end in range(len(parts), 0, -1):  # an empty section is a leaf: its own prefix.* applies
+        found = RULES.get(".".join(parts[:end]) + ".*")
+        if found is not None:
+            return found
+    return None
+
+
+def _switched_off(path: str, raw: dict[str, Any]) -> str | None:
+    for section in sorted(SWITCHED_SECTIONS, key=len, reverse=True):
+        if path.startswith(section + ".") and _get(raw, section + ".enabled") is False:
+            if path == section + ".enabled" and SWITCHED_SECTIONS[section]:
+                return None
+            return section
+    return None
+
+
+@attrs.frozen
+class Translation:
+    """A NeMo RL recipe as a corerl tree, with the origins of its keys and each key's fate."""
+
+    tree: dict[str, Any]
+    origins: Origins
+    fates: list[KeyFate]
+
+
+def translate(raw: dict[str, Any], origins: Origins) -> Translation:
+    """Translate a resolved NeMo RL tree; every refused key is reported together (exit 2)."""
+    errors: list[ConfigError] = []
+    tree: dict[str, Any] = {}
+    new_origins: Origins = {}
+    fates: list[KeyFate] = []
+
+    def refuse(path: str, message: str, hint: str) -> None:
+        errors.append(ConfigError(message, key=path, source=origin_of(path, origins), hint=hint))
+
+    if "dpo" in raw:
+        refuse("dpo", "DPO recipes name an algorithm corerl does not have yet",
+               "corerl runs grpo and sft; DPO is tracked as its own issue")
+    algorithm = "grpo" if "grpo" in raw else "sft" if "sft" in raw else None
+    if algorithm:
+        tree["algorithm"] = {"name": algorithm}
+        new_origins["algorithm.name"] = origin_of(algorithm, origins) or "nemo-rl dialect"
+        if algorithm == "sft":
+            tree["sft"] = {"enabled": False}
+    for path, value in _leaves(raw):
+        if path.split(".")[0] == "dpo":
+            continue
+        section = _switched_off(path, raw)
+        if section is not None:
+            if value and section in UNSUPPORTED_SECTIONS and path == section + ".enabled":
+                refuse(path, UNSUPPORTED_SECTIONS[section], f"set {path}=false")
+                continue
+            fates.append(KeyFate(path, "inert", f"{section}.enabled is false"))
+            continue
+        if path.endswith(".enabled") and value and path[: -len(".enabled")] in UNSUPPORTED_SECTIONS:
+            refuse(path, UNSUPPORTED_SECTIONS[path[: -len(".enabled")]], f"set {path}=false")
+            continue
+        rule = rule_for(path)
+        if rule is None and path.split(".")[0] in (*ALGORITHM_SECTIONS, *NEMO_ONLY_SECTIONS):
+            refuse(path, "a NeMo RL key corerl does not know: nothing in corerl maps it",
+                   "remove it (docs/migrating-from-nemo-rl.md lists the keys corerl takes)")
+            continue
+        if rule is None:  # the same key in corerl: strict validation decides
+            target, converted = path, value
+            _set(tree, target, converted)
+            new_origins[target] = origin_of(path, origins) or "nemo-rl dialect"
+            fates.append(KeyFate(path, "acts", target))
+            continue
+        if rule.fate == "derived":
+            continue
+        if rule.fate == "refused":
+            refuse(path, rule.reason, "remove the key")
+        elif rule.fate == "inert":
+            if rule.refuse_if is not None and rule.refuse_if(value):
+                refuse(path, f"{value!r} is not supported: {rule.reason}", "remove the key or use NeMo RL's default")
+            else:
+                fates.append(KeyFate(path, "inert", rule.reason))
+        else:
+            assert rule.target is not None
+            try:
+                converted = rule.convert(value) if rule.convert else value
+            except ValueError as exc:
+                refuse(path, str(exc), "change the value")
+                continue
+            _set(tree, rule.target, converted)
+            new_origins[rule.target] = origin_of(path, origins) or "nemo-rl dialect"
+            fates.append(KeyFate(path, "acts", rule.target))
+    _derived(raw, tree, new_origins, origins, fates, refuse, algorithm)
+    if errors:
+        raise ConfigErrors(errors)
+    return Translation(tree, new_origins, fates)
+
+
+def _derived(raw: dict[str, Any], tree: dict[str, Any], new_origins: Origins, origins: Origins,
+             fates: list[KeyFate], refuse: Callable[[str, str, str], None], algorithm: str | None) -> None:
+    """What several keys decide together: the batch arithmetic, the scheduler list, the dataset."""
+    policy = raw.get("policy", {}) if isinstance(raw.get("policy"), dict) else {}
+    global_batch = policy.get("train_global_batch_size")
+    if algorithm == "grpo" and global_batch is not None:
+        grpo = raw.get("grpo", {})
+        samples = grpo.get("num_prompts_per_step", 0) * grpo.get("num_generations_per_prompt", 0)
+        if samples and global_batch != samples:
+            refuse("policy.train_global_batch_size",
+                   f"{global_batch} sequences per optimizer step, but a step samples {samples}: corerl takes one "
+                   "optimizer step per GRPO step over all of them",
+                   f"set policy.train_global_batch_size={samples}")
+    if global_batch is not None:
+        if algorithm == "sft":
+            _set(tree, "algorithm.batch_size", global_batch)
+            new_origins["algorithm.batch_size"] = origin_of("policy.train_global_batch_size", origins) or "nemo-rl"
+            fates.append(KeyFate("policy.train_global_batch_size", "acts", "algorithm.batch_size"))
+        else:
+            fates.append(KeyFate("policy.train_global_batch_size", "inert",
+                                 "equals the step's samples: corerl takes one optimizer step per step over all of them"))
+    scheduler = policy.get("scheduler")
+    if isinstance(scheduler, list):
+        warmup = [s for s in scheduler if isinstance(s, dict) and s.get("name") == "torch.optim.lr_scheduler.LinearLR"]
+        rest = [s for s in scheduler if isinstance(s, dict) and "name" in s and s not in warmup]
+        if any(s.get("name") != "torch.optim.lr_scheduler.ConstantLR" for s in rest) or len(warmup) > 1:
+            refuse("policy.scheduler", "only a LinearLR warm-up followed by a constant rate is translated",
+                   "write corerl's policy.scheduler.name (constant, linear, cosine) and warmup_steps")
+        else:
+            steps = int(warmup[0].get("kwargs", {}).get("total_iters", 0)) if warmup else 0
+            _set(tree, "policy.scheduler", {"name": "constant", "warmup_steps": steps})
+            new_origins["policy.scheduler"] = origin_of("policy.scheduler", origins) or "nemo-rl"
+            fates.append(KeyFate("policy.scheduler", "acts", f"policy.scheduler (constant, warmup_steps={steps})"))
+    elif scheduler is not None:
+        refuse("policy.scheduler", "expected NeMo RL's list of torch schedulers",
+               "write a list, or corerl's policy.scheduler.name and warmup_steps in a corerl recipe")
+    keys = ["data.dataset_name", "data.train.dataset_name", "data.validation.dataset_name", "data.default.dataset_name"]
+    names = [(key, _get(raw, key)) for key in keys if _get(raw, key)]
+    if _get(tree, "data.train_files") is not None:
+        _set(tree, "data.task", "dataset")
+        for key, name in names:
+            fates.append(KeyFate(key, "inert", f"{name!r}: the local files given replace it"))
+    elif names:
+        key, name = names[0]
+        _set(tree, "data.task", "dataset")
+        _set(tree, "data.hub_dataset", str(name))
+        new_origins["data.hub_dataset"] = origin_of(key, origins) or "nemo-rl"
+        fates += [KeyFate(k, "acts", "data.hub_dataset") for k, _ in names]
