@@ -70,3 +70,18 @@ def test_completions_end_at_the_maximum_sequence_length():
     sampling = SamplingSettings(max_new_tokens=512)
     assert sampling.within(64, [[1] * 10, [1] * 20]).max_new_tokens == 44
     assert sampling.within(1024, [[1] * 10]).max_new_tokens == 512
+
+
+def test_the_kl_estimators_and_their_clamps():
+    from corerl.algorithms.grpo_math import kl_estimate
+
+    delta = torch.tensor([-1.0, 0.0, 2.0])  # ref_logprob - logprob
+    assert torch.allclose(kl_estimate(delta, "k1"), torch.tensor([1.0, 0.0, -2.0]))
+    assert torch.allclose(kl_estimate(delta, "k2"), torch.tensor([0.5, 0.0, 2.0]))
+    assert torch.allclose(kl_estimate(delta, "k3"), torch.exp(delta) - delta - 1)
+    assert torch.allclose(kl_estimate(delta, "k3", input_clamp=1.0), torch.exp(delta.clamp(-1, 1)) - delta.clamp(-1, 1) - 1)
+    assert kl_estimate(delta, "k3", output_clamp=0.5).max() == 0.5
+    batch = {"loss_mask": torch.ones(1, 3), "advantages": torch.zeros(1, 3), "ref_logprobs": torch.zeros(1, 3)}
+    logprobs = torch.tensor([[1.0, 0.0, -2.0]])
+    _, k1 = GRPOLoss(kl_penalty=1.0, kl_type="k1")(logprobs, batch, normaliser=3.0)
+    assert math.isclose(float(k1["kl"]), (1.0 + 0.0 - 2.0) / 3, rel_tol=1e-6)

@@ -135,6 +135,7 @@ def test_a_nemo_rl_grpo_recipe_runs_and_its_held_out_reward_rises(tmp_path):
     (tmp_path / "nemo_rewards.py").write_text(REWARD)
     result = run_corerl("run", str(DATA / "base_grpo.yaml"), f"data.train_data_path={train}",
                         "data.reward=nemo_rewards:digit_count", f"run.output_dir={tmp_path}", "run.name=grpo",
+                        "logger.tensorboard_enabled=false", "loss_fn.reference_policy_kl_type=k2",
                         env=clean_env({"PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path),
                                                                                    os.environ.get("PYTHONPATH")]))}))
     assert result.code == 0, result
@@ -142,6 +143,7 @@ def test_a_nemo_rl_grpo_recipe_runs_and_its_held_out_reward_rises(tmp_path):
     summary = json.loads((tmp_path / "grpo" / "summary.json").read_text())
     assert summary["grpo_steps"] == 40 and summary["training_backend"] == "dtensor"
     assert summary["held_out_reward_after"] >= summary["held_out_reward_before"] + 0.2, summary
+    assert not (tmp_path / "grpo" / "tensorboard").exists()  # logger.tensorboard_enabled acts
 
 
 @pytest.mark.slow

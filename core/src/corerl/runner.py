@@ -225,7 +225,8 @@ def execute(config: Config, selection: Selection, host: PluginHost, console: Any
         if "before" not in evals:
             evals["before"] = held_out_reward()
             console.print(f"held-out reward before training: {evals['before']:.3f}")
-        log = MetricsLog(run_dir, keep_lines=state.get("metrics_lines") if resume else None)
+        log = MetricsLog(run_dir, keep_lines=state.get("metrics_lines") if resume else None,
+                         tensorboard=core.run.tensorboard)
 
         sft = SFT(training, steps_done=done.get("sft", 0))
 
@@ -244,7 +245,8 @@ def execute(config: Config, selection: Selection, host: PluginHost, console: Any
                 reference = start(selection.training_backend.registration, str(ref_path))
                 reference_offload = ReferenceOffload(reference, core.policy.reference.cpu_offload)
             grpo = GRPO(config, training, generation, task.reward,
-                        loss=GRPOLoss(algorithm.ratio_clip_min, algorithm.ratio_clip_max, algorithm.kl_penalty),
+                        loss=GRPOLoss(algorithm.ratio_clip_min, algorithm.ratio_clip_max, algorithm.kl_penalty,
+                                      algorithm.kl_type, algorithm.kl_input_clamp, algorithm.kl_output_clamp),
                         scale_rewards_by_std=algorithm.scale_rewards_by_std,
                         leave_one_out_baseline=algorithm.leave_one_out_baseline,
                         optimization_passes=algorithm.optimization_passes, reference=reference,
@@ -329,7 +331,8 @@ def execute(config: Config, selection: Selection, host: PluginHost, console: Any
         written.replace(run_dir / "summary.json")  # its presence says the run finished: all or nothing
         mark("run:end")
         _report(console, evals)
-        console.print(f"wrote {run_dir / 'metrics.jsonl'}, {run_dir / 'tensorboard'}, {run_dir / 'curves.png'}, "
+        tensorboard = f"{run_dir / 'tensorboard'}, " if core.run.tensorboard else ""
+        console.print(f"wrote {run_dir / 'metrics.jsonl'}, {tensorboard}{run_dir / 'curves.png'}, "
                       f"{run_dir / 'final'} (Hugging Face checkpoint)")
         return RunResult(run_dir, summary)
     finally:

@@ -26,13 +26,32 @@ def group_advantages(rewards: torch.Tensor, *, scale_by_std: bool = True, leave_
     return centred / (std + eps)
 
 
+def kl_estimate(delta: torch.Tensor, kind: str = "k3", input_clamp: float | None = None,
+                output_clamp: float | None = None) -> torch.Tensor:
+    """Per-token estimate of KL(policy || reference) from ``delta = ref_logprob - logprob`` of the
+    sampled tokens: ``k1`` = -delta, ``k2`` = delta^2 / 2, ``k3`` = exp(delta) - delta - 1;
+    ``delta`` and the estimate optionally bounded to +-``input_clamp`` / +-``output_clamp``."""
+    if input_clamp is not None:
+        delta = delta.clamp(-input_clamp, input_clamp)
+    if kind == "k1":
+        kl = -delta
+    elif kind == "k2":
+        kl = 0.5 * delta * delta
+    elif kind == "k3":
+        kl = torch.exp(delta) - delta - 1.0
+    else:
+        raise ValueError(f"unknown KL estimator {kind!r}; known: k1, k2, k3")
+    return kl.clamp(-output_clamp, output_clamp) if output_clamp is not None else kl
+
+
 @attrs.frozen
 class GRPOLoss:
     """The training loss, picklable for the workers (see ``corerl.training.contract``).
 
     Per loss token: ``-min(r * A, clip(r, 1 - ratio_clip_min, 1 + ratio_clip_max) * A)`` with
     ``r = exp(logprob - old_logprob)`` (``old_logprob`` is the detached current logprob when
-    the batch has no ``old_logprobs``: one on-policy pass needs no separate logprob pass), plus ``kl_penalty`` times the k3 estimate of
+    the batch has no ``old_logprobs``: one on-policy pass needs no separate logprob pass), plus ``kl_penalty`` times the
+    ``kl_type`` estimate (:func:`kl_estimate`, k3 by default) of
     KL(policy || reference) where ``ref_logprobs`` are given; summed and divided by the
     number of loss tokens in the whole step (token-level normalisation).
     """
@@ -40,6 +59,9 @@ class GRPOLoss:
     ratio_clip_min: float = 0.2
     ratio_clip_max: float = 0.2
     kl_penalty: float = 0.0
+    kl_type: str = "k3"  # k1: log ratio, k2: half its square, k3: exp(d) - d - 1 (unbiased, non-negative)
+    kl_input_clamp: float | None = None  # bound on the log ratio before the estimator
+    kl_output_clamp: float | None = None  # bound on the per-token estimate
 
     def __call__(
         self, logprobs: torch.Tensor, batch: dict[str, torch.Tensor], normaliser: float
@@ -60,8 +82,8 @@ class GRPOLoss:
             metrics["logprob_mismatch/mean"] = gap.sum() / normaliser
             metrics["logprob_mismatch/mean_sq"] = (gap * gap).sum() / normaliser
         if self.kl_penalty and "ref_logprobs" in batch:
-            delta = batch["ref_logprobs"] - logprobs
-            kl = torch.exp(delta) - delta - 1.0
+            kl = kl_estimate(batch["ref_logprobs"] - logprobs, self.kl_type, self.kl_input_clamp,
+                             self.kl_output_clamp)
             per_token = per_token + self.kl_penalty * kl
             metrics["kl"] = (kl.detach() * mask).sum() / normaliser
         return (per_token * mask).sum() / normaliser, metrics

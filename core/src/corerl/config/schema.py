@@ -153,6 +153,10 @@ class AlgorithmConfig:
     ratio_clip_min: float = setting(0.2, min=0.0)
     ratio_clip_max: float = setting(0.2, min=0.0)
     kl_penalty: float = setting(0.0, min=0.0)
+    kl_type: Literal["k1", "k2", "k3"] = setting("k3", help="KL estimator: k1 log ratio, k2 half its square, k3 "
+                                                           "exp(d)-d-1")
+    kl_input_clamp: float | None = setting(None, min=0.0, min_exclusive=True, help="bound on the log ratio")
+    kl_output_clamp: float | None = setting(None, min=0.0, min_exclusive=True, help="bound on the per-token KL")
     scale_rewards_by_std: bool = setting(True)
     leave_one_out_baseline: bool = setting(False, help="each sample's baseline is the mean of its group's other rewards")
     optimization_passes: int = setting(1, min=1)
@@ -191,6 +195,7 @@ class RunConfig:
 
     output_dir: str = setting("runs", help="parent folder of run directories")
     name: str | None = setting(None, help="run directory name; unset: a timestamp")
+    tensorboard: bool = setting(True, help="write TensorBoard event files in <run dir>/tensorboard")
     resume: Literal["auto", "must"] = setting(
         "auto", help="auto: resume from the last complete checkpoint, else start over; must: resume or fail")
 

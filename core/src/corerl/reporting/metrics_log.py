@@ -11,8 +11,9 @@ from typing import Any
 class MetricsLog:
     """Appends each step's metrics to the JSONL file and the TensorBoard writer."""
 
-    def __init__(self, run_dir: Path, keep_lines: int | None = None) -> None:
-        """Open the log; ``keep_lines`` (a resumed run) cuts the JSONL back to that many lines."""
+    def __init__(self, run_dir: Path, keep_lines: int | None = None, tensorboard: bool = True) -> None:
+        """Open the log; ``keep_lines`` (a resumed run) cuts the JSONL back to that many lines;
+        ``tensorboard`` False writes no event files (``run.tensorboard``)."""
         self.path = run_dir / "metrics.jsonl"
         kept = self.path.read_text().splitlines() if self.path.exists() else []
         if keep_lines is not None and len(kept) > keep_lines:
@@ -20,15 +21,19 @@ class MetricsLog:
             self.path.write_text("".join(line + "\n" for line in kept))
         self.lines = len(kept)
         self._file = self.path.open("a")
-        from torch.utils.tensorboard import SummaryWriter
+        self._writer: Any = None
+        if tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
 
-        # a resumed run writes a new event file; TensorBoard shows the later value of a step
-        self._writer = SummaryWriter(log_dir=str(run_dir / "tensorboard"))
+            # a resumed run writes a new event file; TensorBoard shows the later value of a step
+            self._writer = SummaryWriter(log_dir=str(run_dir / "tensorboard"))
 
     def write(self, metrics: dict[str, Any], tb_step: int) -> None:
         self._file.write(json.dumps(metrics) + "\n")
         self._file.flush()
         self.lines += 1
+        if self._writer is None:
+            return
         phase = metrics.get("phase", "run")
         for key, value in metrics.items():
             if isinstance(value, (int, float)) and not isinstance(value, bool) and key not in ("step",):
@@ -37,12 +42,15 @@ class MetricsLog:
 
     def scalar(self, tag: str, value: float, tb_step: int) -> None:
         """One extra scalar (the held-out reward after a phase)."""
+        if self._writer is None:
+            return
         self._writer.add_scalar(tag, value, tb_step)
         self._writer.flush()
 
     def close(self) -> None:
         self._file.close()
-        self._writer.close()
+        if self._writer is not None:
+            self._writer.close()
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:

@@ -109,7 +109,9 @@ RULES: dict[str, Rule] = {
     "loss_fn.use_importance_sampling_correction": inert(_OFF, _truthy),
     "loss_fn.sequence_level_importance_ratios": inert(_OFF, _truthy),
     "loss_fn.token_level_loss": inert("corerl's loss is token-level, NeMo RL's default", _not(True)),
-    "loss_fn.kl_type": inert("corerl's KL penalty is the k3 estimator, NeMo RL's default", _not("k3")),
+    "loss_fn.reference_policy_kl_type": acts("algorithm.kl_type"),
+    "loss_fn.kl_input_clamp_value": acts("algorithm.kl_input_clamp"),
+    "loss_fn.kl_output_clamp_value": acts("algorithm.kl_output_clamp"),
     # -- checkpointing --
     "checkpointing.keep_top_k": acts("checkpointing.keep_last"),
     "checkpointing.checkpoint_dir": inert("checkpoints live in <run dir>/checkpoints; set run.output_dir and run.name"),
@@ -135,6 +137,8 @@ RULES: dict[str, Rule] = {
     "policy.logprob_chunk_size": inert(_OFF, _truthy),
     "policy.make_sequence_length_divisible_by": inert("corerl pads rows as its tensor-parallel plan needs"),
     "policy.offload_optimizer_for_logprob": inert(_OFF + " (see policy.offload.policy)", _truthy),
+    "policy.optimizer": inert("null in NeMo RL's Megatron recipes (no DTensor optimizer); megatron_cfg.optimizer "
+                              "configures Megatron's"),
     "policy.optimizer.name": acts("policy.optimizer.name", _torch_optimizer),
     "policy.optimizer.kwargs.lr": acts("policy.optimizer.lr"),
     "policy.optimizer.kwargs.weight_decay": acts("policy.optimizer.weight_decay"),
@@ -214,8 +218,8 @@ RULES: dict[str, Rule] = {
     "env.math.*": inert("the dataset task's exact_answer reward scores the final answer"),
     # -- logger --
     "logger.log_dir": inert("metrics.jsonl and TensorBoard files are written in the run directory"),
-    "logger.tensorboard_enabled": inert("corerl always writes TensorBoard files in <run dir>/tensorboard"),
-    "logger.tensorboard.*": inert("corerl always writes TensorBoard files in <run dir>/tensorboard"),
+    "logger.tensorboard_enabled": acts("run.tensorboard"),
+    "logger.tensorboard.*": inert("TensorBoard files go to <run dir>/tensorboard"),
     "logger.wandb_enabled": inert("W&B logging is not built into corerl yet", _truthy),
     "logger.mlflow_enabled": inert("MLflow logging is not built into corerl yet", _truthy),
     "logger.swanlab_enabled": inert("SwanLab logging is not built into corerl yet", _truthy),
