@@ -155,3 +155,10 @@ def test_a_nemo_rl_sft_recipe_runs_and_its_held_out_reward_rises(tmp_path):
     summary = json.loads((tmp_path / "sft" / "summary.json").read_text())
     assert summary["algorithm"] == "sft" and summary["steps"] == 60
     assert summary["held_out_reward_after"] >= summary["held_out_reward_before"] + 0.3, summary
+
+
+def test_a_logger_corerl_lacks_is_accepted_with_a_warning_and_no_network_call():
+    result = _validate(str(DATA / "base_grpo.yaml"), "logger.wandb_enabled=true", "--json")
+    assert result.code == 0, result
+    (warning,) = [w for w in result.json()["warnings"] if "wandb" in w]
+    assert "logger.wandb_enabled=True: W&B logging is not built into corerl yet" in warning

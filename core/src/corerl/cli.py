@@ -195,11 +195,12 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     _host, config, selection = _load_and_select(args.config, args.overrides, args.preset, args.dialect)
     fates = [{"key": f.key, "fate": f.fate, "detail": f.detail} for f in config.fates]
     if args.json:
-        _print_json({"valid": True, **selection.as_dict(), "errors": [], "warnings": selection.warnings,
+        _print_json({"valid": True, **selection.as_dict(), "errors": [], "warnings": config.warnings + selection.warnings,
                      "dialect": config.dialect, **({"keys": fates} if args.explain else {})})
         return 0
     _print_selection(config.source, selection, verdict="valid" + (f" ({config.dialect} dialect)"
-                                                                    if config.dialect != "corerl" else ""))
+                                                                    if config.dialect != "corerl" else ""),
+                     extra_warnings=config.warnings)
     if args.explain:
         _print_fates(config)
     return 0
@@ -219,7 +220,7 @@ def _print_fates(config: Any) -> None:
         print(f"  {fate.key}: {fate.detail}")
 
 
-def _print_selection(source: str, selection: Any, verdict: str) -> None:
+def _print_selection(source: str, selection: Any, verdict: str, extra_warnings: Sequence[str] = ()) -> None:
     from rich.console import Console
     from rich.table import Table
 
@@ -239,7 +240,7 @@ def _print_selection(source: str, selection: Any, verdict: str) -> None:
     ):
         table.add_row(label, choice.id or "off", choice.reason)
     console.print(table)
-    for warning in selection.warnings:
+    for warning in [*extra_warnings, *selection.warnings]:
         console.print(f"[yellow]warning:[/] {warning}", highlight=False)
 
 
@@ -268,7 +269,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
         config_path = str(DEMO_RECIPE)
     host, config, selection = _load_and_select(config_path, overrides, args.preset, args.dialect)
     _print_selection(config.source, selection, verdict="running" + (f" ({config.dialect} dialect)"
-                                                                    if config.dialect != "corerl" else ""))
+                                                                      if config.dialect != "corerl" else ""),
+                     extra_warnings=config.warnings)
     return run_recipe(config, selection, host)
 
 

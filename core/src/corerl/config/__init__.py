@@ -44,6 +44,8 @@ class Config:
     #: the recipe's dialect, and what it did with each key (empty for corerl's own recipes)
     dialect: str = "corerl"
     fates: list[KeyFate] = attrs.field(factory=list, eq=False)
+    #: what the dialect accepted but wants the user to know at every run (a logger corerl lacks)
+    warnings: list[str] = attrs.field(factory=list, eq=False)
 
     def section(self, path: str) -> Any | None:
         """The plugin-owned section at ``path`` (a schema instance, or a mapping when its plugin is absent)."""
@@ -89,7 +91,7 @@ def load_config(path: str | Path, overrides: Iterable[str], host: PluginHost, pr
 
         translation = nemo_rl.translate(raw, origins)
         config = validate_tree(translation.tree, translation.origins, host, str(Path(path)))
-        return attrs.evolve(config, dialect=dialect, fates=translation.fates)
+        return attrs.evolve(config, dialect=dialect, fates=translation.fates, warnings=translation.warnings)
     try:
         return validate_tree(raw, origins, host, str(Path(path)))
     except ConfigErrors as exc:

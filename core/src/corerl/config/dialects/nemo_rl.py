@@ -32,6 +32,7 @@ class Rule:
     convert: Callable[[Any], Any] | None = None  # acts: the value corerl takes
     reason: str = ""
     refuse_if: Callable[[Any], bool] | None = None  # inert: values that would change behaviour
+    warn_if: Callable[[Any], bool] | None = None  # inert: values accepted with a warning at every run
 
 
 def acts(target: str, convert: Callable[[Any], Any] | None = None) -> Rule:
@@ -40,6 +41,10 @@ def acts(target: str, convert: Callable[[Any], Any] | None = None) -> Rule:
 
 def inert(reason: str, refuse_if: Callable[[Any], bool] | None = None) -> Rule:
     return Rule("inert", reason=reason, refuse_if=refuse_if)
+
+
+def inert_with_warning(reason: str, warn_if: Callable[[Any], bool]) -> Rule:
+    return Rule("inert", reason=reason, warn_if=warn_if)
 
 
 def refused(reason: str) -> Rule:
@@ -181,6 +186,7 @@ RULES: dict[str, Rule] = {
     "policy.generation.vllm_cfg.async_engine": inert(_OFF, _truthy),
     "policy.generation.vllm_cfg.precision": inert("the engine runs in policy.precision"),
     "policy.generation.vllm_cfg.expert_parallel_size": inert("dense models only", _above(1)),
+    "policy.generation.vllm_cfg.enable_expert_parallel": inert("dense models only", _truthy),
     "policy.generation.vllm_cfg.use_deep_gemm": inert(_PERF),
     "policy.generation.vllm_cfg.num_last_layers_in_bf16": inert(_OFF, _truthy),
     "policy.generation.vllm_cfg.num_first_layers_in_bf16": inert(_OFF, _truthy),
@@ -220,9 +226,12 @@ RULES: dict[str, Rule] = {
     "logger.log_dir": inert("metrics.jsonl and TensorBoard files are written in the run directory"),
     "logger.tensorboard_enabled": acts("run.tensorboard"),
     "logger.tensorboard.*": inert("TensorBoard files go to <run dir>/tensorboard"),
-    "logger.wandb_enabled": inert("W&B logging is not built into corerl yet", _truthy),
-    "logger.mlflow_enabled": inert("MLflow logging is not built into corerl yet", _truthy),
-    "logger.swanlab_enabled": inert("SwanLab logging is not built into corerl yet", _truthy),
+    "logger.wandb_enabled": inert_with_warning("W&B logging is not built into corerl yet: the run logs to "
+                                              "metrics.jsonl and TensorBoard", _truthy),
+    "logger.mlflow_enabled": inert_with_warning("MLflow logging is not built into corerl yet: the run logs to "
+                                              "metrics.jsonl and TensorBoard", _truthy),
+    "logger.swanlab_enabled": inert_with_warning("SwanLab logging is not built into corerl yet: the run logs to "
+                                              "metrics.jsonl and TensorBoard", _truthy),
     "logger.wandb.*": inert("used only with W&B logging"),
     "logger.mlflow.*": inert("used only with MLflow logging"),
     "logger.swanlab.*": inert("used only with SwanLab logging"),
@@ -309,6 +318,7 @@ class Translation:
     tree: dict[str, Any]
     origins: Origins
     fates: list[KeyFate]
+    warnings: list[str]
 
 
 def translate(raw: dict[str, Any], origins: Origins) -> Translation:
@@ -317,6 +327,7 @@ def translate(raw: dict[str, Any], origins: Origins) -> Translation:
     tree: dict[str, Any] = {}
     new_origins: Origins = {}
     fates: list[KeyFate] = []
+    warnings: list[str] = []
 
     def refuse(path: str, message: str, hint: str) -> None:
         errors.append(ConfigError(message, key=path, source=origin_of(path, origins), hint=hint))
@@ -363,6 +374,8 @@ def translate(raw: dict[str, Any], origins: Origins) -> Translation:
                 refuse(path, f"{value!r} is not supported: {rule.reason}", "remove the key or use NeMo RL's default")
             else:
                 fates.append(KeyFate(path, "inert", rule.reason))
+                if rule.warn_if is not None and rule.warn_if(value):
+                    warnings.append(f"{path}={value}: {rule.reason}")
         else:
             assert rule.target is not None
             try:
@@ -376,7 +389,7 @@ def translate(raw: dict[str, Any], origins: Origins) -> Translation:
     _derived(raw, tree, new_origins, origins, fates, refuse, algorithm)
     if errors:
         raise ConfigErrors(errors)
-    return Translation(tree, new_origins, fates)
+    return Translation(tree, new_origins, fates, warnings)
 
 
 def _derived(raw: dict[str, Any], tree: dict[str, Any], new_origins: Origins, origins: Origins,
