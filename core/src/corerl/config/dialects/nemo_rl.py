@@ -218,6 +218,8 @@ RULES: dict[str, Rule] = {
     "data.validation.split": inert("local files are read whole"),
     "data.validation.input_key": inert("the validation rows use the training columns"),
     "data.validation.output_key": inert("the validation rows use the training columns"),
+    "data.split": inert("local files are read whole"),
+    "data.seed": inert("the rows are shuffled with the run's seed (grpo.seed / sft.seed)"),
     "data.train_split": inert("local files are read whole"),
     "data.val_split": inert("local files are read whole"),
     # -- env: the reward --
