@@ -162,3 +162,15 @@ def test_a_logger_corerl_lacks_is_accepted_with_a_warning_and_no_network_call():
     assert result.code == 0, result
     (warning,) = [w for w in result.json()["warnings"] if "wandb" in w]
     assert "logger.wandb_enabled=True: W&B logging is not built into corerl yet" in warning
+
+
+def test_a_chat_template_in_the_recipe_formats_the_prompts():
+    from corerl.config import load_config
+    from corerl.plugin_manager import PluginHost
+
+    template = "{% for m in messages %}Q: {{ m['content'] }} A:{% endfor %}"
+    config = load_config(DATA / "sft.yaml", [f"policy.tokenizer.chat_template={template}"], PluginHost())
+    assert config.core.policy.chat_template == template and config.core.data.apply_chat_template is True
+    assert config.core.algorithm.name == "sft" and config.core.algorithm.batch_size == 16
+    fates = {f.key: f.detail for f in config.fates}
+    assert fates["policy.tokenizer.chat_template"] == "policy.chat_template, data.apply_chat_template"

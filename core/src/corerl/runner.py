@@ -179,6 +179,8 @@ def execute(config: Config, selection: Selection, host: PluginHost, console: Any
     state = read_state(resume[1]) if resume else {}
     model_path = resolve_model(core.policy.model_name, run_dir)
     tokenizer = AutoTokenizer.from_pretrained(core.policy.tokenizer_path(model_path))
+    if core.policy.chat_template is not None:
+        tokenizer.chat_template = core.policy.chat_template
     assert selection.task.registration is not None
     max_new = core.policy.generation.max_new_tokens
     task = selection.task.registration.create(TaskContext(tokenizer, algorithm.seed, core.data, selection.reward_fn,

@@ -120,6 +120,7 @@ class PolicyConfig:
 
     model_name: str = setting(help="Hugging Face checkpoint directory (or a built-in model name)")
     tokenizer_name: str | None = setting(None, help="defaults to model_name")
+    chat_template: str | None = setting(None, help="a Jinja chat template replacing the tokenizer's own")
     max_seq_length: int = setting(1024, min=1)
     precision: Precision = setting("float32")
     train_micro_batch_size: int = setting(4, min=1)

@@ -127,7 +127,7 @@ RULES: dict[str, Rule] = {
     "checkpointing.save_consolidated": inert("final/ is always a consolidated Hugging Face checkpoint"),
     # -- policy --
     "policy.tokenizer.name": acts("policy.tokenizer_name"),
-    "policy.tokenizer.chat_template": inert("corerl uses the tokenizer's own chat template", _truthy),
+    "policy.tokenizer.chat_template": DERIVED,
     "policy.tokenizer.chat_template_kwargs": inert(_OFF, _truthy),
     "policy.train_global_batch_size": DERIVED,
     "policy.scheduler": DERIVED,
@@ -198,7 +198,8 @@ RULES: dict[str, Rule] = {
     "data.num_workers": inert("rows are read in the driver"),
     "data.add_bos": inert("prompts start with the tokenizer's beginning-of-sequence token", _not(True)),
     "data.add_eos": inert("SFT responses end with the end-of-sequence token", _not(True)),
-    "data.add_generation_prompt": inert(_OFF, _truthy),
+    "data.add_generation_prompt": inert("prompts end with the template's generation prompt when a chat template "
+                                        "is applied"),
     "data.system_prompt_file": inert(_OFF, _truthy),
     "data.prompt_file": acts("data.prompt_file"),
     "data.input_key": acts("data.prompt_key"),
@@ -415,6 +416,14 @@ def _derived(raw: dict[str, Any], tree: dict[str, Any], new_origins: Origins, or
         else:
             fates.append(KeyFate("policy.train_global_batch_size", "inert",
                                  "equals the step's samples: corerl takes one optimizer step per step over all of them"))
+    template = _get(raw, "policy.tokenizer.chat_template")
+    if template:  # NeMo RL formats every prompt with it
+        _set(tree, "policy.chat_template", template)
+        _set(tree, "data.apply_chat_template", True)
+        new_origins["policy.chat_template"] = origin_of("policy.tokenizer.chat_template", origins) or "nemo-rl"
+        fates.append(KeyFate("policy.tokenizer.chat_template", "acts", "policy.chat_template, data.apply_chat_template"))
+    elif template is not None or "chat_template" in (policy.get("tokenizer") or {}):
+        fates.append(KeyFate("policy.tokenizer.chat_template", "inert", "null: the tokenizer's own template"))
     scheduler = policy.get("scheduler")
     if isinstance(scheduler, list):
         warmup = [s for s in scheduler if isinstance(s, dict) and s.get("name") == "torch.optim.lr_scheduler.LinearLR"]
