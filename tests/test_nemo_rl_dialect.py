@@ -169,7 +169,7 @@ def test_a_chat_template_in_the_recipe_formats_the_prompts():
     from corerl.plugin_manager import PluginHost
 
     template = "{% for m in messages %}Q: {{ m['content'] }} A:{% endfor %}"
-    config = load_config(DATA / "sft.yaml", [f"policy.tokenizer.chat_template={template}"], PluginHost())
+    config = load_config(DATA / "sft.yaml", [f'policy.tokenizer.chat_template="{template}"'], PluginHost())
     assert config.core.policy.chat_template == template and config.core.data.apply_chat_template is True
     assert config.core.algorithm.name == "sft" and config.core.algorithm.batch_size == 16
     fates = {f.key: f.detail for f in config.fates}
