@@ -37,6 +37,11 @@ def _check_factory(_: Any, attribute: attrs.Attribute, value: Any) -> None:
         raise RegistrationError(f"invalid factory {value!r}: expected an import path or a callable")
 
 
+def _check_optional_factory(_: Any, attribute: attrs.Attribute, value: Any) -> None:
+    if value is not None:
+        _check_factory(_, attribute, value)
+
+
 def _check_section(_: Any, attribute: attrs.Attribute, value: str | None) -> None:
     if value is not None and not (isinstance(value, str) and _SECTION_PATTERN.match(value)):
         raise RegistrationError(f"invalid config_section {value!r}: expected a dotted key path such as 'policy.my_cfg'")
@@ -71,24 +76,36 @@ class Registration:
     config_schema: type | None = attrs.field(default=None, validator=_check_schema)
     description: str = ""
     plugin: str = ""
+    #: ``check_supported(config)``, an import path or a callable: refuses, in one line, a validated
+    #: config this component cannot run here; selection calls it, so ``corerl validate`` refuses
+    #: exactly what ``corerl run`` would at start-up
+    check_supported: str | Callable[..., Any] | None = attrs.field(default=None, validator=_check_optional_factory)
 
     def load(self) -> Callable[..., Any]:
         """Resolve the factory, importing its module now (and whatever engine it needs)."""
-        if callable(self.factory):
-            return self.factory
-        module_name, _, attr_path = self.factory.partition(":")
+        return self._resolve(self.factory, "factory")
+
+    def check(self, config: Any) -> None:
+        """Run :attr:`check_supported` on ``config`` (nothing when the registration has none)."""
+        if self.check_supported is not None:
+            self._resolve(self.check_supported, "check_supported")(config)
+
+    def _resolve(self, path: str | Callable[..., Any], what: str) -> Callable[..., Any]:
+        if callable(path):
+            return path
+        module_name, _, attr_path = path.partition(":")
         try:
             target: Any = importlib.import_module(module_name)
             for part in attr_path.split("."):
                 target = getattr(target, part)
         except ImportError as exc:
             raise EngineNotAvailable(
-                f"{self.kind} {self.id!r} (plugin {self.plugin!r}) cannot import {self.factory!r}: {exc}",
+                f"{self.kind} {self.id!r} (plugin {self.plugin!r}) cannot import {path!r}: {exc}",
                 hint="install the engine the plugin needs, or pick another backend",
             ) from exc
         except AttributeError as exc:
             raise RegistrationError(
-                f"{self.kind} {self.id!r} (plugin {self.plugin!r}) names a missing factory {self.factory!r}: {exc}"
+                f"{self.kind} {self.id!r} (plugin {self.plugin!r}) names a missing {what} {path!r}: {exc}"
             ) from exc
         return target
 

@@ -153,9 +153,6 @@ def _shown(metrics: dict[str, float]) -> str:
 
 def execute(config: Config, selection: Selection, host: PluginHost, console: Any = None) -> RunResult:
     """Run ``config`` with the selected components (see the module docstring)."""
-    from corerl.distributed.placement import check_dedicated_generation
-
-    check_dedicated_generation(config)  # before anything is imported or built: fail at once where it cannot run
     from rich.console import Console
     from transformers import AutoTokenizer
     from transformers.utils import logging as hf_logging

@@ -254,6 +254,13 @@ def select(config: Config, host: PluginHost) -> Selection:
         errors.append(exc)
     if errors:
         raise ConfigErrors(errors)
+    for name in ("training_backend", "generation_backend"):  # what they cannot run here, as run would refuse it
+        registration = choices[name].registration
+        if registration is not None:
+            registration.check(config)
+    from corerl.distributed.placement import check_dedicated_generation
+
+    check_dedicated_generation(config)
     for name in ("sequence_packer", "offload_policy"):  # what the backends and the algorithm build
         config.components[name] = choices[name].registration
     return Selection(**choices, reward_fn=reward_fn, warnings=warnings)

@@ -15,6 +15,20 @@ if TYPE_CHECKING:
     import torch
 
 
+def machine_has_gpu() -> bool:
+    """Whether this process can use a GPU, asked without importing torch (Ray's own detector, as
+    :meth:`corerl.distributed.placement.ClusterView.local` does); torch only where that detector
+    is not where this Ray release keeps it. For config checks that must stay light."""
+    from corerl.distributed.placement import ClusterView
+
+    view = ClusterView.local()
+    if view is not None:
+        return view.gpus > 0
+    import torch
+
+    return torch.cuda.is_available()
+
+
 def local_gpu_index() -> int:
     """Which visible GPU this process uses (0 where it sees one)."""
     import torch

@@ -11,25 +11,12 @@ from corerl.config import Config
 from corerl.distributed.group_backend import WorkerGroupBackend, step_result
 from corerl.distributed.placement import training_layout
 from corerl.distributed.worker_group import RayWorkerGroup
-from corerl.errors import EngineNotAvailable
 from corerl.training.batching import loss_token_count
 from corerl.training.contract import Batch, LossFn, StepResult
 from corerl.training.microbatching import MicroBatcher
+from corerl_deepspeed.support import check_supported
 
 WORKER = "corerl_deepspeed.worker:DeepSpeedWorker"
-
-
-def check_supported(config: Config) -> None:
-    """Refuse, in one line, what this machine cannot run."""
-    settings = config.section("policy.deepspeed_cfg")
-    on_gpu = torch.cuda.is_available()
-    if config.core.policy.precision == "float16" and not on_gpu:
-        raise EngineNotAvailable("float16 training needs a GPU (DeepSpeed's loss scaling runs with CUDA); this "
-                                 "machine has none", key="policy.precision", hint="use float32 or bfloat16")
-    if "nvme" in (settings.offload_optimizer, settings.offload_param) and not on_gpu:
-        key = "policy.deepspeed_cfg." + ("offload_optimizer" if settings.offload_optimizer == "nvme" else "offload_param")
-        raise EngineNotAvailable("nvme offload needs a GPU (DeepSpeed's async I/O swaps accelerator memory)",
-                                 key=key, hint="use cpu on this machine")
 
 
 class DeepSpeedBackend(WorkerGroupBackend):

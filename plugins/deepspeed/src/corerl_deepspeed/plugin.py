@@ -26,6 +26,7 @@ def corerl_register_training_backends(register: Callable[[TrainingBackend], None
         TrainingBackend(
             id="deepspeed",
             priority=200,
+            check_supported="corerl_deepspeed.support:check_supported",
             factory="corerl_deepspeed.backend:DeepSpeedBackend",
             config_section="policy.deepspeed_cfg",
             config_schema=DeepSpeedConfig,

@@ -11,39 +11,13 @@ from corerl.config import Config
 from corerl.distributed.group_backend import WorkerGroupBackend, step_result
 from corerl.distributed.placement import training_layout
 from corerl.distributed.worker_group import LocalWorkerGroup, RayWorkerGroup
-from corerl.errors import ConfigError, EngineNotAvailable
 from corerl.training.batching import loss_token_count
 from corerl.training.contract import Batch, LossFn, StepResult
 from corerl.training.microbatching import MicroBatcher, MicroBatchPlan
 from corerl.training.weights import EngineWeights
+from corerl_dtensor.support import check_supported
 
 WORKER = "corerl_dtensor.worker:DTensorWorker"
-
-
-def check_supported(config: Config) -> None:
-    """Refuse, in one line each, the options this platform or this backend cannot run."""
-    settings = config.section("policy.dtensor_cfg")
-    section = "policy.dtensor_cfg"
-    if settings.context_parallel_size > 1:
-        raise EngineNotAvailable(
-            "context parallelism needs torch's context_parallel over flash/efficient SDPA, which runs only on CUDA; "
-            "the dtensor backend does not implement it yet",
-            key=f"{section}.context_parallel_size", hint="set it to 1",
-        )
-    if settings.sequence_parallel and settings.custom_parallel_plan:
-        raise ConfigError(
-            "sequence_parallel applies to the built-in plan; a custom_parallel_plan lays out sequences itself",
-            key=f"{section}.sequence_parallel", hint="drop one of the two",
-        )
-    if settings.fsdp_version == 1 and settings.tensor_parallel_size > 1:
-        raise ConfigError(
-            "fsdp_version 1 (FullyShardedDataParallel) cannot be combined with tensor parallelism",
-            key=f"{section}.fsdp_version", hint="use fsdp_version 2 with tensor_parallel_size > 1",
-        )
-    if config.core.policy.precision == "float16":
-        raise ConfigError(
-            "the dtensor backend trains in float32 or bfloat16", key="policy.precision", hint="use bfloat16",
-        )
 
 
 class DTensorBackend(WorkerGroupBackend):

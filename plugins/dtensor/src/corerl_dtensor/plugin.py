@@ -14,6 +14,7 @@ def corerl_register_training_backends(register: Callable[[TrainingBackend], None
         TrainingBackend(
             id="dtensor",
             priority=100,
+            check_supported="corerl_dtensor.support:check_supported",
             factory="corerl_dtensor.backend:DTensorBackend",
             config_section="policy.dtensor_cfg",
             config_schema=DTensorConfig,

@@ -13,43 +13,12 @@ from corerl.config import Config
 from corerl.distributed.group_backend import WorkerGroupBackend, step_result
 from corerl.distributed.placement import training_layout
 from corerl.distributed.worker_group import RayWorkerGroup
-from corerl.errors import EngineNotAvailable
 from corerl.training.batching import loss_token_count
 from corerl.training.contract import Batch, LossFn, StepResult
 from corerl.training.microbatching import MicroBatcher
+from corerl_megatron.support import check_supported
 
 WORKER = "corerl_megatron.worker:MegatronWorker"
-
-
-def check_supported(config: Config) -> None:
-    """Refuse, in one line each, what this machine or this backend cannot run."""
-    settings = config.section("policy.megatron_cfg")
-    section = "policy.megatron_cfg"
-    on_gpu = torch.cuda.is_available()
-    gpu_only = {
-        f"{section}.fp8_cfg": settings.fp8_cfg,
-        f"{section}.optimizer.use_distributed_optimizer": settings.optimizer.use_distributed_optimizer,
-        f"{section}.apply_rope_fusion": settings.apply_rope_fusion,
-        f"{section}.bias_activation_fusion": settings.bias_activation_fusion,
-    }
-    for key, value in gpu_only.items():
-        if value and not on_gpu:
-            raise EngineNotAvailable(f"{key} needs a GPU (megatron-core runs it with CUDA kernels); this machine has none",
-                                     key=key, hint="turn it off on CPU machines")
-    policy = config.core.policy
-    if policy.sequence_packing.enabled or policy.dynamic_batching.enabled:
-        key = "policy.sequence_packing.enabled" if policy.sequence_packing.enabled else "policy.dynamic_batching.enabled"
-        raise EngineNotAvailable("the megatron backend runs fixed-width row micro-batches only (its pipeline "
-                                 "schedule needs one shape); packing is not wired into it yet", key=key,
-                                 hint="turn it off, or use the dtensor backend for packed sequences")
-    if settings.context_parallel_size > 1:
-        raise EngineNotAvailable("context parallelism needs Transformer Engine's attention, which the megatron "
-                                 "backend does not wire in yet (the local layer spec has no context-parallel attention)",
-                                 key=f"{section}.context_parallel_size", hint="set it to 1")
-    if settings.expert_model_parallel_size > 1 or settings.expert_tensor_parallel_size > 1:
-        key = "expert_model_parallel_size" if settings.expert_model_parallel_size > 1 else "expert_tensor_parallel_size"
-        raise EngineNotAvailable("expert parallelism needs a mixture-of-experts model; the converter's tables cover "
-                                 "the dense Llama and Qwen2 families only", key=f"{section}.{key}", hint="set it to 1")
 
 
 class MegatronBackend(WorkerGroupBackend):

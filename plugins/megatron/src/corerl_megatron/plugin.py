@@ -14,6 +14,7 @@ def corerl_register_training_backends(register: Callable[[TrainingBackend], None
         TrainingBackend(
             id="megatron",
             priority=300,
+            check_supported="corerl_megatron.support:check_supported",
             factory="corerl_megatron.backend:MegatronBackend",
             config_section="policy.megatron_cfg",
             config_schema=MegatronConfig,

@@ -1,0 +1,23 @@
+"""What the deepspeed backend refuses for a validated config: called by selection (its registration's
+``check_supported``), so ``corerl validate`` refuses what ``corerl run`` would at start-up. Config
+logic only; whether this machine has a GPU is asked without importing torch."""
+
+from __future__ import annotations
+
+from corerl.config import Config
+from corerl.errors import EngineNotAvailable
+
+
+def check_supported(config: Config) -> None:
+    """Refuse, in one line, what this machine cannot run."""
+    from corerl.distributed.devices import machine_has_gpu
+
+    settings = config.section("policy.deepspeed_cfg")
+    on_gpu = machine_has_gpu()
+    if config.core.policy.precision == "float16" and not on_gpu:
+        raise EngineNotAvailable("float16 training needs a GPU (DeepSpeed's loss scaling runs with CUDA); this "
+                                 "machine has none", key="policy.precision", hint="use float32 or bfloat16")
+    if "nvme" in (settings.offload_optimizer, settings.offload_param) and not on_gpu:
+        key = "policy.deepspeed_cfg." + ("offload_optimizer" if settings.offload_optimizer == "nvme" else "offload_param")
+        raise EngineNotAvailable("nvme offload needs a GPU (DeepSpeed's async I/O swaps accelerator memory)",
+                                 key=key, hint="use cpu on this machine")

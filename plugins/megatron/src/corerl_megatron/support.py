@@ -1,0 +1,41 @@
+"""What the megatron backend refuses for a validated config: called by selection (its registration's
+``check_supported``), so ``corerl validate`` refuses what ``corerl run`` would at start-up. Config
+logic only; whether this machine has a GPU is asked without importing torch."""
+
+from __future__ import annotations
+
+from corerl.config import Config
+from corerl.errors import EngineNotAvailable
+
+
+def check_supported(config: Config) -> None:
+    """Refuse, in one line each, what this machine or this backend cannot run."""
+    from corerl.distributed.devices import machine_has_gpu
+
+    settings = config.section("policy.megatron_cfg")
+    section = "policy.megatron_cfg"
+    on_gpu = machine_has_gpu()
+    gpu_only = {
+        f"{section}.fp8_cfg": settings.fp8_cfg,
+        f"{section}.optimizer.use_distributed_optimizer": settings.optimizer.use_distributed_optimizer,
+        f"{section}.apply_rope_fusion": settings.apply_rope_fusion,
+        f"{section}.bias_activation_fusion": settings.bias_activation_fusion,
+    }
+    for key, value in gpu_only.items():
+        if value and not on_gpu:
+            raise EngineNotAvailable(f"{key} needs a GPU (megatron-core runs it with CUDA kernels); this machine has none",
+                                     key=key, hint="turn it off on CPU machines")
+    policy = config.core.policy
+    if policy.sequence_packing.enabled or policy.dynamic_batching.enabled:
+        key = "policy.sequence_packing.enabled" if policy.sequence_packing.enabled else "policy.dynamic_batching.enabled"
+        raise EngineNotAvailable("the megatron backend runs fixed-width row micro-batches only (its pipeline "
+                                 "schedule needs one shape); packing is not wired into it yet", key=key,
+                                 hint="turn it off, or use the dtensor backend for packed sequences")
+    if settings.context_parallel_size > 1:
+        raise EngineNotAvailable("context parallelism needs Transformer Engine's attention, which the megatron "
+                                 "backend does not wire in yet (the local layer spec has no context-parallel attention)",
+                                 key=f"{section}.context_parallel_size", hint="set it to 1")
+    if settings.expert_model_parallel_size > 1 or settings.expert_tensor_parallel_size > 1:
+        key = "expert_model_parallel_size" if settings.expert_model_parallel_size > 1 else "expert_tensor_parallel_size"
+        raise EngineNotAvailable("expert parallelism needs a mixture-of-experts model; the converter's tables cover "
+                                 "the dense Llama and Qwen2 families only", key=f"{section}.{key}", hint="set it to 1")
