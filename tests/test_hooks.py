@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from corerl import (
+    Command,
     GenerationBackend,
     OffloadPolicy,
     Reward,
@@ -40,6 +41,14 @@ class _AllKinds:
     @hookimpl
     def corerl_register_rewards(self, register):
         register(Reward(id="always_one", factory=lambda completion, example: 1.0))
+
+    @hookimpl
+    def corerl_register_commands(self, register):
+        def add_arguments(parser):
+            parser.add_argument("name")
+
+        register(Command(id="greet", factory=lambda args: len(args.name), arguments=add_arguments,
+                         description="say hello"))
 
 
 def _host_with_plugin() -> PluginHost:
@@ -82,6 +91,18 @@ def test_hook_corerl_register_rewards():
     reward = host.rewards.get("always_one")
     assert reward.plugin == "quick" and reward.load()("anything", {}) == 1.0
     assert host.rewards.get("exact_answer").load()(" 42. ", {"answer": "42"}) == 1.0
+
+
+def test_hook_corerl_register_commands(monkeypatch, capsys):
+    from corerl import cli
+
+    host = _host_with_plugin()
+    assert host.commands.get("greet").plugin == "quick"
+    monkeypatch.setattr(cli, "_command_host", lambda args_list: host)  # the in-memory plugin, not entry points
+    assert cli.main(["greet", "abcd"]) == 4  # the command's own exit status
+    assert cli.main(["greet"]) == 2 and "the following arguments are required: name" in capsys.readouterr().err
+    cli.build_parser(host).print_help()
+    assert "greet" in capsys.readouterr().out and "say hello" in cli.build_parser(host).format_help()
 
 
 def test_a_hook_that_registers_the_wrong_kind_fails_that_plugin_only():

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import io
+import re
 import subprocess
 import sys
 import textwrap
 
 from corerl.plugin_manager import PluginHost
-from tests.conftest import clean_env
+from tests.conftest import REPO, clean_env, run_corerl
 
 FIRST_PARTY = {"dtensor", "megatron", "deepspeed", "vllm"}
 
@@ -164,3 +165,19 @@ def test_loading_every_plugin_imports_no_heavy_engine():
     result = json.loads(proc.stdout)
     assert result["heavy"] == []
     assert FIRST_PARTY <= set(result["loaded"])
+
+
+def test_core_imports_no_plugin_package():
+    core = REPO / "core" / "src" / "corerl"
+    plugin_import = re.compile(r"^\s*(from|import)\s+corerl_(dtensor|megatron|deepspeed|vllm)\b", re.MULTILINE)
+    found = [f"{path.relative_to(REPO)}: {m.group(0).strip()}" for path in sorted(core.rglob("*.py"))
+             for m in plugin_import.finditer(path.read_text())]
+    assert found == []
+
+
+def test_a_first_party_command_of_a_missing_plugin_says_how_to_install_it():
+    result = run_corerl("convert", "hf-to-megatron", "somewhere", env=clean_env({"CORERL_DISABLE_PLUGINS": "megatron"}))
+    assert result.code == 2, result
+    (line,) = result.err.strip().splitlines()
+    assert "corerl convert is a command of the megatron plugin, which is not loaded here" in line
+    assert "pip install ./plugins/megatron" in line and "corerl plugins" in line

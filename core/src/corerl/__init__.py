@@ -9,6 +9,7 @@ from corerl import presets
 from corerl.api import GRPOTrainer, SFTTrainer, train
 from corerl.hookspecs import hookimpl
 from corerl.registry import (
+    Command,
     GenerationBackend,
     OffloadPolicy,
     Reward,
@@ -23,6 +24,7 @@ __all__ = [
     "GRPOTrainer",
     "SFTTrainer",
     "train",
+    "Command",
     "GenerationBackend",
     "OffloadPolicy",
     "Reward",

@@ -1,4 +1,4 @@
-"""The ``corerl`` command: ``run``, ``validate``, ``plugins`` and ``convert``.
+"""The ``corerl`` command: ``run``, ``validate``, ``plugins``, and what plugins add (``convert``).
 
 Only the standard library is imported at module level so that ``corerl --help`` starts
 fast; each command imports what it needs. Errors a user can cause print one line each
@@ -31,7 +31,10 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(f"{message} (see `{self.prog} --help`)")
 
 
-def build_parser() -> argparse.ArgumentParser:
+BUILT_IN_COMMANDS = ("run", "validate", "plugins")
+
+
+def build_parser(host: Any = None) -> argparse.ArgumentParser:
     from corerl import __version__
 
     parser = _Parser(
@@ -67,15 +70,8 @@ def build_parser() -> argparse.ArgumentParser:
     plugins = commands.add_parser("plugins", help="list installed plugins and what they register")
     plugins.add_argument("--json", action="store_true", help="print JSON")
 
-    convert = commands.add_parser("convert", help="convert a checkpoint between Hugging Face and Megatron formats "
-                                                  "(needs the megatron plugin)")
-    convert.add_argument("direction", choices=["hf-to-megatron", "megatron-to-hf"], help="which way")
-    convert.add_argument("source", metavar="SOURCE", help="checkpoint folder to read")
-    convert.add_argument("target", nargs="?", metavar="TARGET",
-                         help="folder to write (hf-to-megatron without it: the conversion cache runs use)")
-    convert.add_argument("--converter-type", metavar="ARCH", help="architecture table, e.g. Qwen2ForCausalLM "
-                                                                  "(default: from config.json)")
-    convert.add_argument("--force", action="store_true", help="convert again / replace a non-empty TARGET")
+    for command in host.commands if host is not None else ():  # what plugins add (corerl_register_commands)
+        command.add_arguments(commands.add_parser(command.id, help=command.description))
     return parser
 
 
@@ -94,13 +90,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
     json_mode = "--json" in args_list
     try:
-        args = build_parser().parse_args(args_list)
+        host = _command_host(args_list)
+        args = build_parser(host).parse_args(args_list)
+        if args.command not in BUILT_IN_COMMANDS:
+            return int(host.commands.get(args.command).load()(args))
         if args.command == "plugins":
             return _cmd_plugins(args)
         if args.command == "validate":
             return _cmd_validate(args)
-        if args.command == "convert":
-            return _cmd_convert(args)
         return _cmd_run(args)
     except CorerlError as exc:
         if debug:
@@ -168,6 +165,7 @@ def _cmd_plugins(args: argparse.Namespace) -> int:
         "offload_policies": "offload",
         "tasks": "tasks",
         "rewards": "rewards",
+        "commands": "commands",
     }
     for row in rows:
         registers = "\n".join(f"{label}: {', '.join(row[key])}" for key, label in labels.items() if row[key])
@@ -244,20 +242,23 @@ def _print_selection(source: str, selection: Any, verdict: str, extra_warnings: 
         console.print(f"[yellow]warning:[/] {warning}", highlight=False)
 
 
-def _cmd_convert(args: argparse.Namespace) -> int:
+def _command_host(args_list: list[str]) -> Any:
+    """The plugins that add commands, loaded only when the command line may name one of theirs
+    (not for run, validate or plugins, which load them themselves); a first-party command whose
+    plugin is not installed is a one-line usage error saying how to install it."""
+    first = next((a for a in args_list if not a.startswith("-")), None)
+    if first in BUILT_IN_COMMANDS or (first is None and "--version" in args_list):
+        return None
     from corerl.errors import UsageError
     from corerl.known_plugins import FIRST_PARTY
+    from corerl.plugin_manager import PluginHost
 
-    try:
-        from corerl_megatron.convert_command import run_convert
-    except ImportError as exc:
-        install = next(p.install for p in FIRST_PARTY if p.name == "megatron")
-        raise UsageError(f"corerl convert needs the megatron plugin, which does not import ({exc})",
-                         hint=f"install it: {install}") from exc
-    written = run_convert(args.direction, args.source, args.target, converter_type=args.converter_type,
-                          force=args.force)
-    print(f"wrote {written}")
-    return 0
+    host = PluginHost()
+    owner = next((p for p in FIRST_PARTY if first in p.commands), None)
+    if owner is not None and first not in host.commands:
+        raise UsageError(f"corerl {first} is a command of the {owner.name} plugin, which is not loaded here",
+                         hint=f"install it ({owner.install}); `corerl plugins` says why one does not load")
+    return host
 
 
 def _cmd_run(args: argparse.Namespace) -> int:

@@ -15,6 +15,7 @@ from collections.abc import Callable
 import pluggy
 
 from corerl.registry import (
+    Command,
     GenerationBackend,
     OffloadPolicy,
     Reward,
@@ -101,4 +102,18 @@ def corerl_register_rewards(register: Callable[[Reward], None]) -> None:
     ``pkg.module:fn`` without a plugin.
 
     Called when the plugin manager first needs the reward registry.
+    """
+
+
+@hookspec
+def corerl_register_commands(register: Callable[[Command], None]) -> None:
+    """Register ``corerl`` sub-commands.
+
+    Call ``register(Command(id=..., factory=..., arguments=..., description=...))`` once per
+    command: ``factory`` runs it as ``run(args: argparse.Namespace) -> int`` (the exit status),
+    ``arguments`` adds its arguments as ``add_arguments(parser)``; both are import paths resolved
+    when the command is used, so ``corerl --help`` imports no engine. The megatron plugin
+    registers ``convert`` this way.
+
+    Called when the command line is built.
     """

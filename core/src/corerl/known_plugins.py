@@ -19,6 +19,7 @@ class KnownPlugin:
     training_backends: tuple[str, ...] = ()
     generation_backends: tuple[str, ...] = ()
     sections: tuple[str, ...] = ()
+    commands: tuple[str, ...] = ()
 
 
 FIRST_PARTY: tuple[KnownPlugin, ...] = (
@@ -29,6 +30,7 @@ FIRST_PARTY: tuple[KnownPlugin, ...] = (
     KnownPlugin(
         "megatron", "corerl-megatron", "pip install ./plugins/megatron",
         training_backends=("megatron",), generation_backends=("megatron",), sections=("policy.megatron_cfg",),
+        commands=("convert",),
     ),
     KnownPlugin(
         "deepspeed", "corerl-deepspeed", "pip install ./plugins/deepspeed",

@@ -19,6 +19,7 @@ import pluggy
 
 from corerl import builtin_plugin, hookspecs
 from corerl.registry import (
+    Command,
     GenerationBackend,
     OffloadPolicy,
     Registration,
@@ -40,6 +41,7 @@ REGISTRATION_HOOKS: dict[str, tuple[str, type[Registration]]] = {
     "corerl_register_offload_policies": ("offload_policies", OffloadPolicy),
     "corerl_register_tasks": ("tasks", Task),
     "corerl_register_rewards": ("rewards", Reward),
+    "corerl_register_commands": ("commands", Command),
 }
 
 
@@ -228,6 +230,10 @@ class PluginHost:
     @property
     def rewards(self) -> Registry[Reward]:
         return self._registry("rewards")
+
+    @property
+    def commands(self) -> Registry[Command]:
+        return self._registry("commands")
 
     def registries(self) -> dict[str, Registry[Any]]:
         """All registries by attribute name, collected once."""

@@ -160,6 +160,21 @@ class Reward(Registration):
     kind: ClassVar[str] = "reward"
 
 
+@attrs.frozen(kw_only=True)
+class Command(Registration):
+    """A ``corerl`` sub-command: ``id`` is its name, ``factory`` runs it (``run(args) -> int``, the
+    exit status) and ``arguments`` (an import path or callable) adds its arguments to its
+    ``argparse`` parser; ``description`` is its help line."""
+
+    kind: ClassVar[str] = "command"
+    arguments: str | Callable[..., Any] | None = attrs.field(default=None, validator=_check_optional_factory)
+
+    def add_arguments(self, parser: Any) -> None:
+        """Give ``parser`` this command's arguments (importing the plugin module that declares them)."""
+        if self.arguments is not None:
+            self._resolve(self.arguments, "arguments")(parser)
+
+
 R = TypeVar("R", bound=Registration)
 
 

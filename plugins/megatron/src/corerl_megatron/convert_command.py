@@ -2,9 +2,29 @@
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
 from corerl.errors import ConfigError
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The arguments of ``corerl convert``."""
+    parser.add_argument("direction", choices=["hf-to-megatron", "megatron-to-hf"], help="which way")
+    parser.add_argument("source", metavar="SOURCE", help="checkpoint folder to read")
+    parser.add_argument("target", nargs="?", metavar="TARGET",
+                        help="folder to write (hf-to-megatron without it: the conversion cache runs use)")
+    parser.add_argument("--converter-type", metavar="ARCH",
+                        help="architecture table, e.g. Qwen2ForCausalLM (default: from config.json)")
+    parser.add_argument("--force", action="store_true", help="convert again / replace a non-empty TARGET")
+
+
+def main(args: argparse.Namespace) -> int:
+    """``corerl convert``: convert, then say where the result is."""
+    written = run_convert(args.direction, args.source, args.target, converter_type=args.converter_type,
+                          force=args.force)
+    print(f"wrote {written}")
+    return 0
 
 
 def run_convert(direction: str, source: str, target: str | None, *, converter_type: str | None = None,

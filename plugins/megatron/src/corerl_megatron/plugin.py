@@ -1,10 +1,11 @@
-"""Registers the ``megatron`` training backend (priority 300) and generation backend."""
+"""Registers the ``megatron`` training backend (priority 300), generation backend and the
+``corerl convert`` command."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from corerl import GenerationBackend, TrainingBackend, hookimpl
+from corerl import Command, GenerationBackend, TrainingBackend, hookimpl
 from corerl_megatron.config import MegatronConfig, MegatronGenerationConfig
 
 
@@ -33,5 +34,17 @@ def corerl_register_generation_backends(register: Callable[[GenerationBackend], 
             config_section="policy.generation.mcore_generation_config",
             config_schema=MegatronGenerationConfig,
             description="sampling with the Megatron training model itself",
+        )
+    )
+
+
+@hookimpl
+def corerl_register_commands(register: Callable[[Command], None]) -> None:
+    register(
+        Command(
+            id="convert",
+            factory="corerl_megatron.convert_command:main",
+            arguments="corerl_megatron.convert_command:add_arguments",
+            description="convert a checkpoint between Hugging Face and Megatron formats",
         )
     )
