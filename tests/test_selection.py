@@ -137,3 +137,24 @@ def test_a_clashing_id_is_not_selected_by_priority_either():
         host.register(plugin_from(training_backends=[backend]), name=name)
     (error,) = errors_of(["policy.dup_cfg.enabled=true"], host=host)
     assert error.key == "policy.dup_cfg.enabled" and "('one' and 'two')" in error.message
+
+
+def test_a_training_backend_that_breaks_the_contract_is_named_at_start(tmp_path):
+    from corerl.errors import RegistrationError
+    from corerl.recipes import DEMO_RECIPE
+    from corerl.runner import execute
+
+    class Hollow:  # builds, but offers none of TrainingEngine's methods
+        def __init__(self, config):
+            self.config = config
+
+        def shutdown(self):
+            pass
+
+    host = PluginHost(env={})
+    host.register(plugin_from(training_backends=[TrainingBackend(id="hollow", factory=Hollow)]), name="hollowed")
+    config, selection = select_for(host, DEMO_RECIPE, ["policy.training_backend=hollow", f"run.output_dir={tmp_path}",
+                                                       "policy.generation.backend=hf"])
+    with pytest.raises(RegistrationError, match=r"training backend 'hollow' \(plugin 'hollowed'\) built a Hollow without "
+                                                r"load_hf, logprobs, train_step"):
+        execute(config, selection, host)

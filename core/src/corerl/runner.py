@@ -22,14 +22,12 @@ import attrs
 from corerl.checkpoints import latest_checkpoint, read_state, save_checkpoint
 from corerl.complete_folders import is_complete, recover, remove, write_complete
 from corerl.config import Config
-from corerl.errors import ConfigError, RunError
+from corerl.errors import ConfigError, RegistrationError, RunError
+from corerl.models.tiny import BUILTIN_MODELS, build_tiny_model
 from corerl.plugin_manager import PluginHost
 from corerl.progress_markers import mark
 from corerl.selection import Selection
 
-BUILTIN_MODELS = {
-    "builtin:tiny-qwen2": dict(hidden_size=128, num_layers=2, num_heads=4, num_kv_heads=2, vocab_size=128),
-}
 EXIT_INTERRUPTED = 130
 
 
@@ -81,8 +79,6 @@ def make_run_dir(config: Config, console: Any = None) -> tuple[Path, tuple[int, 
 def resolve_model(model_name: str, run_dir: Path) -> str:
     """A Hugging Face checkpoint directory, building a ``builtin:`` model into the run directory."""
     if model_name in BUILTIN_MODELS:
-        from corerl.models.tiny import build_tiny_model
-
         target = run_dir / "base_model"
         recover(target)
         if not is_complete(target):  # a resumed run keeps its base model; a half-built one is rebuilt
@@ -162,9 +158,11 @@ def execute(config: Config, selection: Selection, host: PluginHost, console: Any
     from corerl.algorithms.sft import SFT
     from corerl.interrupt import stop_on_sigint
     from corerl.offload import ReferenceOffload
+    from corerl.registry import TrainingBackend
     from corerl.reporting.metrics_log import MetricsLog, read_metrics
     from corerl.reporting.plot import plot_curves
     from corerl.tasks import TaskContext
+    from corerl.training.contract import describe_missing
 
     console = console or Console()
     hf_logging.disable_progress_bar()  # the run's own bars say what is happening
@@ -194,6 +192,10 @@ def execute(config: Config, selection: Selection, host: PluginHost, console: Any
     def start(registration: Any, path: str, training: Any = None) -> Any:
         backend = registration.create(config=config)
         started.append(backend)
+        if isinstance(registration, TrainingBackend) and (missing := describe_missing(backend)):
+            raise RegistrationError(f"training backend {registration.id!r} (plugin {registration.plugin!r}) built a "
+                                    f"{type(backend).__name__} without {', '.join(missing)} of the training contract",
+                                    hint="corerl.training.contract.TrainingEngine lists what a training backend provides")
         nodes = backend.worker_nodes() if hasattr(backend, "worker_nodes") else []
         if nodes:
             console.print(f"{registration.id}: {len(nodes)} rank(s) on {len(set(nodes))} Ray node(s)")

@@ -11,6 +11,11 @@ from typing import Any
 
 SPECIAL_TOKENS = ["<pad>", "<unk>", "<bos>", "<eos>"]
 
+#: ``policy.model_name: builtin:...`` -> the shape :func:`build_tiny_model` builds into the run directory
+BUILTIN_MODELS: dict[str, dict[str, Any]] = {
+    "builtin:tiny-qwen2": dict(hidden_size=128, num_layers=2, num_heads=4, num_kv_heads=2, vocab_size=128),
+}
+
 
 def tiny_vocabulary(size: int) -> list[str]:
     """Special tokens, digits, a few operators and filler words, up to ``size`` entries."""
