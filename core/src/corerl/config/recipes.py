@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from corerl.config.tree import Origins, deep_merge, record_origins, rename_key
+from corerl.config.tree import Origins, deep_merge, has_path, record_origins, rename_key
 from corerl.config.yaml_io import read_yaml_file
 from corerl.errors import ConfigError
 
@@ -24,22 +24,13 @@ def canonical_path(path: str) -> str:
 def normalise_aliases(data: dict[str, Any], source: str) -> None:
     """Rename aliased sections in place; both spellings at once is an error."""
     for alias, canonical in SECTION_ALIASES.items():
-        if _has_path(data, alias):
-            if _has_path(data, canonical):
+        if has_path(data, alias):
+            if has_path(data, canonical):
                 raise ConfigError(
                     f"both {canonical} and its alias {alias} are set",
                     key=canonical, source=source, hint="keep one of the two spellings",
                 )
             rename_key(data, alias, canonical.rsplit(".", 1)[1])
-
-
-def _has_path(data: dict[str, Any], path: str) -> bool:
-    node: Any = data
-    for part in path.split("."):
-        if not isinstance(node, dict) or part not in node:
-            return False
-        node = node[part]
-    return True
 
 
 def load_recipe(path: str | Path) -> tuple[dict[str, Any], Origins]:

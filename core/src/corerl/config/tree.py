@@ -54,3 +54,21 @@ def rename_key(data: dict[str, Any], path: str, new_name: str) -> bool:
         return False
     node[new_name] = node.pop(leaf)
     return True
+
+
+_ABSENT = object()
+
+
+def value_at(data: Mapping[str, Any], path: str, default: Any = None) -> Any:
+    """The value at dotted ``path`` in nested mappings, or ``default`` where it is absent."""
+    node: Any = data
+    for part in path.split("."):
+        if not isinstance(node, Mapping) or part not in node:
+            return default
+        node = node[part]
+    return node
+
+
+def has_path(data: Mapping[str, Any], path: str) -> bool:
+    """Whether dotted ``path`` is set in nested mappings (to anything, None included)."""
+    return value_at(data, path, _ABSENT) is not _ABSENT

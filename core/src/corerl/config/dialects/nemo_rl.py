@@ -16,7 +16,7 @@ from typing import Any
 import attrs
 
 from corerl.config.dialects import KeyFate
-from corerl.config.tree import Origins, origin_of
+from corerl.config.tree import Origins, origin_of, value_at
 from corerl.errors import ConfigError, ConfigErrors
 
 ALGORITHM_SECTIONS = ("grpo", "sft", "dpo")
@@ -276,15 +276,6 @@ def _leaves(node: dict[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
     return out
 
 
-def _get(tree: dict[str, Any], path: str) -> Any:
-    node: Any = tree
-    for part in path.split("."):
-        if not isinstance(node, dict) or part not in node:
-            return None
-        node = node[part]
-    return node
-
-
 def _set(tree: dict[str, Any], path: str, value: Any) -> None:
     *parents, leaf = path.split(".")
     node = tree
@@ -307,7 +298,7 @@ def rule_for(path: str) -> Rule | None:
 
 def _switched_off(path: str, raw: dict[str, Any]) -> str | None:
     for section in sorted(SWITCHED_SECTIONS, key=len, reverse=True):
-        if path.startswith(section + ".") and _get(raw, section + ".enabled") is False:
+        if path.startswith(section + ".") and value_at(raw, section + ".enabled") is False:
             if path == section + ".enabled" and SWITCHED_SECTIONS[section]:
                 return None
             return section
@@ -416,7 +407,7 @@ def _derived(raw: dict[str, Any], tree: dict[str, Any], new_origins: Origins, or
         else:
             fates.append(KeyFate("policy.train_global_batch_size", "inert",
                                  "equals the step's samples: corerl takes one optimizer step per step over all of them"))
-    template = _get(raw, "policy.tokenizer.chat_template")
+    template = value_at(raw, "policy.tokenizer.chat_template")
     if template:  # NeMo RL formats every prompt with it
         _set(tree, "policy.chat_template", template)
         _set(tree, "data.apply_chat_template", True)
@@ -440,8 +431,8 @@ def _derived(raw: dict[str, Any], tree: dict[str, Any], new_origins: Origins, or
         refuse("policy.scheduler", "expected NeMo RL's list of torch schedulers",
                "write a list, or corerl's policy.scheduler.name and warmup_steps in a corerl recipe")
     keys = ["data.dataset_name", "data.train.dataset_name", "data.validation.dataset_name", "data.default.dataset_name"]
-    names = [(key, _get(raw, key)) for key in keys if _get(raw, key)]
-    if _get(tree, "data.train_files") is not None:
+    names = [(key, value_at(raw, key)) for key in keys if value_at(raw, key)]
+    if value_at(tree, "data.train_files") is not None:
         _set(tree, "data.task", "dataset")
         for key, name in names:
             fates.append(KeyFate(key, "inert", f"{name!r}: the local files given replace it"))
