@@ -9,7 +9,7 @@ sees several GPUs (the driver at world size 1 on a multi-GPU host, a torchrun la
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import torch
@@ -27,6 +27,17 @@ def machine_has_gpu() -> bool:
     import torch
 
     return torch.cuda.is_available()
+
+
+def runs_here_without_gpu(config: Any) -> bool:
+    """True when the recipe's ranks run on this very machine (one node, no Ray cluster named by
+    ``cluster.ray_address`` or ``RAY_ADDRESS``) and it has no GPU: the case where a GPU-only
+    option can be refused from the config alone. A recipe for another cluster is not judged by
+    this machine."""
+    cluster = config.core.cluster
+    if cluster.num_nodes > 1 or cluster.ray_address or os.environ.get("RAY_ADDRESS"):
+        return False
+    return not machine_has_gpu()
 
 
 def local_gpu_index() -> int:

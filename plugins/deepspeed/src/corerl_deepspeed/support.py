@@ -1,6 +1,7 @@
 """What the deepspeed backend refuses for a validated config: called by selection (its registration's
 ``check_supported``), so ``corerl validate`` refuses what ``corerl run`` would at start-up. Config
-logic only; whether this machine has a GPU is asked without importing torch."""
+logic only; GPU-only options are refused where the recipe runs on this machine and it has no GPU
+(asked without importing torch)."""
 
 from __future__ import annotations
 
@@ -10,10 +11,10 @@ from corerl.errors import EngineNotAvailable
 
 def check_supported(config: Config) -> None:
     """Refuse, in one line, what this machine cannot run."""
-    from corerl.distributed.devices import machine_has_gpu
+    from corerl.distributed.devices import runs_here_without_gpu
 
     settings = config.section("policy.deepspeed_cfg")
-    on_gpu = machine_has_gpu()
+    on_gpu = not runs_here_without_gpu(config)
     if config.core.policy.precision == "float16" and not on_gpu:
         raise EngineNotAvailable("float16 training needs a GPU (DeepSpeed's loss scaling runs with CUDA); this "
                                  "machine has none", key="policy.precision", hint="use float32 or bfloat16")

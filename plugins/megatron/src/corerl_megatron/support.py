@@ -1,6 +1,7 @@
 """What the megatron backend refuses for a validated config: called by selection (its registration's
 ``check_supported``), so ``corerl validate`` refuses what ``corerl run`` would at start-up. Config
-logic only; whether this machine has a GPU is asked without importing torch."""
+logic only; GPU-only options are refused where the recipe runs on this machine and it has no GPU
+(asked without importing torch)."""
 
 from __future__ import annotations
 
@@ -10,11 +11,11 @@ from corerl.errors import EngineNotAvailable
 
 def check_supported(config: Config) -> None:
     """Refuse, in one line each, what this machine or this backend cannot run."""
-    from corerl.distributed.devices import machine_has_gpu
+    from corerl.distributed.devices import runs_here_without_gpu
 
     settings = config.section("policy.megatron_cfg")
     section = "policy.megatron_cfg"
-    on_gpu = machine_has_gpu()
+    on_gpu = not runs_here_without_gpu(config)
     gpu_only = {
         f"{section}.fp8_cfg": settings.fp8_cfg,
         f"{section}.optimizer.use_distributed_optimizer": settings.optimizer.use_distributed_optimizer,
