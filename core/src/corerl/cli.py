@@ -196,9 +196,7 @@ def _cmd_validate(args: argparse.Namespace) -> int:
         _print_json({"valid": True, **selection.as_dict(), "errors": [], "warnings": config.warnings + selection.warnings,
                      "dialect": config.dialect, **({"keys": fates} if args.explain else {})})
         return 0
-    _print_selection(config.source, selection, verdict="valid" + (f" ({config.dialect} dialect)"
-                                                                    if config.dialect != "corerl" else ""),
-                     extra_warnings=config.warnings)
+    _print_selection(config, selection, verdict="valid")
     if args.explain:
         _print_fates(config)
     return 0
@@ -218,12 +216,15 @@ def _print_fates(config: Any) -> None:
         print(f"  {fate.key}: {fate.detail}")
 
 
-def _print_selection(source: str, selection: Any, verdict: str, extra_warnings: Sequence[str] = ()) -> None:
+def _print_selection(config: Any, selection: Any, verdict: str) -> None:
+    """The recipe's verdict (with its dialect where it has one), what was selected and why, and
+    the warnings of the dialect and of selection."""
     from rich.console import Console
     from rich.table import Table
 
     console = Console()
-    console.print(f"[bold]{source}[/]: {verdict}")
+    dialect = f" ({config.dialect} dialect)" if config.dialect != "corerl" else ""
+    console.print(f"[bold]{config.source}[/]: {verdict}{dialect}")
     table = Table(show_header=True, header_style="bold")
     table.add_column("component")
     table.add_column("selected")
@@ -238,7 +239,7 @@ def _print_selection(source: str, selection: Any, verdict: str, extra_warnings: 
     ):
         table.add_row(label, choice.id or "off", choice.reason)
     console.print(table)
-    for warning in [*extra_warnings, *selection.warnings]:
+    for warning in [*config.warnings, *selection.warnings]:
         console.print(f"[yellow]warning:[/] {warning}", highlight=False)
 
 
@@ -269,9 +270,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if config_path is None:
         config_path = str(DEMO_RECIPE)
     host, config, selection = _load_and_select(config_path, overrides, args.preset, args.dialect)
-    _print_selection(config.source, selection, verdict="running" + (f" ({config.dialect} dialect)"
-                                                                      if config.dialect != "corerl" else ""),
-                     extra_warnings=config.warnings)
+    _print_selection(config, selection, verdict="running")
     return run_recipe(config, selection, host)
 
 

@@ -315,130 +315,127 @@ class Translation:
     warnings: list[str]
 
 
+@attrs.define
+class _Translator:
+    """The corerl tree being built, with what happened to each NeMo RL key on the way."""
+
+    origins: Origins  # of the NeMo RL keys
+    tree: dict[str, Any] = attrs.field(factory=dict)
+    new_origins: Origins = attrs.field(factory=dict)
+    fates: list[KeyFate] = attrs.field(factory=list)
+    warnings: list[str] = attrs.field(factory=list)
+    errors: list[ConfigError] = attrs.field(factory=list)
+
+    def put(self, source: str, target: str, value: Any, detail: str | None = None) -> None:
+        """Set corerl's ``target`` from NeMo RL's ``source`` key (its fate: acts)."""
+        _set(self.tree, target, value)
+        self.new_origins[target] = origin_of(source, self.origins) or "nemo-rl dialect"
+        self.fates.append(KeyFate(source, "acts", detail or target))
+
+    def inert(self, source: str, reason: str) -> None:
+        self.fates.append(KeyFate(source, "inert", reason))
+
+    def refuse(self, path: str, message: str, hint: str) -> None:
+        self.errors.append(ConfigError(message, key=path, source=origin_of(path, self.origins), hint=hint))
+
+
 def translate(raw: dict[str, Any], origins: Origins) -> Translation:
     """Translate a resolved NeMo RL tree; every refused key is reported together (exit 2)."""
-    errors: list[ConfigError] = []
-    tree: dict[str, Any] = {}
-    new_origins: Origins = {}
-    fates: list[KeyFate] = []
-    warnings: list[str] = []
-
-    def refuse(path: str, message: str, hint: str) -> None:
-        errors.append(ConfigError(message, key=path, source=origin_of(path, origins), hint=hint))
-
+    out = _Translator(origins)
     if "dpo" in raw:
-        refuse("dpo", "DPO recipes name an algorithm corerl does not have yet",
-               "corerl runs grpo and sft; DPO is tracked as its own issue")
+        out.refuse("dpo", "DPO recipes name an algorithm corerl does not have yet",
+                   "corerl runs grpo and sft; DPO is tracked as its own issue")
     algorithm = "grpo" if "grpo" in raw else "sft" if "sft" in raw else None
     if algorithm:
-        tree["algorithm"] = {"name": algorithm}
-        new_origins["algorithm.name"] = origin_of(algorithm, origins) or "nemo-rl dialect"
+        _set(out.tree, "algorithm.name", algorithm)
+        out.new_origins["algorithm.name"] = origin_of(algorithm, origins) or "nemo-rl dialect"
         if algorithm == "sft":
-            tree["sft"] = {"enabled": False}
+            _set(out.tree, "sft.enabled", False)
     for path, value in _leaves(raw):
         if path.split(".")[0] == "dpo":
             continue
         section = _switched_off(path, raw)
         if section is not None:
-            if value and section in UNSUPPORTED_SECTIONS and path == section + ".enabled":
-                refuse(path, UNSUPPORTED_SECTIONS[section], f"set {path}=false")
-                continue
-            fates.append(KeyFate(path, "inert", f"{section}.enabled is false"))
+            out.inert(path, f"{section}.enabled is false")
             continue
         if path.endswith(".enabled") and value and path[: -len(".enabled")] in UNSUPPORTED_SECTIONS:
-            refuse(path, UNSUPPORTED_SECTIONS[path[: -len(".enabled")]], f"set {path}=false")
+            out.refuse(path, UNSUPPORTED_SECTIONS[path[: -len(".enabled")]], f"set {path}=false")
             continue
         rule = rule_for(path)
         if rule is None and path.split(".")[0] in (*ALGORITHM_SECTIONS, *NEMO_ONLY_SECTIONS):
-            refuse(path, "a NeMo RL key corerl does not know: nothing in corerl maps it",
-                   "remove it (docs/migrating-from-nemo-rl.md lists the keys corerl takes)")
-            continue
-        if rule is None:  # the same key in corerl: strict validation decides
-            target, converted = path, value
-            _set(tree, target, converted)
-            new_origins[target] = origin_of(path, origins) or "nemo-rl dialect"
-            fates.append(KeyFate(path, "acts", target))
-            continue
-        if rule.fate == "derived":
-            continue
-        if rule.fate == "refused":
-            refuse(path, rule.reason, "remove the key")
+            out.refuse(path, "a NeMo RL key corerl does not know: nothing in corerl maps it",
+                       "remove it (docs/migrating-from-nemo-rl.md lists the keys corerl takes)")
+        elif rule is None:  # the same key in corerl: strict validation decides
+            out.put(path, path, value)
+        elif rule.fate == "refused":
+            out.refuse(path, rule.reason, "remove the key")
         elif rule.fate == "inert":
             if rule.refuse_if is not None and rule.refuse_if(value):
-                refuse(path, f"{value!r} is not supported: {rule.reason}", "remove the key or use NeMo RL's default")
-            else:
-                fates.append(KeyFate(path, "inert", rule.reason))
-                if rule.warn_if is not None and rule.warn_if(value):
-                    warnings.append(f"{path}={value}: {rule.reason}")
-        else:
+                out.refuse(path, f"{value!r} is not supported: {rule.reason}", "remove the key or use NeMo RL's default")
+                continue
+            out.inert(path, rule.reason)
+            if rule.warn_if is not None and rule.warn_if(value):
+                out.warnings.append(f"{path}={value}: {rule.reason}")
+        elif rule.fate == "acts":
             assert rule.target is not None
             try:
-                converted = rule.convert(value) if rule.convert else value
+                out.put(path, rule.target, rule.convert(value) if rule.convert else value)
             except ValueError as exc:
-                refuse(path, str(exc), "change the value")
-                continue
-            _set(tree, rule.target, converted)
-            new_origins[rule.target] = origin_of(path, origins) or "nemo-rl dialect"
-            fates.append(KeyFate(path, "acts", rule.target))
-    _derived(raw, tree, new_origins, origins, fates, refuse, algorithm)
-    if errors:
-        raise ConfigErrors(errors)
-    return Translation(tree, new_origins, fates, warnings)
+                out.refuse(path, str(exc), "change the value")
+    _derived(raw, out, algorithm)
+    if out.errors:
+        raise ConfigErrors(out.errors)
+    return Translation(out.tree, out.new_origins, out.fates, out.warnings)
 
 
-def _derived(raw: dict[str, Any], tree: dict[str, Any], new_origins: Origins, origins: Origins,
-             fates: list[KeyFate], refuse: Callable[[str, str, str], None], algorithm: str | None) -> None:
-    """What several keys decide together: the batch arithmetic, the scheduler list, the dataset."""
+def _derived(raw: dict[str, Any], out: _Translator, algorithm: str | None) -> None:
+    """What several keys decide together: the batch arithmetic, the chat template, the scheduler
+    list, the dataset."""
     policy = raw.get("policy", {}) if isinstance(raw.get("policy"), dict) else {}
     global_batch = policy.get("train_global_batch_size")
     if algorithm == "grpo" and global_batch is not None:
         grpo = raw.get("grpo", {})
         samples = grpo.get("num_prompts_per_step", 0) * grpo.get("num_generations_per_prompt", 0)
         if samples and global_batch != samples:
-            refuse("policy.train_global_batch_size",
-                   f"{global_batch} sequences per optimizer step, but a step samples {samples}: corerl takes one "
-                   "optimizer step per GRPO step over all of them",
-                   f"set policy.train_global_batch_size={samples}")
+            out.refuse("policy.train_global_batch_size",
+                       f"{global_batch} sequences per optimizer step, but a step samples {samples}: corerl takes one "
+                       "optimizer step per GRPO step over all of them",
+                       f"set policy.train_global_batch_size={samples}")
     if global_batch is not None:
         if algorithm == "sft":
-            _set(tree, "algorithm.batch_size", global_batch)
-            new_origins["algorithm.batch_size"] = origin_of("policy.train_global_batch_size", origins) or "nemo-rl"
-            fates.append(KeyFate("policy.train_global_batch_size", "acts", "algorithm.batch_size"))
+            out.put("policy.train_global_batch_size", "algorithm.batch_size", global_batch)
         else:
-            fates.append(KeyFate("policy.train_global_batch_size", "inert",
-                                 "equals the step's samples: corerl takes one optimizer step per step over all of them"))
+            out.inert("policy.train_global_batch_size",
+                      "equals the step's samples: corerl takes one optimizer step per step over all of them")
     template = value_at(raw, "policy.tokenizer.chat_template")
     if template:  # NeMo RL formats every prompt with it
-        _set(tree, "policy.chat_template", template)
-        _set(tree, "data.apply_chat_template", True)
-        new_origins["policy.chat_template"] = origin_of("policy.tokenizer.chat_template", origins) or "nemo-rl"
-        fates.append(KeyFate("policy.tokenizer.chat_template", "acts", "policy.chat_template, data.apply_chat_template"))
-    elif template is not None or "chat_template" in (policy.get("tokenizer") or {}):
-        fates.append(KeyFate("policy.tokenizer.chat_template", "inert", "null: the tokenizer's own template"))
+        out.put("policy.tokenizer.chat_template", "policy.chat_template", template,
+                "policy.chat_template, data.apply_chat_template")
+        _set(out.tree, "data.apply_chat_template", True)
+    elif "chat_template" in (policy.get("tokenizer") or {}):
+        out.inert("policy.tokenizer.chat_template", "null: the tokenizer's own template")
     scheduler = policy.get("scheduler")
     if isinstance(scheduler, list):
         warmup = [s for s in scheduler if isinstance(s, dict) and s.get("name") == "torch.optim.lr_scheduler.LinearLR"]
         rest = [s for s in scheduler if isinstance(s, dict) and "name" in s and s not in warmup]
         if any(s.get("name") != "torch.optim.lr_scheduler.ConstantLR" for s in rest) or len(warmup) > 1:
-            refuse("policy.scheduler", "only a LinearLR warm-up followed by a constant rate is translated",
-                   "write corerl's policy.scheduler.name (constant, linear, cosine) and warmup_steps")
+            out.refuse("policy.scheduler", "only a LinearLR warm-up followed by a constant rate is translated",
+                       "write corerl's policy.scheduler.name (constant, linear, cosine) and warmup_steps")
         else:
             steps = int(warmup[0].get("kwargs", {}).get("total_iters", 0)) if warmup else 0
-            _set(tree, "policy.scheduler", {"name": "constant", "warmup_steps": steps})
-            new_origins["policy.scheduler"] = origin_of("policy.scheduler", origins) or "nemo-rl"
-            fates.append(KeyFate("policy.scheduler", "acts", f"policy.scheduler (constant, warmup_steps={steps})"))
+            out.put("policy.scheduler", "policy.scheduler", {"name": "constant", "warmup_steps": steps},
+                    f"policy.scheduler (constant, warmup_steps={steps})")
     elif scheduler is not None:
-        refuse("policy.scheduler", "expected NeMo RL's list of torch schedulers",
-               "write a list, or corerl's policy.scheduler.name and warmup_steps in a corerl recipe")
+        out.refuse("policy.scheduler", "expected NeMo RL's list of torch schedulers",
+                   "write a list, or corerl's policy.scheduler.name and warmup_steps in a corerl recipe")
     keys = ["data.dataset_name", "data.train.dataset_name", "data.validation.dataset_name", "data.default.dataset_name"]
     names = [(key, value_at(raw, key)) for key in keys if value_at(raw, key)]
-    if value_at(tree, "data.train_files") is not None:
-        _set(tree, "data.task", "dataset")
+    if value_at(out.tree, "data.train_files") is not None:
+        _set(out.tree, "data.task", "dataset")
         for key, name in names:
-            fates.append(KeyFate(key, "inert", f"{name!r}: the local files given replace it"))
+            out.inert(key, f"{name!r}: the local files given replace it")
     elif names:
-        key, name = names[0]
-        _set(tree, "data.task", "dataset")
-        _set(tree, "data.hub_dataset", str(name))
-        new_origins["data.hub_dataset"] = origin_of(key, origins) or "nemo-rl"
-        fates += [KeyFate(k, "acts", "data.hub_dataset") for k, _ in names]
+        _set(out.tree, "data.task", "dataset")
+        (first, name), *others = names  # the first name given is the one refused at run start
+        out.put(first, "data.hub_dataset", str(name))
+        out.fates += [KeyFate(key, "acts", "data.hub_dataset") for key, _ in others]
