@@ -56,9 +56,11 @@ def test_readme_opens_with_two_commands_and_ci_runs_the_test_one():
     assert ci == [f"exec {test}"]
 
 
-def test_the_nemo_rl_migration_guide_lists_every_key_of_the_dialect_table():
-    from corerl.config.dialects.nemo_rl import RULES
+def test_the_nemo_rl_migration_guide_ends_with_the_dialect_table_as_the_code_has_it():
+    from corerl.config.dialects.nemo_rl import RULES, markdown_table
 
     guide = (REPO / "docs" / "migrating-from-nemo-rl.md").read_text()
     missing = [key for key in RULES if f"| `{key}` |" not in guide]
     assert missing == [], f"keys of corerl.config.dialects.nemo_rl.RULES missing from the guide: {missing}"
+    assert guide.endswith(markdown_table()), (
+        "the guide's table differs from RULES: regenerate it with corerl.config.dialects.nemo_rl.markdown_table()")

@@ -68,6 +68,18 @@ def test_several_passes_use_a_separate_logprob_pass_and_report_the_largest_gap(g
     assert metrics["optimizer_step"] == 2.0
 
 
+def test_a_global_batch_smaller_than_the_step_takes_one_optimizer_step_per_mini_batch(grpo):
+    grpo.optimizer_batch_size = 8  # 32 samples per step: 4 optimizer steps on consecutive 8-row slices
+    seen = []
+    train_step = grpo.training.train_step
+    grpo.training.train_step = lambda batch, loss: seen.append(batch) or train_step(batch, loss)
+    metrics = grpo.step(PROMPTS)
+    assert metrics["optimizer_step"] == 4.0
+    assert [int(b["input_ids"].shape[0]) for b in seen] == [8, 8, 8, 8]
+    # every mini-batch's ratio is taken against the logprobs from before the first update
+    assert all("old_logprobs" in b for b in seen)
+
+
 def test_reward_rises_on_a_learnable_task(grpo):
     first = [grpo.step(PROMPTS)["reward/mean"] for _ in range(3)]
     for _ in range(14):

@@ -44,6 +44,21 @@ def test_ratio_is_clipped_on_the_side_that_would_increase_the_objective():
     assert metrics["clip_fraction"] == 1.0
 
 
+def test_dual_clipping_bounds_the_loss_of_a_negative_advantage_token():
+    # r = e^2 = 7.39 with A = -1: PPO's loss is -min(-7.39, -1.2) = 7.39; dual clipping with c = 3 caps it at 3
+    logprobs, batch = _batch([0.0, 2.0], [0.0, 0.0], -1.0, [0, 1])
+    plain, _ = GRPOLoss()(logprobs, batch, normaliser=1.0)
+    assert math.isclose(plain.item(), math.exp(2.0), rel_tol=1e-6)
+    loss, _ = GRPOLoss(ratio_clip_c=3.0)(logprobs, batch, normaliser=1.0)
+    assert math.isclose(loss.item(), 3.0, rel_tol=1e-6)
+    loss.backward()
+    assert logprobs.grad.abs().sum().item() == 0.0  # capped: no gradient
+    # a positive advantage is untouched by dual clipping
+    logprobs, batch = _batch([0.0, 0.1], [0.0, 0.0], 1.0, [0, 1])
+    assert math.isclose(GRPOLoss(ratio_clip_c=3.0)(logprobs, batch, 1.0)[0].item(),
+                        GRPOLoss()(logprobs, batch, 1.0)[0].item())
+
+
 def test_kl_penalty_uses_the_k3_estimate():
     logprobs, batch = _batch([0.0, -1.0], [0.0, -1.0], 0.0, [0, 1], ref=[0.0, -1.5])
     loss, metrics = GRPOLoss(kl_penalty=0.5)(logprobs, batch, normaliser=1.0)

@@ -38,7 +38,7 @@ def test_a_nemo_rl_recipe_validates_and_explains_every_key(tmp_path):
     assert fates["grpo.num_prompts_per_step"] == ("acts", "algorithm.batch_size")
     assert fates["loss_fn.ratio_clip_max"] == ("acts", "algorithm.ratio_clip_max")
     assert fates["policy.max_total_sequence_length"] == ("acts", "policy.max_seq_length")
-    assert fates["policy.scheduler"] == ("acts", "policy.scheduler (constant, warmup_steps=0)")
+    assert fates["policy.scheduler"] == ("acts", "policy.scheduler (constant, warmup_steps=0 optimizer steps)")
     assert fates["grpo.val_period"][0] == "inert" and "held-out" in fates["grpo.val_period"][1]
     assert fates["policy.megatron_cfg.tensor_model_parallel_size"] == ("inert", "policy.megatron_cfg.enabled is false")
     assert fates["logger.wandb.name"][0] == "inert"  # an interpolated string, resolved then explained
@@ -82,7 +82,10 @@ def test_interpolation_and_defaults_chains_resolve_with_overrides_first(tmp_path
 @pytest.mark.parametrize("override, says", [
     ("grpo.async_grpo.enabled=true", "grpo.async_grpo.enabled: True is not supported"),
     ("loss_fn.use_importance_sampling_correction=true", "loss_fn.use_importance_sampling_correction: True is not"),
-    ("policy.train_global_batch_size=32", "policy.train_global_batch_size: 32 sequences per optimizer step"),
+    ("policy.train_global_batch_size=48", "policy.train_global_batch_size: 48 sequences per optimizer step do not "
+                                          "divide the 64"),
+    ("grpo.use_dynamic_sampling=true", "DAPO's dynamic sampling"),
+    ("grpo.reward_shaping.enabled=true", "DAPO's overlong reward shaping is not built into corerl yet"),
     ("grpo.made_up_key=1", "grpo.made_up_key: a NeMo RL key corerl does not know"),
     ("policy.optimizer.name=torch.optim.Adagrad", "optimizer 'torch.optim.Adagrad' is not one corerl builds"),
     ("policy.dtensor_cfg.lora_cfg.enabled=true", "LoRA is not built into corerl yet"),
@@ -93,6 +96,34 @@ def test_what_corerl_does_not_support_is_refused_in_one_line(override, says):
     (line,) = result.err.strip().splitlines()
     assert says in line, line
     assert "base_grpo.yaml" in line or "override" in line, line  # where to fix it
+
+
+def test_the_global_batch_sets_the_optimizer_steps_per_grpo_step_and_scales_the_warm_up(tmp_path):
+    from corerl.config import load_config
+    from corerl.plugin_manager import PluginHost
+
+    recipe = tmp_path / "warm.yaml"
+    recipe.write_text(f"defaults: {DATA / 'base_grpo.yaml'}\npolicy:\n  scheduler:\n"
+                      "    - name: torch.optim.lr_scheduler.LinearLR\n      kwargs: {total_iters: 5}\n"
+                      "    - name: torch.optim.lr_scheduler.ConstantLR\n      kwargs: {factor: 1.0}\n"
+                      "    - milestones: [5]\n")
+    config = load_config(recipe, ["policy.train_global_batch_size=16"], PluginHost())
+    assert config.core.algorithm.optimizer_batch_size == 16  # 64 samples: 4 optimizer steps per GRPO step
+    # NeMo RL counts warm-up in GRPO steps, corerl in optimizer steps
+    assert config.core.policy.scheduler.warmup_steps == 20
+    assert load_config(recipe, [], PluginHost()).core.policy.scheduler.warmup_steps == 5
+
+
+def test_dedicated_generation_takes_its_gpus_out_of_the_cluster():
+    from corerl.config import load_config
+    from corerl.plugin_manager import PluginHost
+
+    overrides = ["policy.generation.colocated.enabled=false", "cluster.num_nodes=4", "cluster.gpus_per_node=8",
+                 "policy.generation.colocated.resources.num_nodes=1"]
+    core = load_config(DATA / "base_grpo.yaml", overrides, PluginHost()).core
+    resources = core.policy.generation.colocated.resources
+    assert (core.cluster.num_nodes, core.cluster.gpus_per_node) == (3, 8)
+    assert (resources.num_nodes, resources.gpus_per_node) == (1, 8)
 
 
 def test_a_dpo_recipe_is_refused_naming_the_missing_algorithm(tmp_path):

@@ -84,7 +84,7 @@ def test_a_reward_that_is_not_a_finite_number_stops_the_run(tmp_path, function, 
 def test_a_prompt_longer_than_the_sequence_allows_is_refused_with_its_row(tmp_path):
     rows = [*ROWS[:12], {"question": " ".join(["w5"] * 40), "answer": "1"}, *ROWS[12:]]
     train = _jsonl(tmp_path / "train.jsonl", rows)
-    code, line = _run(tmp_path, "policy.max_seq_length=32", "policy.generation.max_new_tokens=8", "data.held_out_size=19",
+    code, line = _run(tmp_path, "policy.max_seq_length=32", "policy.generation.max_new_tokens=8", "data.held_out_size=10",
                       train=train)
     # 40 words and the beginning-of-sequence token; 31 tokens leave room for a completion in 32
     assert code == 2 and "policy.max_seq_length: train.jsonl line 13: the prompt is 41 tokens" in line

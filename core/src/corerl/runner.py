@@ -247,10 +247,12 @@ def execute(config: Config, selection: Selection, host: PluginHost, console: Any
                 reference_offload = ReferenceOffload(reference, core.policy.reference.cpu_offload)
             grpo = GRPO(config, training, generation, task.reward,
                         loss=GRPOLoss(algorithm.ratio_clip_min, algorithm.ratio_clip_max, algorithm.kl_penalty,
-                                      algorithm.kl_type, algorithm.kl_input_clamp, algorithm.kl_output_clamp),
+                                      algorithm.kl_type, algorithm.kl_input_clamp, algorithm.kl_output_clamp,
+                                      algorithm.ratio_clip_c),
                         scale_rewards_by_std=algorithm.scale_rewards_by_std,
                         leave_one_out_baseline=algorithm.leave_one_out_baseline,
-                        optimization_passes=algorithm.optimization_passes, reference=reference,
+                        optimization_passes=algorithm.optimization_passes,
+                        optimizer_batch_size=algorithm.optimizer_batch_size, reference=reference,
                         steps_done=done.get("grpo", 0), offload=offload, reference_offload=reference_offload)
 
         def grpo_step() -> dict[str, float]:

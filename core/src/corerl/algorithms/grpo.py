@@ -2,7 +2,7 @@
 
 prompts --generate--> samples --reward--> rewards --group normalisation--> advantages
         (--training.logprobs--> old logprobs, for several passes) (--reference.logprobs--> KL reference)
-        --train_step x passes--> new weights --refit--> generation
+        --train_step per mini-batch, x passes--> new weights --refit--> generation
 
 The offload policy is called at each boundary: before generation, before training, and
 around the refit (see :mod:`corerl.offload.schedule`).
@@ -52,6 +52,17 @@ def samples_to_batch(groups: Sequence[Sequence[Sample]], advantages: torch.Tenso
             "advantages": adv, "gen_logprobs": gen_logprobs}
 
 
+def minibatches(batch: dict[str, torch.Tensor], rows: int | None) -> list[dict[str, torch.Tensor]]:
+    """``batch`` cut into consecutive mini-batches of ``rows`` rows (one optimizer step each);
+    ``None``: the whole batch, one optimizer step. ``rows`` must divide the batch's rows."""
+    total = int(batch["input_ids"].shape[0])
+    if rows is None or rows >= total:
+        return [batch]
+    if total % rows:
+        raise ValueError(f"{rows} rows per optimizer step do not divide the step's {total} rows")
+    return [{key: value[start : start + rows] for key, value in batch.items()} for start in range(0, total, rows)]
+
+
 @attrs.define
 class GRPO:
     """GRPO over a training backend and a generation backend; call :meth:`step` per batch of prompts."""
@@ -65,6 +76,7 @@ class GRPO:
     scale_rewards_by_std: bool = True
     leave_one_out_baseline: bool = False
     optimization_passes: int = 1
+    optimizer_batch_size: int | None = None  # rows per optimizer step; None: the whole step's samples
     steps_done: int = 0
     offload: PhaseOffload | None = None  # default: nothing moves
     reference_offload: ReferenceOffload | None = None  # default: the reference stays where it is
@@ -100,7 +112,8 @@ class GRPO:
         offload.before_training()
         mask = batch["loss_mask"].bool()
         mismatch = None
-        if self.optimization_passes > 1:  # later passes need the pre-update logprobs
+        chunks = len(minibatches(batch, self.optimizer_batch_size))
+        if self.optimization_passes > 1 or chunks > 1:  # later updates need the pre-update logprobs
             batch["old_logprobs"] = self.training.logprobs(batch)
             mismatch = (batch["old_logprobs"] - batch["gen_logprobs"]).abs()[mask]
         if self.reference_offload is not None and self.loss.kl_penalty:
@@ -109,7 +122,8 @@ class GRPO:
         timings["time/logprobs"] = time.perf_counter() - start
 
         start = time.perf_counter()
-        results = [self.training.train_step(batch, self.loss) for _ in range(self.optimization_passes)]
+        results = [self.training.train_step(part, self.loss) for _ in range(self.optimization_passes)
+                   for part in minibatches(batch, self.optimizer_batch_size)]
         timings["time/training"] = time.perf_counter() - start
 
         start = time.perf_counter()

@@ -49,7 +49,8 @@ class GRPOLoss:
     """The training loss, picklable for the workers (see ``corerl.training.contract``).
 
     Per loss token: ``-min(r * A, clip(r, 1 - ratio_clip_min, 1 + ratio_clip_max) * A)`` with
-    ``r = exp(logprob - old_logprob)`` (``old_logprob`` is the detached current logprob when
+    ``r = exp(logprob - old_logprob)``; with ``ratio_clip_c`` (dual clipping, > 1) the loss of a
+    token with a negative advantage is at most ``-ratio_clip_c * A`` (``old_logprob`` is the detached current logprob when
     the batch has no ``old_logprobs``: one on-policy pass needs no separate logprob pass), plus ``kl_penalty`` times the
     ``kl_type`` estimate (:func:`kl_estimate`, k3 by default) of
     KL(policy || reference) where ``ref_logprobs`` are given; summed and divided by the
@@ -62,6 +63,7 @@ class GRPOLoss:
     kl_type: str = "k3"  # k1: log ratio, k2: half its square, k3: exp(d) - d - 1 (unbiased, non-negative)
     kl_input_clamp: float | None = None  # bound on the log ratio before the estimator
     kl_output_clamp: float | None = None  # bound on the per-token estimate
+    ratio_clip_c: float | None = None  # dual clipping: bound on a negative-advantage token's loss
 
     def __call__(
         self, logprobs: torch.Tensor, batch: dict[str, torch.Tensor], normaliser: float
@@ -73,6 +75,9 @@ class GRPOLoss:
         ratio = torch.exp(logprobs - old)
         clipped = torch.clamp(ratio, 1.0 - self.ratio_clip_min, 1.0 + self.ratio_clip_max)
         per_token = -torch.minimum(ratio * advantages, clipped * advantages)
+        if self.ratio_clip_c is not None:
+            bounded = torch.minimum(per_token, -self.ratio_clip_c * advantages)
+            per_token = torch.where(advantages < 0, bounded, per_token)
         # metrics stay 0-d tensors on the device: the backend reads them once per step
         metrics = {
             "clip_fraction": (((ratio - clipped).abs() > 1e-6).to(mask.dtype) * mask).sum().detach() / normaliser,

@@ -153,6 +153,9 @@ class AlgorithmConfig:
     seed: int = setting(42, min=0)
     ratio_clip_min: float = setting(0.2, min=0.0)
     ratio_clip_max: float = setting(0.2, min=0.0)
+    ratio_clip_c: float | None = setting(None, min=1.0, min_exclusive=True,
+                                         help="dual clipping: a negative-advantage token's loss is at most "
+                                              "ratio_clip_c x |advantage|; unset: off")
     kl_penalty: float = setting(0.0, min=0.0)
     kl_type: Literal["k1", "k2", "k3"] = setting("k3", help="KL estimator: k1 log ratio, k2 half its square, k3 "
                                                            "exp(d)-d-1")
@@ -161,6 +164,8 @@ class AlgorithmConfig:
     scale_rewards_by_std: bool = setting(True)
     leave_one_out_baseline: bool = setting(False, help="each sample's baseline is the mean of its group's other rewards")
     optimization_passes: int = setting(1, min=1)
+    optimizer_batch_size: int | None = setting(None, min=1, help="GRPO: sequences per optimizer step; unset: all of a "
+                                                                 "step's samples (one optimizer step per step)")
 
 
 @attrs.define(kw_only=True)
@@ -171,7 +176,8 @@ class DataConfig:
     reward: str | None = setting(None, help="a registered reward id or an import path pkg.module:fn; unset: the task's own")
     train_files: str | list[str] | None = setting(None, help="dataset task: JSONL or Parquet file(s)")
     held_out_files: str | list[str] | None = setting(None, help="dataset task: held-out file(s); unset: cut from train_files")
-    held_out_size: int = setting(32, min=1, help="dataset task without held_out_files: rows kept out of training")
+    held_out_size: int | None = setting(None, min=1, help="dataset task without held_out_files: rows kept out of "
+                                                          "training; unset: a quarter of the rows, at most 32")
     prompt_key: str = setting("prompt", help="dataset task: the prompt column")
     answer_key: str = setting("answer", help="dataset task: the answer column (rewards read it)")
     response_key: str | None = setting(None, help="dataset task: the SFT response column; unset: answer_key")
@@ -234,6 +240,14 @@ class CorerlConfig:
             yield (
                 "policy.dynamic_batching.enabled",
                 "sequence packing and dynamic batching are two ways to cut micro-batches; pick one",
+            )
+        samples = self.algorithm.batch_size * self.algorithm.num_generations_per_prompt
+        rows = self.algorithm.optimizer_batch_size
+        if self.algorithm.name == "grpo" and rows is not None and samples % rows:
+            yield (
+                "algorithm.optimizer_batch_size",
+                f"must divide the {samples} samples of a step (algorithm.batch_size x "
+                f"num_generations_per_prompt), got {rows}",
             )
         if self.algorithm.batch_size % self.algorithm.gradient_accumulation_steps:
             yield (

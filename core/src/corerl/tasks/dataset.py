@@ -149,9 +149,16 @@ class DatasetTask:
             _check_columns(self.held, columns, "data.held_out_files", held_files)
             self.train = rows
         else:
+            count = data.held_out_size if data.held_out_size is not None else max(1, min(32, len(rows) // 4))
+            if count > len(rows) // 2:
+                raise ConfigError(
+                    f"{count} held-out rows would leave {max(len(rows) - count, 0)} of the "
+                    f"{len(rows)} rows of {', '.join(map(str, train_files))} for training (at most half are held out)",
+                    key="data.held_out_size",
+                    hint=f"give data.held_out_files, or data.held_out_size={max(len(rows) // 2, 1)} or less "
+                         "(NeMo RL recipes: data.validation.data_path)")
             rows = rows[:]
             rng.shuffle(rows)
-            count = min(data.held_out_size, len(rows) - 1)
             self.held, self.train = rows[:count], rows[count:]
         if not self.train:
             raise ConfigError("no training rows are left after the held-out split", key="data.held_out_size",

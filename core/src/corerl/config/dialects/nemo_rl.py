@@ -21,6 +21,11 @@ from corerl.errors import ConfigError, ConfigErrors
 
 ALGORITHM_SECTIONS = ("grpo", "sft", "dpo")
 NEMO_ONLY_SECTIONS = ("loss_fn", "logger", "env")
+# NeMo RL's dataset specs: corerl's data section has no such subsections
+NEMO_ONLY_SUBSECTIONS = ("data.train", "data.validation", "data.default", "policy.tokenizer")
+# mappings taken whole (their keys are not NeMo RL's own: engine arguments, environment variables)
+OPAQUE_KEYS = ("policy.generation.vllm_kwargs", "policy.dtensor_cfg.env_vars", "policy.megatron_cfg.env_vars",
+               "policy.hf_config_overrides")
 
 
 @attrs.frozen
@@ -75,6 +80,8 @@ def _torch_optimizer(name: Any) -> str:
 
 _OFF = "a switch NeMo RL leaves off by default; corerl has no such feature, so only false/null is accepted"
 _PERF = "a kernel-fusion or memory switch of NeMo RL's engines; corerl leaves the choice to the library"
+_ENV = ("corerl sets no environment variables per backend: export them in the shell that starts corerl "
+        "(Ray workers inherit it)")
 _DEFAULT_ONLY = "corerl behaves as NeMo RL's default value; another value is refused"
 
 # NeMo RL key (or prefix.*) -> what corerl does with it
@@ -86,13 +93,19 @@ RULES: dict[str, Rule] = {
     "grpo.seed": acts("algorithm.seed"),
     "grpo.normalize_rewards": acts("algorithm.scale_rewards_by_std"),
     "grpo.use_leave_one_out_baseline": acts("algorithm.leave_one_out_baseline"),
-    "grpo.max_val_samples": acts("data.held_out_size"),
+    "grpo.max_val_samples": inert("a cap on NeMo RL's validation rows: corerl evaluates all of "
+                                  "data.validation.data_path, else a quarter of the training rows (at most 32; data.held_out_size)"),
     "grpo.max_num_epochs": inert("corerl stops at max_num_steps, drawing the shuffled data again epoch after epoch"),
     "grpo.max_rollout_turns": inert("one turn: corerl's tasks answer in a single completion", _above(1)),
     "grpo.val_period": inert("corerl evaluates the held-out rows before and after training (and after SFT)"),
     "grpo.val_at_start": inert("corerl always evaluates before training"),
     "grpo.val_batch_size": inert("the held-out rows are generated in one batch"),
     "grpo.overlong_filtering": inert(_OFF, _truthy),
+    "grpo.val_at_end": inert("corerl always evaluates after training"),
+    "grpo.use_dynamic_sampling": inert("DAPO's dynamic sampling (refilling a step with groups whose rewards differ) "
+                                       "is not built into corerl yet", _truthy),
+    "grpo.batch_multiplier": inert("used only by DAPO's dynamic sampling", _above(1)),
+    "grpo.dynamic_sampling_max_gen_batches": inert("used only by DAPO's dynamic sampling"),
     "grpo.async_grpo.enabled": inert(_OFF, _truthy),
     "grpo.async_grpo.max_trajectory_age_steps": inert("used only by async GRPO, which corerl does not run"),
     # -- sft --
@@ -109,7 +122,7 @@ RULES: dict[str, Rule] = {
     "loss_fn.reference_policy_kl_penalty": acts("algorithm.kl_penalty"),
     "loss_fn.ratio_clip_min": acts("algorithm.ratio_clip_min"),
     "loss_fn.ratio_clip_max": acts("algorithm.ratio_clip_max"),
-    "loss_fn.ratio_clip_c": inert("dual clipping is off at null, NeMo RL's default; corerl has none", _truthy),
+    "loss_fn.ratio_clip_c": acts("algorithm.ratio_clip_c"),
     "loss_fn.use_on_policy_kl_approximation": inert(_OFF, _truthy),
     "loss_fn.use_importance_sampling_correction": inert(_OFF, _truthy),
     "loss_fn.sequence_level_importance_ratios": inert(_OFF, _truthy),
@@ -153,10 +166,12 @@ RULES: dict[str, Rule] = {
     "policy.optimizer.kwargs.foreach": inert("corerl picks torch's optimizer implementation itself"),
     "policy.optimizer.kwargs.fused": inert("corerl picks torch's optimizer implementation itself"),
     "policy.dtensor_cfg._v2": inert("corerl has one DTensor path (FSDP2 by default)"),
-    "policy.dtensor_cfg.env_vars": inert("corerl sets no environment variables per backend", _truthy),
+    "policy.dtensor_cfg.env_vars": inert_with_warning(_ENV, _truthy),
     "policy.dtensor_cfg.automodel_kwargs": inert("corerl loads models with transformers directly", _truthy),
     "policy.dtensor_cfg.clear_cache_every_n_steps": inert(_PERF),
-    "policy.megatron_cfg.env_vars": inert("corerl sets no environment variables per backend", _truthy),
+    "policy.megatron_cfg.env_vars": inert_with_warning(_ENV, _truthy),
+    "policy.hf_config_overrides": inert("overriding the model's config is not built into corerl yet", _truthy),
+    "policy.tokenizer.is_tokenizer_processor": inert("text-only models: the tokenizer is used as it is", _truthy),
     "policy.megatron_cfg.num_layers_in_first_pipeline_stage": inert(_DEFAULT_ONLY, _truthy),
     "policy.megatron_cfg.num_layers_in_last_pipeline_stage": inert(_DEFAULT_ONLY, _truthy),
     "policy.megatron_cfg.pipeline_dtype": inert("pipeline stages exchange activations in policy.precision"),
@@ -169,6 +184,7 @@ RULES: dict[str, Rule] = {
     "policy.megatron_cfg.moe_token_dispatcher_type": inert("dense models only: no MoE router"),
     "policy.megatron_cfg.moe_shared_expert_overlap": inert("dense models only: no MoE router", _truthy),
     "policy.megatron_cfg.defer_fp32_logits": inert(_PERF),
+    "policy.megatron_cfg.use_gloo_process_groups": inert("corerl creates the process groups megatron-core needs"),
     "policy.megatron_cfg.optimizer.bf16": inert("follows policy.precision"),
     "policy.megatron_cfg.optimizer.fp16": inert("follows policy.precision"),
     "policy.megatron_cfg.optimizer.params_dtype": inert("master weights are float32"),
@@ -183,7 +199,8 @@ RULES: dict[str, Rule] = {
     "policy.megatron_cfg.distributed_data_parallel_config.*": inert(_PERF),
     "policy.sequence_packing.sequence_length_round": inert("corerl packs exact lengths"),
     "policy.dynamic_batching.sequence_length_round": inert("corerl cuts micro-batches at exact lengths"),
-    "policy.generation.vllm_cfg.async_engine": inert(_OFF, _truthy),
+    "policy.generation.vllm_cfg.async_engine": inert("corerl hands vLLM a step's prompts in one call; the async engine "
+                                                     "changes how NeMo RL drives vLLM, not what is sampled"),
     "policy.generation.vllm_cfg.precision": inert("the engine runs in policy.precision"),
     "policy.generation.vllm_cfg.expert_parallel_size": inert("dense models only", _above(1)),
     "policy.generation.vllm_cfg.enable_expert_parallel": inert("dense models only", _truthy),
@@ -219,6 +236,10 @@ RULES: dict[str, Rule] = {
     "data.validation.split": inert("local files are read whole"),
     "data.validation.input_key": inert("the validation rows use the training columns"),
     "data.validation.output_key": inert("the validation rows use the training columns"),
+    "data.validation": inert("null: corerl holds data.held_out_size rows of the training data out", _truthy),
+    "data.train.split_validation_size": inert("corerl holds data.held_out_size rows (unset: a quarter, at most 32) "
+                                              "of the training data out, not a fraction"),
+    "data.train.seed": inert("the rows are shuffled with the run's seed (grpo.seed / sft.seed)"),
     "data.split": inert("local files are read whole"),
     "data.seed": inert("the rows are shuffled with the run's seed (grpo.seed / sft.seed)"),
     "data.train_split": inert("local files are read whole"),
@@ -247,14 +268,36 @@ RULES: dict[str, Rule] = {
 SWITCHED_SECTIONS = {
     "policy.megatron_cfg": True, "policy.dtensor_cfg": True, "policy.dtensor_cfg.lora_cfg": False,
     "policy.megatron_cfg.peft": False, "policy.megatron_cfg.fp8_cfg": False, "policy.dynamic_batching": True,
-    "policy.sequence_packing": True,
+    "policy.sequence_packing": True, "grpo.reward_scaling": False, "grpo.reward_shaping": False,
 }
 # on in these sections is refused: corerl has no such feature
 UNSUPPORTED_SECTIONS = {
     "policy.dtensor_cfg.lora_cfg": "LoRA is not built into corerl yet",
     "policy.megatron_cfg.peft": "LoRA/PEFT is not built into corerl yet",
     "policy.megatron_cfg.fp8_cfg": "FP8 training is not built into corerl yet",
+    "grpo.reward_scaling": "DAPO's reward scaling is not built into corerl yet",
+    "grpo.reward_shaping": "DAPO's overlong reward shaping is not built into corerl yet",
 }
+
+
+def markdown_table() -> str:
+    """The rows of ``RULES`` as the Markdown table of ``docs/migrating-from-nemo-rl.md``."""
+    lines = ["| NeMo RL key | in corerl |", "| --- | --- |"]
+    for key, rule in RULES.items():
+        if rule.fate == "acts":
+            text = f"acts: `{rule.target}`" + (" (converted)" if rule.convert else "")
+        elif rule.fate == "derived":
+            text = "acts together with other keys (above)"
+        elif rule.fate == "refused":
+            text = f"refused: {rule.reason}"
+        else:
+            text = f"inert: {rule.reason}"
+            if rule.refuse_if is not None:
+                text += "; another value is refused"
+            if rule.warn_if is not None:
+                text += "; on, with a warning"
+        lines.append(f"| `{key}` | {text} |")
+    return "\n".join(lines) + "\n"
 
 
 def looks_like(raw: dict[str, Any]) -> bool:
@@ -269,7 +312,7 @@ def _leaves(node: dict[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
     out = []
     for key, value in node.items():
         path = f"{prefix}{key}"
-        if isinstance(value, dict) and value:
+        if isinstance(value, dict) and value and path not in OPAQUE_KEYS:
             out += _leaves(value, f"{path}.")
         else:
             out.append((path, value))
@@ -335,6 +378,11 @@ class _Translator:
     def inert(self, source: str, reason: str) -> None:
         self.fates.append(KeyFate(source, "inert", reason))
 
+    def make_inert(self, source: str, target: str, value: Any, reason: str) -> None:
+        """Undo an acting key whose value has no effect in this recipe: ``target`` gets ``value``."""
+        _set(self.tree, target, value)
+        self.fates = [fate for fate in self.fates if fate.key != source] + [KeyFate(source, "inert", reason)]
+
     def refuse(self, path: str, message: str, hint: str) -> None:
         self.errors.append(ConfigError(message, key=path, source=origin_of(path, self.origins), hint=hint))
 
@@ -362,7 +410,9 @@ def translate(raw: dict[str, Any], origins: Origins) -> Translation:
             out.refuse(path, UNSUPPORTED_SECTIONS[path[: -len(".enabled")]], f"set {path}=false")
             continue
         rule = rule_for(path)
-        if rule is None and path.split(".")[0] in (*ALGORITHM_SECTIONS, *NEMO_ONLY_SECTIONS):
+        nemo_only = path.split(".")[0] in (*ALGORITHM_SECTIONS, *NEMO_ONLY_SECTIONS) or any(
+            path == sub or path.startswith(sub + ".") for sub in NEMO_ONLY_SUBSECTIONS)
+        if rule is None and nemo_only:
             out.refuse(path, "a NeMo RL key corerl does not know: nothing in corerl maps it",
                        "remove it (docs/migrating-from-nemo-rl.md lists the keys corerl takes)")
         elif rule is None:  # the same key in corerl: strict validation decides
@@ -393,20 +443,30 @@ def _derived(raw: dict[str, Any], out: _Translator, algorithm: str | None) -> No
     list, the dataset."""
     policy = raw.get("policy", {}) if isinstance(raw.get("policy"), dict) else {}
     global_batch = policy.get("train_global_batch_size")
+    updates_per_step = 1  # optimizer steps per GRPO step: NeMo RL steps its scheduler once per GRPO step
     if algorithm == "grpo" and global_batch is not None:
         grpo = raw.get("grpo", {})
         samples = grpo.get("num_prompts_per_step", 0) * grpo.get("num_generations_per_prompt", 0)
-        if samples and global_batch != samples:
+        if samples and (not isinstance(global_batch, int) or global_batch < 1 or samples % global_batch):
             out.refuse("policy.train_global_batch_size",
-                       f"{global_batch} sequences per optimizer step, but a step samples {samples}: corerl takes one "
-                       "optimizer step per GRPO step over all of them",
-                       f"set policy.train_global_batch_size={samples}")
-    if global_batch is not None:
+                       f"{global_batch} sequences per optimizer step do not divide the {samples} a step samples "
+                       "(grpo.num_prompts_per_step x num_generations_per_prompt)",
+                       "give a divisor of the step's samples")
+        elif samples:
+            updates_per_step = samples // global_batch
+            out.put("policy.train_global_batch_size", "algorithm.optimizer_batch_size", global_batch,
+                    f"algorithm.optimizer_batch_size ({updates_per_step} optimizer step(s) per GRPO step)")
+    elif global_batch is not None:
         if algorithm == "sft":
             out.put("policy.train_global_batch_size", "algorithm.batch_size", global_batch)
         else:
-            out.inert("policy.train_global_batch_size",
-                      "equals the step's samples: corerl takes one optimizer step per step over all of them")
+            out.inert("policy.train_global_batch_size", "no algorithm section: nothing is trained")
+    _dedicated_generation(raw, out)
+    if value_at(raw, "policy.dtensor_cfg.sequence_parallel") and (
+            value_at(raw, "policy.dtensor_cfg.tensor_parallel_size") or 1) == 1 and value_at(
+            raw, "policy.dtensor_cfg.enabled") is not False:
+        out.make_inert("policy.dtensor_cfg.sequence_parallel", "policy.dtensor_cfg.sequence_parallel", False,
+                       "true with tensor_parallel_size 1: no effect in NeMo RL, off in corerl")
     template = value_at(raw, "policy.tokenizer.chat_template")
     if template:  # NeMo RL formats every prompt with it
         out.put("policy.tokenizer.chat_template", "policy.chat_template", template,
@@ -422,9 +482,10 @@ def _derived(raw: dict[str, Any], out: _Translator, algorithm: str | None) -> No
             out.refuse("policy.scheduler", "only a LinearLR warm-up followed by a constant rate is translated",
                        "write corerl's policy.scheduler.name (constant, linear, cosine) and warmup_steps")
         else:
-            steps = int(warmup[0].get("kwargs", {}).get("total_iters", 0)) if warmup else 0
+            # NeMo RL counts warm-up in algorithm steps; corerl's scheduler counts optimizer steps
+            steps = int(warmup[0].get("kwargs", {}).get("total_iters", 0)) * updates_per_step if warmup else 0
             out.put("policy.scheduler", "policy.scheduler", {"name": "constant", "warmup_steps": steps},
-                    f"policy.scheduler (constant, warmup_steps={steps})")
+                    f"policy.scheduler (constant, warmup_steps={steps} optimizer steps)")
     elif scheduler is not None:
         out.refuse("policy.scheduler", "expected NeMo RL's list of torch schedulers",
                    "write a list, or corerl's policy.scheduler.name and warmup_steps in a corerl recipe")
@@ -432,6 +493,11 @@ def _derived(raw: dict[str, Any], out: _Translator, algorithm: str | None) -> No
     names = [(key, value_at(raw, key)) for key in keys if value_at(raw, key)]
     if value_at(out.tree, "data.train_files") is not None:
         _set(out.tree, "data.task", "dataset")
+        # NeMo RL's response datasets read the columns input and output unless told otherwise
+        for key, column in (("data.prompt_key", "input"), ("data.answer_key", "output")):
+            if value_at(out.tree, key) is None:
+                _set(out.tree, key, column)
+                out.new_origins[key] = "nemo-rl dialect (NeMo RL's default column)"
         for key, name in names:
             out.inert(key, f"{name!r}: the local files given replace it")
     elif names:
@@ -439,3 +505,28 @@ def _derived(raw: dict[str, Any], out: _Translator, algorithm: str | None) -> No
         (first, name), *others = names  # the first name given is the one refused at run start
         out.put(first, "data.hub_dataset", str(name))
         out.fates += [KeyFate(key, "acts", "data.hub_dataset") for key, _ in others]
+
+
+def _dedicated_generation(raw: dict[str, Any], out: _Translator) -> None:
+    """NeMo RL's ``cluster`` counts generation's GPUs too: with dedicated generation, training
+    gets what the generation resources leave (whole nodes on a multi-node cluster, else GPUs of
+    the one node); corerl's ``cluster`` is the training workers alone."""
+    colocated = value_at(raw, "policy.generation.colocated")
+    if not isinstance(colocated, dict) or colocated.get("enabled") is not False:
+        return
+    resources = colocated.get("resources") or {}
+    nodes = value_at(raw, "cluster.num_nodes") or 1
+    gpus = value_at(raw, "cluster.gpus_per_node") or 1
+    key = "policy.generation.colocated.resources"
+    # what generation takes: whole nodes of a multi-node cluster, else GPUs of the one node
+    unit, total, noun = ("num_nodes", nodes, "node") if nodes > 1 else ("gpus_per_node", gpus, "GPU")
+    taken = resources.get(unit)
+    if not taken or taken >= total:
+        out.refuse(f"{key}.{unit}", f"{taken} generation {noun}(s) of the cluster's {total}: training needs at least "
+                   f"one {noun}", f"give 1 to {total - 1} {noun}s to generation")
+        return
+    _set(out.tree, f"cluster.{unit}", total - taken)
+    _set(out.tree, f"{key}.num_nodes", taken if nodes > 1 else 1)
+    _set(out.tree, f"{key}.gpus_per_node", resources.get("gpus_per_node") or gpus if nodes > 1 else taken)
+    out.fates.append(KeyFate("policy.generation.colocated.enabled", "acts",
+                             "policy.generation.colocated.enabled; cluster.* less the generation resources"))

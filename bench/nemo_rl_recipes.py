@@ -1,0 +1,124 @@
+"""How many of NeMo RL's own LLM recipes `corerl validate` accepts (issue 17's acceptance).
+
+Point it at a NeMo RL checkout's ``examples/configs`` folder: every YAML file there whose merged
+tree is a GRPO, SFT or DPO recipe for a language model (``vlm`` recipes and the folders of
+evaluation, distillation and other algorithms are counted apart) is validated in this process,
+exactly as ``corerl validate FILE`` does (same loader, same selection), and the table prints
+each recipe's verdict and, for the refused ones, the one-line reason.
+
+    .venv/bin/python bench/nemo_rl_recipes.py ~/src/RL/examples/configs
+
+Nothing is downloaded: the recipes are read from the folder given. corerl itself is not a
+dependency of NeMo RL's files; recipes naming a hub model or dataset are judged as written
+(validate checks the recipe; ``run`` is where a hub name that cannot be loaded offline is refused).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import sys
+from pathlib import Path
+
+import yaml
+
+ALGORITHMS = ("grpo", "sft", "dpo")
+# refusals that depend on the machine validating (no GPU here), not on the recipe
+MACHINE_ONLY = ("needs a GPU", "ask for a GPU each but the Ray cluster has none")
+
+
+def algorithm_of(path: Path, seen: tuple[Path, ...] = ()) -> str | None:
+    """The NeMo RL algorithm section a recipe (or what it inherits through ``defaults:``) holds."""
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except (OSError, yaml.YAMLError):
+        return None
+    if not isinstance(data, dict):
+        return None
+    for name in ALGORITHMS:
+        if name in data:
+            return name
+    if any(other in data for other in ("distillation", "eval", "rm", "ppo")):
+        return None
+    parents = data.get("defaults")
+    for parent in [parents] if isinstance(parents, str) else parents or []:
+        target = (path.parent / str(parent)).resolve()
+        if target not in seen and target.is_file():
+            found = algorithm_of(target, (*seen, target))
+            if found:
+                return found
+    return None
+
+
+def validate(path: Path) -> tuple[bool, str]:
+    """(accepted, the reason when refused): the same steps as ``corerl validate``."""
+    from corerl.config import load_config
+    from corerl.errors import ConfigErrors, CorerlError
+    from corerl.plugin_manager import PluginHost
+    from corerl.selection import select
+
+    try:
+        host = PluginHost()
+        config = load_config(str(path), [], host, [], None)
+        select(config, host)
+    except ConfigErrors as exc:
+        return False, exc.errors[0].one_line() if exc.errors else exc.one_line()
+    except CorerlError as exc:
+        return False, exc.one_line()
+    except Exception as exc:  # noqa: BLE001 - a crash on someone's recipe is a finding, reported as such
+        return False, f"CRASH {type(exc).__name__}: {exc}"
+    return True, ""
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("configs", type=Path, help="a NeMo RL checkout's examples/configs folder")
+    parser.add_argument("--show", type=int, default=40, help="refused recipes to list (default 40)")
+    args = parser.parse_args(argv)
+    if not args.configs.is_dir():
+        parser.error(f"{args.configs}: not a folder; give a NeMo RL checkout's examples/configs")
+
+    counted: dict[str, list[tuple[Path, bool, str]]] = collections.defaultdict(list)
+    skipped = 0
+    for path in sorted(args.configs.rglob("*.yaml")):
+        relative = path.relative_to(args.configs)
+        if "vlm" in relative.parts or "vlm" in path.name:
+            skipped += 1
+            continue
+        algorithm = algorithm_of(path)
+        if algorithm is None:
+            skipped += 1
+            continue
+        accepted, reason = validate(path)
+        counted[algorithm].append((relative, accepted, reason))
+
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"corerl validate on NeMo RL recipes in {args.configs}")
+    for column in ("algorithm", "recipes", "accepted", "refused: no GPU here", "refused", "accepted %"):
+        table.add_column(column, justify="left" if column == "algorithm" else "right")
+    sums = [0, 0, 0]
+    for algorithm in ALGORITHMS:
+        rows = counted.get(algorithm, [])
+        accepted = sum(ok for _, ok, _ in rows)
+        machine = sum(not ok and any(m in reason for m in MACHINE_ONLY) for _, ok, reason in rows)
+        sums = [sums[0] + len(rows), sums[1] + accepted, sums[2] + machine]
+        share = f"{100 * accepted / len(rows):.0f}" if rows else "-"
+        table.add_row(algorithm, str(len(rows)), str(accepted), str(machine), str(len(rows) - accepted - machine), share)
+    total, accepted_total, machine_total = sums
+    share = f"{100 * accepted_total / total:.0f}" if total else "-"
+    table.add_row("all", str(total), str(accepted_total), str(machine_total),
+                  str(total - accepted_total - machine_total), share, style="bold")
+    console = Console()
+    console.print(table)
+    console.print(f"{skipped} other YAML files (VLM, evaluation, distillation, other algorithms) not counted")
+    refused = [(algorithm, *row) for algorithm in ALGORITHMS for row in counted.get(algorithm, []) if not row[1]]
+    for algorithm, relative, _, reason in refused[: args.show]:
+        console.print(f"refused [{algorithm}] {relative}: {reason}", markup=False, highlight=False)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+
