@@ -59,6 +59,34 @@ def test_dual_clipping_bounds_the_loss_of_a_negative_advantage_token():
                         GRPOLoss()(logprobs, batch, 1.0)[0].item())
 
 
+def test_importance_sampling_correction_weights_each_token_by_training_over_generation_probability():
+    logprobs, batch = _batch([0.0, -1.0, -2.0], [0.0, -1.0, -2.0], 1.0, [0, 1, 1])
+    batch["gen_logprobs"] = torch.tensor([[0.0, -1.5, -1.0]])  # the engine's logprobs of the same tokens
+    loss, metrics = GRPOLoss(importance_sampling_correction=True)(logprobs, batch, normaliser=2.0)
+    w = [math.exp(0.5), math.exp(-1.0)]
+    assert math.isclose(loss.item(), -(w[0] + w[1]) / 2, rel_tol=1e-6)
+    assert math.isclose(metrics["importance_weight/mean"].item(), (w[0] + w[1]) / 2, rel_tol=1e-6)
+    capped, _ = GRPOLoss(importance_sampling_correction=True, importance_weight_cap=1.2)(logprobs, batch, 2.0)
+    assert math.isclose(capped.item(), -(1.2 + w[1]) / 2, rel_tol=1e-6)
+
+
+def test_sequence_level_ratios_share_one_ratio_per_row():
+    # log ratios 0.3 and -0.1 on the two loss tokens: the row's ratio is exp(0.1) on both
+    logprobs, batch = _batch([0.0, 0.3, -0.1], [0.0, 0.0, 0.0], 1.0, [0, 1, 1])
+    loss, _ = GRPOLoss(sequence_level_ratios=True, ratio_clip_max=0.5)(logprobs, batch, normaliser=2.0)
+    assert math.isclose(loss.item(), -math.exp(0.1), rel_tol=1e-6)
+    token, _ = GRPOLoss(ratio_clip_max=0.5)(logprobs, batch, normaliser=2.0)
+    assert math.isclose(token.item(), -(math.exp(0.3) + math.exp(-0.1)) / 2, rel_tol=1e-6)
+
+
+def test_the_loss_takes_every_setting_of_the_algorithm_section():
+    from corerl.config.schema import AlgorithmConfig
+
+    algorithm = AlgorithmConfig(ratio_clip_c=3.0, importance_sampling_correction=True, kl_type="k2")
+    loss = GRPOLoss.from_config(algorithm)
+    assert (loss.ratio_clip_c, loss.importance_sampling_correction, loss.kl_type) == (3.0, True, "k2")
+
+
 def test_kl_penalty_uses_the_k3_estimate():
     logprobs, batch = _batch([0.0, -1.0], [0.0, -1.0], 0.0, [0, 1], ref=[0.0, -1.5])
     loss, metrics = GRPOLoss(kl_penalty=0.5)(logprobs, batch, normaliser=1.0)

@@ -81,7 +81,7 @@ def test_interpolation_and_defaults_chains_resolve_with_overrides_first(tmp_path
 
 @pytest.mark.parametrize("override, says", [
     ("grpo.async_grpo.enabled=true", "grpo.async_grpo.enabled: True is not supported"),
-    ("loss_fn.use_importance_sampling_correction=true", "loss_fn.use_importance_sampling_correction: True is not"),
+    ("loss_fn.use_on_policy_kl_approximation=true", "loss_fn.use_on_policy_kl_approximation: True is not"),
     ("policy.train_global_batch_size=48", "policy.train_global_batch_size: 48 sequences per optimizer step do not "
                                           "divide the 64"),
     ("grpo.use_dynamic_sampling=true", "DAPO's dynamic sampling"),

@@ -246,9 +246,7 @@ def execute(config: Config, selection: Selection, host: PluginHost, console: Any
                 reference = start(selection.training_backend.registration, str(ref_path))
                 reference_offload = ReferenceOffload(reference, core.policy.reference.cpu_offload)
             grpo = GRPO(config, training, generation, task.reward,
-                        loss=GRPOLoss(algorithm.ratio_clip_min, algorithm.ratio_clip_max, algorithm.kl_penalty,
-                                      algorithm.kl_type, algorithm.kl_input_clamp, algorithm.kl_output_clamp,
-                                      algorithm.ratio_clip_c),
+                        loss=GRPOLoss.from_config(algorithm),
                         scale_rewards_by_std=algorithm.scale_rewards_by_std,
                         leave_one_out_baseline=algorithm.leave_one_out_baseline,
                         optimization_passes=algorithm.optimization_passes,

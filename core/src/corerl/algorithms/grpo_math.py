@@ -5,6 +5,8 @@ Pure tensor functions; the loop that feeds them lives in :mod:`corerl.algorithms
 
 from __future__ import annotations
 
+from typing import Any
+
 import attrs
 import torch
 
@@ -49,7 +51,9 @@ class GRPOLoss:
     """The training loss, picklable for the workers (see ``corerl.training.contract``).
 
     Per loss token: ``-min(r * A, clip(r, 1 - ratio_clip_min, 1 + ratio_clip_max) * A)`` with
-    ``r = exp(logprob - old_logprob)``; with ``ratio_clip_c`` (dual clipping, > 1) the loss of a
+    ``r = exp(logprob - old_logprob)`` (with ``sequence_level_ratios``, exp of the row's mean log
+    ratio); with ``importance_sampling_correction`` each token's loss is weighted by
+    ``exp(old_logprob - gen_logprob)`` (capped at ``importance_weight_cap``); with ``ratio_clip_c`` (dual clipping, > 1) the loss of a
     token with a negative advantage is at most ``-ratio_clip_c * A`` (``old_logprob`` is the detached current logprob when
     the batch has no ``old_logprobs``: one on-policy pass needs no separate logprob pass), plus ``kl_penalty`` times the
     ``kl_type`` estimate (:func:`kl_estimate`, k3 by default) of
@@ -64,6 +68,17 @@ class GRPOLoss:
     kl_input_clamp: float | None = None  # bound on the log ratio before the estimator
     kl_output_clamp: float | None = None  # bound on the per-token estimate
     ratio_clip_c: float | None = None  # dual clipping: bound on a negative-advantage token's loss
+    # sequence-level ratios: each row's r is exp of the mean log ratio of its loss tokens (GSPO)
+    sequence_level_ratios: bool = False
+    # importance-sampling correction: each token's loss weighted by exp(old_logprob - gen_logprob),
+    # the training policy over the generation engine's (at most ``importance_weight_cap``)
+    importance_sampling_correction: bool = False
+    importance_weight_cap: float | None = None
+
+    @classmethod
+    def from_config(cls, algorithm: Any) -> GRPOLoss:
+        """The loss an ``algorithm`` section describes."""
+        return cls(**{field.name: getattr(algorithm, field.name) for field in attrs.fields(cls)})
 
     def __call__(
         self, logprobs: torch.Tensor, batch: dict[str, torch.Tensor], normaliser: float
@@ -72,12 +87,22 @@ class GRPOLoss:
         advantages = batch["advantages"]
         # on-policy (one pass, no separate logprob pass): the old policy is the current one
         old = batch["old_logprobs"] if "old_logprobs" in batch else logprobs.detach()
-        ratio = torch.exp(logprobs - old)
+        log_ratio = logprobs - old
+        if self.sequence_level_ratios:
+            tokens = mask.sum(dim=-1, keepdim=True).clamp(min=1.0)
+            log_ratio = ((log_ratio * mask).sum(dim=-1, keepdim=True) / tokens).expand_as(logprobs)
+        ratio = torch.exp(log_ratio)
         clipped = torch.clamp(ratio, 1.0 - self.ratio_clip_min, 1.0 + self.ratio_clip_max)
         per_token = -torch.minimum(ratio * advantages, clipped * advantages)
         if self.ratio_clip_c is not None:
             bounded = torch.minimum(per_token, -self.ratio_clip_c * advantages)
             per_token = torch.where(advantages < 0, bounded, per_token)
+        weights = None
+        if self.importance_sampling_correction and "gen_logprobs" in batch:
+            weights = torch.exp(old.detach() - batch["gen_logprobs"]) * mask
+            if self.importance_weight_cap is not None:
+                weights = weights.clamp(max=self.importance_weight_cap)
+            per_token = per_token * weights
         # metrics stay 0-d tensors on the device: the backend reads them once per step
         metrics = {
             "clip_fraction": (((ratio - clipped).abs() > 1e-6).to(mask.dtype) * mask).sum().detach() / normaliser,
@@ -86,6 +111,8 @@ class GRPOLoss:
             gap = (logprobs.detach() - batch["gen_logprobs"]).abs() * mask
             metrics["logprob_mismatch/mean"] = gap.sum() / normaliser
             metrics["logprob_mismatch/mean_sq"] = (gap * gap).sum() / normaliser
+        if weights is not None:
+            metrics["importance_weight/mean"] = weights.sum().detach() / normaliser
         if self.kl_penalty and "ref_logprobs" in batch:
             kl = kl_estimate(batch["ref_logprobs"] - logprobs, self.kl_type, self.kl_input_clamp,
                              self.kl_output_clamp)

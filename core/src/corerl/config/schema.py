@@ -156,6 +156,12 @@ class AlgorithmConfig:
     ratio_clip_c: float | None = setting(None, min=1.0, min_exclusive=True,
                                          help="dual clipping: a negative-advantage token's loss is at most "
                                               "ratio_clip_c x |advantage|; unset: off")
+    sequence_level_ratios: bool = setting(False, help="one importance ratio per sequence: exp of the mean log ratio "
+                                                       "of its tokens (GSPO)")
+    importance_sampling_correction: bool = setting(False, help="weight each token's loss by the training policy's "
+                                                               "probability over the generation engine's")
+    importance_weight_cap: float | None = setting(None, min=0.0, min_exclusive=True,
+                                                  help="upper bound on those weights (truncated importance sampling)")
     kl_penalty: float = setting(0.0, min=0.0)
     kl_type: Literal["k1", "k2", "k3"] = setting("k3", help="KL estimator: k1 log ratio, k2 half its square, k3 "
                                                            "exp(d)-d-1")
