@@ -45,3 +45,13 @@ def optimizer_state_tensors(optimizer: Any) -> list[Any]:
         stack.append(getattr(current, "optimizer", None))
         stack.extend(getattr(current, "chained_optimizers", None) or [])
     return found
+
+
+def move_optimizer_state(optimizer: Any, device: Any) -> None:
+    """Move the tensors of a torch optimizer's state (not its 0-d step counters) to ``device``."""
+    import torch
+
+    for state in optimizer.state.values():
+        for key, value in state.items():
+            if isinstance(value, torch.Tensor) and value.dim() > 0:
+                state[key] = value.to(device, non_blocking=True)

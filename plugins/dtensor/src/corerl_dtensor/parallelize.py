@@ -146,3 +146,37 @@ def apply_fsdp1(model: nn.Module, param_dtype: torch.dtype, cpu_offload: bool, d
         device_id=device,
         use_orig_params=True,
     )
+
+
+def parallelize(model: nn.Module, mesh: Any, settings: Any, param_dtype: torch.dtype,
+                device: torch.device) -> tuple[nn.Module, bool, bool]:
+    """``model`` with the recipe's parallelisms applied in order: tensor parallelism over the
+    mesh's ``tp`` axis, activation checkpointing, then FSDP2 (or FSDP1) over ``dp``. Returns
+    (the model, whether forward passes need autocast to ``param_dtype``, whether it is FSDP1)."""
+    if mesh is not None and settings.tensor_parallel_size > 1:
+        from corerl.distributed.actor import resolve
+
+        plan = resolve(settings.custom_parallel_plan) if settings.custom_parallel_plan else None
+        apply_tensor_parallel(model, mesh["tp"], plan, settings.sequence_parallel)
+    if settings.activation_checkpointing:
+        apply_activation_checkpointing(model)
+    if mesh is None:  # world size 1: plain module, autocast where the compute dtype is not float32
+        return model, param_dtype != torch.float32, False
+    if settings.fsdp_version == 2:
+        apply_fsdp2(model, mesh["dp"], param_dtype, settings.cpu_offload)
+        return model, False, False
+    return apply_fsdp1(model, param_dtype, settings.cpu_offload, device), False, True
+
+
+def fsdp1_full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The full weights of an FSDP1 model on rank 0 (torch's generic full-state-dict path
+    crashes FSDP1 on CPU; this is FSDP1's own)."""
+    import warnings
+
+    from torch.distributed.fsdp import FullStateDictConfig, StateDictType
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+    with warnings.catch_warnings():  # "state_dict_type is being deprecated": still FSDP1's own way
+        warnings.simplefilter("ignore", FutureWarning)
+        with FSDP.state_dict_type(model, StateDictType.FULL_STATE_DICT, FullStateDictConfig(rank0_only=True)):
+            return model.state_dict()

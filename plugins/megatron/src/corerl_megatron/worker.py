@@ -6,17 +6,15 @@ from __future__ import annotations
 
 import logging
 import os
-import warnings
 from functools import partial
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from corerl.config import Config
-from corerl.distributed.devices import RankDeviceReport, rank_device
-from corerl.distributed.rank_state import barrier, capture_rng, restore_rng
+from corerl.distributed.rank_state import barrier
 from corerl.training.logprobs import token_logprobs
+from corerl.training.rank_worker import RankWorker
 
 log = logging.getLogger(__name__)
 
@@ -26,25 +24,21 @@ _QUIET = (r".*(Apex|Transformer Engine).* not installed.*", r".*CUDA_DEVICE_MAX_
           r".*all_gather_into_tensor. is deprecated.*", r".*full scope is deprecated.*")
 
 
-class MegatronWorker(RankDeviceReport):
-    """The rank-local half of the megatron backend."""
+class MegatronWorker(RankWorker):
+    """The rank-local half of the megatron backend. Its own schedule (megatron's pipeline
+    forward/backward) replaces the template's micro-batch loop; the rest is the template's."""
 
-    def __init__(self, *, rank: int, world_size: int, config: Config, threads: int | None = None,
-                 checkpoint_dir: str | None = None) -> None:
-        if threads:
-            torch.set_num_threads(threads)
-        for pattern in _QUIET:
-            warnings.filterwarnings("ignore", message=pattern)
+    settings_key = "policy.megatron_cfg"
+    quiet_warnings = _QUIET
+
+    def setup(self, checkpoint_dir: str | None = None) -> None:
         from corerl_megatron.parallel import init_parallel
 
-        self.rank, self.world_size, self.config = rank, world_size, config
         self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir else None
-        self.settings = config.section("policy.megatron_cfg")
         s = self.settings
-        self.device = rank_device()  # the GPU of this rank's Ray bundle, else the CPU
-        init_parallel(rank=rank, world_size=world_size, tensor=s.tensor_model_parallel_size,
+        init_parallel(rank=self.rank, world_size=self.world_size, tensor=s.tensor_model_parallel_size,
                       pipeline=s.pipeline_model_parallel_size, context=s.context_parallel_size,
-                      expert=s.expert_model_parallel_size, seed=config.core.algorithm.seed)
+                      expert=s.expert_model_parallel_size, seed=self.config.core.algorithm.seed)
         from megatron.core import parallel_state as ps
 
         self.ps = ps
@@ -60,7 +54,7 @@ class MegatronWorker(RankDeviceReport):
 
         from corerl_megatron.conversion import WEIGHTS, ensure_converted, load_hf_model_config
         from corerl_megatron.model import build_gpt, transformer_config
-        from corerl_megatron.sharding import layer_numbering, partition_dim
+        from corerl_megatron.stage_weights import StageWeights, freeze_routers
 
         torch.manual_seed(self.config.core.algorithm.seed)
         hf, self.family, self.shape = load_hf_model_config(model_path, self.settings.converter_type)
@@ -78,85 +72,24 @@ class MegatronWorker(RankDeviceReport):
         model = build_gpt(hf, self.mconfig, pre_process=self.ps.is_pipeline_first_stage(),
                           post_process=self.ps.is_pipeline_last_stage())
         if self.settings.freeze_moe_router:
-            self._freeze_routers(model)
-        self.numbering = layer_numbering(model)
-        self.partition = {}
-        for name, param in model.named_parameters():
-            self.partition[name] = partition_dim(full[self._source_name(name)].shape, param.shape)
-            # megatron marks these while initialising weights, which conversion skips; its grad
-            # norm counts a tensor-parallel-duplicated parameter once by them
-            dim = self.partition[name]
-            param.tensor_model_parallel = dim is not None
-            param.partition_dim = dim if dim is not None else -1
-            param.partition_stride = 1
-        self._copy_in(model, full)
+            freeze_routers(model)
+        self.layout = StageWeights.of(model, full, self.shape.tied, self.tp_rank, self.tp)
+        self.layout.copy_in(model, full)
         ddp = DistributedDataParallelConfig(grad_reduce_in_fp32=True, overlap_grad_reduce=False,
                                             use_distributed_optimizer=False)
         self.model = DistributedDataParallel(self.mconfig, ddp, model)
-        self._build_optimizer()
+        from corerl_megatron.optimizer import build_optimizer
+
+        self.optimizer, self.scheduler = build_optimizer(self.settings, self.mconfig, self.model,
+                                                         self.config.core.algorithm.max_steps)
         self.step = 0
-
-    def _freeze_routers(self, model: Any) -> None:
-        """``freeze_moe_router``: the MoE routers' weights take no gradient (set before DDP
-        builds its gradient buffers, which then leave them out)."""
-        routers = [name for name, param in model.named_parameters() if ".router." in name]
-        for name, param in model.named_parameters():
-            if name in routers:
-                param.requires_grad_(False)
-        if not routers:
-            log.info("megatron rank %d: freeze_moe_router is set but the model has no MoE router", self.rank)
-
-    def _source_name(self, local_name: str) -> str:
-        """The global Megatron name a local parameter is cut from."""
-        from corerl_megatron.model import spec_neutral_name
-        from corerl_megatron.sharding import renumber
-
-        name = spec_neutral_name(renumber(local_name, self.numbering))
-        # tied embeddings: the last pipeline stage's copy of the word embeddings is the same tensor
-        if name == "output_layer.weight" and self.shape.tied:
-            return "embedding.word_embeddings.weight"
-        return name
-
-    def _copy_in(self, module: Any, full: dict[str, torch.Tensor]) -> None:
-        """This rank's shard of every parameter of ``module`` from the full Megatron state."""
-        from corerl_megatron.sharding import shard
-
-        names = {name for name, _ in module.named_parameters()}
-        local = {name: shard(name, full[self._source_name(name)], self.partition[name], self.tp_rank, self.tp)
-                 for name in names}
-        missing, unexpected = module.load_state_dict(local, strict=False)
-        missing = [m for m in missing if not m.endswith("_extra_state")]
-        if missing or unexpected:
-            raise RuntimeError(f"megatron rank {self.rank}: missing {missing[:3]}, unexpected {unexpected[:3]}")
 
     def load_weights(self, full: dict[str, torch.Tensor]) -> None:
         """Replace the model's weights in place from a full Megatron state (a refit from elsewhere)."""
         with torch.no_grad():
-            self._copy_in(self.model.module, full)
+            self.layout.copy_in(self.model.module, full)
         if hasattr(self.optimizer, "reload_model_params"):  # bf16: the fp32 main copies follow
             self.optimizer.reload_model_params()
-
-    def _build_optimizer(self) -> None:
-        from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
-        from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
-
-        opt, sched = self.settings.optimizer, self.settings.scheduler
-        self.optimizer = get_megatron_optimizer(OptimizerConfig(
-            optimizer=opt.optimizer, lr=opt.lr, min_lr=opt.min_lr, weight_decay=opt.weight_decay,
-            adam_beta1=opt.adam_beta1, adam_beta2=opt.adam_beta2, adam_eps=opt.adam_eps,
-            sgd_momentum=opt.sgd_momentum, clip_grad=opt.clip_grad, bf16=self.mconfig.bf16,
-            params_dtype=self.mconfig.params_dtype, use_distributed_optimizer=opt.use_distributed_optimizer,
-        ), [self.model])
-        total = self.config.core.algorithm.max_steps
-        self.scheduler = OptimizerParamScheduler(
-            self.optimizer, init_lr=0.0 if sched.lr_warmup_iters else opt.lr, max_lr=opt.lr, min_lr=opt.min_lr,
-            lr_warmup_steps=sched.lr_warmup_iters, lr_decay_steps=sched.lr_decay_iters or total,
-            lr_decay_style=sched.lr_decay_style, start_wd=opt.weight_decay, end_wd=opt.weight_decay,
-            wd_incr_steps=total, wd_incr_style="constant",
-        )
-        # megatron's warm-up gives step 0 the initial lr (0): count the first step as 1, so every
-        # optimizer step learns (warm-up w: lr/w, 2 lr/w, ... lr)
-        self.scheduler.step(increment=1)
 
     def _first_in_node(self) -> bool:
         return int(os.environ.get("LOCAL_RANK", self.rank)) == 0
@@ -222,92 +155,39 @@ class MegatronWorker(RankDeviceReport):
         return {"loss": sum(o["loss"] for o in out) if last else None, "grad_norm": float(grad_norm or 0.0),
                 "lr": lr, "step": self.step, "metrics": metrics if last else None}
 
-    # -- generation --------------------------------------------------------------------
+    # -- generation ------------------------------------------------------------------
 
     def generate(self, rows: list[list[int]], sampling: Any, stop_ids: list[int]) -> list[Any] | None:
-        """Completions of this data-parallel group's ``rows`` (see :mod:`corerl_megatron.decode`);
-        returned by the rank that reports, None elsewhere."""
-        from megatron.core.inference import contexts  # noqa: F401  (loaded before the redirect below)
+        """Completions of this data-parallel group's ``rows``; returned by the rank that reports,
+        None elsewhere (see :mod:`corerl_megatron.rank_decode`)."""
+        from corerl_megatron.rank_decode import generate
 
-        from corerl_megatron import cpu_redirect
-        from corerl_megatron.decode import decode_rows
-
-        cpu_redirect.install()  # the KV cache is allocated on torch.cuda.current_device()
-        if self.mconfig.sequence_parallel:
-            raise RuntimeError("megatron generation does not run with sequence_parallel (a decode step "
-                               "is one token wide); set policy.megatron_cfg.sequence_parallel=false")
-        self.model.eval()
-        with torch.no_grad():
-            out = decode_rows(rows, sampling, stop_ids, self._last_logits, self._share_tokens,
-                              self._kv_bytes_per_token(), self._kv_budget_bytes(), self.device) if rows else []
-        return out if self.coordinates()["reports"] else None
-
-    def _kv_bytes_per_token(self) -> int:
-        """KV-cache bytes of one cached token of one row on a rank (the same on every rank)."""
-        pp = self.settings.pipeline_model_parallel_size
-        layers = -(-self.shape.num_layers // pp)
-        kv_heads = max(1, self.shape.num_kv_heads // self.tp)
-        size = torch.empty((), dtype=self.mconfig.params_dtype).element_size()
-        return 2 * layers * kv_heads * self.shape.head_dim * size
-
-    def _kv_budget_bytes(self) -> float:
-        return self.config.section("policy.generation.mcore_generation_config").buffer_size_gb * 2**30
-
-    def _last_logits(self, ids: torch.Tensor, positions: torch.Tensor, cache: Any) -> torch.Tensor | None:
-        from megatron.core.pipeline_parallel import get_forward_backward_func
-
-        def forward_step(data: Any, model: Any) -> tuple[torch.Tensor, Any]:
-            next(data)
-            logits = model(ids, positions, attention_mask=None, inference_context=cache, runtime_gather_output=True)
-            return logits, lambda out: (out.new_zeros(()), {"logits": out[:, -1].float()})
-
-        self.mconfig.finalize_model_grads_func = None
-        out = get_forward_backward_func()(
-            forward_step_func=forward_step, data_iterator=iter([None]), model=[self.model], num_microbatches=1,
-            seq_length=int(ids.shape[1]), micro_batch_size=int(ids.shape[0]), forward_only=True,
-        )
-        return out[0]["logits"] if self.ps.is_pipeline_last_stage() else None
-
-    def _share_tokens(self, tokens: torch.Tensor) -> torch.Tensor:
-        if self.ps.get_pipeline_model_parallel_world_size() > 1:
-            import torch.distributed as dist
-
-            dist.broadcast(tokens, src=self.ps.get_pipeline_model_parallel_last_rank(),
-                           group=self.ps.get_pipeline_model_parallel_group())
-        return tokens
+        return generate(self, rows, sampling, stop_ids)
 
     # -- checkpoints -------------------------------------------------------------------
 
-    def save_checkpoint(self, path: str) -> None:
-        """Each rank writes its shard, optimizer and scheduler state, RNG and step."""
-        state = {"model": self.model.module.state_dict(), "optimizer": self.optimizer.state_dict(),
-                 "scheduler": self.scheduler.state_dict(), "step": self.step, "rng": capture_rng()}
+    def save_state(self, path: str) -> dict[str, Any]:
+        """Each rank writes its shard and optimizer state; the scheduler goes in its sidecar."""
+        state = {"model": self.model.module.state_dict(), "optimizer": self.optimizer.state_dict()}
         torch.save(state, os.path.join(path, f"megatron_rank{self.rank}.pt"))
-        barrier()
+        return {"scheduler": self.scheduler.state_dict()}
 
-    def load_checkpoint(self, path: str) -> None:
+    def load_state(self, path: str, sidecar: dict[str, Any]) -> None:
         state = torch.load(os.path.join(path, f"megatron_rank{self.rank}.pt"), weights_only=False,
                            map_location=self.device)
         self.model.module.load_state_dict(state["model"], strict=False)
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.num_steps = 0  # its load_state_dict steps forward by the saved count
-        self.scheduler.load_state_dict(state["scheduler"])
-        self.step = state["step"]
-        restore_rng(state["rng"])
-        barrier()
+        self.scheduler.load_state_dict(sidecar["scheduler"])
 
     # -- memory ------------------------------------------------------------------------
 
-    def offload(self, parts: list[str]) -> None:
-        if not torch.cuda.is_available():
-            log.info("megatron rank %d: moving %s is a no-op on CPU", self.rank, " and ".join(parts))
-            return
-        if "optimizer" in parts and hasattr(self.optimizer, "offload_to_cpu"):
-            self.optimizer.offload_to_cpu()
-        torch.cuda.empty_cache()
-
-    def reload(self, parts: list[str]) -> None:
-        if torch.cuda.is_available() and "optimizer" in parts and hasattr(self.optimizer, "restore_from_cpu"):
+    def move(self, device: torch.device, parts: list[str]) -> None:
+        if device.type == "cpu":
+            if "optimizer" in parts and hasattr(self.optimizer, "offload_to_cpu"):
+                self.optimizer.offload_to_cpu()
+            torch.cuda.empty_cache()
+        elif "optimizer" in parts and hasattr(self.optimizer, "restore_from_cpu"):
             self.optimizer.restore_from_cpu()
 
     def state_bytes(self) -> dict[str, int]:
@@ -339,21 +219,12 @@ class MegatronWorker(RankDeviceReport):
         group = self.ps.get_tensor_model_parallel_group()
         out = {}
         for name, param in module.named_parameters():
-            full = gather(name, param.detach(), self.partition[name], group, self.tp)
-            out[spec_neutral_name(renumber(name, self.numbering))] = full.cpu()
+            full = gather(name, param.detach(), self.layout.partition[name], group, self.tp)
+            out[spec_neutral_name(renumber(name, self.layout.numbering))] = full.cpu()
         if self.shape.tied:
             out.pop("output_layer.weight", None)
         keep = self.tp_rank == 0 and self.ps.get_data_parallel_rank() == 0
         return out if keep else None
-
-    def pid(self) -> int:
-        return os.getpid()
-
-    def shutdown(self) -> None:
-        import torch.distributed as dist
-
-        if dist.is_initialized():
-            dist.destroy_process_group()
 
 
 def _finalize(*args: Any, **kwargs: Any) -> None:

@@ -1,0 +1,192 @@
+"""The rank-side template of a training backend: what every rank worker does alike.
+
+A training backend's driver half (:mod:`corerl.training.contract`) runs one worker per rank,
+a Ray actor or, for world size 1, an object in the driver. The worker's rank-side protocol is:
+
+- ``load_hf(model_path)``: build the model shard and its optimizer from a Hugging Face folder;
+- ``logprobs(mbs) -> list[Tensor] | None``: per-token logprobs of this rank's micro-batches;
+- ``train_step(mbs, loss_fn, normaliser) -> dict``: one optimizer step; the dict holds ``loss``,
+  ``grad_norm``, ``lr``, ``step`` and ``metrics`` (sums over the micro-batches; ``None`` on a
+  rank that does not report, e.g. an early pipeline stage);
+- ``save_checkpoint(path)`` / ``load_checkpoint(path)``: every rank, then a barrier;
+- ``full_state_dict() -> dict | None``: every rank calls it; the reporting rank gets the full
+  weights (Hugging Face names, on CPU); ``export_hf(path)`` writes them there;
+- ``offload(parts)`` / ``reload(parts)`` with parts from ``parameters``/``optimizer``;
+- ``state_bytes() -> dict``: ``parameters``, ``gradients``, ``optimizer`` bytes this rank holds;
+- ``pid()``, ``shutdown()``, and the device report of :class:`RankDeviceReport`.
+
+:class:`RankWorker` implements all of it around a few methods a backend supplies: how it sets
+up its process groups, builds the model, runs a forward pass, a backward pass and an
+optimizer step, and saves its own state. A backend with its own schedule (megatron's
+pipeline) overrides ``logprobs``/``train_step`` and keeps the rest.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import warnings
+from typing import Any, ClassVar
+
+import torch
+
+from corerl.config import Config
+from corerl.distributed.devices import RankDeviceReport, rank_device
+from corerl.distributed.rank_state import barrier, capture_rng, restore_rng
+from corerl.training.step_totals import StepTotals
+
+log = logging.getLogger(__name__)
+
+
+class RankWorker(RankDeviceReport):
+    """One rank of a training backend. Subclasses set :attr:`settings_key` and supply
+    :meth:`load_hf`, :meth:`forward_logprobs`, :meth:`optimizer_step`, :meth:`full_state_dict`
+    and :meth:`state_bytes`; the rest has defaults that most backends keep."""
+
+    settings_key: ClassVar[str]  # the recipe section of the backend, e.g. "policy.dtensor_cfg"
+    quiet_warnings: ClassVar[tuple[str, ...]] = ()  # library notices that say nothing about a run
+
+    def __init__(self, *, rank: int, world_size: int, config: Config, threads: int | None = None,
+                 **options: Any) -> None:
+        if threads:
+            torch.set_num_threads(threads)
+        for pattern in self.quiet_warnings:
+            warnings.filterwarnings("ignore", message=pattern)
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+        self.rank, self.world_size, self.config = rank, world_size, config
+        self.settings = config.section(self.settings_key)
+        self.device = rank_device()  # the GPU of this rank's Ray bundle (the one it sees), else the CPU
+        self.step = 0
+        self.grad_bytes = 0
+        self.model_path: str | None = None
+        self.hf_config: Any = None
+        self.setup(**options)
+
+    # -- what a backend supplies ---------------------------------------------------------
+
+    def setup(self, **options: Any) -> None:
+        """Process groups, meshes: what the rank needs before a model is loaded."""
+
+    def load_hf(self, model_path: str) -> None:
+        """Build the model shard and its optimizer from a Hugging Face folder (set
+        ``model_path``, ``hf_config`` and reset ``step``)."""
+        raise NotImplementedError
+
+    def set_mode(self, training: bool) -> None:
+        """Train or eval mode of the model."""
+        raise NotImplementedError
+
+    def forward_logprobs(self, mb: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Per-token logprobs of one micro-batch already on :attr:`device` (graph kept in training)."""
+        raise NotImplementedError
+
+    def before_micro_batch(self, index: int, last: bool) -> None:
+        """Before micro-batch ``index`` of a step: e.g. gradient sync only on the last."""
+
+    def backward(self, loss: torch.Tensor) -> None:
+        """Backpropagate one micro-batch's loss. The loss is this rank's share of a sum over the
+        data-parallel ranks, and data-parallel wrappers average gradients: scale by their count."""
+        (loss * self.data_parallel_size()).backward()
+
+    def data_parallel_size(self) -> int:
+        return self.world_size
+
+    def optimizer_step(self) -> tuple[float, float]:
+        """Clip, step the optimizer and scheduler, zero the gradients; returns (grad norm, the lr
+        the step used). Record :attr:`grad_bytes` before the optimizer frees gradients."""
+        raise NotImplementedError
+
+    def save_state(self, path: str) -> dict[str, Any]:
+        """Write the model and optimizer state under ``path`` (collectively, on every rank);
+        returns small per-rank state (a scheduler's) for the rank's sidecar file."""
+        raise NotImplementedError
+
+    def load_state(self, path: str, sidecar: dict[str, Any]) -> None:
+        """Read back what :meth:`save_state` wrote (``sidecar``: what it returned)."""
+        raise NotImplementedError
+
+    def full_state_dict(self) -> dict[str, torch.Tensor] | None:
+        raise NotImplementedError
+
+    def state_bytes(self) -> dict[str, int]:
+        raise NotImplementedError
+
+    def move(self, device: torch.device, parts: list[str]) -> None:
+        """Move ``parts`` (``parameters``, ``optimizer``) to ``device``; only called on a GPU."""
+        log.info("%s rank %d: moving %s between phases is not supported", type(self).__name__, self.rank,
+                 " and ".join(parts))
+
+    def release(self) -> None:
+        """Free what the backend holds beyond the process group (an engine) at shutdown."""
+
+    # -- the template --------------------------------------------------------------------
+
+    def to_device(self, batch: dict[str, Any]) -> dict[str, Any]:
+        return {k: v.to(self.device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+
+    def logprobs(self, mbs: list[dict[str, torch.Tensor]]) -> list[torch.Tensor] | None:
+        """Logprobs of each of this rank's micro-batches (planned by the driver)."""
+        self.set_mode(False)
+        with torch.no_grad():
+            return [self.forward_logprobs(self.to_device(mb)).float().cpu() for mb in mbs]
+
+    def train_step(self, mbs: list[dict[str, torch.Tensor]], loss_fn: Any, normaliser: float) -> dict[str, Any]:
+        """One optimizer step over this rank's micro-batches, gradients accumulated."""
+        self.set_mode(True)
+        totals = StepTotals()
+        for index, mb in enumerate(mbs):
+            self.before_micro_batch(index, index == len(mbs) - 1)
+            mb = self.to_device(mb)
+            loss, metrics = loss_fn(self.forward_logprobs(mb), mb, normaliser)
+            self.backward(loss)
+            totals.add(loss, metrics)
+        total, metrics = totals.result()
+        grad_norm, lr = self.optimizer_step()
+        self.step += 1
+        return {"loss": total, "grad_norm": grad_norm, "lr": lr, "step": self.step, "metrics": metrics}
+
+    def _sidecar(self, path: str) -> str:
+        return os.path.join(path, f"rank{self.rank}.pt")
+
+    def save_checkpoint(self, path: str) -> None:
+        """The backend's state, then this rank's sidecar (step, RNG state, the backend's extras)."""
+        extra = self.save_state(path)
+        torch.save({"step": self.step, "rng": capture_rng(), **extra}, self._sidecar(path))
+        barrier()
+
+    def load_checkpoint(self, path: str) -> None:
+        sidecar = torch.load(self._sidecar(path), weights_only=False)
+        self.load_state(path, sidecar)
+        self.step = sidecar["step"]
+        restore_rng(sidecar["rng"])
+        barrier()
+
+    def export_hf(self, path: str) -> None:
+        from corerl.training.hf_export import export_on_rank_zero
+
+        export_on_rank_zero(self.rank, self.full_state_dict(), self.hf_config, self.model_path, path)
+
+    def offload(self, parts: list[str]) -> None:
+        self._move_between_phases(torch.device("cpu"), parts)
+
+    def reload(self, parts: list[str]) -> None:
+        self._move_between_phases(self.device, parts)
+
+    def _move_between_phases(self, device: torch.device, parts: list[str]) -> None:
+        if self.device.type == "cpu":
+            log.info("%s rank %d: moving %s is a no-op on CPU", type(self).__name__, self.rank, " and ".join(parts))
+            return
+        self.move(device, parts)
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def shutdown(self) -> None:
+        import torch.distributed as dist
+
+        self.release()
+        if dist.is_initialized():
+            dist.destroy_process_group()
+

@@ -1,0 +1,64 @@
+"""Generation on a megatron training rank: the decode loop of :mod:`corerl_megatron.decode`
+run over the rank's model stage, with megatron's pipeline schedule for each forward pass."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+
+def generate(worker: Any, rows: list[list[int]], sampling: Any, stop_ids: list[int]) -> list[Any] | None:
+    """Completions of the worker's data-parallel group's ``rows``; returned by the rank that
+    reports, None elsewhere."""
+    from megatron.core.inference import contexts  # noqa: F401  (loaded before the redirect below)
+
+    from corerl_megatron import cpu_redirect
+    from corerl_megatron.decode import decode_rows
+
+    cpu_redirect.install()  # the KV cache is allocated on torch.cuda.current_device()
+    if worker.mconfig.sequence_parallel:
+        raise RuntimeError("megatron generation does not run with sequence_parallel (a decode step "
+                           "is one token wide); set policy.megatron_cfg.sequence_parallel=false")
+    worker.model.eval()
+    budget = worker.config.section("policy.generation.mcore_generation_config").buffer_size_gb * 2**30
+    with torch.no_grad():
+        out = decode_rows(rows, sampling, stop_ids, lambda ids, positions, cache: _last_logits(worker, ids, positions, cache),
+                          lambda tokens: _share_tokens(worker.ps, tokens), _kv_bytes_per_token(worker), budget,
+                          worker.device) if rows else []
+    return out if worker.coordinates()["reports"] else None
+
+
+def _kv_bytes_per_token(worker: Any) -> int:
+    """KV-cache bytes of one cached token of one row on a rank (the same on every rank)."""
+    pp = worker.settings.pipeline_model_parallel_size
+    layers = -(-worker.shape.num_layers // pp)
+    kv_heads = max(1, worker.shape.num_kv_heads // worker.tp)
+    size = torch.empty((), dtype=worker.mconfig.params_dtype).element_size()
+    return 2 * layers * kv_heads * worker.shape.head_dim * size
+
+
+def _last_logits(worker: Any, ids: torch.Tensor, positions: torch.Tensor, cache: Any) -> torch.Tensor | None:
+    from megatron.core.pipeline_parallel import get_forward_backward_func
+
+    def forward_step(data: Any, model: Any) -> tuple[torch.Tensor, Any]:
+        next(data)
+        logits = model(ids, positions, attention_mask=None, inference_context=cache, runtime_gather_output=True)
+        return logits, lambda out: (out.new_zeros(()), {"logits": out[:, -1].float()})
+
+    worker.mconfig.finalize_model_grads_func = None
+    out = get_forward_backward_func()(
+        forward_step_func=forward_step, data_iterator=iter([None]), model=[worker.model], num_microbatches=1,
+        seq_length=int(ids.shape[1]), micro_batch_size=int(ids.shape[0]), forward_only=True,
+    )
+    return out[0]["logits"] if worker.ps.is_pipeline_last_stage() else None
+
+
+def _share_tokens(ps: Any, tokens: torch.Tensor) -> torch.Tensor:
+    """The last stage's chosen tokens, sent to every stage of the pipeline."""
+    if ps.get_pipeline_model_parallel_world_size() > 1:
+        import torch.distributed as dist
+
+        dist.broadcast(tokens, src=ps.get_pipeline_model_parallel_last_rank(),
+                       group=ps.get_pipeline_model_parallel_group())
+    return tokens
