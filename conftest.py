@@ -1,12 +1,84 @@
-"""The test tiers of the whole workspace: tests marked ``gpu`` exercise real CUDA paths and are
-skipped, with the reason, where torch sees no GPU (the CPU suite is the CI gate)."""
+"""The test tiers of the whole workspace.
+
+- ``gpu``: tests of real CUDA paths, skipped with the reason where torch sees no GPU.
+- ``slow``: tests that start something expensive: a subprocess (a CLI run, a pip install), a
+  process of a multiprocessing pool (a vLLM engine), or a Ray runtime (every world-size-2
+  group). The mark is given by what a test was seen to start, not by hand: ``tests/slow_tests.txt``
+  lists those tests and the fixtures that started such a thing (every test using one of those
+  fixtures is slow too). ``pytest --update-tiers`` rewrites the list from what the run saw; a
+  run of the fast tier (``-m "not slow"``) fails a test that starts one of them unlisted,
+  naming what it started, so the fast tier cannot slow down unnoticed.
+"""
 
 from __future__ import annotations
 
+import multiprocessing.process
+import subprocess
+from pathlib import Path
+from typing import Any
+
 import pytest
+
+TIERS = Path(__file__).parent / "tests" / "slow_tests.txt"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--update-tiers", action="store_true",
+                     help=f"rewrite {TIERS.relative_to(Path(__file__).parent)} from what this run's tests start")
+
+
+class _Starts:
+    """What the current test or fixture started, seen through the three ways in."""
+
+    def __init__(self) -> None:
+        self.seen: list[str] = []
+
+    def install(self) -> None:
+        popen_init, process_start = subprocess.Popen.__init__, multiprocessing.process.BaseProcess.start
+
+        def popen(this: Any, args: Any, *rest: Any, **kwargs: Any) -> None:
+            self.seen.append(f"a subprocess ({str(args)[:60]})")
+            popen_init(this, args, *rest, **kwargs)
+
+        def start(this: Any) -> None:
+            self.seen.append("a multiprocessing process")
+            process_start(this)
+
+        subprocess.Popen.__init__ = popen  # type: ignore[method-assign]
+        multiprocessing.process.BaseProcess.start = start  # type: ignore[method-assign]
+        try:
+            from corerl.distributed import worker_group
+        except ImportError:
+            return
+        ensure_ray = worker_group.ensure_ray
+
+        def ray(*args: Any, **kwargs: Any) -> Any:
+            self.seen.append("a Ray runtime")
+            return ensure_ray(*args, **kwargs)
+
+        worker_group.ensure_ray = ray
+
+
+STARTS = _Starts()
+RECORDED: set[str] = set()  # test ids and "fixture:<name>" entries seen starting something
+
+
+def _listed() -> set[str]:
+    if not TIERS.exists():
+        return set()
+    return {line.strip() for line in TIERS.read_text().splitlines() if line.strip() and not line.startswith("#")}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    STARTS.install()
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    listed = _listed()
+    slow_fixtures = {entry.split(":", 1)[1] for entry in listed if entry.startswith("fixture:")}
+    for item in items:
+        if item.nodeid in listed or slow_fixtures & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
     gpu_items = [item for item in items if item.get_closest_marker("gpu")]
     if not gpu_items:
         return
@@ -17,3 +89,36 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     skip = pytest.mark.skip(reason="needs a CUDA GPU (torch sees none); run `bash scripts/test.sh -m gpu` on a GPU machine")
     for item in gpu_items:
         item.add_marker(skip)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_fixture_setup(fixturedef: pytest.FixtureDef, request: pytest.FixtureRequest) -> Any:
+    before = len(STARTS.seen)
+    yield
+    if len(STARTS.seen) > before:
+        RECORDED.add(f"fixture:{fixturedef.argname}")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Any:
+    before = len(STARTS.seen)
+    outcome = yield
+    started = STARTS.seen[before:]
+    if not started:
+        return
+    RECORDED.add(item.nodeid)
+    fast_tier = "not slow" in (item.config.getoption("markexpr") or "")
+    if fast_tier and not item.get_closest_marker("slow") and not item.config.getoption("update_tiers"):
+        outcome.force_exception(pytest.fail.Exception(
+            f"{item.nodeid} started {started[0]} in the fast tier: run `pytest --update-tiers` once to list it "
+            f"in {TIERS.name} (the slow tier)", pytrace=False))
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if not session.config.getoption("update_tiers"):
+        return
+    ran = {item.nodeid for item in session.items}
+    kept = {entry for entry in _listed() if entry.startswith("fixture:") or entry not in ran}
+    lines = sorted(kept | RECORDED)
+    TIERS.write_text("# tests and fixtures seen starting a subprocess, a process or a Ray runtime (the slow tier);\n"
+                     "# written by `pytest --update-tiers`, read by conftest.py\n" + "".join(f"{x}\n" for x in lines))
