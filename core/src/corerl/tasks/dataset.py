@@ -156,7 +156,7 @@ class DatasetTask:
                     f"{len(rows)} rows of {', '.join(map(str, train_files))} for training (at most half are held out)",
                     key="data.held_out_size",
                     hint=f"give data.held_out_files, or data.held_out_size={max(len(rows) // 2, 1)} or less "
-                         "(NeMo RL recipes: data.validation.data_path)")
+                         "(NeMo RL recipes: data.validation.data_path, or a smaller grpo.max_val_samples)")
             rows = rows[:]
             rng.shuffle(rows)
             self.held, self.train = rows[:count], rows[count:]

@@ -93,8 +93,7 @@ RULES: dict[str, Rule] = {
     "grpo.seed": acts("algorithm.seed"),
     "grpo.normalize_rewards": acts("algorithm.scale_rewards_by_std"),
     "grpo.use_leave_one_out_baseline": acts("algorithm.leave_one_out_baseline"),
-    "grpo.max_val_samples": inert("a cap on NeMo RL's validation rows: corerl evaluates all of "
-                                  "data.validation.data_path, else a quarter of the training rows (at most 32; data.held_out_size)"),
+    "grpo.max_val_samples": acts("data.held_out_size"),
     "grpo.max_num_epochs": inert("corerl stops at max_num_steps, drawing the shuffled data again epoch after epoch"),
     "grpo.max_rollout_turns": inert("one turn: corerl's tasks answer in a single completion", _above(1)),
     "grpo.val_period": inert("corerl evaluates the held-out rows before and after training (and after SFT)"),
