@@ -150,180 +150,222 @@ def _shown(metrics: dict[str, float]) -> str:
 def execute(config: Config, selection: Selection, host: PluginHost, console: Any = None) -> RunResult:
     """Run ``config`` with the selected components (see the module docstring)."""
     from rich.console import Console
-    from transformers import AutoTokenizer
     from transformers.utils import logging as hf_logging
 
-    from corerl.algorithms.grpo import GRPO
-    from corerl.algorithms.grpo_math import GRPOLoss
-    from corerl.algorithms.sft import SFT
-    from corerl.interrupt import stop_on_sigint
-    from corerl.offload import ReferenceOffload
-    from corerl.registry import TrainingBackend
-    from corerl.reporting.metrics_log import MetricsLog, read_metrics
-    from corerl.reporting.plot import plot_curves
-    from corerl.tasks import TaskContext
-    from corerl.training.contract import describe_missing
-
-    console = console or Console()
     hf_logging.disable_progress_bar()  # the run's own bars say what is happening
-    core = config.core
-    algorithm = core.algorithm
     mark("run:start")
-    run_dir, resume = make_run_dir(config, console)
-    console.print(f"run directory: [bold]{run_dir}[/]" + (f" (resuming from step {resume[0]})" if resume else ""))
-    state = read_state(resume[1]) if resume else {}
-    model_path = resolve_model(core.policy.model_name, run_dir)
-    tokenizer = AutoTokenizer.from_pretrained(core.policy.tokenizer_path(model_path))
-    if core.policy.chat_template is not None:
-        tokenizer.chat_template = core.policy.chat_template
-    assert selection.task.registration is not None
-    max_new = core.policy.generation.max_new_tokens
-    task = selection.task.registration.create(TaskContext(tokenizer, algorithm.seed, core.data, selection.reward_fn,
-                                                          max_prompt_tokens=core.policy.max_seq_length - 1))
-    sft_only = algorithm.name == "sft"
-    sft_steps = algorithm.max_steps if sft_only else (core.sft.max_steps if core.sft.enabled else 0)
-    sft_batch = algorithm.batch_size if sft_only else core.sft.batch_size
-    grpo_steps = 0 if sft_only else algorithm.max_steps
-    evals: dict[str, float] = dict(state.get("evals", {}))
-    done: dict[str, int] = dict(state.get("steps_done", {}))
+    session = RunSession(config, selection, console or Console())
+    try:
+        return session.run()
+    finally:
+        session.close()
 
-    started: list[Any] = []
 
-    def start(registration: Any, path: str, training: Any = None) -> Any:
-        backend = registration.create(config=config)
-        started.append(backend)
+class RunSession:
+    """One run from its directory to its summary: the backends it started, the task, the metrics
+    log, the phases (SFT, GRPO) and their progress, and what each moment of the run does."""
+
+    def __init__(self, config: Config, selection: Selection, console: Any) -> None:
+        from transformers import AutoTokenizer
+
+        from corerl.tasks import TaskContext
+
+        self.config, self.selection, self.console = config, selection, console
+        core = config.core
+        self.algorithm = core.algorithm
+        self.run_dir, self.resume = make_run_dir(config, console)
+        console.print(f"run directory: [bold]{self.run_dir}[/]"
+                      + (f" (resuming from step {self.resume[0]})" if self.resume else ""))
+        self.state = read_state(self.resume[1]) if self.resume else {}
+        self.model_path = resolve_model(core.policy.model_name, self.run_dir)
+        tokenizer = AutoTokenizer.from_pretrained(core.policy.tokenizer_path(self.model_path))
+        if core.policy.chat_template is not None:
+            tokenizer.chat_template = core.policy.chat_template
+        assert selection.task.registration is not None
+        self.task = selection.task.registration.create(TaskContext(
+            tokenizer, self.algorithm.seed, core.data, selection.reward_fn,
+            max_prompt_tokens=core.policy.max_seq_length - 1))
+        self.sft_only = self.algorithm.name == "sft"
+        self.sft_steps = self.algorithm.max_steps if self.sft_only else (core.sft.max_steps if core.sft.enabled else 0)
+        self.sft_batch = self.algorithm.batch_size if self.sft_only else core.sft.batch_size
+        self.grpo_steps = 0 if self.sft_only else self.algorithm.max_steps
+        self.evals: dict[str, float] = dict(self.state.get("evals", {}))
+        self.done: dict[str, int] = dict(self.state.get("steps_done", {}))
+        self.started: list[Any] = []
+        self.phases: list[Phase] = []
+        self.grpo: Any = None
+
+    # -- backends ------------------------------------------------------------------------
+
+    def start(self, registration: Any, path: str, training: Any = None) -> Any:
+        """Build a backend, check it against its contract, and load ``path`` into it."""
+        from corerl.registry import TrainingBackend
+        from corerl.training.contract import describe_missing
+
+        backend = registration.create(config=self.config)
+        self.started.append(backend)
         if isinstance(registration, TrainingBackend) and (missing := describe_missing(backend)):
             raise RegistrationError(f"training backend {registration.id!r} (plugin {registration.plugin!r}) built a "
                                     f"{type(backend).__name__} without {', '.join(missing)} of the training contract",
                                     hint="corerl.training.contract.TrainingEngine lists what a training backend provides")
         nodes = backend.worker_nodes() if hasattr(backend, "worker_nodes") else []
         if nodes:
-            console.print(f"{registration.id}: {len(nodes)} rank(s) on {len(set(nodes))} Ray node(s)")
+            self.console.print(f"{registration.id}: {len(nodes)} rank(s) on {len(set(nodes))} Ray node(s)")
         if training is not None and hasattr(backend, "use_training_engine"):
             if backend.use_training_engine(training):
-                console.print(f"generation samples with the {selection.training_backend.id} training model itself")
+                self.console.print(f"generation samples with the {self.selection.training_backend.id} "
+                                   "training model itself")
         backend.load_hf(path)
         return backend
 
-    try:
+    def close(self) -> None:
+        for backend in reversed(self.started):
+            backend.shutdown()
+
+    # -- what the run does ---------------------------------------------------------------
+
+    def held_out_reward(self) -> float:
+        self.offload.before_generation()
+        core = self.config.core
+        return evaluate(self.generation, self.task, core.policy.generation.max_new_tokens, core.policy.max_seq_length)
+
+    def export(self, folder: Path) -> None:
+        self.offload.restore()
+        write_complete(folder, lambda work: self.training.export_hf(str(work)))
+
+    def sft_step(self) -> dict[str, float]:
+        self.offload.before_training()
+        return self.sft.step(self.task.demonstrations(self.sft_batch))
+
+    def begin_grpo(self) -> None:
+        from corerl.algorithms.grpo import GRPO
+        from corerl.algorithms.grpo_math import GRPOLoss
+        from corerl.offload import ReferenceOffload
+
+        algorithm, core = self.algorithm, self.config.core
+        reference = reference_offload = None
+        if algorithm.kl_penalty:
+            ref_path = self.run_dir / "sft_model" if self.sft_steps else Path(self.model_path)
+            reference = self.start(self.selection.training_backend.registration, str(ref_path))
+            reference_offload = ReferenceOffload(reference, core.policy.reference.cpu_offload)
+        self.grpo = GRPO(self.config, self.training, self.generation, self.task.reward,
+                         loss=GRPOLoss.from_config(algorithm),
+                         scale_rewards_by_std=algorithm.scale_rewards_by_std,
+                         leave_one_out_baseline=algorithm.leave_one_out_baseline,
+                         optimization_passes=algorithm.optimization_passes,
+                         optimizer_batch_size=algorithm.optimizer_batch_size, reference=reference,
+                         steps_done=self.done.get("grpo", 0), offload=self.offload,
+                         reference_offload=reference_offload)
+
+    def grpo_step(self) -> dict[str, float]:
+        assert self.grpo is not None
+        prompts, examples = self.task.sample(self.algorithm.batch_size)
+        return self.grpo.step(prompts, examples)
+
+    def global_step(self) -> int:
+        return sum(p.done for p in self.phases)
+
+    def checkpoint(self) -> None:
+        self.offload.restore()
+        snapshot = {"steps_done": {p.name: p.done for p in self.phases}, "metrics_lines": self.log.lines,
+                    "task": self.task.state(), "evals": self.evals}
+        save_checkpoint(self.run_dir, self.global_step(),
+                        lambda folder: self.training.save_checkpoint(str(folder / "training")),
+                        snapshot, self.config.core.checkpointing.keep_last)
+
+    # -- the run -------------------------------------------------------------------------
+
+    def run(self) -> RunResult:
+        from corerl.algorithms.sft import SFT
+        from corerl.interrupt import stop_on_sigint
+        from corerl.reporting.metrics_log import MetricsLog
+
+        selection, core = self.selection, self.config.core
         assert selection.training_backend.registration and selection.generation_backend.registration
-        training = start(selection.training_backend.registration, model_path)
-        generation = start(selection.generation_backend.registration, model_path, training)
+        self.training = self.start(selection.training_backend.registration, self.model_path)
+        self.generation = self.start(selection.generation_backend.registration, self.model_path, self.training)
         assert selection.offload_policy.registration is not None
-        offload = selection.offload_policy.registration.create(training=training, generation=generation, config=config)
-
-        def held_out_reward() -> float:
-            offload.before_generation()
-            return evaluate(generation, task, max_new, core.policy.max_seq_length)
-
-        def export(folder: Path) -> None:
-            offload.restore()
-            write_complete(folder, lambda work: training.export_hf(str(work)))
-        if resume is not None:
-            training.load_checkpoint(str(resume[1] / "training"))
-            generation.update_weights(training.weight_stream())
-            task.set_state(state["task"])
-        if "before" not in evals:
-            evals["before"] = held_out_reward()
-            console.print(f"held-out reward before training: {evals['before']:.3f}")
-        log = MetricsLog(run_dir, keep_lines=state.get("metrics_lines") if resume else None,
-                         tensorboard=core.run.tensorboard)
-
-        sft = SFT(training, steps_done=done.get("sft", 0))
-
-        def sft_step() -> dict[str, float]:
-            offload.before_training()
-            return sft.step(task.demonstrations(sft_batch))
-
-        phases = [Phase("sft", sft_steps, sft_step, sft.steps_done)]
-        grpo: GRPO | None = None
-
-        def begin_grpo() -> None:
-            nonlocal grpo
-            reference = reference_offload = None
-            if algorithm.kl_penalty:
-                ref_path = run_dir / "sft_model" if sft_steps else Path(model_path)
-                reference = start(selection.training_backend.registration, str(ref_path))
-                reference_offload = ReferenceOffload(reference, core.policy.reference.cpu_offload)
-            grpo = GRPO(config, training, generation, task.reward,
-                        loss=GRPOLoss.from_config(algorithm),
-                        scale_rewards_by_std=algorithm.scale_rewards_by_std,
-                        leave_one_out_baseline=algorithm.leave_one_out_baseline,
-                        optimization_passes=algorithm.optimization_passes,
-                        optimizer_batch_size=algorithm.optimizer_batch_size, reference=reference,
-                        steps_done=done.get("grpo", 0), offload=offload, reference_offload=reference_offload)
-
-        def grpo_step() -> dict[str, float]:
-            assert grpo is not None
-            prompts, examples = task.sample(algorithm.batch_size)
-            return grpo.step(prompts, examples)
-
-        phases.append(Phase("grpo", grpo_steps, grpo_step, done.get("grpo", 0)))
-
-        def global_step() -> int:
-            return sum(p.done for p in phases)
-
-        def checkpoint() -> None:
-            offload.restore()
-            snapshot = {"steps_done": {p.name: p.done for p in phases}, "metrics_lines": log.lines,
-                        "task": task.state(), "evals": evals}
-            save_checkpoint(run_dir, global_step(), lambda folder: training.save_checkpoint(str(folder / "training")),
-                            snapshot, core.checkpointing.keep_last)
-
+        self.offload = selection.offload_policy.registration.create(training=self.training,
+                                                                    generation=self.generation, config=self.config)
+        if self.resume is not None:
+            self.training.load_checkpoint(str(self.resume[1] / "training"))
+            self.generation.update_weights(self.training.weight_stream())
+            self.task.set_state(self.state["task"])
+        if "before" not in self.evals:
+            self.evals["before"] = self.held_out_reward()
+            self.console.print(f"held-out reward before training: {self.evals['before']:.3f}")
+        self.log = MetricsLog(self.run_dir, keep_lines=self.state.get("metrics_lines") if self.resume else None,
+                              tensorboard=core.run.tensorboard)
+        self.sft = SFT(self.training, steps_done=self.done.get("sft", 0))
+        self.phases = [Phase("sft", self.sft_steps, self.sft_step, self.sft.steps_done),
+                       Phase("grpo", self.grpo_steps, self.grpo_step, self.done.get("grpo", 0))]
         interrupted = False
-        with stop_on_sigint(lambda text: console.print(f"[yellow]{text}[/]")) as stop:
-            for phase in phases:
+        with stop_on_sigint(lambda text: self.console.print(f"[yellow]{text}[/]")) as stop:
+            for phase in self.phases:
                 if phase.total == 0:
                     continue
-                if phase.name == "grpo":
-                    begin_grpo()
-                    if phases[0].total and "after_sft" not in evals:
-                        evals["after_sft"] = held_out_reward()
-                        console.print(f"held-out reward after SFT: {evals['after_sft']:.3f}")
-                with _progress(console) as progress:
-                    bar = progress.add_task(phase.name.upper(), total=phase.total, completed=phase.done, shown="")
-                    while phase.done < phase.total and not stop.requested:
-                        begin = time.perf_counter()
-                        metrics = phase.step()
-                        check_finite(phase.name, phase.done + 1, metrics)
-                        phase.done += 1
-                        metrics = {"phase": phase.name, "step": phase.done, **metrics,
-                                   "time/step": time.perf_counter() - begin}
-                        log.write(metrics, tb_step=global_step())
-                        progress.update(bar, advance=1, shown=_shown(metrics))
-                        mark(f"{phase.name}:step:{phase.done}")
-                        every = core.checkpointing.save_period
-                        if core.checkpointing.enabled and (phase.done % every == 0 or phase.done == phase.total):
-                            checkpoint()
+                self.run_phase(phase, stop)
                 if stop.requested:
                     interrupted = True
                     break
-                if phase.name == "sft" and not sft_only and "after_sft" not in evals:
+                if phase.name == "sft" and not self.sft_only and "after_sft" not in self.evals:
                     # GRPO starts from the SFT weights with a fresh optimizer and schedule: Adam's
                     # moments from SFT's large gradients would shrink GRPO's first hundreds of steps
-                    export(run_dir / "sft_model")
-                    training.load_hf(str(run_dir / "sft_model"))
-                    generation.update_weights(training.weight_stream())
+                    self.export(self.run_dir / "sft_model")
+                    self.training.load_hf(str(self.run_dir / "sft_model"))
+                    self.generation.update_weights(self.training.weight_stream())
+        return self.stop_interrupted() if interrupted else self.finish()
 
-        if interrupted:
-            checkpoint()
-            log.close()
-            plot_curves(read_metrics(log.path), run_dir / "curves.png", f"{run_dir.name} (interrupted)")
-            console.print(f"saved a checkpoint at step {global_step()}; "
-                          f"run the same command with run.name={run_dir.name} to resume")
-            return RunResult(run_dir, {"interrupted_at": {p.name: p.done for p in phases}}, interrupted=True)
+    def run_phase(self, phase: Phase, stop: Any) -> None:
+        """Steps of ``phase`` until it is done or Ctrl-C asks to stop, logging and checkpointing."""
+        core = self.config.core
+        if phase.name == "grpo":
+            self.begin_grpo()
+            if self.phases[0].total and "after_sft" not in self.evals:
+                self.evals["after_sft"] = self.held_out_reward()
+                self.console.print(f"held-out reward after SFT: {self.evals['after_sft']:.3f}")
+        with _progress(self.console) as progress:
+            bar = progress.add_task(phase.name.upper(), total=phase.total, completed=phase.done, shown="")
+            while phase.done < phase.total and not stop.requested:
+                begin = time.perf_counter()
+                metrics = phase.step()
+                check_finite(phase.name, phase.done + 1, metrics)
+                phase.done += 1
+                metrics = {"phase": phase.name, "step": phase.done, **metrics, "time/step": time.perf_counter() - begin}
+                self.log.write(metrics, tb_step=self.global_step())
+                progress.update(bar, advance=1, shown=_shown(metrics))
+                mark(f"{phase.name}:step:{phase.done}")
+                every = core.checkpointing.save_period
+                if core.checkpointing.enabled and (phase.done % every == 0 or phase.done == phase.total):
+                    self.checkpoint()
 
-        if sft_only:
-            generation.update_weights(training.weight_stream())
-        evals["after"] = held_out_reward()
-        log.scalar("eval/held_out_reward", evals["after"], global_step())
-        log.close()
-        export(run_dir / "final")
-        plot_curves(read_metrics(log.path), run_dir / "curves.png", run_dir.name)
+    def stop_interrupted(self) -> RunResult:
+        from corerl.reporting.metrics_log import read_metrics
+        from corerl.reporting.plot import plot_curves
+
+        self.checkpoint()
+        self.log.close()
+        plot_curves(read_metrics(self.log.path), self.run_dir / "curves.png", f"{self.run_dir.name} (interrupted)")
+        self.console.print(f"saved a checkpoint at step {self.global_step()}; "
+                           f"run the same command with run.name={self.run_dir.name} to resume")
+        return RunResult(self.run_dir, {"interrupted_at": {p.name: p.done for p in self.phases}}, interrupted=True)
+
+    def finish(self) -> RunResult:
+        from corerl.reporting.metrics_log import read_metrics
+        from corerl.reporting.plot import plot_curves
+
+        core, selection, run_dir = self.config.core, self.selection, self.run_dir
+        if self.sft_only:
+            self.generation.update_weights(self.training.weight_stream())
+        self.evals["after"] = self.held_out_reward()
+        self.log.scalar("eval/held_out_reward", self.evals["after"], self.global_step())
+        self.log.close()
+        self.export(run_dir / "final")
+        plot_curves(read_metrics(self.log.path), run_dir / "curves.png", run_dir.name)
         summary = {
-            "held_out_reward_before": evals["before"], "held_out_reward_after_sft": evals.get("after_sft"),
-            "held_out_reward_after": evals["after"], "sft_steps": sft_steps, "grpo_steps": grpo_steps,
-            "steps": sft_steps + grpo_steps, "algorithm": algorithm.name, "task": selection.task.id,
+            "held_out_reward_before": self.evals["before"], "held_out_reward_after_sft": self.evals.get("after_sft"),
+            "held_out_reward_after": self.evals["after"], "sft_steps": self.sft_steps, "grpo_steps": self.grpo_steps,
+            "steps": self.sft_steps + self.grpo_steps, "algorithm": self.algorithm.name, "task": selection.task.id,
             "reward": selection.reward.id, "training_backend": selection.training_backend.id,
             "generation_backend": selection.generation_backend.id,
         }
@@ -331,14 +373,11 @@ def execute(config: Config, selection: Selection, host: PluginHost, console: Any
         written.write_text(json.dumps(summary, indent=2) + "\n")
         written.replace(run_dir / "summary.json")  # its presence says the run finished: all or nothing
         mark("run:end")
-        _report(console, evals)
+        _report(self.console, self.evals)
         tensorboard = f"{run_dir / 'tensorboard'}, " if core.run.tensorboard else ""
-        console.print(f"wrote {run_dir / 'metrics.jsonl'}, {tensorboard}{run_dir / 'curves.png'}, "
-                      f"{run_dir / 'final'} (Hugging Face checkpoint)")
+        self.console.print(f"wrote {run_dir / 'metrics.jsonl'}, {tensorboard}{run_dir / 'curves.png'}, "
+                           f"{run_dir / 'final'} (Hugging Face checkpoint)")
         return RunResult(run_dir, summary)
-    finally:
-        for backend in reversed(started):
-            backend.shutdown()
 
 
 def _report(console: Any, evals: dict[str, float]) -> None:

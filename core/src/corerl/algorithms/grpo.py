@@ -14,7 +14,7 @@ import hashlib
 import math
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import torch
@@ -23,6 +23,10 @@ from corerl.algorithms.grpo_math import GRPOLoss, group_advantages
 from corerl.generation.contract import Sample, SamplingSettings
 from corerl.offload import NoOffload, PhaseOffload, ReferenceOffload
 from corerl.training.batching import right_pad
+
+if TYPE_CHECKING:
+    from corerl.generation.contract import GenerationEngine
+    from corerl.training.contract import TrainingEngine
 
 RewardFn = Callable[[Sample, Any], float]
 
@@ -68,11 +72,11 @@ class GRPO:
     """GRPO over a training backend and a generation backend; call :meth:`step` per batch of prompts."""
 
     config: Any
-    training: Any
-    generation: Any
+    training: TrainingEngine
+    generation: GenerationEngine
     reward_fn: RewardFn
     loss: GRPOLoss = attrs.field(factory=GRPOLoss)
-    reference: Any = None  # a frozen training backend for the KL penalty (logprobs only)
+    reference: TrainingEngine | None = None  # a frozen training backend for the KL penalty (logprobs only)
     scale_rewards_by_std: bool = True
     leave_one_out_baseline: bool = False
     optimization_passes: int = 1

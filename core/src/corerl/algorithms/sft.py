@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
 import attrs
 import torch
 
 from corerl.training.batching import right_pad
+
+if TYPE_CHECKING:
+    from corerl.training.contract import TrainingEngine
 
 
 @attrs.frozen
@@ -40,7 +43,7 @@ def pairs_to_batch(pairs: Sequence[tuple[Sequence[int], Sequence[int]]]) -> dict
 class SFT:
     """SFT over a training backend; call :meth:`step` per batch of demonstrations."""
 
-    training: Any
+    training: TrainingEngine
     loss: SFTLoss = attrs.field(factory=SFTLoss)
     steps_done: int = 0
 
