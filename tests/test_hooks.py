@@ -6,6 +6,7 @@ from corerl import (
     Command,
     GenerationBackend,
     OffloadPolicy,
+    Preset,
     Reward,
     SequencePacker,
     Task,
@@ -49,6 +50,13 @@ class _AllKinds:
 
         register(Command(id="greet", factory=lambda args: len(args.name), arguments=add_arguments,
                          description="say hello"))
+
+    @hookimpl
+    def corerl_register_presets(self, register):
+        register(Preset(id="quick_tp", factory=lambda: QUICK_PRESET, description="quick with TP 2"))
+
+
+QUICK_PRESET = __import__("pathlib").Path(__file__).parent / "data" / "quick_preset.yaml"
 
 
 def _host_with_plugin() -> PluginHost:
@@ -103,6 +111,19 @@ def test_hook_corerl_register_commands(monkeypatch, capsys):
     assert cli.main(["greet"]) == 2 and "the following arguments are required: name" in capsys.readouterr().err
     cli.build_parser(host).print_help()
     assert "greet" in capsys.readouterr().out and "say hello" in cli.build_parser(host).format_help()
+
+
+def test_hook_corerl_register_presets(tmp_path):
+    from corerl import presets
+    from corerl.config import load_config
+    from corerl.testing import write_recipe
+
+    host = _host_with_plugin()
+    assert host.presets.get("quick_tp").plugin == "quick" and "quick_tp" in presets.names(host)
+    assert presets.get("quick_tp", host)["cluster"]["gpus_per_node"] == 2
+    recipe = write_recipe(tmp_path / "r.yaml", {"policy": {"model_name": "m"}})
+    config = load_config(recipe, [], host, presets=["quick_tp"])
+    assert config.core.cluster.gpus_per_node == 2 and config.origins["cluster.gpus_per_node"].endswith("quick_preset.yaml")
 
 
 def test_a_hook_that_registers_the_wrong_kind_fails_that_plugin_only():

@@ -47,7 +47,7 @@ def build_parser(host: Any = None) -> argparse.ArgumentParser:
     from corerl import presets
     from corerl.config.dialects import DIALECTS
 
-    preset_help = f"lay a preset over the recipe, under the overrides: {', '.join(presets.names())} (repeatable)"
+    preset_help = f"lay a preset over the recipe, under the overrides: {', '.join(presets.names(host))} (repeatable)"
     dialect_help = "the recipe's dialect; unset: recognised from its sections (nemo-rl: a grpo:/sft:/dpo: section)"
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     commands.required = True

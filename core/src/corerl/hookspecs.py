@@ -18,6 +18,7 @@ from corerl.registry import (
     Command,
     GenerationBackend,
     OffloadPolicy,
+    Preset,
     Reward,
     SequencePacker,
     Task,
@@ -116,4 +117,17 @@ def corerl_register_commands(register: Callable[[Command], None]) -> None:
     registers ``convert`` this way.
 
     Called when the command line is built.
+    """
+
+
+@hookspec
+def corerl_register_presets(register: Callable[[Preset], None]) -> None:
+    """Register presets: recipe fragments for a training strategy, laid over a recipe with
+    ``corerl run --preset NAME`` or named in ``defaults:`` as ``preset:NAME``.
+
+    Call ``register(Preset(id=..., factory=..., description=...))`` once per preset; ``factory``
+    names its YAML file (an import path to a ``pathlib.Path``). A preset sets the sections of the
+    plugin that registers it (the deepspeed plugin's ``zero3`` sets ``policy.deepspeed_cfg``).
+
+    Called once per process, when a preset is first looked up.
     """

@@ -22,6 +22,7 @@ from corerl.registry import (
     Command,
     GenerationBackend,
     OffloadPolicy,
+    Preset,
     Registration,
     Registry,
     Reward,
@@ -42,6 +43,7 @@ REGISTRATION_HOOKS: dict[str, tuple[str, type[Registration]]] = {
     "corerl_register_tasks": ("tasks", Task),
     "corerl_register_rewards": ("rewards", Reward),
     "corerl_register_commands": ("commands", Command),
+    "corerl_register_presets": ("presets", Preset),
 }
 
 
@@ -234,6 +236,15 @@ class PluginHost:
     @property
     def commands(self) -> Registry[Command]:
         return self._registry("commands")
+
+    @property
+    def presets(self) -> Registry[Preset]:
+        return self._registry("presets")
+
+    def section_aliases(self) -> dict[str, str]:
+        """Other spellings of the registered config sections: alias -> canonical key path."""
+        return {alias: r.config_section for r in self.registrations() if r.config_section
+                for alias in r.section_aliases}
 
     def registries(self) -> dict[str, Registry[Any]]:
         """All registries by attribute name, collected once."""

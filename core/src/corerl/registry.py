@@ -80,6 +80,8 @@ class Registration:
     #: config this component cannot run here; selection calls it, so ``corerl validate`` refuses
     #: exactly what ``corerl run`` would at start-up
     check_supported: str | Callable[..., Any] | None = attrs.field(default=None, validator=_check_optional_factory)
+    #: other spellings of :attr:`config_section` that recipes may use (e.g. ``policy.dtensor_config``)
+    section_aliases: tuple[str, ...] = attrs.field(default=(), converter=tuple)
 
     def load(self) -> Callable[..., Any]:
         """Resolve the factory, importing its module now (and whatever engine it needs)."""
@@ -173,6 +175,20 @@ class Command(Registration):
         """Give ``parser`` this command's arguments (importing the plugin module that declares them)."""
         if self.arguments is not None:
             self._resolve(self.arguments, "arguments")(parser)
+
+
+@attrs.frozen(kw_only=True)
+class Preset(Registration):
+    """A recipe fragment for a training strategy (``--preset NAME``, ``defaults: preset:NAME``):
+    ``factory`` names the YAML file, as an import path to a :class:`pathlib.Path` or a callable
+    returning one; ``description`` is its help line."""
+
+    kind: ClassVar[str] = "preset"
+
+    def path(self) -> Any:
+        """The preset's YAML file."""
+        target = self.load()
+        return target() if callable(target) else target
 
 
 R = TypeVar("R", bound=Registration)

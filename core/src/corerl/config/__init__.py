@@ -80,7 +80,7 @@ def load_config(path: str | Path, overrides: Iterable[str], host: PluginHost, pr
     from corerl import presets as bundled
 
     for name in presets:
-        preset_data, preset_origins = load_recipe(bundled.path_of(name, key="--preset"))
+        preset_data, preset_origins = load_recipe(bundled.path_of(name, key="--preset", host=host))
         raw = deep_merge(raw, preset_data)
         origins.update(preset_origins)
     apply_overrides(raw, [parse_override(text) for text in overrides], origins)

@@ -9,13 +9,18 @@ from corerl.config.tree import Origins, deep_merge, has_path, record_origins, re
 from corerl.config.yaml_io import read_yaml_file
 from corerl.errors import ConfigError
 
-# Spellings that occur in the wild for one section -> the canonical key path.
-SECTION_ALIASES: dict[str, str] = {"policy.dtensor_config": "policy.dtensor_cfg"}
+
+def section_aliases() -> dict[str, str]:
+    """Spellings that occur in the wild for a plugin's section -> the canonical key path (each
+    registration declares its own, e.g. the dtensor plugin's ``policy.dtensor_config``)."""
+    from corerl.presets import _default_host
+
+    return _default_host().section_aliases()
 
 
 def canonical_path(path: str) -> str:
     """``path`` with any aliased section spelled canonically."""
-    for alias, canonical in SECTION_ALIASES.items():
+    for alias, canonical in section_aliases().items():
         if path == alias or path.startswith(alias + "."):
             return canonical + path[len(alias):]
     return path
@@ -23,7 +28,7 @@ def canonical_path(path: str) -> str:
 
 def normalise_aliases(data: dict[str, Any], source: str) -> None:
     """Rename aliased sections in place; both spellings at once is an error."""
-    for alias, canonical in SECTION_ALIASES.items():
+    for alias, canonical in section_aliases().items():
         if has_path(data, alias):
             if has_path(data, canonical):
                 raise ConfigError(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from corerl import TrainingBackend, hookimpl
+from corerl import Preset, TrainingBackend, hookimpl
 from corerl_dtensor.config import DTensorConfig
 
 
@@ -17,7 +17,13 @@ def corerl_register_training_backends(register: Callable[[TrainingBackend], None
             check_supported="corerl_dtensor.support:check_supported",
             factory="corerl_dtensor.backend:DTensorBackend",
             config_section="policy.dtensor_cfg",
+            section_aliases=("policy.dtensor_config",),
             config_schema=DTensorConfig,
             description="PyTorch FSDP2 + tensor parallel (DTensor)",
         )
     )
+
+
+@hookimpl
+def corerl_register_presets(register: Callable[[Preset], None]) -> None:
+    register(Preset(id="fsdp", factory="corerl_dtensor.presets:FSDP", description="FSDP2 full sharding on the dtensor backend (the default strategy)"))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from corerl import Command, GenerationBackend, TrainingBackend, hookimpl
+from corerl import Command, GenerationBackend, Preset, TrainingBackend, hookimpl
 from corerl_megatron.config import MegatronConfig, MegatronGenerationConfig
 
 
@@ -48,3 +48,8 @@ def corerl_register_commands(register: Callable[[Command], None]) -> None:
             description="convert a checkpoint between Hugging Face and Megatron formats",
         )
     )
+
+
+@hookimpl
+def corerl_register_presets(register: Callable[[Preset], None]) -> None:
+    register(Preset(id="megatron_tp", factory="corerl_megatron.presets:MEGATRON_TP", description="megatron-core, tensor parallel 2 with sequence parallel"))
