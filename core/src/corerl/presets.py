@@ -22,7 +22,8 @@ PREFIX = "preset:"
 
 
 @functools.lru_cache(maxsize=1)
-def _default_host() -> Any:
+def default_host() -> Any:
+    """The plugin host of this process (every installed plugin), built once."""
     from corerl.plugin_manager import PluginHost
 
     return PluginHost()
@@ -30,7 +31,7 @@ def _default_host() -> Any:
 
 def names(host: Any = None) -> list[str]:
     """The presets the installed plugins register."""
-    return sorted((host or _default_host()).presets.ids())
+    return sorted((host or default_host()).presets.ids())
 
 
 def path_of(name: str, key: str = "preset", source: str | None = None, host: Any = None) -> Path:
@@ -38,7 +39,7 @@ def path_of(name: str, key: str = "preset", source: str | None = None, host: Any
     ``source``, the file that names it) that lists the presets."""
     from corerl.errors import ConfigError
 
-    host = host or _default_host()
+    host = host or default_host()
     preset = host.presets.get(name)
     if preset is None:
         known = ", ".join(names(host)) or "none (install a training-backend plugin: they register presets)"

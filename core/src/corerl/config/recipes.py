@@ -13,9 +13,9 @@ from corerl.errors import ConfigError
 def section_aliases() -> dict[str, str]:
     """Spellings that occur in the wild for a plugin's section -> the canonical key path (each
     registration declares its own, e.g. the dtensor plugin's ``policy.dtensor_config``)."""
-    from corerl.presets import _default_host
+    from corerl.presets import default_host
 
-    return _default_host().section_aliases()
+    return default_host().section_aliases()
 
 
 def canonical_path(path: str) -> str:
