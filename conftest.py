@@ -32,9 +32,11 @@ class _Starts:
 
     def __init__(self) -> None:
         self.seen: list[str] = []
+        self.originals: tuple[Any, ...] = ()
 
     def install(self) -> None:
         popen_init, process_start = subprocess.Popen.__init__, multiprocessing.process.BaseProcess.start
+        self.originals = (popen_init, process_start)
 
         def popen(this: Any, args: Any, *rest: Any, **kwargs: Any) -> None:
             self.seen.append(f"a subprocess ({str(args)[:60]})")
@@ -57,6 +59,14 @@ class _Starts:
             return ensure_ray(*args, **kwargs)
 
         worker_group.ensure_ray = ray
+        self.originals += (ensure_ray,)
+
+    def uninstall(self) -> None:
+        subprocess.Popen.__init__, multiprocessing.process.BaseProcess.start = self.originals[:2]  # type: ignore[method-assign]
+        if len(self.originals) > 2:
+            from corerl.distributed import worker_group
+
+            worker_group.ensure_ray = self.originals[2]
 
 
 STARTS = _Starts()
@@ -71,6 +81,10 @@ def _listed() -> set[str]:
 
 def pytest_configure(config: pytest.Config) -> None:
     STARTS.install()
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    STARTS.uninstall()  # a pytest run inside this one (tests/test_tiers.py) leaves the process as it was
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

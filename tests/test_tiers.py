@@ -1,0 +1,43 @@
+"""The test tiers of conftest.py: a test that starts a subprocess is slow, and the fast tier
+refuses one that is not listed as such."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+pytest_plugins = ["pytester"]
+
+REPO = Path(__file__).resolve().parents[1]
+STARTS = """
+import subprocess
+
+def test_starts_a_subprocess():
+    subprocess.run(["true"], check=True)
+
+def test_starts_nothing():
+    assert 1 + 1 == 2
+"""
+
+
+@pytest.fixture
+def suite(pytester: pytest.Pytester) -> pytest.Pytester:
+    pytester.makeconftest((REPO / "conftest.py").read_text(encoding="utf-8"))
+    pytester.mkdir("tests")
+    pytester.makepyfile(test_tiny=STARTS)
+    return pytester
+
+
+def test_the_fast_tier_fails_a_test_that_starts_a_subprocess_unlisted(suite):
+    result = suite.runpytest_inprocess("-m", "not slow", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(["*test_starts_a_subprocess started a subprocess*in the fast tier*--update-tiers*"])
+
+
+def test_update_tiers_lists_it_and_the_fast_tier_then_leaves_it_to_the_slow_tier(suite):
+    suite.runpytest_inprocess("--update-tiers", "-p", "no:cacheprovider").assert_outcomes(passed=2)
+    listed = (suite.path / "tests" / "slow_tests.txt").read_text().splitlines()
+    assert "test_tiny.py::test_starts_a_subprocess" in listed and "test_tiny.py::test_starts_nothing" not in listed
+    suite.runpytest_inprocess("-m", "not slow", "-p", "no:cacheprovider").assert_outcomes(passed=1, deselected=1)
+    suite.runpytest_inprocess("-m", "slow", "-p", "no:cacheprovider").assert_outcomes(passed=1, deselected=1)
