@@ -120,6 +120,8 @@ def test_hook_corerl_register_presets(tmp_path):
 
     host = _host_with_plugin()
     assert host.presets.get("quick_tp").plugin == "quick" and "quick_tp" in presets.names(host)
+    (row,) = [row for row in host.describe() if row["name"] == "quick"]
+    assert row["presets"] == ["quick_tp"]  # what `corerl plugins` lists
     assert presets.get("quick_tp", host)["cluster"]["gpus_per_node"] == 2
     recipe = write_recipe(tmp_path / "r.yaml", {"policy": {"model_name": "m"}})
     config = load_config(recipe, [], host, presets=["quick_tp"])

@@ -166,6 +166,7 @@ def _cmd_plugins(args: argparse.Namespace) -> int:
         "tasks": "tasks",
         "rewards": "rewards",
         "commands": "commands",
+        "presets": "presets",
     }
     for row in rows:
         registers = "\n".join(f"{label}: {', '.join(row[key])}" for key, label in labels.items() if row[key])
