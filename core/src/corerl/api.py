@@ -53,16 +53,32 @@ class Trainer:
         self.recipe_path: str | None = None
 
     @classmethod
-    def from_pretrained(cls, model_path: str | Path, *, tensor_parallel_size: int = 1, dataset: Any = None,
-                        reward_fn: RewardFunction | None = None, **sections: Mapping[str, Any]) -> Trainer:
-        """A run on a local Hugging Face checkpoint with the dtensor backend at
-        ``tensor_parallel_size`` ranks; ``sections`` (``algorithm={...}``, ``data={...}``, ...)
-        are merged into the config."""
-        tree: dict[str, Any] = {
-            "cluster": {"gpus_per_node": tensor_parallel_size},
-            "policy": {"model_name": str(model_path),
-                       "dtensor_cfg": {"enabled": True, "tensor_parallel_size": tensor_parallel_size}},
-        }
+    def from_pretrained(cls, model_path: str | Path, *, tensor_parallel_size: int = 1, backend: str = "dtensor",
+                        dataset: Any = None, reward_fn: RewardFunction | None = None,
+                        **sections: Mapping[str, Any]) -> Trainer:
+        """A run on a local Hugging Face checkpoint with training ``backend`` (a registered id) at
+        ``tensor_parallel_size`` ranks of tensor parallelism; ``sections`` (``algorithm={...}``,
+        ``data={...}``, ...) are merged into the config."""
+        from corerl.presets import default_host
+
+        registration = default_host().training_backends.get(backend)
+        if registration is None or registration.config_section is None:
+            known = ", ".join(default_host().training_backends.ids())
+            raise ConfigError(f"no training backend {backend!r} with a config section is installed", key="backend",
+                              hint=f"installed: {known}")
+        settings: dict[str, Any] = {"enabled": True}
+        if tensor_parallel_size > 1 or registration.tensor_parallel_key:
+            if registration.tensor_parallel_key is None:
+                raise ConfigError(f"training backend {backend!r} has no tensor parallelism",
+                                  key="tensor_parallel_size", hint="leave it at 1, or pick another backend")
+            settings[registration.tensor_parallel_key] = tensor_parallel_size
+        tree: dict[str, Any] = {"cluster": {"gpus_per_node": tensor_parallel_size},
+                                "policy": {"model_name": str(model_path), "training_backend": backend}}
+        section = tree
+        *parents, leaf = registration.config_section.split(".")
+        for part in parents:
+            section = section.setdefault(part, {})
+        section[leaf] = settings
         return cls(deep_merge(tree, sections), dataset=dataset, reward_fn=reward_fn)
 
     @classmethod

@@ -118,9 +118,12 @@ class Registration:
 
 @attrs.frozen(kw_only=True)
 class TrainingBackend(Registration):
-    """A training engine (dtensor, megatron, deepspeed, ...) selected by ``policy.*`` rules."""
+    """A training engine (dtensor, megatron, deepspeed, ...) selected by ``policy.*`` rules.
+    ``tensor_parallel_key`` names the key of its section that sets the tensor-parallel size, if
+    it has one (``GRPOTrainer.from_pretrained(tensor_parallel_size=...)`` writes it)."""
 
     kind: ClassVar[str] = "training backend"
+    tensor_parallel_key: str | None = None
 
 
 @attrs.frozen(kw_only=True)
