@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from corerl.algorithms.dpo_math import DPOLoss
+from corerl.algorithms.dpo_math import DPOLoss, preference_batch
 
 # two pairs, rows in mixed order: pair 0 = rows 2 (chosen) and 0 (rejected), pair 1 = rows 1 and 3
 LOGPROBS = [[0.0, -1.0, -2.0], [0.0, -0.5, -0.5], [0.0, -0.2, -0.3], [0.0, -2.0, -1.0]]
@@ -70,3 +70,15 @@ def test_a_pair_split_across_micro_batches_is_refused():
     part = {k: v[:2] for k, v in batch.items()}
     with pytest.raises(ValueError, match="same micro-batch"):
         DPOLoss()(logprobs[:2], part, normaliser=1.0)
+
+
+def test_a_preference_batch_puts_each_pair_on_adjacent_rows_with_the_loss_on_the_responses():
+    batch = preference_batch([([5, 6], [7], [8, 9]), ([5], [3, 3, 3], [4])])
+    assert batch["input_ids"].tolist() == [[5, 6, 7, 0], [5, 6, 8, 9], [5, 3, 3, 3], [5, 4, 0, 0]]
+    assert batch["loss_mask"].tolist() == [[0, 0, 1, 0], [0, 0, 1, 1], [0, 1, 1, 1], [0, 1, 0, 0]]
+    assert batch["pair_ids"].tolist() == [0, 0, 1, 1] and batch["chosen"].tolist() == [1, 0, 1, 0]
+    # a micro-batch of two rows holds one whole pair: the loss takes it
+    half = {k: v[:2] for k, v in batch.items()}
+    half["ref_logprobs"] = torch.zeros(2, 4)
+    loss, metrics = DPOLoss()(torch.zeros(2, 4), half, normaliser=1.0)
+    assert abs(loss.item() - math.log(2.0)) < 1e-6 and metrics["preference_accuracy"].item() == 0.0

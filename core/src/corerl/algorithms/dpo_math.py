@@ -9,6 +9,8 @@ batches and keeps pairs together is the DPO issue's next part.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import attrs
 import torch
 import torch.nn.functional as F
@@ -79,3 +81,17 @@ def _pair_rows(pair_ids: torch.Tensor, chosen: torch.Tensor) -> tuple[torch.Tens
     if not torch.equal(pair_ids[chosen_rows], pair_ids[rejected_rows]):
         raise ValueError("every pair needs its chosen and its rejected row in the same micro-batch")
     return chosen_rows, rejected_rows
+
+
+def preference_batch(triples: Sequence[tuple[Sequence[int], Sequence[int], Sequence[int]]]) -> dict[str, torch.Tensor]:
+    """Training rows of (prompt, chosen, rejected) token triples: for pair ``i``, row ``2i`` is
+    prompt + chosen and row ``2i + 1`` prompt + rejected (adjacent, so an even micro-batch size
+    keeps pairs together), right-padded, with the loss mask on the response, ``pair_ids`` and
+    ``chosen``."""
+    from corerl.algorithms.sft import pairs_to_batch
+
+    rows = [(prompt, response) for prompt, chosen, rejected in triples for response in (chosen, rejected)]
+    batch = pairs_to_batch(rows)
+    batch["pair_ids"] = torch.arange(len(triples)).repeat_interleave(2)
+    batch["chosen"] = torch.tensor([1, 0] * len(triples))
+    return batch
