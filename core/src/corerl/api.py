@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
-from corerl.config.tree import deep_merge
+from corerl.config.tree import deep_merge, set_at
 from corerl.errors import ConfigError
 
 RewardFunction = Callable[[str, Mapping[str, Any]], float]
@@ -74,11 +74,7 @@ class Trainer:
             settings[registration.tensor_parallel_key] = tensor_parallel_size
         tree: dict[str, Any] = {"cluster": {"gpus_per_node": tensor_parallel_size},
                                 "policy": {"model_name": str(model_path), "training_backend": backend}}
-        section = tree
-        *parents, leaf = registration.config_section.split(".")
-        for part in parents:
-            section = section.setdefault(part, {})
-        section[leaf] = settings
+        set_at(tree, registration.config_section, settings)
         return cls(deep_merge(tree, sections), dataset=dataset, reward_fn=reward_fn)
 
     @classmethod

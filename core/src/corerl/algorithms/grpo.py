@@ -116,8 +116,9 @@ class GRPO:
         offload.before_training()
         mask = batch["loss_mask"].bool()
         mismatch = None
-        chunks = len(minibatches(batch, self.optimizer_batch_size))
-        if self.optimization_passes > 1 or chunks > 1:  # later updates need the pre-update logprobs
+        rows, per_update = int(batch["input_ids"].shape[0]), self.optimizer_batch_size
+        several_updates = self.optimization_passes > 1 or (per_update is not None and per_update < rows)
+        if several_updates:  # later updates need the pre-update logprobs
             batch["old_logprobs"] = self.training.logprobs(batch)
             mismatch = (batch["old_logprobs"] - batch["gen_logprobs"]).abs()[mask]
         if self.reference_offload is not None and self.loss.kl_penalty:
@@ -126,8 +127,8 @@ class GRPO:
         timings["time/logprobs"] = time.perf_counter() - start
 
         start = time.perf_counter()
-        results = [self.training.train_step(part, self.loss) for _ in range(self.optimization_passes)
-                   for part in minibatches(batch, self.optimizer_batch_size)]
+        parts = minibatches(batch, per_update)  # cut once the batch holds every column the loss reads
+        results = [self.training.train_step(part, self.loss) for _ in range(self.optimization_passes) for part in parts]
         timings["time/training"] = time.perf_counter() - start
 
         start = time.perf_counter()

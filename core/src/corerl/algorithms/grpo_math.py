@@ -51,14 +51,18 @@ class GRPOLoss:
     """The training loss, picklable for the workers (see ``corerl.training.contract``).
 
     Per loss token: ``-min(r * A, clip(r, 1 - ratio_clip_min, 1 + ratio_clip_max) * A)`` with
-    ``r = exp(logprob - old_logprob)`` (with ``sequence_level_ratios``, exp of the row's mean log
-    ratio); with ``importance_sampling_correction`` each token's loss is weighted by
-    ``exp(old_logprob - gen_logprob)`` (capped at ``importance_weight_cap``); with ``ratio_clip_c`` (dual clipping, > 1) the loss of a
-    token with a negative advantage is at most ``-ratio_clip_c * A`` (``old_logprob`` is the detached current logprob when
-    the batch has no ``old_logprobs``: one on-policy pass needs no separate logprob pass), plus ``kl_penalty`` times the
-    ``kl_type`` estimate (:func:`kl_estimate`, k3 by default) of
-    KL(policy || reference) where ``ref_logprobs`` are given; summed and divided by the
-    number of loss tokens in the whole step (token-level normalisation).
+    ``r = exp(logprob - old_logprob)``; ``old_logprob`` is the detached current logprob when the
+    batch has no ``old_logprobs`` (one on-policy pass needs no separate logprob pass). Options:
+
+    - ``sequence_level_ratios``: ``r`` is exp of the row's mean log ratio (GSPO);
+    - ``ratio_clip_c`` (dual clipping, > 1): a negative-advantage token's loss is at most
+      ``-ratio_clip_c * A``;
+    - ``importance_sampling_correction``: each token's loss is weighted by
+      ``exp(old_logprob - gen_logprob)``, capped at ``importance_weight_cap``;
+    - ``kl_penalty`` times the ``kl_type`` estimate (:func:`kl_estimate`, k3 by default) of
+      KL(policy || reference) where ``ref_logprobs`` are given.
+
+    Summed and divided by the number of loss tokens in the whole step (token-level normalisation).
     """
 
     ratio_clip_min: float = 0.2

@@ -69,6 +69,15 @@ def value_at(data: Mapping[str, Any], path: str, default: Any = None) -> Any:
     return node
 
 
+def set_at(data: dict[str, Any], path: str, value: Any) -> None:
+    """Set dotted ``path`` in nested dicts to ``value``, creating the sections on the way."""
+    *parents, leaf = path.split(".")
+    node = data
+    for part in parents:
+        node = node.setdefault(part, {})
+    node[leaf] = value
+
+
 def has_path(data: Mapping[str, Any], path: str) -> bool:
     """Whether dotted ``path`` is set in nested mappings (to anything, None included)."""
     return value_at(data, path, _ABSENT) is not _ABSENT

@@ -26,14 +26,15 @@ from __future__ import annotations
 import logging
 import os
 import warnings
-from typing import Any, ClassVar
-
-import torch
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from corerl.config import Config
 from corerl.distributed.devices import RankDeviceReport, rank_device
 from corerl.distributed.rank_state import barrier, capture_rng, restore_rng
 from corerl.training.step_totals import StepTotals
+
+if TYPE_CHECKING:  # the worker modules that subclass RankWorker import torch; this one waits until it runs
+    import torch
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +49,8 @@ class RankWorker(RankDeviceReport):
 
     def __init__(self, *, rank: int, world_size: int, config: Config, threads: int | None = None,
                  **options: Any) -> None:
+        import torch
+
         if threads:
             torch.set_num_threads(threads)
         for pattern in self.quiet_warnings:
@@ -124,10 +127,14 @@ class RankWorker(RankDeviceReport):
     # -- the template --------------------------------------------------------------------
 
     def to_device(self, batch: dict[str, Any]) -> dict[str, Any]:
+        import torch
+
         return {k: v.to(self.device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
 
     def logprobs(self, mbs: list[dict[str, torch.Tensor]]) -> list[torch.Tensor] | None:
         """Logprobs of each of this rank's micro-batches (planned by the driver)."""
+        import torch
+
         self.set_mode(False)
         with torch.no_grad():
             return [self.forward_logprobs(self.to_device(mb)).float().cpu() for mb in mbs]
@@ -152,11 +159,15 @@ class RankWorker(RankDeviceReport):
 
     def save_checkpoint(self, path: str) -> None:
         """The backend's state, then this rank's sidecar (step, RNG state, the backend's extras)."""
+        import torch
+
         extra = self.save_state(path)
         torch.save({"step": self.step, "rng": capture_rng(), **extra}, self._sidecar(path))
         barrier()
 
     def load_checkpoint(self, path: str) -> None:
+        import torch
+
         sidecar = torch.load(self._sidecar(path), weights_only=False)
         self.load_state(path, sidecar)
         self.step = sidecar["step"]
@@ -169,6 +180,8 @@ class RankWorker(RankDeviceReport):
         export_on_rank_zero(self.rank, self.full_state_dict(), self.hf_config, self.model_path, path)
 
     def offload(self, parts: list[str]) -> None:
+        import torch
+
         self._move_between_phases(torch.device("cpu"), parts)
 
     def reload(self, parts: list[str]) -> None:

@@ -4,7 +4,6 @@ parallel state), laid out by megatron-core's parallel_state (TP innermost, then 
 
 from __future__ import annotations
 
-import logging
 import os
 from functools import partial
 from pathlib import Path
@@ -15,8 +14,6 @@ import torch
 from corerl.distributed.rank_state import barrier
 from corerl.training.logprobs import token_logprobs
 from corerl.training.rank_worker import RankWorker
-
-log = logging.getLogger(__name__)
 
 # megatron-core's import-time and per-call notices that say nothing about this run: the optional
 # CUDA packages it falls back from, and CUDA-only tuning advice

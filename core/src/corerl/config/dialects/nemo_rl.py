@@ -11,12 +11,12 @@ nothing is dropped silently. A section switched off (``enabled: false``) is iner
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 import attrs
 
 from corerl.config.dialects import KeyFate
-from corerl.config.tree import Origins, origin_of, value_at
+from corerl.config.tree import Origins, origin_of, set_at, value_at
 from corerl.errors import ConfigError, ConfigErrors
 
 ALGORITHM_SECTIONS = ("grpo", "sft", "dpo")
@@ -319,13 +319,6 @@ def _leaves(node: dict[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
     return out
 
 
-def _set(tree: dict[str, Any], path: str, value: Any) -> None:
-    *parents, leaf = path.split(".")
-    node = tree
-    for part in parents:
-        node = node.setdefault(part, {})
-    node[leaf] = value
-
 
 def rule_for(path: str) -> Rule | None:
     """The rule of ``path``: its own, else that of the nearest ``prefix.*`` above it."""
@@ -371,17 +364,21 @@ class _Translator:
 
     def put(self, source: str, target: str, value: Any, detail: str | None = None) -> None:
         """Set corerl's ``target`` from NeMo RL's ``source`` key (its fate: acts)."""
-        _set(self.tree, target, value)
+        set_at(self.tree, target, value)
         self.new_origins[target] = origin_of(source, self.origins) or "nemo-rl dialect"
         self.fates.append(KeyFate(source, "acts", detail or target))
 
     def inert(self, source: str, reason: str) -> None:
         self.fates.append(KeyFate(source, "inert", reason))
 
+    def refate(self, source: str, fate: Literal["acts", "inert"], detail: str) -> None:
+        """Replace what was recorded for ``source`` once other keys have decided its fate."""
+        self.fates = [f for f in self.fates if f.key != source] + [KeyFate(source, fate, detail)]
+
     def make_inert(self, source: str, target: str, value: Any, reason: str) -> None:
         """Undo an acting key whose value has no effect in this recipe: ``target`` gets ``value``."""
-        _set(self.tree, target, value)
-        self.fates = [fate for fate in self.fates if fate.key != source] + [KeyFate(source, "inert", reason)]
+        set_at(self.tree, target, value)
+        self.refate(source, "inert", reason)
 
     def refuse(self, path: str, message: str, hint: str) -> None:
         self.errors.append(ConfigError(message, key=path, source=origin_of(path, self.origins), hint=hint))
@@ -395,10 +392,10 @@ def translate(raw: dict[str, Any], origins: Origins) -> Translation:
                    "corerl runs grpo and sft; DPO is tracked as its own issue")
     algorithm = "grpo" if "grpo" in raw else "sft" if "sft" in raw else None
     if algorithm:
-        _set(out.tree, "algorithm.name", algorithm)
+        set_at(out.tree, "algorithm.name", algorithm)
         out.new_origins["algorithm.name"] = origin_of(algorithm, origins) or "nemo-rl dialect"
         if algorithm == "sft":
-            _set(out.tree, "sft.enabled", False)
+            set_at(out.tree, "sft.enabled", False)
     for path, value in _leaves(raw):
         if path.split(".")[0] == "dpo":
             continue
@@ -471,7 +468,7 @@ def _derived(raw: dict[str, Any], out: _Translator, algorithm: str | None) -> No
     if template:  # NeMo RL formats every prompt with it
         out.put("policy.tokenizer.chat_template", "policy.chat_template", template,
                 "policy.chat_template, data.apply_chat_template")
-        _set(out.tree, "data.apply_chat_template", True)
+        set_at(out.tree, "data.apply_chat_template", True)
     elif "chat_template" in (policy.get("tokenizer") or {}):
         out.inert("policy.tokenizer.chat_template", "null: the tokenizer's own template")
     scheduler = policy.get("scheduler")
@@ -492,16 +489,16 @@ def _derived(raw: dict[str, Any], out: _Translator, algorithm: str | None) -> No
     keys = ["data.dataset_name", "data.train.dataset_name", "data.validation.dataset_name", "data.default.dataset_name"]
     names = [(key, value_at(raw, key)) for key in keys if value_at(raw, key)]
     if value_at(out.tree, "data.train_files") is not None:
-        _set(out.tree, "data.task", "dataset")
+        set_at(out.tree, "data.task", "dataset")
         # NeMo RL's response datasets read the columns input and output unless told otherwise
         for key, column in (("data.prompt_key", "input"), ("data.answer_key", "output")):
             if value_at(out.tree, key) is None:
-                _set(out.tree, key, column)
+                set_at(out.tree, key, column)
                 out.new_origins[key] = "nemo-rl dialect (NeMo RL's default column)"
         for key, name in names:
             out.inert(key, f"{name!r}: the local files given replace it")
     elif names:
-        _set(out.tree, "data.task", "dataset")
+        set_at(out.tree, "data.task", "dataset")
         (first, name), *others = names  # the first name given is the one refused at run start
         out.put(first, "data.hub_dataset", str(name))
         out.fates += [KeyFate(key, "acts", "data.hub_dataset") for key, _ in others]
@@ -525,8 +522,8 @@ def _dedicated_generation(raw: dict[str, Any], out: _Translator) -> None:
         out.refuse(f"{key}.{unit}", f"{taken} generation {noun}(s) of the cluster's {total}: training needs at least "
                    f"one {noun}", f"give 1 to {total - 1} {noun}s to generation")
         return
-    _set(out.tree, f"cluster.{unit}", total - taken)
-    _set(out.tree, f"{key}.num_nodes", taken if nodes > 1 else 1)
-    _set(out.tree, f"{key}.gpus_per_node", resources.get("gpus_per_node") or gpus if nodes > 1 else taken)
-    out.fates.append(KeyFate("policy.generation.colocated.enabled", "acts",
-                             "policy.generation.colocated.enabled; cluster.* less the generation resources"))
+    set_at(out.tree, f"cluster.{unit}", total - taken)
+    set_at(out.tree, f"{key}.num_nodes", taken if nodes > 1 else 1)
+    set_at(out.tree, f"{key}.gpus_per_node", (resources.get("gpus_per_node") or gpus) if nodes > 1 else taken)
+    out.refate("policy.generation.colocated.enabled", "acts",
+               "policy.generation.colocated.enabled; cluster.* less the generation resources")
