@@ -60,12 +60,20 @@ def build_gpt(hf: Any, config: Any, *, pre_process: bool = True, post_process: b
             spec = get_gpt_layer_with_transformer_engine_spec()
         except ImportError:
             pass
-    return GPTModel(
+    model = GPTModel(
         config, spec, vocab_size=hf.vocab_size, max_sequence_length=hf.max_position_embeddings,
         pre_process=pre_process, post_process=post_process, parallel_output=False,
         share_embeddings_and_output_weights=bool(getattr(hf, "tie_word_embeddings", False)),
         position_embedding_type="rope", rotary_base=int(rope_theta(hf)),
     )
+    # the local spec's norms are plain torch.nn.RMSNorm modules, made on the default device in
+    # float32 whatever the config says: bring them to the rank's GPU and the parameters' dtype
+    for param in model.parameters():
+        if param.is_floating_point() and param.dtype != config.params_dtype:
+            param.data = param.data.to(config.params_dtype)
+    if torch.cuda.is_available():
+        model.cuda(torch.cuda.current_device())
+    return model
 
 
 # Transformer Engine's layer spec folds each pre-norm into the linear layer after it; the
