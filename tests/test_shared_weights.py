@@ -77,3 +77,20 @@ def test_full_offload_and_packed_attention_keep_a_copy(tmp_path, model_dir, over
     finally:
         generation.shutdown()
         training.shutdown()
+
+
+def test_a_bfloat16_training_model_generates_with_the_static_cache_asked(tmp_path, model_dir):
+    # the shared model keeps float32 weights under bf16 autocast: a static cache (the GPU default)
+    # would be float32 and refuse the bf16 keys, so generation falls back to the dynamic cache
+    training, generation = _engines(tmp_path, model_dir, "policy.precision=bfloat16",
+                                    "policy.generation.hf_kv_cache=static")
+    try:
+        training.load_hf(model_dir)
+        assert generation.use_training_engine(training)
+        generation.load_hf(model_dir)
+        groups = generation.generate(PROMPTS, SamplingSettings(temperature=1.0, max_new_tokens=6, seed=1), n=2)
+        assert [len(g) for g in groups] == [2, 2, 2]
+        assert all(len(s.completion_ids) == len(s.logprobs) > 0 for g in groups for s in g)
+    finally:
+        generation.shutdown()
+        training.shutdown()

@@ -75,6 +75,12 @@ class HFGenerationBackend:
         self.tokenizer = AutoTokenizer.from_pretrained(self.config.core.policy.tokenizer_path(model_path))
         choice = self.config.core.policy.generation.hf_kv_cache
         self.static_cache = choice == "static" or (choice == "auto" and self.device.type == "cuda")
+        if self.static_cache and self.autocast is not None:
+            # a static cache is allocated in the weights' dtype (float32 here) while autocast
+            # hands it keys and values in the lower precision: generate() would fail
+            log.info("hf generation: the shared training model runs under %s autocast, which a static KV "
+                     "cache does not follow; using the dynamic cache", precision)
+            self.static_cache = False
 
     def _stop_ids(self, sampling: SamplingSettings) -> list[int]:
         if sampling.stop_token_ids:
