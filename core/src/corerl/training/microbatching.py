@@ -13,6 +13,11 @@ Three layouts, picked by the config:
   concatenated sequences with ``position_ids`` restarting at 0 per sequence (no padding, no
   attention across sequences: see :func:`corerl.training.logprobs.model_logprobs`).
 
+Rows that share a ``group_ids`` value (a per-token field, constant along a row; DPO's pairs)
+form one unit in every layout: the same rank, the same micro-batch, adjacent in a packed row,
+because their loss is not a sum over their tokens. A unit larger than the micro-batch size
+gets a micro-batch of its own.
+
 Every rank gets the same number of micro-batches (ranks with fewer get empty ones whose loss
 and gradient are zero), because FSDP and tensor parallelism run collectives per forward.
 Fields of shape ``[B, T, ...]`` are per token and move with their tokens; other row-shaped
@@ -120,20 +125,33 @@ class MicroBatcher:
         """Micro-batches of ``batch`` for ``ranks`` data-parallel ranks."""
         rows, width = batch_rows(batch), int(batch["input_ids"].shape[1])
         lengths = [int(n) for n in batch["attention_mask"].sum(dim=1).tolist()]
+        units = _units(batch, self.layout == "rows")
         if self.layout == "rows":
-            return self._plan_rows(batch, ranks, self.train_rows if purpose == "train" else self.logprob_rows, sum(lengths))
+            size = self.train_rows if purpose == "train" else self.logprob_rows
+            if len(units) == rows:
+                return self._plan_rows(batch, ranks, size, sum(lengths))
+            return self._plan_unit_rows(batch, units, ranks, size, sum(lengths))
         budget = self.train_tokens if purpose == "train" else self.logprob_tokens
-        check_budget(lengths, budget, self._budget_key(purpose))
+        key = self._budget_key(purpose)
+        check_budget(lengths, budget, key)
         if self.layout == "packed":
             _refuse_row_fields(batch, rows, width)
+            unit_tokens = [sum(lengths[i] for i in unit) for unit in units]
+        else:
+            unit_tokens = [len(unit) * max(lengths[i] for i in unit) for unit in units]
+        if max(unit_tokens, default=0) > budget:
+            raise ConfigError(f"a group of rows that must share a micro-batch (e.g. a preference pair) takes "
+                              f"{max(unit_tokens)} tokens, over the micro-batch budget of {budget}", key=key,
+                              hint=f"raise it, e.g. {key}={max(unit_tokens)}")
         per_rank: list[list[Batch]] = []
         placements: list[list[Placement]] = []
         slots = 0
-        for members in karmarkar_karp(lengths, ranks):
+        for members in karmarkar_karp(unit_tokens, ranks):
+            rank_units = [units[u] for u in members]
             if self.layout == "packed":
-                mbs, places, used = self._pack_rank(batch, members, lengths, budget)
+                mbs, places, used = self._pack_rank(batch, rank_units, lengths, budget)
             else:
-                mbs, places, used = self._group_rank(batch, members, lengths, budget)
+                mbs, places, used = self._group_rank(batch, rank_units, lengths, budget)
             per_rank.append(mbs)
             placements.append(places)
             slots += used
@@ -151,14 +169,39 @@ class MicroBatcher:
             per_rank.append(mbs)
         return MicroBatchPlan(per_rank, placements, batch_rows(batch), width, real_tokens, batch_rows(batch) * width)
 
-    def _group_rank(self, batch: Batch, members: list[int], lengths: list[int], budget: int) -> tuple[list[Batch], list[Placement], int]:
-        order = sorted(members, key=lambda i: (-lengths[i], i))
+    def _plan_unit_rows(self, batch: Batch, units: list[list[int]], ranks: int, size: int,
+                        real_tokens: int) -> MicroBatchPlan:
+        """Contiguous equal shards of whole units per rank, micro-batches of whole units."""
+        if len(units) % ranks:
+            raise ConfigError(
+                f"a batch of {len(units)} row groups (e.g. preference pairs) cannot be split evenly across "
+                f"{ranks} data-parallel ranks", hint="make the number of pairs a step takes a multiple of the data-parallel size")
+        width = int(batch["input_ids"].shape[1])
+        share = len(units) // ranks
+        per_rank, placements = [], []
+        for rank in range(ranks):
+            chunks: list[list[int]] = []
+            for unit in units[rank * share:(rank + 1) * share]:
+                if chunks and len(chunks[-1]) + len(unit) <= size:
+                    chunks[-1].extend(unit)
+                else:
+                    chunks.append(list(unit))
+            per_rank.append([_select_rows(batch, chunk, width) for chunk in chunks])
+            placements.append([Placement(source, number, row, 0, width)
+                               for number, chunk in enumerate(chunks) for row, source in enumerate(chunk)])
+        return MicroBatchPlan(per_rank, placements, batch_rows(batch), width, real_tokens, batch_rows(batch) * width)
+
+    def _group_rank(self, batch: Batch, units: list[list[int]], lengths: list[int], budget: int) -> tuple[list[Batch], list[Placement], int]:
+        def longest(unit: list[int]) -> int:
+            return max(lengths[i] for i in unit)
+
+        order = sorted(units, key=lambda unit: (-longest(unit), unit[0]))
         groups: list[list[int]] = []
-        for index in order:  # longest first, so a group's first row is its widest
-            if groups and (len(groups[-1]) + 1) * lengths[groups[-1][0]] <= budget:
-                groups[-1].append(index)
+        for unit in order:  # longest first, so a group's first unit holds its widest row
+            if groups and (len(groups[-1]) + len(unit)) * lengths[groups[-1][0]] <= budget:
+                groups[-1].extend(unit)
             else:
-                groups.append([index])
+                groups.append(sorted(unit, key=lambda i: (-lengths[i], i)))
         mbs, places, used = [], [], 0
         for number, group in enumerate(groups):
             cut = lengths[group[0]]
@@ -167,14 +210,14 @@ class MicroBatcher:
             used += cut * len(group)
         return mbs, places, used
 
-    def _pack_rank(self, batch: Batch, members: list[int], lengths: list[int], budget: int) -> tuple[list[Batch], list[Placement], int]:
+    def _pack_rank(self, batch: Batch, units: list[list[int]], lengths: list[int], budget: int) -> tuple[list[Batch], list[Placement], int]:
         assert self.packer is not None
-        local = [lengths[i] for i in members]
+        local = [sum(lengths[i] for i in unit) for unit in units]
         bins = self.packer.pack(local, budget)
         check_bins(bins, local, budget, self.packer_id)
         mbs, places, used = [], [], 0
         for number, members_of_bin in enumerate(bins):
-            sources = [members[i] for i in members_of_bin]
+            sources = [row for i in members_of_bin for row in units[i]]
             mbs.append(_pack_rows(batch, sources, lengths))
             start = 0
             for source in sources:
@@ -182,6 +225,25 @@ class MicroBatcher:
                 start += lengths[source]
             used += budget
         return mbs, places, used
+
+
+def _units(batch: Batch, contiguous: bool) -> list[list[int]]:
+    """The rows that must stay together, in first-row order: rows sharing a ``group_ids`` value
+    (read at each row's first token), else every row alone. ``contiguous``: a group's rows must
+    be adjacent (the rows layout shards and cuts the batch in order)."""
+    rows = batch_rows(batch)
+    if "group_ids" not in batch:
+        return [[row] for row in range(rows)]
+    ids = batch["group_ids"]
+    firsts = (ids[:, 0] if ids.dim() > 1 else ids).tolist()
+    units: dict[int, list[int]] = {}
+    for row, group in enumerate(firsts):
+        unit = units.setdefault(int(group), [])
+        if contiguous and unit and unit[-1] != row - 1:
+            raise ValueError(f"rows of group {group} are not adjacent: the rows layout keeps a group "
+                             "together only when its rows follow each other")
+        unit.append(row)
+    return list(units.values())
 
 
 def resolve_packer(config: Config) -> Packer:
