@@ -1,5 +1,5 @@
-"""Running a validated recipe: an optional SFT warm start, then GRPO (or SFT alone), over the
-selected backends, with a progress bar per phase and a run directory holding metrics.jsonl,
+"""Running a validated recipe: an optional SFT warm start, then GRPO or DPO (or SFT alone), over
+the selected backends (DPO starts no generation backend: it samples nothing), with a progress bar per phase and a run directory holding metrics.jsonl,
 TensorBoard event files, curves.png, summary.json and the final Hugging Face checkpoint.
 
 ``corerl run`` on a run directory that holds a complete checkpoint resumes from it; one that
@@ -42,7 +42,8 @@ class RunResult:
 
 # what a run writes into its directory; a run that holds no complete checkpoint loses these
 # when it starts over (a complete built-in base model is kept: it is rebuilt identically anyway)
-RUN_OUTPUTS = ("metrics.jsonl", "tensorboard", "checkpoints", "sft_model", "final", "curves.png", "summary.json")
+RUN_OUTPUTS = ("metrics.jsonl", "tensorboard", "checkpoints", "sft_model", "final", "curves.png", "summary.json",
+               "reference_logprobs")
 
 
 def make_run_dir(config: Config, console: Any = None) -> tuple[Path, tuple[int, Path] | None]:
@@ -144,6 +145,8 @@ def _progress(console: Any) -> Any:
 def _shown(metrics: dict[str, float]) -> str:
     tokens = metrics.get("generated_tokens", metrics.get("tokens", 0.0))
     text = f"reward {metrics['reward/mean']:.3f}  " if "reward/mean" in metrics else ""
+    if "preference_accuracy" in metrics:
+        text = f"accuracy {metrics['preference_accuracy']:.2f}  margin {metrics['rewards/margin']:+.3f}  "
     return text + f"loss {metrics['loss']:+.4f}  {tokens / metrics['time/step']:,.0f} tok/s"
 
 
@@ -185,15 +188,18 @@ class RunSession:
         self.task = selection.task.registration.create(TaskContext(
             tokenizer, self.algorithm.seed, core.data, selection.reward_fn,
             max_prompt_tokens=core.policy.max_seq_length - 1))
-        self.sft_only = self.algorithm.name == "sft"
+        self.sft_only, self.uses_dpo = self.algorithm.name == "sft", self.algorithm.name == "dpo"
+        check_task_fits(self.task, selection.task.id, self.algorithm.name)
         self.sft_steps = self.algorithm.max_steps if self.sft_only else (core.sft.max_steps if core.sft.enabled else 0)
         self.sft_batch = self.algorithm.batch_size if self.sft_only else core.sft.batch_size
-        self.grpo_steps = 0 if self.sft_only else self.algorithm.max_steps
+        self.grpo_steps = self.algorithm.max_steps if self.algorithm.name == "grpo" else 0
+        self.dpo_steps = self.algorithm.max_steps if self.uses_dpo else 0
         self.evals: dict[str, float] = dict(self.state.get("evals", {}))
         self.done: dict[str, int] = dict(self.state.get("steps_done", {}))
         self.started: list[Any] = []
         self.phases: list[Phase] = []
         self.grpo: Any = None
+        self.dpo: Any = None
 
     # -- backends ------------------------------------------------------------------------
 
@@ -225,6 +231,8 @@ class RunSession:
     # -- what the run does ---------------------------------------------------------------
 
     def held_out_reward(self) -> float:
+        if self.uses_dpo:
+            return self.held_out_preferences()["preference_accuracy"]
         self.offload.before_generation()
         core = self.config.core
         return evaluate(self.generation, self.task, core.policy.generation.max_new_tokens, core.policy.max_seq_length)
@@ -233,9 +241,70 @@ class RunSession:
         self.offload.restore()
         write_complete(folder, lambda work: self.training.export_hf(str(work)))
 
+    def held_out_preferences(self) -> dict[str, float]:
+        """DPO's held-out figures (:func:`corerl.algorithms.dpo.preference_metrics`); before DPO
+        starts the policy is its own reference."""
+        from corerl.algorithms.dpo import preference_metrics, score_pairs
+
+        pairs = self.task.held_out_pairs()
+        policy = score_pairs(self.training, pairs)
+        reference = self.dpo.reference.for_held_out(pairs) if self.dpo is not None else policy
+        return preference_metrics(policy, reference, self.algorithm.dpo.beta)
+
     def sft_step(self) -> dict[str, float]:
         self.offload.before_training()
+        if not hasattr(self.task, "demonstrations"):  # a preference task: its chosen responses
+            train = self.task.train_pairs()
+            return self.sft.step([train[i][:2] for i in self.task.draw(self.sft_batch)])
         return self.sft.step(self.task.demonstrations(self.sft_batch))
+
+    def begin_dpo(self) -> None:
+        from corerl.algorithms.dpo import DPO, ReferenceScores
+        from corerl.offload import ReferenceOffload
+
+        settings, core = self.algorithm.dpo, self.config.core
+        if settings.precompute_reference_logprobs:
+            reference = self.precomputed_reference()
+        else:
+            ref_path = self.run_dir / "sft_model" if self.sft_steps else Path(self.model_path)
+            engine = self.start(self.selection.training_backend.registration, str(ref_path))
+            reference = ReferenceScores(engine=engine, offload=ReferenceOffload(engine, core.policy.reference.cpu_offload))
+        self.dpo = DPO(self.training, DPO.loss_from_config(settings), reference, steps_done=self.done.get("dpo", 0))
+        self.preference_pairs = self.task.train_pairs()
+
+    def precomputed_reference(self) -> Any:
+        """Every training and held-out pair scored with the weights DPO starts from, written once
+        to ``<run dir>/reference_logprobs`` (a resumed run reads it back: its weights have moved)."""
+        from safetensors.torch import load_file, save_file
+
+        from corerl.algorithms.dpo import ReferenceScores, score_pairs
+
+        folder = self.run_dir / "reference_logprobs"
+        recover(folder)
+        train, held = self.task.train_pairs(), self.task.held_out_pairs()
+        if not is_complete(folder):
+            if self.done.get("dpo", 0):
+                raise RunError(f"{folder} is missing, and this run has trained past the weights that scored it",
+                               key="algorithm.dpo.precompute_reference_logprobs",
+                               hint="start the run over under a new run.name")
+            begin = time.perf_counter()
+            with self.console.status(f"scoring {len(train)} training and {len(held)} held-out pairs with the "
+                                     "reference (the starting weights)"):
+                scores = {"train": score_pairs(self.training, train), "held_out": score_pairs(self.training, held)}
+            write_complete(folder, lambda work: save_file(scores, str(work / "scores.safetensors")))
+            self.console.print(f"reference: scored {len(train)} training and {len(held)} held-out pairs in "
+                               f"{time.perf_counter() - begin:.1f} s")
+        scores = load_file(str(folder / "scores.safetensors"))
+        if scores["train"].shape[0] != len(train) or scores["held_out"].shape[0] != len(held):
+            raise RunError(f"{folder} scored {scores['train'].shape[0]} training and {scores['held_out'].shape[0]} "
+                           f"held-out pairs, and the task now has {len(train)} and {len(held)}", key="data.train_files",
+                           hint="resume with the data the run started with, or start over under a new run.name")
+        return ReferenceScores(train=scores["train"], held_out=scores["held_out"])
+
+    def dpo_step(self) -> dict[str, float]:
+        assert self.dpo is not None
+        indices = self.task.draw(self.algorithm.batch_size)
+        return self.dpo.step(indices, [self.preference_pairs[i] for i in indices])
 
     def begin_grpo(self) -> None:
         from corerl.algorithms.grpo import GRPO
@@ -262,6 +331,11 @@ class RunSession:
         prompts, examples = self.task.sample(self.algorithm.batch_size)
         return self.grpo.step(prompts, examples)
 
+    @property
+    def measure(self) -> str:
+        """What the held-out evaluation reports."""
+        return "preference accuracy" if self.uses_dpo else "reward"
+
     def global_step(self) -> int:
         return sum(p.done for p in self.phases)
 
@@ -283,22 +357,29 @@ class RunSession:
         selection, core = self.selection, self.config.core
         assert selection.training_backend.registration and selection.generation_backend.registration
         self.training = self.start(selection.training_backend.registration, self.model_path)
-        self.generation = self.start(selection.generation_backend.registration, self.model_path, self.training)
-        assert selection.offload_policy.registration is not None
-        self.offload = selection.offload_policy.registration.create(training=self.training,
-                                                                    generation=self.generation, config=self.config)
+        if self.uses_dpo:  # nothing is sampled: no generation engine, nothing to offload for one
+            from corerl.offload.schedule import NoOffload
+
+            self.generation, self.offload = None, NoOffload(self.training, None)
+        else:
+            self.generation = self.start(selection.generation_backend.registration, self.model_path, self.training)
+            assert selection.offload_policy.registration is not None
+            self.offload = selection.offload_policy.registration.create(training=self.training,
+                                                                        generation=self.generation, config=self.config)
         if self.resume is not None:
             self.training.load_checkpoint(str(self.resume[1] / "training"))
-            self.generation.update_weights(self.training.weight_stream())
+            if self.generation is not None:
+                self.generation.update_weights(self.training.weight_stream())
             self.task.set_state(self.state["task"])
         if "before" not in self.evals:
             self.evals["before"] = self.held_out_reward()
-            self.console.print(f"held-out reward before training: {self.evals['before']:.3f}")
+            self.console.print(f"held-out {self.measure} before training: {self.evals['before']:.3f}")
         self.log = MetricsLog(self.run_dir, keep_lines=self.state.get("metrics_lines") if self.resume else None,
                               tensorboard=core.run.tensorboard)
         self.sft = SFT(self.training, steps_done=self.done.get("sft", 0))
         self.phases = [Phase("sft", self.sft_steps, self.sft_step, self.sft.steps_done),
-                       Phase("grpo", self.grpo_steps, self.grpo_step, self.done.get("grpo", 0))]
+                       Phase("grpo", self.grpo_steps, self.grpo_step, self.done.get("grpo", 0)),
+                       Phase("dpo", self.dpo_steps, self.dpo_step, self.done.get("dpo", 0))]
         interrupted = False
         with stop_on_sigint(lambda text: self.console.print(f"[yellow]{text}[/]")) as stop:
             for phase in self.phases:
@@ -313,17 +394,18 @@ class RunSession:
                     # moments from SFT's large gradients would shrink GRPO's first hundreds of steps
                     self.export(self.run_dir / "sft_model")
                     self.training.load_hf(str(self.run_dir / "sft_model"))
-                    self.generation.update_weights(self.training.weight_stream())
+                    if self.generation is not None:
+                        self.generation.update_weights(self.training.weight_stream())
         return self.stop_interrupted() if interrupted else self.finish()
 
     def run_phase(self, phase: Phase, stop: Any) -> None:
         """Steps of ``phase`` until it is done or Ctrl-C asks to stop, logging and checkpointing."""
         core = self.config.core
-        if phase.name == "grpo":
-            self.begin_grpo()
+        if phase.name in ("grpo", "dpo"):
+            self.begin_grpo() if phase.name == "grpo" else self.begin_dpo()
             if self.phases[0].total and "after_sft" not in self.evals:
                 self.evals["after_sft"] = self.held_out_reward()
-                self.console.print(f"held-out reward after SFT: {self.evals['after_sft']:.3f}")
+                self.console.print(f"held-out {self.measure} after SFT: {self.evals['after_sft']:.3f}")
         with _progress(self.console) as progress:
             bar = progress.add_task(phase.name.upper(), total=phase.total, completed=phase.done, shown="")
             while phase.done < phase.total and not stop.requested:
@@ -357,36 +439,62 @@ class RunSession:
         core, selection, run_dir = self.config.core, self.selection, self.run_dir
         if self.sft_only:
             self.generation.update_weights(self.training.weight_stream())
-        self.evals["after"] = self.held_out_reward()
-        self.log.scalar("eval/held_out_reward", self.evals["after"], self.global_step())
+        if self.uses_dpo:
+            figures = self.held_out_preferences()
+            self.evals["after"] = figures["preference_accuracy"]
+            for name, value in figures.items():
+                self.log.scalar(f"eval/held_out_{name}", value, self.global_step())
+        else:
+            self.evals["after"] = self.held_out_reward()
+            self.log.scalar("eval/held_out_reward", self.evals["after"], self.global_step())
         self.log.close()
         self.export(run_dir / "final")
         plot_curves(read_metrics(self.log.path), run_dir / "curves.png", run_dir.name)
+        measure = "preference_accuracy" if self.uses_dpo else "reward"
         summary = {
-            "held_out_reward_before": self.evals["before"], "held_out_reward_after_sft": self.evals.get("after_sft"),
-            "held_out_reward_after": self.evals["after"], "sft_steps": self.sft_steps, "grpo_steps": self.grpo_steps,
-            "steps": self.sft_steps + self.grpo_steps, "algorithm": self.algorithm.name, "task": selection.task.id,
-            "reward": selection.reward.id, "training_backend": selection.training_backend.id,
-            "generation_backend": selection.generation_backend.id,
+            f"held_out_{measure}_before": self.evals["before"],
+            f"held_out_{measure}_after_sft": self.evals.get("after_sft"),
+            f"held_out_{measure}_after": self.evals["after"], "sft_steps": self.sft_steps,
+            "grpo_steps": self.grpo_steps, "dpo_steps": self.dpo_steps,
+            "steps": self.sft_steps + self.grpo_steps + self.dpo_steps, "algorithm": self.algorithm.name,
+            "task": selection.task.id, "reward": None if self.uses_dpo else selection.reward.id,
+            "training_backend": selection.training_backend.id,
+            "generation_backend": None if self.uses_dpo else selection.generation_backend.id,
         }
+        if self.uses_dpo:
+            summary.update({f"held_out_{k}_after": v for k, v in figures.items() if k != "preference_accuracy"})
         written = run_dir / ".summary.json.partial"
         written.write_text(json.dumps(summary, indent=2) + "\n")
         written.replace(run_dir / "summary.json")  # its presence says the run finished: all or nothing
         mark("run:end")
-        _report(self.console, self.evals)
+        _report(self.console, self.evals, self.measure)
         tensorboard = f"{run_dir / 'tensorboard'}, " if core.run.tensorboard else ""
         self.console.print(f"wrote {run_dir / 'metrics.jsonl'}, {tensorboard}{run_dir / 'curves.png'}, "
                            f"{run_dir / 'final'} (Hugging Face checkpoint)")
         return RunResult(run_dir, summary)
 
 
-def _report(console: Any, evals: dict[str, float]) -> None:
+def _report(console: Any, evals: dict[str, float], measure: str = "reward") -> None:
     start_label, start = ("SFT start", evals["after_sft"]) if "after_sft" in evals else ("start", evals["before"])
-    line = f"held-out reward: {evals['before']:.3f} before"
+    line = f"held-out {measure}: {evals['before']:.3f} before"
     if "after_sft" in evals:
         line += f", {evals['after_sft']:.3f} after SFT"
     line += f", {evals['after']:.3f} at the end ({(evals['after'] - start) * 100:+.1f} points over the {start_label})"
     console.print(line)
+
+
+def check_task_fits(task: Any, task_id: str, algorithm: str) -> None:
+    """Refuse a task that cannot feed ``algorithm`` (DPO needs preference pairs; GRPO and SFT
+    need prompts and demonstrations), in one line naming ``data.task``."""
+    from corerl.tasks.preferences import PreferenceSource
+
+    if algorithm == "dpo" and not isinstance(task, PreferenceSource):
+        raise ConfigError(f"task {task_id!r} provides no preference pairs, which DPO trains on", key="data.task",
+                          hint="use data.task=digit_preference (built in) or data.task=preferences with "
+                               "data.train_files (prompt/chosen/rejected rows)")
+    if algorithm != "dpo" and not hasattr(task, "sample"):
+        raise ConfigError(f"task {task_id!r} provides preference pairs only, which {algorithm.upper()} does not "
+                          "train on", key="algorithm.name", hint="set algorithm.name=dpo")
 
 
 def run_recipe(config: Config, selection: Selection, host: PluginHost) -> int:

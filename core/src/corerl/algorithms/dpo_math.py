@@ -58,7 +58,7 @@ class DPOLoss:
     - sigmoid (default): ``-(1 - label_smoothing) * logsigmoid(h) - label_smoothing * logsigmoid(-h)``;
     - ``ipo``: ``(h / beta - 1 / (2 * beta)) ** 2`` on mean (per-token) logprobs;
 
-    plus ``sft_weight`` times the chosen response's negative log-likelihood (per token with
+    times ``preference_weight``, plus ``sft_weight`` times the chosen response's negative log-likelihood (per token with
     ``sft_average``). Metrics, as sums over pairs divided by ``pairs``: the implicit rewards
     ``beta * (pi - ref)`` of each side, their margin and the preference accuracy (margin > 0).
     """
@@ -69,6 +69,7 @@ class DPOLoss:
     sft_weight: float = 0.0
     preference_average: bool = False  # mean instead of summed sequence logprobs in the preference term
     sft_average: bool = True
+    preference_weight: float = 1.0
     pairs: int = 0
 
     def __call__(self, logprobs: torch.Tensor, batch: dict[str, torch.Tensor],
@@ -90,6 +91,7 @@ class DPOLoss:
         else:
             h = self.beta * margin
             per_pair = -(1.0 - self.label_smoothing) * F.logsigmoid(h) - self.label_smoothing * F.logsigmoid(-h)
+        per_pair = self.preference_weight * per_pair
         if self.sft_weight:
             nll = -policy.chosen / policy.chosen_tokens if self.sft_average else -policy.chosen
             per_pair = per_pair + self.sft_weight * nll

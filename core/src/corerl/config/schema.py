@@ -142,11 +142,29 @@ class PolicyConfig:
 
 
 @attrs.define(kw_only=True)
+class DPOConfig:
+    """``algorithm.dpo``: the preference loss (NeMo RL's ``dpo`` section maps here)."""
+
+    beta: float = setting(0.1, min=0.0, min_exclusive=True,
+                          help="strength of the pull towards the reference (NeMo RL: reference_policy_kl_penalty)")
+    loss_type: Literal["sigmoid", "ipo"] = setting("sigmoid", help="sigmoid: DPO's logistic loss; ipo: IPO's squared loss")
+    label_smoothing: float = setting(0.0, min=0.0, help="sigmoid loss: the assumed share of flipped preference labels")
+    preference_weight: float = setting(1.0, min=0.0, help="weight of the preference term")
+    sft_weight: float = setting(0.0, min=0.0, help="weight of an NLL term on the chosen response")
+    preference_average_log_probs: bool = setting(False, help="per-token mean instead of summed logprobs in the "
+                                                             "preference term")
+    sft_average_log_probs: bool = setting(True, help="per-token mean NLL in the SFT term")
+    precompute_reference_logprobs: bool = setting(
+        True, help="score every pair with the starting weights once before training (no second model); false: a "
+                   "frozen copy scores each batch (policy.reference.cpu_offload keeps it off the accelerator)")
+
+
+@attrs.define(kw_only=True)
 class AlgorithmConfig:
     """``algorithm``: which algorithm runs and its batch arithmetic."""
 
-    name: Literal["grpo", "sft"] = setting("grpo")
-    batch_size: int = setting(8, min=1, help="prompts per step (GRPO) or examples per step (SFT)")
+    name: Literal["grpo", "sft", "dpo"] = setting("grpo")
+    batch_size: int = setting(8, min=1, help="prompts per step (GRPO), examples per step (SFT) or pairs per step (DPO)")
     gradient_accumulation_steps: int = setting(1, min=1)
     num_generations_per_prompt: int = setting(4, min=1)
     max_steps: int = setting(10, min=1)
@@ -172,6 +190,7 @@ class AlgorithmConfig:
     optimization_passes: int = setting(1, min=1)
     optimizer_batch_size: int | None = setting(None, min=1, help="GRPO: sequences per optimizer step; unset: all of a "
                                                                  "step's samples (one optimizer step per step)")
+    dpo: DPOConfig = section(DPOConfig)
 
 
 @attrs.define(kw_only=True)
@@ -187,6 +206,8 @@ class DataConfig:
     prompt_key: str = setting("prompt", help="dataset task: the prompt column")
     answer_key: str = setting("answer", help="dataset task: the answer column (rewards read it)")
     response_key: str | None = setting(None, help="dataset task: the SFT response column; unset: answer_key")
+    chosen_key: str = setting("chosen", help="preferences task: the preferred response column")
+    rejected_key: str = setting("rejected", help="preferences task: the dispreferred response column")
     apply_chat_template: bool = setting(False, help="dataset task: wrap each prompt in the tokenizer's chat template")
     prompt_file: str | None = setting(None, help="dataset task: a text file whose {} each prompt fills (str.format)")
     hub_dataset: str | None = setting(None, help="a Hugging Face Hub dataset name (NeMo RL recipes); refused at run "

@@ -103,7 +103,7 @@ def _read_template(path: str | None) -> str | None:
     return template
 
 
-def _check_columns(rows: list[dict[str, Any]], columns: dict[str, str], key: str, files: list[str]) -> None:
+def check_columns(rows: list[dict[str, Any]], columns: dict[str, str], key: str, files: list[str]) -> None:
     if not rows:
         raise ConfigError(f"{', '.join(files)} holds no rows", key=key, hint="give a file with at least one example")
     present = sorted(c for c in rows[0] if c != ORIGIN)
@@ -115,6 +115,33 @@ def _check_columns(rows: list[dict[str, Any]], columns: dict[str, str], key: str
             if row.get(column) is None:
                 raise ConfigError(f"{row[ORIGIN]} has no {column!r} (data.{setting})", key=key,
                                   hint="give every row that column, or remove the row")
+
+
+def split_rows(rows: list[dict[str, Any]], data: Any, columns: dict[str, str],
+               rng: random.Random) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Training and held-out rows: ``data.held_out_files`` (checked for ``columns``), else
+    ``data.held_out_size`` rows (unset: a quarter, at most 32; at most half) cut off the shuffled
+    training rows."""
+    held_files = _as_list(data.held_out_files)
+    if held_files:
+        held = read_rows(held_files, "data.held_out_files")
+        check_columns(held, columns, "data.held_out_files", held_files)
+        return rows, held
+    count = data.held_out_size if data.held_out_size is not None else max(1, min(32, len(rows) // 4))
+    if count > len(rows) // 2:
+        train_files = ", ".join(map(str, _as_list(data.train_files)))
+        raise ConfigError(
+            f"{count} held-out rows would leave {max(len(rows) - count, 0)} of the "
+            f"{len(rows)} rows of {train_files} for training (at most half are held out)",
+            key="data.held_out_size",
+            hint=f"give data.held_out_files, or data.held_out_size={max(len(rows) // 2, 1)} or less "
+                 "(NeMo RL recipes: data.validation.data_path, or a smaller grpo.max_val_samples)")
+    rows = rows[:]
+    rng.shuffle(rows)
+    if not rows[count:]:
+        raise ConfigError("no training rows are left after the held-out split", key="data.held_out_size",
+                          hint="add rows or lower data.held_out_size")
+    return rows[count:], rows[:count]
 
 
 class DatasetTask:
@@ -141,29 +168,9 @@ class DatasetTask:
                               hint="set data.train_files=path/to/train.jsonl (or .parquet)")
         columns = {"prompt_key": self.prompt_key, "answer_key": self.answer_key}
         rows = read_rows(train_files, "data.train_files")
-        _check_columns(rows, columns, "data.train_files", train_files)
-        rng = random.Random(context.seed)
-        held_files = _as_list(data.held_out_files)
-        if held_files:
-            self.held = read_rows(held_files, "data.held_out_files")
-            _check_columns(self.held, columns, "data.held_out_files", held_files)
-            self.train = rows
-        else:
-            count = data.held_out_size if data.held_out_size is not None else max(1, min(32, len(rows) // 4))
-            if count > len(rows) // 2:
-                raise ConfigError(
-                    f"{count} held-out rows would leave {max(len(rows) - count, 0)} of the "
-                    f"{len(rows)} rows of {', '.join(map(str, train_files))} for training (at most half are held out)",
-                    key="data.held_out_size",
-                    hint=f"give data.held_out_files, or data.held_out_size={max(len(rows) // 2, 1)} or less "
-                         "(NeMo RL recipes: data.validation.data_path, or a smaller grpo.max_val_samples)")
-            rows = rows[:]
-            rng.shuffle(rows)
-            self.held, self.train = rows[:count], rows[count:]
-        if not self.train:
-            raise ConfigError("no training rows are left after the held-out split", key="data.held_out_size",
-                              hint="add rows or lower data.held_out_size")
-        self.rng = rng
+        check_columns(rows, columns, "data.train_files", train_files)
+        self.rng = random.Random(context.seed)
+        self.train, self.held = split_rows(rows, data, columns, self.rng)
         self.order: list[int] = []
         self.position = 0
 
