@@ -59,9 +59,9 @@ def corerl_register_tasks(register: Callable[[Task], None]) -> None:
                   description="echo the digit in the prompt (made in code; the demo's task)"))
     register(Task(id="dataset", factory="corerl.tasks.dataset:DatasetTask",
                   description="prompt/answer rows from data.train_files (JSONL or Parquet)"))
-    register(Task(id="digit_preference", factory="corerl.tasks.preferences:DigitPreference",
+    register(Task(id="digit_preference", factory="corerl.tasks.preferences:DigitPreference", provides="preferences",
                   description="DPO pairs: repeat the first of two digits, not the second (made in code)"))
-    register(Task(id="preferences", factory="corerl.tasks.preferences:PreferenceDataset",
+    register(Task(id="preferences", factory="corerl.tasks.preferences:PreferenceDataset", provides="preferences",
                   description="DPO pairs: prompt/chosen/rejected rows from data.train_files (JSONL or Parquet)"))
 
 

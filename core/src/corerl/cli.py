@@ -238,6 +238,9 @@ def _print_selection(config: Any, selection: Any, verdict: str) -> None:
         ("task", selection.task),
         ("reward", selection.reward),
     ):
+        if config.core.algorithm.name == "dpo" and label in ("generation backend", "offload policy", "reward"):
+            table.add_row(label, "unused", "DPO trains on given pairs: nothing is sampled or scored")
+            continue
         table.add_row(label, choice.id or "off", choice.reason)
     console.print(table)
     for warning in [*config.warnings, *selection.warnings]:

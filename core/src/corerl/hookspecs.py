@@ -87,7 +87,9 @@ def corerl_register_tasks(register: Callable[[Task], None]) -> None:
     Call ``register(Task(id=..., factory=...))`` once per task; ``data.task`` names the one
     to use. The factory receives a :class:`corerl.tasks.TaskContext` (tokenizer, seed, the
     ``data`` section, the reward chosen by ``data.reward`` or None) and returns an object
-    with the methods of :class:`corerl.tasks.TaskSource`.
+    with the methods of :class:`corerl.tasks.TaskSource`; a task registered with
+    ``provides="preferences"`` feeds DPO instead, with those of
+    :class:`corerl.tasks.preferences.PreferenceSource`.
 
     Called when the plugin manager first needs the task registry.
     """

@@ -11,7 +11,7 @@ from __future__ import annotations
 import importlib
 import re
 from collections.abc import Callable, Iterator
-from typing import Any, ClassVar, Generic, TypeVar
+from typing import Any, ClassVar, Generic, Literal, TypeVar
 
 import attrs
 
@@ -149,12 +149,15 @@ class OffloadPolicy(Registration):
 
 @attrs.frozen(kw_only=True)
 class Task(Registration):
-    """A source of prompts, held-out prompts and (by default) their reward, named by ``data.task``.
+    """A source of prompts, held-out prompts and (by default) their reward, named by ``data.task``;
+    or, with ``provides="preferences"``, of preference pairs for DPO
+    (:class:`corerl.tasks.preferences.PreferenceSource`).
 
     The factory is called as ``factory(context)`` with a :class:`corerl.tasks.TaskContext`.
     """
 
     kind: ClassVar[str] = "task"
+    provides: Literal["prompts", "preferences"] = "prompts"
 
 
 @attrs.frozen(kw_only=True)

@@ -207,6 +207,13 @@ def select_offload_policy(config: Config, host: PluginHost) -> Choice:
 def select_task(config: Config, host: PluginHost) -> Choice:
     """The task named by ``data.task``."""
     chosen = _lookup(host, host.tasks, config.core.data.task, "data.task", config)
+    algorithm = config.core.algorithm.name
+    if (algorithm == "dpo") != (chosen.provides == "preferences"):
+        wanted = ("preference pairs", "a task that provides them (digit_preference, preferences)") if algorithm == "dpo" \
+            else ("prompts", "a prompt task (digit_echo, dataset), or algorithm.name=dpo")
+        raise SelectionError(f"task {chosen.id!r} provides {chosen.provides}, and {algorithm.upper()} trains on "
+                             f"{wanted[0]}", key="data.task", source=origin_of("data.task", config.origins),
+                             hint=f"set data.task to {wanted[1]}")
     return Choice(chosen.id, f"data.task is {chosen.id!r}", chosen)
 
 
