@@ -22,7 +22,10 @@ One subclass per layout (world size, parallel sizes). The checks:
     logprobs, the loss, the gradient norm and the (clipped) gradients equal a plain forward
     of each sequence alone, unpadded (set ``micro_batch_layouts`` to narrow this);
 (h) every rank computes on the machine's accelerator (a GPU where torch sees one, else the
-    CPU), for backends that report ``worker_devices()``.
+    CPU), for backends that report ``worker_devices()``;
+(i) DPO's pair loss (:class:`corerl.algorithms.dpo_math.DPOLoss`, whose pairs must not be split)
+    gives the loss and the weights of a plain step on the whole batch, in this layout (one pair
+    per micro-batch) and, in (g)'s token-budget layouts, with pairs packed or grouped by tokens.
 """
 
 from __future__ import annotations
@@ -61,6 +64,29 @@ def conformance_batch(rows: int = 4, length: int = 16, vocab: int = 128, seed: i
     loss_mask[:, :5] = 0  # the "prompt"
     advantages = torch.randn(rows, 1, generator=gen).expand(rows, length).contiguous()
     return {"input_ids": input_ids, "attention_mask": attention_mask, "loss_mask": loss_mask, "advantages": advantages}
+
+
+def preference_conformance_batch(pairs: int = 4, vocab: int = 128, seed: int = 2) -> dict[str, torch.Tensor]:
+    """A fixed DPO batch: ``pairs`` (prompt, chosen, rejected) of varied lengths on adjacent rows,
+    with reference logprobs on the response tokens."""
+    from corerl.algorithms.dpo_math import preference_batch
+
+    gen = torch.Generator().manual_seed(seed)
+
+    def tokens(count: int) -> list[int]:
+        return torch.randint(4, vocab, (count,), generator=gen).tolist()
+
+    triples = [(tokens(3 + i % 3), tokens(2 + (2 * i) % 5), tokens(3 + i % 4)) for i in range(pairs)]
+    batch = preference_batch(triples)
+    batch["ref_logprobs"] = -torch.rand(batch["loss_mask"].shape, generator=gen) * 3 * batch["loss_mask"]
+    return batch
+
+
+def dpo_conformance_loss(pairs: int = 4) -> Any:
+    """DPO's loss with an SFT term, over ``pairs`` pairs."""
+    from corerl.algorithms.dpo_math import DPOLoss
+
+    return DPOLoss(beta=0.5, sft_weight=0.3, pairs=pairs)
 
 
 def _max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -238,6 +264,23 @@ class TrainingBackendConformance:
         assert len(devices) == backend.conformance_world_size
         assert all(device.split(":")[0] == expected for device in devices), devices
 
+    # -- (i) ---------------------------------------------------------------------------
+
+    def test_dpo_pairs_match_plain_pytorch(self, backend: Any, model_dir: str) -> None:
+        self._check_dpo_step(backend, model_dir, unpadded=False)
+
+    def _check_dpo_step(self, engine: Any, model_dir: str, unpadded: bool) -> None:
+        batch, loss_fn = preference_conformance_batch(), dpo_conformance_loss()
+        engine.load_hf(model_dir)
+        result = engine.train_step(batch, loss_fn)
+        ref_loss, ref_params = reference_sgd_step(
+            model_dir, batch, loss_fn, lr=result.lr, momentum=MOMENTUM, max_grad_norm=MAX_GRAD_NORM, unpadded=unpadded)
+        assert abs(result.loss - ref_loss) <= self.tolerance, (result.loss, ref_loss)
+        assert 0.0 <= result.metrics["preference_accuracy"] <= 1.0  # a mean over the step's pairs
+        weights = dict(engine.weight_stream())
+        moved = max(_max_diff(weights[n], p) for n, p in ref_params.items())
+        assert moved <= self.tolerance, f"DPO step: weights differ from the reference by {moved:.3g}"
+
     # -- (g) ---------------------------------------------------------------------------
 
     @pytest.mark.parametrize("layout", ["packed", "dynamic"])
@@ -269,5 +312,6 @@ class TrainingBackendConformance:
             after = dict(engine.weight_stream())
             worst = max(_max_diff((original[n] - after[n]) / result.lr, g) for n, g in ref_grads.items())
             assert worst <= self.tolerance, f"gradients differ from the unpadded reference by {worst:.3g}"
+            self._check_dpo_step(engine, model_dir, unpadded=True)  # (i): pairs kept whole in this layout
         finally:
             engine.shutdown()
