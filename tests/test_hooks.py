@@ -91,7 +91,7 @@ def test_hook_corerl_register_offload_policies():
 def test_hook_corerl_register_tasks():
     host = _host_with_plugin()
     assert host.tasks.get("quicktask").plugin == "quick"
-    assert host.tasks.ids() == ["dataset", "digit_echo", "quicktask"]
+    assert host.tasks.ids() == ["dataset", "digit_echo", "digit_preference", "preferences", "quicktask"]
 
 
 def test_hook_corerl_register_rewards():
