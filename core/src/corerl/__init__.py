@@ -1,12 +1,12 @@
 """corerl: reinforcement-learning post-training for language models, with pluggable engines.
 
-Users need :func:`train`, :class:`GRPOTrainer` and :class:`SFTTrainer`; plugin authors need
+Users need :func:`train`, :class:`GRPOTrainer`, :class:`SFTTrainer` and :class:`DPOTrainer`; plugin authors need
 :data:`hookimpl` and the registration classes. Everything here imports only light modules
 (no torch, vllm, megatron or deepspeed).
 """
 
 from corerl import presets
-from corerl.api import GRPOTrainer, SFTTrainer, train
+from corerl.api import DPOTrainer, GRPOTrainer, SFTTrainer, train
 from corerl.hookspecs import hookimpl
 from corerl.registry import (
     Command,
@@ -22,6 +22,7 @@ from corerl.registry import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "DPOTrainer",
     "GRPOTrainer",
     "SFTTrainer",
     "train",

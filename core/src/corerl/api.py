@@ -97,7 +97,8 @@ class Trainer:
         config = self._load(host, {})
         if self.dataset is not None:  # point data.* at the dataset, written into the run directory
             name = config.core.run.name or time.strftime("%Y%m%d-%H%M%S")
-            data = dataset_settings(self.dataset, Path(config.core.run.output_dir) / name / "data")
+            data = dataset_settings(self.dataset, Path(config.core.run.output_dir) / name / "data",
+                                    "preferences" if self.algorithm == "dpo" else "dataset")
             config = self._load(host, {"run": {"name": name}, "data": data})
         selection = select(config, host)
         if self.reward_fn is not None:
@@ -118,12 +119,12 @@ class Trainer:
         return config_from_mapping(deep_merge(tree, extra), host)
 
 
-def dataset_settings(dataset: Any, folder: Path) -> dict[str, Any]:
+def dataset_settings(dataset: Any, folder: Path, task: str = "dataset") -> dict[str, Any]:
     """``data`` settings for a dataset given as a path, rows, or a ``datasets`` object; Python
     objects are written as JSONL into ``folder`` (so a resumed run finds them)."""
     if isinstance(dataset, (str, Path)):
-        return {"task": "dataset", "train_files": str(dataset)}
-    settings: dict[str, Any] = {"task": "dataset"}
+        return {"task": task, "train_files": str(dataset)}
+    settings: dict[str, Any] = {"task": task}
     folder.mkdir(parents=True, exist_ok=True)
     for split, rows in _splits(dataset).items():
         path = folder / f"{split}.jsonl"
@@ -162,16 +163,23 @@ class SFTTrainer(Trainer):
     algorithm = "sft"
 
 
+class DPOTrainer(Trainer):
+    """DPO from Python; ``dataset`` rows hold ``prompt``, ``chosen`` and ``rejected`` (the
+    ``preferences`` task; ``data.*_key`` rename the columns)."""
+
+    algorithm = "dpo"
+
+
 def train(*, model: str | Path, dataset: Any = None, reward_fn: RewardFunction | None = None,
           algorithm: str | Mapping[str, Any] = "grpo", tensor_parallel_size: int = 1,
           **sections: Mapping[str, Any]) -> Any:
     """One call: a run on a local checkpoint ``model`` (or ``builtin:tiny-qwen2``).
 
-    ``algorithm`` is ``"grpo"``, ``"sft"`` or the whole ``algorithm`` section (its ``name``
+    ``algorithm`` is ``"grpo"``, ``"sft"``, ``"dpo"`` or the whole ``algorithm`` section (its ``name``
     defaulting to grpo); other sections come as keywords (``policy={...}``, ``data={...}``).
     See :class:`Trainer` for ``dataset`` and ``reward_fn``."""
     section = dict(algorithm) if isinstance(algorithm, Mapping) else {"name": algorithm}
-    trainers = {"grpo": GRPOTrainer, "sft": SFTTrainer}
+    trainers = {"grpo": GRPOTrainer, "sft": SFTTrainer, "dpo": DPOTrainer}
     name = section.get("name", "grpo")
     if name not in trainers:
         raise ConfigError(f"unknown algorithm {name!r}", key="algorithm.name", hint="use 'grpo' or 'sft'")

@@ -12,15 +12,21 @@ if TYPE_CHECKING:
     from corerl.config.schema import OptimizerConfig, SchedulerConfig
 
 
-def build_optimizer(params: Iterable[torch.nn.Parameter], cfg: OptimizerConfig) -> torch.optim.Optimizer:
-    """AdamW, Adam or SGD with the configured hyper-parameters."""
+def build_optimizer(params: Iterable[torch.nn.Parameter], cfg: OptimizerConfig, *,
+                    fused: bool = True) -> torch.optim.Optimizer:
+    """AdamW, Adam or SGD with the configured hyper-parameters. Adam(W) takes torch's fused
+    kernel where ``fused`` allows it and every parameter is a plain tensor on the CPU or a GPU
+    (pass ``fused=False`` where another library re-partitions the parameters, as DeepSpeed does)."""
     import torch
 
     params = [p for p in params if p.requires_grad]
     if cfg.name == "sgd":
         return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
     cls = torch.optim.AdamW if cfg.name == "adamw" else torch.optim.Adam
-    return cls(params, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps, weight_decay=cfg.weight_decay)
+    fused = fused and bool(params) and all(type(p.data) is torch.Tensor and p.is_floating_point()
+                                 and p.device.type in ("cpu", "cuda") for p in params)
+    return cls(params, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps, weight_decay=cfg.weight_decay,
+               fused=fused or None)
 
 
 def lr_factor(step: int, cfg: SchedulerConfig, total_steps: int) -> float:

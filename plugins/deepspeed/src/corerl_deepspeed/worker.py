@@ -46,7 +46,7 @@ class DeepSpeedWorker(RankWorker):
         if self.engine is not None:  # a reload (e.g. after SFT): free the old engine's partitions first
             self.engine.destroy()
             self.engine = None
-        optimizer = None if self.settings.use_deepspeed_optimizer else build_optimizer(model.parameters(), policy.optimizer)
+        optimizer = None if self.settings.use_deepspeed_optimizer else build_optimizer(model.parameters(), policy.optimizer, fused=False)
         total = self.config.core.algorithm.max_steps
         self.engine, self.optimizer, _, self.scheduler = self.deepspeed.initialize(
             model=model, optimizer=optimizer, config=build_ds_config(self.config, self.on_gpu),
