@@ -28,12 +28,11 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
-import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
+
+from contenders import model_shape, run_contender, step_clock
 
 RESULTS = Path(__file__).parent / "results" / "dpo_vs_trl.json"
 MODEL = dict(hidden_size=256, num_layers=4, num_heads=4, num_kv_heads=2, intermediate_size=512, vocab_size=128)
@@ -53,18 +52,11 @@ def preference_rows(count: int = 720) -> list[dict[str, str]]:
 def run_trl(model_dir: str, steps: int, threads: int, checkpointing: bool, precompute: bool, device: str) -> dict[str, Any]:
     import datasets
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import DPOConfig, DPOTrainer
 
     torch.set_num_threads(threads)
     times: list[float] = []
-
-    class StepClock(TrainerCallback):
-        def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-            self.start = time.perf_counter()
-
-        def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-            times.append(time.perf_counter() - self.start)
 
     with tempfile.TemporaryDirectory() as out:
         config = DPOConfig(
@@ -76,7 +68,7 @@ def run_trl(model_dir: str, steps: int, threads: int, checkpointing: bool, preco
         trainer = DPOTrainer(
             model=AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32), args=config,
             train_dataset=datasets.Dataset.from_list(preference_rows()),
-            processing_class=AutoTokenizer.from_pretrained(model_dir), callbacks=[StepClock()],
+            processing_class=AutoTokenizer.from_pretrained(model_dir), callbacks=[step_clock(times)],
         )
         trainer.train()
     return {"step_times": times}
@@ -140,25 +132,17 @@ def main() -> None:
 
     from corerl.models.tiny import build_tiny_model
 
-    shape = {**MODEL, "hidden_size": args.hidden, "num_layers": args.layers,
-             "intermediate_size": 2 * args.hidden, "num_heads": max(4, args.hidden // 64),
-             "num_kv_heads": max(2, args.hidden // 128)}
+    shape = model_shape(MODEL, args.hidden, args.layers)
     rows = []
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""} if args.device == "cpu" else dict(os.environ)
     with tempfile.TemporaryDirectory() as tmp:
         model = str(build_tiny_model(Path(tmp) / "model", **shape))
         for name, (mode, _) in CONTENDERS.items():
-            out = Path(tmp) / f"{name}.json"
-            print(f"running {name} ({args.steps} steps) ...", flush=True)
-            start = time.perf_counter()
-            subprocess.run([sys.executable, __file__, "--contender", name, "--model", model, "--out", str(out),
-                            "--steps", str(args.steps), "--threads", str(args.threads), "--device", args.device],
-                           check=True, stdout=subprocess.DEVNULL, env=env)
-            result = json.loads(out.read_text())
+            result, wall = run_contender(__file__, name, model, Path(tmp), args, env)
             counted = result["step_times"][1:] or result["step_times"]
             median = statistics.median(counted)
             rows.append({"contender": name, "reference": mode, "steps_timed": len(counted), "median_step_s": median,
-                         "pairs_per_s": PAIRS / median, "wall_s": time.perf_counter() - start,
+                         "pairs_per_s": PAIRS / median, "wall_s": wall,
                          "phases_median_s": {p: statistics.median(v[1:] or v) for p, v in result.get("phases", {}).items()}})
 
     def faster_trl(mode: str) -> dict[str, Any]:

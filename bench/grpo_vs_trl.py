@@ -27,12 +27,12 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from contenders import model_shape, run_contender, step_clock
 
 RESULTS = Path(__file__).parent / "results" / "grpo_vs_trl.json"
 MODEL = dict(hidden_size=256, num_layers=4, num_heads=4, num_kv_heads=2, intermediate_size=512, vocab_size=128)
@@ -54,18 +54,11 @@ def digit_share(completion: str, answer: str) -> float:
 def run_trl(model_dir: str, steps: int, threads: int, checkpointing: bool, device: str) -> dict[str, Any]:
     import datasets
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import GRPOConfig, GRPOTrainer
 
     torch.set_num_threads(threads)
     times: list[float] = []
-
-    class StepClock(TrainerCallback):
-        def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-            self.start = time.perf_counter()
-
-        def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-            times.append(time.perf_counter() - self.start)
 
     def reward(prompts: list[str], completions: list[str], answer: list[str], **_: Any) -> list[float]:
         return [digit_share(c, a) for c, a in zip(completions, answer, strict=True)]
@@ -81,7 +74,7 @@ def run_trl(model_dir: str, steps: int, threads: int, checkpointing: bool, devic
         trainer = GRPOTrainer(
             model=AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32), reward_funcs=reward,
             args=config, train_dataset=datasets.Dataset.from_list(prompt_rows()),
-            processing_class=AutoTokenizer.from_pretrained(model_dir), callbacks=[StepClock()],
+            processing_class=AutoTokenizer.from_pretrained(model_dir), callbacks=[step_clock(times)],
         )
         generate = trainer._generate  # timed from outside: TRL's own generation, untouched
 
@@ -178,9 +171,7 @@ def main() -> None:
 
         if not torch.cuda.is_available():
             parser.error("--device cuda: torch sees no GPU on this machine")
-    shape = {**MODEL, "hidden_size": args.hidden, "num_layers": args.layers,
-             "intermediate_size": 2 * args.hidden, "num_heads": max(4, args.hidden // 64),
-             "num_kv_heads": max(2, args.hidden // 128)}
+    shape = model_shape(MODEL, args.hidden, args.layers)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         model = str(build_tiny_model(Path(tmp) / "model", **shape))
@@ -188,13 +179,8 @@ def main() -> None:
         names = [n for n in CONTENDERS if not (args.device == "cuda" and n == "corerl")]
         env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""} if args.device == "cpu" else dict(os.environ)
         for name in names:
-            out = Path(tmp) / f"{name}.json"
-            print(f"running {name} ({args.steps} steps) ...", flush=True)
-            start = time.perf_counter()
-            subprocess.run([sys.executable, __file__, "--contender", name, "--model", model, "--out", str(out),
-                            "--steps", str(args.steps), "--threads", str(args.threads), "--device", args.device],
-                           check=True, stdout=subprocess.DEVNULL, env=env)
-            rows.append(summarise(name, json.loads(out.read_text())) | {"wall_s": time.perf_counter() - start})
+            result, wall = run_contender(__file__, name, model, Path(tmp), args, env)
+            rows.append(summarise(name, result) | {"wall_s": wall})
 
     trl_best = min((r for r in rows if r["contender"].startswith("trl")), key=lambda r: r["median_step_s"])
     ratios = {r["contender"]: trl_best["median_step_s"] / r["median_step_s"] for r in rows

@@ -126,11 +126,28 @@ def test_dedicated_generation_takes_its_gpus_out_of_the_cluster():
     assert (resources.num_nodes, resources.gpus_per_node) == (1, 8)
 
 
-def test_a_dpo_recipe_is_refused_naming_the_missing_algorithm(tmp_path):
+def test_a_nemo_rl_dpo_recipe_runs_on_local_pairs_and_its_held_out_accuracy_rises(tmp_path):
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text("".join(json.dumps({"prompt": f"w0 {d} :", "chosen": f"{d} {d} {d}",
+                                         "rejected": " ".join([str((d + k) % 10)] * 3)}) + "\n"
+                             for k in range(1, 10) for d in range(10)))
     recipe = tmp_path / "dpo.yaml"
-    recipe.write_text("dpo:\n  max_num_steps: 10\n  reference_policy_kl_penalty: 0.1\npolicy:\n  model_name: m\n")
-    result = _validate(str(recipe))
-    assert result.code == 2 and "dpo: DPO recipes name an algorithm corerl does not have yet" in result.err, result
+    recipe.write_text(
+        "dpo:\n  max_num_steps: 80\n  max_num_epochs: 1\n  val_period: 10\n  seed: 7\n"
+        "  reference_policy_kl_penalty: 0.1\n  preference_loss_weight: 1.0\n  sft_loss_weight: 0.0\n"
+        "  preference_average_log_probs: false\n  sft_average_log_probs: false\n"
+        "policy:\n  model_name: builtin:tiny-qwen2\n  train_global_batch_size: 32\n  train_micro_batch_size: 64\n"
+        "  max_total_sequence_length: 16\n  precision: float32\n"
+        "  optimizer:\n    name: torch.optim.AdamW\n    kwargs:\n      lr: 1.0e-3\n"
+        f"data:\n  train_data_path: {pairs}\n")
+    explained = _validate(str(recipe), "--explain")
+    assert explained.code == 0, explained
+    assert "algorithm.dpo.beta" in explained.out and "algorithm.batch_size (pairs per step)" in explained.out
+    result = run_corerl("run", str(recipe), f"run.output_dir={tmp_path}", "run.name=dpo", "data.held_out_size=20")
+    assert result.code == 0, result
+    summary = json.loads((tmp_path / "dpo" / "summary.json").read_text())
+    assert summary["algorithm"] == "dpo" and summary["task"] == "preferences" and summary["dpo_steps"] == 80
+    assert summary["held_out_preference_accuracy_after"] - summary["held_out_preference_accuracy_before"] >= 0.3
 
 
 def test_a_reference_that_does_not_resolve_is_one_line_with_key_and_file(tmp_path):

@@ -117,6 +117,21 @@ RULES: dict[str, Rule] = {
     "sft.val_micro_batch_size": inert("the held-out rows are evaluated in one batch"),
     "sft.val_at_start": inert("corerl always evaluates before training"),
     "sft.val_at_end": inert("corerl always evaluates after training"),
+    # -- dpo --
+    "dpo.max_num_steps": acts("algorithm.max_steps"),
+    "dpo.seed": acts("algorithm.seed"),
+    "dpo.reference_policy_kl_penalty": acts("algorithm.dpo.beta"),
+    "dpo.preference_loss_weight": acts("algorithm.dpo.preference_weight"),
+    "dpo.sft_loss_weight": acts("algorithm.dpo.sft_weight"),
+    "dpo.preference_average_log_probs": acts("algorithm.dpo.preference_average_log_probs"),
+    "dpo.sft_average_log_probs": acts("algorithm.dpo.sft_average_log_probs"),
+    "dpo.max_num_epochs": inert("corerl stops at max_num_steps, drawing the shuffled pairs again epoch after epoch"),
+    "dpo.val_period": inert("corerl scores the held-out pairs before and after training"),
+    "dpo.val_batches": inert("every held-out pair is scored"),
+    "dpo.val_global_batch_size": inert("every held-out pair is scored"),
+    "dpo.val_micro_batch_size": inert("the held-out pairs are scored in the logprob micro-batches"),
+    "dpo.val_at_start": inert("corerl always scores the held-out pairs before training"),
+    "dpo.val_at_end": inert("corerl always scores the held-out pairs after training"),
     # -- loss_fn --
     "loss_fn.reference_policy_kl_penalty": acts("algorithm.kl_penalty"),
     "loss_fn.ratio_clip_min": acts("algorithm.ratio_clip_min"),
@@ -387,18 +402,13 @@ class _Translator:
 def translate(raw: dict[str, Any], origins: Origins) -> Translation:
     """Translate a resolved NeMo RL tree; every refused key is reported together (exit 2)."""
     out = _Translator(origins)
-    if "dpo" in raw:
-        out.refuse("dpo", "DPO recipes name an algorithm corerl does not have yet",
-                   "corerl runs grpo and sft; DPO is tracked as its own issue")
-    algorithm = "grpo" if "grpo" in raw else "sft" if "sft" in raw else None
+    algorithm = "grpo" if "grpo" in raw else "dpo" if "dpo" in raw else "sft" if "sft" in raw else None
     if algorithm:
         set_at(out.tree, "algorithm.name", algorithm)
         out.new_origins["algorithm.name"] = origin_of(algorithm, origins) or "nemo-rl dialect"
         if algorithm == "sft":
             set_at(out.tree, "sft.enabled", False)
     for path, value in _leaves(raw):
-        if path.split(".")[0] == "dpo":
-            continue
         section = _switched_off(path, raw)
         if section is not None:
             out.inert(path, f"{section}.enabled is false")
@@ -456,6 +466,9 @@ def _derived(raw: dict[str, Any], out: _Translator, algorithm: str | None) -> No
     elif global_batch is not None:
         if algorithm == "sft":
             out.put("policy.train_global_batch_size", "algorithm.batch_size", global_batch)
+        elif algorithm == "dpo":  # read as preference pairs per optimizer step
+            out.put("policy.train_global_batch_size", "algorithm.batch_size", global_batch,
+                    "algorithm.batch_size (pairs per step)")
         else:
             out.inert("policy.train_global_batch_size", "no algorithm section: nothing is trained")
     _dedicated_generation(raw, out)
@@ -488,7 +501,11 @@ def _derived(raw: dict[str, Any], out: _Translator, algorithm: str | None) -> No
                    "write a list, or corerl's policy.scheduler.name and warmup_steps in a corerl recipe")
     keys = ["data.dataset_name", "data.train.dataset_name", "data.validation.dataset_name", "data.default.dataset_name"]
     names = [(key, value_at(raw, key)) for key in keys if value_at(raw, key)]
-    if value_at(out.tree, "data.train_files") is not None:
+    if value_at(out.tree, "data.train_files") is not None and algorithm == "dpo":
+        set_at(out.tree, "data.task", "preferences")  # prompt/chosen/rejected rows (data.*_key rename them)
+        for key, name in names:
+            out.inert(key, f"{name!r}: the local files given replace it")
+    elif value_at(out.tree, "data.train_files") is not None:
         set_at(out.tree, "data.task", "dataset")
         # NeMo RL's response datasets read the columns input and output unless told otherwise
         for key, column in (("data.prompt_key", "input"), ("data.answer_key", "output")):
