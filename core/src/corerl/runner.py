@@ -1,6 +1,7 @@
 """Running a validated recipe: an optional SFT warm start, then GRPO or DPO (or SFT alone), over
-the selected backends (DPO starts no generation backend: it samples nothing), with a progress bar per phase and a run directory holding metrics.jsonl,
-TensorBoard event files, curves.png, summary.json and the final Hugging Face checkpoint.
+the selected backends (DPO starts no generation backend: it samples nothing), with a progress
+bar per phase and a run directory holding metrics.jsonl, TensorBoard event files, curves.png,
+summary.json and the final Hugging Face checkpoint.
 
 ``corerl run`` on a run directory that holds a complete checkpoint resumes from it; one that
 holds none starts over there (``run.resume=must`` refuses instead). Folders the run trusts later
@@ -146,7 +147,7 @@ def _shown(metrics: dict[str, float]) -> str:
     tokens = metrics.get("generated_tokens", metrics.get("tokens", 0.0))
     text = f"reward {metrics['reward/mean']:.3f}  " if "reward/mean" in metrics else ""
     if "preference_accuracy" in metrics:
-        text = f"accuracy {metrics['preference_accuracy']:.2f}  margin {metrics['rewards/margin']:+.3f}  "
+        text = f"accuracy {metrics['preference_accuracy']:.2f}  margin {metrics.get('rewards/margin', 0.0):+.3f}  "
     return text + f"loss {metrics['loss']:+.4f}  {tokens / metrics['time/step']:,.0f} tok/s"
 
 

@@ -96,7 +96,6 @@ class DPO:
     training: TrainingEngine
     loss: DPOLoss
     reference: ReferenceScores
-    preference_weight: float = 1.0
     steps_done: int = 0
 
     @staticmethod
