@@ -19,7 +19,7 @@ _BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
 ORIGIN = "_corerl_origin"  # where a row came from: a key the rows carry, dropped before a reward sees them
 
 
-def _as_list(value: str | list[str] | None) -> list[str]:
+def as_list(value: str | list[str] | None) -> list[str]:
     if value is None:
         return []
     return [value] if isinstance(value, str) else list(value)
@@ -86,7 +86,7 @@ def _exact_answer_in(column: str) -> Any:
     return exact_answer_in_column
 
 
-def _read_template(path: str | None) -> str | None:
+def read_template(path: str | None) -> str | None:
     """The prompt template ``data.prompt_file`` names (``{}`` is where each prompt goes)."""
     if path is None:
         return None
@@ -122,14 +122,14 @@ def split_rows(rows: list[dict[str, Any]], data: Any, columns: dict[str, str],
     """Training and held-out rows: ``data.held_out_files`` (checked for ``columns``), else
     ``data.held_out_size`` rows (unset: a quarter, at most 32; at most half) cut off the shuffled
     training rows."""
-    held_files = _as_list(data.held_out_files)
+    held_files = as_list(data.held_out_files)
     if held_files:
         held = read_rows(held_files, "data.held_out_files")
         check_columns(held, columns, "data.held_out_files", held_files)
         return rows, held
     count = data.held_out_size if data.held_out_size is not None else max(1, min(32, len(rows) // 4))
     if count > len(rows) // 2:
-        train_files = ", ".join(map(str, _as_list(data.train_files)))
+        train_files = ", ".join(map(str, as_list(data.train_files)))
         raise ConfigError(
             f"{count} held-out rows would leave {max(len(rows) - count, 0)} of the "
             f"{len(rows)} rows of {train_files} for training (at most half are held out)",
@@ -157,12 +157,12 @@ class DatasetTask:
         self.response_key = data.response_key or data.answer_key
         self.chat_template = data.apply_chat_template
         self.max_prompt_tokens = context.max_prompt_tokens
-        train_files = _as_list(data.train_files)
+        train_files = as_list(data.train_files)
         if data.hub_dataset and not train_files:
             raise ConfigError(f"{data.hub_dataset!r} is a Hugging Face Hub dataset, and nothing is downloaded",
                               key="data.hub_dataset", hint="give a local JSONL/Parquet file: data.train_files=train.jsonl "
                               "(in a NeMo RL recipe: data.train.data_path=train.jsonl)")
-        self.template = _read_template(data.prompt_file)
+        self.template = read_template(data.prompt_file)
         if not train_files:
             raise ConfigError("the dataset task needs data.train_files", key="data.train_files",
                               hint="set data.train_files=path/to/train.jsonl (or .parquet)")

@@ -15,7 +15,14 @@ from typing import Any, Protocol, runtime_checkable
 
 from corerl.errors import ConfigError
 from corerl.tasks import TaskContext, restore_rng, rng_state
-from corerl.tasks.dataset import ORIGIN, check_columns, read_rows, split_rows
+from corerl.tasks.dataset import (
+    ORIGIN,
+    as_list,
+    check_columns,
+    read_rows,
+    read_template,
+    split_rows,
+)
 
 PreferencePair = tuple[list[int], list[int], list[int]]
 
@@ -121,13 +128,11 @@ class PreferenceDataset:
     adds after the prompt). Every row is checked before training starts."""
 
     def __init__(self, context: TaskContext) -> None:
-        from corerl.tasks.dataset import _as_list, _read_template
-
         data = context.data
         self.tokenizer, self.max_tokens = context.tokenizer, context.max_prompt_tokens
         self.keys = {"prompt_key": data.prompt_key, "chosen_key": data.chosen_key, "rejected_key": data.rejected_key}
-        self.chat, self.template = data.apply_chat_template, _read_template(data.prompt_file)
-        files = _as_list(data.train_files)
+        self.chat, self.template = data.apply_chat_template, read_template(data.prompt_file)
+        files = as_list(data.train_files)
         if not files:
             raise ConfigError("the preferences task needs data.train_files", key="data.train_files",
                               hint="set data.train_files=path/to/pairs.jsonl (rows with prompt, chosen and rejected)")
