@@ -65,9 +65,9 @@ def preference_metrics(policy: torch.Tensor, reference: torch.Tensor, beta: floa
 
 @attrs.define
 class ReferenceScores:
-    """The reference's sequence logprobs: a table of every training and held-out pair scored once
-    (``table``), or a frozen engine that scores each batch (``engine``, offloaded between uses by
-    ``offload`` when given)."""
+    """The reference's sequence logprobs: tables of every training and held-out pair scored once
+    (``train``, ``held_out``: ``[pairs, 2]``), or a frozen engine that scores each batch
+    (``engine``, offloaded between uses by ``offload`` when given)."""
 
     train: torch.Tensor | None = None
     held_out: torch.Tensor | None = None

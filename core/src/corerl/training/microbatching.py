@@ -175,7 +175,8 @@ class MicroBatcher:
         if len(units) % ranks:
             raise ConfigError(
                 f"a batch of {len(units)} row groups (e.g. preference pairs) cannot be split evenly across "
-                f"{ranks} data-parallel ranks", hint="make the number of pairs a step takes a multiple of the data-parallel size")
+                f"{ranks} data-parallel ranks", key="algorithm.batch_size",
+                hint="make the number of pairs a step takes a multiple of the data-parallel size")
         width = int(batch["input_ids"].shape[1])
         share = len(units) // ranks
         per_rank, placements = [], []
