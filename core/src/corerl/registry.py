@@ -120,10 +120,14 @@ class Registration:
 class TrainingBackend(Registration):
     """A training engine (dtensor, megatron, deepspeed, ...) selected by ``policy.*`` rules.
     ``tensor_parallel_key`` names the key of its section that sets the tensor-parallel size, if
-    it has one (``GRPOTrainer.from_pretrained(tensor_parallel_size=...)`` writes it)."""
+    it has one (``GRPOTrainer.from_pretrained(tensor_parallel_size=...)`` writes it).
+    ``value_model`` says it also trains PPO's critic: built from a config with ``role="critic"`` it
+    loads a value model and provides :class:`corerl.training.contract.ValueEngine`'s methods
+    (a backend without it is refused as PPO's critic, and serves GRPO, SFT and DPO as before)."""
 
     kind: ClassVar[str] = "training backend"
     tensor_parallel_key: str | None = None
+    value_model: bool = False
 
 
 @attrs.frozen(kw_only=True)

@@ -26,7 +26,7 @@ from corerl.config.tree import origin_of
 from corerl.errors import ConfigError, ConfigErrors, CorerlError, SelectionError
 from corerl.known_plugins import FIRST_PARTY, provider_of
 from corerl.plugin_manager import PluginHost
-from corerl.registry import Registration, Registry
+from corerl.registry import Registration, Registry, TrainingBackend
 
 DEFAULT_TRAINING_BACKEND = "dtensor"
 DEFAULT_GENERATION_BACKEND = "vllm"
@@ -57,10 +57,15 @@ class Selection:
     reward: Choice
     reward_fn: Any = None
     warnings: list[str] = attrs.field(factory=list)
+    #: PPO's critic backend (None for the other algorithms) and the config it is built from
+    critic_backend: Choice | None = None
+    critic_config: Any = None
 
     def as_dict(self) -> dict[str, Any]:
+        critic = {"critic_backend": self.critic_backend.as_dict()} if self.critic_backend is not None else {}
         return {
             "training_backend": self.training_backend.as_dict(),
+            **critic,
             "generation_backend": self.generation_backend.as_dict(),
             "sequence_packer": self.sequence_packer.as_dict(),
             "offload_policy": self.offload_policy.as_dict(),
@@ -167,6 +172,33 @@ def select_training_backend(config: Config, host: PluginHost) -> tuple[Choice, l
     return Choice(chosen.id, reason, chosen), []
 
 
+def select_critic_backend(config: Config, host: PluginHost, policy: Choice) -> tuple[Choice, Config]:
+    """PPO's critic backend: ``critic.training_backend``; else by the rules above over the enabled
+    ``critic.<backend>_cfg`` sections; else the policy's. Refuses, in one line, a backend that
+    does not train value models. Returns the choice and the critic's config."""
+    from corerl.config.critic import critic_config, critic_layout_sections
+
+    critic = config.core.critic
+    draft = critic_config(config)
+    if critic.training_backend is not None:
+        chosen = _lookup(host, host.training_backends, critic.training_backend, "critic.training_backend", draft)
+        choice = Choice(chosen.id, f"critic.training_backend names {chosen.id!r}", chosen)
+    elif any(draft.section_enabled(path) for path in critic_layout_sections(config).values()):
+        picked, _ = select_training_backend(draft, host)
+        choice = Choice(picked.id, picked.reason.replace("policy.", "critic."), picked.registration)
+    else:
+        choice = Choice(policy.id, f"the policy's training backend ({policy.id!r}); critic.training_backend is unset",
+                        policy.registration)
+    registration = choice.registration
+    assert isinstance(registration, TrainingBackend)
+    if not registration.value_model:
+        raise SelectionError(
+            f"training backend {registration.id!r} (plugin {registration.plugin!r}) does not train value models, "
+            "which PPO's critic needs", key="critic.training_backend", source=origin_of("algorithm.name", config.origins),
+            hint="set critic.training_backend to one that does (dtensor, deepspeed, megatron), or use algorithm.name=grpo")
+    return choice, critic_config(config, backend=registration.id)
+
+
 def select_generation_backend(config: Config, host: PluginHost) -> tuple[Choice, list[str]]:
     """``policy.generation.backend``, else vllm when installed, else hf."""
     registry = host.generation_backends
@@ -259,15 +291,26 @@ def select(config: Config, host: PluginHost) -> Selection:
         choices["reward"], reward_fn = select_reward(config, host)
     except SelectionError as exc:
         errors.append(exc)
+    critic: tuple[Choice | None, Config | None] = (None, None)
+    if config.core.algorithm.name == "ppo" and "training_backend" in choices:
+        try:
+            critic = select_critic_backend(config, host, choices["training_backend"])
+        except SelectionError as exc:
+            errors.append(exc)
     if errors:
         raise ConfigErrors(errors)
     for name in ("training_backend", "generation_backend"):  # what they cannot run here, as run would refuse it
         registration = choices[name].registration
         if registration is not None:
             registration.check(config)
+    if critic[0] is not None and critic[0].registration is not None:
+        critic[0].registration.check(critic[1])
     from corerl.distributed.placement import check_dedicated_generation
 
     check_dedicated_generation(config)
     for name in ("sequence_packer", "offload_policy"):  # what the backends and the algorithm build
         config.components[name] = choices[name].registration
-    return Selection(**choices, reward_fn=reward_fn, warnings=warnings)
+    if critic[1] is not None:
+        critic[1].components.update(config.components)
+    return Selection(**choices, reward_fn=reward_fn, warnings=warnings, critic_backend=critic[0],
+                     critic_config=critic[1])

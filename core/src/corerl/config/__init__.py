@@ -46,6 +46,9 @@ class Config:
     fates: list[KeyFate] = attrs.field(factory=list, eq=False)
     #: what the dialect accepted but wants the user to know at every run (a logger corerl lacks)
     warnings: list[str] = attrs.field(factory=list, eq=False)
+    #: which model a training backend built from this config trains: ``policy`` (a causal LM:
+    #: logprobs) or ``critic`` (PPO's value model: values; :func:`corerl.config.critic.critic_config`)
+    role: str = "policy"
 
     def section(self, path: str) -> Any | None:
         """The plugin-owned section at ``path`` (a schema instance, or a mapping when its plugin is absent)."""
@@ -60,13 +63,20 @@ class Config:
 
 def owned_sections(host: PluginHost) -> dict[str, type | None]:
     """Key path -> schema of every plugin-owned section (None: owner known but not installed)."""
+    from corerl.config.critic import critic_section
+    from corerl.registry import TrainingBackend
+
     owned: dict[str, type | None] = {}
     for item in host.registrations():
         if item.config_section and owned.get(item.config_section) is None:
             owned[item.config_section] = item.config_schema
+            if isinstance(item, TrainingBackend):  # the critic may have its own layout of the same backend
+                owned[critic_section(item.config_section)] = item.config_schema
     for plugin in FIRST_PARTY:
         for path in plugin.sections:
             owned.setdefault(path, None)
+            if plugin.training_backends:
+                owned.setdefault(critic_section(path), None)
     return owned
 
 

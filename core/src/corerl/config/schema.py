@@ -160,11 +160,23 @@ class DPOConfig:
 
 
 @attrs.define(kw_only=True)
+class PPOConfig:
+    """``algorithm.ppo``: PPO's advantage estimation (the policy's clipped loss reads the
+    ``algorithm`` keys GRPO uses; the critic is the ``critic`` section)."""
+
+    gamma: float = setting(1.0, min=0.0, max=1.0, help="discount per response token")
+    lam: float = setting(0.95, min=0.0, max=1.0, help="GAE's lambda: 0 one-step TD, 1 Monte Carlo returns")
+    whiten_advantages: bool = setting(True, help="centre and scale the step's advantages over its response tokens")
+    critic_warmup_steps: int = setting(0, min=0, help="steps that train only the critic before the policy moves")
+
+
+@attrs.define(kw_only=True)
 class AlgorithmConfig:
     """``algorithm``: which algorithm runs and its batch arithmetic."""
 
-    name: Literal["grpo", "sft", "dpo"] = setting("grpo")
-    batch_size: int = setting(8, min=1, help="prompts per step (GRPO), examples per step (SFT) or pairs per step (DPO)")
+    name: Literal["grpo", "ppo", "sft", "dpo"] = setting("grpo")
+    batch_size: int = setting(8, min=1, help="prompts per step (GRPO, PPO), examples per step (SFT) or pairs per "
+                                             "step (DPO)")
     gradient_accumulation_steps: int = setting(1, min=1)
     num_generations_per_prompt: int = setting(4, min=1)
     max_steps: int = setting(10, min=1)
@@ -180,7 +192,8 @@ class AlgorithmConfig:
                                                                "probability over the generation engine's")
     importance_weight_cap: float | None = setting(None, min=0.0, min_exclusive=True,
                                                   help="upper bound on those weights (truncated importance sampling)")
-    kl_penalty: float = setting(0.0, min=0.0)
+    kl_penalty: float = setting(0.0, min=0.0, help="GRPO: weight of the KL term in the loss; PPO: the KL penalty "
+                                                   "folded into each token's reward")
     kl_type: Literal["k1", "k2", "k3"] = setting("k3", help="KL estimator: k1 log ratio, k2 half its square, k3 "
                                                            "exp(d)-d-1")
     kl_input_clamp: float | None = setting(None, min=0.0, min_exclusive=True, help="bound on the log ratio")
@@ -191,6 +204,28 @@ class AlgorithmConfig:
     optimizer_batch_size: int | None = setting(None, min=1, help="GRPO: sequences per optimizer step; unset: all of a "
                                                                  "step's samples (one optimizer step per step)")
     dpo: DPOConfig = section(DPOConfig)
+    ppo: PPOConfig = section(PPOConfig)
+
+
+@attrs.define(kw_only=True)
+class CriticConfig:
+    """``critic``: PPO's value model, a second trained group on the policy's devices. Unset keys
+    follow the policy's; a ``critic.<backend>_cfg`` section (e.g. ``critic.dtensor_cfg``) gives
+    the critic its own layout, replacing the policy's section of that name for the critic."""
+
+    model_name: str | None = setting(None, help="a critic checkpoint (token classification, one label); unset: the "
+                                                "policy's starting weights with a zero value head")
+    training_backend: str | None = setting(None, help="training backend id; unset: the policy's, unless a "
+                                                      "critic.<backend>_cfg section is enabled")
+    train_micro_batch_size: int | None = setting(None, min=1, help="unset: policy.train_micro_batch_size")
+    value_micro_batch_size: int | None = setting(None, min=1, help="rows per micro-batch when scoring values; "
+                                                                   "unset: policy.logprob_micro_batch_size")
+    max_grad_norm: float | None = setting(1.0, min=0.0, min_exclusive=True)
+    value_clip: float | None = setting(0.2, min=0.0, min_exclusive=True,
+                                       help="how far a value may move from the old one before the loss is clipped; "
+                                            "null: unclipped")
+    optimizer: OptimizerConfig = section(OptimizerConfig)
+    scheduler: SchedulerConfig = section(SchedulerConfig)
 
 
 @attrs.define(kw_only=True)
@@ -245,10 +280,11 @@ class CheckpointingConfig:
 
 @attrs.define(kw_only=True)
 class CorerlConfig:
-    """A whole recipe: cluster, policy, algorithm, data, sft, run and checkpointing sections."""
+    """A whole recipe: cluster, policy, critic, algorithm, data, sft, run and checkpointing sections."""
 
     cluster: ClusterConfig = section(ClusterConfig)
     policy: PolicyConfig = setting()
+    critic: CriticConfig = section(CriticConfig)
     algorithm: AlgorithmConfig = section(AlgorithmConfig)
     data: DataConfig = section(DataConfig)
     sft: SftConfig = section(SftConfig)
@@ -270,7 +306,7 @@ class CorerlConfig:
             )
         samples = self.algorithm.batch_size * self.algorithm.num_generations_per_prompt
         rows = self.algorithm.optimizer_batch_size
-        if self.algorithm.name == "grpo" and rows is not None and samples % rows:
+        if self.algorithm.name in ("grpo", "ppo") and rows is not None and samples % rows:
             yield (
                 "algorithm.optimizer_batch_size",
                 f"must divide the {samples} samples of a step (algorithm.batch_size x "

@@ -25,7 +25,13 @@ One subclass per layout (world size, parallel sizes). The checks:
     CPU), for backends that report ``worker_devices()``;
 (i) DPO's pair loss (:class:`corerl.algorithms.dpo_math.DPOLoss`, whose pairs must not be split)
     gives the loss and the weights of a plain step on the whole batch, in this layout (one pair
-    per micro-batch) and, in (g)'s token-budget layouts, with pairs packed or grouped by tokens.
+    per micro-batch) and, in (g)'s token-budget layouts, with pairs packed or grouped by tokens;
+(j) as PPO's critic (``role="critic"``, for a registration with ``value_model=True``; others are
+    checked to be refused for PPO): values equal a plain transformers token-classification
+    forward, one clipped-value-loss step gives the loss and weights of a plain PyTorch step, save,
+    load and continue equals uninterrupted training, and the exported checkpoint loads as a value
+    model that reproduces the values. In (g)'s token-budget layouts the values and the step equal
+    each sequence run alone, unpadded.
 """
 
 from __future__ import annotations
@@ -89,6 +95,38 @@ def dpo_conformance_loss(pairs: int = 4) -> Any:
     return DPOLoss(beta=0.5, sft_weight=0.3, pairs=pairs)
 
 
+def value_conformance_batch(rows: int = 4, seed: int = 3) -> dict[str, torch.Tensor]:
+    """:func:`conformance_batch` with what the value loss reads: ``returns`` and ``old_values``."""
+    batch = conformance_batch(rows=rows, seed=seed)
+    gen = torch.Generator().manual_seed(seed)
+    mask = batch["loss_mask"].float()
+    batch["returns"] = 0.5 * torch.randn(mask.shape, generator=gen) * mask
+    batch["old_values"] = 0.3 * torch.randn(mask.shape, generator=gen) * mask
+    return batch
+
+
+def value_conformance_loss() -> Any:
+    """PPO's clipped value loss, with a clip range both branches of the clip meet on the batch above."""
+    from corerl.algorithms.ppo_math import ValueLoss
+
+    return ValueLoss(clip=0.5)
+
+
+def write_conformance_critic(model_dir: str, out: Path, seed: int = 5) -> str:
+    """A value model of ``model_dir`` with a random head (so values differ from row to row)."""
+    from transformers import AutoModelForTokenClassification
+
+    from corerl.models.value_model import init_value_model
+
+    path = init_value_model(model_dir, out)
+    model = AutoModelForTokenClassification.from_pretrained(path, dtype=torch.float32)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        model.score.weight.copy_(torch.randn(model.score.weight.shape, generator=gen) * 0.2)
+    model.save_pretrained(path)
+    return str(path)
+
+
 def _max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.float() - b.float()).abs().max().item())
 
@@ -119,7 +157,8 @@ class TrainingBackendConformance:
         ))
 
     @classmethod
-    def _build(cls, model_dir: str, tmp_path: Path, extra: list[str]) -> Any:
+    def _build(cls, model_dir: str, tmp_path: Path, extra: list[str], critic: bool = False) -> Any:
+        """(config, engine) of this layout; ``critic``: PPO's critic (its own config and role)."""
         from corerl.testing import host_with, select_for, write_recipe
 
         host = host_with(cls.plugin, f"{cls.backend_id}-under-test")
@@ -132,9 +171,11 @@ class TrainingBackendConformance:
             },
             "algorithm": {"max_steps": 8, "seed": 1234},
         })
-        config, selection = select_for(host, recipe, [*cls.overrides, *extra])
-        choice = selection.training_backend
+        config, selection = select_for(host, recipe, [*cls.overrides, *extra, *(["algorithm.name=ppo"] if critic else [])])
+        choice = selection.critic_backend if critic else selection.training_backend
         assert choice.id == cls.backend_id, choice.reason
+        if critic:
+            config = selection.critic_config
         return config, choice.registration.create(config=config)
 
     @pytest.fixture(scope="class")
@@ -281,6 +322,104 @@ class TrainingBackendConformance:
         moved = max(_max_diff(weights[n], p) for n, p in ref_params.items())
         assert moved <= self.tolerance, f"DPO step: weights differ from the reference by {moved:.3g}"
 
+    # -- (j) ---------------------------------------------------------------------------
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def critic_dir(cls, model_dir: str, tmp_path_factory: pytest.TempPathFactory) -> str:
+        return write_conformance_critic(model_dir, tmp_path_factory.mktemp("critic"))
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def critic(cls, model_dir: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+        registration = cls._registration()
+        if not registration.value_model:
+            pytest.skip(f"{cls.backend_id} does not train value models (its registration says value_model=False)")
+        _, engine = cls._build(model_dir, tmp_path_factory.mktemp("critic-recipe"), [], critic=True)
+        try:
+            yield engine
+        finally:
+            engine.shutdown()
+
+    def test_critic_is_refused_for_ppo_unless_registered_as_a_value_model(self, model_dir: str, tmp_path: Path) -> None:
+        from corerl.errors import ConfigErrors
+
+        registration = self._registration()
+        if registration.value_model:
+            _, engine = self._build(model_dir, tmp_path, [], critic=True)
+            engine.shutdown()
+            return
+        with pytest.raises(ConfigErrors, match="does not train value models"):
+            self._build(model_dir, tmp_path, [], critic=True)
+
+    def test_critic_values_match_transformers(self, critic: Any, critic_dir: str) -> None:
+        from transformers import AutoModelForTokenClassification
+
+        from corerl.testing.reference import hf_values
+
+        batch = value_conformance_batch()
+        critic.load_hf(critic_dir)
+        ours = critic.values(batch)
+        reference = hf_values(AutoModelForTokenClassification.from_pretrained(critic_dir, dtype=torch.float32), batch)
+        assert ours.shape == batch["input_ids"].shape
+        assert float(reference.abs().max()) > 0.01  # the random head gives values worth comparing
+        assert _max_diff(ours, reference) <= self.tolerance
+
+    def test_critic_step_matches_plain_pytorch(self, critic: Any, critic_dir: str) -> None:
+        self._check_critic_step(critic, critic_dir, unpadded=False)
+
+    def _check_critic_step(self, engine: Any, critic_dir: str, unpadded: bool) -> None:
+        from transformers import AutoModelForTokenClassification
+
+        from corerl.testing.reference import hf_values
+
+        batch, loss_fn = value_conformance_batch(rows=8 if unpadded else 4), value_conformance_loss()
+        engine.load_hf(critic_dir)
+        reference = hf_values(AutoModelForTokenClassification.from_pretrained(critic_dir, dtype=torch.float32), batch,
+                              unpadded=unpadded)
+        assert _max_diff(engine.values(batch), reference) <= self.tolerance
+        result = engine.train_step(batch, loss_fn)
+        ref_loss, ref_params = reference_sgd_step(critic_dir, batch, loss_fn, lr=result.lr, momentum=MOMENTUM,
+                                                  max_grad_norm=MAX_GRAD_NORM, unpadded=unpadded, critic=True)
+        assert result.step == 1
+        assert abs(result.loss - ref_loss) <= self.tolerance, (result.loss, ref_loss)
+        assert abs(result.metrics["value_loss"] - ref_loss) <= self.tolerance
+        weights = dict(engine.weight_stream())
+        assert set(ref_params) <= set(weights), f"missing: {sorted(set(ref_params) - set(weights))}"
+        # the value head's gradient sums every token's hidden state: float32 summation order
+        # (micro-batches, ranks) shows there a few times more than in the policy's weights
+        moved, name = max((_max_diff(weights[n], p), n) for n, p in ref_params.items())
+        assert moved <= 4 * self.tolerance, f"critic step: {name} differs from the reference by {moved:.3g}"
+
+    def test_critic_save_load_continue_equals_uninterrupted(self, critic: Any, critic_dir: str, tmp_path: Path) -> None:
+        first, second = value_conformance_batch(seed=3), value_conformance_batch(seed=4)
+        loss_fn = value_conformance_loss()
+        critic.load_hf(critic_dir)
+        critic.train_step(first, loss_fn)
+        critic.save_checkpoint(str(tmp_path / "ckpt"))
+        straight = [critic.train_step(b, loss_fn).loss for b in (second, first)]
+        straight_values = critic.values(first)
+        critic.load_hf(critic_dir)
+        critic.load_checkpoint(str(tmp_path / "ckpt"))
+        resumed = [critic.train_step(b, loss_fn).loss for b in (second, first)]
+        assert max(abs(a - b) for a, b in zip(straight, resumed, strict=True)) <= self.tolerance
+        assert _max_diff(critic.values(first), straight_values) <= self.tolerance
+
+    def test_critic_export_loads_as_a_value_model(self, critic: Any, critic_dir: str, tmp_path: Path) -> None:
+        from transformers import AutoModelForTokenClassification
+
+        from corerl.models.value_model import is_value_model
+        from corerl.testing.reference import hf_values
+
+        batch = value_conformance_batch()
+        critic.load_hf(critic_dir)
+        critic.train_step(batch, value_conformance_loss())
+        out = tmp_path / "critic-export"
+        critic.export_hf(str(out))
+        assert is_value_model(out)
+        exported = AutoModelForTokenClassification.from_pretrained(out, dtype=torch.float32)
+        assert _max_diff(hf_values(exported, batch), critic.values(batch)) <= self.tolerance
+
     # -- (g) ---------------------------------------------------------------------------
 
     @pytest.mark.parametrize("layout", ["packed", "dynamic"])
@@ -315,3 +454,21 @@ class TrainingBackendConformance:
             self._check_dpo_step(engine, model_dir, unpadded=True)  # (i): pairs kept whole in this layout
         finally:
             engine.shutdown()
+        registration = self._registration()
+        if registration.value_model:  # (j) in this layout
+            _, critic = self._build(model_dir, tmp_path, [
+                f"policy.{section}.enabled=true", f"policy.{section}.train_mb_tokens=30",
+                f"policy.{section}.logprob_mb_tokens=40"], critic=True)
+            try:
+                self._check_critic_step(critic, write_conformance_critic(model_dir, tmp_path / "critic-model"),
+                                        unpadded=True)
+            finally:
+                critic.shutdown()
+
+    @classmethod
+    def _registration(cls) -> Any:
+        from corerl.testing import host_with
+
+        registration = host_with(cls.plugin, f"{cls.backend_id}-under-test").training_backends.get(cls.backend_id)
+        assert registration is not None, f"no training backend {cls.backend_id!r} is registered"
+        return registration

@@ -25,6 +25,26 @@ def _unpadded_logprobs(model: Any, batch: dict[str, torch.Tensor]) -> torch.Tens
     return torch.stack(rows)
 
 
+def _plain_values(model: Any, batch: dict[str, torch.Tensor], unpadded: bool = False) -> torch.Tensor:
+    """Per-token values ``[B, T]`` of a token-classification value model, written out independently
+    of corerl: the head's output at ``t - 1`` (the state before token ``t``), 0 at 0 and on padding."""
+    if unpadded:
+        rows = []
+        for ids, mask in zip(batch["input_ids"], batch["attention_mask"], strict=True):
+            n = int(mask.sum())
+            head = model(input_ids=ids[None, :n]).logits[0, :, 0].float()
+            rows.append(torch.cat([head.new_zeros(1), head[: n - 1], head.new_zeros(ids.shape[0] - n)]))
+        return torch.stack(rows)
+    head = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits[..., 0].float()
+    return torch.cat([torch.zeros_like(head[:, :1]), head[:, :-1]], dim=1) * batch["attention_mask"]
+
+
+def hf_values(model: Any, batch: dict[str, torch.Tensor], *, unpadded: bool = False) -> torch.Tensor:
+    """:func:`_plain_values` without gradient."""
+    with torch.no_grad():
+        return _plain_values(model, batch, unpadded)
+
+
 def hf_logprobs(model: Any, batch: dict[str, torch.Tensor], *, unpadded: bool = False) -> torch.Tensor:
     """:func:`_plain_logprobs` (or, ``unpadded``, each row alone) without gradient."""
     with torch.no_grad():
@@ -33,27 +53,32 @@ def hf_logprobs(model: Any, batch: dict[str, torch.Tensor], *, unpadded: bool = 
 
 def reference_sgd_step(
     model_dir: str, batch: dict[str, torch.Tensor], loss_fn: Any, *, lr: float, momentum: float,
-    max_grad_norm: float | None, unpadded: bool = False,
+    max_grad_norm: float | None, unpadded: bool = False, critic: bool = False,
 ) -> tuple[float, dict[str, torch.Tensor]]:
     """One SGD step on the whole batch at once (``unpadded``: each row's forward alone, at its
-    own length): transformers model, ``torch.optim.SGD``, ``clip_grad_norm_``. Returns the loss
-    and the updated parameters by name."""
+    own length): transformers model, ``torch.optim.SGD``, ``clip_grad_norm_``; ``critic``: a value
+    model whose values the loss reads. Returns the loss and the updated parameters by name."""
     loss, _, params = reference_gradients(model_dir, batch, loss_fn, max_grad_norm=max_grad_norm, unpadded=unpadded,
-                                          lr=lr, momentum=momentum)
+                                          lr=lr, momentum=momentum, critic=critic)
     return loss, params
 
 
 def reference_gradients(
     model_dir: str, batch: dict[str, torch.Tensor], loss_fn: Any, *, max_grad_norm: float | None,
-    unpadded: bool = False, lr: float = 0.0, momentum: float = 0.0,
+    unpadded: bool = False, lr: float = 0.0, momentum: float = 0.0, critic: bool = False,
 ) -> tuple[float, tuple[float, dict[str, torch.Tensor]], dict[str, torch.Tensor]]:
     """Loss, (gradient norm before clipping, clipped gradients by name) and the parameters
     after one SGD step with ``lr`` (the loaded ones when ``lr`` is 0)."""
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
 
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    if critic:
+        model = AutoModelForTokenClassification.from_pretrained(model_dir, dtype=torch.float32)
+        model.eval()  # the plain reference runs its head without dropout, as a critic does
+        logprobs = _plain_values(model, batch, unpadded)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+        logprobs = _unpadded_logprobs(model, batch) if unpadded else _plain_logprobs(model, batch)
     optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
-    logprobs = _unpadded_logprobs(model, batch) if unpadded else _plain_logprobs(model, batch)
     normaliser = float(batch["loss_mask"][:, 1:].sum())
     loss, _ = loss_fn(logprobs, batch, normaliser)
     loss.backward()

@@ -91,7 +91,31 @@ class TrainingEngine(Protocol):
         """Release the workers and their resources."""
 
 
-def describe_missing(engine: Any) -> list[str]:
-    """The :class:`TrainingEngine` methods ``engine`` lacks (empty when it conforms)."""
-    names = [n for n in vars(TrainingEngine) if not n.startswith("_") and callable(getattr(TrainingEngine, n))]
+@runtime_checkable
+class ValueEngine(TrainingEngine, Protocol):
+    """A training engine built as PPO's critic (from a config with ``role="critic"``, see
+    :func:`corerl.config.critic.critic_config`; its registration says ``value_model=True``).
+
+    ``load_hf`` loads a value model: a Hugging Face token-classification checkpoint with one
+    label (:mod:`corerl.models.value_model`); ``export_hf`` writes one back and
+    ``weight_stream`` streams its weights. ``train_step(batch, loss_fn)`` calls ``loss_fn`` with
+    the differentiable ``[b, T]`` values in place of logprobs (e.g.
+    :class:`corerl.algorithms.ppo_math.ValueLoss`), with the same micro-batching, normaliser
+    and summing rules. ``logprobs`` is not available on a critic.
+    """
+
+    def values(self, batch: Batch) -> torch.Tensor:
+        """Per-token values ``[B, T]`` float32 of ``batch`` (no gradient): position ``t`` holds
+        the value of the state ``input_ids[:t]``, the one in which token ``t`` is chosen (so it
+        lines up with the logprob at ``t``); position 0 and padding hold 0."""
+
+
+def _methods(protocol: type) -> list[str]:
+    return [n for n in vars(protocol) if not n.startswith("_") and callable(getattr(protocol, n))]
+
+
+def describe_missing(engine: Any, role: str = "policy") -> list[str]:
+    """The :class:`TrainingEngine` methods ``engine`` lacks, and with ``role="critic"`` the
+    :class:`ValueEngine` ones too (empty when it conforms)."""
+    names = _methods(TrainingEngine) + (_methods(ValueEngine) if role == "critic" else [])
     return [n for n in names if not callable(getattr(engine, n, None))]

@@ -12,14 +12,17 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def write_hf_checkpoint(state: dict[str, torch.Tensor], hf_config: Any, source: str, target: str) -> None:
-    """Save ``state`` as a causal LM of ``hf_config`` (safetensors and config.json) at ``target``,
-    with the tokenizer of the checkpoint folder ``source`` when it has one that loads."""
+def write_hf_checkpoint(state: dict[str, torch.Tensor], hf_config: Any, source: str, target: str,
+                        role: str = "policy") -> None:
+    """Save ``state`` as a causal LM of ``hf_config`` (a value model for ``role="critic"``;
+    safetensors and config.json) at ``target``, with the tokenizer of the checkpoint folder
+    ``source`` when it has one that loads."""
     import torch
-    from transformers import AutoModelForCausalLM
+
+    from corerl.models.value_model import auto_model_class
 
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(hf_config, dtype=torch.float32)
+        model = auto_model_class(role).from_config(hf_config, dtype=torch.float32)
     model.load_state_dict(state, strict=True, assign=True)
     model.tie_weights()
     Path(target).mkdir(parents=True, exist_ok=True)
@@ -28,14 +31,14 @@ def write_hf_checkpoint(state: dict[str, torch.Tensor], hf_config: Any, source: 
 
 
 def export_on_rank_zero(rank: int, state: dict[str, torch.Tensor] | None, hf_config: Any, source: str,
-                        target: str) -> None:
+                        target: str, role: str = "policy") -> None:
     """Rank 0 writes the checkpoint of the full ``state`` it gathered (every rank calls this);
     the others wait until it is written."""
     from corerl.distributed.rank_state import barrier
 
     if rank == 0:
         assert state is not None
-        write_hf_checkpoint(state, hf_config, source, target)
+        write_hf_checkpoint(state, hf_config, source, target, role)
     barrier()
 
 

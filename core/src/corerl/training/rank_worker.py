@@ -5,7 +5,10 @@ a Ray actor or, for world size 1, an object in the driver. The worker's rank-sid
 
 - ``load_hf(model_path)``: build the model shard and its optimizer from a Hugging Face folder;
 - ``logprobs(mbs) -> list[Tensor] | None``: per-token logprobs of this rank's micro-batches;
-- ``train_step(mbs, loss_fn, normaliser) -> dict``: one optimizer step; the dict holds ``loss``,
+- ``values(mbs) -> list[Tensor] | None``: the same for values, on a critic (``config.role``
+  is ``"critic"``: the model is a value model, :mod:`corerl.models.value_model`);
+- ``train_step(mbs, loss_fn, normaliser) -> dict``: one optimizer step (the loss function gets
+  logprobs, or values on a critic); the dict holds ``loss``,
   ``grad_norm``, ``lr``, ``step`` and ``metrics`` (sums over the micro-batches; ``None`` on a
   rank that does not report, e.g. an early pipeline stage);
 - ``save_checkpoint(path)`` / ``load_checkpoint(path)``: every rank, then a barrier;
@@ -42,7 +45,8 @@ log = logging.getLogger(__name__)
 class RankWorker(RankDeviceReport):
     """One rank of a training backend. Subclasses set :attr:`settings_key` and supply
     :meth:`load_hf`, :meth:`forward_logprobs`, :meth:`optimizer_step`, :meth:`full_state_dict`
-    and :meth:`state_bytes`; the rest has defaults that most backends keep."""
+    and :meth:`state_bytes` (and :meth:`forward_values` to train critics); the rest has defaults
+    that most backends keep. :attr:`critic` says which model the rank holds."""
 
     settings_key: ClassVar[str]  # the recipe section of the backend, e.g. "policy.dtensor_cfg"
     quiet_warnings: ClassVar[tuple[str, ...]] = ()  # library notices that say nothing about a run
@@ -59,6 +63,7 @@ class RankWorker(RankDeviceReport):
 
         hf_logging.disable_progress_bar()
         self.rank, self.world_size, self.config = rank, world_size, config
+        self.critic = config.role == "critic"  # a value model: values, not logprobs
         self.settings = config.section(self.settings_key)
         self.device = rank_device()  # the GPU of this rank's Ray bundle (the one it sees), else the CPU
         self.step = 0
@@ -84,6 +89,22 @@ class RankWorker(RankDeviceReport):
     def forward_logprobs(self, mb: dict[str, torch.Tensor]) -> torch.Tensor:
         """Per-token logprobs of one micro-batch already on :attr:`device` (graph kept in training)."""
         raise NotImplementedError
+
+    def forward_values(self, mb: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Per-token values of one micro-batch on a critic (see
+        :func:`corerl.models.value_model.model_values`), graph kept in training."""
+        raise NotImplementedError(f"{type(self).__name__} does not compute values (it cannot train a critic)")
+
+    def forward(self, mb: dict[str, torch.Tensor]) -> torch.Tensor:
+        """What the loss reads: values on a critic, logprobs otherwise."""
+        return self.forward_values(mb) if self.critic else self.forward_logprobs(mb)
+
+    def load_pretrained(self, model_path: str, **options: Any) -> Any:
+        """The Hugging Face model at ``model_path`` for this rank's role: a causal LM, or a critic's
+        value model (:mod:`corerl.models.value_model`), in float32 on the CPU."""
+        from corerl.models.value_model import load_pretrained
+
+        return load_pretrained(model_path, self.config.role, **options)
 
     def before_micro_batch(self, index: int, last: bool) -> None:
         """Before micro-batch ``index`` of a step: e.g. gradient sync only on the last."""
@@ -135,9 +156,19 @@ class RankWorker(RankDeviceReport):
         """Logprobs of each of this rank's micro-batches (planned by the driver)."""
         import torch
 
+        if self.critic:
+            raise RuntimeError("a critic computes values, not logprobs")
         self.set_mode(False)
         with torch.no_grad():
             return [self.forward_logprobs(self.to_device(mb)).float().cpu() for mb in mbs]
+
+    def values(self, mbs: list[dict[str, torch.Tensor]]) -> list[torch.Tensor] | None:
+        """Values of each of this rank's micro-batches, on a critic."""
+        import torch
+
+        self.set_mode(False)
+        with torch.no_grad():
+            return [self.forward_values(self.to_device(mb)).float().cpu() for mb in mbs]
 
     def train_step(self, mbs: list[dict[str, torch.Tensor]], loss_fn: Any, normaliser: float) -> dict[str, Any]:
         """One optimizer step over this rank's micro-batches, gradients accumulated."""
@@ -146,7 +177,7 @@ class RankWorker(RankDeviceReport):
         for index, mb in enumerate(mbs):
             self.before_micro_batch(index, index == len(mbs) - 1)
             mb = self.to_device(mb)
-            loss, metrics = loss_fn(self.forward_logprobs(mb), mb, normaliser)
+            loss, metrics = loss_fn(self.forward(mb), mb, normaliser)
             self.backward(loss)
             totals.add(loss, metrics)
         total, metrics = totals.result()
@@ -177,7 +208,8 @@ class RankWorker(RankDeviceReport):
     def export_hf(self, path: str) -> None:
         from corerl.training.hf_export import export_on_rank_zero
 
-        export_on_rank_zero(self.rank, self.full_state_dict(), self.hf_config, self.model_path, path)
+        export_on_rank_zero(self.rank, self.full_state_dict(), self.hf_config, self.model_path, path,
+                            role=self.config.role)
 
     def offload(self, parts: list[str]) -> None:
         import torch

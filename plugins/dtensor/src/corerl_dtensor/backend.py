@@ -21,7 +21,8 @@ WORKER = "corerl_dtensor.worker:DTensorWorker"
 
 
 class DTensorBackend(WorkerGroupBackend):
-    """FSDP2 (or FSDP1) x tensor parallel over ``cluster.num_nodes x cluster.gpus_per_node`` ranks."""
+    """FSDP2 (or FSDP1) x tensor parallel over ``cluster.num_nodes x cluster.gpus_per_node`` ranks;
+    a policy, or PPO's critic when the config's role is ``critic``."""
 
     def __init__(self, config: Config) -> None:
         check_supported(config)
@@ -54,6 +55,11 @@ class DTensorBackend(WorkerGroupBackend):
     def logprobs(self, batch: Batch) -> torch.Tensor:
         plan = self.batcher.plan(batch, self.dp, "logprobs")
         results = self.group.call_per_rank("logprobs", [(mbs,) for mbs in self._by_rank(plan)])
+        return plan.unpack(self._dp_leaders(results))
+
+    def values(self, batch: Batch) -> torch.Tensor:
+        plan = self.batcher.plan(batch, self.dp, "logprobs")
+        results = self.group.call_per_rank("values", [(mbs,) for mbs in self._by_rank(plan)])
         return plan.unpack(self._dp_leaders(results))
 
     def train_step(self, batch: Batch, loss_fn: LossFn) -> StepResult:

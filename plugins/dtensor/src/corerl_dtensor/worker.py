@@ -49,8 +49,6 @@ class DTensorWorker(RankWorker):
         self.model: nn.Module | None = None
 
     def load_hf(self, model_path: str) -> None:
-        from transformers import AutoModelForCausalLM
-
         policy = self.config.core.policy
         torch.manual_seed(self.config.core.algorithm.seed)
         extra = {}
@@ -58,7 +56,7 @@ class DTensorWorker(RankWorker):
             from corerl.training.segment_attention import register
 
             extra["attn_implementation"] = register()
-        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32, **extra).to(self.device)
+        model = self.load_pretrained(model_path, **extra).to(self.device)
         self.model_path, self.hf_config = model_path, model.config
         model, self.autocast, self.fsdp1 = parallelize.parallelize(model, self.mesh, self.settings,
                                                                     self.param_dtype, self.device)
@@ -83,6 +81,14 @@ class DTensorWorker(RankWorker):
                    else contextlib.nullcontext())
         with context:
             return model_logprobs(self._require_model(), mb)
+
+    def forward_values(self, mb: dict[str, torch.Tensor]) -> torch.Tensor:
+        from corerl.models.value_model import model_values
+
+        context = (torch.autocast(self.device.type, dtype=self.param_dtype) if self.autocast
+                   else contextlib.nullcontext())
+        with context:
+            return model_values(self._require_model(), mb)
 
     def before_micro_batch(self, index: int, last: bool) -> None:
         sync = getattr(self.model, "set_requires_gradient_sync", None)  # FSDP2: reduce once per step
