@@ -157,6 +157,12 @@ class GRPOTrainer(Trainer):
     algorithm = "grpo"
 
 
+class PPOTrainer(Trainer):
+    """PPO with a critic from Python (the ``critic`` section as a keyword: ``critic={...}``)."""
+
+    algorithm = "ppo"
+
+
 class SFTTrainer(Trainer):
     """Supervised fine-tuning alone from Python."""
 
@@ -175,13 +181,13 @@ def train(*, model: str | Path, dataset: Any = None, reward_fn: RewardFunction |
           **sections: Mapping[str, Any]) -> Any:
     """One call: a run on a local checkpoint ``model`` (or ``builtin:tiny-qwen2``).
 
-    ``algorithm`` is ``"grpo"``, ``"sft"``, ``"dpo"`` or the whole ``algorithm`` section (its ``name``
+    ``algorithm`` is ``"grpo"``, ``"ppo"``, ``"sft"``, ``"dpo"`` or the whole ``algorithm`` section (its ``name``
     defaulting to grpo); other sections come as keywords (``policy={...}``, ``data={...}``).
     See :class:`Trainer` for ``dataset`` and ``reward_fn``."""
     section = dict(algorithm) if isinstance(algorithm, Mapping) else {"name": algorithm}
-    trainers = {"grpo": GRPOTrainer, "sft": SFTTrainer, "dpo": DPOTrainer}
+    trainers = {"grpo": GRPOTrainer, "ppo": PPOTrainer, "sft": SFTTrainer, "dpo": DPOTrainer}
     name = section.get("name", "grpo")
     if name not in trainers:
-        raise ConfigError(f"unknown algorithm {name!r}", key="algorithm.name", hint="use 'grpo' or 'sft'")
+        raise ConfigError(f"unknown algorithm {name!r}", key="algorithm.name", hint=f"use one of {', '.join(trainers)}")
     return trainers[name].from_pretrained(model, tensor_parallel_size=tensor_parallel_size, dataset=dataset,
                                           reward_fn=reward_fn, algorithm=section, **sections).train()

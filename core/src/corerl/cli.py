@@ -230,8 +230,10 @@ def _print_selection(config: Any, selection: Any, verdict: str) -> None:
     table.add_column("component")
     table.add_column("selected")
     table.add_column("why", overflow="fold")
+    critic = [("critic backend", selection.critic_backend)] if selection.critic_backend is not None else []
     for label, choice in (
         ("training backend", selection.training_backend),
+        *critic,
         ("generation backend", selection.generation_backend),
         ("sequence packer", selection.sequence_packer),
         ("offload policy", selection.offload_policy),

@@ -1,5 +1,6 @@
-"""Running a validated recipe: an optional SFT warm start, then GRPO or DPO (or SFT alone), over
-the selected backends (DPO starts no generation backend: it samples nothing), with a progress
+"""Running a validated recipe: an optional SFT warm start, then GRPO, PPO (with a critic, a second
+training backend) or DPO (or SFT alone), over the selected backends (DPO starts no generation
+backend: it samples nothing), with a progress
 bar per phase and a run directory holding metrics.jsonl, TensorBoard event files, curves.png,
 summary.json and the final Hugging Face checkpoint.
 
@@ -44,7 +45,7 @@ class RunResult:
 # what a run writes into its directory; a run that holds no complete checkpoint loses these
 # when it starts over (a complete built-in base model is kept: it is rebuilt identically anyway)
 RUN_OUTPUTS = ("metrics.jsonl", "tensorboard", "checkpoints", "sft_model", "final", "curves.png", "summary.json",
-               "reference_logprobs")
+               "reference_logprobs", "critic_init", "final_critic")
 
 
 def make_run_dir(config: Config, console: Any = None) -> tuple[Path, tuple[int, Path] | None]:
@@ -99,8 +100,9 @@ def resolve_model(model_name: str, run_dir: Path) -> str:
 
 
 def check_finite(phase: str, step: int, metrics: dict[str, Any]) -> None:
-    """Stop the run at a step whose loss or gradient norm is NaN or infinite."""
-    bad = {k: metrics[k] for k in ("loss", "grad_norm") if k in metrics and not math.isfinite(metrics[k])}
+    """Stop the run at a step whose loss or gradient norm (the policy's or the critic's) is NaN or infinite."""
+    watched = ("loss", "grad_norm", "critic/value_loss", "critic/grad_norm")
+    bad = {k: metrics[k] for k in watched if k in metrics and not math.isfinite(metrics[k])}
     if bad:
         shown = ", ".join(f"{k} {v}" for k, v in bad.items())
         raise RunError(f"{phase} step {step}: {shown}; the run stopped there, before logging or saving that step",
@@ -148,6 +150,8 @@ def _shown(metrics: dict[str, float]) -> str:
     text = f"reward {metrics['reward/mean']:.3f}  " if "reward/mean" in metrics else ""
     if "preference_accuracy" in metrics:
         text = f"accuracy {metrics['preference_accuracy']:.2f}  margin {metrics.get('rewards/margin', 0.0):+.3f}  "
+    if "critic/value_loss" in metrics:
+        text += f"value loss {metrics['critic/value_loss']:.4f}  "
     return text + f"loss {metrics['loss']:+.4f}  {tokens / metrics['time/step']:,.0f} tok/s"
 
 
@@ -194,6 +198,7 @@ class RunSession:
         self.sft_steps = self.algorithm.max_steps if self.sft_only else (core.sft.max_steps if core.sft.enabled else 0)
         self.sft_batch = self.algorithm.batch_size if self.sft_only else core.sft.batch_size
         self.grpo_steps = self.algorithm.max_steps if self.algorithm.name == "grpo" else 0
+        self.ppo_steps = self.algorithm.max_steps if self.algorithm.name == "ppo" else 0
         self.dpo_steps = self.algorithm.max_steps if self.uses_dpo else 0
         self.evals: dict[str, float] = dict(self.state.get("evals", {}))
         self.done: dict[str, int] = dict(self.state.get("steps_done", {}))
@@ -201,20 +206,25 @@ class RunSession:
         self.phases: list[Phase] = []
         self.grpo: Any = None
         self.dpo: Any = None
+        self.ppo: Any = None
+        self.critic: Any = None
 
     # -- backends ------------------------------------------------------------------------
 
-    def start(self, registration: Any, path: str, training: Any = None) -> Any:
-        """Build a backend, check it against its contract, and load ``path`` into it."""
+    def start(self, registration: Any, path: str, training: Any = None, config: Config | None = None) -> Any:
+        """Build a backend (from ``config``, default the run's), check it against its contract,
+        and load ``path`` into it."""
         from corerl.registry import TrainingBackend
         from corerl.training.contract import describe_missing
 
-        backend = registration.create(config=self.config)
+        config = config or self.config
+        backend = registration.create(config=config)
         self.started.append(backend)
-        if isinstance(registration, TrainingBackend) and (missing := describe_missing(backend)):
+        if isinstance(registration, TrainingBackend) and (missing := describe_missing(backend, config.role)):
+            contract = "ValueEngine" if config.role == "critic" else "TrainingEngine"
             raise RegistrationError(f"training backend {registration.id!r} (plugin {registration.plugin!r}) built a "
                                     f"{type(backend).__name__} without {', '.join(missing)} of the training contract",
-                                    hint="corerl.training.contract.TrainingEngine lists what a training backend provides")
+                                    hint=f"corerl.training.contract.{contract} lists what a training backend provides")
         nodes = backend.worker_nodes() if hasattr(backend, "worker_nodes") else []
         if nodes:
             self.console.print(f"{registration.id}: {len(nodes)} rank(s) on {len(set(nodes))} Ray node(s)")
@@ -332,6 +342,54 @@ class RunSession:
         prompts, examples = self.task.sample(self.algorithm.batch_size)
         return self.grpo.step(prompts, examples)
 
+    def critic_path(self) -> str:
+        """The critic's starting checkpoint: ``critic.model_name`` (a value model), else the policy
+        PPO starts from with a zero value head, written once to ``<run dir>/critic_init``."""
+        from corerl.models.value_model import init_value_model, is_value_model
+
+        given = self.config.core.critic.model_name
+        if given is not None:
+            if not (Path(given) / "config.json").exists():
+                raise ConfigError(f"critic checkpoint {given} is not a Hugging Face checkpoint directory",
+                                  key="critic.model_name", hint="give a local folder, or unset it to start the critic "
+                                                                "from the policy")
+            if not is_value_model(given):
+                raise ConfigError(f"critic checkpoint {given} is not a value model (a one-label token classifier)",
+                                  key="critic.model_name", hint="unset critic.model_name to start the critic from the "
+                                                                "policy's weights with a zero value head")
+            return given
+        target = self.run_dir / "critic_init"
+        recover(target)
+        if not is_complete(target):
+            source = self.run_dir / "sft_model" if self.sft_steps else Path(self.model_path)
+            write_complete(target, lambda work: init_value_model(source, work))
+        return str(target)
+
+    def begin_ppo(self) -> None:
+        from corerl.algorithms.ppo import PPO
+        from corerl.offload import ReferenceOffload
+
+        core, selection = self.config.core, self.selection
+        assert selection.critic_backend is not None and selection.critic_backend.registration is not None
+        reference = reference_offload = None
+        if self.algorithm.kl_penalty:
+            ref_path = self.run_dir / "sft_model" if self.sft_steps else Path(self.model_path)
+            reference = self.start(selection.training_backend.registration, str(ref_path))
+            reference_offload = ReferenceOffload(reference, core.policy.reference.cpu_offload)
+        self.critic = self.start(selection.critic_backend.registration, self.critic_path(),
+                                 config=selection.critic_config)
+        if self.resume is not None and (self.resume[1] / "critic").exists():
+            self.critic.load_checkpoint(str(self.resume[1] / "critic"))
+        self.ppo = PPO.from_config(self.config, training=self.training, critic=self.critic,
+                                   generation=self.generation, reward_fn=self.task.reward, reference=reference,
+                                   steps_done=self.done.get("ppo", 0), offload=self.offload,
+                                   reference_offload=reference_offload)
+
+    def ppo_step(self) -> dict[str, float]:
+        assert self.ppo is not None
+        prompts, examples = self.task.sample(self.algorithm.batch_size)
+        return self.ppo.step(prompts, examples)
+
     @property
     def measure(self) -> str:
         """What the held-out evaluation reports."""
@@ -344,9 +402,15 @@ class RunSession:
         self.offload.restore()
         snapshot = {"steps_done": {p.name: p.done for p in self.phases}, "metrics_lines": self.log.lines,
                     "task": self.task.state(), "evals": self.evals}
-        save_checkpoint(self.run_dir, self.global_step(),
-                        lambda folder: self.training.save_checkpoint(str(folder / "training")),
-                        snapshot, self.config.core.checkpointing.keep_last)
+        if self.ppo is not None and self.ppo.critic_offload is not None:
+            self.ppo.critic_offload.active()
+
+        def save(folder: Path) -> None:
+            self.training.save_checkpoint(str(folder / "training"))
+            if self.critic is not None:
+                self.critic.save_checkpoint(str(folder / "critic"))
+
+        save_checkpoint(self.run_dir, self.global_step(), save, snapshot, self.config.core.checkpointing.keep_last)
 
     # -- the run -------------------------------------------------------------------------
 
@@ -380,6 +444,7 @@ class RunSession:
         self.sft = SFT(self.training, steps_done=self.done.get("sft", 0))
         self.phases = [Phase("sft", self.sft_steps, self.sft_step, self.sft.steps_done),
                        Phase("grpo", self.grpo_steps, self.grpo_step, self.done.get("grpo", 0)),
+                       Phase("ppo", self.ppo_steps, self.ppo_step, self.done.get("ppo", 0)),
                        Phase("dpo", self.dpo_steps, self.dpo_step, self.done.get("dpo", 0))]
         interrupted = False
         with stop_on_sigint(lambda text: self.console.print(f"[yellow]{text}[/]")) as stop:
@@ -402,8 +467,8 @@ class RunSession:
     def run_phase(self, phase: Phase, stop: Any) -> None:
         """Steps of ``phase`` until it is done or Ctrl-C asks to stop, logging and checkpointing."""
         core = self.config.core
-        if phase.name in ("grpo", "dpo"):
-            self.begin_grpo() if phase.name == "grpo" else self.begin_dpo()
+        if phase.name in ("grpo", "ppo", "dpo"):
+            {"grpo": self.begin_grpo, "ppo": self.begin_ppo, "dpo": self.begin_dpo}[phase.name]()
             if self.phases[0].total and "after_sft" not in self.evals:
                 self.evals["after_sft"] = self.held_out_reward()
                 self.console.print(f"held-out {self.measure} after SFT: {self.evals['after_sft']:.3f}")
@@ -450,17 +515,22 @@ class RunSession:
             self.log.scalar("eval/held_out_reward", self.evals["after"], self.global_step())
         self.log.close()
         self.export(run_dir / "final")
+        if self.critic is not None:
+            self.ppo.critic_offload.active()
+            write_complete(run_dir / "final_critic", lambda work: self.critic.export_hf(str(work)))
         plot_curves(read_metrics(self.log.path), run_dir / "curves.png", run_dir.name)
         measure = "preference_accuracy" if self.uses_dpo else "reward"
         summary = {
             f"held_out_{measure}_before": self.evals["before"],
             f"held_out_{measure}_after_sft": self.evals.get("after_sft"),
             f"held_out_{measure}_after": self.evals["after"], "sft_steps": self.sft_steps,
-            "grpo_steps": self.grpo_steps, "dpo_steps": self.dpo_steps,
-            "steps": self.sft_steps + self.grpo_steps + self.dpo_steps, "algorithm": self.algorithm.name,
+            "grpo_steps": self.grpo_steps, "ppo_steps": self.ppo_steps, "dpo_steps": self.dpo_steps,
+            "steps": self.sft_steps + self.grpo_steps + self.ppo_steps + self.dpo_steps,
+            "algorithm": self.algorithm.name,
             "task": selection.task.id, "reward": None if self.uses_dpo else selection.reward.id,
             "training_backend": selection.training_backend.id,
             "generation_backend": None if self.uses_dpo else selection.generation_backend.id,
+            "critic_backend": selection.critic_backend.id if selection.critic_backend is not None else None,
         }
         if self.uses_dpo:
             summary.update({f"held_out_{k}_after": v for k, v in figures.items() if k != "preference_accuracy"})
@@ -470,8 +540,9 @@ class RunSession:
         mark("run:end")
         _report(self.console, self.evals, self.measure)
         tensorboard = f"{run_dir / 'tensorboard'}, " if core.run.tensorboard else ""
+        critic = f", {run_dir / 'final_critic'} (the critic)" if self.critic is not None else ""
         self.console.print(f"wrote {run_dir / 'metrics.jsonl'}, {tensorboard}{run_dir / 'curves.png'}, "
-                           f"{run_dir / 'final'} (Hugging Face checkpoint)")
+                           f"{run_dir / 'final'} (Hugging Face checkpoint){critic}")
         return RunResult(run_dir, summary)
 
 

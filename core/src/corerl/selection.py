@@ -194,7 +194,8 @@ def select_critic_backend(config: Config, host: PluginHost, policy: Choice) -> t
     if not registration.value_model:
         raise SelectionError(
             f"training backend {registration.id!r} (plugin {registration.plugin!r}) does not train value models, "
-            "which PPO's critic needs", key="critic.training_backend", source=origin_of("algorithm.name", config.origins),
+            "which PPO's critic needs", key="critic.training_backend",
+            source=origin_of("critic.training_backend", config.origins) or origin_of("algorithm.name", config.origins),
             hint="set critic.training_backend to one that does (dtensor, deepspeed, megatron), or use algorithm.name=grpo")
     return choice, critic_config(config, backend=registration.id)
 

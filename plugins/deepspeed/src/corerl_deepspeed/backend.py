@@ -38,6 +38,10 @@ class DeepSpeedBackend(WorkerGroupBackend):
         plan = self.batcher.plan(batch, self.world_size, "logprobs")
         return plan.unpack(self.group.call_per_rank("logprobs", [(mbs,) for mbs in plan.per_rank]))
 
+    def values(self, batch: Batch) -> torch.Tensor:
+        plan = self.batcher.plan(batch, self.world_size, "logprobs")
+        return plan.unpack(self.group.call_per_rank("values", [(mbs,) for mbs in plan.per_rank]))
+
     def train_step(self, batch: Batch, loss_fn: LossFn) -> StepResult:
         normaliser = float(max(1, loss_token_count(batch)))
         plan = self.batcher.plan(batch, self.world_size, "train")

@@ -29,6 +29,7 @@ def corerl_register_training_backends(register: Callable[[TrainingBackend], None
             check_supported="corerl_deepspeed.support:check_supported",
             factory="corerl_deepspeed.backend:DeepSpeedBackend",
             config_section="policy.deepspeed_cfg",
+            value_model=True,
             config_schema=DeepSpeedConfig,
             description="DeepSpeed ZeRO stages 0-3 with CPU/NVMe offload",
         )

@@ -34,14 +34,12 @@ class DeepSpeedWorker(RankWorker):
         self.engine: Any = None
 
     def load_hf(self, model_path: str) -> None:
-        from transformers import AutoModelForCausalLM
-
         from corerl.training.optim import build_optimizer, build_scheduler
         from corerl_deepspeed.ds_config import build_ds_config
 
         policy = self.config.core.policy
         torch.manual_seed(self.config.core.algorithm.seed)
-        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+        model = self.load_pretrained(model_path)  # a causal LM, or a critic's value model
         self.model_path, self.hf_config = model_path, model.config
         if self.engine is not None:  # a reload (e.g. after SFT): free the old engine's partitions first
             self.engine.destroy()
@@ -63,6 +61,11 @@ class DeepSpeedWorker(RankWorker):
 
     def forward_logprobs(self, mb: dict[str, torch.Tensor]) -> torch.Tensor:
         return model_logprobs(self.engine, mb)
+
+    def forward_values(self, mb: dict[str, torch.Tensor]) -> torch.Tensor:
+        from corerl.models.value_model import model_values
+
+        return model_values(self.engine, mb)
 
     def before_micro_batch(self, index: int, last: bool) -> None:
         self.engine.set_gradient_accumulation_boundary(last)

@@ -22,7 +22,8 @@ WORKER = "corerl_megatron.worker:MegatronWorker"
 
 
 class MegatronBackend(WorkerGroupBackend):
-    """megatron-core GPTModel, tensor x pipeline x data parallel over Ray ranks."""
+    """megatron-core GPTModel, tensor x pipeline x data parallel over Ray ranks; a policy, or PPO's
+    critic (a :class:`~corerl_megatron.model.ValueHead` in place of the vocabulary projection)."""
 
     def __init__(self, config: Config) -> None:
         check_supported(config)
@@ -59,6 +60,12 @@ class MegatronBackend(WorkerGroupBackend):
         by_dp = {self.dp_of[r]: out for r, out in enumerate(results) if self.reports[r]}
         return plan.unpack([by_dp[d] for d in range(self.dp)])
 
+    def values(self, batch: Batch) -> torch.Tensor:
+        plan = self.batcher.plan(batch, self.dp, "logprobs")
+        results = self.group.call_per_rank("values", self._args(plan))
+        by_dp = {self.dp_of[r]: out for r, out in enumerate(results) if self.reports[r]}
+        return plan.unpack([by_dp[d] for d in range(self.dp)])
+
     def train_step(self, batch: Batch, loss_fn: LossFn) -> StepResult:
         normaliser = float(max(1, loss_token_count(batch)))
         plan = self.batcher.plan(batch, self.dp, "train")
@@ -77,7 +84,7 @@ class MegatronBackend(WorkerGroupBackend):
     def export_hf(self, path: str) -> None:
         from corerl.training.hf_export import write_hf_checkpoint
 
-        write_hf_checkpoint(dict(self.weight_stream()), self.hf_config, self.model_path, path)
+        write_hf_checkpoint(dict(self.weight_stream()), self.hf_config, self.model_path, path, self.config.role)
 
     def shutdown(self) -> None:
         self.group.call("shutdown")

@@ -80,26 +80,29 @@ def load_hf_model_config(source: Path, converter_type: str | None = None) -> tup
 
     hf = AutoConfig.from_pretrained(source)
     architecture = converter_type or (hf.architectures or ["?"])[0]
+    # a critic's value model (a token classifier) has its causal LM's table, with a one-output head
+    value_head = architecture.endswith("ForTokenClassification")
+    if value_head:
+        architecture = architecture.removesuffix("ForTokenClassification") + "ForCausalLM"
     family = family_of(architecture)
     if family is None:
         raise ConfigError(
             f"no Hugging Face -> Megatron table for {architecture} ({source})", key="policy.megatron_cfg.converter_type",
             hint=f"supported: {', '.join(supported_architectures())}; add a table in corerl_megatron.families",
         )
-    return hf, family, Shape.from_hf_config(hf, family)
+    return hf, family, Shape.from_hf_config(hf, family, value_head=value_head)
 
 
 def convert_folder(source: Path, target: Path, converter_type: str | None = None) -> dict[str, Any]:
     """Write the Megatron state dict of the Hugging Face checkpoint ``source`` into ``target``."""
-    import torch
     from safetensors.torch import save_file
-    from transformers import AutoModelForCausalLM
 
+    from corerl.models.value_model import load_pretrained
     from corerl.training.hf_export import copy_tokenizer
     from corerl_megatron.convert import hf_to_megatron
 
     hf, family, shape = load_hf_model_config(source, converter_type)
-    model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)
+    model = load_pretrained(source, "critic" if shape.value_head else "policy")
     state = hf_to_megatron({k: v.detach() for k, v in model.state_dict().items()}, family, shape)
     save_file(state, str(target / WEIGHTS))
     hf.save_pretrained(target / HF_FILES)
@@ -121,4 +124,5 @@ def export_conversion(folder: Path, target: Path) -> None:
                           hint="convert a Hugging Face checkpoint first: corerl convert hf-to-megatron SOURCE TARGET")
     hf, family, shape = load_hf_model_config(folder / HF_FILES)
     state = megatron_to_hf(load_file(str(folder / WEIGHTS)), family, shape)
-    write_complete(target, lambda work: write_hf_checkpoint(state, hf, str(folder / HF_FILES), str(work)))
+    role = "critic" if shape.value_head else "policy"
+    write_complete(target, lambda work: write_hf_checkpoint(state, hf, str(folder / HF_FILES), str(work), role))

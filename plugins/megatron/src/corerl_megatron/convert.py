@@ -24,16 +24,20 @@ class Shape:
     head_dim: int
     tied: bool
     qkv_bias: bool
+    #: a critic's value model: its one-output head ``score.weight`` (never tied to the embeddings)
+    #: is Megatron's ``output_layer.weight``, where a causal LM's ``lm_head.weight`` goes
+    value_head: bool = False
 
     @classmethod
-    def from_hf_config(cls, hf: Any, family: Family) -> Shape:
+    def from_hf_config(cls, hf: Any, family: Family, value_head: bool = False) -> Shape:
         heads = hf.num_attention_heads
         return cls(
             num_layers=hf.num_hidden_layers, num_heads=heads,
             num_kv_heads=getattr(hf, "num_key_value_heads", None) or heads,
             head_dim=getattr(hf, "head_dim", None) or hf.hidden_size // heads,
-            tied=bool(getattr(hf, "tie_word_embeddings", False)),
+            tied=bool(getattr(hf, "tie_word_embeddings", False)) and not value_head,
             qkv_bias=bool(getattr(hf, "attention_bias", family.qkv_bias_default)),
+            value_head=value_head,
         )
 
 
@@ -70,6 +74,8 @@ def split_qkv(qkv: torch.Tensor, shape: Shape) -> tuple[torch.Tensor, torch.Tens
 
 def hf_to_megatron(hf_state: dict[str, torch.Tensor], family: Family, shape: Shape) -> dict[str, torch.Tensor]:
     """The Megatron state dict of a Hugging Face one; every Hugging Face tensor must be used."""
+    if shape.value_head:  # the family tables map the output head by its causal-LM name
+        hf_state = {("lm_head.weight" if k == "score.weight" else k): v for k, v in hf_state.items()}
     out: dict[str, torch.Tensor] = {}
     used: set[str] = set()
     for rule in family.rules:
@@ -111,4 +117,6 @@ def megatron_to_hf(state: dict[str, torch.Tensor], family: Family, shape: Shape)
                 out[name] = part.contiguous()
     if shape.tied:
         out["lm_head.weight"] = out["model.embed_tokens.weight"]
+    if shape.value_head:
+        out["score.weight"] = out.pop("lm_head.weight")
     return out

@@ -44,8 +44,26 @@ def transformer_config(hf: Any, settings: Any = None, params_dtype: torch.dtype 
     )
 
 
-def build_gpt(hf: Any, config: Any, *, pre_process: bool = True, post_process: bool = True) -> Any:
-    """A GPTModel (local layer spec; Transformer Engine's when importable and on a GPU)."""
+class ValueHead(torch.nn.Module):
+    """A critic's scalar head in place of GPTModel's output layer: one output per token, the same
+    on every tensor-parallel rank (the final norm's output it reads is replicated there), so its
+    gradients agree across them without a reduction. Called as GPTModel calls its output layer."""
+
+    sequence_parallel = False  # GPTModel asks its output layer
+
+    def __init__(self, hidden_size: int, dtype: torch.dtype) -> None:
+        super().__init__()
+        device = torch.cuda.current_device() if torch.cuda.is_available() else "cpu"
+        self.weight = torch.nn.Parameter(torch.zeros(1, hidden_size, dtype=dtype, device=device))
+
+    def forward(self, hidden: torch.Tensor, weight: Any = None, runtime_gather_output: Any = None) -> tuple[torch.Tensor, None]:
+        return F.linear(hidden, self.weight), None
+
+
+def build_gpt(hf: Any, config: Any, *, pre_process: bool = True, post_process: bool = True,
+              value_head: bool = False) -> Any:
+    """A GPTModel (local layer spec; Transformer Engine's when importable and on a GPU); with
+    ``value_head``, a critic: :class:`ValueHead` in place of the vocabulary projection."""
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
@@ -63,9 +81,11 @@ def build_gpt(hf: Any, config: Any, *, pre_process: bool = True, post_process: b
     model = GPTModel(
         config, spec, vocab_size=hf.vocab_size, max_sequence_length=hf.max_position_embeddings,
         pre_process=pre_process, post_process=post_process, parallel_output=False,
-        share_embeddings_and_output_weights=bool(getattr(hf, "tie_word_embeddings", False)),
+        share_embeddings_and_output_weights=bool(getattr(hf, "tie_word_embeddings", False)) and not value_head,
         position_embedding_type="rope", rotary_base=int(rope_theta(hf)),
     )
+    if value_head and post_process:
+        model.output_layer = ValueHead(config.hidden_size, config.params_dtype)
     # the local spec's norms are plain torch.nn.RMSNorm modules, made on the default device in
     # float32 whatever the config says: bring them to the rank's GPU and the parameters' dtype
     for param in model.parameters():

@@ -18,6 +18,7 @@ def corerl_register_training_backends(register: Callable[[TrainingBackend], None
             check_supported="corerl_megatron.support:check_supported",
             factory="corerl_megatron.backend:MegatronBackend",
             config_section="policy.megatron_cfg",
+            value_model=True,
             tensor_parallel_key="tensor_model_parallel_size",
             config_schema=MegatronConfig,
             description="megatron-core tensor/pipeline/context/expert parallel",

@@ -32,6 +32,10 @@ def check_supported(config: Config) -> None:
         raise EngineNotAvailable("the megatron backend runs fixed-width row micro-batches only (its pipeline "
                                  "schedule needs one shape); packing is not wired into it yet", key=key,
                                  hint="turn it off, or use the dtensor backend for packed sequences")
+    if config.role == "critic" and settings.sequence_parallel:
+        raise EngineNotAvailable("the megatron critic's value head reads the whole sequence on every tensor-parallel "
+                                 "rank; sequence parallelism is not wired into it", key="critic.megatron_cfg.sequence_parallel",
+                                 hint="set critic.megatron_cfg.sequence_parallel=false (the policy may keep it)")
     if settings.context_parallel_size > 1:
         raise EngineNotAvailable("context parallelism needs Transformer Engine's attention, which the megatron "
                                  "backend does not wire in yet (the local layer spec has no context-parallel attention)",

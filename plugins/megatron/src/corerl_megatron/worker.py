@@ -62,12 +62,15 @@ class MegatronWorker(RankWorker):
         if folder is None:
             folder = convert()
         full = load_file(str(folder / WEIGHTS))
+        if self.shape.value_head != self.critic:
+            have, role = ("a value model", "a policy") if self.shape.value_head else ("a causal LM", "a critic")
+            raise ValueError(f"{model_path} holds {have}, and this megatron backend was built as {role}")
         dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
         self.mconfig = transformer_config(
             hf, self.settings, dtype[self.config.core.policy.precision], tensor_parallel=self.tp,
             pipeline_parallel=self.settings.pipeline_model_parallel_size, qkv_bias=self.shape.qkv_bias)
         model = build_gpt(hf, self.mconfig, pre_process=self.ps.is_pipeline_first_stage(),
-                          post_process=self.ps.is_pipeline_last_stage())
+                          post_process=self.ps.is_pipeline_last_stage(), value_head=self.shape.value_head)
         if self.settings.freeze_moe_router:
             freeze_routers(model)
         self.layout = StageWeights.of(model, full, self.shape.tied, self.tp_rank, self.tp)
@@ -104,7 +107,7 @@ class MegatronWorker(RankWorker):
             ids = mb["input_ids"]
             positions = torch.arange(ids.shape[1], device=self.device).expand_as(ids)
             output = model(ids, positions, attention_mask=None)
-            return output, partial(self._loss, mb, loss_fn, normaliser, scale, forward_only)
+            return output, partial(self._loss, mb, loss_fn, normaliser, scale, forward_only, self.critic)
 
         self.mconfig.finalize_model_grads_func = None if forward_only else _finalize
         return get_forward_backward_func()(
@@ -114,8 +117,13 @@ class MegatronWorker(RankWorker):
 
     @staticmethod
     def _loss(mb: dict[str, torch.Tensor], loss_fn: Any, normaliser: float, scale: float, forward_only: bool,
-              logits: torch.Tensor) -> tuple[torch.Tensor, dict[str, Any]]:
-        logprobs = token_logprobs(logits, mb["input_ids"], mb["attention_mask"])
+              critic: bool, logits: torch.Tensor) -> tuple[torch.Tensor, dict[str, Any]]:
+        if critic:  # a value head's one output per token: values lined up with the logprobs
+            from corerl.models.value_model import shift_values
+
+            logprobs = shift_values(logits[..., 0], mb["attention_mask"])
+        else:
+            logprobs = token_logprobs(logits, mb["input_ids"], mb["attention_mask"])
         if forward_only:
             return logits.new_zeros(()), {"logprobs": logprobs.detach().float().cpu()}
         loss, metrics = loss_fn(logprobs, mb, normaliser)
@@ -128,6 +136,15 @@ class MegatronWorker(RankWorker):
             torch.cuda.empty_cache()
 
     def logprobs(self, mbs: list[dict[str, torch.Tensor]]) -> list[torch.Tensor] | None:
+        if self.critic:
+            raise RuntimeError("a critic computes values, not logprobs")
+        return self._forward_only(mbs)
+
+    def values(self, mbs: list[dict[str, torch.Tensor]]) -> list[torch.Tensor] | None:
+        """Values of this rank's micro-batches on a critic (the last pipeline stage reports them)."""
+        return self._forward_only(mbs)
+
+    def _forward_only(self, mbs: list[dict[str, torch.Tensor]]) -> list[torch.Tensor] | None:
         self.model.eval()
         with torch.no_grad():
             out = self._run(mbs, None, 1.0, forward_only=True)
