@@ -25,7 +25,8 @@ class Shape:
     tied: bool
     qkv_bias: bool
     #: a critic's value model: its one-output head ``score.weight`` (never tied to the embeddings)
-    #: is Megatron's ``output_layer.weight``, where a causal LM's ``lm_head.weight`` goes
+    #: is Megatron's ``output_layer.weight``, where a causal LM's ``lm_head.weight`` goes, and its
+    #: ``score.bias`` is ``output_layer.bias``
     value_head: bool = False
 
     @classmethod
@@ -74,9 +75,11 @@ def split_qkv(qkv: torch.Tensor, shape: Shape) -> tuple[torch.Tensor, torch.Tens
 
 def hf_to_megatron(hf_state: dict[str, torch.Tensor], family: Family, shape: Shape) -> dict[str, torch.Tensor]:
     """The Megatron state dict of a Hugging Face one; every Hugging Face tensor must be used."""
+    out: dict[str, torch.Tensor] = {}
     if shape.value_head:  # the family tables map the output head by its causal-LM name
         hf_state = {("lm_head.weight" if k == "score.weight" else k): v for k, v in hf_state.items()}
-    out: dict[str, torch.Tensor] = {}
+        if "score.bias" in hf_state:
+            out["output_layer.bias"] = hf_state.pop("score.bias")
     used: set[str] = set()
     for rule in family.rules:
         if not _applies(rule, shape):
@@ -119,4 +122,6 @@ def megatron_to_hf(state: dict[str, torch.Tensor], family: Family, shape: Shape)
         out["lm_head.weight"] = out["model.embed_tokens.weight"]
     if shape.value_head:
         out["score.weight"] = out.pop("lm_head.weight")
+        if "output_layer.bias" in state:
+            out["score.bias"] = state["output_layer.bias"].contiguous()
     return out

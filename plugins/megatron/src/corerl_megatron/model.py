@@ -55,9 +55,10 @@ class ValueHead(torch.nn.Module):
         super().__init__()
         device = torch.cuda.current_device() if torch.cuda.is_available() else "cpu"
         self.weight = torch.nn.Parameter(torch.zeros(1, hidden_size, dtype=dtype, device=device))
+        self.bias = torch.nn.Parameter(torch.zeros(1, dtype=dtype, device=device))
 
     def forward(self, hidden: torch.Tensor, weight: Any = None, runtime_gather_output: Any = None) -> tuple[torch.Tensor, None]:
-        return F.linear(hidden, self.weight), None
+        return F.linear(hidden, self.weight, self.bias), None
 
 
 def build_gpt(hf: Any, config: Any, *, pre_process: bool = True, post_process: bool = True,
