@@ -88,5 +88,5 @@ def test_api_errors_name_the_key():
         corerl.GRPOTrainer({"policy": {"model_name": "x"}, "algorithm": {"max_steps": 0}}).train()
     with pytest.raises(ConfigError, match="SFTTrainer runs 'sft', the config says 'grpo'"):
         corerl.SFTTrainer({"algorithm": {"name": "grpo"}})
-    with pytest.raises(ConfigError, match="unknown algorithm 'ppo'"):
-        corerl.train(model="x", algorithm="ppo")
+    with pytest.raises(ConfigError, match="unknown algorithm 'rloo'"):
+        corerl.train(model="x", algorithm="rloo")
