@@ -1,6 +1,6 @@
-"""The gpu tier's end-to-end runs: GRPO with a KL penalty on one GPU for each training backend
-(the policy's ranks and the frozen reference's share the GPU through one Ray bundle), and a
-bf16 run. Skipped without a GPU."""
+"""The gpu tier's end-to-end runs: GRPO with a KL penalty, and PPO with a critic, on one GPU for
+each training backend (the policy's ranks, the frozen reference's and the critic's share the GPU
+through one Ray bundle), and a bf16 run. Skipped without a GPU."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from tests.conftest import run_corerl
+from tests.conftest import EXAMPLES, run_corerl
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]
 
@@ -35,3 +35,16 @@ def test_a_bf16_run_on_the_gpu(tmp_path):
     result = run_corerl("run", "policy.precision=bfloat16", *SHORT, f"run.output_dir={tmp_path}", "run.name=bf16")
     assert result.code == 0, result
     assert json.loads((tmp_path / "bf16" / "summary.json").read_text())["grpo_steps"] == 5
+
+
+@pytest.mark.parametrize("backend, ray_ranks", [
+    ("dtensor", False), ("deepspeed", True), ("megatron", True),
+])
+def test_ppo_with_a_critic_shares_one_gpu_and_offloads_it_while_generating(backend, ray_ranks, tmp_path):
+    result = run_corerl("run", str(EXAMPLES / "ppo_demo.yaml"), f"policy.training_backend={backend}", *SHORT,
+                        "policy.offload.policy=full", f"run.output_dir={tmp_path}", "run.name=ppo")
+    assert result.code == 0, result
+    summary = json.loads((tmp_path / "ppo" / "summary.json").read_text())
+    assert summary["critic_backend"] == backend and summary["ppo_steps"] == 5
+    if ray_ranks:  # the policy, the reference and the critic: three groups, one GPU
+        assert " ".join(result.out.split()).count(f"{backend}: 1 rank(s) on 1 Ray node(s)") == 3, result

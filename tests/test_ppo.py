@@ -171,3 +171,45 @@ def test_the_ppo_trainer_runs_from_python(tmp_path):
     }).train()
     assert result.summary["algorithm"] == "ppo" and result.summary["ppo_steps"] == 2
     assert result.summary["critic_backend"] == "dtensor" and is_value_model(result.run_dir / "final_critic")
+
+
+class _Moves:
+    """Records what an offload schedule asks of an engine (the schedule is under test, not an engine)."""
+
+    def __init__(self):
+        self.calls = []
+
+    def offload(self, parts):
+        self.calls.append(("offload", list(parts)))
+
+    def reload(self, parts):
+        self.calls.append(("reload", list(parts)))
+
+
+@pytest.mark.parametrize("policy, parts", [("none", []), ("optimizer", ["optimizer"]),
+                                           ("full", ["optimizer", "parameters"])])
+def test_the_critic_leaves_the_accelerator_with_what_the_offload_policy_moves(policy, parts):
+    from corerl.offload.schedule import FullOffload, NoOffload, OptimizerOffload
+
+    schedule = {"none": NoOffload, "optimizer": OptimizerOffload, "full": FullOffload}[policy](_Moves(), _Moves())
+    critic = _Moves()
+    ppo = PPO(config=None, training=schedule.training, critic=critic, generation=schedule.generation,
+              reward_fn=lambda s, i: 0.0, offload=schedule)
+    ppo.critic_offload.idle()
+    ppo.critic_offload.idle()  # idempotent
+    ppo.critic_offload.active()
+    assert critic.calls == ([("offload", parts), ("reload", parts)] if parts else [])
+
+
+def test_the_critic_may_run_on_another_backend_than_the_policy(tmp_path):
+    result = run_corerl("run", str(EXAMPLES / "ppo_demo.yaml"), "critic.training_backend=megatron",
+                        "critic.megatron_cfg.enabled=true", "sft.max_steps=2", "algorithm.max_steps=2",
+                        "algorithm.batch_size=8", "policy.generation.backend=hf", "checkpointing.enabled=false",
+                        f"run.output_dir={tmp_path}", "run.name=mixed")
+    assert result.code == 0, result
+    summary = json.loads((tmp_path / "mixed" / "summary.json").read_text())
+    assert (summary["training_backend"], summary["critic_backend"]) == ("dtensor", "megatron")
+    assert "megatron: 1 rank(s) on 1 Ray node(s)" in " ".join(result.out.split())
+    assert is_value_model(tmp_path / "mixed" / "final_critic")
+    rows = [r for r in _metrics(tmp_path / "mixed") if r["phase"] == "ppo"]
+    assert rows[-1]["values/mean"] != 0.0  # the megatron critic trained
