@@ -93,24 +93,28 @@ def test_one_ppo_step_trains_critic_and_policy_over_real_engines(tmp_path):
     model = build_tiny_model(tmp_path / "policy", hidden_size=32, num_layers=1)
     critic_dir = init_value_model(model, tmp_path / "critic")
     host = PluginHost()
-    config = config_from_mapping(_recipe(str(model), critic={"optimizer": {"lr": 1e-2}}), host)
+    recipe = _recipe(str(model), critic={"optimizer": {"lr": 1e-2}})
+    recipe["algorithm"]["kl_penalty"] = 0.05  # folded into the token rewards, against a frozen reference
+    config = config_from_mapping(recipe, host)
     selection = select(config, host)
     training = selection.training_backend.registration.create(config=config)
+    reference = selection.training_backend.registration.create(config=config)
     critic = selection.critic_backend.registration.create(config=selection.critic_config)
     generation = selection.generation_backend.registration.create(config=config)
     try:
-        training.load_hf(str(model))
+        for engine in (training, reference, generation):
+            engine.load_hf(str(model))
         critic.load_hf(str(critic_dir))
-        generation.load_hf(str(model))
         task = DigitEcho(TaskContext(AutoTokenizer.from_pretrained(model), seed=3, data=config.core.data))
-        ppo = PPO.from_config(config, training=training, critic=critic, generation=generation, reward_fn=task.reward)
+        ppo = PPO.from_config(config, training=training, critic=critic, generation=generation, reward_fn=task.reward,
+                              reference=reference)
         prompts, items = task.sample(4)
         first = ppo.step(prompts, items)
         batch_values = critic.values({"input_ids": torch.tensor([[1, 5, 6]]), "attention_mask": torch.ones(1, 3,
                                                                                                          dtype=torch.long)})
         second = ppo.step(*task.sample(4))
     finally:
-        for engine in (generation, critic, training):
+        for engine in (generation, critic, reference, training):
             engine.shutdown()
     expected = {"critic/value_loss", "critic/explained_variance", "advantages/mean", "advantages/std",
                 "returns/mean", "returns/std", "values/mean", "reward/mean", "loss", "grad_norm", "time/critic_training"}
@@ -119,6 +123,7 @@ def test_one_ppo_step_trains_critic_and_policy_over_real_engines(tmp_path):
     assert first["critic/value_loss"] > 0 and first["critic/grad_norm"] > 0
     assert float(batch_values[0, 1:].abs().sum()) > 0  # after one critic step the head has moved
     assert second["values/mean"] != 0.0 and second["optimizer_step"] == 2.0
+    assert first["kl"] == 0.0 and second["kl"] > 0.0  # the policy equals its reference until it moves
 
 
 def test_the_ppo_demo_raises_held_out_reward_by_25_points(tmp_path):
