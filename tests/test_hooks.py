@@ -5,6 +5,7 @@ from __future__ import annotations
 from corerl import (
     Command,
     GenerationBackend,
+    MemoryModel,
     OffloadPolicy,
     Preset,
     Reward,
@@ -54,6 +55,28 @@ class _AllKinds:
     @hookimpl
     def corerl_register_presets(self, register):
         register(Preset(id="quick_tp", factory=lambda: QUICK_PRESET, description="quick with TP 2"))
+
+    @hookimpl
+    def corerl_register_memory_models(self, register):
+        register(MemoryModel(id="quick", factory=_QuickMemory, description="everything replicated, 2 bytes each"))
+
+
+class _QuickMemory:
+    """A third-party backend's memory model: every rank holds the whole model, 2+2+4 bytes a parameter."""
+
+    def layouts(self, request):
+        from corerl.planning.memory import Layout
+
+        return [Layout("quick", "replicated", ("policy.training_backend=quick",), dp=request.world_size)]
+
+    def layout_of(self, config, request):
+        return self.layouts(request)[0]
+
+    def estimate(self, request, layout):
+        from corerl.planning.memory import TrainingMemory
+
+        p = request.shape.parameters
+        return TrainingMemory(parameters=2 * p, gradients=2 * p, optimizer=4 * p, activations=0)
 
 
 QUICK_PRESET = __import__("pathlib").Path(__file__).parent / "data" / "quick_preset.yaml"
@@ -126,6 +149,23 @@ def test_hook_corerl_register_presets(tmp_path):
     recipe = write_recipe(tmp_path / "r.yaml", {"policy": {"model_name": "m"}})
     config = load_config(recipe, [], host, presets=["quick_tp"])
     assert config.core.cluster.gpus_per_node == 2 and config.origins["cluster.gpus_per_node"].endswith("quick_preset.yaml")
+
+
+def test_hook_corerl_register_memory_models():
+    from corerl.planning.memory import GIB, PlanRequest
+    from corerl.planning.planner import installed_models, make_plan
+    from corerl.planning.shape import ModelShape
+
+    host = _host_with_plugin()
+    assert host.memory_models.get("quick").plugin == "quick"
+    models = installed_models(host)  # the core's own plugin registers no training backend: only "quick" takes part
+    assert list(models) == ["quick"]
+    shape = ModelShape(hidden=1024, layers=8, heads=8, kv_heads=8, head_dim=128, intermediate=4096, vocab=32000,
+                       tied=False, qkv_bias=False)
+    plan = make_plan(PlanRequest(shape, gpus_per_node=1, gpu_memory=80 * GIB), models)
+    (candidate,) = plan.candidates
+    assert candidate.layout.backend == "quick" and candidate.training.state == 8 * shape.parameters
+    assert plan.recommended is candidate and "quick replicated fits" in plan.why  # the tree's dtensor is absent
 
 
 def test_a_hook_that_registers_the_wrong_kind_fails_that_plugin_only():

@@ -11,6 +11,7 @@ from corerl.hookspecs import hookimpl
 from corerl.registry import (
     Command,
     GenerationBackend,
+    MemoryModel,
     OffloadPolicy,
     Preset,
     Reward,
@@ -29,6 +30,7 @@ __all__ = [
     "train",
     "Command",
     "GenerationBackend",
+    "MemoryModel",
     "OffloadPolicy",
     "Preset",
     "Reward",

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from corerl.hookspecs import hookimpl
-from corerl.registry import GenerationBackend, OffloadPolicy, Reward, SequencePacker, Task
+from corerl.registry import Command, GenerationBackend, OffloadPolicy, Reward, SequencePacker, Task
 
 DEFAULT_PACKER = "modified_first_fit_decreasing"
 DEFAULT_OFFLOAD_POLICY = "none"
@@ -69,3 +69,9 @@ def corerl_register_tasks(register: Callable[[Task], None]) -> None:
 def corerl_register_rewards(register: Callable[[Reward], None]) -> None:
     register(Reward(id="exact_answer", factory="corerl.tasks.rewards:exact_answer",
                     description="1 when the completion's answer equals the example's answer, else 0"))
+
+
+@hookimpl
+def corerl_register_commands(register: Callable[[Command], None]) -> None:
+    register(Command(id="plan", factory="corerl.planning.command:run", arguments="corerl.planning.command:add_arguments",
+                     description="which backend and layout for a model on some GPUs, with the memory each takes"))

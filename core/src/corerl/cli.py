@@ -191,7 +191,12 @@ def _load_and_select(config_path: str, overrides: list[str], presets: list[str],
 
 
 def _cmd_validate(args: argparse.Namespace) -> int:
-    _host, config, selection = _load_and_select(args.config, args.overrides, args.preset, args.dialect)
+    host, config, selection = _load_and_select(args.config, args.overrides, args.preset, args.dialect)
+    from corerl.planning.planner import fit_warning
+
+    warning = fit_warning(config, selection.training_backend.id, host)
+    if warning is not None:
+        selection.warnings.append(warning)
     fates = [{"key": f.key, "fate": f.fate, "detail": f.detail} for f in config.fates]
     if args.json:
         _print_json({"valid": True, **selection.as_dict(), "errors": [], "warnings": config.warnings + selection.warnings,

@@ -17,6 +17,7 @@ import pluggy
 from corerl.registry import (
     Command,
     GenerationBackend,
+    MemoryModel,
     OffloadPolicy,
     Preset,
     Reward,
@@ -132,4 +133,21 @@ def corerl_register_presets(register: Callable[[Preset], None]) -> None:
     plugin that registers it (the deepspeed plugin's ``zero3`` sets ``policy.deepspeed_cfg``).
 
     Called once per process, when a preset is first looked up.
+    """
+
+
+@hookspec
+def corerl_register_memory_models(register: Callable[[MemoryModel], None]) -> None:
+    """Register memory models: how much each GPU holds in a training backend's layouts, for
+    ``corerl plan`` and ``corerl validate``'s fit check.
+
+    Call ``register(MemoryModel(id=..., factory=...))`` with ``id`` the training backend's id;
+    ``factory()`` returns an object with the methods of
+    :class:`corerl.planning.memory.MemoryModel`: ``layouts(request)`` (the layouts worth
+    considering), ``layout_of(config, request)`` (a recipe's own layout) and
+    ``estimate(request, layout)`` (per-GPU parameter, gradient, optimizer, activation and
+    reference bytes). The core adds the generation engine and ranks the layouts of every
+    installed backend together.
+
+    Called when a plan or a fit check first needs the memory models.
     """

@@ -21,6 +21,7 @@ from corerl import builtin_plugin, hookspecs
 from corerl.registry import (
     Command,
     GenerationBackend,
+    MemoryModel,
     OffloadPolicy,
     Preset,
     Registration,
@@ -44,6 +45,7 @@ REGISTRATION_HOOKS: dict[str, tuple[str, type[Registration]]] = {
     "corerl_register_rewards": ("rewards", Reward),
     "corerl_register_commands": ("commands", Command),
     "corerl_register_presets": ("presets", Preset),
+    "corerl_register_memory_models": ("memory_models", MemoryModel),
 }
 
 
@@ -240,6 +242,10 @@ class PluginHost:
     @property
     def presets(self) -> Registry[Preset]:
         return self._registry("presets")
+
+    @property
+    def memory_models(self) -> Registry[MemoryModel]:
+        return self._registry("memory_models")
 
     def section_aliases(self) -> dict[str, str]:
         """Other spellings of the registered config sections: alias -> canonical key path."""

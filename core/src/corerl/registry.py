@@ -138,6 +138,14 @@ class GenerationBackend(Registration):
 
 
 @attrs.frozen(kw_only=True)
+class MemoryModel(Registration):
+    """A training backend's memory model for ``corerl plan``: ``id`` is the backend's id and the
+    factory, called with no arguments, returns a :class:`corerl.planning.memory.MemoryModel`."""
+
+    kind: ClassVar[str] = "memory model"
+
+
+@attrs.frozen(kw_only=True)
 class SequencePacker(Registration):
     """A packing algorithm selected by ``policy.sequence_packing.algorithm``."""
 

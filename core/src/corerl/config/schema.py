@@ -23,6 +23,9 @@ class ClusterConfig:
     num_nodes: int = setting(1, min=1, help="number of nodes")
     gpus_per_node: int = setting(1, min=1, help="workers per node: GPUs, or CPU worker processes without GPUs")
     ray_address: str | None = setting(None, help="an existing Ray cluster; unset: RAY_ADDRESS, else a local runtime")
+    gpu_memory_gib: float | None = setting(None, min=0.0, min_exclusive=True,
+                                           help="memory of one GPU: `corerl validate` warns when the recipe's layout "
+                                                "is predicted not to fit in it (`corerl plan` ranks layouts by it)")
 
     @property
     def world_size(self) -> int:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from corerl import Preset, TrainingBackend, hookimpl
+from corerl import MemoryModel, Preset, TrainingBackend, hookimpl
 from corerl_deepspeed.config import DeepSpeedConfig
 
 
@@ -41,3 +41,9 @@ def corerl_register_presets(register: Callable[[Preset], None]) -> None:
     register(Preset(id="zero2", factory="corerl_deepspeed.presets:ZERO2", description="DeepSpeed ZeRO-2: optimizer state and gradients partitioned"))
     register(Preset(id="zero3", factory="corerl_deepspeed.presets:ZERO3", description="DeepSpeed ZeRO-3: parameters, gradients and optimizer state partitioned"))
     register(Preset(id="zero3_offload", factory="corerl_deepspeed.presets:ZERO3_OFFLOAD", description="DeepSpeed ZeRO-3 with optimizer state and parameters in CPU memory"))
+
+
+@hookimpl
+def corerl_register_memory_models(register: Callable[[MemoryModel], None]) -> None:
+    register(MemoryModel(id="deepspeed", factory="corerl_deepspeed.memory_model:DeepSpeedMemory",
+                         description="ZeRO 1-3 partitions, optimizer and parameter offload"))

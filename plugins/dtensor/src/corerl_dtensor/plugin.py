@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from corerl import Preset, TrainingBackend, hookimpl
+from corerl import MemoryModel, Preset, TrainingBackend, hookimpl
 from corerl_dtensor.config import DTensorConfig
 
 
@@ -29,3 +29,9 @@ def corerl_register_training_backends(register: Callable[[TrainingBackend], None
 @hookimpl
 def corerl_register_presets(register: Callable[[Preset], None]) -> None:
     register(Preset(id="fsdp", factory="corerl_dtensor.presets:FSDP", description="FSDP2 full sharding on the dtensor backend (the default strategy)"))
+
+
+@hookimpl
+def corerl_register_memory_models(register: Callable[[MemoryModel], None]) -> None:
+    register(MemoryModel(id="dtensor", factory="corerl_dtensor.memory_model:DTensorMemory",
+                         description="FSDP2 x TP: fp32 shards, AdamW moments"))

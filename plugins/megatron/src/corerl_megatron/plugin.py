@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from corerl import Command, GenerationBackend, Preset, TrainingBackend, hookimpl
+from corerl import Command, GenerationBackend, MemoryModel, Preset, TrainingBackend, hookimpl
 from corerl_megatron.config import MegatronConfig, MegatronGenerationConfig
 
 
@@ -55,3 +55,9 @@ def corerl_register_commands(register: Callable[[Command], None]) -> None:
 @hookimpl
 def corerl_register_presets(register: Callable[[Preset], None]) -> None:
     register(Preset(id="megatron_tp", factory="corerl_megatron.presets:MEGATRON_TP", description="megatron-core, tensor parallel 2 with sequence parallel"))
+
+
+@hookimpl
+def corerl_register_memory_models(register: Callable[[MemoryModel], None]) -> None:
+    register(MemoryModel(id="megatron", factory="corerl_megatron.memory_model:MegatronMemory",
+                         description="TP x PP x DP with the distributed optimizer; megatron generation's KV buffer"))

@@ -1,0 +1,210 @@
+"""The core's half of ``corerl plan``: every installed memory model's layouts, with the
+generation engine and the frozen reference added, ranked by the backend decision tree and by
+what fits.
+
+Per GPU, a run's peak is the larger of its two phases: training (parameters, gradients,
+optimizer state, one micro-batch's activations, the reference's parameters) and generation
+(what training leaves on the GPU, plus the engine: colocated vLLM reserves
+``gpu_memory_utilization`` of the GPU for its weights and KV cache; megatron generation adds its
+KV buffer to the training weights it samples with). Where the training state and vLLM's share do
+not fit together, the plan asks for ``policy.offload.policy=full`` (the training state leaves
+while vLLM runs). A layout fits when its peak leaves :data:`RESERVED` of the GPU free (CUDA
+context, allocator slack).
+
+The decision tree (NeMo RL's backend guide): under 10B parameters, dtensor + vLLM; 10-70B on
+one node, dtensor + vLLM with TP over the node (vLLM's tensor parallelism; the training layout is
+whichever dtensor layout fits, FSDP spreading the model over the node); 10-70B on several nodes,
+megatron + vLLM; over 70B, megatron + megatron generation.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+
+from corerl.planning.memory import GIB, Layout, MemoryModel, PlanRequest, TrainingMemory
+
+RESERVED = 2 * GIB
+SMALL, LARGE = 10e9, 70e9
+
+
+@attrs.frozen
+class Rule:
+    """The decision tree's branch for a request: the backend and generation it names, and why."""
+
+    backend: str
+    generation: str
+    why: str
+    generation_tp: int | None = None  # the tree's vLLM tensor-parallel size, where it names one
+
+
+def decision_rule(request: PlanRequest) -> Rule:
+    """The branch of the decision tree ``request`` falls in (see the module docstring)."""
+    billions = request.shape.parameters / 1e9
+    if request.shape.parameters < SMALL:
+        return Rule("dtensor", "vllm", f"{billions:.1f}B parameters (< 10B): dtensor + vLLM")
+    if request.shape.parameters <= LARGE:
+        if request.nodes == 1:
+            return Rule("dtensor", "vllm", f"{billions:.1f}B parameters (10-70B) on one node: dtensor + vLLM "
+                                           f"(TP={request.gpus_per_node})", generation_tp=request.gpus_per_node)
+        return Rule("megatron", "vllm", f"{billions:.1f}B parameters (10-70B) on {request.nodes} nodes: megatron + vLLM")
+    return Rule("megatron", "megatron", f"{billions:.1f}B parameters (> 70B): megatron + megatron generation")
+
+
+@attrs.frozen
+class Candidate:
+    """A layout with its memory per GPU and what it needs to fit."""
+
+    layout: Layout
+    training: TrainingMemory
+    generation: int  # the vLLM engine's share of each GPU while it runs (0: the backend generates)
+    generation_tp: int
+    offload: str  # the offload policy the layout needs: none, or full (training state leaves during generation)
+    peak: int
+    fits: bool
+    follows_rule: bool
+
+    def overrides(self) -> list[str]:
+        """``key=value`` overrides that run this candidate."""
+        extra = []
+        if self.layout.generation == "vllm":
+            extra += ["policy.generation.backend=vllm",
+                      f"policy.generation.vllm_cfg.tensor_parallel_size={self.generation_tp}"]
+        if self.offload != "none":
+            extra.append(f"policy.offload.policy={self.offload}")
+        return [*self.layout.overrides, *[e for e in extra if e not in self.layout.overrides]]
+
+    def as_dict(self) -> dict[str, Any]:
+        t = self.training
+        return {"backend": self.layout.backend, "layout": self.layout.name, "generation": self.generation_label,
+                "offload": self.offload, "fits": self.fits, "follows_decision_tree": self.follows_rule,
+                "bytes_per_gpu": {"parameters": t.parameters, "gradients": t.gradients, "optimizer": t.optimizer,
+                                  "activations": t.activations, "reference": t.reference,
+                                  "generation": self.generation or t.own_generation, "peak": self.peak},
+                "overrides": self.overrides()}
+
+    @property
+    def generation_label(self) -> str:
+        return f"vLLM TP={self.generation_tp}" if self.layout.generation == "vllm" else "megatron"
+
+
+def vllm_tensor_parallel(request: PlanRequest, reserved: int) -> int | None:
+    """The smallest vLLM tensor-parallel size (within a node) whose weights take at most half of
+    the engine's share ``reserved``, leaving the rest for the KV cache; None when none does."""
+    weights = request.shape.parameters * 2  # vLLM serves 16-bit weights
+    tp = 1
+    while tp <= request.gpus_per_node:
+        if request.shape.heads % tp == 0 and request.shape.kv_heads % tp == 0 and weights / tp <= reserved / 2:
+            return tp
+        tp *= 2
+    return None
+
+
+def assess(request: PlanRequest, layout: Layout, training: TrainingMemory, rule: Rule) -> Candidate:
+    """The candidate ``layout`` makes with its training memory: generation added, offload chosen."""
+    usable = request.gpu_memory - RESERVED
+    follows = layout.backend == rule.backend and layout.generation == rule.generation
+    resident = training.state + training.reference
+    if layout.generation == "vllm":
+        share = int(request.generation_memory_fraction * request.gpu_memory)
+        tp = vllm_tensor_parallel(request, share)
+        if follows and rule.generation_tp is not None and tp is not None:
+            tp = max(tp, rule.generation_tp)
+        offload = "none" if resident + share <= usable else "full"
+        during_generation = (resident if offload == "none" else 0) + share
+        peak = max(training.total, during_generation)
+        fits = tp is not None and peak <= usable
+        return Candidate(layout, training, share, tp or request.gpus_per_node, offload, peak, fits, follows)
+    peak = max(training.total, resident + training.own_generation)
+    return Candidate(layout, training, 0, layout.tp, "none", peak, peak <= usable, follows)
+
+
+def complexity(candidate: Candidate) -> tuple[int, ...]:
+    """Simpler first: fewer model-parallel ranks, no activation checkpointing, no offload."""
+    layout = candidate.layout
+    offloads = sum("offload" in part and not part.endswith("=none") for part in layout.overrides)
+    return (layout.tp * layout.pp, int(layout.activation_checkpointing), offloads, int(candidate.offload != "none"))
+
+
+@attrs.frozen
+class Plan:
+    """The ranked candidates, the recommendation (None when nothing fits) and why."""
+
+    request: PlanRequest
+    rule: Rule
+    candidates: list[Candidate]
+    recommended: Candidate | None
+    why: str
+
+    def as_dict(self) -> dict[str, Any]:
+        r = self.request
+        return {"model": r.shape.name, "parameters": r.shape.parameters, "gpus_per_node": r.gpus_per_node,
+                "nodes": r.nodes, "gpu_memory_bytes": r.gpu_memory, "decision_rule": self.rule.why,
+                "recommended": self.recommended.as_dict() if self.recommended else None, "why": self.why,
+                "candidates": [c.as_dict() for c in self.candidates]}
+
+
+def make_plan(request: PlanRequest, models: dict[str, MemoryModel]) -> Plan:
+    """Every layout of every memory model (by backend id), assessed and ranked: fitting layouts
+    that follow the decision tree first, simplest first; then the other fitting ones; then the
+    rest by peak memory."""
+    rule = decision_rule(request)
+    candidates = [assess(request, layout, model.estimate(request, layout), rule)
+                  for model in models.values() for layout in model.layouts(request)]
+    candidates.sort(key=lambda c: (not c.fits, not c.follows_rule, complexity(c) if c.fits else (), c.peak))
+    usable = (request.gpu_memory - RESERVED) / GIB
+    best = candidates[0] if candidates and candidates[0].fits else None
+    if best is None:
+        closest = min(candidates, key=lambda c: c.peak) if candidates else None
+        why = (f"nothing fits in {usable:.0f} GiB per GPU; the closest, {closest.layout.backend} {closest.layout.name}, "
+               f"needs {closest.peak / GIB:.0f} GiB: add GPUs or nodes" if closest else "no memory model is installed")
+    elif best.follows_rule:
+        why = (f"{rule.why}; {best.layout.backend} {best.layout.name} is the simplest such layout that fits: "
+               f"{best.peak / GIB:.1f} of {usable:.0f} GiB per GPU")
+    else:
+        wanted = [c for c in candidates if c.follows_rule]
+        short = min(wanted, key=lambda c: c.peak) if wanted else None
+        why = (f"{rule.why}, but " + (f"its best layout needs {short.peak / GIB:.0f} GiB of {usable:.0f}"
+                                      if short else f"{rule.backend} is not installed")
+               + f"; {best.layout.backend} {best.layout.name} fits: {best.peak / GIB:.1f} GiB per GPU")
+    return Plan(request, rule, candidates, best, why)
+
+
+def installed_models(host: Any) -> dict[str, MemoryModel]:
+    """The memory model of every registered one whose training backend is installed, by backend id."""
+    return {registration.id: registration.create() for registration in host.memory_models
+            if registration.id in host.training_backends}
+
+
+def fit_warning(config: Any, training_backend: str, host: Any) -> str | None:
+    """``corerl validate``'s check: a warning when the recipe's own layout is predicted to need more
+    than ``cluster.gpu_memory_gib`` per GPU (None when it fits, the key is unset, or the backend
+    has no memory model)."""
+    from corerl.planning.command import request_of
+
+    if config.core.cluster.gpu_memory_gib is None:
+        return None
+    registration = host.memory_models.get(training_backend)
+    if registration is None:
+        return None
+    from corerl.errors import ConfigError
+
+    model = registration.create()
+    try:
+        request = request_of(config)
+    except ConfigError as exc:  # the model's config.json is not here (a hub name): say so, do not refuse
+        return f"cluster.gpu_memory_gib is set but the fit was not checked: {exc.message}"
+    layout = model.layout_of(config, request)
+    candidate = assess(request, layout, model.estimate(request, layout), decision_rule(request))
+    usable = (request.gpu_memory - RESERVED) / GIB
+    if candidate.fits and (candidate.offload == "none" or config.core.policy.offload.policy != "none"):
+        return None
+    need = f"{candidate.peak / GIB:.1f} GiB per GPU"
+    if candidate.fits:  # it fits only if the training state leaves while vLLM runs
+        return (f"the recipe's layout ({training_backend} {layout.name}) is predicted to need {need} only with "
+                f"policy.offload.policy=full (training state and vLLM's share do not fit together in "
+                f"{usable:.0f} GiB); set it, or see `corerl plan`")
+    return (f"the recipe's layout ({training_backend} {layout.name}) is predicted to need {need}, more than the "
+            f"{usable:.0f} GiB usable of cluster.gpu_memory_gib={config.core.cluster.gpu_memory_gib:g}; "
+            f"`corerl plan RECIPE` ranks layouts that fit")

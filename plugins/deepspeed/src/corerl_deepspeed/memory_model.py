@@ -1,0 +1,59 @@
+"""The deepspeed backend's memory model for ``corerl plan`` (see :mod:`corerl.planning.memory`).
+
+As this backend drives DeepSpeed: the module's parameters and gradients in ``policy.precision``,
+and the optimizer's fp32 master partition plus Adam's two moments (12 bytes a parameter, kept in
+fp32 runs too), data parallel over every rank. ZeRO-1 partitions the optimizer state over the
+ranks, ZeRO-2 the gradients as well (the reduced partitions are what a step keeps), ZeRO-3 the
+parameters too; ``offload_optimizer=cpu`` moves the optimizer state to the CPU and
+``offload_param=cpu`` (ZeRO-3) the parameters.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from corerl.planning.memory import (
+    Layout,
+    PlanRequest,
+    TrainingMemory,
+    activation_bytes,
+    cluster_overrides,
+)
+
+BACKEND = "deepspeed"
+
+
+class DeepSpeedMemory:
+    """ZeRO stages 1-3, with the optimizer (and, at stage 3, the parameters) offloaded or not."""
+
+    def layouts(self, request: PlanRequest) -> list[Layout]:
+        out = []
+        for stage in (1, 2, 3):
+            for offload_optimizer in (False, True):
+                for offload_param in ((False, True) if stage == 3 and offload_optimizer else (False,)):
+                    out.append(self._layout(request, stage, offload_optimizer, offload_param))
+        return out
+
+    def _layout(self, request: PlanRequest, stage: int, offload_optimizer: bool, offload_param: bool) -> Layout:
+        name = f"ZeRO-{stage}" + (" +optimizer offload" if offload_optimizer else "") + (
+            " +param offload" if offload_param else "")
+        overrides = (*cluster_overrides(request), "policy.training_backend=deepspeed",
+                     "policy.deepspeed_cfg.enabled=true", f"policy.deepspeed_cfg.zero_stage={stage}",
+                     f"policy.deepspeed_cfg.offload_optimizer={'cpu' if offload_optimizer else 'none'}",
+                     f"policy.deepspeed_cfg.offload_param={'cpu' if offload_param else 'none'}")
+        return Layout(BACKEND, name, overrides, dp=request.world_size)
+
+    def layout_of(self, config: Any, request: PlanRequest) -> Layout:
+        s = config.section("policy.deepspeed_cfg")
+        return self._layout(request, s.zero_stage, s.offload_optimizer != "none", s.offload_param != "none")
+
+    def estimate(self, request: PlanRequest, layout: Layout) -> TrainingMemory:
+        overrides = dict(o.split("=", 1) for o in layout.overrides)
+        stage = int(overrides["policy.deepspeed_cfg.zero_stage"])
+        p, dp, width = request.shape.parameters, layout.dp, request.dtype_bytes
+        parameters = 0 if overrides["policy.deepspeed_cfg.offload_param"] != "none" else p * width / (dp if stage == 3 else 1)
+        gradients = p * width / (dp if stage >= 1 else 1)
+        optimizer = 0 if overrides["policy.deepspeed_cfg.offload_optimizer"] != "none" else 12 * p / (dp if stage >= 1 else 1)
+        reference = p * width / (dp if stage == 3 else 1) if request.reference else 0
+        return TrainingMemory(parameters=int(parameters), gradients=int(gradients), optimizer=int(optimizer),
+                              activations=activation_bytes(request, request.shape.layers), reference=int(reference))

@@ -1,0 +1,171 @@
+"""``corerl plan``: the memory models against measured per-rank state, the decision tree on the
+guide's three examples (configs made in code, no download), the command line, and
+``corerl validate``'s fit warning."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from corerl.planning.memory import GIB, PlanRequest
+from corerl.planning.planner import decision_rule, installed_models, make_plan
+from corerl.planning.shape import ModelShape
+from corerl.plugin_manager import PluginHost
+from tests.conftest import EXAMPLES, REPO, run_corerl
+
+# Qwen2.5 configs as their config.json files give them (the sizes only)
+QWEN25 = {
+    "1.5B": {"hidden_size": 1536, "num_hidden_layers": 28, "num_attention_heads": 12, "num_key_value_heads": 2,
+             "intermediate_size": 8960, "vocab_size": 151936, "tie_word_embeddings": True},
+    "32B": {"hidden_size": 5120, "num_hidden_layers": 64, "num_attention_heads": 40, "num_key_value_heads": 8,
+            "intermediate_size": 27648, "vocab_size": 152064, "tie_word_embeddings": False},
+    "72B": {"hidden_size": 8192, "num_hidden_layers": 80, "num_attention_heads": 64, "num_key_value_heads": 8,
+            "intermediate_size": 29568, "vocab_size": 152064, "tie_word_embeddings": False},
+}
+
+
+def _qwen(size: str, folder=None) -> ModelShape:
+    config = {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "max_position_embeddings": 32768,
+              **QWEN25[size]}
+    if folder is not None:
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "config.json").write_text(json.dumps(config))
+    return ModelShape.from_hf_config(config, name=f"Qwen2.5-{size}")
+
+
+def test_the_shape_counts_the_parameters_a_checkpoint_holds(tmp_path):
+    from safetensors.torch import load_file
+
+    from corerl.models.tiny import build_tiny_model
+
+    for family, tied in (("qwen2", True), ("llama", False)):
+        folder = build_tiny_model(tmp_path / family, family=family, hidden_size=64, num_layers=3, tie_word_embeddings=tied)
+        weights = load_file(str(folder / "model.safetensors"))
+        unique = {t.data_ptr(): t.numel() for t in weights.values()}
+        assert ModelShape.from_folder(folder).parameters == sum(unique.values()), family
+    assert abs(_qwen("1.5B").parameters / 1e9 - 1.54) < 0.01  # the published sizes
+    assert abs(_qwen("32B").parameters / 1e9 - 32.76) < 0.01 and abs(_qwen("72B").parameters / 1e9 - 72.71) < 0.01
+
+
+def _measured():
+    """bench/memory.py's committed measurement: per-rank state bytes of each layout at world 1 and 2."""
+    data = json.loads((REPO / "bench" / "results" / "memory.json").read_text())
+    return data, {row["layout"]: row["ranks"] for row in data["rows"]}
+
+
+LAYOUTS = {  # bench/memory.py's layouts, as recipe overrides (megatron: TP over the world)
+    "dtensor FSDP2": ("dtensor", []),
+    "deepspeed ZeRO-1": ("deepspeed", ["policy.deepspeed_cfg.enabled=true", "policy.deepspeed_cfg.zero_stage=1"]),
+    "deepspeed ZeRO-2": ("deepspeed", ["policy.deepspeed_cfg.enabled=true", "policy.deepspeed_cfg.zero_stage=2"]),
+    "deepspeed ZeRO-3": ("deepspeed", ["policy.deepspeed_cfg.enabled=true", "policy.deepspeed_cfg.zero_stage=3"]),
+    "megatron TP=2": ("megatron", ["policy.megatron_cfg.enabled=true"]),
+}
+
+
+def estimate_for(backend: str, overrides: list[str], world: int, model: str, tmp_path, host):
+    """The memory model's estimate of the largest rank of bench/memory.py's recipe for ``backend``."""
+    from corerl.config import load_config
+    from corerl.planning.command import request_of
+    from corerl.testing import write_recipe
+
+    recipe = write_recipe(tmp_path / f"{backend}-{world}.yaml", {
+        "policy": {"model_name": model, "precision": "float32", "train_micro_batch_size": 4,
+                   "training_backend": backend, "optimizer": {"name": "adamw", "lr": 1e-4}}})
+    extra = [f"cluster.gpus_per_node={world}"]
+    if backend == "megatron":
+        extra.append(f"policy.megatron_cfg.tensor_model_parallel_size={world}")
+    config = load_config(recipe, [*overrides, *extra], host)
+    model_ = host.memory_models.get(backend).create()
+    request = request_of(config)
+    return model_.estimate(request, model_.layout_of(config, request))
+
+
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+@pytest.mark.parametrize("world", [1, 2])
+def test_estimates_match_the_measured_per_rank_state_within_10_percent(layout, world, tmp_path):
+    from corerl.models.tiny import build_tiny_model
+
+    data, measured = _measured()
+    model = str(build_tiny_model(tmp_path / "model", hidden_size=data["hidden"], num_layers=data["layers"]))
+    backend, overrides = LAYOUTS[layout]
+    ours = estimate_for(backend, overrides, world, model, tmp_path, PluginHost())
+    largest = max(measured[layout][str(world)], key=lambda r: r["parameters"] + r["gradients"] + r["optimizer"])
+    for kind in ("parameters", "gradients", "optimizer"):
+        assert abs(getattr(ours, kind) - largest[kind]) <= 0.10 * largest[kind], (kind, getattr(ours, kind), largest)
+
+
+def test_a_live_dtensor_rank_holds_what_the_estimate_says(tmp_path):
+    from corerl.config import load_config
+    from corerl.models.tiny import build_tiny_model
+    from corerl.testing import write_recipe
+    from corerl.testing.conformance import conformance_batch, conformance_loss
+
+    host = PluginHost()
+    model = str(build_tiny_model(tmp_path / "model", hidden_size=96, num_layers=3))
+    ours = estimate_for("dtensor", [], 1, model, tmp_path, host)
+    recipe = write_recipe(tmp_path / "live.yaml", {"policy": {"model_name": model, "precision": "float32",
+                                                              "optimizer": {"name": "adamw", "lr": 1e-4}}})
+    backend = host.training_backends.get("dtensor").create(config=load_config(recipe, [], host))
+    try:
+        backend.load_hf(model)
+        backend.train_step(conformance_batch(rows=4, length=16, vocab=128), conformance_loss)
+        (rank,) = backend.state_bytes()
+    finally:
+        backend.shutdown()
+    assert (ours.parameters, ours.gradients, ours.optimizer) == (rank["parameters"], rank["gradients"],
+                                                                  rank["optimizer"])
+
+
+@pytest.mark.parametrize("size, gpus, nodes, backend, generation", [
+    ("1.5B", 1, 1, "dtensor", "vLLM TP=1"),
+    ("32B", 8, 1, "dtensor", "vLLM TP=8"),
+    ("72B", 8, 4, "megatron", "megatron"),
+])
+def test_the_recommendation_follows_the_decision_tree(size, gpus, nodes, backend, generation):
+    request = PlanRequest(_qwen(size), gpus_per_node=gpus, nodes=nodes, gpu_memory=80 * GIB, seq_length=4096,
+                          micro_batch=1)
+    plan = make_plan(request, installed_models(PluginHost()))
+    best = plan.recommended
+    assert best is not None and best.fits and best.follows_rule, plan.why
+    assert (best.layout.backend, best.generation_label) == (backend, generation)
+    assert best.peak <= 78 * GIB and plan.rule.why in plan.why
+    if size == "72B":  # the model must be cut: tensor parallel within a node, pipeline across
+        assert best.layout.tp == 8 and best.layout.pp >= 2
+
+
+def test_the_tree_sends_a_mid_size_model_on_several_nodes_to_megatron_with_vllm():
+    rule = decision_rule(PlanRequest(_qwen("32B"), gpus_per_node=8, nodes=2))
+    assert (rule.backend, rule.generation) == ("megatron", "vllm")
+
+
+def test_a_model_too_big_for_the_hardware_gets_no_recommendation_and_says_why():
+    plan = make_plan(PlanRequest(_qwen("72B"), gpus_per_node=1, gpu_memory=24 * GIB), installed_models(PluginHost()))
+    assert plan.recommended is None and "nothing fits in 22 GiB" in plan.why and "add GPUs" in plan.why
+
+
+def test_corerl_plan_on_a_model_folder_and_on_a_recipe(tmp_path):
+    _qwen("32B", tmp_path / "qwen32")
+    result = run_corerl("plan", str(tmp_path / "qwen32"), "policy.max_seq_length=4096",
+                        "policy.train_micro_batch_size=1", "--gpus", "8", "--json")
+    assert result.code == 0, result
+    plan = json.loads(result.out)
+    assert plan["recommended"]["backend"] == "dtensor" and plan["recommended"]["fits"]
+    assert "policy.generation.vllm_cfg.tensor_parallel_size=8" in plan["recommended"]["overrides"]
+    assert len(plan["candidates"]) > 10 and {c["backend"] for c in plan["candidates"]} == {"dtensor", "deepspeed",
+                                                                                          "megatron"}
+    shown = run_corerl("plan", str(EXAMPLES / "grpo_megatron_72b.yaml"), f"policy.model_name={tmp_path / 'qwen32'}")
+    assert shown.code == 0 and "recommended" in shown.out and "corerl run" in shown.out, shown
+    assert "decision tree: 32.8B parameters (10-70B) on 8 nodes: megatron + vLLM" in " ".join(shown.out.split())
+    missing = run_corerl("plan", str(tmp_path / "nowhere"))
+    assert missing.code == 2 and "neither a recipe file nor a Hugging Face checkpoint folder" in missing.err
+
+
+def test_validate_warns_when_the_recipe_is_predicted_not_to_fit(tmp_path):
+    _qwen("32B", tmp_path / "qwen32")
+    args = ["validate", str(EXAMPLES / "grpo_megatron_72b.yaml"), f"policy.model_name={tmp_path / 'qwen32'}"]
+    fits = run_corerl(*args, "cluster.gpu_memory_gib=80")
+    assert fits.code == 0 and "predicted" not in fits.out, fits
+    small = run_corerl(*args, "cluster.gpu_memory_gib=10")
+    said = " ".join(small.out.split())
+    assert small.code == 0 and "is predicted to need" in said and "`corerl plan RECIPE`" in said, small
