@@ -139,6 +139,16 @@ def test_the_tree_sends_a_mid_size_model_on_several_nodes_to_megatron_with_vllm(
     assert (rule.backend, rule.generation) == ("megatron", "vllm")
 
 
+def test_dedicated_vllm_gpus_are_a_candidate_on_one_node():
+    plan = make_plan(PlanRequest(_qwen("1.5B"), gpus_per_node=4, gpu_memory=80 * GIB), installed_models(PluginHost()))
+    dedicated = [c for c in plan.candidates if c.dedicated]
+    assert dedicated and all(c.layout.dp == 4 - c.generation_tp for c in dedicated if c.layout.backend == "dtensor")
+    overrides = dedicated[0].overrides()
+    assert "policy.generation.colocated.enabled=false" in overrides
+    assert f"policy.generation.colocated.resources.gpus_per_node={dedicated[0].generation_tp}" in overrides
+    assert plan.recommended is not None and not plan.recommended.dedicated  # colocated is simpler and fits
+
+
 def test_a_model_too_big_for_the_hardware_gets_no_recommendation_and_says_why():
     plan = make_plan(PlanRequest(_qwen("72B"), gpus_per_node=1, gpu_memory=24 * GIB), installed_models(PluginHost()))
     assert plan.recommended is None and "nothing fits in 22 GiB" in plan.why and "add GPUs" in plan.why

@@ -167,6 +167,7 @@ def _cmd_plugins(args: argparse.Namespace) -> int:
         "rewards": "rewards",
         "commands": "commands",
         "presets": "presets",
+        "memory_models": "memory models",
     }
     for row in rows:
         registers = "\n".join(f"{label}: {', '.join(row[key])}" for key, label in labels.items() if row[key])

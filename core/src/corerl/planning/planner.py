@@ -8,7 +8,8 @@ optimizer state, one micro-batch's activations, the reference's parameters) and 
 ``gpu_memory_utilization`` of the GPU for its weights and KV cache; megatron generation adds its
 KV buffer to the training weights it samples with). Where the training state and vLLM's share do
 not fit together, the plan asks for ``policy.offload.policy=full`` (the training state leaves
-while vLLM runs). A layout fits when its peak leaves :data:`RESERVED` of the GPU free (CUDA
+while vLLM runs). On one node, vLLM may instead run dedicated on ``g`` GPUs of its own (its
+tensor-parallel size), training on the others: then each side only holds its own. A layout fits when its peak leaves :data:`RESERVED` of the GPU free (CUDA
 context, allocator slack).
 
 The decision tree (NeMo RL's backend guide): under 10B parameters, dtensor + vLLM; 10-70B on
@@ -64,6 +65,7 @@ class Candidate:
     peak: int
     fits: bool
     follows_rule: bool
+    dedicated: bool = False  # vLLM on ``generation_tp`` GPUs of its own, training on the rest of the node
 
     def overrides(self) -> list[str]:
         """``key=value`` overrides that run this candidate."""
@@ -71,6 +73,9 @@ class Candidate:
         if self.layout.generation == "vllm":
             extra += ["policy.generation.backend=vllm",
                       f"policy.generation.vllm_cfg.tensor_parallel_size={self.generation_tp}"]
+        if self.dedicated:
+            extra += ["policy.generation.colocated.enabled=false",
+                      f"policy.generation.colocated.resources.gpus_per_node={self.generation_tp}"]
         if self.offload != "none":
             extra.append(f"policy.offload.policy={self.offload}")
         return [*self.layout.overrides, *[e for e in extra if e not in self.layout.overrides]]
@@ -78,6 +83,7 @@ class Candidate:
     def as_dict(self) -> dict[str, Any]:
         t = self.training
         return {"backend": self.layout.backend, "layout": self.layout.name, "generation": self.generation_label,
+                "dedicated_generation_gpus": self.generation_tp if self.dedicated else 0,
                 "offload": self.offload, "fits": self.fits, "follows_decision_tree": self.follows_rule,
                 "bytes_per_gpu": {"parameters": t.parameters, "gradients": t.gradients, "optimizer": t.optimizer,
                                   "activations": t.activations, "reference": t.reference,
@@ -86,7 +92,9 @@ class Candidate:
 
     @property
     def generation_label(self) -> str:
-        return f"vLLM TP={self.generation_tp}" if self.layout.generation == "vllm" else "megatron"
+        if self.layout.generation != "vllm":
+            return "megatron"
+        return f"vLLM TP={self.generation_tp}" + (" dedicated" if self.dedicated else "")
 
 
 def vllm_tensor_parallel(request: PlanRequest, reserved: int) -> int | None:
@@ -120,11 +128,35 @@ def assess(request: PlanRequest, layout: Layout, training: TrainingMemory, rule:
     return Candidate(layout, training, 0, layout.tp, "none", peak, peak <= usable, follows)
 
 
+def assess_dedicated(request: PlanRequest, model: MemoryModel, rule: Rule) -> list[Candidate]:
+    """On one node: vLLM on ``g`` GPUs of its own (``g`` its tensor-parallel size, the weights in at
+    most half of a GPU each), each of ``model``'s vLLM layouts on the remaining GPUs."""
+    if request.nodes != 1 or request.gpus_per_node < 2:
+        return []
+    usable = request.gpu_memory - RESERVED
+    g = vllm_tensor_parallel(request, usable)
+    if g is None or g >= request.gpus_per_node:
+        return []
+    if rule.generation_tp is not None and rule.backend == "dtensor":
+        g = min(max(g, rule.generation_tp), request.gpus_per_node // 2)
+    training_request = attrs.evolve(request, gpus_per_node=request.gpus_per_node - g)
+    out = []
+    for layout in model.layouts(training_request):
+        if layout.generation != "vllm":
+            continue
+        training = model.estimate(training_request, layout)
+        follows = layout.backend == rule.backend and layout.generation == rule.generation
+        peak = training.total
+        out.append(Candidate(layout, training, usable, g, "none", peak, peak <= usable, follows, dedicated=True))
+    return out
+
+
 def complexity(candidate: Candidate) -> tuple[int, ...]:
     """Simpler first: fewer model-parallel ranks, no activation checkpointing, no offload."""
     layout = candidate.layout
     offloads = sum("offload" in part and not part.endswith("=none") for part in layout.overrides)
-    return (layout.tp * layout.pp, int(layout.activation_checkpointing), offloads, int(candidate.offload != "none"))
+    return (layout.tp * layout.pp, int(layout.activation_checkpointing), offloads, int(candidate.offload != "none"),
+            int(candidate.dedicated))
 
 
 @attrs.frozen
@@ -152,6 +184,7 @@ def make_plan(request: PlanRequest, models: dict[str, MemoryModel]) -> Plan:
     rule = decision_rule(request)
     candidates = [assess(request, layout, model.estimate(request, layout), rule)
                   for model in models.values() for layout in model.layouts(request)]
+    candidates += [c for model in models.values() for c in assess_dedicated(request, model, rule)]
     candidates.sort(key=lambda c: (not c.fits, not c.follows_rule, complexity(c) if c.fits else (), c.peak))
     usable = (request.gpu_memory - RESERVED) / GIB
     best = candidates[0] if candidates and candidates[0].fits else None

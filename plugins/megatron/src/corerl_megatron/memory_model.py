@@ -40,7 +40,8 @@ class MegatronMemory:
                 if request.shape.layers % pp or request.world_size % (tp * pp) or pp > 16:
                     continue
                 for generation in ("vllm", "megatron"):
-                    out.append(self._layout(request, tp, pp, False, generation, distributed=True))
+                    for checkpointing in (False, True):
+                        out.append(self._layout(request, tp, pp, checkpointing, generation, distributed=True))
         return out
 
     def _layout(self, request: PlanRequest, tp: int, pp: int, checkpointing: bool, generation: str,
