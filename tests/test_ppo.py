@@ -156,6 +156,7 @@ def test_a_killed_ppo_run_resumes_with_its_critic(tmp_path):
     assert list((tmp_path / "killed" / "checkpoints").glob("*/critic"))
     resumed = run_corerl("run", *args, "run.name=killed")
     assert resumed.code == 0 and "resuming from step" in " ".join(resumed.out.split()), resumed
+    assert is_value_model(tmp_path / "killed" / "final_critic")
     ours = [r for r in _metrics(tmp_path / "killed") if r["phase"] == "ppo"]
     theirs = [r for r in _metrics(tmp_path / "straight") if r["phase"] == "ppo"]
     assert [r["step"] for r in ours] == list(range(1, 6))

@@ -24,28 +24,29 @@ class TestDataParallel2(_DTensor):
 
 
 class TestTensorParallel2(_DTensor):
+    critic_checks = False  # the critic runs in the world-1 and data-parallel layouts (megatron's covers TP)
     overrides = ["cluster.gpus_per_node=2", "policy.dtensor_cfg.tensor_parallel_size=2"]
 
 
 class TestTensorParallel2SequenceParallel(_DTensor):
-    critic_checks = False  # the critic runs in the world-1, data- and tensor-parallel layouts
+    critic_checks = False  # the critic runs in the world-1 and data-parallel layouts
     overrides = ["cluster.gpus_per_node=2", "policy.dtensor_cfg.tensor_parallel_size=2",
                  "policy.dtensor_cfg.sequence_parallel=true"]
 
 
 class TestLlamaUntiedTensorParallel2(_DTensor):
-    critic_checks = False  # the critic runs in the world-1, data- and tensor-parallel layouts
+    critic_checks = False  # the critic runs in the world-1 and data-parallel layouts
     model_family = "llama"
     overrides = ["cluster.gpus_per_node=2", "policy.dtensor_cfg.tensor_parallel_size=2"]
 
 
 class TestFSDP1DataParallel2(_DTensor):
-    critic_checks = False  # the critic runs in the world-1, data- and tensor-parallel layouts
+    critic_checks = False  # the critic runs in the world-1 and data-parallel layouts
     overrides = ["cluster.gpus_per_node=2", "policy.dtensor_cfg.fsdp_version=1"]
 
 
 class TestActivationCheckpointingDataParallel2(_DTensor):
-    critic_checks = False  # the critic runs in the world-1, data- and tensor-parallel layouts
+    critic_checks = False  # the critic runs in the world-1 and data-parallel layouts
     overrides = ["cluster.gpus_per_node=2", "policy.dtensor_cfg.activation_checkpointing=true"]
 
 

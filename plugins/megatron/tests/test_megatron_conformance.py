@@ -31,6 +31,7 @@ class TestTensorParallel2(_Megatron):
 
 
 class TestPipelineParallel2(_Megatron):
+    critic_checks = False  # the critic runs at world size 1 and with tensor parallelism
     overrides = ["cluster.gpus_per_node=2", "policy.megatron_cfg.pipeline_model_parallel_size=2", *MEGATRON]
 
 

@@ -30,7 +30,7 @@ One subclass per layout (world size, parallel sizes). The checks:
     checked to be refused for PPO): values equal a plain transformers token-classification
     forward, one clipped-value-loss step gives the loss and weights of a plain PyTorch step, save,
     load and continue equals uninterrupted training, and the exported checkpoint loads as a value
-    model that reproduces the values. In (g)'s token-budget layouts the values and the step equal
+    model that reproduces the values. With (g)'s packed sequences the values and the step equal
     each sequence run alone, unpadded.
 """
 
@@ -471,7 +471,7 @@ class TrainingBackendConformance:
         finally:
             engine.shutdown()
         registration = self._registration()
-        if registration.value_model and self.critic_checks:  # (j) in this layout
+        if registration.value_model and self.critic_checks and layout == "packed":  # (j), sequences packed
             _, critic = self._build(model_dir, tmp_path, [
                 f"policy.{section}.enabled=true", f"policy.{section}.train_mb_tokens=30",
                 f"policy.{section}.logprob_mb_tokens=40"], critic=True)
