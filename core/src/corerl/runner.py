@@ -12,8 +12,10 @@ step, saves a checkpoint and exits with status 130. A NaN loss or gradient stops
 
 from __future__ import annotations
 
+import errno
 import json
 import math
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -48,6 +50,43 @@ RUN_OUTPUTS = ("metrics.jsonl", "tensorboard", "checkpoints", "sft_model", "fina
                "reference_logprobs", "critic_init", "final_critic")
 
 
+#: what a full, read-only or forbidden output location raises while the run writes
+DISK_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EACCES, errno.EPERM})
+
+
+def check_writable(path: Path) -> None:
+    """Refuse, in one line naming ``run.output_dir``, a run directory that cannot be created or
+    written (before anything is built or written)."""
+    probe = path / f".corerl-write-probe-{os.getpid()}"
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        raise ConfigError(f"cannot write the run directory {path}: {exc.strerror or exc}", key="run.output_dir",
+                          hint="give run.output_dir (and run.name) a folder you can write to") from None
+
+
+def disk_error(exc: BaseException, run_dir: Path) -> RunError | None:
+    """A write that failed for lack of space or permission, as the one-line user error it is
+    (None for any other exception: a real bug stays one). Libraries that write without Python's
+    ``OSError`` (safetensors: ``... (os error 28)``) are read by the errno they report."""
+    import re
+
+    if isinstance(exc, OSError):
+        if exc.errno not in DISK_ERRNOS:
+            return None
+        code, where = exc.errno, exc.filename or run_dir
+    else:
+        found = re.search(r"os error (\d+)", str(exc)) if type(exc).__name__ == "SafetensorError" else None
+        if found is None or int(found.group(1)) not in DISK_ERRNOS:
+            return None
+        code, where = int(found.group(1)), run_dir
+    return RunError(f"writing {where} failed: {os.strerror(code)}; the run stopped there, its last complete "
+                    "checkpoint is intact", key="run.output_dir",
+                    hint="free space (or point run.output_dir elsewhere) and run the same command to resume")
+
+
 def make_run_dir(config: Config, console: Any = None) -> tuple[Path, tuple[int, Path] | None]:
     """``run.output_dir/run.name`` (a timestamp when unnamed) and the checkpoint to resume from.
 
@@ -58,6 +97,7 @@ def make_run_dir(config: Config, console: Any = None) -> tuple[Path, tuple[int, 
     run = config.core.run
     name = run.name or time.strftime("%Y%m%d-%H%M%S")
     path = Path(run.output_dir) / name
+    check_writable(path)
     resume = latest_checkpoint(path)
     if resume is not None:
         return path, resume
@@ -162,11 +202,19 @@ def execute(config: Config, selection: Selection, host: PluginHost, console: Any
 
     hf_logging.disable_progress_bar()  # the run's own bars say what is happening
     mark("run:start")
-    session = RunSession(config, selection, console or Console())
+    session = None
     try:
+        session = RunSession(config, selection, console or Console())
         return session.run()
+    except Exception as exc:
+        run_dir = session.run_dir if session is not None else Path(config.core.run.output_dir) / (config.core.run.name or "")
+        refused = disk_error(exc, run_dir)
+        if refused is None:
+            raise
+        raise refused from None
     finally:
-        session.close()
+        if session is not None:
+            session.close()
 
 
 class RunSession:
@@ -184,6 +232,10 @@ class RunSession:
         self.run_dir, self.resume = make_run_dir(config, console)
         console.print(f"run directory: [bold]{self.run_dir}[/]"
                       + (f" (resuming from step {self.resume[0]})" if self.resume else ""))
+        if self.resume is not None:  # before anything reads it: a checkpoint that would run code is refused
+            from corerl.checkpoint_safety import verify_folder
+
+            verify_folder(self.resume[1])
         self.state = read_state(self.resume[1]) if self.resume else {}
         self.model_path = resolve_model(core.policy.model_name, self.run_dir)
         tokenizer = AutoTokenizer.from_pretrained(core.policy.tokenizer_path(self.model_path))

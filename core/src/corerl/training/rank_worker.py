@@ -199,7 +199,9 @@ class RankWorker(RankDeviceReport):
     def load_checkpoint(self, path: str) -> None:
         import torch
 
-        sidecar = torch.load(self._sidecar(path), weights_only=False)
+        from corerl.checkpoint_safety import load_plain
+
+        sidecar = load_plain(self._sidecar(path))
         self.load_state(path, sidecar)
         self.step = sidecar["step"]
         restore_rng(sidecar["rng"])

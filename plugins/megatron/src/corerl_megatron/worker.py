@@ -187,8 +187,9 @@ class MegatronWorker(RankWorker):
         return {"scheduler": self.scheduler.state_dict()}
 
     def load_state(self, path: str, sidecar: dict[str, Any]) -> None:
-        state = torch.load(os.path.join(path, f"megatron_rank{self.rank}.pt"), weights_only=False,
-                           map_location=self.device)
+        from corerl.checkpoint_safety import load_plain
+
+        state = load_plain(os.path.join(path, f"megatron_rank{self.rank}.pt"), map_location=self.device)
         self.model.module.load_state_dict(state["model"], strict=False)
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.num_steps = 0  # its load_state_dict steps forward by the saved count

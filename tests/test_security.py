@@ -1,0 +1,149 @@
+"""Checkpoints are read without running code from them; unwritable and full output locations
+are one-line user errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import resource
+import signal
+import subprocess
+
+import pytest
+import torch
+
+from corerl.checkpoint_safety import CheckpointRefused, load_plain, pickle_globals, verify_file, verify_folder
+from tests.conftest import CORERL, REPO, clean_env, run_corerl
+
+
+class _Payload:
+    """What an attacker plants: unpickling it runs a shell command (touching a marker file)."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_pickle_globals_are_read_without_running_anything(tmp_path):
+    marker = tmp_path / "ran"
+    data = pickle.dumps({"ok": [1, 2.0, "x"], "bad": _Payload(marker)})
+    assert "posix.system" in pickle_globals(data) and not marker.exists()
+    assert pickle_globals(pickle.dumps({"a": (1, 2), "b": {3}})) == []  # builtin containers have opcodes
+    from collections import OrderedDict
+
+    assert pickle_globals(pickle.dumps(OrderedDict(a=1))) == ["collections.OrderedDict"]
+
+
+@pytest.mark.parametrize("how", ["raw pickle", "torch.save"])
+def test_a_planted_payload_is_refused_without_running_it(tmp_path, how):
+    marker = tmp_path / "ran"
+    path = tmp_path / "rank0.pt"
+    if how == "raw pickle":
+        path.write_bytes(pickle.dumps({"step": 3, "rng": _Payload(marker)}))
+    else:
+        torch.save({"step": 3, "rng": _Payload(marker)}, path)
+    with pytest.raises(CheckpointRefused, match="posix.system, which loading it would call"):
+        verify_file(path)
+    if how == "torch.save":
+        with pytest.raises(CheckpointRefused, match="more than tensors and plain data"):
+            load_plain(path)
+    assert not marker.exists()
+
+
+def test_corerl_s_own_checkpoint_files_are_plain_data(tmp_path):
+    from corerl.distributed.rank_state import capture_rng, restore_rng
+
+    torch.save({"step": 4, "rng": capture_rng(), "scheduler": {"last_epoch": 4, "lr": [0.1]}}, tmp_path / "rank0.pt")
+    verify_file(tmp_path / "rank0.pt")
+    import random
+
+    import numpy as np
+
+    state = load_plain(tmp_path / "rank0.pt")
+    expected = (random.random(), float(np.random.rand()), float(torch.rand(1)))
+    restore_rng(state["rng"])
+    assert (random.random(), float(np.random.rand()), float(torch.rand(1))) == expected
+
+
+def test_a_real_dtensor_checkpoint_verifies_and_a_planted_metadata_is_refused(tmp_path):
+    from corerl.config import load_config
+    from corerl.models.tiny import build_tiny_model
+    from corerl.plugin_manager import PluginHost
+    from corerl.testing import write_recipe
+    from corerl.testing.conformance import conformance_batch, conformance_loss
+
+    host = PluginHost()
+    model = str(build_tiny_model(tmp_path / "model", hidden_size=32, num_layers=1))
+    recipe = write_recipe(tmp_path / "r.yaml", {"policy": {"model_name": model}})
+    backend = host.training_backends.get("dtensor").create(config=load_config(recipe, [], host))
+    try:
+        backend.load_hf(model)
+        backend.train_step(conformance_batch(), conformance_loss)
+        backend.save_checkpoint(str(tmp_path / "ckpt"))
+    finally:
+        backend.shutdown()
+    verify_folder(tmp_path / "ckpt")  # torch.distributed.checkpoint's own files pass
+    metadata = tmp_path / "ckpt" / "weights" / ".metadata"
+    marker = tmp_path / "ran"
+    metadata.write_bytes(pickle.dumps(_Payload(marker)))
+    with pytest.raises(CheckpointRefused, match=r"\.metadata names posix.system"):
+        verify_folder(tmp_path / "ckpt")
+    assert not marker.exists()
+
+
+SFT = ["algorithm.name=sft", "algorithm.max_steps=4", "algorithm.batch_size=8", "checkpointing.enabled=true",
+       "checkpointing.save_period=2", "run.tensorboard=false", "policy.generation.backend=hf"]
+
+
+def test_resuming_a_run_whose_checkpoint_holds_a_payload_refuses_it_in_one_line(tmp_path):
+    from corerl.complete_folders import manifest, seal
+
+    first = run_corerl("run", *SFT, f"run.output_dir={tmp_path}", "run.name=victim")
+    assert first.code == 0, first
+    step = sorted((tmp_path / "victim" / "checkpoints").glob("step_*"))[-1]
+    marker = tmp_path / "ran"
+    torch.save({"step": 4, "rng": _Payload(marker)}, step / "training" / "rank0.pt")
+    seal(step, (manifest(step) or {}).get("meta"))  # an attacker seals the folder again
+    again = run_corerl("run", *SFT, f"run.output_dir={tmp_path}", "run.name=victim")
+    assert again.code == 1, again
+    (line,) = again.err.strip().splitlines()
+    assert "rank0.pt" in line and "posix.system" in line and "refused" in line, line
+    assert not marker.exists()
+
+
+def test_an_unwritable_run_directory_is_refused_before_anything_is_built(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    result = run_corerl("run", *SFT, f"run.output_dir={blocker}", "run.name=x")
+    assert result.code == 2, result
+    (line,) = result.err.strip().splitlines()
+    assert line.startswith("corerl: error: run.output_dir:") and str(blocker) in line and "Not a directory" in line
+
+
+def test_a_disk_full_mid_run_stops_with_the_path_and_keeps_the_last_checkpoint(tmp_path):
+    args = [*SFT, f"run.output_dir={tmp_path}", "run.name=full"]
+    full = run_corerl("run", *args, env={"CORERL_TEST_NO_SPACE_AT": "folder:step_000004:filled",
+                                         "CORERL_PROGRESS_MARKERS": str(tmp_path / "markers")})
+    assert full.code == 1, full
+    (line,) = full.err.strip().splitlines()
+    assert "No space left on device" in line and str(tmp_path / "full") in line and "checkpoint is intact" in line
+    checkpoints = [p.name for p in (tmp_path / "full" / "checkpoints").iterdir() if not p.name.startswith(".")]
+    assert checkpoints == ["step_000002"]
+    resumed = run_corerl("run", *args)
+    assert resumed.code == 0 and "resuming from step 2" in " ".join(resumed.out.split()), resumed
+    assert json.loads((tmp_path / "full" / "summary.json").read_text())["sft_steps"] == 4
+
+
+def test_a_file_size_limit_hit_while_writing_is_a_one_line_error_naming_the_file(tmp_path):
+    def limit() -> None:  # files may grow to 256 KiB: the base model's weights cannot be written
+        resource.setrlimit(resource.RLIMIT_FSIZE, (256 * 1024, 256 * 1024))
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+
+    proc = subprocess.run([str(CORERL), "run", *SFT, f"run.output_dir={tmp_path}", "run.name=limited"],
+                          capture_output=True, text=True, env=clean_env(), cwd=REPO, preexec_fn=limit, timeout=300)
+    assert proc.returncode == 1, proc
+    (line,) = proc.stderr.strip().splitlines()
+    assert "File too large" in line and "run.output_dir" in line and str(tmp_path / "limited") in line, line
