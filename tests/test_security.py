@@ -13,7 +13,13 @@ import subprocess
 import pytest
 import torch
 
-from corerl.checkpoint_safety import CheckpointRefused, load_plain, pickle_globals, verify_file, verify_folder
+from corerl.checkpoint_safety import (
+    CheckpointRefused,
+    load_plain,
+    pickle_globals,
+    verify_file,
+    verify_folder,
+)
 from tests.conftest import CORERL, REPO, clean_env, run_corerl
 
 
@@ -92,6 +98,18 @@ def test_a_real_dtensor_checkpoint_verifies_and_a_planted_metadata_is_refused(tm
     with pytest.raises(CheckpointRefused, match=r"\.metadata names posix.system"):
         verify_folder(tmp_path / "ckpt")
     assert not marker.exists()
+
+
+def test_the_ray_token_is_made_private(tmp_path, monkeypatch):
+    from corerl.distributed.worker_group import private_token
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    token = tmp_path / ".ray" / "auth_token"
+    token.parent.mkdir()
+    token.write_text("secret")
+    token.chmod(0o644)  # as Ray 2.60 leaves it
+    private_token()
+    assert token.stat().st_mode & 0o777 == 0o600
 
 
 SFT = ["algorithm.name=sft", "algorithm.max_steps=4", "algorithm.batch_size=8", "checkpointing.enabled=true",

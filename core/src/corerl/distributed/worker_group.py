@@ -78,6 +78,20 @@ def ensure_ray(address: str | None, num_cpus_needed: int = 1) -> None:
         ray.init(num_cpus=max(os.cpu_count() or 1, num_cpus_needed), **options)
     finally:
         notice.setLevel(level)
+    private_token()
+
+
+def private_token() -> None:
+    """Make the token Ray's authentication writes (``~/.ray/auth_token``, 0644 as Ray leaves it)
+    readable by its owner only: anyone who can read it can run code in the user's runs."""
+    from pathlib import Path
+
+    token = Path.home() / ".ray" / "auth_token"
+    try:
+        if token.is_file() and token.stat().st_uid == os.getuid() and token.stat().st_mode & 0o077:
+            token.chmod(0o600)
+    except OSError as exc:  # a read-only home: say so, the run itself is not affected
+        log.warning("could not make %s private (%s)", token, exc)
 
 
 class RayWorkerGroup:

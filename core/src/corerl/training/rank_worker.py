@@ -197,7 +197,6 @@ class RankWorker(RankDeviceReport):
         barrier()
 
     def load_checkpoint(self, path: str) -> None:
-        import torch
 
         from corerl.checkpoint_safety import load_plain
 
