@@ -110,6 +110,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("corerl: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # the reader went away (`corerl plugins --json | head`): nothing left to say
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # so that the interpreter's final flush does not fail again
+        return 1
     except Exception as exc:
         if debug:
             raise
@@ -169,8 +173,17 @@ def _cmd_plugins(args: argparse.Namespace) -> int:
         "presets": "presets",
         "memory_models": "memory models",
     }
+    def shown(row: dict[str, Any], kind: str) -> str:
+        """Each id, with its priority where it competes by priority, and its section where it owns one."""
+        parts = []
+        for item in (c for c in row["components"] if c["kind"] == kind):
+            extra = [f"priority {item['priority']}"] if kind == "training_backends" else []
+            extra += [item["config_section"]] if item["config_section"] else []
+            parts.append(item["id"] + (f" ({', '.join(extra)})" if extra else ""))
+        return ", ".join(parts)
+
     for row in rows:
-        registers = "\n".join(f"{label}: {', '.join(row[key])}" for key, label in labels.items() if row[key])
+        registers = "\n".join(f"{label}: {shown(row, key)}" for key, label in labels.items() if row[key])
         status_style = {"loaded": "green", "failed": "red", "disabled": "yellow"}[row["status"]]
         table.add_row(
             row["name"], row["distribution"] or "-", row["version"] or "-",

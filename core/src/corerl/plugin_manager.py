@@ -267,14 +267,20 @@ class PluginHost:
         return [p for p in self._plugins.values() if p.status == "failed"]
 
     def describe(self) -> list[dict[str, Any]]:
-        """The ``corerl plugins --json`` listing."""
+        """The ``corerl plugins --json`` listing: per plugin, the ids it registers by kind, and
+        ``components``: each registration's kind, id, priority and config section."""
         registries = self.registries()
         rows = []
         for info in self._plugins.values():
             row: dict[str, Any] = {"name": info.name, "distribution": info.distribution, "version": info.version}
-            for attr in registries:
-                row[attr] = registries[attr].by_plugin(info.name)
-            row.update(status=info.status, error=info.error)
+            components = []
+            for attr, registry in registries.items():
+                row[attr] = registry.by_plugin(info.name)
+                for item in registry:
+                    if item.plugin == info.name:
+                        components.append({"kind": attr, "id": item.id, "priority": item.priority,
+                                           "config_section": item.config_section})
+            row.update(components=components, status=info.status, error=info.error)
             rows.append(row)
         return rows
 

@@ -202,6 +202,14 @@ def execute(config: Config, selection: Selection, host: PluginHost, console: Any
 
     hf_logging.disable_progress_bar()  # the run's own bars say what is happening
     mark("run:start")
+    # the engines' modules first: a backend that cannot be imported fails the run before its
+    # directory is made
+    used = [selection.training_backend, selection.critic_backend]
+    if config.core.algorithm.name != "dpo":
+        used.append(selection.generation_backend)
+    for choice in used:
+        if choice is not None and choice.registration is not None:
+            choice.registration.load()
     session = None
     try:
         session = RunSession(config, selection, console or Console())
