@@ -36,3 +36,22 @@ def test_a_backend_that_cannot_be_imported_fails_the_run_before_its_directory_is
     (line,) = result.err.strip().splitlines()
     assert "internal error" not in line
     assert not (tmp_path / "never").exists()
+
+
+def test_the_section_of_a_plugin_that_failed_or_is_disabled_names_the_plugin(fake_site):
+    add_plugin(fake_site, "rocket", "import corerl_rocket_engine_not_installed\n" + plugin_source("rocket", priority=400))
+    env = fake_site.env(clean_env())
+    enabled = run_corerl("validate", "core/src/corerl/recipes/demo.yaml", "policy.rocket_cfg.enabled=true", env=env)
+    assert enabled.code == 2, enabled
+    (line,) = enabled.err.strip().splitlines()
+    assert "policy.rocket_cfg.enabled" in line and "plugin 'rocket'" in line
+    assert "corerl_rocket_engine_not_installed" in line and "unknown key" not in line
+    off = run_corerl("validate", "core/src/corerl/recipes/demo.yaml", "policy.rocket_cfg.enabled=false", env=env)
+    assert off.code == 0, off  # the section of a plugin that is not used is accepted
+
+    add_plugin(fake_site, "comet", plugin_source("comet"))
+    disabled = {**env, "CORERL_DISABLE_PLUGINS": "comet"}
+    assert run_corerl("validate", "core/src/corerl/recipes/demo.yaml", "policy.comet_cfg.enabled=false",
+                      env=disabled).code == 0
+    named = run_corerl("validate", "core/src/corerl/recipes/demo.yaml", "policy.comet_cfg.enabled=true", env=disabled)
+    assert named.code == 2 and "plugin 'comet' is disabled" in named.err and "CORERL_DISABLE_PLUGINS" in named.err, named

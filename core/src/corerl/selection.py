@@ -135,6 +135,11 @@ def select_training_backend(config: Config, host: PluginHost) -> tuple[Choice, l
         for path in plugin.sections:
             if plugin.training_backends and path not in owned and config.section_enabled(path):
                 raise _unavailable(host, registry, plugin.training_backends[0], f"{path}.enabled", config)
+    from corerl.config import unloaded_plugin_sections
+
+    for path, name in unloaded_plugin_sections(host).items():
+        if path not in owned and config.section_enabled(path):
+            raise _unavailable(host, registry, name, f"{path}.enabled", config)
     explicit = config.core.policy.training_backend
     if explicit is not None:
         chosen = _lookup(host, registry, explicit, "policy.training_backend", config)

@@ -77,7 +77,16 @@ def owned_sections(host: PluginHost) -> dict[str, type | None]:
             owned.setdefault(path, None)
             if plugin.training_backends:
                 owned.setdefault(critic_section(path), None)
+    for path in unloaded_plugin_sections(host):
+        owned.setdefault(path, None)
     return owned
+
+
+def unloaded_plugin_sections(host: PluginHost) -> dict[str, str]:
+    """``policy.<name>_cfg`` (the documented section name) of each installed plugin that failed to
+    load or is disabled, by plugin name: kept as a mapping, so that a recipe naming it is told
+    which plugin is missing rather than "unknown key" (see :func:`corerl.selection.select`)."""
+    return {f"policy.{info.name}_cfg": info.name for info in host.plugins.values() if info.status != "loaded"}
 
 
 def load_config(path: str | Path, overrides: Iterable[str], host: PluginHost, presets: Iterable[str] = (),
