@@ -66,3 +66,17 @@ def test_the_nemo_rl_migration_guide_ends_with_the_dialect_table_as_the_code_has
     assert missing == [], f"keys of corerl.config.dialects.nemo_rl.RULES missing from the guide: {missing}"
     assert guide.endswith(markdown_table()), (
         "the guide's table differs from RULES: regenerate it with corerl.config.dialects.nemo_rl.markdown_table()")
+
+
+def test_every_public_plugin_api_name_is_documented_and_imports_no_engine():
+    import subprocess
+    import sys
+
+    import corerl.sdk
+
+    reference = (REPO / "docs" / "plugins.md").read_text()
+    undocumented = [name for name in corerl.sdk.__all__ if f"`{name}`" not in reference]
+    assert not undocumented, f"docs/plugins.md does not name {undocumented}"
+    assert all(hasattr(corerl.sdk, name) for name in corerl.sdk.__all__)
+    probe = "import sys, corerl.sdk; print('torch' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True).stdout.strip() == "False"

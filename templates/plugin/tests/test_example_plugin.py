@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 import corerl_example.plugin
-from corerl.errors import ConfigErrors
+from corerl.sdk import ConfigErrors
 from corerl.testing import select_for, write_recipe
 
 RECIPE = {"cluster": {"gpus_per_node": 2}, "policy": {"model_name": "some/model"}}

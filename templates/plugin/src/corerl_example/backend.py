@@ -15,13 +15,16 @@ from typing import Any
 
 import torch
 
-from corerl.distributed.group_backend import WorkerGroupBackend, step_result
-from corerl.distributed.worker_group import LocalWorkerGroup
-from corerl.errors import ConfigError
-from corerl.training.batching import loss_token_count
-from corerl.training.contract import StepResult
-from corerl.training.microbatching import MicroBatcher
-from corerl.training.weights import EngineWeights
+from corerl.sdk import (
+    ConfigError,
+    EngineWeights,
+    LocalWorkerGroup,
+    MicroBatcher,
+    StepResult,
+    WorkerGroupBackend,
+    loss_token_count,
+    step_result,
+)
 
 
 class ExampleBackend(WorkerGroupBackend):

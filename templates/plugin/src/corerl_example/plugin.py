@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from corerl import TrainingBackend, hookimpl
+from corerl.sdk import TrainingBackend, hookimpl
 from corerl_example.config import ExampleConfig
 
 

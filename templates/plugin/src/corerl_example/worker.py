@@ -13,11 +13,15 @@ from typing import Any
 
 import torch
 
-from corerl.training.grad_norm import clip_grad_norm
-from corerl.training.logprobs import model_logprobs
-from corerl.training.memory import optimizer_state_tensors, storage_bytes
-from corerl.training.optim import build_optimizer, build_scheduler
-from corerl.training.rank_worker import RankWorker
+from corerl.sdk import (
+    RankWorker,
+    build_optimizer,
+    build_scheduler,
+    clip_grad_norm,
+    model_logprobs,
+    optimizer_state_tensors,
+    storage_bytes,
+)
 
 
 class ExampleWorker(RankWorker):

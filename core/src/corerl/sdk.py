@@ -1,0 +1,56 @@
+"""The public plugin API: everything a third-party backend, task or reward needs, in one module.
+
+A plugin written against ``corerl.sdk`` alone (and ``corerl.testing.conformance`` in its tests)
+keeps working across corerl releases: these names are documented in docs/plugins.md ("The plugin
+API") and change only with a deprecation. Everything else under ``corerl`` is internal. Importing
+this module imports no engine (no torch): the helpers that need one import it when called.
+"""
+
+from __future__ import annotations
+
+from corerl.config import Config
+from corerl.config.fields import section, setting
+from corerl.distributed.group_backend import WorkerGroupBackend, step_result
+from corerl.distributed.placement import training_layout
+from corerl.distributed.worker_group import LocalWorkerGroup, RayWorkerGroup
+from corerl.errors import ConfigError, ConfigErrors, EngineNotAvailable, RunError
+from corerl.generation.contract import GenerationEngine, Sample, SamplingSettings
+from corerl.hookspecs import hookimpl
+from corerl.models.value_model import load_pretrained, model_values
+from corerl.registry import (
+    Command,
+    GenerationBackend,
+    MemoryModel,
+    OffloadPolicy,
+    Preset,
+    Reward,
+    SequencePacker,
+    Task,
+    TrainingBackend,
+)
+from corerl.training.batching import loss_token_count
+from corerl.training.contract import Batch, LossFn, StepResult, TrainingEngine, ValueEngine
+from corerl.training.grad_norm import clip_grad_norm
+from corerl.training.logprobs import model_logprobs
+from corerl.training.memory import optimizer_state_tensors, storage_bytes
+from corerl.training.microbatching import MicroBatcher
+from corerl.training.optim import build_optimizer, build_scheduler
+from corerl.training.rank_worker import RankWorker
+from corerl.training.weights import EngineWeights
+
+__all__ = [
+    # registering
+    "hookimpl", "TrainingBackend", "GenerationBackend", "SequencePacker", "OffloadPolicy", "Task", "Reward",
+    "Command", "Preset", "MemoryModel",
+    # configuration
+    "Config", "setting", "section",
+    # the training contract and its helpers
+    "TrainingEngine", "ValueEngine", "StepResult", "Batch", "LossFn", "RankWorker", "WorkerGroupBackend",
+    "step_result", "LocalWorkerGroup", "RayWorkerGroup", "training_layout", "MicroBatcher", "loss_token_count",
+    "build_optimizer", "build_scheduler", "clip_grad_norm", "model_logprobs", "model_values", "load_pretrained",
+    "EngineWeights", "optimizer_state_tensors", "storage_bytes",
+    # generation
+    "GenerationEngine", "Sample", "SamplingSettings",
+    # errors a plugin raises
+    "ConfigError", "ConfigErrors", "EngineNotAvailable", "RunError",
+]
