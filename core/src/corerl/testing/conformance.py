@@ -31,7 +31,11 @@ One subclass per layout (world size, parallel sizes). The checks:
     forward, one clipped-value-loss step gives the loss and weights of a plain PyTorch step, save,
     load and continue equals uninterrupted training, and the exported checkpoint loads as a value
     model that reproduces the values. With (g)'s packed sequences the values and the step equal
-    each sequence run alone, unpadded.
+    each sequence run alone, unpadded;
+(k) enabling the backend's section (without ``policy.training_backend``) selects it; the loss
+    function's metrics come back summed over micro-batches and ranks; offload then reload leaves
+    the engine computing the same logprobs and training on, and ``state_bytes()`` (where there is
+    one) reports every rank.
 """
 
 from __future__ import annotations
@@ -333,6 +337,31 @@ class TrainingBackendConformance:
         weights = dict(engine.weight_stream())
         moved = max(_max_diff(weights[n], p) for n, p in ref_params.items())
         assert moved <= self.tolerance, f"DPO step: weights differ from the reference by {moved:.3g}"
+
+    # -- (k) ---------------------------------------------------------------------------
+
+    def test_enabling_the_section_selects_the_backend(self, model_dir: str, tmp_path: Path) -> None:
+        registration = self._registration()
+        if registration.config_section is None:
+            pytest.skip(f"{self.backend_id} has no config section to enable")
+        _, selection = self._select(model_dir, tmp_path, ["policy.training_backend=null",
+                                                           f"{registration.config_section}.enabled=true"])
+        assert selection.training_backend.id == self.backend_id, selection.training_backend.reason
+
+    def test_metrics_sum_and_offload_reload_and_state_bytes(self, backend: Any, model_dir: str,
+                                                           batch: dict[str, torch.Tensor]) -> None:
+        backend.load_hf(model_dir)
+        result = backend.train_step(batch, conformance_loss)  # its metric counts each micro-batch's loss tokens
+        assert result.metrics["loss_tokens"] == float(batch["loss_mask"][:, 1:].sum())  # summed, micro-batches and ranks
+        before = backend.logprobs(batch)
+        backend.offload(["optimizer", "parameters"])  # a logged no-op on a CPU
+        backend.reload(["optimizer", "parameters"])
+        assert _max_diff(backend.logprobs(batch), before) <= self.tolerance
+        assert backend.train_step(batch, conformance_loss).step == 2
+        if hasattr(backend, "state_bytes"):
+            ranks = backend.state_bytes()
+            assert len(ranks) == backend.conformance_world_size
+            assert all(rank["parameters"] > 0 and rank["optimizer"] > 0 for rank in ranks), ranks
 
     # -- (j) ---------------------------------------------------------------------------
 
