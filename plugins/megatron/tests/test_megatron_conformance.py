@@ -17,6 +17,9 @@ class _Megatron(TrainingBackendConformance):
     backend_id = "megatron"
     micro_batch_layouts = ()
 
+    # megatron's own optimizer section: Adam for (d)'s Adam variant
+    adam_overrides = ["policy.megatron_cfg.optimizer.optimizer=adam", "policy.megatron_cfg.optimizer.lr=0.001"]
+
     def _single_rank_overrides(self) -> list[str]:
         return ["policy.megatron_cfg.tensor_model_parallel_size=1", "policy.megatron_cfg.pipeline_model_parallel_size=1",
                 "policy.megatron_cfg.sequence_parallel=false"]

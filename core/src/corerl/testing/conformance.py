@@ -14,7 +14,8 @@ One subclass per layout (world size, parallel sizes). The checks:
 (b) one train step on a fixed batch gives the loss and the updated weights of a plain
     single-process PyTorch step (whole batch at once, SGD, gradient clipping);
 (c) at world size > 1, logprobs, losses and weights equal the same backend at world size 1;
-(d) save, load into a fresh model, continue equals uninterrupted training;
+(d) save, load into a fresh model, continue equals uninterrupted training (with SGD's momentum,
+    and in world-size-1 layouts with Adam(W)'s moments: ``adam_overrides``);
 (e) the exported Hugging Face checkpoint loads with transformers, reproduces the logprobs,
     and carries the tokenizer;
 (f) the weight stream covers every parameter with Hugging Face names and shapes;
@@ -150,6 +151,9 @@ class TrainingBackendConformance:
     #: whether (j) runs the critic in this layout (a value-model backend may turn it off in
     #: layouts that add nothing new for a critic, to keep its suite short)
     critic_checks: ClassVar[bool] = True
+    #: overrides that make the backend's optimizer Adam(W) for (d)'s Adam variant (world size 1
+    #: layouts only; empty: skipped in this layout)
+    adam_overrides: ClassVar[list[str]] = ["policy.optimizer.name=adamw", "policy.optimizer.lr=0.001"]
 
     # -- fixtures ----------------------------------------------------------------------
 
@@ -278,6 +282,32 @@ class TrainingBackendConformance:
             assert (a.step, a.lr) == (b.step, b.lr)
             assert abs(a.loss - b.loss) <= self.tolerance
         assert max(_max_diff(straight_w[n], resumed_w[n]) for n in straight_w) <= self.tolerance
+
+    def test_adam_state_survives_save_and_load(self, model_dir: str, tmp_path: Path) -> None:
+        """(d) with Adam(W): its moments and step counts come back from the checkpoint."""
+        if not self.adam_overrides or self._world_size() > 1:
+            pytest.skip("the Adam variant of (d) runs in this backend's world-size-1 layouts")
+        _, engine = self._build(model_dir, tmp_path, list(self.adam_overrides))
+        try:
+            first, second = conformance_batch(seed=0), conformance_batch(seed=1)
+            engine.load_hf(model_dir)
+            engine.train_step(first, conformance_loss)
+            engine.save_checkpoint(str(tmp_path / "adam"))
+            straight = [engine.train_step(b, conformance_loss).loss for b in (second, first)]
+            straight_w = dict(engine.weight_stream())
+            engine.load_hf(model_dir)
+            engine.load_checkpoint(str(tmp_path / "adam"))
+            resumed = [engine.train_step(b, conformance_loss).loss for b in (second, first)]
+            resumed_w = dict(engine.weight_stream())
+        finally:
+            engine.shutdown()
+        assert max(abs(a - b) for a, b in zip(straight, resumed, strict=True)) <= self.tolerance
+        assert max(_max_diff(straight_w[n], resumed_w[n]) for n in straight_w) <= self.tolerance
+
+    @classmethod
+    def _world_size(cls) -> int:
+        sizes = [int(o.split("=", 1)[1]) for o in cls.overrides if o.startswith("cluster.gpus_per_node=")]
+        return sizes[-1] if sizes else 1
 
     # -- (e) ---------------------------------------------------------------------------
 
