@@ -154,6 +154,10 @@ class TrainingBackendConformance:
     #: overrides that make the backend's optimizer Adam(W) for (d)'s Adam variant (world size 1
     #: layouts only; empty: skipped in this layout)
     adam_overrides: ClassVar[list[str]] = ["policy.optimizer.name=adamw", "policy.optimizer.lr=0.001"]
+    #: largest logprob difference allowed between ``policy.precision=bfloat16`` and the fp32
+    #: reference (bf16 keeps 8 bits of mantissa: a few hundredths on the tiny model); None: the
+    #: backend does not compute in bf16 here
+    bf16_tolerance: ClassVar[float | None] = 0.1
 
     # -- fixtures ----------------------------------------------------------------------
 
@@ -303,6 +307,26 @@ class TrainingBackendConformance:
             engine.shutdown()
         assert max(abs(a - b) for a, b in zip(straight, resumed, strict=True)) <= self.tolerance
         assert max(_max_diff(straight_w[n], resumed_w[n]) for n in straight_w) <= self.tolerance
+
+    def test_bfloat16_logprobs_are_close_to_float32(self, model_dir: str, tmp_path: Path) -> None:
+        """``policy.precision=bfloat16``: logprobs within :attr:`bf16_tolerance` of the fp32
+        reference (fp32 runs are held to :attr:`tolerance`), and a step trains to finite weights."""
+        from transformers import AutoModelForCausalLM
+
+        if self.bf16_tolerance is None or self._world_size() > 1:
+            pytest.skip("bf16 is checked in this backend's world-size-1 layouts where it computes in bf16")
+        _, engine = self._build(model_dir, tmp_path, ["policy.precision=bfloat16"])
+        batch = conformance_batch()
+        try:
+            engine.load_hf(model_dir)
+            ours = engine.logprobs(batch)
+            result = engine.train_step(batch, conformance_loss)
+            weights = dict(engine.weight_stream())
+        finally:
+            engine.shutdown()
+        reference = hf_logprobs(AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32), batch)
+        assert _max_diff(ours, reference) <= self.bf16_tolerance, _max_diff(ours, reference)
+        assert abs(result.loss) < float("inf") and all(torch.isfinite(w.float()).all() for w in weights.values())
 
     @classmethod
     def _world_size(cls) -> int:
