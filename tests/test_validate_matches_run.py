@@ -22,7 +22,6 @@ REFUSALS = {
     ],
     "megatron": [
         [*MEGATRON, "policy.megatron_cfg.apply_rope_fusion=true"],
-        [*MEGATRON, "policy.precision=bfloat16"],
         [*MEGATRON, "policy.sequence_packing.enabled=true"],
         [*MEGATRON, "algorithm.name=ppo", "policy.megatron_cfg.tensor_model_parallel_size=2",
          "policy.megatron_cfg.sequence_parallel=true", "cluster.gpus_per_node=2"],

@@ -27,10 +27,6 @@ def check_supported(config: Config) -> None:
             raise EngineNotAvailable(f"{key} needs a GPU (megatron-core runs it with CUDA kernels); this machine has none",
                                      key=key, hint="turn it off on CPU machines")
     policy = config.core.policy
-    if policy.precision != "float32" and not on_gpu:
-        raise EngineNotAvailable(f"the megatron backend computes in {policy.precision} only on a GPU (megatron-core's "
-                                 "mixed-precision wrappers take CUDA tensors); this machine has none",
-                                 key="policy.precision", hint="use policy.precision=float32 on a CPU machine")
     if policy.sequence_packing.enabled or policy.dynamic_batching.enabled:
         key = "policy.sequence_packing.enabled" if policy.sequence_packing.enabled else "policy.dynamic_batching.enabled"
         raise EngineNotAvailable("the megatron backend runs fixed-width row micro-batches only (its pipeline "
