@@ -165,3 +165,49 @@ def test_a_file_size_limit_hit_while_writing_is_a_one_line_error_naming_the_file
     assert proc.returncode == 1, proc
     (line,) = proc.stderr.strip().splitlines()
     assert "File too large" in line and "run.output_dir" in line and str(tmp_path / "limited") in line, line
+
+
+def test_a_checkpoint_engine_failing_mid_save_is_one_line_naming_the_checkpoint(tmp_path):
+    # torch.distributed.checkpoint raises CheckpointException, a BaseException, when a rank's
+    # write fails: files may grow to 2 MiB, enough for the base model (1.2 MiB) and not for the
+    # checkpoint's weights and Adam moments in one file.
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (2 * 2**20, 2 * 2**20))
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+
+    args = [*SFT, f"run.output_dir={tmp_path}", "run.name=limited"]
+    proc = subprocess.run([str(CORERL), "run", *args], capture_output=True, text=True, env=clean_env(), cwd=REPO,
+                          preexec_fn=limit, timeout=300)
+    assert proc.returncode == 1, proc
+    (line,) = proc.stderr.strip().splitlines()
+    assert f"saving checkpoint {tmp_path / 'limited' / 'checkpoints'}" in line and "failed on rank 0" in line, line
+    assert "MiB free there" in line and "last complete checkpoint is intact" in line, line
+    assert not [p for p in (tmp_path / "limited" / "checkpoints").iterdir() if not p.name.startswith(".")]
+    again = run_corerl("run", *args)
+    assert again.code == 0 and "starting over" in " ".join(again.out.split()), again
+
+
+def test_checkpoint_failure_names_the_rank_and_cause_and_keeps_ctrl_c():
+    from torch.distributed.checkpoint.api import CheckpointException, _wrap_exception
+
+    from corerl.errors import RunError
+    from corerl.failures import checkpoint_errors
+
+    def raised(cause: BaseException) -> BaseException:
+        try:
+            raise cause
+        except BaseException as exc:
+            return CheckpointException("save failed", {1: _wrap_exception(exc)})
+
+    with pytest.raises(RunError) as full, checkpoint_errors("saving", "/runs/x/checkpoints/step_4"):
+        raise raised(OSError(28, "No space left on device"))
+    assert full.value.one_line().startswith("run.output_dir: saving checkpoint /runs/x/checkpoints/step_4 failed on "
+                                            "rank 1: No space left on device")
+    with pytest.raises(RunError) as corrupt, checkpoint_errors("loading", "/runs/x/checkpoints/step_4"):
+        raise raised(RuntimeError("PytorchStreamReader failed reading zip archive\nmore"))
+    assert "loading checkpoint /runs/x/checkpoints/step_4 failed on rank 1: RuntimeError: PytorchStreamReader " \
+           "failed reading zip archive; the checkpoint is damaged" in corrupt.value.one_line()
+    with pytest.raises(KeyboardInterrupt), checkpoint_errors("saving", "/runs/x"):
+        raise raised(KeyboardInterrupt())
+    with pytest.raises(ValueError), checkpoint_errors("saving", "/runs/x"):  # anything else is not ours to rename
+        raise ValueError("a bug")

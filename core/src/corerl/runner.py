@@ -12,7 +12,6 @@ step, saves a checkpoint and exits with status 130. A NaN loss or gradient stops
 
 from __future__ import annotations
 
-import errno
 import json
 import math
 import os
@@ -27,6 +26,7 @@ from corerl.checkpoints import latest_checkpoint, read_state, save_checkpoint
 from corerl.complete_folders import is_complete, recover, remove, write_complete
 from corerl.config import Config
 from corerl.errors import ConfigError, RegistrationError, RunError
+from corerl.failures import checkpoint_failure, disk_error
 from corerl.models.tiny import BUILTIN_MODELS, build_tiny_model
 from corerl.plugin_manager import PluginHost
 from corerl.progress_markers import mark
@@ -50,10 +50,6 @@ RUN_OUTPUTS = ("metrics.jsonl", "tensorboard", "checkpoints", "sft_model", "fina
                "reference_logprobs", "critic_init", "final_critic")
 
 
-#: what a full, read-only or forbidden output location raises while the run writes
-DISK_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EACCES, errno.EPERM})
-
-
 def check_writable(path: Path) -> None:
     """Refuse, in one line naming ``run.output_dir``, a run directory that cannot be created or
     written (before anything is built or written)."""
@@ -65,26 +61,6 @@ def check_writable(path: Path) -> None:
     except OSError as exc:
         raise ConfigError(f"cannot write the run directory {path}: {exc.strerror or exc}", key="run.output_dir",
                           hint="give run.output_dir (and run.name) a folder you can write to") from None
-
-
-def disk_error(exc: BaseException, run_dir: Path) -> RunError | None:
-    """A write that failed for lack of space or permission, as the one-line user error it is
-    (None for any other exception: a real bug stays one). Libraries that write without Python's
-    ``OSError`` (safetensors: ``... (os error 28)``) are read by the errno they report."""
-    import re
-
-    if isinstance(exc, OSError):
-        if exc.errno not in DISK_ERRNOS:
-            return None
-        code, where = exc.errno, exc.filename or run_dir
-    else:
-        found = re.search(r"os error (\d+)", str(exc)) if type(exc).__name__ == "SafetensorError" else None
-        if found is None or int(found.group(1)) not in DISK_ERRNOS:
-            return None
-        code, where = int(found.group(1)), run_dir
-    return RunError(f"writing {where} failed: {os.strerror(code)}; the run stopped there, its last complete "
-                    "checkpoint is intact", key="run.output_dir",
-                    hint="free space (or point run.output_dir elsewhere) and run the same command to resume")
 
 
 def make_run_dir(config: Config, console: Any = None) -> tuple[Path, tuple[int, Path] | None]:
@@ -210,19 +186,21 @@ def execute(config: Config, selection: Selection, host: PluginHost, console: Any
     for choice in used:
         if choice is not None and choice.registration is not None:
             choice.registration.load()
-    session = None
+    session, finished = None, False
     try:
         session = RunSession(config, selection, console or Console())
-        return session.run()
-    except Exception as exc:
+        result = session.run()
+        finished = True
+        return result
+    except BaseException as exc:  # BaseException: torch's CheckpointException is one
         run_dir = session.run_dir if session is not None else Path(config.core.run.output_dir) / (config.core.run.name or "")
-        refused = disk_error(exc, run_dir)
+        refused = disk_error(exc, run_dir) or checkpoint_failure(exc, "saving or loading", run_dir / "checkpoints")
         if refused is None:
             raise
         raise refused from None
     finally:
         if session is not None:
-            session.close()
+            session.close(run_failed=not finished)
 
 
 class RunSession:
@@ -295,9 +273,23 @@ class RunSession:
         backend.load_hf(path)
         return backend
 
-    def close(self) -> None:
+    def close(self, run_failed: bool) -> None:
+        """Shut every started backend down, newest first; one that fails to shut down does not
+        keep the others up, and does not hide the error that ended the run (it is logged, and
+        raised only when the run itself succeeded)."""
+        import logging
+
+        failed: BaseException | None = None
         for backend in reversed(self.started):
-            backend.shutdown()
+            try:
+                backend.shutdown()
+            except Exception as exc:
+                logging.getLogger(__name__).warning("shutting down %s failed: %s: %s", type(backend).__name__,
+                                                    type(exc).__name__, exc)
+                failed = failed or exc
+        self.started = []
+        if failed is not None and not run_failed:
+            raise failed
 
     # -- what the run does ---------------------------------------------------------------
 

@@ -192,16 +192,20 @@ class RankWorker(RankDeviceReport):
         """The backend's state, then this rank's sidecar (step, RNG state, the backend's extras)."""
         import torch
 
-        extra = self.save_state(path)
+        from corerl.failures import checkpoint_errors
+
+        with checkpoint_errors("saving", path):
+            extra = self.save_state(path)
         torch.save({"step": self.step, "rng": capture_rng(), **extra}, self._sidecar(path))
         barrier()
 
     def load_checkpoint(self, path: str) -> None:
-
         from corerl.checkpoint_safety import load_plain
+        from corerl.failures import checkpoint_errors
 
         sidecar = load_plain(self._sidecar(path))
-        self.load_state(path, sidecar)
+        with checkpoint_errors("loading", path):
+            self.load_state(path, sidecar)
         self.step = sidecar["step"]
         restore_rng(sidecar["rng"])
         barrier()
