@@ -36,7 +36,8 @@ KILL_POINTS = [
     "folder:sft_model:filled",     # inside the SFT model export
     "grpo:step:1",
     "folder:step_000003:filled",   # inside a GRPO checkpoint save (pruning still to come)
-    "grpo:step:2",
+    "grpo:step:2",                 # step 4 logged, its checkpoint not saved: the next run cuts the log
+    "metrics:rewrite",             # inside that cut: the shorter log written aside, not yet renamed in
     "folder:step_000004:begin",
     "grpo:step:3",
     "folder:step_000005:filled",   # inside the last checkpoint save
@@ -106,6 +107,10 @@ def test_a_run_killed_at_every_stage_and_run_again_ends_like_an_uninterrupted_on
             assert not folder.exists() or is_complete(folder), (point, name, sorted(os.listdir(folder)))
         for checkpoint in (run_dir / "checkpoints").glob("step_*"):
             assert is_complete(checkpoint), (point, checkpoint.name)
+        if (run_dir / "metrics.jsonl").exists():
+            rows = _rows(run_dir)  # never truncated or torn: every line one JSON object
+            if point == "metrics:rewrite":  # the cut was under way: the log it replaces is still whole
+                assert len(rows) == 4, (point, len(rows))
 
     final = run_corerl("run", f"run.output_dir={tmp_path}", "run.name=killed", *ARGS)
     assert final.code == 0, final

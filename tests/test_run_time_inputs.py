@@ -106,3 +106,37 @@ def test_a_nan_gradient_stops_the_run_at_its_step(tmp_path):
     assert "sft step 2: grad_norm nan; the run stopped there" in line, line
     rows = (tmp_path / "nan" / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(r)["step"] for r in rows] == [1]  # the bad step is not logged
+
+
+def test_an_empty_json_file_is_refused_in_one_line(tmp_path):
+    train = tmp_path / "train.json"
+    train.write_text("")
+    code, line = _run(tmp_path, train=train)
+    assert code == 2 and f"data.train_files: {train} is empty" in line
+
+
+def test_a_prompt_too_long_anywhere_in_the_file_is_refused_before_training(tmp_path):
+    # one step of two prompts draws from 60 rows: only a check of every row finds row 57
+    rows = [{"question": f"w1 {i % 10} w2", "answer": str(i % 10)} for i in range(60)]
+    rows[56] = {"question": " ".join(["w5"] * 40), "answer": "1"}
+    train = _jsonl(tmp_path / "train.jsonl", rows)
+    code, line = _run(tmp_path, "policy.max_seq_length=32", "policy.generation.max_new_tokens=8",
+                      "algorithm.max_steps=1", "algorithm.batch_size=2", train=train)
+    assert code == 2 and "policy.max_seq_length: train.jsonl line 57: the prompt is 41 tokens" in line
+    assert not (tmp_path / "bad" / "metrics.jsonl").exists()
+
+
+def test_a_model_folder_without_weights_is_named(tmp_path):
+    from corerl.models.tiny import BUILTIN_MODELS, build_tiny_model
+
+    model = tmp_path / "model"
+    build_tiny_model(model, **BUILTIN_MODELS["builtin:tiny-qwen2"])
+    (model / "model.safetensors").unlink()
+    code, line = _run(tmp_path, f"policy.model_name={model}")
+    assert code == 2 and f"policy.model_name: {model} holds no weights (none of model.safetensors" in line
+
+
+def test_a_chat_template_asked_of_a_tokenizer_without_one_is_named(tmp_path):
+    code, line = _run(tmp_path, "data.apply_chat_template=true")
+    assert code == 2 and line.startswith("corerl: error: data.apply_chat_template: data.apply_chat_template is set "
+                                         "and the tokenizer has no chat template")

@@ -112,7 +112,28 @@ def resolve_model(model_name: str, run_dir: Path) -> str:
     if not (Path(model_name) / "config.json").exists():
         raise ConfigError(f"{model_name} is not a Hugging Face checkpoint directory (no config.json)",
                           key="policy.model_name", hint="give a local checkpoint folder: nothing is downloaded")
+    if not any((Path(model_name) / weights).is_file() for weights in WEIGHT_FILES):
+        raise ConfigError(f"{model_name} holds no weights (none of {', '.join(WEIGHT_FILES)})", key="policy.model_name",
+                          hint="give a checkpoint folder with its weights, e.g. one written by save_pretrained")
     return model_name
+
+
+#: the weight files (or their index, for sharded weights) a Hugging Face checkpoint folder holds
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
+
+
+def load_tokenizer(path: str, model_path: str) -> Any:
+    """The tokenizer at ``path``; one that cannot be loaded is a one-line error naming the key."""
+    from transformers import AutoTokenizer
+
+    key = "policy.tokenizer_name" if path != model_path else "policy.model_name"
+    try:
+        return AutoTokenizer.from_pretrained(path)
+    except (OSError, ValueError, KeyError, TypeError) as exc:  # no or unreadable tokenizer files there
+        said = [line for line in str(exc).splitlines() if line.strip()]
+        raise ConfigError(f"cannot load a tokenizer from {path}: {type(exc).__name__}" + (f": {said[0]}" if said else ""),
+                          key=key, hint="give a folder holding tokenizer.json or the tokenizer files save_pretrained "
+                                        "writes") from exc
 
 
 def check_finite(phase: str, step: int, metrics: dict[str, Any]) -> None:
@@ -208,8 +229,6 @@ class RunSession:
     log, the phases (SFT, GRPO) and their progress, and what each moment of the run does."""
 
     def __init__(self, config: Config, selection: Selection, console: Any) -> None:
-        from transformers import AutoTokenizer
-
         from corerl.tasks import TaskContext
 
         self.config, self.selection, self.console = config, selection, console
@@ -224,7 +243,7 @@ class RunSession:
             verify_folder(self.resume[1])
         self.state = read_state(self.resume[1]) if self.resume else {}
         self.model_path = resolve_model(core.policy.model_name, self.run_dir)
-        tokenizer = AutoTokenizer.from_pretrained(core.policy.tokenizer_path(self.model_path))
+        tokenizer = load_tokenizer(core.policy.tokenizer_path(self.model_path), self.model_path)
         if core.policy.chat_template is not None:
             tokenizer.chat_template = core.policy.chat_template
         assert selection.task.registration is not None

@@ -4,21 +4,38 @@ TensorBoard event files under ``<run dir>/tensorboard``."""
 from __future__ import annotations
 
 import json
+import logging
+import os
 from pathlib import Path
 from typing import Any
+
+from corerl.progress_markers import mark
+
+log = logging.getLogger(__name__)
 
 
 class MetricsLog:
     """Appends each step's metrics to the JSONL file and the TensorBoard writer."""
 
     def __init__(self, run_dir: Path, keep_lines: int | None = None, tensorboard: bool = True) -> None:
-        """Open the log; ``keep_lines`` (a resumed run) cuts the JSONL back to that many lines;
-        ``tensorboard`` False writes no event files (``run.tensorboard``)."""
+        """Open the log; ``keep_lines`` (a resumed run) cuts the JSONL back to that many lines,
+        replacing the file whole (a kill midway leaves the old file or the new one, never a
+        truncated one); ``tensorboard`` False writes no event files (``run.tensorboard``)."""
         self.path = run_dir / "metrics.jsonl"
+        rewritten = run_dir / ".metrics.jsonl.partial"
+        rewritten.unlink(missing_ok=True)  # a rewrite killed before its rename
         kept = self.path.read_text().splitlines() if self.path.exists() else []
+        if keep_lines is not None and len(kept) < keep_lines:
+            log.warning("%s holds %d rows and the checkpoint %d: the rows in between are lost", self.path,
+                        len(kept), keep_lines)
         if keep_lines is not None and len(kept) > keep_lines:
             kept = kept[:keep_lines]
-            self.path.write_text("".join(line + "\n" for line in kept))
+            with rewritten.open("w") as handle:
+                handle.write("".join(line + "\n" for line in kept))
+                handle.flush()
+                os.fsync(handle.fileno())
+            mark("metrics:rewrite")
+            os.replace(rewritten, self.path)
         self.lines = len(kept)
         self._file = self.path.open("a")
         self._writer: Any = None

@@ -17,6 +17,7 @@ from corerl.tasks.rewards import exact_answer
 
 _BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
 ORIGIN = "_corerl_origin"  # where a row came from: a key the rows carry, dropped before a reward sees them
+PROMPT_IDS = "_corerl_prompt_ids"  # the row's prompt, encoded and checked once when the task is made
 
 
 def as_list(value: str | list[str] | None) -> list[str]:
@@ -68,10 +69,13 @@ def read_rows(files: list[str], key: str) -> list[dict[str, Any]]:
     datasets.logging.set_verbosity_error()
     rows = []
     for name in files:
+        if Path(name).stat().st_size == 0:
+            raise ConfigError(f"{name} is empty", key=key, hint="give a file with at least one example")
         try:
             table = datasets.load_dataset(builders.copy().pop(), data_files=[name], split="train")
         except Exception as exc:  # a malformed file: say which key and file, keep the cause
-            raise ConfigError(f"cannot read {name}: {type(exc).__name__}: {str(exc).splitlines()[0]}",
+            said = [line for line in str(exc).splitlines() if line.strip()]
+            raise ConfigError(f"cannot read {name}: {type(exc).__name__}" + (f": {said[0]}" if said else ""),
                               key=key, hint="check the file is valid JSONL (one object per line) or Parquet") from exc
         rows += [{**row, ORIGIN: f"{Path(name).name} row {index + 1}"} for index, row in enumerate(table.to_list())]
     return rows
@@ -166,11 +170,20 @@ class DatasetTask:
         if not train_files:
             raise ConfigError("the dataset task needs data.train_files", key="data.train_files",
                               hint="set data.train_files=path/to/train.jsonl (or .parquet)")
+        if self.chat_template and not getattr(self.tokenizer, "chat_template", None):
+            raise ConfigError("data.apply_chat_template is set and the tokenizer has no chat template",
+                              key="data.apply_chat_template",
+                              hint="give one with policy.chat_template, or set data.apply_chat_template=false")
         columns = {"prompt_key": self.prompt_key, "answer_key": self.answer_key}
         rows = read_rows(train_files, "data.train_files")
         check_columns(rows, columns, "data.train_files", train_files)
+        for row in rows:  # every prompt encoded and checked, in file order, before training starts
+            row[PROMPT_IDS] = self._encode_checked(row)
         self.rng = random.Random(context.seed)
         self.train, self.held = split_rows(rows, data, columns, self.rng)
+        for row in self.held:  # rows of data.held_out_files
+            if PROMPT_IDS not in row:
+                row[PROMPT_IDS] = self._encode_checked(row)
         self.order: list[int] = []
         self.position = 0
 
@@ -196,6 +209,9 @@ class DatasetTask:
         return drawn
 
     def _prompt_of(self, row: dict[str, Any]) -> list[int]:
+        return list(row[PROMPT_IDS])
+
+    def _encode_checked(self, row: dict[str, Any]) -> list[int]:
         ids = self.encode_prompt(str(row[self.prompt_key]))
         limit = self.max_prompt_tokens
         if limit is not None and len(ids) > limit:  # refused, not truncated: a cut prompt asks another question
@@ -242,6 +258,6 @@ class _Example(dict):  # type: ignore[type-arg]
 
 
 def _public(row: dict[str, Any]) -> _Example:
-    example = _Example((k, v) for k, v in row.items() if k != ORIGIN)
+    example = _Example((k, v) for k, v in row.items() if k not in (ORIGIN, PROMPT_IDS))
     example.origin = row.get(ORIGIN)
     return example
