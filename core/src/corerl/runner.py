@@ -209,7 +209,7 @@ def execute(config: Config, selection: Selection, host: PluginHost, console: Any
             choice.registration.load()
     session, finished = None, False
     try:
-        session = RunSession(config, selection, console or Console())
+        session = RunSession(config, selection, console or Console(), host)
         result = session.run()
         finished = True
         return result
@@ -228,7 +228,8 @@ class RunSession:
     """One run from its directory to its summary: the backends it started, the task, the metrics
     log, the phases (SFT, GRPO) and their progress, and what each moment of the run does."""
 
-    def __init__(self, config: Config, selection: Selection, console: Any) -> None:
+    def __init__(self, config: Config, selection: Selection, console: Any, host: PluginHost) -> None:
+        from corerl.run_record import check_same_recipe, record_recipe
         from corerl.tasks import TaskContext
 
         self.config, self.selection, self.console = config, selection, console
@@ -237,6 +238,10 @@ class RunSession:
         self.run_dir, self.resume = make_run_dir(config, console)
         console.print(f"run directory: [bold]{self.run_dir}[/]"
                       + (f" (resuming from step {self.resume[0]})" if self.resume else ""))
+        if self.resume is not None:  # a checkpoint goes on under the settings it was made with
+            check_same_recipe(self.run_dir, config, host)
+        else:
+            record_recipe(self.run_dir, config)
         if self.resume is not None:  # before anything reads it: a checkpoint that would run code is refused
             from corerl.checkpoint_safety import verify_folder
 
