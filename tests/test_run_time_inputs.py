@@ -71,7 +71,8 @@ def test_a_reward_function_that_raises_is_named_with_the_row(tmp_path):
     row = next(i for i, r in enumerate(ROWS, start=1) if r["answer"] == "3")
     assert code == 1 and line.startswith("corerl: error: data.reward: reward function explode raised ValueError: boom on ")
     assert "train.jsonl line " in line
-    number = int(line.split("train.jsonl line ")[1].split(";")[0])
+    number = int(line.split("train.jsonl line ")[1].split()[0])
+    assert "(at grpo step 1)" in line
     assert ROWS[number - 1]["answer"] == "3" and number in (row, row + 10)
 
 
@@ -140,3 +141,43 @@ def test_a_chat_template_asked_of_a_tokenizer_without_one_is_named(tmp_path):
     code, line = _run(tmp_path, "data.apply_chat_template=true")
     assert code == 2 and line.startswith("corerl: error: data.apply_chat_template: data.apply_chat_template is set "
                                          "and the tokenizer has no chat template")
+
+
+NAN_LATER = '''
+import math
+calls = 0
+def nan_from_step_4(completion, example):  # 10 held-out answers, then 16 samples a step
+    global calls
+    calls += 1
+    return math.nan if calls > 10 + 3 * 16 else 0.5
+'''
+
+
+def test_a_nan_reward_stops_the_run_keeping_the_last_checkpoint_and_exporting_nothing(tmp_path):
+    (tmp_path / "later.py").write_text(NAN_LATER)
+    result = run_corerl("run", f"run.output_dir={tmp_path}", "run.name=nan", "policy.generation.backend=hf",
+                        "sft.enabled=false", "algorithm.max_steps=6", "algorithm.batch_size=4",
+                        "algorithm.num_generations_per_prompt=4", "checkpointing.save_period=2",
+                        "data.reward=later:nan_from_step_4", env=clean_env({"PYTHONPATH": str(tmp_path)}))
+    assert result.code == 1, result
+    (line,) = result.err.strip().splitlines()
+    assert "data.reward: reward function nan_from_step_4 returned nan on the digit_echo prompt " in line, line
+    assert "(at grpo step 4)" in line, line
+    run_dir = tmp_path / "nan"
+    assert [p.name for p in (run_dir / "checkpoints").iterdir() if not p.name.startswith(".")] == ["step_000002"]
+    assert not (run_dir / "final").exists() and not (run_dir / "summary.json").exists()
+    assert [json.loads(r)["step"] for r in (run_dir / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3]
+
+
+def test_a_diverging_learning_rate_stops_the_run_keeping_the_last_checkpoint_and_exporting_nothing(tmp_path):
+    result = run_corerl("run", f"run.output_dir={tmp_path}", "run.name=lr", "policy.generation.backend=hf",
+                        "sft.enabled=false", "algorithm.max_steps=8", "checkpointing.save_period=1",
+                        "policy.optimizer.lr=1e8", "algorithm.batch_size=4", "algorithm.num_generations_per_prompt=8")
+    assert result.code == 1, result
+    (line,) = result.err.strip().splitlines()
+    assert line.startswith("corerl: error: policy.optimizer.lr: ") and "lower the learning rate" in line, line
+    run_dir = tmp_path / "lr"
+    done = len((run_dir / "metrics.jsonl").read_text().splitlines())
+    assert 1 <= done < 8  # stopped early, at the first step that went non-finite
+    assert [p.name for p in (run_dir / "checkpoints").iterdir() if not p.name.startswith(".")] == [f"step_{done:06d}"]
+    assert not (run_dir / "final").exists() and not (run_dir / "summary.json").exists()

@@ -552,7 +552,11 @@ class RunSession:
             bar = progress.add_task(phase.name.upper(), total=phase.total, completed=phase.done, shown="")
             while phase.done < phase.total and not stop.requested:
                 begin = time.perf_counter()
-                metrics = phase.step()
+                try:
+                    metrics = phase.step()
+                except RunError as exc:  # a reward, a divergence: say which step met it
+                    exc.message += f" (at {phase.name} step {phase.done + 1})"
+                    raise
                 check_finite(phase.name, phase.done + 1, metrics)
                 phase.done += 1
                 metrics = {"phase": phase.name, "step": phase.done, **metrics, "time/step": time.perf_counter() - begin}

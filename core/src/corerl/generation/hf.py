@@ -117,6 +117,14 @@ class HFGenerationBackend:
                     eos_token_id=stop_ids, pad_token_id=pad, use_cache=True, return_dict_in_generate=True,
                     output_logits=True, **kwargs,
                 )
+        except RuntimeError as exc:
+            if "probability tensor contains" not in str(exc):  # anything else is a real failure
+                raise
+            from corerl.errors import RunError
+
+            raise RunError("the policy's next-token probabilities are not finite while sampling: its weights have "
+                           "diverged", key="policy.optimizer.lr",
+                           hint="lower the learning rate; the last checkpoint, if any, is intact") from exc
         finally:
             model.train(was_training)
         # the logprob of each chosen token under the model's untempered distribution, from the

@@ -53,7 +53,8 @@ class DigitEcho:
     def reward(self, sample: Sample, digit: int) -> float:
         if self.custom_reward is not None:
             example = {"prompt": f"w0 {digit} :", "answer": str(digit)}
-            return score(self.custom_reward, decode_completion(self.tokenizer, sample), example, "data.reward")
+            return score(self.custom_reward, decode_completion(self.tokenizer, sample), example, "data.reward",
+                         f"the digit_echo prompt {example['prompt']!r}")
         if not sample.completion_ids:
             return 0.0
         target = self.digits[digit]
