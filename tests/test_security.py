@@ -9,6 +9,7 @@ import pickle
 import resource
 import signal
 import subprocess
+import sys
 
 import pytest
 import torch
@@ -211,3 +212,32 @@ def test_checkpoint_failure_names_the_rank_and_cause_and_keeps_ctrl_c():
         raise raised(KeyboardInterrupt())
     with pytest.raises(ValueError), checkpoint_errors("saving", "/runs/x"):  # anything else is not ours to rename
         raise ValueError("a bug")
+
+
+def test_a_new_run_directory_is_its_owners_alone_and_an_existing_one_keeps_its_mode(tmp_path):
+    import stat
+
+    from corerl.runner import check_writable
+
+    check_writable(tmp_path / "runs" / "new")
+    assert stat.S_IMODE((tmp_path / "runs" / "new").stat().st_mode) == 0o700
+    shared = tmp_path / "runs" / "shared"
+    shared.mkdir(mode=0o750)
+    shared.chmod(0o750)
+    check_writable(shared)
+    assert stat.S_IMODE(shared.stat().st_mode) == 0o750
+
+
+def test_the_local_ray_runtime_s_session_folder_is_removed_when_the_process_ends(tmp_path):
+    script = ("import os, ray\n"
+              "from corerl.distributed.worker_group import ensure_ray\n"
+              "ensure_ray(None)\n"
+              "context = ray.get_runtime_context()\n"
+              "print(os.path.join(context.get_temp_dir(), context.get_session_name()))\n")
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=clean_env(), cwd=tmp_path,
+                          timeout=120)
+    assert proc.returncode == 0, proc
+    session = proc.stdout.strip().splitlines()[-1]
+    assert session.startswith("/") and "session_" in session, proc
+    assert not os.path.exists(session), f"{session} was left behind"
+    assert "Token authentication is enabled" in proc.stderr  # Ray's own notice is not hidden

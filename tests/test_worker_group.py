@@ -23,6 +23,20 @@ def test_two_ray_ranks_form_a_process_group_and_calls_return_by_rank():
         group.shutdown()
 
 
+def test_on_one_machine_the_rendezvous_store_and_gloo_listen_on_loopback_only():
+    group = RayWorkerGroup(PROBE, 2)
+    try:
+        assert group.call("all_reduce_rank") == [1, 1]
+        port = group.call("rendezvous_port")[0]
+        listening = group.call("listening")
+        assert {ip for ip, p in listening[0] if p == port} == {"127.0.0.1"}, listening  # rank 0's TCPStore
+        for rank_sockets in listening:
+            # what is left is Ray's own core-worker server (on every interface in Ray 2.60: docs/security.md)
+            assert len([ip for ip, _ in rank_sockets if ip not in ("127.0.0.1", "::1")]) <= 1, listening
+    finally:
+        group.shutdown()
+
+
 def test_a_rank_that_raises_ends_the_group_and_is_named():
     group = RayWorkerGroup(PROBE, 2)
     with pytest.raises(WorkerFailed) as caught:

@@ -50,12 +50,20 @@ RUN_OUTPUTS = ("metrics.jsonl", "tensorboard", "checkpoints", "sft_model", "fina
                "reference_logprobs", "critic_init", "final_critic")
 
 
+#: a new run directory's mode: its owner's alone (checkpoints, weights and the recipe inside are
+#: reachable by nobody else, whatever mode each engine gives its files; docs/security.md)
+RUN_DIR_MODE = 0o700
+
+
 def check_writable(path: Path) -> None:
-    """Refuse, in one line naming ``run.output_dir``, a run directory that cannot be created or
-    written (before anything is built or written)."""
+    """Create the run directory (:data:`RUN_DIR_MODE`; an existing one keeps its mode), or refuse,
+    in one line naming ``run.output_dir``, one that cannot be created or written (before
+    anything is built or written)."""
     probe = path / f".corerl-write-probe-{os.getpid()}"
     try:
-        path.mkdir(parents=True, exist_ok=True)
+        if not path.is_dir():
+            path.mkdir(mode=RUN_DIR_MODE, parents=True)  # the mode applies to the run directory only
+            path.chmod(RUN_DIR_MODE)  # whatever the umask
         probe.write_bytes(b"")
         probe.unlink()
     except OSError as exc:

@@ -9,6 +9,7 @@ collective forever) and surfaces as :class:`WorkerFailed` naming the rank.
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import socket
@@ -26,11 +27,26 @@ class WorkerFailed(CorerlError):
     """A rank died or raised; the group has been shut down."""
 
 
-def free_port() -> int:
-    """A TCP port that is free on this host now (for the process group's rendezvous)."""
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that is free on ``host`` (an address of this machine) now, for the process
+    group's rendezvous; the probe binds that address only."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("", 0))
+        sock.bind((host, 0))
         return int(sock.getsockname()[1])
+
+
+def rendezvous_address(pool: Pool, world_size: int) -> dict[str, str]:
+    """``MASTER_ADDR``/``MASTER_PORT`` for a group of ``world_size`` ranks in ``pool``: loopback
+    when rank 0 and every other rank share the driver's node (rank 0's store then listens on
+    loopback alone: :mod:`corerl.distributed.rendezvous`), else rank 0's node address."""
+    import ray
+
+    here = ray.get_runtime_context().get_node_id()
+    if all(pool.node_of(rank) == here for rank in range(world_size)):
+        return {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+    address = next(n["NodeManagerAddress"] for n in ray.nodes() if n["NodeID"] == pool.node_of(0))
+    # the port is probed here, on the driver's node: the best guess available for rank 0's
+    return {"MASTER_ADDR": address, "MASTER_PORT": str(free_port(""))}
 
 
 class LocalWorkerGroup:
@@ -70,15 +86,28 @@ def ensure_ray(address: str | None, num_cpus_needed: int = 1) -> None:
     if address:
         ray.init(address=address, **options)
         return
-    # A local runtime of our own: its token-authentication notice is noise on every run.
-    notice = logging.getLogger("ray._private.authentication.authentication_token_setup")
-    level = notice.level
-    notice.setLevel(logging.ERROR)
-    try:
-        ray.init(num_cpus=max(os.cpu_count() or 1, num_cpus_needed), **options)
-    finally:
-        notice.setLevel(level)
+    # A local runtime of our own (Ray says, once, that token authentication is on: keep it on)
+    ray.init(num_cpus=max(os.cpu_count() or 1, num_cpus_needed), **options)
     private_token()
+    context = ray.get_runtime_context()
+    atexit.register(remove_local_session, os.path.join(context.get_temp_dir(), context.get_session_name()))
+
+
+def remove_local_session(session_dir: str) -> None:
+    """Stop the local Ray runtime this process started and remove its session folder (logs,
+    sockets, spilled objects), which Ray leaves behind in its temp folder after every run."""
+    import shutil
+
+    import ray
+
+    ray.shutdown()
+    failures: list[str] = []
+    shutil.rmtree(session_dir, onerror=lambda _fn, path, info: failures.append(f"{path}: {info[1]}"))
+    if failures:  # a file still held open: the folder stays, say so
+        log.warning("could not remove Ray's session folder %s (%s)", session_dir, failures[0])
+    latest = os.path.join(os.path.dirname(session_dir), "session_latest")
+    if os.path.islink(latest) and os.readlink(latest) == session_dir:
+        os.unlink(latest)
 
 
 def private_token() -> None:
@@ -126,10 +155,7 @@ class RayWorkerGroup:
         self.pool: Pool | None = None
         ensure_ray(ray_address, world_size)
         self.pool = POOLS.acquire(layout or PoolLayout(COLOCATED, 1, world_size), world_size, role)
-        master_addr = ray.util.get_node_ip_address()
-        if self.pool.node_of(0) != ray.get_runtime_context().get_node_id():  # rank 0 hosts the rendezvous
-            master_addr = next(n["NodeManagerAddress"] for n in ray.nodes() if n["NodeID"] == self.pool.node_of(0))
-        rendezvous = {"MASTER_ADDR": master_addr, "MASTER_PORT": str(free_port()), **(env or {})}
+        rendezvous = {**rendezvous_address(self.pool, world_size), **(env or {})}
         actor_cls = ray.remote(RankActor)
         # Every rank asks for no CPU and a share of its bundle's GPU: the backend sets its threads,
         # and the bundle (reserved once per pool) is what keeps groups apart or together.

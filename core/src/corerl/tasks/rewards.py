@@ -38,6 +38,9 @@ def exact_answer(completion: str, example: Mapping[str, Any]) -> float:
 
 def import_reward(path: str) -> Any:
     """The function at import path ``pkg.module:fn`` (``data.reward``)."""
+    from corerl.import_paths import refuse_code_runners
+
+    refuse_code_runners(path, "data.reward", wanted="reward function")
     module_name, _, attr_path = path.partition(":")
     try:
         target: Any = importlib.import_module(module_name)
@@ -49,6 +52,7 @@ def import_reward(path: str) -> Any:
             raise ConfigError(f"module {module_name!r} has no {attr_path!r}", key="data.reward",
                               hint=f"check the function name in {path!r}")
         target = getattr(target, part)
+    refuse_code_runners(path, "data.reward", target, wanted="reward function")
     if not callable(target):
         raise ConfigError(f"{path!r} is not callable", key="data.reward",
                           hint="point data.reward at a function fn(completion: str, example: dict) -> float")

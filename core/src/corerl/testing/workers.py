@@ -14,9 +14,9 @@ class ProbeWorker:
     def __init__(self, *, rank: int, world_size: int, tag: str = "") -> None:
         self.rank, self.world_size, self.tag = rank, world_size, tag
         if world_size > 1:
-            import torch.distributed as dist
+            from corerl.distributed.rendezvous import join_process_group
 
-            dist.init_process_group("gloo", init_method="env://", rank=rank, world_size=world_size)
+            join_process_group("gloo", rank, world_size)
 
     def all_reduce_rank(self) -> int:
         """The sum of all ranks, through a real all-reduce."""
@@ -34,6 +34,21 @@ class ProbeWorker:
 
         return {"node": ray.get_runtime_context().get_node_id(), "gpus": [str(g) for g in ray.get_gpu_ids()],
                 "visible": os.environ.get("CUDA_VISIBLE_DEVICES")}
+
+    def listening(self) -> list[tuple[str, int]]:
+        """The (address, port) of each TCP socket this rank's process listens on."""
+        import os
+
+        import psutil
+
+        return sorted((c.laddr.ip, c.laddr.port) for c in psutil.Process(os.getpid()).net_connections("tcp")
+                      if c.status == psutil.CONN_LISTEN)
+
+    def rendezvous_port(self) -> int:
+        """The ``MASTER_PORT`` this rank joined its process group through."""
+        import os
+
+        return int(os.environ["MASTER_PORT"])
 
     def echo(self, value: Any) -> tuple[int, str, Any]:
         return self.rank, self.tag, value

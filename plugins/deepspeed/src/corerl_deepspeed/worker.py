@@ -29,6 +29,10 @@ class DeepSpeedWorker(RankWorker):
         self.on_gpu = torch.cuda.is_available()
         os.environ.update(RANK=str(self.rank), WORLD_SIZE=str(self.world_size), LOCAL_RANK=str(local_gpu_index()))
         self.deepspeed = import_deepspeed(self.on_gpu)
+        if self.world_size > 1 and not torch.distributed.is_initialized():  # DeepSpeed keeps a group it finds
+            from corerl.distributed.rendezvous import join_process_group
+
+            join_process_group("nccl" if self.on_gpu else "gloo", self.rank, self.world_size)
         self.deepspeed.init_distributed(dist_backend="nccl" if self.on_gpu else "gloo", verbose=False,
                                         rank=self.rank, world_size=self.world_size)
         self.engine: Any = None

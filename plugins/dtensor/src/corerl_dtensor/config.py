@@ -25,7 +25,13 @@ class DTensorConfig:
     fsdp_version: Literal[1, 2] = setting(2, help="2: fully_shard (FSDP2); 1: legacy FullyShardedDataParallel")
 
     def check(self, config: Any) -> Iterator[tuple[str, str]]:
-        """TP x CP must divide the world size."""
+        """TP x CP must divide the world size; the plan's import path may not lead into a module
+        that runs commands or code."""
+        from corerl.import_paths import code_runner_problem
+
+        if self.custom_parallel_plan and (problem := code_runner_problem(self.custom_parallel_plan,
+                                                                         wanted="tensor-parallel plan")):
+            yield ("custom_parallel_plan", problem)
         yield from parallel_sizes_divide_world(
             "tensor_parallel_size",
             {"tensor_parallel_size": self.tensor_parallel_size, "context_parallel_size": self.context_parallel_size},

@@ -42,7 +42,9 @@ class DTensorWorker(RankWorker):
         if self.world_size > 1:
             if not dist.is_initialized():
                 backend = "nccl" if self.device.type == "cuda" else "gloo"
-                dist.init_process_group(backend, init_method="env://", rank=self.rank, world_size=self.world_size)
+                from corerl.distributed.rendezvous import join_process_group
+
+                join_process_group(backend, self.rank, self.world_size)
             from torch.distributed.device_mesh import init_device_mesh
 
             self.mesh = init_device_mesh(self.device.type, (self.dp, self.tp), mesh_dim_names=("dp", "tp"))

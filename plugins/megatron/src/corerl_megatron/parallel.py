@@ -24,7 +24,9 @@ def init_parallel(*, rank: int, world_size: int, tensor: int, pipeline: int, con
 
                 os.environ["MASTER_PORT"] = str(free_port())
         backend = "nccl" if torch.cuda.is_available() else "gloo"
-        dist.init_process_group(backend, init_method="env://", rank=rank, world_size=world_size)
+        from corerl.distributed.rendezvous import join_process_group
+
+        join_process_group(backend, rank, world_size)
     if not parallel_state.model_parallel_is_initialized():
         parallel_state.initialize_model_parallel(
             tensor_model_parallel_size=tensor, pipeline_model_parallel_size=pipeline,

@@ -29,7 +29,10 @@ class VllmConfig:
 
     def check(self, config: Any) -> Iterator[tuple[str, str]]:
         """max_model_len must hold every sequence a run makes: prompt and completion end within
-        policy.max_seq_length."""
+        policy.max_seq_length; engine_args may not switch trust_remote_code on."""
+        if "trust_remote_code" in self.engine_args:
+            yield ("engine_args.trust_remote_code", "corerl never runs Python code shipped inside a checkpoint "
+                   "(docs/security.md): use a model whose architecture transformers and vLLM ship")
         longest = config.policy.max_seq_length
         if self.max_model_len is not None and self.max_model_len < longest:
             yield ("max_model_len", f"must be at least policy.max_seq_length ({longest}): completions end there")
