@@ -22,6 +22,11 @@ def not_a_number(completion, example):
     return "high"
 def nan(completion, example):
     return math.nan
+def nothing(completion, example):
+    return None
+def numpy_half(completion, example):
+    import numpy
+    return numpy.float32(0.5)
 '''
 
 
@@ -76,7 +81,8 @@ def test_a_reward_function_that_raises_is_named_with_the_row(tmp_path):
     assert ROWS[number - 1]["answer"] == "3" and number in (row, row + 10)
 
 
-@pytest.mark.parametrize("function, says", [("not_a_number", "returned 'high' (str)"), ("nan", "returned nan")])
+@pytest.mark.parametrize("function, says", [("not_a_number", "returned 'high' (str)"), ("nan", "returned nan"),
+                                            ("nothing", "returned None (NoneType)")])
 def test_a_reward_that_is_not_a_finite_number_stops_the_run(tmp_path, function, says):
     code, line = _run(tmp_path, f"data.reward=my_rewards:{function}")
     assert code == 1 and f"reward function {function} {says} on train.jsonl line " in line
@@ -153,12 +159,18 @@ def nan_from_step_4(completion, example):  # 10 held-out answers, then 16 sample
 '''
 
 
+def _digit_echo(tmp_path: Path, name: str, *extra: str):
+    """A GRPO run of the digit_echo task (hf generation, no SFT, 4 prompts a step), with the
+    reward modules written into ``tmp_path`` importable."""
+    return run_corerl("run", f"run.output_dir={tmp_path}", f"run.name={name}", "policy.generation.backend=hf",
+                      "sft.enabled=false", "algorithm.batch_size=4", *extra,
+                      env=clean_env({"PYTHONPATH": str(tmp_path)}))
+
+
 def test_a_nan_reward_stops_the_run_keeping_the_last_checkpoint_and_exporting_nothing(tmp_path):
     (tmp_path / "later.py").write_text(NAN_LATER)
-    result = run_corerl("run", f"run.output_dir={tmp_path}", "run.name=nan", "policy.generation.backend=hf",
-                        "sft.enabled=false", "algorithm.max_steps=6", "algorithm.batch_size=4",
-                        "algorithm.num_generations_per_prompt=4", "checkpointing.save_period=2",
-                        "data.reward=later:nan_from_step_4", env=clean_env({"PYTHONPATH": str(tmp_path)}))
+    result = _digit_echo(tmp_path, "nan", "algorithm.max_steps=6", "algorithm.num_generations_per_prompt=4",
+                         "checkpointing.save_period=2", "data.reward=later:nan_from_step_4")
     assert result.code == 1, result
     (line,) = result.err.strip().splitlines()
     assert "data.reward: reward function nan_from_step_4 returned nan on the digit_echo prompt " in line, line
@@ -170,9 +182,8 @@ def test_a_nan_reward_stops_the_run_keeping_the_last_checkpoint_and_exporting_no
 
 
 def test_a_diverging_learning_rate_stops_the_run_keeping_the_last_checkpoint_and_exporting_nothing(tmp_path):
-    result = run_corerl("run", f"run.output_dir={tmp_path}", "run.name=lr", "policy.generation.backend=hf",
-                        "sft.enabled=false", "algorithm.max_steps=8", "checkpointing.save_period=1",
-                        "policy.optimizer.lr=1e8", "algorithm.batch_size=4", "algorithm.num_generations_per_prompt=8")
+    result = _digit_echo(tmp_path, "lr", "algorithm.max_steps=8", "checkpointing.save_period=1",
+                         "policy.optimizer.lr=1e8", "algorithm.num_generations_per_prompt=8")
     assert result.code == 1, result
     (line,) = result.err.strip().splitlines()
     assert line.startswith("corerl: error: policy.optimizer.lr: ") and "lower the learning rate" in line, line
@@ -181,3 +192,24 @@ def test_a_diverging_learning_rate_stops_the_run_keeping_the_last_checkpoint_and
     assert 1 <= done < 8  # stopped early, at the first step that went non-finite
     assert [p.name for p in (run_dir / "checkpoints").iterdir() if not p.name.startswith(".")] == [f"step_{done:06d}"]
     assert not (run_dir / "final").exists() and not (run_dir / "summary.json").exists()
+
+
+def test_a_numpy_number_is_a_reward(tmp_path):
+    (tmp_path / "my_rewards.py").write_text(REWARDS)
+    result = _digit_echo(tmp_path, "np", "algorithm.max_steps=1", "algorithm.num_generations_per_prompt=2",
+                         "checkpointing.enabled=false", "data.reward=my_rewards:numpy_half")
+    assert result.code == 0, result
+    assert json.loads((tmp_path / "np" / "metrics.jsonl").read_text())["reward/mean"] == 0.5
+
+
+def test_a_row_without_the_answer_column_is_refused_with_its_line(tmp_path):
+    rows = [dict(r) for r in ROWS]
+    del rows[8]["answer"]
+    code, line = _run(tmp_path, train=_jsonl(tmp_path / "train.jsonl", rows))
+    assert code == 2 and "data.train_files: train.jsonl line 9 has no 'answer' (data.answer_key)" in line
+
+
+def test_a_malformed_line_of_a_json_lines_file_named_json_is_named_by_number(tmp_path):
+    train = _jsonl(tmp_path / "train.json", ROWS, {5: '{"question": "w1 3 w2", '})
+    code, line = _run(tmp_path, train=train)
+    assert code == 2 and "train.json line 5 is not valid JSON" in line

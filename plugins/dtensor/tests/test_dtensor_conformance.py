@@ -35,17 +35,20 @@ class TestTensorParallel2SequenceParallel(_DTensor):
 
 
 class TestLlamaUntiedTensorParallel2(_DTensor):
+    micro_batch_layouts = ()  # token budgets: checked at world size 1, DP2, TP2 and TP2 with SP
     critic_checks = False  # the critic runs in the world-1 and data-parallel layouts
     model_family = "llama"
     overrides = ["cluster.gpus_per_node=2", "policy.dtensor_cfg.tensor_parallel_size=2"]
 
 
 class TestFSDP1DataParallel2(_DTensor):
+    micro_batch_layouts = ()  # token budgets: checked at world size 1, DP2, TP2 and TP2 with SP
     critic_checks = False  # the critic runs in the world-1 and data-parallel layouts
     overrides = ["cluster.gpus_per_node=2", "policy.dtensor_cfg.fsdp_version=1"]
 
 
 class TestActivationCheckpointingDataParallel2(_DTensor):
+    micro_batch_layouts = ()  # token budgets: checked at world size 1, DP2, TP2 and TP2 with SP
     critic_checks = False  # the critic runs in the world-1 and data-parallel layouts
     overrides = ["cluster.gpus_per_node=2", "policy.dtensor_cfg.activation_checkpointing=true"]
 

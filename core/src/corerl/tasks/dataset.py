@@ -46,6 +46,23 @@ def _read_jsonl(path: Path, key: str) -> list[dict[str, Any]]:
     return rows
 
 
+def _holds_json_lines(path: Path) -> bool:
+    """A ``.jsonl`` file, or a ``.json`` file of JSON lines (not one JSON array or object)."""
+    suffix = path.suffix.lower()
+    if suffix != ".json":
+        return suffix == ".jsonl"
+    with path.open(encoding="utf-8", errors="replace") as handle:
+        start = handle.read(4096).lstrip()
+    if not start.startswith("{"):
+        return False
+    first = start.split("\n", 1)[0]
+    try:
+        json.loads(first)
+    except ValueError:
+        return False  # one object over several lines: a JSON document, for datasets to read
+    return True
+
+
 def read_rows(files: list[str], key: str) -> list[dict[str, Any]]:
     """Every row of ``files`` (all JSONL/JSON lines or all Parquet), in file order; each row
     remembers where it came from under :data:`ORIGIN` (file and line or row number)."""
@@ -61,7 +78,7 @@ def read_rows(files: list[str], key: str) -> list[dict[str, Any]]:
         builders.add(builder)
     if len(builders) > 1:
         raise ConfigError("data files mix JSONL and Parquet", key=key, hint="convert them to one format")
-    if all(Path(name).suffix.lower() == ".jsonl" for name in files):
+    if all(_holds_json_lines(Path(name)) for name in files):  # read here: errors name the line
         return [row for name in files for row in _read_jsonl(Path(name), key)]
     import datasets
 
