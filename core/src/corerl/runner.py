@@ -246,13 +246,13 @@ class RunSession:
         self.run_dir, self.resume = make_run_dir(config, console)
         console.print(f"run directory: [bold]{self.run_dir}[/]"
                       + (f" (resuming from step {self.resume[0]})" if self.resume else ""))
-        if self.resume is not None:  # a checkpoint goes on under the settings it was made with
-            check_same_recipe(self.run_dir, config, host)
-        else:
+        if self.resume is None:
             record_recipe(self.run_dir, config)
-        if self.resume is not None:  # before anything reads it: a checkpoint that would run code is refused
+        else:  # a checkpoint goes on under the settings it was made with, and is refused, before
+            # anything reads it, if it would run code
             from corerl.checkpoint_safety import verify_folder
 
+            check_same_recipe(self.run_dir, config, host)
             verify_folder(self.resume[1])
         self.state = read_state(self.resume[1]) if self.resume else {}
         self.model_path = resolve_model(core.policy.model_name, self.run_dir)
