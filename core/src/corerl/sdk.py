@@ -12,8 +12,10 @@ from corerl.config import Config
 from corerl.config.fields import section, setting
 from corerl.distributed.group_backend import WorkerGroupBackend, step_result
 from corerl.distributed.placement import training_layout
+from corerl.distributed.rendezvous import join_process_group
 from corerl.distributed.worker_group import LocalWorkerGroup, RayWorkerGroup
 from corerl.errors import ConfigError, ConfigErrors, EngineNotAvailable, RunError
+from corerl.failures import checkpoint_errors
 from corerl.generation.contract import GenerationEngine, Sample, SamplingSettings
 from corerl.hookspecs import hookimpl
 from corerl.models.value_model import load_pretrained, model_values
@@ -46,11 +48,12 @@ __all__ = [
     "Config", "setting", "section",
     # the training contract and its helpers
     "TrainingEngine", "ValueEngine", "StepResult", "Batch", "LossFn", "RankWorker", "WorkerGroupBackend",
-    "step_result", "LocalWorkerGroup", "RayWorkerGroup", "training_layout", "MicroBatcher", "loss_token_count",
+    "step_result", "LocalWorkerGroup", "RayWorkerGroup", "training_layout", "join_process_group", "MicroBatcher",
+    "loss_token_count",
     "build_optimizer", "build_scheduler", "clip_grad_norm", "model_logprobs", "model_values", "load_pretrained",
     "EngineWeights", "optimizer_state_tensors", "storage_bytes",
     # generation
     "GenerationEngine", "Sample", "SamplingSettings",
-    # errors a plugin raises
-    "ConfigError", "ConfigErrors", "EngineNotAvailable", "RunError",
+    # errors a plugin raises, and checkpoint failures as one of them
+    "ConfigError", "ConfigErrors", "EngineNotAvailable", "RunError", "checkpoint_errors",
 ]
