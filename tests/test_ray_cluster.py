@@ -97,7 +97,8 @@ def test_the_demo_recipe_runs_with_its_ranks_spread_over_two_ray_nodes(tmp_path)
     with ray_cluster(tmp_path, nodes=2, cpus_per_node=1) as address:
         proc = subprocess.run(
             [str(CORERL), "run", "cluster.num_nodes=2", "cluster.gpus_per_node=1", "policy.generation.backend=hf",
-             "sft.max_steps=3", "algorithm.max_steps=3", "algorithm.kl_penalty=0.05", f"run.output_dir={tmp_path}",
+             "sft.max_steps=3", "algorithm.max_steps=3", "algorithm.kl_penalty=0.05", "algorithm.batch_size=4",
+             "algorithm.num_generations_per_prompt=4", f"run.output_dir={tmp_path}",
              "run.name=two-nodes"],
             capture_output=True, text=True, env={**_env(), "RAY_ADDRESS": address}, timeout=400, cwd=REPO)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

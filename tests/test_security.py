@@ -240,4 +240,3 @@ def test_the_local_ray_runtime_s_session_folder_is_removed_when_the_process_ends
     session = proc.stdout.strip().splitlines()[-1]
     assert session.startswith("/") and "session_" in session, proc
     assert not os.path.exists(session), f"{session} was left behind"
-    assert "Token authentication is enabled" in proc.stderr  # Ray's own notice is not hidden
