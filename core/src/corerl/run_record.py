@@ -56,12 +56,15 @@ def effective_values(config: Config) -> dict[str, Any]:
 
 def record_recipe(run_dir: Path, config: Config) -> None:
     """Write ``config``'s resolved recipe to ``<run dir>/recipe.yaml`` (aside, then renamed in)."""
+    import json
+
     import yaml
 
     target = run_dir / RECIPE_FILE
     written = run_dir / f".{RECIPE_FILE}.partial"
+    plain = json.loads(json.dumps(config.raw, default=str))  # a Path given through the Python API, as text
     text = ("# the recipe this run started with (resolved); a resume must match it except for "
-            f"{', '.join(RESUMABLE_KEYS)}\n" + yaml.safe_dump(config.raw, sort_keys=False))
+            f"{', '.join(RESUMABLE_KEYS)}\n" + yaml.safe_dump(plain, sort_keys=False))
     with written.open("w", encoding="utf-8") as handle:
         handle.write(text)
         handle.flush()
