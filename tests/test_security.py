@@ -240,3 +240,30 @@ def test_the_local_ray_runtime_s_session_folder_is_removed_when_the_process_ends
     session = proc.stdout.strip().splitlines()[-1]
     assert session.startswith("/") and "session_" in session, proc
     assert not os.path.exists(session), f"{session} was left behind"
+
+
+@pytest.mark.parametrize("override, key, says", [
+    ("data.reward=builtins:exec", "data.reward", "builtins:exec runs commands or code (it comes from builtins)"),
+    ("data.reward=os:system", "data.reward", "os:system runs commands or code"),
+    ("data.reward=subprocess:run", "data.reward", "subprocess:run runs commands or code"),
+    ("policy.dtensor_cfg.custom_parallel_plan=os:system", "policy.dtensor_cfg.custom_parallel_plan",
+     "os:system runs commands or code (it comes from os); it is not a tensor-parallel plan"),
+    ("policy.generation.vllm_cfg.engine_args={trust_remote_code: true}",
+     "policy.generation.vllm_cfg.engine_args.trust_remote_code", "corerl never runs Python code shipped inside"),
+])
+def test_a_recipe_cannot_name_code_running_functions_or_turn_on_remote_code(capsys, override, key, says):
+    from corerl.cli import main
+
+    assert main(["validate", str(REPO / "examples" / "configs" / "demo.yaml"), override]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith(f"corerl: error: {key}: ") and says in line, line
+
+
+def test_a_reward_re_exported_from_a_code_running_module_is_refused_too(tmp_path, monkeypatch):
+    from corerl.errors import ConfigError
+    from corerl.tasks.rewards import import_reward
+
+    (tmp_path / "innocent.py").write_text("from builtins import exec as score\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ConfigError, match="innocent:score runs commands or code \\(it comes from builtins\\)"):
+        import_reward("innocent:score")
