@@ -98,6 +98,14 @@ def _plain(name: str) -> bool:
     return any(name == allowed.rstrip(".") or name.startswith(allowed) for allowed in PLAIN_GLOBALS)
 
 
+def _refuse_unplain(where: str, names: list[str]) -> None:
+    """Refuse the pickle at ``where`` when a global it names is not plain data."""
+    unsafe = [name for name in names if not _plain(name)]
+    if unsafe:
+        raise CheckpointRefused(f"{where} names {unsafe[0]}, which loading it would call; refused without "
+                                "running it", key="run.name", hint=_HINT)
+
+
 def verify_file(path: Path) -> None:
     """Refuse ``path`` if loading it could run code: every pickle in it (a torch zip's
     ``data.pkl`` records, or the file itself) may name only :data:`PLAIN_GLOBALS`."""
@@ -116,10 +124,7 @@ def verify_file(path: Path) -> None:
         except Exception as exc:  # malformed: the engine's load would fail on it too; refuse it here, readably
             raise CheckpointRefused(f"{where} is not a readable pickle ({exc}); refused", key="run.name",
                                     hint=_HINT) from None
-        unsafe = [name for name in names if not _plain(name)]
-        if unsafe:
-            raise CheckpointRefused(f"{where} names {unsafe[0]}, which loading it would call; refused without "
-                                    "running it", key="run.name", hint=_HINT)
+        _refuse_unplain(where, names)
 
 
 def verify_folder(folder: str | Path) -> None:
@@ -162,7 +167,4 @@ def verify_dcp_records(metadata_path: Path) -> None:
         with archive:
             pickles = [archive.read(name) for name in archive.namelist() if name.endswith(".pkl")]
         for data in pickles:
-            unsafe = [name for name in pickle_globals(data) if not _plain(name)]
-            if unsafe:
-                raise CheckpointRefused(f"{where} names {unsafe[0]}, which loading it would call; refused without "
-                                        "running it", key="run.name", hint=_HINT)
+            _refuse_unplain(where, pickle_globals(data))

@@ -14,7 +14,9 @@ complete folder, or nothing; never a half-deleted or half-written folder that lo
 :func:`recover` puts back what a kill between the two renames left aside.
 
 Removing a folder (checkpoint pruning) renames it to ``.<name>.deleting-<pid>`` first, for the
-same reason.
+same reason. A single file replaced whole (``metrics.jsonl`` cut back on resume, ``recipe.yaml``,
+``summary.json``) goes through :func:`write_file_whole`: written to ``.<name>.partial``, synced,
+renamed over the old one.
 """
 
 from __future__ import annotations
@@ -31,6 +33,20 @@ from corerl.progress_markers import mark
 MANIFEST = ".corerl-complete.json"
 _PARTIAL, _OLD, _DELETING = "partial", "old", "deleting"
 T = TypeVar("T")
+
+
+def write_file_whole(target: Path, text: str, marker: str | None = None) -> None:
+    """Replace ``target`` with ``text`` in one rename (a kill leaves the old file or the new one,
+    never a torn one): written to ``.<name>.partial`` beside it and synced first; ``marker`` is
+    the progress marker between the two (for the kill harness)."""
+    written = target.parent / f".{target.name}.partial"
+    with written.open("w", encoding="utf-8") as handle:
+        handle.write(text)
+        handle.flush()
+        os.fsync(handle.fileno())
+    if marker is not None:
+        mark(marker)
+    os.replace(written, target)
 
 
 def _sibling(target: Path, kind: str) -> Path:

@@ -49,7 +49,9 @@ def disk_error(exc: BaseException, run_dir: Path) -> RunError | None:
                     hint="free space (or point run.output_dir elsewhere) and run the same command to resume")
 
 
-def _first_line(exc: BaseException) -> str:
+def first_line(exc: BaseException) -> str:
+    """``Type: first non-empty line of the message`` (just ``Type`` for an empty message): an
+    exception from a library, said in one line."""
     lines = [line for line in str(exc).splitlines() if line.strip()]
     return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
 
@@ -66,17 +68,17 @@ def checkpoint_failure(exc: BaseException, action: str, path: str | Path) -> Bas
     if any(isinstance(cause, KeyboardInterrupt) for _, cause in causes):
         return KeyboardInterrupt()
     if not causes:
-        return RunError(f"{action} checkpoint {path} failed: {_first_line(exc)}")
+        return RunError(f"{action} checkpoint {path} failed: {first_line(exc)}")
     rank, cause = causes[0]
     ranks = f"rank {rank}" if len(causes) == 1 else f"ranks {', '.join(str(r) for r, _ in causes)}"
     code = disk_errno(cause)
     if action == "saving":
-        reason = os.strerror(code) if code is not None else f"{_first_line(cause)}{_free_space(path)}"
+        reason = os.strerror(code) if code is not None else f"{first_line(cause)}{_free_space(path)}"
         return RunError(f"saving checkpoint {path} failed on {ranks}: {reason}; the run stopped there, its last "
                         "complete checkpoint is intact", key="run.output_dir",
                         hint="free space (or point run.output_dir elsewhere) and run the same command to resume"
                         if code is not None else "run the same command to resume from the last complete checkpoint")
-    return RunError(f"loading checkpoint {path} failed on {ranks}: {_first_line(cause)}", key="run.name",
+    return RunError(f"loading checkpoint {path} failed on {ranks}: {first_line(cause)}", key="run.name",
                     hint="the checkpoint is damaged or was written by another layout: move that checkpoint folder "
                          "away to resume from the one before it, or start over under a new run.name")
 

@@ -12,7 +12,6 @@ runs it again.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -60,16 +59,11 @@ def record_recipe(run_dir: Path, config: Config) -> None:
 
     import yaml
 
-    target = run_dir / RECIPE_FILE
-    written = run_dir / f".{RECIPE_FILE}.partial"
+    from corerl.complete_folders import write_file_whole
+
     plain = json.loads(json.dumps(config.raw, default=str))  # a Path given through the Python API, as text
-    text = ("# the recipe this run started with (resolved); a resume must match it except for "
-            f"{', '.join(RESUMABLE_KEYS)}\n" + yaml.safe_dump(plain, sort_keys=False))
-    with written.open("w", encoding="utf-8") as handle:
-        handle.write(text)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(written, target)
+    write_file_whole(run_dir / RECIPE_FILE, "# the recipe this run started with (resolved); a resume must match it "
+                     f"except for {', '.join(RESUMABLE_KEYS)}\n" + yaml.safe_dump(plain, sort_keys=False))
 
 
 def check_same_recipe(run_dir: Path, config: Config, host: PluginHost) -> None:

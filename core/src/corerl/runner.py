@@ -23,10 +23,10 @@ from typing import Any
 import attrs
 
 from corerl.checkpoints import latest_checkpoint, read_state, save_checkpoint
-from corerl.complete_folders import is_complete, recover, remove, write_complete
+from corerl.complete_folders import is_complete, recover, remove, write_complete, write_file_whole
 from corerl.config import Config
 from corerl.errors import ConfigError, RegistrationError, RunError
-from corerl.failures import checkpoint_failure, disk_error
+from corerl.failures import checkpoint_failure, disk_error, first_line
 from corerl.models.tiny import BUILTIN_MODELS, build_tiny_model
 from corerl.plugin_manager import PluginHost
 from corerl.progress_markers import mark
@@ -138,9 +138,7 @@ def load_tokenizer(path: str, model_path: str) -> Any:
     try:
         return AutoTokenizer.from_pretrained(path)
     except (OSError, ValueError, KeyError, TypeError) as exc:  # no or unreadable tokenizer files there
-        said = [line for line in str(exc).splitlines() if line.strip()]
-        raise ConfigError(f"cannot load a tokenizer from {path}: {type(exc).__name__}" + (f": {said[0]}" if said else ""),
-                          key=key, hint="give a folder holding tokenizer.json or the tokenizer files save_pretrained "
+        raise ConfigError(f"cannot load a tokenizer from {path}: {first_line(exc)}", key=key, hint="give a folder holding tokenizer.json or the tokenizer files save_pretrained "
                                         "writes") from exc
 
 
@@ -622,9 +620,8 @@ class RunSession:
         }
         if self.uses_dpo:
             summary.update({f"held_out_{k}_after": v for k, v in figures.items() if k != "preference_accuracy"})
-        written = run_dir / ".summary.json.partial"
-        written.write_text(json.dumps(summary, indent=2) + "\n")
-        written.replace(run_dir / "summary.json")  # its presence says the run finished: all or nothing
+        # its presence says the run finished: all or nothing
+        write_file_whole(run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
         mark("run:end")
         _report(self.console, self.evals, self.measure)
         tensorboard = f"{run_dir / 'tensorboard'}, " if core.run.tensorboard else ""

@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from pathlib import Path
 from typing import Any
 
-from corerl.progress_markers import mark
+from corerl.complete_folders import write_file_whole
 
 log = logging.getLogger(__name__)
 
@@ -30,12 +29,7 @@ class MetricsLog:
                         len(kept), keep_lines)
         if keep_lines is not None and len(kept) > keep_lines:
             kept = kept[:keep_lines]
-            with rewritten.open("w") as handle:
-                handle.write("".join(line + "\n" for line in kept))
-                handle.flush()
-                os.fsync(handle.fileno())
-            mark("metrics:rewrite")
-            os.replace(rewritten, self.path)
+            write_file_whole(self.path, "".join(line + "\n" for line in kept), marker="metrics:rewrite")
         self.lines = len(kept)
         self._file = self.path.open("a")
         self._writer: Any = None

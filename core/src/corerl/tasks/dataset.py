@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from corerl.errors import ConfigError
+from corerl.failures import first_line
 from corerl.generation.contract import Sample
 from corerl.tasks import TaskContext, decode_completion, restore_rng, rng_state, score
 from corerl.tasks.rewards import exact_answer
@@ -91,9 +92,7 @@ def read_rows(files: list[str], key: str) -> list[dict[str, Any]]:
         try:
             table = datasets.load_dataset(builders.copy().pop(), data_files=[name], split="train")
         except Exception as exc:  # a malformed file: say which key and file, keep the cause
-            said = [line for line in str(exc).splitlines() if line.strip()]
-            raise ConfigError(f"cannot read {name}: {type(exc).__name__}" + (f": {said[0]}" if said else ""),
-                              key=key, hint="check the file is valid JSONL (one object per line) or Parquet") from exc
+            raise ConfigError(f"cannot read {name}: {first_line(exc)}", key=key, hint="check the file is valid JSONL (one object per line) or Parquet") from exc
         rows += [{**row, ORIGIN: f"{Path(name).name} row {index + 1}"} for index, row in enumerate(table.to_list())]
     return rows
 

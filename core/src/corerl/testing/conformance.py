@@ -136,6 +136,22 @@ def _max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.float() - b.float()).abs().max().item())
 
 
+def _save_load_continue(engine: Any, model_dir: str, first: dict[str, torch.Tensor], second: dict[str, torch.Tensor],
+                        folder: Path) -> tuple[list[Any], dict[str, torch.Tensor], list[Any], dict[str, torch.Tensor]]:
+    """(d)'s procedure: a step on ``first``, a checkpoint, then steps on ``second`` and ``first``
+    straight on and again after loading the checkpoint into a fresh model and optimizer; the
+    step results and weights of both."""
+    engine.load_hf(model_dir)
+    engine.train_step(first, conformance_loss)
+    engine.save_checkpoint(str(folder))
+    straight = [engine.train_step(b, conformance_loss) for b in (second, first)]
+    straight_w = dict(engine.weight_stream())
+    engine.load_hf(model_dir)  # a fresh model and optimizer
+    engine.load_checkpoint(str(folder))
+    resumed = [engine.train_step(b, conformance_loss) for b in (second, first)]
+    return straight, straight_w, resumed, dict(engine.weight_stream())
+
+
 class TrainingBackendConformance:
     """Base class of a backend's conformance tests; set ``backend_id`` and ``overrides``."""
 
@@ -282,17 +298,8 @@ class TrainingBackendConformance:
     def test_save_load_continue_equals_uninterrupted(
         self, backend: Any, model_dir: str, batch: dict[str, torch.Tensor], tmp_path: Path
     ) -> None:
-        other = conformance_batch(seed=1)
-        backend.load_hf(model_dir)
-        backend.train_step(batch, conformance_loss)
-        backend.save_checkpoint(str(tmp_path / "ckpt"))
-        straight = [backend.train_step(b, conformance_loss) for b in (other, batch)]
-        straight_w = dict(backend.weight_stream())
-
-        backend.load_hf(model_dir)  # a fresh model and optimizer
-        backend.load_checkpoint(str(tmp_path / "ckpt"))
-        resumed = [backend.train_step(b, conformance_loss) for b in (other, batch)]
-        resumed_w = dict(backend.weight_stream())
+        straight, straight_w, resumed, resumed_w = _save_load_continue(
+            backend, model_dir, batch, conformance_batch(seed=1), tmp_path / "ckpt")
         for a, b in zip(straight, resumed, strict=True):
             assert (a.step, a.lr) == (b.step, b.lr)
             assert abs(a.loss - b.loss) <= self.tolerance
@@ -304,19 +311,11 @@ class TrainingBackendConformance:
             pytest.skip("the Adam variant of (d) runs in this backend's world-size-1 layouts")
         _, engine = self._build(model_dir, tmp_path, list(self.adam_overrides))
         try:
-            first, second = conformance_batch(seed=0), conformance_batch(seed=1)
-            engine.load_hf(model_dir)
-            engine.train_step(first, conformance_loss)
-            engine.save_checkpoint(str(tmp_path / "adam"))
-            straight = [engine.train_step(b, conformance_loss).loss for b in (second, first)]
-            straight_w = dict(engine.weight_stream())
-            engine.load_hf(model_dir)
-            engine.load_checkpoint(str(tmp_path / "adam"))
-            resumed = [engine.train_step(b, conformance_loss).loss for b in (second, first)]
-            resumed_w = dict(engine.weight_stream())
+            straight, straight_w, resumed, resumed_w = _save_load_continue(
+                engine, model_dir, conformance_batch(seed=0), conformance_batch(seed=1), tmp_path / "adam")
         finally:
             engine.shutdown()
-        assert max(abs(a - b) for a, b in zip(straight, resumed, strict=True)) <= self.tolerance
+        assert max(abs(a.loss - b.loss) for a, b in zip(straight, resumed, strict=True)) <= self.tolerance
         assert max(_max_diff(straight_w[n], resumed_w[n]) for n in straight_w) <= self.tolerance
 
     def test_bfloat16_logprobs_are_close_to_float32(self, model_dir: str, tmp_path: Path) -> None:
