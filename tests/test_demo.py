@@ -13,7 +13,7 @@ def test_demo_runs_to_the_end_and_grpo_raises_the_held_out_reward_over_the_sft_s
     result = run_corerl("run", f"run.output_dir={tmp_path}", "run.name=demo")
     assert result.code == 0, result
     run_dir = tmp_path / "demo"
-    assert f"run directory: {run_dir}" in " ".join(result.out.split())
+    assert f"run directory: {run_dir}" in result.out
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["training_backend"] == "dtensor" and summary["generation_backend"] == "vllm"
     assert summary["held_out_reward_after_sft"] > summary["held_out_reward_before"], summary  # SFT taught the form

@@ -137,7 +137,7 @@ def test_a_run_with_no_complete_checkpoint_starts_over_in_the_same_directory(tmp
 
     again = run_corerl("run", f"run.output_dir={tmp_path}", "run.name=killed", *args)
     assert again.code == 0, again
-    assert "holds no complete checkpoint: starting over (removed metrics.jsonl, tensorboard)" in " ".join(again.out.split())
+    assert "holds no complete checkpoint: starting over (removed metrics.jsonl, tensorboard)" in again.out
     assert [(r["phase"], r["step"]) for r in _rows(tmp_path / "killed")] == [
         ("sft", 1), ("sft", 2), ("grpo", 1), ("grpo", 2), ("grpo", 3)]
 

@@ -174,7 +174,7 @@ def test_a_grpo_run_reports_the_same_metrics_with_packing_on_and_off(tmp_path):
     full offload policy) on give the same metrics as the plain run."""
     import math
 
-    from tests.conftest import clean_env, run_corerl
+    from tests.conftest import run_corerl
 
     common = ["run", f"run.output_dir={tmp_path}", "sft.max_steps=2", "algorithm.max_steps=3",
               "policy.generation.backend=hf", "checkpointing.enabled=false"]
@@ -182,7 +182,7 @@ def test_a_grpo_run_reports_the_same_metrics_with_packing_on_and_off(tmp_path):
     assert plain.code == 0, plain
     packed = run_corerl(*common, "run.name=packed", "policy.sequence_packing.enabled=true",
                         "policy.sequence_packing.train_mb_tokens=256", "policy.sequence_packing.logprob_mb_tokens=512",
-                        "policy.offload.policy=full", env=clean_env({"COLUMNS": "200"}))
+                        "policy.offload.policy=full")
     assert packed.code == 0, packed
     assert "modified_first_fit_decreasing" in packed.out and "full" in packed.out  # the selection table
     ours, theirs = _metric_rows(tmp_path / "packed"), _metric_rows(tmp_path / "plain")

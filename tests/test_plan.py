@@ -166,7 +166,7 @@ def test_corerl_plan_on_a_model_folder_and_on_a_recipe(tmp_path):
                                                                                           "megatron"}
     shown = run_corerl("plan", str(EXAMPLES / "grpo_megatron_72b.yaml"), f"policy.model_name={tmp_path / 'qwen32'}")
     assert shown.code == 0 and "recommended" in shown.out and "corerl run" in shown.out, shown
-    assert "decision tree: 32.8B parameters (10-70B) on 8 nodes: megatron + vLLM" in " ".join(shown.out.split())
+    assert "decision tree: 32.8B parameters (10-70B) on 8 nodes: megatron + vLLM" in shown.out
     missing = run_corerl("plan", str(tmp_path / "nowhere"))
     assert missing.code == 2 and "neither a recipe file nor a Hugging Face checkpoint folder" in missing.err
 
@@ -177,5 +177,5 @@ def test_validate_warns_when_the_recipe_is_predicted_not_to_fit(tmp_path):
     fits = run_corerl(*args, "cluster.gpu_memory_gib=80")
     assert fits.code == 0 and "predicted" not in fits.out, fits
     small = run_corerl(*args, "cluster.gpu_memory_gib=10")
-    said = " ".join(small.out.split())
+    said = small.out
     assert small.code == 0 and "is predicted to need" in said and "`corerl plan RECIPE`" in said, small

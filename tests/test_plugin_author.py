@@ -17,7 +17,7 @@ def test_plugins_shows_each_component_s_priority_and_section(fake_site):
             "config_section": "policy.rocket_cfg"} in rows["rocket"]["components"]
     dtensor = next(c for c in rows["dtensor"]["components"] if c["kind"] == "training_backends")
     assert (dtensor["priority"], dtensor["config_section"]) == (100, "policy.dtensor_cfg")
-    table = run_corerl("plugins", env={**env, "COLUMNS": "200"}).out
+    table = run_corerl("plugins", env=env).out
     assert "rocket (priority 400, policy.rocket_cfg)" in table and "dtensor (priority 100, policy.dtensor_cfg)" in table
 
 

@@ -155,7 +155,7 @@ def test_a_killed_ppo_run_resumes_with_its_critic(tmp_path):
     proc.wait(timeout=30)
     assert list((tmp_path / "killed" / "checkpoints").glob("*/critic"))
     resumed = run_corerl("run", *args, "run.name=killed")
-    assert resumed.code == 0 and "resuming from step" in " ".join(resumed.out.split()), resumed
+    assert resumed.code == 0 and "resuming from step" in resumed.out, resumed
     assert is_value_model(tmp_path / "killed" / "final_critic")
     ours = [r for r in _metrics(tmp_path / "killed") if r["phase"] == "ppo"]
     theirs = [r for r in _metrics(tmp_path / "straight") if r["phase"] == "ppo"]
@@ -215,7 +215,7 @@ def test_the_critic_may_run_on_another_backend_than_the_policy(tmp_path):
     assert result.code == 0, result
     summary = json.loads((tmp_path / "mixed" / "summary.json").read_text())
     assert (summary["training_backend"], summary["critic_backend"]) == ("dtensor", "megatron")
-    assert "megatron: 1 rank(s) on 1 Ray node(s)" in " ".join(result.out.split())
+    assert "megatron: 1 rank(s) on 1 Ray node(s)" in result.out
     assert is_value_model(tmp_path / "mixed" / "final_critic")
     rows = [r for r in _metrics(tmp_path / "mixed") if r["phase"] == "ppo"]
     assert rows[-1]["values/mean"] != 0.0  # the megatron critic trained

@@ -155,8 +155,9 @@ def _cmd_plugins(args: argparse.Namespace) -> int:
     if args.json:
         _print_json(rows)
         return 0
-    from rich.console import Console
     from rich.table import Table
+
+    from corerl.reporting.console import make_console
 
     table = Table(title="corerl plugins", show_lines=True)
     any_error = any(row["error"] for row in rows)
@@ -189,7 +190,7 @@ def _cmd_plugins(args: argparse.Namespace) -> int:
             row["name"], row["distribution"] or "-", row["version"] or "-",
             f"[{status_style}]{row['status']}[/]", registers or "-", *((row["error"] or "",) if any_error else ()),
         )
-    Console().print(table)
+    make_console().print(table)
     return 0
 
 
@@ -239,10 +240,11 @@ def _print_fates(config: Any) -> None:
 def _print_selection(config: Any, selection: Any, verdict: str) -> None:
     """The recipe's verdict (with its dialect where it has one), what was selected and why, and
     the warnings of the dialect and of selection."""
-    from rich.console import Console
     from rich.table import Table
 
-    console = Console()
+    from corerl.reporting.console import make_console
+
+    console = make_console()
     dialect = f" ({config.dialect} dialect)" if config.dialect != "corerl" else ""
     console.print(f"[bold]{config.source}[/]: {verdict}{dialect}")
     table = Table(show_header=True, header_style="bold")

@@ -200,8 +200,9 @@ def _shown(metrics: dict[str, float]) -> str:
 
 def execute(config: Config, selection: Selection, host: PluginHost, console: Any = None) -> RunResult:
     """Run ``config`` with the selected components (see the module docstring)."""
-    from rich.console import Console
     from transformers.utils import logging as hf_logging
+
+    from corerl.reporting.console import make_console
 
     hf_logging.disable_progress_bar()  # the run's own bars say what is happening
     mark("run:start")
@@ -215,7 +216,7 @@ def execute(config: Config, selection: Selection, host: PluginHost, console: Any
             choice.registration.load()
     session, finished = None, False
     try:
-        session = RunSession(config, selection, console or Console(), host)
+        session = RunSession(config, selection, console or make_console(), host)
         result = session.run()
         finished = True
         return result

@@ -13,7 +13,7 @@ def test_the_demo_recipe_runs_on_deepspeed_zero3_through_the_launcher(tmp_path):
         [str(REPO / "scripts" / "launch_zero3.sh"), str(REPO / "examples" / "configs" / "demo.yaml"),
          f"run.output_dir={tmp_path}", "run.name=zero3", "cluster.gpus_per_node=2", "sft.max_steps=3",
          "algorithm.max_steps=2", "policy.generation.backend=hf", "checkpointing.save_period=2"],
-        capture_output=True, text=True, env=clean_env({"COLUMNS": "200"}), cwd=tmp_path, timeout=900,
+        capture_output=True, text=True, env=clean_env(), cwd=tmp_path, timeout=900,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "policy.training_backend names 'deepspeed'" in proc.stdout

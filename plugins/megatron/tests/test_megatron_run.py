@@ -9,7 +9,7 @@ from tests.conftest import clean_env, run_corerl
 
 
 def test_with_megatron_and_dtensor_enabled_the_run_uses_megatron_and_says_why(tmp_path):
-    env = clean_env({"CORERL_MEGATRON_CHECKPOINT_DIR": str(tmp_path / "converted"), "COLUMNS": "200"})
+    env = clean_env({"CORERL_MEGATRON_CHECKPOINT_DIR": str(tmp_path / "converted")})
     result = run_corerl("run", f"run.output_dir={tmp_path}", "run.name=both", "policy.megatron_cfg.enabled=true",
                         "policy.dtensor_cfg.enabled=true", "policy.megatron_cfg.optimizer.lr=3e-3", "sft.max_steps=2",
                         "algorithm.max_steps=2",

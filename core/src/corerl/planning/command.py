@@ -85,10 +85,11 @@ def run(args: argparse.Namespace) -> int:
 
 def render(plan: Any, target: str, top: int) -> None:
     """The ranked table, the recommendation and why, and the overrides that run it."""
-    from rich.console import Console
     from rich.table import Table
 
-    console, r = Console(), plan.request
+    from corerl.reporting.console import make_console
+
+    console, r = make_console(), plan.request
     console.print(f"[bold]{r.shape.describe()}[/] on {r.nodes} node(s) x {r.gpus_per_node} GPU(s) of "
                   f"{r.gpu_memory / GIB:g} GiB; {r.precision}, sequence {r.seq_length}, micro-batch {r.micro_batch}"
                   + (", with a frozen reference" if r.reference else ""))

@@ -1,0 +1,25 @@
+"""The console every corerl message goes through.
+
+In a terminal it is rich's own (wrapped to the window, live progress bars). Anywhere else (a
+pipe, a log file, a script's ``capture_output``) each message stays one line whatever its
+length: a path or a ``run directory:`` line is never cut, so ``grep`` and scripts read it back
+whole. Tables keep their own layout, as wide as their content needs.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+#: The width a console that is not a terminal lays tables out in: wide enough that no table of
+#: ours is squeezed, and tables are not stretched to it (rich sizes them to their content).
+UNWRAPPED_WIDTH = 4096
+
+
+def make_console(**kwargs: Any) -> Any:
+    """A ``rich.console.Console`` (``kwargs`` as rich takes them) that wraps only in a terminal."""
+    from rich.console import Console
+
+    console = Console(**kwargs)
+    if console.is_terminal:
+        return console
+    return Console(soft_wrap=True, width=UNWRAPPED_WIDTH, **kwargs)
