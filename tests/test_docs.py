@@ -16,6 +16,7 @@ HOOKS = sorted(
 
 def test_there_are_hook_specs():
     assert HOOKS == [
+        "corerl_register_algorithms",
         "corerl_register_commands",
         "corerl_register_generation_backends",
         "corerl_register_memory_models",

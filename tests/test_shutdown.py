@@ -7,7 +7,7 @@ import logging
 
 import pytest
 
-from corerl.runner import RunSession
+from corerl.run_context import RunContext
 
 
 class _Backend:  # stands in for an engine: what is under test is the runner's shutdown order
@@ -20,8 +20,8 @@ class _Backend:  # stands in for an engine: what is under test is the runner's s
             raise RuntimeError(f"{self.name} could not stop")
 
 
-def _session(calls: list[str]) -> RunSession:
-    session = RunSession.__new__(RunSession)  # only its list of started backends matters here
+def _session(calls: list[str]) -> RunContext:
+    session = RunContext.__new__(RunContext)  # only its list of started backends matters here
     session.started = [_Backend("training", calls), _Backend("generation", calls, fails=True),
                        _Backend("reference", calls)]
     return session
@@ -29,7 +29,7 @@ def _session(calls: list[str]) -> RunSession:
 
 def test_after_a_failure_every_backend_is_shut_down_and_the_shutdown_error_only_logged(caplog):
     calls: list[str] = []
-    with caplog.at_level(logging.WARNING, logger="corerl.runner"):
+    with caplog.at_level(logging.WARNING, logger="corerl.run_context"):
         _session(calls).close(run_failed=True)  # returns: the run's own error is the one that propagates
     assert calls == ["reference", "generation", "training"]
     assert "shutting down _Backend failed: RuntimeError: generation could not stop" in caplog.text

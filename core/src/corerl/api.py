@@ -97,8 +97,10 @@ class Trainer:
         config = self._load(host, {})
         if self.dataset is not None:  # point data.* at the dataset, written into the run directory
             name = config.core.run.name or time.strftime("%Y%m%d-%H%M%S")
+            algorithm = host.algorithms.get(self.algorithm)
+            pairs = algorithm is not None and algorithm.consumes == "preferences"
             data = dataset_settings(self.dataset, Path(config.core.run.output_dir) / name / "data",
-                                    "preferences" if self.algorithm == "dpo" else "dataset")
+                                    "preferences" if pairs else "dataset")
             config = self._load(host, {"run": {"name": name}, "data": data})
         selection = select(config, host)
         if self.reward_fn is not None:
@@ -181,13 +183,19 @@ def train(*, model: str | Path, dataset: Any = None, reward_fn: RewardFunction |
           **sections: Mapping[str, Any]) -> Any:
     """One call: a run on a local checkpoint ``model`` (or ``builtin:tiny-qwen2``).
 
-    ``algorithm`` is ``"grpo"``, ``"ppo"``, ``"sft"``, ``"dpo"`` or the whole ``algorithm`` section (its ``name``
+    ``algorithm`` is a registered algorithm id (``"grpo"``, ``"ppo"``, ``"sft"``, ``"dpo"``, a plugin's) or the whole ``algorithm`` section (its ``name``
     defaulting to grpo); other sections come as keywords (``policy={...}``, ``data={...}``).
     See :class:`Trainer` for ``dataset`` and ``reward_fn``."""
     section = dict(algorithm) if isinstance(algorithm, Mapping) else {"name": algorithm}
-    trainers = {"grpo": GRPOTrainer, "ppo": PPOTrainer, "sft": SFTTrainer, "dpo": DPOTrainer}
-    name = section.get("name", "grpo")
-    if name not in trainers:
-        raise ConfigError(f"unknown algorithm {name!r}", key="algorithm.name", hint=f"use one of {', '.join(trainers)}")
-    return trainers[name].from_pretrained(model, tensor_parallel_size=tensor_parallel_size, dataset=dataset,
+    name = section.get("name", GRPOTrainer.algorithm)
+    from corerl.plugin_manager import PluginHost
+
+    installed = PluginHost().algorithms
+    if name not in installed:
+        raise ConfigError(f"unknown algorithm {name!r}", key="algorithm.name",
+                          hint=f"use one of {', '.join(installed.ids())} (corerl plugins lists them)")
+    trainers = {cls.algorithm: cls for cls in Trainer.__subclasses__()}
+    # a plugin's algorithm runs through a Trainer of its own name
+    trainer = trainers.get(name) or type(f"Trainer_{name}", (Trainer,), {"algorithm": name})
+    return trainer.from_pretrained(model, tensor_parallel_size=tensor_parallel_size, dataset=dataset,
                                           reward_fn=reward_fn, algorithm=section, **sections).train()

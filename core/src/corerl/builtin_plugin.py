@@ -8,7 +8,16 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from corerl.hookspecs import hookimpl
-from corerl.registry import Command, GenerationBackend, OffloadPolicy, Reward, SequencePacker, Task
+from corerl.registry import (
+    Algorithm,
+    Command,
+    GenerationBackend,
+    OffloadPolicy,
+    PlotSpec,
+    Reward,
+    SequencePacker,
+    Task,
+)
 
 DEFAULT_PACKER = "modified_first_fit_decreasing"
 DEFAULT_OFFLOAD_POLICY = "none"
@@ -75,3 +84,23 @@ def corerl_register_rewards(register: Callable[[Reward], None]) -> None:
 def corerl_register_commands(register: Callable[[Command], None]) -> None:
     register(Command(id="plan", factory="corerl.planning.command:run", arguments="corerl.planning.command:add_arguments",
                      description="which backend and layout for a model on some GPUs, with the memory each takes"))
+
+
+@hookimpl
+def corerl_register_algorithms(register: Callable[[Algorithm], None]) -> None:
+    sampled_reward = PlotSpec(metrics=("reward/mean", "reward/max"), title="reward")
+    register(Algorithm(id="sft", factory="corerl.algorithms.sft:SFTAlgorithm", warm_start=False,
+                       plot=PlotSpec(), description="supervised fine-tuning on the task's demonstrations "
+                                                    "(also the sft section's warm start)"))
+    register(Algorithm(id="grpo", factory="corerl.algorithms.grpo:GRPOAlgorithm", plot=sampled_reward,
+                       check_supported="corerl.algorithms.grpo:check_sample_batches",
+                       description="group-relative policy optimisation: sampled groups, normalised rewards"))
+    register(Algorithm(id="ppo", factory="corerl.algorithms.ppo:PPOAlgorithm", critic=True,
+                       plot=PlotSpec(metrics=sampled_reward.metrics, title="reward",
+                                     losses=("loss", "critic/value_loss")),
+                       check_supported="corerl.algorithms.grpo:check_sample_batches",
+                       description="PPO with a critic (GAE, clipped value loss, KL in the token rewards)"))
+    register(Algorithm(id="dpo", factory="corerl.algorithms.dpo:DPOAlgorithm", consumes="preferences",
+                       generation=False, plot=PlotSpec(metrics=("preference_accuracy", "rewards/margin"),
+                                                       title="preference accuracy and margin (training batches)"),
+                       description="direct preference optimisation on preference pairs; samples nothing"))

@@ -164,6 +164,7 @@ def _cmd_plugins(args: argparse.Namespace) -> int:
     for column in ("name", "distribution", "version", "status", "registers", *(("error",) if any_error else ())):
         table.add_column(column, overflow="fold")
     labels = {
+        "algorithms": "algorithms",
         "training_backends": "training",
         "generation_backends": "generation",
         "sequence_packers": "packers",
@@ -253,6 +254,7 @@ def _print_selection(config: Any, selection: Any, verdict: str) -> None:
     table.add_column("why", overflow="fold")
     critic = [("critic backend", selection.critic_backend)] if selection.critic_backend is not None else []
     for label, choice in (
+        ("algorithm", selection.algorithm),
         ("training backend", selection.training_backend),
         *critic,
         ("generation backend", selection.generation_backend),
@@ -261,8 +263,8 @@ def _print_selection(config: Any, selection: Any, verdict: str) -> None:
         ("task", selection.task),
         ("reward", selection.reward),
     ):
-        if config.core.algorithm.name == "dpo" and label in ("generation backend", "offload policy", "reward"):
-            table.add_row(label, "unused", "DPO trains on given pairs: nothing is sampled or scored")
+        if not selection.samples and label in ("generation backend", "offload policy", "reward"):
+            table.add_row(label, "unused", f"{selection.algorithm.id} samples nothing: no engine samples, nothing is scored")
             continue
         table.add_row(label, choice.id or "off", choice.reason)
     console.print(table)

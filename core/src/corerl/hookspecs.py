@@ -15,6 +15,7 @@ from collections.abc import Callable
 import pluggy
 
 from corerl.registry import (
+    Algorithm,
     Command,
     GenerationBackend,
     MemoryModel,
@@ -150,4 +151,19 @@ def corerl_register_memory_models(register: Callable[[MemoryModel], None]) -> No
     installed backend together.
 
     Called when a plan or a fit check first needs the memory models.
+    """
+
+
+@hookspec
+def corerl_register_algorithms(register: Callable[[Algorithm], None]) -> None:
+    """Register training algorithms.
+
+    Call ``register(Algorithm(id=..., factory=..., consumes=..., generation=..., critic=...,
+    config_section=..., config_schema=...))`` once per algorithm. ``algorithm.name`` names the
+    one a recipe runs (default ``grpo``); the core's own are ``sft``, ``grpo``, ``ppo`` and
+    ``dpo``. The factory is called with the run's :class:`corerl.run_context.RunContext` and
+    returns a :class:`corerl.algorithms.contract.AlgorithmRun`.
+
+    Called when the plugin manager first needs the algorithm registry (``corerl validate``,
+    ``corerl run``, ``corerl plugins``).
     """

@@ -19,6 +19,7 @@ import pluggy
 
 from corerl import builtin_plugin, hookspecs
 from corerl.registry import (
+    Algorithm,
     Command,
     GenerationBackend,
     MemoryModel,
@@ -46,6 +47,7 @@ REGISTRATION_HOOKS: dict[str, tuple[str, type[Registration]]] = {
     "corerl_register_commands": ("commands", Command),
     "corerl_register_presets": ("presets", Preset),
     "corerl_register_memory_models": ("memory_models", MemoryModel),
+    "corerl_register_algorithms": ("algorithms", Algorithm),
 }
 
 
@@ -246,6 +248,10 @@ class PluginHost:
     @property
     def memory_models(self) -> Registry[MemoryModel]:
         return self._registry("memory_models")
+
+    @property
+    def algorithms(self) -> Registry[Algorithm]:
+        return self._registry("algorithms")
 
     def section_aliases(self) -> dict[str, str]:
         """Other spellings of the registered config sections: alias -> canonical key path."""

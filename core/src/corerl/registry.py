@@ -209,6 +209,45 @@ class Preset(Registration):
         return target() if callable(target) else target
 
 
+@attrs.frozen(kw_only=True)
+class PlotSpec:
+    """How an algorithm's steps appear in ``curves.png``: the metrics drawn on the left panel
+    (``title`` names it) and the loss-like metrics drawn beside ``loss`` on the right."""
+
+    metrics: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+    title: str = ""
+    losses: tuple[str, ...] = attrs.field(default=("loss",), converter=tuple)
+
+
+@attrs.frozen(kw_only=True)
+class Algorithm(Registration):
+    """A training algorithm (grpo, ppo, dpo, sft, a third party's), named by ``algorithm.name``.
+
+    What it declares, so that validation, selection and ``corerl plan`` need not import it:
+
+    - ``consumes``: the kind of task it trains on, ``"prompts"`` (prompts with a reward and their
+      demonstrations) or ``"preferences"`` (preference pairs); a task that provides the other
+      kind is refused at validation;
+    - ``generation``: it samples, so a generation backend is selected and started;
+    - ``critic``: it trains a value model beside the policy (a second training group, the
+      ``critic`` section);
+    - ``warm_start``: ``sft.enabled`` runs a supervised phase before it;
+    - ``plot``: what ``curves.png`` shows of its steps.
+
+    ``config_section``/``config_schema`` name its own keys (e.g. ``algorithm.reinforce``) and
+    ``check_supported(config)`` refuses, in one line, what it cannot run. The factory is called
+    as ``factory(context)`` with the run's :class:`corerl.run_context.RunContext` and returns an
+    object with the methods of :class:`corerl.algorithms.contract.AlgorithmRun`.
+    """
+
+    kind: ClassVar[str] = "algorithm"
+    consumes: Literal["prompts", "preferences"] = "prompts"
+    generation: bool = True
+    critic: bool = False
+    warm_start: bool = True
+    plot: PlotSpec = attrs.field(factory=PlotSpec)
+
+
 R = TypeVar("R", bound=Registration)
 
 

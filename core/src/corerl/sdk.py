@@ -8,6 +8,9 @@ this module imports no engine (no torch): the helpers that need one import it wh
 
 from __future__ import annotations
 
+from typing import Any
+
+from corerl.algorithms.contract import AlgorithmBase, AlgorithmRun
 from corerl.config import Config
 from corerl.config.fields import section, setting
 from corerl.distributed.group_backend import WorkerGroupBackend, step_result
@@ -20,16 +23,19 @@ from corerl.generation.contract import GenerationEngine, Sample, SamplingSetting
 from corerl.hookspecs import hookimpl
 from corerl.models.value_model import load_pretrained, model_values
 from corerl.registry import (
+    Algorithm,
     Command,
     GenerationBackend,
     MemoryModel,
     OffloadPolicy,
+    PlotSpec,
     Preset,
     Reward,
     SequencePacker,
     Task,
     TrainingBackend,
 )
+from corerl.run_context import RunContext
 from corerl.training.batching import loss_token_count
 from corerl.training.contract import Batch, LossFn, StepResult, TrainingEngine, ValueEngine
 from corerl.training.grad_norm import clip_grad_norm
@@ -43,7 +49,9 @@ from corerl.training.weights import EngineWeights
 __all__ = [
     # registering
     "hookimpl", "TrainingBackend", "GenerationBackend", "SequencePacker", "OffloadPolicy", "Task", "Reward",
-    "Command", "Preset", "MemoryModel",
+    "Command", "Preset", "MemoryModel", "Algorithm", "PlotSpec",
+    # algorithms
+    "AlgorithmRun", "AlgorithmBase", "RunContext", "samples_to_batch", "step_seed",
     # configuration
     "Config", "setting", "section",
     # the training contract and its helpers
@@ -57,3 +65,19 @@ __all__ = [
     # errors a plugin raises, and checkpoint failures as one of them
     "ConfigError", "ConfigErrors", "EngineNotAvailable", "RunError", "checkpoint_errors",
 ]
+
+
+def samples_to_batch(groups: Any, advantages: Any) -> Any:
+    """Training rows from sampled groups: right-padded prompt + completion, a loss mask on the
+    completion, each row's advantage on every token (``advantages``: one per sample, in group
+    order) and the generation engine's logprobs (``gen_logprobs``). Imports torch when called."""
+    from corerl.algorithms.grpo import samples_to_batch as build
+
+    return build(groups, advantages)
+
+
+def step_seed(seed: int, step: int) -> int:
+    """The sampling seed of one step (reproducible, far from the seeds of other steps)."""
+    from corerl.algorithms.grpo import step_seed as seed_of
+
+    return seed_of(seed, step)

@@ -57,13 +57,27 @@ class Selection:
     reward: Choice
     reward_fn: Any = None
     warnings: list[str] = attrs.field(factory=list)
-    #: PPO's critic backend (None for the other algorithms) and the config it is built from
+    #: the critic's backend (None unless the algorithm trains a critic, as PPO does) and the config it is built from
     critic_backend: Choice | None = None
     critic_config: Any = None
+    #: the algorithm ``algorithm.name`` names (its registration declares what else is needed)
+    algorithm: Choice = attrs.field(factory=lambda: Choice(None, "no algorithm selected"))
+
+    @property
+    def samples(self) -> bool:
+        """Whether the algorithm samples (so a generation backend and an offload policy are used)."""
+        registration = self.algorithm.registration
+        return registration is None or registration.generation
+
+    def engines(self) -> list[Choice]:
+        """The engine backends a run starts: training, the critic's, generation when it samples."""
+        used = [self.training_backend, *([self.critic_backend] if self.critic_backend is not None else [])]
+        return used + ([self.generation_backend] if self.samples else [])
 
     def as_dict(self) -> dict[str, Any]:
         critic = {"critic_backend": self.critic_backend.as_dict()} if self.critic_backend is not None else {}
         return {
+            "algorithm": self.algorithm.as_dict(),
             "training_backend": self.training_backend.as_dict(),
             **critic,
             "generation_backend": self.generation_backend.as_dict(),
@@ -242,16 +256,24 @@ def select_offload_policy(config: Config, host: PluginHost) -> Choice:
     return Choice(chosen.id, f"policy.offload.policy is {chosen.id!r}", chosen)
 
 
-def select_task(config: Config, host: PluginHost) -> Choice:
-    """The task named by ``data.task``."""
+def select_algorithm(config: Config, host: PluginHost) -> Choice:
+    """The algorithm named by ``algorithm.name``."""
+    chosen = _lookup(host, host.algorithms, config.core.algorithm.name, "algorithm.name", config)
+    return Choice(chosen.id, f"algorithm.name is {chosen.id!r}", chosen)
+
+
+def select_task(config: Config, host: PluginHost, algorithm: Any = None) -> Choice:
+    """The task named by ``data.task``; it must provide what ``algorithm`` (a registration)
+    consumes."""
     chosen = _lookup(host, host.tasks, config.core.data.task, "data.task", config)
-    algorithm = config.core.algorithm.name
-    if (algorithm == "dpo") != (chosen.provides == "preferences"):
-        wanted = ("preference pairs", "a task that provides them (digit_preference, preferences)") if algorithm == "dpo" \
-            else ("prompts", "a prompt task (digit_echo, dataset), or algorithm.name=dpo")
-        raise SelectionError(f"task {chosen.id!r} provides {chosen.provides}, and {algorithm.upper()} trains on "
-                             f"{wanted[0]}", key="data.task", source=origin_of("data.task", config.origins),
-                             hint=f"set data.task to {wanted[1]}")
+    if algorithm is not None and algorithm.consumes != chosen.provides:
+        wanting = [a.id for a in host.algorithms if a.consumes == chosen.provides]
+        tasks = [t.id for t in host.tasks if t.provides == algorithm.consumes]
+        raise SelectionError(f"task {chosen.id!r} provides {chosen.provides}, and {algorithm.id.upper()} trains on "
+                             f"{'preference pairs' if algorithm.consumes == 'preferences' else 'prompts'}",
+                             key="data.task", source=origin_of("data.task", config.origins),
+                             hint=f"set data.task to one that provides {algorithm.consumes} ({', '.join(tasks)})"
+                                  + (f", or algorithm.name to {' or '.join(wanting)}" if wanting else ""))
     return Choice(chosen.id, f"data.task is {chosen.id!r}", chosen)
 
 
@@ -277,12 +299,17 @@ def select(config: Config, host: PluginHost) -> Selection:
     errors: list[CorerlError] = []
     warnings: list[str] = []
     choices: dict[str, Choice] = {}
+    try:
+        choices["algorithm"] = select_algorithm(config, host)
+    except SelectionError as exc:
+        errors.append(exc)
+    algorithm = choices["algorithm"].registration if "algorithm" in choices else None
     for name, pick in (
         ("training_backend", select_training_backend),
         ("generation_backend", select_generation_backend),
         ("sequence_packer", select_sequence_packer),
         ("offload_policy", select_offload_policy),
-        ("task", select_task),
+        ("task", lambda config, host: select_task(config, host, algorithm)),
     ):
         try:
             result = pick(config, host)
@@ -298,15 +325,15 @@ def select(config: Config, host: PluginHost) -> Selection:
     except SelectionError as exc:
         errors.append(exc)
     critic: tuple[Choice | None, Config | None] = (None, None)
-    if config.core.algorithm.name == "ppo" and "training_backend" in choices:
+    if algorithm is not None and algorithm.critic and "training_backend" in choices:
         try:
             critic = select_critic_backend(config, host, choices["training_backend"])
         except SelectionError as exc:
             errors.append(exc)
     if errors:
         raise ConfigErrors(errors)
-    for name in ("training_backend", "generation_backend"):  # what they cannot run here, as run would refuse it
-        registration = choices[name].registration
+    for name in ("algorithm", "training_backend", "generation_backend"):  # what they cannot run here, as run
+        registration = choices[name].registration  # would refuse it
         if registration is not None:
             registration.check(config)
     if critic[0] is not None and critic[0].registration is not None:

@@ -19,9 +19,11 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import torch
 
+from corerl.algorithms.contract import AlgorithmBase
 from corerl.algorithms.dpo_math import DPOLoss, preference_batch
 
 if TYPE_CHECKING:
+    from corerl.run_context import RunContext
     from corerl.tasks.preferences import PreferencePair
     from corerl.training.contract import Batch, TrainingEngine
 
@@ -119,3 +121,71 @@ class DPO:
             **{key: float(value) for key, value in result.metrics.items()},
             "time/reference": scored - start, "time/training": done - scored,
         }
+
+
+class DPOAlgorithm(AlgorithmBase):
+    """``algorithm.name: dpo``: steps over the task's preference pairs; the reference is either
+    every pair scored once with the starting weights (``algorithm.dpo.precompute_reference_logprobs``,
+    kept in ``<run dir>/reference_logprobs``) or a frozen copy scoring each batch. Samples
+    nothing: no generation backend is started. Held-out figures: preference accuracy first."""
+
+    name = "dpo"
+    measure = "preference_accuracy"
+
+    def __init__(self, context: RunContext) -> None:
+        super().__init__(context)
+        self.dpo: DPO | None = None
+
+    def begin(self) -> None:
+        context = self.context
+        settings = context.config.core.algorithm.dpo
+        if settings.precompute_reference_logprobs:
+            reference = self.precomputed_reference()
+        else:
+            engine, offload = context.start_reference()
+            reference = ReferenceScores(engine=engine, offload=offload)
+        self.dpo = DPO(context.training, DPO.loss_from_config(settings), reference, steps_done=self.done)
+        self.pairs = context.task.train_pairs()
+
+    def step(self) -> dict[str, float]:
+        assert self.dpo is not None
+        indices = self.context.task.draw(self.context.config.core.algorithm.batch_size)
+        return self.dpo.step(indices, [self.pairs[i] for i in indices])
+
+    def held_out(self) -> dict[str, float]:
+        """Before DPO starts the policy is its own reference."""
+        pairs = self.context.task.held_out_pairs()
+        policy = score_pairs(self.context.training, pairs)
+        reference = self.dpo.reference.for_held_out(pairs) if self.dpo is not None else policy
+        return preference_metrics(policy, reference, self.context.config.core.algorithm.dpo.beta)
+
+    def precomputed_reference(self) -> ReferenceScores:
+        """Every training and held-out pair scored with the weights DPO starts from, written once
+        to ``<run dir>/reference_logprobs`` (a resumed run reads it back: its weights have moved)."""
+        from safetensors.torch import load_file, save_file
+
+        from corerl.complete_folders import is_complete, recover, write_complete
+        from corerl.errors import RunError
+
+        context = self.context
+        folder = context.run_dir / "reference_logprobs"
+        recover(folder)
+        train, held = context.task.train_pairs(), context.task.held_out_pairs()
+        if not is_complete(folder):
+            if self.done:
+                raise RunError(f"{folder} is missing, and this run has trained past the weights that scored it",
+                               key="algorithm.dpo.precompute_reference_logprobs",
+                               hint="start the run over under a new run.name")
+            begin = time.perf_counter()
+            with context.console.status(f"scoring {len(train)} training and {len(held)} held-out pairs with the "
+                                        "reference (the starting weights)"):
+                scores = {"train": score_pairs(context.training, train), "held_out": score_pairs(context.training, held)}
+            write_complete(folder, lambda work: save_file(scores, str(work / "scores.safetensors")))
+            context.console.print(f"reference: scored {len(train)} training and {len(held)} held-out pairs in "
+                                  f"{time.perf_counter() - begin:.1f} s")
+        scores = load_file(str(folder / "scores.safetensors"))
+        if scores["train"].shape[0] != len(train) or scores["held_out"].shape[0] != len(held):
+            raise RunError(f"{folder} scored {scores['train'].shape[0]} training and {scores['held_out'].shape[0]} "
+                           f"held-out pairs, and the task now has {len(train)} and {len(held)}", key="data.train_files",
+                           hint="resume with the data the run started with, or start over under a new run.name")
+        return ReferenceScores(train=scores["train"], held_out=scores["held_out"])

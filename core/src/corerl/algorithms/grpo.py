@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import torch
 
+from corerl.algorithms.contract import AlgorithmBase
 from corerl.algorithms.grpo_math import GRPOLoss, group_advantages
 from corerl.generation.contract import Sample, SamplingSettings
 from corerl.offload import NoOffload, PhaseOffload, ReferenceOffload
@@ -161,3 +162,40 @@ class GRPO:
             **loss_metrics,
             **timings,
         }
+
+
+class GRPOAlgorithm(AlgorithmBase):
+    """``algorithm.name: grpo``: each step samples ``algorithm.batch_size`` prompts from the task,
+    ``num_generations_per_prompt`` completions each, and runs :meth:`GRPO.step`; with
+    ``algorithm.kl_penalty`` a frozen reference of the starting weights scores the samples."""
+
+    name = "grpo"
+
+    def begin(self) -> None:
+        context, algorithm = self.context, self.context.config.core.algorithm
+        reference = reference_offload = None
+        if algorithm.kl_penalty:
+            reference, reference_offload = context.start_reference()
+        self.grpo = GRPO(context.config, context.training, context.generation, context.task.reward,
+                         loss=GRPOLoss.from_config(algorithm), scale_rewards_by_std=algorithm.scale_rewards_by_std,
+                         leave_one_out_baseline=algorithm.leave_one_out_baseline,
+                         optimization_passes=algorithm.optimization_passes,
+                         optimizer_batch_size=algorithm.optimizer_batch_size, reference=reference,
+                         steps_done=self.done, offload=context.offload, reference_offload=reference_offload)
+
+    def step(self) -> dict[str, float]:
+        prompts, examples = self.context.task.sample(self.context.config.core.algorithm.batch_size)
+        return self.grpo.step(prompts, examples)
+
+
+def check_sample_batches(config: Any) -> None:
+    """``algorithm.optimizer_batch_size`` must divide a step's samples (GRPO and PPO)."""
+    from corerl.errors import ConfigError
+
+    algorithm = config.core.algorithm
+    samples = algorithm.batch_size * algorithm.num_generations_per_prompt
+    rows = algorithm.optimizer_batch_size
+    if rows is not None and samples % rows:
+        raise ConfigError(f"must divide the {samples} samples of a step (algorithm.batch_size x "
+                          f"num_generations_per_prompt), got {rows}", key="algorithm.optimizer_batch_size",
+                          hint="pick a divisor of algorithm.batch_size x algorithm.num_generations_per_prompt")

@@ -16,11 +16,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import attrs
 import torch
 
+from corerl.algorithms.contract import AlgorithmBase
 from corerl.algorithms.grpo import RewardFn, minibatches, samples_to_batch, step_seed
 from corerl.algorithms.grpo_math import GRPOLoss, kl_estimate
 from corerl.algorithms.ppo_math import ValueLoss, explained_variance, gae, token_rewards
@@ -29,6 +31,7 @@ from corerl.offload import NoOffload, PhaseOffload, ReferenceOffload
 
 if TYPE_CHECKING:
     from corerl.generation.contract import GenerationEngine
+    from corerl.run_context import RunContext
     from corerl.training.contract import TrainingEngine, ValueEngine
 
 
@@ -196,3 +199,78 @@ class PPO:
         else:  # the critic's warm-up: the policy has not moved
             metrics.update({"optimizer_step": 0.0, "loss": 0.0, "grad_norm": 0.0})
         return {**metrics, **timings}
+
+
+def critic_start(context: RunContext) -> str:
+    """The critic's starting checkpoint: ``critic.model_name`` (a value model), else the weights
+    PPO starts from with a zero value head, written once to ``<run dir>/critic_init``."""
+    from corerl.complete_folders import is_complete, recover, write_complete
+    from corerl.errors import ConfigError
+    from corerl.models.value_model import init_value_model, is_value_model
+
+    given = context.config.core.critic.model_name
+    if given is not None:
+        if not (Path(given) / "config.json").exists():
+            raise ConfigError(f"critic checkpoint {given} is not a Hugging Face checkpoint directory",
+                              key="critic.model_name", hint="give a local folder, or unset it to start the critic "
+                                                            "from the policy")
+        if not is_value_model(given):
+            raise ConfigError(f"critic checkpoint {given} is not a value model (a one-label token classifier)",
+                              key="critic.model_name", hint="unset critic.model_name to start the critic from the "
+                                                            "policy's weights with a zero value head")
+        return given
+    target = context.run_dir / "critic_init"
+    recover(target)
+    if not is_complete(target):
+        write_complete(target, lambda work: init_value_model(context.starting_weights, work))
+    return str(target)
+
+
+class PPOAlgorithm(AlgorithmBase):
+    """``algorithm.name: ppo``: :meth:`PPO.step` over the policy, a critic (a second training
+    group, the ``critic`` section; its checkpoint and final export are this algorithm's) and,
+    with ``algorithm.kl_penalty``, a frozen reference."""
+
+    name = "ppo"
+
+    def __init__(self, context: RunContext) -> None:
+        super().__init__(context)
+        self.ppo: PPO | None = None
+        self.resume_from: Path | None = None
+
+    def begin(self) -> None:
+        context, selection = self.context, self.context.selection
+        assert selection.critic_backend is not None and selection.critic_backend.registration is not None
+        reference = reference_offload = None
+        if context.config.core.algorithm.kl_penalty:
+            reference, reference_offload = context.start_reference()
+        critic = context.start(selection.critic_backend.registration, critic_start(context),
+                               config=selection.critic_config)
+        if self.resume_from is not None and (self.resume_from / "critic").exists():
+            critic.load_checkpoint(str(self.resume_from / "critic"))
+        self.ppo = PPO.from_config(context.config, training=context.training, critic=critic,
+                                   generation=context.generation, reward_fn=context.task.reward, reference=reference,
+                                   steps_done=self.done, offload=context.offload, reference_offload=reference_offload)
+
+    def step(self) -> dict[str, float]:
+        assert self.ppo is not None
+        prompts, examples = self.context.task.sample(self.context.config.core.algorithm.batch_size)
+        return self.ppo.step(prompts, examples)
+
+    def load(self, folder: Path) -> None:
+        self.resume_from = folder  # the critic starts in begin(), from this checkpoint's critic/
+
+    def save(self, folder: Path) -> None:
+        if self.ppo is not None:
+            assert self.ppo.critic_offload is not None
+            self.ppo.critic_offload.active()
+            self.ppo.critic.save_checkpoint(str(folder / "critic"))
+
+    def export(self, run_dir: Path) -> list[str]:
+        from corerl.complete_folders import write_complete
+
+        assert self.ppo is not None and self.ppo.critic_offload is not None
+        self.ppo.critic_offload.active()
+        critic = self.ppo.critic
+        write_complete(run_dir / "final_critic", lambda work: critic.export_hf(str(work)))
+        return [f"{run_dir / 'final_critic'} (the critic)"]

@@ -12,9 +12,11 @@ from typing import TYPE_CHECKING
 import attrs
 import torch
 
+from corerl.algorithms.contract import AlgorithmBase
 from corerl.training.batching import right_pad
 
 if TYPE_CHECKING:
+    from corerl.run_context import RunContext
     from corerl.training.contract import TrainingEngine
 
 
@@ -62,3 +64,36 @@ class SFT:
             "tokens": float(batch["loss_mask"].sum()),
             "time/training": elapsed,
         }
+
+
+class SFTAlgorithm(AlgorithmBase):
+    """``algorithm.name: sft`` (and the ``sft`` section's warm start before another algorithm):
+    each step draws demonstrations from the task (a preference task's chosen responses) and
+    takes one optimizer step; held-out figures come from greedy answers, after a refit."""
+
+    name = "sft"
+
+    def __init__(self, context: RunContext, warm_start: bool = False) -> None:
+        super().__init__(context)
+        core = context.config.core
+        self.total = core.sft.max_steps if warm_start else core.algorithm.max_steps
+        self.batch_size = core.sft.batch_size if warm_start else core.algorithm.batch_size
+        self.sft = SFT(context.training, steps_done=self.done) if context.training is not None else None
+        self.refitted = True
+
+    def step(self) -> dict[str, float]:
+        context = self.context
+        if self.sft is None or self.sft.training is not context.training:
+            self.sft = SFT(context.training, steps_done=self.done)
+        context.offload.before_training()
+        self.refitted = False
+        if not hasattr(context.task, "demonstrations"):  # a preference task: its chosen responses
+            train = context.task.train_pairs()
+            return self.sft.step([train[i][:2] for i in context.task.draw(self.batch_size)])
+        return self.sft.step(context.task.demonstrations(self.batch_size))
+
+    def held_out(self) -> dict[str, float]:
+        if not self.refitted:  # SFT steps do not refit: the generation engine gets the weights now
+            self.context.refit()
+            self.refitted = True
+        return super().held_out()

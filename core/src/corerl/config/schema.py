@@ -177,7 +177,8 @@ class PPOConfig:
 class AlgorithmConfig:
     """``algorithm``: which algorithm runs and its batch arithmetic."""
 
-    name: Literal["grpo", "ppo", "sft", "dpo"] = setting("grpo")
+    name: str = setting("grpo", help="a registered algorithm id: grpo, ppo, sft, dpo (the core's), or one a plugin "
+                                     "registers (corerl plugins lists them)")
     batch_size: int = setting(8, min=1, help="prompts per step (GRPO, PPO), examples per step (SFT) or pairs per "
                                              "step (DPO)")
     gradient_accumulation_steps: int = setting(1, min=1)
@@ -306,14 +307,6 @@ class CorerlConfig:
             yield (
                 "policy.dynamic_batching.enabled",
                 "sequence packing and dynamic batching are two ways to cut micro-batches; pick one",
-            )
-        samples = self.algorithm.batch_size * self.algorithm.num_generations_per_prompt
-        rows = self.algorithm.optimizer_batch_size
-        if self.algorithm.name in ("grpo", "ppo") and rows is not None and samples % rows:
-            yield (
-                "algorithm.optimizer_batch_size",
-                f"must divide the {samples} samples of a step (algorithm.batch_size x "
-                f"num_generations_per_prompt), got {rows}",
             )
         if self.algorithm.batch_size % self.algorithm.gradient_accumulation_steps:
             yield (

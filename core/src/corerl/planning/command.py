@@ -48,6 +48,13 @@ def load_target(target: str, overrides: list[str], host: Any) -> Any:
     return config_from_mapping(tree, host, source=str(path))
 
 
+def needs_reference(config: Any) -> bool:
+    """Whether the recipe keeps a frozen reference model on the GPUs: a KL penalty, or DPO
+    scoring each batch with one (``algorithm.dpo.precompute_reference_logprobs=false``)."""
+    algorithm = config.core.algorithm
+    return algorithm.kl_penalty > 0 or not algorithm.dpo.precompute_reference_logprobs
+
+
 def request_of(config: Any, gpus: int | None = None, nodes: int | None = None,
                gpu_memory_gib: float | None = None) -> PlanRequest:
     """What a validated recipe asks of each GPU, on its cluster or the one given."""
@@ -58,8 +65,7 @@ def request_of(config: Any, gpus: int | None = None, nodes: int | None = None,
     fraction = (vllm.get("gpu_memory_utilization", 0.6) if isinstance(vllm, Mapping)
                 else getattr(vllm, "gpu_memory_utilization", 0.6))
     memory = gpu_memory_gib or core.cluster.gpu_memory_gib or DEFAULT_GPU_MEMORY_GIB
-    reference = core.algorithm.kl_penalty > 0 or (
-        core.algorithm.name == "dpo" and not core.algorithm.dpo.precompute_reference_logprobs)
+    reference = needs_reference(config)
     return PlanRequest(
         ModelShape.of_model(core.policy.model_name), gpus_per_node=gpus or core.cluster.gpus_per_node,
         nodes=nodes or core.cluster.num_nodes, gpu_memory=int(memory * GIB), precision=core.policy.precision,

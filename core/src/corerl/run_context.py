@@ -1,0 +1,197 @@
+"""What one run's steps are built from: its directory, tokenizer and task, the engines it started
+(policy training, generation, and whatever an algorithm adds), the offload policy, and what a
+resumed run had done.
+
+:meth:`RunContext.open` prepares the directory, model and task; :meth:`RunContext.start_engines`
+starts the policy's training backend and (for an algorithm that samples) the generation
+backend. Both run in-process at world size 1, so a fast-tier test can drive one step of any
+algorithm with nothing but a context (``tests/test_algorithms.py``).
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from corerl.checkpoints import read_state
+from corerl.config import Config
+from corerl.errors import ConfigError, RegistrationError
+from corerl.plugin_manager import PluginHost
+from corerl.run_directory import load_tokenizer, make_run_dir, resolve_model
+from corerl.selection import Selection
+
+
+def evaluate(generation: Any, task: Any, max_new_tokens: int, max_seq_length: int) -> float:
+    """Mean held-out reward of greedy answers (completions end at ``max_seq_length``)."""
+    from corerl.generation.contract import SamplingSettings
+    from corerl.tasks import mean_reward
+
+    prompts, examples = task.held_out()
+    sampling = SamplingSettings(temperature=0.0, max_new_tokens=max_new_tokens).within(max_seq_length, prompts)
+    groups = generation.generate(prompts, sampling, n=1)
+    return mean_reward(task, groups, examples)
+
+
+class RunContext:
+    """One run's shared state, handed to the algorithm's factory (see :mod:`corerl.algorithms.contract`).
+
+    ``training`` is the policy's engine, ``generation`` the sampling engine (None for an
+    algorithm that samples nothing), ``offload`` the phase offload policy; ``starting_weights``
+    is the checkpoint the algorithm starts from (the SFT warm start's, when one ran).
+    """
+
+    def __init__(self, config: Config, selection: Selection, console: Any, host: PluginHost,
+                 run_dir: Path, resume: tuple[int, Path] | None) -> None:
+        self.config, self.selection, self.console, self.host = config, selection, console, host
+        self.run_dir, self.resume = run_dir, resume
+        self.state: dict[str, Any] = read_state(resume[1]) if resume else {}
+        self.started: list[Any] = []
+        self.training: Any = None
+        self.generation: Any = None
+        self.offload: Any = None
+        self.model_path = ""
+        self.task: Any = None
+        self.warm_started = False
+
+    @classmethod
+    def open(cls, config: Config, selection: Selection, console: Any, host: PluginHost) -> RunContext:
+        """The run directory (new, or resumed and checked), the model, the tokenizer and the task."""
+        from corerl.run_record import check_same_recipe, record_recipe
+        from corerl.tasks import TaskContext
+
+        run_dir, resume = make_run_dir(config, console)
+        console.print(f"run directory: [bold]{run_dir}[/]" + (f" (resuming from step {resume[0]})" if resume else ""))
+        if resume is None:
+            record_recipe(run_dir, config)
+        else:  # a checkpoint goes on under the settings it was made with, and is refused, before
+            # anything reads it, if it would run code
+            from corerl.checkpoint_safety import verify_folder
+
+            check_same_recipe(run_dir, config, host)
+            verify_folder(resume[1])
+        context = cls(config, selection, console, host, run_dir, resume)
+        core = config.core
+        context.model_path = resolve_model(core.policy.model_name, run_dir)
+        tokenizer = load_tokenizer(core.policy.tokenizer_path(context.model_path), context.model_path)
+        if core.policy.chat_template is not None:
+            tokenizer.chat_template = core.policy.chat_template
+        assert selection.task.registration is not None
+        context.task = selection.task.registration.create(TaskContext(
+            tokenizer, core.algorithm.seed, core.data, selection.reward_fn,
+            max_prompt_tokens=core.policy.max_seq_length - 1))
+        check_task_fits(context.task, selection)
+        return context
+
+    # -- engines ---------------------------------------------------------------------------
+
+    def start(self, registration: Any, path: str, training: Any = None, config: Config | None = None) -> Any:
+        """Build a backend (from ``config``, default the run's), check it against its contract,
+        and load ``path`` into it; it is shut down with the run."""
+        from corerl.registry import TrainingBackend
+        from corerl.training.contract import describe_missing
+
+        config = config or self.config
+        backend = registration.create(config=config)
+        self.started.append(backend)
+        if isinstance(registration, TrainingBackend) and (missing := describe_missing(backend, config.role)):
+            contract = "ValueEngine" if config.role == "critic" else "TrainingEngine"
+            raise RegistrationError(f"training backend {registration.id!r} (plugin {registration.plugin!r}) built a "
+                                    f"{type(backend).__name__} without {', '.join(missing)} of the training contract",
+                                    hint=f"corerl.training.contract.{contract} lists what a training backend provides")
+        nodes = backend.worker_nodes() if hasattr(backend, "worker_nodes") else []
+        if nodes:
+            self.console.print(f"{registration.id}: {len(nodes)} rank(s) on {len(set(nodes))} Ray node(s)")
+        if training is not None and hasattr(backend, "use_training_engine"):
+            if backend.use_training_engine(training):
+                self.console.print(f"generation samples with the {self.selection.training_backend.id} "
+                                   "training model itself")
+        backend.load_hf(path)
+        return backend
+
+    def start_engines(self) -> None:
+        """The policy's training engine, the generation engine and offload policy when the
+        algorithm samples, and a resumed run's policy checkpoint and task state."""
+        from corerl.offload.schedule import NoOffload
+
+        selection = self.selection
+        assert selection.training_backend.registration is not None
+        self.training = self.start(selection.training_backend.registration, self.model_path)
+        if not selection.samples:
+            self.offload = NoOffload(self.training, None)  # nothing is sampled: no engine to offload for
+        else:
+            assert selection.generation_backend.registration is not None
+            self.generation = self.start(selection.generation_backend.registration, self.model_path, self.training)
+            assert selection.offload_policy.registration is not None
+            self.offload = selection.offload_policy.registration.create(training=self.training,
+                                                                        generation=self.generation, config=self.config)
+        if self.resume is not None:
+            self.training.load_checkpoint(str(self.resume[1] / "training"))
+            self.refit()
+            self.task.set_state(self.state["task"])
+
+    def refit(self) -> None:
+        """Send the policy's weights to the generation engine (nothing when there is none)."""
+        if self.generation is not None:
+            self.generation.update_weights(self.training.weight_stream())
+
+    def start_reference(self) -> tuple[Any, Any]:
+        """A frozen copy of :attr:`starting_weights` on the policy's backend, and its offload
+        (``policy.reference.cpu_offload``)."""
+        from corerl.offload import ReferenceOffload
+
+        assert self.selection.training_backend.registration is not None
+        reference = self.start(self.selection.training_backend.registration, self.starting_weights)
+        return reference, ReferenceOffload(reference, self.config.core.policy.reference.cpu_offload)
+
+    def close(self, run_failed: bool) -> None:
+        """Shut every started backend down, newest first; one that fails to shut down does not
+        keep the others up, and does not hide the error that ended the run (it is logged, and
+        raised only when the run itself succeeded)."""
+        failed: BaseException | None = None
+        for backend in reversed(self.started):
+            try:
+                backend.shutdown()
+            except Exception as exc:
+                logging.getLogger(__name__).warning("shutting down %s failed: %s: %s", type(backend).__name__,
+                                                    type(exc).__name__, exc)
+                failed = failed or exc
+        self.started = []
+        if failed is not None and not run_failed:
+            raise failed
+
+    # -- what algorithms read ----------------------------------------------------------------
+
+    @property
+    def starting_weights(self) -> str:
+        """The checkpoint the algorithm starts from: the warm start's when one ran, else the model."""
+        return str(self.run_dir / "sft_model") if self.warm_started else self.model_path
+
+    def steps_done(self, phase: str) -> int:
+        """Steps of ``phase`` a resumed run had done (0 for a new run)."""
+        return int(self.state.get("steps_done", {}).get(phase, 0))
+
+    def held_out_reward(self) -> float:
+        """Mean held-out reward of greedy answers from the generation engine."""
+        self.offload.before_generation()
+        core = self.config.core
+        return evaluate(self.generation, self.task, core.policy.generation.max_new_tokens, core.policy.max_seq_length)
+
+
+def check_task_fits(task: Any, selection: Selection) -> None:
+    """Refuse a task object that cannot feed the selected algorithm (one that trains on
+    preference pairs needs a preference source; one that samples needs prompts), in one line
+    naming ``data.task``."""
+    from corerl.tasks.preferences import PreferenceSource
+
+    registration, task_id = selection.algorithm.registration, selection.task.id
+    if registration is None:
+        return
+    if registration.consumes == "preferences" and not isinstance(task, PreferenceSource):
+        raise ConfigError(f"task {task_id!r} provides no preference pairs, which {registration.id} trains on",
+                          key="data.task", hint="use data.task=digit_preference (built in) or data.task=preferences "
+                                                "with data.train_files (prompt/chosen/rejected rows)")
+    if registration.consumes == "prompts" and not hasattr(task, "sample"):
+        raise ConfigError(f"task {task_id!r} provides preference pairs only, which {registration.id} does not "
+                          "train on", key="algorithm.name", hint="pick an algorithm that trains on preference pairs "
+                                                                  "(algorithm.name=dpo)")

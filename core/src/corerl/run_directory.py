@@ -1,0 +1,113 @@
+"""A run's directory and what it starts from: the folder itself (created owner-only, or resumed
+from its last complete checkpoint), the model checkpoint and the tokenizer."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from corerl.checkpoints import latest_checkpoint
+from corerl.complete_folders import is_complete, recover, remove, write_complete
+from corerl.config import Config
+from corerl.errors import ConfigError
+from corerl.failures import first_line
+from corerl.models.tiny import BUILTIN_MODELS, build_tiny_model
+
+# what a run writes into its directory; a run that holds no complete checkpoint loses these
+# when it starts over (a complete built-in base model is kept: it is rebuilt identically anyway)
+RUN_OUTPUTS = ("metrics.jsonl", "tensorboard", "checkpoints", "sft_model", "final", "curves.png", "summary.json",
+               "reference_logprobs", "critic_init", "final_critic")
+
+
+#: a new run directory's mode: its owner's alone (checkpoints, weights and the recipe inside are
+#: reachable by nobody else, whatever mode each engine gives its files; docs/security.md)
+RUN_DIR_MODE = 0o700
+
+
+def check_writable(path: Path) -> None:
+    """Create the run directory (:data:`RUN_DIR_MODE`; an existing one keeps its mode), or refuse,
+    in one line naming ``run.output_dir``, one that cannot be created or written (before
+    anything is built or written)."""
+    probe = path / f".corerl-write-probe-{os.getpid()}"
+    try:
+        if not path.is_dir():
+            path.mkdir(mode=RUN_DIR_MODE, parents=True)  # the mode applies to the run directory only
+            path.chmod(RUN_DIR_MODE)  # whatever the umask
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        raise ConfigError(f"cannot write the run directory {path}: {exc.strerror or exc}", key="run.output_dir",
+                          hint="give run.output_dir (and run.name) a folder you can write to") from None
+
+
+def make_run_dir(config: Config, console: Any = None) -> tuple[Path, tuple[int, Path] | None]:
+    """``run.output_dir/run.name`` (a timestamp when unnamed) and the checkpoint to resume from.
+
+    An existing run resumes from its last complete checkpoint. One without any starts over in
+    the same directory, saying so in one line (``run.resume=must`` refuses instead); a finished
+    run without checkpoints is refused rather than overwritten.
+    """
+    run = config.core.run
+    name = run.name or time.strftime("%Y%m%d-%H%M%S")
+    path = Path(run.output_dir) / name
+    check_writable(path)
+    resume = latest_checkpoint(path)
+    if resume is not None:
+        return path, resume
+    leftovers = [n for n in RUN_OUTPUTS if (path / n).exists()]
+    if run.resume == "must":
+        raise ConfigError(f"run directory {path} holds no complete checkpoint to resume from", key="run.resume",
+                          hint="set run.resume=auto to start the run over in the same directory")
+    if (path / "summary.json").exists():
+        raise ConfigError(f"run directory {path} holds a finished run and no checkpoint to resume from", key="run.name",
+                          hint="pick another run.name, or delete the directory to run it again")
+    if leftovers:
+        for name in leftovers:
+            target = path / name
+            remove(target) if target.is_dir() else target.unlink()
+        if console is not None:
+            console.print(f"run directory {path} holds no complete checkpoint: starting over "
+                          f"(removed {', '.join(leftovers)})")
+    path.mkdir(parents=True, exist_ok=True)
+    return path, None
+
+
+def resolve_model(model_name: str, run_dir: Path) -> str:
+    """A Hugging Face checkpoint directory, building a ``builtin:`` model into the run directory."""
+    if model_name in BUILTIN_MODELS:
+        target = run_dir / "base_model"
+        recover(target)
+        if not is_complete(target):  # a resumed run keeps its base model; a half-built one is rebuilt
+            write_complete(target, lambda work: build_tiny_model(work, **BUILTIN_MODELS[model_name]))
+        return str(target)
+    if model_name.startswith("builtin:"):
+        raise ConfigError(f"unknown built-in model {model_name!r}", key="policy.model_name",
+                          hint=f"built-in models: {', '.join(BUILTIN_MODELS)}")
+    if not Path(model_name).exists():
+        raise ConfigError(f"model path {model_name} does not exist", key="policy.model_name",
+                          hint="give a local Hugging Face checkpoint folder or a builtin: model; nothing is downloaded")
+    if not (Path(model_name) / "config.json").exists():
+        raise ConfigError(f"{model_name} is not a Hugging Face checkpoint directory (no config.json)",
+                          key="policy.model_name", hint="give a local checkpoint folder: nothing is downloaded")
+    if not any((Path(model_name) / weights).is_file() for weights in WEIGHT_FILES):
+        raise ConfigError(f"{model_name} holds no weights (none of {', '.join(WEIGHT_FILES)})", key="policy.model_name",
+                          hint="give a checkpoint folder with its weights, e.g. one written by save_pretrained")
+    return model_name
+
+
+#: the weight files (or their index, for sharded weights) a Hugging Face checkpoint folder holds
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
+
+
+def load_tokenizer(path: str, model_path: str) -> Any:
+    """The tokenizer at ``path``; one that cannot be loaded is a one-line error naming the key."""
+    from transformers import AutoTokenizer
+
+    key = "policy.tokenizer_name" if path != model_path else "policy.model_name"
+    try:
+        return AutoTokenizer.from_pretrained(path)
+    except (OSError, ValueError, KeyError, TypeError) as exc:  # no or unreadable tokenizer files there
+        raise ConfigError(f"cannot load a tokenizer from {path}: {first_line(exc)}", key=key, hint="give a folder holding tokenizer.json or the tokenizer files save_pretrained "
+                                        "writes") from exc
