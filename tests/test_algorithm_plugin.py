@@ -35,7 +35,9 @@ def _recipe(tmp_path: Path, **algorithm) -> dict:
             "checkpointing": {"enabled": True, "save_period": 4}}
 
 
-def test_a_third_party_algorithm_is_discovered_validated_and_trains_in_process(fake_site, tmp_path):
+def test_hook_corerl_register_algorithms(fake_site, tmp_path):
+    """A third-party algorithm is discovered by entry point, validated by its own schema and check,
+    and trains in-process through the run loop."""
     _install(fake_site)
     host = PluginHost(env={})
     registration = host.algorithms.get("reinforce")

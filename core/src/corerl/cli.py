@@ -160,7 +160,7 @@ def _cmd_plugins(args: argparse.Namespace) -> int:
     from corerl.reporting.console import make_console
 
     table = Table(title="corerl plugins", show_lines=True)
-    any_error = any(row["error"] for row in rows)
+    any_error = any(row["error"] or row["notice"] for row in rows)
     for column in ("name", "distribution", "version", "status", "registers", *(("error",) if any_error else ())):
         table.add_column(column, overflow="fold")
     labels = {
@@ -189,7 +189,8 @@ def _cmd_plugins(args: argparse.Namespace) -> int:
         status_style = {"loaded": "green", "failed": "red", "disabled": "yellow"}[row["status"]]
         table.add_row(
             row["name"], row["distribution"] or "-", row["version"] or "-",
-            f"[{status_style}]{row['status']}[/]", registers or "-", *((row["error"] or "",) if any_error else ()),
+            f"[{status_style}]{row['status']}[/]", registers or "-",
+            *((row["error"] or (f"notice: {row['notice']}" if row["notice"] else ""),) if any_error else ()),
         )
     make_console().print(table)
     return 0

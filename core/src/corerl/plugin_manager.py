@@ -61,6 +61,10 @@ class PluginInfo:
     module: str | None = None
     status: str = "loaded"  # loaded | failed | disabled
     error: str | None = None
+    #: the plugin contract version it states (``corerl_contract``), None when it states none
+    contract: str | None = None
+    #: what its author should change, while it still loads (a deprecation)
+    notice: str | None = None
 
 
 def _names(value: str) -> set[str]:
@@ -172,6 +176,16 @@ class PluginHost:
         return info
 
     def _register_module(self, plugin: object, info: PluginInfo) -> None:
+        if info.name != CORE_PLUGIN:
+            info.contract = getattr(plugin, "corerl_contract", None)
+            refusal = contract_refusal(info.name, info.contract)
+            if refusal is not None:
+                info.status, info.error = "failed", refusal
+                return
+            if info.contract is None:
+                info.notice = (f"plugin {info.name!r} states no plugin contract version: add "
+                               f"corerl_contract = \"{hookspecs.CONTRACT_VERSION}\" to {info.module} "
+                               "(from contract 3.0 a plugin that states none is refused)")
         try:
             self.pm.register(plugin, name=info.name)
             self.pm.check_pending()
@@ -286,9 +300,31 @@ class PluginHost:
                     if item.plugin == info.name:
                         components.append({"kind": attr, "id": item.id, "priority": item.priority,
                                            "config_section": item.config_section})
-            row.update(components=components, status=info.status, error=info.error)
+            row.update(components=components, status=info.status, error=info.error, contract=info.contract,
+                       notice=info.notice)
             rows.append(row)
         return rows
+
+
+def contract_refusal(plugin: str, stated: str | None) -> str | None:
+    """Why a plugin stating contract version ``stated`` cannot load here, in one line (None: it can)."""
+    if stated is None:
+        return None
+    offered = hookspecs.CONTRACT_VERSION
+    try:
+        major, minor = (int(part) for part in str(stated).split("."))
+    except ValueError:
+        return f"plugin {plugin!r} states plugin contract {stated!r}; expected MAJOR.MINOR such as {offered!r}"
+    offered_major, offered_minor = (int(part) for part in offered.split("."))
+    if major != offered_major:
+        what = "an older" if major < offered_major else "a newer"
+        return (f"plugin {plugin!r} implements plugin contract {stated}, and this corerl offers {offered} "
+                f"({what} major version: see the contract changelog in docs/plugins.md, then update the plugin "
+                f"or install a corerl that offers {major}.x)")
+    if minor > offered_minor:
+        return (f"plugin {plugin!r} implements plugin contract {stated}, newer than the {offered} this corerl "
+                "offers: upgrade corerl")
+    return None
 
 
 def _version(distribution: str) -> str | None:

@@ -20,7 +20,7 @@ from corerl.distributed.worker_group import LocalWorkerGroup, RayWorkerGroup
 from corerl.errors import ConfigError, ConfigErrors, EngineNotAvailable, RunError
 from corerl.failures import checkpoint_errors
 from corerl.generation.contract import GenerationEngine, Sample, SamplingSettings
-from corerl.hookspecs import hookimpl
+from corerl.hookspecs import CONTRACT_VERSION, hookimpl
 from corerl.models.value_model import load_pretrained, model_values
 from corerl.registry import (
     Algorithm,
@@ -48,7 +48,7 @@ from corerl.training.weights import EngineWeights
 
 __all__ = [
     # registering
-    "hookimpl", "TrainingBackend", "GenerationBackend", "SequencePacker", "OffloadPolicy", "Task", "Reward",
+    "hookimpl", "CONTRACT_VERSION", "TrainingBackend", "GenerationBackend", "SequencePacker", "OffloadPolicy", "Task", "Reward",
     "Command", "Preset", "MemoryModel", "Algorithm", "PlotSpec",
     # algorithms
     "AlgorithmRun", "AlgorithmBase", "RunContext", "samples_to_batch", "step_seed",

@@ -47,3 +47,7 @@ def corerl_register_presets(register: Callable[[Preset], None]) -> None:
 def corerl_register_memory_models(register: Callable[[MemoryModel], None]) -> None:
     register(MemoryModel(id="deepspeed", factory="corerl_deepspeed.memory_model:DeepSpeedMemory",
                          description="ZeRO 1-3 partitions, optimizer and parameter offload"))
+
+
+#: the plugin contract this plugin was written against (docs/plugins.md, "Contract changelog")
+corerl_contract = "2.1"

@@ -35,3 +35,7 @@ def corerl_register_presets(register: Callable[[Preset], None]) -> None:
 def corerl_register_memory_models(register: Callable[[MemoryModel], None]) -> None:
     register(MemoryModel(id="dtensor", factory="corerl_dtensor.memory_model:DTensorMemory",
                          description="FSDP2 x TP: fp32 shards, AdamW moments"))
+
+
+#: the plugin contract this plugin was written against (docs/plugins.md, "Contract changelog")
+corerl_contract = "2.1"

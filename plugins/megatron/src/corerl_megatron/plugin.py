@@ -61,3 +61,7 @@ def corerl_register_presets(register: Callable[[Preset], None]) -> None:
 def corerl_register_memory_models(register: Callable[[MemoryModel], None]) -> None:
     register(MemoryModel(id="megatron", factory="corerl_megatron.memory_model:MegatronMemory",
                          description="TP x PP x DP with the distributed optimizer; megatron generation's KV buffer"))
+
+
+#: the plugin contract this plugin was written against (docs/plugins.md, "Contract changelog")
+corerl_contract = "2.1"

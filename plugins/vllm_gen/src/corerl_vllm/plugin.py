@@ -20,3 +20,7 @@ def corerl_register_generation_backends(register: Callable[[GenerationBackend], 
             description="vLLM engine with in-place weight refit",
         )
     )
+
+
+#: the plugin contract this plugin was written against (docs/plugins.md, "Contract changelog")
+corerl_contract = "2.1"

@@ -20,3 +20,7 @@ def corerl_register_training_backends(register: Callable[[TrainingBackend], None
             description="template backend",
         )
     )
+
+
+#: the plugin contract this plugin was written against (docs/plugins.md, "Contract changelog")
+corerl_contract = "2.1"
