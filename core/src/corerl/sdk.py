@@ -11,17 +11,39 @@ from __future__ import annotations
 from typing import Any
 
 from corerl.algorithms.contract import AlgorithmBase, AlgorithmRun
+
+# what the first-party backends share with any other (engine-side helpers)
+from corerl.checkpoint_safety import load_plain
+from corerl.complete_folders import is_complete, write_complete
 from corerl.config import Config
+from corerl.config.checks import parallel_sizes_divide_world
 from corerl.config.fields import section, setting
+from corerl.distributed.actor import resolve
+from corerl.distributed.devices import local_gpu_index, runs_here_without_gpu
+from corerl.distributed.dispatch import Dispatch, RankLayout
 from corerl.distributed.group_backend import WorkerGroupBackend, step_result
-from corerl.distributed.placement import training_layout
+from corerl.distributed.placement import dedicated_generation_layout, training_layout
+from corerl.distributed.rank_state import barrier
 from corerl.distributed.rendezvous import join_process_group
-from corerl.distributed.worker_group import LocalWorkerGroup, RayWorkerGroup
+from corerl.distributed.worker_group import LocalWorkerGroup, RayWorkerGroup, free_port
 from corerl.errors import ConfigError, ConfigErrors, EngineNotAvailable, RunError
 from corerl.failures import checkpoint_errors
 from corerl.generation.contract import GenerationEngine, Sample, SamplingSettings
+from corerl.generation.sampling import choose_tokens, cut_at_stop_strings
+from corerl.generation.shared_weights import SharedWeightWriter, read_shared
 from corerl.hookspecs import CONTRACT_VERSION, hookimpl
-from corerl.models.value_model import load_pretrained, model_values
+from corerl.import_paths import code_runner_problem
+from corerl.models.value_model import load_pretrained, model_values, shift_values
+from corerl.planning.memory import (
+    GIB,
+    Layout,
+    PlanRequest,
+    TrainingMemory,
+    activation_bytes,
+    adam_state_bytes,
+    cluster_overrides,
+    tensor_parallel_sizes,
+)
 from corerl.registry import (
     Algorithm,
     Command,
@@ -39,11 +61,13 @@ from corerl.run_context import RunContext
 from corerl.training.batching import loss_token_count
 from corerl.training.contract import Batch, LossFn, StepResult, TrainingEngine, ValueEngine
 from corerl.training.grad_norm import clip_grad_norm
-from corerl.training.logprobs import model_logprobs
-from corerl.training.memory import optimizer_state_tensors, storage_bytes
+from corerl.training.hf_export import copy_tokenizer, write_hf_checkpoint
+from corerl.training.logprobs import model_logprobs, token_logprobs
+from corerl.training.memory import move_optimizer_state, optimizer_state_tensors, storage_bytes
 from corerl.training.microbatching import MicroBatcher
 from corerl.training.optim import build_optimizer, build_scheduler
 from corerl.training.rank_worker import RankWorker
+from corerl.training.segment_attention import register as register_segment_attention
 from corerl.training.weights import EngineWeights
 
 __all__ = [
@@ -56,7 +80,7 @@ __all__ = [
     "Config", "setting", "section",
     # the training contract and its helpers
     "TrainingEngine", "ValueEngine", "StepResult", "Batch", "LossFn", "RankWorker", "WorkerGroupBackend",
-    "step_result", "LocalWorkerGroup", "RayWorkerGroup", "training_layout", "join_process_group", "MicroBatcher",
+    "step_result", "Dispatch", "RankLayout", "LocalWorkerGroup", "RayWorkerGroup", "training_layout", "join_process_group", "MicroBatcher",
     "loss_token_count",
     "build_optimizer", "build_scheduler", "clip_grad_norm", "model_logprobs", "model_values", "load_pretrained",
     "EngineWeights", "optimizer_state_tensors", "storage_bytes",
@@ -64,6 +88,14 @@ __all__ = [
     "GenerationEngine", "Sample", "SamplingSettings",
     # errors a plugin raises, and checkpoint failures as one of them
     "ConfigError", "ConfigErrors", "EngineNotAvailable", "RunError", "checkpoint_errors",
+    # memory models for `corerl plan`
+    "GIB", "Layout", "PlanRequest", "TrainingMemory", "activation_bytes", "adam_state_bytes", "cluster_overrides",
+    "tensor_parallel_sizes",
+    # engine-side helpers the first-party backends use
+    "load_plain", "is_complete", "write_complete", "parallel_sizes_divide_world", "resolve", "local_gpu_index",
+    "runs_here_without_gpu", "dedicated_generation_layout", "barrier", "free_port", "choose_tokens",
+    "cut_at_stop_strings", "SharedWeightWriter", "read_shared", "code_runner_problem", "shift_values",
+    "copy_tokenizer", "write_hf_checkpoint", "token_logprobs", "move_optimizer_state", "register_segment_attention",
 ]
 
 

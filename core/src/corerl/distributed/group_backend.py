@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from corerl.distributed.dispatch import Dispatch, RankLayout, dispatch
+from corerl.training.batching import loss_token_count
+from corerl.training.weights import EngineWeights
+
 if TYPE_CHECKING:
-    from corerl.training.contract import StepResult
+    from corerl.training.contract import Batch, LossFn, StepResult
 
 
 def step_result(reporting: list[dict[str, Any]], tokens: int) -> StepResult:
@@ -26,38 +30,94 @@ def step_result(reporting: list[dict[str, Any]], tokens: int) -> StepResult:
 
 
 class WorkerGroupBackend:
-    """Base of a driver-side backend whose ranks are ``self.group`` (a worker group): the
-    contract methods that are the same call on every rank."""
+    """Base of a driver-side training backend whose ranks are ``self.group`` (a worker group):
+    every contract method as one :func:`~corerl.distributed.dispatch.dispatch` to the ranks.
+
+    A subclass sets ``self.group``, ``self.batcher`` (a :class:`~corerl.training.microbatching.MicroBatcher`)
+    and, where ranks share a data-parallel rank (tensor or pipeline parallel), ``self.layout``
+    (a :class:`~corerl.distributed.dispatch.RankLayout`; default: every rank its own). Batches
+    are cut per data-parallel rank and the reporting ranks' answers gathered; weights leave as
+    one :class:`~corerl.training.weights.EngineWeights` stream of Hugging Face ``(name, tensor)``
+    pairs, from the ranks' ``full_state_dict`` (override :meth:`hf_state` where the ranks hold
+    another layout, as megatron's do).
+    """
 
     group: Any
+    batcher: Any
+    layout: RankLayout | None = None
+
+    @property
+    def rank_layout(self) -> RankLayout:
+        if self.layout is None:
+            self.layout = RankLayout.data_parallel(self.group.world_size)
+        return self.layout
+
+    def call(self, mode: Dispatch, method: str, *args: Any, parts: Sequence[Any] | None = None) -> Any:
+        """``method`` on the ranks in ``mode`` (:func:`~corerl.distributed.dispatch.dispatch`)."""
+        return dispatch(self.group, self.rank_layout, mode, method, *args, parts=parts)
+
+    def _split(self, method: str, batch: Batch, purpose: str, *args: Any) -> tuple[Any, list[Any]]:
+        plan = self.batcher.plan(batch, self.rank_layout.data_parallel_size, purpose)
+        return plan, self.call(Dispatch.SPLIT_BY_DP, method, *args, parts=plan.per_rank)
+
+    def load_hf(self, model_path: str) -> None:
+        self.call(Dispatch.ALL, "load_hf", model_path)
+
+    def logprobs(self, batch: Batch) -> Any:
+        plan, answers = self._split("logprobs", batch, "logprobs")
+        return plan.unpack(answers)
+
+    def values(self, batch: Batch) -> Any:
+        """The critic's values (a backend registered with ``value_model=True``)."""
+        plan, answers = self._split("values", batch, "logprobs")
+        return plan.unpack(answers)
+
+    def train_step(self, batch: Batch, loss_fn: LossFn) -> StepResult:
+        normaliser = float(max(1, loss_token_count(batch)))
+        _, answers = self._split("train_step", batch, "train", loss_fn, normaliser)
+        return step_result(answers, int(normaliser))
+
+    def hf_state(self) -> Iterable[tuple[str, Any]]:
+        """The model's weights as Hugging Face ``(name, tensor)`` pairs (rank 0 gathers them)."""
+        return self.call(Dispatch.ONE_RANK, "full_state_dict").items()
+
+    def weight_stream(self) -> EngineWeights:
+        return EngineWeights(self, self.hf_state)
+
+    def export_hf(self, path: str) -> None:
+        self.call(Dispatch.ALL, "export_hf", path)
+
+    def shutdown(self) -> None:
+        self.call(Dispatch.ALL, "shutdown")
+        self.group.shutdown()
 
     def save_checkpoint(self, path: str) -> None:
         os.makedirs(path, exist_ok=True)
-        self.group.call("save_checkpoint", path)
+        self.call(Dispatch.ALL, "save_checkpoint", path)
 
     def load_checkpoint(self, path: str) -> None:
-        self.group.call("load_checkpoint", path)
+        self.call(Dispatch.ALL, "load_checkpoint", path)
 
     def offload(self, parts: Sequence[str] = ("optimizer", "parameters")) -> None:
-        self.group.call("offload", list(parts))
+        self.call(Dispatch.ALL, "offload", list(parts))
 
     def reload(self, parts: Sequence[str] = ("optimizer", "parameters")) -> None:
-        self.group.call("reload", list(parts))
+        self.call(Dispatch.ALL, "reload", list(parts))
 
     def state_bytes(self) -> list[dict[str, int]]:
         """Per rank: bytes held for parameters, gradients and optimizer state (bench/memory.py)."""
-        return self.group.call("state_bytes")
+        return self.call(Dispatch.ALL, "state_bytes")
 
     def worker_pids(self) -> list[int]:
         return self.group.pids()
 
     def accelerator_memory(self, reset_peak: bool = False) -> list[dict[str, int]]:
         """Per rank: GPU bytes allocated, reserved and at the peak (zeros on CPU ranks; bench/memory.py)."""
-        return self.group.call("accelerator_memory", reset_peak)
+        return self.call(Dispatch.ALL, "accelerator_memory", reset_peak)
 
     def worker_devices(self) -> list[str]:
         """Where each rank computes ("cuda:0", "cpu"), by rank."""
-        return self.group.call("device_name")
+        return self.call(Dispatch.ALL, "device_name")
 
     def worker_nodes(self) -> list[str]:
         """The Ray node id of each rank (empty where the ranks are not Ray actors)."""

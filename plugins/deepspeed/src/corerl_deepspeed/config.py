@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 import attrs
 
-from corerl.config.fields import setting
+from corerl.sdk import setting
 
 OffloadTarget = Literal["none", "cpu", "nvme"]
 

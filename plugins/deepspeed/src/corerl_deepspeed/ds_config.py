@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from corerl.config import Config
+from corerl.sdk import Config
 
 
 def merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:

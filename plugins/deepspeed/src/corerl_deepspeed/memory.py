@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from corerl.training.memory import optimizer_state_tensors, storage_bytes
+from corerl.sdk import optimizer_state_tensors, storage_bytes
 
 
 def parameter_bytes(engine: Any, stage: int) -> int:

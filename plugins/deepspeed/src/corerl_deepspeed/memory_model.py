@@ -12,13 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from corerl.planning.memory import (
-    Layout,
-    PlanRequest,
-    TrainingMemory,
-    activation_bytes,
-    cluster_overrides,
-)
+from corerl.sdk import Layout, PlanRequest, TrainingMemory, activation_bytes, cluster_overrides
 
 BACKEND = "deepspeed"
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from corerl import MemoryModel, Preset, TrainingBackend, hookimpl
+from corerl.sdk import MemoryModel, Preset, TrainingBackend, hookimpl
 from corerl_deepspeed.config import DeepSpeedConfig
 
 

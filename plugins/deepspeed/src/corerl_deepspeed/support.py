@@ -5,13 +5,12 @@ logic only; GPU-only options are refused where the recipe runs on this machine a
 
 from __future__ import annotations
 
-from corerl.config import Config
-from corerl.errors import EngineNotAvailable
+from corerl.sdk import Config, EngineNotAvailable
 
 
 def check_supported(config: Config) -> None:
     """Refuse, in one line, what this machine cannot run."""
-    from corerl.distributed.devices import runs_here_without_gpu
+    from corerl.sdk import runs_here_without_gpu
 
     settings = config.section("policy.deepspeed_cfg")
     on_gpu = not runs_here_without_gpu(config)

@@ -11,9 +11,7 @@ from typing import Any
 
 import torch
 
-from corerl.distributed.devices import local_gpu_index
-from corerl.training.logprobs import model_logprobs
-from corerl.training.rank_worker import RankWorker
+from corerl.sdk import RankWorker, local_gpu_index, model_logprobs
 from corerl_deepspeed.memory import gradient_bytes
 from corerl_deepspeed.runtime import import_deepspeed
 
@@ -30,7 +28,7 @@ class DeepSpeedWorker(RankWorker):
         os.environ.update(RANK=str(self.rank), WORLD_SIZE=str(self.world_size), LOCAL_RANK=str(local_gpu_index()))
         self.deepspeed = import_deepspeed(self.on_gpu)
         if self.world_size > 1 and not torch.distributed.is_initialized():  # DeepSpeed keeps a group it finds
-            from corerl.distributed.rendezvous import join_process_group
+            from corerl.sdk import join_process_group
 
             join_process_group("nccl" if self.on_gpu else "gloo", self.rank, self.world_size)
         self.deepspeed.init_distributed(dist_backend="nccl" if self.on_gpu else "gloo", verbose=False,
@@ -38,7 +36,7 @@ class DeepSpeedWorker(RankWorker):
         self.engine: Any = None
 
     def load_hf(self, model_path: str) -> None:
-        from corerl.training.optim import build_optimizer, build_scheduler
+        from corerl.sdk import build_optimizer, build_scheduler
         from corerl_deepspeed.ds_config import build_ds_config
 
         policy = self.config.core.policy
@@ -67,7 +65,7 @@ class DeepSpeedWorker(RankWorker):
         return model_logprobs(self.engine, mb)
 
     def forward_values(self, mb: dict[str, torch.Tensor]) -> torch.Tensor:
-        from corerl.models.value_model import model_values
+        from corerl.sdk import model_values
 
         return model_values(self.engine, mb)
 

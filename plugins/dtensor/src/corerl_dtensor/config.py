@@ -7,8 +7,7 @@ from typing import Any, Literal
 
 import attrs
 
-from corerl.config.checks import parallel_sizes_divide_world
-from corerl.config.fields import setting
+from corerl.sdk import parallel_sizes_divide_world, setting
 
 
 @attrs.define(kw_only=True)
@@ -27,7 +26,7 @@ class DTensorConfig:
     def check(self, config: Any) -> Iterator[tuple[str, str]]:
         """TP x CP must divide the world size; the plan's import path may not lead into a module
         that runs commands or code."""
-        from corerl.import_paths import code_runner_problem
+        from corerl.sdk import code_runner_problem
 
         if self.custom_parallel_plan and (problem := code_runner_problem(self.custom_parallel_plan,
                                                                          wanted="tensor-parallel plan")):

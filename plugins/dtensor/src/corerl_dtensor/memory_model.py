@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from corerl.planning.memory import (
+from corerl.sdk import (
     Layout,
     PlanRequest,
     TrainingMemory,

@@ -154,7 +154,7 @@ def parallelize(model: nn.Module, mesh: Any, settings: Any, param_dtype: torch.d
     mesh's ``tp`` axis, activation checkpointing, then FSDP2 (or FSDP1) over ``dp``. Returns
     (the model, whether forward passes need autocast to ``param_dtype``, whether it is FSDP1)."""
     if mesh is not None and settings.tensor_parallel_size > 1:
-        from corerl.distributed.actor import resolve
+        from corerl.sdk import resolve
 
         plan = resolve(settings.custom_parallel_plan) if settings.custom_parallel_plan else None
         apply_tensor_parallel(model, mesh["tp"], plan, settings.sequence_parallel)

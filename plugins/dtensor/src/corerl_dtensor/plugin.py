@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from corerl import MemoryModel, Preset, TrainingBackend, hookimpl
+from corerl.sdk import MemoryModel, Preset, TrainingBackend, hookimpl
 from corerl_dtensor.config import DTensorConfig
 
 

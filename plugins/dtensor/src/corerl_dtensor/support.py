@@ -4,8 +4,7 @@ logic only: nothing heavy is imported."""
 
 from __future__ import annotations
 
-from corerl.config import Config
-from corerl.errors import ConfigError, EngineNotAvailable
+from corerl.sdk import Config, ConfigError, EngineNotAvailable
 
 
 def check_supported(config: Config) -> None:

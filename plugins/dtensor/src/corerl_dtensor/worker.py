@@ -16,11 +16,16 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from corerl.training.grad_norm import clip_grad_norm
-from corerl.training.logprobs import model_logprobs
-from corerl.training.memory import move_optimizer_state, optimizer_state_tensors, storage_bytes
-from corerl.training.optim import build_optimizer, build_scheduler
-from corerl.training.rank_worker import RankWorker
+from corerl.sdk import (
+    RankWorker,
+    build_optimizer,
+    build_scheduler,
+    clip_grad_norm,
+    model_logprobs,
+    move_optimizer_state,
+    optimizer_state_tensors,
+    storage_bytes,
+)
 from corerl_dtensor import parallelize
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -42,7 +47,7 @@ class DTensorWorker(RankWorker):
         if self.world_size > 1:
             if not dist.is_initialized():
                 backend = "nccl" if self.device.type == "cuda" else "gloo"
-                from corerl.distributed.rendezvous import join_process_group
+                from corerl.sdk import join_process_group
 
                 join_process_group(backend, self.rank, self.world_size)
             from torch.distributed.device_mesh import init_device_mesh
@@ -55,9 +60,9 @@ class DTensorWorker(RankWorker):
         torch.manual_seed(self.config.core.algorithm.seed)
         extra = {}
         if policy.sequence_packing.enabled:  # packed rows: attention per sequence, not over the whole row
-            from corerl.training.segment_attention import register
+            from corerl.sdk import register_segment_attention
 
-            extra["attn_implementation"] = register()
+            extra["attn_implementation"] = register_segment_attention()
         model = self.load_pretrained(model_path, **extra).to(self.device)
         self.model_path, self.hf_config = model_path, model.config
         model, self.autocast, self.fsdp1 = parallelize.parallelize(model, self.mesh, self.settings,
@@ -85,7 +90,7 @@ class DTensorWorker(RankWorker):
             return model_logprobs(self._require_model(), mb)
 
     def forward_values(self, mb: dict[str, torch.Tensor]) -> torch.Tensor:
-        from corerl.models.value_model import model_values
+        from corerl.sdk import model_values
 
         context = (torch.autocast(self.device.type, dtype=self.param_dtype) if self.autocast
                    else contextlib.nullcontext())

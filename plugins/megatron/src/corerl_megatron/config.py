@@ -7,8 +7,7 @@ from typing import Any, Literal
 
 import attrs
 
-from corerl.config.checks import parallel_sizes_divide_world
-from corerl.config.fields import section, setting
+from corerl.sdk import parallel_sizes_divide_world, section, setting
 
 
 @attrs.define(kw_only=True)

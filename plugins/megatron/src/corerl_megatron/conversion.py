@@ -17,7 +17,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from corerl.complete_folders import is_complete, write_complete
+from corerl.sdk import is_complete, write_complete
 
 COMPLETE = "corerl_conversion.json"
 WEIGHTS = "megatron.safetensors"
@@ -74,7 +74,7 @@ def load_hf_model_config(source: Path, converter_type: str | None = None) -> tup
     """(Hugging Face config, family, shape) of ``source``; a one-line error for an unknown architecture."""
     from transformers import AutoConfig
 
-    from corerl.errors import ConfigError
+    from corerl.sdk import ConfigError
     from corerl_megatron.convert import Shape
     from corerl_megatron.families import family_of, supported_architectures
 
@@ -97,8 +97,7 @@ def convert_folder(source: Path, target: Path, converter_type: str | None = None
     """Write the Megatron state dict of the Hugging Face checkpoint ``source`` into ``target``."""
     from safetensors.torch import save_file
 
-    from corerl.models.value_model import load_pretrained
-    from corerl.training.hf_export import copy_tokenizer
+    from corerl.sdk import copy_tokenizer, load_pretrained
     from corerl_megatron.convert import hf_to_megatron
 
     hf, family, shape = load_hf_model_config(source, converter_type)
@@ -115,8 +114,7 @@ def export_conversion(folder: Path, target: Path) -> None:
     """Write the Hugging Face checkpoint of a conversion made by :func:`convert_into`."""
     from safetensors.torch import load_file
 
-    from corerl.errors import ConfigError
-    from corerl.training.hf_export import write_hf_checkpoint
+    from corerl.sdk import ConfigError, write_hf_checkpoint
     from corerl_megatron.convert import megatron_to_hf
 
     if not is_complete(folder) or not (folder / COMPLETE).exists():

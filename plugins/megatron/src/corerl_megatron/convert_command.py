@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from corerl.errors import ConfigError
+from corerl.sdk import ConfigError
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -13,8 +13,7 @@ from typing import Any
 
 import torch
 
-from corerl.generation.contract import SamplingSettings
-from corerl.generation.sampling import choose_tokens
+from corerl.sdk import SamplingSettings, choose_tokens
 
 # (ids [rows, width], positions [rows, width], KV cache) -> last-position logits [rows, vocab],
 # or None on a rank that is not the last pipeline stage

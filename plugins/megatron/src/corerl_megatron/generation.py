@@ -14,9 +14,7 @@ import logging
 from collections.abc import Iterable
 from typing import Any
 
-from corerl.config import Config
-from corerl.generation.contract import Sample, SamplingSettings
-from corerl.generation.sampling import cut_at_stop_strings
+from corerl.sdk import Config, Dispatch, Sample, SamplingSettings, cut_at_stop_strings
 
 log = logging.getLogger(__name__)
 
@@ -60,12 +58,11 @@ class MegatronGeneration:
         stop_ids = list(sampling.stop_token_ids) or self.default_stop_ids
         engine = self.engine
         # contiguous slices, one per data-parallel group, every rank of a group gets its group's slice
-        cuts = [len(rows) * d // engine.dp for d in range(engine.dp + 1)]
-        slices = [rows[cuts[d]:cuts[d + 1]] for d in range(engine.dp)]
-        results = engine.group.call_per_rank(
-            "generate", [(slices[engine.dp_of[rank]], sampling, stop_ids) for rank in range(engine.world_size)])
-        by_dp = {engine.dp_of[rank]: out for rank, out in enumerate(results) if engine.reports[rank]}
-        decoded = [item for d in range(engine.dp) for item in by_dp[d]]
+        dp = engine.rank_layout.data_parallel_size
+        cuts = [len(rows) * d // dp for d in range(dp + 1)]
+        slices = [rows[cuts[d]:cuts[d + 1]] for d in range(dp)]
+        answers = engine.call(Dispatch.SPLIT_BY_DP, "generate", sampling, stop_ids, parts=slices)
+        decoded = [item for answer in answers for item in answer]
         samples = []
         for row, (ids, logprobs, reason) in zip(rows, decoded, strict=True):
             kept, reason = cut_at_stop_strings(ids, sampling.stop_strings, self.tokenizer, reason)
@@ -80,7 +77,7 @@ class MegatronGeneration:
 
         hf_state = {name: tensor.detach().cpu() for name, tensor in weights}
         full = hf_to_megatron(hf_state, self.engine.family, self.engine.shape)
-        self.engine.group.call("load_weights", full)
+        self.engine.call(Dispatch.ALL, "load_weights", full)
 
     def sleep(self) -> None:
         log.info("megatron generation: sleep() keeps the model (it is the training model); "

@@ -20,11 +20,11 @@ def init_parallel(*, rank: int, world_size: int, tensor: int, pipeline: int, con
         if world_size == 1:
             os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
             if "MASTER_PORT" not in os.environ:
-                from corerl.distributed.worker_group import free_port
+                from corerl.sdk import free_port
 
                 os.environ["MASTER_PORT"] = str(free_port())
         backend = "nccl" if torch.cuda.is_available() else "gloo"
-        from corerl.distributed.rendezvous import join_process_group
+        from corerl.sdk import join_process_group
 
         join_process_group(backend, rank, world_size)
     if not parallel_state.model_parallel_is_initialized():

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from corerl import Command, GenerationBackend, MemoryModel, Preset, TrainingBackend, hookimpl
+from corerl.sdk import Command, GenerationBackend, MemoryModel, Preset, TrainingBackend, hookimpl
 from corerl_megatron.config import MegatronConfig, MegatronGenerationConfig
 
 

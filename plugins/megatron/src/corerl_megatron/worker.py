@@ -11,9 +11,7 @@ from typing import Any
 
 import torch
 
-from corerl.distributed.rank_state import barrier
-from corerl.training.logprobs import token_logprobs
-from corerl.training.rank_worker import RankWorker
+from corerl.sdk import RankWorker, barrier, token_logprobs
 
 # megatron-core's import-time and per-call notices that say nothing about this run: the optional
 # CUDA packages it falls back from, and CUDA-only tuning advice
@@ -119,7 +117,7 @@ class MegatronWorker(RankWorker):
     def _loss(mb: dict[str, torch.Tensor], loss_fn: Any, normaliser: float, scale: float, forward_only: bool,
               critic: bool, logits: torch.Tensor) -> tuple[torch.Tensor, dict[str, Any]]:
         if critic:  # a value head's one output per token: values lined up with the logprobs
-            from corerl.models.value_model import shift_values
+            from corerl.sdk import shift_values
 
             logprobs = shift_values(logits[..., 0], mb["attention_mask"])
         else:
@@ -187,7 +185,7 @@ class MegatronWorker(RankWorker):
         return {"scheduler": self.scheduler.state_dict()}
 
     def load_state(self, path: str, sidecar: dict[str, Any]) -> None:
-        from corerl.checkpoint_safety import load_plain
+        from corerl.sdk import load_plain
 
         state = load_plain(os.path.join(path, f"megatron_rank{self.rank}.pt"), map_location=self.device)
         self.model.module.load_state_dict(state["model"], strict=False)
@@ -208,7 +206,7 @@ class MegatronWorker(RankWorker):
     def state_bytes(self) -> dict[str, int]:
         """Bytes this rank holds for parameters (its shards), gradients (megatron's gradient
         buffer) and optimizer state, fp32 main copies included (see bench/memory.py)."""
-        from corerl.training.memory import optimizer_state_tensors, storage_bytes
+        from corerl.sdk import optimizer_state_tensors, storage_bytes
 
         module = self.model.module
         mains = [p for group in getattr(self.optimizer, "fp32_from_float16_groups", None) or [] for p in group]

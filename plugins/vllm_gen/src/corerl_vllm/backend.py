@@ -6,11 +6,16 @@ import os
 from collections.abc import Iterable
 from typing import Any
 
-from corerl.config import Config
-from corerl.distributed.placement import dedicated_generation_layout, training_layout
-from corerl.distributed.worker_group import LocalWorkerGroup, RayWorkerGroup
-from corerl.generation.contract import Sample, SamplingSettings
-from corerl.generation.shared_weights import SharedWeightWriter
+from corerl.sdk import (
+    Config,
+    LocalWorkerGroup,
+    RayWorkerGroup,
+    Sample,
+    SamplingSettings,
+    SharedWeightWriter,
+    dedicated_generation_layout,
+    training_layout,
+)
 
 ENGINE = "corerl_vllm.engine:VllmEngine"
 

@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 import attrs
 
-from corerl.config.fields import setting
+from corerl.sdk import setting
 
 
 @attrs.define(kw_only=True)

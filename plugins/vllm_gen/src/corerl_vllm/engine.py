@@ -12,8 +12,7 @@ import os
 from collections.abc import Iterable
 from typing import Any
 
-from corerl.errors import EngineNotAvailable
-from corerl.generation.contract import Sample, SamplingSettings
+from corerl.sdk import EngineNotAvailable, Sample, SamplingSettings
 
 log = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ class RefitExtension:
     def corerl_reload_shared(self, manifest: object) -> int:
         """The weights named by a :class:`corerl.generation.shared_weights.WeightManifest`, read as
         views of the shared-memory file the driver wrote (no copy before vLLM's own)."""
-        from corerl.generation.shared_weights import read_shared
+        from corerl.sdk import read_shared
 
         weights = read_shared(manifest)  # type: ignore[arg-type]
         self.reload_weights(weights_iterator=weights)

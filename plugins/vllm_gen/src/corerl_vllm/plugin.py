@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from corerl import GenerationBackend, hookimpl
+from corerl.sdk import GenerationBackend, hookimpl
 from corerl_vllm.config import VllmConfig
 
 

@@ -3,27 +3,23 @@
 Imported only when the backend is built, so torch stays out of ``corerl plugins``. With the
 rank worker of :mod:`corerl_example.worker` it is a complete implementation of corerl's
 training-backend contract (``corerl.training.contract``) and passes the conformance suite.
-:class:`corerl.distributed.group_backend.WorkerGroupBackend` passes checkpoint, offload and
-memory calls to the ranks; this class cuts batches into micro-batches and collects results. For
-several ranks, build a ``RayWorkerGroup`` instead of the ``LocalWorkerGroup`` (see the dtensor
-backend).
+:class:`corerl.sdk.WorkerGroupBackend` does every contract call as one dispatch to the
+ranks: batches cut per data-parallel rank by ``self.batcher`` and the answers gathered, weights
+out as one ``EngineWeights`` stream, checkpoints, offload and memory calls to every rank. This
+class only builds the group. For several ranks, build a ``RayWorkerGroup`` instead of the
+``LocalWorkerGroup`` and, where ranks share a data-parallel rank, set ``self.layout`` (a
+``RankLayout``; see the dtensor backend).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-import torch
-
 from corerl.sdk import (
     ConfigError,
-    EngineWeights,
     LocalWorkerGroup,
     MicroBatcher,
-    StepResult,
     WorkerGroupBackend,
-    loss_token_count,
-    step_result,
 )
 
 
@@ -40,26 +36,3 @@ class ExampleBackend(WorkerGroupBackend):
         # rows, dynamic (token-budget) or packed micro-batches, as the recipe says
         self.batcher = MicroBatcher.from_config(config)
         self.group = LocalWorkerGroup("corerl_example.worker:ExampleWorker", config=config)
-
-    def load_hf(self, model_path: str) -> None:
-        self.group.call("load_hf", model_path)
-
-    def logprobs(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        plan = self.batcher.plan(batch, ranks=1, purpose="logprobs")
-        return plan.unpack(self.group.call_per_rank("logprobs", [(plan.per_rank[0],)]))
-
-    def train_step(self, batch: dict[str, torch.Tensor], loss_fn: Any) -> StepResult:
-        normaliser = float(max(1, loss_token_count(batch)))
-        plan = self.batcher.plan(batch, ranks=1, purpose="train")
-        results = self.group.call_per_rank("train_step", [(plan.per_rank[0], loss_fn, normaliser)])
-        return step_result(results, int(normaliser))
-
-    def export_hf(self, path: str) -> None:
-        self.group.call("export_hf", path)
-
-    def weight_stream(self) -> EngineWeights:
-        return EngineWeights(self, lambda: self.group.call("full_state_dict")[0].items())
-
-    def shutdown(self) -> None:
-        self.group.call("shutdown")
-        self.group.shutdown()
