@@ -59,11 +59,11 @@ class Trainer:
         """A run on a local Hugging Face checkpoint with training ``backend`` (a registered id) at
         ``tensor_parallel_size`` ranks of tensor parallelism; ``sections`` (``algorithm={...}``,
         ``data={...}``, ...) are merged into the config."""
-        from corerl.presets import default_host
+        from corerl.plugin_manager import process_host
 
-        registration = default_host().training_backends.get(backend)
+        registration = process_host().training_backends.get(backend)
         if registration is None or registration.config_section is None:
-            known = ", ".join(default_host().training_backends.ids())
+            known = ", ".join(process_host().training_backends.ids())
             raise ConfigError(f"no training backend {backend!r} with a config section is installed", key="backend",
                               hint=f"installed: {known}")
         settings: dict[str, Any] = {"enabled": True}
@@ -89,11 +89,11 @@ class Trainer:
         """Validate, select the backends and run; returns a :class:`corerl.runner.RunResult`."""
         import attrs
 
-        from corerl.plugin_manager import PluginHost
+        from corerl.plugin_manager import process_host
         from corerl.runner import execute
         from corerl.selection import Choice, select
 
-        host = PluginHost()
+        host = process_host()
         config = self._load(host, {})
         if self.dataset is not None:  # point data.* at the dataset, written into the run directory
             name = config.core.run.name or time.strftime("%Y%m%d-%H%M%S")
@@ -117,7 +117,7 @@ class Trainer:
             flat = [f"{section}.{key}={json.dumps(value)}" for section, values in extra.items() for key, value in values.items()]
             return load_config(self.recipe_path, [*self.overrides, *flat], host)
         tree = copy.deepcopy(self.tree)
-        apply_overrides(tree, [parse_override(o) for o in self.overrides], {})
+        apply_overrides(tree, [parse_override(o, host) for o in self.overrides], {})
         return config_from_mapping(deep_merge(tree, extra), host)
 
 
@@ -188,9 +188,9 @@ def train(*, model: str | Path, dataset: Any = None, reward_fn: RewardFunction |
     See :class:`Trainer` for ``dataset`` and ``reward_fn``."""
     section = dict(algorithm) if isinstance(algorithm, Mapping) else {"name": algorithm}
     name = section.get("name", GRPOTrainer.algorithm)
-    from corerl.plugin_manager import PluginHost
+    from corerl.plugin_manager import process_host
 
-    installed = PluginHost().algorithms
+    installed = process_host().algorithms
     if name not in installed:
         raise ConfigError(f"unknown algorithm {name!r}", key="algorithm.name",
                           hint=f"use one of {', '.join(installed.ids())} (corerl plugins lists them)")

@@ -149,9 +149,10 @@ def _empty_selection() -> dict[str, None]:
 
 
 def _cmd_plugins(args: argparse.Namespace) -> int:
-    from corerl.plugin_manager import PluginHost
+    from corerl.component_kinds import KINDS
+    from corerl.plugin_manager import process_host
 
-    rows = PluginHost().describe()
+    rows = process_host().describe()
     if args.json:
         _print_json(rows)
         return 0
@@ -163,18 +164,7 @@ def _cmd_plugins(args: argparse.Namespace) -> int:
     any_error = any(row["error"] or row["notice"] for row in rows)
     for column in ("name", "distribution", "version", "status", "registers", *(("error",) if any_error else ())):
         table.add_column(column, overflow="fold")
-    labels = {
-        "algorithms": "algorithms",
-        "training_backends": "training",
-        "generation_backends": "generation",
-        "sequence_packers": "packers",
-        "offload_policies": "offload",
-        "tasks": "tasks",
-        "rewards": "rewards",
-        "commands": "commands",
-        "presets": "presets",
-        "memory_models": "memory models",
-    }
+    labels = {kind.registry: kind.label for kind in KINDS}
     def shown(row: dict[str, Any], kind: str) -> str:
         """Each id, with its priority where it competes by priority, and its section where it owns one."""
         parts = []
@@ -199,10 +189,10 @@ def _cmd_plugins(args: argparse.Namespace) -> int:
 def _load_and_select(config_path: str, overrides: list[str], presets: list[str],
                      dialect: str | None = None) -> tuple[Any, Any, Any]:
     from corerl.config import load_config
-    from corerl.plugin_manager import PluginHost
+    from corerl.plugin_manager import process_host
     from corerl.selection import select
 
-    host = PluginHost()
+    host = process_host()
     config = load_config(config_path, overrides, host, presets, dialect)
     return host, config, select(config, host)
 
@@ -282,9 +272,9 @@ def _command_host(args_list: list[str]) -> Any:
         return None
     from corerl.errors import UsageError
     from corerl.known_plugins import FIRST_PARTY
-    from corerl.plugin_manager import PluginHost
+    from corerl.plugin_manager import process_host
 
-    host = PluginHost()
+    host = process_host()
     owner = next((p for p in FIRST_PARTY if first in p.commands), None)
     if owner is not None and first not in host.commands:
         raise UsageError(f"corerl {first} is a command of the {owner.name} plugin, which is not loaded here",

@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata as importlib_metadata
 import os
 import sys
@@ -18,6 +19,7 @@ import attrs
 import pluggy
 
 from corerl import builtin_plugin, hookspecs
+from corerl.component_kinds import KINDS
 from corerl.registry import (
     Algorithm,
     Command,
@@ -36,18 +38,9 @@ from corerl.registry import (
 ENTRY_POINT_GROUP = "corerl.plugins"
 CORE_PLUGIN = "corerl"
 
-# hook name -> (registry attribute, registration class)
+# hook name -> (registry attribute, registration class), from the one table of component kinds
 REGISTRATION_HOOKS: dict[str, tuple[str, type[Registration]]] = {
-    "corerl_register_training_backends": ("training_backends", TrainingBackend),
-    "corerl_register_generation_backends": ("generation_backends", GenerationBackend),
-    "corerl_register_sequence_packers": ("sequence_packers", SequencePacker),
-    "corerl_register_offload_policies": ("offload_policies", OffloadPolicy),
-    "corerl_register_tasks": ("tasks", Task),
-    "corerl_register_rewards": ("rewards", Reward),
-    "corerl_register_commands": ("commands", Command),
-    "corerl_register_presets": ("presets", Preset),
-    "corerl_register_memory_models": ("memory_models", MemoryModel),
-    "corerl_register_algorithms": ("algorithms", Algorithm),
+    kind.hook: (kind.registry, kind.registration) for kind in KINDS
 }
 
 
@@ -304,6 +297,13 @@ class PluginHost:
                        notice=info.notice)
             rows.append(row)
         return rows
+
+
+@functools.lru_cache(maxsize=1)
+def process_host() -> PluginHost:
+    """The plugin host of this process (every installed plugin), built once. The ``corerl``
+    command and the Python API build nothing else; code below them takes the host it is given."""
+    return PluginHost()
 
 
 def contract_refusal(plugin: str, stated: str | None) -> str | None:

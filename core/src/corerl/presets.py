@@ -14,19 +14,17 @@ Python, :func:`get` returns one as a dict.
 from __future__ import annotations
 
 import copy
-import functools
 from pathlib import Path
 from typing import Any
 
 PREFIX = "preset:"
 
 
-@functools.lru_cache(maxsize=1)
 def default_host() -> Any:
-    """The plugin host of this process (every installed plugin), built once."""
-    from corerl.plugin_manager import PluginHost
+    """The plugin host of this process (:func:`corerl.plugin_manager.process_host`)."""
+    from corerl.plugin_manager import process_host
 
-    return PluginHost()
+    return process_host()
 
 
 def names(host: Any = None) -> list[str]:

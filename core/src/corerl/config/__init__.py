@@ -95,14 +95,14 @@ def load_config(path: str | Path, overrides: Iterable[str], host: PluginHost, pr
     ``${...}`` references, translate a recipe in another framework's ``dialect`` (None: recognised
     from its shape; :mod:`corerl.config.dialects`), and validate; every problem found is raised
     together."""
-    raw, origins = load_recipe(path)
+    raw, origins = load_recipe(path, host)
     from corerl import presets as bundled
 
     for name in presets:
-        preset_data, preset_origins = load_recipe(bundled.path_of(name, key="--preset", host=host))
+        preset_data, preset_origins = load_recipe(bundled.path_of(name, key="--preset", host=host), host)
         raw = deep_merge(raw, preset_data)
         origins.update(preset_origins)
-    apply_overrides(raw, [parse_override(text) for text in overrides], origins)
+    apply_overrides(raw, [parse_override(text, host) for text in overrides], origins)
     raw = resolve_references(raw, origins)
     dialect = dialect or detect(raw)
     if dialect == "nemo-rl":
@@ -136,7 +136,7 @@ def config_from_mapping(data: Mapping[str, Any], host: PluginHost, source: str =
     if "defaults" in raw:
         raise ConfigErrors([ConfigError("defaults: is for recipe files", key="defaults", source=source,
                                         hint="merge the dicts in Python, or load the file with the trainer's from_recipe")])
-    normalise_aliases(raw, source)
+    normalise_aliases(raw, source, host)
     origins: Origins = {}
     record_origins(raw, source, origins)
     return validate_tree(raw, origins, host, source)

@@ -30,7 +30,7 @@ class Override:
         return f"override {self.text!r}"
 
 
-def parse_override(text: str) -> Override:
+def parse_override(text: str, host: Any = None) -> Override:
     """Parse ``a.b.c=value``; the value is read as YAML (``true``, ``3``, ``1e-5``, ``[1, 2]``)."""
     key, sep, raw = text.partition("=")
     key = key.strip()
@@ -51,7 +51,7 @@ def parse_override(text: str) -> Override:
             f"malformed override {text!r}: the value is not valid YAML ({problem})",
             key=key, hint="quote it, e.g. key='\"a: b\"'",
         ) from exc
-    return Override(canonical_path(key), value, text)
+    return Override(canonical_path(key, host), value, text)
 
 
 def apply_overrides(data: dict[str, Any], overrides: Iterable[Override], origins: Origins) -> None:

@@ -10,25 +10,23 @@ from corerl.config.yaml_io import read_yaml_file
 from corerl.errors import ConfigError
 
 
-def section_aliases() -> dict[str, str]:
+def section_aliases(host: Any) -> dict[str, str]:
     """Spellings that occur in the wild for a plugin's section -> the canonical key path (each
-    registration declares its own, e.g. the dtensor plugin's ``policy.dtensor_config``)."""
-    from corerl.presets import default_host
-
-    return default_host().section_aliases()
+    registration of ``host`` declares its own, e.g. the dtensor plugin's ``policy.dtensor_config``)."""
+    return host.section_aliases() if host is not None else {}
 
 
-def canonical_path(path: str) -> str:
-    """``path`` with any aliased section spelled canonically."""
-    for alias, canonical in section_aliases().items():
+def canonical_path(path: str, host: Any) -> str:
+    """``path`` with any section aliased by a registration of ``host`` spelled canonically."""
+    for alias, canonical in section_aliases(host).items():
         if path == alias or path.startswith(alias + "."):
             return canonical + path[len(alias):]
     return path
 
 
-def normalise_aliases(data: dict[str, Any], source: str) -> None:
-    """Rename aliased sections in place; both spellings at once is an error."""
-    for alias, canonical in section_aliases().items():
+def normalise_aliases(data: dict[str, Any], source: str, host: Any) -> None:
+    """Rename the sections ``host``'s registrations alias, in place; both spellings at once is an error."""
+    for alias, canonical in section_aliases(host).items():
         if has_path(data, alias):
             if has_path(data, canonical):
                 raise ConfigError(
@@ -38,24 +36,24 @@ def normalise_aliases(data: dict[str, Any], source: str) -> None:
             rename_key(data, alias, canonical.rsplit(".", 1)[1])
 
 
-def load_recipe(path: str | Path) -> tuple[dict[str, Any], Origins]:
+def load_recipe(path: str | Path, host: Any = None) -> tuple[dict[str, Any], Origins]:
     """Load ``path`` with everything it inherits through ``defaults:``.
 
     ``defaults`` is a path or a list of paths, relative to the file that names them, or
     ``preset:NAME`` (:mod:`corerl.presets`); they merge in order and the file itself goes on top.
     """
-    return _load(Path(path).expanduser().resolve(), stack=(), needed_by=None)
+    return _load(Path(path).expanduser().resolve(), stack=(), needed_by=None, host=host)
 
 
-def _defaults_target(path: Path, entry: str) -> Path:
+def _defaults_target(path: Path, entry: str, host: Any) -> Path:
     from corerl import presets
 
     if entry.startswith(presets.PREFIX):
-        return presets.path_of(entry[len(presets.PREFIX):], key="defaults", source=str(path))
+        return presets.path_of(entry[len(presets.PREFIX):], key="defaults", source=str(path), host=host)
     return (path.parent / Path(entry).expanduser()).resolve()
 
 
-def _load(path: Path, stack: tuple[Path, ...], needed_by: str | None) -> tuple[dict[str, Any], Origins]:
+def _load(path: Path, stack: tuple[Path, ...], needed_by: str | None, host: Any) -> tuple[dict[str, Any], Origins]:
     if path in stack:
         chain = " -> ".join(p.name for p in (*stack, path))
         raise ConfigError(
@@ -64,7 +62,7 @@ def _load(path: Path, stack: tuple[Path, ...], needed_by: str | None) -> tuple[d
         )
     data = read_yaml_file(path, needed_by=needed_by)
     parents = data.pop("defaults", None)
-    normalise_aliases(data, str(path))
+    normalise_aliases(data, str(path), host)
     if parents is None:
         parents = []
     elif isinstance(parents, str):
@@ -77,8 +75,8 @@ def _load(path: Path, stack: tuple[Path, ...], needed_by: str | None) -> tuple[d
     merged: dict[str, Any] = {}
     origins: Origins = {}
     for entry in parents:
-        target = _defaults_target(path, entry)
-        parent_data, parent_origins = _load(target, (*stack, path), needed_by=f"defaults: in {path}")
+        target = _defaults_target(path, entry, host)
+        parent_data, parent_origins = _load(target, (*stack, path), needed_by=f"defaults: in {path}", host=host)
         merged = deep_merge(merged, parent_data)
         origins.update(parent_origins)
     record_origins(data, str(path), origins)

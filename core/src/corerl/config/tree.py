@@ -22,11 +22,13 @@ def record_origins(data: Mapping[str, Any], source: str, origins: Origins, prefi
 
 
 def deep_merge(base: dict[str, Any], top: Mapping[str, Any]) -> dict[str, Any]:
-    """``top`` over ``base``: mappings merge key by key, anything else (lists too) replaces."""
+    """``top`` over ``base``: mappings merge key by key, anything else (lists too) replaces. The
+    result shares no mapping with ``top`` (renaming a key in it leaves the caller's intact)."""
     merged = dict(base)
     for key, value in top.items():
-        if isinstance(value, Mapping) and isinstance(merged.get(key), Mapping):
-            merged[key] = deep_merge(dict(merged[key]), value)
+        if isinstance(value, Mapping):
+            below = merged.get(key)
+            merged[key] = deep_merge(dict(below) if isinstance(below, Mapping) else {}, value)
         else:
             merged[key] = value
     return merged

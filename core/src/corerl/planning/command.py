@@ -44,7 +44,7 @@ def load_target(target: str, overrides: list[str], host: Any) -> Any:
         raise UsageError(f"{target} is neither a recipe file nor a Hugging Face checkpoint folder (no config.json)",
                          hint="give a recipe YAML, or a local checkpoint folder; nothing is downloaded")
     tree: dict[str, Any] = {"policy": {"model_name": str(path), "precision": "bfloat16"}}
-    apply_overrides(tree, [parse_override(text) for text in overrides], {})
+    apply_overrides(tree, [parse_override(text, host) for text in overrides], {})
     return config_from_mapping(tree, host, source=str(path))
 
 

@@ -253,9 +253,11 @@ def resolve_packer(config: Config) -> Packer:
     packer_id = config.core.policy.sequence_packing.algorithm
     registration = config.components.get("sequence_packer")
     if registration is None or registration.id != packer_id:
-        from corerl.plugin_manager import PluginHost
+        from corerl.plugin_manager import (
+            process_host,  # a config built without selection (a plugin's tests)
+        )
 
-        registration = PluginHost().sequence_packers.get(packer_id)
+        registration = process_host().sequence_packers.get(packer_id)
     if registration is None:
         raise ConfigError(f"no sequence packer {packer_id!r} is installed", key="policy.sequence_packing.algorithm",
                           hint="`corerl plugins` lists the packers; install the plugin that provides it")
