@@ -4,7 +4,9 @@ the same line as `corerl run`."""
 
 from __future__ import annotations
 
-import re
+import ast
+import traceback
+from pathlib import Path
 
 import pytest
 
@@ -12,41 +14,90 @@ from tests.conftest import REPO, run_corerl
 
 MEGATRON = ["policy.megatron_cfg.enabled=true"]
 DEEPSPEED = ["policy.deepspeed_cfg.enabled=true"]
-# plugin -> the overrides that reach each `raise` of its support.check_supported, in order
-REFUSALS = {
-    "dtensor": [
-        ["policy.dtensor_cfg.context_parallel_size=2"],
-        ["policy.dtensor_cfg.sequence_parallel=true", "policy.dtensor_cfg.custom_parallel_plan=my.plans:plan"],
-        ["policy.dtensor_cfg.fsdp_version=1", "policy.dtensor_cfg.tensor_parallel_size=2", "cluster.gpus_per_node=2"],
-        ["policy.precision=float16"],
-    ],
-    "megatron": [
-        [*MEGATRON, "policy.megatron_cfg.apply_rope_fusion=true"],
-        [*MEGATRON, "policy.sequence_packing.enabled=true"],
-        [*MEGATRON, "algorithm.name=ppo", "policy.megatron_cfg.tensor_model_parallel_size=2",
-         "policy.megatron_cfg.sequence_parallel=true", "cluster.gpus_per_node=2"],
-        [*MEGATRON, "policy.megatron_cfg.context_parallel_size=2", "cluster.gpus_per_node=2"],
-        [*MEGATRON, "policy.megatron_cfg.expert_model_parallel_size=2", "cluster.gpus_per_node=2"],
-    ],
-    "deepspeed": [
-        [*DEEPSPEED, "policy.precision=float16"],
-        [*DEEPSPEED, "policy.deepspeed_cfg.offload_optimizer=nvme"],
-    ],
-}
-CASES = [(plugin, overrides) for plugin, cases in REFUSALS.items() for overrides in cases]
+HF = ["policy.generation.backend=hf"]
+#: a Llama with head_dim 16 and 256 positions, as a user's own small checkpoint (built by the fixture)
+USER_MODEL = "/tmp/corerl-tests-user-llama"
+# every refusal a registration's check (or the core's model check) makes, with the overrides that reach it
+REFUSALS = [
+    ["policy.dtensor_cfg.context_parallel_size=2", "cluster.gpus_per_node=2", *HF],
+    ["policy.dtensor_cfg.sequence_parallel=true", "policy.dtensor_cfg.custom_parallel_plan=my.plans:plan",
+     "policy.dtensor_cfg.tensor_parallel_size=2", "cluster.gpus_per_node=2", *HF],
+    ["policy.dtensor_cfg.fsdp_version=1", "policy.dtensor_cfg.tensor_parallel_size=2", "cluster.gpus_per_node=2", *HF],
+    ["policy.dtensor_cfg.tensor_parallel_size=4", "cluster.gpus_per_node=4", *HF],
+    ["policy.precision=float16", *HF],
+    [*MEGATRON, "policy.megatron_cfg.apply_rope_fusion=true", *HF],
+    [*MEGATRON, "policy.sequence_packing.enabled=true", *HF],
+    [*MEGATRON, "policy.megatron_cfg.tensor_model_parallel_size=2", "policy.megatron_cfg.sequence_parallel=true",
+     "cluster.gpus_per_node=2", *HF],
+    [*MEGATRON, "algorithm.name=ppo", "critic.megatron_cfg.enabled=true",
+     "critic.megatron_cfg.tensor_model_parallel_size=2", "critic.megatron_cfg.sequence_parallel=true",
+     "cluster.gpus_per_node=2", *HF],
+    [*MEGATRON, "policy.megatron_cfg.context_parallel_size=2", "cluster.gpus_per_node=2", *HF],
+    [*MEGATRON, "policy.megatron_cfg.expert_model_parallel_size=2", "cluster.gpus_per_node=2", *HF],
+    [*MEGATRON, "policy.megatron_cfg.tensor_model_parallel_size=4", "cluster.gpus_per_node=4", *HF],
+    [*DEEPSPEED, "policy.precision=float16", *HF],
+    [*DEEPSPEED, "policy.deepspeed_cfg.offload_optimizer=nvme", "policy.deepspeed_cfg.nvme_path=/tmp", *HF],
+    ["policy.generation.vllm_cfg.tensor_parallel_size=4", "cluster.gpus_per_node=4"],
+    [f"policy.model_name={USER_MODEL}", "policy.max_seq_length=256", "policy.generation.vllm_cfg.cpu_kvcache_space_gib=1"],
+    [f"policy.model_name={USER_MODEL}", "policy.max_seq_length=1024", *HF],
+    ["algorithm.optimizer_batch_size=5", *HF],
+]
+# reached only on a machine with a GPU (the CPU refusal of the same option comes first here)
+GPU_ONLY = {"check_generation_supported"}
+CHECKED = ["plugins/dtensor/src/corerl_dtensor/support.py", "plugins/megatron/src/corerl_megatron/support.py",
+           "plugins/deepspeed/src/corerl_deepspeed/support.py", "plugins/vllm_gen/src/corerl_vllm/support.py",
+           "core/src/corerl/models/facts.py", "core/src/corerl/algorithms/grpo.py"]
 
 
-def test_every_refusal_of_each_backend_has_a_case():
-    for plugin, cases in REFUSALS.items():
-        source = (REPO / "plugins" / plugin / "src" / f"corerl_{plugin}" / "support.py").read_text()
-        assert len(re.findall(r"^\s+raise ", source, flags=re.MULTILINE)) == len(cases), plugin
+@pytest.fixture(scope="module")
+def user_model():
+    from corerl.models.tiny import build_tiny_model
+
+    if not (Path(USER_MODEL) / "config.json").exists():
+        build_tiny_model(USER_MODEL, family="llama", hidden_size=64, num_heads=4, num_kv_heads=2, max_positions=256)
+    return USER_MODEL
+
+
+def _raise_sites() -> set[tuple[str, int]]:
+    """Every ``raise`` of a user-facing refusal in the checked modules (outside GPU-only checks)."""
+    sites = set()
+    for relative in CHECKED:
+        tree = ast.parse((REPO / relative).read_text())
+        for function in (n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name not in GPU_ONLY):
+            if relative.endswith("grpo.py") and function.name != "check_sample_batches":
+                continue
+            sites |= {(relative, node.lineno) for node in ast.walk(function) if isinstance(node, ast.Raise)}
+    return sites
+
+
+def test_every_refusal_of_every_check_is_reached_by_a_case_and_said_in_one_line(user_model):
+    from corerl.config import load_config
+    from corerl.errors import CorerlError
+    from corerl.plugin_manager import PluginHost
+    from corerl.selection import select
+
+    host = PluginHost(env={})
+    reached = set()
+    for overrides in REFUSALS:
+        config = load_config(REPO / "core/src/corerl/recipes/demo.yaml", overrides, host)
+        with pytest.raises(CorerlError) as refused:
+            select(config, host)
+        assert refused.value.key and "\n" not in str(refused.value), (overrides, refused.value)
+        frames = traceback.extract_tb(refused.value.__traceback__)
+        site = next((str(Path(f.filename).relative_to(REPO)), f.lineno) for f in reversed(frames)
+                    if f.filename.startswith(str(REPO)) and str(Path(f.filename).relative_to(REPO)) in CHECKED)
+        reached.add(site)
+    assert sorted(_raise_sites() - reached) == [], "refusals no case reaches"
+
+
+CASES = [(overrides[0].split("=")[0], overrides) for overrides in REFUSALS]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("plugin, overrides", CASES, ids=[" ".join(o) for _, o in CASES])
-def test_validate_refuses_what_run_refuses_at_start_up(tmp_path, plugin, overrides):
-    validate = run_corerl("validate", "core/src/corerl/recipes/demo.yaml", *overrides, "policy.generation.backend=hf")
-    run = run_corerl("run", *overrides, f"run.output_dir={tmp_path}", "policy.generation.backend=hf")
+@pytest.mark.parametrize("first, overrides", CASES, ids=[" ".join(o) for _, o in CASES])
+def test_validate_refuses_what_run_refuses_at_start_up(tmp_path, user_model, first, overrides):
+    validate = run_corerl("validate", "core/src/corerl/recipes/demo.yaml", *overrides)
+    run = run_corerl("run", *overrides, f"run.output_dir={tmp_path}")
     assert validate.code in (1, 2) and validate.code == run.code, (validate, run)
     (said,) = validate.err.strip().splitlines()
     assert run.err.strip().splitlines() == [said], (validate, run)

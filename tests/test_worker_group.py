@@ -92,3 +92,15 @@ def test_a_gpu_request_on_a_gpu_less_cluster_fails_at_once_in_one_line(monkeypat
     assert message.startswith("policy.generation.colocated.resources.gpus_per_node: the generation engines ask for "
                               "a GPU each but the Ray cluster has none (1 node, 0 GPUs, ")
     assert "\n" not in message and caught.value.exit_code == 2
+
+
+@pytest.mark.parametrize("how, cause", [
+    ("multiline", "raised ValueError: 1 validation error for ModelConfig during 'fail_on'"),
+    ("unpicklable", "raised ValueError: rank 0 refuses, unpicklably during 'fail_on'"),
+], ids=["multiline", "unpicklable"])
+def test_an_engine_error_from_a_rank_is_one_line_naming_the_engine_the_rank_and_the_cause(how, cause):
+    group = RayWorkerGroup(PROBE, 1, role="generation engine")
+    with pytest.raises(WorkerFailed) as caught:
+        group.call("fail_on", 0, how=how)
+    said = str(caught.value)
+    assert "\n" not in said and said.startswith("generation engine rank 0 (pid ") and cause in said, said

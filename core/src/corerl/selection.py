@@ -332,8 +332,17 @@ def select(config: Config, host: PluginHost) -> Selection:
             errors.append(exc)
     if errors:
         raise ConfigErrors(errors)
-    for name in ("algorithm", "training_backend", "generation_backend"):  # what they cannot run here, as run
-        registration = choices[name].registration  # would refuse it
+    # the one validation phase: each registration's own check, once (run refuses nothing else at start-up)
+    checked = ["algorithm", "training_backend"]
+    if choices["algorithm"].registration is None or choices["algorithm"].registration.generation:
+        checked += ["generation_backend", "offload_policy"]
+    if config.core.policy.sequence_packing.enabled:
+        checked.append("sequence_packer")
+    from corerl.models.facts import check_model_limits
+
+    check_model_limits(config)
+    for name in checked:
+        registration = choices[name].registration
         if registration is not None:
             registration.check(config)
     if critic[0] is not None and critic[0].registration is not None:

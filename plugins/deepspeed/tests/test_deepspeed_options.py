@@ -7,8 +7,8 @@ import torch
 
 from corerl.errors import ConfigErrors, EngineNotAvailable
 from corerl.testing import host_with, select_for, write_recipe
-from corerl_deepspeed.backend import check_supported
 from corerl_deepspeed.ds_config import build_ds_config
+from corerl_deepspeed.support import check_supported
 
 
 def _config(tmp_path, *overrides: str):

@@ -12,6 +12,7 @@ from corerl.config import load_config
 from corerl.errors import ConfigError, EngineNotAvailable
 from corerl.models.tiny import build_tiny_model
 from corerl.plugin_manager import PluginHost
+from corerl.selection import select
 from corerl.testing import write_recipe
 from corerl.testing.conformance import conformance_batch, conformance_loss
 from corerl.testing.reference import hf_logprobs
@@ -41,8 +42,8 @@ def make_config(model_dir, tmp_path, *overrides):
 def test_unsupported_options_are_refused_in_one_line_before_any_worker_starts(model_dir, tmp_path, override, error, key):
     extra = ["cluster.gpus_per_node=4", "policy.dtensor_cfg.tensor_parallel_size=2"]
     config = make_config(model_dir, tmp_path, *extra, *override.split("\n"))
-    with pytest.raises(error) as caught:
-        DTensorBackend(config)
+    with pytest.raises(error) as caught:  # the one validation phase, which validate and run share
+        select(config, PluginHost(env={}))
     assert caught.value.key == key and "\n" not in str(caught.value)
 
 

@@ -8,7 +8,7 @@ import torch
 
 from corerl.errors import EngineNotAvailable
 from corerl.testing import host_with, select_for, write_recipe
-from corerl_megatron.backend import check_supported
+from corerl_megatron.support import check_supported
 
 GPU_ONLY = ["policy.megatron_cfg.fp8_cfg={format: hybrid}", "policy.megatron_cfg.optimizer.use_distributed_optimizer=true",
             "policy.megatron_cfg.apply_rope_fusion=true", "policy.megatron_cfg.bias_activation_fusion=true"]

@@ -12,6 +12,7 @@ from __future__ import annotations
 import atexit
 import logging
 import os
+import re
 import socket
 from collections.abc import Sequence
 from typing import Any
@@ -19,6 +20,7 @@ from typing import Any
 from corerl.distributed.actor import RankActor, resolve
 from corerl.distributed.placement import COLOCATED, POOLS, Pool, PoolLayout
 from corerl.errors import CorerlError
+from corerl.failures import first_line
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +75,19 @@ class LocalWorkerGroup:
 
     def shutdown(self) -> None:
         self.worker = None
+
+
+def remote_cause(exc: BaseException) -> str:
+    """``Type: first line`` of the exception a rank raised. Where it could not be pickled back
+    (Ray then sends the remote traceback as text), the traceback's last ``Type: message`` line."""
+    cause = getattr(exc, "cause", None)
+    if cause is not None and not isinstance(cause, type(exc)):
+        return first_line(cause)
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    for line in reversed(lines):
+        if re.match(r"^[A-Za-z_][\w.]*(Error|Exception|Interrupt)\b:?", line) and not line.startswith("ray."):
+            return line
+    return lines[-1] if lines else type(exc).__name__
 
 
 def ensure_ray(address: str | None, num_cpus_needed: int = 1) -> None:
@@ -217,7 +232,7 @@ class RayWorkerGroup:
                 except RayTaskError as exc:
                     cause = exc.cause if exc.cause is not None else exc
                     self._blame_a_dead_rank(pending, rank_of, what)
-                    self._fail(rank, what, f"raised {type(cause).__name__}: {cause}", cause)
+                    self._fail(rank, what, f"raised {remote_cause(exc)}", cause)
                 except RayActorError as exc:
                     self._fail(rank, what, "died", exc)
         return results

@@ -47,7 +47,7 @@ def build_tiny_model(
     num_kv_heads: int = 2,
     intermediate_size: int | None = None,
     vocab_size: int = 128,
-    max_positions: int = 512,
+    max_positions: int = 2048,
     tie_word_embeddings: bool = True,
     initializer_range: float = 0.02,
     seed: int = 0,

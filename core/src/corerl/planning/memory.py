@@ -13,6 +13,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import attrs
 
+from corerl.models.facts import tensor_parallel_fits
 from corerl.planning.shape import ModelShape
 
 GIB = 2**30
@@ -129,7 +130,7 @@ def tensor_parallel_sizes(request: PlanRequest, limit: int | None = None) -> lis
     limit = min(limit or request.gpus_per_node, request.gpus_per_node)
     sizes, tp = [], 1
     while tp <= limit:
-        if request.shape.heads % tp == 0 and request.shape.kv_heads % tp == 0 and request.world_size % tp == 0:
+        if tensor_parallel_fits(request.shape, tp) and request.world_size % tp == 0:
             sizes.append(tp)
         tp *= 2
     return sizes

@@ -24,6 +24,7 @@ from typing import Any
 
 import attrs
 
+from corerl.models.facts import tensor_parallel_fits
 from corerl.planning.memory import GIB, Layout, MemoryModel, PlanRequest, TrainingMemory
 
 RESERVED = 2 * GIB
@@ -103,7 +104,7 @@ def vllm_tensor_parallel(request: PlanRequest, reserved: int) -> int | None:
     weights = request.shape.parameters * 2  # vLLM serves 16-bit weights
     tp = 1
     while tp <= request.gpus_per_node:
-        if request.shape.heads % tp == 0 and request.shape.kv_heads % tp == 0 and weights / tp <= reserved / 2:
+        if tensor_parallel_fits(request.shape, tp) and weights / tp <= reserved / 2:
             return tp
         tp *= 2
     return None

@@ -67,7 +67,7 @@ class ModelShape:
         hidden, heads = spec["hidden_size"], spec["num_heads"]
         return cls(hidden=hidden, layers=spec["num_layers"], heads=heads, kv_heads=spec["num_kv_heads"],
                    head_dim=hidden // heads, intermediate=2 * hidden, vocab=spec["vocab_size"], tied=True,
-                   qkv_bias=True, max_positions=512, name=model_name)
+                   qkv_bias=True, max_positions=2048, name=model_name)
 
     # -- parameter counts ------------------------------------------------------------------
 

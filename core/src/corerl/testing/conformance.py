@@ -209,6 +209,8 @@ class TrainingBackendConformance:
                 "max_grad_norm": MAX_GRAD_NORM, "training_backend": cls.backend_id,
                 "optimizer": {"name": "sgd", "lr": LR, "momentum": MOMENTUM},
                 "scheduler": {"name": "linear", "warmup_steps": 2},
+                # the suite tests training backends: the core's own sampler, whatever the tiny model's head size
+                "generation": {"backend": "hf"},
             },
             "critic": {  # PPO's critic (j): the same plain SGD step as the reference
                 "max_grad_norm": MAX_GRAD_NORM, "optimizer": {"name": "sgd", "lr": LR, "momentum": MOMENTUM},

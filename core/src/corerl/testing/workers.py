@@ -53,9 +53,18 @@ class ProbeWorker:
     def echo(self, value: Any) -> tuple[int, str, Any]:
         return self.rank, self.tag, value
 
-    def fail_on(self, rank: int, user_error: bool = False) -> int:
+    def fail_on(self, rank: int, user_error: bool = False, how: str = "plain") -> int:
+        """Raise on ``rank``: a ValueError (``how="plain"``), one whose message runs over several
+        lines (``"multiline"``, as pydantic's do), or one that cannot be pickled back to the
+        driver (``"unpicklable"``, as vLLM's config errors cannot)."""
         if self.rank == rank:
             if user_error:
                 raise ConfigError("the batch is wrong", key="algorithm.batch_size")
+            if how == "multiline":
+                raise ValueError(f"1 validation error for ModelConfig\n  rank {rank} refuses\n    details")
+            if how == "unpicklable":
+                error = ValueError(f"rank {rank} refuses, unpicklably")
+                error.payload = lambda: None  # type: ignore[attr-defined]
+                raise error
             raise ValueError(f"rank {rank} refuses")
         return os.getpid()

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 
 from corerl.sdk import Config, MicroBatcher, RayWorkerGroup, WorkerGroupBackend, training_layout
-from corerl_deepspeed.support import check_supported
 
 WORKER = "corerl_deepspeed.worker:DeepSpeedWorker"
 
@@ -14,7 +13,6 @@ class DeepSpeedBackend(WorkerGroupBackend):
     """DeepSpeed ZeRO stage 0-3, data parallel over ``cluster.num_nodes x cluster.gpus_per_node`` ranks."""
 
     def __init__(self, config: Config) -> None:
-        check_supported(config)
         self.config = config
         self.world_size = config.core.cluster.world_size
         self.batcher = MicroBatcher.from_config(config)

@@ -16,7 +16,6 @@ from corerl.sdk import (
     WorkerGroupBackend,
     training_layout,
 )
-from corerl_dtensor.support import check_supported
 
 WORKER = "corerl_dtensor.worker:DTensorWorker"
 
@@ -26,7 +25,6 @@ class DTensorBackend(WorkerGroupBackend):
     a policy, or PPO's critic when the config's role is ``critic``."""
 
     def __init__(self, config: Config) -> None:
-        check_supported(config)
         self.config = config
         cluster = config.core.cluster
         settings = config.section("policy.dtensor_cfg")

@@ -4,7 +4,7 @@ logic only: nothing heavy is imported."""
 
 from __future__ import annotations
 
-from corerl.sdk import Config, ConfigError, EngineNotAvailable
+from corerl.sdk import Config, ConfigError, EngineNotAvailable, check_tensor_parallel
 
 
 def check_supported(config: Config) -> None:
@@ -27,6 +27,7 @@ def check_supported(config: Config) -> None:
             "fsdp_version 1 (FullyShardedDataParallel) cannot be combined with tensor parallelism",
             key=f"{section}.fsdp_version", hint="use fsdp_version 2 with tensor_parallel_size > 1",
         )
+    check_tensor_parallel(config, settings.tensor_parallel_size, f"{section}.tensor_parallel_size")
     if config.core.policy.precision == "float16":
         raise ConfigError(
             "the dtensor backend trains in float32 or bfloat16", key="policy.precision", hint="use bfloat16",

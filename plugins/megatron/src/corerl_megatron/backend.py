@@ -17,7 +17,6 @@ from corerl.sdk import (
     WorkerGroupBackend,
     training_layout,
 )
-from corerl_megatron.support import check_supported
 
 WORKER = "corerl_megatron.worker:MegatronWorker"
 
@@ -27,7 +26,6 @@ class MegatronBackend(WorkerGroupBackend):
     critic (a :class:`~corerl_megatron.model.ValueHead` in place of the vocabulary projection)."""
 
     def __init__(self, config: Config) -> None:
-        check_supported(config)
         self.config = config
         self.world_size = config.core.cluster.world_size
         threads = max(1, (os.cpu_count() or 1) // self.world_size)

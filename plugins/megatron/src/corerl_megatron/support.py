@@ -5,7 +5,7 @@ logic only; GPU-only options are refused where the recipe runs on this machine a
 
 from __future__ import annotations
 
-from corerl.sdk import Config, EngineNotAvailable
+from corerl.sdk import Config, EngineNotAvailable, check_tensor_parallel
 
 
 def check_supported(config: Config) -> None:
@@ -25,6 +25,14 @@ def check_supported(config: Config) -> None:
         if value and not on_gpu:
             raise EngineNotAvailable(f"{key} needs a GPU (megatron-core runs it with CUDA kernels); this machine has none",
                                      key=key, hint="turn it off on CPU machines")
+    check_tensor_parallel(config, settings.tensor_model_parallel_size, f"{section}.tensor_model_parallel_size")
+    if settings.sequence_parallel and config.role != "critic" and not on_gpu:
+        # on a GPU it needs Transformer Engine too, which a recipe for another cluster cannot be judged by
+        raise EngineNotAvailable("sequence parallelism needs Transformer Engine's layer spec on a GPU; megatron-core's "
+                                 "local spec norms with torch LayerNorm, which refuses it",
+                                 key=f"{section}.sequence_parallel",
+                                 hint="set it to false on this machine, or run on a GPU machine with Transformer "
+                                      "Engine installed")
     policy = config.core.policy
     if policy.sequence_packing.enabled or policy.dynamic_batching.enabled:
         key = "policy.sequence_packing.enabled" if policy.sequence_packing.enabled else "policy.dynamic_batching.enabled"
@@ -43,3 +51,17 @@ def check_supported(config: Config) -> None:
         key = "expert_model_parallel_size" if settings.expert_model_parallel_size > 1 else "expert_tensor_parallel_size"
         raise EngineNotAvailable("expert parallelism needs a mixture-of-experts model; the converter's tables cover "
                                  "the dense Llama and Qwen2 families only", key=f"{section}.{key}", hint="set it to 1")
+
+
+def check_generation_supported(config: Config) -> None:
+    """What the megatron generation backend refuses: sequence parallelism (a decode step is one
+    token wide), and, where it starts a megatron engine of its own (the training backend is
+    another), whatever that engine refuses."""
+    settings = config.section("policy.megatron_cfg")
+    if settings.sequence_parallel:
+        raise EngineNotAvailable("megatron generation does not run with sequence parallelism (a decode step is one "
+                                 "token wide)", key="policy.megatron_cfg.sequence_parallel",
+                                 hint="set policy.megatron_cfg.sequence_parallel=false, or sample with "
+                                      "policy.generation.backend=vllm")
+    if not config.section_enabled("policy.megatron_cfg") and config.core.policy.training_backend != "megatron":
+        check_supported(config)  # it samples with a megatron engine of its own

