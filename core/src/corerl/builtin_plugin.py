@@ -93,12 +93,12 @@ def corerl_register_algorithms(register: Callable[[Algorithm], None]) -> None:
                        plot=PlotSpec(), description="supervised fine-tuning on the task's demonstrations "
                                                     "(also the sft section's warm start)"))
     register(Algorithm(id="grpo", factory="corerl.algorithms.grpo:GRPOAlgorithm", plot=sampled_reward,
-                       check_supported="corerl.algorithms.grpo:check_sample_batches",
+                       check_supported="corerl.algorithms.checks:check_sample_batches",
                        description="group-relative policy optimisation: sampled groups, normalised rewards"))
     register(Algorithm(id="ppo", factory="corerl.algorithms.ppo:PPOAlgorithm", critic=True,
                        plot=PlotSpec(metrics=sampled_reward.metrics, title="reward",
                                      losses=("loss", "critic/value_loss")),
-                       check_supported="corerl.algorithms.grpo:check_sample_batches",
+                       check_supported="corerl.algorithms.checks:check_sample_batches",
                        description="PPO with a critic (GAE, clipped value loss, KL in the token rewards)"))
     register(Algorithm(id="dpo", factory="corerl.algorithms.dpo:DPOAlgorithm", consumes="preferences",
                        generation=False, plot=PlotSpec(metrics=("preference_accuracy", "rewards/margin"),
