@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from bench_output import results_path
 
 from corerl.config import load_config
 from corerl.generation.contract import SamplingSettings
@@ -29,7 +30,7 @@ from corerl.models.tiny import build_tiny_model
 from corerl.plugin_manager import PluginHost
 from corerl.testing import write_recipe
 
-RESULTS = Path(__file__).parent / "results" / "generation.json"
+RESULTS = results_path("generation.json")
 SIZES = {  # name -> tiny-model arguments
     "2.6M": dict(hidden_size=256, num_layers=4, num_heads=4, num_kv_heads=2, intermediate_size=512),
     "25M": dict(hidden_size=512, num_layers=8, num_heads=8, num_kv_heads=2, intermediate_size=1536),
@@ -132,8 +133,9 @@ def main() -> None:
                 rows.append({"name": f"vllm {layout} vs hf", **point, "layout": layout, "ours": round(rate, 1),
                              "theirs": round(hf_rate, 1), "ratio": round(rate / hf_rate, 3), "unit": "tokens/s",
                              "refit_s": round(refit, 4)})
-    from rich.console import Console
     from rich.table import Table
+
+    from corerl.reporting.console import make_console
 
     table = Table(title=f"generation: 64 prompts x 4 samples x 64 new tokens, {torch.get_num_threads()} threads")
     for column in ("model", "dtype", "vllm layout", "vllm tok/s", "hf tok/s", "ratio", "refit s"):
@@ -142,7 +144,7 @@ def main() -> None:
         default = " (default)" if row["layout"] == "in_process" else ""
         table.add_row(f"{row['size']} ({row['parameters'] / 1e6:.2f}M)", row["dtype"], row["layout"] + default,
                       f"{row['ours']:,.0f}", f"{row['theirs']:,.0f}", f"{row['ratio']:.2f}", f"{row['refit_s']:.3f}")
-    console = Console()
+    console = make_console()
     console.print(table)
     for layout, value in slowdown.items():
         console.print(f"training phase next to an idle {layout} engine: {value * 100:+.1f}% time")

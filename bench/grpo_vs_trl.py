@@ -32,9 +32,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench_output import results_path
 from contenders import model_shape, run_contender, step_clock
 
-RESULTS = Path(__file__).parent / "results" / "grpo_vs_trl.json"
+RESULTS = results_path("grpo_vs_trl.json")
 MODEL = dict(hidden_size=256, num_layers=4, num_heads=4, num_kv_heads=2, intermediate_size=512, vocab_size=128)
 PROMPTS, GENERATIONS, NEW_TOKENS, LR = 8, 8, 64, 1e-6
 

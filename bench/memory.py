@@ -30,6 +30,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from bench_output import results_path
+
 from corerl.config import load_config
 from corerl.models.tiny import build_tiny_model
 from corerl.offload.schedule import FullOffload, OptimizerOffload
@@ -37,7 +39,7 @@ from corerl.plugin_manager import PluginHost
 from corerl.testing import write_recipe
 from corerl.testing.conformance import conformance_batch, conformance_loss
 
-RESULTS = Path(__file__).parent / "results" / "memory.json"
+RESULTS = results_path("memory.json")
 
 # label, backend id, overrides, the literature's world-2 / world-1 ratio, where it comes from
 LAYOUTS: list[tuple[str, str, list[str], float, str]] = [

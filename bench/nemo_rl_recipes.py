@@ -92,8 +92,9 @@ def main(argv: list[str] | None = None) -> int:
         accepted, reason = validate(path)
         counted[algorithm].append((relative, accepted, reason))
 
-    from rich.console import Console
     from rich.table import Table
+
+    from corerl.reporting.console import make_console
 
     table = Table(title=f"corerl validate on NeMo RL recipes in {args.configs}")
     for column in ("algorithm", "recipes", "accepted", "refused: no GPU here", "refused", "accepted %"):
@@ -110,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     share = f"{100 * accepted_total / total:.0f}" if total else "-"
     table.add_row("all", str(total), str(accepted_total), str(machine_total),
                   str(total - accepted_total - machine_total), share, style="bold")
-    console = Console()
+    console = make_console()
     console.print(table)
     console.print(f"{skipped} other YAML files (VLM, evaluation, distillation, other algorithms) not counted")
     refused = [(algorithm, *row) for algorithm in ALGORITHMS for row in counted.get(algorithm, []) if not row[1]]

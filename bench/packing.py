@@ -31,6 +31,7 @@ import time
 from pathlib import Path
 
 import torch
+from bench_output import results_path
 
 from corerl.config import load_config
 from corerl.models.tiny import build_tiny_model
@@ -41,7 +42,7 @@ from corerl.training.batching import right_pad
 from corerl.training.microbatching import MicroBatcher
 from corerl_dtensor.backend import DTensorBackend
 
-RESULTS = Path(__file__).parent / "results" / "packing.json"
+RESULTS = results_path("packing.json")
 PACKERS = ["modified_first_fit_decreasing", "first_fit_decreasing", "first_fit_shuffle", "concatenative",
            "karmarkar_karp"]
 DEFAULT = "modified_first_fit_decreasing"

@@ -18,6 +18,7 @@ import json
 import tempfile
 from pathlib import Path
 
+from bench_output import results_path
 from memory import LAYOUTS, measure  # bench/memory.py, beside this script
 
 from corerl.config import load_config
@@ -26,7 +27,7 @@ from corerl.planning.command import request_of
 from corerl.plugin_manager import PluginHost
 from corerl.testing import write_recipe
 
-RESULTS = Path(__file__).parent / "results" / "plan_accuracy.json"
+RESULTS = results_path("plan_accuracy.json")
 KINDS = ("parameters", "gradients", "optimizer")
 
 

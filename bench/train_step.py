@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 import torch
+from bench_output import results_path
 from transformers import AutoModelForCausalLM
 
 from corerl.config import load_config
@@ -29,7 +30,7 @@ from corerl.testing import write_recipe
 from corerl.training.logprobs import model_logprobs
 from corerl_dtensor.backend import DTensorBackend
 
-RESULTS = Path(__file__).parent / "results" / "train_step.json"
+RESULTS = results_path("train_step.json")
 
 
 def loss_fn(logprobs, batch, normaliser):
@@ -146,8 +147,9 @@ def main() -> None:
     if args.dp2:
         rows.append(race("dtensor dp=2 (2 Ray ranks, FSDP2, gloo) vs plain PyTorch", 2))
 
-    from rich.console import Console
     from rich.table import Table
+
+    from corerl.reporting.console import make_console
 
     table = Table(title=f"train step, {bench_config['batch']} tokens, hidden {args.hidden} x {args.layers} layers, "
                         f"{args.precision}, {where} (median of {args.steps})")
@@ -155,7 +157,7 @@ def main() -> None:
         table.add_column(column)
     for row in rows:
         table.add_row(row["name"], f"{row['ours']:,.0f}", f"{row['theirs']:,.0f}", f"{row['ratio']:.3f}")
-    Console().print(table)
+    make_console().print(table)
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(rows, indent=2) + "\n", encoding="utf-8")
     print(f"wrote {RESULTS}")

