@@ -1,4 +1,5 @@
-"""One test per hook spec (tests/test_docs.py checks that each has one)."""
+"""One test per hook spec: what a plugin registers through it is what corerl then selects, builds
+or runs (not only that pluggy called the hook)."""
 
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ class _AllKinds:
 
     @hookimpl
     def corerl_register_sequence_packers(self, register):
-        register(SequencePacker(id="quickpack", factory="os:getcwd"))
+        register(SequencePacker(id="quickpack", factory=_QuickPacker))
 
     @hookimpl
     def corerl_register_offload_policies(self, register):
@@ -61,6 +62,23 @@ class _AllKinds:
         register(MemoryModel(id="quick", factory=_QuickMemory, description="everything replicated, 2 bytes each"))
 
 
+class _QuickPacker:
+    """Every sequence in a row of its own."""
+
+    def pack(self, lengths, budget):
+        return [[index] for index in range(len(lengths))]
+
+
+def _selected(host, **sections):
+    from corerl.config import config_from_mapping
+    from corerl.selection import select
+
+    recipe = {"policy": {"model_name": "some/model", "training_backend": "quick", **sections.pop("policy", {})},
+              "cluster": {"gpus_per_node": 1}, **sections}
+    config = config_from_mapping(recipe, host)
+    return config, select(config, host)
+
+
 class _QuickMemory:
     """A third-party backend's memory model: every rank holds the whole model, 2+2+4 bytes a parameter."""
 
@@ -89,38 +107,48 @@ def _host_with_plugin() -> PluginHost:
 
 
 def test_hook_corerl_register_training_backends():
-    backend = _host_with_plugin().training_backends.get("quick")
+    host = _host_with_plugin()
+    backend = host.training_backends.get("quick")
     assert (backend.plugin, backend.priority, backend.config_section) == ("quick", 7, "policy.quick_cfg")
+    _, selection = _selected(host, policy={"training_backend": None, "quick_cfg": {"enabled": True}},
+                             data={"task": "quicktask"})
+    assert selection.training_backend.id == "quick" and "policy.quick_cfg.enabled is true" in \
+        selection.training_backend.reason
 
 
 def test_hook_corerl_register_generation_backends():
     host = _host_with_plugin()
-    assert host.generation_backends.get("quickgen").plugin == "quick"
-    assert host.generation_backends.get("hf").plugin == "corerl"
+    _, selection = _selected(host, policy={"generation": {"backend": "quickgen"}})
+    assert selection.generation_backend.id == "quickgen" and selection.generation_backend.registration.plugin == "quick"
 
 
 def test_hook_corerl_register_sequence_packers():
+    from corerl.training.microbatching import resolve_packer
+
     host = _host_with_plugin()
-    assert host.sequence_packers.get("quickpack").plugin == "quick"
-    assert "modified_first_fit_decreasing" in host.sequence_packers
+    config, selection = _selected(host, policy={"sequence_packing": {"enabled": True, "algorithm": "quickpack"},
+                                                "generation": {"backend": "hf"}})
+    assert selection.sequence_packer.id == "quickpack"
+    assert resolve_packer(config).pack([3, 1, 2], 8) == [[0], [1], [2]]  # the plugin's packer is what runs
 
 
 def test_hook_corerl_register_offload_policies():
     host = _host_with_plugin()
-    assert host.offload_policies.get("quickoff").plugin == "quick"
+    _, selection = _selected(host, policy={"offload": {"policy": "quickoff"}, "generation": {"backend": "hf"}})
+    assert selection.offload_policy.id == "quickoff" and selection.offload_policy.registration.plugin == "quick"
     assert host.offload_policies.ids() == ["full", "none", "optimizer", "quickoff"]
 
 
 def test_hook_corerl_register_tasks():
     host = _host_with_plugin()
-    assert host.tasks.get("quicktask").plugin == "quick"
-    assert host.tasks.ids() == ["dataset", "digit_echo", "digit_preference", "preferences", "quicktask"]
+    _, selection = _selected(host, data={"task": "quicktask"}, policy={"generation": {"backend": "hf"}})
+    assert selection.task.id == "quicktask" and selection.task.registration.plugin == "quick"
 
 
 def test_hook_corerl_register_rewards():
     host = _host_with_plugin()
-    reward = host.rewards.get("always_one")
-    assert reward.plugin == "quick" and reward.load()("anything", {}) == 1.0
+    _, selection = _selected(host, data={"reward": "always_one"}, policy={"generation": {"backend": "hf"}})
+    assert selection.reward.id == "always_one" and selection.reward_fn("anything", {}) == 1.0
     assert host.rewards.get("exact_answer").load()(" 42. ", {"answer": "42"}) == 1.0
 
 
