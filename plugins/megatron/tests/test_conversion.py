@@ -17,10 +17,10 @@ CHECK = textwrap.dedent(
     """
     import json, sys, torch
     from transformers import AutoModelForCausalLM
-    from corerl_megatron.parallel import init_parallel
-    from corerl_megatron.convert import Shape, hf_to_megatron, megatron_to_hf
-    from corerl_megatron.families import family_of
-    from corerl_megatron.model import build_gpt, transformer_config
+    from corerl_megatron.training.parallel import init_parallel
+    from corerl_megatron.conversion.convert import Shape, hf_to_megatron, megatron_to_hf
+    from corerl_megatron.conversion.families import family_of
+    from corerl_megatron.training.model import build_gpt, transformer_config
 
     if __name__ == "__main__":
         device = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # megatron builds on the GPU if any
@@ -74,7 +74,7 @@ def test_on_a_gpu_the_model_is_built_on_cuda_and_its_fp32_logits_match_transform
 
 
 def test_transformer_engine_names_map_to_the_tables_local_names():
-    from corerl_megatron.model import spec_neutral_name
+    from corerl_megatron.training.model import spec_neutral_name
 
     assert spec_neutral_name("decoder.layers.3.self_attention.linear_qkv.layer_norm_weight") == \
         "decoder.layers.3.input_layernorm.weight"

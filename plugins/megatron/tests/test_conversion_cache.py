@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from corerl_megatron import conversion
-from corerl_megatron.conversion import COMPLETE, WEIGHTS, checkpoint_root, ensure_converted
+from corerl_megatron.conversion import store as conversion
+from corerl_megatron.conversion.store import COMPLETE, WEIGHTS, checkpoint_root, ensure_converted
 
 
 def test_the_checkpoint_root_follows_the_documented_order(tmp_path):

@@ -16,7 +16,7 @@ def corerl_register_training_backends(register: Callable[[TrainingBackend], None
             id="megatron",
             priority=300,
             check_supported="corerl_megatron.support:check_supported",
-            factory="corerl_megatron.backend:MegatronBackend",
+            factory="corerl_megatron.training.backend:MegatronBackend",
             config_section="policy.megatron_cfg",
             value_model=True,
             tensor_parallel_key="tensor_model_parallel_size",
@@ -32,7 +32,7 @@ def corerl_register_generation_backends(register: Callable[[GenerationBackend], 
         GenerationBackend(
             id="megatron",
             priority=100,
-            factory="corerl_megatron.generation:MegatronGeneration",
+            factory="corerl_megatron.generation.backend:MegatronGeneration",
             check_supported="corerl_megatron.support:check_generation_supported",
             config_section="policy.generation.mcore_generation_config",
             config_schema=MegatronGenerationConfig,
@@ -46,8 +46,8 @@ def corerl_register_commands(register: Callable[[Command], None]) -> None:
     register(
         Command(
             id="convert",
-            factory="corerl_megatron.convert_command:main",
-            arguments="corerl_megatron.convert_command:add_arguments",
+            factory="corerl_megatron.conversion.command:main",
+            arguments="corerl_megatron.conversion.command:add_arguments",
             description="convert a checkpoint between Hugging Face and Megatron formats",
         )
     )
@@ -60,7 +60,7 @@ def corerl_register_presets(register: Callable[[Preset], None]) -> None:
 
 @hookimpl
 def corerl_register_memory_models(register: Callable[[MemoryModel], None]) -> None:
-    register(MemoryModel(id="megatron", factory="corerl_megatron.memory_model:MegatronMemory",
+    register(MemoryModel(id="megatron", factory="corerl_megatron.training.memory_model:MegatronMemory",
                          description="TP x PP x DP with the distributed optimizer; megatron generation's KV buffer"))
 
 

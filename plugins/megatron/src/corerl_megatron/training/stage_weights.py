@@ -31,7 +31,7 @@ class StageWeights:
         """Read ``model``'s layout against the full state, marking each parameter's partition
         the way megatron does while initialising weights (which conversion skips; its grad norm
         counts a tensor-parallel-duplicated parameter once by them)."""
-        from corerl_megatron.sharding import layer_numbering, partition_dim
+        from corerl_megatron.training.sharding import layer_numbering, partition_dim
 
         layout = cls(layer_numbering(model), {}, tied, tp_rank, tp)
         for name, param in model.named_parameters():
@@ -43,8 +43,8 @@ class StageWeights:
 
     def source_name(self, local_name: str) -> str:
         """The global Megatron name a local parameter is cut from."""
-        from corerl_megatron.model import spec_neutral_name
-        from corerl_megatron.sharding import renumber
+        from corerl_megatron.training.model import spec_neutral_name
+        from corerl_megatron.training.sharding import renumber
 
         name = spec_neutral_name(renumber(local_name, self.numbering))
         # tied embeddings: the last pipeline stage's copy of the word embeddings is the same tensor
@@ -52,7 +52,7 @@ class StageWeights:
 
     def copy_in(self, module: Any, full: dict[str, torch.Tensor]) -> None:
         """This rank's shard of every parameter of ``module`` from the full Megatron state."""
-        from corerl_megatron.sharding import shard
+        from corerl_megatron.training.sharding import shard
 
         local = {name: shard(name, full[self.source_name(name)], self.partition[name], self.tp_rank, self.tp)
                  for name, _ in module.named_parameters()}

@@ -75,8 +75,8 @@ def load_hf_model_config(source: Path, converter_type: str | None = None) -> tup
     from transformers import AutoConfig
 
     from corerl.sdk import ConfigError
-    from corerl_megatron.convert import Shape
-    from corerl_megatron.families import family_of, supported_architectures
+    from corerl_megatron.conversion.convert import Shape
+    from corerl_megatron.conversion.families import family_of, supported_architectures
 
     hf = AutoConfig.from_pretrained(source)
     architecture = converter_type or (hf.architectures or ["?"])[0]
@@ -88,7 +88,7 @@ def load_hf_model_config(source: Path, converter_type: str | None = None) -> tup
     if family is None:
         raise ConfigError(
             f"no Hugging Face -> Megatron table for {architecture} ({source})", key="policy.megatron_cfg.converter_type",
-            hint=f"supported: {', '.join(supported_architectures())}; add a table in corerl_megatron.families",
+            hint=f"supported: {', '.join(supported_architectures())}; add a table in corerl_megatron.conversion.families",
         )
     return hf, family, Shape.from_hf_config(hf, family, value_head=value_head)
 
@@ -98,7 +98,7 @@ def convert_folder(source: Path, target: Path, converter_type: str | None = None
     from safetensors.torch import save_file
 
     from corerl.sdk import copy_tokenizer, load_pretrained
-    from corerl_megatron.convert import hf_to_megatron
+    from corerl_megatron.conversion.convert import hf_to_megatron
 
     hf, family, shape = load_hf_model_config(source, converter_type)
     model = load_pretrained(source, "critic" if shape.value_head else "policy")
@@ -115,7 +115,7 @@ def export_conversion(folder: Path, target: Path) -> None:
     from safetensors.torch import load_file
 
     from corerl.sdk import ConfigError, write_hf_checkpoint
-    from corerl_megatron.convert import megatron_to_hf
+    from corerl_megatron.conversion.convert import megatron_to_hf
 
     if not is_complete(folder) or not (folder / COMPLETE).exists():
         raise ConfigError(f"{folder} is not a complete corerl Megatron conversion (unsealed, damaged, or not one at all)",

@@ -32,8 +32,8 @@ def run_convert(direction: str, source: str, target: str | None, *, converter_ty
     """Convert ``source`` in ``direction`` and return the folder written.
 
     ``hf-to-megatron`` without ``target`` converts into the cache a run would use (see
-    :mod:`corerl_megatron.conversion`), so the next run finds the conversion done."""
-    from corerl_megatron.conversion import convert_into, ensure_converted, export_conversion
+    :mod:`corerl_megatron.conversion.store`), so the next run finds the conversion done."""
+    from corerl_megatron.conversion.store import convert_into, ensure_converted, export_conversion
 
     origin = Path(source)
     if not origin.is_dir():

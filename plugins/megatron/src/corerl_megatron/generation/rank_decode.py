@@ -1,4 +1,4 @@
-"""Generation on a megatron training rank: the decode loop of :mod:`corerl_megatron.decode`
+"""Generation on a megatron training rank: the decode loop of :mod:`corerl_megatron.generation.decode`
 run over the rank's model stage, with megatron's pipeline schedule for each forward pass."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ def generate(worker: Any, rows: list[list[int]], sampling: Any, stop_ids: list[i
     reports, None elsewhere."""
     from megatron.core.inference import contexts  # noqa: F401  (loaded before the redirect below)
 
-    from corerl_megatron import cpu_redirect
-    from corerl_megatron.decode import decode_rows
+    from corerl_megatron.generation.decode import decode_rows
+    from corerl_megatron.training import cpu_redirect
 
     cpu_redirect.install()  # the KV cache is allocated on torch.cuda.current_device()
     if worker.mconfig.sequence_parallel:

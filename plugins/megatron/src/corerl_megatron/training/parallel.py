@@ -46,6 +46,6 @@ def init_parallel(*, rank: int, world_size: int, tensor: int, pipeline: int, con
 
         tensor_parallel.model_parallel_cuda_manual_seed(seed)
         return
-    from corerl_megatron.cpu_redirect import install
+    from corerl_megatron.training.cpu_redirect import install
 
     install()

@@ -18,19 +18,19 @@ from corerl.sdk import (
     training_layout,
 )
 
-WORKER = "corerl_megatron.worker:MegatronWorker"
+WORKER = "corerl_megatron.training.worker:MegatronWorker"
 
 
 class MegatronBackend(WorkerGroupBackend):
     """megatron-core GPTModel, tensor x pipeline x data parallel over Ray ranks; a policy, or PPO's
-    critic (a :class:`~corerl_megatron.model.ValueHead` in place of the vocabulary projection)."""
+    critic (a :class:`~corerl_megatron.training.model.ValueHead` in place of the vocabulary projection)."""
 
     def __init__(self, config: Config) -> None:
         self.config = config
         self.world_size = config.core.cluster.world_size
         threads = max(1, (os.cpu_count() or 1) // self.world_size)
         self.batcher = MicroBatcher.from_config(config)
-        from corerl_megatron.conversion import checkpoint_root
+        from corerl_megatron.conversion.store import checkpoint_root
 
         # the driver's environment decides where conversions live (Ray workers may have started earlier)
         self.group = RayWorkerGroup(WORKER, self.world_size, ray_address=config.core.cluster.ray_address,
@@ -40,7 +40,7 @@ class MegatronBackend(WorkerGroupBackend):
         self.layout = RankLayout([c["dp"] for c in coords], [c["reports"] for c in coords])
 
     def load_hf(self, model_path: str) -> None:
-        from corerl_megatron.conversion import load_hf_model_config
+        from corerl_megatron.conversion.store import load_hf_model_config
 
         super().load_hf(model_path)
         self.model_path = model_path
@@ -56,7 +56,7 @@ class MegatronBackend(WorkerGroupBackend):
 
     def hf_state(self) -> Iterable[tuple[str, torch.Tensor]]:
         """The ranks' megatron weights, gathered and converted to Hugging Face names and layouts."""
-        from corerl_megatron.convert import megatron_to_hf
+        from corerl_megatron.conversion.convert import megatron_to_hf
 
         return megatron_to_hf(self._megatron_state(), self.family, self.shape).items()
 

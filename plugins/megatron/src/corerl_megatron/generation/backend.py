@@ -30,7 +30,7 @@ class MegatronGeneration:
 
     def use_training_engine(self, training: Any) -> bool:
         """Sample with ``training``'s model when it is a megatron engine; True when it is."""
-        from corerl_megatron.backend import MegatronBackend
+        from corerl_megatron.training.backend import MegatronBackend
 
         if isinstance(training, MegatronBackend):
             self.engine, self.owns_engine = training, False
@@ -41,7 +41,7 @@ class MegatronGeneration:
         from transformers import AutoTokenizer
 
         if self.engine is None or self.owns_engine:
-            from corerl_megatron.backend import MegatronBackend
+            from corerl_megatron.training.backend import MegatronBackend
 
             if self.engine is None:
                 log.info("megatron generation: no megatron training engine to share; starting one of its own")
@@ -73,7 +73,7 @@ class MegatronGeneration:
     def update_weights(self, weights: Iterable[tuple[str, Any]]) -> None:
         if getattr(weights, "engine", None) is self.engine:
             return  # the training engine's own weights: generation already runs on them
-        from corerl_megatron.convert import hf_to_megatron
+        from corerl_megatron.conversion.convert import hf_to_megatron
 
         hf_state = {name: tensor.detach().cpu() for name, tensor in weights}
         full = hf_to_megatron(hf_state, self.engine.family, self.engine.shape)

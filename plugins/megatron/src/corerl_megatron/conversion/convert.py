@@ -1,6 +1,6 @@
 """Hugging Face state dicts <-> Megatron GPTModel state dicts (full, unsharded tensors).
 
-Driven by the family tables in :mod:`corerl_megatron.families`; exact in both directions
+Driven by the family tables in :mod:`corerl_megatron.conversion.families`; exact in both directions
 (tensors are only sliced, stacked and concatenated).
 """
 
@@ -11,7 +11,7 @@ from typing import Any
 import attrs
 import torch
 
-from corerl_megatron.families import Family, Rule
+from corerl_megatron.conversion.families import Family, Rule
 
 
 @attrs.frozen

@@ -27,7 +27,7 @@ class MegatronWorker(RankWorker):
     quiet_warnings = _QUIET
 
     def setup(self, checkpoint_dir: str | None = None) -> None:
-        from corerl_megatron.parallel import init_parallel
+        from corerl_megatron.training.parallel import init_parallel
 
         self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir else None
         s = self.settings
@@ -47,9 +47,9 @@ class MegatronWorker(RankWorker):
         from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
         from safetensors.torch import load_file
 
-        from corerl_megatron.conversion import WEIGHTS, ensure_converted, load_hf_model_config
-        from corerl_megatron.model import build_gpt, transformer_config
-        from corerl_megatron.stage_weights import StageWeights, freeze_routers
+        from corerl_megatron.conversion.store import WEIGHTS, ensure_converted, load_hf_model_config
+        from corerl_megatron.training.model import build_gpt, transformer_config
+        from corerl_megatron.training.stage_weights import StageWeights, freeze_routers
 
         torch.manual_seed(self.config.core.algorithm.seed)
         hf, self.family, self.shape = load_hf_model_config(model_path, self.settings.converter_type)
@@ -76,7 +76,7 @@ class MegatronWorker(RankWorker):
         ddp = DistributedDataParallelConfig(grad_reduce_in_fp32=True, overlap_grad_reduce=False,
                                             use_distributed_optimizer=False)
         self.model = DistributedDataParallel(self.mconfig, ddp, model)
-        from corerl_megatron.optimizer import build_optimizer
+        from corerl_megatron.training.optimizer import build_optimizer
 
         self.optimizer, self.scheduler = build_optimizer(self.settings, self.mconfig, self.model,
                                                          self.config.core.algorithm.max_steps)
@@ -171,8 +171,8 @@ class MegatronWorker(RankWorker):
 
     def generate(self, rows: list[list[int]], sampling: Any, stop_ids: list[int]) -> list[Any] | None:
         """Completions of this data-parallel group's ``rows``; returned by the rank that reports,
-        None elsewhere (see :mod:`corerl_megatron.rank_decode`)."""
-        from corerl_megatron.rank_decode import generate
+        None elsewhere (see :mod:`corerl_megatron.generation.rank_decode`)."""
+        from corerl_megatron.generation.rank_decode import generate
 
         return generate(self, rows, sampling, stop_ids)
 
@@ -225,8 +225,8 @@ class MegatronWorker(RankWorker):
     def full_state_dict(self) -> dict[str, torch.Tensor] | None:
         """Every rank must call this; each pipeline stage's first tensor-parallel rank returns
         its stage's full tensors with global Megatron names (the driver merges the stages)."""
-        from corerl_megatron.model import spec_neutral_name
-        from corerl_megatron.sharding import gather, renumber
+        from corerl_megatron.training.model import spec_neutral_name
+        from corerl_megatron.training.sharding import gather, renumber
 
         module = self.model.module
         group = self.ps.get_tensor_model_parallel_group()

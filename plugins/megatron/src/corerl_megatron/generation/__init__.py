@@ -1,0 +1,1 @@
+"""The ``megatron`` generation backend: decoding with the training ranks' own model."""
