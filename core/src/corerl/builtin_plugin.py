@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from corerl.algorithms.settings import DPOConfig, PPOConfig
 from corerl.hookspecs import hookimpl
 from corerl.registry import (
     Algorithm,
@@ -96,11 +97,13 @@ def corerl_register_algorithms(register: Callable[[Algorithm], None]) -> None:
                        check_supported="corerl.algorithms.checks:check_sample_batches",
                        description="group-relative policy optimisation: sampled groups, normalised rewards"))
     register(Algorithm(id="ppo", factory="corerl.algorithms.ppo:PPOAlgorithm", critic=True,
+                       config_section="algorithm.ppo", config_schema=PPOConfig,
                        plot=PlotSpec(metrics=sampled_reward.metrics, title="reward",
                                      losses=("loss", "critic/value_loss")),
                        check_supported="corerl.algorithms.checks:check_sample_batches",
                        description="PPO with a critic (GAE, clipped value loss, KL in the token rewards)"))
     register(Algorithm(id="dpo", factory="corerl.algorithms.dpo:DPOAlgorithm", consumes="preferences",
+                       config_section="algorithm.dpo", config_schema=DPOConfig,
                        generation=False, plot=PlotSpec(metrics=("preference_accuracy", "rewards/margin"),
                                                        title="preference accuracy and margin (training batches)"),
                        description="direct preference optimisation on preference pairs; samples nothing"))

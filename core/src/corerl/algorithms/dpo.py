@@ -138,7 +138,7 @@ class DPOAlgorithm(AlgorithmBase):
 
     def begin(self) -> None:
         context = self.context
-        settings = context.config.core.algorithm.dpo
+        settings = context.config.section("algorithm.dpo")
         if settings.precompute_reference_logprobs:
             reference = self.precomputed_reference()
         else:
@@ -157,7 +157,7 @@ class DPOAlgorithm(AlgorithmBase):
         pairs = self.context.task.held_out_pairs()
         policy = score_pairs(self.context.training, pairs)
         reference = self.dpo.reference.for_held_out(pairs) if self.dpo is not None else policy
-        return preference_metrics(policy, reference, self.context.config.core.algorithm.dpo.beta)
+        return preference_metrics(policy, reference, self.context.config.section("algorithm.dpo").beta)
 
     def precomputed_reference(self) -> ReferenceScores:
         """Every training and held-out pair scored with the weights DPO starts from, written once

@@ -109,14 +109,14 @@ class PPO:
     @classmethod
     def from_config(cls, config: Any, **engines: Any) -> PPO:
         """A PPO of the recipe's ``algorithm``, ``algorithm.ppo`` and ``critic`` sections over ``engines``."""
-        algorithm, critic = config.core.algorithm, config.core.critic
+        algorithm, critic, settings = config.core.algorithm, config.core.critic, config.section("algorithm.ppo")
         return cls(config=config, loss=attrs.evolve(GRPOLoss.from_config(algorithm), kl_penalty=0.0),
                    value_loss=ValueLoss(clip=critic.value_clip), kl_coef=algorithm.kl_penalty,
-                   kl_type=algorithm.kl_type, gamma=algorithm.ppo.gamma, lam=algorithm.ppo.lam,
-                   whiten_advantages=algorithm.ppo.whiten_advantages,
+                   kl_type=algorithm.kl_type, gamma=settings.gamma, lam=settings.lam,
+                   whiten_advantages=settings.whiten_advantages,
                    optimization_passes=algorithm.optimization_passes,
                    optimizer_batch_size=algorithm.optimizer_batch_size,
-                   critic_warmup_steps=algorithm.ppo.critic_warmup_steps, **engines)
+                   critic_warmup_steps=settings.critic_warmup_steps, **engines)
 
     def step(self, prompts: Sequence[Sequence[int]], items: Sequence[Any] | None = None) -> dict[str, float]:
         """Generate, score, estimate advantages, train critic and policy, refit; returns the step's

@@ -52,7 +52,8 @@ def needs_reference(config: Any) -> bool:
     """Whether the recipe keeps a frozen reference model on the GPUs: a KL penalty, or DPO
     scoring each batch with one (``algorithm.dpo.precompute_reference_logprobs=false``)."""
     algorithm = config.core.algorithm
-    return algorithm.kl_penalty > 0 or not algorithm.dpo.precompute_reference_logprobs
+    dpo = config.section("algorithm.dpo")
+    return algorithm.kl_penalty > 0 or (dpo is not None and not dpo.precompute_reference_logprobs)
 
 
 def request_of(config: Any, gpus: int | None = None, nodes: int | None = None,
