@@ -121,12 +121,12 @@ class Run:
         selection, core = context.selection, context.config.core
         self.registration = selection.algorithm.registration
         assert self.registration is not None
-        self.warm_start = None
+        self.warm_registration = None
         if self.registration.warm_start and core.sft.enabled:
-            warm = context.host.algorithms.get(WARM_START)
-            assert warm is not None, "the core registers the warm-start algorithm"
-            self.warm_start = warm.load()(context, warm_start=True)
+            self.warm_registration = context.host.algorithms.get(WARM_START)
+            assert self.warm_registration is not None, "the core registers the warm-start algorithm"
             context.warm_started = True  # what the algorithm starts from (it begins after the warm start)
+        self.warm_start: Any = None
         self.evals: dict[str, float] = dict(context.state.get("evals", {}))
         self.log: Any = None
         self.algorithm: Any = None
@@ -143,7 +143,9 @@ class Run:
         from corerl.reporting.metrics_log import MetricsLog
 
         context, core = self.context, self.context.config.core
-        context.start_engines()
+        context.start_engines()  # the phases are built over the started engines
+        if self.warm_registration is not None:
+            self.warm_start = self.warm_registration.load()(context, warm_start=True)
         self.algorithm = self.registration.load()(context)
         if context.resume is not None:
             self.algorithm.load(context.resume[1])
@@ -238,14 +240,15 @@ class Run:
         write_complete(run_dir / "final", lambda work: context.training.export_hf(str(work)))
         extra = self.algorithm.export(run_dir)
         plot_curves(read_metrics(self.log.path), run_dir / "curves.png", run_dir.name, context.host.algorithms)
-        write_file_whole(run_dir / "summary.json", json.dumps(self.summary(figures), indent=2) + "\n")
+        summary = self.summary(figures)
+        write_file_whole(run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
         mark("run:end")  # summary.json's presence says the run finished: all or nothing
         _report(context.console, self.evals, self.label)
         tensorboard = f"{run_dir / 'tensorboard'}, " if context.config.core.run.tensorboard else ""
         extras = "".join(f", {path}" for path in extra)
         context.console.print(f"wrote {run_dir / 'metrics.jsonl'}, {tensorboard}{run_dir / 'curves.png'}, "
                               f"{run_dir / 'final'} (Hugging Face checkpoint){extras}")
-        return RunResult(run_dir, self.summary(figures))
+        return RunResult(run_dir, summary)
 
     def summary(self, figures: dict[str, float]) -> dict[str, Any]:
         """summary.json: held-out figures, steps per algorithm, and what was selected."""

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from corerl.errors import ConfigError
+
 
 def check_sample_batches(config: Any) -> None:
     """``algorithm.optimizer_batch_size`` must divide a step's samples (GRPO and PPO)."""
-    from corerl.errors import ConfigError
-
     algorithm = config.core.algorithm
     samples = algorithm.batch_size * algorithm.num_generations_per_prompt
     rows = algorithm.optimizer_batch_size

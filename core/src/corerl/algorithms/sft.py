@@ -78,13 +78,11 @@ class SFTAlgorithm(AlgorithmBase):
         core = context.config.core
         self.total = core.sft.max_steps if warm_start else core.algorithm.max_steps
         self.batch_size = core.sft.batch_size if warm_start else core.algorithm.batch_size
-        self.sft = SFT(context.training, steps_done=self.done) if context.training is not None else None
+        self.sft = SFT(context.training, steps_done=self.done)  # over the started policy engine
         self.refitted = True
 
     def step(self) -> dict[str, float]:
         context = self.context
-        if self.sft is None or self.sft.training is not context.training:
-            self.sft = SFT(context.training, steps_done=self.done)
         context.offload.before_training()
         self.refitted = False
         if not hasattr(context.task, "demonstrations"):  # a preference task: its chosen responses

@@ -48,9 +48,8 @@ class WorkerGroupBackend:
 
     @property
     def rank_layout(self) -> RankLayout:
-        if self.layout is None:
-            self.layout = RankLayout.data_parallel(self.group.world_size)
-        return self.layout
+        """``layout``, or every rank its own data-parallel rank where the backend set none."""
+        return self.layout if self.layout is not None else RankLayout.data_parallel(self.group.world_size)
 
     def call(self, mode: Dispatch, method: str, *args: Any, parts: Sequence[Any] | None = None) -> Any:
         """``method`` on the ranks in ``mode`` (:func:`~corerl.distributed.dispatch.dispatch`)."""

@@ -5,6 +5,9 @@ local (or not a dense decoder the shape reader knows) is not checked here."""
 
 from __future__ import annotations
 
+import functools
+import os
+from pathlib import Path
 from typing import Any
 
 from corerl.errors import ConfigError
@@ -13,11 +16,22 @@ from corerl.errors import ConfigError
 def model_shape(config: Any) -> Any | None:
     """The :class:`~corerl.planning.shape.ModelShape` of ``policy.model_name`` where it can be read
     here (a built-in model, or a local folder whose ``config.json`` describes a dense decoder);
-    None otherwise."""
+    None otherwise. The checks of one validation share one read of ``config.json``."""
+    name = config.core.policy.model_name
+    try:
+        stamp = os.stat(Path(name) / "config.json").st_mtime_ns
+    except OSError:
+        stamp = None  # a built-in model, or nothing local to read
+    return _shape_of(name, stamp)
+
+
+@functools.lru_cache(maxsize=8)
+def _shape_of(name: str, stamp: int | None) -> Any | None:
+    """``name``'s shape as its ``config.json`` stood at modification time ``stamp``."""
     from corerl.planning.shape import ModelShape
 
     try:
-        return ModelShape.of_model(config.core.policy.model_name)
+        return ModelShape.of_model(name)
     except (ConfigError, OSError, ValueError):
         return None
 

@@ -29,10 +29,8 @@ class DTensorBackend(WorkerGroupBackend):
         cluster = config.core.cluster
         settings = config.section("policy.dtensor_cfg")
         self.world_size = cluster.world_size
-        self.tp = settings.tensor_parallel_size
-        self.dp = self.world_size // self.tp
         self.batcher = MicroBatcher.from_config(config)
-        self.layout = RankLayout.tensor_parallel(self.world_size, self.tp)
+        self.layout = RankLayout.tensor_parallel(self.world_size, settings.tensor_parallel_size)
         if self.world_size == 1:
             self.group: Any = LocalWorkerGroup(WORKER, config=config)
         else:
