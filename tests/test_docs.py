@@ -18,6 +18,7 @@ def test_there_are_hook_specs():
     assert HOOKS == [
         "corerl_register_algorithms",
         "corerl_register_commands",
+        "corerl_register_environments",
         "corerl_register_generation_backends",
         "corerl_register_memory_models",
         "corerl_register_offload_policies",
@@ -25,6 +26,8 @@ def test_there_are_hook_specs():
         "corerl_register_rewards",
         "corerl_register_sequence_packers",
         "corerl_register_tasks",
+        "corerl_register_tool_parsers",
+        "corerl_register_tools",
         "corerl_register_training_backends",
     ]
 

@@ -8,16 +8,21 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from corerl.algorithms.settings import DPOConfig, PPOConfig
+from corerl.environments.math_env import MathSettings
+from corerl.environments.tool_env import ToolsSettings
 from corerl.hookspecs import hookimpl
 from corerl.registry import (
     Algorithm,
     Command,
+    Environment,
     GenerationBackend,
     OffloadPolicy,
     PlotSpec,
     Reward,
     SequencePacker,
     Task,
+    Tool,
+    ToolCallParser,
 )
 
 DEFAULT_PACKER = "modified_first_fit_decreasing"
@@ -69,6 +74,8 @@ def corerl_register_tasks(register: Callable[[Task], None]) -> None:
                   description="echo the digit in the prompt (made in code; the demo's task)"))
     register(Task(id="dataset", factory="corerl.tasks.dataset:DatasetTask",
                   description="prompt/answer rows from data.train_files (JSONL or Parquet)"))
+    register(Task(id="tool_lookup", factory="corerl.tasks.tool_lookup:ToolLookup",
+                  description="a digit behind a key, reachable only through the lookup tool (env: tools; made in code)"))
     register(Task(id="digit_preference", factory="corerl.tasks.preferences:DigitPreference", provides="preferences",
                   description="DPO pairs: repeat the first of two digits, not the second (made in code)"))
     register(Task(id="preferences", factory="corerl.tasks.preferences:PreferenceDataset", provides="preferences",
@@ -93,10 +100,10 @@ def corerl_register_algorithms(register: Callable[[Algorithm], None]) -> None:
     register(Algorithm(id="sft", factory="corerl.algorithms.sft:SFTAlgorithm", warm_start=False,
                        plot=PlotSpec(), description="supervised fine-tuning on the task's demonstrations "
                                                     "(also the sft section's warm start)"))
-    register(Algorithm(id="grpo", factory="corerl.algorithms.grpo:GRPOAlgorithm", plot=sampled_reward,
+    register(Algorithm(id="grpo", factory="corerl.algorithms.grpo:GRPOAlgorithm", plot=sampled_reward, environments=True,
                        check_supported="corerl.algorithms.checks:check_sample_batches",
                        description="group-relative policy optimisation: sampled groups, normalised rewards"))
-    register(Algorithm(id="ppo", factory="corerl.algorithms.ppo:PPOAlgorithm", critic=True,
+    register(Algorithm(id="ppo", factory="corerl.algorithms.ppo:PPOAlgorithm", critic=True, environments=True,
                        config_section="algorithm.ppo", config_schema=PPOConfig,
                        plot=PlotSpec(metrics=sampled_reward.metrics, title="reward",
                                      losses=("loss", "critic/value_loss")),
@@ -107,3 +114,27 @@ def corerl_register_algorithms(register: Callable[[Algorithm], None]) -> None:
                        generation=False, plot=PlotSpec(metrics=("preference_accuracy", "rewards/margin"),
                                                        title="preference accuracy and margin (training batches)"),
                        description="direct preference optimisation on preference pairs; samples nothing"))
+
+
+@hookimpl
+def corerl_register_environments(register: Callable[[Environment], None]) -> None:
+    register(Environment(id="tools", factory="corerl.environments.tool_env:ToolsEnvironment",
+                         config_schema=ToolsSettings, check_supported="corerl.environments.tool_env:check_tools",
+                         description="executes the model's tool calls (env.tools.tools); a turn without one is the "
+                                     "answer, scored by the run's reward"))
+    register(Environment(id="math", factory="corerl.environments.math_env:MathEnvironment", config_schema=MathSettings,
+                         description="one turn, the answer checked against the row's with math-verify (NeMo RL's "
+                                     "env.math)"))
+
+
+@hookimpl
+def corerl_register_tools(register: Callable[[Tool], None]) -> None:
+    register(Tool(id="lookup", factory="corerl.tasks.tool_lookup:lookup",
+                  parameters={"type": "object", "properties": {}},
+                  description="the tool_lookup task's hidden digit of the episode"))
+
+
+@hookimpl
+def corerl_register_tool_parsers(register: Callable[[ToolCallParser], None]) -> None:
+    register(ToolCallParser(id="hermes", factory="corerl.environments.tools:parse_hermes",
+                            description="<tool_call>{\"name\": ..., \"arguments\": {...}}</tool_call> (Qwen, Hermes)"))

@@ -11,6 +11,7 @@ import attrs
 from corerl.registry import (
     Algorithm,
     Command,
+    Environment,
     GenerationBackend,
     MemoryModel,
     OffloadPolicy,
@@ -19,6 +20,8 @@ from corerl.registry import (
     Reward,
     SequencePacker,
     Task,
+    Tool,
+    ToolCallParser,
     TrainingBackend,
 )
 
@@ -44,4 +47,7 @@ KINDS: tuple[ComponentKind, ...] = (
     ComponentKind("corerl_register_commands", "commands", Command, "commands"),
     ComponentKind("corerl_register_presets", "presets", Preset, "presets"),
     ComponentKind("corerl_register_memory_models", "memory_models", MemoryModel, "memory models"),
+    ComponentKind("corerl_register_environments", "environments", Environment, "environments"),
+    ComponentKind("corerl_register_tools", "tools", Tool, "tools"),
+    ComponentKind("corerl_register_tool_parsers", "tool_parsers", ToolCallParser, "tool parsers"),
 )

@@ -17,6 +17,7 @@ import pluggy
 from corerl.registry import (
     Algorithm,
     Command,
+    Environment,
     GenerationBackend,
     MemoryModel,
     OffloadPolicy,
@@ -24,15 +25,17 @@ from corerl.registry import (
     Reward,
     SequencePacker,
     Task,
+    Tool,
+    ToolCallParser,
     TrainingBackend,
 )
 
 PROJECT_NAME = "corerl"
 
 #: The plugin contract this corerl offers, ``MAJOR.MINOR`` (docs/plugins.md, "Contract changelog").
-#: A plugin states the version it was written against as ``corerl_contract = "2.1"`` in its plugin
+#: A plugin states the version it was written against as ``corerl_contract = "2.2"`` in its plugin
 #: module; it is loaded when the majors match and its minor is not newer than this one's.
-CONTRACT_VERSION = "2.1"
+CONTRACT_VERSION = "2.2"
 
 hookspec = pluggy.HookspecMarker(PROJECT_NAME)
 hookimpl = pluggy.HookimplMarker(PROJECT_NAME)
@@ -171,4 +174,43 @@ def corerl_register_algorithms(register: Callable[[Algorithm], None]) -> None:
 
     Called when the plugin manager first needs the algorithm registry (``corerl validate``,
     ``corerl run``, ``corerl plugins``).
+    """
+
+
+@hookspec
+def corerl_register_environments(register: Callable[[Environment], None]) -> None:
+    """Register environments: what answers each model turn of a multi-turn episode.
+
+    Call ``register(Environment(id=..., factory=..., config_schema=...))`` once per environment;
+    ``data.env_name`` names the one a run uses (unset: one turn, scored by the task's reward). The
+    factory is called with a :class:`corerl.environments.contract.EnvironmentContext` and returns
+    an object whose ``step(episode) -> Turn`` (plain or ``async def``) answers each model turn
+    (:class:`corerl.environments.contract.Environment`). Its section is ``env.<id>``; with
+    ``env.<id>.num_workers`` > 0 it runs as that many Ray actors.
+
+    Called when the plugin manager first needs the environment registry.
+    """
+
+
+@hookspec
+def corerl_register_tools(register: Callable[[Tool], None]) -> None:
+    """Register tools that an environment's model may call.
+
+    Call ``register(Tool(id=..., factory=fn, parameters={...json schema...}))`` once per tool; the
+    factory is the function, called with the call's arguments as keywords. An environment lists
+    the tools it offers in ``env.<id>.tools`` (the built-in ``tools`` environment executes them).
+
+    Called when the plugin manager first needs the tool registry.
+    """
+
+
+@hookspec
+def corerl_register_tool_parsers(register: Callable[[ToolCallParser], None]) -> None:
+    """Register tool-call parsers: how the calls in a model turn are read.
+
+    Call ``register(ToolCallParser(id=..., factory=parse))`` once per format; ``parse(text)``
+    returns a list of :class:`corerl.environments.tools.ToolCall` (a malformed call is one with
+    its ``error`` set). The core registers ``hermes`` (Qwen's and Hermes' ``<tool_call>`` JSON).
+
+    Called when the plugin manager first needs the tool-call parser registry.
     """

@@ -23,6 +23,7 @@ from corerl.component_kinds import KINDS
 from corerl.registry import (
     Algorithm,
     Command,
+    Environment,
     GenerationBackend,
     MemoryModel,
     OffloadPolicy,
@@ -32,6 +33,8 @@ from corerl.registry import (
     Reward,
     SequencePacker,
     Task,
+    Tool,
+    ToolCallParser,
     TrainingBackend,
 )
 
@@ -259,6 +262,18 @@ class PluginHost:
     @property
     def algorithms(self) -> Registry[Algorithm]:
         return self._registry("algorithms")
+
+    @property
+    def environments(self) -> Registry[Environment]:
+        return self._registry("environments")
+
+    @property
+    def tools(self) -> Registry[Tool]:
+        return self._registry("tools")
+
+    @property
+    def tool_parsers(self) -> Registry[ToolCallParser]:
+        return self._registry("tool_parsers")
 
     def section_aliases(self) -> dict[str, str]:
         """Other spellings of the registered config sections: alias -> canonical key path."""

@@ -232,7 +232,10 @@ class Algorithm(Registration):
     - ``critic``: it trains a value model beside the policy (a second training group, the
       ``critic`` section);
     - ``warm_start``: ``sft.enabled`` runs a supervised phase before it;
-    - ``plot``: what ``curves.png`` shows of its steps.
+    - ``plot``: what ``curves.png`` shows of its steps;
+    - ``environments``: its rollout plays episodes against ``data.env_name``'s environment (it
+      calls :meth:`corerl.run_context.RunContext.rollout`); a recipe naming an environment for
+      an algorithm without it is refused at validation.
 
     ``config_section``/``config_schema`` name its own keys (e.g. ``algorithm.reinforce``) and
     ``check_supported(config)`` refuses, in one line, what it cannot run. The factory is called
@@ -246,6 +249,58 @@ class Algorithm(Registration):
     critic: bool = False
     warm_start: bool = True
     plot: PlotSpec = attrs.field(factory=PlotSpec)
+    environments: bool = False
+
+
+_ENV_ID_PATTERN = re.compile(r"^[a-z][a-z0-9_]*$")
+
+
+@attrs.frozen(kw_only=True)
+class Environment(Registration):
+    """An environment (a game, a sandbox, a verifier, a tool-using task), named by ``data.env_name``.
+
+    The factory is called as ``factory(context)`` with a
+    :class:`corerl.environments.contract.EnvironmentContext` and returns an object with the
+    methods of :class:`corerl.environments.contract.Environment`. Its section is ``env.<id>``
+    (set for it): ``num_workers``, ``timeout_s`` and ``max_failure_share`` are every
+    environment's keys; ``config_schema``, when given, is a subclass of
+    :class:`corerl.environments.contract.EnvironmentSettings` adding the environment's own."""
+
+    kind: ClassVar[str] = "environment"
+
+    def __attrs_post_init__(self) -> None:
+        if not _ENV_ID_PATTERN.match(self.id):
+            raise RegistrationError(f"invalid environment id {self.id!r}: its section is env.<id>, so use lower-case "
+                                    "letters, digits and '_' (starting with a letter)")
+        from corerl.environments.contract import EnvironmentSettings
+
+        if self.config_schema is not None and not issubclass(self.config_schema, EnvironmentSettings):
+            raise RegistrationError(f"environment {self.id!r}: config_schema {self.config_schema.__name__} must subclass "
+                                    "corerl.sdk.EnvironmentSettings (every env.<id> section has its keys)")
+        expected = f"env.{self.id}"
+        if self.config_section not in (None, expected):
+            raise RegistrationError(f"environment {self.id!r}: its section is {expected}, not {self.config_section!r}")
+        object.__setattr__(self, "config_section", expected)
+        object.__setattr__(self, "config_schema", self.config_schema or EnvironmentSettings)
+
+
+@attrs.frozen(kw_only=True)
+class Tool(Registration):
+    """A tool an environment's model may call, named in ``env.<id>.tools``: the factory *is* the
+    function, called with the call's arguments as keywords; it returns the result (text, or
+    anything JSON can write). ``parameters`` is its JSON schema (what a chat template shows the
+    model)."""
+
+    kind: ClassVar[str] = "tool"
+    parameters: dict[str, Any] = attrs.field(factory=dict)
+
+
+@attrs.frozen(kw_only=True)
+class ToolCallParser(Registration):
+    """How tool calls are read from a model turn, named by ``env.<id>.tool_parser``: the factory
+    *is* the function ``parse(text) -> list[corerl.environments.tools.ToolCall]``."""
+
+    kind: ClassVar[str] = "tool-call parser"
 
 
 R = TypeVar("R", bound=Registration)

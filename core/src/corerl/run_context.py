@@ -22,15 +22,15 @@ from corerl.run_directory import load_tokenizer, make_run_dir, resolve_model
 from corerl.selection import Selection
 
 
-def evaluate(generation: Any, task: Any, max_new_tokens: int, max_seq_length: int) -> float:
-    """Mean held-out reward of greedy answers (completions end at ``max_seq_length``)."""
+def evaluate(rollout: Any, task: Any, max_new_tokens: int, max_seq_length: int) -> float:
+    """Mean held-out reward of greedy answers (or episodes, through ``rollout``; each at most
+    ``max_seq_length`` tokens)."""
     from corerl.generation.contract import SamplingSettings
-    from corerl.tasks import mean_reward
 
     prompts, examples = task.held_out()
-    sampling = SamplingSettings(temperature=0.0, max_new_tokens=max_new_tokens).within(max_seq_length, prompts)
-    groups = generation.generate(prompts, sampling, n=1)
-    return mean_reward(task, groups, examples)
+    sampling = SamplingSettings(temperature=0.0, max_new_tokens=max_new_tokens)
+    rewards = rollout.run(prompts, examples, sampling, 1, max_seq_length).rewards
+    return sum(group[0] for group in rewards) / len(rewards)
 
 
 class RunContext:
@@ -52,7 +52,9 @@ class RunContext:
         self.offload: Any = None
         self.model_path = ""
         self.task: Any = None
+        self.tokenizer: Any = None
         self.warm_started = False
+        self._environment_pool: Any = None
 
     @classmethod
     def open(cls, config: Config, selection: Selection, console: Any, host: PluginHost) -> RunContext:
@@ -76,6 +78,7 @@ class RunContext:
         tokenizer = load_tokenizer(core.policy.tokenizer_path(context.model_path), context.model_path)
         if core.policy.chat_template is not None:
             tokenizer.chat_template = core.policy.chat_template
+        context.tokenizer = tokenizer
         assert selection.task.registration is not None
         context.task = selection.task.registration.create(TaskContext(
             tokenizer, core.algorithm.seed, core.data, selection.reward_fn,
@@ -135,6 +138,41 @@ class RunContext:
         if self.generation is not None:
             self.generation.update_weights(self.training.weight_stream())
 
+    def rollout(self) -> Any:
+        """The rollout stage of a sampling algorithm: one turn scored by the task's reward, or,
+        with ``data.env_name``, episodes against that environment (started on first use, in this
+        process or as ``env.<id>.num_workers`` Ray actors, and shut down with the run)."""
+        from corerl.environments.rollout import MultiTurnRollout, SingleTurnRollout
+
+        choice = self.selection.environment
+        if choice.registration is None:
+            return SingleTurnRollout(self.generation, self.task.reward)
+        from corerl.environments.encoding import ObservationEncoder
+
+        settings = self.config.section(f"env.{choice.id}")
+        if self._environment_pool is None:
+            self._environment_pool = self.start_environment(choice.registration, settings)
+        return MultiTurnRollout(self.generation, self._environment_pool, ObservationEncoder(self.tokenizer), self.tokenizer,
+                                choice.id, max_turns=self.config.core.algorithm.max_rollout_turns,
+                                max_failure_share=settings.max_failure_share)
+
+    def start_environment(self, registration: Any, settings: Any) -> Any:
+        """The environment's pool of workers (:mod:`corerl.environments.pool`), shut down with the run."""
+        from corerl.environments.contract import EnvironmentContext
+        from corerl.environments.pool import InProcessPool, RayPool
+
+        context = EnvironmentContext(settings, self.config.core.algorithm.seed, self.tokenizer,
+                                     tools={t.id: t for t in self.host.tools},
+                                     tool_parsers={p.id: p for p in self.host.tool_parsers},
+                                     reward=self.selection.reward_fn, data=self.config.core.data)
+        if settings.num_workers:
+            pool: Any = RayPool(registration, context, settings.num_workers, self.config.core.cluster.ray_address)
+            self.console.print(f"environment {registration.id}: {settings.num_workers} Ray actor(s)")
+        else:
+            pool = InProcessPool(registration.create(context), settings.timeout_s)
+        self.started.append(pool)
+        return pool
+
     def start_reference(self) -> tuple[Any, Any]:
         """A frozen copy of :attr:`starting_weights` on the policy's backend, and its offload
         (``policy.reference.cpu_offload``)."""
@@ -175,7 +213,7 @@ class RunContext:
         """Mean held-out reward of greedy answers from the generation engine."""
         self.offload.before_generation()
         core = self.config.core
-        return evaluate(self.generation, self.task, core.policy.generation.max_new_tokens, core.policy.max_seq_length)
+        return evaluate(self.rollout(), self.task, core.policy.generation.max_new_tokens, core.policy.max_seq_length)
 
 
 def check_task_fits(task: Any, selection: Selection) -> None:

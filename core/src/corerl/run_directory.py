@@ -103,11 +103,11 @@ WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_mo
 
 def load_tokenizer(path: str, model_path: str) -> Any:
     """The tokenizer at ``path``; one that cannot be loaded is a one-line error naming the key."""
-    from transformers import AutoTokenizer
+    from corerl.models.tokenizer import load_tokenizer_folder
 
     key = "policy.tokenizer_name" if path != model_path else "policy.model_name"
     try:
-        return AutoTokenizer.from_pretrained(path)
+        return load_tokenizer_folder(path)
     except (OSError, ValueError, KeyError, TypeError) as exc:  # no or unreadable tokenizer files there
         raise ConfigError(f"cannot load a tokenizer from {path}: {first_line(exc)}", key=key, hint="give a folder holding tokenizer.json or the tokenizer files save_pretrained "
                                         "writes") from exc

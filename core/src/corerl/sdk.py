@@ -26,6 +26,9 @@ from corerl.distributed.placement import dedicated_generation_layout, training_l
 from corerl.distributed.rank_state import barrier
 from corerl.distributed.rendezvous import join_process_group
 from corerl.distributed.worker_group import LocalWorkerGroup, RayWorkerGroup, free_port
+from corerl.environments.contract import Environment as EnvironmentProtocol
+from corerl.environments.contract import EnvironmentContext, EnvironmentSettings, EpisodeView, Turn
+from corerl.environments.tools import ToolCall, ToolResult, execute, parse_hermes
 from corerl.errors import ConfigError, ConfigErrors, EngineNotAvailable, RunError
 from corerl.failures import checkpoint_errors
 from corerl.generation.contract import GenerationEngine, Sample, SamplingSettings
@@ -34,6 +37,7 @@ from corerl.generation.shared_weights import SharedWeightWriter, read_shared
 from corerl.hookspecs import CONTRACT_VERSION, hookimpl
 from corerl.import_paths import code_runner_problem
 from corerl.models.facts import check_tensor_parallel, model_shape
+from corerl.models.tokenizer import load_tokenizer_folder
 from corerl.models.value_model import load_pretrained, model_values, shift_values
 from corerl.planning.memory import (
     GIB,
@@ -48,6 +52,7 @@ from corerl.planning.memory import (
 from corerl.registry import (
     Algorithm,
     Command,
+    Environment,
     GenerationBackend,
     MemoryModel,
     OffloadPolicy,
@@ -56,6 +61,8 @@ from corerl.registry import (
     Reward,
     SequencePacker,
     Task,
+    Tool,
+    ToolCallParser,
     TrainingBackend,
 )
 from corerl.run_context import RunContext
@@ -74,7 +81,10 @@ from corerl.training.weights import EngineWeights
 __all__ = [
     # registering
     "hookimpl", "CONTRACT_VERSION", "TrainingBackend", "GenerationBackend", "SequencePacker", "OffloadPolicy", "Task", "Reward",
-    "Command", "Preset", "MemoryModel", "Algorithm", "PlotSpec",
+    "Command", "Preset", "MemoryModel", "Algorithm", "PlotSpec", "Environment", "Tool", "ToolCallParser",
+    # environments
+    "EnvironmentProtocol", "EnvironmentContext", "EnvironmentSettings", "EpisodeView", "Turn", "ToolCall", "ToolResult",
+    "execute", "parse_hermes",
     # algorithms
     "AlgorithmRun", "AlgorithmBase", "RunContext", "samples_to_batch", "step_seed",
     # configuration
@@ -96,7 +106,7 @@ __all__ = [
     "load_plain", "is_complete", "write_complete", "parallel_sizes_divide_world", "resolve", "local_gpu_index",
     "runs_here_without_gpu", "dedicated_generation_layout", "barrier", "free_port", "choose_tokens",
     "cut_at_stop_strings", "SharedWeightWriter", "read_shared", "code_runner_problem", "shift_values",
-    "copy_tokenizer", "write_hf_checkpoint", "model_shape", "check_tensor_parallel", "token_logprobs", "move_optimizer_state", "register_segment_attention",
+    "copy_tokenizer", "write_hf_checkpoint", "load_tokenizer_folder", "model_shape", "check_tensor_parallel", "token_logprobs", "move_optimizer_state", "register_segment_attention",
 ]
 
 

@@ -12,6 +12,7 @@ Generation backend: ``policy.generation.backend``, else ``vllm``, else ``hf``.
 
 Task: ``data.task``. Reward: ``data.reward`` as a registered id or an import path
 ``pkg.module:fn`` (imported now, so a typo fails validation), unset: the task's own.
+Environment: ``data.env_name`` (unset: none, one turn per sample).
 """
 
 from __future__ import annotations
@@ -62,6 +63,8 @@ class Selection:
     critic_config: Any = None
     #: the algorithm ``algorithm.name`` names (its registration declares what else is needed)
     algorithm: Choice = attrs.field(factory=lambda: Choice(None, "no algorithm selected"))
+    #: the environment ``data.env_name`` names (id None: one turn, scored by the task's reward)
+    environment: Choice = attrs.field(factory=lambda: Choice(None, "data.env_name is unset: one turn per sample"))
 
     @property
     def samples(self) -> bool:
@@ -85,6 +88,7 @@ class Selection:
             "offload_policy": self.offload_policy.as_dict(),
             "task": self.task.as_dict(),
             "reward": self.reward.as_dict(),
+            "environment": self.environment.as_dict(),
         }
 
 
@@ -294,6 +298,21 @@ def select_reward(config: Config, host: PluginHost) -> tuple[Choice, Any]:
     return Choice(chosen.id, f"data.reward is {chosen.id!r}", chosen), chosen.load()
 
 
+def select_environment(config: Config, host: PluginHost, algorithm: Any = None) -> Choice:
+    """The environment ``data.env_name`` names (none when unset); the algorithm must play
+    episodes (its registration's ``environments``)."""
+    name = config.core.data.env_name
+    if name is None:
+        return Choice(None, "data.env_name is unset: one turn per sample, scored by the task's reward")
+    chosen = _lookup(host, host.environments, name, "data.env_name", config)
+    if algorithm is not None and not algorithm.environments:
+        playing = [a.id for a in host.algorithms if a.environments]
+        raise SelectionError(f"algorithm {algorithm.id!r} plays no environment episodes, and data.env_name names "
+                             f"{name!r}", key="data.env_name", source=origin_of("data.env_name", config.origins),
+                             hint=f"unset data.env_name, or use an algorithm that plays them ({', '.join(playing)})")
+    return Choice(chosen.id, f"data.env_name is {chosen.id!r}", chosen)
+
+
 def select(config: Config, host: PluginHost) -> Selection:
     """Select every component; every selection error is raised together."""
     errors: list[CorerlError] = []
@@ -310,6 +329,7 @@ def select(config: Config, host: PluginHost) -> Selection:
         ("sequence_packer", select_sequence_packer),
         ("offload_policy", select_offload_policy),
         ("task", lambda config, host: select_task(config, host, algorithm)),
+        ("environment", lambda config, host: select_environment(config, host, algorithm)),
     ):
         try:
             result = pick(config, host)
@@ -338,6 +358,8 @@ def select(config: Config, host: PluginHost) -> Selection:
         checked += ["generation_backend", "offload_policy"]
     if config.core.policy.sequence_packing.enabled:
         checked.append("sequence_packer")
+    if choices["environment"].registration is not None:
+        checked.append("environment")
     from corerl.models.facts import check_model_limits
 
     check_model_limits(config)

@@ -21,6 +21,7 @@ import torch
 
 from corerl.algorithms.contract import AlgorithmBase
 from corerl.algorithms.grpo_math import GRPOLoss, group_advantages
+from corerl.environments.rollout import SingleTurnRollout
 from corerl.generation.contract import Sample, SamplingSettings
 from corerl.offload import NoOffload, PhaseOffload, ReferenceOffload
 from corerl.training.batching import right_pad
@@ -41,7 +42,8 @@ def step_seed(seed: int, step: int) -> int:
 
 
 def samples_to_batch(groups: Sequence[Sequence[Sample]], advantages: torch.Tensor) -> dict[str, torch.Tensor]:
-    """Right-padded training rows (prompt + completion), a loss mask on the completion, each
+    """Right-padded training rows (prompt + completion), a loss mask on the model's completion
+    tokens (a multi-turn episode's environment tokens stay out: ``Sample.completion_mask``), each
     row's advantage on every token, and the generation backend's logprobs for comparison."""
     samples = [s for group in groups for s in group]
     input_ids, attention = right_pad([list(s.prompt_ids) + list(s.completion_ids) for s in samples])
@@ -50,7 +52,7 @@ def samples_to_batch(groups: Sequence[Sequence[Sample]], advantages: torch.Tenso
     gen_logprobs = torch.zeros((rows, width), dtype=torch.float32)
     for row, s in enumerate(samples):
         p, c = len(s.prompt_ids), len(s.completion_ids)
-        loss_mask[row, p : p + c] = 1
+        loss_mask[row, p : p + c] = 1 if s.completion_mask is None else torch.tensor(s.completion_mask)
         gen_logprobs[row, p : p + c] = torch.tensor(s.logprobs, dtype=torch.float32)
     adv = advantages.reshape(rows, 1).to(torch.float32).expand(rows, width).contiguous()
     return {"input_ids": input_ids, "attention_mask": attention, "loss_mask": loss_mask,
@@ -85,8 +87,11 @@ class GRPO:
     steps_done: int = 0
     offload: PhaseOffload | None = None  # default: nothing moves
     reference_offload: ReferenceOffload | None = None  # default: the reference stays where it is
+    rollout: Any = None  # default: one turn scored by reward_fn (corerl.environments.rollout)
 
     def __attrs_post_init__(self) -> None:
+        if self.rollout is None:
+            self.rollout = SingleTurnRollout(self.generation, self.reward_fn)
         if self.offload is None:
             self.offload = NoOffload(self.training, self.generation)
         if self.reference_offload is None and self.reference is not None:
@@ -104,11 +109,12 @@ class GRPO:
         start = time.perf_counter()
         offload.before_generation()
         sampling = SamplingSettings.from_config(self.config, seed=step_seed(algorithm.seed, self.steps_done))
-        sampling = sampling.within(self.config.core.policy.max_seq_length, prompts)
-        groups = self.generation.generate([list(p) for p in prompts], sampling, n=n)
+        assert self.rollout is not None
+        rollout = self.rollout.run(prompts, items, sampling, n, self.config.core.policy.max_seq_length)
+        groups = rollout.groups
         timings["time/generation"] = time.perf_counter() - start
 
-        rewards = torch.tensor([[float(self.reward_fn(s, item)) for s in group] for group, item in zip(groups, items, strict=True)])
+        rewards = torch.tensor(rollout.rewards, dtype=torch.float32)
         advantages = group_advantages(rewards, scale_by_std=self.scale_rewards_by_std,
                                       leave_one_out=self.leave_one_out_baseline)
         batch = samples_to_batch(groups, advantages)
@@ -160,13 +166,15 @@ class GRPO:
             "generated_tokens": float(generated),
             **gap,
             **loss_metrics,
+            **rollout.metrics,
             **timings,
         }
 
 
 class GRPOAlgorithm(AlgorithmBase):
     """``algorithm.name: grpo``: each step samples ``algorithm.batch_size`` prompts from the task,
-    ``num_generations_per_prompt`` completions each, and runs :meth:`GRPO.step`; with
+    ``num_generations_per_prompt`` completions (or, with ``data.env_name``, episodes) each, and
+    runs :meth:`GRPO.step`; with
     ``algorithm.kl_penalty`` a frozen reference of the starting weights scores the samples."""
 
     name = "grpo"
@@ -181,7 +189,8 @@ class GRPOAlgorithm(AlgorithmBase):
                          leave_one_out_baseline=algorithm.leave_one_out_baseline,
                          optimization_passes=algorithm.optimization_passes,
                          optimizer_batch_size=algorithm.optimizer_batch_size, reference=reference,
-                         steps_done=self.done, offload=context.offload, reference_offload=reference_offload)
+                         steps_done=self.done, offload=context.offload, reference_offload=reference_offload,
+                         rollout=context.rollout())
 
     def step(self) -> dict[str, float]:
         prompts, examples = self.context.task.sample(self.context.config.core.algorithm.batch_size)

@@ -26,6 +26,7 @@ from corerl.algorithms.contract import AlgorithmBase
 from corerl.algorithms.grpo import RewardFn, minibatches, samples_to_batch, step_seed
 from corerl.algorithms.grpo_math import GRPOLoss, kl_estimate
 from corerl.algorithms.ppo_math import ValueLoss, explained_variance, gae, token_rewards
+from corerl.environments.rollout import SingleTurnRollout
 from corerl.generation.contract import SamplingSettings
 from corerl.offload import NoOffload, PhaseOffload, ReferenceOffload
 
@@ -97,8 +98,11 @@ class PPO:
     offload: PhaseOffload | None = None
     reference_offload: ReferenceOffload | None = None
     critic_offload: CriticOffload | None = None
+    rollout: Any = None  # default: one turn scored by reward_fn (corerl.environments.rollout)
 
     def __attrs_post_init__(self) -> None:
+        if self.rollout is None:
+            self.rollout = SingleTurnRollout(self.generation, self.reward_fn)
         if self.offload is None:
             self.offload = NoOffload(self.training, self.generation)
         if self.reference_offload is None and self.reference is not None:
@@ -131,12 +135,13 @@ class PPO:
         critic_offload.idle()
         offload.before_generation()
         sampling = SamplingSettings.from_config(self.config, seed=step_seed(algorithm.seed, self.steps_done))
-        sampling = sampling.within(self.config.core.policy.max_seq_length, prompts)
-        groups = self.generation.generate([list(p) for p in prompts], sampling, n=algorithm.num_generations_per_prompt)
+        assert self.rollout is not None
+        rollout = self.rollout.run(prompts, items, sampling, algorithm.num_generations_per_prompt,
+                                   self.config.core.policy.max_seq_length)
+        groups = rollout.groups
         timings["time/generation"] = time.perf_counter() - start
 
-        scores = torch.tensor([float(self.reward_fn(s, item)) for group, item in zip(groups, items, strict=True)
-                               for s in group])
+        scores = torch.tensor([r for group in rollout.rewards for r in group], dtype=torch.float32)
         batch = samples_to_batch(groups, torch.zeros(len(scores)))
         mask = batch["loss_mask"]
 
@@ -188,6 +193,7 @@ class PPO:
             "critic/explained_variance": explained_variance(old_values, returns, mask),
             "critic/grad_norm": float(critic_last.grad_norm), "critic/lr": float(critic_last.lr),
             "generated_tokens": float(mask.sum()),
+            **rollout.metrics,
         }
         if kl is not None:
             metrics["kl"] = float(kl.sum() / mask.sum().clamp(min=1))
@@ -250,7 +256,8 @@ class PPOAlgorithm(AlgorithmBase):
             critic.load_checkpoint(str(self.resume_from / "critic"))
         self.ppo = PPO.from_config(context.config, training=context.training, critic=critic,
                                    generation=context.generation, reward_fn=context.task.reward, reference=reference,
-                                   steps_done=self.done, offload=context.offload, reference_offload=reference_offload)
+                                   steps_done=self.done, offload=context.offload, reference_offload=reference_offload,
+                                   rollout=context.rollout())
 
     def step(self) -> dict[str, float]:
         assert self.ppo is not None

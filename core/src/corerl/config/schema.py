@@ -178,6 +178,9 @@ class AlgorithmConfig:
     optimization_passes: int = setting(1, min=1)
     optimizer_batch_size: int | None = setting(None, min=1, help="GRPO: sequences per optimizer step; unset: all of a "
                                                                  "step's samples (one optimizer step per step)")
+    max_rollout_turns: int | None = setting(None, min=1, help="with data.env_name: the most model turns of an episode; "
+                                                              "unset: until the environment says done or "
+                                                              "policy.max_seq_length is reached")
 
 
 @attrs.define(kw_only=True)
@@ -218,8 +221,17 @@ class DataConfig:
     rejected_key: str = setting("rejected", help="preferences task: the dispreferred response column")
     apply_chat_template: bool = setting(False, help="dataset task: wrap each prompt in the tokenizer's chat template")
     prompt_file: str | None = setting(None, help="dataset task: a text file whose {} each prompt fills (str.format)")
+    env_name: str | None = setting(None, help="an environment id (corerl plugins lists them): GRPO and PPO play "
+                                              "episodes against it, its section is env.<id>; unset: one turn scored "
+                                              "by the task's reward")
     hub_dataset: str | None = setting(None, help="a Hugging Face Hub dataset name (NeMo RL recipes); refused at run "
                                                  "start: nothing is downloaded, give data.train_files")
+
+
+@attrs.define(kw_only=True)
+class EnvConfig:
+    """``env``: one section per installed environment, ``env.<id>`` (its keys are the environment's
+    registration's; ``data.env_name`` picks the one a run plays)."""
 
 
 @attrs.define(kw_only=True)
@@ -253,13 +265,14 @@ class CheckpointingConfig:
 
 @attrs.define(kw_only=True)
 class CorerlConfig:
-    """A whole recipe: cluster, policy, critic, algorithm, data, sft, run and checkpointing sections."""
+    """A whole recipe: cluster, policy, critic, algorithm, data, env, sft, run and checkpointing sections."""
 
     cluster: ClusterConfig = section(ClusterConfig)
     policy: PolicyConfig = setting()
     critic: CriticConfig = section(CriticConfig)
     algorithm: AlgorithmConfig = section(AlgorithmConfig)
     data: DataConfig = section(DataConfig)
+    env: EnvConfig = section(EnvConfig)
     sft: SftConfig = section(SftConfig)
     run: RunConfig = section(RunConfig)
     checkpointing: CheckpointingConfig = section(CheckpointingConfig)

@@ -56,12 +56,18 @@ class SamplingSettings:
 @attrs.frozen(kw_only=True)
 class Sample:
     """One completion: its prompt, the generated ids (a final stop token included), the
-    logprob of each generated id under the model (no temperature), and why it ended."""
+    logprob of each generated id under the model (no temperature), and why it ended.
+
+    A multi-turn episode is one sample too: ``completion_ids`` holds everything after the prompt,
+    the environment's tokens between the model's turns included, and ``completion_mask`` marks
+    the model's own tokens (1) apart from the environment's (0, logprob 0, left out of the loss).
+    None, as generation backends leave it: every completion token is the model's."""
 
     prompt_ids: tuple[int, ...]
     completion_ids: tuple[int, ...]
     logprobs: tuple[float, ...]
     finish_reason: FinishReason
+    completion_mask: tuple[int, ...] | None = None
 
 
 @runtime_checkable

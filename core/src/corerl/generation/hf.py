@@ -58,8 +58,10 @@ class HFGenerationBackend:
 
     def load_hf(self, model_path: str) -> None:
         import torch
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoModelForCausalLM
         from transformers.utils import logging as hf_logging
+
+        from corerl.models.tokenizer import load_tokenizer_folder
 
         hf_logging.disable_progress_bar()
         precision = self.config.core.policy.precision
@@ -72,7 +74,7 @@ class HFGenerationBackend:
             self.own_model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype).to(self.device)
             self.own_model.eval()
             self.autocast = None
-        self.tokenizer = AutoTokenizer.from_pretrained(self.config.core.policy.tokenizer_path(model_path))
+        self.tokenizer = load_tokenizer_folder(self.config.core.policy.tokenizer_path(model_path))
         choice = self.config.core.policy.generation.hf_kv_cache
         self.static_cache = choice == "static" or (choice == "auto" and self.device.type == "cuda")
         if self.static_cache and self.autocast is not None:

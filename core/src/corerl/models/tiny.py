@@ -17,11 +17,19 @@ BUILTIN_MODELS: dict[str, dict[str, Any]] = {
 }
 
 
+#: words that spell a Hermes tool call of the ``lookup`` tool, and its result, when joined by spaces
+#: (``<tool_call> {"name": "lookup", "arguments": {}} </tool_call>``): the tool_lookup task's
+TOOL_WORDS = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", '{"name":', '"lookup",',
+              '"arguments":', "{}}"]
+
+
 def tiny_vocabulary(size: int) -> list[str]:
-    """Special tokens, digits, a few operators and filler words, up to ``size`` entries."""
+    """Special tokens, digits, a few operators and filler words, up to ``size`` entries; from 64
+    entries on, the last ones are :data:`TOOL_WORDS`."""
     words = [*SPECIAL_TOKENS, *[str(d) for d in range(10)], "+", "-", "=", "?", ":", ".", ","]
-    words += [f"w{i}" for i in range(size - len(words))]
-    return words[:size]
+    tools = TOOL_WORDS if size >= 64 else []
+    words += [f"w{i}" for i in range(size - len(words) - len(tools))]
+    return (words + tools)[:size]
 
 
 def build_tokenizer(vocab_size: int = 128) -> Any:

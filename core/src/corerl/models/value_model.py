@@ -51,8 +51,10 @@ def is_value_model(path: str | Path) -> bool:
 def init_value_model(policy_path: str | Path, out: str | Path) -> Path:
     """Write the critic of ``policy_path`` (weights, config, tokenizer) into folder ``out``."""
     import torch
-    from transformers import AutoConfig, AutoTokenizer
+    from transformers import AutoConfig
     from transformers.utils import logging as hf_logging
+
+    from corerl.models.tokenizer import load_tokenizer_folder
 
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()  # the head is missing from a causal LM checkpoint by design
@@ -66,7 +68,7 @@ def init_value_model(policy_path: str | Path, out: str | Path) -> Path:
             param.zero_()
     out = Path(out)
     model.save_pretrained(out)
-    AutoTokenizer.from_pretrained(str(policy_path)).save_pretrained(out)
+    load_tokenizer_folder(str(policy_path)).save_pretrained(out)
     return out
 
 

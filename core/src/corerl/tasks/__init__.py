@@ -45,7 +45,9 @@ class TaskSource(Protocol):
         """The held-out prompts (evaluated greedily before and after training) and their examples."""
 
     def demonstrations(self, count: int) -> list[tuple[list[int], list[int]]]:
-        """``count`` (prompt ids, response ids) pairs for SFT; the response ends with end-of-sequence."""
+        """``count`` (prompt ids, response ids) pairs for SFT; the response ends with end-of-sequence.
+        A multi-turn demonstration adds a third element, a 0/1 mask over the response: 0 marks
+        an environment's tokens, which SFT does not train on."""
 
     def reward(self, sample: Sample, example: Any) -> float:
         """The reward of one completion."""

@@ -44,10 +44,10 @@ def export_on_rank_zero(rank: int, state: dict[str, torch.Tensor] | None, hf_con
 
 def copy_tokenizer(source: str, target: str) -> None:
     """Save ``source``'s tokenizer into ``target``; a warning when it has none that loads."""
-    from transformers import AutoTokenizer
+    from corerl.models.tokenizer import load_tokenizer_folder
 
     try:
-        tokenizer = AutoTokenizer.from_pretrained(source)
+        tokenizer = load_tokenizer_folder(source)
     except (OSError, ValueError) as exc:
         log.warning("no tokenizer exported: %s has none that loads (%s)", source, exc)
         return

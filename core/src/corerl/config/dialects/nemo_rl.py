@@ -317,10 +317,10 @@ def markdown_table() -> str:
 
 def looks_like(raw: dict[str, Any]) -> bool:
     """A NeMo RL recipe: a ``grpo:``/``dpo:`` section, an ``sft:`` section in NeMo RL's form, or
-    one of its own top-level sections (``loss_fn``, ``logger``, ``env``)."""
+    one of its own top-level sections (``loss_fn``, ``logger``; ``env`` is corerl's too)."""
     sft = raw.get("sft")
     nemo_sft = isinstance(sft, dict) and any(k in sft for k in ("max_num_steps", "max_num_epochs", "val_period"))
-    return "grpo" in raw or "dpo" in raw or nemo_sft or any(s in raw for s in NEMO_ONLY_SECTIONS)
+    return "grpo" in raw or "dpo" in raw or nemo_sft or any(s in raw for s in NEMO_ONLY_SECTIONS if s != "env")
 
 
 def _leaves(node: dict[str, Any], prefix: str = "") -> list[tuple[str, Any]]:

@@ -14,7 +14,14 @@ import logging
 from collections.abc import Iterable
 from typing import Any
 
-from corerl.sdk import Config, Dispatch, Sample, SamplingSettings, cut_at_stop_strings
+from corerl.sdk import (
+    Config,
+    Dispatch,
+    Sample,
+    SamplingSettings,
+    cut_at_stop_strings,
+    load_tokenizer_folder,
+)
 
 log = logging.getLogger(__name__)
 
@@ -38,8 +45,6 @@ class MegatronGeneration:
         return False
 
     def load_hf(self, model_path: str) -> None:
-        from transformers import AutoTokenizer
-
         if self.engine is None or self.owns_engine:
             from corerl_megatron.training.backend import MegatronBackend
 
@@ -50,7 +55,7 @@ class MegatronGeneration:
         elif model_path != self.engine.model_path:
             raise ValueError(f"megatron generation shares the training model (loaded from {self.engine.model_path}) "
                              f"and cannot load another one ({model_path})")
-        self.tokenizer = AutoTokenizer.from_pretrained(self.config.core.policy.tokenizer_path(model_path))
+        self.tokenizer = load_tokenizer_folder(self.config.core.policy.tokenizer_path(model_path))
         self.default_stop_ids = _eos_ids(model_path, self.tokenizer)
 
     def generate(self, prompts: list[list[int]], sampling: SamplingSettings, n: int = 1) -> list[list[Sample]]:

@@ -1,0 +1,70 @@
+"""Observations as tokens, appended after the model's own tokens without re-tokenizing them.
+
+Text is tokenized on its own. Chat messages are rendered with the tokenizer's chat template as
+a continuation: the template is applied to a short stand-in conversation with and without the
+new messages (and the assistant prompt that follows them), and only the difference is tokenized,
+together with what the template writes after an assistant turn's end token (Qwen's newline after
+``<|im_end|>``). So the tokens are those the template would give the whole conversation, while
+the model's sampled ids stay exactly as sampled.
+
+Without a chat template, messages are written plainly: a tool result as
+``<tool_response> ... </tool_response>``, anything else as its content.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from corerl.environments.contract import Message
+
+_STAND_IN_USER = "corerl-stand-in-question"
+_STAND_IN_ANSWER = "corerl-stand-in-answer"
+
+
+def plain_text(messages: Sequence[Message]) -> str:
+    """Messages written without a chat template (tool results wrapped as Hermes writes them)."""
+    parts = []
+    for message in messages:
+        content = str(message.get("content", ""))
+        parts.append(f"<tool_response> {content} </tool_response>" if message.get("role") == "tool" else content)
+    return " ".join(parts)
+
+
+class ObservationEncoder:
+    """Token ids of an observation, to follow a model turn that ended with ``ended_with_stop``."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        self.has_template = bool(getattr(tokenizer, "chat_template", None))
+        self.after_stop = ""
+        if self.has_template:
+            base = self._render([{"role": "user", "content": _STAND_IN_USER},
+                                 {"role": "assistant", "content": _STAND_IN_ANSWER}], prompt=False)
+            tail = base[base.rfind(_STAND_IN_ANSWER) + len(_STAND_IN_ANSWER):]
+            eos = tokenizer.eos_token or ""
+            # what the template writes after the assistant's end token (the model stops at that token)
+            self.after_stop = tail[tail.find(eos) + len(eos):] if eos and eos in tail else ""
+            self.end_of_turn = tail[: len(tail) - len(self.after_stop)]
+
+    def _render(self, messages: list[Any], prompt: bool) -> str:
+        return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=prompt)
+
+    def text_of(self, observation: str | Sequence[Message], ended_with_stop: bool = True) -> str:
+        """The text appended for ``observation``."""
+        if isinstance(observation, str):
+            return observation
+        if not self.has_template:
+            return plain_text(observation)
+        conversation = [{"role": "user", "content": _STAND_IN_USER}, {"role": "assistant", "content": _STAND_IN_ANSWER}]
+        base = self._render(conversation, prompt=False)
+        full = self._render([*conversation, *[dict(m) for m in observation]], prompt=True)
+        if not full.startswith(base):
+            raise ValueError("the chat template does not render a conversation as an extension of its start, so an "
+                             "observation cannot be appended to the model's tokens")
+        closing = self.after_stop if ended_with_stop else self.end_of_turn + self.after_stop
+        return closing + full[len(base):]
+
+    def encode(self, observation: str | Sequence[Message], ended_with_stop: bool = True) -> list[int]:
+        """Token ids of :meth:`text_of` (no special tokens added)."""
+        return list(self.tokenizer.encode(self.text_of(observation, ended_with_stop), add_special_tokens=False))

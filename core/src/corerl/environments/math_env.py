@@ -1,0 +1,51 @@
+"""``math``: one turn, the answer checked by Hugging Face's ``math-verify`` (NeMo RL's
+``env.math`` with ``math_verify_impl: hf_math_verify``).
+
+The gold answer is the row's answer column (``data.answer_key``); the reward is 1 when
+``math_verify.verify`` finds the model's answer (a ``\\boxed{}`` expression, LaTeX or a plain
+number anywhere in the turn) equal to it, else 0. math-verify's own timeouts use signals, which
+work in a process's main thread only; corerl runs steps in threads (and in Ray actors), so they
+are off here and ``env.math.timeout_s`` bounds a step instead.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import attrs
+
+from corerl.config.fields import setting
+from corerl.environments.contract import EnvironmentContext, EnvironmentSettings, EpisodeView, Turn
+from corerl.errors import EngineNotAvailable
+
+
+@attrs.define(kw_only=True)
+class MathSettings(EnvironmentSettings):
+    """``env.math``: how answers are verified."""
+
+    math_verify_impl: Literal["hf_math_verify"] = setting("hf_math_verify",
+                                                          help="the verifier: Hugging Face's math-verify package")
+
+
+class MathEnvironment:
+    """Verifies the model's one answer against the row's gold answer."""
+
+    def __init__(self, context: EnvironmentContext) -> None:
+        try:
+            import math_verify
+        except ImportError as exc:
+            raise EngineNotAvailable("the math environment needs the math-verify package",
+                                     hint="pip install 'math-verify==0.9.0' (scripts/setup.sh installs it)") from exc
+        self.parse, self.verify = math_verify.parse, math_verify.verify
+        self.answer_key = getattr(context.data, "answer_key", "answer") if context.data is not None else "answer"
+
+    def correct(self, response: str, gold: Any) -> bool:
+        target = self.parse(str(gold), parsing_timeout=None)  # type: ignore[arg-type]
+        if not target:  # a gold answer math-verify cannot read as math: compare it as text
+            target = [str(gold)]
+        answer = self.parse(response, parsing_timeout=None)  # type: ignore[arg-type]
+        return bool(answer) and bool(self.verify(target, answer, timeout_seconds=None))
+
+    def step(self, episode: EpisodeView) -> Turn:
+        gold = episode.row[self.answer_key]
+        return Turn(reward=1.0 if self.correct(episode.response, gold) else 0.0, done=True)

@@ -1,0 +1,219 @@
+"""The rollout stage of the sampling algorithms (GRPO, PPO): prompts in, scored samples out.
+
+:class:`SingleTurnRollout` is one completion per sample, scored by the task's reward.
+:class:`MultiTurnRollout` plays episodes against an environment: every live episode generates
+its next turn together with the others (one ``generate`` call per turn), the environment
+answers each, and its observation's tokens are appended after the model's own tokens, which are
+never decoded and re-encoded: the ids and logprobs trained on are exactly those sampled (token
+in, token out). An episode ends when the environment says done, at ``max_turns``, when
+``max_seq_length`` tokens leave no room for another turn, or on an environment fault (zero
+reward, counted). The first turn is the single-turn call itself (``n`` samples per prompt), so a
+one-turn environment reproduces the single-turn path sample for sample.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import Counter
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import attrs
+
+from corerl.environments.contract import STOP_REASONS, EpisodeView
+from corerl.errors import RunError
+from corerl.generation.contract import Sample, SamplingSettings
+
+
+@attrs.frozen
+class Rollout:
+    """A step's samples (one group of ``n`` per prompt), their rewards (same shape) and the
+    rollout's own metrics."""
+
+    groups: list[list[Sample]]
+    rewards: list[list[float]]
+    metrics: dict[str, float] = attrs.field(factory=dict)
+
+
+class SingleTurnRollout:
+    """One completion per sample, scored by ``reward_fn(sample, example)`` (the task's reward)."""
+
+    def __init__(self, generation: Any, reward_fn: Callable[[Sample, Any], float]) -> None:
+        self.generation, self.reward_fn = generation, reward_fn
+
+    def run(self, prompts: Sequence[Sequence[int]], items: Sequence[Any], sampling: SamplingSettings,
+            n: int, max_seq_length: int) -> Rollout:
+        """``n`` samples per prompt, completions cut to ``max_seq_length`` tokens in all."""
+        sampling = sampling.within(max_seq_length, prompts)
+        groups = self.generation.generate([list(p) for p in prompts], sampling, n=n)
+        rewards = [[float(self.reward_fn(s, item)) for s in group] for group, item in zip(groups, items, strict=True)]
+        return Rollout(groups, rewards)
+
+
+@attrs.define
+class _Episode:
+    """One episode while it is played."""
+
+    prompt: list[int]
+    row: Any
+    where: str
+    ids: list[int] = attrs.field(factory=list)
+    mask: list[int] = attrs.field(factory=list)
+    logprobs: list[float] = attrs.field(factory=list)
+    responses: list[str] = attrs.field(factory=list)
+    reward: float = 0.0
+    state: Any = None
+    finish: str = "stop"
+    stop: str | None = None
+    cause: str = ""
+    tool_calls: int = 0
+    tool_failures: int = 0
+
+    @property
+    def length(self) -> int:
+        return len(self.prompt) + len(self.ids)
+
+    def add_turn(self, sample: Sample, text: str) -> None:
+        self.ids += sample.completion_ids
+        self.mask += [1] * len(sample.completion_ids)
+        self.logprobs += sample.logprobs
+        self.responses.append(text)
+        self.finish = sample.finish_reason
+
+    def add_observation(self, ids: list[int]) -> None:
+        self.ids += ids
+        self.mask += [0] * len(ids)
+        self.logprobs += [0.0] * len(ids)
+
+    def sample(self) -> Sample:
+        return Sample(prompt_ids=tuple(self.prompt), completion_ids=tuple(self.ids), logprobs=tuple(self.logprobs),
+                      finish_reason="stop" if self.finish == "stop" else "length", completion_mask=tuple(self.mask))
+
+
+def turn_seed(seed: int | None, turn: int) -> int | None:
+    """The sampling seed of a later turn of a step (turn 1 keeps the step's own seed)."""
+    if seed is None or turn == 1:
+        return seed
+    digest = hashlib.blake2b(f"{seed}:turn:{turn}".encode(), digest_size=4).digest()
+    return int.from_bytes(digest, "little") & 0x7FFF_FFFF
+
+
+def row_label(item: Any) -> str:
+    """Where a row came from, for errors (the dataset task's origin, else the row itself, shortened)."""
+    if isinstance(item, dict) and "_corerl_origin" in item:
+        return str(item["_corerl_origin"])
+    text = repr(item)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def clean_row(item: Any) -> Any:
+    """The row as an environment sees it (corerl's own bookkeeping keys left out)."""
+    if isinstance(item, dict):
+        return {k: v for k, v in item.items() if not str(k).startswith("_corerl_")}
+    return item
+
+
+class MultiTurnRollout:
+    """Episodes against an environment ``pool`` (:mod:`corerl.environments.pool`), named
+    ``env_name`` in errors; ``encoder`` turns observations into tokens, ``tokenizer`` decodes
+    the model's turns for the environment. ``max_failure_share``: the run stops when more of a
+    step's episodes than this share end by an environment fault."""
+
+    def __init__(self, generation: Any, pool: Any, encoder: Any, tokenizer: Any, env_name: str,
+                 max_turns: int | None = None, max_failure_share: float = 1.0) -> None:
+        self.generation, self.pool, self.encoder, self.tokenizer = generation, pool, encoder, tokenizer
+        self.env_name, self.max_turns, self.max_failure_share = env_name, max_turns, max_failure_share
+
+    def run(self, prompts: Sequence[Sequence[int]], items: Sequence[Any], sampling: SamplingSettings,
+            n: int, max_seq_length: int) -> Rollout:
+        """``n`` episodes per prompt, each at most ``max_seq_length`` tokens long."""
+        episodes = [[_Episode(list(p), clean_row(item), row_label(item)) for _ in range(n)]
+                    for p, item in zip(prompts, items, strict=True)]
+        flat = [e for group in episodes for e in group]
+        seconds_before = self.pool.seconds
+        # turn 1: the single-turn call itself (n per prompt, one seed for the step)
+        first = self.generation.generate([list(p) for p in prompts], sampling.within(max_seq_length, prompts), n=n)
+        outputs = [s for group in first for s in group]
+        live = flat
+        turn = 1
+        while live:
+            for episode, sample in zip(live, outputs, strict=True):
+                episode.add_turn(sample, self.tokenizer.decode(list(sample.completion_ids), skip_special_tokens=True))
+            live = self._answer(live, turn, max_seq_length)
+            if not live:
+                break
+            turn += 1
+            room = max(max_seq_length - e.length for e in live)
+            settings = attrs.evolve(sampling, seed=turn_seed(sampling.seed, turn),
+                                    max_new_tokens=max(1, min(sampling.max_new_tokens, room)))
+            generated = self.generation.generate([e.prompt + e.ids for e in live], settings, n=1)
+            outputs = [_cut(group[0], max_seq_length - e.length) for group, e in zip(generated, live, strict=True)]
+        self._check_failures(flat)
+        groups = [[e.sample() for e in group] for group in episodes]
+        rewards = [[e.reward for e in group] for group in episodes]
+        return Rollout(groups, rewards, self._metrics(flat, self.pool.seconds - seconds_before))
+
+    def _answer(self, live: list[_Episode], turn: int, max_seq_length: int) -> list[_Episode]:
+        """The environment's answers to the live episodes' latest turns; the episodes still live."""
+        views = [EpisodeView(row=e.row, turn=turn, responses=tuple(e.responses), state=e.state) for e in live]
+        still = []
+        for episode, answer in zip(live, self.pool.answer(views), strict=True):
+            if answer.turn is None:
+                episode.stop, episode.cause, episode.reward = answer.fault, answer.cause, 0.0
+                continue
+            result = answer.turn
+            try:
+                episode.reward += float(result.reward)
+            except (TypeError, ValueError):
+                episode.stop, episode.cause, episode.reward = "env_malformed", f"reward {result.reward!r} is not a number", 0.0
+                continue
+            episode.state = result.state
+            episode.tool_calls += result.tool_calls
+            episode.tool_failures += result.tool_failures
+            if result.done:
+                episode.stop = "done"
+            elif self.max_turns is not None and turn >= self.max_turns:
+                episode.stop = "max_turns"
+            elif result.observation is None:
+                episode.stop, episode.cause, episode.reward = "env_malformed", "not done, but no observation", 0.0
+            else:
+                observation = self.encoder.encode(result.observation, ended_with_stop=episode.finish == "stop")
+                if episode.length + len(observation) >= max_seq_length:
+                    episode.stop = "max_tokens"  # no room for the observation and one more token
+                else:
+                    episode.add_observation(observation)
+                    still.append(episode)
+        return still
+
+    def _check_failures(self, episodes: list[_Episode]) -> None:
+        failed = [e for e in episodes if e.stop in ("env_error", "env_timeout", "env_malformed")]
+        if failed and len(failed) / len(episodes) > self.max_failure_share:
+            first = failed[0]
+            raise RunError(f"environment {self.env_name!r} failed {len(failed)} of {len(episodes)} episodes this step "
+                           f"(more than env.{self.env_name}.max_failure_share={self.max_failure_share:g}); first: "
+                           f"{first.stop} on {first.where}: {first.cause}", key=f"env.{self.env_name}",
+                           hint="fix the environment (CORERL_DEBUG=1 logs each failure), or raise max_failure_share")
+
+    @staticmethod
+    def _metrics(episodes: list[_Episode], seconds: float) -> dict[str, float]:
+        count = len(episodes)
+        stops = Counter(e.stop for e in episodes)
+        metrics = {f"env/stop/{reason}": stops.get(reason, 0) / count for reason in STOP_REASONS}
+        metrics.update({
+            "env/turns": sum(len(e.responses) for e in episodes) / count,
+            "env/tool_calls": float(sum(e.tool_calls for e in episodes)),
+            "env/tool_failures": float(sum(e.tool_failures for e in episodes)),
+            "env/failures": float(sum(stops.get(r, 0) for r in ("env_error", "env_timeout", "env_malformed"))),
+            "env/timeouts": float(stops.get("env_timeout", 0)),
+            "env/seconds": seconds,
+            "env/episode_tokens": sum(len(e.ids) for e in episodes) / count,
+        })
+        return metrics
+
+
+def _cut(sample: Sample, room: int) -> Sample:
+    """``sample`` cut to ``room`` completion tokens (it ends there, by length)."""
+    if len(sample.completion_ids) <= room:
+        return sample
+    return attrs.evolve(sample, completion_ids=sample.completion_ids[:room], logprobs=sample.logprobs[:room],
+                        finish_reason="length")

@@ -1,0 +1,87 @@
+"""``tools``: the built-in tool-calling environment.
+
+Each model turn is read with the configured tool-call parser (``env.tools.tool_parser``, default
+``hermes``). A turn with calls is answered with one ``{"role": "tool"}`` message per call, the
+tool's result (or what went wrong: an unknown tool, bad arguments, a tool that raised); a turn
+without calls is the final answer, scored by the run's reward (``data.reward``, else
+``exact_answer`` against the row's ``answer``). The tools offered are those ``env.tools.tools``
+names among the registered ones.
+
+A tool function that has a keyword-only parameter ``row`` receives the episode's dataset row
+there (not shown to the model): that is how a tool answers per episode (the ``lookup`` tool of
+the ``tool_lookup`` task reads the episode's table).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+
+from corerl.config.fields import setting
+from corerl.environments.contract import EnvironmentContext, EnvironmentSettings, EpisodeView, Turn
+from corerl.environments.tools import ToolCall, execute
+from corerl.errors import ConfigError
+from corerl.tasks.rewards import exact_answer
+
+
+@attrs.define(kw_only=True)
+class ToolsSettings(EnvironmentSettings):
+    """``env.tools``: which registered tools the model may call, and how calls are read."""
+
+    tools: list[str] = setting([], help="ids of registered tools the model may call (corerl plugins lists them)")
+    tool_parser: str = setting("hermes", help="id of the tool-call parser: hermes (Qwen/Hermes <tool_call> JSON)")
+    max_calls_per_turn: int = setting(4, min=1, help="calls executed per turn; further ones are answered with an error")
+
+
+def _with_row(function: Callable[..., Any], row: Any) -> Callable[..., Any]:
+    parameter = inspect.signature(function).parameters.get("row")
+    if parameter is None or parameter.kind is not inspect.Parameter.KEYWORD_ONLY:
+        return function
+
+    def call(**arguments: Any) -> Any:
+        return function(**arguments, row=row)
+
+    call.__signature__ = inspect.signature(function).replace(  # type: ignore[attr-defined]
+        parameters=[p for p in inspect.signature(function).parameters.values() if p.name != "row"])
+    return call
+
+
+class ToolsEnvironment:
+    """Executes the model's tool calls; the first turn without one is scored as the answer."""
+
+    def __init__(self, context: EnvironmentContext) -> None:
+        settings = context.settings
+        self.tools = {name: context.tools[name].load() for name in settings.tools}
+        self.parse = context.tool_parsers[settings.tool_parser].load()
+        self.max_calls = settings.max_calls_per_turn
+        self.reward = context.reward or exact_answer
+
+    def step(self, episode: EpisodeView) -> Turn:
+        calls: list[ToolCall] = self.parse(episode.response)
+        if not calls:
+            return Turn(reward=float(self.reward(episode.response, episode.row)), done=True)
+        tools = {name: _with_row(function, episode.row) for name, function in self.tools.items()}
+        results = [execute(call, tools) for call in calls[: self.max_calls]]
+        messages = [{"role": "tool", "content": r.content} for r in results]
+        messages += [{"role": "tool", "content": f"error: at most {self.max_calls} tool calls per turn"}
+                     for _ in calls[self.max_calls:]]
+        failures = sum(r.failed for r in results) + max(0, len(calls) - self.max_calls)
+        return Turn(observation=messages, tool_calls=len(calls), tool_failures=failures)
+
+
+def check_tools(config: Any) -> None:
+    """Refuse, in one line, a tool or parser ``env.tools`` names that no plugin registers."""
+    from corerl.plugin_manager import process_host
+
+    settings, host = config.section("env.tools"), process_host()
+    for index, name in enumerate(settings.tools):
+        if name not in host.tools:
+            raise ConfigError(f"no tool {name!r} is registered (tools: {', '.join(host.tools.ids()) or 'none'})",
+                              key=f"env.tools.tools[{index}]", hint="name a registered tool (corerl plugins lists them)")
+    if settings.tool_parser not in host.tool_parsers:
+        raise ConfigError(f"no tool-call parser {settings.tool_parser!r} is registered "
+                          f"(parsers: {', '.join(host.tool_parsers.ids())})", key="env.tools.tool_parser",
+                          hint="name a registered parser, e.g. hermes")
