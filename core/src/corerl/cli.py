@@ -145,7 +145,7 @@ def _print_json(data: Any) -> None:
 
 def _empty_selection() -> dict[str, None]:
     return {"training_backend": None, "generation_backend": None, "sequence_packer": None, "offload_policy": None,
-            "task": None, "reward": None}
+            "task": None, "reward": None, "environment": None}
 
 
 def _cmd_plugins(args: argparse.Namespace) -> int:
@@ -253,6 +253,7 @@ def _print_selection(config: Any, selection: Any, verdict: str) -> None:
         ("offload policy", selection.offload_policy),
         ("task", selection.task),
         ("reward", selection.reward),
+        *([("environment", selection.environment)] if selection.environment.id is not None else []),
     ):
         if not selection.samples and label in ("generation backend", "offload policy", "reward"):
             table.add_row(label, "unused", f"{selection.algorithm.id} samples nothing: no engine samples, nothing is scored")

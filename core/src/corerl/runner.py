@@ -76,6 +76,8 @@ def _shown(metrics: dict[str, float]) -> str:
         text = f"accuracy {metrics['preference_accuracy']:.2f}  margin {metrics.get('rewards/margin', 0.0):+.3f}  "
     if "critic/value_loss" in metrics:
         text += f"value loss {metrics['critic/value_loss']:.4f}  "
+    if "env/turns" in metrics:
+        text += f"turns {metrics['env/turns']:.1f}  "
     return text + f"loss {metrics['loss']:+.4f}  {tokens / metrics['time/step']:,.0f} tok/s"
 
 
@@ -263,6 +265,7 @@ class Run:
             "steps": sum(p.total for p in self.phases),
             "algorithm": self.registration.id,
             "task": selection.task.id, "reward": selection.reward.id if sampled else None,
+            "environment": selection.environment.id,
             "training_backend": selection.training_backend.id,
             "generation_backend": selection.generation_backend.id if sampled else None,
             "critic_backend": selection.critic_backend.id if selection.critic_backend is not None else None,

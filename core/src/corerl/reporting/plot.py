@@ -19,7 +19,11 @@ def plot_curves(rows: list[dict[str, Any]], out: Path, title: str, algorithms: I
 
     specs = {a.id: a.plot for a in algorithms}
     phases = list(dict.fromkeys(r["phase"] for r in rows if "phase" in r))
-    figure, (left, loss_axes) = plt.subplots(1, 2, figsize=(11, 4))
+    episodes = [r for r in rows if "env/turns" in r]
+    figure, axes = plt.subplots(1, 3 if episodes else 2, figsize=(16 if episodes else 11, 4))
+    left, loss_axes = axes[0], axes[1]
+    if episodes:
+        _plot_episodes(axes[2], episodes)
     shown = [p for p in phases if p in specs and specs[p].metrics]
     if shown:
         phase, spec = shown[-1], specs[shown[-1]]
@@ -48,3 +52,24 @@ def plot_curves(rows: list[dict[str, Any]], out: Path, title: str, algorithms: I
     figure.savefig(out, dpi=100)
     plt.close(figure)
     return out
+
+
+def _plot_episodes(axes: Any, rows: list[dict[str, Any]]) -> None:
+    """The environment's panel: turns per episode, tool calls and failures per episode, and the
+    share of episodes ended by each reason that occurred (and environment seconds per step, on a
+    second axis)."""
+    from corerl.environments.contract import STOP_REASONS
+
+    steps = [r["step"] for r in rows]
+    axes.plot(steps, [r["env/turns"] for r in rows], label="turns per episode")
+    if any(r.get("env/tool_calls") for r in rows):
+        axes.plot(steps, [r["env/tool_calls_per_episode"] for r in rows], label="tool calls per episode")
+        axes.plot(steps, [r["env/tool_failures_per_episode"] for r in rows], label="failed tool calls per episode")
+    for reason in STOP_REASONS:
+        if any(r.get(f"env/stop/{reason}") for r in rows):
+            axes.plot(steps, [r.get(f"env/stop/{reason}", 0.0) for r in rows], linestyle="--", label=f"ended: {reason}")
+    seconds = axes.twinx()
+    seconds.plot(steps, [r.get("env/seconds", 0.0) for r in rows], color="grey", alpha=0.4, label="env seconds")
+    seconds.set_ylabel("environment seconds per step")
+    axes.legend(fontsize="small")
+    axes.set(title="episodes", xlabel=f"{rows[0].get('phase', '').upper()} step")

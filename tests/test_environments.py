@@ -1,0 +1,323 @@
+"""The multi-turn rollout stage against scripted environments, with the real hf generation
+engine on a tiny model: masks, token-exactness, limits, faults, and a one-turn environment
+reproducing the single-turn path."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from corerl.environments.contract import EnvironmentContext, EpisodeView, Turn
+from corerl.environments.encoding import ObservationEncoder
+from corerl.environments.pool import InProcessPool
+from corerl.environments.rollout import MultiTurnRollout, SingleTurnRollout
+from corerl.environments.tool_env import ToolsEnvironment, ToolsSettings
+from corerl.environments.tools import ToolCall, execute, parse_hermes
+from corerl.errors import RunError
+from corerl.generation.contract import SamplingSettings
+from corerl.models.tokenizer import load_tokenizer_folder
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory):
+    from corerl.config import config_from_mapping
+    from corerl.generation.hf import HFGenerationBackend
+    from corerl.models.tiny import build_tiny_model
+    from corerl.plugin_manager import PluginHost
+
+    model = build_tiny_model(tmp_path_factory.mktemp("model"), hidden_size=64, num_layers=2, vocab_size=128)
+    config = config_from_mapping({"policy": {"model_name": str(model), "generation": {"backend": "hf"}}},
+                                 PluginHost(discover=False, env={}))
+    backend = HFGenerationBackend(config)
+    backend.load_hf(str(model))
+    return backend
+
+
+class Recording:
+    """The engine, called through; every sample it returned is kept (to compare ids exactly)."""
+
+    def __init__(self, engine):
+        self.engine, self.tokenizer, self.returned = engine, engine.tokenizer, []
+
+    def generate(self, prompts, sampling, n=1):
+        groups = self.engine.generate(prompts, sampling, n=n)
+        self.returned.append(groups)
+        return groups
+
+
+class Scripted:
+    """Answers each turn with ``observation`` until turn ``turns``, then done with reward 1 (0.25 per turn before)."""
+
+    def __init__(self, turns=3, observation="w5 w6"):
+        self.turns, self.observation = turns, observation
+
+    def step(self, episode: EpisodeView) -> Turn:
+        if episode.turn >= self.turns:
+            return Turn(reward=1.0, done=True)
+        return Turn(observation=self.observation, reward=0.25, state=(episode.state or 0) + 1)
+
+
+SAMPLING = SamplingSettings(temperature=1.0, max_new_tokens=4, seed=3)
+
+
+def _rollout(engine, environment, max_turns=None, share=1.0, timeout=30.0):
+    tokenizer = engine.tokenizer
+    return MultiTurnRollout(engine, InProcessPool(environment, timeout), ObservationEncoder(tokenizer), tokenizer,
+                            "scripted", max_turns=max_turns, max_failure_share=share)
+
+
+def _prompts(engine, count=2):
+    ids = [engine.tokenizer.bos_token_id, *engine.tokenizer.encode("w0 3 :", add_special_tokens=False)]
+    return [ids] * count, [{"answer": "3", "_corerl_origin": f"rows.jsonl line {i + 1}"} for i in range(count)]
+
+
+def test_environment_tokens_are_masked_and_the_model_tokens_are_exactly_those_sampled(engine):
+    recording = Recording(engine)
+    rollout = _rollout(recording, Scripted(turns=3))
+    prompts, rows = _prompts(engine)
+    result = rollout.run(prompts, rows, SAMPLING, n=2, max_seq_length=200)
+    observation = engine.tokenizer.encode("w5 w6", add_special_tokens=False)
+    assert len(recording.returned) == 3  # one generate call per turn, all live episodes together
+    turn_samples = [[s for g in groups for s in g] for groups in recording.returned]
+    for index, sample in enumerate(s for group in result.groups for s in group):
+        turns = [turn[index] for turn in turn_samples]
+        expected_ids = [*turns[0].completion_ids, *observation, *turns[1].completion_ids, *observation,
+                        *turns[2].completion_ids]
+        assert list(sample.completion_ids) == expected_ids
+        assert list(sample.completion_mask) == ([1] * len(turns[0].completion_ids) + [0] * len(observation)
+                                                + [1] * len(turns[1].completion_ids) + [0] * len(observation)
+                                                + [1] * len(turns[2].completion_ids))
+        model_logprobs = [lp for lp, m in zip(sample.logprobs, sample.completion_mask, strict=True) if m]
+        assert model_logprobs == [*turns[0].logprobs, *turns[1].logprobs, *turns[2].logprobs]
+        # a later turn continues from the token ids, never from decoded text
+        assert turns[1].prompt_ids == tuple(prompts[0]) + turns[0].completion_ids + tuple(observation)
+    assert result.rewards == [[1.5, 1.5], [1.5, 1.5]]
+    assert result.metrics["env/turns"] == 3.0 and result.metrics["env/stop/done"] == 1.0
+
+
+def test_the_training_logprobs_of_a_multi_turn_batch_are_the_sampled_ones(engine, tmp_path):
+    """The loss mask covers the model's tokens only, and the policy's logprobs of those tokens
+    (a forward over the whole row, environment tokens in the context) equal the engine's."""
+    import torch
+
+    from corerl.algorithms.grpo import samples_to_batch
+
+    result = _rollout(engine, Scripted(turns=2)).run(*_prompts(engine), SAMPLING, n=2, max_seq_length=200)
+    batch = samples_to_batch(result.groups, torch.zeros(4))
+    model = engine.model
+    with torch.no_grad():
+        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits.float()
+    logprobs = torch.zeros_like(batch["gen_logprobs"])
+    logprobs[:, 1:] = logits[:, :-1].log_softmax(-1).gather(-1, batch["input_ids"][:, 1:, None]).squeeze(-1)
+    mask = batch["loss_mask"].bool()
+    assert int(mask.sum()) == sum(sum(s.completion_mask) for g in result.groups for s in g)
+    assert torch.allclose(logprobs[mask], batch["gen_logprobs"][mask], atol=1e-4)
+
+
+def test_a_one_turn_environment_gives_the_single_turn_path_sample_for_sample(engine):
+    from corerl.tasks import decode_completion
+    from corerl.tasks.rewards import exact_answer
+
+    def reward(sample, row):
+        return exact_answer(decode_completion(engine.tokenizer, sample), row)
+
+    class OneTurn:
+        def step(self, episode):
+            return Turn(reward=exact_answer(episode.response, episode.row), done=True)
+
+    prompts, rows = _prompts(engine, 3)
+    single = SingleTurnRollout(engine, reward).run(prompts, rows, SAMPLING, 4, 64)
+    multi = _rollout(engine, OneTurn()).run(prompts, rows, SAMPLING, 4, 64)
+    assert multi.rewards == single.rewards
+    for one, other in zip(multi.groups, single.groups, strict=True):
+        for a, b in zip(one, other, strict=True):
+            assert (a.prompt_ids, a.completion_ids, a.logprobs) == (b.prompt_ids, b.completion_ids, b.logprobs)
+            assert set(a.completion_mask) <= {1}
+
+
+def test_turn_and_token_limits_end_episodes_with_their_reason(engine):
+    prompts, rows = _prompts(engine)
+    capped = _rollout(engine, Scripted(turns=10), max_turns=2).run(prompts, rows, SAMPLING, 2, 200)
+    assert capped.metrics["env/stop/max_turns"] == 1.0 and capped.metrics["env/turns"] == 2.0
+    assert capped.rewards == [[0.5, 0.5], [0.5, 0.5]]  # the reward of the turns played
+    short = _rollout(engine, Scripted(turns=10)).run(prompts, rows, SAMPLING, 2, 16)
+    assert short.metrics["env/stop/max_tokens"] == 1.0
+    assert all(len(s.prompt_ids) + len(s.completion_ids) <= 16 for g in short.groups for s in g)
+
+
+class Faulty:
+    """Raises on row 1, hangs on row 2 (async), answers nonsense on row 3, plays fair on row 0."""
+
+    async def step(self, episode):
+        kind = episode.row["kind"]
+        if kind == "raise":
+            raise ValueError("the sandbox is gone")
+        if kind == "hang":
+            await asyncio.sleep(30)
+        if kind == "nonsense":
+            return {"reward": 1}
+        return Turn(reward=1.0, done=True)
+
+
+def test_environment_faults_stay_inside_their_episode(engine):
+    prompts, _ = _prompts(engine, 4)
+    rows = [{"kind": k} for k in ("fair", "raise", "hang", "nonsense")]
+    start = time.perf_counter()
+    result = _rollout(engine, Faulty(), timeout=0.5).run(prompts, rows, SAMPLING, 1, 64)
+    assert time.perf_counter() - start < 20
+    assert result.rewards == [[1.0], [0.0], [0.0], [0.0]]
+    assert result.metrics["env/failures"] == 3.0 and result.metrics["env/timeouts"] == 1.0
+    assert result.metrics["env/stop/env_error"] == result.metrics["env/stop/env_malformed"] == 0.25
+
+
+def test_too_many_failures_stop_the_run_in_one_line_naming_the_environment_and_row(engine):
+    prompts, _ = _prompts(engine, 2)
+    rows = [{"kind": "raise", "_corerl_origin": "rows.jsonl line 7"}, {"kind": "fair"}]
+    with pytest.raises(RunError) as caught:
+        _rollout(engine, Faulty(), share=0.25).run(prompts, rows, SAMPLING, 1, 64)
+    text = str(caught.value)
+    assert "\n" not in text.strip()
+    assert "environment 'scripted'" in text and "rows.jsonl line 7" in text and "the sandbox is gone" in text
+    assert caught.value.key == "env.scripted"
+
+
+def test_the_hermes_parser_reads_calls_and_says_what_is_wrong_with_bad_ones():
+    text = ('I will look. <tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>'
+            '<tool_call>{"name": "add", "arguments": "{\\"a\\": 3, \\"b\\": 4}"}</tool_call><tool_call>{oops</tool_call>')
+    calls = parse_hermes(text)
+    assert calls[:2] == [ToolCall(name="add", arguments={"a": 1, "b": 2}), ToolCall(name="add", arguments={"a": 3, "b": 4})]
+    assert calls[2].error and "not JSON" in calls[2].error
+    assert parse_hermes("no calls here") == []
+
+    def add(a: int, b: int) -> int:
+        return a + b
+
+    assert execute(calls[0], {"add": add}).content == "3"
+    assert execute(ToolCall(name="add", arguments={"a": 1}), {"add": add}).failed
+    assert "no tool named 'sub'" in execute(ToolCall(name="sub"), {"add": add}).content
+
+
+def test_the_tools_environment_executes_calls_with_the_row_and_scores_the_answer():
+    from corerl.plugin_manager import PluginHost
+
+    host = PluginHost(discover=False, env={})
+    context = EnvironmentContext(ToolsSettings(tools=["lookup"]), 0, tools={t.id: t for t in host.tools},
+                                 tool_parsers={p.id: p for p in host.tool_parsers})
+    environment = ToolsEnvironment(context)
+    row = {"value": 4, "answer": "4"}
+    call = '<tool_call> {"name": "lookup", "arguments": {}} </tool_call>'
+    turn = environment.step(EpisodeView(row=row, turn=1, responses=(call,)))
+    assert turn.observation == [{"role": "tool", "content": "4"}] and not turn.done and turn.tool_calls == 1
+    bad = environment.step(EpisodeView(row=row, turn=1, responses=('<tool_call> {"name": "peek"} </tool_call>',)))
+    assert bad.tool_failures == 1 and "no tool named 'peek'" in bad.observation[0]["content"]
+    final = environment.step(EpisodeView(row=row, turn=2, responses=(call, "4")))
+    assert final.done and final.reward == 1.0
+
+
+def test_chat_messages_continue_the_conversation_as_the_template_renders_it(tmp_path):
+    from corerl.models.tiny import build_tokenizer
+
+    tokenizer = build_tokenizer(128)
+    tokenizer.chat_template = ("{% for m in messages %}<bos> {{ m['role'] }} : {{ m['content'] }} <eos> {% endfor %}"
+                               "{% if add_generation_prompt %}<bos> assistant : {% endif %}")
+    encoder = ObservationEncoder(tokenizer)
+    whole = tokenizer.apply_chat_template([{"role": "user", "content": "3"}, {"role": "assistant", "content": "4"},
+                                           {"role": "tool", "content": "7"}], tokenize=False, add_generation_prompt=True)
+    upto_answer = whole[: whole.index("4 <eos>") + len("4 <eos>")]
+    continuation = whole[len(upto_answer):]
+    assert encoder.text_of([{"role": "tool", "content": "7"}]) == continuation == " <bos> tool : 7 <eos> <bos> assistant : "
+    # a turn cut by length gets the template's end of turn first
+    assert encoder.text_of([{"role": "tool", "content": "7"}], ended_with_stop=False) == " <eos>" + continuation
+    assert encoder.encode([{"role": "tool", "content": "7"}]) == tokenizer.encode(continuation, add_special_tokens=False)
+    plain = ObservationEncoder(load_tokenizer_folder_for_test(tmp_path))
+    assert plain.text_of([{"role": "tool", "content": "7"}]) == "<tool_response> 7 </tool_response>"
+
+
+def load_tokenizer_folder_for_test(tmp_path):
+    from corerl.models.tiny import build_tokenizer
+
+    build_tokenizer(128).save_pretrained(tmp_path / "tok")
+    tokenizer = load_tokenizer_folder(tmp_path / "tok")
+    assert tokenizer.tokenize("<tool_call> w1 7 :") == ["<tool_call>", "w1", "7", ":"]  # the words, as saved
+    return tokenizer
+
+
+def _recipe(tmp_path, **changes):
+    recipe = {
+        "cluster": {"gpus_per_node": 1},
+        "policy": {"model_name": "builtin:tiny-qwen2", "generation": {"backend": "hf", "max_new_tokens": 16},
+                   "max_seq_length": 64},
+        "algorithm": {"name": "grpo", "batch_size": 2, "num_generations_per_prompt": 2, "max_steps": 1,
+                      "max_rollout_turns": 3},
+        "data": {"task": "tool_lookup", "env_name": "tools"},
+        "env": {"tools": {"tools": ["lookup"]}},
+        "run": {"output_dir": str(tmp_path), "name": "env", "tensorboard": False},
+    }
+    for path, value in changes.items():
+        node = recipe
+        *parents, leaf = path.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    return recipe
+
+
+def _refusal(tmp_path, **changes):
+    from corerl.config import config_from_mapping
+    from corerl.errors import ConfigError, ConfigErrors
+    from corerl.plugin_manager import PluginHost
+    from corerl.selection import select
+
+    host = PluginHost(env={})
+    with pytest.raises((ConfigErrors, ConfigError)) as caught:
+        select(config_from_mapping(_recipe(tmp_path, **changes), host), host)
+    errors = getattr(caught.value, "errors", [caught.value])
+    return [(e.key, e.message) for e in errors]
+
+
+def test_validation_refuses_what_an_environment_run_could_not_do(tmp_path):
+    assert _refusal(tmp_path, **{"algorithm.name": "dpo", "data.task": "digit_preference"}) == [
+        ("data.env_name", "algorithm 'dpo' plays no environment episodes, and data.env_name names 'tools'")]
+    [(key, message)] = _refusal(tmp_path, **{"env.tools.tools": ["lookup", "peek"]})
+    assert key == "env.tools.tools[1]" and "no tool 'peek' is registered" in message
+    [(key, message)] = _refusal(tmp_path, **{"data.env_name": "chess"})
+    assert key == "data.env_name" and "environment 'chess' is not available" in message
+    [(key, message)] = _refusal(tmp_path, **{"env.tools.num_wrkers": 2})
+    assert key == "env.tools.num_wrkers" and message == "unknown key"
+    [(key, _)] = _refusal(tmp_path, **{"env.math.math_verify_impl": "sympy"})
+    assert key == "env.math.math_verify_impl"
+
+
+def test_one_grpo_step_plays_tool_episodes_in_process(tmp_path):
+    from corerl.config import config_from_mapping
+    from corerl.plugin_manager import PluginHost
+    from corerl.reporting.console import make_console
+    from corerl.run_context import RunContext
+    from corerl.selection import select
+
+    host = PluginHost(env={})
+    config = config_from_mapping(_recipe(tmp_path), host)
+    context = RunContext.open(config, select(config, host), make_console(), host)
+    try:
+        context.start_engines()
+        algorithm = context.selection.algorithm.registration.load()(context)
+        assert 0.0 <= algorithm.held_out()["reward"] <= 1.0
+        algorithm.begin()
+        metrics = algorithm.step()
+    finally:
+        context.close(run_failed=False)
+    assert metrics["optimizer_step"] == 1.0
+    assert 1.0 <= metrics["env/turns"] <= 3.0
+    assert sum(metrics[f"env/stop/{r}"] for r in ("done", "max_turns", "max_tokens")) == pytest.approx(1.0)
+
+
+def test_the_math_environment_verifies_answers_with_math_verify():
+    from corerl.environments.math_env import MathEnvironment, MathSettings
+
+    environment = MathEnvironment(EnvironmentContext(MathSettings(), 0))
+    assert environment.step(EpisodeView(row={"answer": "\\frac{1}{2}"}, turn=1, responses=("so \\boxed{0.5}",))).reward == 1.0
+    assert environment.step(EpisodeView(row={"answer": "7"}, turn=1, responses=("I think 8",))).reward == 0.0
+    turn = environment.step(EpisodeView(row={"answer": "12"}, turn=1, responses=("3 * 4 = 12",)))
+    assert turn.done and turn.reward == 1.0
