@@ -10,9 +10,10 @@ A full episode over the built-in tiny model's words (:data:`corerl.models.tiny.T
     <bos> w1 :  <tool_call> {"name": "lookup", "arguments": {}} </tool_call> <eos>
     <tool_response> 4 </tool_response>  4 <eos>
 
-SFT demonstrations are whole episodes, the tool's response masked out of the loss, that answer
-with a random digit: they teach the form (call, then one digit), as the digit_echo demo's do;
-reading the tool's answer is left to GRPO, learning from the reward.
+SFT demonstrations are whole episodes (the tool's response masked out of the loss) from a lazy
+demonstrator: most of them answer at once with a guess, the others call the tool and read it.
+After SFT the greedy policy guesses (right one time in ten); GRPO, learning from the reward,
+finds that the tool pays and makes calling it the rule.
 Held out: ten episodes whose digits are fixed by the run's seed.
 """
 
@@ -26,6 +27,9 @@ from corerl.generation.contract import Sample
 from corerl.models.tiny import TOOL_WORDS
 from corerl.tasks import TaskContext, decode_completion, restore_rng, rng_state
 from corerl.tasks.rewards import exact_answer
+
+#: the share of demonstrations that guess instead of calling the tool
+LAZY_SHARE = 0.7
 
 
 def lookup(*, row: dict[str, Any]) -> str:
@@ -70,12 +74,18 @@ class ToolLookup:
         return [self.prompt() for _ in rows], rows
 
     def demonstrations(self, count: int) -> list[tuple[list[int], list[int], list[int]]]:
+        """Whole episodes from a lazy demonstrator: :data:`LAZY_SHARE` of them answer at once
+        with a guess (always ``0``), the others call the tool and answer with its digit."""
         eos = self.tokenizer.eos_token_id
         out = []
         for _ in range(count):
             value = self.rng.randrange(10)
+            if self.rng.random() < LAZY_SHARE:
+                answer = [*self.ids("0"), eos]
+                out.append((self.prompt(), answer, [1] * len(answer)))
+                continue
             call, response = [*self.call(), eos], self.ids(f"<tool_response> {value} </tool_response>")
-            answer = [*self.ids(str(self.rng.randrange(10))), eos]  # the form only: GRPO teaches reading the tool
+            answer = [*self.ids(str(value)), eos]
             out.append((self.prompt(), call + response + answer, [1] * len(call) + [0] * len(response) + [1] * len(answer)))
         return out
 
