@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from corerl.algorithms.settings import DPOConfig, PPOConfig
+from corerl.environments.agent import AgentSettings
 from corerl.environments.math_env import MathSettings
 from corerl.environments.tool_env import ToolsSettings
 from corerl.hookspecs import hookimpl
@@ -125,6 +126,10 @@ def corerl_register_environments(register: Callable[[Environment], None]) -> Non
     register(Environment(id="math", factory="corerl.environments.math_env:MathEnvironment", config_schema=MathSettings,
                          description="one turn, the answer checked against the row's with math-verify (NeMo RL's "
                                      "env.math)"))
+    register(Environment(id="openai_agent", factory="corerl.environments.agent:OpenAIAgent", plays="agent",
+                         config_schema=AgentSettings, check_supported="corerl.environments.agent:check_agent",
+                         description="your agent harness (env.openai_agent.agent), talking to the policy through an "
+                                     "OpenAI-compatible endpoint"))
 
 
 @hookimpl

@@ -264,9 +264,14 @@ class Environment(Registration):
     methods of :class:`corerl.environments.contract.Environment`. Its section is ``env.<id>``
     (set for it): ``num_workers``, ``timeout_s`` and ``max_failure_share`` are every
     environment's keys; ``config_schema``, when given, is a subclass of
-    :class:`corerl.environments.contract.EnvironmentSettings` adding the environment's own."""
+    :class:`corerl.environments.contract.EnvironmentSettings` adding the environment's own.
+
+    ``plays="agent"``: the factory builds an agent harness instead, with
+    ``play(row, client) -> reward`` run against corerl's OpenAI-compatible endpoint
+    (:mod:`corerl.environments.agent`)."""
 
     kind: ClassVar[str] = "environment"
+    plays: Literal["turns", "agent"] = "turns"
 
     def __attrs_post_init__(self) -> None:
         if not _ENV_ID_PATTERN.match(self.id):

@@ -150,21 +150,37 @@ class RunContext:
         from corerl.environments.encoding import ObservationEncoder
 
         settings = self.config.section(f"env.{choice.id}")
+        if choice.registration.plays == "agent":
+            return self.agent_rollout(choice.registration, settings)
         if self._environment_pool is None:
             self._environment_pool = self.start_environment(choice.registration, settings)
         return MultiTurnRollout(self.generation, self._environment_pool, ObservationEncoder(self.tokenizer), self.tokenizer,
                                 choice.id, max_turns=self.config.core.algorithm.max_rollout_turns,
                                 max_failure_share=settings.max_failure_share)
 
+    def agent_rollout(self, registration: Any, settings: Any) -> Any:
+        """Episodes of an agent harness over the OpenAI-compatible endpoint (one per run)."""
+        from corerl.environments.agent import AgentRollout
+
+        if self._environment_pool is None:
+            agent = registration.create(self._environment_context(settings))
+            self._environment_pool = AgentRollout(self.generation, agent, self.tokenizer, registration.id, settings)
+            self.started.append(self._environment_pool)
+        return self._environment_pool
+
+    def _environment_context(self, settings: Any) -> Any:
+        from corerl.environments.contract import EnvironmentContext
+
+        return EnvironmentContext(settings, self.config.core.algorithm.seed, self.tokenizer,
+                                  tools={t.id: t for t in self.host.tools},
+                                  tool_parsers={p.id: p for p in self.host.tool_parsers},
+                                  reward=self.selection.reward_fn, data=self.config.core.data)
+
     def start_environment(self, registration: Any, settings: Any) -> Any:
         """The environment's pool of workers (:mod:`corerl.environments.pool`), shut down with the run."""
-        from corerl.environments.contract import EnvironmentContext
         from corerl.environments.pool import InProcessPool, RayPool
 
-        context = EnvironmentContext(settings, self.config.core.algorithm.seed, self.tokenizer,
-                                     tools={t.id: t for t in self.host.tools},
-                                     tool_parsers={p.id: p for p in self.host.tool_parsers},
-                                     reward=self.selection.reward_fn, data=self.config.core.data)
+        context = self._environment_context(settings)
         if settings.num_workers:
             pool: Any = RayPool(registration, context, settings.num_workers, self.config.core.cluster.ray_address)
             self.console.print(f"environment {registration.id}: {settings.num_workers} Ray actor(s)")

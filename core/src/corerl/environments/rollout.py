@@ -51,7 +51,7 @@ class SingleTurnRollout:
 
 
 @attrs.define
-class _Episode:
+class PlayedEpisode:
     """One episode while it is played."""
 
     prompt: list[int]
@@ -127,7 +127,7 @@ class MultiTurnRollout:
     def run(self, prompts: Sequence[Sequence[int]], items: Sequence[Any], sampling: SamplingSettings,
             n: int, max_seq_length: int) -> Rollout:
         """``n`` episodes per prompt, each at most ``max_seq_length`` tokens long."""
-        episodes = [[_Episode(list(p), clean_row(item), row_label(item)) for _ in range(n)]
+        episodes = [[PlayedEpisode(list(p), clean_row(item), row_label(item)) for _ in range(n)]
                     for p, item in zip(prompts, items, strict=True)]
         flat = [e for group in episodes for e in group]
         seconds_before = self.pool.seconds
@@ -148,12 +148,12 @@ class MultiTurnRollout:
                                     max_new_tokens=max(1, min(sampling.max_new_tokens, room)))
             generated = self.generation.generate([e.prompt + e.ids for e in live], settings, n=1)
             outputs = [_cut(group[0], max_seq_length - e.length) for group, e in zip(generated, live, strict=True)]
-        self._check_failures(flat)
+        check_failures(flat, self.env_name, self.max_failure_share)
         groups = [[e.sample() for e in group] for group in episodes]
         rewards = [[e.reward for e in group] for group in episodes]
-        return Rollout(groups, rewards, self._metrics(flat, self.pool.seconds - seconds_before))
+        return Rollout(groups, rewards, episode_metrics(flat, self.pool.seconds - seconds_before))
 
-    def _answer(self, live: list[_Episode], turn: int, max_seq_length: int) -> list[_Episode]:
+    def _answer(self, live: list[PlayedEpisode], turn: int, max_seq_length: int) -> list[PlayedEpisode]:
         """The environment's answers to the live episodes' latest turns; the episodes still live."""
         views = [EpisodeView(row=e.row, turn=turn, responses=tuple(e.responses), state=e.state) for e in live]
         still = []
@@ -185,38 +185,45 @@ class MultiTurnRollout:
                     still.append(episode)
         return still
 
-    def _check_failures(self, episodes: list[_Episode]) -> None:
-        failed = [e for e in episodes if e.stop in ("env_error", "env_timeout", "env_malformed")]
-        if failed and len(failed) / len(episodes) > self.max_failure_share:
-            first = failed[0]
-            raise RunError(f"environment {self.env_name!r} failed {len(failed)} of {len(episodes)} episodes this step "
-                           f"(more than env.{self.env_name}.max_failure_share={self.max_failure_share:g}); first: "
-                           f"{first.stop} on {first.where}: {first.cause}", key=f"env.{self.env_name}",
-                           hint="fix the environment (CORERL_DEBUG=1 logs each failure), or raise max_failure_share")
-
-    @staticmethod
-    def _metrics(episodes: list[_Episode], seconds: float) -> dict[str, float]:
-        count = len(episodes)
-        stops = Counter(e.stop for e in episodes)
-        metrics = {f"env/stop/{reason}": stops.get(reason, 0) / count for reason in STOP_REASONS}
-        metrics.update({
-            "env/turns": sum(len(e.responses) for e in episodes) / count,
-            "env/tool_calls": float(sum(e.tool_calls for e in episodes)),
-            "env/tool_failures": float(sum(e.tool_failures for e in episodes)),
-            "env/tool_calls_per_episode": sum(e.tool_calls for e in episodes) / count,
-            "env/tool_failures_per_episode": sum(e.tool_failures for e in episodes) / count,
-            "env/episodes": float(count),
-            "env/failures": float(sum(stops.get(r, 0) for r in ("env_error", "env_timeout", "env_malformed"))),
-            "env/timeouts": float(stops.get("env_timeout", 0)),
-            "env/seconds": seconds,
-            "env/episode_tokens": sum(len(e.ids) for e in episodes) / count,
-        })
-        return metrics
-
-
 def _cut(sample: Sample, room: int) -> Sample:
     """``sample`` cut to ``room`` completion tokens (it ends there, by length)."""
     if len(sample.completion_ids) <= room:
         return sample
     return attrs.evolve(sample, completion_ids=sample.completion_ids[:room], logprobs=sample.logprobs[:room],
                         finish_reason="length")
+
+
+FAULTS = ("env_error", "env_timeout", "env_malformed")
+
+
+def check_failures(episodes: Sequence[PlayedEpisode], env_name: str, max_failure_share: float) -> None:
+    """Stop the run, in one line naming the environment, the first failed row and its cause,
+    when more than ``max_failure_share`` of a step's episodes ended by a fault."""
+    failed = [e for e in episodes if e.stop in FAULTS]
+    if failed and len(failed) / len(episodes) > max_failure_share:
+        first = failed[0]
+        raise RunError(f"environment {env_name!r} failed {len(failed)} of {len(episodes)} episodes this step "
+                       f"(more than env.{env_name}.max_failure_share={max_failure_share:g}); first: "
+                       f"{first.stop} on {first.where}: {first.cause}", key=f"env.{env_name}",
+                       hint="fix the environment (CORERL_DEBUG=1 logs each failure), or raise max_failure_share")
+
+
+def episode_metrics(episodes: Sequence[PlayedEpisode], seconds: float) -> dict[str, float]:
+    """A step's environment metrics: turns, tool calls and failures, faults, seconds spent in the
+    environment, tokens per episode and the share of episodes ended by each reason."""
+    count = len(episodes)
+    stops = Counter(e.stop for e in episodes)
+    metrics = {f"env/stop/{reason}": stops.get(reason, 0) / count for reason in STOP_REASONS}
+    metrics.update({
+        "env/turns": sum(len(e.responses) for e in episodes) / count,
+        "env/tool_calls": float(sum(e.tool_calls for e in episodes)),
+        "env/tool_failures": float(sum(e.tool_failures for e in episodes)),
+        "env/tool_calls_per_episode": sum(e.tool_calls for e in episodes) / count,
+        "env/tool_failures_per_episode": sum(e.tool_failures for e in episodes) / count,
+        "env/episodes": float(count),
+        "env/failures": float(sum(stops.get(r, 0) for r in FAULTS)),
+        "env/timeouts": float(stops.get("env_timeout", 0)),
+        "env/seconds": seconds,
+        "env/episode_tokens": sum(len(e.ids) for e in episodes) / count,
+    })
+    return metrics

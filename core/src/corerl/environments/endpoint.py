@@ -1,0 +1,300 @@
+"""An OpenAI-compatible chat-completions endpoint served from the generation engine during
+rollouts, so that any agent harness that speaks the OpenAI API is an environment.
+
+Each episode gets its own base URL (``http://127.0.0.1:<port>/episodes/<id>/v1``) and the run's
+token (``Authorization: Bearer <token>``; anything else is refused with 401); the server
+listens on loopback only. Every call is recorded in token ids: the messages are rendered with the
+tokenizer's chat template; when a call's messages extend the episode's previous call (its
+messages, then the assistant message this endpoint returned, then new ones), the new messages
+are appended as tokens after the exact ids sampled before (the assistant's text is never
+re-tokenized), so the episode's trajectory is one token sequence whose model tokens are exactly
+those sampled, with their logprobs. A call that does not extend the previous one starts a new
+chain (counted); the episode's trajectory is its last chain.
+
+Concurrent calls are answered in batches: a single thread owns the generation engine and
+answers every call waiting when it is free with one ``generate`` call.
+
+Written with the standard library's ``http.server`` rather than a web framework: the endpoint
+has two routes, and the core installs no server stack for them.
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import secrets
+import threading
+import time
+from collections.abc import Sequence
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import attrs
+
+from corerl.environments.encoding import ObservationEncoder
+from corerl.generation.contract import Sample, SamplingSettings
+
+MODEL_NAME = "corerl-policy"
+
+
+@attrs.define
+class Chain:
+    """One token sequence of an episode: the first call's prompt, then everything after it."""
+
+    prompt: list[int]
+    messages: list[dict[str, Any]]
+    ids: list[int] = attrs.field(factory=list)
+    mask: list[int] = attrs.field(factory=list)
+    logprobs: list[float] = attrs.field(factory=list)
+    finish: str = "stop"
+
+    @property
+    def tokens(self) -> list[int]:
+        return self.prompt + self.ids
+
+    def sample(self) -> Sample:
+        return Sample(prompt_ids=tuple(self.prompt), completion_ids=tuple(self.ids), logprobs=tuple(self.logprobs),
+                      finish_reason="stop" if self.finish == "stop" else "length", completion_mask=tuple(self.mask))
+
+
+@attrs.define
+class EpisodeRecord:
+    """What the endpoint recorded of one episode's calls."""
+
+    chains: list[Chain] = attrs.field(factory=list)
+    calls: int = 0
+    hit_length_limit: bool = False
+
+
+@attrs.define
+class _Call:
+    episode: str
+    tokens: list[int]
+    max_new_tokens: int
+    done: threading.Event = attrs.field(factory=threading.Event)
+    sample: Sample | None = None
+    error: BaseException | None = None
+
+
+def _strip(message: dict[str, Any]) -> dict[str, Any]:
+    return {k: message[k] for k in ("role", "content", "tool_calls", "name", "tool_call_id") if k in message}
+
+
+class ChatEndpoint:
+    """The endpoint over ``generation`` (see the module's docstring); ``sampling`` is the run's
+    (a request's own temperature is not used: training samples on-policy), each call's
+    ``max_tokens`` is honoured within it and within ``max_seq_length``."""
+
+    def __init__(self, generation: Any, tokenizer: Any, sampling: SamplingSettings, max_seq_length: int) -> None:
+        if not getattr(tokenizer, "chat_template", None):
+            from corerl.errors import ConfigError
+
+            raise ConfigError("the OpenAI-compatible endpoint renders chat messages with the tokenizer's chat template, "
+                              "and this tokenizer has none", key="policy.chat_template",
+                              hint="set policy.chat_template (a Jinja template), or use a model whose tokenizer has one")
+        self.generation, self.tokenizer, self.sampling = generation, tokenizer, sampling
+        self.max_seq_length = max_seq_length
+        self.encoder = ObservationEncoder(tokenizer)
+        self.token = secrets.token_urlsafe(24)
+        self.episodes: dict[str, EpisodeRecord] = {}
+        self.lock = threading.Lock()
+        self.calls: queue.Queue[_Call] = queue.Queue()
+        self.batches = 0
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
+        self.server.daemon_threads = True
+        self.port = self.server.server_address[1]
+        self._threads = [threading.Thread(target=self.server.serve_forever, name="corerl-endpoint", daemon=True),
+                         threading.Thread(target=self._generate_loop, name="corerl-endpoint-engine", daemon=True)]
+        self._stopping = False
+        for thread in self._threads:
+            thread.start()
+
+    # -- episodes ----------------------------------------------------------------------------
+
+    def open_episode(self) -> str:
+        """A new episode id; its base URL is :meth:`base_url`."""
+        episode = secrets.token_hex(8)
+        with self.lock:
+            self.episodes[episode] = EpisodeRecord()
+        return episode
+
+    def base_url(self, episode: str) -> str:
+        return f"http://127.0.0.1:{self.port}/episodes/{episode}/v1"
+
+    def close_episode(self, episode: str) -> EpisodeRecord:
+        with self.lock:
+            return self.episodes.pop(episode)
+
+    # -- answering a call --------------------------------------------------------------------
+
+    def chat(self, episode: str, request: dict[str, Any]) -> dict[str, Any]:
+        """Answer one chat-completions request of ``episode`` (OpenAI's response shape)."""
+        messages = [_strip(m) for m in request.get("messages", [])]
+        if not messages:
+            raise ValueError("messages must be a non-empty list")
+        with self.lock:
+            record = self.episodes.get(episode)
+            if record is None:
+                raise KeyError(episode)
+            chain = self._extend(record, messages)
+            record.calls += 1
+        room = self.max_seq_length - len(chain.tokens)
+        if room < 1:
+            record.hit_length_limit = True
+            raise OverflowError(f"the conversation is {len(chain.tokens)} tokens, policy.max_seq_length is "
+                                f"{self.max_seq_length}")
+        wanted = request.get("max_completion_tokens") or request.get("max_tokens") or self.sampling.max_new_tokens
+        call = _Call(episode, chain.tokens, max(1, min(int(wanted), self.sampling.max_new_tokens, room)))
+        self.calls.put(call)
+        call.done.wait()
+        if call.error is not None:
+            raise call.error
+        assert call.sample is not None
+        sample = call.sample
+        text = self.tokenizer.decode(list(sample.completion_ids), skip_special_tokens=True)
+        with self.lock:
+            chain.ids += sample.completion_ids
+            chain.mask += [1] * len(sample.completion_ids)
+            chain.logprobs += sample.logprobs
+            chain.finish = sample.finish_reason
+            chain.messages = [*messages, {"role": "assistant", "content": text}]
+            if len(chain.tokens) >= self.max_seq_length:
+                record.hit_length_limit = True
+        choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": text},
+                                  "finish_reason": sample.finish_reason}
+        if request.get("logprobs"):
+            tokens = self.tokenizer.convert_ids_to_tokens(list(sample.completion_ids))
+            choice["logprobs"] = {"content": [{"token": t, "logprob": lp, "bytes": None, "top_logprobs": []}
+                                              for t, lp in zip(tokens, sample.logprobs, strict=True)]}
+        return {"id": f"chatcmpl-{secrets.token_hex(6)}", "object": "chat.completion", "created": int(time.time()),
+                "model": MODEL_NAME, "choices": [choice],
+                "usage": {"prompt_tokens": len(call.tokens), "completion_tokens": len(sample.completion_ids),
+                          "total_tokens": len(call.tokens) + len(sample.completion_ids)}}
+
+    def _extend(self, record: EpisodeRecord, messages: list[dict[str, Any]]) -> Chain:
+        """The chain this call continues (its new messages appended as tokens), or a new one."""
+        last = record.chains[-1] if record.chains else None
+        if last is not None and len(messages) > len(last.messages) and messages[: len(last.messages)] == last.messages:
+            observation = self.encoder.encode(messages[len(last.messages):], ended_with_stop=last.finish == "stop")
+            last.ids += observation
+            last.mask += [0] * len(observation)
+            last.logprobs += [0.0] * len(observation)
+            return last
+        text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        chain = Chain(prompt=list(self.tokenizer.encode(text, add_special_tokens=False)), messages=messages)
+        record.chains.append(chain)
+        return chain
+
+    def _generate_loop(self) -> None:
+        """The engine's one thread: every call waiting is answered by one ``generate``."""
+        while not self._stopping:
+            try:
+                first = self.calls.get(timeout=0.1)
+            except queue.Empty:
+                continue
+            batch = [first]
+            while True:
+                try:
+                    batch.append(self.calls.get_nowait())
+                except queue.Empty:
+                    break
+            try:
+                settings = attrs.evolve(self.sampling, max_new_tokens=max(c.max_new_tokens for c in batch),
+                                        seed=None if self.sampling.seed is None else self.sampling.seed + self.batches)
+                self.batches += 1
+                groups = self.generation.generate([c.tokens for c in batch], settings, n=1)
+                for call, group in zip(batch, groups, strict=True):
+                    sample = group[0]
+                    if len(sample.completion_ids) > call.max_new_tokens:
+                        sample = attrs.evolve(sample, completion_ids=sample.completion_ids[: call.max_new_tokens],
+                                              logprobs=sample.logprobs[: call.max_new_tokens], finish_reason="length")
+                    call.sample = sample
+            except BaseException as exc:  # handed to every waiting request: it fails there, in the agent's episode
+                for call in batch:
+                    call.error = exc
+            for call in batch:
+                call.done.set()
+
+    def shutdown(self) -> None:
+        self._stopping = True
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def _handler(endpoint: ChatEndpoint) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, format: str, *args: Any) -> None:  # the run's terminal is not the access log
+            return None
+
+        def _send(self, status: int, payload: dict[str, Any]) -> None:
+            body = json.dumps(payload).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def _error(self, status: int, message: str, kind: str) -> None:
+            self._send(status, {"error": {"message": message, "type": kind, "code": status}})
+
+        def _route(self) -> tuple[str, str] | None:
+            parts = self.path.split("?")[0].strip("/").split("/")
+            if self.headers.get("Authorization") != f"Bearer {endpoint.token}":
+                self._error(401, "missing or wrong API key (the run's token)", "authentication_error")
+                return None
+            if len(parts) == 4 and parts[0] == "episodes" and parts[2] == "v1":
+                return parts[1], parts[3]
+            if len(parts) == 5 and parts[0] == "episodes" and parts[2] == "v1" and parts[3] == "chat":
+                return parts[1], "chat/" + parts[4]
+            self._error(404, f"no route {self.path}", "invalid_request_error")
+            return None
+
+        def do_GET(self) -> None:
+            route = self._route()
+            if route is None:
+                return
+            if route[1] == "models":
+                self._send(200, {"object": "list", "data": [{"id": MODEL_NAME, "object": "model", "owned_by": "corerl"}]})
+            else:
+                self._error(404, f"no route {self.path}", "invalid_request_error")
+
+        def do_POST(self) -> None:
+            route = self._route()
+            if route is None:
+                return
+            episode, what = route
+            if what != "chat/completions":
+                self._error(404, f"no route {self.path}", "invalid_request_error")
+                return
+            try:
+                request = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
+                if request.get("stream"):
+                    raise ValueError("streaming is not supported: call with stream=false")
+                if int(request.get("n", 1)) != 1:
+                    raise ValueError("n must be 1: each episode samples one answer per call")
+                self._send(200, endpoint.chat(episode, request))
+            except KeyError:
+                self._error(404, f"no open episode {episode}", "invalid_request_error")
+            except OverflowError as exc:
+                self._error(400, f"{exc}: the episode is out of tokens", "context_length_exceeded")
+            except (ValueError, TypeError) as exc:
+                self._error(400, str(exc), "invalid_request_error")
+            except Exception as exc:  # the engine failed: the agent's call fails, the rollout reports it
+                self._error(500, f"{type(exc).__name__}: {exc}", "server_error")
+
+    return Handler
+
+
+@attrs.frozen
+class AgentClient:
+    """What an agent harness gets to reach the policy: an OpenAI client's ``base_url``,
+    ``api_key`` and ``model``."""
+
+    base_url: str
+    api_key: str
+    model: str = MODEL_NAME
+
+
+def trajectories(records: Sequence[EpisodeRecord]) -> list[Chain | None]:
+    """Each episode's trajectory: its last chain (None when the harness made no call)."""
+    return [record.chains[-1] if record.chains else None for record in records]

@@ -1,0 +1,135 @@
+"""The OpenAI-compatible endpoint with a real HTTP client (the openai package), over the hf
+engine on a tiny model: token-exact trajectories across calls, the token, loopback only, and
+a GRPO step whose episodes are played by a plain agent loop."""
+
+from __future__ import annotations
+
+import pytest
+
+from corerl.generation.contract import SamplingSettings
+
+TEMPLATE = ("{% for m in messages %}<bos> {{ m['content'] }} <eos> {% endfor %}"
+            "{% if add_generation_prompt %}<bos> : {% endif %}")
+
+
+@pytest.fixture(scope="module")
+def endpoint(tmp_path_factory):
+    from corerl.config import config_from_mapping
+    from corerl.environments.endpoint import ChatEndpoint
+    from corerl.generation.hf import HFGenerationBackend
+    from corerl.models.tiny import build_tiny_model
+    from corerl.plugin_manager import PluginHost
+
+    model = build_tiny_model(tmp_path_factory.mktemp("model"), hidden_size=64, num_layers=2, vocab_size=128)
+    config = config_from_mapping({"policy": {"model_name": str(model), "generation": {"backend": "hf"}}},
+                                 PluginHost(discover=False, env={}))
+    engine = HFGenerationBackend(config)
+    engine.load_hf(str(model))
+    engine.tokenizer.chat_template = TEMPLATE
+    served = ChatEndpoint(engine, engine.tokenizer, SamplingSettings(max_new_tokens=6, seed=5), max_seq_length=128)
+    yield served
+    served.shutdown()
+
+
+def test_calls_of_an_episode_become_one_token_exact_trajectory(endpoint):
+    from openai import OpenAI
+
+    episode = endpoint.open_episode()
+    api = OpenAI(base_url=endpoint.base_url(episode), api_key=endpoint.token)
+    assert endpoint.base_url(episode).startswith("http://127.0.0.1:")
+    assert [m.id for m in api.models.list().data] == ["corerl-policy"]
+    messages = [{"role": "user", "content": "w0 3 :"}]
+    first = api.chat.completions.create(model="corerl-policy", messages=messages, logprobs=True)
+    messages += [{"role": "assistant", "content": first.choices[0].message.content}, {"role": "tool", "content": "w5"}]
+    second = api.chat.completions.create(model="corerl-policy", messages=messages, logprobs=True)
+    record = endpoint.close_episode(episode)
+    assert record.calls == 2 and len(record.chains) == 1  # the second call extends the first: one sequence
+    chain = record.chains[0]
+    tokenizer = endpoint.tokenizer
+    first_lp = [t.logprob for t in first.choices[0].logprobs.content]
+    second_lp = [t.logprob for t in second.choices[0].logprobs.content]
+    model_lp = [lp for lp, m in zip(chain.logprobs, chain.mask, strict=True) if m]
+    assert model_lp == pytest.approx(first_lp + second_lp, abs=0)
+    # the environment's tokens (the template's continuation with the tool message) sit between the
+    # two answers, masked; the answers' ids are the sampled ones, never re-tokenized text
+    observation = endpoint.encoder.encode([{"role": "tool", "content": "w5"}],
+                                          ended_with_stop=first.choices[0].finish_reason == "stop")
+    n1 = len(first_lp)
+    assert chain.ids[n1:n1 + len(observation)] == observation and set(chain.mask[n1:n1 + len(observation)]) == {0}
+    assert chain.prompt == tokenizer.encode(tokenizer.apply_chat_template(messages[:1], tokenize=False,
+                                                                           add_generation_prompt=True),
+                                            add_special_tokens=False)
+
+
+def test_a_call_that_does_not_extend_the_last_starts_a_new_chain(endpoint):
+    from openai import OpenAI
+
+    episode = endpoint.open_episode()
+    api = OpenAI(base_url=endpoint.base_url(episode), api_key=endpoint.token)
+    api.chat.completions.create(model="corerl-policy", messages=[{"role": "user", "content": "w0 3 :"}])
+    api.chat.completions.create(model="corerl-policy", messages=[{"role": "user", "content": "w0 4 :"}])
+    assert len(endpoint.close_episode(episode).chains) == 2
+
+
+def test_the_endpoint_refuses_a_wrong_token_and_a_closed_episode(endpoint):
+    import openai
+
+    episode = endpoint.open_episode()
+    wrong = openai.OpenAI(base_url=endpoint.base_url(episode), api_key="guess", max_retries=0)
+    with pytest.raises(openai.AuthenticationError):
+        wrong.chat.completions.create(model="corerl-policy", messages=[{"role": "user", "content": "w0"}])
+    endpoint.close_episode(episode)
+    gone = openai.OpenAI(base_url=endpoint.base_url(episode), api_key=endpoint.token, max_retries=0)
+    with pytest.raises(openai.NotFoundError):
+        gone.chat.completions.create(model="corerl-policy", messages=[{"role": "user", "content": "w0"}])
+
+
+def _agent_context(tmp_path, agent, share=0.5):
+    from corerl.config import config_from_mapping
+    from corerl.plugin_manager import PluginHost
+    from corerl.reporting.console import make_console
+    from corerl.run_context import RunContext
+    from corerl.selection import select
+
+    host = PluginHost(env={})
+    recipe = {
+        "cluster": {"gpus_per_node": 1},
+        "policy": {"model_name": "builtin:tiny-qwen2", "generation": {"backend": "hf", "max_new_tokens": 4},
+                   "max_seq_length": 64, "chat_template": TEMPLATE},
+        "algorithm": {"name": "grpo", "batch_size": 2, "num_generations_per_prompt": 2, "max_steps": 1},
+        "data": {"task": "tool_lookup", "env_name": "openai_agent"},
+        "env": {"openai_agent": {"agent": agent, "timeout_s": 60, "max_failure_share": share}},
+        "run": {"output_dir": str(tmp_path), "name": "agent", "tensorboard": False},
+    }
+    config = config_from_mapping(recipe, host)
+    return RunContext.open(config, select(config, host), make_console(), host)
+
+
+def test_a_grpo_step_trains_on_what_a_plain_agent_loop_did(tmp_path):
+    context = _agent_context(tmp_path, "tests.agent_harness:two_turn_agent")
+    try:
+        context.start_engines()
+        algorithm = context.selection.algorithm.registration.load()(context)
+        algorithm.begin()
+        metrics = algorithm.step()
+        endpoint = context.rollout().endpoint
+        assert endpoint is not None and endpoint.batches >= 2  # calls of concurrent episodes batched per turn
+    finally:
+        context.close(run_failed=False)
+    assert metrics["optimizer_step"] == 1.0
+    assert metrics["env/turns"] == 2.0 and metrics["env/stop/done"] == 1.0
+    assert metrics["generated_tokens"] > 0
+
+
+def test_a_crashing_agent_stops_the_run_past_the_failure_share(tmp_path):
+    from corerl.errors import RunError
+
+    context = _agent_context(tmp_path, "tests.agent_harness:broken_agent")
+    try:
+        context.start_engines()
+        algorithm = context.selection.algorithm.registration.load()(context)
+        algorithm.begin()
+        with pytest.raises(RunError, match="environment 'openai_agent' failed 4 of 4 episodes.*the harness crashed"):
+            algorithm.step()
+    finally:
+        context.close(run_failed=True)
