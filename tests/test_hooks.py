@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from corerl import (
     Command,
+    Environment,
     GenerationBackend,
     MemoryModel,
     OffloadPolicy,
@@ -12,9 +13,12 @@ from corerl import (
     Reward,
     SequencePacker,
     Task,
+    Tool,
+    ToolCallParser,
     TrainingBackend,
     hookimpl,
 )
+from corerl.environments.contract import Turn
 from corerl.plugin_manager import PluginHost
 
 
@@ -60,6 +64,31 @@ class _AllKinds:
     @hookimpl
     def corerl_register_memory_models(self, register):
         register(MemoryModel(id="quick", factory=_QuickMemory, description="everything replicated, 2 bytes each"))
+
+    @hookimpl
+    def corerl_register_environments(self, register):
+        register(Environment(id="quickenv", factory=lambda context: _Echo(), description="done at once, reward 1"))
+
+    @hookimpl
+    def corerl_register_tools(self, register):
+        register(Tool(id="double", factory=lambda x: 2 * x, parameters={"properties": {"x": {"type": "integer"}}}))
+
+    @hookimpl
+    def corerl_register_tool_parsers(self, register):
+        register(ToolCallParser(id="colon", factory=_parse_colon))
+
+
+class _Echo:
+    def step(self, episode):
+        return Turn(reward=1.0, done=True)
+
+
+def _parse_colon(text):
+    """``call:name:x`` -> one call of ``name`` with ``x``."""
+    from corerl.sdk import ToolCall
+
+    parts = text.split(":")
+    return [ToolCall(name=parts[1], arguments={"x": int(parts[2])})] if parts[0] == "call" else []
 
 
 class _QuickPacker:
@@ -194,6 +223,35 @@ def test_hook_corerl_register_memory_models():
     (candidate,) = plan.candidates
     assert candidate.layout.backend == "quick" and candidate.training.state == 8 * shape.parameters
     assert plan.recommended is candidate and "quick replicated fits" in plan.why  # the tree's dtensor is absent
+
+
+def test_hook_corerl_register_environments():
+    host = _host_with_plugin()
+    config, selection = _selected(host, data={"env_name": "quickenv"}, policy={"generation": {"backend": "hf"}})
+    assert selection.environment.id == "quickenv" and selection.environment.registration.plugin == "quick"
+    settings = config.section("env.quickenv")  # every environment's section, with the common keys
+    assert (settings.num_workers, settings.timeout_s) == (0, 60.0)
+    assert host.environments.ids() == ["math", "openai_agent", "quickenv", "tools"]
+
+
+def test_hook_corerl_register_tools():
+    host = _host_with_plugin()
+    config, _ = _selected(host, data={"env_name": "tools"}, env={"tools": {"tools": ["double"]}},
+                          policy={"generation": {"backend": "hf"}})
+    assert host.tools.get("double").plugin == "quick" and config.section("env.tools").tools == ["double"]
+
+
+def test_hook_corerl_register_tool_parsers():
+    from corerl.environments.contract import EnvironmentContext, EpisodeView
+    from corerl.environments.tool_env import ToolsEnvironment
+
+    host = _host_with_plugin()
+    config, _ = _selected(host, data={"env_name": "tools"}, env={"tools": {"tools": ["double"], "tool_parser": "colon"}},
+                          policy={"generation": {"backend": "hf"}})
+    environment = ToolsEnvironment(EnvironmentContext(config.section("env.tools"), 0, tools={t.id: t for t in host.tools},
+                                                      tool_parsers={p.id: p for p in host.tool_parsers}))
+    turn = environment.step(EpisodeView(row={}, turn=1, responses=("call:double:21",)))
+    assert turn.observation == [{"role": "tool", "content": "42"}] and turn.tool_calls == 1
 
 
 def test_a_hook_that_registers_the_wrong_kind_fails_that_plugin_only():

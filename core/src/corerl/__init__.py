@@ -9,7 +9,9 @@ from corerl import presets
 from corerl.api import DPOTrainer, GRPOTrainer, PPOTrainer, SFTTrainer, train
 from corerl.hookspecs import hookimpl
 from corerl.registry import (
+    Algorithm,
     Command,
+    Environment,
     GenerationBackend,
     MemoryModel,
     OffloadPolicy,
@@ -17,6 +19,8 @@ from corerl.registry import (
     Reward,
     SequencePacker,
     Task,
+    Tool,
+    ToolCallParser,
     TrainingBackend,
 )
 
@@ -28,7 +32,9 @@ __all__ = [
     "GRPOTrainer",
     "SFTTrainer",
     "train",
+    "Algorithm",
     "Command",
+    "Environment",
     "GenerationBackend",
     "MemoryModel",
     "OffloadPolicy",
@@ -36,6 +42,8 @@ __all__ = [
     "Reward",
     "SequencePacker",
     "Task",
+    "Tool",
+    "ToolCallParser",
     "TrainingBackend",
     "__version__",
     "presets",

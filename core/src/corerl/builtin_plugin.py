@@ -120,7 +120,7 @@ def corerl_register_algorithms(register: Callable[[Algorithm], None]) -> None:
 @hookimpl
 def corerl_register_environments(register: Callable[[Environment], None]) -> None:
     register(Environment(id="tools", factory="corerl.environments.tool_env:ToolsEnvironment",
-                         config_schema=ToolsSettings, check_supported="corerl.environments.tool_env:check_tools",
+                         config_schema=ToolsSettings,
                          description="executes the model's tool calls (env.tools.tools); a turn without one is the "
                                      "answer, scored by the run's reward"))
     register(Environment(id="math", factory="corerl.environments.math_env:MathEnvironment", config_schema=MathSettings,

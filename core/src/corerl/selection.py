@@ -310,7 +310,25 @@ def select_environment(config: Config, host: PluginHost, algorithm: Any = None) 
         raise SelectionError(f"algorithm {algorithm.id!r} plays no environment episodes, and data.env_name names "
                              f"{name!r}", key="data.env_name", source=origin_of("data.env_name", config.origins),
                              hint=f"unset data.env_name, or use an algorithm that plays them ({', '.join(playing)})")
+    _check_tool_names(config, host, chosen.id)
     return Choice(chosen.id, f"data.env_name is {chosen.id!r}", chosen)
+
+
+def _check_tool_names(config: Config, host: PluginHost, env_id: str) -> None:
+    """The tools and the tool-call parser an environment's section names (``tools``,
+    ``tool_parser``, where its schema has them) must be registered."""
+    settings = config.section(f"env.{env_id}")
+    for index, name in enumerate(getattr(settings, "tools", None) or ()):
+        if name not in host.tools:
+            key = f"env.{env_id}.tools[{index}]"
+            raise SelectionError(f"no tool {name!r} is registered (tools: {', '.join(host.tools.ids()) or 'none'})",
+                                 key=key, source=origin_of(key, config.origins),
+                                 hint="name a registered tool (corerl plugins lists them)")
+    parser = getattr(settings, "tool_parser", None)
+    if parser is not None and parser not in host.tool_parsers:
+        key = f"env.{env_id}.tool_parser"
+        raise SelectionError(f"no tool-call parser {parser!r} is registered (parsers: {', '.join(host.tool_parsers.ids())})",
+                             key=key, source=origin_of(key, config.origins), hint="name a registered parser, e.g. hermes")
 
 
 def select(config: Config, host: PluginHost) -> Selection:

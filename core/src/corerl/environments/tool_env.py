@@ -23,7 +23,6 @@ import attrs
 from corerl.config.fields import setting
 from corerl.environments.contract import EnvironmentContext, EnvironmentSettings, EpisodeView, Turn
 from corerl.environments.tools import ToolCall, execute
-from corerl.errors import ConfigError
 from corerl.tasks.rewards import exact_answer
 
 
@@ -70,18 +69,3 @@ class ToolsEnvironment:
                      for _ in calls[self.max_calls:]]
         failures = sum(r.failed for r in results) + max(0, len(calls) - self.max_calls)
         return Turn(observation=messages, tool_calls=len(calls), tool_failures=failures)
-
-
-def check_tools(config: Any) -> None:
-    """Refuse, in one line, a tool or parser ``env.tools`` names that no plugin registers."""
-    from corerl.plugin_manager import process_host
-
-    settings, host = config.section("env.tools"), process_host()
-    for index, name in enumerate(settings.tools):
-        if name not in host.tools:
-            raise ConfigError(f"no tool {name!r} is registered (tools: {', '.join(host.tools.ids()) or 'none'})",
-                              key=f"env.tools.tools[{index}]", hint="name a registered tool (corerl plugins lists them)")
-    if settings.tool_parser not in host.tool_parsers:
-        raise ConfigError(f"no tool-call parser {settings.tool_parser!r} is registered "
-                          f"(parsers: {', '.join(host.tool_parsers.ids())})", key="env.tools.tool_parser",
-                          hint="name a registered parser, e.g. hermes")
