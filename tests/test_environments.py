@@ -321,3 +321,31 @@ def test_the_math_environment_verifies_answers_with_math_verify():
     assert environment.step(EpisodeView(row={"answer": "7"}, turn=1, responses=("I think 8",))).reward == 0.0
     turn = environment.step(EpisodeView(row={"answer": "12"}, turn=1, responses=("3 * 4 = 12",)))
     assert turn.done and turn.reward == 1.0
+
+
+def test_nemo_rl_environment_keys_act_in_the_built_config(tmp_path):
+    from corerl.config import load_config
+    from corerl.errors import ConfigErrors
+    from corerl.plugin_manager import PluginHost
+    from tests.conftest import REPO
+
+    host = PluginHost(env={})
+    recipe = REPO / "tests" / "data" / "nemo_rl" / "base_grpo.yaml"
+    config = load_config(recipe, ["grpo.max_rollout_turns=1", "env.math.num_workers=2",
+                                  "env.math.math_verify_impl=hf_math_verify", "data.default.env_name=math"], host)
+    assert config.dialect == "nemo-rl"
+    assert config.core.data.env_name == "math" and config.core.algorithm.max_rollout_turns == 1
+    assert config.section("env.math").num_workers == 2 and config.section("env.math").math_verify_impl == "hf_math_verify"
+    fates = {f.key: f for f in config.fates}
+    assert fates["data.default.env_name"].fate == "acts" and fates["grpo.max_rollout_turns"].fate == "acts"
+    with pytest.raises(ConfigErrors) as gym:
+        load_config(recipe, ["data.default.env_name=nemo_gym"], host)
+    (error,) = gym.value.errors
+    assert error.key == "data.default.env_name" and "NeMo Gym environments run as NeMo Gym's own" in error.message
+    with pytest.raises(ConfigErrors) as section:
+        load_config(recipe, ["env.nemo_gym.config_paths=[a.yaml]"], host)
+    assert [e.key for e in section.value.errors] == ["env.nemo_gym.config_paths"]
+    assert "no bridge to them yet" in section.value.errors[0].message
+    with pytest.raises(ConfigErrors) as turns:  # several turns with nothing to answer them
+        load_config(recipe, ["grpo.max_rollout_turns=4"], host)
+    assert [e.key for e in turns.value.errors] == ["algorithm.max_rollout_turns"]

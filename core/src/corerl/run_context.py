@@ -54,7 +54,7 @@ class RunContext:
         self.task: Any = None
         self.tokenizer: Any = None
         self.warm_started = False
-        self._environment_pool: Any = None
+        self._rollout: Any = None
 
     @classmethod
     def open(cls, config: Config, selection: Selection, console: Any, host: PluginHost) -> RunContext:
@@ -139,34 +139,34 @@ class RunContext:
             self.generation.update_weights(self.training.weight_stream())
 
     def rollout(self) -> Any:
-        """The rollout stage of a sampling algorithm: one turn scored by the task's reward, or,
-        with ``data.env_name``, episodes against that environment (started on first use, in this
-        process or as ``env.<id>.num_workers`` Ray actors, and shut down with the run)."""
+        """The rollout stage of a sampling algorithm, built once per run: one turn scored by the
+        task's reward, or, with ``data.env_name``, episodes against that environment (its workers
+        started here, in this process or as ``env.<id>.num_workers`` Ray actors, or an agent
+        harness over the OpenAI-compatible endpoint; shut down with the run)."""
+        if self._rollout is None:
+            self._rollout = self._build_rollout()
+        return self._rollout
+
+    def _build_rollout(self) -> Any:
         from corerl.environments.rollout import MultiTurnRollout, SingleTurnRollout
 
         choice = self.selection.environment
         if choice.registration is None:
             return SingleTurnRollout(self.generation, self.task.reward)
-        from corerl.environments.encoding import ObservationEncoder
-
         settings = self.config.section(f"env.{choice.id}")
         if choice.registration.plays == "agent":
-            return self.agent_rollout(choice.registration, settings)
-        if self._environment_pool is None:
-            self._environment_pool = self.start_environment(choice.registration, settings)
-        return MultiTurnRollout(self.generation, self._environment_pool, ObservationEncoder(self.tokenizer), self.tokenizer,
-                                choice.id, max_turns=self.config.core.algorithm.max_rollout_turns,
+            from corerl.environments.agent import AgentRollout
+
+            agent = choice.registration.create(self._environment_context(settings))
+            rollout = AgentRollout(self.generation, agent, self.tokenizer, choice.id, settings)
+            self.started.append(rollout)
+            return rollout
+        from corerl.environments.encoding import ObservationEncoder
+
+        pool = self.start_environment(choice.registration, settings)
+        return MultiTurnRollout(self.generation, pool, ObservationEncoder(self.tokenizer), self.tokenizer, choice.id,
+                                max_turns=self.config.core.algorithm.max_rollout_turns,
                                 max_failure_share=settings.max_failure_share)
-
-    def agent_rollout(self, registration: Any, settings: Any) -> Any:
-        """Episodes of an agent harness over the OpenAI-compatible endpoint (one per run)."""
-        from corerl.environments.agent import AgentRollout
-
-        if self._environment_pool is None:
-            agent = registration.create(self._environment_context(settings))
-            self._environment_pool = AgentRollout(self.generation, agent, self.tokenizer, registration.id, settings)
-            self.started.append(self._environment_pool)
-        return self._environment_pool
 
     def _environment_context(self, settings: Any) -> Any:
         from corerl.environments.contract import EnvironmentContext

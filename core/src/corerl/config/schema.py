@@ -290,6 +290,12 @@ class CorerlConfig:
                 "policy.dynamic_batching.enabled",
                 "sequence packing and dynamic batching are two ways to cut micro-batches; pick one",
             )
+        if (self.algorithm.max_rollout_turns or 1) > 1 and self.data.env_name is None:
+            yield (
+                "algorithm.max_rollout_turns",
+                f"episodes of {self.algorithm.max_rollout_turns} turns need an environment to answer the turns; "
+                "set data.env_name (corerl plugins lists the environments)",
+            )
         if self.algorithm.batch_size % self.algorithm.gradient_accumulation_steps:
             yield (
                 "algorithm.gradient_accumulation_steps",

@@ -23,6 +23,7 @@ import attrs
 from corerl.environments.contract import STOP_REASONS, EpisodeView
 from corerl.errors import RunError
 from corerl.generation.contract import Sample, SamplingSettings
+from corerl.progress_markers import mark
 
 
 @attrs.frozen
@@ -123,6 +124,7 @@ class MultiTurnRollout:
                  max_turns: int | None = None, max_failure_share: float = 1.0) -> None:
         self.generation, self.pool, self.encoder, self.tokenizer = generation, pool, encoder, tokenizer
         self.env_name, self.max_turns, self.max_failure_share = env_name, max_turns, max_failure_share
+        self.calls = 0  # rollouts played by this object (the progress markers name them)
 
     def run(self, prompts: Sequence[Sequence[int]], items: Sequence[Any], sampling: SamplingSettings,
             n: int, max_seq_length: int) -> Rollout:
@@ -136,10 +138,12 @@ class MultiTurnRollout:
         outputs = [s for group in first for s in group]
         live = flat
         turn = 1
+        self.calls += 1
         while live:
             for episode, sample in zip(live, outputs, strict=True):
                 episode.add_turn(sample, self.tokenizer.decode(list(sample.completion_ids), skip_special_tokens=True))
             live = self._answer(live, turn, max_seq_length)
+            mark(f"rollout:{self.calls}:turn:{turn}")
             if not live:
                 break
             turn += 1
@@ -223,7 +227,7 @@ def episode_metrics(episodes: Sequence[PlayedEpisode], seconds: float) -> dict[s
         "env/episodes": float(count),
         "env/failures": float(sum(stops.get(r, 0) for r in FAULTS)),
         "env/timeouts": float(stops.get("env_timeout", 0)),
-        "env/seconds": seconds,
+        "time/environment": seconds,
         "env/episode_tokens": sum(len(e.ids) for e in episodes) / count,
     })
     return metrics

@@ -69,7 +69,7 @@ def _plot_episodes(axes: Any, rows: list[dict[str, Any]]) -> None:
         if any(r.get(f"env/stop/{reason}") for r in rows):
             axes.plot(steps, [r.get(f"env/stop/{reason}", 0.0) for r in rows], linestyle="--", label=f"ended: {reason}")
     seconds = axes.twinx()
-    seconds.plot(steps, [r.get("env/seconds", 0.0) for r in rows], color="grey", alpha=0.4, label="env seconds")
+    seconds.plot(steps, [r.get("time/environment", 0.0) for r in rows], color="grey", alpha=0.4, label="env seconds")
     seconds.set_ylabel("environment seconds per step")
     axes.legend(fontsize="small")
     axes.set(title="episodes", xlabel=f"{rows[0].get('phase', '').upper()} step")

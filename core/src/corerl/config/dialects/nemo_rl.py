@@ -10,6 +10,7 @@ nothing is dropped silently. A section switched off (``enabled: false``) is iner
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any, Literal
 
@@ -67,6 +68,17 @@ def _not(expected: Any) -> Callable[[Any], bool]:
     return lambda value: value != expected
 
 
+_NEMO_GYM = ("NeMo Gym environments run as NeMo Gym's own resource servers, and corerl has no bridge to them "
+             "yet: play such an agent with data.env_name=openai_agent, or write a corerl environment")
+
+
+def _environment_name(value: Any) -> Any:
+    """NeMo RL's environment name as corerl's ``data.env_name`` (NeMo Gym's is refused)."""
+    if value == "nemo_gym":
+        raise ValueError(_NEMO_GYM)
+    return value
+
+
 def _above(limit: int) -> Callable[[Any], bool]:
     return lambda value: value is not None and value > limit
 
@@ -95,7 +107,7 @@ RULES: dict[str, Rule] = {
     "grpo.use_leave_one_out_baseline": acts("algorithm.leave_one_out_baseline"),
     "grpo.max_val_samples": acts("data.held_out_size"),
     "grpo.max_num_epochs": inert("corerl stops at max_num_steps, drawing the shuffled data again epoch after epoch"),
-    "grpo.max_rollout_turns": inert("one turn: corerl's tasks answer in a single completion", _above(1)),
+    "grpo.max_rollout_turns": acts("algorithm.max_rollout_turns"),
     "grpo.val_period": inert("corerl evaluates the held-out rows before and after training (and after SFT)"),
     "grpo.val_at_start": inert("corerl always evaluates before training"),
     "grpo.val_batch_size": inert("the held-out rows are generated in one batch"),
@@ -259,8 +271,15 @@ RULES: dict[str, Rule] = {
     "data.seed": inert("the rows are shuffled with the run's seed (grpo.seed / sft.seed)"),
     "data.train_split": inert("local files are read whole"),
     "data.val_split": inert("local files are read whole"),
-    # -- env: the reward --
-    "env.math.*": inert("the dataset task's exact_answer reward scores the final answer"),
+    # -- env: the environments the episodes are played against --
+    "data.env_name": acts("data.env_name", _environment_name),
+    "data.default.env_name": acts("data.env_name", _environment_name),
+    "data.train.env_name": acts("data.env_name", _environment_name),
+    "data.validation.env_name": inert("the held-out rows are played against the training rows' environment"),
+    "env.math.num_workers": acts("env.math.num_workers"),
+    "env.math.math_verify_impl": acts("env.math.math_verify_impl"),
+    "env.math.*": inert("corerl's math environment verifies with math-verify and has no other settings"),
+    "env.nemo_gym.*": refused(_NEMO_GYM),
     # -- logger --
     "logger.log_dir": inert("metrics.jsonl and TensorBoard files are written in the run directory"),
     "logger.tensorboard_enabled": acts("run.tensorboard"),
@@ -419,7 +438,9 @@ def translate(raw: dict[str, Any], origins: Origins) -> Translation:
         rule = rule_for(path)
         nemo_only = path.split(".")[0] in (*ALGORITHM_SECTIONS, *NEMO_ONLY_SECTIONS) or any(
             path == sub or path.startswith(sub + ".") for sub in NEMO_ONLY_SUBSECTIONS)
-        if rule is None and nemo_only:
+        if rule is None and re.fullmatch(r"env\.[a-z][a-z0-9_]*\.num_workers", path):
+            out.put(path, path, value)  # any environment's actors: a key of every env.<id> section
+        elif rule is None and nemo_only:
             out.refuse(path, "a NeMo RL key corerl does not know: nothing in corerl maps it",
                        "remove it (docs/migrating-from-nemo-rl.md lists the keys corerl takes)")
         elif rule is None:  # the same key in corerl: strict validation decides
