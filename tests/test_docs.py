@@ -89,3 +89,10 @@ def test_every_public_plugin_api_name_is_documented_and_imports_no_engine():
     assert all(hasattr(corerl.sdk, name) for name in corerl.sdk.__all__)
     probe = "import sys, corerl.sdk; print('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True).stdout.strip() == "False"
+
+
+def test_the_environment_guide_example_is_the_package_a_test_installs_and_trains():
+    guide = (REPO / "docs" / "plugins.md").read_text(encoding="utf-8")
+    block = re.search(r"```python\n# corerl_guess/plugin.py\n(.*?)```", guide, flags=re.DOTALL)
+    assert block is not None, "docs/plugins.md lost the environment example"
+    assert block.group(1) == (REPO / "tests" / "data" / "guess" / "corerl_guess.py").read_text(encoding="utf-8")

@@ -288,6 +288,12 @@ def test_validation_refuses_what_an_environment_run_could_not_do(tmp_path):
     assert key == "env.tools.num_wrkers" and message == "unknown key"
     [(key, _)] = _refusal(tmp_path, **{"env.math.math_verify_impl": "sympy"})
     assert key == "env.math.math_verify_impl"
+    [(key, message)] = _refusal(tmp_path, **{"data.env_name": "openai_agent"})
+    assert key == "env.openai_agent.agent" and "got None" in message
+    [(key, message)] = _refusal(tmp_path, **{"data.env_name": "openai_agent", "env.openai_agent.agent": "os:system"})
+    assert key == "env.openai_agent.agent" and "os" in message
+    [(key, message)] = _refusal(tmp_path, **{"data.env_name": "openai_agent", "env.openai_agent.agent": "nowhere:play"})
+    assert key == "env.openai_agent.agent" and "cannot load the agent 'nowhere:play'" in message
 
 
 def test_one_grpo_step_plays_tool_episodes_in_process(tmp_path):
@@ -349,3 +355,78 @@ def test_nemo_rl_environment_keys_act_in_the_built_config(tmp_path):
     with pytest.raises(ConfigErrors) as turns:  # several turns with nothing to answer them
         load_config(recipe, ["grpo.max_rollout_turns=4"], host)
     assert [e.key for e in turns.value.errors] == ["algorithm.max_rollout_turns"]
+
+
+def test_one_ppo_step_plays_tool_episodes(tmp_path):
+    from corerl.config import config_from_mapping
+    from corerl.plugin_manager import PluginHost
+    from corerl.reporting.console import make_console
+    from corerl.run_context import RunContext
+    from corerl.selection import select
+
+    host = PluginHost(env={})
+    config = config_from_mapping(_recipe(tmp_path, **{"algorithm.name": "ppo"}), host)
+    context = RunContext.open(config, select(config, host), make_console(), host)
+    try:
+        context.start_engines()
+        algorithm = context.selection.algorithm.registration.load()(context)
+        algorithm.begin()
+        metrics = algorithm.step()
+    finally:
+        context.close(run_failed=False)
+    assert metrics["optimizer_step"] == 1.0 and "critic/value_loss" in metrics
+    assert 1.0 <= metrics["env/turns"] <= 3.0 and metrics["env/episodes"] == 4.0
+
+
+def test_grpo_with_a_one_turn_environment_trains_exactly_as_the_single_turn_path(tmp_path):
+    """Three GRPO steps from the same weights, once scored by the reward function and once by a
+    one-turn environment computing the same reward: every metric (timings and the environment's
+    own aside) is equal."""
+    from corerl.algorithms.grpo import GRPO
+    from corerl.config import load_config
+    from corerl.models.tiny import build_tiny_model
+    from corerl.plugin_manager import PluginHost
+    from corerl.testing import write_recipe
+
+    model = str(build_tiny_model(tmp_path / "model", hidden_size=64, num_layers=2, vocab_size=128))
+    recipe = write_recipe(tmp_path / "r.yaml", {
+        "policy": {"model_name": model, "train_micro_batch_size": 16, "max_seq_length": 32,
+                   "optimizer": {"lr": 3e-3}, "generation": {"backend": "hf", "max_new_tokens": 6}},
+        "algorithm": {"batch_size": 4, "num_generations_per_prompt": 4, "seed": 3}})
+    host = PluginHost(env={})
+    config = load_config(recipe, [], host)
+
+    def target_share(text):
+        words = text.split()
+        return sum(w == "7" for w in words) / max(1, len(words))
+
+    class OneTurn:
+        def step(self, episode):
+            return Turn(reward=target_share(episode.response), done=True)
+
+    def run(with_environment):
+        training = host.training_backends.get("dtensor").create(config=config)
+        generation = host.generation_backends.get("hf").create(config=config)
+        training.load_hf(model)
+        generation.load_hf(model)
+        tokenizer = generation.tokenizer
+
+        def reward(sample, item):
+            return target_share(tokenizer.decode(list(sample.completion_ids), skip_special_tokens=True))
+
+        rollout = None
+        if with_environment:
+            rollout = MultiTurnRollout(generation, InProcessPool(OneTurn(), 30), ObservationEncoder(tokenizer), tokenizer,
+                                       "one_turn")
+        loop = GRPO(config, training, generation, reward, rollout=rollout)
+        prompts = [[2, *tokenizer.encode(f"w0 {d} :", add_special_tokens=False)] for d in (1, 2, 3, 4)]
+        try:
+            return [{k: v for k, v in loop.step(prompts, [None] * 4).items()
+                     if not k.startswith(("time/", "env/"))} for _ in range(3)]
+        finally:
+            training.shutdown()
+            generation.shutdown()
+
+    single, multi = run(False), run(True)
+    assert single == multi
+    assert single[-1]["optimizer_step"] == 3.0 and single[0]["reward/mean"] != single[-1]["reward/mean"]

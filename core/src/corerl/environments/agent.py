@@ -49,30 +49,46 @@ class OpenAIAgent:
     """The ``openai_agent`` environment: the function ``env.openai_agent.agent`` names."""
 
     def __init__(self, context: EnvironmentContext) -> None:
-        from corerl.import_paths import refuse_code_runners
-        from corerl.tasks.rewards import IMPORT_PATH
+        self.play = load_agent(context.settings.agent)
 
-        path = context.settings.agent
-        if path is None or not IMPORT_PATH.match(path):
-            raise ConfigError(f"env.openai_agent.agent must name the harness as pkg.module:fn, got {path!r}",
-                              key="env.openai_agent.agent", hint="e.g. env.openai_agent.agent=my_agents.loop:play")
-        refuse_code_runners(path, "env.openai_agent.agent", wanted="agent function")
-        from corerl.registry import Registration
 
-        self.play = Registration(id="agent", factory=path)._resolve(path, "agent")
+def load_agent(path: str | None) -> Any:
+    """The harness at import path ``path`` (``pkg.module:fn``), refused in one line naming
+    ``env.openai_agent.agent`` when it is unset, malformed, not importable, not callable, or a
+    code-running function (docs/security.md)."""
+    import importlib
+
+    from corerl.import_paths import refuse_code_runners
+    from corerl.tasks.rewards import IMPORT_PATH
+
+    key = "env.openai_agent.agent"
+    if path is None or not IMPORT_PATH.match(path):
+        raise ConfigError(f"the openai_agent environment plays the harness {key} names, as pkg.module:fn; got {path!r}",
+                          key=key, hint="e.g. env.openai_agent.agent=my_agents.loop:play, play(row, client) -> reward")
+    refuse_code_runners(path, key, wanted="agent function")
+    module_name, _, attr_path = path.partition(":")
+    try:
+        target: Any = importlib.import_module(module_name)
+        for part in attr_path.split("."):
+            target = getattr(target, part)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigError(f"cannot load the agent {path!r}: {exc}", key=key,
+                          hint="put its module on PYTHONPATH (or install its package)") from exc
+    refuse_code_runners(path, key, target, wanted="agent function")
+    if not callable(target):
+        raise ConfigError(f"{path!r} is not callable", key=key, hint="point it at play(row, client) -> reward")
+    return target
 
 
 def check_agent(config: Any) -> None:
-    """Refuse, in one line, an ``openai_agent`` recipe without a harness, or with actors (a
-    harness runs as threads of the driver, next to the endpoint it calls)."""
+    """Refuse, in one line, an ``openai_agent`` recipe whose harness cannot be loaded, or that
+    asks for actors (a harness runs as threads of the driver, next to the endpoint it calls)."""
     settings = config.section("env.openai_agent")
     if settings.num_workers:
         raise ConfigError("the openai_agent environment's episodes run in the driver, next to the endpoint they call",
                           key="env.openai_agent.num_workers", hint="set it to 0; max_concurrent_episodes sets how many "
                                                                    "run at once")
-    if settings.agent is None:
-        raise ConfigError("the openai_agent environment plays the harness env.openai_agent.agent names, and it is "
-                          "unset", key="env.openai_agent.agent", hint="set it to pkg.module:fn, play(row, client) -> reward")
+    load_agent(settings.agent)
 
 
 class AgentRollout:
