@@ -18,21 +18,12 @@ from corerl.environments.tools import ToolCall, execute, parse_hermes
 from corerl.errors import RunError
 from corerl.generation.contract import SamplingSettings
 from corerl.models.tokenizer import load_tokenizer_folder
+from tests.environment_fixtures import hf_engine
 
 
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory):
-    from corerl.config import config_from_mapping
-    from corerl.generation.hf import HFGenerationBackend
-    from corerl.models.tiny import build_tiny_model
-    from corerl.plugin_manager import PluginHost
-
-    model = build_tiny_model(tmp_path_factory.mktemp("model"), hidden_size=64, num_layers=2, vocab_size=128)
-    config = config_from_mapping({"policy": {"model_name": str(model), "generation": {"backend": "hf"}}},
-                                 PluginHost(discover=False, env={}))
-    backend = HFGenerationBackend(config)
-    backend.load_hf(str(model))
-    return backend
+    return hf_engine(tmp_path_factory.mktemp("model"))
 
 
 class Recording:
