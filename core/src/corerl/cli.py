@@ -258,6 +258,10 @@ def _print_selection(config: Any, selection: Any, verdict: str) -> None:
         if not selection.samples and label in ("generation backend", "offload policy", "reward"):
             table.add_row(label, "unused", f"{selection.algorithm.id} samples nothing: no engine samples, nothing is scored")
             continue
+        if label == "reward" and choice.id is None and selection.environment.id is not None:
+            table.add_row(label, "off", f"the environment {selection.environment.id!r} scores the episodes "
+                                        "(data.reward, when set, is the reward it is given)")
+            continue
         table.add_row(label, choice.id or "off", choice.reason)
     console.print(table)
     for warning in [*config.warnings, *selection.warnings]:

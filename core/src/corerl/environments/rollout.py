@@ -189,6 +189,7 @@ class MultiTurnRollout:
                     still.append(episode)
         return still
 
+
 def _cut(sample: Sample, room: int) -> Sample:
     """``sample`` cut to ``room`` completion tokens (it ends there, by length)."""
     if len(sample.completion_ids) <= room:
