@@ -186,7 +186,9 @@ def corerl_register_environments(register: Callable[[Environment], None]) -> Non
     factory is called with a :class:`corerl.environments.contract.EnvironmentContext` and returns
     an object whose ``step(episode) -> Turn`` (plain or ``async def``) answers each model turn
     (:class:`corerl.environments.contract.Environment`). Its section is ``env.<id>``; with
-    ``env.<id>.num_workers`` > 0 it runs as that many Ray actors.
+    ``env.<id>.num_workers`` > 0 it runs as that many Ray actors. Registered with
+    ``plays="agent"``, the object instead has ``play(row, client) -> reward`` and plays each
+    episode against corerl's OpenAI-compatible endpoint (:mod:`corerl.environments.agent`).
 
     Called when the plugin manager first needs the environment registry.
     """
