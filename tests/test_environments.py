@@ -13,7 +13,8 @@ from corerl.environments.contract import EnvironmentContext, EpisodeView, Turn
 from corerl.environments.encoding import ObservationEncoder
 from corerl.environments.pool import InProcessPool
 from corerl.environments.rollout import MultiTurnRollout, SingleTurnRollout
-from corerl.environments.tool_env import ToolsEnvironment, ToolsSettings
+from corerl.environments.settings import ToolsSettings
+from corerl.environments.tool_env import ToolsEnvironment
 from corerl.environments.tools import ToolCall, execute, parse_hermes
 from corerl.errors import RunError
 from corerl.generation.contract import SamplingSettings
@@ -311,7 +312,8 @@ def test_one_grpo_step_plays_tool_episodes_in_process(tmp_path):
 
 
 def test_the_math_environment_verifies_answers_with_math_verify():
-    from corerl.environments.math_env import MathEnvironment, MathSettings
+    from corerl.environments.math_env import MathEnvironment
+    from corerl.environments.settings import MathSettings
 
     environment = MathEnvironment(EnvironmentContext(MathSettings(), 0))
     assert environment.step(EpisodeView(row={"answer": "\\frac{1}{2}"}, turn=1, responses=("so \\boxed{0.5}",))).reward == 1.0

@@ -8,9 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from corerl.algorithms.settings import DPOConfig, PPOConfig
-from corerl.environments.agent import AgentSettings
-from corerl.environments.math_env import MathSettings
-from corerl.environments.tool_env import ToolsSettings
+from corerl.environments.settings import AgentSettings, MathSettings, ToolsSettings
 from corerl.hookspecs import hookimpl
 from corerl.registry import (
     Algorithm,

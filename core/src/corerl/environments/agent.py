@@ -20,10 +20,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-import attrs
-
-from corerl.config.fields import setting
-from corerl.environments.contract import EnvironmentContext, EnvironmentSettings
+from corerl.environments.contract import EnvironmentContext
 from corerl.environments.endpoint import AgentClient, ChatEndpoint
 from corerl.environments.rollout import (
     PlayedEpisode,
@@ -35,14 +32,6 @@ from corerl.environments.rollout import (
 )
 from corerl.errors import ConfigError
 from corerl.generation.contract import SamplingSettings
-
-
-@attrs.define(kw_only=True)
-class AgentSettings(EnvironmentSettings):
-    """``env.openai_agent``: the harness to play episodes with."""
-
-    agent: str | None = setting(None, help="import path pkg.module:fn of play(row, client) -> reward (plain or async)")
-    max_concurrent_episodes: int = setting(64, min=1, help="episodes played at once (their calls are batched)")
 
 
 class OpenAIAgent:

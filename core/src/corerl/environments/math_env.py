@@ -10,21 +10,10 @@ are off here and ``env.math.timeout_s`` bounds a step instead.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
-import attrs
-
-from corerl.config.fields import setting
-from corerl.environments.contract import EnvironmentContext, EnvironmentSettings, EpisodeView, Turn
+from corerl.environments.contract import EnvironmentContext, EpisodeView, Turn
 from corerl.errors import EngineNotAvailable
-
-
-@attrs.define(kw_only=True)
-class MathSettings(EnvironmentSettings):
-    """``env.math``: how answers are verified."""
-
-    math_verify_impl: Literal["hf_math_verify"] = setting("hf_math_verify",
-                                                          help="the verifier: Hugging Face's math-verify package")
 
 
 class MathEnvironment:

@@ -18,21 +18,9 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
-import attrs
-
-from corerl.config.fields import setting
-from corerl.environments.contract import EnvironmentContext, EnvironmentSettings, EpisodeView, Turn
+from corerl.environments.contract import EnvironmentContext, EpisodeView, Turn
 from corerl.environments.tools import ToolCall, execute
 from corerl.tasks.rewards import exact_answer
-
-
-@attrs.define(kw_only=True)
-class ToolsSettings(EnvironmentSettings):
-    """``env.tools``: which registered tools the model may call, and how calls are read."""
-
-    tools: list[str] = setting([], help="ids of registered tools the model may call (corerl plugins lists them)")
-    tool_parser: str = setting("hermes", help="id of the tool-call parser: hermes (Qwen/Hermes <tool_call> JSON)")
-    max_calls_per_turn: int = setting(4, min=1, help="calls executed per turn; further ones are answered with an error")
 
 
 def _with_row(function: Callable[..., Any], row: Any) -> Callable[..., Any]:

@@ -1,0 +1,37 @@
+"""The sections of the core's environments (``env.tools``, ``env.math``, ``env.openai_agent``),
+apart from the environments themselves so that registering them imports nothing more than attrs
+(the built-in plugin is loaded by ``corerl --help``)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import attrs
+
+from corerl.config.fields import setting
+from corerl.environments.contract import EnvironmentSettings
+
+
+@attrs.define(kw_only=True)
+class ToolsSettings(EnvironmentSettings):
+    """``env.tools``: which registered tools the model may call, and how calls are read."""
+
+    tools: list[str] = setting([], help="ids of registered tools the model may call (corerl plugins lists them)")
+    tool_parser: str = setting("hermes", help="id of the tool-call parser: hermes (Qwen/Hermes <tool_call> JSON)")
+    max_calls_per_turn: int = setting(4, min=1, help="calls executed per turn; further ones are answered with an error")
+
+
+@attrs.define(kw_only=True)
+class MathSettings(EnvironmentSettings):
+    """``env.math``: how answers are verified."""
+
+    math_verify_impl: Literal["hf_math_verify"] = setting("hf_math_verify",
+                                                          help="the verifier: Hugging Face's math-verify package")
+
+
+@attrs.define(kw_only=True)
+class AgentSettings(EnvironmentSettings):
+    """``env.openai_agent``: the harness to play episodes with."""
+
+    agent: str | None = setting(None, help="import path pkg.module:fn of play(row, client) -> reward (plain or async)")
+    max_concurrent_episodes: int = setting(64, min=1, help="episodes played at once (their calls are batched)")
