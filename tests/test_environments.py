@@ -285,7 +285,7 @@ def test_validation_refuses_what_an_environment_run_could_not_do(tmp_path):
     [(key, message)] = _refusal(tmp_path, **{"data.env_name": "openai_agent", "env.openai_agent.agent": "os:system"})
     assert key == "env.openai_agent.agent" and "os" in message
     [(key, message)] = _refusal(tmp_path, **{"data.env_name": "openai_agent", "env.openai_agent.agent": "nowhere:play"})
-    assert key == "env.openai_agent.agent" and "cannot load the agent 'nowhere:play'" in message
+    assert key == "env.openai_agent.agent" and "cannot import agent module 'nowhere'" in message
 
 
 def test_one_grpo_step_plays_tool_episodes_in_process(tmp_path):

@@ -41,3 +41,29 @@ def refuse_code_runners(path: str, key: str, target: Any = None, wanted: str = "
     problem = code_runner_problem(path, target, wanted)
     if problem is not None:
         raise ConfigError(problem, key=key, hint=f"point {key} at your own {wanted} (see docs/security.md)")
+
+
+def import_function(path: str, key: str, wanted: str, hint: str,
+                    import_hint: str = "put the module on PYTHONPATH (or install its package)") -> Any:
+    """The callable at import path ``path`` (``pkg.module:fn``), named by the recipe key ``key``
+    as a ``wanted`` (``"reward"``, ``"agent"``): refused in one line naming ``key`` when it leads
+    into a code-running module (before and after importing), its module does not import, it has
+    no such attribute, or it is not callable (``hint`` says what it should be, ``import_hint`` how
+    to make its module importable)."""
+    import importlib
+
+    refuse_code_runners(path, key, wanted=f"{wanted} function")
+    module_name, _, attr_path = path.partition(":")
+    try:
+        target: Any = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigError(f"cannot import {wanted} module {module_name!r}: {exc}", key=key, hint=import_hint) from exc
+    for part in attr_path.split("."):
+        if not hasattr(target, part):
+            raise ConfigError(f"module {module_name!r} has no {attr_path!r}", key=key,
+                              hint=f"check the function name in {path!r}")
+        target = getattr(target, part)
+    refuse_code_runners(path, key, target, wanted=f"{wanted} function")
+    if not callable(target):
+        raise ConfigError(f"{path!r} is not callable", key=key, hint=hint)
+    return target

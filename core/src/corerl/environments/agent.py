@@ -13,7 +13,6 @@ environment plays the function ``env.openai_agent.agent`` names (``pkg.module:fn
 from __future__ import annotations
 
 import asyncio
-import inspect
 import math
 import numbers
 from collections.abc import Sequence
@@ -22,6 +21,7 @@ from typing import Any
 
 from corerl.environments.contract import EnvironmentContext
 from corerl.environments.endpoint import AgentClient, ChatEndpoint
+from corerl.environments.pool import bounded_call
 from corerl.environments.rollout import (
     PlayedEpisode,
     Rollout,
@@ -31,6 +31,7 @@ from corerl.environments.rollout import (
     row_label,
 )
 from corerl.errors import ConfigError
+from corerl.failures import first_line
 from corerl.generation.contract import SamplingSettings
 
 
@@ -45,28 +46,14 @@ def load_agent(path: str | None) -> Any:
     """The harness at import path ``path`` (``pkg.module:fn``), refused in one line naming
     ``env.openai_agent.agent`` when it is unset, malformed, not importable, not callable, or a
     code-running function (docs/security.md)."""
-    import importlib
-
-    from corerl.import_paths import refuse_code_runners
+    from corerl.import_paths import import_function
     from corerl.tasks.rewards import IMPORT_PATH
 
     key = "env.openai_agent.agent"
     if path is None or not IMPORT_PATH.match(path):
         raise ConfigError(f"the openai_agent environment plays the harness {key} names, as pkg.module:fn; got {path!r}",
                           key=key, hint="e.g. env.openai_agent.agent=my_agents.loop:play, play(row, client) -> reward")
-    refuse_code_runners(path, key, wanted="agent function")
-    module_name, _, attr_path = path.partition(":")
-    try:
-        target: Any = importlib.import_module(module_name)
-        for part in attr_path.split("."):
-            target = getattr(target, part)
-    except (ImportError, AttributeError) as exc:
-        raise ConfigError(f"cannot load the agent {path!r}: {exc}", key=key,
-                          hint="put its module on PYTHONPATH (or install its package)") from exc
-    refuse_code_runners(path, key, target, wanted="agent function")
-    if not callable(target):
-        raise ConfigError(f"{path!r} is not callable", key=key, hint="point it at play(row, client) -> reward")
-    return target
+    return import_function(path, key, "agent", hint="point it at play(row, client) -> reward")
 
 
 def check_agent(config: Any) -> None:
@@ -134,16 +121,12 @@ class AgentRollout:
         assert self.endpoint is not None
         client = AgentClient(base_url=self.endpoint.base_url(episode), api_key=self.endpoint.token)
         try:
-            if inspect.iscoroutinefunction(self.agent.play):
-                result = await asyncio.wait_for(self.agent.play(row, client), self.settings.timeout_s)
-            else:
-                loop = asyncio.get_running_loop()
-                result = await asyncio.wait_for(loop.run_in_executor(self.executor, self.agent.play, row, client),
-                                                self.settings.timeout_s)
+            result = await bounded_call(self.agent.play, row, client, executor=self.executor,
+                                        timeout_s=self.settings.timeout_s)
         except TimeoutError:
             return 0.0, "env_timeout", f"the agent took longer than {self.settings.timeout_s:g} s"
         except Exception as exc:  # the harness's own failure: its episode's
-            return 0.0, "env_error", f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+            return 0.0, "env_error", first_line(exc)
         if isinstance(result, bool) or not isinstance(result, numbers.Real) or not math.isfinite(result):
             return 0.0, "env_malformed", f"the agent returned {result!r}, not a finite reward"
         return float(result), None, ""

@@ -38,9 +38,12 @@ class ObservationEncoder:
         self.tokenizer = tokenizer
         self.has_template = bool(getattr(tokenizer, "chat_template", None))
         self.after_stop = ""
+        # the stand-in conversation an observation continues, rendered once
+        self.conversation = [{"role": "user", "content": _STAND_IN_USER},
+                             {"role": "assistant", "content": _STAND_IN_ANSWER}]
+        self.base = ""
         if self.has_template:
-            base = self._render([{"role": "user", "content": _STAND_IN_USER},
-                                 {"role": "assistant", "content": _STAND_IN_ANSWER}], prompt=False)
+            self.base = base = self._render(self.conversation, prompt=False)
             tail = base[base.rfind(_STAND_IN_ANSWER) + len(_STAND_IN_ANSWER):]
             eos = tokenizer.eos_token or ""
             # what the template writes after the assistant's end token (the model stops at that token)
@@ -56,9 +59,8 @@ class ObservationEncoder:
             return observation
         if not self.has_template:
             return plain_text(observation)
-        conversation = [{"role": "user", "content": _STAND_IN_USER}, {"role": "assistant", "content": _STAND_IN_ANSWER}]
-        base = self._render(conversation, prompt=False)
-        full = self._render([*conversation, *[dict(m) for m in observation]], prompt=True)
+        base = self.base
+        full = self._render([*self.conversation, *[dict(m) for m in observation]], prompt=True)
         if not full.startswith(base):
             raise ValueError("the chat template does not render a conversation as an extension of its start, so an "
                              "observation cannot be appended to the model's tokens")

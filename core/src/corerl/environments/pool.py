@@ -25,6 +25,7 @@ from typing import Any
 import attrs
 
 from corerl.environments.contract import EpisodeView, Turn
+from corerl.failures import first_line
 
 log = logging.getLogger(__name__)
 
@@ -39,9 +40,14 @@ class Answer:
     cause: str = ""
 
 
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
+async def bounded_call(function: Any, *args: Any, executor: ThreadPoolExecutor, timeout_s: float) -> Any:
+    """``function(*args)`` awaited within ``timeout_s`` (``TimeoutError`` past it): a coroutine
+    function on the running loop, a plain one in ``executor`` (whose thread, if it hangs, is
+    abandoned)."""
+    if inspect.iscoroutinefunction(function):
+        return await asyncio.wait_for(function(*args), timeout_s)
+    loop = asyncio.get_running_loop()
+    return await asyncio.wait_for(loop.run_in_executor(executor, function, *args), timeout_s)
 
 
 class InProcessPool:
@@ -50,23 +56,17 @@ class InProcessPool:
     def __init__(self, environment: Any, timeout_s: float, max_threads: int = 32) -> None:
         self.environment = environment
         self.timeout_s = timeout_s
-        self.is_async = inspect.iscoroutinefunction(environment.step)
         self.executor = ThreadPoolExecutor(max_workers=max_threads, thread_name_prefix="corerl-env")
         self.seconds = 0.0  # time spent answering, all calls
 
     async def _one(self, view: EpisodeView) -> Answer:
         try:
-            if self.is_async:
-                result = await asyncio.wait_for(self.environment.step(view), self.timeout_s)
-            else:
-                loop = asyncio.get_running_loop()
-                result = await asyncio.wait_for(loop.run_in_executor(self.executor, self.environment.step, view),
-                                                self.timeout_s)
+            result = await bounded_call(self.environment.step, view, executor=self.executor, timeout_s=self.timeout_s)
         except TimeoutError:
             return Answer(fault="env_timeout", cause=f"no answer within {self.timeout_s:g} s")
         except Exception as exc:  # the environment's own failure: the episode's, counted and reported
             log.debug("environment step raised", exc_info=True)
-            return Answer(fault="env_error", cause=_first_line(exc))
+            return Answer(fault="env_error", cause=first_line(exc))
         if not isinstance(result, Turn):
             return Answer(fault="env_malformed", cause=f"step returned {type(result).__name__}, not a Turn")
         return Answer(turn=result)
@@ -96,11 +96,6 @@ class EnvironmentActor:
     def answer(self, views: Sequence[EpisodeView]) -> list[Answer]:
         return self.pool.answer(views)
 
-    def pid(self) -> int:
-        import os
-
-        return os.getpid()
-
 
 class RayPool:
     """``num_workers`` Ray actors (restarted by Ray when one dies); each call's episodes are
@@ -117,7 +112,6 @@ class RayPool:
         remote = ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=0)(EnvironmentActor)
         self.actors = [remote.remote(registration, context) for _ in range(num_workers)]
         self.seconds = 0.0
-        self.restarts = 0
 
     def answer(self, views: Sequence[EpisodeView]) -> list[Answer]:
         import ray
@@ -133,11 +127,9 @@ class RayPool:
                 results = ray.get(ref, timeout=max(0.1, deadline - time.perf_counter()))
             except GetTimeoutError:
                 ray.kill(self.actors[a], no_restart=False)
-                self.restarts += 1
                 results = [Answer(fault="env_timeout", cause=f"actor {a} overran {self.timeout_s:g} s; restarted")] * len(chunks[a])
             except RayActorError as exc:
-                self.restarts += 1
-                results = [Answer(fault="env_error", cause=f"environment actor {a} died ({_first_line(exc)}); "
+                results = [Answer(fault="env_error", cause=f"environment actor {a} died ({first_line(exc)}); "
                                                          "Ray restarts it")] * len(chunks[a])
             for index, result in zip(chunks[a], results, strict=True):
                 answers[index] = result

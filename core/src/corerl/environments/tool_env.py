@@ -23,16 +23,21 @@ from corerl.environments.tools import ToolCall, execute
 from corerl.tasks.rewards import exact_answer
 
 
-def _with_row(function: Callable[..., Any], row: Any) -> Callable[..., Any]:
-    parameter = inspect.signature(function).parameters.get("row")
+def _row_signature(function: Callable[..., Any]) -> inspect.Signature | None:
+    """The signature the model calls ``function`` with when it takes the episode's row as the
+    keyword-only ``row`` (that parameter left out); None when it does not take the row."""
+    signature = inspect.signature(function)
+    parameter = signature.parameters.get("row")
     if parameter is None or parameter.kind is not inspect.Parameter.KEYWORD_ONLY:
-        return function
+        return None
+    return signature.replace(parameters=[p for p in signature.parameters.values() if p.name != "row"])
 
+
+def _with_row(function: Callable[..., Any], row: Any, signature: inspect.Signature) -> Callable[..., Any]:
     def call(**arguments: Any) -> Any:
         return function(**arguments, row=row)
 
-    call.__signature__ = inspect.signature(function).replace(  # type: ignore[attr-defined]
-        parameters=[p for p in inspect.signature(function).parameters.values() if p.name != "row"])
+    call.__signature__ = signature  # type: ignore[attr-defined]
     return call
 
 
@@ -42,6 +47,7 @@ class ToolsEnvironment:
     def __init__(self, context: EnvironmentContext) -> None:
         settings = context.settings
         self.tools = {name: context.tools[name].load() for name in settings.tools}
+        self.row_signatures = {name: _row_signature(function) for name, function in self.tools.items()}
         self.parse = context.tool_parsers[settings.tool_parser].load()
         self.max_calls = settings.max_calls_per_turn
         self.reward = context.reward or exact_answer
@@ -50,7 +56,8 @@ class ToolsEnvironment:
         calls: list[ToolCall] = self.parse(episode.response)
         if not calls:
             return Turn(reward=float(self.reward(episode.response, episode.row)), done=True)
-        tools = {name: _with_row(function, episode.row) for name, function in self.tools.items()}
+        tools = {name: function if (signature := self.row_signatures[name]) is None
+                 else _with_row(function, episode.row, signature) for name, function in self.tools.items()}
         results = [execute(call, tools) for call in calls[: self.max_calls]]
         messages = [{"role": "tool", "content": r.content} for r in results]
         messages += [{"role": "tool", "content": f"error: at most {self.max_calls} tool calls per turn"}

@@ -10,7 +10,7 @@ The core registers ``digit_echo`` (made in code), ``dataset`` (JSONL/Parquet fil
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol, runtime_checkable
 
 import attrs
@@ -98,9 +98,3 @@ def score(reward: TextReward, text: str, example: Mapping[str, Any], where: str,
         raise RunError(f"reward function {name} returned {value}{at}; rewards must be finite", key=where,
                        hint="return a finite float for every completion")
     return float(value)
-
-
-def mean_reward(task: TaskSource, groups: Sequence[Sequence[Sample]], examples: Sequence[Any]) -> float:
-    """The mean reward of one sample per example (the held-out evaluation)."""
-    scores = [task.reward(group[0], example) for group, example in zip(groups, examples, strict=True)]
-    return sum(scores) / len(scores)

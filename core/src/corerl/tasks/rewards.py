@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import importlib
 import re
 from collections.abc import Mapping
 from typing import Any
-
-from corerl.errors import ConfigError
 
 _SPACES = re.compile(r"\s+")
 IMPORT_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
@@ -38,22 +35,9 @@ def exact_answer(completion: str, example: Mapping[str, Any]) -> float:
 
 def import_reward(path: str) -> Any:
     """The function at import path ``pkg.module:fn`` (``data.reward``)."""
-    from corerl.import_paths import refuse_code_runners
+    from corerl.import_paths import import_function
 
-    refuse_code_runners(path, "data.reward", wanted="reward function")
-    module_name, _, attr_path = path.partition(":")
-    try:
-        target: Any = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ConfigError(f"cannot import reward module {module_name!r}: {exc}", key="data.reward",
-                          hint="put the module on PYTHONPATH (or install its package), or name a registered reward") from exc
-    for part in attr_path.split("."):
-        if not hasattr(target, part):
-            raise ConfigError(f"module {module_name!r} has no {attr_path!r}", key="data.reward",
-                              hint=f"check the function name in {path!r}")
-        target = getattr(target, part)
-    refuse_code_runners(path, "data.reward", target, wanted="reward function")
-    if not callable(target):
-        raise ConfigError(f"{path!r} is not callable", key="data.reward",
-                          hint="point data.reward at a function fn(completion: str, example: dict) -> float")
-    return target
+    return import_function(path, "data.reward", "reward",
+                           hint="point data.reward at a function fn(completion: str, example: dict) -> float",
+                           import_hint="put the module on PYTHONPATH (or install its package), or name a registered "
+                                       "reward")
