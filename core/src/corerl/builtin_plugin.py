@@ -100,6 +100,7 @@ def corerl_register_algorithms(register: Callable[[Algorithm], None]) -> None:
                        plot=PlotSpec(), description="supervised fine-tuning on the task's demonstrations "
                                                     "(also the sft section's warm start)"))
     register(Algorithm(id="grpo", factory="corerl.algorithms.grpo:GRPOAlgorithm", plot=sampled_reward, environments=True,
+                       asynchronous=True,
                        check_supported="corerl.algorithms.checks:check_sample_batches",
                        description="group-relative policy optimisation: sampled groups, normalised rewards"))
     register(Algorithm(id="ppo", factory="corerl.algorithms.ppo:PPOAlgorithm", critic=True, environments=True,

@@ -235,7 +235,10 @@ class Algorithm(Registration):
     - ``plot``: what ``curves.png`` shows of its steps;
     - ``environments``: its rollout plays episodes against ``data.env_name``'s environment (it
       calls :meth:`corerl.run_context.RunContext.rollout`); a recipe naming an environment for
-      an algorithm without it is refused at validation.
+      an algorithm without it is refused at validation;
+    - ``asynchronous``: its step can train from the rollout buffer of ``algorithm.async``
+      (:mod:`corerl.asynchronous`); ``algorithm.async.enabled`` is refused for an algorithm
+      without it.
 
     ``config_section``/``config_schema`` name its own keys (e.g. ``algorithm.reinforce``) and
     ``check_supported(config)`` refuses, in one line, what it cannot run. The factory is called
@@ -250,6 +253,7 @@ class Algorithm(Registration):
     warm_start: bool = True
     plot: PlotSpec = attrs.field(factory=PlotSpec)
     environments: bool = False
+    asynchronous: bool = False
 
 
 _ENV_ID_PATTERN = re.compile(r"^[a-z][a-z0-9_]*$")

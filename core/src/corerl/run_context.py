@@ -124,7 +124,7 @@ class RunContext:
             self.offload = NoOffload(self.training, None)  # nothing is sampled: no engine to offload for
         else:
             assert selection.generation_backend.registration is not None
-            self.generation = self.start(selection.generation_backend.registration, self.model_path, self.training)
+            self.generation = self.start_generation(selection.generation_backend.registration)
             assert selection.offload_policy.registration is not None
             self.offload = selection.offload_policy.registration.create(training=self.training,
                                                                         generation=self.generation, config=self.config)
@@ -132,6 +132,31 @@ class RunContext:
             self.training.load_checkpoint(str(self.resume[1] / "training"))
             self.refit()
             self.task.set_state(self.state["task"])
+
+    def start_generation(self, registration: Any) -> Any:
+        """The generation engine: the backend itself, or with ``algorithm.async.enabled`` the
+        backend in a dedicated worker that takes weights while it generates
+        (:mod:`corerl.asynchronous.engine`)."""
+        from corerl.asynchronous.settings import async_settings
+
+        settings = async_settings(self.config)
+        if not settings.enabled:
+            return self.start(registration, self.model_path, self.training)
+        import os
+
+        import torch
+
+        from corerl.asynchronous.engine import DedicatedGeneration
+
+        engine = DedicatedGeneration(registration, self.config, settings)
+        self.started.append(engine)
+        if engine.pool is not None and not engine.pool.gpus:  # one machine's cores, split between the two
+            torch.set_num_threads(max(1, (os.cpu_count() or 1) - engine.threads))
+        self.console.print(f"generation: {registration.id} on a dedicated worker (pid {engine.pid}, "
+                           f"{'a GPU' if engine.pool is not None and engine.pool.gpus else f'{engine.threads} CPU thread(s)'}"
+                           f"), at most {settings.max_staleness} version(s) behind training, sampler {settings.sampler}")
+        engine.load_hf(self.model_path)
+        return engine
 
     def refit(self) -> None:
         """Send the policy's weights to the generation engine (nothing when there is none)."""

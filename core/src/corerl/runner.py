@@ -54,6 +54,12 @@ def check_finite(phase: str, step: int, metrics: dict[str, Any]) -> None:
                        key="policy.optimizer.lr", hint="lower the learning rate; the last checkpoint, if any, is intact")
 
 
+def task_state(algorithm: Any, task: Any) -> Any:
+    """Where a resumed run draws its next prompts: the algorithm's word (``task_state()``, contract
+    2.3), else the task's own state (an algorithm written to 2.2 or earlier)."""
+    return algorithm.task_state() if hasattr(algorithm, "task_state") else task.state()
+
+
 def _progress(console: Any) -> Any:
     from rich.progress import (
         BarColumn,
@@ -207,7 +213,7 @@ class Run:
         context = self.context
         context.offload.restore()
         snapshot = {"steps_done": {p.name: p.done for p in self.phases}, "metrics_lines": self.log.lines,
-                    "task": context.task.state(), "evals": self.evals}
+                    "task": task_state(self.algorithm, context.task), "evals": self.evals}
 
         def save(folder: Path) -> None:
             context.training.save_checkpoint(str(folder / "training"))

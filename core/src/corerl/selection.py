@@ -341,6 +341,12 @@ def select(config: Config, host: PluginHost) -> Selection:
     except SelectionError as exc:
         errors.append(exc)
     algorithm = choices["algorithm"].registration if "algorithm" in choices else None
+    try:
+        from corerl.asynchronous.settings import check_async
+
+        check_async(config, algorithm, [a.id for a in host.algorithms if a.asynchronous])
+    except SelectionError as exc:
+        errors.append(exc)
     for name, pick in (
         ("training_backend", select_training_backend),
         ("generation_backend", select_generation_backend),

@@ -11,6 +11,11 @@ returns an :class:`AlgorithmRun`. The run loop knows algorithms only through thi
    policy's (the policy's weights and optimizer are the run loop's);
 4. ``held_out()`` at the end, then ``export(run_dir)`` for final outputs beyond ``final/``.
 
+Optional (contract 2.3): ``task_state()``, the task's position a checkpoint records (called
+just before ``save``; without it, the task's own ``state()``). An algorithm that draws prompts
+ahead of what it trained (asynchronous GRPO) gives the position before the prompts it has not
+trained on yet, so that a resumed run generates them again and trains nothing twice.
+
 The rollout (sampling, scoring) lives inside ``step()``: an algorithm that owns a multi-turn
 rollout, or one that does not wait for generation, changes its own step, not the loop.
 """
@@ -18,7 +23,7 @@ rollout, or one that does not wait for generation, changes its own step, not the
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     from corerl.run_context import RunContext
@@ -90,6 +95,9 @@ class AlgorithmBase:
 
     def load(self, folder: Path) -> None:
         return None
+
+    def task_state(self) -> Any:
+        return self.context.task.state()
 
     def export(self, run_dir: Path) -> list[str]:
         return []

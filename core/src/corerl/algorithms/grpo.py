@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import math
 import time
+from pathlib import Path
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -20,8 +21,8 @@ import attrs
 import torch
 
 from corerl.algorithms.contract import AlgorithmBase
-from corerl.algorithms.grpo_math import GRPOLoss, group_advantages
-from corerl.environments.rollout import SingleTurnRollout
+from corerl.algorithms.grpo_math import GRPOLoss, group_advantages, off_policy_metrics
+from corerl.environments.rollout import Rollout, SingleTurnRollout
 from corerl.generation.contract import Sample, SamplingSettings
 from corerl.offload import NoOffload, PhaseOffload, ReferenceOffload
 from corerl.training.batching import right_pad
@@ -88,6 +89,9 @@ class GRPO:
     offload: PhaseOffload | None = None  # default: nothing moves
     reference_offload: ReferenceOffload | None = None  # default: the reference stays where it is
     rollout: Any = None  # default: one turn scored by reward_fn (corerl.environments.rollout)
+    # after each step's training, instead of refit(): asynchronous GRPO hands the weights over
+    # without waiting for the generation group (corerl.asynchronous.grpo)
+    hand_over: Callable[[], None] | None = None
 
     def __attrs_post_init__(self) -> None:
         if self.rollout is None:
@@ -99,21 +103,29 @@ class GRPO:
 
     def step(self, prompts: Sequence[Sequence[int]], items: Sequence[Any] | None = None) -> dict[str, float]:
         """Generate, score, train, refit; returns the step's metrics (timings in seconds)."""
-        algorithm = self.config.core.algorithm
-        n = algorithm.num_generations_per_prompt
-        items = list(items) if items is not None else [None] * len(prompts)
-        timings: dict[str, float] = {}
+        rollout, seconds = self.generate(prompts, items)
+        return self.learn(rollout, {"time/generation": seconds})
 
+    def generate(self, prompts: Sequence[Sequence[int]], items: Sequence[Any] | None = None) -> tuple[Rollout, float]:
+        """This step's rollout (``num_generations_per_prompt`` samples or episodes per prompt,
+        scored) and the seconds it took."""
+        algorithm = self.config.core.algorithm
+        items = list(items) if items is not None else [None] * len(prompts)
         offload = self.offload
-        assert offload is not None
+        assert offload is not None and self.rollout is not None
         start = time.perf_counter()
         offload.before_generation()
         sampling = SamplingSettings.from_config(self.config, seed=step_seed(algorithm.seed, self.steps_done))
-        assert self.rollout is not None
-        rollout = self.rollout.run(prompts, items, sampling, n, self.config.core.policy.max_seq_length)
-        groups = rollout.groups
-        timings["time/generation"] = time.perf_counter() - start
+        rollout = self.rollout.run(prompts, items, sampling, algorithm.num_generations_per_prompt,
+                                   self.config.core.policy.max_seq_length)
+        return rollout, time.perf_counter() - start
 
+    def learn(self, rollout: Rollout, timings: dict[str, float]) -> dict[str, float]:
+        """Advantages, training (passes x mini-batches) and the refit, from a scored ``rollout``;
+        the step's metrics, ``timings`` among them."""
+        offload = self.offload
+        assert offload is not None
+        groups = rollout.groups
         rewards = torch.tensor(rollout.rewards, dtype=torch.float32)
         advantages = group_advantages(rewards, scale_by_std=self.scale_rewards_by_std,
                                       leave_one_out=self.leave_one_out_baseline)
@@ -122,12 +134,12 @@ class GRPO:
         start = time.perf_counter()
         offload.before_training()
         mask = batch["loss_mask"].bool()
-        mismatch = None
         rows, per_update = int(batch["input_ids"].shape[0]), self.optimizer_batch_size
         several_updates = self.optimization_passes > 1 or (per_update is not None and per_update < rows)
-        if several_updates:  # later updates need the pre-update logprobs
+        off_policy = None
+        if several_updates or self.loss.corrects_importance:  # later updates and the IS weights need them
             batch["old_logprobs"] = self.training.logprobs(batch)
-            mismatch = (batch["old_logprobs"] - batch["gen_logprobs"]).abs()[mask]
+            off_policy = off_policy_metrics(batch["old_logprobs"], batch["gen_logprobs"], mask, self.loss)
         if self.reference_offload is not None and self.loss.kl_penalty:
             with self.reference_offload.scoring() as reference:
                 batch["ref_logprobs"] = reference.logprobs(batch)
@@ -139,9 +151,7 @@ class GRPO:
         timings["time/training"] = time.perf_counter() - start
 
         start = time.perf_counter()
-        offload.before_refit()
-        self.generation.update_weights(self.training.weight_stream())
-        offload.after_refit()
+        self.hand_over() if self.hand_over is not None else self.refit()
         timings["time/refit"] = time.perf_counter() - start
 
         self.steps_done += 1
@@ -152,9 +162,8 @@ class GRPO:
         first = results[0].metrics
         gap = {"logprob_mismatch/mean": first.get("logprob_mismatch/mean", 0.0),
                "logprob_mismatch/rms": math.sqrt(max(first.get("logprob_mismatch/mean_sq", 0.0), 0.0))}
-        if mismatch is not None and generated:
-            gap = {"logprob_mismatch/mean": float(mismatch.mean()), "logprob_mismatch/max": float(mismatch.max()),
-                   "logprob_mismatch/rms": float(mismatch.pow(2).mean().sqrt())}
+        if off_policy is not None and generated:
+            gap = off_policy
         loss_metrics = {k: float(v) for k, v in last.metrics.items() if not k.startswith("logprob_mismatch/")}
         return {
             "optimizer_step": float(last.step),
@@ -169,6 +178,13 @@ class GRPO:
             **rollout.metrics,
             **timings,
         }
+
+    def refit(self) -> None:
+        """The new weights to the generation engine (waiting until it uses them)."""
+        assert self.offload is not None
+        self.offload.before_refit()
+        self.generation.update_weights(self.training.weight_stream())
+        self.offload.after_refit()
 
 
 class GRPOAlgorithm(AlgorithmBase):
@@ -191,8 +207,43 @@ class GRPOAlgorithm(AlgorithmBase):
                          optimizer_batch_size=algorithm.optimizer_batch_size, reference=reference,
                          steps_done=self.done, offload=context.offload, reference_offload=reference_offload,
                          rollout=context.rollout())
+        if self.asynchronous is not None:
+            self.asynchronous.begin(self.grpo)
+
+    @property
+    def asynchronous(self) -> Any:
+        """The asynchronous driver (``algorithm.async.enabled``), built on first use; None when off."""
+        if not hasattr(self, "_asynchronous"):
+            from corerl.asynchronous.settings import async_settings
+
+            settings = async_settings(self.context.config)
+            self._asynchronous = None
+            if settings.enabled:
+                from corerl.asynchronous.grpo import AsyncTrainer
+
+                self._asynchronous = AsyncTrainer(self.context, settings)
+        return self._asynchronous
 
     def step(self) -> dict[str, float]:
+        if self.asynchronous is not None:
+            return self.asynchronous.step()
         prompts, examples = self.context.task.sample(self.context.config.core.algorithm.batch_size)
         return self.grpo.step(prompts, examples)
 
+    def held_out(self) -> dict[str, float]:
+        if self.asynchronous is not None:
+            self.asynchronous.stop()  # after training: the newest weights, no rollouts competing
+        return super().held_out()
+
+    def task_state(self) -> Any:
+        if self.asynchronous is not None:
+            return self.asynchronous.task_state()
+        return super().task_state()
+
+    def save(self, folder: Path) -> None:
+        if self.asynchronous is not None:
+            self.asynchronous.save(folder)
+
+    def load(self, folder: Path) -> None:
+        if self.asynchronous is not None:
+            self.asynchronous.load(folder)

@@ -58,7 +58,8 @@ class GRPOLoss:
     - ``ratio_clip_c`` (dual clipping, > 1): a negative-advantage token's loss is at most
       ``-ratio_clip_c * A``;
     - ``importance_sampling_correction``: each token's loss is weighted by
-      ``exp(old_logprob - gen_logprob)``, capped at ``importance_weight_cap``;
+      ``w = exp(old_logprob - gen_logprob)`` (the training policy over the generation engine's),
+      bounded as ``importance_sampling_type`` says (:func:`importance_weights`);
     - ``kl_penalty`` times the ``kl_type`` estimate (:func:`kl_estimate`, k3 by default) of
       KL(policy || reference) where ``ref_logprobs`` are given.
 
@@ -78,6 +79,14 @@ class GRPOLoss:
     # the training policy over the generation engine's (at most ``importance_weight_cap``)
     importance_sampling_correction: bool = False
     importance_weight_cap: float | None = None
+    importance_weight_min: float | None = None
+    importance_sampling_type: str = "tis"  # tis, icepop or seq-mask-tis (importance_weights)
+
+    @property
+    def corrects_importance(self) -> bool:
+        """Whether the loss weights tokens by the training over the generation policy (it then
+        needs the training policy's logprobs before the update, ``old_logprobs``)."""
+        return self.importance_sampling_correction
 
     @classmethod
     def from_config(cls, algorithm: Any) -> GRPOLoss:
@@ -103,9 +112,7 @@ class GRPOLoss:
             per_token = torch.where(advantages < 0, bounded, per_token)
         weights = None
         if self.importance_sampling_correction and "gen_logprobs" in batch:
-            weights = torch.exp(old.detach() - batch["gen_logprobs"]) * mask
-            if self.importance_weight_cap is not None:
-                weights = weights.clamp(max=self.importance_weight_cap)
+            weights, _ = importance_weights(old.detach(), batch["gen_logprobs"], mask, self)
             per_token = per_token * weights
         # metrics stay 0-d tensors on the device: the backend reads them once per step
         metrics = {
@@ -123,3 +130,53 @@ class GRPOLoss:
             per_token = per_token + self.kl_penalty * kl
             metrics["kl"] = (kl.detach() * mask).sum() / normaliser
         return (per_token * mask).sum() / normaliser, metrics
+
+
+def importance_weights(old: torch.Tensor, gen: torch.Tensor, mask: torch.Tensor,
+                       loss: GRPOLoss) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token importance weights of the training policy (``old`` logprobs) over the generation
+    engine's (``gen``), and the loss tokens whose weight the bound changed (a bool mask).
+
+    ``tis``: ``w = min(exp(old - gen), cap)`` (truncated importance sampling); ``icepop``: ``w``
+    where it lies within ``[min, cap]``, 0 elsewhere; ``seq-mask-tis``: a whole sequence's
+    weights are 0 when the geometric mean of its ratios, ``exp(mean(old - gen))``, lies outside
+    ``[min, cap]``, else its tokens keep ``exp(old - gen)``. An unset bound does not bound."""
+    mask = mask.to(old.dtype)
+    raw = torch.exp(old - gen) * mask
+    high = loss.importance_weight_cap if loss.importance_weight_cap is not None else float("inf")
+    low = loss.importance_weight_min if loss.importance_weight_min is not None else 0.0
+    kind = loss.importance_sampling_type
+    if kind == "tis":
+        weights = raw.clamp(max=high)
+    elif kind == "icepop":
+        weights = raw * ((raw >= low) & (raw <= high)).to(raw.dtype)
+    elif kind == "seq-mask-tis":
+        tokens = mask.sum(dim=-1, keepdim=True).clamp(min=1.0)
+        geometric = torch.exp(((old - gen) * mask).sum(dim=-1, keepdim=True) / tokens)
+        weights = raw * ((geometric >= low) & (geometric <= high)).to(raw.dtype)
+    else:
+        raise ValueError(f"unknown importance sampling type {kind!r}; known: tis, icepop, seq-mask-tis")
+    changed = ((weights - raw).abs() > 1e-12) & mask.bool()
+    return weights * mask, changed
+
+
+def off_policy_metrics(old: torch.Tensor, gen: torch.Tensor, mask: torch.Tensor, loss: GRPOLoss) -> dict[str, float]:
+    """How far the generation engine's logprobs of the sampled tokens are from the training
+    policy's (``old``, before the update): the absolute gap (mean, max, rms), a KL estimate
+    (k3 of the log ratio, KL(generation || training)), and the importance ratios' spread and the
+    share of tokens the chosen bound changed (``importance_weight/*``)."""
+    mask = mask.bool()
+    if not bool(mask.any()):
+        return {}
+    delta = (old - gen)[mask]
+    gap = delta.abs()
+    ratio = torch.exp(delta)
+    _, changed = importance_weights(old, gen, mask, loss)
+    return {
+        "logprob_mismatch/mean": float(gap.mean()), "logprob_mismatch/max": float(gap.max()),
+        "logprob_mismatch/rms": float(gap.pow(2).mean().sqrt()),
+        "logprob_mismatch/kl": float(kl_estimate(delta, "k3").mean()),
+        "importance_ratio/mean": float(ratio.mean()), "importance_ratio/std": float(ratio.std(unbiased=False)),
+        "importance_ratio/min": float(ratio.min()), "importance_ratio/max": float(ratio.max()),
+        "importance_ratio/clipped_share": float(changed[mask].float().mean()),
+    }

@@ -66,7 +66,10 @@ def owned_sections(host: PluginHost) -> dict[str, type | None]:
     from corerl.config.critic import critic_section
     from corerl.registry import TrainingBackend
 
-    owned: dict[str, type | None] = {}
+    from corerl.asynchronous.settings import SECTION as ASYNC_SECTION
+    from corerl.asynchronous.settings import AsyncSettings
+
+    owned: dict[str, type | None] = {ASYNC_SECTION: AsyncSettings}  # the core's own, a keyword as its name
     for item in host.registrations():
         if item.config_section and owned.get(item.config_section) is None:
             owned[item.config_section] = item.config_schema

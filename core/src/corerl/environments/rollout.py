@@ -61,6 +61,7 @@ class PlayedEpisode:
     ids: list[int] = attrs.field(factory=list)
     mask: list[int] = attrs.field(factory=list)
     logprobs: list[float] = attrs.field(factory=list)
+    versions: list[int] = attrs.field(factory=list)
     responses: list[str] = attrs.field(factory=list)
     reward: float = 0.0
     state: Any = None
@@ -78,6 +79,7 @@ class PlayedEpisode:
         self.ids += sample.completion_ids
         self.mask += [1] * len(sample.completion_ids)
         self.logprobs += sample.logprobs
+        self.versions += sample.versions or [0] * len(sample.completion_ids)
         self.responses.append(text)
         self.finish = sample.finish_reason
 
@@ -85,10 +87,16 @@ class PlayedEpisode:
         self.ids += ids
         self.mask += [0] * len(ids)
         self.logprobs += [0.0] * len(ids)
+        self.versions += [self.versions[-1] if self.versions else 0] * len(ids)  # not the model's: masked out
 
     def sample(self) -> Sample:
         return Sample(prompt_ids=tuple(self.prompt), completion_ids=tuple(self.ids), logprobs=tuple(self.logprobs),
-                      finish_reason="stop" if self.finish == "stop" else "length", completion_mask=tuple(self.mask))
+                      finish_reason="stop" if self.finish == "stop" else "length", completion_mask=tuple(self.mask),
+                      versions=tuple(self.versions) if self.stamped else None)
+
+    @property
+    def stamped(self) -> bool:
+        return bool(self.versions) and any(v for v in self.versions)
 
 
 def turn_seed(seed: int | None, turn: int) -> int | None:
@@ -194,8 +202,9 @@ def _cut(sample: Sample, room: int) -> Sample:
     """``sample`` cut to ``room`` completion tokens (it ends there, by length)."""
     if len(sample.completion_ids) <= room:
         return sample
+    versions = sample.versions[:room] if sample.versions is not None else None
     return attrs.evolve(sample, completion_ids=sample.completion_ids[:room], logprobs=sample.logprobs[:room],
-                        finish_reason="length")
+                        finish_reason="length", versions=versions)
 
 
 FAULTS = ("env_error", "env_timeout", "env_malformed")

@@ -61,13 +61,18 @@ class Sample:
     A multi-turn episode is one sample too: ``completion_ids`` holds everything after the prompt,
     the environment's tokens between the model's turns included, and ``completion_mask`` marks
     the model's own tokens (1) apart from the environment's (0, logprob 0, left out of the loss).
-    None, as generation backends leave it: every completion token is the model's."""
+    None, as generation backends leave it: every completion token is the model's.
+
+    ``versions``: the policy version (optimizer steps taken) of the weights that produced each
+    completion token, stamped by asynchronous generation (:mod:`corerl.asynchronous`); None,
+    as generation backends leave it, where the weights never changed under a request."""
 
     prompt_ids: tuple[int, ...]
     completion_ids: tuple[int, ...]
     logprobs: tuple[float, ...]
     finish_reason: FinishReason
     completion_mask: tuple[int, ...] | None = None
+    versions: tuple[int, ...] | None = None
 
 
 @runtime_checkable

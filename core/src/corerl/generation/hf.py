@@ -30,6 +30,10 @@ class HFGenerationBackend:
         self.config = config
         self.own_model: Any = None
         self.shared_engine: Any = None  # the training engine whose model this backend samples with
+        # called between decoding steps with the number of tokens generated so far; True ends the
+        # call there (its completions are returned as they stand): asynchronous generation's hook
+        # for weights that arrive while a request runs (corerl.asynchronous.worker)
+        self.between_tokens: Any = None
 
     @property
     def model(self) -> Any:
@@ -106,6 +110,8 @@ class HFGenerationBackend:
             kwargs.update(temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k or 0)
         if self.static_cache:
             kwargs["cache_implementation"] = "static"
+        if self.between_tokens is not None:
+            kwargs["stopping_criteria"] = _hook_criteria(self.between_tokens, width)
         if sampling.seed is not None:
             torch.manual_seed(sampling.seed)
         model = self.model
@@ -144,6 +150,8 @@ class HFGenerationBackend:
         return [samples[i * n:(i + 1) * n] for i in range(len(prompts))]
 
     def update_weights(self, weights: Iterable[tuple[str, Any]]) -> None:
+        """Load ``weights`` into the model in place (between two decoding steps too: the KV cache
+        of the tokens before stays as it was computed)."""
         if self.shared_engine is not None:
             if getattr(weights, "engine", None) is self.shared_engine:
                 return  # the training engine's own weights: generation already runs on them
@@ -170,3 +178,17 @@ class HFGenerationBackend:
     def shutdown(self) -> None:
         self.own_model = self.shared_engine = None
 
+
+
+def _hook_criteria(hook: Any, width: int) -> Any:
+    """A transformers stopping criterion that calls ``hook(tokens generated so far)`` after every
+    decoding step and ends every row when it answers True."""
+    import torch
+    from transformers import StoppingCriteria, StoppingCriteriaList
+
+    class BetweenTokens(StoppingCriteria):
+        def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **kwargs: Any) -> torch.Tensor:
+            stop = bool(hook(int(input_ids.shape[1]) - width))
+            return torch.full((input_ids.shape[0],), stop, dtype=torch.bool, device=input_ids.device)
+
+    return StoppingCriteriaList([BetweenTokens()])

@@ -49,6 +49,10 @@ class MetricsLog:
         for key, value in metrics.items():
             if isinstance(value, (int, float)) and not isinstance(value, bool) and key not in ("step",):
                 self._writer.add_scalar(f"{phase}/{key}", value, tb_step)
+            elif isinstance(value, list) and value:  # one value per item (a step's staleness per group)
+                import numpy as np
+
+                self._writer.add_histogram(f"{phase}/{key}", np.asarray(value, dtype=np.float64), tb_step)
         self._writer.flush()
 
     def scalar(self, tag: str, value: float, tb_step: int) -> None:
