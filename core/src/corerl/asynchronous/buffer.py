@@ -58,6 +58,7 @@ class RolloutBuffer:
         self.expected: list[Key] = []  # drawn, not yet taken or dropped (in_order's queue)
         self.ready: dict[Key, RolloutGroup] = {}
         self.dropped: list[Key] = []  # groups past the staleness bound, never trained on (drained by the trainer)
+        self.dropped_total = 0
         self.error: BaseException | None = None
         self.closed = False
         self.cond = threading.Condition()
@@ -120,6 +121,7 @@ class RolloutBuffer:
                 del self.ready[key]
                 self.expected.remove(key)
                 self.dropped.append(key)
+                self.dropped_total += 1
 
     def _choose(self, count: int) -> list[RolloutGroup] | None:
         if self.sampler == "in_order":

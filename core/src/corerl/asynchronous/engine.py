@@ -48,7 +48,8 @@ class DedicatedGeneration:
 
     def __init__(self, registration: Any, config: Any, settings: Any) -> None:
         self.registration, self.config, self.settings = registration, config, settings
-        self.version = 0  # the newest version pushed
+        self.version = 0  # the newest version the worker holds
+        self.pushing = 0  # the newest version handed over (what a restarted worker loads)
         self.restarts = 0
         self.model_path: str | None = None
         self.manifest: Any = None  # the newest weights (shared-memory manifest), for a restarted worker
@@ -115,7 +116,7 @@ class DedicatedGeneration:
             if self.model_path is not None:
                 self._get(self.actor.load_hf.remote(self.model_path))
             if self.manifest is not None:
-                self._get(self.actor.update_weights.remote(self.manifest, self.version))
+                self._get(self.actor.update_weights.remote(self.manifest, self.pushing))
 
     def _call(self, method: str, *args: Any) -> Any:
         """``method(*args)`` on the worker; a worker that died is restarted and the call repeated."""
@@ -163,15 +164,18 @@ class DedicatedGeneration:
         return groups
 
     def push(self, weights: Iterable[tuple[str, Any]], version: int) -> None:
-        """Hand the worker ``version``'s weights without waiting for what it generates."""
+        """Hand the worker ``version``'s weights without waiting for what it generates; the
+        version counts as pushed (:attr:`version`) once the worker holds them, so that no
+        request started after it is stamped older."""
         with self.handle:
-            self.version = version
             if self.writer is not None:
                 self.manifest = self.writer.write(weights)
                 payload: Any = self.manifest
             else:  # another node: the tensors themselves, through Ray
                 payload = self.manifest = [(name, tensor.detach().cpu()) for name, tensor in weights]
+            self.pushing = version
         self._call("update_weights", payload, version)
+        self.version = version
 
     def update_weights(self, weights: Iterable[tuple[str, Any]]) -> None:
         """The generation contract's refit: the weights are in use when this returns."""

@@ -4,9 +4,10 @@ the dedicated generation engine, as long as the trainer lets them run ahead.
 
 Batch ``b`` is the batch a synchronous run would train at step ``b``: the same prompts (the
 task is drawn in the same order) and the same sampling seed (:func:`corerl.algorithms.grpo.step_seed`).
-It starts generating only once the weights of version ``b - max_staleness`` are pushed, so
-with ``max_staleness=0`` and the in-order sampler every step trains exactly what a synchronous
-step would. Several batches are in flight at once when ``max_inflight_prompts`` allows
+A batch starts generating only once the worker holds the weights of the step that will train
+it, less ``max_staleness`` versions (counting the groups drawn, less those the buffer dropped as
+too old), so with ``max_staleness=0`` and the in-order sampler every step trains exactly what a
+synchronous step would. Several batches are in flight at once when ``max_inflight_prompts`` allows
 (each a rollout of its own: the episodes of one batch never wait for another batch's turns).
 """
 
@@ -33,6 +34,8 @@ class RolloutProducer:
         self.rollout, self.task, self.config, self.settings = rollout, task, config, settings
         self.buffer, self.version = buffer, version
         self.next_batch = first_batch
+        self.first_version = version()
+        self.drawn = 0  # groups drawn by this producer (a resumed run's skipped ones left out)
         self.skip = set(skip or ())
         self.task_states: dict[int, Any] = {}  # batch -> the task's state before it was drawn
         self.open: dict[int, int] = {}  # batch -> its groups not yet trained on or dropped
@@ -57,15 +60,17 @@ class RolloutProducer:
         for thread in self.threads:
             thread.join(timeout=600)
 
-    def _may_start(self, batch: int) -> bool:
-        if self.version() < batch - self.settings.max_staleness:
+    def _may_start(self) -> bool:
+        # the step that will train the next group, counted from this producer's start
+        step = (self.drawn - self.buffer.dropped_total) // self.config.core.algorithm.batch_size
+        if self.version() - self.first_version < step - self.settings.max_staleness:
             return False
         limit = self.settings.max_buffered_rollouts
         return limit is None or self.buffer.waiting() < limit
 
     def _draw(self) -> tuple[int, list[Any], list[Any], list[Key]] | None:
         with self.lock:
-            while not self.stopping and not self._may_start(self.next_batch):
+            while not self.stopping and not self._may_start():
                 self.lock.wait(0.02)
             if self.stopping:
                 return None
@@ -73,6 +78,7 @@ class RolloutProducer:
             self.task_states[batch] = self.task.state()
             prompts, items = self.task.sample(self.config.core.algorithm.batch_size)
             keys = [(batch, i) for i in range(len(prompts)) if (batch, i) not in self.skip]
+            self.drawn += len(keys)
             if keys:
                 self.open[batch] = len(keys)
                 self.buffer.expect(keys)

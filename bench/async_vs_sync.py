@@ -1,0 +1,157 @@
+"""Asynchronous GRPO against synchronous GRPO: the same recipe, model and number of optimizer
+steps on the same cores, in one run.
+
+    .venv/bin/python bench/async_vs_sync.py              # 30 steps each (about 3 minutes on 2 cores)
+    .venv/bin/python bench/async_vs_sync.py --steps 3    # a quick look
+
+A Qwen2-style model (hidden 128, 2 layers by default, the built-in word-level tokenizer) built once;
+the digit-echo prompts as rows; the reward is the share of completion words equal to the prompt's
+digit. 8 prompts x 8 generations, 64 new tokens, 4 optimizer steps per step (generation and
+training take similar time on 2 cores), float32, hf generation. Contenders, each in a fresh
+process, one after the other:
+
+- sync: generation with the training model itself, every core for each phase in turn (the
+  fastest synchronous layout on one machine: no copy, no refit);
+- sync-dedicated: ``algorithm.async`` with ``max_staleness=0`` (a generation worker of its
+  own with half the cores, training on the rest, still taking turns: the synchronous schedule
+  on the asynchronous layout);
+- async-1, async-2: ``max_staleness`` 1 and 2 (generation runs while training does).
+
+The baseline is the faster of the two synchronous ones. The table's last line is the bound
+splitting the cores allows on this machine: the baseline's s/step over the slower phase of
+sync-dedicated (each phase on its share of the cores, nothing overlapping). Steps after the first two are timed (they
+warm up); s/step is the median, tokens/s the completion tokens of a step over it; the held-out
+reward is taken after the same number of optimizer steps. Writes bench/results/async_vs_sync.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from bench_output import results_path
+from contenders import model_shape
+
+RESULTS = results_path("async_vs_sync.json")
+MODEL = dict(hidden_size=128, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=256, vocab_size=128)
+PROMPTS, GENERATIONS, NEW_TOKENS, LR, UPDATES = 8, 8, 64, 1e-3, 4
+CONTENDERS = {"sync": None, "sync-dedicated": 0, "async-1": 1, "async-2": 2}
+
+
+def prompt_rows(count: int = 160) -> list[dict[str, Any]]:
+    return [{"prompt": f"w0 {i % 10} :", "answer": str(i % 10)} for i in range(count)]
+
+
+def digit_share(completion: str, answer: str) -> float:
+    words = completion.split()
+    return sum(word == answer for word in words) / len(words) if words else 0.0
+
+
+def run_child(model_dir: str, steps: int, staleness: int | None, new_tokens: int, lr: float,
+              prompts: int, updates: int) -> dict[str, Any]:
+    import corerl
+
+    generation: dict[str, Any] = {"backend": "hf", "max_new_tokens": new_tokens, "temperature": 1.0}
+    algorithm: dict[str, Any] = {"batch_size": prompts, "num_generations_per_prompt": GENERATIONS,
+                                 "max_steps": steps, "seed": 7,
+                                 "optimizer_batch_size": prompts * GENERATIONS // updates}
+    if staleness is not None:
+        generation["colocated"] = {"enabled": False, "resources": {"gpus_per_node": 1}}
+        algorithm["async"] = {"enabled": True, "max_staleness": staleness}
+    with tempfile.TemporaryDirectory() as out:
+        result = corerl.GRPOTrainer({
+            "policy": {"model_name": model_dir, "precision": "float32", "max_seq_length": 16 + new_tokens,
+                       "train_micro_batch_size": prompts * GENERATIONS, "optimizer": {"lr": lr},
+                       "generation": generation},
+            "algorithm": algorithm,
+            "data": {"held_out_size": 40},
+            "run": {"output_dir": out, "name": "bench", "tensorboard": False},
+        }, dataset=prompt_rows(), reward_fn=lambda completion, example: digit_share(completion, example["answer"])).train()
+        rows = [json.loads(line) for line in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
+        summary = json.loads((result.run_dir / "summary.json").read_text())
+    return {"step_times": [r["time/step"] for r in rows], "tokens": [r["generated_tokens"] for r in rows],
+            "generation_s": [r["time/generation"] for r in rows], "training_s": [r["time/training"] for r in rows],
+            "staleness_max": max((r.get("async/staleness/max", 0.0) for r in rows), default=0.0),
+            "held_out_before": summary["held_out_reward_before"], "held_out_after": summary["held_out_reward_after"]}
+
+
+def summarise(name: str, result: dict[str, Any], wall: float) -> dict[str, Any]:
+    timed = slice(2, None) if len(result["step_times"]) > 3 else slice(None)
+    step = statistics.median(result["step_times"][timed])
+    tokens = statistics.median(t / s for t, s in zip(result["tokens"][timed], result["step_times"][timed], strict=True))
+    return {"contender": name, "max_staleness": CONTENDERS[name], "median_step_s": step, "tokens_per_s": tokens,
+            "generation_median_s": statistics.median(result["generation_s"][timed]),
+            "training_median_s": statistics.median(result["training_s"][timed]),
+            "staleness_seen_max": result["staleness_max"], "held_out_before": result["held_out_before"],
+            "held_out_after": result["held_out_after"], "wall_s": wall}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--hidden", type=int, default=MODEL["hidden_size"])
+    parser.add_argument("--layers", type=int, default=MODEL["num_layers"])
+    parser.add_argument("--new-tokens", type=int, default=NEW_TOKENS)
+    parser.add_argument("--prompts", type=int, default=PROMPTS)
+    parser.add_argument("--updates", type=int, default=UPDATES, help="optimizer steps per step (mini-batches)")
+    parser.add_argument("--lr", type=float, default=LR)
+    parser.add_argument("--contender", choices=list(CONTENDERS), help=argparse.SUPPRESS)
+    parser.add_argument("--model", help=argparse.SUPPRESS)
+    parser.add_argument("--out", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.contender:
+        Path(args.out).write_text(json.dumps(run_child(args.model, args.steps, CONTENDERS[args.contender],
+                                                           args.new_tokens, args.lr, args.prompts, args.updates)))
+        return
+
+    from corerl.models.tiny import build_tiny_model
+
+    shape = model_shape(MODEL, args.hidden, args.layers)
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        model = str(build_tiny_model(Path(tmp) / "model", **shape))
+        env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
+        for name in CONTENDERS:
+            out = Path(tmp) / f"{name}.json"
+            print(f"running {name} ({args.steps} steps) ...", flush=True)
+            start = time.perf_counter()
+            subprocess.run([sys.executable, __file__, "--contender", name, "--model", model, "--out", str(out),
+                            "--steps", str(args.steps), "--new-tokens", str(args.new_tokens), "--lr", str(args.lr),
+                            "--prompts", str(args.prompts), "--updates", str(args.updates)], check=True, stdout=subprocess.DEVNULL, env=env)
+            rows.append(summarise(name, json.loads(out.read_text()), time.perf_counter() - start))
+
+    baseline = min((r for r in rows if r["contender"].startswith("sync")), key=lambda r: r["median_step_s"])
+    for r in rows:
+        r["speedup_vs_sync"] = baseline["median_step_s"] / r["median_step_s"]
+        r["held_out_vs_sync_points"] = 100 * (r["held_out_after"] - baseline["held_out_after"])
+    cores = os.cpu_count()
+    print(f"\n{args.prompts} prompts x {GENERATIONS} generations, {args.new_tokens} new tokens, {args.steps} optimizer steps, "
+          f"{cores} cores, float32, hidden {args.hidden} x {args.layers} layers; baseline: {baseline['contender']}")
+    print(f"{'contender':<16}{'s/step':>8}{'tokens/s':>10}{'gen s':>8}{'train s':>9}{'vs sync':>9}"
+          f"{'held-out after':>16}{'vs sync':>10}{'max staleness':>15}")
+    for r in rows:
+        print(f"{r['contender']:<16}{r['median_step_s']:>8.3f}{r['tokens_per_s']:>10,.0f}{r['generation_median_s']:>8.3f}"
+              f"{r['training_median_s']:>9.3f}{r['speedup_vs_sync']:>8.2f}x{r['held_out_after']:>16.3f}"
+              f"{r['held_out_vs_sync_points']:>+9.1f}p{r['staleness_seen_max']:>15.0f}")
+    dedicated = next(r for r in rows if r["contender"] == "sync-dedicated")
+    bound = baseline["median_step_s"] / max(dedicated["generation_median_s"], dedicated["training_median_s"])
+    print(f"bound on this machine: {bound:.2f}x (sync s/step over the slower phase on half the cores)")
+    RESULTS.parent.mkdir(exist_ok=True)
+    RESULTS.write_text(json.dumps({
+        "setup": {"model": shape, "prompts": args.prompts, "generations": GENERATIONS, "new_tokens": args.new_tokens, "optimizer_steps_per_step": args.updates,
+                  "steps": args.steps, "cores": cores, "precision": "float32", "lr": args.lr, "generation": "hf"},
+        "baseline": baseline["contender"], "rows": rows, "bound_on_this_machine": bound,
+    }, indent=2) + "\n")
+    print(f"wrote {RESULTS}")
+
+
+if __name__ == "__main__":
+    main()
