@@ -80,7 +80,8 @@ def test_interpolation_and_defaults_chains_resolve_with_overrides_first(tmp_path
 
 
 @pytest.mark.parametrize("override, says", [
-    ("grpo.async_grpo.enabled=true", "grpo.async_grpo.enabled: True is not supported"),
+    ("grpo.async_grpo.enabled=true", "policy.generation.colocated.enabled: asynchronous RL generates while training "
+                                     "runs"),
     ("loss_fn.use_on_policy_kl_approximation=true", "loss_fn.use_on_policy_kl_approximation: True is not"),
     ("policy.train_global_batch_size=48", "policy.train_global_batch_size: 48 sequences per optimizer step do not "
                                           "divide the 64"),
@@ -112,6 +113,52 @@ def test_the_global_batch_sets_the_optimizer_steps_per_grpo_step_and_scales_the_
     # NeMo RL counts warm-up in GRPO steps, corerl in optimizer steps
     assert config.core.policy.scheduler.warmup_steps == 20
     assert load_config(recipe, [], PluginHost()).core.policy.scheduler.warmup_steps == 5
+
+
+@pytest.mark.parametrize("in_flight, recompute, mode", [(False, False, "wait"), (True, False, "continue"),
+                                                        (True, True, "abort")])
+def test_nemo_rl_async_grpo_keys_act(tmp_path, in_flight, recompute, mode):
+    from corerl.asynchronous.settings import async_settings
+    from corerl.config import load_config
+    from corerl.plugin_manager import PluginHost
+
+    recipe = tmp_path / "async.yaml"
+    recipe.write_text(f"defaults: {DATA / 'base_grpo.yaml'}\ngrpo:\n  async_grpo:\n    enabled: true\n"
+                      f"    max_trajectory_age_steps: 2\n    in_flight_weight_updates: {str(in_flight).lower()}\n"
+                      f"    recompute_kv_cache_after_weight_updates: {str(recompute).lower()}\n"
+                      "    max_generation_failures: 0\n")
+    settings = async_settings(load_config(recipe, [], PluginHost()))
+    assert (settings.enabled, settings.max_staleness, settings.in_flight, settings.max_generation_failures) == (
+        True, 2, mode, 0)
+    off = load_config(recipe, ["grpo.async_grpo.enabled=false"], PluginHost())
+    assert not async_settings(off).enabled and async_settings(off).in_flight == "continue"  # the rest inert
+
+
+def test_nemo_rl_async_rl_section_turns_the_loop_on_and_its_keys_act(tmp_path):
+    from corerl.asynchronous.settings import async_settings
+    from corerl.config import load_config
+    from corerl.plugin_manager import PluginHost
+
+    recipe = tmp_path / "async_rl.yaml"
+    recipe.write_text(f"defaults: {DATA / 'base_grpo.yaml'}\ngrpo:\n  async_grpo: null\nasync_rl:\n"
+                      "  sampler:\n    name: windowed\n    max_staleness_versions: 3\n"
+                      "  recompute_kv_cache_after_weight_updates: true\n"
+                      "  min_groups_for_streaming_train: ${grpo.num_prompts_per_step}\n"
+                      "  max_inflight_prompts: 16\n  max_buffered_rollouts: 64\n"
+                      "  rollout_failure:\n    max_infra_attempts_per_prompt: 5\n")
+    settings = async_settings(load_config(recipe, [], PluginHost()))
+    assert (settings.enabled, settings.sampler, settings.max_staleness, settings.in_flight) == (
+        True, "windowed", 3, "abort")
+    assert (settings.max_inflight_prompts, settings.max_buffered_rollouts) == (16, 64)
+    result = _validate(str(recipe), "policy.generation.colocated.enabled=false",
+                       "policy.generation.colocated.resources.gpus_per_node=1", "cluster.gpus_per_node=2",
+                       "--explain", "--json")
+    assert result.code == 0, result
+    fates = {k["key"]: (k["fate"], k["detail"]) for k in result.json()["keys"]}
+    assert fates["async_rl.sampler.name"] == ("acts", "algorithm.async.sampler")
+    assert fates["async_rl.min_groups_for_streaming_train"][0] == "inert"
+    assert fates["async_rl.rollout_failure.max_infra_attempts_per_prompt"][0] == "inert"
+    assert fates["grpo.async_grpo"][0] == "inert"
 
 
 def test_dedicated_generation_takes_its_gpus_out_of_the_cluster():

@@ -58,6 +58,7 @@ class DedicatedGeneration:
         self.actor: Any = None
         self.pid = 0
         self.closed = False
+        self.failure: RunError | None = None  # set once the restarts are spent
         self.handle = threading.RLock()  # one restart at a time; a push never lands on a dead worker's handle
         self._start()
 
@@ -105,10 +106,12 @@ class DedicatedGeneration:
             self.restarts += 1
             limit = self.settings.max_generation_failures
             if self.restarts > limit:
-                raise RunError(f"the generation worker died {self.restarts} times (more than "
-                               f"algorithm.async.max_generation_failures={limit}); last: {type(cause).__name__}",
-                               key="algorithm.async.max_generation_failures",
-                               hint="see the Ray log for why it died, or raise max_generation_failures") from cause
+                times = "once" if self.restarts == 1 else f"{self.restarts} times"
+                self.failure = RunError(f"the generation worker died {times}, more than "
+                                        f"algorithm.async.max_generation_failures={limit} allows ({type(cause).__name__})",
+                                        key="algorithm.async.max_generation_failures",
+                                        hint="see the Ray log for why it died, or raise max_generation_failures")
+                raise self.failure from cause
             log.warning("generation worker (pid %s) died; starting it again (%d of %d restarts)", self.pid,
                         self.restarts, limit)
             self._shutdown_actor()
@@ -130,6 +133,8 @@ class DedicatedGeneration:
                 if self.closed:  # shut down with the run: nothing to restart
                     raise RunError("the generation worker was shut down") from exc
                 with self.handle:
+                    if self.failure is not None:  # another thread already gave up on it
+                        raise self.failure from exc
                     if self.actor is actor:  # not yet restarted by another thread
                         self._restart(exc)
 

@@ -86,7 +86,8 @@ class AsyncTrainer:
 
     def step(self) -> dict[str, float]:
         if self.producer is None:
-            self.generation.version = self.grpo.steps_done  # the weights the worker has (a resumed run's too)
+            # the worker's weights are the policy's (a warm start's, a resumed run's) as version steps_done
+            self.generation.push(self.grpo.training.weight_stream(), self.grpo.steps_done)
             self.producer = RolloutProducer(self.context.rollout(), self.context.task, self.context.config,
                                             self.settings, self.buffer, lambda: self.generation.version,
                                             self.first_batch, self.settled)

@@ -54,19 +54,23 @@ def async_settings(config: object) -> AsyncSettings:
 def check_async(config: object, algorithm: object, asynchronous_ids: list[str]) -> None:
     """Refuse, in one line naming the key, ``algorithm.async.enabled`` for an algorithm without
     an asynchronous step, or with generation colocated with training."""
+    from corerl.config.tree import origin_of
     from corerl.errors import SelectionError
 
     if not async_settings(config).enabled:
         return
-    core = config.core  # type: ignore[attr-defined]
+    core, origins = config.core, config.origins  # type: ignore[attr-defined]
     if algorithm is not None and not getattr(algorithm, "asynchronous", False):
         raise SelectionError(f"algorithm {algorithm.id!r} has no asynchronous step", key=f"{SECTION}.enabled",  # type: ignore[attr-defined]
+                             source=origin_of(f"{SECTION}.enabled", origins),
                              hint=f"use an algorithm that has one ({', '.join(asynchronous_ids) or 'none installed'}), "
                                   "or set algorithm.async.enabled=false")
     if core.policy.generation.colocated.enabled:
         raise SelectionError("asynchronous RL generates while training runs, but colocated generation shares the "
                              "training workers' devices, so the two would only take turns",
                              key="policy.generation.colocated.enabled",
+                             source=origin_of("policy.generation.colocated.enabled", origins) or
+                             origin_of(f"{SECTION}.enabled", origins),
                              hint="set policy.generation.colocated.enabled=false and "
                                   "policy.generation.colocated.resources.gpus_per_node (GPUs of its own; on a machine "
                                   "without GPUs, a process of its own)")

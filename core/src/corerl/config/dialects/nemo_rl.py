@@ -94,6 +94,8 @@ _OFF = "a switch NeMo RL leaves off by default; corerl has no such feature, so o
 _PERF = "a kernel-fusion or memory switch of NeMo RL's engines; corerl leaves the choice to the library"
 _ENV = ("corerl sets no environment variables per backend: export them in the shell that starts corerl "
         "(Ray workers inherit it)")
+_FLEET = ("NeMo RL's generation-fleet resiliency (retries per prompt, watchdogs, shard health, a router); corerl "
+          "restarts its generation worker and requeues its prompts, up to algorithm.async.max_generation_failures")
 _DEFAULT_ONLY = "corerl behaves as NeMo RL's default value; another value is refused"
 
 # NeMo RL key (or prefix.*) -> what corerl does with it
@@ -117,8 +119,26 @@ RULES: dict[str, Rule] = {
                                        "is not built into corerl yet", _truthy),
     "grpo.batch_multiplier": inert("used only by DAPO's dynamic sampling", _above(1)),
     "grpo.dynamic_sampling_max_gen_batches": inert("used only by DAPO's dynamic sampling"),
-    "grpo.async_grpo.enabled": inert(_OFF, _truthy),
-    "grpo.async_grpo.max_trajectory_age_steps": inert("used only by async GRPO, which corerl does not run"),
+    "grpo.async_grpo": inert("null: asynchronous GRPO's section is off (an async_rl section, where given, decides)"),
+    "grpo.async_grpo.enabled": acts("algorithm.async.enabled"),
+    "grpo.async_grpo.max_trajectory_age_steps": acts("algorithm.async.max_staleness"),
+    "grpo.async_grpo.max_generation_failures": acts("algorithm.async.max_generation_failures"),
+    "grpo.async_grpo.in_flight_weight_updates": DERIVED,
+    "grpo.async_grpo.recompute_kv_cache_after_weight_updates": DERIVED,
+    # -- async_rl (NeMo RL's single-controller asynchronous loop) --
+    "async_rl.sampler.name": acts("algorithm.async.sampler"),
+    "async_rl.sampler.max_staleness_versions": acts("algorithm.async.max_staleness"),
+    "async_rl.sampler.max_lookahead_versions": acts("algorithm.async.max_staleness"),
+    "async_rl.recompute_kv_cache_after_weight_updates": DERIVED,
+    "async_rl.max_inflight_prompts": acts("algorithm.async.max_inflight_prompts"),
+    "async_rl.max_buffered_rollouts": acts("algorithm.async.max_buffered_rollouts"),
+    "async_rl.min_groups_for_streaming_train": inert("a corerl step trains on algorithm.batch_size groups "
+                                                     "(grpo.num_prompts_per_step) and waits for them"),
+    "async_rl.diagnostics": inert("corerl logs each step's rollout metrics; CORERL_DEBUG=1 logs more"),
+    "async_rl.rollout_failure.*": inert(_FLEET),
+    "async_rl.stall_watchdog.*": inert(_FLEET),
+    "async_rl.generation_fleet_health.*": inert(_FLEET),
+    "async_rl.generation_router.*": inert(_FLEET),
     # -- sft --
     "sft.max_num_steps": acts("algorithm.max_steps"),
     "sft.seed": acts("algorithm.seed"),
@@ -152,6 +172,9 @@ RULES: dict[str, Rule] = {
     "loss_fn.use_on_policy_kl_approximation": inert(_OFF, _truthy),
     "loss_fn.use_importance_sampling_correction": acts("algorithm.importance_sampling_correction"),
     "loss_fn.truncated_importance_sampling_ratio": acts("algorithm.importance_weight_cap"),
+    "loss_fn.truncated_importance_sampling_ratio_min": acts("algorithm.importance_weight_min"),
+    "loss_fn.truncated_importance_sampling_type": acts("algorithm.importance_sampling_type",
+                                                       lambda value: "tis" if value is None else value),
     "loss_fn.sequence_level_importance_ratios": acts("algorithm.sequence_level_ratios"),
     "loss_fn.token_level_loss": inert("corerl's loss is token-level, NeMo RL's default", _not(True)),
     "loss_fn.reference_policy_kl_type": acts("algorithm.kl_type"),
@@ -303,6 +326,7 @@ SWITCHED_SECTIONS = {
     "policy.megatron_cfg": True, "policy.dtensor_cfg": True, "policy.dtensor_cfg.lora_cfg": False,
     "policy.megatron_cfg.peft": False, "policy.megatron_cfg.fp8_cfg": False, "policy.dynamic_batching": True,
     "policy.sequence_packing": True, "grpo.reward_scaling": False, "grpo.reward_shaping": False,
+    "grpo.async_grpo": True,
 }
 # on in these sections is refused: corerl has no such feature
 UNSUPPORTED_SECTIONS = {
@@ -493,6 +517,7 @@ def _derived(raw: dict[str, Any], out: _Translator, algorithm: str | None) -> No
         else:
             out.inert("policy.train_global_batch_size", "no algorithm section: nothing is trained")
     _dedicated_generation(raw, out)
+    _asynchronous(raw, out)
     if value_at(raw, "policy.dtensor_cfg.sequence_parallel") and (
             value_at(raw, "policy.dtensor_cfg.tensor_parallel_size") or 1) == 1 and value_at(
             raw, "policy.dtensor_cfg.enabled") is not False:
@@ -540,6 +565,31 @@ def _derived(raw: dict[str, Any], out: _Translator, algorithm: str | None) -> No
         (first, name), *others = names  # the first name given is the one refused at run start
         out.put(first, "data.hub_dataset", str(name))
         out.fates += [KeyFate(key, "acts", "data.hub_dataset") for key, _ in others]
+
+
+def _asynchronous(raw: dict[str, Any], out: _Translator) -> None:
+    """NeMo RL's two asynchronous forms: ``grpo.async_grpo`` (in-flight updates on or off, the KV
+    cache kept or recomputed after one) and HEAD's ``async_rl`` section (its presence turns the
+    asynchronous loop on). Requests in progress at an update: ``wait`` (in-flight updates off),
+    ``continue`` (on, KV cache kept), ``abort`` (on, recomputed: corerl resumes each request from
+    its tokens under the new weights)."""
+    section = value_at(raw, "async_rl")
+    if isinstance(section, dict):
+        set_at(out.tree, "algorithm.async.enabled", True)
+        out.new_origins["algorithm.async.enabled"] = origin_of("async_rl", out.origins) or "nemo-rl dialect"
+        recompute = section.get("recompute_kv_cache_after_weight_updates")
+        if "recompute_kv_cache_after_weight_updates" in section:
+            out.put("async_rl.recompute_kv_cache_after_weight_updates", "algorithm.async.in_flight",
+                    "abort" if recompute else "continue")
+        return
+    grpo = value_at(raw, "grpo.async_grpo")
+    if not isinstance(grpo, dict) or not grpo.get("enabled"):
+        return
+    in_flight, recompute = grpo.get("in_flight_weight_updates"), grpo.get("recompute_kv_cache_after_weight_updates")
+    mode = "wait" if not in_flight else "abort" if recompute else "continue"
+    for key in ("in_flight_weight_updates", "recompute_kv_cache_after_weight_updates"):
+        if key in grpo:
+            out.put(f"grpo.async_grpo.{key}", "algorithm.async.in_flight", mode, f"algorithm.async.in_flight ({mode})")
 
 
 def _dedicated_generation(raw: dict[str, Any], out: _Translator) -> None:

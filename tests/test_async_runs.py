@@ -1,0 +1,172 @@
+"""Asynchronous GRPO runs end to end (``corerl run``, a generation worker in a Ray actor): with
+staleness 0 and the in-order sampler the steps are those of a synchronous run; with staleness 1
+no trajectory trained on is older than one version; a generation worker killed mid-run is
+restarted and its prompts requeued (and the run stops in one line past the bound); a run
+SIGKILLed mid-way resumes from its checkpoint, rebuilding the buffer and training nothing twice."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import CORERL, REPO, clean_env, run_corerl
+
+pytestmark = pytest.mark.slow
+
+BASE = ["sft.max_steps=2", "algorithm.batch_size=4", "algorithm.num_generations_per_prompt=4",
+        "policy.generation.backend=hf", "run.tensorboard=false"]
+ASYNC = ["algorithm.async.enabled=true", "policy.generation.colocated.enabled=false",
+         "policy.generation.colocated.resources.gpus_per_node=1"]
+
+
+def rows(run_dir: Path, phase: str = "grpo") -> list[dict]:
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return [r for r in map(json.loads, lines) if r["phase"] == phase]
+
+
+def comparable(row: dict) -> dict:
+    """What a synchronous step also reports (timings and the async bookkeeping left out)."""
+    return {k: v for k, v in row.items() if not k.startswith(("time/", "async/"))}
+
+
+def assert_same_steps(want: list[dict], got: list[dict]) -> None:
+    assert len(want) == len(got)
+    for a, b in zip(map(comparable, want), map(comparable, got), strict=True):
+        assert a.keys() == b.keys(), a.keys() ^ b.keys()
+        for key, value in a.items():
+            if isinstance(value, str):
+                assert value == b[key]
+            else:  # the tolerance the resume tests use
+                assert abs(value - b[key]) <= 1e-6 * max(1.0, abs(value)), (a["step"], key, value, b[key])
+
+
+def test_staleness_0_in_order_trains_exactly_the_steps_of_a_synchronous_run(tmp_path):
+    steps = ["algorithm.max_steps=5"]
+    sync = run_corerl("run", f"run.output_dir={tmp_path}", "run.name=sync", *BASE, *steps)
+    assert sync.code == 0, sync
+    asynchronous = run_corerl("run", f"run.output_dir={tmp_path}", "run.name=async", *BASE, *steps, *ASYNC,
+                              "algorithm.async.max_staleness=0", "algorithm.async.sampler=in_order")
+    assert asynchronous.code == 0, asynchronous
+    assert "generation: hf on a dedicated worker" in asynchronous.out
+    got = rows(tmp_path / "async")
+    assert_same_steps(rows(tmp_path / "sync"), got)
+    assert all(r["async/staleness/max"] == 0 for r in got)
+    summaries = [json.loads((tmp_path / name / "summary.json").read_text()) for name in ("sync", "async")]
+    assert summaries[0]["held_out_reward_after"] == summaries[1]["held_out_reward_after"]
+
+
+def test_staleness_1_never_trains_a_trajectory_more_than_one_version_old(tmp_path):
+    result = run_corerl("run", f"run.output_dir={tmp_path}", "run.name=one", *BASE, *ASYNC, "algorithm.max_steps=6",
+                        "algorithm.async.max_staleness=1", "algorithm.importance_sampling_correction=true",
+                        "algorithm.importance_weight_cap=2.0")
+    assert result.code == 0, result
+    got = rows(tmp_path / "one")
+    ages = [age for r in got for age in r["async/staleness"]]  # every group's, read from its token stamps
+    assert len(ages) == 6 * 4 and max(ages) <= 1
+    assert any(age == 1 for age in ages), "generation never ran ahead of training"
+    assert all(r["async/dropped"] == 0 for r in got)  # in order, generation waits instead of overrunning
+    # the off-policy metrics of every step: the gap between the engines, the ratios' spread
+    for key in ("logprob_mismatch/max", "logprob_mismatch/kl", "importance_ratio/std", "importance_ratio/clipped_share"):
+        assert all(key in r for r in got), key
+    assert max(r["logprob_mismatch/max"] for r in got) > 1e-3  # stale tokens: the gap is real
+
+
+def _watch(proc: subprocess.Popen[str], lines: list[str]) -> threading.Thread:
+    def read() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.append(line)
+
+    thread = threading.Thread(target=read, daemon=True)
+    thread.start()
+    return thread
+
+
+def _kill_worker_after_steps(tmp_path: Path, name: str, extra: list[str], after: int = 2) -> tuple[int, str]:
+    """Run, SIGKILL the generation worker once ``after`` GRPO steps are logged; exit code and output."""
+    proc = subprocess.Popen([str(CORERL), "run", f"run.output_dir={tmp_path}", f"run.name={name}", *BASE, *ASYNC,
+                             *extra], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=clean_env(),
+                            cwd=REPO, start_new_session=True)
+    lines: list[str] = []
+    reader = _watch(proc, lines)
+    deadline = time.monotonic() + 300
+    metrics = tmp_path / name / "metrics.jsonl"
+    while not (metrics.exists() and len(rows(tmp_path / name)) >= after):
+        assert proc.poll() is None, "".join(lines)
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    (pid,) = {int(m) for line in lines for m in re.findall(r"dedicated worker \(pid (\d+)", line)}
+    os.kill(pid, signal.SIGKILL)
+    proc.wait(timeout=300)
+    reader.join(timeout=10)
+    return proc.returncode, "".join(lines)
+
+
+def test_a_generation_worker_that_dies_is_restarted_and_its_prompts_requeued(tmp_path):
+    code, out = _kill_worker_after_steps(tmp_path, "restarted", ["algorithm.max_steps=8"])
+    assert code == 0, out
+    assert "generation worker (pid" in out and "died; starting it again (1 of 3 restarts)" in out
+    got = rows(tmp_path / "restarted")
+    assert [r["step"] for r in got] == list(range(1, 9))  # every step trained a whole batch
+    assert all(len(r["async/staleness"]) == 4 for r in got)
+    assert got[-1]["async/generation_restarts"] == 1
+
+
+def test_past_max_generation_failures_the_run_stops_in_one_line(tmp_path):
+    code, out = _kill_worker_after_steps(tmp_path, "stopped", ["algorithm.max_steps=30",
+                                                                "algorithm.async.max_generation_failures=0"])
+    assert code == 1, out
+    (line,) = [line for line in out.splitlines() if line.startswith("corerl: error:")]
+    assert line.startswith("corerl: error: algorithm.async.max_generation_failures: the generation worker died once, "
+                           "more than algorithm.async.max_generation_failures=0 allows"), line
+    assert "Traceback" not in out
+
+
+def _start_held(tmp_path: Path, markers: Path, hold: str, args: list[str]) -> subprocess.Popen[str]:
+    env = clean_env({"CORERL_PROGRESS_MARKERS": str(markers), "CORERL_TEST_HOLD_AT": hold})
+    return subprocess.Popen([str(CORERL), "run", f"run.output_dir={tmp_path}", "run.name=killed", *args],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=True, env=env, cwd=REPO,
+                            start_new_session=True)
+
+
+def _wait_for_marker(markers: Path, name: str, proc: subprocess.Popen[str], seconds: float = 300) -> None:
+    deadline = time.monotonic() + seconds
+    while name not in (markers.read_text().splitlines() if markers.exists() else []):
+        assert proc.poll() is None, f"the run ended before reaching {name}"
+        assert time.monotonic() < deadline, f"the run did not reach {name}"
+        time.sleep(0.02)
+
+
+@pytest.mark.parametrize("staleness", [0, 1])
+def test_a_sigkilled_async_run_resumes_from_its_checkpoint_and_trains_nothing_twice(tmp_path, staleness):
+    args = [*BASE, *ASYNC, "algorithm.max_steps=6", f"algorithm.async.max_staleness={staleness}",
+            "checkpointing.enabled=true", "checkpointing.save_period=2", "checkpointing.keep_last=1"]
+    straight = run_corerl("run", f"run.output_dir={tmp_path}", "run.name=straight", *args)
+    assert straight.code == 0, straight
+    # killed after GRPO step 3 is logged (its checkpoint, at step 2 of GRPO, holds the buffer's position)
+    markers = tmp_path / "markers"
+    proc = _start_held(tmp_path, markers, "grpo:step:3", args)
+    _wait_for_marker(markers, "grpo:step:3", proc)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=30)
+    state = json.loads(next((tmp_path / "killed" / "checkpoints").glob("step_*/async_state.json")).read_text())
+    # at the checkpoint after GRPO step 2, batches 0 and 1 were trained: a resumed run draws from batch 2,
+    # and nothing of it or later batches had been trained
+    assert state == {"first_batch": 2, "settled": []}
+    resumed = run_corerl("run", f"run.output_dir={tmp_path}", "run.name=killed", *args)
+    assert resumed.code == 0, resumed
+    assert "resuming from step 4" in resumed.out  # 2 SFT + 2 GRPO steps
+    got = rows(tmp_path / "killed")
+    assert [r["step"] for r in got] == [1, 2, 3, 4, 5, 6]
+    if staleness == 0:  # deterministic: the same steps as the run that was never killed
+        assert_same_steps(rows(tmp_path / "straight"), got)
+    else:
+        assert max(age for r in got for age in r["async/staleness"]) <= 1
