@@ -11,7 +11,12 @@ import pytest
 import torch
 
 from corerl.algorithms.grpo_math import GRPOLoss, importance_weights, off_policy_metrics
-from corerl.asynchronous.buffer import GenerationStopped, RolloutBuffer, RolloutGroup, oldest_version
+from corerl.asynchronous.buffer import (
+    GenerationStopped,
+    RolloutBuffer,
+    RolloutGroup,
+    oldest_version,
+)
 from corerl.asynchronous.engine import joined, resume_seed
 from corerl.asynchronous.worker import GenerationWorker, stamp
 from corerl.config import config_from_mapping

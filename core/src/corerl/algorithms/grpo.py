@@ -13,8 +13,8 @@ from __future__ import annotations
 import hashlib
 import math
 import time
-from pathlib import Path
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import attrs

@@ -11,6 +11,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Sequence
+
 import attrs
 
 from corerl.generation.contract import Sample

@@ -100,7 +100,6 @@ class DedicatedGeneration:
             raise cause from None
 
     def _restart(self, cause: BaseException) -> None:
-        import ray
 
         with self.handle:
             self.restarts += 1

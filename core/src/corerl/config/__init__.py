@@ -63,11 +63,10 @@ class Config:
 
 def owned_sections(host: PluginHost) -> dict[str, type | None]:
     """Key path -> schema of every plugin-owned section (None: owner known but not installed)."""
-    from corerl.config.critic import critic_section
-    from corerl.registry import TrainingBackend
-
     from corerl.asynchronous.settings import SECTION as ASYNC_SECTION
     from corerl.asynchronous.settings import AsyncSettings
+    from corerl.config.critic import critic_section
+    from corerl.registry import TrainingBackend
 
     owned: dict[str, type | None] = {ASYNC_SECTION: AsyncSettings}  # the core's own, a keyword as its name
     for item in host.registrations():
