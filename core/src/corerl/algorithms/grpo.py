@@ -11,7 +11,6 @@ around the refit (see :mod:`corerl.offload.schedule`).
 from __future__ import annotations
 
 import hashlib
-import math
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -21,7 +20,12 @@ import attrs
 import torch
 
 from corerl.algorithms.contract import AlgorithmBase
-from corerl.algorithms.grpo_math import GRPOLoss, group_advantages, off_policy_metrics
+from corerl.algorithms.grpo_math import (
+    GRPOLoss,
+    group_advantages,
+    off_policy_metrics,
+    step_gap_metrics,
+)
 from corerl.environments.rollout import Rollout, SingleTurnRollout
 from corerl.generation.contract import Sample, SamplingSettings
 from corerl.offload import NoOffload, PhaseOffload, ReferenceOffload
@@ -159,12 +163,11 @@ class GRPO:
         generated = int(mask.sum())
         # how far the training backend's logprobs of the sampled tokens are from the generation
         # backend's: from the separate logprob pass, else from the first pass's forward
-        first = results[0].metrics
-        gap = {"logprob_mismatch/mean": first.get("logprob_mismatch/mean", 0.0),
-               "logprob_mismatch/rms": math.sqrt(max(first.get("logprob_mismatch/mean_sq", 0.0), 0.0))}
+        gap = step_gap_metrics(results[0].metrics)
         if off_policy is not None and generated:
             gap = off_policy
-        loss_metrics = {k: float(v) for k, v in last.metrics.items() if not k.startswith("logprob_mismatch/")}
+        loss_metrics = {k: float(v) for k, v in last.metrics.items()
+                        if not k.startswith(("logprob_mismatch/", "importance_ratio/"))}
         return {
             "optimizer_step": float(last.step),
             "reward/mean": float(rewards.mean()),

@@ -119,9 +119,7 @@ class GRPOLoss:
             "clip_fraction": (((ratio - clipped).abs() > 1e-6).to(mask.dtype) * mask).sum().detach() / normaliser,
         }
         if "gen_logprobs" in batch:  # the generation backend's logprobs of the same tokens
-            gap = (logprobs.detach() - batch["gen_logprobs"]).abs() * mask
-            metrics["logprob_mismatch/mean"] = gap.sum() / normaliser
-            metrics["logprob_mismatch/mean_sq"] = (gap * gap).sum() / normaliser
+            metrics.update(_gap_sums(logprobs.detach(), batch["gen_logprobs"], mask, normaliser, self))
         if weights is not None:
             metrics["importance_weight/mean"] = weights.sum().detach() / normaliser
         if self.kl_penalty and "ref_logprobs" in batch:
@@ -130,6 +128,45 @@ class GRPOLoss:
             per_token = per_token + self.kl_penalty * kl
             metrics["kl"] = (kl.detach() * mask).sum() / normaliser
         return (per_token * mask).sum() / normaliser, metrics
+
+
+def _gap_sums(current: torch.Tensor, gen: torch.Tensor, mask: torch.Tensor, normaliser: float,
+              loss: GRPOLoss) -> dict[str, torch.Tensor]:
+    """The training/generation gap of one micro-batch as sums over its loss tokens (divided by
+    the step's ``normaliser``: summed over micro-batches and ranks they are the step's means),
+    and its extremes under ``/max`` and ``/min`` names (combined by maximum and minimum)."""
+    delta = (current - gen) * mask
+    gap = delta.abs()
+    ratio = torch.exp(delta) * mask
+    _, changed = importance_weights(current, gen, mask, loss)
+    present = mask.bool()
+    none = not bool(present.any())
+    return {
+        "logprob_mismatch/mean": gap.sum() / normaliser,
+        "logprob_mismatch/mean_sq": (gap * gap).sum() / normaliser,
+        "logprob_mismatch/max": gap.max() if not none else gap.sum(),
+        "logprob_mismatch/kl": (kl_estimate(delta, "k3") * mask).sum() / normaliser,
+        "importance_ratio/mean": ratio.sum() / normaliser,
+        "importance_ratio/mean_sq": (ratio * ratio).sum() / normaliser,
+        "importance_ratio/max": ratio[present].max() if not none else ratio.sum(),
+        "importance_ratio/min": ratio[present].min() if not none else ratio.sum() + 1.0,
+        "importance_ratio/clipped_share": changed.to(mask.dtype).sum() / normaliser,
+    }
+
+
+def step_gap_metrics(sums: dict[str, float]) -> dict[str, float]:
+    """The step's gap metrics from a loss's sums (:func:`_gap_sums`): means, rms, std, extremes."""
+    import math
+
+    if "logprob_mismatch/mean" not in sums:
+        return {}
+    out = {k: v for k, v in sums.items() if k.startswith(("logprob_mismatch/", "importance_ratio/"))
+           and not k.endswith("/mean_sq")}
+    out["logprob_mismatch/rms"] = math.sqrt(max(sums.get("logprob_mismatch/mean_sq", 0.0), 0.0))
+    if "importance_ratio/mean_sq" in sums:
+        mean = sums["importance_ratio/mean"]
+        out["importance_ratio/std"] = math.sqrt(max(sums["importance_ratio/mean_sq"] - mean * mean, 0.0))
+    return out
 
 
 def importance_weights(old: torch.Tensor, gen: torch.Tensor, mask: torch.Tensor,

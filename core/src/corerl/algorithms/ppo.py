@@ -24,7 +24,7 @@ import torch
 
 from corerl.algorithms.contract import AlgorithmBase
 from corerl.algorithms.grpo import RewardFn, minibatches, samples_to_batch, step_seed
-from corerl.algorithms.grpo_math import GRPOLoss, kl_estimate
+from corerl.algorithms.grpo_math import GRPOLoss, kl_estimate, step_gap_metrics
 from corerl.algorithms.ppo_math import ValueLoss, explained_variance, gae, token_rewards
 from corerl.environments.rollout import SingleTurnRollout
 from corerl.generation.contract import SamplingSettings
@@ -201,7 +201,9 @@ class PPO:
             last = results[-1]
             metrics.update({"optimizer_step": float(last.step), "loss": float(last.loss),
                             "grad_norm": float(last.grad_norm), "lr": float(last.lr),
-                            **{k: float(v) for k, v in last.metrics.items() if not k.startswith("logprob_mismatch/")}})
+                            **{k: float(v) for k, v in last.metrics.items()
+                               if not k.startswith(("logprob_mismatch/", "importance_ratio/"))},
+                            **step_gap_metrics(results[0].metrics)})
         else:  # the critic's warm-up: the policy has not moved
             metrics.update({"optimizer_step": 0.0, "loss": 0.0, "grad_norm": 0.0})
         return {**metrics, **timings}

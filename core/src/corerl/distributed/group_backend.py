@@ -16,14 +16,16 @@ if TYPE_CHECKING:
 
 def step_result(reporting: list[dict[str, Any]], tokens: int) -> StepResult:
     """One :class:`~corerl.training.contract.StepResult` from the ranks' ``train_step`` results:
-    losses and metrics summed over the ranks that report (one per data-parallel group); the grad
+    losses and metrics summed over the ranks that report (one per data-parallel group; a metric
+    named ``.../max`` or ``.../min`` by its extreme: :func:`~corerl.training.step_totals.combine`); the grad
     norm, lr and step, which every rank shares, from the first."""
     from corerl.training.contract import StepResult
+    from corerl.training.step_totals import combine
 
     metrics: dict[str, float] = {}
     for result in reporting:
         for key, value in result["metrics"].items():
-            metrics[key] = metrics.get(key, 0.0) + value
+            metrics[key] = combine(key, metrics[key], value) if key in metrics else value
     first = reporting[0]
     return StepResult(loss=sum(r["loss"] for r in reporting), grad_norm=first["grad_norm"], lr=first["lr"],
                       tokens=tokens, step=first["step"], metrics=metrics)

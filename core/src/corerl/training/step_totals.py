@@ -10,8 +10,21 @@ from __future__ import annotations
 from typing import Any
 
 
+def combine(key: str, a: Any, b: Any) -> Any:
+    """Two micro-batches' (or ranks') values of metric ``key``: the larger for a name ending in
+    ``/max``, the smaller for ``/min``, else their sum."""
+    import torch
+
+    if key.endswith("/max"):
+        return torch.maximum(a, b) if isinstance(a, torch.Tensor) else max(a, b)
+    if key.endswith("/min"):
+        return torch.minimum(a, b) if isinstance(a, torch.Tensor) else min(a, b)
+    return a + b
+
+
 class StepTotals:
-    """Sums of the loss and of each metric (floats or 0-d tensors) over a step's micro-batches."""
+    """Sums of the loss and of each metric (floats or 0-d tensors) over a step's micro-batches
+    (maximum and minimum for names ending in ``/max`` and ``/min``: :func:`combine`)."""
 
     def __init__(self) -> None:
         self.loss: Any = 0.0
@@ -21,7 +34,7 @@ class StepTotals:
         self.loss = self.loss + (loss.detach() if hasattr(loss, "detach") else loss)
         for key, value in metrics.items():
             value = value.detach() if hasattr(value, "detach") else value
-            self.metrics[key] = self.metrics[key] + value if key in self.metrics else value
+            self.metrics[key] = combine(key, self.metrics[key], value) if key in self.metrics else value
 
     def result(self) -> tuple[float, dict[str, float]]:
         """The step's loss and metrics as floats (the one sync)."""
