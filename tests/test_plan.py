@@ -179,3 +179,20 @@ def test_validate_warns_when_the_recipe_is_predicted_not_to_fit(tmp_path):
     small = run_corerl(*args, "cluster.gpu_memory_gib=10")
     said = small.out
     assert small.code == 0 and "is predicted to need" in said and "`corerl plan RECIPE`" in said, small
+
+
+def test_an_asynchronous_plan_gives_generation_gpus_of_its_own():
+    models = installed_models(PluginHost())
+    one_node = make_plan(PlanRequest(_qwen("1.5B"), gpus_per_node=4, gpu_memory=80 * GIB, asynchronous=True), models)
+    assert one_node.candidates and all(c.dedicated for c in one_node.candidates)
+    best = one_node.recommended
+    assert best is not None and best.fits
+    assert f"policy.generation.colocated.resources.gpus_per_node={best.generation_tp}" in best.overrides()
+    assert best.layout.backend != "dtensor" or best.layout.dp == 4 - best.generation_tp  # training on the rest
+    nodes = make_plan(PlanRequest(_qwen("32B"), gpus_per_node=8, nodes=3, gpu_memory=80 * GIB, asynchronous=True),
+                      models)
+    assert nodes.recommended is not None and nodes.recommended.dedicated_nodes == 1
+    assert nodes.recommended.as_dict()["dedicated_generation_gpus"] == 8
+    assert "policy.generation.colocated.resources.num_nodes=1" in nodes.recommended.overrides()
+    alone = make_plan(PlanRequest(_qwen("1.5B"), gpus_per_node=1, gpu_memory=80 * GIB, asynchronous=True), models)
+    assert alone.recommended is None and "needs GPUs of its own for generation" in alone.why

@@ -67,12 +67,15 @@ def request_of(config: Any, gpus: int | None = None, nodes: int | None = None,
                 else getattr(vllm, "gpu_memory_utilization", 0.6))
     memory = gpu_memory_gib or core.cluster.gpu_memory_gib or DEFAULT_GPU_MEMORY_GIB
     reference = needs_reference(config)
+    from corerl.asynchronous.settings import async_settings
+
     return PlanRequest(
         ModelShape.of_model(core.policy.model_name), gpus_per_node=gpus or core.cluster.gpus_per_node,
         nodes=nodes or core.cluster.num_nodes, gpu_memory=int(memory * GIB), precision=core.policy.precision,
         seq_length=core.policy.max_seq_length, micro_batch=core.policy.train_micro_batch_size,
         generation_batch=core.algorithm.batch_size * core.algorithm.num_generations_per_prompt,
-        generation_memory_fraction=float(fraction), reference=reference)
+        generation_memory_fraction=float(fraction), reference=reference,
+        asynchronous=async_settings(config).enabled)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -99,7 +102,8 @@ def render(plan: Any, target: str, top: int) -> None:
     console, r = make_console(), plan.request
     console.print(f"[bold]{r.shape.describe()}[/] on {r.nodes} node(s) x {r.gpus_per_node} GPU(s) of "
                   f"{r.gpu_memory / GIB:g} GiB; {r.precision}, sequence {r.seq_length}, micro-batch {r.micro_batch}"
-                  + (", with a frozen reference" if r.reference else ""))
+                  + (", with a frozen reference" if r.reference else "")
+                  + (", asynchronous (generation on GPUs of its own)" if r.asynchronous else ""))
     table = Table(show_header=True, header_style="bold", title="per-GPU GiB of each layout, best first")
     for column in ("#", "layout", "generation", "offload", "params+grads+optimizer", "activations", "engine",
                    "reference", "peak", "fits"):

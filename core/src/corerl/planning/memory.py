@@ -36,6 +36,8 @@ class PlanRequest:
     generation_memory_fraction: float = 0.6  # vLLM's gpu_memory_utilization
     #: a frozen reference for the KL penalty (algorithm.kl_penalty > 0)
     reference: bool = False
+    #: asynchronous RL (algorithm.async.enabled): generation needs GPUs of its own
+    asynchronous: bool = False
 
     @property
     def world_size(self) -> int:

@@ -12,6 +12,10 @@ while vLLM runs). On one node, vLLM may instead run dedicated on ``g`` GPUs of i
 tensor-parallel size), training on the others: then each side only holds its own. A layout fits when its peak leaves :data:`RESERVED` of the GPU free (CUDA
 context, allocator slack).
 
+An asynchronous recipe (``algorithm.async.enabled``) generates while training runs, so only
+dedicated layouts are candidates: on one node, ``g`` GPUs of the node; on several nodes, one
+whole node for generation and training on the others.
+
 The decision tree (NeMo RL's backend guide): under 10B parameters, dtensor + vLLM; 10-70B on
 one node, dtensor + vLLM with TP over the node (vLLM's tensor parallelism; the training layout is
 whichever dtensor layout fits, FSDP spreading the model over the node); 10-70B on several nodes,
@@ -67,6 +71,7 @@ class Candidate:
     fits: bool
     follows_rule: bool
     dedicated: bool = False  # vLLM on ``generation_tp`` GPUs of its own, training on the rest of the node
+    dedicated_nodes: int = 0  # asynchronous RL on several nodes: vLLM on this many whole nodes of its own
 
     def overrides(self) -> list[str]:
         """``key=value`` overrides that run this candidate."""
@@ -77,6 +82,8 @@ class Candidate:
         if self.dedicated:
             extra += ["policy.generation.colocated.enabled=false",
                       f"policy.generation.colocated.resources.gpus_per_node={self.generation_tp}"]
+        if self.dedicated_nodes:
+            extra.append(f"policy.generation.colocated.resources.num_nodes={self.dedicated_nodes}")
         if self.offload != "none":
             extra.append(f"policy.offload.policy={self.offload}")
         return [*self.layout.overrides, *[e for e in extra if e not in self.layout.overrides]]
@@ -84,7 +91,7 @@ class Candidate:
     def as_dict(self) -> dict[str, Any]:
         t = self.training
         return {"backend": self.layout.backend, "layout": self.layout.name, "generation": self.generation_label,
-                "dedicated_generation_gpus": self.generation_tp if self.dedicated else 0,
+                "dedicated_generation_gpus": (self.generation_tp * max(self.dedicated_nodes, 1)) if self.dedicated else 0,
                 "offload": self.offload, "fits": self.fits, "follows_decision_tree": self.follows_rule,
                 "bytes_per_gpu": {"parameters": t.parameters, "gradients": t.gradients, "optimizer": t.optimizer,
                                   "activations": t.activations, "reference": t.reference,
@@ -95,7 +102,8 @@ class Candidate:
     def generation_label(self) -> str:
         if self.layout.generation != "vllm":
             return "megatron"
-        return f"vLLM TP={self.generation_tp}" + (" dedicated" if self.dedicated else "")
+        where = f" dedicated ({self.dedicated_nodes} node)" if self.dedicated_nodes else " dedicated" if self.dedicated else ""
+        return f"vLLM TP={self.generation_tp}{where}"
 
 
 def vllm_tensor_parallel(request: PlanRequest, reserved: int) -> int | None:
@@ -132,6 +140,8 @@ def assess(request: PlanRequest, layout: Layout, training: TrainingMemory, rule:
 def assess_dedicated(request: PlanRequest, model: MemoryModel, rule: Rule) -> list[Candidate]:
     """On one node: vLLM on ``g`` GPUs of its own (``g`` its tensor-parallel size, the weights in at
     most half of a GPU each), each of ``model``'s vLLM layouts on the remaining GPUs."""
+    if request.nodes > 1 and request.asynchronous:
+        return assess_dedicated_node(request, model, rule)
     if request.nodes != 1 or request.gpus_per_node < 2:
         return []
     usable = request.gpu_memory - RESERVED
@@ -149,6 +159,24 @@ def assess_dedicated(request: PlanRequest, model: MemoryModel, rule: Rule) -> li
         follows = layout.backend == rule.backend and layout.generation == rule.generation
         peak = training.total
         out.append(Candidate(layout, training, usable, g, "none", peak, peak <= usable, follows, dedicated=True))
+    return out
+
+
+def assess_dedicated_node(request: PlanRequest, model: MemoryModel, rule: Rule) -> list[Candidate]:
+    """Asynchronous RL on several nodes: vLLM on one whole node (TP over it), each of ``model``'s
+    vLLM layouts on the other nodes."""
+    usable = request.gpu_memory - RESERVED
+    if vllm_tensor_parallel(request, usable) is None:
+        return []
+    training_request = attrs.evolve(request, nodes=request.nodes - 1)
+    out = []
+    for layout in model.layouts(training_request):
+        if layout.generation != "vllm":
+            continue
+        training = model.estimate(training_request, layout)
+        follows = layout.backend == rule.backend and layout.generation == rule.generation
+        out.append(Candidate(layout, training, usable, request.gpus_per_node, "none", training.total,
+                             training.total <= usable, follows, dedicated=True, dedicated_nodes=1))
     return out
 
 
@@ -183,9 +211,14 @@ def make_plan(request: PlanRequest, models: dict[str, MemoryModel]) -> Plan:
     that follow the decision tree first, simplest first; then the other fitting ones; then the
     rest by peak memory."""
     rule = decision_rule(request)
-    candidates = [assess(request, layout, model.estimate(request, layout), rule)
-                  for model in models.values() for layout in model.layouts(request)]
+    candidates = [] if request.asynchronous else [  # asynchronous generation never shares the training GPUs
+        assess(request, layout, model.estimate(request, layout), rule)
+        for model in models.values() for layout in model.layouts(request)]
     candidates += [c for model in models.values() for c in assess_dedicated(request, model, rule)]
+    if request.asynchronous and not candidates:
+        return Plan(request, rule, [], None, "asynchronous RL needs GPUs of its own for generation, and one node of "
+                                             f"{request.gpus_per_node} GPU(s) leaves none beside training: give the "
+                                             "node 2 or more GPUs, or add a node")
     candidates.sort(key=lambda c: (not c.fits, not c.follows_rule, complexity(c) if c.fits else (), c.peak))
     usable = (request.gpu_memory - RESERVED) / GIB
     best = candidates[0] if candidates and candidates[0].fits else None
