@@ -46,6 +46,28 @@ def run_corerl(*args: str, env: Mapping[str, str] | None = None, cwd: Path | Non
     return CliResult(proc)
 
 
+def start_held(tmp_path: Path, markers: Path, hold: str, args: list[str], **popen: Any) -> subprocess.Popen[str]:
+    """``corerl run`` (run name ``killed``) in a session of its own, writing its progress markers to
+    ``markers`` and stopping at the marker ``hold`` until it is killed."""
+    env = clean_env({"CORERL_PROGRESS_MARKERS": str(markers), "CORERL_TEST_HOLD_AT": hold})
+    popen = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL, **popen}
+    return subprocess.Popen([str(CORERL), "run", f"run.output_dir={tmp_path}", "run.name=killed", *args],
+                            text=True, env=env, cwd=REPO, start_new_session=True, **popen)
+
+
+def wait_for_marker(markers: Path, name: str, proc: subprocess.Popen[str], seconds: float = 300) -> None:
+    """Wait until the run ``proc`` writes the progress marker ``name`` (fail if it ends first)."""
+    import time
+
+    deadline = time.monotonic() + seconds
+    while name not in (markers.read_text().splitlines() if markers.exists() else []):
+        if proc.poll() is not None:
+            output = proc.stdout.read() if proc.stdout else ""
+            pytest.fail(f"the run ended (exit {proc.returncode}) before reaching {name}:\n{output}")
+        assert time.monotonic() < deadline, f"the run did not reach {name}"
+        time.sleep(0.02)
+
+
 @pytest.fixture
 def recipe(tmp_path: Path) -> Path:
     """A small valid recipe file."""

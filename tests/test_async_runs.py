@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import CORERL, REPO, clean_env, run_corerl
+from tests.conftest import CORERL, REPO, clean_env, run_corerl, start_held, wait_for_marker
 
 pytestmark = pytest.mark.slow
 
@@ -130,21 +130,6 @@ def test_past_max_generation_failures_the_run_stops_in_one_line(tmp_path):
     assert "Traceback" not in out
 
 
-def _start_held(tmp_path: Path, markers: Path, hold: str, args: list[str]) -> subprocess.Popen[str]:
-    env = clean_env({"CORERL_PROGRESS_MARKERS": str(markers), "CORERL_TEST_HOLD_AT": hold})
-    return subprocess.Popen([str(CORERL), "run", f"run.output_dir={tmp_path}", "run.name=killed", *args],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=True, env=env, cwd=REPO,
-                            start_new_session=True)
-
-
-def _wait_for_marker(markers: Path, name: str, proc: subprocess.Popen[str], seconds: float = 300) -> None:
-    deadline = time.monotonic() + seconds
-    while name not in (markers.read_text().splitlines() if markers.exists() else []):
-        assert proc.poll() is None, f"the run ended before reaching {name}"
-        assert time.monotonic() < deadline, f"the run did not reach {name}"
-        time.sleep(0.02)
-
-
 @pytest.mark.parametrize("staleness", [0, 1])
 def test_a_sigkilled_async_run_resumes_from_its_checkpoint_and_trains_nothing_twice(tmp_path, staleness):
     args = [*BASE, *ASYNC, "algorithm.max_steps=6", f"algorithm.async.max_staleness={staleness}",
@@ -153,8 +138,8 @@ def test_a_sigkilled_async_run_resumes_from_its_checkpoint_and_trains_nothing_tw
     assert straight.code == 0, straight
     # killed after GRPO step 3 is logged (its checkpoint, at step 2 of GRPO, holds the buffer's position)
     markers = tmp_path / "markers"
-    proc = _start_held(tmp_path, markers, "grpo:step:3", args)
-    _wait_for_marker(markers, "grpo:step:3", proc)
+    proc = start_held(tmp_path, markers, "grpo:step:3", args)
+    wait_for_marker(markers, "grpo:step:3", proc)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait(timeout=30)
     state = json.loads(next((tmp_path / "killed" / "checkpoints").glob("step_*/async_state.json")).read_text())

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from corerl.complete_folders import is_complete
-from tests.conftest import CORERL, REPO, clean_env, run_corerl
+from tests.conftest import clean_env, run_corerl, start_held, wait_for_marker
 
 # 2 SFT + 3 GRPO steps, a checkpoint after every step (keep_last 1 prunes at every save), hf
 # generation on the training model: about 7 s a run
@@ -48,19 +48,7 @@ TRUSTED = ("base_model", "sft_model", "final")
 
 
 def _start(tmp_path: Path, markers: Path, hold: str, args: list[str] = ARGS) -> subprocess.Popen[str]:
-    env = clean_env({"CORERL_PROGRESS_MARKERS": str(markers), "CORERL_TEST_HOLD_AT": hold})
-    return subprocess.Popen([str(CORERL), "run", f"run.output_dir={tmp_path}", "run.name=killed", *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=REPO,
-                            start_new_session=True)
-
-
-def _wait_for_marker(markers: Path, name: str, proc: subprocess.Popen[str], seconds: float = 300) -> None:
-    deadline = time.monotonic() + seconds
-    while name not in (markers.read_text().splitlines() if markers.exists() else []):
-        if proc.poll() is not None:
-            pytest.fail(f"the run ended (exit {proc.returncode}) before reaching {name}:\n{proc.stdout.read()}")
-        assert time.monotonic() < deadline, f"the run did not reach {name}"
-        time.sleep(0.02)
+    return start_held(tmp_path, markers, hold, args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
 
 
 def _group_is_gone(pgid: int) -> bool:
@@ -97,7 +85,7 @@ def test_a_run_killed_at_every_stage_and_run_again_ends_like_an_uninterrupted_on
     for point in KILL_POINTS:
         markers = tmp_path / f"markers-{point.replace(':', '_')}"
         proc = _start(tmp_path, markers, point)
-        _wait_for_marker(markers, point, proc)
+        wait_for_marker(markers, point, proc)
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=30)
         assert _group_is_gone(proc.pid), f"processes of the run killed at {point} outlived it"
@@ -126,7 +114,7 @@ def test_a_run_with_no_complete_checkpoint_starts_over_in_the_same_directory(tmp
     args = [*(a for a in ARGS if not a.startswith("checkpointing.")), "checkpointing.enabled=false"]  # nothing to resume
     markers = tmp_path / "markers"
     proc = _start(tmp_path, markers, "sft:step:2", args)
-    _wait_for_marker(markers, "sft:step:2", proc)
+    wait_for_marker(markers, "sft:step:2", proc)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait(timeout=30)
     assert len((tmp_path / "killed" / "metrics.jsonl").read_text().splitlines()) == 2

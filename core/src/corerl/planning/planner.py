@@ -139,44 +139,35 @@ def assess(request: PlanRequest, layout: Layout, training: TrainingMemory, rule:
 
 def assess_dedicated(request: PlanRequest, model: MemoryModel, rule: Rule) -> list[Candidate]:
     """On one node: vLLM on ``g`` GPUs of its own (``g`` its tensor-parallel size, the weights in at
-    most half of a GPU each), each of ``model``'s vLLM layouts on the remaining GPUs."""
+    most half of a GPU each), each of ``model``'s vLLM layouts on the remaining GPUs. An
+    asynchronous recipe on several nodes: vLLM on one whole node, training on the others."""
+    usable = request.gpu_memory - RESERVED
     if request.nodes > 1 and request.asynchronous:
-        return assess_dedicated_node(request, model, rule)
+        if vllm_tensor_parallel(request, usable) is None:
+            return []
+        return _beside_generation(attrs.evolve(request, nodes=request.nodes - 1), model, rule, usable,
+                                  request.gpus_per_node, nodes=1)
     if request.nodes != 1 or request.gpus_per_node < 2:
         return []
-    usable = request.gpu_memory - RESERVED
     g = vllm_tensor_parallel(request, usable)
     if g is None or g >= request.gpus_per_node:
         return []
     if rule.generation_tp is not None and rule.backend == "dtensor":
         g = min(max(g, rule.generation_tp), request.gpus_per_node // 2)
-    training_request = attrs.evolve(request, gpus_per_node=request.gpus_per_node - g)
+    return _beside_generation(attrs.evolve(request, gpus_per_node=request.gpus_per_node - g), model, rule, usable, g)
+
+
+def _beside_generation(training_request: PlanRequest, model: MemoryModel, rule: Rule, usable: int, g: int,
+                       nodes: int = 0) -> list[Candidate]:
+    """Each of ``model``'s vLLM layouts on what dedicated generation leaves (``training_request``)."""
     out = []
     for layout in model.layouts(training_request):
         if layout.generation != "vllm":
             continue
         training = model.estimate(training_request, layout)
         follows = layout.backend == rule.backend and layout.generation == rule.generation
-        peak = training.total
-        out.append(Candidate(layout, training, usable, g, "none", peak, peak <= usable, follows, dedicated=True))
-    return out
-
-
-def assess_dedicated_node(request: PlanRequest, model: MemoryModel, rule: Rule) -> list[Candidate]:
-    """Asynchronous RL on several nodes: vLLM on one whole node (TP over it), each of ``model``'s
-    vLLM layouts on the other nodes."""
-    usable = request.gpu_memory - RESERVED
-    if vllm_tensor_parallel(request, usable) is None:
-        return []
-    training_request = attrs.evolve(request, nodes=request.nodes - 1)
-    out = []
-    for layout in model.layouts(training_request):
-        if layout.generation != "vllm":
-            continue
-        training = model.estimate(training_request, layout)
-        follows = layout.backend == rule.backend and layout.generation == rule.generation
-        out.append(Candidate(layout, training, usable, request.gpus_per_node, "none", training.total,
-                             training.total <= usable, follows, dedicated=True, dedicated_nodes=1))
+        out.append(Candidate(layout, training, usable, g, "none", training.total, training.total <= usable, follows,
+                             dedicated=True, dedicated_nodes=nodes))
     return out
 
 
