@@ -33,8 +33,11 @@ def rows(run_dir: Path, phase: str = "grpo") -> list[dict]:
 
 
 def comparable(row: dict) -> dict:
-    """What a synchronous step also reports (timings and the async bookkeeping left out)."""
-    return {k: v for k, v in row.items() if not k.startswith(("time/", "async/"))}
+    """What a synchronous step also reports, less timings and the async bookkeeping, and less the gap
+    between the engines (a synchronous run here samples with the training model itself: no gap at
+    all; the dedicated worker's own copy computes in another process: rounding, checked below)."""
+    return {k: v for k, v in row.items() if not k.startswith(("time/", "async/", "logprob_mismatch/",
+                                                                 "importance_ratio/"))}
 
 
 def assert_same_steps(want: list[dict], got: list[dict]) -> None:
@@ -59,6 +62,7 @@ def test_staleness_0_in_order_trains_exactly_the_steps_of_a_synchronous_run(tmp_
     got = rows(tmp_path / "async")
     assert_same_steps(rows(tmp_path / "sync"), got)
     assert all(r["async/staleness/max"] == 0 for r in got)
+    assert all(r["logprob_mismatch/max"] < 1e-4 and abs(r["importance_ratio/mean"] - 1) < 1e-5 for r in got)
     summaries = [json.loads((tmp_path / name / "summary.json").read_text()) for name in ("sync", "async")]
     assert summaries[0]["held_out_reward_after"] == summaries[1]["held_out_reward_after"]
 

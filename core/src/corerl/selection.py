@@ -396,6 +396,13 @@ def select(config: Config, host: PluginHost) -> Selection:
     from corerl.distributed.placement import check_dedicated_generation
 
     check_dedicated_generation(config)
+    from corerl.asynchronous.settings import async_settings
+
+    settings = async_settings(config)
+    if settings.enabled and choices["generation_backend"].registration is not None:
+        from corerl.asynchronous.worker import check_in_flight
+
+        check_in_flight(choices["generation_backend"].registration, settings.in_flight)
     for name in ("sequence_packer", "offload_policy"):  # what the backends and the algorithm build
         config.components[name] = choices[name].registration
     if critic[1] is not None:

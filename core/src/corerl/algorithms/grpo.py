@@ -155,7 +155,10 @@ class GRPO:
         timings["time/training"] = time.perf_counter() - start
 
         start = time.perf_counter()
-        self.hand_over() if self.hand_over is not None else self.refit()
+        if self.hand_over is not None:
+            self.hand_over()
+        else:
+            self.refit()
         timings["time/refit"] = time.perf_counter() - start
 
         self.steps_done += 1

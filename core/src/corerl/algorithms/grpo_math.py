@@ -146,8 +146,9 @@ def _gap_sums(current: torch.Tensor, gen: torch.Tensor, mask: torch.Tensor, norm
         "logprob_mismatch/mean_sq": (gap * gap).sum() / normaliser,
         "logprob_mismatch/max": gap.max() if not none else gap.sum(),
         "logprob_mismatch/kl": (kl_estimate(delta, "k3") * mask).sum() / normaliser,
-        "importance_ratio/mean": ratio.sum() / normaliser,
-        "importance_ratio/mean_sq": (ratio * ratio).sum() / normaliser,
+        # of r - 1, not r: near 1, E[r^2] - E[r]^2 in float32 would be rounding noise of about 3e-4
+        "importance_ratio/excess_mean": ((ratio - 1.0) * mask).sum() / normaliser,
+        "importance_ratio/excess_mean_sq": ((ratio - 1.0) * mask).pow(2).sum() / normaliser,
         "importance_ratio/max": ratio[present].max() if not none else ratio.sum(),
         "importance_ratio/min": ratio[present].min() if not none else ratio.sum() + 1.0,
         "importance_ratio/clipped_share": changed.to(mask.dtype).sum() / normaliser,
@@ -160,12 +161,14 @@ def step_gap_metrics(sums: dict[str, float]) -> dict[str, float]:
 
     if "logprob_mismatch/mean" not in sums:
         return {}
-    out = {k: v for k, v in sums.items() if k.startswith(("logprob_mismatch/", "importance_ratio/"))
-           and not k.endswith("/mean_sq")}
+    kept = ("logprob_mismatch/mean", "logprob_mismatch/max", "logprob_mismatch/kl", "importance_ratio/max",
+            "importance_ratio/min", "importance_ratio/clipped_share")
+    out = {k: sums[k] for k in kept if k in sums}
     out["logprob_mismatch/rms"] = math.sqrt(max(sums.get("logprob_mismatch/mean_sq", 0.0), 0.0))
-    if "importance_ratio/mean_sq" in sums:
-        mean = sums["importance_ratio/mean"]
-        out["importance_ratio/std"] = math.sqrt(max(sums["importance_ratio/mean_sq"] - mean * mean, 0.0))
+    if "importance_ratio/excess_mean" in sums:
+        excess, excess_sq = sums["importance_ratio/excess_mean"], sums["importance_ratio/excess_mean_sq"]
+        out["importance_ratio/mean"] = 1.0 + excess
+        out["importance_ratio/std"] = math.sqrt(max(excess_sq - excess * excess, 0.0))
     return out
 
 

@@ -60,6 +60,9 @@ class DedicatedGeneration:
         self.closed = False
         self.failure: RunError | None = None  # set once the restarts are spent
         self.handle = threading.RLock()  # one restart at a time; a push never lands on a dead worker's handle
+        from .worker import check_in_flight
+
+        check_in_flight(registration, settings.in_flight)  # here, before any process starts
         self._start()
 
     # -- the worker's life ----------------------------------------------------------------------
@@ -100,7 +103,6 @@ class DedicatedGeneration:
             raise cause from None
 
     def _restart(self, cause: BaseException) -> None:
-
         with self.handle:
             self.restarts += 1
             limit = self.settings.max_generation_failures

@@ -39,6 +39,15 @@ def stamp(sample: Sample, switches: list[tuple[int, int]]) -> Sample:
     return attrs.evolve(sample, versions=tuple(versions))
 
 
+def check_in_flight(registration: Any, in_flight: str) -> None:
+    """Refuse, in one line, ``continue`` or ``abort`` for a backend without the ``between_tokens`` hook."""
+    if in_flight != "wait" and not hasattr(registration.load(), "between_tokens"):
+        raise ConfigError(f"generation backend {registration.id!r} cannot take weights while a request runs (it has "
+                          f"no between_tokens hook), so algorithm.async.in_flight={in_flight} cannot act",
+                          key="algorithm.async.in_flight",
+                          hint="use algorithm.async.in_flight=wait, or policy.generation.backend=hf")
+
+
 class GenerationWorker:
     """One generation backend built from its ``registration`` and ``config`` in this process."""
 
@@ -47,11 +56,8 @@ class GenerationWorker:
             import torch
 
             torch.set_num_threads(threads)
+        check_in_flight(registration, in_flight)
         self.backend = registration.create(config=config)
-        if in_flight != "wait" and not hasattr(self.backend, "between_tokens"):
-            raise ConfigError(f"generation backend {registration.id!r} cannot take weights while a request runs "
-                              "(it has no between_tokens hook)", key="algorithm.async.in_flight",
-                              hint="use algorithm.async.in_flight=wait, or policy.generation.backend=hf")
         self.in_flight = in_flight
         self.version = 0
         self.pending: tuple[int, list[tuple[str, Any]]] | None = None

@@ -26,14 +26,15 @@ log = logging.getLogger(__name__)
 class HFGenerationBackend:
     """Batched ``generate()`` with left padding; logprobs from the logits of each decoding step."""
 
+    # called between decoding steps with the number of tokens generated so far; True ends the
+    # call there (its completions are returned as they stand): asynchronous generation's hook
+    # for weights that arrive while a request runs (corerl.asynchronous.worker)
+    between_tokens: Any = None
+
     def __init__(self, config: Any) -> None:
         self.config = config
         self.own_model: Any = None
         self.shared_engine: Any = None  # the training engine whose model this backend samples with
-        # called between decoding steps with the number of tokens generated so far; True ends the
-        # call there (its completions are returned as they stand): asynchronous generation's hook
-        # for weights that arrive while a request runs (corerl.asynchronous.worker)
-        self.between_tokens: Any = None
 
     @property
     def model(self) -> Any:
