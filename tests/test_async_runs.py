@@ -192,3 +192,47 @@ def test_multi_turn_episodes_of_several_batches_play_at_once_against_the_dedicat
     got = rows(tmp_path / "tools")
     assert len(got) == 4 and all(r["env/episodes"] == 16 * 8 for r in got)  # whole batches of episodes
     assert all(r["async/staleness/max"] <= 1 for r in got)
+
+
+def test_abort_resumes_each_cut_request_from_its_tokens_on_the_dedicated_worker(tmp_path):
+    """``in_flight=abort`` through the real worker: weights pushed while 16 long requests run cut the
+    call short; each request resumes from its tokens under the new version and ends as it would
+    (at a stop token or the token budget), its stamps old then new."""
+    import threading
+
+    from transformers import AutoModelForCausalLM
+
+    from corerl.asynchronous.engine import DedicatedGeneration
+    from corerl.asynchronous.settings import AsyncSettings
+    from corerl.config import config_from_mapping
+    from corerl.generation.contract import SamplingSettings
+    from corerl.models.tiny import build_tiny_model
+    from corerl.plugin_manager import PluginHost
+
+    model = str(build_tiny_model(tmp_path / "model", hidden_size=64, num_layers=2, vocab_size=128))
+    host = PluginHost(discover=False, env={})
+    config = config_from_mapping({"policy": {"model_name": model, "generation": {
+        "backend": "hf", "colocated": {"enabled": False, "resources": {"gpus_per_node": 1}}}}}, host)
+    engine = DedicatedGeneration(host.generation_backends.get("hf"), config, AsyncSettings(enabled=True,
+                                                                                          in_flight="abort"))
+    try:
+        engine.load_hf(model)
+        weights = [(n, t.clone()) for n, t in AutoModelForCausalLM.from_pretrained(model).state_dict().items()]
+        sampling = SamplingSettings(temperature=1.0, max_new_tokens=400, seed=3, stop_token_ids=(127,))
+        mixed = []
+        for version in (1, 2, 3):  # the push lands mid-call unless the machine is very slow to start it
+            pusher = threading.Timer(0.3, engine.push, args=(weights, version))
+            pusher.start()
+            groups = engine.generate([[1, 2, 3]] * 16, sampling, 1)
+            pusher.join()
+            for (sample,) in groups:
+                assert len(sample.versions) == len(sample.completion_ids) == len(sample.logprobs)
+                assert sample.finish_reason == "stop" or len(sample.completion_ids) == 400
+                assert list(sample.versions) == sorted(sample.versions)  # old tokens, then new ones
+                assert sample.prompt_ids == (1, 2, 3)
+            mixed += [s for (s,) in groups if len(set(s.versions)) > 1]
+            if mixed:
+                break
+        assert mixed, "no push landed while requests were running"
+    finally:
+        engine.shutdown()
