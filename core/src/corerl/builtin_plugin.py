@@ -51,6 +51,7 @@ def corerl_register_generation_backends(register: Callable[[GenerationBackend], 
             priority=0,
             factory="corerl.generation.hf:HFGenerationBackend",
             description="transformers generate(): the reference backend, no extra engine",
+            lora=True,
         )
     )
 

@@ -123,18 +123,27 @@ class TrainingBackend(Registration):
     it has one (``GRPOTrainer.from_pretrained(tensor_parallel_size=...)`` writes it).
     ``value_model`` says it also trains PPO's critic: built from a config with ``role="critic"`` it
     loads a value model and provides :class:`corerl.training.contract.ValueEngine`'s methods
-    (a backend without it is refused as PPO's critic, and serves GRPO, SFT and DPO as before)."""
+    (a backend without it is refused as PPO's critic, and serves GRPO, SFT and DPO as before).
+    ``lora`` says it trains a LoRA adapter with ``policy.lora`` (its ranks wrap the model with PEFT,
+    as :class:`corerl.training.rank_worker.RankWorker` does, and its engine has ``adapter_only``,
+    ``base_logprobs``, ``adapter_weights`` and ``export_adapter``; see docs/lora.md); a backend
+    without it is refused with ``policy.lora.enabled``."""
 
     kind: ClassVar[str] = "training backend"
     tensor_parallel_key: str | None = None
     value_model: bool = False
+    lora: bool = False
 
 
 @attrs.frozen(kw_only=True)
 class GenerationBackend(Registration):
-    """A generation engine (vllm, hf, megatron, ...) selected by ``policy.generation.backend``."""
+    """A generation engine (vllm, hf, megatron, ...) selected by ``policy.generation.backend``.
+    ``lora`` says it samples with a LoRA adapter: its engine has ``load_adapter(adapter)`` taking a
+    :class:`corerl.lora.weights.AdapterWeights` at each refit (a backend without it is refused
+    with ``policy.lora.enabled``)."""
 
     kind: ClassVar[str] = "generation backend"
+    lora: bool = False
 
 
 @attrs.frozen(kw_only=True)

@@ -159,9 +159,12 @@ class RunContext:
         return engine
 
     def refit(self) -> None:
-        """Send the policy's weights to the generation engine (nothing when there is none)."""
+        """Send the policy's weights to the generation engine (nothing when there is none): with
+        ``policy.lora``, the adapter only (:class:`corerl.lora.weights.AdapterWeights`)."""
+        from corerl.training.weights import send_weights
+
         if self.generation is not None:
-            self.generation.update_weights(self.training.weight_stream())
+            send_weights(self.training, self.generation)
 
     def rollout(self) -> Any:
         """The rollout stage of a sampling algorithm, built once per run: one turn scored by the
@@ -216,9 +219,15 @@ class RunContext:
 
     def start_reference(self) -> tuple[Any, Any]:
         """A frozen copy of :attr:`starting_weights` on the policy's backend, and its offload
-        (``policy.reference.cpu_offload``)."""
+        (``policy.reference.cpu_offload``). With ``policy.lora`` the reference is the policy's own
+        engine with the adapter switched off: no second copy of the weights is started."""
         from corerl.offload import ReferenceOffload
 
+        if self.config.core.policy.lora.enabled:
+            from corerl.lora.reference import AdapterOffReference
+
+            reference: Any = AdapterOffReference(self.training)
+            return reference, ReferenceOffload(reference, enabled=False)
         assert self.selection.training_backend.registration is not None
         reference = self.start(self.selection.training_backend.registration, self.starting_weights)
         return reference, ReferenceOffload(reference, self.config.core.policy.reference.cpu_offload)

@@ -36,6 +36,8 @@ from corerl.generation.sampling import choose_tokens, cut_at_stop_strings
 from corerl.generation.shared_weights import SharedWeightWriter, read_shared
 from corerl.hookspecs import CONTRACT_VERSION, hookimpl
 from corerl.import_paths import code_runner_problem
+from corerl.lora.adapter import adapter_tensors, is_adapter_name, lora_enabled, write_adapter
+from corerl.lora.weights import AdapterWeights
 from corerl.models.facts import check_tensor_parallel, model_shape
 from corerl.models.tokenizer import load_tokenizer_folder
 from corerl.models.value_model import load_pretrained, model_values, shift_values
@@ -97,6 +99,8 @@ __all__ = [
     "EngineWeights", "optimizer_state_tensors", "storage_bytes",
     # generation
     "GenerationEngine", "Sample", "SamplingSettings",
+    # LoRA (policy.lora): adapter names, the refit's adapter, the adapter folder
+    "lora_enabled", "is_adapter_name", "adapter_tensors", "AdapterWeights", "write_adapter",
     # errors a plugin raises, and checkpoint failures as one of them
     "ConfigError", "ConfigErrors", "EngineNotAvailable", "RunError", "checkpoint_errors",
     # memory models for `corerl plan`

@@ -393,6 +393,10 @@ def select(config: Config, host: PluginHost) -> Selection:
             registration.check(config)
     if critic[0] is not None and critic[0].registration is not None:
         critic[0].registration.check(critic[1])
+    from corerl.lora.checks import check_lora
+
+    check_lora(config, choices["training_backend"].registration,
+               choices["generation_backend"].registration if "generation_backend" in checked else None)
     from corerl.distributed.placement import check_dedicated_generation
 
     check_dedicated_generation(config)

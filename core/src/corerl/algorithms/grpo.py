@@ -30,6 +30,7 @@ from corerl.environments.rollout import Rollout, SingleTurnRollout
 from corerl.generation.contract import Sample, SamplingSettings
 from corerl.offload import NoOffload, PhaseOffload, ReferenceOffload
 from corerl.training.batching import right_pad
+from corerl.training.weights import send_weights
 
 if TYPE_CHECKING:
     from corerl.generation.contract import GenerationEngine
@@ -189,7 +190,7 @@ class GRPO:
         """The new weights to the generation engine (waiting until it uses them)."""
         assert self.offload is not None
         self.offload.before_refit()
-        self.generation.update_weights(self.training.weight_stream())
+        send_weights(self.training, self.generation)
         self.offload.after_refit()
 
 

@@ -29,6 +29,7 @@ from corerl.algorithms.ppo_math import ValueLoss, explained_variance, gae, token
 from corerl.environments.rollout import SingleTurnRollout
 from corerl.generation.contract import SamplingSettings
 from corerl.offload import NoOffload, PhaseOffload, ReferenceOffload
+from corerl.training.weights import send_weights
 
 if TYPE_CHECKING:
     from corerl.generation.contract import GenerationEngine
@@ -177,7 +178,7 @@ class PPO:
         if results:
             critic_offload.idle()
             offload.before_refit()
-            self.generation.update_weights(self.training.weight_stream())
+            send_weights(self.training, self.generation)
             offload.after_refit()
         timings["time/refit"] = time.perf_counter() - start
         self.steps_done += 1

@@ -91,6 +91,30 @@ class ReferenceConfig:
 
 
 @attrs.define(kw_only=True)
+class LoraConfig:
+    """``policy.lora``: train a low-rank adapter (PEFT's LoRA) instead of the policy's weights. The
+    base weights stay frozen; the KL reference is the base with the adapter switched off; refits
+    send the adapter only; checkpoints hold the adapter and its optimizer state; ``final/`` is a
+    PEFT adapter folder (NeMo RL's ``policy.dtensor_cfg.lora_cfg`` and ``policy.megatron_cfg.peft``
+    map here; see docs/lora.md)."""
+
+    enabled: bool = setting(False, help="train a LoRA adapter on the policy (the critic stays whole)")
+    target_modules: list[str] = setting([], help="module names (or name suffixes) that get an adapter; empty with "
+                                                 "match_all_linear: every linear layer but the output head")
+    exclude_modules: list[str] = setting([], help="module names (or name suffixes) that never get one")
+    match_all_linear: bool = setting(True, help="adapt every linear layer but the output head (target_modules "
+                                                "then only narrows nothing: it is ignored)")
+    dim: int = setting(8, min=1, help="the adapter's rank r")
+    alpha: float = setting(32, min=0.0, min_exclusive=True, help="scaling numerator: the update is (alpha / dim) B A x")
+    dropout: float = setting(0.0, min=0.0, max=1.0, help="dropout on the adapter's input")
+    dropout_position: Literal["pre", "post"] = setting(
+        "pre", help="pre: dropout on the adapter's input (PEFT's LoRA); post, on its output, is refused with dropout > 0")
+    lora_A_init: Literal["xavier", "uniform"] = setting(  # noqa: N815 (NeMo RL's key name)
+        "xavier", help="initialisation of A (B starts at zero, so a new adapter changes nothing): xavier "
+                       "(normal) or uniform (PEFT's Kaiming-uniform)")
+
+
+@attrs.define(kw_only=True)
 class OffloadConfig:
     """``policy.offload``: what leaves the accelerator between phases."""
 
@@ -137,6 +161,7 @@ class PolicyConfig:
     dynamic_batching: DynamicBatchingConfig = section(DynamicBatchingConfig)
     offload: OffloadConfig = section(OffloadConfig)
     reference: ReferenceConfig = section(ReferenceConfig)
+    lora: LoraConfig = section(LoraConfig)
 
     def tokenizer_path(self, model_path: str) -> str:
         """Where the tokenizer loads from: ``tokenizer_name``, unless it is unset or names the model
@@ -266,6 +291,8 @@ class CheckpointingConfig:
     enabled: bool = setting(False)
     save_period: int = setting(10, min=1, help="save every this many steps (and at the end)")
     keep_last: int = setting(2, min=1, help="complete checkpoints kept; older ones are deleted")
+    merge_lora_on_export: bool = setting(False, help="with policy.lora, also write the merged Hugging Face model "
+                                                     "to final/merged (final/ itself is the PEFT adapter)")
 
 
 @attrs.define(kw_only=True)

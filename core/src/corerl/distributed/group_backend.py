@@ -79,8 +79,37 @@ class WorkerGroupBackend:
         return step_result(answers, int(normaliser))
 
     def hf_state(self) -> Iterable[tuple[str, Any]]:
-        """The model's weights as Hugging Face ``(name, tensor)`` pairs (rank 0 gathers them)."""
-        return self.call(Dispatch.ONE_RANK, "full_state_dict").items()
+        """The model's weights as Hugging Face ``(name, tensor)`` pairs (rank 0 gathers them; a
+        LoRA adapter merged in)."""
+        return self.call(Dispatch.ONE_RANK, "full_hf_state").items()
+
+    # -- LoRA (policy.lora: the ranks hold a PEFT model, corerl.lora) ---------------------------
+
+    @property
+    def adapter_only(self) -> bool:
+        """Whether only a LoRA adapter trains (then a refit sends :meth:`adapter_weights`)."""
+        from corerl.lora.adapter import lora_enabled
+
+        config = getattr(self, "config", None)
+        return config is not None and lora_enabled(config)
+
+    def base_logprobs(self, batch: Batch) -> Any:
+        """Logprobs with the LoRA adapter switched off: the base model's (the KL reference)."""
+        plan, answers = self._split("base_logprobs", batch, "logprobs")
+        return plan.unpack(answers)
+
+    def adapter_weights(self) -> Any:
+        """The adapter as a :class:`corerl.lora.weights.AdapterWeights` (gathered when iterated)."""
+        from corerl.lora.adapter import config_dict
+        from corerl.lora.weights import AdapterWeights
+
+        lora = self.config.core.policy.lora
+        return AdapterWeights(self, config_dict(lora, self.config.core.policy.model_name),
+                              lambda: self.call(Dispatch.ONE_RANK, "adapter_state"))
+
+    def export_adapter(self, path: str) -> None:
+        """Write the PEFT adapter folder (``adapter_model.safetensors``, ``adapter_config.json``) at ``path``."""
+        self.call(Dispatch.ALL, "export_adapter", path)
 
     def weight_stream(self) -> EngineWeights:
         return EngineWeights(self, self.hf_state)

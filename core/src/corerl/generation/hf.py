@@ -164,6 +164,26 @@ class HFGenerationBackend:
         if missing or unexpected:
             raise ValueError(f"weights do not fit the model: missing {missing[:5]}, unexpected {unexpected[:5]}")
 
+    def load_adapter(self, adapter: Any) -> None:
+        """A LoRA refit (:class:`corerl.lora.weights.AdapterWeights`): sampling with the training
+        model itself, it already carries the adapter; otherwise this backend's own model is wrapped
+        by PEFT with the adapter's config (once) and the adapter's tensors are copied in place."""
+        if self.shared_engine is not None:
+            if getattr(adapter, "engine", None) is self.shared_engine:
+                return
+            raise ValueError("hf generation samples with the training model itself and takes no other adapter")
+        from peft import LoraConfig, get_peft_model, set_peft_model_state_dict
+
+        if not hasattr(self.own_model, "disable_adapter"):
+            fields = LoraConfig.__dataclass_fields__
+            config = LoraConfig(**{k: v for k, v in adapter.config.items() if k in fields})
+            self.own_model = get_peft_model(self.own_model, config)
+            self.own_model.eval()
+        dtype = next(self.own_model.parameters()).dtype
+        result = set_peft_model_state_dict(self.own_model, {k: v.to(dtype) for k, v in adapter.tensors().items()})
+        if result.unexpected_keys:
+            raise ValueError(f"the adapter does not fit the model: unexpected {result.unexpected_keys[:5]}")
+
     def sleep(self) -> None:
         if self.shared_engine is not None:
             return  # the training engine's model: where it lives is the training side's business

@@ -13,7 +13,11 @@ a Ray actor or, for world size 1, an object in the driver. The worker's rank-sid
   rank that does not report, e.g. an early pipeline stage);
 - ``save_checkpoint(path)`` / ``load_checkpoint(path)``: every rank, then a barrier;
 - ``full_state_dict() -> dict | None``: every rank calls it; the reporting rank gets the full
-  weights (Hugging Face names, on CPU); ``export_hf(path)`` writes them there;
+  weights (Hugging Face names, on CPU); ``export_hf(path)`` writes them there (``full_hf_state``:
+  the same, with a LoRA adapter merged in);
+- with ``policy.lora`` (:mod:`corerl.lora`): ``base_logprobs(mbs)`` with the adapter switched off,
+  ``adapter_state() -> dict | None`` (the adapter on the reporting rank, PEFT's names) and
+  ``export_adapter(path)`` (a PEFT adapter folder);
 - ``offload(parts)`` / ``reload(parts)`` with parts from ``parameters``/``optimizer``;
 - ``state_bytes() -> dict``: ``parameters``, ``gradients``, ``optimizer`` bytes this rank holds;
 - ``pid()``, ``shutdown()``, and the device report of :class:`RankDeviceReport`.
@@ -70,6 +74,10 @@ class RankWorker(RankDeviceReport):
         self.grad_bytes = 0
         self.model_path: str | None = None
         self.hf_config: Any = None
+        from corerl.lora.adapter import lora_enabled
+
+        self.lora = lora_enabled(config)  # the model is wrapped by PEFT: only its adapter trains
+        self.peft_model: Any = None  # that PEFT model (inside any wrappers the backend adds)
         self.setup(**options)
 
     # -- what a backend supplies ---------------------------------------------------------
@@ -101,10 +109,16 @@ class RankWorker(RankDeviceReport):
 
     def load_pretrained(self, model_path: str, **options: Any) -> Any:
         """The Hugging Face model at ``model_path`` for this rank's role: a causal LM, or a critic's
-        value model (:mod:`corerl.models.value_model`), in float32 on the CPU."""
+        value model (:mod:`corerl.models.value_model`), in float32 on the CPU; with ``policy.lora``,
+        wrapped by PEFT with a fresh adapter (:func:`corerl.lora.adapter.apply_lora`)."""
         from corerl.models.value_model import load_pretrained
 
-        return load_pretrained(model_path, self.config.role, **options)
+        model = load_pretrained(model_path, self.config.role, **options)
+        if self.lora:
+            from corerl.lora.adapter import apply_lora
+
+            model = self.peft_model = apply_lora(model, self.config.core.policy.lora, model_path)
+        return model
 
     def before_micro_batch(self, index: int, last: bool) -> None:
         """Before micro-batch ``index`` of a step: e.g. gradient sync only on the last."""
@@ -170,6 +184,14 @@ class RankWorker(RankDeviceReport):
         with torch.no_grad():
             return [self.forward_values(self.to_device(mb)).float().cpu() for mb in mbs]
 
+    def base_logprobs(self, mbs: list[dict[str, torch.Tensor]]) -> list[torch.Tensor] | None:
+        """Logprobs of the base model, the LoRA adapter switched off (PEFT's ``disable_adapter``):
+        the KL reference of a LoRA policy, with no second copy of the weights."""
+        if self.peft_model is None:
+            raise RuntimeError("base_logprobs() needs a LoRA policy (policy.lora.enabled)")
+        with self.peft_model.disable_adapter():
+            return self.logprobs(mbs)
+
     def train_step(self, mbs: list[dict[str, torch.Tensor]], loss_fn: Any, normaliser: float) -> dict[str, Any]:
         """One optimizer step over this rank's micro-batches, gradients accumulated."""
         self.set_mode(True)
@@ -210,11 +232,47 @@ class RankWorker(RankDeviceReport):
         restore_rng(sidecar["rng"])
         barrier()
 
+    def full_hf_state(self) -> dict[str, torch.Tensor] | None:
+        """:meth:`full_state_dict`, with a LoRA adapter merged into the base weights by PEFT
+        (every rank calls it; the reporting rank gets the weights)."""
+        state = self.full_state_dict()
+        if not self.lora or state is None:
+            return state
+        from corerl.lora.adapter import adapter_tensors, base_hf_state, config_dict, merged_hf_state
+
+        return merged_hf_state(base_hf_state(state), adapter_tensors(state.items()), self.hf_config,
+                               config_dict(self.config.core.policy.lora, self.model_path))
+
     def export_hf(self, path: str) -> None:
         from corerl.training.hf_export import export_on_rank_zero
 
-        export_on_rank_zero(self.rank, self.full_state_dict(), self.hf_config, self.model_path, path,
+        export_on_rank_zero(self.rank, self.full_hf_state(), self.hf_config, self.model_path, path,
                             role=self.config.role)
+
+    def adapter_state(self) -> dict[str, torch.Tensor] | None:
+        """The LoRA adapter's tensors on rank 0 (PEFT's saved names, on the CPU); None elsewhere.
+        Every rank calls it. This default gathers each adapter parameter whole (``full_tensor``
+        where it is a DTensor); a backend whose parameters are shards of another kind overrides it."""
+        from corerl.lora.adapter import adapter_tensors, is_adapter_name
+
+        pairs = []
+        for name, param in self.peft_model.named_parameters():
+            if is_adapter_name(name):
+                full = param.full_tensor() if hasattr(param, "full_tensor") else param
+                pairs.append((name, full))
+        return adapter_tensors(pairs) if self.rank == 0 else None
+
+    def export_adapter(self, path: str) -> None:
+        """Rank 0 writes the PEFT adapter folder (and the tokenizer) at ``path``; the others wait."""
+        from corerl.lora.adapter import config_dict, write_adapter
+        from corerl.training.hf_export import copy_tokenizer
+
+        state = self.adapter_state()
+        if self.rank == 0:
+            assert state is not None and self.model_path is not None
+            write_adapter(path, state, config_dict(self.config.core.policy.lora, self.model_path))
+            copy_tokenizer(self.model_path, path)
+        barrier()
 
     def offload(self, parts: list[str]) -> None:
         import torch

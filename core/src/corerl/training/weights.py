@@ -21,3 +21,13 @@ class EngineWeights:
 
     def __iter__(self) -> Iterator[tuple[str, Any]]:
         yield from self._produce()
+
+
+def send_weights(training: Any, generation: Any) -> None:
+    """A refit: the training engine's weights into the generation engine, or only its adapter
+    where it trains a LoRA adapter (``training.adapter_only``; the generation backend's
+    ``load_adapter``, see :mod:`corerl.lora.weights`)."""
+    if getattr(training, "adapter_only", False):
+        generation.load_adapter(training.adapter_weights())
+    else:
+        generation.update_weights(training.weight_stream())

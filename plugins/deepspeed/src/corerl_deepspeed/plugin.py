@@ -30,6 +30,7 @@ def corerl_register_training_backends(register: Callable[[TrainingBackend], None
             factory="corerl_deepspeed.backend:DeepSpeedBackend",
             config_section="policy.deepspeed_cfg",
             value_model=True,
+            lora=True,
             config_schema=DeepSpeedConfig,
             description="DeepSpeed ZeRO stages 0-3 with CPU/NVMe offload",
         )

@@ -14,7 +14,10 @@ from torch import nn
 
 
 def decoder_layers(model: nn.Module) -> nn.ModuleList:
-    """The decoder layers of a Llama/Qwen2-style model (``model.model.layers``)."""
+    """The decoder layers of a Llama/Qwen2-style model (``model.model.layers``), inside a PEFT
+    wrapper too."""
+    if hasattr(model, "get_base_model"):  # a LoRA policy: PEFT's PeftModel around the Hugging Face model
+        model = model.get_base_model()
     inner = getattr(model, "model", None)
     layers = getattr(inner, "layers", None)
     if not isinstance(layers, nn.ModuleList):

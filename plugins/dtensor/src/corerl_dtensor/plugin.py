@@ -19,6 +19,7 @@ def corerl_register_training_backends(register: Callable[[TrainingBackend], None
             config_section="policy.dtensor_cfg",
             tensor_parallel_key="tensor_parallel_size",
             value_model=True,
+            lora=True,
             section_aliases=("policy.dtensor_config",),
             config_schema=DTensorConfig,
             description="PyTorch FSDP2 + tensor parallel (DTensor)",

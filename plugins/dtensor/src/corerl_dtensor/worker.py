@@ -65,6 +65,10 @@ class DTensorWorker(RankWorker):
             extra["attn_implementation"] = register_segment_attention()
         model = self.load_pretrained(model_path, **extra).to(self.device)
         self.model_path, self.hf_config = model_path, model.config
+        if self.lora and self.param_dtype != torch.float32:  # frozen: kept in the training precision, no optimizer state
+            for param in model.parameters():
+                if not param.requires_grad:
+                    param.data = param.data.to(self.param_dtype)
         model, self.autocast, self.fsdp1 = parallelize.parallelize(model, self.mesh, self.settings,
                                                                     self.param_dtype, self.device)
         self.model = model
@@ -125,23 +129,48 @@ class DTensorWorker(RankWorker):
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import get_state_dict
 
-        model_sd, optim_sd = get_state_dict(self._require_model(), self.optimizer)
+        model_sd, optim_sd = self._trained_state(get_state_dict(self._require_model(), self.optimizer))
         dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=os.path.join(path, "weights"),
                  no_dist=not dist.is_initialized())
         return {"scheduler": self.scheduler.state_dict()}
 
     def load_state(self, path: str, sidecar: dict[str, Any]) -> None:
         import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            get_state_dict,
+            set_state_dict,
+        )
 
         model = self._require_model()
-        model_sd, optim_sd = get_state_dict(model, self.optimizer)
+        model_sd, optim_sd = self._trained_state(get_state_dict(model, self.optimizer))
         state = {"model": model_sd, "optim": optim_sd}
         dcp.load(state, checkpoint_id=os.path.join(path, "weights"), no_dist=not dist.is_initialized())
-        set_state_dict(model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        set_state_dict(model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"],
+                       options=StateDictOptions(strict=not self.lora))
         self.scheduler.load_state_dict(sidecar["scheduler"])
 
+    def _trained_state(self, state: tuple[dict[str, Any], dict[str, Any]]) -> tuple[dict[str, Any], dict[str, Any]]:
+        """(model, optimizer) state as a checkpoint holds it: with LoRA, the adapter only (the
+        frozen base is the model folder's, loaded again by ``load_hf``)."""
+        model_sd, optim_sd = state
+        if self.lora:
+            from corerl.sdk import is_adapter_name
+
+            model_sd = {k: v for k, v in model_sd.items() if is_adapter_name(k)}
+        return model_sd, optim_sd
+
     # -- weights out -------------------------------------------------------------------------
+
+    def adapter_state(self) -> dict[str, torch.Tensor] | None:
+        if not self.fsdp1:
+            return super().adapter_state()
+        from corerl.sdk import (
+            adapter_tensors,  # FSDP1's flat shards: only its own full state dict is whole
+        )
+
+        state = self.full_state_dict()
+        return adapter_tensors(state.items()) if state is not None else None
 
     def full_state_dict(self) -> dict[str, torch.Tensor] | None:
         """Every rank must call this; rank 0 gets the full weights (Hugging Face names, on CPU)."""

@@ -34,6 +34,12 @@ def check_supported(config: Config) -> None:
                                  hint="set it to false on this machine, or run on a GPU machine with Transformer "
                                       "Engine installed")
     policy = config.core.policy
+    if policy.lora.enabled and config.role != "critic":
+        raise EngineNotAvailable("megatron-core has no LoRA layers of its own (its LoRA lives in Megatron-Bridge, "
+                                 "which this backend does not build on), so the megatron backend trains whole models only",
+                                 key="policy.lora.enabled",
+                                 hint="train LoRA with policy.training_backend=dtensor (or deepspeed), or set "
+                                      "policy.lora.enabled=false")
     if policy.sequence_packing.enabled or policy.dynamic_batching.enabled:
         key = "policy.sequence_packing.enabled" if policy.sequence_packing.enabled else "policy.dynamic_batching.enabled"
         raise EngineNotAvailable("the megatron backend runs fixed-width row micro-batches only (its pipeline "

@@ -19,6 +19,7 @@ def corerl_register_generation_backends(register: Callable[[GenerationBackend], 
             config_section="policy.generation.vllm_cfg",
             config_schema=VllmConfig,
             description="vLLM engine with in-place weight refit",
+            lora=True,
         )
     )
 

@@ -1,0 +1,123 @@
+"""PEFT's LoRA on a Hugging Face model, as every training backend that holds one uses it.
+
+corerl writes no LoRA layers of its own: ``peft.get_peft_model`` wraps the target linear layers,
+``disable_adapter`` gives the base model back for the KL reference, and ``merge_and_unload``
+writes the merged model. What is ours: the mapping from ``policy.lora`` to a ``LoraConfig``,
+and names. An adapter tensor crosses processes under PEFT's saved name (the one
+``adapter_model.safetensors`` uses, e.g. ``base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight``):
+wrappers' segments (FSDP1's, the activation-checkpoint wrapper's) and the adapter's own name
+(``default``) are removed.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+    from corerl.config.schema import LoraConfig as LoraSettings
+
+ADAPTER_NAME = "default"  # PEFT's name of the one adapter a model gets
+ADAPTER_FILE = "adapter_model.safetensors"
+_WRAPPER_SEGMENTS = re.compile(r"(_fsdp_wrapped_module|_checkpoint_wrapped_module|_orig_mod)\.")
+
+
+def lora_enabled(config: Any) -> bool:
+    """Whether the model this config builds gets an adapter: the policy with ``policy.lora.enabled``
+    (PPO's critic, built from a config with ``role="critic"``, is trained whole)."""
+    return bool(config.core.policy.lora.enabled) and getattr(config, "role", "policy") != "critic"
+
+
+def peft_config(settings: LoraSettings, base_model_path: str | None = None) -> Any:
+    """``policy.lora`` as PEFT's ``LoraConfig`` for a causal LM."""
+    from peft import LoraConfig
+
+    targets: Any = "all-linear" if settings.match_all_linear or not settings.target_modules else list(settings.target_modules)
+    return LoraConfig(
+        r=settings.dim, lora_alpha=settings.alpha, lora_dropout=settings.dropout, target_modules=targets,
+        exclude_modules=list(settings.exclude_modules) or None, task_type="CAUSAL_LM", bias="none",
+        init_lora_weights=True, base_model_name_or_path=base_model_path,
+    )
+
+
+def apply_lora(model: Any, settings: LoraSettings, base_model_path: str | None = None) -> Any:
+    """``model`` wrapped by PEFT with a fresh adapter (B zero, so it computes what ``model`` did);
+    every base weight frozen. ``lora_A_init: xavier`` re-initialises A with Xavier-normal (PEFT's
+    own is Kaiming-uniform, ``uniform``)."""
+    import torch
+    from peft import get_peft_model
+
+    wrapped = get_peft_model(model, peft_config(settings, base_model_path))
+    if settings.lora_A_init == "xavier":
+        with torch.no_grad():
+            for name, param in wrapped.named_parameters():
+                if ".lora_A." in name:
+                    torch.nn.init.xavier_normal_(param)
+    return wrapped
+
+
+def is_adapter_name(name: str) -> bool:
+    """Whether a parameter or state-dict name is an adapter tensor's."""
+    return ".lora_A." in name or ".lora_B." in name
+
+
+def saved_name(name: str) -> str:
+    """A parameter name of a PEFT model (under any wrappers) as PEFT saves it."""
+    return _WRAPPER_SEGMENTS.sub("", name).replace(f".{ADAPTER_NAME}.", ".")
+
+
+def adapter_tensors(named: Any) -> dict[str, torch.Tensor]:
+    """The adapter tensors among ``(name, tensor)`` pairs of a PEFT model, under their saved names, on the CPU."""
+    return {saved_name(name): tensor.detach().to("cpu", copy=True) for name, tensor in named if is_adapter_name(name)}
+
+
+def base_hf_state(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A PEFT model's full state dict without the adapter, under the Hugging Face model's own names."""
+    prefix = "base_model.model."
+    out = {}
+    for name, tensor in state.items():
+        name = _WRAPPER_SEGMENTS.sub("", name)
+        if is_adapter_name(name):
+            continue
+        name = name[len(prefix):] if name.startswith(prefix) else name
+        out[name.replace(".base_layer.", ".")] = tensor
+    return out
+
+
+def config_dict(settings: LoraSettings, base_model_path: str | None = None) -> dict[str, Any]:
+    """The ``adapter_config.json`` content of an adapter trained with ``settings`` (JSON-able:
+    what a generation engine in another process rebuilds the ``LoraConfig`` from)."""
+    return json.loads(json.dumps(peft_config(settings, base_model_path).to_dict(), default=list))
+
+
+def write_adapter(folder: str | Path, tensors: dict[str, torch.Tensor], config: dict[str, Any]) -> None:
+    """A PEFT adapter folder: ``adapter_model.safetensors`` and ``adapter_config.json`` (loadable
+    with ``peft.PeftModel.from_pretrained(base, folder)`` and by vLLM's LoRA support)."""
+    from peft import LoraConfig
+    from safetensors.torch import save_file
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(folder / ADAPTER_FILE))
+    LoraConfig(**{k: v for k, v in config.items() if k in LoraConfig.__dataclass_fields__}).save_pretrained(str(folder))
+
+
+def merged_hf_state(base: dict[str, torch.Tensor], adapter: dict[str, torch.Tensor], hf_config: Any,
+                    config: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """The Hugging Face weights with the adapter merged in, by PEFT's ``merge_and_unload``."""
+    import torch
+    from peft import LoraConfig, get_peft_model, set_peft_model_state_dict
+
+    from corerl.models.value_model import auto_model_class
+
+    model = auto_model_class("policy").from_config(hf_config, dtype=torch.float32)
+    model.load_state_dict({k: v.to(torch.float32) for k, v in base.items()}, strict=False)
+    model.tie_weights()
+    wrapped = get_peft_model(model, LoraConfig(**{k: v for k, v in config.items() if k in LoraConfig.__dataclass_fields__}))
+    set_peft_model_state_dict(wrapped, {k: v.to(torch.float32) for k, v in adapter.items()})
+    merged = wrapped.merge_and_unload()
+    return {k: v.detach() for k, v in merged.state_dict().items()}
