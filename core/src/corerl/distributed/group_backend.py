@@ -63,6 +63,7 @@ class WorkerGroupBackend:
 
     def load_hf(self, model_path: str) -> None:
         self.call(Dispatch.ALL, "load_hf", model_path)
+        self.base_path = model_path  # with LoRA, the frozen base the adapter trains on
 
     def logprobs(self, batch: Batch) -> Any:
         plan, answers = self._split("logprobs", batch, "logprobs")
@@ -103,8 +104,8 @@ class WorkerGroupBackend:
         from corerl.lora.adapter import config_dict
         from corerl.lora.weights import AdapterWeights
 
-        lora = self.config.core.policy.lora
-        return AdapterWeights(self, config_dict(lora, self.config.core.policy.model_name),
+        base = self.base_path
+        return AdapterWeights(self, config_dict(self.config.core.policy.lora, base), base,
                               lambda: self.call(Dispatch.ONE_RANK, "adapter_state"))
 
     def export_adapter(self, path: str) -> None:

@@ -69,6 +69,7 @@ class HFGenerationBackend:
         from corerl.models.tokenizer import load_tokenizer_folder
 
         hf_logging.disable_progress_bar()
+        self.model_path = model_path
         precision = self.config.core.policy.precision
         dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[precision]
         if self.shared_engine is not None:  # the training model (float32 weights, autocast to the precision)
@@ -174,6 +175,8 @@ class HFGenerationBackend:
             raise ValueError("hf generation samples with the training model itself and takes no other adapter")
         from peft import LoraConfig, get_peft_model, set_peft_model_state_dict
 
+        if adapter.base != self.model_path:  # a new base (the SFT warm start's merged model): start on it
+            self.load_hf(adapter.base)
         if not hasattr(self.own_model, "disable_adapter"):
             fields = LoraConfig.__dataclass_fields__
             config = LoraConfig(**{k: v for k, v in adapter.config.items() if k in fields})

@@ -54,6 +54,7 @@ class VllmGenerationBackend:
 
     def load_hf(self, model_path: str) -> None:
         self.group.call("load_hf", model_path)
+        self.model_path = model_path
 
     def generate(self, prompts: list[list[int]], sampling: SamplingSettings, n: int = 1) -> list[list[Sample]]:
         return self.group.call("generate", prompts, sampling, n)[0]
@@ -65,6 +66,14 @@ class VllmGenerationBackend:
             self.group.call("update_weights", list(weights))
             return
         self.group.call("update_weights_shared", self.shared.write(weights))
+
+    def load_adapter(self, adapter: Any) -> None:
+        """A LoRA refit (:class:`corerl.sdk.AdapterWeights`): the adapter's tensors, not the model,
+        cross to the engine's process; ``last_refit_bytes`` says how many bytes crossed. On another
+        base than the engine's (the SFT warm start's merged model), the engine restarts on it first."""
+        if adapter.base != self.model_path:
+            self.load_hf(adapter.base)
+        self.last_refit_bytes = self.group.call("load_adapter", adapter.config, adapter.tensors())[0]
 
     def sleep(self) -> None:
         self.group.call("sleep")

@@ -50,6 +50,15 @@ def _hide_broken_vision_packages() -> None:
             sys.modules[name] = None  # type: ignore[assignment]
 
 
+def vllm_lora_rank(dim: int) -> int:
+    """The smallest ``max_lora_rank`` vLLM accepts that holds an adapter of rank ``dim``."""
+    for rank in (1, 8, 16, 32, 64, 128, 256, 320, 512):
+        if rank >= dim:
+            return rank
+    raise EngineNotAvailable(f"vLLM serves LoRA adapters up to rank 512; policy.lora.dim is {dim}",
+                             key="policy.lora.dim", hint="use a rank of 512 or less")
+
+
 class VllmEngine:
     """One ``vllm.LLM`` and the conversions between corerl's contract and vLLM's API."""
 
@@ -102,8 +111,13 @@ class VllmEngine:
             # Seeded sampling rewinds per-request generators across chunked prefills, which CPU
             # generators cannot do ("CPU Generator does not use offset"): prefill whole prompts.
             kwargs["enable_chunked_prefill"] = False
+        from corerl.sdk import lora_enabled
+
+        if lora_enabled(self.config):  # refits bring an adapter (vLLM's LoRA support), not weights
+            kwargs.update(enable_lora=True, max_loras=1, max_lora_rank=vllm_lora_rank(policy.lora.dim))
         kwargs.update(s.engine_args)
         self.llm = LLM(**kwargs)
+        self.adapter: Any = None  # the LoRARequest of the newest adapter; None: the base model
 
     def generate(self, prompts: list[list[int]], sampling: SamplingSettings, n: int = 1) -> list[list[Sample]]:
         from vllm import SamplingParams
@@ -121,7 +135,8 @@ class VllmEngine:
             )
             for i in range(len(prompts))
         ]
-        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
+        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False,
+                                    lora_request=self.adapter)
         groups = []
         for prompt, request in zip(prompts, outputs, strict=True):
             group = []
@@ -147,6 +162,28 @@ class VllmEngine:
         counts = self.llm.collective_rpc("corerl_reload_weights", args=(save(state),))
         return int(counts[0])
 
+    def load_adapter(self, config: dict[str, Any], tensors: dict[str, Any]) -> int:
+        """A LoRA refit: the adapter is written as a PEFT folder in this engine's scratch folder
+        (memory-backed where the machine has one) and given to vLLM as a new ``LoRARequest``; the
+        previous adapter is removed from the engine and its folder deleted. Returns the adapter's bytes."""
+        import shutil
+        import tempfile
+
+        from vllm.lora.request import LoRARequest
+
+        from corerl.sdk import write_adapter
+
+        if getattr(self, "scratch", None) is None:
+            self.scratch = tempfile.mkdtemp(prefix="corerl-lora-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
+        number = (self.adapter.lora_int_id + 1) if self.adapter is not None else 1
+        folder = os.path.join(self.scratch, f"v{number}")
+        write_adapter(folder, tensors, config)
+        previous, self.adapter = self.adapter, LoRARequest(f"policy-v{number}", number, folder)
+        if previous is not None:
+            self.llm.llm_engine.remove_lora(previous.lora_int_id)
+            shutil.rmtree(previous.lora_path, ignore_errors=True)
+        return sum(t.numel() * t.element_size() for t in tensors.values())
+
     def update_weights_shared(self, manifest: Any) -> int:
         """New weights from a shared-memory file on this machine (see :mod:`corerl.generation.shared_weights`)."""
         return int(self.llm.collective_rpc("corerl_reload_shared", args=(manifest,))[0])
@@ -165,6 +202,11 @@ class VllmEngine:
         return os.getpid()
 
     def shutdown(self) -> None:
+        if getattr(self, "scratch", None) is not None:
+            import shutil
+
+            shutil.rmtree(self.scratch, ignore_errors=True)
+            self.scratch = None
         if self.llm is not None:
             engine = getattr(self.llm, "llm_engine", None)
             shutdown = getattr(getattr(engine, "engine_core", None), "shutdown", None)
