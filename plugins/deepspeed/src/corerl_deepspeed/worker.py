@@ -86,11 +86,13 @@ class DeepSpeedWorker(RankWorker):
     # -- checkpoints: DeepSpeed's own (model, partitioned optimizer, scheduler) ----------------
 
     def save_state(self, path: str) -> dict[str, Any]:
-        self.engine.save_checkpoint(path, tag="deepspeed", save_latest=False)
+        # with LoRA the frozen base is left out: it is the model folder's, loaded again by load_hf
+        self.engine.save_checkpoint(path, tag="deepspeed", save_latest=False, exclude_frozen_parameters=self.lora)
         return {}
 
     def load_state(self, path: str, sidecar: dict[str, Any]) -> None:
-        self.engine.load_checkpoint(path, tag="deepspeed", load_optimizer_states=True, load_lr_scheduler_states=True)
+        self.engine.load_checkpoint(path, tag="deepspeed", load_optimizer_states=True, load_lr_scheduler_states=True,
+                                    load_module_strict=not self.lora)
 
     # -- weights out -------------------------------------------------------------------------
 
@@ -106,6 +108,21 @@ class DeepSpeedWorker(RankWorker):
                 if self.rank == 0:
                     out[name] = param.detach().to("cpu", copy=True)
         return out if self.rank == 0 else None
+
+    def adapter_state(self) -> dict[str, torch.Tensor] | None:
+        """The LoRA adapter on rank 0, each adapter parameter gathered from its ZeRO-3 shards in turn."""
+        from corerl.sdk import adapter_tensors, is_adapter_name
+
+        out = []
+        for name, param in self.engine.module.named_parameters():
+            if not is_adapter_name(name):
+                continue
+            gathered = (self.deepspeed.zero.GatheredParameters([param], modifier_rank=None)
+                        if self.settings.zero_stage == 3 else contextlib.nullcontext())
+            with gathered:
+                if self.rank == 0:
+                    out.append((name, param.detach().to("cpu", copy=True)))
+        return adapter_tensors(out) if self.rank == 0 else None
 
     # -- memory ------------------------------------------------------------------------------
 
