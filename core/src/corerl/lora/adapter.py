@@ -11,8 +11,10 @@ wrappers' segments (FSDP1's, the activation-checkpoint wrapper's) and the adapte
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -58,6 +60,27 @@ def apply_lora(model: Any, settings: LoraSettings, base_model_path: str | None =
                 if ".lora_A." in name:
                     torch.nn.init.xavier_normal_(param)
     return wrapped
+
+
+@contextlib.contextmanager
+def adapter_off(model: Any) -> Iterator[None]:
+    """The base model within the block: every LoRA layer of ``model`` skips its adapter.
+
+    PEFT's own ``disable_adapter()`` also sets the adapter's ``requires_grad`` to False and back,
+    and FSDP2 decides at its first forward (its lazy initialisation) which parameters get
+    gradients: a first forward inside it leaves the adapter without a gradient reduction. So only
+    the layers' switch is flipped here (``BaseTunerLayer.disable_adapters`` reads it)."""
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    layers = [m for m in model.modules() if isinstance(m, BaseTunerLayer)]
+    before = [m._disable_adapters for m in layers]
+    for layer in layers:
+        layer._disable_adapters = True
+    try:
+        yield
+    finally:
+        for layer, state in zip(layers, before, strict=True):
+            layer._disable_adapters = state
 
 
 def is_adapter_name(name: str) -> bool:

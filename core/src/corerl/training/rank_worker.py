@@ -185,11 +185,14 @@ class RankWorker(RankDeviceReport):
             return [self.forward_values(self.to_device(mb)).float().cpu() for mb in mbs]
 
     def base_logprobs(self, mbs: list[dict[str, torch.Tensor]]) -> list[torch.Tensor] | None:
-        """Logprobs of the base model, the LoRA adapter switched off (PEFT's ``disable_adapter``):
-        the KL reference of a LoRA policy, with no second copy of the weights."""
+        """Logprobs of the base model, the LoRA adapter switched off
+        (:func:`corerl.lora.adapter.adapter_off`): the KL reference of a LoRA policy, with no
+        second copy of the weights."""
+        from corerl.lora.adapter import adapter_off
+
         if self.peft_model is None:
             raise RuntimeError("base_logprobs() needs a LoRA policy (policy.lora.enabled)")
-        with self.peft_model.disable_adapter():
+        with adapter_off(self.peft_model):
             return self.logprobs(mbs)
 
     def train_step(self, mbs: list[dict[str, torch.Tensor]], loss_fn: Any, normaliser: float) -> dict[str, Any]:

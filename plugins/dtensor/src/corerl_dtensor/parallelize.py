@@ -40,6 +40,25 @@ def default_tp_plan() -> dict[str, Any]:
     }
 
 
+def lora_tp_plan(plan: dict[str, Any]) -> dict[str, Any]:
+    """``plan`` for layers whose projections PEFT wrapped with a LoRA adapter (``base_layer``,
+    ``lora_A``, ``lora_B``): a column-split projection splits its base and B by output features (A,
+    rank-wide, is replicated); a row-split one splits its base and A by input features (their
+    outputs summed over the ranks) and B is replicated. The adapter's output is then laid out as
+    the base's, and PEFT adds the two as it does unsplit."""
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+    out: dict[str, Any] = {}
+    for path, style in plan.items():
+        if not isinstance(style, (ColwiseParallel, RowwiseParallel)):
+            out[path] = style
+            continue
+        split = "lora_B" if isinstance(style, ColwiseParallel) else "lora_A"
+        out[f"{path}.base_layer"] = style
+        out[f"{path}.{split}.default"] = type(style)()
+    return out
+
+
 def sequence_parallel_tp_plan() -> dict[str, Any]:
     """The decoder-layer plan with sequence parallelism: norms and residuals sharded on the
     sequence dimension, gathered before attention and MLP, reduce-scattered after."""
@@ -93,6 +112,8 @@ def apply_tensor_parallel(
             raise ValueError(f"{name}={heads} of the model is not divisible by tensor_parallel_size={tp}")
     layers = decoder_layers(model)
     plan = sequence_parallel_tp_plan() if sequence_parallel else default_tp_plan()
+    if hasattr(model, "disable_adapter"):  # a LoRA policy (sequence parallelism is refused with it)
+        plan = lora_tp_plan(plan)
     for layer in layers:
         parallelize_module(layer, tp_mesh, plan)
     if sequence_parallel:

@@ -27,6 +27,12 @@ def check_supported(config: Config) -> None:
             "fsdp_version 1 (FullyShardedDataParallel) cannot be combined with tensor parallelism",
             key=f"{section}.fsdp_version", hint="use fsdp_version 2 with tensor_parallel_size > 1",
         )
+    if config.core.policy.lora.enabled and config.role != "critic" and settings.tensor_parallel_size > 1:
+        for key in ("sequence_parallel", "custom_parallel_plan"):
+            if getattr(settings, key):
+                raise ConfigError(f"with LoRA the tensor-parallel plan is the built-in one, adapted to PEFT's wrapped "
+                                  f"projections; {key} lays out modules that LoRA has wrapped",
+                                  key=f"{section}.{key}", hint=f"unset {key}, or set policy.lora.enabled=false")
     check_tensor_parallel(config, settings.tensor_parallel_size, f"{section}.tensor_parallel_size")
     if config.core.policy.precision == "float16":
         raise ConfigError(

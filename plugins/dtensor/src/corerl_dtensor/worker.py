@@ -65,7 +65,9 @@ class DTensorWorker(RankWorker):
             extra["attn_implementation"] = register_segment_attention()
         model = self.load_pretrained(model_path, **extra).to(self.device)
         self.model_path, self.hf_config = model_path, model.config
-        if self.lora and self.param_dtype != torch.float32:  # frozen: kept in the training precision, no optimizer state
+        if self.lora and self.param_dtype != torch.float32 and self.mesh is None:
+            # frozen: kept in the training precision, no optimizer state (under FSDP2 the sharded
+            # weights stay float32: its mixed precision casts them per layer for compute)
             for param in model.parameters():
                 if not param.requires_grad:
                     param.data = param.data.to(self.param_dtype)
