@@ -36,7 +36,12 @@ One subclass per layout (world size, parallel sizes). The checks:
 (k) enabling the backend's section (without ``policy.training_backend``) selects it; the loss
     function's metrics come back summed over micro-batches and ranks; offload then reload leaves
     the engine computing the same logprobs and training on, and ``state_bytes()`` (where there is
-    one) reports every rank.
+    one) reports every rank;
+(l) with ``policy.lora`` (a registration with ``lora=True``): two LoRA steps give the losses and the
+    adapter of two plain PEFT steps in PyTorch from the same starting adapter, the base model
+    (the adapter switched off) still computes the starting logprobs (only adapter parameters
+    moved), and the refit's adapter and the exported PEFT folder hold adapter tensors only; a
+    registration without it is refused with ``policy.lora.enabled``, in one line.
 """
 
 from __future__ import annotations
@@ -48,7 +53,12 @@ from typing import Any, ClassVar
 import pytest
 import torch
 
-from corerl.testing.reference import hf_logprobs, reference_gradients, reference_sgd_step
+from corerl.testing.reference import (
+    hf_logprobs,
+    reference_gradients,
+    reference_lora_steps,
+    reference_sgd_step,
+)
 
 LR = 0.5
 MOMENTUM = 0.9
@@ -565,6 +575,51 @@ class TrainingBackendConformance:
                                         unpadded=True)
             finally:
                 critic.shutdown()
+
+    # -- (l) ---------------------------------------------------------------------------
+
+    #: whether (l) runs LoRA in this layout (a backend may turn it off in layouts that add nothing
+    #: new for an adapter, to keep its suite short)
+    lora_checks: ClassVar[bool] = True
+    lora_overrides: ClassVar[list[str]] = ["policy.lora.enabled=true", "policy.lora.dim=4", "policy.lora.alpha=8"]
+
+    def test_lora_step_matches_plain_peft(self, model_dir: str, tmp_path: Path) -> None:
+        from corerl.errors import CorerlError
+
+        if not self._registration().lora:  # refused at validation (``corerl validate`` and ``run`` alike), one line
+            with pytest.raises(CorerlError, match=r"^policy\.lora\.enabled: [^\n]+$"):
+                self._select(model_dir, tmp_path, self.lora_overrides)
+            return
+        if not self.lora_checks:
+            pytest.skip("LoRA is checked in this backend's other layouts (lora_checks=False)")
+        config, engine = self._build(model_dir, tmp_path, self.lora_overrides)
+        batch = conformance_batch()
+        try:
+            engine.load_hf(model_dir)
+            assert engine.adapter_only
+            start = engine.adapter_weights().tensors()
+            results = [engine.train_step(batch, conformance_loss) for _ in range(2)]
+            trained = engine.adapter_weights().tensors()
+            base = engine.base_logprobs(batch)
+            engine.export_adapter(str(tmp_path / "adapter"))
+        finally:
+            engine.shutdown()
+        from transformers import AutoModelForCausalLM
+
+        losses, reference = reference_lora_steps(model_dir, batch, conformance_loss, config.core.policy.lora, start,
+                                                 [r.lr for r in results])
+        for ours, theirs in zip(results, losses, strict=True):
+            assert abs(ours.loss - theirs) <= self.tolerance
+        assert start.keys() == trained.keys() == reference.keys() and all(".lora_" in n for n in start)
+        worst = max(_max_diff(trained[n], reference[n]) for n in reference)
+        assert worst <= self.tolerance, f"the adapter differs from a plain PEFT step's by {worst:.3g}"
+        assert max(_max_diff(trained[n], start[n]) for n in start) > 10 * self.tolerance  # it trained
+        plain = hf_logprobs(AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32), batch)
+        assert _max_diff(base, plain) <= self.tolerance  # the base weights did not move
+        from safetensors.torch import load_file
+
+        exported = load_file(str(tmp_path / "adapter" / "adapter_model.safetensors"))
+        assert exported.keys() == trained.keys()
 
     @classmethod
     def _registration(cls) -> Any:

@@ -87,3 +87,32 @@ def reference_gradients(
     grads = {name: p.grad.detach().clone() for name, p in model.named_parameters() if p.grad is not None}
     optimizer.step()
     return float(loss.item()), (norm, grads), {name: p.detach().clone() for name, p in model.named_parameters()}
+
+
+def reference_lora_steps(model_dir: str, batch: dict[str, torch.Tensor], loss_fn: Any, settings: Any,
+                         start: dict[str, torch.Tensor], lrs: list[float]) -> tuple[list[float], dict[str, torch.Tensor]]:
+    """Plain PEFT steps in PyTorch: the transformers model wrapped by ``peft.get_peft_model`` with
+    ``settings`` (``policy.lora``), the adapter ``start`` loaded, then one SGD step (momentum 0.9,
+    gradients clipped to norm 1) per learning rate in ``lrs`` on the whole batch. Returns the
+    losses and the adapter after the steps (PEFT's saved names)."""
+    from peft import get_peft_model, get_peft_model_state_dict, set_peft_model_state_dict
+    from transformers import AutoModelForCausalLM
+
+    from corerl.lora.adapter import peft_config
+
+    model = get_peft_model(AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32), peft_config(settings))
+    set_peft_model_state_dict(model, start)
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.SGD(params, lr=lrs[0], momentum=0.9)
+    normaliser = float(batch["loss_mask"][:, 1:].sum())
+    losses = []
+    for lr in lrs:
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        loss, _ = loss_fn(_plain_logprobs(model, batch), batch, normaliser)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(float(loss.item()))
+    return losses, {k: v.detach().clone() for k, v in get_peft_model_state_dict(model).items()}
