@@ -220,6 +220,21 @@ RULES: dict[str, Rule] = {
     "policy.dtensor_cfg.automodel_kwargs": inert("corerl loads models with transformers directly", _truthy),
     "policy.dtensor_cfg.clear_cache_every_n_steps": inert(_PERF),
     "policy.megatron_cfg.env_vars": inert_with_warning(_ENV, _truthy),
+    # LoRA: both backends' sections map to policy.lora (PEFT); the megatron backend refuses it in one line
+    **{f"policy.{section}.{key}": acts(f"policy.lora.{target}")
+       for section in ("dtensor_cfg.lora_cfg", "megatron_cfg.peft")
+       for key, target in (("enabled", "enabled"), ("target_modules", "target_modules"),
+                           ("exclude_modules", "exclude_modules"), ("dim", "dim"), ("alpha", "alpha"),
+                           ("dropout", "dropout"), ("dropout_position", "dropout_position"))},
+    "policy.dtensor_cfg.lora_cfg.match_all_linear": acts("policy.lora.match_all_linear"),
+    "policy.dtensor_cfg.lora_cfg.lora_A_init": acts("policy.lora.lora_A_init"),
+    "policy.dtensor_cfg.lora_cfg.use_triton": inert("PEFT's LoRA layers run (no Triton kernels of NeMo RL's)"),
+    "policy.megatron_cfg.peft.lora_A_init_method": acts("policy.lora.lora_A_init"),
+    "policy.megatron_cfg.peft.lora_B_init_method": inert("B starts at zero, so a new adapter changes nothing",
+                                                         _not("zero")),
+    "policy.megatron_cfg.peft.a2a_experimental": inert(_OFF, _truthy),
+    "policy.megatron_cfg.peft.lora_dtype": inert("the adapter trains in float32 (the optimizer's precision)",
+                                                 lambda value: value not in (None, "None", "float32")),
     "policy.hf_config_overrides": inert("overriding the model's config is not built into corerl yet", _truthy),
     "policy.tokenizer.is_tokenizer_processor": inert("text-only models: the tokenizer is used as it is", _truthy),
     "policy.megatron_cfg.num_layers_in_first_pipeline_stage": inert(_DEFAULT_ONLY, _truthy),
@@ -330,8 +345,6 @@ SWITCHED_SECTIONS = {
 }
 # on in these sections is refused: corerl has no such feature
 UNSUPPORTED_SECTIONS = {
-    "policy.dtensor_cfg.lora_cfg": "LoRA is not built into corerl yet",
-    "policy.megatron_cfg.peft": "LoRA/PEFT is not built into corerl yet",
     "policy.megatron_cfg.fp8_cfg": "FP8 training is not built into corerl yet",
     "grpo.reward_scaling": "DAPO's reward scaling is not built into corerl yet",
     "grpo.reward_shaping": "DAPO's overlong reward shaping is not built into corerl yet",
