@@ -31,6 +31,7 @@ from corerl.run_directory import (
     check_writable as check_writable,  # re-exported: where it used to live
 )
 from corerl.selection import Selection
+from corerl.training.final_export import export_final, final_kind
 
 EXIT_INTERRUPTED = 130
 
@@ -234,25 +235,6 @@ class Run:
                                    f"run the same command with run.name={run_dir.name} to resume")
         return RunResult(run_dir, {"interrupted_at": {p.name: p.done for p in self.phases}}, interrupted=True)
 
-    def export_final(self, work: Path) -> None:
-        """``final/``: the trained policy as a Hugging Face checkpoint, or with ``policy.lora`` as a
-        PEFT adapter folder (and, with ``checkpointing.merge_lora_on_export``, the merged model in
-        ``final/merged``)."""
-        training, core = self.context.training, self.context.config.core
-        if not getattr(training, "adapter_only", False):
-            training.export_hf(str(work))
-            return
-        training.export_adapter(str(work))
-        if core.checkpointing.merge_lora_on_export:
-            training.export_hf(str(work / "merged"))
-
-    def final_kind(self) -> str:
-        """What :meth:`export_final` wrote, in words."""
-        if not getattr(self.context.training, "adapter_only", False):
-            return "Hugging Face checkpoint"
-        merged = " and the merged model in final/merged" if self.context.config.core.checkpointing.merge_lora_on_export else ""
-        return f"PEFT LoRA adapter{merged}"
-
     def finish(self) -> RunResult:
         from corerl.reporting.metrics_log import read_metrics
         from corerl.reporting.plot import plot_curves
@@ -264,7 +246,7 @@ class Run:
             self.log.scalar(f"eval/held_out_{name}", value, self.global_step())
         self.log.close()
         context.offload.restore()
-        write_complete(run_dir / "final", self.export_final)
+        write_complete(run_dir / "final", lambda work: export_final(context.training, context.config, work))
         extra = self.algorithm.export(run_dir)
         plot_curves(read_metrics(self.log.path), run_dir / "curves.png", run_dir.name, context.host.algorithms)
         summary = self.summary(figures)
@@ -274,7 +256,7 @@ class Run:
         tensorboard = f"{run_dir / 'tensorboard'}, " if context.config.core.run.tensorboard else ""
         extras = "".join(f", {path}" for path in extra)
         context.console.print(f"wrote {run_dir / 'metrics.jsonl'}, {tensorboard}{run_dir / 'curves.png'}, "
-                              f"{run_dir / 'final'} ({self.final_kind()}){extras}")
+                              f"{run_dir / 'final'} ({final_kind(context.training, context.config)}){extras}")
         return RunResult(run_dir, summary)
 
     def summary(self, figures: dict[str, float]) -> dict[str, Any]:

@@ -81,8 +81,8 @@ class WorkerGroupBackend:
 
     def hf_state(self) -> Iterable[tuple[str, Any]]:
         """The model's weights as Hugging Face ``(name, tensor)`` pairs (rank 0 gathers them; a
-        LoRA adapter merged in)."""
-        return self.call(Dispatch.ONE_RANK, "full_hf_state").items()
+        LoRA adapter merged in, by ``RankWorker.full_hf_state``)."""
+        return self.call(Dispatch.ONE_RANK, "full_hf_state" if self.adapter_only else "full_state_dict").items()
 
     # -- LoRA (policy.lora: the ranks hold a PEFT model, corerl.lora) ---------------------------
 

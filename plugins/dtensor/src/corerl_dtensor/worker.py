@@ -36,7 +36,9 @@ class DTensorWorker(RankWorker):
 
     settings_key = "policy.dtensor_cfg"
     # a world-size-1 save runs in one process, as it is meant to
-    quiet_warnings = ("torch.distributed is disabled, unavailable or uninitialized",)
+    quiet_warnings = ("torch.distributed is disabled, unavailable or uninitialized",
+                      # FSDP1 with LoRA: frozen and trained weights share a unit (docs/lora.md says what it costs)
+                      r"(?s).*has both parameters with requires_grad=True and False")
 
     def setup(self) -> None:
         logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)
