@@ -9,7 +9,10 @@ The checks, on a tiny model built in code (fp32):
 - returned logprobs equal a transformers forward of the same tokens within ``tolerance`` (1e-4);
 - after ``update_weights`` with another model's weights, greedy outputs follow the new weights;
 - ``n`` samples per prompt come back grouped per prompt and in prompt order, stop at
-  ``max_new_tokens`` or a stop token, and say why they ended.
+  ``max_new_tokens`` or a stop token, and say why they ended;
+- with ``policy.lora`` (a registration with ``lora=True``): after ``load_adapter``, logprobs equal
+  a plain PEFT forward of the base with that adapter, and a second adapter replaces the first; a
+  registration without it is refused with ``policy.lora.enabled``, in one line.
 """
 
 from __future__ import annotations
@@ -153,6 +156,64 @@ class GenerationBackendConformance:
         assert len({s.completion_ids for s in first}) > 1
         again = engine.generate([PROMPTS[0], PROMPTS[0]], sampling, n=4)
         assert [s.completion_ids for s in again[0]] == [s.completion_ids for s in first]
+
+
+    def test_samples_follow_each_lora_adapter_loaded(self, model_dirs: tuple[str, str], tmp_path: Path) -> None:
+        from corerl.errors import CorerlError
+        from corerl.testing import host_with, select_for, write_recipe
+
+        host = host_with(self.plugin, f"{self.backend_id}-under-test")
+        recipe = write_recipe(tmp_path / "lora.yaml", {
+            "policy": {"model_name": model_dirs[0], "precision": "float32", "max_seq_length": 64,
+                       "generation": {"backend": self.backend_id}, "lora": {"enabled": True, "dim": 8, "alpha": 16}},
+        })
+        if not host.generation_backends.get(self.backend_id).lora:
+            with pytest.raises(CorerlError, match=r"^policy\.[\w.]+: [^\n]*LoRA[^\n]*$"):
+                select_for(host, recipe, self.overrides)
+            return
+        config, selection = select_for(host, recipe, self.overrides)
+        engine = selection.generation_backend.registration.create(config=config)
+        sampling = SamplingSettings(temperature=1.0, max_new_tokens=self.max_new_tokens, seed=5)
+        try:
+            engine.load_hf(model_dirs[0])
+            seen = []
+            for seed in (0, 1):
+                model, adapter = _random_adapter(model_dirs[0], config.core.policy.lora, seed)
+                engine.load_adapter(adapter)
+                groups = engine.generate(PROMPTS, sampling)
+                seen.append([g[0].completion_ids for g in groups])
+                for group in groups:
+                    sample = group[0]
+                    ids = torch.tensor([list(sample.prompt_ids) + list(sample.completion_ids)])
+                    with torch.no_grad():
+                        logp = torch.log_softmax(model(input_ids=ids).logits[0].float(), dim=-1)
+                    start = len(sample.prompt_ids)
+                    want = [float(logp[start + t - 1, token]) for t, token in enumerate(sample.completion_ids)]
+                    worst = max(abs(a - b) for a, b in zip(sample.logprobs, want, strict=True))
+                    assert worst <= self.tolerance, f"adapter {seed}: logprobs differ from PEFT's by {worst:.3g}"
+            assert seen[0] != seen[1]  # the second adapter replaced the first
+        finally:
+            engine.shutdown()
+
+
+def _random_adapter(model_dir: str, settings: Any, seed: int) -> tuple[Any, Any]:
+    """A PEFT model of ``model_dir`` with an adapter of random A and B (so it changes the outputs),
+    and that adapter as a LoRA refit carries it."""
+    from peft import get_peft_model_state_dict
+    from transformers import AutoModelForCausalLM
+
+    from corerl.lora.adapter import apply_lora, config_dict
+    from corerl.lora.weights import AdapterWeights
+
+    torch.manual_seed(seed)
+    model = apply_lora(AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32), settings, model_dir)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if ".lora_B." in name:
+                param.normal_(0.0, 0.3)
+    model.eval()
+    tensors = {k: v.detach().clone() for k, v in get_peft_model_state_dict(model).items()}
+    return model, AdapterWeights(None, config_dict(settings, model_dir), model_dir, lambda: tensors)
 
 
 def _weights_of(model_dir: str) -> list[tuple[str, torch.Tensor]]:
