@@ -19,6 +19,7 @@ BENCHMARKS = {
     "generation.py": (["--quick", "--reps", "1"], "generation.json"),
     "grpo_vs_trl.py": (["--steps", "2", *TINY], "grpo_vs_trl.json"),
     "dpo_vs_trl.py": (["--steps", "2", *TINY], "dpo_vs_trl.json"),
+    "lora_refit.py": (["--quick", "--reps", "1"], "lora_refit.json"),
     "memory.py": (TINY, "memory.json"),
     "packing.py": (["--seqs", "8", "--min", "8", "--max", "64", "--budget", "128", "--steps", "1", *TINY], "packing.json"),
     "plan_accuracy.py": (TINY, "plan_accuracy.json"),

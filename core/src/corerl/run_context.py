@@ -112,6 +112,15 @@ class RunContext:
         backend.load_hf(path)
         return backend
 
+    def resumed_base(self) -> str:
+        """Where the policy's weights load from before a checkpoint: the model, except for a LoRA
+        run resumed after its SFT warm start, whose adapter trains on the warm start's merged
+        model (its checkpoint holds the adapter alone)."""
+        if (self.resume is not None and self.config.core.policy.lora.enabled and self.warm_started
+                and "after_sft" in self.state.get("evals", {})):
+            return self.starting_weights
+        return self.model_path
+
     def start_engines(self) -> None:
         """The policy's training engine, the generation engine and offload policy when the
         algorithm samples, and a resumed run's policy checkpoint and task state."""
@@ -119,7 +128,7 @@ class RunContext:
 
         selection = self.selection
         assert selection.training_backend.registration is not None
-        self.training = self.start(selection.training_backend.registration, self.model_path)
+        self.training = self.start(selection.training_backend.registration, self.resumed_base())
         if not selection.samples:
             self.offload = NoOffload(self.training, None)  # nothing is sampled: no engine to offload for
         else:

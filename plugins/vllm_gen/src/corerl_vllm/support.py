@@ -27,3 +27,10 @@ def check_supported(config: Config) -> None:
                                  f"{config.core.policy.model_name}); it takes {', '.join(map(str, CPU_HEAD_SIZES))}",
                                  key="policy.generation.backend",
                                  hint="sample with policy.generation.backend=hf on this machine, or run on a GPU")
+    lora = config.core.policy.lora
+    outside = [m for m in lora.target_modules if m.split(".")[-1] in ("lm_head", "embed_tokens")]
+    if lora.enabled and not lora.match_all_linear and outside:
+        raise EngineNotAvailable(f"vLLM serves adapters on the decoder layers' projections only; "
+                                 f"policy.lora.target_modules names {outside[0]!r}",
+                                 key="policy.lora.target_modules",
+                                 hint=f"leave {outside[0]} out, or sample with policy.generation.backend=hf")
