@@ -196,3 +196,14 @@ def test_an_asynchronous_plan_gives_generation_gpus_of_its_own():
     assert "policy.generation.colocated.resources.num_nodes=1" in nodes.recommended.overrides()
     alone = make_plan(PlanRequest(_qwen("1.5B"), gpus_per_node=1, gpu_memory=80 * GIB, asynchronous=True), models)
     assert alone.recommended is None and "needs GPUs of its own for generation" in alone.why
+
+
+def test_a_lora_recipe_is_planned_without_a_reference_model():
+    from corerl.config import config_from_mapping
+    from corerl.planning.command import needs_reference
+
+    host = PluginHost(env={})
+    recipe = {"policy": {"model_name": "builtin:tiny-qwen2"}, "algorithm": {"kl_penalty": 0.05}}
+    assert needs_reference(config_from_mapping(recipe, host))
+    recipe["policy"]["lora"] = {"enabled": True}  # the reference is the policy with its adapter off
+    assert not needs_reference(config_from_mapping(recipe, host))

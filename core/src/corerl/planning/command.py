@@ -50,7 +50,10 @@ def load_target(target: str, overrides: list[str], host: Any) -> Any:
 
 def needs_reference(config: Any) -> bool:
     """Whether the recipe keeps a frozen reference model on the GPUs: a KL penalty, or DPO
-    scoring each batch with one (``algorithm.dpo.precompute_reference_logprobs=false``)."""
+    scoring each batch with one (``algorithm.dpo.precompute_reference_logprobs=false``); never with
+    ``policy.lora``, whose reference is the policy with its adapter off."""
+    if config.core.policy.lora.enabled:
+        return False
     algorithm = config.core.algorithm
     dpo = config.section("algorithm.dpo")
     return algorithm.kl_penalty > 0 or (dpo is not None and not dpo.precompute_reference_logprobs)
