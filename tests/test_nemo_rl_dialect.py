@@ -84,20 +84,23 @@ def test_nemo_rl_lora_keys_act(tmp_path):
     from corerl.config import load_config
     from corerl.plugin_manager import PluginHost
 
-    recipe = tmp_path / "lora.yaml"
-    recipe.write_text(f"defaults: {DATA / 'base_grpo.yaml'}\npolicy:\n  dtensor_cfg:\n    lora_cfg:\n      enabled: true\n"
-                      "      target_modules: [q_proj, v_proj]\n      exclude_modules: [k_proj]\n"
-                      "      match_all_linear: false\n      dim: 16\n      alpha: 64\n      dropout: 0.0\n"
-                      "      dropout_position: post\n      lora_A_init: uniform\n      use_triton: true\n")
+    def child(name: str, policy: str) -> Path:
+        path = tmp_path / name
+        path.write_text(f"defaults: {DATA / 'base_grpo.yaml'}\npolicy:\n{policy}")
+        return path
+
+    recipe = child("lora.yaml", "  dtensor_cfg:\n    lora_cfg:\n      enabled: true\n      target_modules: [q_proj, v_proj]\n"
+                                "      exclude_modules: [k_proj]\n      match_all_linear: false\n      dim: 16\n"
+                                "      alpha: 64\n      dropout: 0.0\n      dropout_position: post\n"
+                                "      lora_A_init: uniform\n      use_triton: true\n")
     lora = load_config(recipe, [], PluginHost()).core.policy.lora
     assert (lora.enabled, lora.target_modules, lora.exclude_modules, lora.match_all_linear, lora.dim, lora.alpha,
             lora.lora_A_init) == (True, ["q_proj", "v_proj"], ["k_proj"], False, 16, 64, "uniform")
     assert not load_config(recipe, ["policy.dtensor_cfg.lora_cfg.enabled=false"], PluginHost()).core.policy.lora.enabled
-    megatron = tmp_path / "megatron_lora.yaml"
-    megatron.write_text(f"defaults: {DATA / 'base_grpo.yaml'}\npolicy:\n  dtensor_cfg:\n    enabled: false\n"
-                        "  megatron_cfg:\n    enabled: true\n    tensor_model_parallel_size: 1\n"
-                        "    pipeline_model_parallel_size: 1\n    peft:\n      enabled: true\n      dim: 128\n"
-                        "      alpha: 128\n      lora_A_init_method: uniform\n      lora_B_init_method: zero\n")
+    megatron = child("megatron_lora.yaml", "  dtensor_cfg:\n    enabled: false\n  megatron_cfg:\n    enabled: true\n"
+                                           "    tensor_model_parallel_size: 1\n    pipeline_model_parallel_size: 1\n"
+                                           "    peft:\n      enabled: true\n      dim: 128\n      alpha: 128\n"
+                                           "      lora_A_init_method: uniform\n      lora_B_init_method: zero\n")
     lora = load_config(megatron, [], PluginHost()).core.policy.lora
     assert (lora.enabled, lora.dim, lora.alpha, lora.lora_A_init) == (True, 128, 128, "uniform")
     result = _validate(str(megatron))  # megatron-core has no LoRA: the backend refuses, in one line
