@@ -1,9 +1,9 @@
 """PEFT's LoRA on a Hugging Face model, as every training backend that holds one uses it.
 
 corerl writes no LoRA layers of its own: ``peft.get_peft_model`` wraps the target linear layers,
-``disable_adapter`` gives the base model back for the KL reference, and ``merge_and_unload``
-writes the merged model. What is ours: the mapping from ``policy.lora`` to a ``LoraConfig``,
-and names. An adapter tensor crosses processes under PEFT's saved name (the one
+PEFT's per-layer switch gives the base model back for the KL reference (:func:`adapter_off`), and
+``merge_and_unload`` writes the merged model. What is ours: the mapping from ``policy.lora`` to a
+``LoraConfig``, and names. An adapter tensor crosses processes under PEFT's saved name (the one
 ``adapter_model.safetensors`` uses, e.g. ``base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight``):
 wrappers' segments (FSDP1's, the activation-checkpoint wrapper's) and the adapter's own name
 (``default``) are removed.
@@ -138,7 +138,11 @@ def merged_hf_state(base: dict[str, torch.Tensor], adapter: dict[str, torch.Tens
     from corerl.models.value_model import auto_model_class
 
     model = auto_model_class("policy").from_config(hf_config, dtype=torch.float32)
-    model.load_state_dict({k: v.to(torch.float32) for k, v in base.items()}, strict=False)
+    missing, unexpected = model.load_state_dict({k: v.to(torch.float32) for k, v in base.items()}, strict=False)
+    tied = set(getattr(model, "_tied_weights_keys", None) or ())
+    if unexpected or set(missing) - tied:
+        raise ValueError(f"the base weights do not fit the model: missing {sorted(set(missing) - tied)[:5]}, "
+                         f"unexpected {unexpected[:5]}")
     model.tie_weights()
     wrapped = get_peft_model(model, LoraConfig(**{k: v for k, v in config.items() if k in LoraConfig.__dataclass_fields__}))
     set_peft_model_state_dict(wrapped, {k: v.to(torch.float32) for k, v in adapter.items()})
