@@ -43,6 +43,7 @@ REFUSALS = [
     ["policy.generation.vllm_cfg.tensor_parallel_size=4", "cluster.gpus_per_node=4"],
     [f"policy.model_name={USER_MODEL}", "policy.max_seq_length=256", "policy.generation.vllm_cfg.cpu_kvcache_space_gib=1"],
     ["policy.lora.enabled=true", "policy.lora.match_all_linear=false", "policy.lora.target_modules=[q_proj,lm_head]"],
+    ["policy.lora.enabled=true", "policy.lora.dim=1024"],
     [f"policy.model_name={USER_MODEL}", "policy.max_seq_length=1024", *HF],
     ["algorithm.optimizer_batch_size=5", *HF],
 ]

@@ -169,10 +169,9 @@ class DTensorWorker(RankWorker):
     def adapter_state(self) -> dict[str, torch.Tensor] | None:
         if not self.fsdp1:
             return super().adapter_state()
-        from corerl.sdk import (
-            adapter_tensors,  # FSDP1's flat shards: only its own full state dict is whole
-        )
+        from corerl.sdk import adapter_tensors
 
+        # FSDP1's parameters are views of flat shards: only its own full state dict is whole
         state = self.full_state_dict()
         return adapter_tensors(state.items()) if state is not None else None
 

@@ -13,6 +13,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from corerl.sdk import EngineNotAvailable, Sample, SamplingSettings
+from corerl_vllm.support import VLLM_LORA_RANKS
 
 log = logging.getLogger(__name__)
 
@@ -51,12 +52,9 @@ def _hide_broken_vision_packages() -> None:
 
 
 def vllm_lora_rank(dim: int) -> int:
-    """The smallest ``max_lora_rank`` vLLM accepts that holds an adapter of rank ``dim``."""
-    for rank in (1, 8, 16, 32, 64, 128, 256, 320, 512):
-        if rank >= dim:
-            return rank
-    raise EngineNotAvailable(f"vLLM serves LoRA adapters up to rank 512; policy.lora.dim is {dim}",
-                             key="policy.lora.dim", hint="use a rank of 512 or less")
+    """The smallest ``max_lora_rank`` vLLM accepts that holds an adapter of rank ``dim`` (a larger
+    rank than vLLM's largest is refused at validation: :mod:`corerl_vllm.support`)."""
+    return next(rank for rank in VLLM_LORA_RANKS if rank >= dim)
 
 
 class VllmEngine:

