@@ -108,6 +108,33 @@ def test_nemo_rl_lora_keys_act(tmp_path):
     assert "policy.lora.enabled: megatron-core has no LoRA layers" in result.err, result.err
 
 
+def test_keys_nothing_maps_are_left_out_with_one_warning_and_refused_with_strict(tmp_path):
+    from corerl.config import load_config
+    from corerl.errors import ConfigErrors
+    from corerl.plugin_manager import PluginHost
+
+    recipe = tmp_path / "newer.yaml"  # a newer NeMo RL's keys: one in its own section, one in a shared one
+    recipe.write_text(f"defaults: {DATA / 'base_grpo.yaml'}\ngrpo:\n  made_up_key: 1\npolicy:\n  made_up_knob: true\n"
+                      "made_up_section:\n  a: 1\n  b: 2\n")
+    config = load_config(recipe, [], PluginHost())
+    unknown = {f.key: f.detail for f in config.fates if f.fate == "unknown"}
+    assert unknown.keys() == {"grpo.made_up_key", "policy.made_up_knob", "made_up_section.a", "made_up_section.b"}
+    assert all(str(recipe) in where for where in unknown.values()), unknown
+    (block,) = [w for w in config.warnings if "corerl does not know" in w]
+    assert block.startswith("4 NeMo RL key(s) corerl does not know were left out: ") and "--strict" in block
+    assert config.core.algorithm.name == "grpo"  # the rest of the recipe as it was
+    with pytest.raises(ConfigErrors, match="grpo.made_up_key: a NeMo RL key corerl does not know"):
+        load_config(recipe, [], PluginHost(), strict=True)
+    shared = tmp_path / "shared.yaml"  # a key in a section corerl has too: its own validation refuses it
+    shared.write_text(f"defaults: {DATA / 'base_grpo.yaml'}\npolicy:\n  made_up_knob: true\n")
+    with pytest.raises(ConfigErrors, match="policy.made_up_knob: unknown key"):
+        load_config(shared, [], PluginHost(), strict=True)
+    result = _validate(str(recipe), "--strict")
+    assert result.code == 2 and "grpo.made_up_key: a NeMo RL key corerl does not know" in result.err, result
+    explained = _validate(str(recipe), "--explain")
+    assert explained.code == 0 and "unknown (4 keys)" in explained.out and "policy.made_up_knob (" in explained.out
+
+
 @pytest.mark.parametrize("override, says", [
     ("grpo.async_grpo.enabled=true", "policy.generation.colocated.enabled: asynchronous RL generates while training "
                                      "runs"),
@@ -116,7 +143,6 @@ def test_nemo_rl_lora_keys_act(tmp_path):
                                           "divide the 64"),
     ("grpo.use_dynamic_sampling=true", "DAPO's dynamic sampling"),
     ("grpo.reward_shaping.enabled=true", "DAPO's overlong reward shaping is not built into corerl yet"),
-    ("grpo.made_up_key=1", "grpo.made_up_key: a NeMo RL key corerl does not know"),
     ("policy.optimizer.name=torch.optim.Adagrad", "optimizer 'torch.optim.Adagrad' is not one corerl builds"),
 ])
 def test_what_corerl_does_not_support_is_refused_in_one_line(override, says):

@@ -49,6 +49,8 @@ def build_parser(host: Any = None) -> argparse.ArgumentParser:
 
     preset_help = f"lay a preset over the recipe, under the overrides: {', '.join(presets.names(host))} (repeatable)"
     dialect_help = "the recipe's dialect; unset: recognised from its sections (nemo-rl: a grpo:/sft:/dpo: section)"
+    strict_help = ("refuse, in one line each, the keys of a recipe in another dialect that corerl does not know "
+                   "(unset: they are left out with one warning)")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     commands.required = True
 
@@ -57,6 +59,7 @@ def build_parser(host: Any = None) -> argparse.ArgumentParser:
     run.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="dotted-key overrides")
     run.add_argument("--preset", action="append", default=[], metavar="NAME", help=preset_help)
     run.add_argument("--dialect", choices=DIALECTS, help=dialect_help)
+    run.add_argument("--strict", action="store_true", help=strict_help)
 
     validate = commands.add_parser("validate", help="check a recipe and show what would be selected and why")
     validate.add_argument("config", metavar="CONFIG", help="recipe YAML file")
@@ -64,6 +67,7 @@ def build_parser(host: Any = None) -> argparse.ArgumentParser:
     validate.add_argument("--json", action="store_true", help="print a JSON report")
     validate.add_argument("--preset", action="append", default=[], metavar="NAME", help=preset_help)
     validate.add_argument("--dialect", choices=DIALECTS, help=dialect_help)
+    validate.add_argument("--strict", action="store_true", help=strict_help)
     validate.add_argument("--explain", action="store_true",
                           help="list what each key of a recipe in another dialect does in corerl, or why it is inert")
 
@@ -187,18 +191,18 @@ def _cmd_plugins(args: argparse.Namespace) -> int:
 
 
 def _load_and_select(config_path: str, overrides: list[str], presets: list[str],
-                     dialect: str | None = None) -> tuple[Any, Any, Any]:
+                     dialect: str | None = None, strict: bool = False) -> tuple[Any, Any, Any]:
     from corerl.config import load_config
     from corerl.plugin_manager import process_host
     from corerl.selection import select
 
     host = process_host()
-    config = load_config(config_path, overrides, host, presets, dialect)
+    config = load_config(config_path, overrides, host, presets, dialect, strict)
     return host, config, select(config, host)
 
 
 def _cmd_validate(args: argparse.Namespace) -> int:
-    host, config, selection = _load_and_select(args.config, args.overrides, args.preset, args.dialect)
+    host, config, selection = _load_and_select(args.config, args.overrides, args.preset, args.dialect, args.strict)
     from corerl.planning.planner import fit_warning
 
     warning = fit_warning(config, selection.training_backend.id, host)
@@ -227,6 +231,11 @@ def _print_fates(config: Any) -> None:
     print(f"\ninert ({len(inert)} keys): accepted, no effect in corerl, and why")
     for fate in inert:
         print(f"  {fate.key}: {fate.detail}")
+    unknown = [f for f in config.fates if f.fate == "unknown"]
+    if unknown:
+        print(f"\nunknown ({len(unknown)} keys): nothing in corerl maps them; left out (--strict refuses them)")
+        for fate in unknown:
+            print(f"  {fate.key} ({fate.detail})")
 
 
 def _print_selection(config: Any, selection: Any, verdict: str) -> None:
@@ -294,7 +303,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     config_path, overrides = _split_run_args(args.config, args.overrides)
     if config_path is None:
         config_path = str(DEMO_RECIPE)
-    host, config, selection = _load_and_select(config_path, overrides, args.preset, args.dialect)
+    host, config, selection = _load_and_select(config_path, overrides, args.preset, args.dialect, args.strict)
     _print_selection(config, selection, verdict="running")
     return run_recipe(config, selection, host)
 

@@ -20,7 +20,7 @@ from corerl.config.overrides import apply_overrides, parse_override
 from corerl.config.recipes import load_recipe, normalise_aliases
 from corerl.config.schema import CorerlConfig
 from corerl.config.structure import StructureContext, structure
-from corerl.config.tree import Origins, deep_merge, record_origins
+from corerl.config.tree import Origins, deep_merge, origin_of, record_origins
 from corerl.errors import ConfigError, ConfigErrors
 from corerl.known_plugins import FIRST_PARTY
 
@@ -92,11 +92,12 @@ def unloaded_plugin_sections(host: PluginHost) -> dict[str, str]:
 
 
 def load_config(path: str | Path, overrides: Iterable[str], host: PluginHost, presets: Iterable[str] = (),
-                dialect: str | None = None) -> Config:
+                dialect: str | None = None, strict: bool = False) -> Config:
     """Load a recipe, lay ``presets`` over it (:mod:`corerl.presets`), apply the overrides, resolve
     ``${...}`` references, translate a recipe in another framework's ``dialect`` (None: recognised
     from its shape; :mod:`corerl.config.dialects`), and validate; every problem found is raised
-    together."""
+    together. In another framework's dialect a key nothing maps is left out with a warning, or with
+    ``strict`` refused."""
     raw, origins = load_recipe(path, host)
     from corerl import presets as bundled
 
@@ -110,13 +111,53 @@ def load_config(path: str | Path, overrides: Iterable[str], host: PluginHost, pr
     if dialect == "nemo-rl":
         from corerl.config.dialects import nemo_rl
 
-        translation = nemo_rl.translate(raw, origins)
-        config = validate_tree(translation.tree, translation.origins, host, str(Path(path)))
-        return attrs.evolve(config, dialect=dialect, fates=translation.fates, warnings=translation.warnings)
+        translation = nemo_rl.translate(raw, origins, strict)
+        config = _validate_translation(translation, host, str(Path(path)), strict)
+        return attrs.evolve(config, dialect=dialect)
     try:
         return validate_tree(raw, origins, host, str(Path(path)))
     except ConfigErrors as exc:
         raise _with_dialect_hint(exc) from None
+
+
+def _validate_translation(translation: Any, host: PluginHost, source: str, strict: bool) -> Config:
+    """Validate a translated tree. A key passed through under its own name that corerl does not
+    know either is left out as ``unknown`` (refused with ``strict``, as validation says)."""
+    from corerl.config.dialects import nemo_rl
+
+    tree, fates = translation.tree, list(translation.fates)
+    try:
+        config = validate_tree(tree, translation.origins, host, source)
+    except ConfigErrors as exc:
+        unknown = [e.key for e in exc.errors if isinstance(e, ConfigError) and e.message == "unknown key"
+                   and e.key is not None and _passed_through(e.key, translation.passthrough)]
+        if strict or not unknown:
+            raise
+        for key in unknown:  # a key, or a whole section corerl lacks (each of its keys is reported)
+            _drop(tree, key)
+            fates += [KeyFate(leaf, "unknown", origin_of(leaf, translation.origins) or "override")
+                      for leaf in sorted(translation.passthrough) if leaf == key or leaf.startswith(key + ".")]
+        config = validate_tree(tree, translation.origins, host, source)  # any other problem is raised here
+    block = nemo_rl.unknown_warning(fates)
+    return attrs.evolve(config, fates=fates, warnings=[*translation.warnings, *([block] if block else [])])
+
+
+def _passed_through(key: str, passthrough: frozenset[str]) -> bool:
+    """Whether ``key`` is a passed-through key, or a section holding only passed-through keys."""
+    return key in passthrough or any(leaf.startswith(key + ".") for leaf in passthrough)
+
+
+def _drop(tree: dict[str, Any], path: str) -> None:
+    """Remove the key at dotted ``path`` and any section it leaves empty."""
+    *parents, leaf = path.split(".")
+    chain = [tree]
+    for part in parents:
+        chain.append(chain[-1][part])
+    del chain[-1][leaf]
+    for depth in range(len(parents), 0, -1):
+        if chain[depth]:
+            break
+        del chain[depth - 1][parents[depth - 1]]
 
 
 def _with_dialect_hint(exc: ConfigErrors) -> ConfigErrors:

@@ -16,11 +16,12 @@ DIALECTS = ("corerl", "nemo-rl")
 
 @attrs.frozen
 class KeyFate:
-    """What a dialect did with one key: ``acts`` (mapped to ``detail``, a corerl key) or
-    ``inert`` (accepted, no effect; ``detail`` says why)."""
+    """What a dialect did with one key: ``acts`` (mapped to ``detail``, a corerl key),
+    ``inert`` (accepted, no effect; ``detail`` says why) or ``unknown`` (neither the dialect's table
+    nor corerl knows it: left out with a warning, refused with ``--strict``; ``detail`` is its file)."""
 
     key: str
-    fate: Literal["acts", "inert"]
+    fate: Literal["acts", "inert", "unknown"]
     detail: str
 
 

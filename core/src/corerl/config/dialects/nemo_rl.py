@@ -351,6 +351,10 @@ UNSUPPORTED_SECTIONS = {
 }
 
 
+UNKNOWN_KEY = "a NeMo RL key corerl does not know: nothing in corerl maps it"
+UNKNOWN_HINT = "remove it (docs/migrating-from-nemo-rl.md lists the keys corerl takes)"
+
+
 def markdown_table() -> str:
     """The rows of ``RULES`` as the Markdown table of ``docs/migrating-from-nemo-rl.md``."""
     lines = ["| NeMo RL key | in corerl |", "| --- | --- |"]
@@ -420,6 +424,8 @@ class Translation:
     origins: Origins
     fates: list[KeyFate]
     warnings: list[str]
+    #: keys passed through under their own name (corerl's strict validation judges them)
+    passthrough: frozenset[str] = frozenset()
 
 
 @attrs.define
@@ -442,6 +448,10 @@ class _Translator:
     def inert(self, source: str, reason: str) -> None:
         self.fates.append(KeyFate(source, "inert", reason))
 
+    def unknown(self, source: str) -> None:
+        """A key nothing maps: left out (its fate says so; a warning block lists it)."""
+        self.fates.append(KeyFate(source, "unknown", origin_of(source, self.origins) or "override"))
+
     def refate(self, source: str, fate: Literal["acts", "inert"], detail: str) -> None:
         """Replace what was recorded for ``source`` once other keys have decided its fate."""
         self.fates = [f for f in self.fates if f.key != source] + [KeyFate(source, fate, detail)]
@@ -455,9 +465,11 @@ class _Translator:
         self.errors.append(ConfigError(message, key=path, source=origin_of(path, self.origins), hint=hint))
 
 
-def translate(raw: dict[str, Any], origins: Origins) -> Translation:
-    """Translate a resolved NeMo RL tree; every refused key is reported together (exit 2)."""
+def translate(raw: dict[str, Any], origins: Origins, strict: bool = False) -> Translation:
+    """Translate a resolved NeMo RL tree; every refused key is reported together (exit 2). A
+    NeMo RL key nothing maps is left out with an ``unknown`` fate, or with ``strict`` refused."""
     out = _Translator(origins)
+    passthrough: set[str] = set()
     algorithm = "grpo" if "grpo" in raw else "dpo" if "dpo" in raw else "sft" if "sft" in raw else None
     if algorithm:
         set_at(out.tree, "algorithm.name", algorithm)
@@ -478,10 +490,13 @@ def translate(raw: dict[str, Any], origins: Origins) -> Translation:
         if rule is None and re.fullmatch(r"env\.[a-z][a-z0-9_]*\.num_workers", path):
             out.put(path, path, value)  # any environment's actors: a key of every env.<id> section
         elif rule is None and nemo_only:
-            out.refuse(path, "a NeMo RL key corerl does not know: nothing in corerl maps it",
-                       "remove it (docs/migrating-from-nemo-rl.md lists the keys corerl takes)")
+            if strict:
+                out.refuse(path, UNKNOWN_KEY, UNKNOWN_HINT)
+            else:
+                out.unknown(path)
         elif rule is None:  # the same key in corerl: strict validation decides
             out.put(path, path, value)
+            passthrough.add(path)
         elif rule.fate == "refused":
             out.refuse(path, rule.reason, "remove the key")
         elif rule.fate == "inert":
@@ -500,7 +515,19 @@ def translate(raw: dict[str, Any], origins: Origins) -> Translation:
     _derived(raw, out, algorithm)
     if out.errors:
         raise ConfigErrors(out.errors)
-    return Translation(out.tree, out.new_origins, out.fates, out.warnings)
+    return Translation(out.tree, out.new_origins, out.fates, out.warnings, frozenset(passthrough))
+
+
+def unknown_warning(fates: list[KeyFate], shown: int = 5) -> str | None:
+    """One warning block for the keys left out as unknown: their count and the first ``shown``,
+    each with its file (None when there are none)."""
+    unknown = [f for f in fates if f.fate == "unknown"]
+    if not unknown:
+        return None
+    listed = ", ".join(f"{f.key} ({f.detail})" for f in unknown[:shown])
+    more = f", and {len(unknown) - shown} more" if len(unknown) > shown else ""
+    return (f"{len(unknown)} NeMo RL key(s) corerl does not know were left out: {listed}{more} (--explain lists "
+            "them all; --strict refuses them)")
 
 
 def _derived(raw: dict[str, Any], out: _Translator, algorithm: str | None) -> None:
