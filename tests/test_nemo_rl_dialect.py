@@ -227,6 +227,19 @@ def test_dedicated_generation_takes_its_gpus_out_of_the_cluster():
     assert (resources.num_nodes, resources.gpus_per_node) == (1, 8)
 
 
+def test_a_nemo_rl_dpo_recipe_naming_a_hub_dataset_reads_preference_pairs(tmp_path):
+    from corerl.config import load_config
+    from corerl.plugin_manager import PluginHost
+
+    recipe = tmp_path / "dpo_hub.yaml"  # NeMo RL's dpo.yaml names HelpSteer3 on the Hub
+    recipe.write_text("dpo:\n  max_num_steps: 4\npolicy:\n  model_name: builtin:tiny-qwen2\n"
+                      "data:\n  train:\n    dataset_name: HelpSteer3\n    split: train\n")
+    data = load_config(recipe, [], PluginHost()).core.data
+    assert (data.task, data.hub_dataset) == ("preferences", "HelpSteer3")  # pairs; the Hub refused at run start
+    result = run_corerl("run", str(recipe), f"run.output_dir={tmp_path}")
+    assert result.code == 2 and "data.hub_dataset: 'HelpSteer3' is a Hugging Face Hub dataset" in result.err, result
+
+
 def test_a_nemo_rl_dpo_recipe_runs_on_local_pairs_and_its_held_out_accuracy_rises(tmp_path):
     pairs = tmp_path / "pairs.jsonl"
     pairs.write_text("".join(json.dumps({"prompt": f"w0 {d} :", "chosen": f"{d} {d} {d}",

@@ -133,6 +133,10 @@ class PreferenceDataset:
         self.keys = {"prompt_key": data.prompt_key, "chosen_key": data.chosen_key, "rejected_key": data.rejected_key}
         self.chat, self.template = data.apply_chat_template, read_template(data.prompt_file)
         files = as_list(data.train_files)
+        if data.hub_dataset and not files:
+            raise ConfigError(f"{data.hub_dataset!r} is a Hugging Face Hub dataset, and nothing is downloaded",
+                              key="data.hub_dataset", hint="give a local JSONL/Parquet file of pairs: "
+                              "data.train_files=pairs.jsonl (in a NeMo RL recipe: data.train.data_path=pairs.jsonl)")
         if not files:
             raise ConfigError("the preferences task needs data.train_files", key="data.train_files",
                               hint="set data.train_files=path/to/pairs.jsonl (rows with prompt, chosen and rejected)")

@@ -186,7 +186,8 @@ RULES: dict[str, Rule] = {
     "checkpointing.metric_name": inert("corerl keeps the newest checkpoints, not the best by a metric"),
     "checkpointing.higher_is_better": inert("corerl keeps the newest checkpoints, not the best by a metric"),
     "checkpointing.checkpoint_must_save_by": inert(_OFF, _truthy),
-    "checkpointing.model_save_format": inert("final/ is written as safetensors", _not("safetensors")),
+    "checkpointing.model_save_format": inert("a storage format only: corerl's checkpoints are its backends' own "
+                                             "format and final/ is safetensors"),
     "checkpointing.save_consolidated": inert("final/ is always a consolidated Hugging Face checkpoint"),
     # -- policy --
     "policy.tokenizer.name": acts("policy.tokenizer_name"),
@@ -202,9 +203,11 @@ RULES: dict[str, Rule] = {
     "policy.logprob_batch_size": acts("policy.logprob_micro_batch_size"),
     "policy.max_total_sequence_length": acts("policy.max_seq_length"),
     "policy.generation_batch_size": inert("the hf backend generates the whole step's prompts in one batch"),
-    "policy.logprob_chunk_size": inert(_OFF, _truthy),
+    "policy.logprob_chunk_size": inert("computing logprobs in chunks of the sequence saves memory and gives the same "
+                                       "values; " + _PERF),
     "policy.make_sequence_length_divisible_by": inert("corerl pads rows as its tensor-parallel plan needs"),
-    "policy.offload_optimizer_for_logprob": inert(_OFF + " (see policy.offload.policy)", _truthy),
+    "policy.offload_optimizer_for_logprob": inert("where the optimizer state sits while logprobs are computed "
+                                                  "changes memory only; corerl's is policy.offload.policy"),
     "policy.optimizer": inert("null in NeMo RL's Megatron recipes (no DTensor optimizer); megatron_cfg.optimizer "
                               "configures Megatron's"),
     "policy.optimizer.name": acts("policy.optimizer.name", _torch_optimizer),
@@ -351,6 +354,8 @@ UNSUPPORTED_SECTIONS = {
 }
 
 
+MEGATRON_UNPACKED = ("the megatron backend trains fixed-width unpacked rows (packing is not wired into its pipeline "
+                     "schedule): the same loss, less throughput")
 UNKNOWN_KEY = "a NeMo RL key corerl does not know: nothing in corerl maps it"
 UNKNOWN_HINT = "remove it (docs/migrating-from-nemo-rl.md lists the keys corerl takes)"
 
@@ -476,10 +481,16 @@ def translate(raw: dict[str, Any], origins: Origins, strict: bool = False) -> Tr
         out.new_origins["algorithm.name"] = origin_of(algorithm, origins) or "nemo-rl dialect"
         if algorithm == "sft":
             set_at(out.tree, "sft.enabled", False)
+    unpacked = value_at(raw, "policy.megatron_cfg.enabled") is True and value_at(raw, "policy.sequence_packing.enabled") is True
+    if unpacked:
+        out.warnings.append(f"policy.sequence_packing.enabled=true: {MEGATRON_UNPACKED}")
     for path, value in _leaves(raw):
         section = _switched_off(path, raw)
         if section is not None:
             out.inert(path, f"{section}.enabled is false")
+            continue
+        if unpacked and path.startswith("policy.sequence_packing."):
+            out.inert(path, MEGATRON_UNPACKED)
             continue
         if path.endswith(".enabled") and value and path[: -len(".enabled")] in UNSUPPORTED_SECTIONS:
             out.refuse(path, UNSUPPORTED_SECTIONS[path[: -len(".enabled")]], f"set {path}=false")
@@ -601,7 +612,7 @@ def _derived(raw: dict[str, Any], out: _Translator, algorithm: str | None) -> No
         for key, name in names:
             out.inert(key, f"{name!r}: the local files given replace it")
     elif names:
-        set_at(out.tree, "data.task", "dataset")
+        set_at(out.tree, "data.task", "preferences" if algorithm == "dpo" else "dataset")
         (first, name), *others = names  # the first name given is the one refused at run start
         out.put(first, "data.hub_dataset", str(name))
         out.fates += [KeyFate(key, "acts", "data.hub_dataset") for key, _ in others]
