@@ -26,7 +26,7 @@ NEMO_ONLY_SECTIONS = ("loss_fn", "logger", "env")
 NEMO_ONLY_SUBSECTIONS = ("data.train", "data.validation", "data.default", "policy.tokenizer")
 # mappings taken whole (their keys are not NeMo RL's own: engine arguments, environment variables)
 OPAQUE_KEYS = ("policy.generation.vllm_kwargs", "policy.dtensor_cfg.env_vars", "policy.megatron_cfg.env_vars",
-               "policy.hf_config_overrides")
+               "policy.hf_config_overrides", "policy.generation.vllm_cfg.env_vars")
 
 
 @attrs.frozen
@@ -223,6 +223,127 @@ RULES: dict[str, Rule] = {
     "policy.dtensor_cfg.automodel_kwargs": inert("corerl loads models with transformers directly", _truthy),
     "policy.dtensor_cfg.clear_cache_every_n_steps": inert(_PERF),
     "policy.megatron_cfg.env_vars": inert_with_warning(_ENV, _truthy),
+    # -- NeMo RL main (HEAD) keys: validation, the advantage estimator, engines' serving and tuning --------
+    "grpo.val_start_at": inert("corerl evaluates the held-out rows before and after training (and after SFT)"),
+    "grpo.val_num_generations_per_prompt": inert("corerl's held-out answers are one greedy answer per prompt"),
+    "grpo.stop_at_validation_metric": inert(_OFF, _truthy),
+    "grpo.stop_at_validation_threshold": inert(_OFF, lambda value: value is not None),
+    "grpo.seq_logprob_error_threshold": inert("a sequence-level train/generation logprob gap check; corerl logs "
+                                              "the gap every step (logprob_mismatch/*) and masks nothing",
+                                              lambda value: value is not None),
+    "grpo.invalid_tool_call_advantage": inert(_OFF, lambda value: value is not None),
+    "grpo.malformed_thinking_advantage": inert(_OFF, lambda value: value is not None),
+    "grpo.advantage_clip_low": inert("advantage clipping is not built into corerl yet; only null is accepted",
+                                     lambda value: value is not None),
+    "grpo.advantage_clip_high": inert("advantage clipping is not built into corerl yet; only null is accepted",
+                                      lambda value: value is not None),
+    "grpo.adv_estimator.name": inert("corerl's advantage is GRPO's (group-relative); another estimator is refused",
+                                     _not("grpo")),
+    "grpo.adv_estimator.normalize_rewards": acts("algorithm.scale_rewards_by_std"),
+    "grpo.adv_estimator.use_leave_one_out_baseline": acts("algorithm.leave_one_out_baseline"),
+    "grpo.adv_estimator.minus_baseline": inert(_DEFAULT_ONLY, _not(True)),
+    "loss_fn.use_kl_in_reward": inert(_OFF, _truthy),
+    "loss_fn.use_cispo": inert(_OFF, _truthy),
+    "loss_fn.disable_ppo_ratio": inert(_OFF, _truthy),
+    "loss_fn.positive_example_nll_weight": inert(_OFF, _truthy),
+    "loss_fn.force_on_policy_ratio": DERIVED,
+    "reward_penalties.*": inert(_OFF, _truthy),
+    "data_plane.*": inert("NeMo RL's distributed data plane moves rollouts between its workers; corerl's pass "
+                          "through the driver"),
+    "data.use_multiple_dataloader": inert(_OFF, _truthy),
+    "data.validation.repeat": inert("corerl's held-out answers are greedy: repeating a row adds nothing"),
+    "policy.tokenizer.use_fastokens": inert(_OFF, _truthy),
+    "checkpointing.save_optimizer": inert("a resumable checkpoint always holds the optimizer state", _not(True)),
+    "cluster.segment_size": inert("NeMo RL's placement segments; corerl places ranks with Ray placement groups"),
+    "cluster.master_port_range_low": inert("corerl picks free rendezvous ports itself"),
+    "cluster.master_port_range_high": inert("corerl picks free rendezvous ports itself"),
+    "sft.only_unmask_final": inert(_OFF, _truthy),
+    "policy.sequence_packing.microbatch_order": inert("the order packed micro-batches run in changes nothing summed "
+                                                      "over a step"),
+    "policy.draft": inert("null: no draft model (speculative decoding)"),
+    "policy.generation.port_range_low": inert("ports of NeMo RL's generation servers; corerl's engines open none"),
+    "policy.generation.port_range_high": inert("ports of NeMo RL's generation servers; corerl's engines open none"),
+    "policy.generation.val_temperature": inert("corerl's held-out answers are greedy (temperature 0)"),
+    "policy.generation.val_top_p": inert("corerl's held-out answers are greedy (temperature 0)"),
+    "policy.generation.val_top_k": inert("corerl's held-out answers are greedy (temperature 0)"),
+    "policy.generation.refit_transport": inert("how NeMo RL moves weights to its engines; corerl's refit is its own "
+                                               "(shared memory on one machine, Ray otherwise)"),
+    "policy.generation.refit_cfg.*": inert("how NeMo RL moves weights to its engines; corerl's refit is its own"),
+    "policy.generation.real_quant_export_cpu_offload": inert(_PERF),
+    "policy.generation.vllm_cfg.kv_cache_dtype": inert("the KV cache is kept in the model's precision; an FP8 KV "
+                                                       "cache is refused", _not("auto")),
+    "policy.generation.vllm_cfg.logprobs_mode": inert("corerl takes the model's untempered logprobs from vLLM, as "
+                                                      "the loss wants them"),
+    **{f"policy.generation.vllm_cfg.{key}": inert("vLLM's serving, metrics and refit-server settings; corerl "
+                                                  "drives vLLM in process or in a Ray actor")
+       for key in ("use_tqdm", "enable_vllm_metrics_logger", "vllm_metrics_logger_interval",
+                   "http_refit_api_key_env_var", "reset_encoder_cache_after_weight_update", "http_refit_server_port",
+                   "zmq_refit_server_port", "distributed_executor_backend", "http_server_serving_chat_kwargs")},
+    **{f"policy.generation.mcore_generation_config.{key}": inert("megatron-core's inference-engine tuning; corerl's "
+                                                                  "megatron generation decodes with its own loop")
+       for key in ("max_model_len", "cuda_graph_impl", "inference_cuda_graph_scope",
+                   "use_cuda_graphs_for_non_decode_steps", "enable_prefix_caching", "max_tokens",
+                   "kv_cache_management_mode", "materialize_only_last_token_logits", "num_speculative_tokens",
+                   "refit_backend", "parsers", "expose_http_server")},
+    **{f"policy.megatron_cfg.{key}": inert(_PERF)
+       for key in ("cuda_graph_impl", "cuda_graph_modules", "cuda_graph_warmup_steps",
+                   "fine_grained_activation_offloading", "offload_modules", "recompute_granularity",
+                   "recompute_modules", "gradient_accumulation_fusion", "use_fused_weighted_squared_relu",
+                   "optimizer.overlap_cpu_optimizer_d2h_h2d", "use_fused_linear_logprobs",
+                   "fused_linear_logprobs_chunk_size", "attention_backend", "moe_grouped_gemm",
+                   "checkpoint.async_save", "checkpoint.ckpt_assume_constant_structure")},
+    "policy.megatron_cfg.model_overrides": inert("overriding megatron's model config is not built into corerl yet; "
+                                                 "only {} is accepted", _truthy),
+    "policy.megatron_cfg.mtp_num_layers": inert("multi-token prediction layers are not built into corerl yet; only "
+                                                "0 is accepted", _truthy),
+    "policy.megatron_cfg.mtp_loss_scaling_factor": inert("used only with multi-token prediction (mtp_num_layers)"),
+    "policy.megatron_cfg.mtp_use_repeated_layer": inert("used only with multi-token prediction (mtp_num_layers)"),
+    "policy.megatron_cfg.mtp_detach_heads": inert("used only with multi-token prediction (mtp_num_layers)"),
+    "policy.megatron_cfg.moe_router_enable_expert_bias": inert("dense models only: no MoE router", _truthy),
+    "policy.dtensor_cfg.dp_replicate_size": inert("hybrid sharding (replicated FSDP groups) is not built into corerl "
+                                                  "yet; only 1 is accepted", _above(1)),
+    "policy.dtensor_cfg.automodel_kwargs.*": inert("corerl loads models with transformers directly"),
+    # generation engines corerl does not have: their settings, inert (policy.generation.backend naming one is refused)
+    **{f"policy.generation.{section}.*": inert(f"settings of the {engine} generation engine, which corerl does not "
+                                               "have (policy.generation.backend naming it is refused)")
+       for section, engine in (("sglang_cfg", "SGLang"), ("trtllm_cfg", "TensorRT-LLM"),
+                               ("trtllm_kwargs", "TensorRT-LLM"), ("dynamo_cfg", "Dynamo"))},
+    "policy.generation.vllm_cfg.env_vars": inert_with_warning(_ENV, _truthy),
+    "policy.generation.vllm_cfg.expose_http_server": inert("corerl serves the engine over HTTP only to agent "
+                                                          "harnesses (env.openai_agent)"),
+    "policy.generation.vllm_cfg.is_mx": inert("quantised (MX) generation is not built into corerl yet", _truthy),
+    "policy.generation.vllm_cfg.quantization_ignored_layer_kws": inert("used only with quantised generation"),
+    "policy.generation.use_async_rollouts": inert(_OFF, _truthy),
+    "policy.generation.quant_cfg": inert("quantised (ModelOpt) generation is not built into corerl yet",
+                                         lambda value: value is not None),
+    **{f"policy.generation.mcore_generation_config.{key}": inert("megatron-core's inference-engine layout; corerl's "
+                                                                  "megatron generation uses the training layout")
+       for key in ("transformer_impl", "activation_checkpointing", "tensor_model_parallel_size",
+                   "expert_model_parallel_size", "sequence_parallel", "unified_memory_level",
+                   "inference_grouped_gemm_backend", "moe_router_num_groups", "moe_router_group_topk",
+                   "moe_router_dtype")},
+    "policy.router_replay.*": inert("MoE router replay; dense models only", _truthy),
+    "policy.dtensor_cfg.expert_parallel_size": inert("expert parallelism needs a mixture-of-experts model; corerl "
+                                                     "trains dense ones", _above(1)),
+    "policy.activation_checkpointing_enabled": inert(_OFF, _truthy),
+    "policy.quant_cfg": inert("quantisation-aware training (ModelOpt) is not built into corerl yet",
+                              lambda value: value is not None),
+    **{f"policy.{key}": inert("used only with quantisation-aware training (policy.quant_cfg)")
+       for key in ("disable_modelopt_layer_spec", "quant_calib_data", "quant_calib_size", "quant_batch_size",
+                   "quant_sequence_length")},
+    "policy.tokenizer.video.*": inert("text-only models: no video frames"),
+    "grpo.skip_reference_policy_logprobs_calculation": inert("corerl scores the reference only where the KL penalty "
+                                                             "needs it (algorithm.kl_penalty > 0)"),
+    "env.reward_model.*": inert("settings of NeMo RL's reward-model environment, which corerl does not have "
+                                "(data.env_name naming it is refused)"),
+    # sections of algorithms corerl does not have: every key refused with the feature it needs
+    "teacher.*": refused("on-policy distillation (a teacher model) is not built into corerl yet"),
+    "teachers": refused("on-policy distillation (teacher models) is not built into corerl yet"),
+    "distillation.*": refused("on-policy distillation is not built into corerl yet"),
+    "on_policy_distillation": inert("null: no on-policy distillation", _truthy),
+    "on_policy_distillation.*": refused("on-policy distillation is not built into corerl yet"),
+    "rm.*": refused("reward-model training is not built into corerl yet"),
+    "policy.reward_model_cfg.*": refused("reward-model training is not built into corerl yet"),
     # LoRA: both backends' sections map to policy.lora (PEFT); the megatron backend refuses it in one line
     **{f"policy.{section}.{key}": acts(f"policy.lora.{target}")
        for section in ("dtensor_cfg.lora_cfg", "megatron_cfg.peft")
@@ -344,10 +465,11 @@ SWITCHED_SECTIONS = {
     "policy.megatron_cfg": True, "policy.dtensor_cfg": True, "policy.dtensor_cfg.lora_cfg": False,
     "policy.megatron_cfg.peft": False, "policy.megatron_cfg.fp8_cfg": False, "policy.dynamic_batching": True,
     "policy.sequence_packing": True, "grpo.reward_scaling": False, "grpo.reward_shaping": False,
-    "grpo.async_grpo": True,
+    "grpo.async_grpo": True, "policy.draft": False,
 }
 # on in these sections is refused: corerl has no such feature
 UNSUPPORTED_SECTIONS = {
+    "policy.draft": "speculative decoding with a draft model is not built into corerl yet",
     "policy.megatron_cfg.fp8_cfg": "FP8 training is not built into corerl yet",
     "grpo.reward_scaling": "DAPO's reward scaling is not built into corerl yet",
     "grpo.reward_shaping": "DAPO's overlong reward shaping is not built into corerl yet",
@@ -559,7 +681,15 @@ def _derived(raw: dict[str, Any], out: _Translator, algorithm: str | None) -> No
             updates_per_step = samples // global_batch
             out.put("policy.train_global_batch_size", "algorithm.optimizer_batch_size", global_batch,
                     f"algorithm.optimizer_batch_size ({updates_per_step} optimizer step(s) per GRPO step)")
-    elif global_batch is not None:
+    force = value_at(raw, "loss_fn.force_on_policy_ratio")
+    if force and updates_per_step > 1:
+        out.refuse("loss_fn.force_on_policy_ratio", f"forcing the PPO ratio to 1 over {updates_per_step} optimizer "
+                   "steps per GRPO step is not built into corerl yet", "set it to false, or give "
+                   "policy.train_global_batch_size all of a step's samples")
+    elif force is not None:
+        out.inert("loss_fn.force_on_policy_ratio", "with one optimizer step per GRPO step the ratio is 1 already"
+                  if force else _DEFAULT_ONLY)
+    if global_batch is not None and algorithm != "grpo":
         if algorithm == "sft":
             out.put("policy.train_global_batch_size", "algorithm.batch_size", global_batch)
         elif algorithm == "dpo":  # read as preference pairs per optimizer step
