@@ -336,3 +336,51 @@ def test_a_chat_template_in_the_recipe_formats_the_prompts():
     assert config.core.algorithm.name == "sft" and config.core.algorithm.batch_size == 16
     fates = {f.key: f.detail for f in config.fates}
     assert fates["policy.tokenizer.chat_template"] == "policy.chat_template, data.apply_chat_template"
+
+
+CORPUS = REPO.parent / "shared" / "nemo-rl" / "examples" / "configs"
+
+
+@pytest.mark.skipif(not CORPUS.is_dir(), reason=f"NeMo RL's recipes are not at {CORPUS}")
+def test_every_key_of_nemo_rls_own_recipes_has_a_fate():
+    """Every leaf key of every recipe in NeMo RL's examples/configs: a section switched off, a rule
+    of the table (acts, inert, refused, derived), or a key corerl has under the same name."""
+    from corerl.config import validate_tree
+    from corerl.config.dialects import nemo_rl
+    from corerl.config.interpolation import resolve_references
+    from corerl.config.recipes import load_recipe
+    from corerl.config.tree import set_at
+    from corerl.errors import ConfigError, ConfigErrors
+    from corerl.plugin_manager import PluginHost
+
+    host = PluginHost()
+    known: dict[str, bool] = {}
+
+    def corerl_knows(path: str, value) -> bool:
+        if path not in known:
+            tree = {"policy": {"model_name": "builtin:tiny-qwen2"}}
+            set_at(tree, path, value)
+            try:
+                validate_tree(tree, {}, host, "probe")
+                known[path] = True
+            except ConfigErrors as exc:
+                known[path] = not any(e.message == "unknown key" for e in exc.errors)
+        return known[path]
+
+    missing, recipes = {}, 0
+    for path in sorted(CORPUS.rglob("*.yaml")):
+        raw, origins = load_recipe(path, host)
+        try:
+            raw = resolve_references(raw, origins)
+        except (ConfigError, ConfigErrors):
+            pass  # an environment variable this machine lacks: the keys are judged unresolved
+        if not nemo_rl.looks_like(raw):
+            continue
+        recipes += 1
+        for key, value in nemo_rl._leaves(raw):
+            if nemo_rl._switched_off(key, raw) or nemo_rl.rule_for(key) or nemo_rl.is_env_workers_key(key):
+                continue
+            if nemo_rl.nemo_only(key) or not corerl_knows(key, value):
+                missing.setdefault(key, path.relative_to(CORPUS))
+    assert recipes > 250
+    assert not missing, f"{len(missing)} keys have no fate: " + ", ".join(f"{k} ({f})" for k, f in list(missing.items())[:20])

@@ -336,6 +336,78 @@ RULES: dict[str, Rule] = {
                                                              "needs it (algorithm.kl_penalty > 0)"),
     "env.reward_model.*": inert("settings of NeMo RL's reward-model environment, which corerl does not have "
                                 "(data.env_name naming it is refused)"),
+    **{f"policy.generation.mcore_generation_config.{key}": inert("megatron-core's inference-engine layout; corerl's "
+                                                                  "megatron generation uses the training layout")
+       for key in ("buffer_guaranteed_fraction", "mamba_inference_ssm_states_dtype", "pipeline_model_parallel_size",
+                   "expert_tensor_parallel_size", "context_parallel_size")},
+    **{f"policy.generation.vllm_cfg.{key}": inert("vLLM's serving and parsing settings; corerl drives vLLM in "
+                                                  "process or in a Ray actor")
+       for key in ("skip_tokenizer_init", "limit_mm_per_prompt.*", "reasoning_parser_plugin", "enable_prefix_caching",
+                   "enforce_monotonicity", "http_server_serving_chat_kwargs.*")},
+    "policy.generation.real_quant": inert("quantised generation is not built into corerl yet", _truthy),
+    "policy.generation.real_quant_ignore": inert("used only with quantised generation"),
+    "policy.refit_buffer_size_gb": inert("how NeMo RL buckets weights for its refit; corerl's refit is its own"),
+    "policy.sequence_packing.fuse_loss": inert(_PERF),
+    "policy.tokenizer.chat_template_kwargs.*": inert(_OFF, _truthy),
+    "policy.optimizer.kwargs.*": inert("precision options of NeMo RL's fused optimizer; corerl keeps float32 "
+                                       "optimizer state"),
+    "policy.dtensor_cfg.moe_parallelizer.*": inert("dense models only: no experts to lay out"),
+    **{f"policy.megatron_cfg.{key}": inert("dense models only: no MoE router or experts")
+       for key in ("moe_aux_loss_coeff", "track_moe_metrics", "moe_flex_dispatcher_backend", "moe_hybridep_num_sms")},
+    **{f"policy.megatron_cfg.{key}": inert("corerl normalises the loss per token over the whole step itself")
+       for key in ("do_not_average_loss", "cp_normalize", "calculate_per_token_loss", "scale_loss_by_dp_cp_size")},
+    "policy.megatron_cfg.train_iters": inert("corerl's step count is algorithm.max_steps"),
+    "policy.megatron_cfg.scheduler.override_opt_param_scheduler": inert("corerl builds the schedule from "
+                                                                        "policy.scheduler"),
+    "policy.draft.*": refused("speculative decoding with a draft model is not built into corerl yet"),
+    "grpo.penalize_invalid_tool_call": inert(_OFF, _truthy),
+    "grpo.penalize_malformed_thinking": inert(_OFF, _truthy),
+    "grpo.invalid_tool_call_strategy": inert("used only with grpo.penalize_invalid_tool_call"),
+    "grpo.calculate_advantages_on_gpu": inert(_PERF),
+    "grpo.adv_estimator.reward_weights": inert("used only by the gdpo estimator (refused)"),
+    "grpo.reward_shaping.*": refused("DAPO's overlong reward shaping is not built into corerl yet"),
+    "grpo.reward_scaling.*": refused("DAPO's reward scaling is not built into corerl yet"),
+    **{f"env.{name}.*": inert(f"settings of NeMo RL's {name} environment, which corerl does not have "
+                              "(data.env_name naming it is refused)")
+       for name in ("vlm", "sliding_puzzle_game", "mmpr-tiny", "clevr-cogent", "math_multi_reward", "refcoco",
+                    "geometry3k")},
+    **{f"env.{key}": inert("NeMo Gym's switches; corerl has no bridge to NeMo Gym")
+       for key in ("should_use_nemo_gym", "should_log_nemo_gym_responses", "should_mask_flagged_samples")},
+    "data.train": refused("several training datasets at once are not translated yet; give one local file "
+                          "(data.train.data_path)"),
+    "data.train.*": refused("a NeMo RL dataset option corerl does not translate; give a local file "
+                            "(data.train.data_path)"),
+    **{f"data.{key}": refused("several or custom data loaders are not built into corerl yet")
+       for key in ("_override_", "num_prompts_per_dataloader", "custom_dataloader")},
+    "data.add_system_prompt": inert(_OFF, _truthy),
+    **{f"loss_fn.{key}": refused("a distillation loss: on-policy distillation is not built into corerl yet")
+       for key in ("kl_type", "mixed_kl_weight", "zero_outside_topk", "gold_loss", "xtoken_loss", "temperature",
+                   "vocab_topk", "uncommon_topk", "reverse_kl", "exact_token_match_only", "kl_loss_weight",
+                   "ce_loss_scale", "dynamic_loss_scaling", "kd_loss_mode", "sum_weights_metric", "alpha",
+                   "normalize_teacher_by_vocab")},
+    **{f"{section}.*": refused("NeMo RL's PPO sections are not translated yet: corerl's PPO takes a corerl recipe "
+                               "(algorithm.name=ppo, critic.*)")
+       for section in ("ppo", "value", "value_loss_fn")},
+    # vision, audio and video models (NeMo RL's VLM recipes): corerl trains text-only language models
+    **{key: refused("vision, audio and video models are not built into corerl yet (text-only language models)")
+       for key in ("policy.is_vlm", "policy.megatron_cfg.freeze_config.*", "policy.megatron_cfg.freeze_vision_model",
+                   "policy.megatron_cfg.freeze_vision_projection", "policy.megatron_cfg.freeze_sound_encoder",
+                   "policy.megatron_cfg.freeze_sound_projection", "policy.megatron_cfg.radio_force_cpe_eval_mode",
+                   "policy.generation.vllm_cfg.video.*", "data.default.video_target_num_patches",
+                   "data.default.video_maintain_aspect_ratio", "grpo.deduplicate_multimodal_data")},
+    **{f"policy.generation.vllm_cfg.{key}": inert("vLLM's loading and serving settings; corerl drives vLLM in "
+                                                  "process or in a Ray actor")
+       for key in ("enable_thinking", "load_format", "cap_max_tokens_to_context")},
+    "policy.generation.mcore_generation_config.inference_moe_token_dispatcher_type": inert("dense models only"),
+    "policy.generation.bad_words": inert(_OFF, _truthy),
+    "policy.dequantize_base_checkpoint": inert(_OFF, _truthy),
+    "policy.megatron_cfg.clear_memory_caches_before_refit": inert(_PERF),
+    "grpo.zero_variance_prompt_filtering": inert(_OFF, _truthy),
+    "grpo.debug_payload_metrics": inert("debug metrics of NeMo RL's"),
+    "grpo.num_val_generations_per_prompt": inert("corerl's held-out answers are one greedy answer per prompt"),
+    "data.validation.allowed_problem_types": inert("used by NeMo RL's validation datasets; corerl holds rows of the "
+                                                   "training data out"),
+    "env._override_": refused("several or custom data loaders are not built into corerl yet"),
     # sections of algorithms corerl does not have: every key refused with the feature it needs
     "teacher.*": refused("on-policy distillation (a teacher model) is not built into corerl yet"),
     "teachers": refused("on-policy distillation (teacher models) is not built into corerl yet"),
@@ -522,6 +594,17 @@ def _leaves(node: dict[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
 
 
 
+def nemo_only(path: str) -> bool:
+    """Whether ``path`` lies in a section only NeMo RL has (corerl has no key of that name)."""
+    return path.split(".")[0] in (*ALGORITHM_SECTIONS, *NEMO_ONLY_SECTIONS) or any(
+        path == sub or path.startswith(sub + ".") for sub in NEMO_ONLY_SUBSECTIONS)
+
+
+def is_env_workers_key(path: str) -> bool:
+    """``env.<id>.num_workers``: a key every corerl environment section has."""
+    return re.fullmatch(r"env\.[a-z][a-z0-9_]*\.num_workers", path) is not None
+
+
 def rule_for(path: str) -> Rule | None:
     """The rule of ``path``: its own, else that of the nearest ``prefix.*`` above it."""
     if path in RULES:
@@ -618,11 +701,9 @@ def translate(raw: dict[str, Any], origins: Origins, strict: bool = False) -> Tr
             out.refuse(path, UNSUPPORTED_SECTIONS[path[: -len(".enabled")]], f"set {path}=false")
             continue
         rule = rule_for(path)
-        nemo_only = path.split(".")[0] in (*ALGORITHM_SECTIONS, *NEMO_ONLY_SECTIONS) or any(
-            path == sub or path.startswith(sub + ".") for sub in NEMO_ONLY_SUBSECTIONS)
-        if rule is None and re.fullmatch(r"env\.[a-z][a-z0-9_]*\.num_workers", path):
+        if rule is None and is_env_workers_key(path):
             out.put(path, path, value)  # any environment's actors: a key of every env.<id> section
-        elif rule is None and nemo_only:
+        elif rule is None and nemo_only(path):
             if strict:
                 out.refuse(path, UNKNOWN_KEY, UNKNOWN_HINT)
             else:
