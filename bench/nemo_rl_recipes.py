@@ -23,6 +23,45 @@ from pathlib import Path
 import yaml
 
 ALGORITHMS = ("grpo", "sft", "dpo")
+#: what would lift a refusal, by the key it names (first match): the feature corerl does not have
+FEATURES = (
+    ("expert_parallel", "mixture-of-experts models (expert parallelism)"),
+    ("expert_model_parallel", "mixture-of-experts models (expert parallelism)"),
+    ("moe_", "mixture-of-experts models"),
+    ("num_layers_in_first_pipeline_stage", "uneven pipeline stages (megatron-core's own option, not wired in)"),
+    ("num_layers_in_last_pipeline_stage", "uneven pipeline stages (megatron-core's own option, not wired in)"),
+    ("fp8", "FP8 training"),
+    ("context_parallel", "context parallelism"),
+    ("use_dynamic_sampling", "DAPO's dynamic sampling"),
+    ("batch_multiplier", "DAPO's dynamic sampling"),
+    ("reward_shaping", "DAPO's overlong reward shaping"),
+    ("reward_scaling", "DAPO's reward scaling"),
+    ("overlong_filtering", "overlong filtering"),
+    ("generation.backend", "that generation engine (TensorRT-LLM, SGLang, Dynamo)"),
+    ("hf_config_overrides", "model config overrides"),
+    ("mtp_num_layers", "multi-token prediction"),
+    ("draft", "speculative decoding with a draft model"),
+    ("quant", "quantised training or generation"),
+    ("is_mx", "quantised generation"),
+    ("kv_cache_dtype", "an FP8 KV cache"),
+    ("use_on_policy_kl_approximation", "the on-policy KL approximation"),
+    ("token_level_loss", "a sequence-level loss"),
+    ("adv_estimator", "other advantage estimators (REINFORCE++, GDPO)"),
+    ("use_cispo", "the CISPO loss"),
+    ("dp_replicate_size", "hybrid sharding (HSDP)"),
+    ("data.shuffle", "unshuffled data"),
+    ("env_name", "that environment (NeMo Gym, reward model)"),
+    ("data.train.data_path", "the environment variable the recipe reads (HF_HOME)"),
+    ("async.in_flight", "in-flight weight updates on vLLM (it takes them between calls: in_flight=wait)"),
+    ("lora", "LoRA on the megatron backend (megatron-core has no LoRA layers)"),
+    ("seq_logprob_error_threshold", "masking sequences by their train/generation logprob gap"),
+    ("colocated.enabled", "asynchronous RL with colocated generation (an async-colocated schedule)"),
+    ("checkpoint_must_save_by", "a deadline-driven checkpoint"),
+    ("scheduler", "other learning-rate schedules (a LinearLR warm-up then constant is translated)"),
+    ("data.train", "several training datasets at once"),
+)
+# the corpus's recipes of other algorithms, reported apart
+OTHERS = ("distillation", "eval", "rm", "ppo")
 # refusals that depend on the machine validating (no GPU here), not on the recipe
 MACHINE_ONLY = ("needs a GPU", "ask for a GPU each but the Ray cluster has none")
 
@@ -38,8 +77,9 @@ def algorithm_of(path: Path, seen: tuple[Path, ...] = ()) -> str | None:
     for name in ALGORITHMS:
         if name in data:
             return name
-    if any(other in data for other in ("distillation", "eval", "rm", "ppo")):
-        return None
+    for other in OTHERS:
+        if other in data:
+            return other
     parents = data.get("defaults")
     for parent in [parents] if isinstance(parents, str) else parents or []:
         target = (path.parent / str(parent)).resolve()
@@ -113,8 +153,23 @@ def main(argv: list[str] | None = None) -> int:
                   str(total - accepted_total - machine_total), share, style="bold")
     console = make_console()
     console.print(table)
-    console.print(f"{skipped} other YAML files (VLM, evaluation, distillation, other algorithms) not counted")
+    others = {name: counted.pop(name, []) for name in OTHERS}
+    console.print(f"{skipped} other YAML files (VLM recipes, defaults without an algorithm section) not counted")
     refused = [(algorithm, *row) for algorithm in ALGORITHMS for row in counted.get(algorithm, []) if not row[1]]
+    reasons = collections.Counter(reason.split(":")[0] for *_, reason in refused
+                                  if not any(m in reason for m in MACHINE_ONLY))
+    why = Table(title="refused (not for want of a GPU): the key of the first refusal, and what would lift it")
+    for column in ("key", "recipes", "the feature corerl does not have"):
+        why.add_column(column)
+    for key, count in reasons.most_common():
+        why.add_row(key, str(count), next((f for pattern, f in FEATURES if pattern in key), "-"))
+    console.print(why)
+    other = Table(title="the corpus's other recipes")
+    for column in ("algorithm", "recipes", "accepted"):
+        other.add_column(column)
+    for name, rows in others.items():
+        other.add_row(name, str(len(rows)), str(sum(ok for _, ok, _ in rows)))
+    console.print(other)
     for algorithm, relative, _, reason in refused[: args.show]:
         console.print(f"refused [{algorithm}] {relative}: {reason}", markup=False, highlight=False)
     return 0
