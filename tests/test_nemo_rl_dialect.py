@@ -338,7 +338,8 @@ def test_a_chat_template_in_the_recipe_formats_the_prompts():
     assert fates["policy.tokenizer.chat_template"] == "policy.chat_template, data.apply_chat_template"
 
 
-CORPUS = REPO.parent / "shared" / "nemo-rl" / "examples" / "configs"
+#: NeMo RL's examples/configs: CORERL_NEMO_RL_CONFIGS, else the copy beside this checkout (../shared/nemo-rl)
+CORPUS = Path(os.environ.get("CORERL_NEMO_RL_CONFIGS") or REPO.parent / "shared" / "nemo-rl" / "examples" / "configs")
 
 
 @pytest.mark.skipif(not CORPUS.is_dir(), reason=f"NeMo RL's recipes are not at {CORPUS}")
