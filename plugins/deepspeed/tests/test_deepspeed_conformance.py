@@ -17,7 +17,7 @@ def _layout(stage: int, world: int, *extra: str) -> list[str]:
 
 
 class TestZero1World1(_DeepSpeed):
-    lora_checks = False  # LoRA runs under ZeRO-3 at world size 1 and 2 and ZeRO-2 at world size 2
+    lora_checks = False  # LoRA runs under ZeRO-3 at world size 1 and 2
     micro_batch_layouts = ()  # token budgets: checked under ZeRO-3 (partitioning leaves the forward unchanged)
     adam_overrides: list[str] = []  # Adam's state across a save and bf16: checked under ZeRO-3
     bf16_tolerance = None
@@ -26,14 +26,14 @@ class TestZero1World1(_DeepSpeed):
 
 
 class TestZero1World2(_DeepSpeed):
-    lora_checks = False  # LoRA runs under ZeRO-3 at world size 1 and 2 and ZeRO-2 at world size 2
+    lora_checks = False  # LoRA runs under ZeRO-3 at world size 1 and 2
     micro_batch_layouts = ()  # token budgets: checked under ZeRO-3 (partitioning leaves the forward unchanged)
     critic_checks = False  # the critic runs under ZeRO-3 at world size 1 and 2
     overrides = _layout(1, 2)
 
 
 class TestZero2World1(_DeepSpeed):
-    lora_checks = False  # LoRA runs under ZeRO-3 at world size 1 and 2 and ZeRO-2 at world size 2
+    lora_checks = False  # LoRA runs under ZeRO-3 at world size 1 and 2
     micro_batch_layouts = ()  # token budgets: checked under ZeRO-3 (partitioning leaves the forward unchanged)
     adam_overrides: list[str] = []  # Adam's state across a save and bf16: checked under ZeRO-3
     bf16_tolerance = None
@@ -42,6 +42,7 @@ class TestZero2World1(_DeepSpeed):
 
 
 class TestZero2World2(_DeepSpeed):
+    lora_checks = False  # LoRA runs under ZeRO-3 at world size 1 and 2
     micro_batch_layouts = ()  # token budgets: checked under ZeRO-3 (partitioning leaves the forward unchanged)
     critic_checks = False  # the critic runs under ZeRO-3 at world size 1 and 2
     overrides = _layout(2, 2)
@@ -56,14 +57,14 @@ class TestZero3World2(_DeepSpeed):
 
 
 class TestZero2OptimizerOffloadWorld2(_DeepSpeed):
-    lora_checks = False  # LoRA runs under ZeRO-3 at world size 1 and 2 and ZeRO-2 at world size 2
+    lora_checks = False  # LoRA runs under ZeRO-3 at world size 1 and 2
     micro_batch_layouts = ()  # token budgets: checked under ZeRO-3 (partitioning leaves the forward unchanged)
     critic_checks = False  # the critic runs under ZeRO-3 at world size 1 and 2
     overrides = _layout(2, 2, "policy.deepspeed_cfg.offload_optimizer=cpu")
 
 
 class TestZero3OptimizerOffloadWorld2(_DeepSpeed):
-    lora_checks = False  # LoRA runs under ZeRO-3 at world size 1 and 2 and ZeRO-2 at world size 2
+    lora_checks = False  # LoRA runs under ZeRO-3 at world size 1 and 2
     micro_batch_layouts = ()  # token budgets: checked under ZeRO-3 (partitioning leaves the forward unchanged)
     critic_checks = False  # the critic runs under ZeRO-3 at world size 1 and 2
     overrides = _layout(3, 2, "policy.deepspeed_cfg.offload_optimizer=cpu")

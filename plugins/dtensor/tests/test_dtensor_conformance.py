@@ -36,6 +36,7 @@ class TestTensorParallel2SequenceParallel(_DTensor):
 
 
 class TestLlamaUntiedTensorParallel2(_DTensor):
+    lora_checks = False  # LoRA runs in the world-1, data-parallel, tensor-parallel and FSDP1 layouts
     micro_batch_layouts = ()  # token budgets: checked at world size 1, DP2, TP2 and TP2 with SP
     critic_checks = False  # the critic runs in the world-1 and data-parallel layouts
     model_family = "llama"
@@ -49,6 +50,7 @@ class TestFSDP1DataParallel2(_DTensor):
 
 
 class TestActivationCheckpointingDataParallel2(_DTensor):
+    lora_checks = False  # LoRA runs in the world-1, data-parallel, tensor-parallel and FSDP1 layouts
     micro_batch_layouts = ()  # token budgets: checked at world size 1, DP2, TP2 and TP2 with SP
     critic_checks = False  # the critic runs in the world-1 and data-parallel layouts
     overrides = ["cluster.gpus_per_node=2", "policy.dtensor_cfg.activation_checkpointing=true"]
