@@ -20,7 +20,7 @@ from corerl.config.overrides import apply_overrides, parse_override
 from corerl.config.recipes import load_recipe, normalise_aliases
 from corerl.config.schema import CorerlConfig
 from corerl.config.structure import StructureContext, structure
-from corerl.config.tree import Origins, deep_merge, origin_of, record_origins
+from corerl.config.tree import Origins, deep_merge, drop_at, origin_of, record_origins
 from corerl.errors import ConfigError, ConfigErrors
 from corerl.known_plugins import FIRST_PARTY
 
@@ -134,7 +134,7 @@ def _validate_translation(translation: Any, host: PluginHost, source: str, stric
         if strict or not unknown:
             raise
         for key in unknown:  # a key, or a whole section corerl lacks (each of its keys is reported)
-            _drop(tree, key)
+            drop_at(tree, key)
             fates += [KeyFate(leaf, "unknown", origin_of(leaf, translation.origins) or "override")
                       for leaf in sorted(translation.passthrough) if leaf == key or leaf.startswith(key + ".")]
         config = validate_tree(tree, translation.origins, host, source)  # any other problem is raised here
@@ -145,19 +145,6 @@ def _validate_translation(translation: Any, host: PluginHost, source: str, stric
 def _passed_through(key: str, passthrough: frozenset[str]) -> bool:
     """Whether ``key`` is a passed-through key, or a section holding only passed-through keys."""
     return key in passthrough or any(leaf.startswith(key + ".") for leaf in passthrough)
-
-
-def _drop(tree: dict[str, Any], path: str) -> None:
-    """Remove the key at dotted ``path`` and any section it leaves empty."""
-    *parents, leaf = path.split(".")
-    chain = [tree]
-    for part in parents:
-        chain.append(chain[-1][part])
-    del chain[-1][leaf]
-    for depth in range(len(parents), 0, -1):
-        if chain[depth]:
-            break
-        del chain[depth - 1][parents[depth - 1]]
 
 
 def _with_dialect_hint(exc: ConfigErrors) -> ConfigErrors:

@@ -80,6 +80,19 @@ def set_at(data: dict[str, Any], path: str, value: Any) -> None:
     node[leaf] = value
 
 
+def drop_at(data: dict[str, Any], path: str) -> None:
+    """Remove the key at dotted ``path`` and every section it leaves empty."""
+    *parents, leaf = path.split(".")
+    chain = [data]
+    for part in parents:
+        chain.append(chain[-1][part])
+    del chain[-1][leaf]
+    for depth in range(len(parents), 0, -1):
+        if chain[depth]:
+            break
+        del chain[depth - 1][parents[depth - 1]]
+
+
 def has_path(data: Mapping[str, Any], path: str) -> bool:
     """Whether dotted ``path`` is set in nested mappings (to anything, None included)."""
     return value_at(data, path, _ABSENT) is not _ABSENT

@@ -173,14 +173,14 @@ class HFGenerationBackend:
             if getattr(adapter, "engine", None) is self.shared_engine:
                 return
             raise ValueError("hf generation samples with the training model itself and takes no other adapter")
-        from peft import LoraConfig, get_peft_model, set_peft_model_state_dict
+        from peft import get_peft_model, set_peft_model_state_dict
+
+        from corerl.lora.adapter import lora_config_of
 
         if adapter.base != self.model_path:  # a new base (the SFT warm start's merged model): start on it
             self.load_hf(adapter.base)
         if not hasattr(self.own_model, "disable_adapter"):
-            fields = LoraConfig.__dataclass_fields__
-            config = LoraConfig(**{k: v for k, v in adapter.config.items() if k in fields})
-            self.own_model = get_peft_model(self.own_model, config)
+            self.own_model = get_peft_model(self.own_model, lora_config_of(adapter.config))
             self.own_model.eval()
         dtype = next(self.own_model.parameters()).dtype
         result = set_peft_model_state_dict(self.own_model, {k: v.to(dtype) for k, v in adapter.tensors().items()})

@@ -117,23 +117,29 @@ def config_dict(settings: LoraSettings, base_model_path: str | None = None) -> d
     return json.loads(json.dumps(peft_config(settings, base_model_path).to_dict(), default=list))
 
 
+def lora_config_of(config: dict[str, Any]) -> Any:
+    """PEFT's ``LoraConfig`` rebuilt from :func:`config_dict`'s content (keys PEFT does not take left out)."""
+    from peft import LoraConfig
+
+    return LoraConfig(**{k: v for k, v in config.items() if k in LoraConfig.__dataclass_fields__})
+
+
 def write_adapter(folder: str | Path, tensors: dict[str, torch.Tensor], config: dict[str, Any]) -> None:
     """A PEFT adapter folder: ``adapter_model.safetensors`` and ``adapter_config.json`` (loadable
     with ``peft.PeftModel.from_pretrained(base, folder)`` and by vLLM's LoRA support)."""
-    from peft import LoraConfig
     from safetensors.torch import save_file
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     save_file({k: v.contiguous() for k, v in tensors.items()}, str(folder / ADAPTER_FILE))
-    LoraConfig(**{k: v for k, v in config.items() if k in LoraConfig.__dataclass_fields__}).save_pretrained(str(folder))
+    lora_config_of(config).save_pretrained(str(folder))
 
 
 def merged_hf_state(base: dict[str, torch.Tensor], adapter: dict[str, torch.Tensor], hf_config: Any,
                     config: dict[str, Any]) -> dict[str, torch.Tensor]:
     """The Hugging Face weights with the adapter merged in, by PEFT's ``merge_and_unload``."""
     import torch
-    from peft import LoraConfig, get_peft_model, set_peft_model_state_dict
+    from peft import get_peft_model, set_peft_model_state_dict
 
     from corerl.models.value_model import auto_model_class
 
@@ -144,7 +150,7 @@ def merged_hf_state(base: dict[str, torch.Tensor], adapter: dict[str, torch.Tens
         raise ValueError(f"the base weights do not fit the model: missing {sorted(set(missing) - tied)[:5]}, "
                          f"unexpected {unexpected[:5]}")
     model.tie_weights()
-    wrapped = get_peft_model(model, LoraConfig(**{k: v for k, v in config.items() if k in LoraConfig.__dataclass_fields__}))
+    wrapped = get_peft_model(model, lora_config_of(config))
     set_peft_model_state_dict(wrapped, {k: v.to(torch.float32) for k, v in adapter.items()})
     merged = wrapped.merge_and_unload()
     return {k: v.detach() for k, v in merged.state_dict().items()}
