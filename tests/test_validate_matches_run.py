@@ -46,6 +46,10 @@ REFUSALS = [
     ["policy.lora.enabled=true", "policy.lora.dim=1024"],
     [f"policy.model_name={USER_MODEL}", "policy.max_seq_length=1024", *HF],
     ["algorithm.optimizer_batch_size=5", *HF],
+    ["algorithm.name=ppo", "algorithm.dynamic_sampling.enabled=true", *HF],
+    ["algorithm.dynamic_sampling.enabled=true", "algorithm.async.enabled=true", "policy.generation.colocated.enabled=false",
+     "policy.generation.colocated.resources.gpus_per_node=1", *HF],
+    ["algorithm.name=sft", "algorithm.reward_scaling.enabled=true", *HF],
 ]
 # reached only on a machine with a GPU (the CPU refusal of the same option comes first here)
 GPU_ONLY = {"check_generation_supported"}

@@ -98,6 +98,7 @@ def corerl_register_commands(register: Callable[[Command], None]) -> None:
 def corerl_register_algorithms(register: Callable[[Algorithm], None]) -> None:
     sampled_reward = PlotSpec(metrics=("reward/mean", "reward/max"), title="reward")
     register(Algorithm(id="sft", factory="corerl.algorithms.sft:SFTAlgorithm", warm_start=False,
+                       check_supported="corerl.algorithms.checks:check_nothing_sampled",
                        plot=PlotSpec(), description="supervised fine-tuning on the task's demonstrations "
                                                     "(also the sft section's warm start)"))
     register(Algorithm(id="grpo", factory="corerl.algorithms.grpo:GRPOAlgorithm", plot=sampled_reward, environments=True,
@@ -112,7 +113,8 @@ def corerl_register_algorithms(register: Callable[[Algorithm], None]) -> None:
                        description="PPO with a critic (GAE, clipped value loss, KL in the token rewards)"))
     register(Algorithm(id="dpo", factory="corerl.algorithms.dpo:DPOAlgorithm", consumes="preferences",
                        config_section="algorithm.dpo", config_schema=DPOConfig,
-                       generation=False, plot=PlotSpec(metrics=("preference_accuracy", "rewards/margin"),
+                       generation=False, check_supported="corerl.algorithms.checks:check_nothing_sampled",
+                       plot=PlotSpec(metrics=("preference_accuracy", "rewards/margin"),
                                                        title="preference accuracy and margin (training batches)"),
                        description="direct preference optimisation on preference pairs; samples nothing"))
 

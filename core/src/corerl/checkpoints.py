@@ -66,3 +66,28 @@ def save_checkpoint(run_dir: Path, step: int, write: Callable[[Path], None], sta
 def read_state(checkpoint: Path) -> dict[str, Any]:
     """The run state (steps done, task position, metrics lines, evaluations) a checkpoint holds."""
     return json.loads((checkpoint / "state.json").read_text())
+
+
+def duration_seconds(text: str) -> float:
+    """``DD:HH:MM:SS`` or ``HH:MM:SS`` (``checkpointing.save_by``; NeMo RL's
+    ``checkpoint_must_save_by``) in seconds."""
+    parts = [float(p) for p in str(text).split(":")]
+    days, hours, minutes, seconds = ([0.0] * (4 - len(parts)) + parts)[-4:]
+    return ((days * 24 + hours) * 60 + minutes) * 60 + seconds
+
+
+class TimeBudget:
+    """``checkpointing.save_by`` from the moment it is made: :meth:`check` says (and remembers in
+    ``spent``) whether it has run out; with no budget it never does."""
+
+    def __init__(self, text: str | None) -> None:
+        import time
+
+        self.deadline = None if text is None else time.monotonic() + duration_seconds(text)
+        self.spent = False
+
+    def check(self) -> bool:
+        import time
+
+        self.spent = self.spent or (self.deadline is not None and time.monotonic() >= self.deadline)
+        return self.spent

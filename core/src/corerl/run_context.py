@@ -75,6 +75,11 @@ class RunContext:
         context = cls(config, selection, console, host, run_dir, resume)
         core = config.core
         context.model_path = resolve_model(core.policy.model_name, run_dir)
+        if core.policy.hf_config_overrides:
+            from corerl.models.overrides import with_config_overrides
+
+            context.model_path = with_config_overrides(context.model_path, core.policy.hf_config_overrides,
+                                                       run_dir / "model_overridden")
         tokenizer = load_tokenizer(core.policy.tokenizer_path(context.model_path), context.model_path)
         if core.policy.chat_template is not None:
             tokenizer.chat_template = core.policy.chat_template

@@ -7,8 +7,8 @@ event files, curves.png, summary.json and the final Hugging Face checkpoint.
 ``corerl run`` on a run directory that holds a complete checkpoint resumes from it; one that
 holds none starts over there (``run.resume=must`` refuses instead). Folders the run trusts later
 are written as complete folders (:mod:`corerl.complete_folders`). Ctrl-C finishes the current
-step, saves a checkpoint and exits with status 130. A NaN loss or gradient stops the run.
-"""
+step, saves a checkpoint and exits with status 130 (``checkpointing.save_by`` spent: the same, status
+0). A NaN loss or gradient stops the run."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from typing import Any
 
 import attrs
 
-from corerl.checkpoints import save_checkpoint
+from corerl.checkpoints import TimeBudget, save_checkpoint
 from corerl.complete_folders import write_complete, write_file_whole
 from corerl.config import Config
 from corerl.errors import RunError
@@ -139,6 +139,7 @@ class Run:
         self.evals: dict[str, float] = dict(context.state.get("evals", {}))
         self.log: Any = None
         self.algorithm: Any = None
+        self.budget = TimeBudget(core.checkpointing.save_by)  # once past it, save and stop
 
     @property
     def phases(self) -> list[Any]:
@@ -168,13 +169,13 @@ class Run:
                 self.run_phase(self.warm_start, stop)
                 if not stop.requested and "after_sft" not in self.evals:
                     self.end_warm_start()
-            if not stop.requested:
+            if not stop.requested and not self.budget.spent:
                 self.algorithm.begin()
                 if self.warm_start is not None and "after_sft" not in self.evals:
                     self.evals["after_sft"] = self.algorithm.held_out()[self.algorithm.measure]
                     context.console.print(f"held-out {self.label} after SFT: {self.evals['after_sft']:.3f}")
                 self.run_phase(self.algorithm, stop)
-        return self.stop_interrupted() if stop.requested else self.finish()
+        return self.stop_interrupted(deadline=not stop.requested) if stop.requested or self.budget.spent else self.finish()
 
     @property
     def label(self) -> str:
@@ -194,7 +195,7 @@ class Run:
         checkpointing = self.context.config.core.checkpointing
         with _progress(self.context.console) as progress:
             bar = progress.add_task(phase.name.upper(), total=phase.total, completed=phase.done, shown="")
-            while phase.done < phase.total and not stop.requested:
+            while phase.done < phase.total and not stop.requested and not self.budget.check():
                 begin = time.perf_counter()
                 try:
                     metrics = phase.step()
@@ -222,18 +223,20 @@ class Run:
 
         save_checkpoint(context.run_dir, self.global_step(), save, snapshot, context.config.core.checkpointing.keep_last)
 
-    def stop_interrupted(self) -> RunResult:
+    def stop_interrupted(self, deadline: bool = False) -> RunResult:
+        """Ctrl-C (exit 130) or checkpointing.save_by spent (exit 0): a checkpoint and the curves so far."""
         from corerl.reporting.metrics_log import read_metrics
         from corerl.reporting.plot import plot_curves
 
         run_dir = self.context.run_dir
         self.checkpoint()
         self.log.close()
-        plot_curves(read_metrics(self.log.path), run_dir / "curves.png", f"{run_dir.name} (interrupted)",
-                    self.context.host.algorithms)
-        self.context.console.print(f"saved a checkpoint at step {self.global_step()}; "
+        why = f"checkpointing.save_by ({self.context.config.core.checkpointing.save_by}) ran out: " if deadline else ""
+        plot_curves(read_metrics(self.log.path), run_dir / "curves.png",
+                    f"{run_dir.name} ({'stopped at save_by' if deadline else 'interrupted'})", self.context.host.algorithms)
+        self.context.console.print(f"{why}saved a checkpoint at step {self.global_step()}; "
                                    f"run the same command with run.name={run_dir.name} to resume")
-        return RunResult(run_dir, {"interrupted_at": {p.name: p.done for p in self.phases}}, interrupted=True)
+        return RunResult(run_dir, {"interrupted_at": {p.name: p.done for p in self.phases}}, interrupted=not deadline)
 
     def finish(self) -> RunResult:
         from corerl.reporting.metrics_log import read_metrics

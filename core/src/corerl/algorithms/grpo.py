@@ -24,8 +24,10 @@ from corerl.algorithms.grpo_math import (
     GRPOLoss,
     group_advantages,
     off_policy_metrics,
+    sequence_weights,
     step_gap_metrics,
 )
+from corerl.algorithms.reward_shaping import RolloutShaping, dynamically_sampled
 from corerl.environments.rollout import Rollout, SingleTurnRollout
 from corerl.generation.contract import Sample, SamplingSettings
 from corerl.offload import NoOffload, PhaseOffload, ReferenceOffload
@@ -39,11 +41,13 @@ if TYPE_CHECKING:
 RewardFn = Callable[[Sample, Any], float]
 
 
-def step_seed(seed: int, step: int) -> int:
-    """The sampling seed of one step: reproducible run to run, and far from the seeds of other
-    steps (engines derive per-sample seeds as seed + offset, so neighbouring integers would
-    replay the previous step's random draws)."""
-    digest = hashlib.blake2b(f"{seed}:{step}".encode(), digest_size=4).digest()
+def step_seed(seed: int, step: int, batch: int = 0) -> int:
+    """The sampling seed of one step (of its ``batch``-th generation batch, where a step draws
+    several): reproducible run to run, and far from the seeds of other steps (engines derive
+    per-sample seeds as seed + offset, so neighbouring integers would replay the previous step's
+    random draws)."""
+    text = f"{seed}:{step}" if batch == 0 else f"{seed}:{step}:{batch}"
+    digest = hashlib.blake2b(text.encode(), digest_size=4).digest()
     return int.from_bytes(digest, "little") & 0x7FFF_FFFF
 
 
@@ -65,15 +69,21 @@ def samples_to_batch(groups: Sequence[Sequence[Sample]], advantages: torch.Tenso
             "advantages": adv, "gen_logprobs": gen_logprobs}
 
 
-def minibatches(batch: dict[str, torch.Tensor], rows: int | None) -> list[dict[str, torch.Tensor]]:
+def minibatches(batch: dict[str, torch.Tensor], rows: int | None,
+                per_sequence: bool = False) -> list[dict[str, torch.Tensor]]:
     """``batch`` cut into consecutive mini-batches of ``rows`` rows (one optimizer step each);
-    ``None``: the whole batch, one optimizer step. ``rows`` must divide the batch's rows."""
+    ``None``: the whole batch, one optimizer step. ``rows`` must divide the batch's rows. With
+    ``per_sequence`` each mini-batch gets its ``sequence_weights`` (a sequence-level loss)."""
     total = int(batch["input_ids"].shape[0])
     if rows is None or rows >= total:
-        return [batch]
-    if total % rows:
+        parts = [batch]
+    elif total % rows:
         raise ValueError(f"{rows} rows per optimizer step do not divide the step's {total} rows")
-    return [{key: value[start : start + rows] for key, value in batch.items()} for start in range(0, total, rows)]
+    else:
+        parts = [{key: value[start : start + rows] for key, value in batch.items()} for start in range(0, total, rows)]
+    if per_sequence:
+        parts = [{**part, "sequence_weights": sequence_weights(part["loss_mask"])} for part in parts]
+    return parts
 
 
 @attrs.define
@@ -97,6 +107,7 @@ class GRPO:
     # after each step's training, instead of refit(): asynchronous GRPO hands the weights over
     # without waiting for the generation group (corerl.asynchronous.grpo)
     hand_over: Callable[[], None] | None = None
+    shaping: RolloutShaping = attrs.field(factory=RolloutShaping)  # DAPO's reward scaling, overlong penalty, filtering
 
     def __attrs_post_init__(self) -> None:
         if self.rollout is None:
@@ -111,19 +122,41 @@ class GRPO:
         rollout, seconds = self.generate(prompts, items)
         return self.learn(rollout, {"time/generation": seconds})
 
-    def generate(self, prompts: Sequence[Sequence[int]], items: Sequence[Any] | None = None) -> tuple[Rollout, float]:
+    def generate(self, prompts: Sequence[Sequence[int]], items: Sequence[Any] | None = None,
+                 batch: int = 0) -> tuple[Rollout, float]:
         """This step's rollout (``num_generations_per_prompt`` samples or episodes per prompt,
-        scored) and the seconds it took."""
+        scored, then shaped) and the seconds it took; ``batch``: which of the step's generation
+        batches (dynamic sampling draws several, each with a seed of its own)."""
         algorithm = self.config.core.algorithm
         items = list(items) if items is not None else [None] * len(prompts)
         offload = self.offload
         assert offload is not None and self.rollout is not None
         start = time.perf_counter()
         offload.before_generation()
-        sampling = SamplingSettings.from_config(self.config, seed=step_seed(algorithm.seed, self.steps_done))
+        seed = step_seed(algorithm.seed, self.steps_done, batch)
+        sampling = SamplingSettings.from_config(self.config, seed=seed)
         rollout = self.rollout.run(prompts, items, sampling, algorithm.num_generations_per_prompt,
                                    self.config.core.policy.max_seq_length)
-        return rollout, time.perf_counter() - start
+        return self.shaping.apply(rollout), time.perf_counter() - start
+
+    def dynamic_step(self, draw: Callable[[int], tuple[list[list[int]], list[Any]]], batch_size: int,
+                     settings: Any) -> dict[str, float]:
+        """One step with DAPO's dynamic sampling (``algorithm.dynamic_sampling``): prompts from
+        ``draw(count)`` are generated and scored until ``batch_size`` groups with differing
+        (shaped) rewards are kept; each generation batch gets a seed of its own."""
+        seconds = 0.0
+        batches = 0
+
+        def generate(count: int) -> Rollout:
+            nonlocal seconds, batches
+            prompts, items = draw(count)
+            rollout, took = self.generate(prompts, items, batch=batches)
+            seconds += took
+            batches += 1
+            return rollout
+
+        rollout = dynamically_sampled(batch_size, settings.batch_multiplier, settings.max_generation_batches, generate)
+        return self.learn(rollout, {"time/generation": seconds})
 
     def learn(self, rollout: Rollout, timings: dict[str, float]) -> dict[str, float]:
         """Advantages, training (passes x mini-batches) and the refit, from a scored ``rollout``;
@@ -151,7 +184,8 @@ class GRPO:
         timings["time/logprobs"] = time.perf_counter() - start
 
         start = time.perf_counter()
-        parts = minibatches(batch, per_update)  # cut once the batch holds every column the loss reads
+        # cut once the batch holds every column the loss reads
+        parts = minibatches(batch, per_update, per_sequence=not self.loss.token_level_loss)
         results = [self.training.train_step(part, self.loss) for _ in range(self.optimization_passes) for part in parts]
         timings["time/training"] = time.perf_counter() - start
 
@@ -213,7 +247,7 @@ class GRPOAlgorithm(AlgorithmBase):
                          optimization_passes=algorithm.optimization_passes,
                          optimizer_batch_size=algorithm.optimizer_batch_size, reference=reference,
                          steps_done=self.done, offload=context.offload, reference_offload=reference_offload,
-                         rollout=context.rollout())
+                         rollout=context.rollout(), shaping=RolloutShaping.from_config(context.config))
         if self.asynchronous is not None:
             self.asynchronous.begin(self.grpo)
 
@@ -234,7 +268,10 @@ class GRPOAlgorithm(AlgorithmBase):
     def step(self) -> dict[str, float]:
         if self.asynchronous is not None:
             return self.asynchronous.step()
-        prompts, examples = self.context.task.sample(self.context.config.core.algorithm.batch_size)
+        algorithm = self.context.config.core.algorithm
+        if algorithm.dynamic_sampling.enabled:
+            return self.grpo.dynamic_step(self.context.task.sample, algorithm.batch_size, algorithm.dynamic_sampling)
+        prompts, examples = self.context.task.sample(algorithm.batch_size)
         return self.grpo.step(prompts, examples)
 
     def held_out(self) -> dict[str, float]:

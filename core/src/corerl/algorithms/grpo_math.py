@@ -61,9 +61,13 @@ class GRPOLoss:
       ``w = exp(old_logprob - gen_logprob)`` (the training policy over the generation engine's),
       bounded as ``importance_sampling_type`` says (:func:`importance_weights`);
     - ``kl_penalty`` times the ``kl_type`` estimate (:func:`kl_estimate`, k3 by default) of
-      KL(policy || reference) where ``ref_logprobs`` are given.
+      KL(policy || reference) where ``ref_logprobs`` are given; with ``on_policy_kl_approximation``
+      each token's estimate is weighted by ``exp(logprob - gen_logprob)`` (detached), since the
+      tokens were sampled by the generation engine, not the policy being trained.
 
-    Summed and divided by the number of loss tokens in the whole step (token-level normalisation).
+    Summed and divided by the number of loss tokens in the whole step (token-level normalisation);
+    with ``token_level_loss`` false each token also carries its ``sequence_weights`` (see
+    :func:`sequence_weights`), which makes the sum each sequence's mean averaged over sequences.
     """
 
     ratio_clip_min: float = 0.2
@@ -81,6 +85,10 @@ class GRPOLoss:
     importance_weight_cap: float | None = None
     importance_weight_min: float | None = None
     importance_sampling_type: str = "tis"  # tis, icepop or seq-mask-tis (importance_weights)
+    # the KL term weighted by exp(logprob - gen_logprob), detached: KL under the training policy
+    on_policy_kl_approximation: bool = False
+    # False: each sequence's token mean, averaged over sequences (the batch's sequence_weights)
+    token_level_loss: bool = True
 
     @property
     def corrects_importance(self) -> bool:
@@ -125,9 +133,24 @@ class GRPOLoss:
         if self.kl_penalty and "ref_logprobs" in batch:
             kl = kl_estimate(batch["ref_logprobs"] - logprobs, self.kl_type, self.kl_input_clamp,
                              self.kl_output_clamp)
-            per_token = per_token + self.kl_penalty * kl
             metrics["kl"] = (kl.detach() * mask).sum() / normaliser
+            if self.on_policy_kl_approximation and "gen_logprobs" in batch:
+                kl = kl * torch.exp(logprobs.detach() - batch["gen_logprobs"]) * mask
+            per_token = per_token + self.kl_penalty * kl
+        if not self.token_level_loss:
+            per_token = per_token * batch["sequence_weights"].to(per_token.dtype)
         return (per_token * mask).sum() / normaliser, metrics
+
+
+def sequence_weights(loss_mask: torch.Tensor) -> torch.Tensor:
+    """Per-token weights that turn a sum over loss tokens divided by their count into each
+    sequence's token mean averaged over sequences: ``tokens / (sequences * tokens_of_the_row)``
+    on every token of a row (0 on a row with no loss token). Computed per optimizer batch."""
+    per_row = loss_mask.sum(dim=-1, keepdim=True).to(torch.float32)
+    rows = int((per_row > 0).sum())
+    total = float(per_row.sum())
+    weights = torch.where(per_row > 0, total / (max(rows, 1) * per_row.clamp(min=1.0)), torch.zeros_like(per_row))
+    return weights.expand(loss_mask.shape).contiguous()
 
 
 def _gap_sums(current: torch.Tensor, gen: torch.Tensor, mask: torch.Tensor, normaliser: float,

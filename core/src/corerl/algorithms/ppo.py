@@ -26,6 +26,7 @@ from corerl.algorithms.contract import AlgorithmBase
 from corerl.algorithms.grpo import RewardFn, minibatches, samples_to_batch, step_seed
 from corerl.algorithms.grpo_math import GRPOLoss, kl_estimate, step_gap_metrics
 from corerl.algorithms.ppo_math import ValueLoss, explained_variance, gae, token_rewards
+from corerl.algorithms.reward_shaping import RolloutShaping
 from corerl.environments.rollout import SingleTurnRollout
 from corerl.generation.contract import SamplingSettings
 from corerl.offload import NoOffload, PhaseOffload, ReferenceOffload
@@ -91,6 +92,7 @@ class PPO:
     kl_type: str = "k1"
     gamma: float = 1.0
     lam: float = 0.95
+    value_lam: float | None = None  # the critic targets' lambda (decoupled GAE); None: lam
     whiten_advantages: bool = True
     optimization_passes: int = 1
     optimizer_batch_size: int | None = None
@@ -100,6 +102,7 @@ class PPO:
     reference_offload: ReferenceOffload | None = None
     critic_offload: CriticOffload | None = None
     rollout: Any = None  # default: one turn scored by reward_fn (corerl.environments.rollout)
+    shaping: RolloutShaping = attrs.field(factory=RolloutShaping)  # DAPO's reward scaling, overlong penalty, filtering
 
     def __attrs_post_init__(self) -> None:
         if self.rollout is None:
@@ -116,12 +119,13 @@ class PPO:
         """A PPO of the recipe's ``algorithm``, ``algorithm.ppo`` and ``critic`` sections over ``engines``."""
         algorithm, critic, settings = config.core.algorithm, config.core.critic, config.section("algorithm.ppo")
         return cls(config=config, loss=attrs.evolve(GRPOLoss.from_config(algorithm), kl_penalty=0.0),
-                   value_loss=ValueLoss(clip=critic.value_clip), kl_coef=algorithm.kl_penalty,
-                   kl_type=algorithm.kl_type, gamma=settings.gamma, lam=settings.lam,
+                   value_loss=ValueLoss(clip=critic.value_clip, scale=critic.loss_scale), kl_coef=algorithm.kl_penalty,
+                   kl_type=algorithm.kl_type, gamma=settings.gamma, lam=settings.lam, value_lam=settings.value_lam,
                    whiten_advantages=settings.whiten_advantages,
                    optimization_passes=algorithm.optimization_passes,
                    optimizer_batch_size=algorithm.optimizer_batch_size,
-                   critic_warmup_steps=settings.critic_warmup_steps, **engines)
+                   critic_warmup_steps=settings.critic_warmup_steps,
+                   shaping=RolloutShaping.from_config(config), **engines)
 
     def step(self, prompts: Sequence[Sequence[int]], items: Sequence[Any] | None = None) -> dict[str, float]:
         """Generate, score, estimate advantages, train critic and policy, refit; returns the step's
@@ -137,8 +141,8 @@ class PPO:
         offload.before_generation()
         sampling = SamplingSettings.from_config(self.config, seed=step_seed(algorithm.seed, self.steps_done))
         assert self.rollout is not None
-        rollout = self.rollout.run(prompts, items, sampling, algorithm.num_generations_per_prompt,
-                                   self.config.core.policy.max_seq_length)
+        rollout = self.shaping.apply(self.rollout.run(prompts, items, sampling, algorithm.num_generations_per_prompt,
+                                                      self.config.core.policy.max_seq_length))
         groups = rollout.groups
         timings["time/generation"] = time.perf_counter() - start
 
@@ -160,12 +164,14 @@ class PPO:
 
         rewards = token_rewards(scores, mask, kl, self.kl_coef)
         advantages, returns = gae(rewards, old_values, mask, self.gamma, self.lam)
+        if self.value_lam is not None and self.value_lam != self.lam:  # decoupled GAE: the critic's own targets
+            _, returns = gae(rewards, old_values, mask, self.gamma, self.value_lam)
         adv_mean, adv_std = masked_stats(advantages, mask)
         batch["advantages"] = whiten(advantages, mask) if self.whiten_advantages else advantages
         batch["returns"], batch["old_values"] = returns, old_values
 
         start = time.perf_counter()
-        parts = minibatches(batch, self.optimizer_batch_size)
+        parts = minibatches(batch, self.optimizer_batch_size, per_sequence=not self.loss.token_level_loss)
         passes = range(self.optimization_passes)
         critic_results = [self.critic.train_step(part, self.value_loss) for _ in passes for part in parts]
         timings["time/critic_training"] = time.perf_counter() - start

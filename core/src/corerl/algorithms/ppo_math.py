@@ -54,6 +54,7 @@ class ValueLoss:
     Reads ``returns`` and ``old_values`` from the batch; ``values`` are the critic's ``[b, T]`` outputs."""
 
     clip: float | None = 0.2
+    scale: float = 1.0  # factor on the loss (critic.loss_scale)
 
     def __call__(self, values: torch.Tensor, batch: dict[str, torch.Tensor],
                  normaliser: float) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
@@ -63,7 +64,7 @@ class ValueLoss:
         if self.clip is not None:
             clipped = old + (values - old).clamp(-self.clip, self.clip)
             error = torch.maximum(error, (clipped - returns) ** 2)
-        loss = 0.5 * (error * mask).sum() / normaliser
+        loss = self.scale * 0.5 * (error * mask).sum() / normaliser
         return loss, {"value_loss": loss.detach()}
 
 

@@ -36,5 +36,7 @@ class PPOConfig:
 
     gamma: float = setting(1.0, min=0.0, max=1.0, help="discount per response token")
     lam: float = setting(0.95, min=0.0, max=1.0, help="GAE's lambda: 0 one-step TD, 1 Monte Carlo returns")
+    value_lam: float | None = setting(None, min=0.0, max=1.0, help="GAE's lambda for the critic's targets (VAPO's "
+                                                                   "decoupled GAE); unset: lam")
     whiten_advantages: bool = setting(True, help="centre and scale the step's advantages over its response tokens")
     critic_warmup_steps: int = setting(0, min=0, help="steps that train only the critic before the policy moves")

@@ -101,7 +101,7 @@ class AsyncTrainer:
         self.producer.settle(taken + dropped)
         self.settled.update(taken + dropped)
         rollout = Rollout([g.samples for g in groups], [g.rewards for g in groups], merged_metrics(groups))
-        metrics = self.grpo.learn(rollout, {"time/wait_for_rollouts": waited})
+        metrics = self.grpo.learn(self.grpo.shaping.apply(rollout), {"time/wait_for_rollouts": waited})
         staleness = [version - g.min_version for g in groups]
         metrics.update({
             "async/staleness/mean": sum(staleness) / len(staleness), "async/staleness/max": float(max(staleness)),

@@ -1,6 +1,10 @@
 """``${...}`` references in recipes, resolved by OmegaConf (the library NeMo RL's recipes are
 written for), with NeMo RL's arithmetic resolvers: ``${mul:a,b}``, ``${div:a,b}``, ``${add:a,b}``,
-``${sub:a,b}``, ``${max:a,b}``, ``${min:a,b}``.
+``${sub:a,b}``, ``${max:a,b}``, ``${min:a,b}``. ``${oc.env:NAME}`` reads the environment as
+OmegaConf does, except that Hugging Face's own folders (``HF_HOME``, ``HF_DATASETS_CACHE``,
+``HF_HUB_CACHE``), when unset, take the defaults the Hugging Face libraries themselves use
+(``~/.cache/huggingface``, under ``XDG_CACHE_HOME`` when that is set): NeMo RL's recipes point
+their data files there.
 
 Resolution runs once the recipe, its ``defaults:``, the presets and the overrides are merged, so
 ``${policy.model_name}`` sees an overridden model name. A tree without ``${`` is returned as is
@@ -10,6 +14,8 @@ and OmegaConf is not imported.
 from __future__ import annotations
 
 import math
+import os
+from pathlib import Path
 from typing import Any
 
 from corerl.config.tree import Origins, origin_of
@@ -23,6 +29,30 @@ _RESOLVERS: dict[str, Any] = {
     "max": lambda *xs: max(xs),
     "min": lambda *xs: min(xs),
 }
+
+
+def huggingface_default(name: str) -> str | None:
+    """The folder the Hugging Face libraries use for ``name`` when it is unset (None: not theirs)."""
+    home = os.environ.get("HF_HOME") or str(Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+                                            / "huggingface")
+    return {"HF_HOME": home, "HF_DATASETS_CACHE": str(Path(home) / "datasets"),
+            "HF_HUB_CACHE": str(Path(home) / "hub")}.get(name)
+
+
+_NO_DEFAULT = object()
+
+
+def _environment(name: str, default: Any = _NO_DEFAULT) -> Any:
+    """``${oc.env:NAME[,default]}``: the variable, else the default given, else Hugging Face's own
+    default for its folders; otherwise a KeyError, as OmegaConf's own resolver raises."""
+    if name in os.environ:
+        return os.environ[name]
+    if default is not _NO_DEFAULT:
+        return default
+    fallback = huggingface_default(name)
+    if fallback is None:
+        raise KeyError(f"Environment variable '{name}' not found")
+    return fallback
 
 
 def _mentions_reference(node: Any) -> bool:
@@ -41,6 +71,7 @@ def _register() -> None:
     for name, function in _RESOLVERS.items():
         if not OmegaConf.has_resolver(name):
             OmegaConf.register_resolver(name, function, annotation_validation="off")
+    OmegaConf.register_resolver("oc.env", _environment, replace=True, annotation_validation="off")
 
 
 def resolve_references(raw: dict[str, Any], origins: Origins) -> dict[str, Any]:

@@ -6,8 +6,9 @@ structured into :class:`CorerlConfig` by :mod:`corerl.config.structure`.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
-from typing import Literal
+from typing import Any, Literal
 
 import attrs
 
@@ -148,6 +149,8 @@ class PolicyConfig:
     model_name: str = setting(help="Hugging Face checkpoint directory (or a built-in model name)")
     tokenizer_name: str | None = setting(None, help="defaults to model_name")
     chat_template: str | None = setting(None, help="a Jinja chat template replacing the tokenizer's own")
+    hf_config_overrides: dict[str, Any] = setting({}, help="keys laid over the checkpoint's config.json before any "
+                                                         "engine loads it (e.g. max_position_embeddings)")
     max_seq_length: int = setting(1024, min=1)
     precision: Precision = setting("float32")
     train_micro_batch_size: int = setting(4, min=1)
@@ -167,6 +170,49 @@ class PolicyConfig:
         """Where the tokenizer loads from: ``tokenizer_name``, unless it is unset or names the model
         itself (NeMo RL recipes say ``${policy.model_name}``), then the model's resolved folder."""
         return self.tokenizer_name if self.tokenizer_name not in (None, self.model_name) else model_path
+
+
+@attrs.define(kw_only=True)
+class RewardScalingConfig:
+    """``algorithm.reward_scaling``: each sample's reward mapped linearly from [source_min, source_max]
+    onto [target_min, target_max], clamped to the source range first (DAPO's scaling; NeMo RL's
+    ``grpo.reward_scaling`` and ``ppo.reward_scaling`` map here)."""
+
+    enabled: bool = setting(False)
+    source_min: float = setting(0.0)
+    source_max: float = setting(1.0)
+    target_min: float = setting(0.0)
+    target_max: float = setting(1.0)
+
+
+@attrs.define(kw_only=True)
+class OverlongPenaltyConfig:
+    """``algorithm.overlong_penalty``: DAPO's soft overlong punishment, added to the reward after
+    scaling: 0 up to ``max_response_length - buffer_length`` completion tokens, then falling
+    linearly to ``-penalty`` at ``max_response_length`` (and staying there). NeMo RL's
+    ``grpo.reward_shaping`` maps here."""
+
+    enabled: bool = setting(False)
+    buffer_length: int = setting(0, min=0, help="completion tokens over which the penalty grows")
+    penalty: float = setting(1.0, min=0.0, help="the penalty at max_response_length")
+    max_response_length: int | None = setting(None, min=1, help="unset: policy.generation.max_new_tokens")
+    truncated_reward_factor: float | None = setting(None, min=0.0, max=1.0,
+                                                    help="ProRL's stop-properly penalty: a completion cut at the "
+                                                         "length limit has its reward multiplied by this (the soft "
+                                                         "penalty above is then off); unset: off")
+
+
+@attrs.define(kw_only=True)
+class DynamicSamplingConfig:
+    """``algorithm.dynamic_sampling``: DAPO's dynamic sampling (GRPO, synchronous): groups whose
+    rewards are all equal teach nothing and are dropped; generation goes on over fresh prompts
+    until ``algorithm.batch_size`` groups remain, at most ``max_generation_batches`` times."""
+
+    enabled: bool = setting(False)
+    batch_multiplier: float = setting(1.0, min=1.0, help="prompts per generation batch, as a multiple of "
+                                                          "algorithm.batch_size")
+    max_generation_batches: int = setting(10, min=1, help="generation batches a step may draw; short of groups "
+                                                          "then, the step trains on those it has (counted)")
 
 
 @attrs.define(kw_only=True)
@@ -203,6 +249,11 @@ class AlgorithmConfig:
                                                            "exp(d)-d-1")
     kl_input_clamp: float | None = setting(None, min=0.0, min_exclusive=True, help="bound on the log ratio")
     kl_output_clamp: float | None = setting(None, min=0.0, min_exclusive=True, help="bound on the per-token KL")
+    on_policy_kl_approximation: bool = setting(False, help="weight each token's KL term by exp(logprob - "
+                                                           "generation logprob): an estimate of the KL under the "
+                                                           "training policy, not the sampler")
+    token_level_loss: bool = setting(True, help="true: the loss is the mean over a step's loss tokens; false: each "
+                                                "sequence's token mean, averaged over sequences")
     scale_rewards_by_std: bool = setting(True)
     leave_one_out_baseline: bool = setting(False, help="each sample's baseline is the mean of its group's other rewards")
     optimization_passes: int = setting(1, min=1)
@@ -211,6 +262,11 @@ class AlgorithmConfig:
     max_rollout_turns: int | None = setting(None, min=1, help="with data.env_name: the most model turns of an episode; "
                                                               "unset: until the environment says done or "
                                                               "policy.max_seq_length is reached")
+    overlong_filtering: bool = setting(False, help="samples cut at the length limit are left out of the loss "
+                                                   "(DAPO's overlong filtering)")
+    reward_scaling: RewardScalingConfig = section(RewardScalingConfig)
+    overlong_penalty: OverlongPenaltyConfig = section(OverlongPenaltyConfig)
+    dynamic_sampling: DynamicSamplingConfig = section(DynamicSamplingConfig)
 
 
 @attrs.define(kw_only=True)
@@ -230,6 +286,8 @@ class CriticConfig:
     value_clip: float | None = setting(0.2, min=0.0, min_exclusive=True,
                                        help="how far a value may move from the old one before the loss is clipped; "
                                             "null: unclipped")
+    loss_scale: float = setting(1.0, min=0.0, min_exclusive=True, help="factor on the value loss (NeMo RL: "
+                                                                       "value_loss_fn.scale)")
     optimizer: OptimizerConfig = section(OptimizerConfig)
     scheduler: SchedulerConfig = section(SchedulerConfig)
 
@@ -249,8 +307,13 @@ class DataConfig:
     response_key: str | None = setting(None, help="dataset task: the SFT response column; unset: answer_key")
     chosen_key: str = setting("chosen", help="preferences task: the preferred response column")
     rejected_key: str = setting("rejected", help="preferences task: the dispreferred response column")
+    shuffle: bool = setting(True, help="dataset task: draw training rows in a fresh random order each epoch; false: "
+                                       "in file order")
     apply_chat_template: bool = setting(False, help="dataset task: wrap each prompt in the tokenizer's chat template")
     prompt_file: str | None = setting(None, help="dataset task: a text file whose {} each prompt fills (str.format)")
+    system_prompt_file: str | None = setting(None, help="dataset task: a text file holding a system prompt (a system "
+                                                        "message with apply_chat_template, else the prompt's first "
+                                                        "paragraph)")
     env_name: str | None = setting(None, help="an environment id (corerl plugins lists them): GRPO and PPO play "
                                               "episodes against it, its section is env.<id>; unset: one turn scored "
                                               "by the task's reward")
@@ -291,6 +354,9 @@ class CheckpointingConfig:
     enabled: bool = setting(False)
     save_period: int = setting(10, min=1, help="save every this many steps (and at the end)")
     keep_last: int = setting(2, min=1, help="complete checkpoints kept; older ones are deleted")
+    save_by: str | None = setting(None, help="a wall-clock budget, DD:HH:MM:SS (or HH:MM:SS) from the run's start: "
+                                             "once a step ends past it, the run saves a checkpoint and stops (resume "
+                                             "with the same run.name); for schedulers' time limits")
     merge_lora_on_export: bool = setting(False, help="with policy.lora, also write the merged Hugging Face model "
                                                      "to final/merged (final/ itself is the PEFT adapter)")
 
@@ -328,6 +394,12 @@ class CorerlConfig:
                 f"episodes of {self.algorithm.max_rollout_turns} turns need an environment to answer the turns; "
                 "set data.env_name (corerl plugins lists the environments)",
             )
+        save_by = self.checkpointing.save_by
+        if save_by is not None and re.fullmatch(r"(\d+:){0,3}\d+(\.\d+)?", str(save_by)) is None:
+            yield ("checkpointing.save_by", f"expected DD:HH:MM:SS (or HH:MM:SS), got {save_by!r}")
+        if save_by is not None and not self.checkpointing.enabled:
+            yield ("checkpointing.save_by", "stopping at the time budget saves a checkpoint to resume from; set "
+                                            "checkpointing.enabled=true")
         if self.algorithm.batch_size % self.algorithm.gradient_accumulation_steps:
             yield (
                 "algorithm.gradient_accumulation_steps",

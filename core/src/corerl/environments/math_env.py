@@ -10,6 +10,7 @@ are off here and ``env.math.timeout_s`` bounds a step instead.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from corerl.environments.contract import EnvironmentContext, EpisodeView, Turn
@@ -27,8 +28,16 @@ class MathEnvironment:
                                      hint="pip install 'math-verify==0.9.0' (scripts/setup.sh installs it)") from exc
         self.parse, self.verify = math_verify.parse, math_verify.verify
         self.answer_key = getattr(context.data, "answer_key", "answer") if context.data is not None else "answer"
+        self.dapo = getattr(context.settings, "math_verify_impl", "hf_math_verify") == "dapo_math_verify"
 
     def correct(self, response: str, gold: Any) -> bool:
+        if self.dapo:
+            answer = dapo_answer(response)
+            if answer is None:
+                return False
+            if normalised(answer) == normalised(str(gold)):
+                return True
+            response = answer  # then as mathematics: "1/2" against "\\frac{1}{2}"
         target = self.parse(str(gold), parsing_timeout=None)  # type: ignore[arg-type]
         if not target:  # a gold answer math-verify cannot read as math: compare it as text
             target = [str(gold)]
@@ -38,3 +47,23 @@ class MathEnvironment:
     def step(self, episode: EpisodeView) -> Turn:
         gold = episode.row[self.answer_key]
         return Turn(reward=1.0 if self.correct(episode.response, gold) else 0.0, done=True)
+
+
+_ANSWER = re.compile(r"answer\s*:", re.IGNORECASE)
+
+
+def dapo_answer(response: str) -> str | None:
+    """DAPO's answer: the rest of the line after the last ``Answer:`` (None when there is none)."""
+    found = list(_ANSWER.finditer(response))
+    if not found:
+        return None
+    return response[found[-1].end():].split("\n", 1)[0].strip()
+
+
+def normalised(text: str) -> str:
+    """An answer for exact comparison: ``\\boxed{}``, ``$`` signs, spaces and a final full stop dropped."""
+    text = text.strip()
+    boxed = re.fullmatch(r"\\boxed\{(.*)\}", text)
+    if boxed:
+        text = boxed.group(1)
+    return text.replace("$", "").replace(" ", "").rstrip(".")

@@ -25,8 +25,10 @@ class ToolsSettings(EnvironmentSettings):
 class MathSettings(EnvironmentSettings):
     """``env.math``: how answers are verified."""
 
-    math_verify_impl: Literal["hf_math_verify"] = setting("hf_math_verify",
-                                                          help="the verifier: Hugging Face's math-verify package")
+    math_verify_impl: Literal["hf_math_verify", "dapo_math_verify"] = setting(
+        "hf_math_verify", help="hf_math_verify: Hugging Face's math-verify finds the answer anywhere in the turn; "
+                               "dapo_math_verify: DAPO's rule, the text after the last 'Answer:' compared with the "
+                               "gold answer (normalised, then by math-verify)")
 
 
 @attrs.define(kw_only=True)

@@ -106,6 +106,17 @@ def _exact_answer_in(column: str) -> Any:
     return exact_answer_in_column
 
 
+def read_system_prompt(path: str | None) -> str | None:
+    """The system prompt ``data.system_prompt_file`` holds (None when unset)."""
+    if path is None:
+        return None
+    try:
+        return Path(path).read_text(encoding="utf-8").strip()
+    except OSError as exc:
+        raise ConfigError(f"cannot read the system prompt file {path}: {exc.strerror}", key="data.system_prompt_file",
+                          hint="give an existing text file (a path relative to where corerl runs, or absolute)") from None
+
+
 def read_template(path: str | None) -> str | None:
     """The prompt template ``data.prompt_file`` names (``{}`` is where each prompt goes)."""
     if path is None:
@@ -183,6 +194,7 @@ class DatasetTask:
                               key="data.hub_dataset", hint="give a local JSONL/Parquet file: data.train_files=train.jsonl "
                               "(in a NeMo RL recipe: data.train.data_path=train.jsonl)")
         self.template = read_template(data.prompt_file)
+        self.system_prompt = read_system_prompt(data.system_prompt_file)
         if not train_files:
             raise ConfigError("the dataset task needs data.train_files", key="data.train_files",
                               hint="set data.train_files=path/to/train.jsonl (or .parquet)")
@@ -196,6 +208,7 @@ class DatasetTask:
         for row in rows:  # every prompt encoded and checked, in file order, before training starts
             row[PROMPT_IDS] = self._encode_checked(row)
         self.rng = random.Random(context.seed)
+        self.shuffle = data.shuffle
         self.train, self.held = split_rows(rows, data, columns, self.rng)
         for row in self.held:  # rows of data.held_out_files
             if PROMPT_IDS not in row:
@@ -207,8 +220,11 @@ class DatasetTask:
         if self.template is not None:
             text = self.template.format(text)
         if self.chat_template:
-            return list(self.tokenizer.apply_chat_template([{"role": "user", "content": text}],
+            system = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
+            return list(self.tokenizer.apply_chat_template([*system, {"role": "user", "content": text}],
                                                            add_generation_prompt=True, tokenize=True))
+        if self.system_prompt:  # no chat template: the system prompt is the text's first paragraph
+            text = f"{self.system_prompt}\n\n{text}"
         ids = list(self.tokenizer.encode(text, add_special_tokens=False))
         bos = self.tokenizer.bos_token_id
         return [bos, *ids] if bos is not None else ids
@@ -218,7 +234,8 @@ class DatasetTask:
         for _ in range(count):
             if self.position >= len(self.order):
                 self.order = list(range(len(self.train)))
-                self.rng.shuffle(self.order)
+                if self.shuffle:
+                    self.rng.shuffle(self.order)
                 self.position = 0
             drawn.append(self.train[self.order[self.position]])
             self.position += 1

@@ -20,8 +20,8 @@ from corerl.config.dialects import KeyFate
 from corerl.config.tree import Origins, origin_of, set_at, value_at
 from corerl.errors import ConfigError, ConfigErrors
 
-ALGORITHM_SECTIONS = ("grpo", "sft", "dpo")
-NEMO_ONLY_SECTIONS = ("loss_fn", "logger", "env")
+ALGORITHM_SECTIONS = ("grpo", "ppo", "sft", "dpo")
+NEMO_ONLY_SECTIONS = ("loss_fn", "logger", "env", "value", "value_loss_fn")
 # NeMo RL's dataset specs: corerl's data section has no such subsections
 NEMO_ONLY_SUBSECTIONS = ("data.train", "data.validation", "data.default", "policy.tokenizer")
 # mappings taken whole (their keys are not NeMo RL's own: engine arguments, environment variables)
@@ -84,7 +84,9 @@ def _above(limit: int) -> Callable[[Any], bool]:
 
 
 def _torch_optimizer(name: Any) -> str:
-    known = {"torch.optim.AdamW": "adamw", "torch.optim.Adam": "adam", "torch.optim.SGD": "sgd"}
+    known = {"torch.optim.AdamW": "adamw", "torch.optim.Adam": "adam", "torch.optim.SGD": "sgd",
+             # Transformer Engine's fused kernel of AdamW (decoupled weight decay, its default adam_w_mode)
+             "transformer_engine.pytorch.optimizers.fused_adam.FusedAdam": "adamw"}
     if name not in known:
         raise ValueError(f"optimizer {name!r} is not one corerl builds; use one of {', '.join(known)}")
     return known[name]
@@ -113,12 +115,11 @@ RULES: dict[str, Rule] = {
     "grpo.val_period": inert("corerl evaluates the held-out rows before and after training (and after SFT)"),
     "grpo.val_at_start": inert("corerl always evaluates before training"),
     "grpo.val_batch_size": inert("the held-out rows are generated in one batch"),
-    "grpo.overlong_filtering": inert(_OFF, _truthy),
+    "grpo.overlong_filtering": acts("algorithm.overlong_filtering"),
     "grpo.val_at_end": inert("corerl always evaluates after training"),
-    "grpo.use_dynamic_sampling": inert("DAPO's dynamic sampling (refilling a step with groups whose rewards differ) "
-                                       "is not built into corerl yet", _truthy),
-    "grpo.batch_multiplier": inert("used only by DAPO's dynamic sampling", _above(1)),
-    "grpo.dynamic_sampling_max_gen_batches": inert("used only by DAPO's dynamic sampling"),
+    "grpo.use_dynamic_sampling": acts("algorithm.dynamic_sampling.enabled"),
+    "grpo.batch_multiplier": acts("algorithm.dynamic_sampling.batch_multiplier"),
+    "grpo.dynamic_sampling_max_gen_batches": acts("algorithm.dynamic_sampling.max_generation_batches"),
     "grpo.async_grpo": inert("null: asynchronous GRPO's section is off (an async_rl section, where given, decides)"),
     "grpo.async_grpo.enabled": acts("algorithm.async.enabled"),
     "grpo.async_grpo.max_trajectory_age_steps": acts("algorithm.async.max_staleness"),
@@ -169,14 +170,14 @@ RULES: dict[str, Rule] = {
     "loss_fn.ratio_clip_min": acts("algorithm.ratio_clip_min"),
     "loss_fn.ratio_clip_max": acts("algorithm.ratio_clip_max"),
     "loss_fn.ratio_clip_c": acts("algorithm.ratio_clip_c"),
-    "loss_fn.use_on_policy_kl_approximation": inert(_OFF, _truthy),
+    "loss_fn.use_on_policy_kl_approximation": acts("algorithm.on_policy_kl_approximation"),
     "loss_fn.use_importance_sampling_correction": acts("algorithm.importance_sampling_correction"),
     "loss_fn.truncated_importance_sampling_ratio": acts("algorithm.importance_weight_cap"),
     "loss_fn.truncated_importance_sampling_ratio_min": acts("algorithm.importance_weight_min"),
     "loss_fn.truncated_importance_sampling_type": acts("algorithm.importance_sampling_type",
                                                        lambda value: "tis" if value is None else value),
     "loss_fn.sequence_level_importance_ratios": acts("algorithm.sequence_level_ratios"),
-    "loss_fn.token_level_loss": inert("corerl's loss is token-level, NeMo RL's default", _not(True)),
+    "loss_fn.token_level_loss": acts("algorithm.token_level_loss"),
     "loss_fn.reference_policy_kl_type": acts("algorithm.kl_type"),
     "loss_fn.kl_input_clamp_value": acts("algorithm.kl_input_clamp"),
     "loss_fn.kl_output_clamp_value": acts("algorithm.kl_output_clamp"),
@@ -185,7 +186,7 @@ RULES: dict[str, Rule] = {
     "checkpointing.checkpoint_dir": inert("checkpoints live in <run dir>/checkpoints; set run.output_dir and run.name"),
     "checkpointing.metric_name": inert("corerl keeps the newest checkpoints, not the best by a metric"),
     "checkpointing.higher_is_better": inert("corerl keeps the newest checkpoints, not the best by a metric"),
-    "checkpointing.checkpoint_must_save_by": inert(_OFF, _truthy),
+    "checkpointing.checkpoint_must_save_by": acts("checkpointing.save_by"),
     "checkpointing.model_save_format": inert("a storage format only: corerl's checkpoints are its backends' own "
                                              "format and final/ is safetensors"),
     "checkpointing.save_consolidated": inert("final/ is always a consolidated Hugging Face checkpoint"),
@@ -365,8 +366,15 @@ RULES: dict[str, Rule] = {
     "grpo.invalid_tool_call_strategy": inert("used only with grpo.penalize_invalid_tool_call"),
     "grpo.calculate_advantages_on_gpu": inert(_PERF),
     "grpo.adv_estimator.reward_weights": inert("used only by the gdpo estimator (refused)"),
-    "grpo.reward_shaping.*": refused("DAPO's overlong reward shaping is not built into corerl yet"),
-    "grpo.reward_scaling.*": refused("DAPO's reward scaling is not built into corerl yet"),
+    "grpo.reward_shaping.enabled": acts("algorithm.overlong_penalty.enabled"),
+    "grpo.reward_shaping.overlong_buffer_length": acts("algorithm.overlong_penalty.buffer_length"),
+    "grpo.reward_shaping.overlong_buffer_penalty": acts("algorithm.overlong_penalty.penalty"),
+    "grpo.reward_shaping.max_response_length": acts("algorithm.overlong_penalty.max_response_length"),
+    "grpo.reward_shaping.stop_properly_penalty_coef": acts("algorithm.overlong_penalty.truncated_reward_factor"),
+    "grpo.reward_shaping.*": refused("a DAPO reward-shaping option corerl does not have"),
+    **{f"grpo.reward_scaling.{key}": acts(f"algorithm.reward_scaling.{key}")
+       for key in ("enabled", "source_min", "source_max", "target_min", "target_max")},
+    "grpo.reward_scaling.*": refused("a reward-scaling option corerl does not have"),
     **{f"env.{name}.*": inert(f"settings of NeMo RL's {name} environment, which corerl does not have "
                               "(data.env_name naming it is refused)")
        for name in ("vlm", "sliding_puzzle_game", "mmpr-tiny", "clevr-cogent", "math_multi_reward", "refcoco",
@@ -385,9 +393,40 @@ RULES: dict[str, Rule] = {
                    "vocab_topk", "uncommon_topk", "reverse_kl", "exact_token_match_only", "kl_loss_weight",
                    "ce_loss_scale", "dynamic_loss_scaling", "kd_loss_mode", "sum_weights_metric", "alpha",
                    "normalize_teacher_by_vocab")},
-    **{f"{section}.*": refused("NeMo RL's PPO sections are not translated yet: corerl's PPO takes a corerl recipe "
-                               "(algorithm.name=ppo, critic.*)")
-       for section in ("ppo", "value", "value_loss_fn")},
+    # -- ppo (its other keys are grpo's: rule_for reads grpo.<key>'s rule for ppo.<key>) --
+    "ppo.ppo_epochs": acts("algorithm.optimization_passes"),
+    "ppo.policy_training_start_step": acts("algorithm.ppo.critic_warmup_steps"),
+    "ppo.adv_estimator.name": inert("PPO's advantages are GAE's over the critic's values", _not("gae")),
+    "ppo.adv_estimator.gae_lambda": DERIVED,
+    "ppo.adv_estimator.gae_lambda_policy": DERIVED,
+    "ppo.adv_estimator.gae_lambda_value": acts("algorithm.ppo.value_lam"),
+    "ppo.adv_estimator.gae_gamma": acts("algorithm.ppo.gamma"),
+    "ppo.adv_estimator.normalize_advantages": acts("algorithm.ppo.whiten_advantages"),
+    "ppo.adv_estimator.length_adaptive_alpha": inert("VAPO's length-adaptive lambda is not built into corerl yet; "
+                                                     "only 0 is accepted", _truthy),
+    "ppo.async_ppo": inert("null: asynchronous PPO's section is off"),
+    "ppo.async_ppo.*": inert("used only by asynchronous PPO (ppo.async_ppo.enabled=true is refused)"),
+    "value_loss_fn.scale": acts("critic.loss_scale"),
+    "value_loss_fn.cliprange": acts("critic.value_clip"),
+    # -- value: the critic (value.dtensor_cfg, megatron_cfg and optimizer keys take the policy's rules, on critic.*) --
+    "value.model_name": DERIVED,
+    "value.tokenizer.*": inert("the critic reads the policy's tokens"),
+    "value.hf_config_overrides": inert("the critic starts from the policy's checkpoint (policy.hf_config_overrides "
+                                       "applies to both)", _truthy),
+    "value.train_global_batch_size": DERIVED,
+    "value.max_total_sequence_length": DERIVED,
+    "value.precision": DERIVED,
+    "value.train_micro_batch_size": acts("critic.train_micro_batch_size"),
+    "value.logprob_batch_size": acts("critic.value_micro_batch_size"),
+    "value.max_grad_norm": acts("critic.max_grad_norm"),
+    "value.make_sequence_length_divisible_by": inert("corerl pads rows as its tensor-parallel plan needs"),
+    "value.reward_model_cfg.*": inert("NeMo RL's value worker is a one-output regression head on the policy's model; "
+                                      "corerl's critic is the same (a one-label token classifier)"),
+    "value.dynamic_batching.*": inert("the critic's micro-batches follow the policy's (policy.dynamic_batching)"),
+    "value.sequence_packing.*": inert("the critic packs rows as the policy does (policy.sequence_packing)"),
+    "value.scheduler": DERIVED,
+    "value.scheduler.*": DERIVED,
+    "value.dtensor_cfg.lora_cfg.enabled": inert("the critic trains whole: LoRA is the policy's", _truthy),
     # vision, audio and video models (NeMo RL's VLM recipes): corerl trains text-only language models
     **{key: refused("vision, audio and video models are not built into corerl yet (text-only language models)")
        for key in ("policy.is_vlm", "policy.megatron_cfg.freeze_config.*", "policy.megatron_cfg.freeze_vision_model",
@@ -431,7 +470,7 @@ RULES: dict[str, Rule] = {
     "policy.megatron_cfg.peft.a2a_experimental": inert(_OFF, _truthy),
     "policy.megatron_cfg.peft.lora_dtype": inert("the adapter trains in float32 (the optimizer's precision)",
                                                  lambda value: value not in (None, "None", "float32")),
-    "policy.hf_config_overrides": inert("overriding the model's config is not built into corerl yet", _truthy),
+    "policy.hf_config_overrides": acts("policy.hf_config_overrides", lambda value: dict(value or {})),
     "policy.tokenizer.is_tokenizer_processor": inert("text-only models: the tokenizer is used as it is", _truthy),
     "policy.megatron_cfg.num_layers_in_first_pipeline_stage": inert(_DEFAULT_ONLY, _truthy),
     "policy.megatron_cfg.num_layers_in_last_pipeline_stage": inert(_DEFAULT_ONLY, _truthy),
@@ -472,13 +511,13 @@ RULES: dict[str, Rule] = {
     # -- data --
     "data.max_input_seq_length": inert("a prompt that leaves no room for a completion in policy.max_seq_length is "
                                        "refused with its row; completions end at policy.max_seq_length"),
-    "data.shuffle": inert("corerl shuffles the training rows every epoch", _not(True)),
+    "data.shuffle": acts("data.shuffle"),
     "data.num_workers": inert("rows are read in the driver"),
     "data.add_bos": inert("prompts start with the tokenizer's beginning-of-sequence token", _not(True)),
     "data.add_eos": inert("SFT responses end with the end-of-sequence token", _not(True)),
     "data.add_generation_prompt": inert("prompts end with the template's generation prompt when a chat template "
                                         "is applied"),
-    "data.system_prompt_file": inert(_OFF, _truthy),
+    "data.system_prompt_file": acts("data.system_prompt_file"),
     "data.prompt_file": acts("data.prompt_file"),
     "data.input_key": acts("data.prompt_key"),
     "data.output_key": acts("data.answer_key"),
@@ -491,7 +530,7 @@ RULES: dict[str, Rule] = {
     "data.default.input_key": acts("data.prompt_key"),
     "data.default.output_key": acts("data.answer_key"),
     "data.default.prompt_file": acts("data.prompt_file"),
-    "data.default.system_prompt_file": inert(_OFF, _truthy),
+    "data.default.system_prompt_file": acts("data.system_prompt_file"),
     "data.default.processor": inert("corerl's dataset task formats prompt/answer rows itself"),
     "data.train.split": inert("local files are read whole"),
     "data.validation.split": inert("local files are read whole"),
@@ -537,14 +576,16 @@ SWITCHED_SECTIONS = {
     "policy.megatron_cfg": True, "policy.dtensor_cfg": True, "policy.dtensor_cfg.lora_cfg": False,
     "policy.megatron_cfg.peft": False, "policy.megatron_cfg.fp8_cfg": False, "policy.dynamic_batching": True,
     "policy.sequence_packing": True, "grpo.reward_scaling": False, "grpo.reward_shaping": False,
-    "grpo.async_grpo": True, "policy.draft": False,
+    "grpo.async_grpo": True, "policy.draft": False, "ppo.reward_scaling": False, "ppo.reward_shaping": False,
+    "ppo.async_ppo": False, "value.megatron_cfg": True, "value.dtensor_cfg": True, "value.dtensor_cfg.lora_cfg": False,
+    "value.megatron_cfg.fp8_cfg": False, "value.megatron_cfg.peft": False,
 }
 # on in these sections is refused: corerl has no such feature
 UNSUPPORTED_SECTIONS = {
     "policy.draft": "speculative decoding with a draft model is not built into corerl yet",
     "policy.megatron_cfg.fp8_cfg": "FP8 training is not built into corerl yet",
-    "grpo.reward_scaling": "DAPO's reward scaling is not built into corerl yet",
-    "grpo.reward_shaping": "DAPO's overlong reward shaping is not built into corerl yet",
+    "value.megatron_cfg.fp8_cfg": "FP8 training is not built into corerl yet",
+    "ppo.async_ppo": "asynchronous PPO is not built into corerl yet (asynchronous GRPO is: grpo.async_grpo)",
 }
 
 
@@ -579,7 +620,8 @@ def looks_like(raw: dict[str, Any]) -> bool:
     one of its own top-level sections (``loss_fn``, ``logger``; ``env`` is corerl's too)."""
     sft = raw.get("sft")
     nemo_sft = isinstance(sft, dict) and any(k in sft for k in ("max_num_steps", "max_num_epochs", "val_period"))
-    return "grpo" in raw or "dpo" in raw or nemo_sft or any(s in raw for s in NEMO_ONLY_SECTIONS if s != "env")
+    return "grpo" in raw or "ppo" in raw or "dpo" in raw or nemo_sft or any(
+        s in raw for s in NEMO_ONLY_SECTIONS if s != "env")
 
 
 def _leaves(node: dict[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
@@ -606,7 +648,35 @@ def is_env_workers_key(path: str) -> bool:
 
 
 def rule_for(path: str) -> Rule | None:
-    """The rule of ``path``: its own, else that of the nearest ``prefix.*`` above it."""
+    """The rule of ``path``: its own, else that of the nearest ``prefix.*`` above it. NeMo RL's
+    ``ppo`` section shares its keys with ``grpo``: a ``ppo.<key>`` without a rule of its own
+    takes ``grpo.<key>``'s. A ``value.<backend>_cfg`` or ``value.optimizer`` key takes the rule of
+    ``policy.<key>``, moved to ``critic.<key>`` (see :func:`critic_rule`)."""
+    found = _own_rule(path)
+    if found is None and path.startswith("ppo."):
+        found = _own_rule("grpo." + path[len("ppo."):])
+    if found is None and path.startswith(CRITIC_LAYOUTS):
+        return critic_rule(path)
+    return found
+
+
+#: the critic's keys that mean what the policy's do, moved from policy.* to critic.*
+CRITIC_LAYOUTS = ("value.dtensor_cfg.", "value.megatron_cfg.", "value.optimizer.", "value.optimizer")
+
+
+def critic_rule(path: str) -> Rule:
+    """``value.<key>``: ``policy.<key>``'s rule with its target moved from ``policy.`` to ``critic.``;
+    a key the policy passes through goes to ``critic.<key>``."""
+    rest = path[len("value."):]
+    found = _own_rule("policy." + rest)
+    if found is None:
+        return acts("critic." + rest)
+    if found.fate == "acts" and found.target is not None and found.target.startswith("policy."):
+        return attrs.evolve(found, target="critic." + found.target[len("policy."):])
+    return found
+
+
+def _own_rule(path: str) -> Rule | None:
     if path in RULES:
         return RULES[path]
     parts = path.split(".")
@@ -680,7 +750,7 @@ def translate(raw: dict[str, Any], origins: Origins, strict: bool = False) -> Tr
     NeMo RL key nothing maps is left out with an ``unknown`` fate, or with ``strict`` refused."""
     out = _Translator(origins)
     passthrough: set[str] = set()
-    algorithm = "grpo" if "grpo" in raw else "dpo" if "dpo" in raw else "sft" if "sft" in raw else None
+    algorithm = next((name for name in ("grpo", "ppo", "dpo", "sft") if name in raw), None)
     if algorithm:
         set_at(out.tree, "algorithm.name", algorithm)
         out.new_origins["algorithm.name"] = origin_of(algorithm, origins) or "nemo-rl dialect"
@@ -750,18 +820,19 @@ def _derived(raw: dict[str, Any], out: _Translator, algorithm: str | None) -> No
     policy = raw.get("policy", {}) if isinstance(raw.get("policy"), dict) else {}
     global_batch = policy.get("train_global_batch_size")
     updates_per_step = 1  # optimizer steps per GRPO step: NeMo RL steps its scheduler once per GRPO step
-    if algorithm == "grpo" and global_batch is not None:
-        grpo = raw.get("grpo", {})
+    if algorithm in ("grpo", "ppo") and global_batch is not None:
+        grpo = raw.get(algorithm, {})
         samples = grpo.get("num_prompts_per_step", 0) * grpo.get("num_generations_per_prompt", 0)
         if samples and (not isinstance(global_batch, int) or global_batch < 1 or samples % global_batch):
             out.refuse("policy.train_global_batch_size",
                        f"{global_batch} sequences per optimizer step do not divide the {samples} a step samples "
-                       "(grpo.num_prompts_per_step x num_generations_per_prompt)",
+                       f"({algorithm}.num_prompts_per_step x num_generations_per_prompt)",
                        "give a divisor of the step's samples")
         elif samples:
             updates_per_step = samples // global_batch
             out.put("policy.train_global_batch_size", "algorithm.optimizer_batch_size", global_batch,
-                    f"algorithm.optimizer_batch_size ({updates_per_step} optimizer step(s) per GRPO step)")
+                    f"algorithm.optimizer_batch_size ({updates_per_step} optimizer step(s) per "
+                    f"{algorithm.upper()} step)")
     force = value_at(raw, "loss_fn.force_on_policy_ratio")
     if force and updates_per_step > 1:
         out.refuse("loss_fn.force_on_policy_ratio", f"forcing the PPO ratio to 1 over {updates_per_step} optimizer "
@@ -770,7 +841,7 @@ def _derived(raw: dict[str, Any], out: _Translator, algorithm: str | None) -> No
     elif force is not None:
         out.inert("loss_fn.force_on_policy_ratio", "with one optimizer step per GRPO step the ratio is 1 already"
                   if force else _DEFAULT_ONLY)
-    if global_batch is not None and algorithm != "grpo":
+    if global_batch is not None and algorithm not in ("grpo", "ppo"):
         if algorithm == "sft":
             out.put("policy.train_global_batch_size", "algorithm.batch_size", global_batch)
         elif algorithm == "dpo":  # read as preference pairs per optimizer step
@@ -792,21 +863,9 @@ def _derived(raw: dict[str, Any], out: _Translator, algorithm: str | None) -> No
         set_at(out.tree, "data.apply_chat_template", True)
     elif "chat_template" in (policy.get("tokenizer") or {}):
         out.inert("policy.tokenizer.chat_template", "null: the tokenizer's own template")
-    scheduler = policy.get("scheduler")
-    if isinstance(scheduler, list):
-        warmup = [s for s in scheduler if isinstance(s, dict) and s.get("name") == "torch.optim.lr_scheduler.LinearLR"]
-        rest = [s for s in scheduler if isinstance(s, dict) and "name" in s and s not in warmup]
-        if any(s.get("name") != "torch.optim.lr_scheduler.ConstantLR" for s in rest) or len(warmup) > 1:
-            out.refuse("policy.scheduler", "only a LinearLR warm-up followed by a constant rate is translated",
-                       "write corerl's policy.scheduler.name (constant, linear, cosine) and warmup_steps")
-        else:
-            # NeMo RL counts warm-up in algorithm steps; corerl's scheduler counts optimizer steps
-            steps = int(warmup[0].get("kwargs", {}).get("total_iters", 0)) * updates_per_step if warmup else 0
-            out.put("policy.scheduler", "policy.scheduler", {"name": "constant", "warmup_steps": steps},
-                    f"policy.scheduler (constant, warmup_steps={steps} optimizer steps)")
-    elif scheduler is not None:
-        out.refuse("policy.scheduler", "expected NeMo RL's list of torch schedulers",
-                   "write a list, or corerl's policy.scheduler.name and warmup_steps in a corerl recipe")
+    _scheduler(policy.get("scheduler"), "policy.scheduler", "policy.scheduler", out, updates_per_step)
+    if algorithm == "ppo":
+        _critic(raw, out, updates_per_step)
     keys = ["data.dataset_name", "data.train.dataset_name", "data.validation.dataset_name", "data.default.dataset_name"]
     names = [(key, value_at(raw, key)) for key in keys if value_at(raw, key)]
     if value_at(out.tree, "data.train_files") is not None and algorithm == "dpo":
@@ -827,6 +886,64 @@ def _derived(raw: dict[str, Any], out: _Translator, algorithm: str | None) -> No
         (first, name), *others = names  # the first name given is the one refused at run start
         out.put(first, "data.hub_dataset", str(name))
         out.fates += [KeyFate(key, "acts", "data.hub_dataset") for key, _ in others]
+
+
+def _scheduler(scheduler: Any, source: str, target: str, out: _Translator, updates_per_step: int) -> None:
+    """NeMo RL's list of torch schedulers at ``source``: a LinearLR warm-up then a constant rate
+    becomes corerl's constant schedule at ``target``; any other list is refused."""
+    if isinstance(scheduler, list):
+        warmup = [s for s in scheduler if isinstance(s, dict) and s.get("name") == "torch.optim.lr_scheduler.LinearLR"]
+        rest = [s for s in scheduler if isinstance(s, dict) and "name" in s and s not in warmup]
+        if any(s.get("name") != "torch.optim.lr_scheduler.ConstantLR" for s in rest) or len(warmup) > 1:
+            out.refuse(source, "only a LinearLR warm-up followed by a constant rate is translated",
+                       f"write corerl's {target}.name (constant, linear, cosine) and warmup_steps")
+        else:
+            # NeMo RL counts warm-up in algorithm steps; corerl's scheduler counts optimizer steps
+            steps = int(warmup[0].get("kwargs", {}).get("total_iters", 0)) * updates_per_step if warmup else 0
+            out.put(source, target, {"name": "constant", "warmup_steps": steps},
+                    f"{target} (constant, warmup_steps={steps} optimizer steps)")
+    elif scheduler is not None:
+        out.refuse(source, "expected NeMo RL's list of torch schedulers",
+                   f"write a list, or corerl's {target}.name and warmup_steps in a corerl recipe")
+
+
+def _critic(raw: dict[str, Any], out: _Translator, updates_per_step: int) -> None:
+    """NeMo RL's ``value`` section and PPO's GAE lambdas: what several keys decide together."""
+    estimator = value_at(raw, "ppo.adv_estimator") or {}
+    policy_lam, lam = estimator.get("gae_lambda_policy"), estimator.get("gae_lambda")
+    if policy_lam is not None:  # VAPO's decoupled GAE: the policy's lambda apart from the value targets'
+        out.put("ppo.adv_estimator.gae_lambda_policy", "algorithm.ppo.lam", policy_lam)
+        if lam is not None:
+            out.inert("ppo.adv_estimator.gae_lambda", "gae_lambda_policy is given: it is the policy's lambda")
+    else:
+        if lam is not None:
+            out.put("ppo.adv_estimator.gae_lambda", "algorithm.ppo.lam", lam)
+        if "gae_lambda_policy" in estimator:
+            out.inert("ppo.adv_estimator.gae_lambda_policy", "null: gae_lambda is the policy's lambda")
+    value = raw.get("value")
+    if not isinstance(value, dict):
+        return
+    policy = raw.get("policy") if isinstance(raw.get("policy"), dict) else {}
+    name = value.get("model_name")
+    if "model_name" in value:
+        if name in (None, policy.get("model_name")):
+            out.inert("value.model_name", "the policy's model: the critic starts from the policy's starting weights "
+                                          "with a zero value head, as NeMo RL's value model does")
+        else:
+            out.refuse("value.model_name", f"a critic from another model ({name}) than the policy's is not translated: "
+                       "corerl's critic.model_name takes a value model (a one-label token classifier)",
+                       "remove it, or set critic.model_name to a value-model checkpoint in a corerl recipe")
+    for key, what in (("train_global_batch_size", "trains on the policy's optimizer batches"),
+                      ("max_total_sequence_length", "reads the policy's rows"),
+                      ("precision", "runs in the policy's precision")):
+        if key not in value:
+            continue
+        if value[key] in (None, policy.get(key)):
+            out.inert(f"value.{key}", f"the critic {what} (the same value as policy.{key})")
+        else:
+            out.refuse(f"value.{key}", f"{value[key]!r} differs from policy.{key} ({policy.get(key)!r}): the critic "
+                       f"{what}", f"give the policy's value or remove value.{key}")
+    _scheduler(value.get("scheduler"), "value.scheduler", "critic.scheduler", out, updates_per_step)
 
 
 def _asynchronous(raw: dict[str, Any], out: _Translator) -> None:
