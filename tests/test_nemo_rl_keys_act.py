@@ -1,0 +1,212 @@
+"""NeMo RL's keys that act, shown by the corerl config they build (not by validation passing):
+PPO's ppo:/value:/value_loss_fn: sections, DAPO's keys, the loss options, the model config
+overrides, system prompts, data order, the checkpoint deadline and ``${oc.env:HF_HOME}``."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, run_corerl
+
+DATA = REPO / "tests" / "data" / "nemo_rl"
+
+
+def _load(recipe: Path | str, *overrides: str):
+    from corerl.config import load_config
+    from corerl.plugin_manager import PluginHost
+
+    return load_config(recipe, list(overrides), PluginHost())
+
+
+def _child(tmp_path: Path, name: str, text: str, parent: str = "base_grpo.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(f"defaults: {DATA / parent}\n{text}")
+    return path
+
+
+def test_nemo_rl_ppo_sections_land_on_corerls_ppo_and_critic():
+    core = _load(DATA / "ppo.yaml").core
+    algorithm, critic = core.algorithm, core.critic
+    assert algorithm.name == "ppo" and algorithm.batch_size == 8 and algorithm.num_generations_per_prompt == 4
+    assert algorithm.max_steps == 30 and algorithm.optimization_passes == 2 and algorithm.seed == 11
+    assert algorithm.optimizer_batch_size == 16  # train_global_batch_size: 2 optimizer steps of the 32 samples
+    assert algorithm.ratio_clip_max == 0.28 and algorithm.ratio_clip_c == 10
+    config = _load(DATA / "ppo.yaml")
+    ppo = config.section("algorithm.ppo")
+    # gae_lambda_policy is the policy's lambda; gae_lambda_value the critic targets'
+    assert (ppo.lam, ppo.value_lam, ppo.gamma, ppo.whiten_advantages, ppo.critic_warmup_steps) == (0.9, 1.0, 1, True, 2)
+    assert (critic.loss_scale, critic.value_clip, critic.max_grad_norm, critic.train_micro_batch_size) == (0.4, 0.5, 0.5, 8)
+    assert critic.model_name is None  # the policy's weights with a zero value head, as NeMo RL's value model
+    assert (critic.optimizer.name, critic.optimizer.lr, critic.optimizer.betas) == ("adamw", 1e-2, [0.9, 0.99])
+    assert (critic.scheduler.name, critic.scheduler.warmup_steps) == ("constant", 6)  # 3 PPO steps x 2 updates
+    assert config.sections["critic.dtensor_cfg"].enabled is True
+    # DAPO's keys in the ppo section act as in grpo's
+    assert algorithm.overlong_filtering is True
+    assert (algorithm.overlong_penalty.enabled, algorithm.overlong_penalty.buffer_length,
+            algorithm.overlong_penalty.penalty, algorithm.overlong_penalty.max_response_length) == (True, 2, 0.5, 6)
+    assert (algorithm.reward_scaling.enabled, algorithm.reward_scaling.target_min) == (True, -1.0)
+
+
+def test_the_ppo_recipe_explains_its_critic_keys_and_refuses_what_corerl_lacks(tmp_path):
+    result = run_corerl("validate", str(DATA / "ppo.yaml"), "--explain", "--json")
+    assert result.code == 0, result
+    fates = {k["key"]: (k["fate"], k["detail"]) for k in result.json()["keys"]}
+    assert fates["value_loss_fn.scale"] == ("acts", "critic.loss_scale")
+    assert fates["value.dtensor_cfg.tensor_parallel_size"] == ("acts", "critic.dtensor_cfg.tensor_parallel_size")
+    assert fates["value.optimizer.kwargs.lr"] == ("acts", "critic.optimizer.lr")
+    assert fates["value.model_name"][0] == "inert" and fates["ppo.adv_estimator.gae_lambda"][0] == "inert"
+    assert fates["ppo.async_ppo.max_trajectory_age_steps"] == ("inert", "ppo.async_ppo.enabled is false")
+    for override, says in (("ppo.async_ppo.enabled=true", "ppo.async_ppo.enabled: asynchronous PPO is not built"),
+                           ("value.precision=bfloat16", "value.precision: 'bfloat16' differs from policy.precision"),
+                           ("ppo.adv_estimator.length_adaptive_alpha=0.05", "VAPO's length-adaptive lambda"),
+                           ("value.model_name=other/model", "a critic from another model (other/model)")):
+        refused = run_corerl("validate", str(DATA / "ppo.yaml"), override)
+        assert refused.code == 2 and says in refused.err, (override, refused.err)
+
+
+def test_dapo_keys_act_on_grpo(tmp_path):
+    recipe = _child(tmp_path, "dapo.yaml", "grpo:\n  use_dynamic_sampling: true\n  batch_multiplier: 3\n"
+                    "  dynamic_sampling_max_gen_batches: 5\n  overlong_filtering: true\n  reward_shaping:\n"
+                    "    enabled: true\n    overlong_buffer_length: 4\n    overlong_buffer_penalty: 1.0\n"
+                    "    max_response_length: 12\n    stop_properly_penalty_coef: null\n  reward_scaling:\n"
+                    "    enabled: true\n    source_min: 0.0\n    source_max: 1.0\n    target_min: -1.0\n"
+                    "    target_max: 1.0\nloss_fn:\n  token_level_loss: false\n  use_on_policy_kl_approximation: true\n")
+    algorithm = _load(recipe).core.algorithm
+    sampling = algorithm.dynamic_sampling
+    assert (sampling.enabled, sampling.batch_multiplier, sampling.max_generation_batches) == (True, 3, 5)
+    assert algorithm.overlong_filtering and algorithm.overlong_penalty.enabled
+    assert (algorithm.overlong_penalty.buffer_length, algorithm.overlong_penalty.max_response_length) == (4, 12)
+    assert algorithm.reward_scaling.enabled and algorithm.reward_scaling.target_min == -1.0
+    assert algorithm.token_level_loss is False and algorithm.on_policy_kl_approximation is True
+    from corerl.algorithms.grpo_math import GRPOLoss
+
+    loss = GRPOLoss.from_config(algorithm)
+    assert loss.token_level_loss is False and loss.on_policy_kl_approximation is True
+    prorl = _load(recipe, "grpo.reward_shaping.stop_properly_penalty_coef=0.1").core.algorithm
+    assert prorl.overlong_penalty.truncated_reward_factor == 0.1
+    # dynamic sampling is GRPO's, and synchronous: refused in one line otherwise
+    refused = run_corerl("validate", str(recipe), "grpo.async_grpo.enabled=true", "cluster.gpus_per_node=2",
+                         "policy.generation.colocated.enabled=false",
+                         "policy.generation.colocated.resources.gpus_per_node=1")
+    assert refused.code == 2 and "algorithm.dynamic_sampling.enabled: dynamic sampling draws more prompts" in refused.err
+
+
+def test_model_config_overrides_reach_every_engine_through_one_folder(tmp_path):
+    from corerl.models.overrides import with_config_overrides
+    from corerl.run_directory import resolve_model
+
+    model = Path(resolve_model("builtin:tiny-qwen2", tmp_path))
+    recipe = _child(tmp_path, "overrides.yaml", "policy:\n  hf_config_overrides:\n    max_position_embeddings: 64\n")
+    overrides = _load(recipe).core.policy.hf_config_overrides
+    assert overrides == {"max_position_embeddings": 64}
+    folder = Path(with_config_overrides(str(model), overrides, tmp_path / "run" / "model_overridden"))
+    config = json.loads((folder / "config.json").read_text())
+    original = json.loads((model / "config.json").read_text())
+    assert config["max_position_embeddings"] == 64 and original["max_position_embeddings"] != 64
+    assert {k: v for k, v in config.items() if k != "max_position_embeddings"} == {
+        k: v for k, v in original.items() if k != "max_position_embeddings"}
+    weights = next(folder.glob("*.safetensors"))
+    assert weights.is_symlink() and weights.resolve() == (model / weights.name).resolve()  # never copied
+    from transformers import AutoConfig
+
+    assert AutoConfig.from_pretrained(folder).max_position_embeddings == 64
+
+
+def test_a_system_prompt_file_opens_every_prompt(tmp_path):
+    from corerl.config.schema import DataConfig
+    from corerl.run_directory import load_tokenizer, resolve_model
+    from corerl.tasks.dataset import DatasetTask
+
+    recipe = _child(tmp_path, "system.yaml", "data:\n  default:\n    system_prompt_file: sys.txt\n")
+    assert _load(recipe).core.data.system_prompt_file == "sys.txt"
+    system = tmp_path / "sys.txt"
+    system.write_text("Answer with one digit.\n")
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text("".join(json.dumps({"prompt": f"w {d}", "answer": str(d)}) + "\n" for d in range(8)))
+    model = resolve_model("builtin:tiny-qwen2", tmp_path)
+    tokenizer = load_tokenizer(model, model)
+
+    def task(**keys: object) -> DatasetTask:
+        data = DataConfig(train_files=str(rows), held_out_size=2, **keys)
+        from corerl.tasks import TaskContext
+
+        return DatasetTask(TaskContext(tokenizer=tokenizer, seed=0, data=data))
+
+    with_system, plain = task(system_prompt_file=str(system)), task()
+    # no chat template here: the system prompt is the prompt's first paragraph
+    assert with_system.encode_prompt("w 3") == plain.encode_prompt("Answer with one digit.\n\nw 3")
+    assert len(with_system.encode_prompt("w 3")) > len(plain.encode_prompt("w 3"))
+    missing = run_corerl("run", str(recipe), "data.default.system_prompt_file=/nowhere/sys.txt",
+                         f"data.train_data_path={rows}", f"run.output_dir={tmp_path}")
+    assert missing.code == 2 and "data.system_prompt_file: cannot read the system prompt file /nowhere/sys.txt" \
+        in missing.err, missing.err
+
+
+def test_unshuffled_data_is_drawn_in_file_order():
+    import random
+
+    from corerl.tasks.dataset import DatasetTask
+
+    def drawn(shuffle: bool) -> list[int]:
+        task = DatasetTask.__new__(DatasetTask)
+        task.train, task.order, task.position = [{"i": i} for i in range(6)], [], 0
+        task.rng, task.shuffle = random.Random(0), shuffle
+        return [row["i"] for row in task._draw(8)]
+
+    assert drawn(False) == [0, 1, 2, 3, 4, 5, 0, 1]
+    assert sorted(drawn(True)[:6]) == list(range(6)) and drawn(True)[:6] != list(range(6))
+    assert _load(DATA / "base_grpo.yaml", "data.shuffle=false").core.data.shuffle is False
+
+
+def test_checkpoint_must_save_by_becomes_a_time_budget(tmp_path):
+    from corerl.checkpoints import TimeBudget, duration_seconds
+
+    recipe = _child(tmp_path, "deadline.yaml", "checkpointing:\n  enabled: true\n  checkpoint_must_save_by: "
+                    "00:03:30:00\n")
+    assert _load(recipe).core.checkpointing.save_by == "00:03:30:00"
+    assert duration_seconds("00:03:30:00") == 3.5 * 3600 and duration_seconds("01:00:00:05") == 86405
+    assert duration_seconds("02:30") == 150  # fewer fields: the last ones (MM:SS)
+    budget = TimeBudget("0:0:0:0.05")
+    assert not budget.check()
+    time.sleep(0.06)
+    assert budget.check() and budget.spent and not TimeBudget(None).check()
+    refused = run_corerl("validate", str(DATA / "base_grpo.yaml"), "checkpointing.checkpoint_must_save_by=3h")
+    assert refused.code == 2 and "checkpointing.save_by: expected DD:HH:MM:SS" in refused.err, refused.err
+
+
+def test_hf_home_in_a_recipe_falls_back_to_hugging_faces_own_default(tmp_path, monkeypatch):
+    from corerl.config.interpolation import huggingface_default
+
+    recipe = _child(tmp_path, "hf_home.yaml", "data:\n  train_data_path: ${oc.env:HF_HOME}/data/train.jsonl\n")
+    monkeypatch.delenv("HF_HOME", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    assert _load(recipe).core.data.train_files == f"{tmp_path}/cache/huggingface/data/train.jsonl"
+    monkeypatch.setenv("HF_HOME", "/srv/hf")
+    assert _load(recipe).core.data.train_files == "/srv/hf/data/train.jsonl"
+    assert huggingface_default("HF_HUB_CACHE") == "/srv/hf/hub" and huggingface_default("PATHX") is None
+    other = _child(tmp_path, "other_env.yaml", "data:\n  train_data_path: ${oc.env:CORERL_TEST_UNSET_VARIABLE}\n")
+    monkeypatch.delenv("CORERL_TEST_UNSET_VARIABLE", raising=False)
+    from corerl.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="CORERL_TEST_UNSET_VARIABLE"):
+        _load(other)
+
+
+def test_dapo_math_verify_reads_the_answer_after_the_last_answer_marker():
+    import types
+
+    from corerl.environments.math_env import MathEnvironment, dapo_answer
+
+    assert dapo_answer("steps... Answer: 12\nmore") == "12" and dapo_answer("no marker 12") is None
+    context = types.SimpleNamespace(data=None, settings=types.SimpleNamespace(math_verify_impl="dapo_math_verify"))
+    dapo = MathEnvironment(context)  # type: ignore[arg-type]
+    assert dapo.correct("I think 3. Answer: $\\boxed{7}$", "7")
+    assert dapo.correct("Answer: 1/2", "\\frac{1}{2}")  # then compared as mathematics
+    assert not dapo.correct("the answer is 7", "7")  # no 'Answer:' marker: wrong under DAPO's rule
+    hf = MathEnvironment(types.SimpleNamespace(data=None, settings=types.SimpleNamespace(
+        math_verify_impl="hf_math_verify")))  # type: ignore[arg-type]
+    assert hf.correct("the answer is 7", "7")
