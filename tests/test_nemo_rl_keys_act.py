@@ -140,6 +140,12 @@ def test_a_system_prompt_file_opens_every_prompt(tmp_path):
     # no chat template here: the system prompt is the prompt's first paragraph
     assert with_system.encode_prompt("w 3") == plain.encode_prompt("Answer with one digit.\n\nw 3")
     assert len(with_system.encode_prompt("w 3")) > len(plain.encode_prompt("w 3"))
+    # with a chat template: a system message, then the user's, as token ids
+    tokenizer.chat_template = "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}"
+    chat = task(system_prompt_file=str(system), apply_chat_template=True).encode_prompt("w 3")
+    assert all(isinstance(i, int) for i in chat)
+    assert tokenizer.decode(chat) == tokenizer.decode(tokenizer.encode("<system>Answer with one digit.<user>w 3",
+                                                                       add_special_tokens=False))
     missing = run_corerl("run", str(recipe), "data.default.system_prompt_file=/nowhere/sys.txt",
                          f"data.train_data_path={rows}", f"run.output_dir={tmp_path}")
     assert missing.code == 2 and "data.system_prompt_file: cannot read the system prompt file /nowhere/sys.txt" \

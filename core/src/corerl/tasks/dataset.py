@@ -221,8 +221,10 @@ class DatasetTask:
             text = self.template.format(text)
         if self.chat_template:
             system = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
+            # return_dict=False: transformers 5 returns a BatchEncoding otherwise, whose list is its keys
             return list(self.tokenizer.apply_chat_template([*system, {"role": "user", "content": text}],
-                                                           add_generation_prompt=True, tokenize=True))
+                                                           add_generation_prompt=True, tokenize=True,
+                                                           return_dict=False))
         if self.system_prompt:  # no chat template: the system prompt is the text's first paragraph
             text = f"{self.system_prompt}\n\n{text}"
         ids = list(self.tokenizer.encode(text, add_special_tokens=False))
