@@ -138,11 +138,11 @@ def test_keys_nothing_maps_are_left_out_with_one_warning_and_refused_with_strict
 @pytest.mark.parametrize("override, says", [
     ("grpo.async_grpo.enabled=true", "policy.generation.colocated.enabled: asynchronous RL generates while training "
                                      "runs"),
-    ("loss_fn.use_on_policy_kl_approximation=true", "loss_fn.use_on_policy_kl_approximation: True is not"),
+    ("loss_fn.use_cispo=true", "loss_fn.use_cispo: True is not"),
     ("policy.train_global_batch_size=48", "policy.train_global_batch_size: 48 sequences per optimizer step do not "
                                           "divide the 64"),
-    ("grpo.use_dynamic_sampling=true", "DAPO's dynamic sampling"),
-    ("grpo.reward_shaping.enabled=true", "DAPO's overlong reward shaping is not built into corerl yet"),
+    ("grpo.adv_estimator.name=gdpo", "the 'gdpo' advantage estimator is not built into corerl yet"),
+    ("policy.megatron_cfg.fp8_cfg.enabled=true", "FP8 training is not built into corerl yet"),
     ("policy.optimizer.name=torch.optim.Adagrad", "optimizer 'torch.optim.Adagrad' is not one corerl builds"),
 ])
 def test_what_corerl_does_not_support_is_refused_in_one_line(override, says):

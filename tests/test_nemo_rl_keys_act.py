@@ -10,9 +10,26 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, run_corerl
+from tests.conftest import REPO
 
 DATA = REPO / "tests" / "data" / "nemo_rl"
+
+
+class _Validated:
+    """``corerl validate`` run in this process (the fast tier starts no subprocess)."""
+
+    def __init__(self, capsys: pytest.CaptureFixture[str], *args: str) -> None:
+        from corerl.cli import main
+
+        self.code = main(["validate", *args])
+        captured = capsys.readouterr()
+        self.out, self.err = captured.out, captured.err
+
+    def json(self) -> dict:
+        return json.loads(self.out)
+
+    def __repr__(self) -> str:
+        return f"exit {self.code}\nstdout:\n{self.out}\nstderr:\n{self.err}"
 
 
 def _load(recipe: Path | str, *overrides: str):
@@ -51,8 +68,8 @@ def test_nemo_rl_ppo_sections_land_on_corerls_ppo_and_critic():
     assert (algorithm.reward_scaling.enabled, algorithm.reward_scaling.target_min) == (True, -1.0)
 
 
-def test_the_ppo_recipe_explains_its_critic_keys_and_refuses_what_corerl_lacks(tmp_path):
-    result = run_corerl("validate", str(DATA / "ppo.yaml"), "--explain", "--json")
+def test_the_ppo_recipe_explains_its_critic_keys_and_refuses_what_corerl_lacks(capsys):
+    result = _Validated(capsys, str(DATA / "ppo.yaml"), "--explain", "--json")
     assert result.code == 0, result
     fates = {k["key"]: (k["fate"], k["detail"]) for k in result.json()["keys"]}
     assert fates["value_loss_fn.scale"] == ("acts", "critic.loss_scale")
@@ -60,15 +77,17 @@ def test_the_ppo_recipe_explains_its_critic_keys_and_refuses_what_corerl_lacks(t
     assert fates["value.optimizer.kwargs.lr"] == ("acts", "critic.optimizer.lr")
     assert fates["value.model_name"][0] == "inert" and fates["ppo.adv_estimator.gae_lambda"][0] == "inert"
     assert fates["ppo.async_ppo.max_trajectory_age_steps"] == ("inert", "ppo.async_ppo.enabled is false")
+    gdpo = _Validated(capsys, str(DATA / "base_grpo.yaml"), "grpo.adv_estimator.name=gdpo")
+    assert gdpo.code == 2 and "grpo.adv_estimator.name: the 'gdpo' advantage estimator is not built" in gdpo.err
     for override, says in (("ppo.async_ppo.enabled=true", "ppo.async_ppo.enabled: asynchronous PPO is not built"),
                            ("value.precision=bfloat16", "value.precision: 'bfloat16' differs from policy.precision"),
                            ("ppo.adv_estimator.length_adaptive_alpha=0.05", "VAPO's length-adaptive lambda"),
                            ("value.model_name=other/model", "a critic from another model (other/model)")):
-        refused = run_corerl("validate", str(DATA / "ppo.yaml"), override)
+        refused = _Validated(capsys, str(DATA / "ppo.yaml"), override)
         assert refused.code == 2 and says in refused.err, (override, refused.err)
 
 
-def test_dapo_keys_act_on_grpo(tmp_path):
+def test_dapo_keys_act_on_grpo(tmp_path, capsys):
     recipe = _child(tmp_path, "dapo.yaml", "grpo:\n  use_dynamic_sampling: true\n  batch_multiplier: 3\n"
                     "  dynamic_sampling_max_gen_batches: 5\n  overlong_filtering: true\n  reward_shaping:\n"
                     "    enabled: true\n    overlong_buffer_length: 4\n    overlong_buffer_penalty: 1.0\n"
@@ -86,10 +105,12 @@ def test_dapo_keys_act_on_grpo(tmp_path):
 
     loss = GRPOLoss.from_config(algorithm)
     assert loss.token_level_loss is False and loss.on_policy_kl_approximation is True
-    prorl = _load(recipe, "grpo.reward_shaping.stop_properly_penalty_coef=0.1").core.algorithm
+    prorl = _load(recipe, "grpo.reward_shaping.stop_properly_penalty_coef=0.1",
+                  "grpo.adv_estimator.name=reinforce_plus_plus", "grpo.adv_estimator.minus_baseline=false").core.algorithm
     assert prorl.overlong_penalty.truncated_reward_factor == 0.1
+    assert (prorl.advantage_estimator, prorl.minus_baseline) == ("reinforce_plus_plus", False)
     # dynamic sampling is GRPO's, and synchronous: refused in one line otherwise
-    refused = run_corerl("validate", str(recipe), "grpo.async_grpo.enabled=true", "cluster.gpus_per_node=2",
+    refused = _Validated(capsys, str(recipe), "grpo.async_grpo.enabled=true", "cluster.gpus_per_node=2",
                          "policy.generation.colocated.enabled=false",
                          "policy.generation.colocated.resources.gpus_per_node=1")
     assert refused.code == 2 and "algorithm.dynamic_sampling.enabled: dynamic sampling draws more prompts" in refused.err
@@ -146,10 +167,11 @@ def test_a_system_prompt_file_opens_every_prompt(tmp_path):
     assert all(isinstance(i, int) for i in chat)
     assert tokenizer.decode(chat) == tokenizer.decode(tokenizer.encode("<system>Answer with one digit.<user>w 3",
                                                                        add_special_tokens=False))
-    missing = run_corerl("run", str(recipe), "data.default.system_prompt_file=/nowhere/sys.txt",
-                         f"data.train_data_path={rows}", f"run.output_dir={tmp_path}")
-    assert missing.code == 2 and "data.system_prompt_file: cannot read the system prompt file /nowhere/sys.txt" \
-        in missing.err, missing.err
+    from corerl.errors import ConfigError
+
+    with pytest.raises(ConfigError) as missing:
+        task(system_prompt_file="/nowhere/sys.txt")
+    assert "data.system_prompt_file: cannot read the system prompt file /nowhere/sys.txt" in missing.value.one_line()
 
 
 def test_unshuffled_data_is_drawn_in_file_order():
@@ -168,7 +190,7 @@ def test_unshuffled_data_is_drawn_in_file_order():
     assert _load(DATA / "base_grpo.yaml", "data.shuffle=false").core.data.shuffle is False
 
 
-def test_checkpoint_must_save_by_becomes_a_time_budget(tmp_path):
+def test_checkpoint_must_save_by_becomes_a_time_budget(tmp_path, capsys):
     from corerl.checkpoints import TimeBudget, duration_seconds
 
     recipe = _child(tmp_path, "deadline.yaml", "checkpointing:\n  enabled: true\n  checkpoint_must_save_by: "
@@ -180,8 +202,10 @@ def test_checkpoint_must_save_by_becomes_a_time_budget(tmp_path):
     assert not budget.check()
     time.sleep(0.06)
     assert budget.check() and budget.spent and not TimeBudget(None).check()
-    refused = run_corerl("validate", str(DATA / "base_grpo.yaml"), "checkpointing.checkpoint_must_save_by=3h")
+    refused = _Validated(capsys, str(DATA / "base_grpo.yaml"), "checkpointing.checkpoint_must_save_by=3h")
     assert refused.code == 2 and "checkpointing.save_by: expected DD:HH:MM:SS" in refused.err, refused.err
+    unquoted = _Validated(capsys, str(recipe), "checkpointing.checkpoint_must_save_by=1:30:00")
+    assert unquoted.code == 2 and "YAML read the duration as the number 5400; quote it" in unquoted.err, unquoted
 
 
 def test_hf_home_in_a_recipe_falls_back_to_hugging_faces_own_default(tmp_path, monkeypatch):

@@ -98,3 +98,20 @@ def test_ctrl_c_saves_a_checkpoint_and_exits_cleanly_then_the_run_resumes(tmp_pa
     assert resumed.code == 0, resumed
     assert f"resuming from step {step}" in resumed.out
     assert len(_rows(run_dir)) == step + 2
+
+
+def test_a_spent_save_by_budget_saves_a_checkpoint_exits_0_and_the_run_resumes_to_the_end(tmp_path):
+    """checkpointing.save_by (NeMo RL's checkpoint_must_save_by): once the budget is spent (here at
+    once: a budget of 0), the run saves and stops with status 0; the same command then resumes it
+    to its last step."""
+    args = [*COMMON, "checkpointing.save_period=100"]
+    stopped = run_corerl("run", f"run.output_dir={tmp_path}", "run.name=budget", *args, "checkpointing.save_by='0'")
+    assert stopped.code == 0, stopped
+    assert "checkpointing.save_by (0) ran out: saved a checkpoint at step 0" in stopped.out, stopped.out
+    run_dir = tmp_path / "budget"
+    assert [p.name for p in (run_dir / "checkpoints").iterdir()] == ["step_000000"]
+    assert not (run_dir / "final").exists()
+    finished = run_corerl("run", f"run.output_dir={tmp_path}", "run.name=budget", *args)
+    assert finished.code == 0, finished
+    assert "resuming from step 0" in finished.out and (run_dir / "final").exists()
+    assert len(_rows(run_dir)) == 8

@@ -163,3 +163,18 @@ def test_decoupled_gae_takes_the_critics_targets_with_their_own_lambda():
     _, td = gae(rewards, values, mask, 1.0, 0.0)
     assert monte_carlo[0].tolist() == pytest.approx([1.0, 1.0, 1.0])  # lambda 1: the returns themselves
     assert td[0].tolist() == pytest.approx([0.4, 0.6, 1.0])  # lambda 0: one-step targets
+
+
+def test_reinforce_plus_plus_subtracts_the_group_mean_then_normalises_over_the_step():
+    from corerl.algorithms.grpo_math import group_advantages, reinforce_plus_plus_advantages
+
+    rewards = torch.tensor([[1.0, 0.0], [1.0, 1.0], [0.0, 0.0], [3.0, 1.0]])
+    centred = torch.tensor([[0.5, -0.5], [0.0, 0.0], [0.0, 0.0], [1.0, -1.0]])
+    got = reinforce_plus_plus_advantages(rewards)
+    want = (centred - centred.mean()) / centred.std(unbiased=False)
+    assert torch.allclose(got, want, atol=1e-5)
+    # unlike GRPO's per-group scaling, a group's spread keeps its weight: [3, 1] counts twice [1, 0]
+    assert float(got[3, 0]) == pytest.approx(2 * float(got[0, 0]), rel=1e-4)
+    assert float(group_advantages(rewards)[3, 0]) == pytest.approx(float(group_advantages(rewards)[0, 0]), rel=1e-4)
+    no_baseline = reinforce_plus_plus_advantages(rewards, minus_baseline=False, normalise=False)
+    assert torch.equal(no_baseline, rewards)

@@ -24,6 +24,7 @@ from corerl.algorithms.grpo_math import (
     GRPOLoss,
     group_advantages,
     off_policy_metrics,
+    reinforce_plus_plus_advantages,
     sequence_weights,
     step_gap_metrics,
 )
@@ -98,6 +99,8 @@ class GRPO:
     reference: TrainingEngine | None = None  # a frozen training backend for the KL penalty (logprobs only)
     scale_rewards_by_std: bool = True
     leave_one_out_baseline: bool = False
+    advantage_estimator: str = "grpo"  # or reinforce_plus_plus (REINFORCE++-baseline)
+    minus_baseline: bool = True  # reinforce_plus_plus: the group's mean subtracted first
     optimization_passes: int = 1
     optimizer_batch_size: int | None = None  # rows per optimizer step; None: the whole step's samples
     steps_done: int = 0
@@ -165,8 +168,12 @@ class GRPO:
         assert offload is not None
         groups = rollout.groups
         rewards = torch.tensor(rollout.rewards, dtype=torch.float32)
-        advantages = group_advantages(rewards, scale_by_std=self.scale_rewards_by_std,
-                                      leave_one_out=self.leave_one_out_baseline)
+        if self.advantage_estimator == "reinforce_plus_plus":
+            advantages = reinforce_plus_plus_advantages(rewards, minus_baseline=self.minus_baseline,
+                                                        normalise=self.scale_rewards_by_std)
+        else:
+            advantages = group_advantages(rewards, scale_by_std=self.scale_rewards_by_std,
+                                          leave_one_out=self.leave_one_out_baseline)
         batch = samples_to_batch(groups, advantages)
 
         start = time.perf_counter()
@@ -244,6 +251,7 @@ class GRPOAlgorithm(AlgorithmBase):
         self.grpo = GRPO(context.config, context.training, context.generation, context.task.reward,
                          loss=GRPOLoss.from_config(algorithm), scale_rewards_by_std=algorithm.scale_rewards_by_std,
                          leave_one_out_baseline=algorithm.leave_one_out_baseline,
+                         advantage_estimator=algorithm.advantage_estimator, minus_baseline=algorithm.minus_baseline,
                          optimization_passes=algorithm.optimization_passes,
                          optimizer_batch_size=algorithm.optimizer_batch_size, reference=reference,
                          steps_done=self.done, offload=context.offload, reference_offload=reference_offload,

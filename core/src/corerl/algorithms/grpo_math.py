@@ -28,6 +28,17 @@ def group_advantages(rewards: torch.Tensor, *, scale_by_std: bool = True, leave_
     return centred / (std + eps)
 
 
+def reinforce_plus_plus_advantages(rewards: torch.Tensor, *, minus_baseline: bool = True, normalise: bool = True,
+                                   eps: float = 1e-6) -> torch.Tensor:
+    """REINFORCE++-baseline: ``rewards`` ``[prompts, n]`` minus the group's mean (with
+    ``minus_baseline``), then centred and scaled over the whole step's samples (``normalise``)
+    rather than within each group."""
+    centred = rewards - rewards.mean(dim=1, keepdim=True) if minus_baseline else rewards
+    if not normalise or centred.numel() < 2:
+        return centred
+    return (centred - centred.mean()) / (centred.std(unbiased=False) + eps)
+
+
 def kl_estimate(delta: torch.Tensor, kind: str = "k3", input_clamp: float | None = None,
                 output_clamp: float | None = None) -> torch.Tensor:
     """Per-token estimate of KL(policy || reference) from ``delta = ref_logprob - logprob`` of the

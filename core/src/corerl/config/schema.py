@@ -254,6 +254,10 @@ class AlgorithmConfig:
                                                            "training policy, not the sampler")
     token_level_loss: bool = setting(True, help="true: the loss is the mean over a step's loss tokens; false: each "
                                                 "sequence's token mean, averaged over sequences")
+    advantage_estimator: Literal["grpo", "reinforce_plus_plus"] = setting(
+        "grpo", help="GRPO: grpo (each reward against its group, scaled by the group's std); reinforce_plus_plus: "
+                     "REINFORCE++-baseline (minus the group's mean, then normalised over the step's samples)")
+    minus_baseline: bool = setting(True, help="reinforce_plus_plus: subtract the group's mean reward first")
     scale_rewards_by_std: bool = setting(True)
     leave_one_out_baseline: bool = setting(False, help="each sample's baseline is the mean of its group's other rewards")
     optimization_passes: int = setting(1, min=1)
@@ -354,7 +358,7 @@ class CheckpointingConfig:
     enabled: bool = setting(False)
     save_period: int = setting(10, min=1, help="save every this many steps (and at the end)")
     keep_last: int = setting(2, min=1, help="complete checkpoints kept; older ones are deleted")
-    save_by: str | None = setting(None, help="a wall-clock budget, DD:HH:MM:SS (or HH:MM:SS) from the run's start: "
+    save_by: str | float | None = setting(None, help="a wall-clock budget, DD:HH:MM:SS (or HH:MM:SS) from the run's start: "
                                              "once a step ends past it, the run saves a checkpoint and stops (resume "
                                              "with the same run.name); for schedulers' time limits")
     merge_lora_on_export: bool = setting(False, help="with policy.lora, also write the merged Hugging Face model "
@@ -395,7 +399,10 @@ class CorerlConfig:
                 "set data.env_name (corerl plugins lists the environments)",
             )
         save_by = self.checkpointing.save_by
-        if save_by is not None and re.fullmatch(r"(\d+:){0,3}\d+(\.\d+)?", str(save_by)) is None:
+        if isinstance(save_by, (int, float)):  # YAML 1.1 reads unquoted 1:30:00 as a base-60 number
+            yield ("checkpointing.save_by", f"YAML read the duration as the number {save_by:g}; quote it "
+                                            "(save_by: '00:03:30:00')")
+        elif save_by is not None and re.fullmatch(r"(\d+:){0,3}\d+(\.\d+)?", str(save_by)) is None:
             yield ("checkpointing.save_by", f"expected DD:HH:MM:SS (or HH:MM:SS), got {save_by!r}")
         if save_by is not None and not self.checkpointing.enabled:
             yield ("checkpointing.save_by", "stopping at the time budget saves a checkpoint to resume from; set "

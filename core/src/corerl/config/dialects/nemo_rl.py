@@ -79,6 +79,14 @@ def _environment_name(value: Any) -> Any:
     return value
 
 
+def _estimator(name: Any) -> str:
+    """NeMo RL's GRPO advantage estimator as corerl's ``algorithm.advantage_estimator``."""
+    if name not in ("grpo", "reinforce_plus_plus"):
+        raise ValueError(f"the {name!r} advantage estimator is not built into corerl yet (grpo and "
+                         "reinforce_plus_plus are)")
+    return str(name)
+
+
 def _above(limit: int) -> Callable[[Any], bool]:
     return lambda value: value is not None and value > limit
 
@@ -238,11 +246,10 @@ RULES: dict[str, Rule] = {
                                      lambda value: value is not None),
     "grpo.advantage_clip_high": inert("advantage clipping is not built into corerl yet; only null is accepted",
                                       lambda value: value is not None),
-    "grpo.adv_estimator.name": inert("corerl's advantage is GRPO's (group-relative); another estimator is refused",
-                                     _not("grpo")),
+    "grpo.adv_estimator.name": acts("algorithm.advantage_estimator", _estimator),
     "grpo.adv_estimator.normalize_rewards": acts("algorithm.scale_rewards_by_std"),
     "grpo.adv_estimator.use_leave_one_out_baseline": acts("algorithm.leave_one_out_baseline"),
-    "grpo.adv_estimator.minus_baseline": inert(_DEFAULT_ONLY, _not(True)),
+    "grpo.adv_estimator.minus_baseline": acts("algorithm.minus_baseline"),
     "loss_fn.use_kl_in_reward": inert(_OFF, _truthy),
     "loss_fn.use_cispo": inert(_OFF, _truthy),
     "loss_fn.disable_ppo_ratio": inert(_OFF, _truthy),
