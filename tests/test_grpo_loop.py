@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import attrs
 import pytest
 import torch
 
@@ -86,3 +87,65 @@ def test_reward_rises_on_a_learnable_task(grpo):
         grpo.step(PROMPTS)
     last = [grpo.step(PROMPTS)["reward/mean"] for _ in range(3)]
     assert sum(last) / 3 > sum(first) / 3 + 0.3, (first, last)
+
+
+@attrs.define
+class SpyingGRPO(GRPO):
+    """The GRPO loop, keeping each rollout it learns from (the loop itself is what is tested)."""
+
+    learned: list = attrs.field(factory=list)
+
+    def learn(self, rollout, timings):
+        self.learned.append(rollout)
+        return super().learn(rollout, timings)
+
+
+def _spying(grpo, **fields):
+    return SpyingGRPO(grpo.config, grpo.training, grpo.generation, grpo.reward_fn, loss=grpo.loss, **fields)
+
+
+def test_dynamic_sampling_trains_only_on_groups_whose_rewards_differ(grpo):
+    """DAPO's dynamic sampling over the real engines: a prompt whose group all scores the same is
+    dropped and more prompts are drawn; the step trains on batch_size informative groups."""
+    import random
+
+    from corerl.algorithms.grpo_math import group_advantages
+    from corerl.config.schema import DynamicSamplingConfig
+
+    rng = random.Random(0)
+    drawn = []
+
+    def draw(count):
+        drawn.append(count)
+        return [PROMPTS[rng.randrange(len(PROMPTS))] for _ in range(count)], [None] * count
+
+    def constant_for_short_prompts(sample, item):  # prompts of 2 tokens always score 0.5: no signal
+        return 0.5 if len(sample.prompt_ids) == 2 else reward(sample, item)
+
+    loop = _spying(grpo)
+    loop.rollout.reward_fn = constant_for_short_prompts
+    metrics = loop.dynamic_step(draw, 4, DynamicSamplingConfig(enabled=True, batch_multiplier=2, max_generation_batches=6))
+    (rollout,) = loop.learned
+    assert drawn[0] == 8 and len(rollout.groups) == 4  # 4 x 2 prompts per generation batch; the step keeps 4
+    assert all(len(group[0].prompt_ids) != 2 for group in rollout.groups)
+    assert all(float(a.abs().sum()) > 0 for a in group_advantages(torch.tensor(rollout.rewards)))
+    assert metrics["dynamic_sampling/short"] == 0.0 and metrics["optimizer_step"] == 1.0
+    assert 0 < metrics["dynamic_sampling/kept_share"] < 1
+
+
+def test_shaping_and_a_sequence_level_loss_run_through_a_step(grpo):
+    from corerl.algorithms.reward_shaping import RolloutShaping
+    from corerl.config.schema import RewardScalingConfig
+
+    scaling = RewardScalingConfig(enabled=True, source_min=0.0, source_max=1.0, target_min=-1.0, target_max=1.0)
+    loop = _spying(grpo, shaping=RolloutShaping(scaling=scaling, filter_overlong=True))
+    loop.loss = GRPOLoss(token_level_loss=False)
+    metrics = loop.step(PROMPTS)
+    assert torch.isfinite(torch.tensor(metrics["loss"])) and metrics["optimizer_step"] == 1.0
+    assert metrics["reward/mean"] == pytest.approx(2 * metrics["reward/raw_mean"] - 1, abs=1e-6)
+    (rollout,) = loop.learned
+    samples = [s for group in rollout.groups for s in group]
+    cut = [s for s in samples if s.finish_reason == "length"]
+    assert cut and all(sum(s.completion_mask) == 0 for s in cut)  # left out of the loss
+    assert metrics["overlong_filtered"] == pytest.approx(len(cut) / len(samples))
+    assert metrics["generated_tokens"] == sum(len(s.completion_ids) for s in samples if s.finish_reason != "length")

@@ -109,6 +109,8 @@ def test_dapo_keys_act_on_grpo(tmp_path, capsys):
                   "grpo.adv_estimator.name=reinforce_plus_plus", "grpo.adv_estimator.minus_baseline=false").core.algorithm
     assert prorl.overlong_penalty.truncated_reward_factor == 0.1
     assert (prorl.advantage_estimator, prorl.minus_baseline) == ("reinforce_plus_plus", False)
+    clipped = _load(recipe, "grpo.advantage_clip_low=-2", "grpo.advantage_clip_high=3").core.algorithm
+    assert (clipped.advantage_clip_low, clipped.advantage_clip_high) == (-2, 3)
     # dynamic sampling is GRPO's, and synchronous: refused in one line otherwise
     refused = _Validated(capsys, str(recipe), "grpo.async_grpo.enabled=true", "cluster.gpus_per_node=2",
                          "policy.generation.colocated.enabled=false",

@@ -101,6 +101,7 @@ class GRPO:
     leave_one_out_baseline: bool = False
     advantage_estimator: str = "grpo"  # or reinforce_plus_plus (REINFORCE++-baseline)
     minus_baseline: bool = True  # reinforce_plus_plus: the group's mean subtracted first
+    advantage_clip: tuple[float | None, float | None] = (None, None)  # bounds on the advantages (low, high)
     optimization_passes: int = 1
     optimizer_batch_size: int | None = None  # rows per optimizer step; None: the whole step's samples
     steps_done: int = 0
@@ -174,6 +175,8 @@ class GRPO:
         else:
             advantages = group_advantages(rewards, scale_by_std=self.scale_rewards_by_std,
                                           leave_one_out=self.leave_one_out_baseline)
+        if self.advantage_clip != (None, None):
+            advantages = advantages.clamp(*self.advantage_clip)
         batch = samples_to_batch(groups, advantages)
 
         start = time.perf_counter()
@@ -252,6 +255,7 @@ class GRPOAlgorithm(AlgorithmBase):
                          loss=GRPOLoss.from_config(algorithm), scale_rewards_by_std=algorithm.scale_rewards_by_std,
                          leave_one_out_baseline=algorithm.leave_one_out_baseline,
                          advantage_estimator=algorithm.advantage_estimator, minus_baseline=algorithm.minus_baseline,
+                         advantage_clip=(algorithm.advantage_clip_low, algorithm.advantage_clip_high),
                          optimization_passes=algorithm.optimization_passes,
                          optimizer_batch_size=algorithm.optimizer_batch_size, reference=reference,
                          steps_done=self.done, offload=context.offload, reference_offload=reference_offload,

@@ -257,6 +257,10 @@ class AlgorithmConfig:
     advantage_estimator: Literal["grpo", "reinforce_plus_plus"] = setting(
         "grpo", help="GRPO: grpo (each reward against its group, scaled by the group's std); reinforce_plus_plus: "
                      "REINFORCE++-baseline (minus the group's mean, then normalised over the step's samples)")
+    advantage_clip_low: float | None = setting(None, help="GRPO: advantages below this are raised to it; unset: "
+                                                          "no bound")
+    advantage_clip_high: float | None = setting(None, help="GRPO: advantages above this are lowered to it; unset: "
+                                                           "no bound")
     minus_baseline: bool = setting(True, help="reinforce_plus_plus: subtract the group's mean reward first")
     scale_rewards_by_std: bool = setting(True)
     leave_one_out_baseline: bool = setting(False, help="each sample's baseline is the mean of its group's other rewards")
@@ -398,6 +402,9 @@ class CorerlConfig:
                 f"episodes of {self.algorithm.max_rollout_turns} turns need an environment to answer the turns; "
                 "set data.env_name (corerl plugins lists the environments)",
             )
+        low, high = self.algorithm.advantage_clip_low, self.algorithm.advantage_clip_high
+        if low is not None and high is not None and low >= high:
+            yield ("algorithm.advantage_clip_low", f"must be below algorithm.advantage_clip_high ({high}), got {low}")
         save_by = self.checkpointing.save_by
         if isinstance(save_by, (int, float)):  # YAML 1.1 reads unquoted 1:30:00 as a base-60 number
             yield ("checkpointing.save_by", f"YAML read the duration as the number {save_by:g}; quote it "
