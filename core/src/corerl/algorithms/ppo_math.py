@@ -72,6 +72,8 @@ def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.
     """``1 - Var(returns - values) / Var(returns)`` over the masked tokens (0 where the returns
     do not vary)."""
     m = mask.bool()
+    if int(m.sum()) < 2:  # no spread to explain (a step whose every token left the loss, e.g. overlong filtering)
+        return 0.0
     residual, target = (returns - values)[m].float(), returns[m].float()
     variance = target.var(unbiased=False)
     return 0.0 if variance.item() == 0 else float(1.0 - residual.var(unbiased=False) / variance)
