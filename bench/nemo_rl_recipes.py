@@ -17,10 +17,12 @@ from __future__ import annotations
 
 import argparse
 import collections
+import json
 import sys
 from pathlib import Path
 
 import yaml
+from bench_output import results_path
 
 ALGORITHMS = ("grpo", "sft", "dpo")
 #: what would lift a refusal, by the key it names (first match): the feature corerl does not have
@@ -32,31 +34,21 @@ FEATURES = (
     ("num_layers_in_last_pipeline_stage", "uneven pipeline stages (megatron-core's own option, not wired in)"),
     ("fp8", "FP8 training"),
     ("context_parallel", "context parallelism"),
-    ("use_dynamic_sampling", "DAPO's dynamic sampling"),
-    ("batch_multiplier", "DAPO's dynamic sampling"),
-    ("reward_shaping", "DAPO's overlong reward shaping"),
-    ("reward_scaling", "DAPO's reward scaling"),
-    ("overlong_filtering", "overlong filtering"),
     ("generation.backend", "that generation engine (TensorRT-LLM, SGLang, Dynamo)"),
-    ("hf_config_overrides", "model config overrides"),
     ("mtp_num_layers", "multi-token prediction"),
     ("draft", "speculative decoding with a draft model"),
     ("quant", "quantised training or generation"),
     ("is_mx", "quantised generation"),
     ("kv_cache_dtype", "an FP8 KV cache"),
-    ("use_on_policy_kl_approximation", "the on-policy KL approximation"),
-    ("token_level_loss", "a sequence-level loss"),
-    ("adv_estimator", "other advantage estimators (REINFORCE++, GDPO)"),
+    ("adv_estimator", "other advantage estimators (GDPO, OPD)"),
     ("use_cispo", "the CISPO loss"),
     ("dp_replicate_size", "hybrid sharding (HSDP)"),
-    ("data.shuffle", "unshuffled data"),
     ("env_name", "that environment (NeMo Gym, reward model)"),
-    ("data.train.data_path", "the environment variable the recipe reads (HF_HOME)"),
     ("async.in_flight", "in-flight weight updates on vLLM (it takes them between calls: in_flight=wait)"),
     ("lora", "LoRA on the megatron backend (megatron-core has no LoRA layers)"),
     ("seq_logprob_error_threshold", "masking sequences by their train/generation logprob gap"),
     ("colocated.enabled", "asynchronous RL with colocated generation (an async-colocated schedule)"),
-    ("checkpoint_must_save_by", "a deadline-driven checkpoint"),
+    ("async_ppo", "asynchronous PPO"),
     ("scheduler", "other learning-rate schedules (a LinearLR warm-up then constant is translated)"),
     ("data.train", "several training datasets at once"),
 )
@@ -110,10 +102,34 @@ def validate(path: Path) -> tuple[bool, str]:
     return True, ""
 
 
+def counts(rows: list[tuple[Path, bool, str]]) -> dict[str, int]:
+    """Recipes, accepted, refused for want of a GPU here, and refused otherwise."""
+    machine = sum(not ok and any(m in reason for m in MACHINE_ONLY) for _, ok, reason in rows)
+    accepted = sum(ok for _, ok, _ in rows)
+    return {"recipes": len(rows), "accepted": accepted, "refused_no_gpu_here": machine,
+            "refused": len(rows) - accepted - machine}
+
+
+def write_figures(target: Path, corpus: Path, counted: dict[str, list[tuple[Path, bool, str]]],
+                  others: dict[str, list[tuple[Path, bool, str]]], reasons: collections.Counter[str]) -> None:
+    """The tables' figures as JSON at ``target``."""
+    result = {"corpus": str(corpus), "algorithms": {a: counts(counted.get(a, [])) for a in ALGORITHMS},
+              "all": counts([row for a in ALGORITHMS for row in counted.get(a, [])]),
+              "refusals": [{"key": key, "recipes": count,
+                            "feature": next((f for pattern, f in FEATURES if pattern in key), None)}
+                           for key, count in reasons.most_common()],
+              "others": {name: counts(rows) for name, rows in others.items()}}
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(json.dumps(result, indent=2) + "\n")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("configs", type=Path, help="a NeMo RL checkout's examples/configs folder")
     parser.add_argument("--show", type=int, default=40, help="refused recipes to list (default 40)")
+    parser.add_argument("--json", type=Path, default=None,
+                        help="where the figures go (default bench/results/nemo_rl_recipes.json, or the folder "
+                             "CORERL_BENCH_RESULTS names)")
     args = parser.parse_args(argv)
     if not args.configs.is_dir():
         parser.error(f"{args.configs}: not a folder; give a NeMo RL checkout's examples/configs")
@@ -165,11 +181,15 @@ def main(argv: list[str] | None = None) -> int:
         why.add_row(key, str(count), next((f for pattern, f in FEATURES if pattern in key), "-"))
     console.print(why)
     other = Table(title="the corpus's other recipes")
-    for column in ("algorithm", "recipes", "accepted"):
+    for column in ("algorithm", "recipes", "accepted", "refused: no GPU here"):
         other.add_column(column)
     for name, rows in others.items():
-        other.add_row(name, str(len(rows)), str(sum(ok for _, ok, _ in rows)))
+        machine = sum(not ok and any(m in reason for m in MACHINE_ONLY) for _, ok, reason in rows)
+        other.add_row(name, str(len(rows)), str(sum(ok for _, ok, _ in rows)), str(machine))
     console.print(other)
+    target = args.json or results_path("nemo_rl_recipes.json")
+    write_figures(target, args.configs, counted, others, reasons)
+    console.print(f"wrote {target}")
     for algorithm, relative, _, reason in refused[: args.show]:
         console.print(f"refused [{algorithm}] {relative}: {reason}", markup=False, highlight=False)
     return 0

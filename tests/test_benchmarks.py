@@ -24,7 +24,7 @@ BENCHMARKS = {
     "packing.py": (["--seqs", "8", "--min", "8", "--max", "64", "--budget", "128", "--steps", "1", *TINY], "packing.json"),
     "plan_accuracy.py": (TINY, "plan_accuracy.json"),
     "train_step.py": (["--rows", "2", "--seq", "32", "--steps", "1", *TINY], "train_step.json"),
-    "nemo_rl_recipes.py": ([str(REPO / "tests" / "data" / "nemo_rl")], None),
+    "nemo_rl_recipes.py": ([str(REPO / "tests" / "data" / "nemo_rl")], "nemo_rl_recipes.json"),
 }
 
 
