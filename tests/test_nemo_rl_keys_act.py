@@ -242,3 +242,22 @@ def test_dapo_math_verify_reads_the_answer_after_the_last_answer_marker():
     hf = MathEnvironment(types.SimpleNamespace(data=None, settings=types.SimpleNamespace(
         math_verify_impl="hf_math_verify")))  # type: ignore[arg-type]
     assert hf.correct("the answer is 7", "7")
+
+
+def test_a_hub_tokenizer_name_is_refused_at_once_without_a_network_call(monkeypatch):
+    """NeMo RL's recipes name Hub tokenizers (policy.tokenizer.name); with the model overridden to
+    a local one, that name must fail in one line, not after transformers' network retries."""
+    import transformers
+
+    from corerl.errors import ConfigError
+    from corerl.run_directory import load_tokenizer
+
+    def no_network(*args, **kwargs):
+        raise AssertionError("transformers was asked to load a Hub name")
+
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", no_network)
+    with pytest.raises(ConfigError) as refused:
+        load_tokenizer("meta-llama/Llama-3.2-1B-Instruct", "/tmp/some-model")
+    line = refused.value.one_line()
+    assert line.startswith("policy.tokenizer_name: tokenizer meta-llama/Llama-3.2-1B-Instruct is not a local folder")
+    assert "policy.tokenizer.name=" in line

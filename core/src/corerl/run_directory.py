@@ -106,6 +106,10 @@ def load_tokenizer(path: str, model_path: str) -> Any:
     from corerl.models.tokenizer import load_tokenizer_folder
 
     key = "policy.tokenizer_name" if path != model_path else "policy.model_name"
+    if not Path(path).exists():  # a Hub name (a NeMo RL recipe's tokenizer.name): refused at once, not retried
+        raise ConfigError(f"tokenizer {path} is not a local folder, and nothing is downloaded", key=key,
+                          hint="give a folder holding the tokenizer files, or unset it to use the model's own "
+                               "(in a NeMo RL recipe: policy.tokenizer.name=<the model_name you gave>)")
     try:
         return load_tokenizer_folder(path)
     except (OSError, ValueError, KeyError, TypeError) as exc:  # no or unreadable tokenizer files there
