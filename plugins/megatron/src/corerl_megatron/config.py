@@ -43,6 +43,10 @@ class MegatronConfig:
     converter_type: str | None = setting(None, help="architecture, e.g. Qwen2ForCausalLM; unset: from config.json")
     tensor_model_parallel_size: int = setting(1, min=1)
     pipeline_model_parallel_size: int = setting(1, min=1)
+    num_layers_in_first_pipeline_stage: int | None = setting(
+        None, min=1, help="uneven pipeline stages: the first stage's layers (the rest split evenly); unset: even")
+    num_layers_in_last_pipeline_stage: int | None = setting(
+        None, min=1, help="uneven pipeline stages: the last stage's layers (the rest split evenly); unset: even")
     context_parallel_size: int = setting(1, min=1)
     expert_model_parallel_size: int = setting(1, min=1)
     expert_tensor_parallel_size: int = setting(1, min=1)
@@ -67,6 +71,11 @@ class MegatronConfig:
         yield from parallel_sizes_divide_world("tensor_model_parallel_size", sizes, config)
         if self.sequence_parallel and self.tensor_model_parallel_size == 1:
             yield ("sequence_parallel", "needs tensor_model_parallel_size > 1")
+        for stage in ("first", "last"):
+            if getattr(self, f"num_layers_in_{stage}_pipeline_stage") is not None and \
+                    self.pipeline_model_parallel_size == 1:
+                yield (f"num_layers_in_{stage}_pipeline_stage", "sets a pipeline stage's layers, and "
+                       "pipeline_model_parallel_size is 1 (one stage holds them all); unset it")
 
 
 @attrs.define(kw_only=True)

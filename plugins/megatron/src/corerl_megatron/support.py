@@ -5,7 +5,7 @@ logic only; GPU-only options are refused where the recipe runs on this machine a
 
 from __future__ import annotations
 
-from corerl.sdk import Config, EngineNotAvailable, check_tensor_parallel
+from corerl.sdk import Config, ConfigError, EngineNotAvailable, check_tensor_parallel, model_shape
 
 
 def check_supported(config: Config) -> None:
@@ -26,6 +26,7 @@ def check_supported(config: Config) -> None:
             raise EngineNotAvailable(f"{key} needs a GPU (megatron-core runs it with CUDA kernels); this machine has none",
                                      key=key, hint="turn it off on CPU machines")
     check_tensor_parallel(config, settings.tensor_model_parallel_size, f"{section}.tensor_model_parallel_size")
+    check_pipeline_stages(config, settings, section)
     if settings.sequence_parallel and config.role != "critic" and not on_gpu:
         # on a GPU it needs Transformer Engine too, which a recipe for another cluster cannot be judged by
         raise EngineNotAvailable("sequence parallelism needs Transformer Engine's layer spec on a GPU; megatron-core's "
@@ -57,6 +58,31 @@ def check_supported(config: Config) -> None:
         key = "expert_model_parallel_size" if settings.expert_model_parallel_size > 1 else "expert_tensor_parallel_size"
         raise EngineNotAvailable("expert parallelism needs a mixture-of-experts model; the converter's tables cover "
                                  "the dense Llama and Qwen2 families only", key=f"{section}.{key}", hint="set it to 1")
+
+
+def check_pipeline_stages(config: Config, settings: object, section: str) -> None:
+    """Refuse a pipeline layout the local model's layers cannot fill (each stage one layer or more,
+    the stages without a set size sharing the rest evenly), as megatron-core would at start-up."""
+    from corerl_megatron.training.model import stage_layers
+
+    shape, stages = model_shape(config), settings.pipeline_model_parallel_size  # type: ignore[attr-defined]
+    if shape is None or stages == 1:
+        return
+    first = settings.num_layers_in_first_pipeline_stage  # type: ignore[attr-defined]
+    last = settings.num_layers_in_last_pipeline_stage  # type: ignore[attr-defined]
+    counts = stage_layers(shape.layers, stages, first, last)
+    if sum(counts) != shape.layers or min(counts) < 1:
+        given = (first is not None) + (last is not None)
+        key = "pipeline_model_parallel_size"
+        if first is not None:
+            key = "num_layers_in_first_pipeline_stage"
+        elif last is not None:
+            key = "num_layers_in_last_pipeline_stage"
+        raise ConfigError(f"{stages} pipeline stages cannot hold the model's {shape.layers} layers "
+                          f"({'evenly' if not given else f'with {first} first and {last} last'}; "
+                          f"{stages - given} stage(s) share the rest)", key=f"{section}.{key}",
+                          hint="pick stage sizes that leave each other stage the same number of layers, or set "
+                               "num_layers_in_first/last_pipeline_stage")
 
 
 def check_generation_supported(config: Config) -> None:

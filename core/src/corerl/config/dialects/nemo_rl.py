@@ -477,8 +477,6 @@ RULES: dict[str, Rule] = {
                                                  lambda value: value not in (None, "None", "float32")),
     "policy.hf_config_overrides": acts("policy.hf_config_overrides", lambda value: dict(value or {})),
     "policy.tokenizer.is_tokenizer_processor": inert("text-only models: the tokenizer is used as it is", _truthy),
-    "policy.megatron_cfg.num_layers_in_first_pipeline_stage": inert(_DEFAULT_ONLY, _truthy),
-    "policy.megatron_cfg.num_layers_in_last_pipeline_stage": inert(_DEFAULT_ONLY, _truthy),
     "policy.megatron_cfg.pipeline_dtype": inert("pipeline stages exchange activations in policy.precision"),
     "policy.megatron_cfg.moe_router_dtype": inert("dense models only: no MoE router"),
     "policy.megatron_cfg.moe_router_load_balancing_type": inert("dense models only: no MoE router"),

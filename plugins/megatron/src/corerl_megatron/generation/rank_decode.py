@@ -31,8 +31,11 @@ def generate(worker: Any, rows: list[list[int]], sampling: Any, stop_ids: list[i
 
 def _kv_bytes_per_token(worker: Any) -> int:
     """KV-cache bytes of one cached token of one row on a rank (the same on every rank)."""
-    pp = worker.settings.pipeline_model_parallel_size
-    layers = -(-worker.shape.num_layers // pp)
+    from corerl_megatron.training.model import stage_layers
+
+    s = worker.settings
+    layers = max(stage_layers(worker.shape.num_layers, s.pipeline_model_parallel_size,
+                              s.num_layers_in_first_pipeline_stage, s.num_layers_in_last_pipeline_stage))
     kv_heads = max(1, worker.shape.num_kv_heads // worker.tp)
     size = torch.empty((), dtype=worker.mconfig.params_dtype).element_size()
     return 2 * layers * kv_heads * worker.shape.head_dim * size

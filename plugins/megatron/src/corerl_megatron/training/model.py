@@ -8,6 +8,23 @@ import torch
 import torch.nn.functional as F
 
 
+def stage_layers(num_layers: int, stages: int, first: int | None = None, last: int | None = None) -> list[int]:
+    """The decoder layers each of ``stages`` pipeline stages holds: ``first`` and ``last`` where
+    given, the rest split evenly (megatron-core's rule; it refuses an uneven remainder)."""
+    if stages == 1:
+        return [num_layers]
+    ends = [n for n in (first, last) if n is not None]
+    middle = stages - len(ends)
+    rest = num_layers - sum(ends)
+    each = rest // middle if middle else 0
+    counts = [each] * stages
+    if first is not None:
+        counts[0] = first
+    if last is not None:
+        counts[-1] = last
+    return counts
+
+
 def rope_theta(hf: Any) -> float:
     params = getattr(hf, "rope_parameters", None) or {}
     return float(params.get("rope_theta", getattr(hf, "rope_theta", 10000.0)))
@@ -29,6 +46,11 @@ def transformer_config(hf: Any, settings: Any = None, params_dtype: torch.dtype 
         normalization="RMSNorm", layernorm_epsilon=hf.rms_norm_eps, gated_linear_unit=True, activation_func=F.silu,
         add_bias_linear=False, add_qkv_bias=qkv_bias, hidden_dropout=0.0, attention_dropout=0.0,
         tensor_model_parallel_size=tensor_parallel, pipeline_model_parallel_size=pipeline_parallel,
+        # uneven stages: megatron-core numbers each stage's layers from these (layer_number is global)
+        num_layers_in_first_pipeline_stage=get("num_layers_in_first_pipeline_stage", None) if pipeline_parallel > 1
+        else None,
+        num_layers_in_last_pipeline_stage=get("num_layers_in_last_pipeline_stage", None) if pipeline_parallel > 1
+        else None,
         sequence_parallel=get("sequence_parallel", False),
         pipeline_dtype=params_dtype if pipeline_parallel > 1 else None,
         params_dtype=params_dtype, bf16=params_dtype == torch.bfloat16,
