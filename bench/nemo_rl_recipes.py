@@ -30,8 +30,6 @@ FEATURES = (
     ("expert_parallel", "mixture-of-experts models (expert parallelism)"),
     ("expert_model_parallel", "mixture-of-experts models (expert parallelism)"),
     ("moe_", "mixture-of-experts models"),
-    ("num_layers_in_first_pipeline_stage", "uneven pipeline stages (megatron-core's own option, not wired in)"),
-    ("num_layers_in_last_pipeline_stage", "uneven pipeline stages (megatron-core's own option, not wired in)"),
     ("fp8", "FP8 training"),
     ("context_parallel", "context parallelism"),
     ("generation.backend", "that generation engine (TensorRT-LLM, SGLang, Dynamo)"),

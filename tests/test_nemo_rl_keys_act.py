@@ -261,3 +261,17 @@ def test_a_hub_tokenizer_name_is_refused_at_once_without_a_network_call(monkeypa
     line = refused.value.one_line()
     assert line.startswith("policy.tokenizer_name: tokenizer meta-llama/Llama-3.2-1B-Instruct is not a local folder")
     assert "policy.tokenizer.name=" in line
+
+
+def test_the_section_of_an_environment_the_recipe_does_not_play_is_inert(tmp_path):
+    recipe = _child(tmp_path, "envs.yaml", "data:\n  env_name: math\nenv:\n  math:\n    num_workers: 0\n"
+                    "  dapo:\n    num_workers: 64\n")
+    config = _load(recipe)
+    fates = {f.key: (f.fate, f.detail) for f in config.fates}
+    assert fates["env.dapo.num_workers"] == ("inert", "env.dapo is not the environment the recipe plays "
+                                                      "(data.env_name: math)")
+    assert fates["env.math.num_workers"][0] == "acts" and config.core.data.env_name == "math"
+    from corerl.errors import ConfigErrors
+
+    with pytest.raises(ConfigErrors, match="env.dapo: unknown key; known keys here: math"):
+        _load(recipe, "data.env_name=dapo")  # played, it must be an environment corerl has

@@ -762,6 +762,8 @@ def translate(raw: dict[str, Any], origins: Origins, strict: bool = False) -> Tr
     unpacked = value_at(raw, "policy.megatron_cfg.enabled") is True and value_at(raw, "policy.sequence_packing.enabled") is True
     if unpacked:
         out.warnings.append(f"policy.sequence_packing.enabled=true: {MEGATRON_UNPACKED}")
+    played = next((value_at(raw, key) for key in ("data.env_name", "data.default.env_name", "data.train.env_name")
+                   if value_at(raw, key)), None)
     for path, value in _leaves(raw):
         section = _switched_off(path, raw)
         if section is not None:
@@ -774,7 +776,10 @@ def translate(raw: dict[str, Any], origins: Origins, strict: bool = False) -> Tr
             out.refuse(path, UNSUPPORTED_SECTIONS[path[: -len(".enabled")]], f"set {path}=false")
             continue
         rule = rule_for(path)
-        if rule is None and is_env_workers_key(path):
+        if rule is None and is_env_workers_key(path) and path.split(".")[1] != played:
+            out.inert(path, f"env.{path.split('.')[1]} is not the environment the recipe plays "
+                            f"(data.env_name: {played})")
+        elif rule is None and is_env_workers_key(path):
             out.put(path, path, value)  # any environment's actors: a key of every env.<id> section
         elif rule is None and nemo_only(path):
             if strict:
