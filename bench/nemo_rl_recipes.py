@@ -40,6 +40,7 @@ FEATURES = (
     ("kv_cache_dtype", "an FP8 KV cache"),
     ("adv_estimator", "other advantage estimators (GDPO, OPD)"),
     ("use_cispo", "the CISPO loss"),
+    ("invalid_tool_call", "NeMo Gym's tool-call penalties"),
     ("dp_replicate_size", "hybrid sharding (HSDP)"),
     ("env_name", "that environment (NeMo Gym, reward model)"),
     ("async.in_flight", "in-flight weight updates on vLLM (it takes them between calls: in_flight=wait)"),
