@@ -142,7 +142,7 @@ def test_keys_nothing_maps_are_left_out_with_one_warning_and_refused_with_strict
     ("policy.train_global_batch_size=48", "policy.train_global_batch_size: 48 sequences per optimizer step do not "
                                           "divide the 64"),
     ("grpo.adv_estimator.name=gdpo", "the 'gdpo' advantage estimator is not built into corerl yet"),
-    ("policy.megatron_cfg.fp8_cfg.enabled=true", "FP8 training is not built into corerl yet"),
+    ("policy.draft.enabled=true", "speculative decoding with a draft model is not built into corerl yet"),
     ("policy.optimizer.name=torch.optim.Adagrad", "optimizer 'torch.optim.Adagrad' is not one corerl builds"),
 ])
 def test_what_corerl_does_not_support_is_refused_in_one_line(override, says):

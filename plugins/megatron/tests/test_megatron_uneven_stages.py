@@ -9,7 +9,7 @@ import torch
 
 from corerl.testing import host_with, select_for, write_recipe
 from corerl.testing.conformance import conformance_batch, conformance_loss
-from corerl_megatron.training.model import stage_layers
+from corerl_megatron.stages import stage_layers
 
 MEGATRON = ["policy.megatron_cfg.enabled=true", "policy.megatron_cfg.optimizer.optimizer=sgd",
             "policy.megatron_cfg.optimizer.lr=0.1", "policy.megatron_cfg.optimizer.weight_decay=0.0"]

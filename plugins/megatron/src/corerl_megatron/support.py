@@ -63,7 +63,7 @@ def check_supported(config: Config) -> None:
 def check_pipeline_stages(config: Config, settings: object, section: str) -> None:
     """Refuse a pipeline layout the local model's layers cannot fill (each stage one layer or more,
     the stages without a set size sharing the rest evenly), as megatron-core would at start-up."""
-    from corerl_megatron.training.model import stage_layers
+    from corerl_megatron.stages import stage_layers
 
     shape, stages = model_shape(config), settings.pipeline_model_parallel_size  # type: ignore[attr-defined]
     if shape is None or stages == 1:

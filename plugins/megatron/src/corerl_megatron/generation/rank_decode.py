@@ -31,7 +31,7 @@ def generate(worker: Any, rows: list[list[int]], sampling: Any, stop_ids: list[i
 
 def _kv_bytes_per_token(worker: Any) -> int:
     """KV-cache bytes of one cached token of one row on a rank (the same on every rank)."""
-    from corerl_megatron.training.model import stage_layers
+    from corerl_megatron.stages import stage_layers
 
     s = worker.settings
     layers = max(stage_layers(worker.shape.num_layers, s.pipeline_model_parallel_size,

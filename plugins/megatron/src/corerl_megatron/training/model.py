@@ -8,23 +8,6 @@ import torch
 import torch.nn.functional as F
 
 
-def stage_layers(num_layers: int, stages: int, first: int | None = None, last: int | None = None) -> list[int]:
-    """The decoder layers each of ``stages`` pipeline stages holds: ``first`` and ``last`` where
-    given, the rest split evenly (megatron-core's rule; it refuses an uneven remainder)."""
-    if stages == 1:
-        return [num_layers]
-    ends = [n for n in (first, last) if n is not None]
-    middle = stages - len(ends)
-    rest = num_layers - sum(ends)
-    each = rest // middle if middle else 0
-    counts = [each] * stages
-    if first is not None:
-        counts[0] = first
-    if last is not None:
-        counts[-1] = last
-    return counts
-
-
 def rope_theta(hf: Any) -> float:
     params = getattr(hf, "rope_parameters", None) or {}
     return float(params.get("rope_theta", getattr(hf, "rope_theta", 10000.0)))
