@@ -15,6 +15,11 @@ import pytest
 from tests.conftest import REPO, clean_env, run_corerl
 
 DATA = REPO / "tests" / "data" / "nemo_rl"
+#: NeMo RL's examples/configs: CORERL_NEMO_RL_CONFIGS, else the copy beside this checkout (../shared/nemo-rl)
+CORPUS = Path(os.environ.get("CORERL_NEMO_RL_CONFIGS") or REPO.parent / "shared" / "nemo-rl" / "examples" / "configs")
+# where NeMo RL's own recipes are at hand, tests/test_nemo_rl_corpus_runs.py trains them instead
+_OWN_RECIPES_RUN = pytest.mark.skipif(CORPUS.is_dir(), reason="NeMo RL's own GRPO and SFT recipes run in "
+                                                             "tests/test_nemo_rl_corpus_runs.py")
 REWARD = "def digit_count(completion, example):\n    return min(1.0, completion.count(example['output']) / 8)\n"
 
 
@@ -292,6 +297,7 @@ def test_a_hub_dataset_is_refused_at_run_start_naming_the_local_alternative(tmp_
 
 
 @pytest.mark.slow
+@_OWN_RECIPES_RUN
 def test_a_nemo_rl_grpo_recipe_runs_and_its_held_out_reward_rises(tmp_path):
     train = _rows(tmp_path / "train.jsonl", "w0 {d} :")
     (tmp_path / "nemo_rewards.py").write_text(REWARD)
@@ -309,6 +315,7 @@ def test_a_nemo_rl_grpo_recipe_runs_and_its_held_out_reward_rises(tmp_path):
 
 
 @pytest.mark.slow
+@_OWN_RECIPES_RUN
 def test_a_nemo_rl_sft_recipe_runs_and_its_held_out_reward_rises(tmp_path):
     train = _rows(tmp_path / "train.jsonl", "w1 {d} w{i}")
     result = run_corerl("run", str(DATA / "sft.yaml"), f"data.train.data_path={train}", f"run.output_dir={tmp_path}",
@@ -338,8 +345,6 @@ def test_a_chat_template_in_the_recipe_formats_the_prompts():
     assert fates["policy.tokenizer.chat_template"] == "policy.chat_template, data.apply_chat_template"
 
 
-#: NeMo RL's examples/configs: CORERL_NEMO_RL_CONFIGS, else the copy beside this checkout (../shared/nemo-rl)
-CORPUS = Path(os.environ.get("CORERL_NEMO_RL_CONFIGS") or REPO.parent / "shared" / "nemo-rl" / "examples" / "configs")
 
 
 @pytest.mark.skipif(not CORPUS.is_dir(), reason=f"NeMo RL's recipes are not at {CORPUS}")
