@@ -101,9 +101,19 @@ def validate(path: Path) -> tuple[bool, str]:
     return True, ""
 
 
+def machine_only(reason: str) -> bool:
+    """Whether a refusal says only that this machine has no GPU."""
+    return any(m in reason for m in MACHINE_ONLY)
+
+
+def feature_of(key: str) -> str | None:
+    """What would lift a refusal at ``key``: the feature corerl does not have (None: not listed)."""
+    return next((feature for pattern, feature in FEATURES if pattern in key), None)
+
+
 def counts(rows: list[tuple[Path, bool, str]]) -> dict[str, int]:
     """Recipes, accepted, refused for want of a GPU here, and refused otherwise."""
-    machine = sum(not ok and any(m in reason for m in MACHINE_ONLY) for _, ok, reason in rows)
+    machine = sum(not ok and machine_only(reason) for _, ok, reason in rows)
     accepted = sum(ok for _, ok, _ in rows)
     return {"recipes": len(rows), "accepted": accepted, "refused_no_gpu_here": machine,
             "refused": len(rows) - accepted - machine}
@@ -114,8 +124,7 @@ def write_figures(target: Path, corpus: Path, counted: dict[str, list[tuple[Path
     """The tables' figures as JSON at ``target``."""
     result = {"corpus": str(corpus), "algorithms": {a: counts(counted.get(a, [])) for a in ALGORITHMS},
               "all": counts([row for a in ALGORITHMS for row in counted.get(a, [])]),
-              "refusals": [{"key": key, "recipes": count,
-                            "feature": next((f for pattern, f in FEATURES if pattern in key), None)}
+              "refusals": [{"key": key, "recipes": count, "feature": feature_of(key)}
                            for key, count in reasons.most_common()],
               "others": {name: counts(rows) for name, rows in others.items()}}
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -154,37 +163,30 @@ def main(argv: list[str] | None = None) -> int:
     table = Table(title=f"corerl validate on NeMo RL recipes in {args.configs}")
     for column in ("algorithm", "recipes", "accepted", "refused: no GPU here", "refused", "accepted %"):
         table.add_column(column, justify="left" if column == "algorithm" else "right")
-    sums = [0, 0, 0]
-    for algorithm in ALGORITHMS:
-        rows = counted.get(algorithm, [])
-        accepted = sum(ok for _, ok, _ in rows)
-        machine = sum(not ok and any(m in reason for m in MACHINE_ONLY) for _, ok, reason in rows)
-        sums = [sums[0] + len(rows), sums[1] + accepted, sums[2] + machine]
-        share = f"{100 * accepted / len(rows):.0f}" if rows else "-"
-        table.add_row(algorithm, str(len(rows)), str(accepted), str(machine), str(len(rows) - accepted - machine), share)
-    total, accepted_total, machine_total = sums
-    share = f"{100 * accepted_total / total:.0f}" if total else "-"
-    table.add_row("all", str(total), str(accepted_total), str(machine_total),
-                  str(total - accepted_total - machine_total), share, style="bold")
+    every = [row for algorithm in ALGORITHMS for row in counted.get(algorithm, [])]
+    for label, rows in [*((a, counted.get(a, [])) for a in ALGORITHMS), ("all", every)]:
+        c = counts(rows)
+        share = f"{100 * c['accepted'] / c['recipes']:.0f}" if rows else "-"
+        table.add_row(label, str(c["recipes"]), str(c["accepted"]), str(c["refused_no_gpu_here"]), str(c["refused"]),
+                      share, style="bold" if label == "all" else None)
     console = make_console()
     console.print(table)
     others = {name: counted.pop(name, []) for name in OTHERS}
     console.print(f"{skipped} other YAML files (VLM recipes, defaults without an algorithm section) not counted")
     refused = [(algorithm, *row) for algorithm in ALGORITHMS for row in counted.get(algorithm, []) if not row[1]]
-    reasons = collections.Counter(reason.split(":")[0] for *_, reason in refused
-                                  if not any(m in reason for m in MACHINE_ONLY))
+    reasons = collections.Counter(reason.split(":")[0] for *_, reason in refused if not machine_only(reason))
     why = Table(title="refused (not for want of a GPU): the key of the first refusal, and what would lift it")
     for column in ("key", "recipes", "the feature corerl does not have"):
         why.add_column(column)
     for key, count in reasons.most_common():
-        why.add_row(key, str(count), next((f for pattern, f in FEATURES if pattern in key), "-"))
+        why.add_row(key, str(count), feature_of(key) or "-")
     console.print(why)
     other = Table(title="the corpus's other recipes")
     for column in ("algorithm", "recipes", "accepted", "refused: no GPU here"):
         other.add_column(column)
     for name, rows in others.items():
-        machine = sum(not ok and any(m in reason for m in MACHINE_ONLY) for _, ok, reason in rows)
-        other.add_row(name, str(len(rows)), str(sum(ok for _, ok, _ in rows)), str(machine))
+        c = counts(rows)
+        other.add_row(name, str(c["recipes"]), str(c["accepted"]), str(c["refused_no_gpu_here"]))
     console.print(other)
     target = args.json or results_path("nemo_rl_recipes.json")
     write_figures(target, args.configs, counted, others, reasons)

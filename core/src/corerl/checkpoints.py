@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -81,13 +82,9 @@ class TimeBudget:
     ``spent``) whether it has run out; with no budget it never does."""
 
     def __init__(self, text: str | None) -> None:
-        import time
-
         self.deadline = None if text is None else time.monotonic() + duration_seconds(text)
         self.spent = False
 
     def check(self) -> bool:
-        import time
-
         self.spent = self.spent or (self.deadline is not None and time.monotonic() >= self.deadline)
         return self.spent

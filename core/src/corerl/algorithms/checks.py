@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from operator import attrgetter
 from typing import Any
 
 from corerl.errors import ConfigError
@@ -41,10 +42,7 @@ def check_nothing_sampled(config: Any) -> None:
     if algorithm_id not in ("sft", "dpo"):  # SFT as another algorithm's warm start: that one samples
         return
     for key in ROLLOUT_SHAPING_KEYS:
-        node: Any = algorithm
-        for part in key.split("."):
-            node = getattr(node, part)
-        if node:
+        if attrgetter(key)(algorithm):
             raise ConfigError(f"acts on sampled rollouts, and {algorithm_id} samples none",
                               key=f"algorithm.{key}", hint="remove it, or use grpo or ppo")
 

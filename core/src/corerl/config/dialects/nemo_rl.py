@@ -776,9 +776,8 @@ def translate(raw: dict[str, Any], origins: Origins, strict: bool = False) -> Tr
             out.refuse(path, UNSUPPORTED_SECTIONS[path[: -len(".enabled")]], f"set {path}=false")
             continue
         rule = rule_for(path)
-        if rule is None and is_env_workers_key(path) and path.split(".")[1] != played:
-            out.inert(path, f"env.{path.split('.')[1]} is not the environment the recipe plays "
-                            f"(data.env_name: {played})")
+        if rule is None and is_env_workers_key(path) and (env := path.split(".")[1]) != played:
+            out.inert(path, f"env.{env} is not the environment the recipe plays (data.env_name: {played})")
         elif rule is None and is_env_workers_key(path):
             out.put(path, path, value)  # any environment's actors: a key of every env.<id> section
         elif rule is None and nemo_only(path):
