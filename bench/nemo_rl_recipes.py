@@ -55,6 +55,12 @@ FEATURES = (
 OTHERS = ("distillation", "eval", "rm", "ppo")
 # refusals that depend on the machine validating (no GPU here), not on the recipe
 MACHINE_ONLY = ("needs a GPU", "ask for a GPU each but the Ray cluster has none")
+#: features that only run on a GPU (Transformer Engine, FP8/FP4 kernels, engines without a CPU
+#: build): corerl cannot build and verify them on a CPU machine, so they bound what can be accepted
+GPU_ONLY_FEATURES = frozenset({"FP8 training", "context parallelism", "quantised generation",
+                               "quantised training or generation", "an FP8 KV cache",
+                               "that generation engine (TensorRT-LLM, SGLang, Dynamo)",
+                               "speculative decoding with a draft model"})
 
 
 def algorithm_of(path: Path, seen: tuple[Path, ...] = ()) -> str | None:
@@ -81,8 +87,9 @@ def algorithm_of(path: Path, seen: tuple[Path, ...] = ()) -> str | None:
     return None
 
 
-def validate(path: Path) -> tuple[bool, str]:
-    """(accepted, the reason when refused): the same steps as ``corerl validate``."""
+def validate(path: Path) -> tuple[bool, str, frozenset[str]]:
+    """(accepted, the reason when refused, the keys of every refusal): the same steps as
+    ``corerl validate``."""
     from corerl.config import load_config
     from corerl.errors import ConfigErrors, CorerlError
     from corerl.plugin_manager import PluginHost
@@ -93,12 +100,18 @@ def validate(path: Path) -> tuple[bool, str]:
         config = load_config(str(path), [], host, [], None)
         select(config, host)
     except ConfigErrors as exc:
-        return False, exc.errors[0].one_line() if exc.errors else exc.one_line()
+        first = exc.errors[0].one_line() if exc.errors else exc.one_line()
+        return False, first, frozenset(error.key or "" for error in exc.errors)
     except CorerlError as exc:
-        return False, exc.one_line()
+        return False, exc.one_line(), frozenset()
     except Exception as exc:  # noqa: BLE001 - a crash on someone's recipe is a finding, reported as such
-        return False, f"CRASH {type(exc).__name__}: {exc}"
-    return True, ""
+        return False, f"CRASH {type(exc).__name__}: {exc}", frozenset()
+    return True, "", frozenset()
+
+
+def needs_gpu_only_feature(refused_keys: frozenset[str]) -> bool:
+    """Whether any refusal of a recipe names a feature that only runs on a GPU."""
+    return any(feature_of(key) in GPU_ONLY_FEATURES for key in refused_keys)
 
 
 def machine_only(reason: str) -> bool:
@@ -120,13 +133,15 @@ def counts(rows: list[tuple[Path, bool, str]]) -> dict[str, int]:
 
 
 def write_figures(target: Path, corpus: Path, counted: dict[str, list[tuple[Path, bool, str]]],
-                  others: dict[str, list[tuple[Path, bool, str]]], reasons: collections.Counter[str]) -> None:
+                  others: dict[str, list[tuple[Path, bool, str]]], reasons: collections.Counter[str],
+                  gpu_bound: int) -> None:
     """The tables' figures as JSON at ``target``."""
     result = {"corpus": str(corpus), "algorithms": {a: counts(counted.get(a, [])) for a in ALGORITHMS},
               "all": counts([row for a in ALGORITHMS for row in counted.get(a, [])]),
               "refusals": [{"key": key, "recipes": count, "feature": feature_of(key)}
                            for key, count in reasons.most_common()],
-              "others": {name: counts(rows) for name, rows in others.items()}}
+              "others": {name: counts(rows) for name, rows in others.items()},
+              "need_gpu_only_feature": gpu_bound}
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_text(json.dumps(result, indent=2) + "\n")
 
@@ -143,6 +158,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"{args.configs}: not a folder; give a NeMo RL checkout's examples/configs")
 
     counted: dict[str, list[tuple[Path, bool, str]]] = collections.defaultdict(list)
+    gpu_bound: list[Path] = []  # GRPO/SFT/DPO recipes with a refusal that needs a GPU-only feature
     skipped = 0
     for path in sorted(args.configs.rglob("*.yaml")):
         relative = path.relative_to(args.configs)
@@ -153,8 +169,10 @@ def main(argv: list[str] | None = None) -> int:
         if algorithm is None:
             skipped += 1
             continue
-        accepted, reason = validate(path)
+        accepted, reason, refused_keys = validate(path)
         counted[algorithm].append((relative, accepted, reason))
+        if algorithm in ALGORITHMS and needs_gpu_only_feature(refused_keys):
+            gpu_bound.append(relative)
 
     from rich.table import Table
 
@@ -181,6 +199,11 @@ def main(argv: list[str] | None = None) -> int:
     for key, count in reasons.most_common():
         why.add_row(key, str(count), feature_of(key) or "-")
     console.print(why)
+    ceiling = len(every) - len(gpu_bound)
+    # a lower bound: the checks after the dialect's translation stop at their first refusal
+    console.print(f"at least {len(gpu_bound)} of {len(every)} recipes need a feature that only runs on a GPU "
+                  f"({', '.join(sorted(GPU_ONLY_FEATURES))}): without one, at most {ceiling} "
+                  f"({100 * ceiling / max(len(every), 1):.0f}%) can be accepted on this machine", markup=False)
     other = Table(title="the corpus's other recipes")
     for column in ("algorithm", "recipes", "accepted", "refused: no GPU here"):
         other.add_column(column)
@@ -189,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
         other.add_row(name, str(c["recipes"]), str(c["accepted"]), str(c["refused_no_gpu_here"]))
     console.print(other)
     target = args.json or results_path("nemo_rl_recipes.json")
-    write_figures(target, args.configs, counted, others, reasons)
+    write_figures(target, args.configs, counted, others, reasons, len(gpu_bound))
     console.print(f"wrote {target}")
     for algorithm, relative, _, reason in refused[: args.show]:
         console.print(f"refused [{algorithm}] {relative}: {reason}", markup=False, highlight=False)
