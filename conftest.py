@@ -35,6 +35,11 @@ class _Starts:
         self.originals: tuple[Any, ...] = ()
 
     def install(self) -> None:
+        import platform
+
+        # platform's processor name is read once per process through `uname -p` (MLflow asks for it
+        # when imported, and DeepSpeed imports MLflow where it is installed): read it before the watch
+        platform.processor()
         popen_init, process_start = subprocess.Popen.__init__, multiprocessing.process.BaseProcess.start
         self.originals = (popen_init, process_start)
 

@@ -20,6 +20,7 @@ def test_there_are_hook_specs():
         "corerl_register_commands",
         "corerl_register_environments",
         "corerl_register_generation_backends",
+        "corerl_register_loggers",
         "corerl_register_memory_models",
         "corerl_register_offload_policies",
         "corerl_register_presets",

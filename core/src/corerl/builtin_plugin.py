@@ -14,6 +14,7 @@ from corerl.registry import (
     Algorithm,
     Command,
     Environment,
+    ExperimentLogger,
     GenerationBackend,
     OffloadPolicy,
     PlotSpec,
@@ -23,6 +24,7 @@ from corerl.registry import (
     Tool,
     ToolCallParser,
 )
+from corerl.reporting.loggers.settings import MlflowSettings, TensorBoardSettings, WandbSettings
 
 DEFAULT_PACKER = "modified_first_fit_decreasing"
 DEFAULT_OFFLOAD_POLICY = "none"
@@ -145,3 +147,17 @@ def corerl_register_tools(register: Callable[[Tool], None]) -> None:
 def corerl_register_tool_parsers(register: Callable[[ToolCallParser], None]) -> None:
     register(ToolCallParser(id="hermes", factory="corerl.environments.tools:parse_hermes",
                             description="<tool_call>{\"name\": ..., \"arguments\": {...}}</tool_call> (Qwen, Hermes)"))
+
+
+@hookimpl
+def corerl_register_loggers(register: Callable[[ExperimentLogger], None]) -> None:
+    register(ExperimentLogger(id="tensorboard", factory="corerl.reporting.loggers.tensorboard_logger:TensorBoardLogger",
+                              config_schema=TensorBoardSettings,
+                              description="TensorBoard event files in <run dir>/tensorboard (on by default)"))
+    register(ExperimentLogger(id="wandb", factory="corerl.reporting.loggers.wandb_logger:WandbLogger",
+                              config_schema=WandbSettings,
+                              description="Weights & Biases (pip install 'corerl[wandb]'; mode: offline needs no login)"))
+    register(ExperimentLogger(id="mlflow", factory="corerl.reporting.loggers.mlflow_logger:MlflowLogger",
+                              config_schema=MlflowSettings,
+                              description="MLflow (pip install 'corerl[mlflow]'; a SQLite store in the run directory "
+                                          "unless tracking_uri says otherwise)"))

@@ -12,6 +12,7 @@ from corerl.registry import (
     Algorithm,
     Command,
     Environment,
+    ExperimentLogger,
     GenerationBackend,
     MemoryModel,
     OffloadPolicy,
@@ -50,4 +51,5 @@ KINDS: tuple[ComponentKind, ...] = (
     ComponentKind("corerl_register_environments", "environments", Environment, "environments"),
     ComponentKind("corerl_register_tools", "tools", Tool, "tools"),
     ComponentKind("corerl_register_tool_parsers", "tool_parsers", ToolCallParser, "tool parsers"),
+    ComponentKind("corerl_register_loggers", "loggers", ExperimentLogger, "loggers"),
 )

@@ -18,6 +18,7 @@ from corerl.registry import (
     Algorithm,
     Command,
     Environment,
+    ExperimentLogger,
     GenerationBackend,
     MemoryModel,
     OffloadPolicy,
@@ -33,9 +34,9 @@ from corerl.registry import (
 PROJECT_NAME = "corerl"
 
 #: The plugin contract this corerl offers, ``MAJOR.MINOR`` (docs/plugins.md, "Contract changelog").
-#: A plugin states the version it was written against as ``corerl_contract = "2.4"`` in its plugin
+#: A plugin states the version it was written against as ``corerl_contract = "2.5"`` in its plugin
 #: module; it is loaded when the majors match and its minor is not newer than this one's.
-CONTRACT_VERSION = "2.4"
+CONTRACT_VERSION = "2.5"
 
 hookspec = pluggy.HookspecMarker(PROJECT_NAME)
 hookimpl = pluggy.HookimplMarker(PROJECT_NAME)
@@ -215,4 +216,18 @@ def corerl_register_tool_parsers(register: Callable[[ToolCallParser], None]) -> 
     its ``error`` set). The core registers ``hermes`` (Qwen's and Hermes' ``<tool_call>`` JSON).
 
     Called when the plugin manager first needs the tool-call parser registry.
+    """
+
+
+@hookspec
+def corerl_register_loggers(register: Callable[[ExperimentLogger], None]) -> None:
+    """Register experiment loggers: where each step's metrics go besides ``metrics.jsonl``.
+
+    Call ``register(ExperimentLogger(id=..., factory=..., config_schema=...))`` once per logger;
+    its section is ``logger.<id>`` and ``logger.<id>.enabled`` switches it on. The factory is called
+    with a :class:`corerl.reporting.loggers.contract.LoggerContext` once the run directory exists
+    and returns an object with ``log(metrics, step)`` and ``close()``. The core registers
+    ``tensorboard`` (on by default), ``wandb`` and ``mlflow``.
+
+    Called when the plugin manager first needs the logger registry.
     """

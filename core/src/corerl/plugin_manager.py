@@ -24,6 +24,7 @@ from corerl.registry import (
     Algorithm,
     Command,
     Environment,
+    ExperimentLogger,
     GenerationBackend,
     MemoryModel,
     OffloadPolicy,
@@ -274,6 +275,10 @@ class PluginHost:
     @property
     def tool_parsers(self) -> Registry[ToolCallParser]:
         return self._registry("tool_parsers")
+
+    @property
+    def loggers(self) -> Registry[ExperimentLogger]:
+        return self._registry("loggers")
 
     def section_aliases(self) -> dict[str, str]:
         """Other spellings of the registered config sections: alias -> canonical key path."""

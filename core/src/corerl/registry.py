@@ -321,6 +321,34 @@ class ToolCallParser(Registration):
     kind: ClassVar[str] = "tool-call parser"
 
 
+@attrs.frozen(kw_only=True)
+class ExperimentLogger(Registration):
+    """An experiment logger (TensorBoard, W&B, MLflow), switched on by ``logger.<id>.enabled``.
+
+    The factory is called as ``factory(context)`` with a
+    :class:`corerl.reporting.loggers.contract.LoggerContext` and returns an object with
+    ``log(metrics, step)`` and ``close()``. Its section is ``logger.<id>``; ``config_schema``, when
+    given, subclasses :class:`corerl.reporting.loggers.contract.LoggerSettings` (``enabled``,
+    ``optional``) with the logger's own keys."""
+
+    kind: ClassVar[str] = "logger"
+
+    def __attrs_post_init__(self) -> None:
+        if not _ENV_ID_PATTERN.match(self.id):
+            raise RegistrationError(f"invalid logger id {self.id!r}: its section is logger.<id>, so use lower-case "
+                                    "letters, digits and '_' (starting with a letter)")
+        from corerl.reporting.loggers.contract import LoggerSettings
+
+        if self.config_schema is not None and not issubclass(self.config_schema, LoggerSettings):
+            raise RegistrationError(f"logger {self.id!r}: config_schema {self.config_schema.__name__} must subclass "
+                                    "corerl.sdk.LoggerSettings (every logger.<id> section has its keys)")
+        expected = f"logger.{self.id}"
+        if self.config_section not in (None, expected):
+            raise RegistrationError(f"logger {self.id!r}: its section is {expected}, not {self.config_section!r}")
+        object.__setattr__(self, "config_section", expected)
+        object.__setattr__(self, "config_schema", self.config_schema or LoggerSettings)
+
+
 R = TypeVar("R", bound=Registration)
 
 

@@ -27,6 +27,7 @@ from corerl.errors import RunError
 from corerl.failures import checkpoint_failure, disk_error
 from corerl.plugin_manager import PluginHost
 from corerl.progress_markers import mark
+from corerl.reporting.console import report_held_out
 from corerl.run_directory import (
     check_writable as check_writable,  # re-exported: where it used to live
 )
@@ -150,9 +151,10 @@ class Run:
 
     def run(self) -> RunResult:
         from corerl.interrupt import stop_on_sigint
+        from corerl.reporting.loggers.start import start_loggers
         from corerl.reporting.metrics_log import MetricsLog
 
-        context, core = self.context, self.context.config.core
+        context = self.context
         context.start_engines()  # the phases are built over the started engines
         if self.warm_registration is not None:
             self.warm_start = self.warm_registration.load()(context, warm_start=True)
@@ -162,20 +164,25 @@ class Run:
         if "before" not in self.evals:
             self.evals["before"] = self.algorithm.held_out()[self.algorithm.measure]
             context.console.print(f"held-out {self.label} before training: {self.evals['before']:.3f}")
+        loggers = start_loggers(context.config, context.host, context.run_dir, resumed=context.resume is not None,
+                                warn=lambda line: context.console.print(f"[yellow]{line}[/]", highlight=False))
         self.log = MetricsLog(context.run_dir, keep_lines=context.state.get("metrics_lines") if context.resume else None,
-                              tensorboard=core.run.tensorboard)
-        with stop_on_sigint(lambda text: context.console.print(f"[yellow]{text}[/]")) as stop:
-            if self.warm_start is not None and self.warm_start.total:
-                self.run_phase(self.warm_start, stop)
-                if not stop.requested and "after_sft" not in self.evals:
-                    self.end_warm_start()
-            if not stop.requested and not self.budget.spent:
-                self.algorithm.begin()
-                if self.warm_start is not None and "after_sft" not in self.evals:
-                    self.evals["after_sft"] = self.algorithm.held_out()[self.algorithm.measure]
-                    context.console.print(f"held-out {self.label} after SFT: {self.evals['after_sft']:.3f}")
-                self.run_phase(self.algorithm, stop)
-        return self.stop_interrupted(deadline=not stop.requested) if stop.requested or self.budget.spent else self.finish()
+                              loggers=loggers)
+        try:
+            with stop_on_sigint(lambda text: context.console.print(f"[yellow]{text}[/]")) as stop:
+                if self.warm_start is not None and self.warm_start.total:
+                    self.run_phase(self.warm_start, stop)
+                    if not stop.requested and "after_sft" not in self.evals:
+                        self.end_warm_start()
+                if not stop.requested and not self.budget.spent:
+                    self.algorithm.begin()
+                    if self.warm_start is not None and "after_sft" not in self.evals:
+                        self.evals["after_sft"] = self.algorithm.held_out()[self.algorithm.measure]
+                        context.console.print(f"held-out {self.label} after SFT: {self.evals['after_sft']:.3f}")
+                    self.run_phase(self.algorithm, stop)
+            return self.stop_interrupted(deadline=not stop.requested) if stop.requested or self.budget.spent else self.finish()
+        finally:
+            self.log.close()  # the loggers end their runs however this one stopped (a second close does nothing)
 
     @property
     def label(self) -> str:
@@ -255,8 +262,8 @@ class Run:
         summary = self.summary(figures)
         write_file_whole(run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
         mark("run:end")  # summary.json's presence says the run finished: all or nothing
-        _report(context.console, self.evals, self.label)
-        tensorboard = f"{run_dir / 'tensorboard'}, " if context.config.core.run.tensorboard else ""
+        report_held_out(context.console, self.evals, self.label)
+        tensorboard = f"{run_dir / 'tensorboard'}, " if (run_dir / "tensorboard").is_dir() else ""
         extras = "".join(f", {path}" for path in extra)
         context.console.print(f"wrote {run_dir / 'metrics.jsonl'}, {tensorboard}{run_dir / 'curves.png'}, "
                               f"{run_dir / 'final'} ({final_kind(context.training, context.config)}){extras}")
@@ -282,15 +289,6 @@ class Run:
         }
         summary.update({f"held_out_{k}_after": v for k, v in figures.items() if k != measure})
         return summary
-
-
-def _report(console: Any, evals: dict[str, float], label: str) -> None:
-    start_label, start = ("SFT start", evals["after_sft"]) if "after_sft" in evals else ("start", evals["before"])
-    line = f"held-out {label}: {evals['before']:.3f} before"
-    if "after_sft" in evals:
-        line += f", {evals['after_sft']:.3f} after SFT"
-    line += f", {evals['after']:.3f} at the end ({(evals['after'] - start) * 100:+.1f} points over the {start_label})"
-    console.print(line)
 
 
 def run_recipe(config: Config, selection: Selection, host: PluginHost) -> int:

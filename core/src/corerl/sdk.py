@@ -55,6 +55,7 @@ from corerl.registry import (
     Algorithm,
     Command,
     Environment,
+    ExperimentLogger,
     GenerationBackend,
     MemoryModel,
     OffloadPolicy,
@@ -67,6 +68,7 @@ from corerl.registry import (
     ToolCallParser,
     TrainingBackend,
 )
+from corerl.reporting.loggers.contract import LoggerContext, LoggerSettings
 from corerl.run_context import RunContext
 from corerl.training.batching import loss_token_count
 from corerl.training.contract import Batch, LossFn, StepResult, TrainingEngine, ValueEngine
@@ -83,7 +85,9 @@ from corerl.training.weights import EngineWeights
 __all__ = [
     # registering
     "hookimpl", "CONTRACT_VERSION", "TrainingBackend", "GenerationBackend", "SequencePacker", "OffloadPolicy", "Task", "Reward",
-    "Command", "Preset", "MemoryModel", "Algorithm", "PlotSpec", "Environment", "Tool", "ToolCallParser",
+    "Command", "Preset", "MemoryModel", "Algorithm", "PlotSpec", "Environment", "Tool", "ToolCallParser", "ExperimentLogger",
+    # experiment loggers
+    "LoggerContext", "LoggerSettings",
     # environments
     "EnvironmentProtocol", "EnvironmentContext", "EnvironmentSettings", "EpisodeView", "Turn", "ToolCall", "ToolResult",
     "execute", "parse_hermes",

@@ -336,6 +336,12 @@ class EnvConfig:
 
 
 @attrs.define(kw_only=True)
+class LoggerConfig:
+    """``logger``: one section per installed experiment logger, ``logger.<id>`` (its keys are the
+    logger's registration's: ``enabled``, ``optional`` and its own)."""
+
+
+@attrs.define(kw_only=True)
 class SftConfig:
     """``sft``: a supervised warm start (masked next-token loss) before GRPO."""
 
@@ -350,7 +356,8 @@ class RunConfig:
 
     output_dir: str = setting("runs", help="parent folder of run directories")
     name: str | None = setting(None, help="run directory name; unset: a timestamp")
-    tensorboard: bool = setting(True, help="write TensorBoard event files in <run dir>/tensorboard")
+    tensorboard: bool = setting(True, help="deprecated spelling of logger.tensorboard.enabled (false still switches "
+                                           "TensorBoard off)")
     resume: Literal["auto", "must"] = setting(
         "auto", help="auto: resume from the last complete checkpoint, else start over; must: resume or fail")
 
@@ -371,7 +378,7 @@ class CheckpointingConfig:
 
 @attrs.define(kw_only=True)
 class CorerlConfig:
-    """A whole recipe: cluster, policy, critic, algorithm, data, env, sft, run and checkpointing sections."""
+    """A whole recipe: cluster, policy, critic, algorithm, data, env, logger, sft, run and checkpointing sections."""
 
     cluster: ClusterConfig = section(ClusterConfig)
     policy: PolicyConfig = setting()
@@ -379,6 +386,7 @@ class CorerlConfig:
     algorithm: AlgorithmConfig = section(AlgorithmConfig)
     data: DataConfig = section(DataConfig)
     env: EnvConfig = section(EnvConfig)
+    logger: LoggerConfig = section(LoggerConfig)
     sft: SftConfig = section(SftConfig)
     run: RunConfig = section(RunConfig)
     checkpointing: CheckpointingConfig = section(CheckpointingConfig)

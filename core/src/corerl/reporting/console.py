@@ -23,3 +23,13 @@ def make_console(**kwargs: Any) -> Any:
     if console.is_terminal:
         return console
     return Console(soft_wrap=True, width=UNWRAPPED_WIDTH, **kwargs)
+
+
+def report_held_out(console: Any, evals: dict[str, float], label: str) -> None:
+    """The run's last line of figures: held-out ``label`` before, after SFT (when it ran), at the end."""
+    start_label, start = ("SFT start", evals["after_sft"]) if "after_sft" in evals else ("start", evals["before"])
+    line = f"held-out {label}: {evals['before']:.3f} before"
+    if "after_sft" in evals:
+        line += f", {evals['after_sft']:.3f} after SFT"
+    line += f", {evals['after']:.3f} at the end ({(evals['after'] - start) * 100:+.1f} points over the {start_label})"
+    console.print(line)

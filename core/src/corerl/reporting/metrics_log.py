@@ -1,10 +1,11 @@
-"""Per-step metrics, written to ``metrics.jsonl`` (one JSON object per line) and to
-TensorBoard event files under ``<run dir>/tensorboard``."""
+"""Per-step metrics, written to ``metrics.jsonl`` (one JSON object per line) and handed to the
+run's experiment loggers (:mod:`corerl.reporting.loggers`: TensorBoard, W&B, MLflow)."""
 
 from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -14,12 +15,12 @@ log = logging.getLogger(__name__)
 
 
 class MetricsLog:
-    """Appends each step's metrics to the JSONL file and the TensorBoard writer."""
+    """Appends each step's metrics to the JSONL file and hands them to the experiment loggers."""
 
-    def __init__(self, run_dir: Path, keep_lines: int | None = None, tensorboard: bool = True) -> None:
+    def __init__(self, run_dir: Path, keep_lines: int | None = None, loggers: Sequence[Any] = ()) -> None:
         """Open the log; ``keep_lines`` (a resumed run) cuts the JSONL back to that many lines,
         replacing the file whole (a kill midway leaves the old file or the new one, never a
-        truncated one); ``tensorboard`` False writes no event files (``run.tensorboard``)."""
+        truncated one); ``loggers`` are the started experiment loggers."""
         self.path = run_dir / "metrics.jsonl"
         rewritten = run_dir / ".metrics.jsonl.partial"
         rewritten.unlink(missing_ok=True)  # a rewrite killed before its rename
@@ -32,40 +33,44 @@ class MetricsLog:
             write_file_whole(self.path, "".join(line + "\n" for line in kept), marker="metrics:rewrite")
         self.lines = len(kept)
         self._file = self.path.open("a")
-        self._writer: Any = None
-        if tensorboard:
-            from torch.utils.tensorboard import SummaryWriter
-
-            # a resumed run writes a new event file; TensorBoard shows the later value of a step
-            self._writer = SummaryWriter(log_dir=str(run_dir / "tensorboard"))
+        self.loggers = list(loggers)
 
     def write(self, metrics: dict[str, Any], tb_step: int) -> None:
+        """One step's metrics (with its ``phase`` and ``step``); ``tb_step`` counts every phase's steps."""
         self._file.write(json.dumps(metrics) + "\n")
         self._file.flush()
         self.lines += 1
-        if self._writer is None:
-            return
-        phase = metrics.get("phase", "run")
-        for key, value in metrics.items():
-            if isinstance(value, (int, float)) and not isinstance(value, bool) and key not in ("step",):
-                self._writer.add_scalar(f"{phase}/{key}", value, tb_step)
-            elif isinstance(value, list) and value:  # one value per item (a step's staleness per group)
-                import numpy as np
-
-                self._writer.add_histogram(f"{phase}/{key}", np.asarray(value, dtype=np.float64), tb_step)
-        self._writer.flush()
+        if self.loggers:
+            self._send(logged_metrics(metrics), tb_step)
 
     def scalar(self, tag: str, value: float, tb_step: int) -> None:
         """One extra scalar (the held-out reward after a phase)."""
-        if self._writer is None:
-            return
-        self._writer.add_scalar(tag, value, tb_step)
-        self._writer.flush()
+        self._send({tag: value}, tb_step)
+
+    def _send(self, metrics: dict[str, float | list[float]], step: int) -> None:
+        for logger in self.loggers:
+            logger.log(metrics, step)
 
     def close(self) -> None:
+        """Close the file and end the loggers' runs; a second call does nothing."""
+        if self._file.closed:
+            return
         self._file.close()
-        if self._writer is not None:
-            self._writer.close()
+        for logger in self.loggers:
+            logger.close()
+
+
+def logged_metrics(metrics: dict[str, Any]) -> dict[str, float | list[float]]:
+    """A step's metrics as the loggers name them, ``<phase>/<metric>``: the numbers, and the
+    non-empty lists (one value per item, such as a step's staleness per group)."""
+    phase = metrics.get("phase", "run")
+    named: dict[str, float | list[float]] = {}
+    for key, value in metrics.items():
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and key != "step":
+            named[f"{phase}/{key}"] = value
+        elif isinstance(value, list) and value:
+            named[f"{phase}/{key}"] = [float(v) for v in value]
+    return named
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:

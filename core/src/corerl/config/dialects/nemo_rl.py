@@ -558,16 +558,20 @@ RULES: dict[str, Rule] = {
     "env.nemo_gym.*": refused(_NEMO_GYM),
     # -- logger --
     "logger.log_dir": inert("metrics.jsonl and TensorBoard files are written in the run directory"),
-    "logger.tensorboard_enabled": acts("run.tensorboard"),
+    "logger.tensorboard_enabled": acts("logger.tensorboard.enabled"),
     "logger.tensorboard.*": inert("TensorBoard files go to <run dir>/tensorboard"),
-    "logger.wandb_enabled": inert_with_warning("W&B logging is not built into corerl yet: the run logs to "
-                                              "metrics.jsonl and TensorBoard", _truthy),
-    "logger.mlflow_enabled": inert_with_warning("MLflow logging is not built into corerl yet: the run logs to "
-                                              "metrics.jsonl and TensorBoard", _truthy),
+    "logger.wandb_enabled": acts("logger.wandb.enabled"),
+    "logger.wandb.project": acts("logger.wandb.project"),
+    "logger.wandb.name": acts("logger.wandb.name"),
+    "logger.wandb.entity": acts("logger.wandb.entity"),
+    "logger.wandb.*": inert("a W&B setting corerl's W&B logger does not have (corerl logs metrics and the recipe)"),
+    "logger.mlflow_enabled": acts("logger.mlflow.enabled"),
+    "logger.mlflow.experiment_name": acts("logger.mlflow.experiment_name"),
+    "logger.mlflow.run_name": acts("logger.mlflow.run_name"),
+    "logger.mlflow.tracking_uri": acts("logger.mlflow.tracking_uri"),
+    "logger.mlflow.*": inert("an MLflow setting corerl's MLflow logger does not have"),
     "logger.swanlab_enabled": inert_with_warning("SwanLab logging is not built into corerl yet: the run logs to "
-                                              "metrics.jsonl and TensorBoard", _truthy),
-    "logger.wandb.*": inert("used only with W&B logging"),
-    "logger.mlflow.*": inert("used only with MLflow logging"),
+                                              "metrics.jsonl and its other loggers", _truthy),
     "logger.swanlab.*": inert("used only with SwanLab logging"),
     "logger.monitor_gpus": inert("the run reports accelerator memory itself"),
     "logger.gpu_monitoring.*": inert("the run reports accelerator memory itself"),
