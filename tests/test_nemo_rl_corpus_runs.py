@@ -54,8 +54,9 @@ def _pairs(path: Path) -> Path:
 
 
 def _run(tmp_path: Path, recipe: str, *overrides: str) -> dict:
+    # the recipe's W&B logging (wandb_enabled) acts: offline, as on a laptop without a W&B login
     result = run_corerl("run", str(CORPUS / recipe), *TINY, *overrides, f"run.output_dir={tmp_path}", "run.name=run",
-                        env=clean_env({"HF_HUB_OFFLINE": "1"}))
+                        env=clean_env({"HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline"}))
     assert result.code == 0, result
     assert "running (nemo-rl dialect)" in result.out
     return json.loads((tmp_path / "run" / "summary.json").read_text())
@@ -73,6 +74,7 @@ def test_sft_runs_and_its_held_out_reward_rises(tmp_path):
                    "sft.max_num_steps=60", "policy.train_global_batch_size=16", "policy.train_micro_batch_size=16",
                    "policy.max_total_sequence_length=16", "policy.optimizer.kwargs.lr=3e-3")
     assert summary["algorithm"] == "sft" and summary["steps"] == 60
+    assert len(list((tmp_path / "run" / "wandb").glob("offline-run-*/run-*.wandb"))) == 1  # sft.yaml: wandb_enabled
     assert summary["held_out_reward_after"] >= summary["held_out_reward_before"] + 0.5, summary
 
 
