@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import json
+import re
 
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from tests.conftest import run_corerl
+
+#: every line corerl writes on the demo's terminal: the selection table, its own lines, the bars
+CORERLS_LINES = re.compile(r"[┏┃┡│└].*|\S+demo\.yaml: running|run directory: .*|held-out reward.*|(SFT|GRPO) +━.*|wrote .*")
 
 
 def test_demo_runs_to_the_end_and_grpo_raises_the_held_out_reward_over_the_sft_start(tmp_path):
@@ -14,6 +18,10 @@ def test_demo_runs_to_the_end_and_grpo_raises_the_held_out_reward_over_the_sft_s
     assert result.code == 0, result
     run_dir = tmp_path / "demo"
     assert f"run directory: {run_dir}" in result.out
+    foreign = [line for line in (result.out + result.err).splitlines() if not CORERLS_LINES.fullmatch(line)]
+    assert foreign == [], f"lines corerl did not write reached the terminal (they belong in run.log): {foreign}"
+    chatter = (run_dir / "run.log").read_text()  # Ray's, torch's and vLLM's lines, from the driver and the actors
+    assert "Token authentication" in chatter and "FutureWarning" in chatter and "safetensors" in chatter
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["training_backend"] == "dtensor" and summary["generation_backend"] == "vllm"
     assert summary["held_out_reward_after_sft"] > summary["held_out_reward_before"], summary  # SFT taught the form

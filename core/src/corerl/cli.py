@@ -60,6 +60,9 @@ def build_parser(host: Any = None) -> argparse.ArgumentParser:
     run.add_argument("--preset", action="append", default=[], metavar="NAME", help=preset_help)
     run.add_argument("--dialect", choices=DIALECTS, help=dialect_help)
     run.add_argument("--strict", action="store_true", help=strict_help)
+    run.add_argument("-v", "--verbose", action="store_true",
+                     help="show other libraries' warnings and the engines' output on the terminal too (they are always "
+                          "in the run directory's run.log)")
 
     validate = commands.add_parser("validate", help="check a recipe and show what would be selected and why")
     validate.add_argument("config", metavar="CONFIG", help="recipe YAML file")
@@ -138,9 +141,11 @@ def _error_dicts(exc: Exception) -> list[dict[str, Any]]:
 
 def _print_errors(exc: Exception) -> None:
     from corerl.errors import ConfigErrors
+    from corerl.reporting.quiet import last_log
 
+    log = last_log()  # a run that started: what else it printed is in its log file
     for error in exc.errors if isinstance(exc, ConfigErrors) else [exc]:
-        print(f"corerl: error: {error}", file=sys.stderr)
+        print(f"corerl: error: {error}" + (f" (the run's log: {log})" if log else ""), file=sys.stderr)
 
 
 def _print_json(data: Any) -> None:
@@ -305,7 +310,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         config_path = str(DEMO_RECIPE)
     host, config, selection = _load_and_select(config_path, overrides, args.preset, args.dialect, args.strict)
     _print_selection(config, selection, verdict="running")
-    return run_recipe(config, selection, host)
+    return run_recipe(config, selection, host, verbose=args.verbose)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -1,8 +1,8 @@
 """The run loop: an optional SFT warm start, then the algorithm ``algorithm.name`` names (a
 registered :class:`corerl.registry.Algorithm`, known here only through
 :class:`corerl.algorithms.contract.AlgorithmRun`), with a progress bar per phase, held-out
-figures before and after, checkpoints, and a run directory holding metrics.jsonl, TensorBoard
-event files, curves.png, summary.json and the final Hugging Face checkpoint.
+figures before and after, checkpoints, and a run directory holding metrics.jsonl, the loggers'
+files (TensorBoard's by default), run.log, curves.png, summary.json and the final checkpoint.
 
 ``corerl run`` on a run directory that holds a complete checkpoint resumes from it; one that
 holds none starts over there (``run.resume=must`` refuses instead). Folders the run trusts later
@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import math
 import time
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +28,7 @@ from corerl.errors import RunError
 from corerl.failures import checkpoint_failure, disk_error
 from corerl.plugin_manager import PluginHost
 from corerl.progress_markers import mark
-from corerl.reporting.console import report_held_out
+from corerl.reporting.console import bar_text, progress_bars, report_held_out
 from corerl.run_directory import (
     check_writable as check_writable,  # re-exported: where it used to live
 )
@@ -62,38 +63,15 @@ def task_state(algorithm: Any, task: Any) -> Any:
     return algorithm.task_state() if hasattr(algorithm, "task_state") else task.state()
 
 
-def _progress(console: Any) -> Any:
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeRemainingColumn,
-    )
-
-    return Progress(
-        TextColumn("[bold]{task.description:<4}"), BarColumn(), MofNCompleteColumn(),
-        TextColumn("{task.fields[shown]}"), TimeRemainingColumn(), console=console,
-    )
-
-
-def _shown(metrics: dict[str, float]) -> str:
-    tokens = metrics.get("generated_tokens", metrics.get("tokens", 0.0))
-    text = f"reward {metrics['reward/mean']:.3f}  " if "reward/mean" in metrics else ""
-    if "preference_accuracy" in metrics:
-        text = f"accuracy {metrics['preference_accuracy']:.2f}  margin {metrics.get('rewards/margin', 0.0):+.3f}  "
-    if "critic/value_loss" in metrics:
-        text += f"value loss {metrics['critic/value_loss']:.4f}  "
-    if "env/turns" in metrics:
-        text += f"turns {metrics['env/turns']:.1f}  "
-    return text + f"loss {metrics['loss']:+.4f}  {tokens / metrics['time/step']:,.0f} tok/s"
-
-
-def execute(config: Config, selection: Selection, host: PluginHost, console: Any = None) -> RunResult:
-    """Run ``config`` with the selected components (see the module docstring)."""
+def execute(config: Config, selection: Selection, host: PluginHost, console: Any = None,
+            quiet: bool | None = None) -> RunResult:
+    """Run ``config`` with the selected components (see the module docstring). ``quiet``: other
+    libraries' output goes to the run's log file (True), or to the terminal and that file (False);
+    None (the Python API, tests): nothing is redirected."""
     from transformers.utils import logging as hf_logging
 
     from corerl.reporting.console import make_console
+    from corerl.reporting.quiet import LOG_NAME, QuietTerminal
     from corerl.run_context import RunContext
 
     hf_logging.disable_progress_bar()  # the run's own bars say what is happening
@@ -106,7 +84,8 @@ def execute(config: Config, selection: Selection, host: PluginHost, console: Any
     context, finished = None, False
     try:
         context = RunContext.open(config, selection, console or make_console(), host)
-        result = Run(context).run()
+        with QuietTerminal(context.run_dir / LOG_NAME, verbose=not quiet) if quiet is not None else nullcontext():
+            result = Run(context).run()
         finished = True
         return result
     except BaseException as exc:  # BaseException: torch's CheckpointException is one
@@ -155,20 +134,21 @@ class Run:
         from corerl.reporting.metrics_log import MetricsLog
 
         context = self.context
-        context.start_engines()  # the phases are built over the started engines
-        if self.warm_registration is not None:
-            self.warm_start = self.warm_registration.load()(context, warm_start=True)
-        self.algorithm = self.registration.load()(context)
-        if context.resume is not None:
-            self.algorithm.load(context.resume[1])
-        if "before" not in self.evals:
-            self.evals["before"] = self.algorithm.held_out()[self.algorithm.measure]
-            context.console.print(f"held-out {self.label} before training: {self.evals['before']:.3f}")
+        # the loggers first: one that cannot start stops the run before the engines take minutes to start
         loggers = start_loggers(context.config, context.host, context.run_dir, resumed=context.resume is not None,
                                 warn=lambda line: context.console.print(f"[yellow]{line}[/]", highlight=False))
         self.log = MetricsLog(context.run_dir, keep_lines=context.state.get("metrics_lines") if context.resume else None,
                               loggers=loggers)
         try:
+            context.start_engines()  # the phases are built over the started engines
+            if self.warm_registration is not None:
+                self.warm_start = self.warm_registration.load()(context, warm_start=True)
+            self.algorithm = self.registration.load()(context)
+            if context.resume is not None:
+                self.algorithm.load(context.resume[1])
+            if "before" not in self.evals:
+                self.evals["before"] = self.algorithm.held_out()[self.algorithm.measure]
+                context.console.print(f"held-out {self.label} before training: {self.evals['before']:.3f}")
             with stop_on_sigint(lambda text: context.console.print(f"[yellow]{text}[/]")) as stop:
                 if self.warm_start is not None and self.warm_start.total:
                     self.run_phase(self.warm_start, stop)
@@ -200,7 +180,7 @@ class Run:
     def run_phase(self, phase: Any, stop: Any) -> None:
         """Steps of ``phase`` until it is done or Ctrl-C asks to stop, logging and checkpointing."""
         checkpointing = self.context.config.core.checkpointing
-        with _progress(self.context.console) as progress:
+        with progress_bars(self.context.console) as progress:
             bar = progress.add_task(phase.name.upper(), total=phase.total, completed=phase.done, shown="")
             while phase.done < phase.total and not stop.requested and not self.budget.check():
                 begin = time.perf_counter()
@@ -213,7 +193,7 @@ class Run:
                 phase.done += 1
                 metrics = {"phase": phase.name, "step": phase.done, **metrics, "time/step": time.perf_counter() - begin}
                 self.log.write(metrics, tb_step=self.global_step())
-                progress.update(bar, advance=1, shown=_shown(metrics))
+                progress.update(bar, advance=1, shown=bar_text(metrics))
                 mark(f"{phase.name}:step:{phase.done}")
                 if checkpointing.enabled and (phase.done % checkpointing.save_period == 0 or phase.done == phase.total):
                     self.checkpoint()
@@ -291,6 +271,7 @@ class Run:
         return summary
 
 
-def run_recipe(config: Config, selection: Selection, host: PluginHost) -> int:
-    """``corerl run``: run ``config``; returns the exit status (130 when Ctrl-C stopped it)."""
-    return EXIT_INTERRUPTED if execute(config, selection, host).interrupted else 0
+def run_recipe(config: Config, selection: Selection, host: PluginHost, verbose: bool = False) -> int:
+    """``corerl run``: run ``config``; returns the exit status (130 when Ctrl-C stopped it). Other
+    libraries' output goes to the run's log file, and with ``verbose`` to the terminal too."""
+    return EXIT_INTERRUPTED if execute(config, selection, host, quiet=not verbose).interrupted else 0

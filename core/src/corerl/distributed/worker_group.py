@@ -96,8 +96,11 @@ def ensure_ray(address: str | None, num_cpus_needed: int = 1) -> None:
 
     if ray.is_initialized():
         return
+    from corerl.reporting.quiet import ray_options
+
     address = address or os.environ.get("RAY_ADDRESS")
-    options: dict[str, Any] = {"logging_level": logging.WARNING, "include_dashboard": False}
+    # a quiet `corerl run`: the workers write to the run's log file, not to this terminal
+    options: dict[str, Any] = {"logging_level": logging.WARNING, "include_dashboard": False, **ray_options()}
     if address:
         ray.init(address=address, **options)
         return

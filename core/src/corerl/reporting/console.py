@@ -33,3 +33,32 @@ def report_held_out(console: Any, evals: dict[str, float], label: str) -> None:
         line += f", {evals['after_sft']:.3f} after SFT"
     line += f", {evals['after']:.3f} at the end ({(evals['after'] - start) * 100:+.1f} points over the {start_label})"
     console.print(line)
+
+
+def progress_bars(console: Any) -> Any:
+    """The run's progress bars: phase, bar, steps, the step's figures, time left."""
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeRemainingColumn,
+    )
+
+    return Progress(
+        TextColumn("[bold]{task.description:<4}"), BarColumn(), MofNCompleteColumn(),
+        TextColumn("{task.fields[shown]}"), TimeRemainingColumn(), console=console,
+    )
+
+
+def bar_text(metrics: dict[str, float]) -> str:
+    """What a progress bar shows of a step's metrics."""
+    tokens = metrics.get("generated_tokens", metrics.get("tokens", 0.0))
+    text = f"reward {metrics['reward/mean']:.3f}  " if "reward/mean" in metrics else ""
+    if "preference_accuracy" in metrics:
+        text = f"accuracy {metrics['preference_accuracy']:.2f}  margin {metrics.get('rewards/margin', 0.0):+.3f}  "
+    if "critic/value_loss" in metrics:
+        text += f"value loss {metrics['critic/value_loss']:.4f}  "
+    if "env/turns" in metrics:
+        text += f"turns {metrics['env/turns']:.1f}  "
+    return text + f"loss {metrics['loss']:+.4f}  {tokens / metrics['time/step']:,.0f} tok/s"

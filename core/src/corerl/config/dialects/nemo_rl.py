@@ -564,11 +564,14 @@ RULES: dict[str, Rule] = {
     "logger.wandb.project": acts("logger.wandb.project"),
     "logger.wandb.name": acts("logger.wandb.name"),
     "logger.wandb.entity": acts("logger.wandb.entity"),
+    "logger.wandb.mode": acts("logger.wandb.mode"),  # corerl's own keys, for a laptop without a W&B login
+    "logger.wandb.optional": acts("logger.wandb.optional"),
     "logger.wandb.*": inert("a W&B setting corerl's W&B logger does not have (corerl logs metrics and the recipe)"),
     "logger.mlflow_enabled": acts("logger.mlflow.enabled"),
     "logger.mlflow.experiment_name": acts("logger.mlflow.experiment_name"),
     "logger.mlflow.run_name": acts("logger.mlflow.run_name"),
     "logger.mlflow.tracking_uri": acts("logger.mlflow.tracking_uri"),
+    "logger.mlflow.optional": acts("logger.mlflow.optional"),
     "logger.mlflow.*": inert("an MLflow setting corerl's MLflow logger does not have"),
     "logger.swanlab_enabled": inert_with_warning("SwanLab logging is not built into corerl yet: the run logs to "
                                               "metrics.jsonl and its other loggers", _truthy),
@@ -624,11 +627,11 @@ def markdown_table() -> str:
 
 def looks_like(raw: dict[str, Any]) -> bool:
     """A NeMo RL recipe: a ``grpo:``/``dpo:`` section, an ``sft:`` section in NeMo RL's form, or
-    one of its own top-level sections (``loss_fn``, ``logger``; ``env`` is corerl's too)."""
+    one of its own top-level sections (``loss_fn``; ``env`` and ``logger`` are corerl's too)."""
     sft = raw.get("sft")
     nemo_sft = isinstance(sft, dict) and any(k in sft for k in ("max_num_steps", "max_num_epochs", "val_period"))
     return "grpo" in raw or "ppo" in raw or "dpo" in raw or nemo_sft or any(
-        s in raw for s in NEMO_ONLY_SECTIONS if s != "env")
+        s in raw for s in NEMO_ONLY_SECTIONS if s not in ("env", "logger"))
 
 
 def _leaves(node: dict[str, Any], prefix: str = "") -> list[tuple[str, Any]]:

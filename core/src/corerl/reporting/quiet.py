@@ -1,0 +1,129 @@
+"""A quiet terminal for ``corerl run``: corerl's own lines, progress bars and summary on the
+terminal; everything else (third-party warnings and loggers, engines' chatter, C++ libraries'
+lines, Ray actors' output) in the run directory's ``run.log``. ``corerl run -v`` keeps it all on
+the terminal too.
+
+Why file descriptors and not only :mod:`logging`: most of the chatter is not Python logging
+(torch's C++ warnings, vLLM's loading bars, Triton's notice, child processes of engines), so the
+run points descriptors 1 and 2 at the log file and gives corerl's console a stream of its own on
+the terminal. Ray's workers are started after that and write to the same file through Ray's
+worker set-up hook (``runtime_env["worker_process_setup_hook"]``)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from contextlib import ExitStack
+from pathlib import Path
+from types import TracebackType
+from typing import Any, TextIO
+
+LOG_NAME = "run.log"
+#: how a Ray worker learns the log file (set in the job's runtime environment)
+RUN_LOG_VARIABLE = "CORERL_RUN_LOG"
+
+#: the log file of the run in progress in this process (None: not quiet; see :func:`ray_options`)
+_active_log: Path | None = None
+#: the log file of the last run this process started (the CLI names it with a failure)
+_last_log: Path | None = None
+
+
+class QuietTerminal:
+    """While entered, descriptors 1 and 2 write to ``log_path``; ``sys.stdout`` (corerl's console
+    and prints) and the ``corerl`` loggers' warnings write to the terminal. ``verbose``: nothing
+    moves; Python's logging goes to the file as well."""
+
+    def __init__(self, log_path: Path, verbose: bool = False) -> None:
+        self.log_path, self.verbose = log_path, verbose
+        self._undo = ExitStack()
+
+    def __enter__(self) -> QuietTerminal:
+        global _last_log
+        _last_log = self.log_path
+        undo = self._undo
+        log_file = undo.enter_context(self.log_path.open("a", buffering=1, encoding="utf-8"))
+        to_file = logging.StreamHandler(log_file)
+        to_file.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        _add_handler(undo, logging.getLogger(), to_file, level=logging.INFO)
+        ours = logging.getLogger("corerl")
+        undo.callback(ours.setLevel, ours.level)
+        ours.setLevel(logging.INFO)
+        if self.verbose:  # the terminal keeps everything, Python's warnings and errors too
+            _add_handler(undo, logging.getLogger(), logging.StreamHandler(sys.stderr), handler_level=logging.WARNING)
+            return self
+        sys.stdout.flush()
+        sys.stderr.flush()
+        terminal = undo.enter_context(_stream_on_copy_of(1, sys.stdout.encoding))
+        terminal_err = undo.enter_context(_stream_on_copy_of(2, sys.stderr.encoding))
+        # corerl's own warnings stay on the terminal's stderr (and propagate to the file)
+        _add_handler(undo, ours, logging.StreamHandler(terminal_err), handler_level=logging.WARNING)
+        for fd in (1, 2):
+            undo.callback(_restore_fd, fd, os.dup(fd))
+            os.dup2(log_file.fileno(), fd)
+        undo.callback(setattr, sys, "stdout", sys.stdout)
+        sys.stdout = terminal
+        undo.callback(_set_active, None)
+        _set_active(self.log_path)
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        self._undo.close()
+
+
+def _add_handler(undo: ExitStack, logger: logging.Logger, handler: logging.Handler, level: int | None = None,
+                 handler_level: int | None = None) -> None:
+    """Add ``handler`` to ``logger`` (lowering the logger to ``level``), undone with ``undo``."""
+    if handler_level is not None:
+        handler.setLevel(handler_level)
+    logger.addHandler(handler)
+    undo.callback(logger.removeHandler, handler)
+    if level is not None and logger.level > level:
+        undo.callback(logger.setLevel, logger.level)
+        logger.setLevel(level)
+
+
+def _stream_on_copy_of(fd: int, encoding: str | None) -> TextIO:
+    """A line-buffered text stream on a copy of ``fd`` (the terminal, once ``fd`` itself moves)."""
+    return os.fdopen(os.dup(fd), "w", buffering=1, encoding=encoding or "utf-8", errors="replace")
+
+
+def _restore_fd(fd: int, copy: int) -> None:
+    os.dup2(copy, fd)
+    os.close(copy)
+
+
+def _set_active(path: Path | None) -> None:
+    global _active_log
+    _active_log = path
+
+
+def last_log() -> Path | None:
+    """The log file of the last run this process started (None: none started)."""
+    return _last_log
+
+
+def ray_options() -> dict[str, Any]:
+    """``ray.init`` options that send the workers' output to the run's log file, not the driver's
+    terminal (nothing when the run is not quiet)."""
+    if _active_log is None:
+        return {}
+    return {"log_to_driver": False,
+            "runtime_env": {"worker_process_setup_hook": f"{__name__}.{write_output_to_run_log.__name__}",
+                            "env_vars": {RUN_LOG_VARIABLE: str(_active_log)}}}
+
+
+def write_output_to_run_log() -> None:
+    """In a Ray worker: descriptors 1 and 2 append to the run's log file (where the worker's node
+    can reach it; otherwise Ray's own worker logs keep the output)."""
+    try:
+        fd = os.open(os.environ[RUN_LOG_VARIABLE], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    except (KeyError, OSError):
+        return
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
