@@ -10,8 +10,10 @@ import random
 import re
 import signal
 import subprocess
+from pathlib import Path
 
 import pytest
+from ray._common.utils import get_default_ray_temp_dir  # where Ray keeps session folders
 
 from corerl.environments.contract import EpisodeView
 from tests.conftest import CORERL, EXAMPLES, REPO, clean_env, run_corerl
@@ -128,6 +130,8 @@ def test_a_run_sigkilled_mid_rollout_resumes_like_any_other(tmp_path, workers):
     assert resumed.code == 0, resumed
     assert "resuming from step 4" in resumed.out
     _same_metrics(_rows(tmp_path / "straight"), _rows(tmp_path / "killed"))
+    # the killed run's local Ray session folder (named by its pid) was removed by the resumed run
+    assert not list(Path(get_default_ray_temp_dir()).glob(f"session_*_{proc.pid}"))
 
 
 MEGATRON = """defaults: {demo}

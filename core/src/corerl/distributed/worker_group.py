@@ -109,6 +109,11 @@ def ensure_ray(address: str | None, num_cpus_needed: int = 1) -> None:
     private_token()
     context = ray.get_runtime_context()
     atexit.register(remove_local_session, os.path.join(context.get_temp_dir(), context.get_session_name()))
+    from pathlib import Path
+
+    from corerl.distributed.ray_sessions import remove_stale_sessions
+
+    remove_stale_sessions(Path(context.get_temp_dir()), keep=context.get_session_name())  # left by killed runs
 
 
 def remove_local_session(session_dir: str) -> None:
