@@ -156,6 +156,25 @@ def test_a_disk_full_mid_run_stops_with_the_path_and_keeps_the_last_checkpoint(t
     assert json.loads((tmp_path / "full" / "summary.json").read_text())["sft_steps"] == 4
 
 
+def test_a_really_full_disk_during_a_checkpoint_save_says_no_space_left_with_the_free_space(tmp_path):
+    """A 4 MiB file system holds the base model (1.2 MiB) but not the first checkpoint: torch's
+    writer says only "unexpected pos 704 vs 598"; corerl names the cause and the free space."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(disk)], capture_output=True, text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"a small file system to fill needs mount (root with CAP_SYS_ADMIN): {mounted.stderr.strip()}")
+    try:
+        full = run_corerl("run", *SFT, f"run.output_dir={disk}", "run.name=full")
+        assert full.code == 1, full
+        (line,) = full.err.strip().splitlines()
+        assert f"saving checkpoint {disk / 'full' / 'checkpoints'}" in line, line
+        assert "No space left on device (0.0 MiB free there)" in line and "unexpected pos" not in line, line
+        assert f"the run's log: {disk / 'full' / 'run.log'}" in line
+    finally:
+        subprocess.run(["umount", str(disk)], check=True)
+
+
 def test_a_file_size_limit_hit_while_writing_is_a_one_line_error_naming_the_file(tmp_path):
     def limit() -> None:  # files may grow to 256 KiB: the base model's weights cannot be written
         resource.setrlimit(resource.RLIMIT_FSIZE, (256 * 1024, 256 * 1024))

@@ -27,24 +27,38 @@ DISK_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, e
 _OS_ERROR = re.compile(r"os error (\d+)")
 
 
-def disk_errno(exc: BaseException) -> int | None:
-    """The errno of a write that failed for lack of space or permission; None for anything else."""
+#: torch.save's words for a write that came up short (its C++ writer drops the errno): on a full
+#: disk, "[enforce fail at inline_container.cc:...] . unexpected pos 704 vs 598"
+_SHORT_WRITE = re.compile(r"unexpected pos \d+ vs \d+|PytorchStreamWriter failed writing")
+#: below this much free space where a short write happened, the disk is taken to be full
+FULL_BELOW_BYTES = 64 * 2**20
+
+
+def disk_errno(exc: BaseException, where: str | Path | None = None) -> int | None:
+    """The errno of a write that failed for lack of space or permission; None for anything else.
+    torch's short write (no errno of its own) is ENOSPC when the file system at ``where`` is
+    (nearly) full."""
     if isinstance(exc, OSError):
         return exc.errno if exc.errno in DISK_ERRNOS else None
     found = _OS_ERROR.search(str(exc)) if type(exc).__name__ == "SafetensorError" else None
     if found is not None and int(found.group(1)) in DISK_ERRNOS:
         return int(found.group(1))
+    if where is not None and isinstance(exc, RuntimeError) and _SHORT_WRITE.search(str(exc)):
+        free = free_bytes(where)
+        if free is not None and free < FULL_BELOW_BYTES:
+            return errno.ENOSPC
     return None
 
 
 def disk_error(exc: BaseException, run_dir: Path) -> RunError | None:
     """A write that failed for lack of space or permission, as a one-line error naming the file
     (None for any other exception: a real bug stays one)."""
-    code = disk_errno(exc)
+    code = disk_errno(exc, run_dir)
     if code is None:
         return None
     where = exc.filename if isinstance(exc, OSError) and exc.filename else run_dir
-    return RunError(f"writing {where} failed: {os.strerror(code)}; the run stopped there, its last complete "
+    space = _free_space(where) if code == errno.ENOSPC else ""
+    return RunError(f"writing {where} failed: {os.strerror(code)}{space}; the run stopped there, its last complete "
                     "checkpoint is intact", key="run.output_dir",
                     hint="free space (or point run.output_dir elsewhere) and run the same command to resume")
 
@@ -71,9 +85,10 @@ def checkpoint_failure(exc: BaseException, action: str, path: str | Path) -> Bas
         return RunError(f"{action} checkpoint {path} failed: {first_line(exc)}")
     rank, cause = causes[0]
     ranks = f"rank {rank}" if len(causes) == 1 else f"ranks {', '.join(str(r) for r, _ in causes)}"
-    code = disk_errno(cause)
+    code = disk_errno(cause, path)
     if action == "saving":
-        reason = os.strerror(code) if code is not None else f"{first_line(cause)}{_free_space(path)}"
+        space = _free_space(path) if code in (None, errno.ENOSPC) else ""
+        reason = f"{os.strerror(code) if code is not None else first_line(cause)}{space}"
         return RunError(f"saving checkpoint {path} failed on {ranks}: {reason}; the run stopped there, its last "
                         "complete checkpoint is intact", key="run.output_dir",
                         hint="free space (or point run.output_dir elsewhere) and run the same command to resume"
@@ -83,17 +98,23 @@ def checkpoint_failure(exc: BaseException, action: str, path: str | Path) -> Bas
                          "away to resume from the one before it, or start over under a new run.name")
 
 
-def _free_space(path: str | Path) -> str:
-    """`` (N MiB free there)``: a short write inside an engine often hides ENOSPC behind its own message."""
+def free_bytes(path: str | Path) -> int | None:
+    """Free space (for this user) on the file system holding ``path`` or its nearest existing parent."""
     import shutil
 
     folder = Path(path)
     while not folder.exists() and folder != folder.parent:
         folder = folder.parent
     try:
-        return f" ({shutil.disk_usage(folder).free / 2**20:,.0f} MiB free there)"
+        return shutil.disk_usage(folder).free
     except OSError:
-        return ""
+        return None
+
+
+def _free_space(path: str | Path) -> str:
+    """`` (N MiB free there)``: a short write inside an engine often hides ENOSPC behind its own message."""
+    free = free_bytes(path)
+    return "" if free is None else f" ({free / 2**20:,.1f} MiB free there)"
 
 
 @contextmanager
