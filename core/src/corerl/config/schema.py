@@ -37,15 +37,15 @@ class ClusterConfig:
 class ResourcesConfig:
     """Resources for dedicated (non-colocated) generation."""
 
-    num_nodes: int | None = setting(None, min=1)
-    gpus_per_node: int | None = setting(None, min=1)
+    num_nodes: int | None = setting(None, min=1, help="nodes given to dedicated generation (unset: one)")
+    gpus_per_node: int | None = setting(None, min=1, help="GPUs per node given to dedicated generation (on a machine without GPUs: processes)")
 
 
 @attrs.define(kw_only=True)
 class ColocatedConfig:
     """Whether generation shares the training workers' devices."""
 
-    enabled: bool = setting(True)
+    enabled: bool = setting(True, help="generation shares the training GPUs (true) or has GPUs of its own (false: see resources)")
     resources: ResourcesConfig = section(ResourcesConfig)
 
 
@@ -54,12 +54,12 @@ class GenerationConfig:
     """``policy.generation``: the generation backend and its sampling settings."""
 
     backend: str | None = setting(None, help="generation backend id; unset: vllm when installed, else hf")
-    max_new_tokens: int = setting(128, min=1)
-    temperature: float = setting(1.0, min=0.0)
-    top_p: float = setting(1.0, min=0.0, min_exclusive=True, max=1.0)
-    top_k: int | None = setting(None, min=1)
-    stop_strings: list[str] | None = setting(None)
-    stop_token_ids: list[int] | None = setting(None)
+    max_new_tokens: int = setting(128, min=1, help="tokens a completion may have (policy.max_seq_length also bounds it)")
+    temperature: float = setting(1.0, min=0.0, help="sampling temperature (the logprobs trained on are of the tempered distribution)")
+    top_p: float = setting(1.0, min=0.0, min_exclusive=True, max=1.0, help="nucleus sampling: keep the smallest set of tokens whose probability reaches this")
+    top_k: int | None = setting(None, min=1, help="sample among the k likeliest tokens; unset: all")
+    stop_strings: list[str] | None = setting(None, help="a completion ends after any of these strings (kept in it)")
+    stop_token_ids: list[int] | None = setting(None, help="a completion ends at any of these tokens (besides the tokenizer's end of sequence)")
     hf_kv_cache: Literal["auto", "dynamic", "static"] = setting(
         "auto", help="hf backend: the KV cache of generate(); auto: static on a GPU, dynamic on CPU")
     colocated: ColocatedConfig = section(ColocatedConfig)
@@ -69,7 +69,7 @@ class GenerationConfig:
 class SequencePackingConfig:
     """``policy.sequence_packing``: several sequences per row, never attending across each other."""
 
-    enabled: bool = setting(False)
+    enabled: bool = setting(False, help="pack several sequences into one row without attention across them (results equal the unpacked run)")
     algorithm: str = setting("modified_first_fit_decreasing", help="sequence packer id")
     train_mb_tokens: int | None = setting(None, min=1, help="token budget of a training micro-batch")
     logprob_mb_tokens: int | None = setting(None, min=1, help="token budget of a logprob micro-batch")
@@ -79,7 +79,7 @@ class SequencePackingConfig:
 class DynamicBatchingConfig:
     """``policy.dynamic_batching``: micro-batches by token budget instead of row count, without packing."""
 
-    enabled: bool = setting(False)
+    enabled: bool = setting(False, help="cut micro-batches by a token budget instead of a sequence count (no packing)")
     train_mb_tokens: int | None = setting(None, min=1, help="token budget (rows x longest row) of a training micro-batch")
     logprob_mb_tokens: int | None = setting(None, min=1, help="token budget of a logprob micro-batch")
 
@@ -126,20 +126,20 @@ class OffloadConfig:
 class OptimizerConfig:
     """The generic optimizer (a backend may replace it with its own section)."""
 
-    name: Literal["adamw", "adam", "sgd"] = setting("adamw")
-    lr: float = setting(1e-5, min=0.0, min_exclusive=True)
-    weight_decay: float = setting(0.0, min=0.0)
-    betas: list[float] = setting([0.9, 0.999])
+    name: Literal["adamw", "adam", "sgd"] = setting("adamw", help="the optimizer (adamw, adam or sgd)")
+    lr: float = setting(1e-5, min=0.0, min_exclusive=True, help="learning rate")
+    weight_decay: float = setting(0.0, min=0.0, help="decoupled weight decay (AdamW) or L2 (others)")
+    betas: list[float] = setting([0.9, 0.999], help="Adam's (beta1, beta2)")
     momentum: float = setting(0.0, min=0.0, help="SGD only")
-    eps: float = setting(1e-8, min=0.0, min_exclusive=True)
+    eps: float = setting(1e-8, min=0.0, min_exclusive=True, help="Adam's epsilon")
 
 
 @attrs.define(kw_only=True)
 class SchedulerConfig:
     """The generic learning-rate schedule."""
 
-    name: Literal["constant", "linear", "cosine"] = setting("constant")
-    warmup_steps: int = setting(0, min=0)
+    name: Literal["constant", "linear", "cosine"] = setting("constant", help="the learning-rate schedule after the warm-up: constant, linear decay or cosine decay to zero")
+    warmup_steps: int = setting(0, min=0, help="optimizer steps of linear warm-up from zero")
 
 
 @attrs.define(kw_only=True)
@@ -151,11 +151,11 @@ class PolicyConfig:
     chat_template: str | None = setting(None, help="a Jinja chat template replacing the tokenizer's own")
     hf_config_overrides: dict[str, Any] = setting({}, help="keys laid over the checkpoint's config.json before any "
                                                          "engine loads it (e.g. max_position_embeddings)")
-    max_seq_length: int = setting(1024, min=1)
-    precision: Precision = setting("float32")
-    train_micro_batch_size: int = setting(4, min=1)
-    logprob_micro_batch_size: int | None = setting(None, min=1)
-    max_grad_norm: float | None = setting(1.0, min=0.0, min_exclusive=True)
+    max_seq_length: int = setting(1024, min=1, help="prompt plus completion, in tokens: completions stop there; a longer prompt is refused before training")
+    precision: Precision = setting("float32", help="float32, bfloat16 or float16 for the weights and compute (bfloat16 and float16 want a GPU)")
+    train_micro_batch_size: int = setting(4, min=1, help="sequences per forward/backward pass; gradients accumulate over a step's micro-batches")
+    logprob_micro_batch_size: int | None = setting(None, min=1, help="sequences per forward pass when scoring logprobs (no gradients)")
+    max_grad_norm: float | None = setting(1.0, min=0.0, min_exclusive=True, help="clip the gradient's global norm to this; unset: no clipping")
     training_backend: str | None = setting(None, help="training backend id; unset: chosen by priority")
     optimizer: OptimizerConfig = section(OptimizerConfig)
     scheduler: SchedulerConfig = section(SchedulerConfig)
@@ -178,11 +178,11 @@ class RewardScalingConfig:
     onto [target_min, target_max], clamped to the source range first (DAPO's scaling; NeMo RL's
     ``grpo.reward_scaling`` and ``ppo.reward_scaling`` map here)."""
 
-    enabled: bool = setting(False)
-    source_min: float = setting(0.0)
-    source_max: float = setting(1.0)
-    target_min: float = setting(0.0)
-    target_max: float = setting(1.0)
+    enabled: bool = setting(False, help="map rewards linearly from [source_min, source_max] to [target_min, target_max] (clamped)")
+    source_min: float = setting(0.0, help="the reward range's low end before scaling")
+    source_max: float = setting(1.0, help="the reward range's high end before scaling")
+    target_min: float = setting(0.0, help="what source_min becomes")
+    target_max: float = setting(1.0, help="what source_max becomes")
 
 
 @attrs.define(kw_only=True)
@@ -192,7 +192,7 @@ class OverlongPenaltyConfig:
     linearly to ``-penalty`` at ``max_response_length`` (and staying there). NeMo RL's
     ``grpo.reward_shaping`` maps here."""
 
-    enabled: bool = setting(False)
+    enabled: bool = setting(False, help="DAPO's soft overlong penalty on completions near policy.generation.max_new_tokens")
     buffer_length: int = setting(0, min=0, help="completion tokens over which the penalty grows")
     penalty: float = setting(1.0, min=0.0, help="the penalty at max_response_length")
     max_response_length: int | None = setting(None, min=1, help="unset: policy.generation.max_new_tokens")
@@ -208,7 +208,7 @@ class DynamicSamplingConfig:
     rewards are all equal teach nothing and are dropped; generation goes on over fresh prompts
     until ``algorithm.batch_size`` groups remain, at most ``max_generation_batches`` times."""
 
-    enabled: bool = setting(False)
+    enabled: bool = setting(False, help="DAPO's dynamic sampling: train only on groups whose rewards differ (GRPO, synchronous)")
     batch_multiplier: float = setting(1.0, min=1.0, help="prompts per generation batch, as a multiple of "
                                                           "algorithm.batch_size")
     max_generation_batches: int = setting(10, min=1, help="generation batches a step may draw; short of groups "
@@ -223,12 +223,12 @@ class AlgorithmConfig:
                                      "registers (corerl plugins lists them)")
     batch_size: int = setting(8, min=1, help="prompts per step (GRPO, PPO), examples per step (SFT) or pairs per "
                                              "step (DPO)")
-    gradient_accumulation_steps: int = setting(1, min=1)
-    num_generations_per_prompt: int = setting(4, min=1)
-    max_steps: int = setting(10, min=1)
-    seed: int = setting(42, min=0)
-    ratio_clip_min: float = setting(0.2, min=0.0)
-    ratio_clip_max: float = setting(0.2, min=0.0)
+    gradient_accumulation_steps: int = setting(1, min=1, help="optimizer steps per training step: the batch is split into this many parts")
+    num_generations_per_prompt: int = setting(4, min=1, help="completions sampled per prompt (GRPO's group size)")
+    max_steps: int = setting(10, min=1, help="training steps of the algorithm")
+    seed: int = setting(42, min=0, help="seeds sampling, data order and initialisation (the same seed gives the same run)")
+    ratio_clip_min: float = setting(0.2, min=0.0, help="PPO-clip's lower bound: the ratio is clipped to 1 - this")
+    ratio_clip_max: float = setting(0.2, min=0.0, help="PPO-clip's upper bound: the ratio is clipped to 1 + this")
     ratio_clip_c: float | None = setting(None, min=1.0, min_exclusive=True,
                                          help="dual clipping: a negative-advantage token's loss is at most "
                                               "ratio_clip_c x |advantage|; unset: off")
@@ -262,9 +262,9 @@ class AlgorithmConfig:
     advantage_clip_high: float | None = setting(None, help="GRPO: advantages above this are lowered to it; unset: "
                                                            "no bound")
     minus_baseline: bool = setting(True, help="reinforce_plus_plus: subtract the group's mean reward first")
-    scale_rewards_by_std: bool = setting(True)
+    scale_rewards_by_std: bool = setting(True, help="divide each group's advantages by its reward standard deviation")
     leave_one_out_baseline: bool = setting(False, help="each sample's baseline is the mean of its group's other rewards")
-    optimization_passes: int = setting(1, min=1)
+    optimization_passes: int = setting(1, min=1, help="passes over a step's samples (more than one reuses them off-policy, clipped)")
     optimizer_batch_size: int | None = setting(None, min=1, help="GRPO: sequences per optimizer step; unset: all of a "
                                                                  "step's samples (one optimizer step per step)")
     max_rollout_turns: int | None = setting(None, min=1, help="with data.env_name: the most model turns of an episode; "
@@ -290,7 +290,7 @@ class CriticConfig:
     train_micro_batch_size: int | None = setting(None, min=1, help="unset: policy.train_micro_batch_size")
     value_micro_batch_size: int | None = setting(None, min=1, help="rows per micro-batch when scoring values; "
                                                                    "unset: policy.logprob_micro_batch_size")
-    max_grad_norm: float | None = setting(1.0, min=0.0, min_exclusive=True)
+    max_grad_norm: float | None = setting(1.0, min=0.0, min_exclusive=True, help="clip the critic's gradient norm to this; unset: no clipping")
     value_clip: float | None = setting(0.2, min=0.0, min_exclusive=True,
                                        help="how far a value may move from the old one before the loss is clipped; "
                                             "null: unclipped")
@@ -366,7 +366,7 @@ class RunConfig:
 class CheckpointingConfig:
     """``checkpointing``: resumable checkpoints in ``<run dir>/checkpoints``."""
 
-    enabled: bool = setting(False)
+    enabled: bool = setting(False, help="save resumable checkpoints (the same command resumes from the last complete one)")
     save_period: int = setting(10, min=1, help="save every this many steps (and at the end)")
     keep_last: int = setting(2, min=1, help="complete checkpoints kept; older ones are deleted")
     save_by: str | float | None = setting(None, help="a wall-clock budget, DD:HH:MM:SS (or HH:MM:SS) from the run's start: "

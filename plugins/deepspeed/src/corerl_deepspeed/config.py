@@ -17,10 +17,10 @@ OffloadTarget = Literal["none", "cpu", "nvme"]
 class DeepSpeedConfig:
     """Settings of the deepspeed training backend."""
 
-    enabled: bool = setting(False)
-    zero_stage: Literal[0, 1, 2, 3] = setting(2)
-    offload_optimizer: OffloadTarget = setting("none")
-    offload_param: OffloadTarget = setting("none")
+    enabled: bool = setting(False, help="train with DeepSpeed (it outranks dtensor when enabled)")
+    zero_stage: Literal[0, 1, 2, 3] = setting(2, help="ZeRO stage: 0 none, 1 optimizer state, 2 and gradients, 3 and parameters sharded")
+    offload_optimizer: OffloadTarget = setting("none", help="where ZeRO keeps the optimizer state: none, cpu or nvme")
+    offload_param: OffloadTarget = setting("none", help="where ZeRO-3 keeps the parameters: none, cpu or nvme")
     nvme_path: str | None = setting(None, help="folder for nvme offload")
     gradient_clipping: float | None = setting(None, min=0.0, help="unset: policy.max_grad_norm")
     use_deepspeed_optimizer: bool = setting(

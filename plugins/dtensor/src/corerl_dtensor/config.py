@@ -14,12 +14,12 @@ from corerl.sdk import parallel_sizes_divide_world, setting
 class DTensorConfig:
     """Settings of the dtensor training backend."""
 
-    enabled: bool = setting(False)
-    tensor_parallel_size: int = setting(1, min=1)
-    context_parallel_size: int = setting(1, min=1)
-    sequence_parallel: bool = setting(False)
-    activation_checkpointing: bool = setting(False)
-    cpu_offload: bool = setting(False)
+    enabled: bool = setting(False, help="train with torch's FSDP2/DTensor (the default training backend)")
+    tensor_parallel_size: int = setting(1, min=1, help="ranks a layer's weights are split over (the rest shard with FSDP)")
+    context_parallel_size: int = setting(1, min=1, help="ranks a sequence is split over (torch's context_parallel; needs a GPU, refused otherwise)")
+    sequence_parallel: bool = setting(False, help="split activations along the sequence in tensor-parallel regions")
+    activation_checkpointing: bool = setting(False, help="recompute activations in the backward pass (less memory, more compute)")
+    cpu_offload: bool = setting(False, help="keep parameters and gradients in CPU memory between uses (FSDP's CPUOffloadPolicy)")
     custom_parallel_plan: str | None = setting(None, help="import path of a tensor-parallel plan")
     fsdp_version: Literal[1, 2] = setting(2, help="2: fully_shard (FSDP2); 1: legacy FullyShardedDataParallel")
 

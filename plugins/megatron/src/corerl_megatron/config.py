@@ -14,50 +14,50 @@ from corerl.sdk import parallel_sizes_divide_world, section, setting
 class MegatronOptimizerConfig:
     """``policy.megatron_cfg.optimizer``: replaces ``policy.optimizer`` when Megatron runs."""
 
-    optimizer: Literal["adam", "sgd"] = setting("adam")
-    lr: float = setting(5e-6, min=0.0, min_exclusive=True)
-    min_lr: float = setting(0.0, min=0.0)
-    weight_decay: float = setting(0.01, min=0.0)
-    adam_beta1: float = setting(0.9, min=0.0, max=1.0)
-    adam_beta2: float = setting(0.999, min=0.0, max=1.0)
-    adam_eps: float = setting(1e-8, min=0.0, min_exclusive=True)
+    optimizer: Literal["adam", "sgd"] = setting("adam", help="megatron-core's optimizer: adam or sgd")
+    lr: float = setting(5e-6, min=0.0, min_exclusive=True, help="peak learning rate")
+    min_lr: float = setting(0.0, min=0.0, help="learning rate at the end of the decay")
+    weight_decay: float = setting(0.01, min=0.0, help="decoupled weight decay")
+    adam_beta1: float = setting(0.9, min=0.0, max=1.0, help="Adam's beta1")
+    adam_beta2: float = setting(0.999, min=0.0, max=1.0, help="Adam's beta2")
+    adam_eps: float = setting(1e-8, min=0.0, min_exclusive=True, help="Adam's epsilon")
     sgd_momentum: float = setting(0.9, min=0.0, help="sgd only")
-    clip_grad: float = setting(1.0, min=0.0)
-    use_distributed_optimizer: bool = setting(False)
+    clip_grad: float = setting(1.0, min=0.0, help="clip the gradient's global norm to this (0: no clipping)")
+    use_distributed_optimizer: bool = setting(False, help="shard the optimizer state over data-parallel ranks (megatron's ZeRO-1)")
 
 
 @attrs.define(kw_only=True)
 class MegatronSchedulerConfig:
     """``policy.megatron_cfg.scheduler``: replaces ``policy.scheduler`` when Megatron runs."""
 
-    lr_decay_style: Literal["constant", "linear", "cosine"] = setting("constant")
-    lr_warmup_iters: int = setting(0, min=0)
-    lr_decay_iters: int | None = setting(None, min=1)
+    lr_decay_style: Literal["constant", "linear", "cosine"] = setting("constant", help="megatron-core's decay after the warm-up: constant, linear or cosine")
+    lr_warmup_iters: int = setting(0, min=0, help="optimizer steps of linear warm-up")
+    lr_decay_iters: int | None = setting(None, min=1, help="optimizer steps the decay takes; unset: the run's steps")
 
 
 @attrs.define(kw_only=True)
 class MegatronConfig:
     """Settings of the megatron training backend."""
 
-    enabled: bool = setting(False)
+    enabled: bool = setting(False, help="train with megatron-core (it outranks dtensor and deepspeed when enabled)")
     converter_type: str | None = setting(None, help="architecture, e.g. Qwen2ForCausalLM; unset: from config.json")
-    tensor_model_parallel_size: int = setting(1, min=1)
-    pipeline_model_parallel_size: int = setting(1, min=1)
+    tensor_model_parallel_size: int = setting(1, min=1, help="ranks a layer's weights are split over")
+    pipeline_model_parallel_size: int = setting(1, min=1, help="stages the layers are split into, one rank group each")
     num_layers_in_first_pipeline_stage: int | None = setting(
         None, min=1, help="uneven pipeline stages: the first stage's layers (the rest split evenly); unset: even")
     num_layers_in_last_pipeline_stage: int | None = setting(
         None, min=1, help="uneven pipeline stages: the last stage's layers (the rest split evenly); unset: even")
-    context_parallel_size: int = setting(1, min=1)
-    expert_model_parallel_size: int = setting(1, min=1)
-    expert_tensor_parallel_size: int = setting(1, min=1)
-    sequence_parallel: bool = setting(False)
-    activation_checkpointing: bool = setting(False)
-    empty_unused_memory_level: int = setting(0, min=0, max=2)
-    freeze_moe_router: bool = setting(False)
-    apply_rope_fusion: bool = setting(False)
-    bias_activation_fusion: bool = setting(False)
-    fp8_cfg: dict[str, Any] | None = setting(None)
-    force_reconvert_from_hf: bool = setting(False)
+    context_parallel_size: int = setting(1, min=1, help="ranks a sequence is split over (needs Transformer Engine on GPUs; refused otherwise)")
+    expert_model_parallel_size: int = setting(1, min=1, help="ranks experts are split over (mixture-of-experts models; not supported yet)")
+    expert_tensor_parallel_size: int = setting(1, min=1, help="tensor parallelism inside experts (mixture-of-experts models; not supported yet)")
+    sequence_parallel: bool = setting(False, help="split activations along the sequence in tensor-parallel regions")
+    activation_checkpointing: bool = setting(False, help="recompute activations in the backward pass (less memory, more compute)")
+    empty_unused_memory_level: int = setting(0, min=0, max=2, help="megatron's torch.cuda.empty_cache level between phases (0: never, 2: most)")
+    freeze_moe_router: bool = setting(False, help="keep mixture-of-experts routers frozen (mixture-of-experts models)")
+    apply_rope_fusion: bool = setting(False, help="megatron's fused rotary-embedding kernel (GPU only; off on CPU)")
+    bias_activation_fusion: bool = setting(False, help="megatron's fused bias and activation kernel (GPU only; off on CPU)")
+    fp8_cfg: dict[str, Any] | None = setting(None, help="NeMo RL's FP8 settings; FP8 training is not supported yet (enabled: true is refused)")
+    force_reconvert_from_hf: bool = setting(False, help="convert the Hugging Face checkpoint again even when a cached conversion exists")
     optimizer: MegatronOptimizerConfig = section(MegatronOptimizerConfig)
     scheduler: MegatronSchedulerConfig = section(MegatronSchedulerConfig)
 
@@ -82,7 +82,7 @@ class MegatronConfig:
 class MegatronGenerationConfig:
     """``policy.generation.mcore_generation_config``: Megatron's own sampling engine."""
 
-    buffer_size_gb: float = setting(20.0, min=0.0, min_exclusive=True)
-    num_cuda_graphs: int = setting(16, min=0)
-    block_size_tokens: int = setting(256, min=1)
-    enable_chunked_prefill: bool = setting(True)
+    buffer_size_gb: float = setting(20.0, min=0.0, min_exclusive=True, help="memory for megatron-core's inference KV cache, in GiB")
+    num_cuda_graphs: int = setting(16, min=0, help="CUDA graphs megatron-core captures for decoding (GPU only)")
+    block_size_tokens: int = setting(256, min=1, help="tokens per block of the paged KV cache")
+    enable_chunked_prefill: bool = setting(True, help="fill long prompts into the cache in chunks")

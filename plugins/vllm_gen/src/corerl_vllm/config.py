@@ -14,11 +14,11 @@ from corerl.sdk import setting
 class VllmConfig:
     """Settings of the vllm generation backend."""
 
-    tensor_parallel_size: int = setting(1, min=1)
-    pipeline_parallel_size: int = setting(1, min=1)
-    gpu_memory_utilization: float = setting(0.6, min=0.0, min_exclusive=True, max=1.0)
+    tensor_parallel_size: int = setting(1, min=1, help="GPUs one vLLM engine's weights are split over")
+    pipeline_parallel_size: int = setting(1, min=1, help="stages one vLLM engine's layers are split into")
+    gpu_memory_utilization: float = setting(0.6, min=0.0, min_exclusive=True, max=1.0, help="share of each GPU's memory vLLM may take (weights, KV cache)")
     max_model_len: int | None = setting(None, min=1, help="unset: policy.max_seq_length")
-    enforce_eager: bool = setting(False)
+    enforce_eager: bool = setting(False, help="run vLLM without CUDA graphs (slower decoding, faster start)")
     cpu_kvcache_space_gib: float = setting(1.0, min=0.0, min_exclusive=True, help="KV cache on CPU machines")
     engine_layout: Literal["auto", "in_process", "multi_process"] = setting(
         "auto", help="auto: in-process on CPU (faster there, no busy-spinning core), multi-process on GPU"
