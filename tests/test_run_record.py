@@ -4,7 +4,7 @@ resumable keys is refused in one line listing the differences."""
 from __future__ import annotations
 
 from corerl.config import config_from_mapping
-from corerl.run_record import RESUMABLE_KEYS, effective_values
+from corerl.run_record import RESUMABLE_KEYS, effective_values, resumable
 from tests.conftest import run_corerl
 
 SFT = ["algorithm.name=sft", "algorithm.batch_size=8", "checkpointing.save_period=2", "run.tensorboard=false",
@@ -25,8 +25,10 @@ def test_a_resume_with_other_settings_is_refused_and_one_changing_only_resumable
                            "one it started with: data.held_out_size None -> 3; policy.optimizer.lr 0.003 -> 0.001; ")
     assert f"corerl run {recorded} run.name=r" in line
 
-    more = run_corerl("run", *args, "algorithm.max_steps=4", "checkpointing.keep_last=2")
+    # where metrics go may change: a logger switched on for the resume
+    more = run_corerl("run", *args, "algorithm.max_steps=4", "checkpointing.keep_last=2", "logger.mlflow.enabled=true")
     assert more.code == 0 and "resuming from step 2" in more.out, more
+    assert (tmp_path / "r" / "mlflow.db").exists()
 
 
 def test_settings_are_compared_with_their_defaults_filled_in(corerl_host):
@@ -36,3 +38,4 @@ def test_settings_are_compared_with_their_defaults_filled_in(corerl_host):
     assert effective_values(config_from_mapping(given, corerl_host)) == \
         effective_values(config_from_mapping(spelled_out, corerl_host))
     assert "algorithm.max_steps" in RESUMABLE_KEYS and "policy.optimizer.lr" not in RESUMABLE_KEYS
+    assert resumable("logger.wandb.project") and resumable("run.name") and not resumable("loggers.x")

@@ -29,7 +29,12 @@ RECIPE_FILE = "recipe.yaml"
 #: what a resumed run may change: how far it goes, how often it saves, where and how it logs
 RESUMABLE_KEYS = ("algorithm.max_steps", "checkpointing.enabled", "checkpointing.save_period",
                   "checkpointing.keep_last", "checkpointing.merge_lora_on_export", "checkpointing.save_by",
-                  "run.output_dir", "run.name", "run.resume", "run.tensorboard", "cluster.ray_address")
+                  "run.output_dir", "run.name", "run.resume", "run.tensorboard", "cluster.ray_address", "logger.*")
+
+
+def resumable(key: str) -> bool:
+    """Whether a resume may change ``key`` (one of :data:`RESUMABLE_KEYS`, ``*`` ending a section)."""
+    return any(key == entry or (entry.endswith(".*") and key.startswith(entry[:-1])) for entry in RESUMABLE_KEYS)
 
 _MISSING = object()
 
@@ -84,7 +89,7 @@ def check_same_recipe(run_dir: Path, config: Config, host: PluginHost) -> None:
                           key="run.name", hint=hint) from None
     before, now = effective_values(recorded), effective_values(config)
     changed = [key for key in sorted(set(before) | set(now))
-               if key not in RESUMABLE_KEYS and before.get(key, _MISSING) != now.get(key, _MISSING)]
+               if not resumable(key) and before.get(key, _MISSING) != now.get(key, _MISSING)]
     if changed:
         def shown(value: Any) -> str:
             return "(unset)" if value is _MISSING else repr(value)
