@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import inspect
 import re
+from pathlib import Path
+from typing import Any
 
 from corerl import hookspecs
-from tests.conftest import REPO
+from tests.conftest import REPO, clean_env
 
 HOOKS = sorted(
     name for name, fn in inspect.getmembers(hookspecs, inspect.isfunction)
@@ -97,3 +99,58 @@ def test_the_environment_guide_example_is_the_package_a_test_installs_and_trains
     block = re.search(r"```python\n# corerl_guess/plugin.py\n(.*?)```", guide, flags=re.DOTALL)
     assert block is not None, "docs/plugins.md lost the environment example"
     assert block.group(1) == (REPO / "tests" / "data" / "guess" / "corerl_guess.py").read_text(encoding="utf-8")
+
+
+def _generator():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("generate_docs", REPO / "scripts" / "generate_docs.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _installed() -> Any:
+    from corerl.plugin_manager import PluginHost
+
+    return PluginHost(env={})  # every installed plugin, whatever CORERL_* says
+
+
+def test_the_generated_pages_are_current():
+    """The configuration reference, the support matrix and the benchmarks page are what
+    scripts/generate_docs.py makes of the schemas, the support checks and bench/results now."""
+    for path, text in _generator().pages(_installed()).items():
+        assert path.exists() and path.read_text() == text, (
+            f"{path.relative_to(REPO)} is stale: run .venv/bin/python scripts/generate_docs.py")
+
+
+def test_every_configuration_key_has_a_type_a_default_and_a_meaning():
+    keys = _generator().configuration_keys(_installed())
+    assert len(keys) > 200 and len({k.path for k in keys}) == len(keys)
+    assert [k.path for k in keys if not k.meaning] == []
+    by_path = {k.path: k for k in keys}
+    assert by_path["logger.wandb.mode"].owner == "core" and "'offline'" in by_path["logger.wandb.mode"].allowed
+    assert by_path["policy.megatron_cfg.tensor_model_parallel_size"].owner == "plugin `megatron`"
+    assert by_path["policy.model_name"].default == "required"
+
+
+def test_the_documentation_site_builds_with_strict(tmp_path):
+    """MkDocs with --strict: a broken link or anchor, a page missing from the navigation or an API
+    reference that cannot be rendered fails."""
+    import subprocess
+    import sys
+
+    mkdocs = Path(sys.executable).with_name("mkdocs")
+    built = subprocess.run([str(mkdocs), "build", "--strict", "--site-dir", str(tmp_path / "site")], cwd=REPO,
+                           capture_output=True, text=True, env={**clean_env(), "NO_MKDOCS_2_WARNING": "1"}, timeout=300)
+    assert built.returncode == 0, built.stderr
+    api = (tmp_path / "site" / "reference" / "api" / "index.html").read_text()
+    assert "from_pretrained" in api and "ExperimentLogger" in api
+    assert (tmp_path / "site" / "reference" / "configuration" / "index.html").exists()
+
+
+def test_the_readme_is_short_and_links_into_the_site():
+    readme = (REPO / "README.md").read_text()
+    assert len(readme.splitlines()) < 120
+    for page in ("docs/getting-started.md", "docs/reference/configuration.md", "docs/plugins.md"):
+        assert f"({page})" in readme, page

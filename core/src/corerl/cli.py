@@ -226,7 +226,7 @@ def _cmd_validate(args: argparse.Namespace) -> int:
 
 def _print_fates(config: Any) -> None:
     if config.dialect == "corerl":
-        print("a corerl recipe: every key means what docs/configuration says; nothing to explain")
+        print("a corerl recipe: every key means what docs/reference/configuration.md says; nothing to explain")
         return
     acting = [f for f in config.fates if f.fate == "acts"]
     inert = [f for f in config.fates if f.fate == "inert"]
