@@ -11,6 +11,7 @@ algorithm with nothing but a context (``tests/test_algorithms.py``).
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -57,13 +58,17 @@ class RunContext:
         self._rollout: Any = None
 
     @classmethod
-    def open(cls, config: Config, selection: Selection, console: Any, host: PluginHost) -> RunContext:
-        """The run directory (new, or resumed and checked), the model, the tokenizer and the task."""
+    def open(cls, config: Config, selection: Selection, console: Any, host: PluginHost,
+             on_run_dir: Callable[[Path], None] | None = None) -> RunContext:
+        """The run directory (new, or resumed and checked), the model, the tokenizer and the task;
+        ``on_run_dir(run_dir)`` is called once the directory exists (the CLI's quiet terminal)."""
         from corerl.run_record import check_same_recipe, record_recipe
         from corerl.tasks import TaskContext
 
         run_dir, resume = make_run_dir(config, console)
         console.print(f"run directory: [bold]{run_dir}[/]" + (f" (resuming from step {resume[0]})" if resume else ""))
+        if on_run_dir is not None:
+            on_run_dir(run_dir)
         if resume is None:
             record_recipe(run_dir, config)
         else:  # a checkpoint goes on under the settings it was made with, and is refused, before

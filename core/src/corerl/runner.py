@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from contextlib import nullcontext
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -82,21 +82,27 @@ def execute(config: Config, selection: Selection, host: PluginHost, console: Any
         if choice.registration is not None:
             choice.registration.load()
     context, finished = None, False
-    try:
-        context = RunContext.open(config, selection, console or make_console(), host)
-        with QuietTerminal(context.run_dir / LOG_NAME, verbose=not quiet) if quiet is not None else nullcontext():
+    quieting = ExitStack()  # from the run directory's first line to the engines' shutdown
+
+    def quiet_from(run_dir: Path) -> None:
+        if quiet is not None:
+            quieting.enter_context(QuietTerminal(run_dir / LOG_NAME, verbose=not quiet))
+
+    with quieting:
+        try:
+            context = RunContext.open(config, selection, console or make_console(), host, on_run_dir=quiet_from)
             result = Run(context).run()
-        finished = True
-        return result
-    except BaseException as exc:  # BaseException: torch's CheckpointException is one
-        run_dir = context.run_dir if context is not None else Path(config.core.run.output_dir) / (config.core.run.name or "")
-        refused = disk_error(exc, run_dir) or checkpoint_failure(exc, "saving or loading", run_dir / "checkpoints")
-        if refused is None:
-            raise
-        raise refused from None
-    finally:
-        if context is not None:
-            context.close(run_failed=not finished)
+            finished = True
+            return result
+        except BaseException as exc:  # BaseException: torch's CheckpointException is one
+            run_dir = context.run_dir if context is not None else Path(config.core.run.output_dir) / (config.core.run.name or "")
+            refused = disk_error(exc, run_dir) or checkpoint_failure(exc, "saving or loading", run_dir / "checkpoints")
+            if refused is None:
+                raise
+            raise refused from None
+        finally:
+            if context is not None:
+                context.close(run_failed=not finished)
 
 
 class Run:
