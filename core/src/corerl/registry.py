@@ -265,7 +265,23 @@ class Algorithm(Registration):
     asynchronous: bool = False
 
 
-_ENV_ID_PATTERN = re.compile(r"^[a-z][a-z0-9_]*$")
+_SECTION_ID_PATTERN = re.compile(r"^[a-z][a-z0-9_]*$")
+
+
+def _own_section(item: Registration, parent: str, settings: type) -> None:
+    """Give ``item`` the section ``<parent>.<id>`` and a schema subclassing ``settings`` (its own
+    ``config_schema``, or ``settings`` itself): environments' ``env.<id>``, loggers' ``logger.<id>``."""
+    if not _SECTION_ID_PATTERN.match(item.id):
+        raise RegistrationError(f"invalid {item.kind} id {item.id!r}: its section is {parent}.<id>, so use lower-case "
+                                "letters, digits and '_' (starting with a letter)")
+    if item.config_schema is not None and not issubclass(item.config_schema, settings):
+        raise RegistrationError(f"{item.kind} {item.id!r}: config_schema {item.config_schema.__name__} must subclass "
+                                f"corerl.sdk.{settings.__name__} (every {parent}.<id> section has its keys)")
+    expected = f"{parent}.{item.id}"
+    if item.config_section not in (None, expected):
+        raise RegistrationError(f"{item.kind} {item.id!r}: its section is {expected}, not {item.config_section!r}")
+    object.__setattr__(item, "config_section", expected)
+    object.__setattr__(item, "config_schema", item.config_schema or settings)
 
 
 @attrs.frozen(kw_only=True)
@@ -287,19 +303,9 @@ class Environment(Registration):
     plays: Literal["turns", "agent"] = "turns"
 
     def __attrs_post_init__(self) -> None:
-        if not _ENV_ID_PATTERN.match(self.id):
-            raise RegistrationError(f"invalid environment id {self.id!r}: its section is env.<id>, so use lower-case "
-                                    "letters, digits and '_' (starting with a letter)")
         from corerl.environments.contract import EnvironmentSettings
 
-        if self.config_schema is not None and not issubclass(self.config_schema, EnvironmentSettings):
-            raise RegistrationError(f"environment {self.id!r}: config_schema {self.config_schema.__name__} must subclass "
-                                    "corerl.sdk.EnvironmentSettings (every env.<id> section has its keys)")
-        expected = f"env.{self.id}"
-        if self.config_section not in (None, expected):
-            raise RegistrationError(f"environment {self.id!r}: its section is {expected}, not {self.config_section!r}")
-        object.__setattr__(self, "config_section", expected)
-        object.__setattr__(self, "config_schema", self.config_schema or EnvironmentSettings)
+        _own_section(self, "env", EnvironmentSettings)
 
 
 @attrs.frozen(kw_only=True)
@@ -334,19 +340,9 @@ class ExperimentLogger(Registration):
     kind: ClassVar[str] = "logger"
 
     def __attrs_post_init__(self) -> None:
-        if not _ENV_ID_PATTERN.match(self.id):
-            raise RegistrationError(f"invalid logger id {self.id!r}: its section is logger.<id>, so use lower-case "
-                                    "letters, digits and '_' (starting with a letter)")
         from corerl.reporting.loggers.contract import LoggerSettings
 
-        if self.config_schema is not None and not issubclass(self.config_schema, LoggerSettings):
-            raise RegistrationError(f"logger {self.id!r}: config_schema {self.config_schema.__name__} must subclass "
-                                    "corerl.sdk.LoggerSettings (every logger.<id> section has its keys)")
-        expected = f"logger.{self.id}"
-        if self.config_section not in (None, expected):
-            raise RegistrationError(f"logger {self.id!r}: its section is {expected}, not {self.config_section!r}")
-        object.__setattr__(self, "config_section", expected)
-        object.__setattr__(self, "config_schema", self.config_schema or LoggerSettings)
+        _own_section(self, "logger", LoggerSettings)
 
 
 R = TypeVar("R", bound=Registration)
