@@ -12,4 +12,4 @@ fi
 echo "== fast tier: unit tests and world-size-1 conformance =="
 .venv/bin/python -m pytest -m "not slow"
 echo "== slow tier: subprocess runs, Ray groups, world size 2 =="
-.venv/bin/python -m pytest -m slow
+.venv/bin/python -m pytest -m slow --durations=25

@@ -46,7 +46,7 @@ def test_a_nemo_rl_recipe_validates_and_explains_every_key(tmp_path):
     assert fates["policy.scheduler"] == ("acts", "policy.scheduler (constant, warmup_steps=0 optimizer steps)")
     assert fates["grpo.val_period"][0] == "inert" and "held-out" in fates["grpo.val_period"][1]
     assert fates["policy.megatron_cfg.tensor_model_parallel_size"] == ("inert", "policy.megatron_cfg.enabled is false")
-    assert fates["logger.wandb.name"][0] == "inert"  # an interpolated string, resolved then explained
+    assert fates["logger.wandb.name"][0] == "acts"  # an interpolated string, resolved then explained
     # every leaf of the recipe has a fate: nothing dropped silently
     import yaml
 
@@ -327,10 +327,10 @@ def test_a_nemo_rl_sft_recipe_runs_and_its_held_out_reward_rises(tmp_path):
 
 
 def test_a_logger_corerl_lacks_is_accepted_with_a_warning_and_no_network_call():
-    result = _validate(str(DATA / "base_grpo.yaml"), "logger.wandb_enabled=true", "--json")
+    result = _validate(str(DATA / "base_grpo.yaml"), "logger.swanlab_enabled=true", "--json")
     assert result.code == 0, result
-    (warning,) = [w for w in result.json()["warnings"] if "wandb" in w]
-    assert "logger.wandb_enabled=True: W&B logging is not built into corerl yet" in warning
+    (warning,) = [w for w in result.json()["warnings"] if "swanlab" in w]
+    assert "logger.swanlab_enabled=True: SwanLab logging is not built into corerl yet" in warning
 
 
 def test_a_chat_template_in_the_recipe_formats_the_prompts():
