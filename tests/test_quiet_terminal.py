@@ -21,6 +21,7 @@ def test_other_output_goes_to_the_log_and_corerls_lines_stay_on_the_terminal(tmp
         # the demo's test sees torch's FutureWarnings leave its terminal)
         os.write(2, b"C++ chatter on descriptor 2\n")
         os.write(1, b"a loading bar on descriptor 1\n")
+        assert os.environ["CORERL_RUN_LOG"] == str(log)  # what Ray workers started now inherit
     out, err = capfd.readouterr()
     assert out == "corerl: a line of ours\n" and err == "a warning of ours\n"
     written = log.read_text()
@@ -28,7 +29,7 @@ def test_other_output_goes_to_the_log_and_corerls_lines_stay_on_the_terminal(tmp
                  "C++ chatter on descriptor 2", "a loading bar on descriptor 1",
                  "a warning of ours"):
         assert line in written, (line, written)
-    assert last_log() == log
+    assert last_log() == log and "CORERL_RUN_LOG" not in os.environ
     print("after the run")  # everything is back where it was
     os.write(2, b"back on the terminal\n")
     out, err = capfd.readouterr()

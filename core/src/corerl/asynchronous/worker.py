@@ -52,6 +52,9 @@ class GenerationWorker:
     """One generation backend built from its ``registration`` and ``config`` in this process."""
 
     def __init__(self, registration: Any, config: Any, threads: int | None, in_flight: str) -> None:
+        from corerl.reporting.quiet import write_output_to_run_log
+
+        write_output_to_run_log()  # a quiet run: this actor's output goes to run.log
         if threads:
             import torch
 

@@ -20,6 +20,9 @@ class RankActor:
     """Builds ``worker_path(rank=..., world_size=..., **kwargs)`` and forwards method calls to it."""
 
     def __init__(self, worker_path: str, rank: int, world_size: int, env: dict[str, str], kwargs: dict[str, Any]) -> None:
+        from corerl.reporting.quiet import write_output_to_run_log
+
+        write_output_to_run_log()  # a quiet run: this actor's output goes to run.log
         os.environ.update(env)
         self.rank = rank
         self.worker = resolve(worker_path)(rank=rank, world_size=world_size, **kwargs)

@@ -91,6 +91,9 @@ class EnvironmentActor:
     answers chunks of episodes with an :class:`InProcessPool` of its own."""
 
     def __init__(self, registration: Any, context: Any) -> None:
+        from corerl.reporting.quiet import write_output_to_run_log
+
+        write_output_to_run_log()  # a quiet run: this actor's output goes to run.log
         self.pool = InProcessPool(registration.create(context), context.settings.timeout_s)
 
     def answer(self, views: Sequence[EpisodeView]) -> list[Answer]:
