@@ -101,7 +101,8 @@ def validate(path: Path) -> tuple[bool, str, frozenset[str]]:
         select(config, host)
     except ConfigErrors as exc:
         first = exc.errors[0].one_line() if exc.errors else exc.one_line()
-        return False, first, frozenset(error.key or "" for error in exc.errors)
+        return False, first, frozenset(key for error in exc.errors  # a refused section lists its keys
+                                       for key in getattr(error, "keys", [error.key or ""]))
     except CorerlError as exc:
         return False, exc.one_line(), frozenset()
     except Exception as exc:  # noqa: BLE001 - a crash on someone's recipe is a finding, reported as such

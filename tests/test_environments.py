@@ -345,6 +345,14 @@ def test_nemo_rl_environment_keys_act_in_the_built_config(tmp_path):
         load_config(recipe, ["env.nemo_gym.config_paths=[a.yaml]"], host)
     assert [e.key for e in section.value.errors] == ["env.nemo_gym.config_paths"]
     assert "no bridge to them yet" in section.value.errors[0].message
+    gym_keys = ["config_paths=[a.yaml]", "port_range_low=1000", "port_range_high=2000", "uv_venv_dir=/tmp/gym"]
+    with pytest.raises(ConfigErrors) as whole:  # a Gym section's dozens of keys: one line for the section
+        load_config(recipe, [f"env.nemo_gym.{key}" for key in gym_keys], host)
+    (error,) = whole.value.errors
+    assert error.key == "env.nemo_gym" and "no bridge to them yet" in error.message, error
+    assert "(4 keys under it: config_paths, port_range_low, port_range_high, ...)" in error.message, error
+    assert error.keys == [f"env.nemo_gym.{key.split('=')[0]}" for key in gym_keys]  # all of them, for tools
+    assert error.one_line().startswith("env.nemo_gym: NeMo Gym") and "; remove the section" in error.one_line()
     with pytest.raises(ConfigErrors) as turns:  # several turns with nothing to answer them
         load_config(recipe, ["grpo.max_rollout_turns=4"], host)
     assert [e.key for e in turns.value.errors] == ["algorithm.max_rollout_turns"]

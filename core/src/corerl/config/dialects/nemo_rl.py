@@ -687,14 +687,26 @@ def critic_rule(path: str) -> Rule:
 
 
 def _own_rule(path: str) -> Rule | None:
+    name = _rule_name(path)
+    return None if name is None else RULES[name]
+
+
+def _rule_name(path: str) -> str | None:
+    """The entry of :data:`RULES` that is ``path``'s own: ``path`` itself, else the nearest ``prefix.*``."""
     if path in RULES:
-        return RULES[path]
+        return path
     parts = path.split(".")
     for end in range(len(parts), 0, -1):  # an empty section is a leaf: its own prefix.* applies
-        found = RULES.get(".".join(parts[:end]) + ".*")
-        if found is not None:
-            return found
+        name = ".".join(parts[:end]) + ".*"
+        if name in RULES:
+            return name
     return None
+
+
+def _refused_section(path: str) -> str | None:
+    """The section whose ``prefix.*`` rule refuses ``path`` (None: a rule of the key's own)."""
+    name = _rule_name(path)
+    return name[:-2] if name is not None and name.endswith(".*") else None
 
 
 def _switched_off(path: str, raw: dict[str, Any]) -> str | None:
@@ -718,6 +730,14 @@ class Translation:
     passthrough: frozenset[str] = frozenset()
 
 
+class SectionRefused(ConfigError):
+    """The refusal of every key a refused ``prefix.*`` section holds, in one line; ``keys`` lists them."""
+
+    def __init__(self, message: str, *, key: str, source: str | None, hint: str) -> None:
+        super().__init__(message, key=key, source=source, hint=hint)
+        self.keys = [key]
+
+
 @attrs.define
 class _Translator:
     """The corerl tree being built, with what happened to each NeMo RL key on the way."""
@@ -728,6 +748,8 @@ class _Translator:
     fates: list[KeyFate] = attrs.field(factory=list)
     warnings: list[str] = attrs.field(factory=list)
     errors: list[ConfigError] = attrs.field(factory=list)
+    #: section -> its one refusal: a refused section is one line, not one per key
+    refused_sections: dict[str, SectionRefused] = attrs.field(factory=dict)
 
     def put(self, source: str, target: str, value: Any, detail: str | None = None) -> None:
         """Set corerl's ``target`` from NeMo RL's ``source`` key (its fate: acts)."""
@@ -753,6 +775,20 @@ class _Translator:
 
     def refuse(self, path: str, message: str, hint: str) -> None:
         self.errors.append(ConfigError(message, key=path, source=origin_of(path, self.origins), hint=hint))
+
+    def refuse_in_section(self, section: str, path: str, message: str) -> None:
+        """Refuse ``path`` for its section's reason: the section's keys share one line (a NeMo Gym
+        section holds dozens), keyed by the section once it refuses more than one."""
+        error = self.refused_sections.get(section)
+        if error is None:
+            error = SectionRefused(message, key=path, source=origin_of(path, self.origins), hint="remove the key")
+            self.refused_sections[section] = error
+            self.errors.append(error)
+            return
+        error.keys.append(path)
+        names = ", ".join(key[len(section) + 1:] for key in error.keys[:3]) + (", ..." if len(error.keys) > 3 else "")
+        error.key, error.hint = section, "remove the section"
+        error.message = f"{message} ({len(error.keys)} keys under it: {names})"
 
 
 def translate(raw: dict[str, Any], origins: Origins, strict: bool = False) -> Translation:
@@ -795,6 +831,8 @@ def translate(raw: dict[str, Any], origins: Origins, strict: bool = False) -> Tr
         elif rule is None:  # the same key in corerl: strict validation decides
             out.put(path, path, value)
             passthrough.add(path)
+        elif rule.fate == "refused" and (refusing := _refused_section(path)) is not None:
+            out.refuse_in_section(refusing, path, rule.reason)
         elif rule.fate == "refused":
             out.refuse(path, rule.reason, "remove the key")
         elif rule.fate == "inert":
