@@ -18,7 +18,10 @@ class VllmConfig:
     pipeline_parallel_size: int = setting(1, min=1, help="stages one vLLM engine's layers are split into")
     gpu_memory_utilization: float = setting(0.6, min=0.0, min_exclusive=True, max=1.0, help="share of each GPU's memory vLLM may take (weights, KV cache)")
     max_model_len: int | None = setting(None, min=1, help="unset: policy.max_seq_length")
-    enforce_eager: bool = setting(False, help="run vLLM without CUDA graphs (slower decoding, faster start)")
+    enforce_eager: bool | None = setting(
+        None, help="run vLLM without torch.compile and CUDA graphs (faster start); unset: eager on CPU (compiling "
+                   "costs about 25 s per engine start on 2 cores, again every run, and decodes no faster there), "
+                   "compiled with CUDA graphs on GPU")
     cpu_kvcache_space_gib: float = setting(1.0, min=0.0, min_exclusive=True, help="KV cache on CPU machines")
     engine_layout: Literal["auto", "in_process", "multi_process"] = setting(
         "auto", help="auto: in-process on CPU (faster there, no busy-spinning core), multi-process on GPU"

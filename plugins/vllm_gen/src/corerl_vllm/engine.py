@@ -74,6 +74,9 @@ class VllmEngine:
                 os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"0-{threads - 1}")
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0" if self.layout == "in_process" else "1"
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # no per-call notes over the progress bar
+        #: eager unless asked otherwise on CPU: vLLM's compile cache is keyed by the model's folder, a new
+        #: one each run, so every run paid the compile (measured: engine start 27 s vs 2.5 s, demo 106 s vs 85 s)
+        self.eager = (not self.on_gpu) if self.settings.enforce_eager is None else self.settings.enforce_eager
         self.llm: Any = None
 
     def check_engine(self) -> str:
@@ -99,7 +102,7 @@ class VllmEngine:
         s = self.settings
         kwargs: dict[str, Any] = dict(
             model=model_path, tokenizer=model_path, dtype=policy.precision,
-            max_model_len=s.max_model_len or policy.max_seq_length, enforce_eager=s.enforce_eager,
+            max_model_len=s.max_model_len or policy.max_seq_length, enforce_eager=self.eager,
             tensor_parallel_size=s.tensor_parallel_size, pipeline_parallel_size=s.pipeline_parallel_size,
             seed=self.config.core.algorithm.seed, worker_extension_cls="corerl_vllm.extension.RefitExtension",
         )
