@@ -3,18 +3,21 @@
     .venv/bin/python bench/plan_accuracy.py [--hidden 256 --layers 4]
 
 For each layout of bench/memory.py (dtensor FSDP2, deepspeed ZeRO-1/2/3, megatron TP), at world
-size 1 and 2 (2 Ray ranks, gloo, on CPU; on a GPU machine, its GPUs), one training step, then the
+size 1 and 2 (2 Ray ranks, gloo, on CPU; on a GPU machine, its GPUs: world size 2 only where it has
+two), one training step, then the
 largest rank's parameter, gradient and optimizer bytes as the rank reports them
 (``state_bytes()``) next to what the backend's memory model estimates for the same recipe, and
 their ratio (target: within 10%). On a GPU it also prints each rank's CUDA peak during the step
-next to the estimated training-phase total (state + activations; target: within 20%).
-Writes bench/results/plan_accuracy.json.
+next to the estimated training-phase total (state + activations; target: within 15%) and writes
+bench/results/gpu/plan_accuracy.json with the GPU's name and the versions; on CPU,
+bench/results/plan_accuracy.json.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 import tempfile
 from pathlib import Path
 
@@ -52,9 +55,13 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="corerl-plan-"))
     model = str(build_tiny_model(work / "model", hidden_size=args.hidden, num_layers=args.layers))
     host = PluginHost()
+    import torch
+
+    cuda = torch.cuda.is_available()
+    worlds = (1, 2) if not cuda or torch.cuda.device_count() >= 2 else (1,)
     rows = []
     for label, backend, overrides, _, _ in LAYOUTS:
-        for world in (1, 2):
+        for world in worlds:
             ranks, gpu = measure(backend, overrides, world, model, work, host)
             largest = max(ranks, key=lambda r: sum(r[k] for k in KINDS))
             ours = estimate(backend, overrides, world, model, work, host)
@@ -81,9 +88,13 @@ def main() -> None:
                 g = row["gpu"]
                 print(f"| {row['layout']} | {row['world']} | {g['peak'] / 2**20:.1f} | "
                       f"{g['estimated_training_total'] / 2**20:.1f} | {g['estimated_training_total'] / g['peak']:.3f} |")
-    RESULTS.parent.mkdir(exist_ok=True)
-    RESULTS.write_text(json.dumps({"hidden": args.hidden, "layers": args.layers, "rows": rows}, indent=2) + "\n")
-    print(f"\nwrote {RESULTS}")
+    results = RESULTS.parent / "gpu" / RESULTS.name if cuda else RESULTS
+    results.parent.mkdir(exist_ok=True)
+    machine = {"device": torch.cuda.get_device_name() if cuda else "cpu", "torch": torch.__version__,
+               "cuda": torch.version.cuda, "command": " ".join(["python", *sys.argv])}
+    results.write_text(json.dumps({"hidden": args.hidden, "layers": args.layers, "machine": machine, "rows": rows},
+                                  indent=2) + "\n")
+    print(f"\nwrote {results}")
 
 
 if __name__ == "__main__":

@@ -200,6 +200,27 @@ def test_wait_leaves_the_request_on_its_weights_and_loads_the_update_when_idle(m
     assert all(abs(lp + math.log(128)) < 1e-4 for lp in groups[0][0].logprobs)
 
 
+def test_every_backend_call_runs_on_the_workers_one_engine_thread_whichever_thread_asks(model_dir):
+    """The Ray actor serves calls on several threads; CUDA graphs (the static KV cache on a GPU)
+    assert when replayed from another thread than the one that captured them."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    config = config_from_mapping({"policy": {"model_name": model_dir, "generation": {"backend": "hf"}}},
+                                 PluginHost(discover=False, env={}))
+    worker = GenerationWorker(hf_registration(), config, threads=None, in_flight="wait")
+    worker.load_hf(model_dir)
+    forwards: set[int] = set()
+    worker.backend.model.register_forward_pre_hook(lambda module, args: forwards.add(threading.get_ident()))
+    with ThreadPoolExecutor(max_workers=2) as callers:
+        asked = {callers.submit(lambda: (worker.generate([[1, 2]], SAMPLING, 1), threading.get_ident())[1]).result()
+                 for _ in range(4)}
+        callers.submit(worker.update_weights, flat_weights(model_dir), 1).result()
+    assert len(forwards) == 1 and not forwards & (asked | {threading.get_ident()})
+    assert worker.version == 1
+    worker.shutdown()
+
+
 # -- importance-sampling correction ------------------------------------------------------------------
 
 

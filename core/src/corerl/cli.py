@@ -124,12 +124,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as exc:
         if debug:
             raise
-        print(
-            f"corerl: internal error: {type(exc).__name__}: {exc} "
-            "(this is a bug; rerun with CORERL_DEBUG=1 for the traceback and report it)",
-            file=sys.stderr,
-        )
+        print(f"corerl: internal error: {_internal_error_line(exc)} "
+              "(this is a bug; rerun with CORERL_DEBUG=1 for the traceback and report it)", file=sys.stderr)
         return EXIT_FAILURE
+
+
+def _internal_error_line(exc: BaseException) -> str:
+    """``Type: first line of the message``, and where it was raised (in a Ray actor too) when the
+    message says nothing (a bare ``assert``)."""
+    import traceback
+
+    from corerl.distributed.remote_errors import remote_origin
+
+    lines = [line for line in str(exc).splitlines() if line.strip()]
+    if lines:
+        return f"{type(exc).__name__}: {lines[0]}"
+    origin = remote_origin(exc)
+    if origin is None and exc.__traceback__ is not None:
+        frame = traceback.extract_tb(exc.__traceback__)[-1]
+        origin = f"{frame.filename}:{frame.lineno} in {frame.name}"
+    return f"{type(exc).__name__} raised at {origin}" if origin else type(exc).__name__
 
 
 def _error_dicts(exc: Exception) -> list[dict[str, Any]]:

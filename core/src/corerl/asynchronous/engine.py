@@ -96,11 +96,13 @@ class DedicatedGeneration:
         import ray
         from ray.exceptions import RayTaskError
 
+        from corerl.distributed.remote_errors import unwrap_remote
+
         try:
             return ray.get(ref)
-        except RayTaskError as exc:  # an error raised in the worker: its own type where it pickled back
-            cause = exc.cause if exc.cause is not None else exc
-            raise cause from None
+        except RayTaskError as exc:  # an error raised in the worker: its own type where it pickled back,
+            cause = unwrap_remote(exc)  # with the worker's traceback chained to it
+            raise cause from cause.__cause__
 
     def _restart(self, cause: BaseException) -> None:
         with self.handle:

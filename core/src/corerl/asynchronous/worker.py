@@ -13,18 +13,26 @@ hands over the next version. What happens to the requests in progress is ``in_fl
 Each completion token is stamped with the version of the weights that produced it
 (``Sample.versions``). ``continue`` and ``abort`` need a backend that calls a hook between
 decoding steps (the ``between_tokens`` attribute; the ``hf`` backend has it).
+
+Every call into the backend runs on one thread of the worker's own (:attr:`GenerationWorker.engine`),
+whichever of the actor's threads took the request: compiled CUDA graphs (the ``hf`` backend's
+static KV cache on a GPU) are kept per thread by torch and assert when another thread replays them.
 """
 
 from __future__ import annotations
 
 import os
 import threading
-from typing import Any
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
 
 import attrs
 
 from corerl.errors import ConfigError
 from corerl.generation.contract import Sample, SamplingSettings
+
+T = TypeVar("T")
 
 
 def stamp(sample: Sample, switches: list[tuple[int, int]]) -> Sample:
@@ -60,7 +68,8 @@ class GenerationWorker:
 
             torch.set_num_threads(threads)
         check_in_flight(registration, in_flight)
-        self.backend = registration.create(config=config)
+        self.engine = ThreadPoolExecutor(max_workers=1, thread_name_prefix="generation-engine")
+        self.backend = self._on_engine(registration.create, config=config)
         self.in_flight = in_flight
         self.version = 0
         self.pending: tuple[int, list[tuple[str, Any]]] | None = None
@@ -69,12 +78,16 @@ class GenerationWorker:
         self.switches: list[tuple[int, int]] = []
         self.aborted = False
 
+    def _on_engine(self, call: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """``call(*args, **kwargs)`` on the engine's thread; its result, or what it raised."""
+        return self.engine.submit(call, *args, **kwargs).result()
+
     def pid(self) -> int:
         return os.getpid()
 
     def load_hf(self, model_path: str) -> None:
         with self.generating:
-            self.backend.load_hf(model_path)
+            self._on_engine(self.backend.load_hf, model_path)
 
     def generate(self, prompts: list[list[int]], sampling: SamplingSettings, n: int) -> tuple[list[list[Sample]], bool]:
         """The backend's samples, stamped with versions, and whether an update cut the call short."""
@@ -84,7 +97,7 @@ class GenerationWorker:
             if self.in_flight != "wait":
                 self.backend.between_tokens = self._between_tokens
             try:
-                groups = self.backend.generate(prompts, sampling, n)
+                groups = self._on_engine(self.backend.generate, prompts, sampling, n)
             finally:
                 if self.in_flight != "wait":
                     self.backend.between_tokens = None
@@ -131,8 +144,9 @@ class GenerationWorker:
         with self.handover:
             pending, self.pending = self.pending, None
         if pending is not None:
-            self.backend.update_weights(pending[1])
+            self._on_engine(self.backend.update_weights, pending[1])
             self.version = pending[0]
 
     def shutdown(self) -> None:
-        self.backend.shutdown()
+        self._on_engine(self.backend.shutdown)
+        self.engine.shutdown(wait=False)

@@ -228,6 +228,8 @@ class RayWorkerGroup:
         import ray
         from ray.exceptions import RayActorError, RayTaskError
 
+        from corerl.distributed.remote_errors import unwrap_remote
+
         rank_of = {f: rank for rank, f in enumerate(futures)}
         results: list[Any] = [None] * len(futures)
         pending = list(futures)
@@ -238,7 +240,7 @@ class RayWorkerGroup:
                 try:
                     results[rank] = ray.get(future)
                 except RayTaskError as exc:
-                    cause = exc.cause if exc.cause is not None else exc
+                    cause = unwrap_remote(exc)  # with the rank's traceback chained to it
                     self._blame_a_dead_rank(pending, rank_of, what)
                     self._fail(rank, what, f"raised {remote_cause(exc)}", cause)
                 except RayActorError as exc:

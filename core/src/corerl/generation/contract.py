@@ -33,6 +33,7 @@ class SamplingSettings:
     stop_strings: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
     seed: int | None = None
+    ignore_eos: bool = False  # no token ends a completion: each runs to max_new_tokens (contract 2.6)
 
     @classmethod
     def from_config(cls, config: Any, **changes: Any) -> SamplingSettings:
@@ -41,7 +42,7 @@ class SamplingSettings:
         values = dict(
             temperature=gen.temperature, top_p=gen.top_p, top_k=gen.top_k, max_new_tokens=gen.max_new_tokens,
             stop_strings=tuple(gen.stop_strings or ()), stop_token_ids=tuple(gen.stop_token_ids or ()),
-            seed=config.core.algorithm.seed,
+            seed=config.core.algorithm.seed, ignore_eos=gen.ignore_eos,
         )
         values.update(changes)
         return cls(**values)

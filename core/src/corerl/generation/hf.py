@@ -123,7 +123,8 @@ class HFGenerationBackend:
             with torch.no_grad(), torch.autocast(self.device.type, dtype=self.autocast, enabled=self.autocast is not None):
                 out = model.generate(
                     input_ids=input_ids.to(self.device), attention_mask=attention.to(self.device),
-                    max_new_tokens=sampling.max_new_tokens, min_new_tokens=0, num_return_sequences=n,
+                    max_new_tokens=sampling.max_new_tokens, num_return_sequences=n,
+                    min_new_tokens=sampling.max_new_tokens if sampling.ignore_eos else 0,
                     eos_token_id=stop_ids, pad_token_id=pad, use_cache=True, return_dict_in_generate=True,
                     output_logits=True, **kwargs,
                 )
@@ -145,7 +146,7 @@ class HFGenerationBackend:
         chosen = chosen.cpu()
         samples = []
         for row in range(chosen.shape[0]):
-            ids, reason = cut_at_stop_ids(chosen[row].tolist(), stop_ids)
+            ids, reason = cut_at_stop_ids(chosen[row].tolist(), () if sampling.ignore_eos else stop_ids)
             ids, reason = cut_at_stop_strings(ids, sampling.stop_strings, self.tokenizer, reason)
             samples.append(Sample(prompt_ids=tuple(prompts[row // n]), completion_ids=tuple(ids),
                                   logprobs=tuple(logprobs[row, : len(ids)].tolist()), finish_reason=reason))

@@ -21,6 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, ClassVar
 
+import attrs
 import pytest
 import torch
 
@@ -118,6 +119,17 @@ class GenerationBackendConformance:
                 want = reference_logprobs(model_dirs[0], list(sample.prompt_ids), list(sample.completion_ids))
                 worst = max(abs(a - b) for a, b in zip(sample.logprobs, want, strict=True))
                 assert worst <= self.tolerance, f"logprobs differ by {worst:.3g}"
+
+    def test_ignore_eos_runs_every_completion_to_max_new_tokens(self, engine: Any) -> None:
+        """``SamplingSettings.ignore_eos`` (contract 2.6): no token ends a completion, not even the
+        stop ids, which otherwise end nearly every one here (they are half the vocabulary)."""
+        stops = tuple(range(64))
+        sampling = SamplingSettings(temperature=1.0, max_new_tokens=self.max_new_tokens, seed=11, stop_token_ids=stops)
+        stopped = [s for g in engine.generate(PROMPTS, sampling, n=2) for s in g]
+        assert any(s.finish_reason == "stop" for s in stopped)  # the stop ids do act without ignore_eos
+        ignoring = attrs.evolve(sampling, ignore_eos=True)
+        samples = [s for g in engine.generate(PROMPTS, ignoring, n=2) for s in g]
+        assert all(len(s.completion_ids) == self.max_new_tokens and s.finish_reason == "length" for s in samples)
 
     def test_outputs_follow_refitted_weights(self, engine: Any, model_dirs: tuple[str, str]) -> None:
         sampling = SamplingSettings(temperature=0.0, max_new_tokens=self.max_new_tokens, stop_token_ids=(3,))

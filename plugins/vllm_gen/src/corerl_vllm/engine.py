@@ -131,7 +131,8 @@ class VllmEngine:
             SamplingParams(
                 n=n, temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k or 0,
                 max_tokens=sampling.max_new_tokens, stop=list(sampling.stop_strings) or None,
-                stop_token_ids=list(sampling.stop_token_ids) or None, ignore_eos=bool(sampling.stop_token_ids),
+                stop_token_ids=None if sampling.ignore_eos else list(sampling.stop_token_ids) or None,
+                ignore_eos=sampling.ignore_eos or bool(sampling.stop_token_ids),
                 seed=None if sampling.seed is None else sampling.seed + i * n, logprobs=0,
             )
             for i in range(len(prompts))

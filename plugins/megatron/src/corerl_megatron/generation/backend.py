@@ -60,7 +60,7 @@ class MegatronGeneration:
 
     def generate(self, prompts: list[list[int]], sampling: SamplingSettings, n: int = 1) -> list[list[Sample]]:
         rows = [list(prompt) for prompt in prompts for _ in range(n)]
-        stop_ids = list(sampling.stop_token_ids) or self.default_stop_ids
+        stop_ids = [] if sampling.ignore_eos else list(sampling.stop_token_ids) or self.default_stop_ids
         engine = self.engine
         # contiguous slices, one per data-parallel group, every rank of a group gets its group's slice
         dp = engine.rank_layout.data_parallel_size
