@@ -37,6 +37,10 @@ checks() {
 
 bench() {  # timed: nothing else runs beside them
   step grpo-vs-trl-76M 200 python bench/grpo_vs_trl.py --device cuda --shape 76M --precision bfloat16 --steps 5 \
+    --contenders trl-no-gc,corerl-hf
+  # the hf static KV cache (CUDA graphs) against the dynamic one: fp32 (under bf16 autocast the
+  # shared training model decodes with the dynamic cache)
+  step grpo-vs-trl-76M-fp32 200 python bench/grpo_vs_trl.py --device cuda --shape 76M --precision float32 --steps 5 \
     --contenders trl-no-gc,corerl-hf,corerl-hf-dynamic
   step grpo-vs-trl-605M 200 python bench/grpo_vs_trl.py --device cuda --shape 605M --precision bfloat16 --steps 5 \
     --contenders trl-no-gc,corerl-hf
