@@ -227,7 +227,8 @@ def benchmarks_page() -> str:
     lines = [HEADER, "# Benchmarks\n\n",
              "The latest figures of each benchmark under `bench/` (each prints its table and writes "
              "`bench/results/<name>.json`; this page is made from those files). How each is run, and what it "
-             "compares, is in the script's docstring; figures from a lent GPU are under `bench/results/h100/`.\n\n"]
+             "compares, is in the script's docstring; figures from a lent GPU are under `bench/results/gpu/`.\n\n"]
+    lines.append(_gpu_grpo_summary())
     for path in sorted((REPO / "bench" / "results").rglob("*.json")):
         relative = path.relative_to(REPO)
         try:
@@ -242,6 +243,31 @@ def benchmarks_page() -> str:
             if rows is not None and name:
                 lines.append(f"`{name}`\n\n{_table(rows)}\n")
     return "".join(lines).rstrip("\n") + "\n"
+
+
+def _gpu_grpo_summary() -> str:
+    """One row per GPU run of bench/grpo_vs_trl.py: equal tokens on both sides, tokens/s and the ratio."""
+    rows = []
+    for path in sorted((REPO / "bench" / "results" / "gpu").glob("grpo_vs_trl-*.json")):
+        data = json.loads(path.read_text())
+        setup, trl = data["setup"], data["faster_trl_by_tokens_per_s"]
+        by_name = {r["contender"]: r for r in data["rows"] if "error" not in r}
+        for name, ratio in data["corerl_tokens_per_s_vs_faster_trl"].items():
+            ours = by_name[name]
+            # the cache hf generation used: "auto" is static on a GPU unless a note says it fell back
+            fell_back = any("using the dynamic cache" in note for note in ours.get("generation_notes", []))
+            cache = {"auto": "dynamic" if fell_back else "static"}.get(ours.get("hf_kv_cache", "-"), ours.get("hf_kv_cache"))
+            rows.append({"shape": setup["shape"], "parameters": f"{setup['parameters'] / 1e6:,.0f}M",
+                         "precision": setup["precision"], "corerl": f"{name} (hf, {cache} KV cache)",
+                         "tokens/step (both)": ours["completion_tokens_per_step"],
+                         "TRL tok/s": round(by_name[trl]["tokens_per_s"]), "corerl tok/s": round(ours["tokens_per_s"]),
+                         "corerl / TRL": f"{ratio:.2f}x", "device": data["machine"].get("gpu", "-")})
+    if not rows:
+        return ""
+    return ("## GRPO against TRL on a GPU, equal work\n\n"
+            "Every completion runs to 64 tokens on both sides (end of sequence ignored), so tokens/s compare "
+            "the same work; from `bench/results/gpu/grpo_vs_trl-*.json` (command, versions and machine in each).\n\n"
+            + _table(rows) + "\n")
 
 
 # -- writing and checking -------------------------------------------------------------------------
