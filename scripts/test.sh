@@ -1,15 +1,23 @@
 #!/usr/bin/env bash
 # Set up .venv/ and run the whole test suite: lint, the fast tier, then the slow tier (see
-# conftest.py). Non-zero exit on any failure. With arguments, one pytest run with them
-# (e.g. `bash scripts/test.sh -m "not slow"` for the fast tier alone, `-m gpu` on a GPU machine).
+# conftest.py), each tier's wall time printed after it. Non-zero exit on any failure. With
+# arguments, one pytest run with them (e.g. `bash scripts/test.sh -m "not slow"` for the fast tier
+# alone, `-m gpu -n 8` on a GPU machine). Budget on CI's 2-core machine: 40 minutes in all
+# (docs/testing.md says how a new slow test pays for itself).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+start=$SECONDS
 bash scripts/setup.sh
+echo "== set-up: $((SECONDS - start)) s"
 .venv/bin/ruff check .
 if [ "$#" -gt 0 ]; then
     exec .venv/bin/python -m pytest "$@"
 fi
+tier=$SECONDS
 echo "== fast tier: unit tests and world-size-1 conformance =="
 .venv/bin/python -m pytest -m "not slow"
+echo "== fast tier: $((SECONDS - tier)) s"
+tier=$SECONDS
 echo "== slow tier: subprocess runs, Ray groups, world size 2 =="
-.venv/bin/python -m pytest -m slow --durations=25
+.venv/bin/python -m pytest -m slow -n 2 --dist loadscope --durations=25
+echo "== slow tier: $((SECONDS - tier)) s; the whole suite, set-up included: $((SECONDS - start)) s"
