@@ -68,3 +68,13 @@ def test_asynchronous_grpo_runs_three_steps_beside_its_generation_worker(gpus, t
     assert "on a dedicated worker" in result.out and "a GPU" in result.out, result
     rows = [json.loads(line) for line in (tmp_path / "async" / "metrics.jsonl").read_text().splitlines()]
     assert len([r for r in rows if r["phase"] == "grpo"]) == 3
+
+
+@pytest.mark.parametrize("recipe, name", [("grpo_lora_demo.yaml", "lora"), ("grpo_tools_demo.yaml", "tools")])
+def test_one_step_of_the_lora_and_tool_demos_on_the_gpu(recipe, name, tmp_path):
+    result = run_corerl("run", str(EXAMPLES / recipe), "policy.generation.backend=hf", "sft.max_steps=2",
+                        "algorithm.max_steps=1", "checkpointing.enabled=false", f"run.output_dir={tmp_path}",
+                        f"run.name={name}")
+    assert result.code == 0, result
+    summary = json.loads((tmp_path / name / "summary.json").read_text())
+    assert summary["grpo_steps"] == 1, summary

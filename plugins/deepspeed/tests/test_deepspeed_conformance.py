@@ -71,6 +71,7 @@ class TestZero3OptimizerOffloadWorld2(_DeepSpeed):
 
 
 @pytest.mark.gpu
+@pytest.mark.xdist_group("deepspeed-conformance-gpu")  # its backend is built once, in one worker (-n with --dist loadgroup)
 class TestZero3World1OnGpu(_DeepSpeed):
     """The gpu tier: ZeRO-3 at world size 1 on the machine's GPU, in the bundle Ray gave the rank."""
 

@@ -57,6 +57,7 @@ class TestActivationCheckpointingDataParallel2(_DTensor):
 
 
 @pytest.mark.gpu
+@pytest.mark.xdist_group("dtensor-conformance-gpu")  # its backend is built once, in one worker (-n with --dist loadgroup)
 class TestWorld1OnGpu(_DTensor):
     """The gpu tier: world size 1 on the machine's GPU (check (h) asserts the rank computes there)."""
 

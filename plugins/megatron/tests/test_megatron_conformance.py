@@ -41,6 +41,7 @@ class TestPipelineParallel2(_Megatron):
 
 
 @pytest.mark.gpu
+@pytest.mark.xdist_group("megatron-conformance-gpu")  # its backend is built once, in one worker (-n with --dist loadgroup)
 class TestWorld1OnGpu(_Megatron):
     """The gpu tier: megatron-core on CUDA at world size 1 (model built on the GPU, CUDA RNG tracker seeded)."""
 

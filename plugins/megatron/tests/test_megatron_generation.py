@@ -30,6 +30,7 @@ class TestMegatronGenerationOneRowPerKVBudget(GenerationBackendConformance):
 
 
 @pytest.mark.gpu
+@pytest.mark.xdist_group("megatron-generation-gpu")  # its backend is built once, in one worker (-n with --dist loadgroup)
 class TestMegatronGenerationOnGpu(GenerationBackendConformance):
     """The gpu tier: megatron decoding with its KV cache on CUDA."""
 
