@@ -51,7 +51,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--hidden", type=int, default=256)
     parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--layouts", default=",".join(label for label, *_ in LAYOUTS),
+                        help="comma-separated layout labels of bench/memory.py (default: all)")
     args = parser.parse_args()
+    chosen = args.layouts.split(",")
+    unknown = sorted(set(chosen) - {label for label, *_ in LAYOUTS})
+    if unknown:
+        parser.error(f"--layouts: no layout {unknown}; bench/memory.py has {[label for label, *_ in LAYOUTS]}")
     work = Path(tempfile.mkdtemp(prefix="corerl-plan-"))
     model = str(build_tiny_model(work / "model", hidden_size=args.hidden, num_layers=args.layers))
     host = PluginHost()
@@ -60,7 +66,7 @@ def main() -> None:
     cuda = torch.cuda.is_available()
     worlds = (1, 2) if not cuda or torch.cuda.device_count() >= 2 else (1,)
     rows = []
-    for label, backend, overrides, _, _ in LAYOUTS:
+    for label, backend, overrides, _, _ in (layout for layout in LAYOUTS if layout[0] in chosen):
         for world in worlds:
             ranks, gpu = measure(backend, overrides, world, model, work, host)
             largest = max(ranks, key=lambda r: sum(r[k] for k in KINDS))
