@@ -79,6 +79,91 @@ def test_the_endpoint_refuses_a_wrong_token_and_a_closed_episode(endpoint):
         gone.chat.completions.create(model="corerl-policy", messages=[{"role": "user", "content": "w0"}])
 
 
+def _raw_post(endpoint, episode, headers: str, body: bytes = b"", timeout: float = 10.0):
+    """A raw HTTP request on 127.0.0.1 (the connection, and the status line of the answer)."""
+    import socket
+
+    conn = socket.create_connection(("127.0.0.1", endpoint.port), timeout=timeout)
+    conn.sendall((f"POST /episodes/{episode}/v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                  f"Authorization: Bearer {endpoint.token}\r\nContent-Type: application/json\r\n{headers}\r\n").encode()
+                 + body)
+    return conn
+
+
+def _status(conn) -> int:
+    answer = conn.makefile("rb").readline().decode()
+    conn.close()
+    return int(answer.split()[1])
+
+
+def test_a_body_over_the_limit_is_refused_with_413_before_it_is_read(endpoint):
+    import time
+
+    episode = endpoint.open_episode()
+    limit = endpoint.body_limit()
+    assert limit == 64 * 1024 + 64 * 128  # sized for policy.max_seq_length (128 here)
+    start = time.perf_counter()
+    conn = _raw_post(endpoint, episode, f"Content-Length: {50 * 2**20}\r\n")  # 50 MB announced, none sent
+    assert _status(conn) == 413 and time.perf_counter() - start < 5
+    endpoint.close_episode(episode)
+
+
+def test_another_episode_is_answered_while_a_large_request_is_refused_or_still_arriving(endpoint):
+    from openai import OpenAI
+
+    stalled_episode, refused_episode, served = (endpoint.open_episode() for _ in range(3))
+    limit = endpoint.body_limit()
+    stalled = _raw_post(endpoint, stalled_episode, f"Content-Length: {limit}\r\n", b'{"messages": [')  # stops mid-body
+    record = endpoint.episodes[refused_episode]
+    with record.lock:  # that episode's call is busy (rendering, tokenizing): no other episode waits on it
+        refused = _raw_post(endpoint, refused_episode, f"Content-Length: {limit + 1}\r\n")
+        api = OpenAI(base_url=endpoint.base_url(served), api_key=endpoint.token, max_retries=0, timeout=30)
+        answer = api.chat.completions.create(model="corerl-policy", messages=[{"role": "user", "content": "w0 3 :"}])
+    assert answer.choices[0].message.content is not None
+    assert _status(refused) == 413
+    stalled.close()
+    for episode in (stalled_episode, refused_episode, served):
+        endpoint.close_episode(episode)
+
+
+@pytest.mark.parametrize("body", [b"[1, 2]", b"{not json", b'"text"', b'{"messages": "hi"}', b'{"messages": [3]}'])
+def test_a_body_that_is_not_a_request_object_is_refused_with_400(endpoint, body):
+    episode = endpoint.open_episode()
+    assert _status(_raw_post(endpoint, episode, f"Content-Length: {len(body)}\r\n", body)) == 400
+    endpoint.close_episode(episode)
+
+
+def test_a_burst_of_200_concurrent_calls_is_answered_not_reset(endpoint):
+    """200 connections opened at once are all queued (a connection the listen backlog has no room
+    for is dropped, and its client waits a second to try again, or is reset) and all answered."""
+    import socket
+    import threading
+
+    episode = endpoint.open_episode()
+    start = threading.Barrier(200)
+    statuses: list[int | str] = []
+
+    def call() -> None:
+        start.wait()
+        try:
+            conn = socket.create_connection(("127.0.0.1", endpoint.port), timeout=0.5)  # queued at once, or not
+        except OSError as exc:
+            statuses.append(type(exc).__name__)
+            return
+        conn.settimeout(60)  # answering 200 calls may take a while on a busy machine
+        conn.sendall(f"GET /episodes/{episode}/v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                     f"Authorization: Bearer {endpoint.token}\r\n\r\n".encode())
+        statuses.append(_status(conn))
+
+    callers = [threading.Thread(target=call) for _ in range(200)]
+    for caller in callers:
+        caller.start()
+    for caller in callers:
+        caller.join()
+    assert statuses == [200] * 200, {s: statuses.count(s) for s in set(statuses)}
+    endpoint.close_episode(episode)
+
+
 @contextmanager
 def _agent_step(tmp_path, agent):
     """A GRPO run's context whose episodes ``agent`` plays, its engines started, and its algorithm begun."""

@@ -16,10 +16,10 @@ import asyncio
 import math
 import numbers
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from corerl.environments.contract import EnvironmentContext
+from corerl.environments.daemon_threads import DaemonThreadExecutor
 from corerl.environments.endpoint import AgentClient, ChatEndpoint
 from corerl.environments.pool import bounded_call
 from corerl.environments.rollout import (
@@ -74,7 +74,7 @@ class AgentRollout:
         self.generation, self.agent, self.tokenizer, self.env_name = generation, agent, tokenizer, env_name
         self.settings = settings
         self.endpoint: ChatEndpoint | None = None
-        self.executor = ThreadPoolExecutor(max_workers=settings.max_concurrent_episodes, thread_name_prefix="corerl-agent")
+        self.executor = DaemonThreadExecutor(settings.max_concurrent_episodes, "corerl-agent")  # a hung harness cannot keep the process alive
 
     def run(self, prompts: Sequence[Sequence[int]], items: Sequence[Any], sampling: SamplingSettings,
             n: int, max_seq_length: int) -> Rollout:
@@ -82,7 +82,8 @@ class AgentRollout:
         import time
 
         if self.endpoint is None:
-            self.endpoint = ChatEndpoint(self.generation, self.tokenizer, sampling, max_seq_length)
+            self.endpoint = ChatEndpoint(self.generation, self.tokenizer, sampling, max_seq_length,
+                                         max_request_bytes=self.settings.max_request_bytes)
         endpoint = self.endpoint
         endpoint.sampling, endpoint.max_seq_length = sampling, max_seq_length
         start = time.perf_counter()
@@ -134,4 +135,4 @@ class AgentRollout:
     def shutdown(self) -> None:
         if self.endpoint is not None:
             self.endpoint.shutdown()
-        self.executor.shutdown(wait=False, cancel_futures=True)
+        self.executor.shutdown(wait=False)

@@ -14,6 +14,12 @@ chain (counted); the episode's trajectory is its last chain.
 Concurrent calls are answered in batches: a single thread owns the generation engine and
 answers every call waiting when it is free with one ``generate`` call.
 
+Limits (docs/security.md): a request body over ``max_request_bytes`` is refused with 413 before it
+is read; a body that is not a JSON object is refused with 400; the server takes each connection
+on a thread of its own with a listen backlog of :data:`LISTEN_BACKLOG`, so a burst of calls waits
+rather than being reset. Rendering and tokenizing a call's messages happen under its episode's
+own lock (an episode's calls stay in order), never under one all episodes share.
+
 Written with the standard library's ``http.server`` rather than a web framework: the endpoint
 has two routes, and the core installs no server stack for them.
 """
@@ -35,6 +41,13 @@ from corerl.environments.encoding import ObservationEncoder
 from corerl.generation.contract import Sample, SamplingSettings
 
 MODEL_NAME = "corerl-policy"
+LISTEN_BACKLOG = 1024  # connections the kernel queues before the server accepts them (http.server's default: 5)
+
+
+def default_max_request_bytes(max_seq_length: int) -> int:
+    """The largest request body taken: room for ``max_seq_length`` tokens of JSON-escaped text
+    (64 bytes a token) plus 64 KiB of tool schemas and fields; no larger body fits the episode."""
+    return 64 * 1024 + 64 * max_seq_length
 
 
 @attrs.define
@@ -64,6 +77,7 @@ class EpisodeRecord:
     chains: list[Chain] = attrs.field(factory=list)
     calls: int = 0
     hit_length_limit: bool = False
+    lock: threading.Lock = attrs.field(factory=threading.Lock, eq=False, repr=False)  # one call of the episode at a time
 
 
 @attrs.define
@@ -85,7 +99,8 @@ class ChatEndpoint:
     (a request's own temperature is not used: training samples on-policy), each call's
     ``max_tokens`` is honoured within it and within ``max_seq_length``."""
 
-    def __init__(self, generation: Any, tokenizer: Any, sampling: SamplingSettings, max_seq_length: int) -> None:
+    def __init__(self, generation: Any, tokenizer: Any, sampling: SamplingSettings, max_seq_length: int,
+                 max_request_bytes: int | None = None) -> None:
         if not getattr(tokenizer, "chat_template", None):
             from corerl.errors import ConfigError
 
@@ -94,14 +109,14 @@ class ChatEndpoint:
                               hint="set policy.chat_template (a Jinja template), or use a model whose tokenizer has one")
         self.generation, self.tokenizer, self.sampling = generation, tokenizer, sampling
         self.max_seq_length = max_seq_length
+        self.max_request_bytes = max_request_bytes  # None: default_max_request_bytes(max_seq_length)
         self.encoder = ObservationEncoder(tokenizer)
         self.token = secrets.token_urlsafe(24)
         self.episodes: dict[str, EpisodeRecord] = {}
-        self.lock = threading.Lock()
+        self.lock = threading.Lock()  # guards the episodes' dict only
         self.calls: queue.Queue[_Call] = queue.Queue()
         self.batches = 0
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
-        self.server.daemon_threads = True
+        self.server = _Server(("127.0.0.1", 0), _handler(self))
         self.port = self.server.server_address[1]
         self._threads = [threading.Thread(target=self.server.serve_forever, name="corerl-endpoint", daemon=True),
                          threading.Thread(target=self._generate_loop, name="corerl-endpoint-engine", daemon=True)]
@@ -125,19 +140,29 @@ class ChatEndpoint:
         with self.lock:
             return self.episodes.pop(episode)
 
+    def body_limit(self) -> int:
+        """The largest request body this endpoint reads, in bytes."""
+        return self.max_request_bytes or default_max_request_bytes(self.max_seq_length)
+
     # -- answering a call --------------------------------------------------------------------
 
     def chat(self, episode: str, request: dict[str, Any]) -> dict[str, Any]:
         """Answer one chat-completions request of ``episode`` (OpenAI's response shape)."""
-        messages = [_strip(m) for m in request.get("messages", [])]
-        if not messages:
-            raise ValueError("messages must be a non-empty list")
+        raw = request.get("messages")
+        if not isinstance(raw, list) or not raw or not all(isinstance(m, dict) for m in raw):
+            raise ValueError("messages must be a non-empty list of message objects")
+        messages = [_strip(m) for m in raw]
         with self.lock:
             record = self.episodes.get(episode)
-            if record is None:
-                raise KeyError(episode)
-            chain = self._extend(record, messages)
-            record.calls += 1
+        if record is None:
+            raise KeyError(episode)
+        with record.lock:  # this episode's calls in order; other episodes' calls go on meanwhile
+            return self._answer(episode, record, messages, request)
+
+    def _answer(self, episode: str, record: EpisodeRecord, messages: list[dict[str, Any]],
+                request: dict[str, Any]) -> dict[str, Any]:
+        chain = self._extend(record, messages)
+        record.calls += 1
         room = self.max_seq_length - len(chain.tokens)
         if room < 1:
             record.hit_length_limit = True
@@ -152,14 +177,13 @@ class ChatEndpoint:
         assert call.sample is not None
         sample = call.sample
         text = self.tokenizer.decode(list(sample.completion_ids), skip_special_tokens=True)
-        with self.lock:
-            chain.ids += sample.completion_ids
-            chain.mask += [1] * len(sample.completion_ids)
-            chain.logprobs += sample.logprobs
-            chain.finish = sample.finish_reason
-            chain.messages = [*messages, {"role": "assistant", "content": text}]
-            if len(chain.tokens) >= self.max_seq_length:
-                record.hit_length_limit = True
+        chain.ids += sample.completion_ids
+        chain.mask += [1] * len(sample.completion_ids)
+        chain.logprobs += sample.logprobs
+        chain.finish = sample.finish_reason
+        chain.messages = [*messages, {"role": "assistant", "content": text}]
+        if len(chain.tokens) >= self.max_seq_length:
+            record.hit_length_limit = True
         choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": text},
                                   "finish_reason": sample.finish_reason}
         if request.get("logprobs"):
@@ -221,6 +245,21 @@ class ChatEndpoint:
         self.server.server_close()
 
 
+class _Server(ThreadingHTTPServer):
+    """A thread per connection (daemon threads), and a listen backlog for bursts of calls."""
+
+    daemon_threads = True
+    request_queue_size = LISTEN_BACKLOG
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that went away before its answer (a harness timed out, a closed socket) is no
+        fault of the run; anything else is printed as socketserver does."""
+        import sys
+
+        if not isinstance(sys.exc_info()[1], ConnectionError):
+            super().handle_error(request, client_address)
+
+
 def _handler(endpoint: ChatEndpoint) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         def log_message(self, format: str, *args: Any) -> None:  # the run's terminal is not the access log
@@ -266,8 +305,13 @@ def _handler(endpoint: ChatEndpoint) -> type[BaseHTTPRequestHandler]:
             if what != "chat/completions":
                 self._error(404, f"no route {self.path}", "invalid_request_error")
                 return
+            body = self._body()
+            if body is None:
+                return
             try:
-                request = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
+                request = json.loads(body or b"{}")
+                if not isinstance(request, dict):
+                    raise ValueError(f"the request body must be a JSON object, not a JSON {type(request).__name__}")
                 if request.get("stream"):
                     raise ValueError("streaming is not supported: call with stream=false")
                 if int(request.get("n", 1)) != 1:
@@ -281,6 +325,23 @@ def _handler(endpoint: ChatEndpoint) -> type[BaseHTTPRequestHandler]:
                 self._error(400, str(exc), "invalid_request_error")
             except Exception as exc:  # the engine failed: the agent's call fails, the rollout reports it
                 self._error(500, f"{type(exc).__name__}: {exc}", "server_error")
+
+        def _body(self) -> bytes | None:
+            """The request's body, or None once a refusal is sent: a body over the limit is refused
+            before it is read (and the connection closed, so its bytes are never taken)."""
+            try:
+                length = int(self.headers.get("Content-Length") or 0)
+            except ValueError:
+                self._error(400, "Content-Length is not a number", "invalid_request_error")
+                return None
+            limit = endpoint.body_limit()
+            if length > limit:
+                self.close_connection = True
+                self._error(413, f"the request body is {length} bytes, over this endpoint's {limit} "
+                                 "(env.openai_agent.max_request_bytes): the conversation cannot fit "
+                                 "policy.max_seq_length anyway", "invalid_request_error")
+                return None
+            return self.rfile.read(length) if length > 0 else b""
 
     return Handler
 

@@ -8,7 +8,8 @@ episode with zero reward and counts it.
 
 In-process, every episode's step runs concurrently on one asyncio loop: ``async def`` steps as
 coroutines, plain ones in a thread pool. A plain step that hangs cannot be stopped in-process
-(its thread is abandoned after the timeout); environments that may hang belong in actors
+(its daemon thread is abandoned after the timeout and cannot keep the process from exiting);
+environments that may hang belong in actors
 (``env.<id>.num_workers``), where a timed-out actor is killed and restarted by Ray.
 """
 
@@ -19,12 +20,13 @@ import inspect
 import logging
 import time
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor
 from typing import Any
 
 import attrs
 
 from corerl.environments.contract import EpisodeView, Turn
+from corerl.environments.daemon_threads import DaemonThreadExecutor
 from corerl.failures import first_line
 
 log = logging.getLogger(__name__)
@@ -40,7 +42,7 @@ class Answer:
     cause: str = ""
 
 
-async def bounded_call(function: Any, *args: Any, executor: ThreadPoolExecutor, timeout_s: float) -> Any:
+async def bounded_call(function: Any, *args: Any, executor: Executor, timeout_s: float) -> Any:
     """``function(*args)`` awaited within ``timeout_s`` (``TimeoutError`` past it): a coroutine
     function on the running loop, a plain one in ``executor`` (whose thread, if it hangs, is
     abandoned)."""
@@ -56,7 +58,7 @@ class InProcessPool:
     def __init__(self, environment: Any, timeout_s: float, max_threads: int = 32) -> None:
         self.environment = environment
         self.timeout_s = timeout_s
-        self.executor = ThreadPoolExecutor(max_workers=max_threads, thread_name_prefix="corerl-env")
+        self.executor = DaemonThreadExecutor(max_threads, "corerl-env")  # a hung step cannot keep the process alive
         self.seconds = 0.0  # time spent answering, all calls
 
     async def _one(self, view: EpisodeView) -> Answer:
@@ -83,7 +85,7 @@ class InProcessPool:
             self.seconds += time.perf_counter() - start
 
     def shutdown(self) -> None:
-        self.executor.shutdown(wait=False, cancel_futures=True)  # a hung step's thread is not waited for
+        self.executor.shutdown(wait=False)  # a hung step's thread is not waited for
 
 
 class EnvironmentActor:

@@ -37,3 +37,5 @@ class AgentSettings(EnvironmentSettings):
 
     agent: str | None = setting(None, help="import path pkg.module:fn of play(row, client) -> reward (plain or async)")
     max_concurrent_episodes: int = setting(64, min=1, help="episodes played at once (their calls are batched)")
+    max_request_bytes: int | None = setting(None, min=1024, help="the endpoint refuses a larger request body with 413, "
+                                            "unread; unset: 64 KiB plus 64 bytes per token of policy.max_seq_length")
