@@ -20,3 +20,11 @@ def two_turn_agent(row: dict[str, Any], client: Any) -> float:
 
 def broken_agent(row: dict[str, Any], client: Any) -> float:
     raise RuntimeError("the harness crashed")
+
+
+def sleeping_agent(row: dict[str, Any], client: Any) -> float:
+    """A harness that never answers in time: it sleeps 20 s (ten times the test's timeout_s)."""
+    import time
+
+    time.sleep(20)
+    return 0.0

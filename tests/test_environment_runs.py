@@ -170,3 +170,32 @@ def test_episodes_run_on_every_generation_backend_and_with_packing(tmp_path, eng
     grpo = [r for r in rows if r["phase"] == "grpo"]
     assert max(r["env/turns"] for r in grpo) > 1.2 and sum(r["env/tool_calls"] for r in grpo) > 0
     assert max(r["logprob_mismatch/rms"] for r in grpo) < 1e-3
+
+
+def test_a_run_whose_episodes_hang_exits_within_seconds_of_its_error(tmp_path):
+    """Every episode's harness sleeps ten times env.openai_agent.timeout_s: the run fails past its
+    failure budget and the process ends right after its error line (the hung threads are daemons)."""
+    import time
+
+    from corerl.testing import write_recipe
+    from tests.test_agent_endpoint import TEMPLATE
+
+    recipe = write_recipe(tmp_path / "hang.yaml", {
+        "policy": {"model_name": "builtin:tiny-qwen2", "generation": {"backend": "hf", "max_new_tokens": 4},
+                   "max_seq_length": 64, "chat_template": TEMPLATE},
+        "algorithm": {"name": "grpo", "batch_size": 2, "num_generations_per_prompt": 2, "max_steps": 2},
+        "data": {"task": "tool_lookup", "env_name": "openai_agent"},
+        "env": {"openai_agent": {"agent": "tests.agent_harness:sleeping_agent", "timeout_s": 2, "max_failure_share": 0.5}},
+        "sft": {"enabled": False},
+        "run": {"output_dir": str(tmp_path), "name": "hang", "tensorboard": False},
+    })
+    proc = subprocess.Popen([str(CORERL), "run", str(recipe)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True, cwd=REPO, env=clean_env({"PYTHONPATH": str(REPO)}))
+    error_at = None
+    for line in proc.stderr:  # the one-line error, then the end of the stream when the process exits
+        if line.startswith("corerl:") and error_at is None:
+            error_at, error = time.monotonic(), line
+    proc.wait(timeout=60)
+    assert error_at is not None and proc.returncode == 1
+    assert "timeout" in error or "took longer" in error, error
+    assert time.monotonic() - error_at < 5, "the process outlived its error line by the hung episodes' sleep"

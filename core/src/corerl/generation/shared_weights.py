@@ -6,11 +6,19 @@ each tensor once into a file under ``/dev/shm`` that both processes map (``torch
 with ``shared=True``); only a small manifest (names, dtypes, shapes, offsets) crosses the
 process boundary, and the reader's tensors are views of the mapping: no copy on its side.
 Tensors that share storage (tied embeddings) are written once and named twice.
+
+The file is named after the process that writes it (``corerl-weights-<pid>-<random>``) and removed
+when the writer closes. A writer killed with SIGKILL cannot remove it; the next writer on the
+machine, and every run that starts a local Ray runtime, removes those whose process is gone
+(:func:`remove_stale_weight_files`), as Ray's stale session folders are removed
+(:mod:`corerl.distributed.ray_sessions`).
 """
 
 from __future__ import annotations
 
+import logging
 import os
+import re
 import tempfile
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -19,7 +27,11 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import torch
 
+log = logging.getLogger(__name__)
+
 _ALIGN = 64  # bytes: every tensor starts on a cache line
+_PREFIX = "corerl-weights-"
+_OWNED = re.compile(re.escape(_PREFIX) + r"(?P<pid>\d+)-")
 
 
 @dataclass(frozen=True)
@@ -39,7 +51,8 @@ class SharedWeightWriter:
     """The writing side: one file, grown when the weights outgrow it, removed by :meth:`close`."""
 
     def __init__(self) -> None:
-        handle, self.path = tempfile.mkstemp(prefix="corerl-weights-", dir=_shm_dir())
+        remove_stale_weight_files()
+        handle, self.path = tempfile.mkstemp(prefix=f"{_PREFIX}{os.getpid()}-", dir=_shm_dir())
         os.close(handle)
         self.size = 0
         self.buffer: Any = None
@@ -79,6 +92,30 @@ class SharedWeightWriter:
             os.unlink(self.path)
         except FileNotFoundError:
             pass
+
+
+def remove_stale_weight_files(directory: str | None = None) -> list[str]:
+    """Remove this user's weight files under ``directory`` (default: the shared-memory folder)
+    whose writing process is gone; returns the paths removed."""
+    import psutil
+
+    folder = directory or _shm_dir()
+    removed = []
+    for name in os.listdir(folder):
+        owner = _OWNED.match(name)
+        path = os.path.join(folder, name)
+        if owner is None or psutil.pid_exists(int(owner["pid"])):
+            continue
+        try:
+            if os.stat(path).st_uid != os.getuid():
+                continue
+            os.unlink(path)
+        except OSError:  # removed meanwhile, or not ours to remove
+            continue
+        removed.append(path)
+    if removed:
+        log.info("removed %d weight file(s) of killed runs from %s", len(removed), folder)
+    return removed
 
 
 def _view(buffer: torch.Tensor, dtype: torch.dtype, shape: tuple[int, ...], offset: int) -> torch.Tensor:
