@@ -99,13 +99,15 @@ def test_a_bfloat16_training_model_generates_with_the_static_cache_asked(tmp_pat
 def test_weight_files_whose_process_is_gone_are_removed_and_the_others_kept(tmp_path):
     import os
 
-    from corerl.generation.shared_weights import SharedWeightWriter, remove_stale_weight_files
+    from corerl.generation.shared_weights import SharedWeightWriter, remove_stale_shared_memory
 
     gone = int(open("/proc/sys/kernel/pid_max").read()) + 1  # no process ever has this id
     names = [f"corerl-weights-{gone}-abc", f"corerl-weights-{os.getpid()}-def", "corerl-weights-old", "other-1-x"]
     for name in names:
         (tmp_path / name).write_bytes(b"x")
-    assert remove_stale_weight_files(str(tmp_path)) == [str(tmp_path / names[0])]
+    (tmp_path / f"corerl-lora-{gone}-xyz" / "v1").mkdir(parents=True)  # the vLLM plugin's LoRA scratch folder
+    assert sorted(remove_stale_shared_memory(str(tmp_path))) == sorted(
+        [str(tmp_path / names[0]), str(tmp_path / f"corerl-lora-{gone}-xyz")])
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(names[1:])
     writer = SharedWeightWriter()  # named after the process that writes it
     try:

@@ -114,9 +114,9 @@ def ensure_ray(address: str | None, num_cpus_needed: int = 1) -> None:
     from corerl.distributed.ray_sessions import remove_stale_sessions
 
     remove_stale_sessions(Path(context.get_temp_dir()), keep=context.get_session_name())  # left by killed runs
-    from corerl.generation.shared_weights import remove_stale_weight_files
+    from corerl.generation.shared_weights import remove_stale_shared_memory
 
-    remove_stale_weight_files()  # a killed run's weights in shared memory, too
+    remove_stale_shared_memory()  # a killed run's weights in shared memory, too
 
 
 def remove_local_session(session_dir: str) -> None:

@@ -10,7 +10,7 @@ Tensors that share storage (tied embeddings) are written once and named twice.
 The file is named after the process that writes it (``corerl-weights-<pid>-<random>``) and removed
 when the writer closes. A writer killed with SIGKILL cannot remove it; the next writer on the
 machine, and every run that starts a local Ray runtime, removes those whose process is gone
-(:func:`remove_stale_weight_files`), as Ray's stale session folders are removed
+(:func:`remove_stale_shared_memory`), as Ray's stale session folders are removed
 (:mod:`corerl.distributed.ray_sessions`).
 """
 
@@ -31,7 +31,9 @@ log = logging.getLogger(__name__)
 
 _ALIGN = 64  # bytes: every tensor starts on a cache line
 _PREFIX = "corerl-weights-"
-_OWNED = re.compile(re.escape(_PREFIX) + r"(?P<pid>\d+)-")
+#: what corerl writes into shared memory, each named after the process that owns it: weight files,
+#: and the vLLM plugin's LoRA scratch folders (``corerl-lora-<pid>-...``)
+_OWNED = re.compile(r"corerl-(?:weights|lora)-(?P<pid>\d+)-")
 
 
 @dataclass(frozen=True)
@@ -51,7 +53,7 @@ class SharedWeightWriter:
     """The writing side: one file, grown when the weights outgrow it, removed by :meth:`close`."""
 
     def __init__(self) -> None:
-        remove_stale_weight_files()
+        remove_stale_shared_memory()
         handle, self.path = tempfile.mkstemp(prefix=f"{_PREFIX}{os.getpid()}-", dir=_shm_dir())
         os.close(handle)
         self.size = 0
@@ -94,9 +96,11 @@ class SharedWeightWriter:
             pass
 
 
-def remove_stale_weight_files(directory: str | None = None) -> list[str]:
-    """Remove this user's weight files under ``directory`` (default: the shared-memory folder)
-    whose writing process is gone; returns the paths removed."""
+def remove_stale_shared_memory(directory: str | None = None) -> list[str]:
+    """Remove this user's weight files and LoRA scratch folders under ``directory`` (default: the
+    shared-memory folder) whose owning process is gone; returns the paths removed."""
+    import shutil
+
     import psutil
 
     folder = directory or _shm_dir()
@@ -109,12 +113,15 @@ def remove_stale_weight_files(directory: str | None = None) -> list[str]:
         try:
             if os.stat(path).st_uid != os.getuid():
                 continue
-            os.unlink(path)
+            if os.path.isdir(path) and not os.path.islink(path):
+                shutil.rmtree(path)
+            else:
+                os.unlink(path)
         except OSError:  # removed meanwhile, or not ours to remove
             continue
         removed.append(path)
     if removed:
-        log.info("removed %d weight file(s) of killed runs from %s", len(removed), folder)
+        log.info("removed %d file(s) and folder(s) of killed runs from %s", len(removed), folder)
     return removed
 
 

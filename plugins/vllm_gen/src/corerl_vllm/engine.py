@@ -176,7 +176,9 @@ class VllmEngine:
         from corerl.sdk import write_adapter
 
         if getattr(self, "scratch", None) is None:
-            self.scratch = tempfile.mkdtemp(prefix="corerl-lora-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
+            # named after this process: a later run removes it if this one is killed (corerl.generation.shared_weights)
+            self.scratch = tempfile.mkdtemp(prefix=f"corerl-lora-{os.getpid()}-",
+                                            dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
         number = (self.adapter.lora_int_id + 1) if self.adapter is not None else 1
         folder = os.path.join(self.scratch, f"v{number}")
         write_adapter(folder, tensors, config)
