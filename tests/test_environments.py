@@ -431,3 +431,20 @@ def test_grpo_with_a_one_turn_environment_trains_exactly_as_the_single_turn_path
     single, multi = run(False), run(True)
     assert single == multi
     assert single[-1]["optimizer_step"] == 3.0 and single[0]["reward/mean"] != single[-1]["reward/mean"]
+
+
+def test_a_step_past_its_timeout_is_a_fault_and_its_thread_cannot_keep_the_process_alive():
+    """The in-process pool abandons a hung step on a daemon thread: the interpreter does not wait
+    for it at exit (a ThreadPoolExecutor's worker would be joined, keeping a failed run alive)."""
+    import threading
+
+    from corerl.environments.contract import EnvironmentSettings
+    from tests.environment_fixtures import Crashy
+
+    pool = InProcessPool(Crashy(EnvironmentContext(EnvironmentSettings(timeout_s=0.2), 0)), timeout_s=0.2)
+    answers = pool.answer([EpisodeView(row={"kind": "hang"}, turn=1, responses=("x",)),
+                           EpisodeView(row={"kind": "ok"}, turn=1, responses=("x",))])
+    assert answers[0].fault == "env_timeout" and answers[1].turn is not None
+    hung = [t for t in threading.enumerate() if t.name == "corerl-env" and t.is_alive()]
+    assert hung and all(t.daemon for t in hung)
+    pool.shutdown()
