@@ -448,3 +448,21 @@ def test_a_step_past_its_timeout_is_a_fault_and_its_thread_cannot_keep_the_proce
     hung = [t for t in threading.enumerate() if t.name == "corerl-env" and t.is_alive()]
     assert hung and all(t.daemon for t in hung)
     pool.shutdown()
+
+
+def test_the_daemon_executor_runs_every_call_on_at_most_its_threads():
+    import threading
+
+    from corerl.environments.daemon_threads import DaemonThreadExecutor
+
+    executor = DaemonThreadExecutor(3, "corerl-test")
+    release = threading.Event()
+    blocked = [executor.submit(release.wait, 5) for _ in range(3)]  # three workers busy
+    queued = [executor.submit(lambda i=i: i * i) for i in range(20)]  # wait for a free worker
+    assert len(executor.threads) == 3 and not any(f.done() for f in queued)
+    release.set()
+    assert [f.result(timeout=5) for f in queued] == [i * i for i in range(20)] and all(f.result() for f in blocked)
+    assert len(executor.threads) == 3 and all(t.daemon for t in executor.threads)
+    failing = executor.submit(int, "not a number")
+    assert isinstance(failing.exception(timeout=5), ValueError)
+    executor.shutdown(cancel_futures=True)

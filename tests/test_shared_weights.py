@@ -114,3 +114,14 @@ def test_weight_files_whose_process_is_gone_are_removed_and_the_others_kept(tmp_
         assert os.path.basename(writer.path).startswith(f"corerl-weights-{os.getpid()}-")
     finally:
         writer.close()
+    # a live writer in another PID namespace (a container sharing /dev/shm): the pid in its file's
+    # name means nothing here, the lock it holds does
+    import fcntl
+
+    foreign = tmp_path / f"corerl-weights-{gone}-live"
+    foreign.write_bytes(b"x")
+    owner = os.open(foreign, os.O_RDONLY)
+    fcntl.flock(owner, fcntl.LOCK_SH)
+    assert remove_stale_shared_memory(str(tmp_path)) == [] and foreign.exists()
+    os.close(owner)  # the owner is gone: so is its lock
+    assert remove_stale_shared_memory(str(tmp_path)) == [str(foreign)]

@@ -7,11 +7,12 @@ with ``shared=True``); only a small manifest (names, dtypes, shapes, offsets) cr
 process boundary, and the reader's tensors are views of the mapping: no copy on its side.
 Tensors that share storage (tied embeddings) are written once and named twice.
 
-The file is named after the process that writes it (``corerl-weights-<pid>-<random>``) and removed
-when the writer closes. A writer killed with SIGKILL cannot remove it; the next writer on the
-machine, and every run that starts a local Ray runtime, removes those whose process is gone
-(:func:`remove_stale_shared_memory`), as Ray's stale session folders are removed
-(:mod:`corerl.distributed.ray_sessions`).
+The file is named after the process that writes it (``corerl-weights-<pid>-<random>``), which holds
+a shared ``flock`` on it while it lives, and is removed when the writer closes. A writer killed with
+SIGKILL cannot remove it; the next writer on the machine, and every run that starts a local Ray
+runtime, removes those whose owner is gone (:func:`remove_stale_shared_memory`: no such process,
+and no lock held, so a live run in another PID namespace sharing ``/dev/shm`` keeps its files), as
+Ray's stale session folders are removed (:mod:`corerl.distributed.ray_sessions`).
 """
 
 from __future__ import annotations
@@ -53,9 +54,11 @@ class SharedWeightWriter:
     """The writing side: one file, grown when the weights outgrow it, removed by :meth:`close`."""
 
     def __init__(self) -> None:
+        import fcntl
+
         remove_stale_shared_memory()
-        handle, self.path = tempfile.mkstemp(prefix=f"{_PREFIX}{os.getpid()}-", dir=_shm_dir())
-        os.close(handle)
+        self.handle, self.path = tempfile.mkstemp(prefix=f"{_PREFIX}{os.getpid()}-", dir=_shm_dir())
+        fcntl.flock(self.handle, fcntl.LOCK_SH)  # held while this writer lives: the file is not stale
         self.size = 0
         self.buffer: Any = None
 
@@ -94,12 +97,16 @@ class SharedWeightWriter:
             os.unlink(self.path)
         except FileNotFoundError:
             pass
+        if self.handle is not None:
+            os.close(self.handle)
+            self.handle = None
 
 
 def remove_stale_shared_memory(directory: str | None = None) -> list[str]:
     """Remove this user's weight files and LoRA scratch folders under ``directory`` (default: the
     shared-memory folder) whose owning process is gone; returns the paths removed."""
     import shutil
+    import stat
 
     import psutil
 
@@ -111,9 +118,10 @@ def remove_stale_shared_memory(directory: str | None = None) -> list[str]:
         if owner is None or psutil.pid_exists(int(owner["pid"])):
             continue
         try:
-            if os.stat(path).st_uid != os.getuid():
+            info = os.lstat(path)
+            if info.st_uid != os.getuid() or stat.S_ISLNK(info.st_mode) or _locked(path):
                 continue
-            if os.path.isdir(path) and not os.path.islink(path):
+            if stat.S_ISDIR(info.st_mode):
                 shutil.rmtree(path)
             else:
                 os.unlink(path)
@@ -123,6 +131,21 @@ def remove_stale_shared_memory(directory: str | None = None) -> list[str]:
     if removed:
         log.info("removed %d file(s) and folder(s) of killed runs from %s", len(removed), folder)
     return removed
+
+
+def _locked(path: str) -> bool:
+    """Whether a live process holds a lock on ``path`` (a file or folder): its owner, maybe in
+    another PID namespace, where the pid in its name means nothing."""
+    import fcntl
+
+    handle = os.open(path, os.O_RDONLY)
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(handle)
+    return False
 
 
 def _view(buffer: torch.Tensor, dtype: torch.dtype, shape: tuple[int, ...], offset: int) -> torch.Tensor:

@@ -176,9 +176,14 @@ class VllmEngine:
         from corerl.sdk import write_adapter
 
         if getattr(self, "scratch", None) is None:
-            # named after this process: a later run removes it if this one is killed (corerl.generation.shared_weights)
+            import fcntl
+
+            # named after this process and locked while it lives: a later run removes it only once
+            # this one is gone (corerl.generation.shared_weights.remove_stale_shared_memory)
             self.scratch = tempfile.mkdtemp(prefix=f"corerl-lora-{os.getpid()}-",
                                             dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
+            self.scratch_lock = os.open(self.scratch, os.O_RDONLY)
+            fcntl.flock(self.scratch_lock, fcntl.LOCK_SH)
         number = (self.adapter.lora_int_id + 1) if self.adapter is not None else 1
         folder = os.path.join(self.scratch, f"v{number}")
         write_adapter(folder, tensors, config)
@@ -210,6 +215,7 @@ class VllmEngine:
             import shutil
 
             shutil.rmtree(self.scratch, ignore_errors=True)
+            os.close(self.scratch_lock)
             self.scratch = None
         if self.llm is not None:
             engine = getattr(self.llm, "llm_engine", None)
