@@ -209,16 +209,24 @@ def test_every_backend_call_runs_on_the_workers_one_engine_thread_whichever_thre
     config = config_from_mapping({"policy": {"model_name": model_dir, "generation": {"backend": "hf"}}},
                                  PluginHost(discover=False, env={}))
     worker = GenerationWorker(hf_registration(), config, threads=None, in_flight="wait")
-    worker.load_hf(model_dir)
-    forwards: set[int] = set()
-    worker.backend.model.register_forward_pre_hook(lambda module, args: forwards.add(threading.get_ident()))
+    engine: set[int] = set()  # the threads that ran the backend's forwards and its methods
+    for method in ("load_hf", "update_weights", "generate", "shutdown"):
+        original = getattr(worker.backend, method)
+
+        def recorded(*args, _original=original, **kwargs):
+            engine.add(threading.get_ident())
+            return _original(*args, **kwargs)
+
+        setattr(worker.backend, method, recorded)
     with ThreadPoolExecutor(max_workers=2) as callers:
+        callers.submit(worker.load_hf, model_dir).result()
+        worker.backend.model.register_forward_pre_hook(lambda module, args: engine.add(threading.get_ident()))
         asked = {callers.submit(lambda: (worker.generate([[1, 2]], SAMPLING, 1), threading.get_ident())[1]).result()
                  for _ in range(4)}
         callers.submit(worker.update_weights, flat_weights(model_dir), 1).result()
-    assert len(forwards) == 1 and not forwards & (asked | {threading.get_ident()})
+        callers.submit(worker.shutdown).result()
+    assert len(engine) == 1 and not engine & (asked | {threading.get_ident()})
     assert worker.version == 1
-    worker.shutdown()
 
 
 # -- importance-sampling correction ------------------------------------------------------------------

@@ -144,14 +144,18 @@ def test_past_max_generation_failures_the_run_stops_in_one_line(tmp_path):
 ASYNC_KILL_POINTS = ["grpo:step:1", "folder:step_000004:filled", "grpo:step:3", "grpo:step:5"]
 
 
-def _kill_at(tmp_path: Path, point: str, args: list[str]) -> int:
-    """The run killed (SIGKILL, its whole process group) at ``point``; the killed driver's pid."""
+def _kill_at(tmp_path: Path, point: str, args: list[str]) -> tuple[int, list[Path]]:
+    """The run killed (SIGKILL, its whole process group) at ``point``: the killed driver's pid, and
+    its weight files in shared memory seen just before the kill."""
+    from corerl.generation.shared_weights import _shm_dir
+
     markers = tmp_path / f"markers-{point.replace(':', '_')}"
     proc = start_held(tmp_path, markers, point, args)
     wait_for_marker(markers, point, proc)
+    weight_files = list(Path(_shm_dir()).glob(f"corerl-weights-{proc.pid}-*"))
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait(timeout=30)
-    return proc.pid
+    return proc.pid, weight_files
 
 
 def test_an_async_run_killed_at_every_stage_ends_like_an_uninterrupted_one(tmp_path):
@@ -173,10 +177,8 @@ def test_a_sigkilled_async_run_resumes_from_where_its_buffer_stood(tmp_path):
             "checkpointing.enabled=true", "checkpointing.save_period=2", "checkpointing.keep_last=1"]
     # killed after GRPO step 3 is logged (its checkpoint, at step 2 of GRPO, holds the buffer's position),
     # with generation one batch ahead
-    from corerl.generation.shared_weights import _shm_dir
-
-    killed = _kill_at(tmp_path, "grpo:step:3", args)
-    assert list(Path(_shm_dir()).glob(f"corerl-weights-{killed}-*"))  # the killed driver's weights stayed behind
+    killed, weight_files = _kill_at(tmp_path, "grpo:step:3", args)
+    assert weight_files  # the driver had pushed weights through shared memory when it was killed
     state = json.loads(next((tmp_path / "killed" / "checkpoints").glob("step_*/async_state.json")).read_text())
     # at the checkpoint after GRPO step 2, batches 0 and 1 were trained: a resumed run draws from batch 2,
     # and nothing of it or later batches had been trained
@@ -187,7 +189,7 @@ def test_a_sigkilled_async_run_resumes_from_where_its_buffer_stood(tmp_path):
     got = rows(tmp_path / "killed")
     assert [r["step"] for r in got] == [1, 2, 3, 4, 5, 6]
     assert max(age for r in got for age in r["async/staleness"]) <= 1
-    assert not list(Path(_shm_dir()).glob(f"corerl-weights-{killed}-*"))  # the next run removed them
+    assert not any(path.exists() for path in weight_files)  # a later run removed them (the killer cannot)
 
 
 def test_multi_turn_episodes_of_several_batches_play_at_once_against_the_dedicated_worker(tmp_path):

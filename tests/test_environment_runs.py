@@ -189,13 +189,24 @@ def test_a_run_whose_episodes_hang_exits_within_seconds_of_its_error(tmp_path):
         "sft": {"enabled": False},
         "run": {"output_dir": str(tmp_path), "name": "hang", "tensorboard": False},
     })
+    import threading
+
     proc = subprocess.Popen([str(CORERL), "run", str(recipe)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             text=True, cwd=REPO, env=clean_env({"PYTHONPATH": str(REPO)}))
-    error_at = None
-    for line in proc.stderr:  # the one-line error, then the end of the stream when the process exits
-        if line.startswith("corerl:") and error_at is None:
-            error_at, error = time.monotonic(), line
-    proc.wait(timeout=60)
-    assert error_at is not None and proc.returncode == 1
+    seen: list[tuple[float, str]] = []
+
+    def read() -> None:  # the one-line error, with when it came
+        seen.extend((time.monotonic(), line) for line in proc.stderr if line.startswith("corerl:"))
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        proc.wait(timeout=90)
+    finally:
+        proc.kill()
+    ended = time.monotonic()
+    reader.join(5)
+    assert seen and proc.returncode == 1, seen
+    error_at, error = seen[0]
     assert "timeout" in error or "took longer" in error, error
-    assert time.monotonic() - error_at < 5, "the process outlived its error line by the hung episodes' sleep"
+    assert ended - error_at < 5, "the process outlived its error line by the hung episodes' sleep"

@@ -60,7 +60,9 @@ class GenerationConfig:
     top_k: int | None = setting(None, min=1, help="sample among the k likeliest tokens; unset: all")
     stop_strings: list[str] | None = setting(None, help="a completion ends after any of these strings (kept in it)")
     stop_token_ids: list[int] | None = setting(None, help="a completion ends at any of these tokens (besides the tokenizer's end of sequence)")
-    ignore_eos: bool = setting(False, help="every completion runs to max_new_tokens: no token ends it (equal work in benchmarks; stop_strings still cut it)")
+    ignore_eos: bool = setting(False, help="every completion runs to max_new_tokens: no token ends it (equal work in "
+                               "benchmarks; stop_strings still cut it). hf never samples the stop tokens then (as "
+                               "transformers' min_new_tokens does); vllm and megatron sample them and go on")
     hf_kv_cache: Literal["auto", "dynamic", "static"] = setting(
         "auto", help="hf backend: the KV cache of generate(); auto: static on a GPU, dynamic on CPU")
     colocated: ColocatedConfig = section(ColocatedConfig)

@@ -42,6 +42,7 @@ from corerl.generation.contract import Sample, SamplingSettings
 
 MODEL_NAME = "corerl-policy"
 LISTEN_BACKLOG = 1024  # connections the kernel queues before the server accepts them (http.server's default: 5)
+DISCARDED_BYTES = 8 << 20  # of a refused body, read and dropped so the refusal reaches the client
 
 
 def default_max_request_bytes(max_seq_length: int) -> int:
@@ -78,6 +79,7 @@ class EpisodeRecord:
     calls: int = 0
     hit_length_limit: bool = False
     lock: threading.Lock = attrs.field(factory=threading.Lock, eq=False, repr=False)  # one call of the episode at a time
+    closed: bool = False  # set under lock by close_episode: a late call changes nothing after it
 
 
 @attrs.define
@@ -137,8 +139,12 @@ class ChatEndpoint:
         return f"http://127.0.0.1:{self.port}/episodes/{episode}/v1"
 
     def close_episode(self, episode: str) -> EpisodeRecord:
+        """The episode's record, final: a call of it still in progress ends first, later ones get 404."""
         with self.lock:
-            return self.episodes.pop(episode)
+            record = self.episodes.pop(episode)
+        with record.lock:
+            record.closed = True
+        return record
 
     def body_limit(self) -> int:
         """The largest request body this endpoint reads, in bytes."""
@@ -157,6 +163,8 @@ class ChatEndpoint:
         if record is None:
             raise KeyError(episode)
         with record.lock:  # this episode's calls in order; other episodes' calls go on meanwhile
+            if record.closed:
+                raise KeyError(episode)
             return self._answer(episode, record, messages, request)
 
     def _answer(self, episode: str, record: EpisodeRecord, messages: list[dict[str, Any]],
@@ -340,8 +348,29 @@ def _handler(endpoint: ChatEndpoint) -> type[BaseHTTPRequestHandler]:
                 self._error(413, f"the request body is {length} bytes, over this endpoint's {limit} "
                                  "(env.openai_agent.max_request_bytes): the conversation cannot fit "
                                  "policy.max_seq_length anyway", "invalid_request_error")
+                self._discard_unread()
                 return None
             return self.rfile.read(length) if length > 0 else b""
+
+        def _discard_unread(self) -> None:
+            """After a refusal: end our side, then read and drop what the client still sends (at
+            most :data:`DISCARDED_BYTES`, for at most two seconds), so that closing the socket with
+            unread bytes does not reset the connection before the client has read the answer."""
+            import socket
+            import time
+
+            self.wfile.flush()
+            try:
+                self.connection.shutdown(socket.SHUT_WR)
+                deadline, dropped = time.monotonic() + 2.0, 0
+                while dropped < DISCARDED_BYTES and (left := deadline - time.monotonic()) > 0:
+                    self.connection.settimeout(left)
+                    chunk = self.connection.recv(1 << 16)
+                    if not chunk:
+                        break
+                    dropped += len(chunk)
+            except OSError:  # the client is gone or slow: it has the answer or never will
+                pass
 
     return Handler
 

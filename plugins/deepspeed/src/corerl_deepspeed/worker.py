@@ -130,10 +130,12 @@ class DeepSpeedWorker(RankWorker):
         if self.settings.zero_stage != 3:
             log.info("deepspeed rank %d: offloading between phases needs ZeRO-3 (DeepSpeed's offload_states)", self.rank)
             return
-        inner = type(getattr(self.engine.optimizer, "optimizer", None)).__name__
-        if inner != "FusedAdam":  # DeepSpeed's offload_states asserts on any other optimizer
-            log.info("deepspeed rank %d: DeepSpeed offloads ZeRO-3 states only for its FusedAdam, not %s: the "
-                     "states stay on the GPU", self.rank, inner)
+        from deepspeed.ops.adam.fused_adam import FusedAdam
+
+        inner = type(getattr(self.engine.optimizer, "optimizer", None))
+        if inner is not FusedAdam:  # DeepSpeed's offload_states asserts on any other optimizer
+            log.warning("deepspeed rank %d: DeepSpeed offloads ZeRO-3 states only for its FusedAdam, not %s: the "
+                        "states stay on the GPU between phases", self.rank, inner.__name__)
             return
         if device.type != "cpu":
             self.engine.reload_states()
