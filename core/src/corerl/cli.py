@@ -135,10 +135,10 @@ def _internal_error_line(exc: BaseException) -> str:
     import traceback
 
     from corerl.distributed.remote_errors import remote_origin
+    from corerl.failures import first_line
 
-    lines = [line for line in str(exc).splitlines() if line.strip()]
-    if lines:
-        return f"{type(exc).__name__}: {lines[0]}"
+    if str(exc).strip():
+        return first_line(exc)
     origin = remote_origin(exc)
     if origin is None and exc.__traceback__ is not None:
         frame = traceback.extract_tb(exc.__traceback__)[-1]
