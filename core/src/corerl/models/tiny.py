@@ -1,4 +1,4 @@
-"""Tiny Qwen2/Llama-style models and a word-level tokenizer, built in code and saved in
+"""Tiny Qwen2/Llama-style models, tiny Qwen3-MoE/Mixtral mixtures of experts, and a word-level tokenizer, built in code and saved in
 Hugging Face format, for tests, benchmarks and the offline demo.
 
 torch, transformers and tokenizers are imported inside the functions.
@@ -14,7 +14,14 @@ SPECIAL_TOKENS = ["<pad>", "<unk>", "<bos>", "<eos>"]
 #: ``policy.model_name: builtin:...`` -> the shape :func:`build_tiny_model` builds into the run directory
 BUILTIN_MODELS: dict[str, dict[str, Any]] = {
     "builtin:tiny-qwen2": dict(hidden_size=128, num_layers=2, num_heads=4, num_kv_heads=2, vocab_size=128),
+    # 8 experts, top-2; head_dim 64 because vLLM's CPU attention takes no smaller head
+    "builtin:tiny-moe": dict(family="qwen3_moe", hidden_size=128, num_layers=2, num_heads=4, num_kv_heads=2,
+                             head_dim=64, vocab_size=128, num_experts=8, experts_per_token=2,
+                             expert_intermediate_size=128),
 }
+
+#: the families :func:`build_tiny_model` builds; the mixtures of experts take ``num_experts``
+MOE_FAMILIES = ("qwen3_moe", "mixtral")
 
 
 #: words that spell a Hermes tool call of the ``lookup`` tool, and its result, when joined by spaces
@@ -45,46 +52,73 @@ def build_tokenizer(vocab_size: int = 128) -> Any:
     )
 
 
-def build_tiny_model(
-    out_dir: str | Path,
+def tiny_hf_config(
     *,
     family: str = "qwen2",
     hidden_size: int = 64,
     num_layers: int = 2,
     num_heads: int = 4,
     num_kv_heads: int = 2,
+    head_dim: int | None = None,
     intermediate_size: int | None = None,
     vocab_size: int = 128,
     max_positions: int = 2048,
     tie_word_embeddings: bool = True,
     initializer_range: float = 0.02,
-    seed: int = 0,
-) -> Path:
-    """Build a randomly initialised causal LM plus tokenizer and save both to ``out_dir``."""
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
-
-    families = {"qwen2": (Qwen2Config, Qwen2ForCausalLM), "llama": (LlamaConfig, LlamaForCausalLM)}
+    num_experts: int = 8,
+    experts_per_token: int = 2,
+    expert_intermediate_size: int | None = None,
+) -> dict[str, Any]:
+    """The ``config.json`` dict of a tiny model (what :func:`build_tiny_model` builds), without
+    torch or transformers: validation and ``corerl plan`` read a built-in model's facts from it.
+    ``num_experts``, ``experts_per_token`` and ``expert_intermediate_size`` apply to the
+    mixture-of-experts families (:data:`MOE_FAMILIES`) only."""
+    families = {"qwen2": "qwen2", "llama": "llama", "qwen3_moe": "qwen3_moe", "mixtral": "mixtral"}
     if family not in families:
         raise ValueError(f"unknown tiny model family {family!r}; known: {', '.join(families)}")
-    config_cls, model_cls = families[family]
-    tokenizer = build_tokenizer(vocab_size)
-    config = config_cls(
+    ids = {word: i for i, word in enumerate(tiny_vocabulary(vocab_size))}
+    config: dict[str, Any] = dict(
+        model_type=families[family],
         hidden_size=hidden_size,
         intermediate_size=intermediate_size or 2 * hidden_size,
         num_hidden_layers=num_layers,
         num_attention_heads=num_heads,
         num_key_value_heads=num_kv_heads,
+        head_dim=head_dim or hidden_size // num_heads,
         vocab_size=vocab_size,
         max_position_embeddings=max_positions,
         tie_word_embeddings=tie_word_embeddings,
-        pad_token_id=tokenizer.pad_token_id,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=ids["<pad>"],
+        bos_token_id=ids["<bos>"],
+        eos_token_id=ids["<eos>"],
         initializer_range=initializer_range,
     )
+    experts = expert_intermediate_size or hidden_size
+    if family == "qwen3_moe":
+        config.update(num_experts=num_experts, num_experts_per_tok=experts_per_token, moe_intermediate_size=experts,
+                      decoder_sparse_step=1, norm_topk_prob=True)
+    elif family == "mixtral":  # every layer routes; intermediate_size is the experts' size
+        config.update(num_local_experts=num_experts, num_experts_per_tok=experts_per_token, intermediate_size=experts)
+    return config
+
+
+def builtin_hf_config(name: str) -> dict[str, Any]:
+    """The ``config.json`` dict of the built-in model ``name`` (a key of :data:`BUILTIN_MODELS`)."""
+    return tiny_hf_config(**BUILTIN_MODELS[name])
+
+
+def build_tiny_model(out_dir: str | Path, *, seed: int = 0, **shape: Any) -> Path:
+    """Build a randomly initialised causal LM (the keywords of :func:`tiny_hf_config`: a dense
+    Qwen2/Llama, or a Qwen3-MoE/Mixtral mixture of experts) plus tokenizer, and save both to
+    ``out_dir``."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    values = tiny_hf_config(**shape)
+    tokenizer = build_tokenizer(values["vocab_size"])
+    config = AutoConfig.for_model(**values)
     torch.manual_seed(seed)
-    model = model_cls(config)
+    model = AutoModelForCausalLM.from_config(config)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)

@@ -13,10 +13,16 @@ import attrs
 from corerl.errors import ConfigError
 
 
+#: ``config.json`` keys that name a mixture-of-experts model's routed experts, by family
+EXPERT_COUNT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts")
+
+
 @attrs.frozen
 class ModelShape:
-    """A dense Llama/Qwen2-style decoder: sizes, tying, biases, and the parameter counts derived
-    from them (exact for those families: the same arithmetic the weights add up to)."""
+    """A Llama/Qwen2-style decoder, dense or a mixture of experts (Qwen2/3-MoE, Mixtral,
+    DeepSeek-style): sizes, tying, biases, the experts, and the parameter counts derived from them
+    (exact for the dense Llama/Qwen2 and the Qwen3-MoE/Mixtral families: the same arithmetic the
+    weights add up to). ``experts`` is 0 on a dense model."""
 
     hidden: int
     layers: int
@@ -29,6 +35,17 @@ class ModelShape:
     qkv_bias: bool
     max_positions: int = 4096
     name: str = "model"
+    experts: int = 0
+    experts_per_token: int = 0
+    expert_intermediate: int = 0
+    shared_experts: int = 0
+    moe_layers: int = 0
+    qk_norm: bool = False
+
+    @property
+    def is_moe(self) -> bool:
+        """Whether the model routes tokens to experts (a dense model is one with no experts)."""
+        return self.experts > 1
 
     @classmethod
     def from_hf_config(cls, config: Mapping[str, Any], name: str = "model") -> ModelShape:
@@ -36,13 +53,21 @@ class ModelShape:
         try:
             heads = int(config["num_attention_heads"])
             hidden = int(config["hidden_size"])
+            layers = int(config["num_hidden_layers"])
             qkv_bias = config.get("attention_bias", config.get("model_type") == "qwen2")
-            return cls(hidden=hidden, layers=int(config["num_hidden_layers"]), heads=heads,
+            experts = next((int(config[k]) for k in EXPERT_COUNT_KEYS if config.get(k)), 0)
+            expert_intermediate = int(config.get("moe_intermediate_size") or config["intermediate_size"])
+            return cls(hidden=hidden, layers=layers, heads=heads,
                        kv_heads=int(config.get("num_key_value_heads") or heads),
                        head_dim=int(config.get("head_dim") or hidden // heads),
                        intermediate=int(config["intermediate_size"]), vocab=int(config["vocab_size"]),
                        tied=bool(config.get("tie_word_embeddings", False)), qkv_bias=bool(qkv_bias),
-                       max_positions=int(config.get("max_position_embeddings") or 4096), name=name)
+                       max_positions=int(config.get("max_position_embeddings") or 4096), name=name,
+                       experts=experts, experts_per_token=int(config.get("num_experts_per_tok") or 0),
+                       expert_intermediate=expert_intermediate if experts else 0,
+                       shared_experts=int(config.get("n_shared_experts") or 0),
+                       moe_layers=_moe_layer_count(config, layers) if experts else 0,
+                       qk_norm=config.get("model_type", "").startswith("qwen3"))
         except KeyError as exc:
             raise ConfigError(f"{name}: config.json lacks {exc.args[0]!r}, which the memory estimate needs",
                               hint="corerl plan reads dense Llama/Qwen2-style decoders") from None
@@ -61,13 +86,12 @@ class ModelShape:
         """The shape of ``policy.model_name``: a built-in model's spec, or a checkpoint folder."""
         from corerl.models.tiny import BUILTIN_MODELS
 
+        from corerl.models.tiny import builtin_hf_config
+
         spec = BUILTIN_MODELS.get(model_name)
         if spec is None:
             return cls.from_folder(model_name)
-        hidden, heads = spec["hidden_size"], spec["num_heads"]
-        return cls(hidden=hidden, layers=spec["num_layers"], heads=heads, kv_heads=spec["num_kv_heads"],
-                   head_dim=hidden // heads, intermediate=2 * hidden, vocab=spec["vocab_size"], tied=True,
-                   qkv_bias=True, max_positions=2048, name=model_name)
+        return cls.from_hf_config(builtin_hf_config(model_name), name=model_name)
 
     # -- parameter counts ------------------------------------------------------------------
 
@@ -83,13 +107,55 @@ class ModelShape:
         return self.hidden * (q + 2 * kv) + bias + q * self.hidden
 
     @property
-    def mlp(self) -> int:
+    def dense_mlp(self) -> int:
+        """One dense MLP's weights (gate, up, down)."""
         return 3 * self.hidden * self.intermediate
 
     @property
+    def expert(self) -> int:
+        """One routed expert's weights (gate, up, down)."""
+        return 3 * self.hidden * self.expert_intermediate
+
+    @property
+    def routed_experts(self) -> int:
+        """All routed experts of one MoE layer: what expert parallelism divides."""
+        return self.experts * self.expert
+
+    @property
+    def router(self) -> int:
+        """One MoE layer's router (a linear map from the hidden state to a score per expert)."""
+        return self.hidden * self.experts
+
+    @property
+    def mlp(self) -> float:
+        """The MLP weights of an average layer: a dense MLP, or a MoE layer's experts, shared
+        experts and router (MoE layers and dense ones averaged over the decoder)."""
+        if not self.is_moe:
+            return self.dense_mlp
+        moe = self.routed_experts + self.shared_experts * self.expert + self.router
+        dense_layers = self.layers - self.moe_layers
+        return (self.moe_layers * moe + dense_layers * self.dense_mlp) / self.layers
+
+    def mlp_split(self, expert_parallel: int = 1) -> float:
+        """MLP weights per layer on one rank when the routed experts are split over
+        ``expert_parallel`` ranks (the router and shared experts stay whole)."""
+        if not self.is_moe:
+            return self.mlp
+        return self.mlp - self.moe_layers * self.routed_experts * (1 - 1 / expert_parallel) / self.layers
+
+    @property
+    def active_parameters(self) -> int:
+        """Parameters one token passes through (its top-k experts, not all of them)."""
+        if not self.is_moe:
+            return self.parameters
+        idle = self.moe_layers * (self.experts - self.experts_per_token) * self.expert
+        return self.parameters - idle
+
+    @property
     def layer_norms(self) -> int:
-        """The two norms of a layer: replicated across tensor-parallel ranks."""
-        return 2 * self.hidden
+        """The two norms of a layer (and Qwen3's query/key norms): replicated across
+        tensor-parallel ranks."""
+        return 2 * self.hidden + (2 * self.head_dim if self.qk_norm else 0)
 
     @property
     def per_layer(self) -> int:
@@ -103,7 +169,7 @@ class ModelShape:
     @property
     def parameters(self) -> int:
         """Every parameter: embedding, layers, final norm and (untied) output projection."""
-        return self.embedding + self.layers * self.per_layer + self.hidden + self.output_layer
+        return round(self.embedding + self.layers * self.per_layer + self.hidden + self.output_layer)
 
     def replicated(self, layers: int | None = None) -> int:
         """Parameters tensor parallelism does not split in ``layers`` layers (their norms, and the
@@ -115,4 +181,16 @@ class ModelShape:
         return 2 * self.layers * self.kv_heads * self.head_dim * dtype_bytes
 
     def describe(self) -> str:
-        return f"{self.name}: {self.parameters / 1e9:.2f}B parameters ({self.layers} layers, hidden {self.hidden})"
+        experts = (f", {self.experts} experts, top-{self.experts_per_token}, "
+                   f"{self.active_parameters / 1e9:.2f}B active" if self.is_moe else "")
+        return (f"{self.name}: {self.parameters / 1e9:.2f}B parameters ({self.layers} layers, hidden "
+                f"{self.hidden}{experts})")
+
+
+def _moe_layer_count(config: Mapping[str, Any], layers: int) -> int:
+    """How many decoder layers route to experts: Qwen's ``decoder_sparse_step`` and
+    ``mlp_only_layers``, DeepSeek's ``first_k_dense_replace``; every layer otherwise (Mixtral)."""
+    step = int(config.get("decoder_sparse_step") or 1)
+    dense = set(config.get("mlp_only_layers") or [])
+    first_dense = int(config.get("first_k_dense_replace") or 0)
+    return sum(1 for i in range(layers) if i not in dense and i >= first_dense and (i + 1) % step == 0)
