@@ -38,7 +38,7 @@ from corerl.hookspecs import CONTRACT_VERSION, hookimpl
 from corerl.import_paths import code_runner_problem
 from corerl.lora.adapter import adapter_tensors, is_adapter_name, lora_enabled, write_adapter
 from corerl.lora.weights import AdapterWeights
-from corerl.models.facts import check_tensor_parallel, model_shape
+from corerl.models.facts import check_expert_parallel, check_tensor_parallel, model_shape
 from corerl.models.tokenizer import load_tokenizer_folder
 from corerl.models.value_model import load_pretrained, model_values, shift_values
 from corerl.planning.memory import (
@@ -114,7 +114,7 @@ __all__ = [
     "load_plain", "is_complete", "write_complete", "parallel_sizes_divide_world", "resolve", "local_gpu_index",
     "runs_here_without_gpu", "dedicated_generation_layout", "barrier", "free_port", "choose_tokens",
     "cut_at_stop_strings", "SharedWeightWriter", "read_shared", "code_runner_problem", "shift_values",
-    "copy_tokenizer", "write_hf_checkpoint", "load_tokenizer_folder", "model_shape", "check_tensor_parallel", "token_logprobs", "move_optimizer_state", "register_segment_attention",
+    "copy_tokenizer", "write_hf_checkpoint", "load_tokenizer_folder", "model_shape", "check_tensor_parallel", "check_expert_parallel", "token_logprobs", "move_optimizer_state", "register_segment_attention",
 ]
 
 

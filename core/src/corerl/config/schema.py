@@ -119,6 +119,26 @@ class LoraConfig:
 
 
 @attrs.define(kw_only=True)
+class MoeConfig:
+    """``policy.moe``: how a mixture-of-experts policy's router trains (ignored on a dense model,
+    except that a setting that only means something for experts is refused there). Every training
+    backend that takes MoE models acts on these; NeMo RL's ``policy.megatron_cfg.moe_*`` keys and
+    ``freeze_moe_router`` map here (see docs/moe.md)."""
+
+    freeze_router: bool = setting(True, help="keep each MoE layer's router weights fixed (NeMo RL's freeze_moe_router, "
+                                             "on by default as there)")
+    load_balancing_type: Literal["none", "aux_loss", "seq_aux_loss"] = setting(
+        "none", help="the load-balancing loss: none, aux_loss (over the micro-batch's tokens, Switch-style) or "
+                     "seq_aux_loss (per sequence); weighted by aux_loss_coeff")
+    aux_loss_coeff: float = setting(0.0, min=0.0, help="weight of the load-balancing loss in the training loss")
+    z_loss_coeff: float = setting(0.0, min=0.0, help="weight of the router z-loss (mean squared log-sum-exp of the "
+                                                    "router logits)")
+    router_replay: Literal["none", "r2", "r3"] = setting(
+        "none", help="route training tokens as before: r2 records the experts chosen while scoring the old-policy "
+                     "logprobs, r3 takes those the generation engine chose; none routes afresh")
+
+
+@attrs.define(kw_only=True)
 class OffloadConfig:
     """``policy.offload``: what leaves the accelerator between phases."""
 
@@ -168,6 +188,7 @@ class PolicyConfig:
     offload: OffloadConfig = section(OffloadConfig)
     reference: ReferenceConfig = section(ReferenceConfig)
     lora: LoraConfig = section(LoraConfig)
+    moe: MoeConfig = section(MoeConfig)
 
     def tokenizer_path(self, model_path: str) -> str:
         """Where the tokenizer loads from: ``tokenizer_name``, unless it is unset or names the model

@@ -1,11 +1,14 @@
 """What validation can know of the policy model before anything starts, from its ``config.json``
-(or a built-in model's spec): the longest sequence it takes, whether its heads divide a
-tensor-parallel size. Read once per check, without torch or transformers; a model that is not
-local (or not a dense decoder the shape reader knows) is not checked here."""
+(or a built-in model's spec) with ``policy.hf_config_overrides`` laid over it: the longest
+sequence it takes, whether its heads divide a tensor-parallel size, whether it is a mixture of
+experts and how many experts an expert-parallel size must divide. Read once per check, without
+torch or transformers; a model that is not local (or not a decoder the shape reader knows) is not
+checked here."""
 
 from __future__ import annotations
 
 import functools
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -22,17 +25,25 @@ def model_shape(config: Any) -> Any | None:
         stamp = os.stat(Path(name) / "config.json").st_mtime_ns
     except OSError:
         stamp = None  # a built-in model, or nothing local to read
-    return _shape_of(name, stamp)
+    overrides = config.core.policy.hf_config_overrides or {}
+    return _shape_of(name, stamp, json.dumps(dict(overrides), sort_keys=True, default=str))
 
 
 @functools.lru_cache(maxsize=8)
-def _shape_of(name: str, stamp: int | None) -> Any | None:
-    """``name``'s shape as its ``config.json`` stood at modification time ``stamp``."""
+def _shape_of(name: str, stamp: int | None, overrides: str) -> Any | None:
+    """``name``'s shape as its ``config.json`` stood at modification time ``stamp``, with the
+    ``overrides`` (JSON) laid over it."""
+    from corerl.models.tiny import BUILTIN_MODELS, builtin_hf_config
     from corerl.planning.shape import ModelShape
 
     try:
-        return ModelShape.of_model(name)
-    except (ConfigError, OSError, ValueError):
+        if name in BUILTIN_MODELS:
+            values = builtin_hf_config(name)
+        else:
+            values = json.loads((Path(name) / "config.json").read_text())
+        values.update(json.loads(overrides))
+        return ModelShape.from_hf_config(values, name=name)
+    except (ConfigError, OSError, ValueError, TypeError, AttributeError):
         return None
 
 
@@ -57,8 +68,55 @@ def check_tensor_parallel(config: Any, size: int, key: str) -> None:
                           hint=f"use one of {', '.join(map(str, fitting))}")
 
 
+def check_expert_parallel(config: Any, size: int, key: str) -> None:
+    """Refuse, at ``key``, an expert-parallel ``size`` above 1 on a dense local model, or one that
+    does not divide the model's routed experts or the training world size."""
+    if size <= 1:
+        return
+    world = config.core.cluster.world_size
+    if world % size:
+        raise ConfigError(f"expert parallelism over {size} ranks does not divide the {world} training ranks",
+                          key=key, hint=f"use a divisor of {world}")
+    shape = model_shape(config)
+    if shape is None:
+        return
+    if not shape.is_moe:
+        raise ConfigError(f"expert parallelism needs a mixture-of-experts model; {_source(config)} is a dense model "
+                          "(no routed experts)", key=key, hint="set it to 1")
+    if shape.experts % size:
+        fitting = [n for n in range(1, shape.experts + 1) if shape.experts % n == 0 and world % n == 0]
+        raise ConfigError(f"{size} ranks cannot hold the model's {shape.experts} experts evenly ({_source(config)})",
+                          key=key, hint=f"use one of {', '.join(map(str, fitting))}")
+
+
+def check_moe_settings(config: Any) -> None:
+    """Refuse router settings (``policy.moe``) that mean nothing for the local model: any of them
+    on a dense model, and a top-k above the number of experts."""
+    shape = model_shape(config)
+    if shape is None:
+        return
+    moe = config.core.policy.moe
+    if not shape.is_moe:
+        for key, value, default in (("router_replay", moe.router_replay, "none"),
+                                    ("load_balancing_type", moe.load_balancing_type, "none"),
+                                    ("aux_loss_coeff", moe.aux_loss_coeff, 0.0),
+                                    ("z_loss_coeff", moe.z_loss_coeff, 0.0)):
+            if value != default:
+                raise ConfigError(f"{key}={value} acts on a mixture-of-experts router; {_source(config)} is a dense "
+                                  "model", key=f"policy.moe.{key}", hint=f"remove the key (default {default})")
+        return
+    if shape.experts_per_token > shape.experts:
+        overridden = "num_experts_per_tok" in (config.core.policy.hf_config_overrides or {})
+        raise ConfigError(f"each token is routed to {shape.experts_per_token} experts but the model has "
+                          f"{shape.experts} ({_source(config)})",
+                          key="policy.hf_config_overrides.num_experts_per_tok" if overridden else "policy.model_name",
+                          hint=f"set num_experts_per_tok to {shape.experts} or less")
+
+
 def check_model_limits(config: Any) -> None:
-    """Refuse a ``policy.max_seq_length`` beyond the local model's ``max_position_embeddings``."""
+    """Refuse a ``policy.max_seq_length`` beyond the local model's ``max_position_embeddings``,
+    and router settings the model cannot take (:func:`check_moe_settings`)."""
+    check_moe_settings(config)
     shape = model_shape(config)
     longest = config.core.policy.max_seq_length
     if shape is not None and longest > shape.max_positions:
