@@ -54,6 +54,7 @@ def corerl_register_generation_backends(register: Callable[[GenerationBackend], 
             factory="corerl.generation.hf:HFGenerationBackend",
             description="transformers generate(): the reference backend, no extra engine",
             lora=True,
+            moe=True,
         )
     )
 

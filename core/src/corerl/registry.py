@@ -127,12 +127,16 @@ class TrainingBackend(Registration):
     ``lora`` says it trains a LoRA adapter with ``policy.lora`` (its ranks wrap the model with PEFT,
     as :class:`corerl.training.rank_worker.RankWorker` does, and its engine has ``adapter_only``,
     ``base_logprobs``, ``adapter_weights`` and ``export_adapter``; see docs/lora.md); a backend
-    without it is refused with ``policy.lora.enabled``."""
+    without it is refused with ``policy.lora.enabled``.
+    ``moe`` says it trains mixture-of-experts models (Qwen3-MoE, Mixtral: ``policy.moe`` acts on
+    its ranks, see docs/moe.md); a backend without it is refused, in one line, for such a model
+    (contract 2.7; a backend written before then takes dense models only, as it always did)."""
 
     kind: ClassVar[str] = "training backend"
     tensor_parallel_key: str | None = None
     value_model: bool = False
     lora: bool = False
+    moe: bool = False
 
 
 @attrs.frozen(kw_only=True)
@@ -140,10 +144,12 @@ class GenerationBackend(Registration):
     """A generation engine (vllm, hf, megatron, ...) selected by ``policy.generation.backend``.
     ``lora`` says it samples with a LoRA adapter: its engine has ``load_adapter(adapter)`` taking a
     :class:`corerl.lora.weights.AdapterWeights` at each refit (a backend without it is refused
-    with ``policy.lora.enabled``)."""
+    with ``policy.lora.enabled``). ``moe`` says it samples mixture-of-experts models, their expert
+    weights included in each refit (a backend without it is refused for such a model)."""
 
     kind: ClassVar[str] = "generation backend"
     lora: bool = False
+    moe: bool = False
 
 
 @attrs.frozen(kw_only=True)

@@ -123,3 +123,22 @@ def check_model_limits(config: Any) -> None:
         raise ConfigError(f"{longest} tokens is longer than the model takes (max_position_embeddings "
                           f"{shape.max_positions} in {_source(config)})",
                           key="policy.max_seq_length", hint=f"set policy.max_seq_length={shape.max_positions} or less")
+
+
+def check_moe_support(config: Any, training: Any, generation: Any) -> None:
+    """Refuse a mixture-of-experts policy on a training or generation backend whose registration
+    does not say ``moe=True`` (``generation`` is None where the algorithm samples nothing)."""
+    from corerl.config.tree import origin_of
+    from corerl.errors import SelectionError
+
+    shape = model_shape(config)
+    if shape is None or not shape.is_moe:
+        return
+    source = origin_of("policy.model_name", config.origins)
+    for registration, key, kind in ((training, "policy.training_backend", "train"),
+                                    (generation, "policy.generation.backend", "sample")):
+        if registration is not None and not registration.moe:
+            raise SelectionError(f"{_source(config)} is a mixture-of-experts model ({shape.experts} experts); "
+                                 f"{registration.kind} {registration.id!r} (plugin {registration.plugin!r}) does not "
+                                 f"{kind} such models", key=key, source=origin_of(key, config.origins) or source,
+                                 hint="pick a backend whose registration says moe=True (corerl plugins lists them)")

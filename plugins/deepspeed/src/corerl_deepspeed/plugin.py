@@ -31,6 +31,7 @@ def corerl_register_training_backends(register: Callable[[TrainingBackend], None
             config_section="policy.deepspeed_cfg",
             value_model=True,
             lora=True,
+            moe=True,
             config_schema=DeepSpeedConfig,
             description="DeepSpeed ZeRO stages 0-3 with CPU/NVMe offload",
         )
@@ -51,4 +52,4 @@ def corerl_register_memory_models(register: Callable[[MemoryModel], None]) -> No
 
 
 #: the plugin contract this plugin was written against (docs/plugins.md, "Contract changelog")
-corerl_contract = "2.6"
+corerl_contract = "2.7"

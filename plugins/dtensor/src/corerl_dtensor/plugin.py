@@ -20,6 +20,7 @@ def corerl_register_training_backends(register: Callable[[TrainingBackend], None
             tensor_parallel_key="tensor_parallel_size",
             value_model=True,
             lora=True,
+            moe=True,
             section_aliases=("policy.dtensor_config",),
             config_schema=DTensorConfig,
             description="PyTorch FSDP2 + tensor parallel (DTensor)",
@@ -39,4 +40,4 @@ def corerl_register_memory_models(register: Callable[[MemoryModel], None]) -> No
 
 
 #: the plugin contract this plugin was written against (docs/plugins.md, "Contract changelog")
-corerl_contract = "2.6"
+corerl_contract = "2.7"

@@ -19,6 +19,7 @@ def corerl_register_training_backends(register: Callable[[TrainingBackend], None
             factory="corerl_megatron.training.backend:MegatronBackend",
             config_section="policy.megatron_cfg",
             value_model=True,
+            moe=True,
             tensor_parallel_key="tensor_model_parallel_size",
             config_schema=MegatronConfig,
             description="megatron-core tensor/pipeline/context/expert parallel",
@@ -36,6 +37,7 @@ def corerl_register_generation_backends(register: Callable[[GenerationBackend], 
             check_supported="corerl_megatron.support:check_generation_supported",
             config_section="policy.generation.mcore_generation_config",
             config_schema=MegatronGenerationConfig,
+            moe=True,
             description="sampling with the Megatron training model itself",
         )
     )
@@ -65,4 +67,4 @@ def corerl_register_memory_models(register: Callable[[MemoryModel], None]) -> No
 
 
 #: the plugin contract this plugin was written against (docs/plugins.md, "Contract changelog")
-corerl_contract = "2.6"
+corerl_contract = "2.7"

@@ -20,9 +20,10 @@ def corerl_register_generation_backends(register: Callable[[GenerationBackend], 
             config_schema=VllmConfig,
             description="vLLM engine with in-place weight refit",
             lora=True,
+            moe=True,
         )
     )
 
 
 #: the plugin contract this plugin was written against (docs/plugins.md, "Contract changelog")
-corerl_contract = "2.6"
+corerl_contract = "2.7"

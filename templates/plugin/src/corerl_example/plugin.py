@@ -23,4 +23,4 @@ def corerl_register_training_backends(register: Callable[[TrainingBackend], None
 
 
 #: the plugin contract this plugin was written against (docs/plugins.md, "Contract changelog")
-corerl_contract = "2.6"
+corerl_contract = "2.7"
