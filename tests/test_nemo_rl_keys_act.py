@@ -275,3 +275,21 @@ def test_the_section_of_an_environment_the_recipe_does_not_play_is_inert(tmp_pat
 
     with pytest.raises(ConfigErrors, match="env.dapo: unknown key; known keys here: math"):
         _load(recipe, "data.env_name=dapo")  # played, it must be an environment corerl has
+
+
+def test_moe_router_keys_act_on_policy_moe(tmp_path, capsys):
+    """NeMo RL's megatron router keys (megatron enabled) land on ``policy.moe``; its router replay (from generation) is r3;
+    balancing corerl lacks and the expert bias are refused in one line."""
+    recipe = _child(tmp_path, "moe.yaml", "policy:\n  dtensor_cfg:\n    enabled: false\n  megatron_cfg:\n    enabled: true\n    tensor_model_parallel_size: 1\n    pipeline_model_parallel_size: 1\n    context_parallel_size: 1\n    freeze_moe_router: false\n"
+                    "    moe_aux_loss_coeff: 0.001\n    moe_z_loss_coeff: null\n"
+                    "    moe_router_load_balancing_type: seq_aux_loss\n    moe_router_dtype: fp32\n"
+                    "    moe_permute_fusion: true\n    track_moe_metrics: true\n")
+    moe = _load(recipe).core.policy.moe
+    assert (moe.freeze_router, moe.aux_loss_coeff, moe.z_loss_coeff, moe.load_balancing_type) == (
+        False, 0.001, 0.0, "seq_aux_loss")
+    assert _load(recipe, "policy.router_replay.enabled=true").core.policy.moe.router_replay == "r3"
+    assert _load(_child(tmp_path, "plain.yaml", "")).core.policy.moe.freeze_router is True
+    sinkhorn = _Validated(capsys, str(recipe), "policy.megatron_cfg.moe_router_load_balancing_type=sinkhorn")
+    assert sinkhorn.code == 2 and "the 'sinkhorn' load balancing is not built into corerl yet" in sinkhorn.err
+    bias = _Validated(capsys, str(recipe), "policy.megatron_cfg.moe_router_enable_expert_bias=true")
+    assert bias.code == 2 and "moe_router_enable_expert_bias" in bias.err

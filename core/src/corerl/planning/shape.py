@@ -12,7 +12,6 @@ import attrs
 
 from corerl.errors import ConfigError
 
-
 #: ``config.json`` keys that name a mixture-of-experts model's routed experts, by family
 EXPERT_COUNT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts")
 
@@ -84,9 +83,7 @@ class ModelShape:
     @classmethod
     def of_model(cls, model_name: str) -> ModelShape:
         """The shape of ``policy.model_name``: a built-in model's spec, or a checkpoint folder."""
-        from corerl.models.tiny import BUILTIN_MODELS
-
-        from corerl.models.tiny import builtin_hf_config
+        from corerl.models.tiny import BUILTIN_MODELS, builtin_hf_config
 
         spec = BUILTIN_MODELS.get(model_name)
         if spec is None:

@@ -87,6 +87,16 @@ def _estimator(name: Any) -> str:
     return str(name)
 
 
+def _load_balancing(value: Any) -> str:
+    """NeMo RL's ``moe_router_load_balancing_type`` as corerl's ``policy.moe.load_balancing_type``."""
+    if value in (None, "none"):
+        return "none"
+    if value not in ("aux_loss", "seq_aux_loss"):
+        raise ValueError(f"the {value!r} load balancing is not built into corerl yet (none, aux_loss and "
+                         "seq_aux_loss are)")
+    return str(value)
+
+
 def _above(limit: int) -> Callable[[Any], bool]:
     return lambda value: value is not None and value > limit
 
@@ -305,7 +315,9 @@ RULES: dict[str, Rule] = {
     "policy.megatron_cfg.mtp_loss_scaling_factor": inert("used only with multi-token prediction (mtp_num_layers)"),
     "policy.megatron_cfg.mtp_use_repeated_layer": inert("used only with multi-token prediction (mtp_num_layers)"),
     "policy.megatron_cfg.mtp_detach_heads": inert("used only with multi-token prediction (mtp_num_layers)"),
-    "policy.megatron_cfg.moe_router_enable_expert_bias": inert("dense models only: no MoE router", _truthy),
+    "policy.megatron_cfg.moe_router_enable_expert_bias": inert("aux-loss-free balancing (a learned per-expert bias) "
+                                                               "is not built into corerl yet; only false is accepted",
+                                                               _truthy),
     "policy.dtensor_cfg.dp_replicate_size": inert("hybrid sharding (replicated FSDP groups) is not built into corerl "
                                                   "yet; only 1 is accepted", _above(1)),
     "policy.dtensor_cfg.automodel_kwargs.*": inert("corerl loads models with transformers directly"),
@@ -328,9 +340,8 @@ RULES: dict[str, Rule] = {
                    "expert_model_parallel_size", "sequence_parallel", "unified_memory_level",
                    "inference_grouped_gemm_backend", "moe_router_num_groups", "moe_router_group_topk",
                    "moe_router_dtype")},
-    "policy.router_replay.*": inert("MoE router replay; dense models only", _truthy),
-    "policy.dtensor_cfg.expert_parallel_size": inert("expert parallelism needs a mixture-of-experts model; corerl "
-                                                     "trains dense ones", _above(1)),
+    # NeMo RL's router replay takes the experts vLLM chose while generating: corerl's r3
+    "policy.router_replay.enabled": acts("policy.moe.router_replay", lambda on: "r3" if on else "none"),
     "policy.activation_checkpointing_enabled": inert(_OFF, _truthy),
     "policy.quant_cfg": inert("quantisation-aware training (ModelOpt) is not built into corerl yet",
                               lambda value: value is not None),
@@ -357,9 +368,16 @@ RULES: dict[str, Rule] = {
     "policy.tokenizer.chat_template_kwargs.*": inert(_OFF, _truthy),
     "policy.optimizer.kwargs.*": inert("precision options of NeMo RL's fused optimizer; corerl keeps float32 "
                                        "optimizer state"),
-    "policy.dtensor_cfg.moe_parallelizer.*": inert("dense models only: no experts to lay out"),
-    **{f"policy.megatron_cfg.{key}": inert("dense models only: no MoE router or experts")
-       for key in ("moe_aux_loss_coeff", "track_moe_metrics", "moe_flex_dispatcher_backend", "moe_hybridep_num_sms")},
+    "policy.dtensor_cfg.moe_parallelizer.*": inert("Automodel's MoE wrapping options; corerl's dtensor backend lays "
+                                                   "experts out itself (policy.dtensor_cfg.expert_parallel_size)"),
+    "policy.megatron_cfg.freeze_moe_router": acts("policy.moe.freeze_router"),
+    "policy.megatron_cfg.moe_aux_loss_coeff": acts("policy.moe.aux_loss_coeff", lambda value: float(value or 0.0)),
+    "policy.megatron_cfg.moe_z_loss_coeff": acts("policy.moe.z_loss_coeff", lambda value: float(value or 0.0)),
+    "policy.megatron_cfg.moe_router_load_balancing_type": acts("policy.moe.load_balancing_type", _load_balancing),
+    **{f"policy.megatron_cfg.{key}": inert("corerl logs each MoE layer's expert load and the router losses at every step")
+       for key in ("track_moe_metrics", "moe_per_layer_logging")},
+    **{f"policy.megatron_cfg.{key}": inert("used only with megatron-core's flex dispatcher (DeepEP/HybridEP)")
+       for key in ("moe_flex_dispatcher_backend", "moe_hybridep_num_sms")},
     **{f"policy.megatron_cfg.{key}": inert("corerl normalises the loss per token over the whole step itself")
        for key in ("do_not_average_loss", "cp_normalize", "calculate_per_token_loss", "scale_loss_by_dp_cp_size")},
     "policy.megatron_cfg.train_iters": inert("corerl's step count is algorithm.max_steps"),
@@ -442,7 +460,8 @@ RULES: dict[str, Rule] = {
     **{f"policy.generation.vllm_cfg.{key}": inert("vLLM's loading and serving settings; corerl drives vLLM in "
                                                   "process or in a Ray actor")
        for key in ("enable_thinking", "load_format", "cap_max_tokens_to_context")},
-    "policy.generation.mcore_generation_config.inference_moe_token_dispatcher_type": inert("dense models only"),
+    "policy.generation.mcore_generation_config.inference_moe_token_dispatcher_type": inert(
+        "corerl's megatron generation dispatches tokens as the training layout does"),
     "policy.generation.bad_words": inert(_OFF, _truthy),
     "policy.dequantize_base_checkpoint": inert(_OFF, _truthy),
     "policy.megatron_cfg.clear_memory_caches_before_refit": inert(_PERF),
@@ -478,14 +497,16 @@ RULES: dict[str, Rule] = {
     "policy.hf_config_overrides": acts("policy.hf_config_overrides", lambda value: dict(value or {})),
     "policy.tokenizer.is_tokenizer_processor": inert("text-only models: the tokenizer is used as it is", _truthy),
     "policy.megatron_cfg.pipeline_dtype": inert("pipeline stages exchange activations in policy.precision"),
-    "policy.megatron_cfg.moe_router_dtype": inert("dense models only: no MoE router"),
-    "policy.megatron_cfg.moe_router_load_balancing_type": inert("dense models only: no MoE router"),
-    "policy.megatron_cfg.moe_router_bias_update_rate": inert("dense models only: no MoE router"),
-    "policy.megatron_cfg.moe_permute_fusion": inert("dense models only: no MoE router"),
-    "policy.megatron_cfg.moe_per_layer_logging": inert("dense models only: no MoE router"),
-    "policy.megatron_cfg.moe_enable_deepep": inert("dense models only: no MoE router", _truthy),
-    "policy.megatron_cfg.moe_token_dispatcher_type": inert("dense models only: no MoE router"),
-    "policy.megatron_cfg.moe_shared_expert_overlap": inert("dense models only: no MoE router", _truthy),
+    "policy.megatron_cfg.moe_router_dtype": inert_with_warning(
+        "the router's softmax and top-k run in float32 (megatron-core's and transformers' default): routing in "
+        "float64 is not applied, so near-ties between experts may break differently", lambda value: value == "fp64"),
+    "policy.megatron_cfg.moe_router_bias_update_rate": inert("used only with the expert bias "
+                                                             "(moe_router_enable_expert_bias), which is refused"),
+    "policy.megatron_cfg.moe_permute_fusion": inert(_PERF),
+    "policy.megatron_cfg.moe_enable_deepep": inert("DeepEP's fused token dispatch (CUDA kernels) is not wired into "
+                                                   "corerl's megatron backend; only false is accepted (the alltoall "
+                                                   "dispatcher moves the same tokens)", _truthy),
+    "policy.megatron_cfg.moe_shared_expert_overlap": inert(_PERF),
     "policy.megatron_cfg.defer_fp32_logits": inert(_PERF),
     "policy.megatron_cfg.use_gloo_process_groups": inert("corerl creates the process groups megatron-core needs"),
     "policy.megatron_cfg.optimizer.bf16": inert("follows policy.precision"),
@@ -505,8 +526,12 @@ RULES: dict[str, Rule] = {
     "policy.generation.vllm_cfg.async_engine": inert("corerl hands vLLM a step's prompts in one call; the async engine "
                                                      "changes how NeMo RL drives vLLM, not what is sampled"),
     "policy.generation.vllm_cfg.precision": inert("the engine runs in policy.precision"),
-    "policy.generation.vllm_cfg.expert_parallel_size": inert("dense models only", _above(1)),
-    "policy.generation.vllm_cfg.enable_expert_parallel": inert("dense models only", _truthy),
+    "policy.generation.vllm_cfg.enable_expert_parallel": inert_with_warning(
+        "corerl's vLLM engine keeps the experts split over its tensor-parallel ranks (vllm_cfg.tensor_parallel_size) "
+        "rather than laying them out expert-parallel: the same samples, another speed", _truthy),
+    "policy.generation.vllm_cfg.expert_parallel_size": inert_with_warning(
+        "corerl's vLLM engine keeps the experts split over its tensor-parallel ranks (vllm_cfg.tensor_parallel_size) "
+        "rather than laying them out expert-parallel: the same samples, another speed", _above(1)),
     "policy.generation.vllm_cfg.use_deep_gemm": inert(_PERF),
     "policy.generation.vllm_cfg.num_last_layers_in_bf16": inert(_OFF, _truthy),
     "policy.generation.vllm_cfg.num_first_layers_in_bf16": inert(_OFF, _truthy),
