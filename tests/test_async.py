@@ -165,7 +165,20 @@ def make_worker(model_dir: str, in_flight: str) -> UpdateArrivesAt:
 SAMPLING = SamplingSettings(temperature=1.0, max_new_tokens=10, seed=5, stop_token_ids=(127,))
 
 
-def test_continue_loads_the_new_weights_between_two_tokens_and_stamps_them(model_dir):
+@pytest.fixture(scope="module")
+def moe_model_dir(tmp_path_factory):
+    from corerl.models.tiny import build_tiny_model
+
+    return str(build_tiny_model(tmp_path_factory.mktemp("moe"), family="qwen3_moe", hidden_size=64, head_dim=32,
+                                num_experts=4, experts_per_token=2, expert_intermediate_size=32))
+
+
+@pytest.mark.parametrize("dense", [True, False], ids=["dense", "moe"])
+def test_continue_loads_the_new_weights_between_two_tokens_and_stamps_them(model_dir, moe_model_dir, dense):
+    """Asynchronous GRPO's generation worker takes an update mid-request, on a dense policy and on
+    a mixture of experts (its expert weights in the same update)."""
+    if not dense:
+        model_dir = moe_model_dir
     worker = make_worker(model_dir, "continue")
     groups, aborted = worker.generate([[1, 2, 3], [4, 5]], SAMPLING, 2)
     assert not aborted and worker.version == 1

@@ -288,7 +288,9 @@ def test_validation_refuses_what_an_environment_run_could_not_do(tmp_path):
     assert key == "env.openai_agent.agent" and "cannot import agent module 'nowhere'" in message
 
 
-def test_one_grpo_step_plays_tool_episodes_in_process(tmp_path):
+@pytest.mark.parametrize("model", ["builtin:tiny-qwen2", "builtin:tiny-moe"], ids=["dense", "moe"])
+def test_one_grpo_step_plays_tool_episodes_in_process(tmp_path, model):
+    """Multi-turn tool episodes, on a dense policy and on a mixture of experts."""
     from corerl.config import config_from_mapping
     from corerl.plugin_manager import PluginHost
     from corerl.reporting.console import make_console
@@ -296,7 +298,7 @@ def test_one_grpo_step_plays_tool_episodes_in_process(tmp_path):
     from corerl.selection import select
 
     host = PluginHost(env={})
-    config = config_from_mapping(_recipe(tmp_path), host)
+    config = config_from_mapping(_recipe(tmp_path, **{"policy.model_name": model}), host)
     context = RunContext.open(config, select(config, host), make_console(), host)
     try:
         context.start_engines()
