@@ -119,6 +119,9 @@ def configuration_page(host: Any) -> str:
 
 # -- the support matrix ---------------------------------------------------------------------------
 
+#: stands for the training backend's own expert-parallel key (its registration's expert_parallel_key) set to 2
+EXPERT_PARALLEL = "<expert_parallel_key>=2"
+
 #: the features of the matrix, each as the overrides that switch it on
 FEATURES: dict[str, tuple[str, ...]] = {
     "packing": ("policy.sequence_packing.enabled=true",),
@@ -132,6 +135,8 @@ FEATURES: dict[str, tuple[str, ...]] = {
                      "algorithm.max_rollout_turns=3"),
     "bf16": ("policy.precision=bfloat16",),
     "multi-node": ("cluster.num_nodes=2",),
+    "MoE": ("policy.model_name=builtin:tiny-moe",),
+    "expert parallel": ("policy.model_name=builtin:tiny-moe", "cluster.gpus_per_node=2", EXPERT_PARALLEL),
 }
 #: a refusal that says only that this machine has no GPU: the backend supports the feature
 MACHINE_ONLY = ("needs a GPU", "needs CUDA", "ask for a GPU", "has no GPU")
@@ -166,6 +171,18 @@ def support_cell(host: Any, overrides: tuple[str, ...]) -> str:
     return "refused: " + line
 
 
+def feature_cell(host: Any, train: str, base: tuple[str, ...], overrides: tuple[str, ...]) -> str:
+    """The cell of one feature for a pair of backends; :data:`EXPERT_PARALLEL` becomes the training
+    backend's own key (a backend without one has no expert parallelism)."""
+    if EXPERT_PARALLEL in overrides:
+        registration = host.training_backends.get(train)
+        if registration.expert_parallel_key is None:
+            return "not available: the backend has no expert-parallel setting"
+        key = f"{registration.config_section}.{registration.expert_parallel_key}=2"
+        overrides = tuple(key if o == EXPERT_PARALLEL else o for o in overrides)
+    return support_cell(host, (*base, *overrides))
+
+
 def support_matrix_page(host: Any) -> str:
     training = [r.id for r in host.training_backends]
     generation = [r.id for r in host.generation_backends]
@@ -185,7 +202,7 @@ def support_matrix_page(host: Any) -> str:
             if pair != "supported":
                 lines.append(f"| `{gen}` | " + " | ".join([pair.replace("|", "\\|")] * len(FEATURES)) + " |\n")
                 continue
-            cells = [support_cell(host, (*base, *overrides)).replace("|", "\\|") for overrides in FEATURES.values()]
+            cells = [feature_cell(host, train, base, overrides).replace("|", "\\|") for overrides in FEATURES.values()]
             lines.append(f"| `{gen}` | " + " | ".join(cells) + " |\n")
     return "".join(lines)
 

@@ -130,10 +130,13 @@ class TrainingBackend(Registration):
     without it is refused with ``policy.lora.enabled``.
     ``moe`` says it trains mixture-of-experts models (Qwen3-MoE, Mixtral: ``policy.moe`` acts on
     its ranks, see docs/moe.md); a backend without it is refused, in one line, for such a model
-    (contract 2.7; a backend written before then takes dense models only, as it always did)."""
+    (contract 2.7; a backend written before then takes dense models only, as it always did).
+    ``expert_parallel_key`` names the key of its section that sets the expert-parallel size, if it
+    has one (the support matrix and ``corerl plan`` read it)."""
 
     kind: ClassVar[str] = "training backend"
     tensor_parallel_key: str | None = None
+    expert_parallel_key: str | None = None
     value_model: bool = False
     lora: bool = False
     moe: bool = False
