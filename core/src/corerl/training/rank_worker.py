@@ -78,6 +78,7 @@ class RankWorker(RankDeviceReport):
 
         self.lora = lora_enabled(config)  # the model is wrapped by PEFT: only its adapter trains
         self.peft_model: Any = None  # that PEFT model (inside any wrappers the backend adds)
+        self.router: Any = None  # a MoE model's router hooks (corerl.training.moe_router), set by load_pretrained
         self.setup(**options)
 
     # -- what a backend supplies ---------------------------------------------------------
@@ -110,14 +111,20 @@ class RankWorker(RankDeviceReport):
     def load_pretrained(self, model_path: str, **options: Any) -> Any:
         """The Hugging Face model at ``model_path`` for this rank's role: a causal LM, or a critic's
         value model (:mod:`corerl.models.value_model`), in float32 on the CPU; with ``policy.lora``,
-        wrapped by PEFT with a fresh adapter (:func:`corerl.lora.adapter.apply_lora`)."""
+        wrapped by PEFT with a fresh adapter (:func:`corerl.lora.adapter.apply_lora`). A
+        mixture-of-experts model gets its router hooks (:attr:`router`, ``policy.moe``: the router
+        frozen here, before the backend builds its optimizer)."""
         from corerl.models.value_model import load_pretrained
+        from corerl.training.moe_router import attach_router
 
         model = load_pretrained(model_path, self.config.role, **options)
         if self.lora:
             from corerl.lora.adapter import apply_lora
 
             model = self.peft_model = apply_lora(model, self.config.core.policy.lora, model_path)
+        if self.router is not None:  # a reload: the old model's hooks go with it
+            self.router.remove()
+        self.router = attach_router(model, self.config, replay=not self.critic)
         return model
 
     def before_micro_batch(self, index: int, last: bool) -> None:
@@ -167,14 +174,30 @@ class RankWorker(RankDeviceReport):
         return {k: v.to(self.device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
 
     def logprobs(self, mbs: list[dict[str, torch.Tensor]]) -> list[torch.Tensor] | None:
-        """Logprobs of each of this rank's micro-batches (planned by the driver)."""
+        """Logprobs of each of this rank's micro-batches (planned by the driver): the old
+        policy's, whose routing ``policy.moe.router_replay: r2`` records for the training forward."""
+        return self._logprobs(mbs, record=True)
+
+    def _logprobs(self, mbs: list[dict[str, torch.Tensor]], record: bool) -> list[torch.Tensor]:
         import torch
 
         if self.critic:
             raise RuntimeError("a critic computes values, not logprobs")
         self.set_mode(False)
+        router = self.router if record else None
+        if router is None:
+            with torch.no_grad():
+                return [self.forward_logprobs(self.to_device(mb)).float().cpu() for mb in mbs]
+        router.start_recording()
+        out = []
         with torch.no_grad():
-            return [self.forward_logprobs(self.to_device(mb)).float().cpu() for mb in mbs]
+            for mb in mbs:
+                mb = self.to_device(mb)
+                with router.micro_batch(mb, training=False) as current:
+                    out.append(self.forward_logprobs(mb).float().cpu())
+                router.record(mb, current)
+        router.share_recording(self.world_size)
+        return out
 
     def values(self, mbs: list[dict[str, torch.Tensor]]) -> list[torch.Tensor] | None:
         """Values of each of this rank's micro-batches, on a critic."""
@@ -193,7 +216,7 @@ class RankWorker(RankDeviceReport):
         if self.peft_model is None:
             raise RuntimeError("base_logprobs() needs a LoRA policy (policy.lora.enabled)")
         with adapter_off(self.peft_model):
-            return self.logprobs(mbs)
+            return self._logprobs(mbs, record=False)  # the reference's routing is not the old policy's
 
     def train_step(self, mbs: list[dict[str, torch.Tensor]], loss_fn: Any, normaliser: float) -> dict[str, Any]:
         """One optimizer step over this rank's micro-batches, gradients accumulated."""
@@ -202,8 +225,15 @@ class RankWorker(RankDeviceReport):
         for index, mb in enumerate(mbs):
             self.before_micro_batch(index, index == len(mbs) - 1)
             mb = self.to_device(mb)
-            loss, metrics = loss_fn(self.forward(mb), mb, normaliser)
-            self.backward(loss)
+            if self.router is None:
+                loss, metrics = loss_fn(self.forward(mb), mb, normaliser)
+                self.backward(loss)
+            else:  # a MoE model: the router's loss terms join the backpropagated loss, its metrics the step's
+                with self.router.micro_batch(mb, training=True) as current:
+                    loss, metrics = loss_fn(self.forward(mb), mb, normaliser)
+                term, router_metrics = self.router.step_terms(mb, current, normaliser)
+                self.backward(loss if term is None else loss + term)
+                metrics = {**metrics, **router_metrics}
             totals.add(loss, metrics)
         total, metrics = totals.result()
         grad_norm, lr = self.optimizer_step()
