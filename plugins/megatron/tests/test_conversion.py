@@ -1,5 +1,6 @@
 """Hugging Face <-> Megatron conversion: the converted GPTModel's logits equal transformers',
-and the round trip is exact (tied Qwen2 and untied Llama, grouped-query attention).
+and the round trip is exact (tied Qwen2 and untied Llama, grouped-query attention; the Qwen3-MoE
+and Mixtral mixtures of experts, whose export loads back into transformers with equal logits).
 
 megatron-core keeps process-wide parallel state, so the check runs in a fresh process.
 """
@@ -15,17 +16,16 @@ import pytest
 
 CHECK = textwrap.dedent(
     """
-    import json, sys, torch
+    import json, sys, tempfile, torch
     from transformers import AutoModelForCausalLM
+    from corerl.sdk import write_hf_checkpoint
     from corerl_megatron.training.parallel import init_parallel
     from corerl_megatron.conversion.convert import Shape, hf_to_megatron, megatron_to_hf
     from corerl_megatron.conversion.families import family_of
     from corerl_megatron.training.model import build_gpt, transformer_config
 
-    if __name__ == "__main__":
-        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # megatron builds on the GPU if any
-        init_parallel(rank=0, world_size=1, tensor=1, pipeline=1)
-        hf_model = AutoModelForCausalLM.from_pretrained(sys.argv[1], dtype=torch.float32).to(device)
+    def check(path, device):
+        hf_model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(device)
         hf = hf_model.config
         family = family_of(hf.architectures[0])
         shape = Shape.from_hf_config(hf, family)
@@ -37,28 +37,44 @@ CHECK = textwrap.dedent(
             theirs = hf_model(ids).logits
         back = megatron_to_hf({k: v for k, v in model.state_dict().items() if "_extra_state" not in k}, family, shape)
         ref = hf_model.state_dict()
+        with tempfile.TemporaryDirectory() as folder:  # the export, loaded back by transformers
+            write_hf_checkpoint({k: v.cpu() for k, v in back.items()}, hf, path, folder)
+            with torch.no_grad():
+                exported = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).to(device)(ids).logits
         print(json.dumps({
             "family": family.name, "logit_diff": float((ours - theirs).abs().max()),
             "device": str(next(model.parameters()).device.type),
             "same_names": sorted(back) == sorted(ref),
             "exact": all(torch.equal(back[k], ref[k]) for k in ref),
+            "export_diff": float((exported - theirs).abs().max()),
         }))
+
+
+    if __name__ == "__main__":
+        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # megatron builds on the GPU if any
+        init_parallel(rank=0, world_size=1, tensor=1, pipeline=1)
+        for path in sys.argv[1:]:
+            check(path, device)
     """
 )
 
 
-def _check(family: str, tied: bool, tmp_path) -> dict:
+def _run(models: list, tmp_path) -> list[dict]:
+    script = tmp_path / "check.py"
+    script.write_text(CHECK, encoding="utf-8")
+    proc = subprocess.run([sys.executable, str(script), *map(str, models)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return [json.loads(line) for line in proc.stdout.strip().splitlines() if line.startswith("{")]
+
+
+def _check(family: str, tied: bool, tmp_path, tolerance: float = 1e-4) -> dict:
     from corerl.models.tiny import build_tiny_model
 
     model = build_tiny_model(tmp_path / "model", family=family, hidden_size=64, num_layers=2, num_heads=4,
                              num_kv_heads=2, tie_word_embeddings=tied)
-    script = tmp_path / "check.py"
-    script.write_text(CHECK, encoding="utf-8")
-    proc = subprocess.run([sys.executable, str(script), str(model)], capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    [result] = _run([model], tmp_path)
     assert result["family"] == family
-    assert result["logit_diff"] <= 1e-4
+    assert result["logit_diff"] <= tolerance and result["export_diff"] <= tolerance, result
     assert result["same_names"] and result["exact"]
     return result
 
@@ -66,6 +82,22 @@ def _check(family: str, tied: bool, tmp_path) -> dict:
 @pytest.mark.parametrize("family, tied", [("qwen2", True), ("llama", False)])
 def test_converted_model_matches_transformers_and_round_trips_exactly(family, tied, tmp_path):
     _check(family, tied, tmp_path)
+
+
+def test_moe_families_convert_with_fp32_logits_within_1e_5_and_export_back(tmp_path):
+    """Qwen3-MoE (q/k norms, renormalised top-k) and Mixtral: router, per-expert fc1 (gate and up)
+    and fc2, in one process; the export loads back into transformers with equal logits."""
+    from corerl.models.tiny import build_tiny_model
+
+    models = [build_tiny_model(tmp_path / family, family=family, hidden_size=64, num_layers=2, num_heads=4,
+                               num_kv_heads=2, head_dim=16, num_experts=4, experts_per_token=2,
+                               expert_intermediate_size=32, tie_word_embeddings=False)
+              for family in ("qwen3_moe", "mixtral")]
+    results = _run(models, tmp_path)
+    assert [r["family"] for r in results] == ["qwen3_moe", "mixtral"]
+    for result in results:
+        assert result["logit_diff"] <= 1e-5 and result["export_diff"] <= 1e-5, result
+        assert result["same_names"] and result["exact"], result
 
 
 @pytest.mark.gpu

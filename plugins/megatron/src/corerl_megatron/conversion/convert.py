@@ -28,28 +28,56 @@ class Shape:
     #: is Megatron's ``output_layer.weight``, where a causal LM's ``lm_head.weight`` goes, and its
     #: ``score.bias`` is ``output_layer.bias``
     value_head: bool = False
+    #: a mixture of experts: the routed experts of a MoE layer (0: a dense model), and which layers route
+    experts: int = 0
+    moe_layers: tuple[int, ...] = ()
 
     @classmethod
     def from_hf_config(cls, hf: Any, family: Family, value_head: bool = False) -> Shape:
+        """The shape of the Hugging Face config ``hf`` of a model of ``family``."""
         heads = hf.num_attention_heads
+        experts = expert_count(hf)
         return cls(
             num_layers=hf.num_hidden_layers, num_heads=heads,
             num_kv_heads=getattr(hf, "num_key_value_heads", None) or heads,
             head_dim=getattr(hf, "head_dim", None) or hf.hidden_size // heads,
             tied=bool(getattr(hf, "tie_word_embeddings", False)) and not value_head,
             qkv_bias=bool(getattr(hf, "attention_bias", family.qkv_bias_default)),
-            value_head=value_head,
+            value_head=value_head, experts=experts,
+            moe_layers=moe_layer_indices(hf) if experts else (),
         )
 
 
+def expert_count(hf: Any) -> int:
+    """The routed experts of a MoE layer of the Hugging Face config ``hf`` (0: a dense model)."""
+    return int(getattr(hf, "num_experts", None) or getattr(hf, "num_local_experts", None) or 0)
+
+
+def moe_layer_indices(hf: Any) -> tuple[int, ...]:
+    """The decoder layers that route to experts: Qwen's ``decoder_sparse_step`` and
+    ``mlp_only_layers`` leave some layers dense; Mixtral routes in every layer."""
+    step = int(getattr(hf, "decoder_sparse_step", None) or 1)
+    dense = set(getattr(hf, "mlp_only_layers", None) or ())
+    return tuple(i for i in range(hf.num_hidden_layers) if i not in dense and (i + 1) % step == 0)
+
+
 def _applies(rule: Rule, shape: Shape) -> bool:
-    return rule.when == "always" or (rule.when == "untied" and not shape.tied) or (rule.when == "qkv_bias" and shape.qkv_bias)
+    return rule.when in ("always", "moe", "dense") or (rule.when == "untied" and not shape.tied) or \
+        (rule.when == "qkv_bias" and shape.qkv_bias)
+
+
+def _layers(rule: Rule, shape: Shape) -> list[int]:
+    if rule.when == "moe":
+        return list(shape.moe_layers)
+    if rule.when == "dense":
+        return [i for i in range(shape.num_layers) if i not in shape.moe_layers]
+    return list(range(shape.num_layers))
 
 
 def _expand(rule: Rule, shape: Shape) -> list[tuple[str, tuple[str, ...]]]:
     if "{i}" not in rule.megatron:
         return [(rule.megatron, rule.hf)]
-    return [(rule.megatron.format(i=i), tuple(h.format(i=i) for h in rule.hf)) for i in range(shape.num_layers)]
+    return [(rule.megatron.format(i=i, e="{e}"), tuple(h.format(i=i) for h in rule.hf)) for i in _layers(rule, shape)]
 
 
 def fuse_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, shape: Shape) -> torch.Tensor:
@@ -94,6 +122,9 @@ def hf_to_megatron(hf_state: dict[str, torch.Tensor], family: Family, shape: Sha
                 out[target] = fuse_qkv(*tensors, shape)
             elif rule.kind == "gate_up":
                 out[target] = torch.cat(tensors, dim=0)
+            elif rule.kind == "expert":  # transformers stacks the experts: one Megatron tensor each
+                for expert, part in enumerate(tensors[0].unbind(0)):
+                    out[target.format(e=expert)] = part
             else:
                 out[target] = tensors[0]
     left = sorted(set(hf_state) - used - ({"lm_head.weight"} if shape.tied else set()))
@@ -109,6 +140,9 @@ def megatron_to_hf(state: dict[str, torch.Tensor], family: Family, shape: Shape)
         if not _applies(rule, shape):
             continue
         for source, targets in _expand(rule, shape):
+            if rule.kind == "expert":
+                out[targets[0]] = torch.stack([state[source.format(e=e)] for e in range(shape.experts)]).contiguous()
+                continue
             tensor = state[source]
             if rule.kind == "qkv":
                 parts = split_qkv(tensor, shape)

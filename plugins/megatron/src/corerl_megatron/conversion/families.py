@@ -3,8 +3,12 @@
 A table lists, for each Megatron GPTModel tensor (local layer spec), the Hugging Face
 tensors it is made of and how: ``copy`` (one tensor, same layout), ``qkv`` (q, k and v
 projections fused per query group: for each group its query heads, then its key head, then
-its value head) or ``gate_up`` (the gated MLP's gate and up projections stacked). ``{i}`` is
-the layer index. Adding a family is adding a table to :data:`FAMILIES`.
+its value head), ``gate_up`` (the gated MLP's gate and up projections stacked) or ``expert``
+(one expert's slice of a tensor transformers keeps stacked over the experts: Megatron's
+per-expert ``linear_fc1`` is ``gate_up_proj[e]``, its ``linear_fc2`` is ``down_proj[e]``).
+``{i}`` is the layer index, ``{e}`` the expert's. ``when`` says which layers a rule covers in a
+mixture of experts: ``moe`` (routed layers), ``dense`` (the others). Adding a family is adding a
+table to :data:`FAMILIES`.
 """
 
 from __future__ import annotations
@@ -13,7 +17,8 @@ from typing import Literal
 
 import attrs
 
-Kind = Literal["copy", "qkv", "gate_up"]
+Kind = Literal["copy", "qkv", "gate_up", "expert"]
+When = Literal["always", "untied", "qkv_bias", "moe", "dense"]
 
 
 @attrs.frozen
@@ -23,7 +28,7 @@ class Rule:
     megatron: str
     hf: tuple[str, ...]
     kind: Kind = "copy"
-    when: Literal["always", "untied", "qkv_bias"] = "always"
+    when: When = "always"
 
 
 @attrs.frozen
@@ -41,7 +46,8 @@ _MLP = "model.layers.{i}.mlp"
 _LAYER = "decoder.layers.{i}"
 
 
-def _decoder_rules() -> tuple[Rule, ...]:
+def _decoder_rules(*, qk_norm: bool = False, experts: bool = False) -> tuple[Rule, ...]:
+    mlp = "dense" if experts else "always"
     return (
         Rule("embedding.word_embeddings.weight", ("model.embed_tokens.weight",)),
         Rule(f"{_LAYER}.input_layernorm.weight", ("model.layers.{i}.input_layernorm.weight",)),
@@ -51,16 +57,34 @@ def _decoder_rules() -> tuple[Rule, ...]:
              (f"{_ATTN}.q_proj.bias", f"{_ATTN}.k_proj.bias", f"{_ATTN}.v_proj.bias"), "qkv", when="qkv_bias"),
         Rule(f"{_LAYER}.self_attention.linear_proj.weight", (f"{_ATTN}.o_proj.weight",)),
         Rule(f"{_LAYER}.pre_mlp_layernorm.weight", ("model.layers.{i}.post_attention_layernorm.weight",)),
-        Rule(f"{_LAYER}.mlp.linear_fc1.weight", (f"{_MLP}.gate_proj.weight", f"{_MLP}.up_proj.weight"), "gate_up"),
-        Rule(f"{_LAYER}.mlp.linear_fc2.weight", (f"{_MLP}.down_proj.weight",)),
+        Rule(f"{_LAYER}.mlp.linear_fc1.weight", (f"{_MLP}.gate_proj.weight", f"{_MLP}.up_proj.weight"), "gate_up",
+             when=mlp),
+        Rule(f"{_LAYER}.mlp.linear_fc2.weight", (f"{_MLP}.down_proj.weight",), when=mlp),
+        *(_qk_norm_rules() if qk_norm else ()),
+        *(_expert_rules() if experts else ()),
         Rule("decoder.final_layernorm.weight", ("model.norm.weight",)),
         Rule("output_layer.weight", ("lm_head.weight",), when="untied"),
     )
 
 
+def _qk_norm_rules() -> tuple[Rule, ...]:
+    return (Rule(f"{_LAYER}.self_attention.q_layernorm.weight", (f"{_ATTN}.q_norm.weight",)),
+            Rule(f"{_LAYER}.self_attention.k_layernorm.weight", (f"{_ATTN}.k_norm.weight",)))
+
+
+def _expert_rules() -> tuple[Rule, ...]:
+    experts = f"{_LAYER}.mlp.experts.local_experts.{{e}}"
+    return (Rule(f"{_LAYER}.mlp.router.weight", (f"{_MLP}.gate.weight",), when="moe"),
+            Rule(f"{experts}.linear_fc1.weight", (f"{_MLP}.experts.gate_up_proj",), "expert", when="moe"),
+            Rule(f"{experts}.linear_fc2.weight", (f"{_MLP}.experts.down_proj",), "expert", when="moe"))
+
+
 QWEN2 = Family("qwen2", ("Qwen2ForCausalLM",), _decoder_rules(), qkv_bias_default=True)
 LLAMA = Family("llama", ("LlamaForCausalLM", "MistralForCausalLM"), _decoder_rules(), qkv_bias_default=False)
-FAMILIES = (QWEN2, LLAMA)
+QWEN3_MOE = Family("qwen3_moe", ("Qwen3MoeForCausalLM",), _decoder_rules(qk_norm=True, experts=True),
+                   qkv_bias_default=False)
+MIXTRAL = Family("mixtral", ("MixtralForCausalLM",), _decoder_rules(experts=True), qkv_bias_default=False)
+FAMILIES = (QWEN2, LLAMA, QWEN3_MOE, MIXTRAL)
 
 
 def family_of(architecture: str) -> Family | None:
@@ -69,4 +93,5 @@ def family_of(architecture: str) -> Family | None:
 
 
 def supported_architectures() -> list[str]:
+    """Every Hugging Face architecture some family's table covers, sorted."""
     return sorted(a for f in FAMILIES for a in f.architectures)

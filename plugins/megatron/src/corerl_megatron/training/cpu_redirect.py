@@ -3,7 +3,9 @@
 megatron-core 0.16 assumes CUDA in a few places even when its models are built with
 ``use_cpu_initialization``: ``torch.cuda.current_device()`` as a device, ``torch.cuda.
 synchronize()``, the CUDA RNG tracker, and ``device="cuda"`` literals in the pipeline
-schedules. :func:`install` gives the megatron-core modules (and only them) a stand-in for
+schedules; and, for mixture-of-experts layers, Transformer Engine's router GEMM name, the
+all-to-all dispatcher's side CUDA stream, and split sizes that gloo takes only as Python
+lists (:func:`_install_moe`). :func:`install` gives the megatron-core modules (and only them) a stand-in for
 their ``torch`` global that maps those to the CPU; ``torch`` itself is not touched. It does
 nothing when a GPU is present, so GPU runs use megatron-core unmodified.
 """
@@ -39,10 +41,44 @@ class _NoOp:
         return self
 
 
+class _CpuStream:
+    """A CUDA stream and event stand-in: on the CPU work is ordered already, so waits are no-ops."""
+
+    def wait_stream(self, *args: Any) -> None:
+        return None
+
+    def record_event(self) -> _CpuStream:
+        return self
+
+    def synchronize(self) -> None:
+        return None
+
+    def __enter__(self) -> _CpuStream:
+        return self
+
+    def __exit__(self, *args: Any) -> bool:
+        return False
+
+
+_STREAM = _CpuStream()
+
+
 class _CpuCuda:
     """What megatron-core's modules see as ``torch.cuda`` without a GPU."""
 
     nvtx = _NoOp()
+
+    @staticmethod
+    def current_stream(*args: Any, **kwargs: Any) -> _CpuStream:
+        return _STREAM
+
+    @staticmethod
+    def stream(stream: Any) -> _CpuStream:
+        return _STREAM
+
+    @staticmethod
+    def Stream(*args: Any, **kwargs: Any) -> _CpuStream:  # noqa: N802 (torch's name)
+        return _STREAM
 
     def __getattr__(self, name: str) -> Any:
         return getattr(torch.cuda, name)
@@ -137,6 +173,32 @@ def _cpu_setup_embeddings(original: Any) -> Any:
     return setup
 
 
+def _split_sizes_as_lists(original: Any) -> Any:
+    """The dispatcher's ``maybe_move_tensor_to_cpu``: on the CPU its ``as_numpy`` split sizes
+    stay tensors, which gloo's ``all_to_all_single`` refuses; give them as numpy arrays."""
+
+    def move(tensor: Any, as_numpy: bool = False, record_stream: bool = False) -> Any:
+        if as_numpy and isinstance(tensor, torch.Tensor):
+            return tensor.numpy()
+        return original(tensor, as_numpy=as_numpy, record_stream=record_stream)
+
+    move.__wrapped__ = original  # type: ignore[attr-defined]
+    return move
+
+
+def _install_moe() -> None:
+    """megatron-core's MoE layers without a GPU: 0.16.1 names ``te_general_gemm`` in the router
+    without defining it when Transformer Engine is absent, the all-to-all dispatcher copies on a
+    side CUDA stream, and its split sizes must reach gloo as lists."""
+    from megatron.core.transformer.moe import moe_utils, token_dispatcher
+
+    if not hasattr(moe_utils, "te_general_gemm"):
+        moe_utils.te_general_gemm = None  # type: ignore[attr-defined]
+    token_dispatcher.MoEAlltoAllTokenDispatcher.cuda_dtoh_stream = _STREAM  # type: ignore[assignment]
+    if not hasattr(token_dispatcher.maybe_move_tensor_to_cpu, "__wrapped__"):
+        token_dispatcher.maybe_move_tensor_to_cpu = _split_sizes_as_lists(token_dispatcher.maybe_move_tensor_to_cpu)
+
+
 def install() -> bool:
     """Redirect the loaded megatron-core modules when there is no GPU; True when it did.
     Call it after importing the megatron-core modules a backend uses (it is idempotent)."""
@@ -154,6 +216,7 @@ def install() -> bool:
     if not hasattr(LanguageModule.setup_embeddings_and_output_layer, "__wrapped__"):
         LanguageModule.setup_embeddings_and_output_layer = _cpu_setup_embeddings(  # type: ignore[method-assign]
             LanguageModule.setup_embeddings_and_output_layer)
+    _install_moe()
     for name, module in list(sys.modules.items()):
         if name.startswith(_MODULE_PREFIX) and getattr(module, "torch", None) is torch:
             module.torch = _STAND_IN  # type: ignore[attr-defined]

@@ -1,7 +1,9 @@
-"""A megatron-core GPTModel shaped like a Hugging Face Llama/Qwen2 checkpoint."""
+"""A megatron-core GPTModel shaped like a Hugging Face Llama/Qwen2 checkpoint, or a Qwen3-MoE/Mixtral
+mixture of experts (megatron-core's MoE layers: :mod:`corerl_megatron.training.moe_config`)."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import torch
@@ -14,10 +16,14 @@ def rope_theta(hf: Any) -> float:
 
 
 def transformer_config(hf: Any, settings: Any = None, params_dtype: torch.dtype = torch.float32, *,
-                       tensor_parallel: int = 1, pipeline_parallel: int = 1, qkv_bias: bool = False) -> Any:
+                       tensor_parallel: int = 1, pipeline_parallel: int = 1, qkv_bias: bool = False,
+                       moe: Any = None) -> Any:
     """megatron-core's TransformerConfig for the Hugging Face config ``hf`` (RMSNorm, SwiGLU,
-    RoPE, grouped-query attention), with the parallel sizes and switches of ``settings``."""
+    RoPE, grouped-query attention; a mixture of experts' MoE layers with the router settings of
+    ``moe``, ``policy.moe``), with the parallel sizes and switches of ``settings``."""
     from megatron.core.transformer.transformer_config import TransformerConfig
+
+    from corerl_megatron.training.moe_config import moe_fields
 
     on_gpu = torch.cuda.is_available()
     get = (lambda name, default: getattr(settings, name, default)) if settings is not None else (lambda n, d: d)
@@ -46,6 +52,7 @@ def transformer_config(hf: Any, settings: Any = None, params_dtype: torch.dtype 
         bias_activation_fusion=get("bias_activation_fusion", False) and on_gpu,
         masked_softmax_fusion=False, bias_dropout_fusion=False, gradient_accumulation_fusion=False,
         persist_layer_norm=False,
+        **moe_fields(hf, settings, moe),
     )
 
 
@@ -74,6 +81,10 @@ def build_gpt(hf: Any, config: Any, *, pre_process: bool = True, post_process: b
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
     spec = get_gpt_layer_local_spec(normalization="RMSNorm")
+    if config.num_moe_experts:  # dense and MoE layers as config.moe_layer_freq says, this stage's only
+        from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
+
+        spec = get_gpt_decoder_block_spec(config, use_transformer_engine=False, normalization="RMSNorm")
     if torch.cuda.is_available():
         try:
             import transformer_engine  # noqa: F401
@@ -82,6 +93,10 @@ def build_gpt(hf: Any, config: Any, *, pre_process: bool = True, post_process: b
             )
 
             spec = get_gpt_layer_with_transformer_engine_spec()
+            if config.num_moe_experts:
+                from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
+
+                spec = get_gpt_decoder_block_spec(config, use_transformer_engine=True)
         except ImportError:
             pass
     model = GPTModel(
@@ -108,8 +123,14 @@ _FOLDED_NORMS = {"self_attention.linear_qkv.layer_norm_weight": "input_layernorm
                  "mlp.linear_fc1.layer_norm_weight": "pre_mlp_layernorm.weight"}
 
 
+_GROUPED_EXPERT = re.compile(r"\.mlp\.experts\.(linear_fc[12])\.weight(\d+)$")
+
+
 def spec_neutral_name(name: str) -> str:
     """The local-spec name of a GPTModel parameter name (the same name under the local spec)."""
+    grouped = _GROUPED_EXPERT.search(name)  # Transformer Engine's grouped experts: one weight per local expert
+    if grouped:
+        return f"{name[:grouped.start()]}.mlp.experts.local_experts.{grouped.group(2)}.{grouped.group(1)}.weight"
     for folded, local in _FOLDED_NORMS.items():
         if name.endswith(folded):
             return name[: -len(folded)] + local
