@@ -22,9 +22,11 @@ class DTensorConfig:
     cpu_offload: bool = setting(False, help="keep parameters and gradients in CPU memory between uses (FSDP's CPUOffloadPolicy)")
     custom_parallel_plan: str | None = setting(None, help="import path of a tensor-parallel plan")
     fsdp_version: Literal[1, 2] = setting(2, help="2: fully_shard (FSDP2); 1: legacy FullyShardedDataParallel")
+    expert_parallel_size: int = setting(1, min=1, help="ranks a mixture-of-experts layer's routed experts are split over "
+                                        "(tokens sent to their experts by all-to-all; the rest shards with FSDP)")
 
     def check(self, config: Any) -> Iterator[tuple[str, str]]:
-        """TP x CP must divide the world size; the plan's import path may not lead into a module
+        """TP x CP must divide the world size, and so must the expert-parallel size; the plan's import path may not lead into a module
         that runs commands or code."""
         from corerl.sdk import code_runner_problem
 
@@ -35,6 +37,9 @@ class DTensorConfig:
             "tensor_parallel_size",
             {"tensor_parallel_size": self.tensor_parallel_size, "context_parallel_size": self.context_parallel_size},
             config,
+        )
+        yield from parallel_sizes_divide_world(
+            "expert_parallel_size", {"expert_parallel_size": self.expert_parallel_size}, config,
         )
         if self.sequence_parallel and self.tensor_parallel_size == 1:
             yield ("sequence_parallel", "needs tensor_parallel_size > 1")

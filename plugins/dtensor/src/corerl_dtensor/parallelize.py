@@ -1,8 +1,8 @@
 """How the dtensor backend lays a Hugging Face causal LM over its device mesh.
 
-One function per technique, applied in this order: tensor parallel (DTensor plans),
-activation checkpointing, then FSDP2 (``fully_shard`` per decoder layer, then the root) or
-the legacy FSDP1 wrapper.
+One function per technique, applied in this order: tensor parallel (DTensor plans), expert
+parallel (:mod:`corerl_dtensor.expert_parallel`), activation checkpointing, then FSDP2
+(``fully_shard`` per decoder layer, then the root) or the legacy FSDP1 wrapper.
 """
 
 from __future__ import annotations
@@ -136,8 +136,11 @@ def apply_activation_checkpointing(model: nn.Module) -> None:
         layers[index] = checkpoint_wrapper(layer, checkpoint_impl=CheckpointImpl.NO_REENTRANT)
 
 
-def apply_fsdp2(model: nn.Module, dp_mesh: Any, param_dtype: torch.dtype, cpu_offload: bool) -> None:
-    """``fully_shard`` each decoder layer, then the root (which holds embeddings, norm, head)."""
+def apply_fsdp2(model: nn.Module, dp_mesh: Any, param_dtype: torch.dtype, cpu_offload: bool,
+                experts: list[nn.Module] | None = None, edp_mesh: Any = None) -> None:
+    """``fully_shard`` each decoder layer, then the root (which holds embeddings, norm, head).
+    Expert-parallel ``experts`` are sharded first over ``edp_mesh`` (the ranks holding the same
+    experts), so each layer's unit leaves them to theirs."""
     from torch.distributed.fsdp import (
         CPUOffloadPolicy,
         MixedPrecisionPolicy,
@@ -147,6 +150,10 @@ def apply_fsdp2(model: nn.Module, dp_mesh: Any, param_dtype: torch.dtype, cpu_of
 
     mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
     offload = CPUOffloadPolicy(pin_memory=torch.cuda.is_available()) if cpu_offload else OffloadPolicy()
+    if experts:
+        from corerl_dtensor.expert_parallel import shard_experts_fsdp2
+
+        shard_experts_fsdp2(experts, edp_mesh, mp, offload)
     for layer in decoder_layers(model):
         fully_shard(layer, mesh=dp_mesh, mp_policy=mp, offload_policy=offload)
     fully_shard(model, mesh=dp_mesh, mp_policy=mp, offload_policy=offload)
@@ -173,21 +180,28 @@ def apply_fsdp1(model: nn.Module, param_dtype: torch.dtype, cpu_offload: bool, d
 
 
 def parallelize(model: nn.Module, mesh: Any, settings: Any, param_dtype: torch.dtype,
-                device: torch.device) -> tuple[nn.Module, bool, bool]:
+                device: torch.device, expert_mesh: Any = None) -> tuple[nn.Module, bool, bool]:
     """``model`` with the recipe's parallelisms applied in order: tensor parallelism over the
-    mesh's ``tp`` axis, activation checkpointing, then FSDP2 (or FSDP1) over ``dp``. Returns
-    (the model, whether forward passes need autocast to ``param_dtype``, whether it is FSDP1)."""
+    mesh's ``tp`` axis, expert parallelism over ``expert_mesh``'s ``ep`` axis (where given),
+    activation checkpointing, then FSDP2 (or FSDP1) over ``dp``. Returns (the model, whether
+    forward passes need autocast to ``param_dtype``, whether it is FSDP1)."""
     if mesh is not None and settings.tensor_parallel_size > 1:
         from corerl.sdk import resolve
 
         plan = resolve(settings.custom_parallel_plan) if settings.custom_parallel_plan else None
         apply_tensor_parallel(model, mesh["tp"], plan, settings.sequence_parallel)
+    experts: list[nn.Module] = []
+    if expert_mesh is not None:
+        from corerl_dtensor.expert_parallel import apply_expert_parallel
+
+        experts = apply_expert_parallel(model, expert_mesh["ep"])
     if settings.activation_checkpointing:
         apply_activation_checkpointing(model)
     if mesh is None:  # world size 1: plain module, autocast where the compute dtype is not float32
         return model, param_dtype != torch.float32, False
     if settings.fsdp_version == 2:
-        apply_fsdp2(model, mesh["dp"], param_dtype, settings.cpu_offload)
+        apply_fsdp2(model, mesh["dp"], param_dtype, settings.cpu_offload,
+                    experts, expert_mesh["edp"] if expert_mesh is not None else None)
         return model, False, False
     return apply_fsdp1(model, param_dtype, settings.cpu_offload, device), False, True
 

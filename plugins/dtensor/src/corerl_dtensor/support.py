@@ -4,7 +4,15 @@ logic only: nothing heavy is imported."""
 
 from __future__ import annotations
 
-from corerl.sdk import Config, ConfigError, EngineNotAvailable, check_tensor_parallel
+from typing import Any
+
+from corerl.sdk import (
+    Config,
+    ConfigError,
+    EngineNotAvailable,
+    check_expert_parallel,
+    check_tensor_parallel,
+)
 
 
 def check_supported(config: Config) -> None:
@@ -34,7 +42,35 @@ def check_supported(config: Config) -> None:
                                   f"projections; {key} lays out modules that LoRA has wrapped",
                                   key=f"{section}.{key}", hint=f"unset {key}, or set policy.lora.enabled=false")
     check_tensor_parallel(config, settings.tensor_parallel_size, f"{section}.tensor_parallel_size")
+    check_expert_parallel_layout(config, settings, section)
     if config.core.policy.precision == "float16":
         raise ConfigError(
             "the dtensor backend trains in float32 or bfloat16", key="policy.precision", hint="use bfloat16",
         )
+
+
+def check_expert_parallel_layout(config: Config, settings: Any, section: str) -> None:
+    """``expert_parallel_size``: the model and world must take it (the SDK's check), and the
+    layouts this backend does not combine with it are refused in one line each."""
+    ep = settings.expert_parallel_size
+    key = f"{section}.expert_parallel_size"
+    check_expert_parallel(config, ep, key)
+    if ep == 1:
+        return
+    refusals = (
+        (settings.tensor_parallel_size > 1,
+         "expert parallelism is not combined with tensor parallelism in the dtensor backend",
+         "set tensor_parallel_size=1 (or use the megatron backend for TP x EP)"),
+        (settings.fsdp_version == 1,
+         "expert parallelism shards experts as DTensors, which the legacy FSDP1 wrapper cannot hold",
+         "use fsdp_version 2"),
+        (config.core.policy.lora.enabled,
+         "LoRA adapters on expert-parallel experts are not implemented (PEFT wraps the fused experts as a whole)",
+         "set expert_parallel_size=1 with LoRA, or policy.lora.enabled=false"),
+        (bool(settings.custom_parallel_plan),
+         "a custom_parallel_plan lays out modules itself; expert parallelism applies to the built-in layout",
+         "unset custom_parallel_plan"),
+    )
+    for refused, message, hint in refusals:
+        if refused:
+            raise ConfigError(message, key=key, hint=hint)

@@ -1,7 +1,8 @@
 """One rank of the dtensor backend: the model shard, its optimizer, and the work on it.
 
 Built by a worker group (a Ray actor per rank, or in-process for world size 1). Ranks are
-laid out row-major over a ``(dp, tp)`` mesh: rank ``r`` is data-parallel rank ``r // tp``.
+laid out row-major over a ``(dp, tp)`` mesh: rank ``r`` is data-parallel rank ``r // tp``;
+with expert parallelism a second mesh ``(edp, ep)`` over the same ranks places the experts.
 The step, checkpoint sidecar and device plumbing come from :class:`corerl.training.rank_worker.RankWorker`.
 """
 
@@ -46,6 +47,7 @@ class DTensorWorker(RankWorker):
         self.dp = self.world_size // self.tp
         self.param_dtype = DTYPES[self.config.core.policy.precision]
         self.mesh = None
+        self.expert_mesh = None
         if self.world_size > 1:
             if not dist.is_initialized():
                 backend = "nccl" if self.device.type == "cuda" else "gloo"
@@ -55,6 +57,10 @@ class DTensorWorker(RankWorker):
             from torch.distributed.device_mesh import init_device_mesh
 
             self.mesh = init_device_mesh(self.device.type, (self.dp, self.tp), mesh_dim_names=("dp", "tp"))
+            ep = self.settings.expert_parallel_size
+            if ep > 1:  # experts over "ep"; the ranks holding the same experts ("edp") shard them with FSDP
+                self.expert_mesh = init_device_mesh(self.device.type, (self.world_size // ep, ep),
+                                                    mesh_dim_names=("edp", "ep"))
         self.model: nn.Module | None = None
 
     def load_hf(self, model_path: str) -> None:
@@ -74,7 +80,7 @@ class DTensorWorker(RankWorker):
                 if not param.requires_grad:
                     param.data = param.data.to(self.param_dtype)
         model, self.autocast, self.fsdp1 = parallelize.parallelize(model, self.mesh, self.settings,
-                                                                    self.param_dtype, self.device)
+                                                                    self.param_dtype, self.device, self.expert_mesh)
         self.model = model
         self.optimizer = build_optimizer(model.parameters(), policy.optimizer)
         self.scheduler = build_scheduler(self.optimizer, policy.scheduler, self.config.core.algorithm.max_steps)
