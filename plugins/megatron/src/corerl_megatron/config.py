@@ -48,12 +48,20 @@ class MegatronConfig:
     num_layers_in_last_pipeline_stage: int | None = setting(
         None, min=1, help="uneven pipeline stages: the last stage's layers (the rest split evenly); unset: even")
     context_parallel_size: int = setting(1, min=1, help="ranks a sequence is split over (needs Transformer Engine on GPUs; refused otherwise)")
-    expert_model_parallel_size: int = setting(1, min=1, help="ranks experts are split over (mixture-of-experts models; not supported yet)")
-    expert_tensor_parallel_size: int = setting(1, min=1, help="tensor parallelism inside experts (mixture-of-experts models; not supported yet)")
+    expert_model_parallel_size: int = setting(1, min=1, help="ranks a mixture of experts' experts are split over (each holds experts / size)")
+    expert_tensor_parallel_size: int = setting(1, min=1, help="ranks each expert's weights are split over (tensor parallelism inside experts)")
+    moe_token_dispatcher_type: Literal["allgather", "alltoall"] = setting(
+        "allgather", help="how tokens reach their experts' ranks: allgather (every rank sees every token) or alltoall")
+    moe_grouped_gemm: bool = setting(False, help="run a rank's experts as one grouped GEMM (needs Transformer Engine "
+                                                 "or grouped_gemm on a GPU; refused where megatron-core lacks it)")
+    moe_expert_capacity_factor: float | None = setting(
+        None, min=0.0, min_exclusive=True, help="each expert takes at most this times its even share of the token-slots; "
+                                               "the rest are dropped (logged as moe/dropped_tokens); unset: no dropping")
     sequence_parallel: bool = setting(False, help="split activations along the sequence in tensor-parallel regions")
     activation_checkpointing: bool = setting(False, help="recompute activations in the backward pass (less memory, more compute)")
     empty_unused_memory_level: int = setting(0, min=0, max=2, help="megatron's torch.cuda.empty_cache level between phases (0: never, 2: most)")
-    freeze_moe_router: bool = setting(False, help="keep mixture-of-experts routers frozen (mixture-of-experts models)")
+    freeze_moe_router: bool = setting(False, help="keep mixture-of-experts routers frozen (policy.moe.freeze_router, "
+                                                  "on by default, does too)")
     apply_rope_fusion: bool = setting(False, help="megatron's fused rotary-embedding kernel (GPU only; off on CPU)")
     bias_activation_fusion: bool = setting(False, help="megatron's fused bias and activation kernel (GPU only; off on CPU)")
     fp8_cfg: dict[str, Any] | None = setting(None, help="NeMo RL's FP8 settings; FP8 training is not supported yet (enabled: true is refused)")

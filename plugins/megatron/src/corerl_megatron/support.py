@@ -5,7 +5,14 @@ logic only; GPU-only options are refused where the recipe runs on this machine a
 
 from __future__ import annotations
 
-from corerl.sdk import Config, ConfigError, EngineNotAvailable, check_tensor_parallel, model_shape
+from corerl.sdk import (
+    Config,
+    ConfigError,
+    EngineNotAvailable,
+    check_expert_parallel,
+    check_tensor_parallel,
+    model_shape,
+)
 
 
 def check_supported(config: Config) -> None:
@@ -20,6 +27,8 @@ def check_supported(config: Config) -> None:
         f"{section}.optimizer.use_distributed_optimizer": settings.optimizer.use_distributed_optimizer,
         f"{section}.apply_rope_fusion": settings.apply_rope_fusion,
         f"{section}.bias_activation_fusion": settings.bias_activation_fusion,
+        # megatron-core: "Grouped GEMM is not available" without grouped_gemm / Transformer Engine
+        f"{section}.moe_grouped_gemm": settings.moe_grouped_gemm,
     }
     for key, value in gpu_only.items():
         if value and not on_gpu:
@@ -54,10 +63,39 @@ def check_supported(config: Config) -> None:
         raise EngineNotAvailable("context parallelism needs Transformer Engine's attention, which the megatron "
                                  "backend does not wire in yet (the local layer spec has no context-parallel attention)",
                                  key=f"{section}.context_parallel_size", hint="set it to 1")
-    if settings.expert_model_parallel_size > 1 or settings.expert_tensor_parallel_size > 1:
-        key = "expert_model_parallel_size" if settings.expert_model_parallel_size > 1 else "expert_tensor_parallel_size"
-        raise EngineNotAvailable("expert parallelism needs a mixture-of-experts model; the converter's tables cover "
-                                 "the dense Llama and Qwen2 families only", key=f"{section}.{key}", hint="set it to 1")
+    check_experts(config, settings, section, on_gpu)
+
+
+def check_experts(config: Config, settings: object, section: str, on_gpu: bool) -> None:
+    """Refuse an expert layout the model or this machine cannot take, and router settings the
+    megatron backend does not run: a dense model's expert parallelism (the SDK's check),
+    tensor parallelism inside experts (not wired), tensor parallelism over a MoE model's training
+    on the CPU (megatron-core's MoE layer wants sequence parallelism with it), and router replay
+    other than r2 or with activation recomputation / sequence parallelism."""
+    check_expert_parallel(config, settings.expert_model_parallel_size,  # type: ignore[attr-defined]
+                          f"{section}.expert_model_parallel_size")
+    if settings.expert_tensor_parallel_size > 1:  # type: ignore[attr-defined]
+        raise EngineNotAvailable("tensor parallelism inside experts is not wired into the megatron backend's weight "
+                                 "layout yet", key=f"{section}.expert_tensor_parallel_size",
+                                 hint="set it to 1 and split the experts with expert_model_parallel_size")
+    shape = model_shape(config)
+    if shape is None or not shape.is_moe or config.role == "critic":
+        return
+    if settings.tensor_model_parallel_size > 1 and not on_gpu:  # type: ignore[attr-defined]
+        raise EngineNotAvailable("megatron-core trains a mixture of experts with tensor parallelism only together with "
+                                 "sequence parallelism, which needs Transformer Engine on a GPU",
+                                 key=f"{section}.tensor_model_parallel_size",
+                                 hint="set it to 1 and split the experts with expert_model_parallel_size")
+    replay = config.core.policy.moe.router_replay
+    if replay == "r3":
+        raise EngineNotAvailable("router replay r3 takes the experts the generation engine chose, and the megatron "
+                                 "backend is not handed them", key="policy.moe.router_replay",
+                                 hint="use r2 (the experts chosen while scoring the old-policy logprobs)")
+    if replay == "r2" and (settings.activation_checkpointing or settings.sequence_parallel):  # type: ignore[attr-defined]
+        key = "activation_checkpointing" if settings.activation_checkpointing else "sequence_parallel"  # type: ignore[attr-defined]
+        raise EngineNotAvailable(f"router replay r2 on megatron records each row's experts per token of a whole "
+                                 f"sequence; {key} recomputes or splits them", key=f"{section}.{key}",
+                                 hint="turn it off, or set policy.moe.router_replay=none")
 
 
 def check_pipeline_stages(config: Config, settings: object, section: str) -> None:

@@ -18,22 +18,26 @@ log = logging.getLogger(__name__)
 
 @attrs.define
 class StageWeights:
-    """The layer numbering and partition dims of one rank's model stage."""
+    """The layer numbering and partition dims of one rank's model stage (and, in a mixture of
+    experts, which experts it holds: its expert-parallel rank and the experts per rank)."""
 
     numbering: Any
     partition: dict[str, int | None]
     tied: bool
     tp_rank: int
     tp: int
+    ep_rank: int = 0
+    experts_per_rank: int = 0
 
     @classmethod
-    def of(cls, model: Any, full: dict[str, torch.Tensor], tied: bool, tp_rank: int, tp: int) -> StageWeights:
+    def of(cls, model: Any, full: dict[str, torch.Tensor], tied: bool, tp_rank: int, tp: int,
+           ep_rank: int = 0, experts_per_rank: int = 0) -> StageWeights:
         """Read ``model``'s layout against the full state, marking each parameter's partition
         the way megatron does while initialising weights (which conversion skips; its grad norm
         counts a tensor-parallel-duplicated parameter once by them)."""
         from corerl_megatron.training.sharding import layer_numbering, partition_dim
 
-        layout = cls(layer_numbering(model), {}, tied, tp_rank, tp)
+        layout = cls(layer_numbering(model), {}, tied, tp_rank, tp, ep_rank, experts_per_rank)
         for name, param in model.named_parameters():
             dim = layout.partition[name] = partition_dim(full[layout.source_name(name)].shape, param.shape)
             param.tensor_model_parallel = dim is not None
@@ -43,10 +47,12 @@ class StageWeights:
 
     def source_name(self, local_name: str) -> str:
         """The global Megatron name a local parameter is cut from."""
+        from corerl_megatron.training.experts import global_expert_name
         from corerl_megatron.training.model import spec_neutral_name
         from corerl_megatron.training.sharding import renumber
 
-        name = spec_neutral_name(renumber(local_name, self.numbering))
+        name = global_expert_name(spec_neutral_name(renumber(local_name, self.numbering)), self.ep_rank,
+                                  self.experts_per_rank)
         # tied embeddings: the last pipeline stage's copy of the word embeddings is the same tensor
         return "embedding.word_embeddings.weight" if name == "output_layer.weight" and self.tied else name
 
@@ -63,8 +69,8 @@ class StageWeights:
 
 
 def freeze_routers(model: Any) -> None:
-    """``freeze_moe_router``: the MoE routers' weights take no gradient (set before DDP builds
-    its gradient buffers, which then leave them out)."""
+    """``policy.moe.freeze_router`` (NeMo RL's ``freeze_moe_router``): the MoE routers' weights
+    take no gradient (set before DDP builds its gradient buffers, which then leave them out)."""
     routers = [param for name, param in model.named_parameters() if ".router." in name]
     for param in routers:
         param.requires_grad_(False)

@@ -40,6 +40,8 @@ class MegatronWorker(RankWorker):
         self.tp_rank, self.tp = ps.get_tensor_model_parallel_rank(), ps.get_tensor_model_parallel_world_size()
         self.dp = ps.get_data_parallel_world_size()
         self.model: Any = None
+        self.routing: Any = None  # a mixture of experts' load counters and router replay (set by load_hf)
+        self.replay: Any = None
 
     # -- set-up ------------------------------------------------------------------------
 
@@ -49,6 +51,7 @@ class MegatronWorker(RankWorker):
 
         from corerl_megatron.conversion.store import WEIGHTS, ensure_converted, load_hf_model_config
         from corerl_megatron.training.model import build_gpt, transformer_config
+        from corerl_megatron.training.routing import RouteReplay, RoutingStats
         from corerl_megatron.training.stage_weights import StageWeights, freeze_routers
 
         torch.manual_seed(self.config.core.algorithm.seed)
@@ -64,14 +67,20 @@ class MegatronWorker(RankWorker):
             have, role = ("a value model", "a policy") if self.shape.value_head else ("a causal LM", "a critic")
             raise ValueError(f"{model_path} holds {have}, and this megatron backend was built as {role}")
         dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+        moe = self.config.core.policy.moe
         self.mconfig = transformer_config(
             hf, self.settings, dtype[self.config.core.policy.precision], tensor_parallel=self.tp,
-            pipeline_parallel=self.settings.pipeline_model_parallel_size, qkv_bias=self.shape.qkv_bias)
+            pipeline_parallel=self.settings.pipeline_model_parallel_size, qkv_bias=self.shape.qkv_bias, moe=moe)
         model = build_gpt(hf, self.mconfig, pre_process=self.ps.is_pipeline_first_stage(),
                           post_process=self.ps.is_pipeline_last_stage(), value_head=self.shape.value_head)
-        if self.settings.freeze_moe_router:
+        if self.shape.experts and (moe.freeze_router or self.settings.freeze_moe_router):
             freeze_routers(model)
-        self.layout = StageWeights.of(model, full, self.shape.tied, self.tp_rank, self.tp)
+        self.ep = self.ps.get_expert_model_parallel_world_size() if self.shape.experts else 1
+        self.layout = StageWeights.of(model, full, self.shape.tied, self.tp_rank, self.tp,
+                                      self.ps.get_expert_model_parallel_rank() if self.shape.experts else 0,
+                                      self.shape.experts // self.ep)
+        self.routing = RoutingStats(model, self.mconfig) if self.shape.experts else None
+        self.replay = RouteReplay() if self.shape.experts and moe.router_replay == "r2" else None
         self.layout.copy_in(model, full)
         ddp = DistributedDataParallelConfig(grad_reduce_in_fp32=True, overlap_grad_reduce=False,
                                             use_distributed_optimizer=False)
@@ -104,7 +113,11 @@ class MegatronWorker(RankWorker):
             mb = {k: v.to(self.device) if isinstance(v, torch.Tensor) else v for k, v in next(data).items()}
             ids = mb["input_ids"]
             positions = torch.arange(ids.shape[1], device=self.device).expand_as(ids)
+            if self.replay is not None and not forward_only:
+                self.replay.replay(mb)
             output = model(ids, positions, attention_mask=None)
+            if self.replay is not None and forward_only and not self.critic:
+                self.replay.keep(mb)
             return output, partial(self._loss, mb, loss_fn, normaliser, scale, forward_only, self.critic)
 
         self.mconfig.finalize_model_grads_func = None if forward_only else _finalize
@@ -136,7 +149,13 @@ class MegatronWorker(RankWorker):
     def logprobs(self, mbs: list[dict[str, torch.Tensor]]) -> list[torch.Tensor] | None:
         if self.critic:
             raise RuntimeError("a critic computes values, not logprobs")
-        return self._forward_only(mbs)
+        if self.replay is None:
+            return self._forward_only(mbs)
+        self.replay.start_recording()  # r2: these are the old-policy logprobs; training routes as they did
+        try:
+            return self._forward_only(mbs)
+        finally:
+            self.replay.stop()
 
     def values(self, mbs: list[dict[str, torch.Tensor]]) -> list[torch.Tensor] | None:
         """Values of this rank's micro-batches on a critic (the last pipeline stage reports them)."""
@@ -152,7 +171,15 @@ class MegatronWorker(RankWorker):
         self.model.train()
         self.model.zero_grad_buffer()
         self.optimizer.zero_grad()
-        out = self._run(mbs, loss_fn, normaliser, forward_only=False)
+        if self.routing is not None:
+            self.routing.active = True
+        try:
+            out = self._run(mbs, loss_fn, normaliser, forward_only=False)
+        finally:
+            if self.routing is not None:
+                self.routing.active = False
+            if self.replay is not None:
+                self.replay.stop()
         self._empty_unused_memory(1)
         lr = self.optimizer.param_groups[0]["lr"]
         _, grad_norm, _ = self.optimizer.step()
@@ -163,6 +190,9 @@ class MegatronWorker(RankWorker):
         for o in out:
             for key, value in o["metrics"].items():
                 metrics[key] = metrics.get(key, 0.0) + float(value)
+        if self.routing is not None:  # every rank takes part (collectives); the reporting ranks log it
+            metrics.update(self.routing.metrics(len(mbs), self.ps.get_data_parallel_group(),
+                                                self.ps.get_pipeline_model_parallel_group(), self.dp))
         last = self.ps.is_pipeline_last_stage()
         return {"loss": sum(o["loss"] for o in out) if last else None, "grad_norm": float(grad_norm or 0.0),
                 "lr": lr, "step": self.step, "metrics": metrics if last else None}
@@ -225,15 +255,20 @@ class MegatronWorker(RankWorker):
     def full_state_dict(self) -> dict[str, torch.Tensor] | None:
         """Every rank must call this; each pipeline stage's first tensor-parallel rank returns
         its stage's full tensors with global Megatron names (the driver merges the stages)."""
+        from corerl_megatron.training.experts import gather_experts, is_expert
         from corerl_megatron.training.model import spec_neutral_name
         from corerl_megatron.training.sharding import gather, renumber
 
         module = self.model.module
         group = self.ps.get_tensor_model_parallel_group()
-        out = {}
+        out, experts = {}, {}
         for name, param in module.named_parameters():
             full = gather(name, param.detach(), self.layout.partition[name], group, self.tp)
-            out[spec_neutral_name(renumber(name, self.layout.numbering))] = full.cpu()
+            target = experts if is_expert(name) else out
+            target[spec_neutral_name(renumber(name, self.layout.numbering))] = full.cpu()
+        if experts:  # each expert-parallel rank holds E / ep of them
+            out.update(gather_experts(experts, self.ps.get_expert_model_parallel_group(), self.ep,
+                                      self.layout.experts_per_rank))
         if self.shape.tied:
             out.pop("output_layer.weight", None)
         keep = self.tp_rank == 0 and self.ps.get_data_parallel_rank() == 0

@@ -1,0 +1,190 @@
+"""A mixture of experts on the megatron backend: megatron-core's MoE layers built from a
+Hugging Face Qwen3-MoE, expert parallelism over gloo (the all-to-all and all-gather token
+dispatchers) computing and training what one rank does, the router's settings (policy.moe) and
+metrics, router replay, and what the backend refuses in one line."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from corerl.testing import host_with, select_for, write_recipe
+from corerl.testing.conformance import conformance_batch, conformance_loss
+
+MEGATRON = ["policy.megatron_cfg.enabled=true", "policy.megatron_cfg.optimizer.optimizer=sgd",
+            "policy.megatron_cfg.optimizer.lr=0.1", "policy.megatron_cfg.optimizer.weight_decay=0.0"]
+TINY_MOE = dict(family="qwen3_moe", hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16,
+                num_experts=4, experts_per_token=2, expert_intermediate_size=32, initializer_range=0.2)
+
+
+def _config(model_dir: str, tmp_path, overrides: list[str]):
+    from corerl.config import load_config
+    from corerl.plugin_manager import PluginHost
+
+    recipe = write_recipe(tmp_path / "r.yaml", {"policy": {"model_name": model_dir, "precision": "float32",
+                                                           "megatron_cfg": {"enabled": True}}})
+    return load_config(recipe, overrides, PluginHost())
+
+
+@pytest.fixture(scope="module")
+def moe_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    from corerl.models.tiny import build_tiny_model
+
+    return str(build_tiny_model(tmp_path_factory.mktemp("moe"), **TINY_MOE))
+
+
+# -- fast: config and refusals --------------------------------------------------------------
+
+
+def test_routing_settings_follow_the_hugging_face_config_and_policy_moe(moe_dir, tmp_path):
+    from transformers import AutoConfig
+
+    from corerl_megatron.training.moe_config import moe_fields
+
+    hf = AutoConfig.from_pretrained(moe_dir)
+    config = _config(moe_dir, tmp_path, ["policy.moe.load_balancing_type=seq_aux_loss", "policy.moe.aux_loss_coeff=0.01",
+                                         "policy.moe.z_loss_coeff=0.001", "policy.megatron_cfg.moe_expert_capacity_factor=1.5",
+                                         "policy.megatron_cfg.moe_token_dispatcher_type=alltoall"])
+    fields = moe_fields(hf, config.section("policy.megatron_cfg"), config.core.policy.moe)
+    assert (fields["num_moe_experts"], fields["moe_router_topk"], fields["moe_ffn_hidden_size"]) == (4, 2, 32)
+    assert fields["moe_router_pre_softmax"] is False  # norm_topk_prob: top-k, then renormalise = softmax over the k
+    assert fields["qk_layernorm"] is True and fields["moe_layer_freq"] == [1, 1]
+    assert fields["moe_router_load_balancing_type"] == "seq_aux_loss" and fields["moe_aux_loss_coeff"] == 0.01
+    assert fields["moe_z_loss_coeff"] == 0.001 and fields["moe_expert_capacity_factor"] == 1.5
+    assert fields["moe_token_dispatcher_type"] == "alltoall"
+    hf.norm_topk_prob = False  # the top-k probabilities as the softmax over every expert gave them
+    assert moe_fields(hf)["moe_router_pre_softmax"] is True
+    hf.mlp_only_layers = [0]
+    assert moe_fields(hf)["moe_layer_freq"] == [0, 1]
+    assert moe_fields(AutoConfig.for_model("qwen2", hidden_size=64, num_attention_heads=4)) == {}
+
+
+@pytest.mark.parametrize(("overrides", "key", "says"), [
+    (["cluster.gpus_per_node=2", "policy.megatron_cfg.expert_model_parallel_size=3"], "expert_model_parallel_size",
+     "does not divide the 2 training ranks"),
+    (["cluster.gpus_per_node=2", "policy.megatron_cfg.expert_tensor_parallel_size=2"], "expert_tensor_parallel_size",
+     "tensor parallelism inside experts is not wired"),
+    (["policy.megatron_cfg.moe_grouped_gemm=true"], "moe_grouped_gemm", "needs a GPU"),
+    (["cluster.gpus_per_node=2", "policy.megatron_cfg.tensor_model_parallel_size=2"], "tensor_model_parallel_size",
+     "only together with sequence parallelism"),
+    (["policy.moe.router_replay=r3"], "router_replay", "r3 takes the experts the generation engine chose"),
+    (["policy.moe.router_replay=r2", "policy.megatron_cfg.activation_checkpointing=true"], "activation_checkpointing",
+     "router replay r2 on megatron"),
+])
+def test_what_the_backend_cannot_run_is_refused_in_one_line(moe_dir, tmp_path, overrides, key, says):
+    from corerl.errors import CorerlError
+    from corerl_megatron.support import check_supported
+
+    with pytest.raises(CorerlError) as refused:
+        check_supported(_config(moe_dir, tmp_path, overrides))
+    assert refused.value.key.endswith(key) and says in str(refused.value), str(refused.value)
+    assert "\n" not in str(refused.value)
+
+
+def test_expert_names_move_between_local_and_global_numbering():
+    from corerl_megatron.training.experts import global_expert_name, is_expert
+
+    name = "decoder.layers.1.mlp.experts.local_experts.1.linear_fc2.weight"
+    assert is_expert(name) and not is_expert("decoder.layers.1.mlp.router.weight")
+    assert global_expert_name(name, ep_rank=1, per_rank=2) == "decoder.layers.1.mlp.experts.local_experts.3.linear_fc2.weight"
+    assert global_expert_name("decoder.layers.1.mlp.router.weight", 1, 2) == "decoder.layers.1.mlp.router.weight"
+
+
+def test_router_replay_routes_each_row_as_recorded_whatever_its_padding_and_batch():
+    """r2's bookkeeping over megatron-core's RouterReplay: rows recorded in one micro-batch layout
+    ([seq, batch] token order) are replayed in another (other rows beside them, other width)."""
+    from megatron.core.transformer.moe.router_replay import RouterReplay, RouterReplayAction
+
+    from corerl_megatron.training.routing import RouteReplay
+
+    RouterReplay.clear_global_router_replay_instances()
+    layers = [RouterReplay(), RouterReplay()]
+    try:
+        ids = torch.tensor([[5, 6, 7, 0], [8, 9, 0, 0]])
+        mask = (ids > 0).long()
+        replay = RouteReplay()
+        replay.start_recording()
+        assert all(r.router_replay_action == RouterReplayAction.RECORD for r in layers)
+        chosen = [torch.arange(16).view(8, 2) % 4, torch.arange(16).view(8, 2) % 3]  # [seq*batch, k]
+        for router, indices in zip(layers, chosen, strict=True):
+            router.record_indices(indices)
+        replay.keep({"input_ids": ids, "attention_mask": mask})
+        replay.stop()
+        # row 1 alone, padded to width 3, beside a row of... itself twice: both route as recorded
+        again = {"input_ids": torch.tensor([[8, 9, 0], [8, 9, 0]]), "attention_mask": torch.tensor([[1, 1, 0], [1, 1, 0]])}
+        replay.replay(again)
+        assert all(r.router_replay_action == RouterReplayAction.REPLAY_FORWARD for r in layers)
+        for router, indices in zip(layers, chosen, strict=True):
+            recorded_row1 = indices.view(4, 2, 2)[:2, 1]  # positions 0, 1 of row 1
+            target = router.target_topk_idx.view(3, 2, 2)
+            assert torch.equal(target[:2, 0], recorded_row1) and torch.equal(target[:2, 1], recorded_row1)
+        with pytest.raises(RuntimeError, match="has no recorded routing"):
+            replay.replay({"input_ids": torch.tensor([[5, 6]]), "attention_mask": torch.tensor([[1, 1]])})
+        replay.stop()
+        assert all(r.router_replay_action is None for r in layers)
+    finally:
+        RouterReplay.clear_global_router_replay_instances()
+
+
+# -- slow: expert parallelism over gloo ---------------------------------------------------------
+
+
+def _engine(model_dir: str, tmp_path, overrides: list[str]):
+    recipe = write_recipe(tmp_path / "r.yaml", {"policy": {"model_name": model_dir, "precision": "float32",
+                                                           "train_micro_batch_size": 2, "max_grad_norm": 1.0,
+                                                           "generation": {"backend": "hf"}}})
+    config, selection = select_for(host_with(None, "installed"), recipe, [*MEGATRON, *overrides])
+    assert selection.training_backend.id == "megatron"
+    return selection.training_backend.registration.create(config=config)
+
+
+LAYOUTS = {
+    "one rank": ["cluster.gpus_per_node=1"],
+    "ep2 alltoall": ["cluster.gpus_per_node=2", "policy.megatron_cfg.expert_model_parallel_size=2",
+                     "policy.megatron_cfg.moe_token_dispatcher_type=alltoall"],
+    "ep2 allgather": ["cluster.gpus_per_node=2", "policy.megatron_cfg.expert_model_parallel_size=2",
+                      "policy.megatron_cfg.moe_token_dispatcher_type=allgather"],
+}
+ROUTER = ["policy.moe.freeze_router=false", "policy.moe.load_balancing_type=aux_loss", "policy.moe.aux_loss_coeff=0.01",
+          "policy.moe.z_loss_coeff=0.001"]
+
+
+class TestExpertParallel:
+    """One engine per layout, built once; every layout computes and trains what one rank does."""
+
+    @pytest.fixture(scope="class")
+    def engines(self, moe_dir, tmp_path_factory: pytest.TempPathFactory):
+        built = {}
+        try:
+            for name, overrides in LAYOUTS.items():
+                built[name] = _engine(moe_dir, tmp_path_factory.mktemp("engine"), [*overrides, *ROUTER])
+                built[name].load_hf(moe_dir)
+            yield built
+        finally:
+            for engine in built.values():
+                engine.shutdown()
+
+    def test_logprobs_a_train_step_and_the_weights_match_one_rank(self, engines):
+        batch = conformance_batch()
+        reference = engines["one rank"]
+        want_logprobs = reference.logprobs(batch)
+        want_step = reference.train_step(batch, conformance_loss)
+        want_weights = dict(reference.weight_stream())
+        assert want_step.metrics["moe/aux_loss"] > 0 and want_step.metrics["moe/z_loss"] > 0
+        for name in ("ep2 alltoall", "ep2 allgather"):
+            engine = engines[name]
+            assert float((engine.logprobs(batch) - want_logprobs).abs().max()) <= 1e-5, name
+            step = engine.train_step(batch, conformance_loss)
+            assert abs(step.loss - want_step.loss) <= 1e-5 and abs(step.grad_norm - want_step.grad_norm) <= 1e-5, name
+            for key, value in want_step.metrics.items():
+                if key.startswith("moe/"):
+                    assert abs(step.metrics[key] - value) <= 1e-5, (name, key, step.metrics[key], value)
+            weights = dict(engine.weight_stream())
+            assert weights.keys() == want_weights.keys(), name
+            assert max(float((weights[n] - want_weights[n]).abs().max()) for n in weights) <= 1e-5, name
+        # each layer's load shares: between 0 and 1, min <= 1/E <= max
+        for layer in (0, 1):
+            low, high = want_step.metrics[f"moe/layer{layer}/load_min"], want_step.metrics[f"moe/layer{layer}/load_max"]
+            assert 0 <= low <= 0.25 <= high <= 1
+            assert 0 < want_step.metrics[f"moe/layer{layer}/load_entropy"] <= torch.log(torch.tensor(4.0)).item() + 1e-9
+        assert any(".experts.gate_up_proj" in n for n in want_weights)
