@@ -6,11 +6,21 @@ mixed-precision policy, one layer unsharded at a time), so parameters and gradie
 each and AdamW's two moments 8, over ``dp``; tensor parallelism divides the decoder layers'
 projections over ``tp`` (the embedding, the output projection and the norms are only sharded by
 FSDP). ``cpu_offload`` keeps parameters, gradients and optimizer state on the CPU.
+
+A mixture-of-experts model (tensor parallelism refused) adds expert-parallel layouts: the experts
+are sharded over ``ep`` and FSDP over the ranks holding the same experts, so the persistent state
+per rank is the FSDP-only one; what expert parallelism saves is the layer FSDP unshards to
+compute, whose routed experts are divided by ``ep`` (``ModelShape.mlp_split(ep)``): that working
+layer (its weights in the compute precision and their gradients before the reduce-scatter) is
+counted for MoE models, where one layer's experts are a large share of the model. Layouts of
+equal complexity rank by peak memory, so the expert-parallel ones come first.
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+import attrs
 
 from corerl.sdk import (
     Layout,
@@ -24,32 +34,54 @@ from corerl.sdk import (
 BACKEND = "dtensor"
 
 
+@attrs.frozen
+class ExpertLayout(Layout):
+    """A dtensor layout with its expert-parallel size (1: experts sharded by FSDP only)."""
+
+    ep: int = 1
+
+
+def expert_parallel_sizes(request: PlanRequest) -> list[int]:
+    """Expert-parallel sizes for the request's model: 1, and for a MoE model every size above 1
+    that divides both its routed experts and the world size."""
+    shape = request.shape
+    if not shape.is_moe:
+        return [1]
+    return [n for n in range(1, request.world_size + 1) if request.world_size % n == 0 and shape.experts % n == 0]
+
+
 class DTensorMemory:
-    """FSDP2 x tensor parallel, with and without activation checkpointing."""
+    """FSDP2 x tensor parallel (dense models) or x expert parallel (MoE models), with and
+    without activation checkpointing."""
 
     def layouts(self, request: PlanRequest) -> list[Layout]:
-        out = []
-        for tp in tensor_parallel_sizes(request):
-            for checkpointing in (False, True):
-                out.append(self._layout(request, tp, checkpointing))
-        return out
+        sizes = [(1, ep) for ep in expert_parallel_sizes(request)] if request.shape.is_moe else \
+            [(tp, 1) for tp in tensor_parallel_sizes(request)]
+        return [self._layout(request, tp, ep, checkpointing) for tp, ep in sizes for checkpointing in (False, True)]
 
-    def _layout(self, request: PlanRequest, tp: int, checkpointing: bool) -> Layout:
-        name = f"FSDP2 TP={tp}" + (" +AC" if checkpointing else "")
+    def _layout(self, request: PlanRequest, tp: int, ep: int, checkpointing: bool) -> Layout:
+        name = f"FSDP2 TP={tp}" + (f" EP={ep}" if request.shape.is_moe else "") + (" +AC" if checkpointing else "")
         overrides = (*cluster_overrides(request), "policy.training_backend=dtensor",
                      f"policy.dtensor_cfg.tensor_parallel_size={tp}",
+                     *((f"policy.dtensor_cfg.expert_parallel_size={ep}",) if request.shape.is_moe else ()),
                      f"policy.dtensor_cfg.activation_checkpointing={'true' if checkpointing else 'false'}")
-        return Layout(BACKEND, name, overrides, tp=tp, dp=request.world_size // tp,
-                      activation_checkpointing=checkpointing)
+        return ExpertLayout(BACKEND, name, overrides, tp=tp, dp=request.world_size // tp,
+                            activation_checkpointing=checkpointing, ep=ep)
 
     def layout_of(self, config: Any, request: PlanRequest) -> Layout:
         settings = config.section("policy.dtensor_cfg")
-        return self._layout(request, settings.tensor_parallel_size, settings.activation_checkpointing)
+        return self._layout(request, settings.tensor_parallel_size, settings.expert_parallel_size,
+                            settings.activation_checkpointing)
 
     def estimate(self, request: PlanRequest, layout: Layout) -> TrainingMemory:
         shape = request.shape
         split = shape.layers * (shape.attention_split + shape.mlp)
         per_rank = (split / layout.tp + (shape.parameters - split)) / layout.dp
+        working = 0
+        if shape.is_moe:  # one layer unsharded to compute, its routed experts divided by ep
+            layer = shape.attention_split / layout.tp + shape.mlp_split(getattr(layout, "ep", 1))
+            working = int(layer * request.dtype_bytes)
         activations = activation_bytes(request, shape.layers, tp=layout.tp, checkpointing=layout.activation_checkpointing)
-        return TrainingMemory(parameters=int(4 * per_rank), gradients=int(4 * per_rank), optimizer=int(8 * per_rank),
-                              activations=activations, reference=int(4 * per_rank) if request.reference else 0)
+        return TrainingMemory(parameters=int(4 * per_rank) + working, gradients=int(4 * per_rank) + working,
+                              optimizer=int(8 * per_rank), activations=activations,
+                              reference=int(4 * per_rank) if request.reference else 0)

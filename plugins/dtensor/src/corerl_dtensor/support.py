@@ -12,6 +12,7 @@ from corerl.sdk import (
     EngineNotAvailable,
     check_expert_parallel,
     check_tensor_parallel,
+    model_shape,
 )
 
 
@@ -42,6 +43,12 @@ def check_supported(config: Config) -> None:
                                   f"projections; {key} lays out modules that LoRA has wrapped",
                                   key=f"{section}.{key}", hint=f"unset {key}, or set policy.lora.enabled=false")
     check_tensor_parallel(config, settings.tensor_parallel_size, f"{section}.tensor_parallel_size")
+    shape = model_shape(config)
+    if settings.tensor_parallel_size > 1 and shape is not None and shape.is_moe:
+        raise ConfigError("the dtensor backend's tensor-parallel plan splits dense MLPs; a mixture-of-experts "
+                          "model's experts are split by expert parallelism",
+                          key=f"{section}.tensor_parallel_size",
+                          hint="set it to 1 and use expert_parallel_size (or the megatron backend for TP x EP)")
     check_expert_parallel_layout(config, settings, section)
     if config.core.policy.precision == "float16":
         raise ConfigError(
@@ -51,16 +58,14 @@ def check_supported(config: Config) -> None:
 
 def check_expert_parallel_layout(config: Config, settings: Any, section: str) -> None:
     """``expert_parallel_size``: the model and world must take it (the SDK's check), and the
-    layouts this backend does not combine with it are refused in one line each."""
+    layouts this backend does not combine with it are refused in one line each (tensor
+    parallelism is refused for any MoE model before this)."""
     ep = settings.expert_parallel_size
     key = f"{section}.expert_parallel_size"
     check_expert_parallel(config, ep, key)
     if ep == 1:
         return
     refusals = (
-        (settings.tensor_parallel_size > 1,
-         "expert parallelism is not combined with tensor parallelism in the dtensor backend",
-         "set tensor_parallel_size=1 (or use the megatron backend for TP x EP)"),
         (settings.fsdp_version == 1,
          "expert parallelism shards experts as DTensors, which the legacy FSDP1 wrapper cannot hold",
          "use fsdp_version 2"),
