@@ -1,0 +1,361 @@
+"""The router of a mixture-of-experts policy in training (policy.moe, corerl.training.moe_router):
+the load-balancing and z-losses against hand computations and transformers' own, a step with
+them against a plain PyTorch step, the per-layer load metrics as means over micro-batches, the
+frozen router, and router replay (r2) on the in-process dtensor backend at world size 1."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from corerl.config import config_from_mapping
+from corerl.errors import ConfigError
+from corerl.plugin_manager import PluginHost
+from corerl.selection import select
+from corerl.testing.conformance import conformance_batch, conformance_loss
+from corerl.training.moe_router import (
+    attach_router,
+    aux_loss,
+    check_router_replay,
+    sequence_aux_loss,
+    sequence_spans,
+    z_loss,
+)
+
+EXPERTS, TOP_K, LR, MOMENTUM = 4, 2, 0.5, 0.9
+
+
+def _recipe(model: str, moe: dict[str, Any], micro_batch: int = 2) -> dict[str, Any]:
+    return {
+        "cluster": {"gpus_per_node": 1},
+        "policy": {"model_name": model, "precision": "float32", "train_micro_batch_size": micro_batch,
+                   "max_grad_norm": 1.0, "training_backend": "dtensor", "generation": {"backend": "hf"},
+                   "optimizer": {"name": "sgd", "lr": LR, "momentum": MOMENTUM}, "moe": moe},
+        "algorithm": {"max_steps": 4, "seed": 1234},
+    }
+
+
+def _backend(model: str, moe: dict[str, Any]) -> Any:
+    host = PluginHost(env={})
+    config = config_from_mapping(_recipe(model, moe), host)
+    backend = select(config, host).training_backend.registration.create(config=config)
+    backend.load_hf(model)
+    return backend
+
+
+@pytest.fixture(scope="module")
+def moe_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    from corerl.models.tiny import build_tiny_model
+
+    return str(build_tiny_model(tmp_path_factory.mktemp("moe"), family="qwen3_moe", hidden_size=64, head_dim=32,
+                                num_layers=2, num_experts=EXPERTS, experts_per_token=TOP_K,
+                                expert_intermediate_size=32, vocab_size=128))
+
+
+@pytest.fixture(scope="module")
+def balancing(moe_dir: str) -> Any:
+    """The router trains, with both loss terms; no replay."""
+    backend = _backend(moe_dir, {"freeze_router": False, "load_balancing_type": "aux_loss", "aux_loss_coeff": 0.5,
+                                 "z_loss_coeff": 0.05})
+    yield backend
+    backend.shutdown()
+
+
+@pytest.fixture(scope="module")
+def replaying(moe_dir: str) -> Any:
+    """The defaults (router frozen), router replay r2, a load-balancing loss."""
+    backend = _backend(moe_dir, {"router_replay": "r2", "load_balancing_type": "aux_loss", "aux_loss_coeff": 0.5})
+    yield backend
+    backend.shutdown()
+
+
+@pytest.fixture(scope="module")
+def free(moe_dir: str) -> Any:
+    """The defaults: router frozen, no replay, no loss terms."""
+    backend = _backend(moe_dir, {})
+    yield backend
+    backend.shutdown()
+
+
+def _routers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    return [m for m in model.modules() if type(m).__name__.endswith("TopKRouter")]
+
+
+# -- the loss terms, by hand ---------------------------------------------------------------------
+
+
+def _hand_aux(logits: list[list[float]], chosen: list[list[int]], experts: int) -> float:
+    """E * sum_e f_e * P_e, written out with Python floats."""
+    tokens, k = len(logits), len(chosen[0])
+    probs = []
+    for row in logits:
+        exps = [math.exp(v) for v in row]
+        probs.append([v / sum(exps) for v in exps])
+    f = [sum(row.count(e) for row in chosen) / (tokens * k) for e in range(experts)]
+    p = [sum(row[e] for row in probs) / tokens for e in range(experts)]
+    return experts * sum(fe * pe for fe, pe in zip(f, p, strict=True))
+
+
+def test_aux_loss_z_loss_and_sequence_aux_loss_match_hand_computations() -> None:
+    from transformers.models.qwen3_moe.modeling_qwen3_moe import load_balancing_loss_func
+
+    gen = torch.Generator().manual_seed(3)
+    logits = torch.randn(7, EXPERTS, generator=gen, dtype=torch.float64)
+    chosen = logits.topk(TOP_K, dim=-1).indices
+    hand = _hand_aux(logits.tolist(), chosen.tolist(), EXPERTS)
+    assert float(aux_loss(logits, chosen, EXPERTS)) == pytest.approx(hand, rel=1e-6)
+    # transformers' Switch loss counts top-k slots per token, not per slot: k times ours
+    theirs = float(load_balancing_loss_func((logits.float(),), EXPERTS, TOP_K))
+    assert float(aux_loss(logits, chosen, EXPERTS)) == pytest.approx(theirs / TOP_K, rel=1e-5)
+    balanced = torch.zeros(4, EXPERTS)
+    assert float(aux_loss(balanced, torch.tensor([[0, 1], [2, 3], [0, 1], [2, 3]]), EXPERTS)) == pytest.approx(1.0)
+
+    lse = [math.log(sum(math.exp(v) for v in row)) for row in logits.tolist()]
+    assert float(z_loss(logits)) == pytest.approx(sum(v * v for v in lse) / len(lse), rel=1e-6)
+
+    sequences = torch.tensor([0, 0, 0, 5, 5, 5, 5])  # two sequences: 3 and 4 tokens
+    per_sequence = [_hand_aux(logits[:3].tolist(), chosen[:3].tolist(), EXPERTS),
+                    _hand_aux(logits[3:].tolist(), chosen[3:].tolist(), EXPERTS)]
+    assert float(sequence_aux_loss(logits, chosen, sequences, EXPERTS)) == pytest.approx(sum(per_sequence) / 2, rel=1e-6)
+    assert float(sequence_aux_loss(logits, chosen, sequences, EXPERTS)) != pytest.approx(hand, rel=1e-3)
+
+
+def test_sequence_spans_of_padded_and_packed_micro_batches() -> None:
+    padded = {"input_ids": torch.ones(2, 5, dtype=torch.long),
+              "attention_mask": torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]])}
+    assert sequence_spans(padded) == [(0, 0, 3), (1, 0, 5)]
+    packed = {"input_ids": torch.ones(1, 6, dtype=torch.long), "attention_mask": torch.ones(1, 6, dtype=torch.long),
+              "position_ids": torch.tensor([[0, 1, 2, 0, 1, 0]])}
+    assert sequence_spans(packed) == [(0, 0, 3), (0, 3, 2), (0, 5, 1)]
+
+
+def test_r3_is_refused_in_one_line_and_a_dense_model_gets_no_hooks(tmp_path: Path) -> None:
+    from transformers import AutoModelForCausalLM
+
+    from corerl.models.tiny import build_tiny_model
+
+    host = PluginHost(env={})
+    config = config_from_mapping(_recipe("builtin:tiny-moe", {"router_replay": "r3"}), host)
+    with pytest.raises(ConfigError, match="r3 needs the generation engine to report the experts it chose") as err:
+        check_router_replay(config)
+    assert err.value.key == "policy.moe.router_replay"
+    dense = AutoModelForCausalLM.from_pretrained(build_tiny_model(tmp_path / "dense", hidden_size=64, num_layers=2,
+                                                                  vocab_size=128))
+    hooks_before = sum(len(m._forward_hooks) for m in dense.modules())
+    assert attach_router(dense, config_from_mapping(_recipe("builtin:tiny-qwen2", {}), host)) is None
+    assert sum(len(m._forward_hooks) for m in dense.modules()) == hooks_before
+    assert all(p.requires_grad for p in dense.parameters())
+
+
+def test_seq_aux_loss_is_the_mean_over_each_micro_batchs_sequences(moe_dir: str) -> None:
+    """On a plain transformers model with the hooks attached: ``seq_aux_loss`` is the mean of
+    each row's Switch loss over its real tokens (from the model's own router logits), summed over
+    the layers in the loss term, padding left out."""
+    from transformers import AutoModelForCausalLM
+
+    host = PluginHost(env={})
+    config = config_from_mapping(_recipe(moe_dir, {"load_balancing_type": "seq_aux_loss", "aux_loss_coeff": 2.0}), host)
+    model = AutoModelForCausalLM.from_pretrained(moe_dir, dtype=torch.float32)
+    hooks = attach_router(model, config)
+    assert hooks is not None and hooks.layer_ids == [0, 1]
+    ours = [handle.id for handle in hooks.handles]
+    mb = {k: v[:2] for k, v in conformance_batch(rows=4, length=16, vocab=128).items()}
+    with hooks.micro_batch(mb, training=True) as current:
+        out = model(input_ids=mb["input_ids"], attention_mask=mb["attention_mask"], output_router_logits=True)
+    normaliser = float(mb["loss_mask"][:, 1:].sum())  # this micro-batch is the whole step
+    term, metrics = hooks.step_terms(mb, current, normaliser)
+    lengths = mb["attention_mask"].sum(dim=1).tolist()
+    assert lengths[0] != lengths[1]
+    per_layer = []
+    for layer_logits in out.router_logits:
+        rows = layer_logits.detach().reshape(2, 16, EXPERTS)
+        per_row = [aux_loss(rows[r, :n], rows[r, :n].topk(TOP_K, dim=-1).indices, EXPERTS) for r, n in enumerate(lengths)]
+        per_layer.append(float(sum(per_row)) / 2)
+    assert term is not None and float(term) == pytest.approx(2.0 * sum(per_layer), rel=1e-5)
+    assert metrics["moe/aux_loss"] == pytest.approx(sum(per_layer) / 2, rel=1e-5)
+    hooks.remove()
+    assert not any(hook in m._forward_hooks for m in _routers(model) for hook in ours)
+
+
+# -- a step with the loss terms against plain PyTorch --------------------------------------------
+
+
+def _reference_step(model_dir: str, batch: dict[str, torch.Tensor], rows_per_mb: int, aux_coeff: float,
+                    z_coeff: float) -> tuple[dict[str, torch.Tensor], dict[str, float], float]:
+    """A plain transformers step on the whole batch: the policy loss plus, per micro-batch of
+    ``rows_per_mb`` rows weighted by its share of the loss tokens, the coefficients times the sum
+    over layers of transformers' load-balancing loss (over k) and the z-loss written out here.
+    Returns the updated parameters, the expected metrics and the policy loss alone."""
+    from transformers import AutoModelForCausalLM
+    from transformers.models.qwen3_moe.modeling_qwen3_moe import load_balancing_loss_func
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], output_router_logits=True,
+                use_cache=False)
+    logp = torch.log_softmax(out.logits[:, :-1].float(), dim=-1).gather(-1, batch["input_ids"][:, 1:, None])[..., 0]
+    logprobs = torch.cat([torch.zeros_like(logp[:, :1]), logp], dim=1) * batch["attention_mask"]
+    normaliser = float(batch["loss_mask"][:, 1:].sum())
+    loss, _ = conformance_loss(logprobs, batch, normaliser)
+    policy_loss = float(loss.detach())
+    width = batch["input_ids"].shape[1]
+    metrics: dict[str, float] = {}
+    for first in range(0, batch["input_ids"].shape[0], rows_per_mb):
+        rows = slice(first, first + rows_per_mb)
+        mask = batch["attention_mask"][rows]
+        share = float(batch["loss_mask"][rows, 1:].sum()) / normaliser
+        aux_sum = z_sum = 0.0
+        for layer, layer_logits in enumerate(out.router_logits):
+            logits = layer_logits[first * width:(first + rows_per_mb) * width]
+            aux = load_balancing_loss_func((logits,), EXPERTS, TOP_K, mask) / TOP_K
+            real = logits[mask.reshape(-1).bool()]
+            z = real.logsumexp(dim=-1).square().mean()
+            aux_sum, z_sum = aux_sum + aux, z_sum + z
+            counts = torch.bincount(real.topk(TOP_K, dim=-1).indices.reshape(-1), minlength=EXPERTS).float()
+            load = counts / counts.sum()
+            entropy = -sum(float(v) * math.log(float(v)) for v in load if v > 0)
+            for name, value in (("load_min", float(load.min())), ("load_max", float(load.max())),
+                                ("load_entropy", entropy)):
+                key = f"moe/layer{layer}/{name}"
+                metrics[key] = metrics.get(key, 0.0) + share * value
+            metrics["moe/aux_loss"] = metrics.get("moe/aux_loss", 0.0) + share * float(aux.detach()) / len(out.router_logits)
+            metrics["moe/z_loss"] = metrics.get("moe/z_loss", 0.0) + share * float(z.detach()) / len(out.router_logits)
+        loss = loss + share * (aux_coeff * aux_sum + z_coeff * z_sum)
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    optimizer.step()
+    return {n: p.detach().clone() for n, p in model.named_parameters()}, metrics, policy_loss
+
+
+def test_the_router_losses_join_the_step_as_in_plain_pytorch_and_metrics_are_means(balancing: Any,
+                                                                                    moe_dir: str) -> None:
+    """Two micro-batches of two rows: the updated weights equal a plain step whose loss adds
+    0.5 x the load-balancing loss and 0.05 x the z-loss of each micro-batch (summed over layers,
+    weighted by loss tokens); the router itself moves (not frozen here); the step's ``moe/*``
+    metrics are the loss-token-weighted means of the micro-batches' values."""
+    batch = conformance_batch(rows=4, length=16, vocab=128)
+    balancing.load_hf(moe_dir)
+    result = balancing.train_step(batch, conformance_loss)
+    expected, metrics, policy_loss = _reference_step(moe_dir, batch, 2, 0.5, 0.05)
+    plain, _, _ = _reference_step(moe_dir, batch, 2, 0.0, 0.0)
+    trained = dict(balancing.local_model().named_parameters())
+    compared = [n for n in expected if n in trained]
+    assert "model.layers.0.mlp.gate.weight" in compared and "model.layers.1.self_attn.q_proj.weight" in compared
+    for name in compared:
+        got = trained[name].detach()
+        got = got.full_tensor() if hasattr(got, "full_tensor") else got
+        assert torch.allclose(got, expected[name], atol=2e-5), name
+    gate = "model.layers.0.mlp.gate.weight"
+    assert (expected[gate] - plain[gate]).abs().max() > 1e-3  # the terms change the step
+    for key, value in metrics.items():
+        assert result.metrics[key] == pytest.approx(value, rel=1e-4, abs=1e-6), key
+    # the reported loss is the algorithm's, the router terms are not in it
+    assert result.loss == pytest.approx(policy_loss, abs=1e-6)
+    assert 0.0 < result.metrics["moe/layer0/load_min"] <= 1 / EXPERTS <= result.metrics["moe/layer0/load_max"] <= 1.0
+
+
+def test_a_frozen_router_has_no_gradient_and_keeps_its_weights(free: Any, moe_dir: str) -> None:
+    free.load_hf(moe_dir)
+    model = free.local_model()
+    routers = _routers(model)
+    assert len(routers) == 2 and all(not p.requires_grad for r in routers for p in r.parameters())
+    before = [r.weight.detach().clone() for r in routers]
+    attention = model.model.layers[0].self_attn.q_proj.weight.detach().clone()
+    free.train_step(conformance_batch(rows=4, length=16, vocab=128), conformance_loss)
+    assert all(r.weight.grad is None for r in routers)
+    assert all(torch.equal(r.weight.detach(), b) for r, b in zip(routers, before, strict=True))
+    assert not torch.equal(model.model.layers[0].self_attn.q_proj.weight.detach(), attention)
+
+
+# -- router replay (r2) ---------------------------------------------------------------------------
+
+
+def _mismatch_loss(logprobs: torch.Tensor, batch: dict[str, torch.Tensor],
+                   normaliser: float) -> tuple[torch.Tensor, dict[str, Any]]:
+    """No gradient; the training forward's distance from the old-policy logprobs on loss tokens."""
+    mask = batch["loss_mask"].bool()
+    gap = (logprobs.detach() - batch["old_logprobs"]).abs()[mask]
+    return logprobs.sum() * 0.0, {"gap/max": gap.max(), "gap/sum": gap.sum(), "gap/count": float(mask.sum())}
+
+
+class _RoutingSpy:
+    """Records the experts each router hands to its experts (after any replay)."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.seen: list[torch.Tensor] = []
+        self.handles = [r.register_forward_hook(lambda m, a, out: self.seen.append(out[2].detach().clone()))
+                        for r in _routers(model)]
+
+    def take(self) -> list[torch.Tensor]:
+        seen, self.seen = self.seen, []
+        return seen
+
+    def remove(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+
+
+def _nudge_routers(model: torch.nn.Module, scale: float, seed: int = 11) -> None:
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for router in _routers(model):
+            router.weight.add_(torch.randn(router.weight.shape, generator=gen) * scale * router.weight.std())
+
+
+def _measure(backend: Any, moe_dir: str, batch: dict[str, torch.Tensor], scale: float) -> tuple[dict[str, float], float]:
+    """Old-policy logprobs, the routers nudged by ``scale`` of their weights' spread (as a
+    stale router would be), then the training forward: its logprob gap and the share of routed
+    (token, layer) pairs whose experts differ from the old pass's."""
+    backend.load_hf(moe_dir)
+    spy = _RoutingSpy(backend.local_model())
+    try:
+        batch = {**batch, "old_logprobs": backend.logprobs(batch)}
+        recorded = spy.take()
+        _nudge_routers(backend.local_model(), scale)
+        metrics = backend.train_step(batch, _mismatch_loss).metrics
+        trained = spy.take()
+    finally:
+        spy.remove()
+    # the spy saw micro-batch by micro-batch (two rows each, both passes alike), layer by layer
+    layers = len(recorded) // 2
+    real = torch.cat([batch["attention_mask"][first:first + 2].reshape(-1).bool()
+                      for first in (0, 2) for _ in range(layers)])
+    old, new = torch.cat(recorded)[real].sort(-1).values, torch.cat(trained)[real].sort(-1).values
+    return metrics, float((old != new).any(-1).float().mean())
+
+
+def test_r2_trains_on_the_recorded_routing(replaying: Any, free: Any, moe_dir: str, capsys: Any) -> None:
+    """With the same weights the training forward's logprobs equal the old-policy ones exactly;
+    with the routers nudged after recording, r2 keeps every token's experts (only their weights
+    move with the logits) while free routing changes some, and the logprob gap shrinks."""
+    batch = conformance_batch(rows=4, length=16, vocab=128)
+    same, changed = _measure(replaying, moe_dir, batch, 0.0)
+    assert same["gap/max"] == 0.0 and changed == 0.0
+    figures = {}
+    for scale in (0.1,):
+        with_r2, changed_r2 = _measure(replaying, moe_dir, batch, scale)
+        without, changed_free = _measure(free, moe_dir, batch, scale)
+        assert changed_r2 == 0.0 and changed_free > 0.0, scale
+        assert with_r2["gap/sum"] < without["gap/sum"] and with_r2["gap/max"] < without["gap/max"], scale
+        figures[scale] = (with_r2["gap/sum"] / with_r2["gap/count"], with_r2["gap/max"],
+                          without["gap/sum"] / without["gap/count"], without["gap/max"], changed_free)
+    with capsys.disabled():
+        for scale, (mean_r2, max_r2, mean_free, max_free, flips) in figures.items():
+            print(f"\nrouter nudge {scale}: r2 gap mean {mean_r2:.2e} max {max_r2:.2e}; none gap mean {mean_free:.2e} "
+                  f"max {max_free:.2e} ({flips:.1%} of token-layer routings changed)")
+
+
+def test_r2_refuses_a_training_sequence_it_did_not_record(replaying: Any, moe_dir: str) -> None:
+    replaying.load_hf(moe_dir)
+    scored = conformance_batch(rows=4, length=16, vocab=128, seed=0)
+    replaying.logprobs(scored)
+    other = conformance_batch(rows=4, length=16, vocab=128, seed=1)
+    with pytest.raises(Exception, match="has no recorded routing"):
+        replaying.train_step(other, conformance_loss)
+    # the scored batch itself, cut in other mini-batches, trains
+    half = {k: v[:2] for k, v in scored.items()}
+    assert math.isfinite(replaying.train_step(half, conformance_loss).loss)
