@@ -80,7 +80,7 @@ from corerl.training.microbatching import MicroBatcher
 from corerl.training.optim import build_optimizer, build_scheduler
 from corerl.training.rank_worker import RankWorker
 from corerl.training.segment_attention import register as register_segment_attention
-from corerl.training.weights import EngineWeights
+from corerl.training.weights import CheckpointNaming, EngineWeights, checkpoint_weights
 
 __all__ = [
     # registering
@@ -101,6 +101,8 @@ __all__ = [
     "loss_token_count",
     "build_optimizer", "build_scheduler", "clip_grad_norm", "model_logprobs", "model_values", "load_pretrained",
     "EngineWeights", "optimizer_state_tensors", "storage_bytes",
+    # weights under their checkpoint names (a MoE's fused experts back to per-expert tensors)
+    "CheckpointNaming", "checkpoint_weights",
     # generation
     "GenerationEngine", "Sample", "SamplingSettings",
     # LoRA (policy.lora): adapter names, the refit's adapter, the adapter folder

