@@ -10,6 +10,7 @@ import torch
 
 from corerl.testing import host_with, select_for, write_recipe
 from corerl.testing.conformance import conformance_batch, conformance_loss
+from corerl.testing.generation_conformance import GenerationBackendConformance
 
 MEGATRON = ["policy.megatron_cfg.enabled=true", "policy.megatron_cfg.optimizer.optimizer=sgd",
             "policy.megatron_cfg.optimizer.lr=0.1", "policy.megatron_cfg.optimizer.weight_decay=0.0"]
@@ -190,3 +191,39 @@ class TestExpertParallel:
             assert 0 <= low <= 0.25 <= high <= 1
             assert 0 < want_step.metrics[f"moe/layer{layer}/load_entropy"] <= torch.log(torch.tensor(4.0)).item() + 1e-9
         assert any(".experts.gate_up_proj" in n for n in want_weights)
+
+
+# -- slow: generation -----------------------------------------------------------------------------
+
+
+class TestMegatronGenerationOfAMixtureOfExperts(GenerationBackendConformance):
+    """megatron generation of a tiny Qwen3-MoE through the generation conformance suite (greedy as
+    transformers', logprobs, refit with the experts in the weight stream)."""
+
+    backend_id = "megatron"
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def model_dirs(cls, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
+        from corerl.models.tiny import build_tiny_model
+
+        shape = {**TINY_MOE, "initializer_range": 0.3}
+        return tuple(str(build_tiny_model(tmp_path_factory.mktemp(f"moe-gen-{seed}"), seed=seed, **shape))
+                     for seed in (0, 1))
+
+    # what does not depend on the model's experts is the dense suite's (test_megatron_generation.py)
+    test_ignore_eos_runs_every_completion_to_max_new_tokens = None
+    test_the_same_prompt_twice_draws_independent_samples = None
+    test_n_samples_come_back_grouped_in_prompt_order = None
+    test_samples_follow_each_lora_adapter_loaded = None
+
+
+def test_megatron_generation_refuses_expert_parallelism_in_one_line(moe_dir, tmp_path):
+    from corerl.errors import CorerlError
+    from corerl_megatron.support import check_generation_supported
+
+    config = _config(moe_dir, tmp_path, ["cluster.gpus_per_node=2", "policy.megatron_cfg.expert_model_parallel_size=2"])
+    with pytest.raises(CorerlError) as refused:
+        check_generation_supported(config)
+    assert refused.value.key == "policy.megatron_cfg.expert_model_parallel_size"
+    assert "decodes each data-parallel rank's rows on its own" in str(refused.value)

@@ -133,5 +133,10 @@ def check_generation_supported(config: Config) -> None:
                                  "token wide)", key="policy.megatron_cfg.sequence_parallel",
                                  hint="set policy.megatron_cfg.sequence_parallel=false, or sample with "
                                       "policy.generation.backend=vllm")
+    if settings.expert_model_parallel_size > 1:
+        raise EngineNotAvailable("megatron generation decodes each data-parallel rank's rows on its own, and expert "
+                                 "parallelism needs every rank of the expert group in each forward pass",
+                                 key="policy.megatron_cfg.expert_model_parallel_size",
+                                 hint="sample with policy.generation.backend=vllm (or hf); training keeps the experts split")
     if not config.section_enabled("policy.megatron_cfg") and config.core.policy.training_backend != "megatron":
         check_supported(config)  # it samples with a megatron engine of its own
