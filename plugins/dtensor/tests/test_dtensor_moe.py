@@ -211,11 +211,13 @@ class TestMoeWorld2:
     and a tiny Mixtral under expert parallelism."""
 
     @pytest.fixture(scope="class")
-    def mixtral_dir(self, tmp_path_factory):
+    @classmethod
+    def mixtral_dir(cls, tmp_path_factory):
         return str(build_tiny_model(tmp_path_factory.mktemp("mixtral"), family="mixtral", hidden_size=64))
 
     @pytest.fixture(scope="class")
-    def engines(self, moe_dir, tmp_path_factory):
+    @classmethod
+    def moe_world2_engines(cls, moe_dir, tmp_path_factory):
         tmp = tmp_path_factory.mktemp("moe-world2")
         built = {}
         try:
@@ -228,9 +230,9 @@ class TestMoeWorld2:
                 engine.shutdown()
 
     @pytest.mark.parametrize("layout", ["fsdp", "ep"])
-    def test_logprobs_and_a_train_step_equal_world_size_1(self, engines, moe_dir, layout):
+    def test_logprobs_and_a_train_step_equal_world_size_1(self, moe_world2_engines, moe_dir, layout):
         batch = conformance_batch()
-        ours, single = engines[layout], engines["single"]
+        ours, single = moe_world2_engines[layout], moe_world2_engines["single"]
         for engine in (ours, single):
             engine.load_hf(moe_dir)
         reference = hf_logprobs(AutoModelForCausalLM.from_pretrained(moe_dir, dtype=torch.float32), batch)
@@ -243,16 +245,16 @@ class TestMoeWorld2:
         assert max((ours_w[n] - theirs_w[n]).abs().max().item() for n in ours_w) <= TOLERANCE
         assert (ours.logprobs(batch) - reference).abs().max() > 100 * TOLERANCE  # the step moved the weights
 
-    def test_expert_parallel_export_after_a_step_loads_into_transformers(self, engines, moe_dir, tmp_path):
-        batch, engine = conformance_batch(), engines["ep"]
+    def test_expert_parallel_export_after_a_step_loads_into_transformers(self, moe_world2_engines, moe_dir, tmp_path):
+        batch, engine = conformance_batch(), moe_world2_engines["ep"]
         engine.load_hf(moe_dir)
         engine.train_step(batch, conformance_loss)
         engine.export_hf(str(tmp_path / "export"))
         exported = AutoModelForCausalLM.from_pretrained(tmp_path / "export", dtype=torch.float32)
         assert (hf_logprobs(exported, batch) - engine.logprobs(batch)).abs().max() <= TOLERANCE
 
-    def test_mixtral_under_expert_parallelism_matches_transformers(self, engines, mixtral_dir):
-        batch, engine = conformance_batch(), engines["ep"]
+    def test_mixtral_under_expert_parallelism_matches_transformers(self, moe_world2_engines, mixtral_dir):
+        batch, engine = conformance_batch(), moe_world2_engines["ep"]
         engine.load_hf(mixtral_dir)
         reference = hf_logprobs(AutoModelForCausalLM.from_pretrained(mixtral_dir, dtype=torch.float32), batch)
         assert (engine.logprobs(batch) - reference).abs().max() <= TOLERANCE
