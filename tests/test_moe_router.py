@@ -175,7 +175,7 @@ def test_seq_aux_loss_is_the_mean_over_each_micro_batchs_sequences(moe_dir: str)
         rows = layer_logits.detach().reshape(2, 16, EXPERTS)
         per_row = [aux_loss(rows[r, :n], rows[r, :n].topk(TOP_K, dim=-1).indices, EXPERTS) for r, n in enumerate(lengths)]
         per_layer.append(float(sum(per_row)) / 2)
-    assert term is not None and float(term) == pytest.approx(2.0 * sum(per_layer), rel=1e-5)
+    assert term is not None and float(term.detach()) == pytest.approx(2.0 * sum(per_layer), rel=1e-5)
     assert metrics["moe/aux_loss"] == pytest.approx(sum(per_layer) / 2, rel=1e-5)
     hooks.remove()
     assert not any(hook in m._forward_hooks for m in _routers(model) for hook in ours)
@@ -184,16 +184,19 @@ def test_seq_aux_loss_is_the_mean_over_each_micro_batchs_sequences(moe_dir: str)
 # -- a step with the loss terms against plain PyTorch --------------------------------------------
 
 
-def _reference_step(model_dir: str, batch: dict[str, torch.Tensor], rows_per_mb: int, aux_coeff: float,
-                    z_coeff: float) -> tuple[dict[str, torch.Tensor], dict[str, float], float]:
+def reference_router_step(model_dir: str, batch: dict[str, torch.Tensor], rows_per_mb: int, aux_coeff: float,
+                          z_coeff: float, freeze_router: bool = False) -> tuple[dict[str, torch.Tensor], dict[str, float], float]:
     """A plain transformers step on the whole batch: the policy loss plus, per micro-batch of
     ``rows_per_mb`` rows weighted by its share of the loss tokens, the coefficients times the sum
     over layers of transformers' load-balancing loss (over k) and the z-loss written out here.
-    Returns the updated parameters, the expected metrics and the policy loss alone."""
+    ``freeze_router``: the routers' weights take no gradient. Returns the updated parameters, the
+    expected metrics and the policy loss alone (plugins' MoE tests compare against it too)."""
     from transformers import AutoModelForCausalLM
     from transformers.models.qwen3_moe.modeling_qwen3_moe import load_balancing_loss_func
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    for router in _routers(model):
+        router.requires_grad_(not freeze_router)
     out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], output_router_logits=True,
                 use_cache=False)
     logp = torch.log_softmax(out.logits[:, :-1].float(), dim=-1).gather(-1, batch["input_ids"][:, 1:, None])[..., 0]
@@ -240,8 +243,8 @@ def test_the_router_losses_join_the_step_as_in_plain_pytorch_and_metrics_are_mea
     batch = conformance_batch(rows=4, length=16, vocab=128)
     balancing.load_hf(moe_dir)
     result = balancing.train_step(batch, conformance_loss)
-    expected, metrics, policy_loss = _reference_step(moe_dir, batch, 2, 0.5, 0.05)
-    plain, _, _ = _reference_step(moe_dir, batch, 2, 0.0, 0.0)
+    expected, metrics, policy_loss = reference_router_step(moe_dir, batch, 2, 0.5, 0.05)
+    plain, _, _ = reference_router_step(moe_dir, batch, 2, 0.0, 0.0)
     trained = dict(balancing.local_model().named_parameters())
     compared = [n for n in expected if n in trained]
     assert "model.layers.0.mlp.gate.weight" in compared and "model.layers.1.self_attn.q_proj.weight" in compared

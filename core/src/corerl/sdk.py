@@ -77,6 +77,7 @@ from corerl.training.hf_export import copy_tokenizer, write_hf_checkpoint
 from corerl.training.logprobs import model_logprobs, token_logprobs
 from corerl.training.memory import move_optimizer_state, optimizer_state_tensors, storage_bytes
 from corerl.training.microbatching import MicroBatcher
+from corerl.training.moe_router import check_router_replay
 from corerl.training.optim import build_optimizer, build_scheduler
 from corerl.training.rank_worker import RankWorker
 from corerl.training.segment_attention import register as register_segment_attention
@@ -98,7 +99,7 @@ __all__ = [
     # the training contract and its helpers
     "TrainingEngine", "ValueEngine", "StepResult", "Batch", "LossFn", "RankWorker", "WorkerGroupBackend",
     "step_result", "Dispatch", "RankLayout", "LocalWorkerGroup", "RayWorkerGroup", "training_layout", "join_process_group", "MicroBatcher",
-    "loss_token_count",
+    "loss_token_count", "check_router_replay",
     "build_optimizer", "build_scheduler", "clip_grad_norm", "model_logprobs", "model_values", "load_pretrained",
     "EngineWeights", "optimizer_state_tensors", "storage_bytes",
     # weights under their checkpoint names (a MoE's fused experts back to per-expert tensors)
