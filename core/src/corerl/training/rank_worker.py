@@ -22,6 +22,12 @@ a Ray actor or, for world size 1, an object in the driver. The worker's rank-sid
 - ``state_bytes() -> dict``: ``parameters``, ``gradients``, ``optimizer`` bytes this rank holds;
 - ``pid()``, ``shutdown()``, and the device report of :class:`RankDeviceReport`.
 
+A mixture-of-experts model gets router hooks when loaded (:mod:`corerl.training.moe_router`,
+``policy.moe``): the router frozen before the optimizer is built, the load-balancing and z-loss
+terms added to each micro-batch's backpropagated loss (the loss function's own loss, reported as
+``loss``, untouched), ``moe/*`` metrics in each step's, and with ``router_replay: r2`` the
+routing recorded by ``logprobs`` replayed by ``train_step``.
+
 :class:`RankWorker` implements all of it around a few methods a backend supplies: how it sets
 up its process groups, builds the model, runs a forward pass, a backward pass and an
 optimizer step, and saves its own state. A backend with its own schedule (megatron's
