@@ -253,6 +253,19 @@ class TestMoeWorld2:
         exported = AutoModelForCausalLM.from_pretrained(tmp_path / "export", dtype=torch.float32)
         assert (hf_logprobs(exported, batch) - engine.logprobs(batch)).abs().max() <= TOLERANCE
 
+    def test_expert_parallel_checkpoint_resumes_like_an_uninterrupted_run(self, moe_world2_engines, moe_dir, tmp_path):
+        batch, engine = conformance_batch(), moe_world2_engines["ep"]
+        engine.load_hf(moe_dir)
+        engine.train_step(batch, conformance_loss)
+        engine.save_checkpoint(str(tmp_path / "ckpt"))  # dcp: each rank writes its experts' shards
+        straight = engine.train_step(batch, conformance_loss).loss
+        straight_w = dict(engine.weight_stream())
+        engine.load_hf(moe_dir)
+        engine.load_checkpoint(str(tmp_path / "ckpt"))
+        assert abs(engine.train_step(batch, conformance_loss).loss - straight) <= TOLERANCE
+        resumed_w = dict(engine.weight_stream())
+        assert max((resumed_w[n] - straight_w[n]).abs().max().item() for n in straight_w) <= TOLERANCE
+
     def test_mixtral_under_expert_parallelism_matches_transformers(self, moe_world2_engines, mixtral_dir):
         batch, engine = conformance_batch(), moe_world2_engines["ep"]
         engine.load_hf(mixtral_dir)
