@@ -46,10 +46,17 @@ def peft_config(settings: LoraSettings, base_model_path: str | None = None) -> A
     )
 
 
-def apply_lora(model: Any, settings: LoraSettings, base_model_path: str | None = None) -> Any:
+def apply_lora(model: Any, settings: LoraSettings, base_model_path: str | None = None, *,
+               freeze_router: bool = True) -> Any:
     """``model`` wrapped by PEFT with a fresh adapter (B zero, so it computes what ``model`` did);
     every base weight frozen. ``lora_A_init: xavier`` re-initialises A with Xavier-normal (PEFT's
-    own is Kaiming-uniform, ``uniform``)."""
+    own is Kaiming-uniform, ``uniform``).
+
+    On a mixture of experts, PEFT's ``all-linear`` adapts the attention projections, the experts'
+    fused ``gate_up_proj``/``down_proj`` (as ``target_parameters``, the fused one at twice the rank)
+    and the router. ``freeze_router`` (``policy.moe.freeze_router``, on by default) keeps the
+    router's adapter at zero and out of training (:func:`freeze_router_adapters`): routing stays
+    the base model's, as with full fine-tuning under that key."""
     import torch
     from peft import get_peft_model
 
@@ -59,7 +66,30 @@ def apply_lora(model: Any, settings: LoraSettings, base_model_path: str | None =
             for name, param in wrapped.named_parameters():
                 if ".lora_A." in name:
                     torch.nn.init.xavier_normal_(param)
+    if freeze_router:
+        freeze_router_adapters(wrapped)
     return wrapped
+
+
+def freeze_router_adapters(model: Any) -> list[str]:
+    """Zero and freeze the adapter PEFT put on a mixture of experts' routers (a wrapped module whose
+    class is a transformers ``...Router``): with B zero the router computes exactly the base
+    model's logits, and without a gradient it stays so. Returns the names of the frozen tensors."""
+    import torch
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    frozen = []
+    for module_name, module in model.named_modules():
+        if not isinstance(module, BaseTunerLayer) or not type(module.get_base_layer()).__name__.endswith("Router"):
+            continue
+        for name, param in module.named_parameters(prefix=module_name):
+            if is_adapter_name(name):
+                with torch.no_grad():
+                    if ".lora_B." in name:
+                        param.zero_()
+                param.requires_grad_(False)
+                frozen.append(name)
+    return frozen
 
 
 @contextlib.contextmanager
