@@ -25,11 +25,11 @@ ALGORITHMS = {
 }
 
 
-def _context(tmp_path: Path, name: str, host: PluginHost) -> RunContext:
+def _context(tmp_path: Path, name: str, host: PluginHost, model: str = "builtin:tiny-qwen2") -> RunContext:
     extra = ALGORITHMS[name]
     recipe = {
         "cluster": {"gpus_per_node": 1},
-        "policy": {"model_name": "builtin:tiny-qwen2", "generation": {"backend": "hf", "max_new_tokens": 4},
+        "policy": {"model_name": model, "generation": {"backend": "hf", "max_new_tokens": 4},
                    "max_seq_length": 64},
         "algorithm": {"name": name, "batch_size": 4, "num_generations_per_prompt": 2, "max_steps": 1,
                       **extra.get("algorithm", {})},
@@ -40,10 +40,13 @@ def _context(tmp_path: Path, name: str, host: PluginHost) -> RunContext:
     return RunContext.open(config, select(config, host), make_console(), host)
 
 
+@pytest.mark.parametrize("model", ["builtin:tiny-qwen2", "builtin:tiny-moe"], ids=["dense", "moe"])
 @pytest.mark.parametrize("name", sorted(ALGORITHMS))
-def test_one_step_of_each_core_algorithm_runs_in_process(tmp_path, name):
+def test_one_step_of_each_core_algorithm_runs_in_process(tmp_path, name, model):
+    """Every algorithm, on a dense policy and on a mixture of experts (PPO's critic then is one
+    too: a value head on the MoE model); a MoE step reports its routers' expert load."""
     host = PluginHost(env={})
-    context = _context(tmp_path, name, host)
+    context = _context(tmp_path, name, host, model)
     try:
         context.start_engines()
         registration = context.selection.algorithm.registration
@@ -61,6 +64,12 @@ def test_one_step_of_each_core_algorithm_runs_in_process(tmp_path, name):
             assert "reward/mean" in metrics
         if name == "grpo":  # the KL penalty started a frozen reference beside the policy
             assert len(context.started) == 3
+        experts = {key for key in metrics if key.startswith("moe/")}
+        if model.endswith("moe"):  # each of the two layers' load, shares of the routed token-slots
+            assert {"moe/layer0/load_min", "moe/layer1/load_max", "moe/layer1/load_entropy"} <= experts, metrics
+            assert 0.0 <= metrics["moe/layer0/load_min"] <= 1 / 8 <= metrics["moe/layer0/load_max"] <= 1.0
+        else:
+            assert not experts
     finally:
         context.close(run_failed=False)
 

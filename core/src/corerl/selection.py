@@ -394,7 +394,7 @@ def select(config: Config, host: PluginHost) -> Selection:
     if critic[0] is not None and critic[0].registration is not None:
         critic[0].registration.check(critic[1])
     from corerl.lora.checks import check_lora
-    from corerl.models.facts import check_moe_support
+    from corerl.models.moe_checks import check_moe_support
 
     generation = choices["generation_backend"].registration if "generation_backend" in checked else None
     check_lora(config, choices["training_backend"].registration, generation)

@@ -65,6 +65,7 @@ class SFT:
             "lr": float(result.lr),
             "tokens": float(batch["loss_mask"].sum()),
             "time/training": elapsed,
+            **{key: float(value) for key, value in result.metrics.items()},  # what the backend reports (MoE routers)
         }
 
 

@@ -47,7 +47,7 @@ def _shape_of(name: str, stamp: int | None, overrides: str) -> Any | None:
         return None
 
 
-def _source(config: Any) -> str:
+def source_of(config: Any) -> str:
     """Where the model's facts were read: its ``config.json``, or the built-in model's spec."""
     name = config.core.policy.model_name
     return name if name.startswith("builtin:") else f"{name}/config.json"
@@ -64,7 +64,7 @@ def check_tensor_parallel(config: Any, size: int, key: str) -> None:
     if size > 1 and shape is not None and not tensor_parallel_fits(shape, size):
         fitting = [n for n in range(1, size + 1) if tensor_parallel_fits(shape, n)]
         raise ConfigError(f"{size} ranks cannot split the model's {shape.heads} attention heads and {shape.kv_heads} "
-                          f"key-value heads evenly ({_source(config)})", key=key,
+                          f"key-value heads evenly ({source_of(config)})", key=key,
                           hint=f"use one of {', '.join(map(str, fitting))}")
 
 
@@ -81,11 +81,11 @@ def check_expert_parallel(config: Any, size: int, key: str) -> None:
     if shape is None:
         return
     if not shape.is_moe:
-        raise ConfigError(f"expert parallelism needs a mixture-of-experts model; {_source(config)} is a dense model "
+        raise ConfigError(f"expert parallelism needs a mixture-of-experts model; {source_of(config)} is a dense model "
                           "(no routed experts)", key=key, hint="set it to 1")
     if shape.experts % size:
         fitting = [n for n in range(1, shape.experts + 1) if shape.experts % n == 0 and world % n == 0]
-        raise ConfigError(f"{size} ranks cannot hold the model's {shape.experts} experts evenly ({_source(config)})",
+        raise ConfigError(f"{size} ranks cannot hold the model's {shape.experts} experts evenly ({source_of(config)})",
                           key=key, hint=f"use one of {', '.join(map(str, fitting))}")
 
 
@@ -96,19 +96,23 @@ def check_moe_settings(config: Any) -> None:
     if shape is None:
         return
     moe = config.core.policy.moe
-    if not shape.is_moe:
+    if shape.is_moe:
+        from corerl.training.moe_router import check_router_replay
+
+        check_router_replay(config)  # r3: no generation engine reports its experts yet
+    else:
         for key, value, default in (("router_replay", moe.router_replay, "none"),
                                     ("load_balancing_type", moe.load_balancing_type, "none"),
                                     ("aux_loss_coeff", moe.aux_loss_coeff, 0.0),
                                     ("z_loss_coeff", moe.z_loss_coeff, 0.0)):
             if value != default:
-                raise ConfigError(f"{key}={value} acts on a mixture-of-experts router; {_source(config)} is a dense "
+                raise ConfigError(f"{key}={value} acts on a mixture-of-experts router; {source_of(config)} is a dense "
                                   "model", key=f"policy.moe.{key}", hint=f"remove the key (default {default})")
         return
     if shape.experts_per_token > shape.experts:
         overridden = "num_experts_per_tok" in (config.core.policy.hf_config_overrides or {})
         raise ConfigError(f"each token is routed to {shape.experts_per_token} experts but the model has "
-                          f"{shape.experts} ({_source(config)})",
+                          f"{shape.experts} ({source_of(config)})",
                           key="policy.hf_config_overrides.num_experts_per_tok" if overridden else "policy.model_name",
                           hint=f"set num_experts_per_tok to {shape.experts} or less")
 
@@ -121,24 +125,6 @@ def check_model_limits(config: Any) -> None:
     longest = config.core.policy.max_seq_length
     if shape is not None and longest > shape.max_positions:
         raise ConfigError(f"{longest} tokens is longer than the model takes (max_position_embeddings "
-                          f"{shape.max_positions} in {_source(config)})",
+                          f"{shape.max_positions} in {source_of(config)})",
                           key="policy.max_seq_length", hint=f"set policy.max_seq_length={shape.max_positions} or less")
 
-
-def check_moe_support(config: Any, training: Any, generation: Any) -> None:
-    """Refuse a mixture-of-experts policy on a training or generation backend whose registration
-    does not say ``moe=True`` (``generation`` is None where the algorithm samples nothing)."""
-    from corerl.config.tree import origin_of
-    from corerl.errors import SelectionError
-
-    shape = model_shape(config)
-    if shape is None or not shape.is_moe:
-        return
-    source = origin_of("policy.model_name", config.origins)
-    for registration, key, kind in ((training, "policy.training_backend", "train"),
-                                    (generation, "policy.generation.backend", "sample")):
-        if registration is not None and not registration.moe:
-            raise SelectionError(f"{_source(config)} is a mixture-of-experts model ({shape.experts} experts); "
-                                 f"{registration.kind} {registration.id!r} (plugin {registration.plugin!r}) does not "
-                                 f"{kind} such models", key=key, source=origin_of(key, config.origins) or source,
-                                 hint="pick a backend whose registration says moe=True (corerl plugins lists them)")

@@ -11,10 +11,8 @@ from corerl.sdk import Config, EngineNotAvailable
 def check_supported(config: Config) -> None:
     """Refuse, in one line, what this machine cannot run. A mixture-of-experts model trains under
     every ZeRO stage (its experts are ordinary parameters, partitioned like the rest; the router
-    terms and replay are the core's RankWorker's); router replay r3 is refused."""
-    from corerl.sdk import check_router_replay, runs_here_without_gpu
-
-    check_router_replay(config)
+    terms and replay are the core's RankWorker's)."""
+    from corerl.sdk import runs_here_without_gpu
 
     settings = config.section("policy.deepspeed_cfg")
     on_gpu = not runs_here_without_gpu(config)

@@ -71,7 +71,8 @@ def check_experts(config: Config, settings: object, section: str, on_gpu: bool) 
     megatron backend does not run: a dense model's expert parallelism (the SDK's check),
     tensor parallelism inside experts (not wired), tensor parallelism over a MoE model's training
     on the CPU (megatron-core's MoE layer wants sequence parallelism with it), and router replay
-    other than r2 or with activation recomputation / sequence parallelism."""
+    r2 with activation recomputation / sequence parallelism (r3 is refused for every backend by the
+    SDK's model checks)."""
     check_expert_parallel(config, settings.expert_model_parallel_size,  # type: ignore[attr-defined]
                           f"{section}.expert_model_parallel_size")
     if settings.expert_tensor_parallel_size > 1:  # type: ignore[attr-defined]
@@ -87,10 +88,6 @@ def check_experts(config: Config, settings: object, section: str, on_gpu: bool) 
                                  key=f"{section}.tensor_model_parallel_size",
                                  hint="set it to 1 and split the experts with expert_model_parallel_size")
     replay = config.core.policy.moe.router_replay
-    if replay == "r3":
-        raise EngineNotAvailable("router replay r3 takes the experts the generation engine chose, and the megatron "
-                                 "backend is not handed them", key="policy.moe.router_replay",
-                                 hint="use r2 (the experts chosen while scoring the old-policy logprobs)")
     if replay == "r2" and (settings.activation_checkpointing or settings.sequence_parallel):  # type: ignore[attr-defined]
         key = "activation_checkpointing" if settings.activation_checkpointing else "sequence_parallel"  # type: ignore[attr-defined]
         raise EngineNotAvailable(f"router replay r2 on megatron records each row's experts per token of a whole "

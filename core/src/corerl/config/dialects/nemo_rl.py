@@ -306,7 +306,7 @@ RULES: dict[str, Rule] = {
                    "fine_grained_activation_offloading", "offload_modules", "recompute_granularity",
                    "recompute_modules", "gradient_accumulation_fusion", "use_fused_weighted_squared_relu",
                    "optimizer.overlap_cpu_optimizer_d2h_h2d", "use_fused_linear_logprobs",
-                   "fused_linear_logprobs_chunk_size", "attention_backend", "moe_grouped_gemm",
+                   "fused_linear_logprobs_chunk_size", "attention_backend",
                    "checkpoint.async_save", "checkpoint.ckpt_assume_constant_structure")},
     "policy.megatron_cfg.model_overrides": inert("overriding megatron's model config is not built into corerl yet; "
                                                  "only {} is accepted", _truthy),
