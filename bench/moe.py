@@ -86,7 +86,9 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=8)
     parser.add_argument("--seq", type=int, default=256)
     parser.add_argument("--steps", type=int, default=3, help="timed steps per layout (after one warm-up)")
+    parser.add_argument("--layouts", default=None, help="comma-separated layout labels to run (default: all)")
     args = parser.parse_args()
+    wanted = None if args.layouts is None else {label.strip() for label in args.layouts.split(",")}
     backends = [b.strip() for b in args.backends.split(",") if b.strip()]
     unknown = sorted(set(backends) - set(LAYOUTS))
     if unknown:
@@ -104,6 +106,8 @@ def main() -> None:
     for backend_id in backends:
         baseline = None
         for label, world, overrides in LAYOUTS[backend_id]:
+            if wanted is not None and label not in wanted:
+                continue
             row: dict[str, Any] = {"backend": backend_id, "layout": label, "world": world, "overrides": overrides}
             try:
                 times = time_layout(backend_id, world, overrides, model, work, args, host)
