@@ -122,10 +122,27 @@ class RouteReplay:
             real = mask[row].bool()
             self.recorded[self._key(ids[row], mask[row])] = [indices[:, row][real] for indices in per_layer]
 
+    def share(self) -> None:
+        """Every rank's recording on every rank (a row may train on another data-parallel rank than
+        the one that scored it)."""
+        import torch.distributed as dist
+
+        if not dist.is_initialized() or dist.get_world_size() == 1:
+            return
+        gathered: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(gathered, self.recorded)
+        for part in gathered:
+            self.recorded.update(part or {})
+
     def replay(self, mb: dict[str, torch.Tensor]) -> None:
-        """Before a training forward of ``mb``: route its rows as recorded (a row never recorded is
-        an error: r2 needs the old-policy logprobs of every row it trains on)."""
+        """Before a training forward of ``mb``: route its rows as recorded. Before any recording the
+        rows route afresh (no old-policy pass was taken: the training forward is the old policy's);
+        after one, a row never recorded is an error (r2 needs the old-policy logprobs of every row
+        it trains on)."""
         from megatron.core.transformer.moe.router_replay import RouterReplay, RouterReplayAction
+
+        if not self.recorded:
+            return
 
         ids, mask = mb["input_ids"].cpu(), mb["attention_mask"].cpu()
         rows, width = ids.shape

@@ -153,9 +153,11 @@ class MegatronWorker(RankWorker):
             return self._forward_only(mbs)
         self.replay.start_recording()  # r2: these are the old-policy logprobs; training routes as they did
         try:
-            return self._forward_only(mbs)
+            out = self._forward_only(mbs)
         finally:
             self.replay.stop()
+        self.replay.share()
+        return out
 
     def values(self, mbs: list[dict[str, torch.Tensor]]) -> list[torch.Tensor] | None:
         """Values of this rank's micro-batches on a critic (the last pipeline stage reports them)."""
