@@ -12,7 +12,7 @@ import os
 from collections.abc import Iterable
 from typing import Any
 
-from corerl.sdk import EngineNotAvailable, Sample, SamplingSettings
+from corerl.sdk import EngineNotAvailable, Sample, SamplingSettings, model_shape
 from corerl_vllm.support import VLLM_LORA_RANKS
 
 log = logging.getLogger(__name__)
@@ -114,8 +114,15 @@ class VllmEngine:
             kwargs["enable_chunked_prefill"] = False
         from corerl.sdk import lora_enabled
 
+        shape = model_shape(self.config)  # the model's facts from its config.json
+        self.moe = shape is not None and shape.is_moe
         if lora_enabled(self.config):  # refits bring an adapter (vLLM's LoRA support), not weights
-            kwargs.update(enable_lora=True, max_loras=1, max_lora_rank=vllm_lora_rank(policy.lora.dim))
+            # on a mixture of experts PEFT adapts the experts' fused 3D weights, gate_up_proj at twice the rank:
+            # vLLM takes that layout with enable_mixed_moe_lora_format (GPU only: refused on CPU, corerl_vllm.support)
+            rank = policy.lora.dim * (2 if self.moe else 1)
+            kwargs.update(enable_lora=True, max_loras=1, max_lora_rank=vllm_lora_rank(rank))
+            if self.moe:
+                kwargs["enable_mixed_moe_lora_format"] = True
         kwargs.update(s.engine_args)
         self.llm = LLM(**kwargs)
         self.adapter: Any = None  # the LoRARequest of the newest adapter; None: the base model
@@ -187,7 +194,8 @@ class VllmEngine:
         number = (self.adapter.lora_int_id + 1) if self.adapter is not None else 1
         folder = os.path.join(self.scratch, f"v{number}")
         write_adapter(folder, tensors, config)
-        previous, self.adapter = self.adapter, LoRARequest(f"policy-v{number}", number, folder)
+        previous, self.adapter = self.adapter, LoRARequest(f"policy-v{number}", number, folder,
+                                                           is_3d_lora_weight=self.moe)
         if previous is not None:
             self.llm.llm_engine.remove_lora(previous.lora_int_id)
             shutil.rmtree(previous.lora_path, ignore_errors=True)

