@@ -2,7 +2,9 @@
 
 A generation backend that samples with the training engine's own model (``use_training_engine``)
 recognises that engine's stream by its ``engine`` attribute and skips the refit: it already
-runs on those weights. Everyone else iterates it as ``(Hugging Face name, tensor)`` pairs.
+runs on those weights. Everyone else iterates it as ``(Hugging Face name, tensor)`` pairs, under
+the transformers model's in-memory names (``model.state_dict()``'s); an engine that loads
+checkpoint names (vLLM) renames the stream with :class:`CheckpointNaming` first.
 """
 
 from __future__ import annotations
