@@ -44,6 +44,7 @@ REFUSALS = [
     ["policy.moe.router_replay=r2", *HF],
     ["policy.hf_config_overrides.num_experts_per_tok=9", "policy.model_name=builtin:tiny-moe", *HF],
     ["policy.moe.router_replay=r3", "policy.model_name=builtin:tiny-moe", *HF],
+    ["policy.lora.enabled=true", "policy.model_name=builtin:tiny-moe"],
     ["policy.dtensor_cfg.tensor_parallel_size=2", "policy.model_name=builtin:tiny-moe", "cluster.gpus_per_node=2", *HF],
     ["policy.dtensor_cfg.expert_parallel_size=2", "policy.dtensor_cfg.fsdp_version=1", "policy.model_name=builtin:tiny-moe",
      "cluster.gpus_per_node=2", *HF],
