@@ -189,3 +189,41 @@ def test_lora_on_a_moe_adapts_attention_and_experts_and_keeps_the_router_when_fr
         base_routing = router(hidden)[0]
     with torch.no_grad():
         assert torch.equal(router(hidden)[0], base_routing) is freeze_router
+
+
+def test_hf_generation_samples_with_an_adapter_on_the_experts(moe_dir: Path, tmp_path: Path) -> None:
+    """An adapter-only refit of a MoE (attention and fused-expert adapters, the training side's PEFT
+    names) into the hf backend: its logprobs equal a PEFT forward of the base with that adapter."""
+    from peft import get_peft_model_state_dict
+
+    from corerl.generation.contract import SamplingSettings
+    from corerl.lora.adapter import apply_lora, config_dict
+    from corerl.lora.weights import AdapterWeights
+    from corerl.testing import host_with, select_for, write_recipe
+
+    recipe = write_recipe(tmp_path / "r.yaml", {"policy": {
+        "model_name": str(moe_dir), "precision": "float32", "max_seq_length": 64,
+        "generation": {"backend": "hf"}, "lora": {"enabled": True, "dim": 4, "alpha": 8}}})
+    config, selection = select_for(host_with(None, "hf"), recipe)
+    settings = config.core.policy.lora
+    model = apply_lora(_load(moe_dir), settings, str(moe_dir))
+    generator = torch.Generator().manual_seed(2)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if ".lora_B." in name and param.requires_grad:
+                param.copy_(torch.randn(param.shape, generator=generator) * 0.3)
+    tensors = {k: v.detach().clone() for k, v in get_peft_model_state_dict(model).items()}
+    assert any(".mlp.experts.lora_B." in k for k in tensors)
+    engine = selection.generation_backend.registration.create(config=config)
+    try:
+        engine.load_hf(str(moe_dir))
+        engine.load_adapter(AdapterWeights(None, config_dict(settings, str(moe_dir)), str(moe_dir), lambda: tensors))
+        sample = engine.generate([[5, 6, 7, 8]], SamplingSettings(temperature=1.0, max_new_tokens=8, seed=1))[0][0]
+    finally:
+        engine.shutdown()
+    ids = torch.tensor([list(sample.prompt_ids) + list(sample.completion_ids)])
+    model.eval()
+    with torch.no_grad():
+        logp = torch.log_softmax(model(input_ids=ids).logits[0], dim=-1)
+    want = [float(logp[4 + t - 1, token]) for t, token in enumerate(sample.completion_ids)]
+    assert max(abs(a - b) for a, b in zip(sample.logprobs, want, strict=True)) <= 1e-4
