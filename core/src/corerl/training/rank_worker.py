@@ -127,7 +127,8 @@ class RankWorker(RankDeviceReport):
         if self.lora:
             from corerl.lora.adapter import apply_lora
 
-            model = self.peft_model = apply_lora(model, self.config.core.policy.lora, model_path)
+            model = self.peft_model = apply_lora(model, self.config.core.policy.lora, model_path,
+                                                   freeze_router=self.config.core.policy.moe.freeze_router)
         if self.router is not None:  # a reload: the old model's hooks go with it
             self.router.remove()
         self.router = attach_router(model, self.config, replay=not self.critic)
