@@ -2,8 +2,8 @@
 
 Fast tests (one process): the dispatch arithmetic simulated over two ranks, the expert-parallel
 layout over a one-rank gloo group against transformers, the refusals and the memory model.
-One slow class starts two Ray ranks per layout (FSDP only, and expert parallelism 2) and holds
-them to world size 1.
+One slow class runs the conformance suite's MoE checks (corerl.testing.conformance.MoeConformance)
+on two Ray ranks with expert parallelism 2, and a tiny Mixtral on the same engine.
 """
 
 from __future__ import annotations
@@ -18,10 +18,9 @@ from corerl.models.tiny import build_tiny_model, tiny_hf_config
 from corerl.plugin_manager import PluginHost
 from corerl.selection import select
 from corerl.testing import write_recipe
-from corerl.testing.conformance import MAX_GRAD_NORM, MOMENTUM, conformance_batch, conformance_loss
+from corerl.testing.conformance import MAX_GRAD_NORM, MOMENTUM, MoeConformance, conformance_batch
 from corerl.testing.reference import hf_logprobs
 from corerl_dtensor import expert_parallel
-from corerl_dtensor.backend import DTensorBackend
 
 TOLERANCE = 1e-5  # the conformance suite's (fp32)
 
@@ -206,68 +205,24 @@ def test_plan_shards_experts_by_expert_parallelism_and_ranks_those_layouts_first
 # -- world size 2 over gloo (slow) ---------------------------------------------------------
 
 
-class TestMoeWorld2:
-    """A tiny Qwen3-MoE at two ranks, FSDP only and expert parallelism 2, against world size 1;
-    and a tiny Mixtral under expert parallelism."""
+class TestMoeExpertParallel2(MoeConformance):
+    """The conformance suite's MoE checks at two ranks with expert parallelism 2 (one engine for
+    the class: logprobs, a step with the router's loss terms, the weight stream and export, a dcp
+    checkpoint each rank writes its experts' shards to); on the same engine, a tiny Mixtral."""
+
+    backend_id = "dtensor"
+    overrides = ["cluster.gpus_per_node=2"]
 
     @pytest.fixture(scope="class")
     @classmethod
     def mixtral_dir(cls, tmp_path_factory):
         return str(build_tiny_model(tmp_path_factory.mktemp("mixtral"), family="mixtral", hidden_size=64))
 
-    @pytest.fixture(scope="class")
-    @classmethod
-    def moe_world2_engines(cls, moe_dir, tmp_path_factory):
-        tmp = tmp_path_factory.mktemp("moe-world2")
-        built = {}
-        try:
-            for name, extra in (("single", []), ("fsdp", ["cluster.gpus_per_node=2"]),
-                                ("ep", ["cluster.gpus_per_node=2", "policy.dtensor_cfg.expert_parallel_size=2"])):
-                built[name] = DTensorBackend(make_config(moe_dir, tmp, *extra))
-            yield built
-        finally:
-            for engine in built.values():
-                engine.shutdown()
+    def test_the_layout_is_expert_parallel_2(self):
+        assert self.expert_parallel_overrides() == ["policy.dtensor_cfg.expert_parallel_size=2"]
 
-    @pytest.mark.parametrize("layout", ["fsdp", "ep"])
-    def test_logprobs_and_a_train_step_equal_world_size_1(self, moe_world2_engines, moe_dir, layout):
+    def test_mixtral_under_expert_parallelism_matches_transformers(self, moe_backend, mixtral_dir):
         batch = conformance_batch()
-        ours, single = moe_world2_engines[layout], moe_world2_engines["single"]
-        for engine in (ours, single):
-            engine.load_hf(moe_dir)
-        reference = hf_logprobs(AutoModelForCausalLM.from_pretrained(moe_dir, dtype=torch.float32), batch)
-        assert (ours.logprobs(batch) - reference).abs().max() <= TOLERANCE
-        mine, theirs = ours.train_step(batch, conformance_loss), single.train_step(batch, conformance_loss)
-        assert abs(mine.loss - theirs.loss) <= TOLERANCE
-        assert abs(mine.grad_norm - theirs.grad_norm) <= TOLERANCE * max(1.0, theirs.grad_norm)
-        ours_w, theirs_w = dict(ours.weight_stream()), dict(single.weight_stream())
-        assert ours_w.keys() == theirs_w.keys()
-        assert max((ours_w[n] - theirs_w[n]).abs().max().item() for n in ours_w) <= TOLERANCE
-        assert (ours.logprobs(batch) - reference).abs().max() > 100 * TOLERANCE  # the step moved the weights
-
-    def test_expert_parallel_export_after_a_step_loads_into_transformers(self, moe_world2_engines, moe_dir, tmp_path):
-        batch, engine = conformance_batch(), moe_world2_engines["ep"]
-        engine.load_hf(moe_dir)
-        engine.train_step(batch, conformance_loss)
-        engine.export_hf(str(tmp_path / "export"))
-        exported = AutoModelForCausalLM.from_pretrained(tmp_path / "export", dtype=torch.float32)
-        assert (hf_logprobs(exported, batch) - engine.logprobs(batch)).abs().max() <= TOLERANCE
-
-    def test_expert_parallel_checkpoint_resumes_like_an_uninterrupted_run(self, moe_world2_engines, moe_dir, tmp_path):
-        batch, engine = conformance_batch(), moe_world2_engines["ep"]
-        engine.load_hf(moe_dir)
-        engine.train_step(batch, conformance_loss)
-        engine.save_checkpoint(str(tmp_path / "ckpt"))  # dcp: each rank writes its experts' shards
-        straight = engine.train_step(batch, conformance_loss).loss
-        straight_w = dict(engine.weight_stream())
-        engine.load_hf(moe_dir)
-        engine.load_checkpoint(str(tmp_path / "ckpt"))
-        assert abs(engine.train_step(batch, conformance_loss).loss - straight) <= TOLERANCE
-        resumed_w = dict(engine.weight_stream())
-        assert max((resumed_w[n] - straight_w[n]).abs().max().item() for n in straight_w) <= TOLERANCE
-
-    def test_mixtral_under_expert_parallelism_matches_transformers(self, moe_world2_engines, mixtral_dir):
-        batch, engine = conformance_batch(), moe_world2_engines["ep"]
-        engine.load_hf(mixtral_dir)
+        moe_backend.load_hf(mixtral_dir)
         reference = hf_logprobs(AutoModelForCausalLM.from_pretrained(mixtral_dir, dtype=torch.float32), batch)
-        assert (engine.logprobs(batch) - reference).abs().max() <= TOLERANCE
+        assert (moe_backend.logprobs(batch) - reference).abs().max() <= TOLERANCE

@@ -46,6 +46,7 @@ One subclass per layout (world size, parallel sizes). The checks:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, ClassVar
@@ -162,40 +163,15 @@ def _save_load_continue(engine: Any, model_dir: str, first: dict[str, torch.Tens
     return straight, straight_w, resumed, dict(engine.weight_stream())
 
 
-class TrainingBackendConformance:
-    """Base class of a backend's conformance tests; set ``backend_id`` and ``overrides``."""
+class BackendLayout:
+    """One layout of a training backend under test (no checks of its own): ``backend_id``, the
+    ``overrides`` that make the layout (world size, parallel sizes), and how the suites build a
+    selection and an engine from them."""
 
     backend_id: ClassVar[str]
     overrides: ClassVar[list[str]] = []
     #: a plugin object to register instead of discovering installed plugins (optional)
     plugin: ClassVar[Any] = None
-    #: the tiny model's architecture family: "qwen2" (biased q/k/v, tied embeddings) or "llama" (untied)
-    model_family: ClassVar[str] = "qwen2"
-    tolerance: ClassVar[float] = 1e-5
-    #: the token-budget micro-batch layouts checked by (g)
-    micro_batch_layouts: ClassVar[tuple[str, ...]] = ("packed", "dynamic")
-    #: whether (j) runs the critic in this layout (a value-model backend may turn it off in
-    #: layouts that add nothing new for a critic, to keep its suite short)
-    critic_checks: ClassVar[bool] = True
-    #: overrides that make the backend's optimizer Adam(W) for (d)'s Adam variant (world size 1
-    #: layouts only; empty: skipped in this layout)
-    adam_overrides: ClassVar[list[str]] = ["policy.optimizer.name=adamw", "policy.optimizer.lr=0.001"]
-    #: largest logprob difference allowed between ``policy.precision=bfloat16`` and the fp32
-    #: reference (bf16 keeps 8 bits of mantissa: a few hundredths on the tiny model); None: the
-    #: backend does not compute in bf16 here
-    bf16_tolerance: ClassVar[float | None] = 0.1
-
-    # -- fixtures ----------------------------------------------------------------------
-
-    @pytest.fixture(scope="class")
-    @classmethod
-    def model_dir(cls, tmp_path_factory: pytest.TempPathFactory) -> str:
-        from corerl.models.tiny import build_tiny_model
-
-        return str(build_tiny_model(
-            tmp_path_factory.mktemp("tiny-model"), family=cls.model_family, hidden_size=64, num_layers=2,
-            tie_word_embeddings=cls.model_family == "qwen2",
-        ))
 
     @classmethod
     def _build(cls, model_dir: str, tmp_path: Path, extra: list[str], critic: bool = False) -> Any:
@@ -229,6 +205,51 @@ class TrainingBackendConformance:
             "algorithm": {"max_steps": 8, "seed": 1234},
         })
         return select_for(host, recipe, [*cls.overrides, *extra])
+
+    @classmethod
+    def _registration(cls) -> Any:
+        from corerl.testing import host_with
+
+        registration = host_with(cls.plugin, f"{cls.backend_id}-under-test").training_backends.get(cls.backend_id)
+        assert registration is not None, f"no training backend {cls.backend_id!r} is registered"
+        return registration
+
+    @classmethod
+    def _world_size(cls) -> int:
+        sizes = [int(o.split("=", 1)[1]) for o in cls.overrides if o.startswith("cluster.gpus_per_node=")]
+        return sizes[-1] if sizes else 1
+
+
+class TrainingBackendConformance(BackendLayout):
+    """Base class of a backend's conformance tests; set ``backend_id`` and ``overrides``."""
+
+    #: the tiny model's architecture family: "qwen2" (biased q/k/v, tied embeddings) or "llama" (untied)
+    model_family: ClassVar[str] = "qwen2"
+    tolerance: ClassVar[float] = 1e-5
+    #: the token-budget micro-batch layouts checked by (g)
+    micro_batch_layouts: ClassVar[tuple[str, ...]] = ("packed", "dynamic")
+    #: whether (j) runs the critic in this layout (a value-model backend may turn it off in
+    #: layouts that add nothing new for a critic, to keep its suite short)
+    critic_checks: ClassVar[bool] = True
+    #: overrides that make the backend's optimizer Adam(W) for (d)'s Adam variant (world size 1
+    #: layouts only; empty: skipped in this layout)
+    adam_overrides: ClassVar[list[str]] = ["policy.optimizer.name=adamw", "policy.optimizer.lr=0.001"]
+    #: largest logprob difference allowed between ``policy.precision=bfloat16`` and the fp32
+    #: reference (bf16 keeps 8 bits of mantissa: a few hundredths on the tiny model); None: the
+    #: backend does not compute in bf16 here
+    bf16_tolerance: ClassVar[float | None] = 0.1
+
+    # -- fixtures ----------------------------------------------------------------------
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def model_dir(cls, tmp_path_factory: pytest.TempPathFactory) -> str:
+        from corerl.models.tiny import build_tiny_model
+
+        return str(build_tiny_model(
+            tmp_path_factory.mktemp("tiny-model"), family=cls.model_family, hidden_size=64, num_layers=2,
+            tie_word_embeddings=cls.model_family == "qwen2",
+        ))
 
     @pytest.fixture(scope="class")
     @classmethod
@@ -354,11 +375,6 @@ class TrainingBackendConformance:
         reference = hf_logprobs(AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32), batch)
         assert _max_diff(ours, reference) <= self.bf16_tolerance, _max_diff(ours, reference)
         assert abs(result.loss) < float("inf") and all(torch.isfinite(w.float()).all() for w in weights.values())
-
-    @classmethod
-    def _world_size(cls) -> int:
-        sizes = [int(o.split("=", 1)[1]) for o in cls.overrides if o.startswith("cluster.gpus_per_node=")]
-        return sizes[-1] if sizes else 1
 
     # -- (e) ---------------------------------------------------------------------------
 
@@ -621,10 +637,162 @@ class TrainingBackendConformance:
         exported = load_file(str(tmp_path / "adapter" / "adapter_model.safetensors"))
         assert exported.keys() == trained.keys()
 
-    @classmethod
-    def _registration(cls) -> Any:
-        from corerl.testing import host_with
 
-        registration = host_with(cls.plugin, f"{cls.backend_id}-under-test").training_backends.get(cls.backend_id)
-        assert registration is not None, f"no training backend {cls.backend_id!r} is registered"
-        return registration
+class MoeConformance(BackendLayout):
+    """The mixture-of-experts checks (m), a class of their own beside a backend's
+    :class:`TrainingBackendConformance` layouts (one engine per class, built once)::
+
+        class TestMyBackendMoe(MoeConformance):
+            backend_id = "mine"
+            overrides = ["cluster.gpus_per_node=2"]
+
+    On the suite's tiny Qwen3-MoE (:data:`corerl.testing.moe_reference.MOE_SHAPE`), with the
+    router trained and both router loss terms on (:attr:`router_overrides`), and at world size
+    above 1 the registration's ``expert_parallel_key`` (where it has one) set to 2:
+
+    (m1) logprobs equal transformers' within ``tolerance``;
+    (m2) one train step gives the policy loss and the weights of a plain PyTorch step whose loss
+         adds the load-balancing and z-loss terms of each micro-batch
+         (:func:`corerl.testing.moe_reference.reference_router_step`), and reports the step's
+         ``moe/aux_loss``, ``moe/z_loss`` and each layer's ``load_min``/``load_max``/``load_entropy``
+         equal to that reference's;
+    (m3) the weight stream holds every parameter under transformers' in-memory names and shapes
+         (fused experts; a tied head may come too), and the exported checkpoint loads into transformers with equal logprobs;
+    (m4) save, load into a fresh model, continue equals uninterrupted training;
+    (m5) selection takes a MoE policy on the backend, or, where its registration says
+         ``moe=False``, refuses it at ``policy.training_backend`` in one line (the engine checks
+         are then skipped).
+    """
+
+    tolerance: ClassVar[float] = 1e-5
+    #: largest weight difference after (m2)'s step: the router's gradient sums every token's
+    #: probabilities, so float32 summation order shows there a little more than elsewhere
+    step_tolerance: ClassVar[float] = 2e-5
+    aux_loss_coeff: ClassVar[float] = 0.5
+    z_loss_coeff: ClassVar[float] = 0.05
+    #: whether (m2) holds the ``moe/*`` metrics to the reference's values (a backend whose
+    #: metrics count differently, say padding tokens too, sets False: they are then checked for
+    #: presence and range only)
+    metrics_match_reference: ClassVar[bool] = True
+
+    @classmethod
+    def router_overrides(cls) -> list[str]:
+        """The router trained, with both loss terms (:attr:`aux_loss_coeff`, :attr:`z_loss_coeff`)."""
+        return ["policy.moe.freeze_router=false", "policy.moe.load_balancing_type=aux_loss",
+                f"policy.moe.aux_loss_coeff={cls.aux_loss_coeff}", f"policy.moe.z_loss_coeff={cls.z_loss_coeff}"]
+
+    @classmethod
+    def expert_parallel_overrides(cls) -> list[str]:
+        """Expert parallelism 2 at world size above 1, where the registration names its key."""
+        registration = cls._registration()
+        if cls._world_size() == 1 or not registration.expert_parallel_key or not registration.config_section:
+            return []
+        return [f"{registration.config_section}.{registration.expert_parallel_key}=2"]
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def moe_dir(cls, tmp_path_factory: pytest.TempPathFactory) -> str:
+        from corerl.testing.moe_reference import build_moe_conformance_model
+
+        return build_moe_conformance_model(tmp_path_factory.mktemp("tiny-moe"))
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def moe_backend(cls, moe_dir: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+        if not cls._registration().moe:
+            pytest.skip(f"{cls.backend_id} does not train mixture-of-experts models (its registration says moe=False)")
+        _, engine = cls._build(moe_dir, tmp_path_factory.mktemp("moe-recipe"),
+                               [*cls.router_overrides(), *cls.expert_parallel_overrides()])
+        try:
+            yield engine
+        finally:
+            engine.shutdown()
+
+    # -- (m1) --------------------------------------------------------------------------
+
+    def test_moe_logprobs_match_transformers(self, moe_backend: Any, moe_dir: str) -> None:
+        from transformers import AutoModelForCausalLM
+
+        batch = conformance_batch()
+        moe_backend.load_hf(moe_dir)
+        reference = hf_logprobs(AutoModelForCausalLM.from_pretrained(moe_dir, dtype=torch.float32), batch)
+        assert _max_diff(moe_backend.logprobs(batch), reference) <= self.tolerance
+
+    # -- (m2) --------------------------------------------------------------------------
+
+    def test_moe_step_with_router_terms_matches_plain_pytorch(self, moe_backend: Any, moe_dir: str) -> None:
+        from corerl.testing.moe_reference import reference_router_step
+
+        batch = conformance_batch()
+        moe_backend.load_hf(moe_dir)
+        result = moe_backend.train_step(batch, conformance_loss)
+        reference = {"loss_fn": conformance_loss, "micro_batch_rows": 2, "freeze_router": False, "lr": result.lr,
+                     "momentum": MOMENTUM, "max_grad_norm": MAX_GRAD_NORM}
+        ref_loss, ref_params, ref_metrics = reference_router_step(
+            moe_dir, batch, aux_coeff=self.aux_loss_coeff, z_coeff=self.z_loss_coeff, **reference)
+        _, plain, _ = reference_router_step(moe_dir, batch, aux_coeff=0.0, z_coeff=0.0, **reference)
+        gate = "model.layers.0.mlp.gate.weight"
+        assert _max_diff(ref_params[gate], plain[gate]) > 100 * self.step_tolerance  # the terms change the step
+        assert abs(result.loss - ref_loss) <= self.tolerance, (result.loss, ref_loss)
+        weights = dict(moe_backend.weight_stream())
+        worst, name = max((_max_diff(weights[n], p), n) for n, p in ref_params.items())
+        assert worst <= self.step_tolerance, f"{name} differs from the plain PyTorch step's by {worst:.3g}"
+        experts = int(ref_params[gate].shape[0])
+        for key, expected in ref_metrics.items():
+            assert key in result.metrics, f"the step reports no {key}"
+            if self.metrics_match_reference:
+                assert result.metrics[key] == pytest.approx(expected, rel=1e-4, abs=1e-6), key
+        layers = sorted({key.split("/")[1] for key in ref_metrics if key.startswith("moe/layer")})
+        assert len(layers) == 2  # both decoder layers of the tiny model route
+        for layer in layers:  # each layer's load shares: min <= 1/E <= max, entropy within (0, log E]
+            low, high = result.metrics[f"moe/{layer}/load_min"], result.metrics[f"moe/{layer}/load_max"]
+            assert 0 <= low <= 1 / experts <= high <= 1
+            assert 0 < result.metrics[f"moe/{layer}/load_entropy"] <= math.log(experts) + 1e-6
+        assert result.metrics["moe/aux_loss"] > 0 and result.metrics["moe/z_loss"] > 0
+
+    # -- (m3) --------------------------------------------------------------------------
+
+    def test_moe_weight_stream_and_export_load_into_transformers(self, moe_backend: Any, moe_dir: str,
+                                                                 tmp_path: Path) -> None:
+        from transformers import AutoModelForCausalLM
+
+        batch = conformance_batch()
+        moe_backend.load_hf(moe_dir)
+        moe_backend.train_step(batch, conformance_loss)  # so the weights differ from the input checkpoint
+        model = AutoModelForCausalLM.from_pretrained(moe_dir, dtype=torch.float32)
+        streamed = {name: tuple(t.shape) for name, t in moe_backend.weight_stream()}
+        expected = {name: tuple(p.shape) for name, p in model.named_parameters()}
+        assert any(name.endswith("mlp.experts.gate_up_proj") for name in expected)  # transformers' fused experts
+        assert set(expected) <= set(streamed), f"missing: {sorted(set(expected) - set(streamed))}"
+        assert set(streamed) <= set(model.state_dict()), f"not transformers' names: {sorted(set(streamed) - set(expected))}"
+        assert all(streamed[name] == shape for name, shape in expected.items())
+        out = tmp_path / "export"
+        moe_backend.export_hf(str(out))
+        exported = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)
+        ours = moe_backend.logprobs(batch)
+        assert _max_diff(hf_logprobs(exported, batch), ours) <= self.tolerance
+        assert _max_diff(hf_logprobs(model, batch), ours) > 100 * self.tolerance  # the step moved them
+
+    # -- (m4) --------------------------------------------------------------------------
+
+    def test_moe_save_load_continue_equals_uninterrupted(self, moe_backend: Any, moe_dir: str, tmp_path: Path) -> None:
+        straight, straight_w, resumed, resumed_w = _save_load_continue(
+            moe_backend, moe_dir, conformance_batch(), conformance_batch(seed=1), tmp_path / "ckpt")
+        for a, b in zip(straight, resumed, strict=True):
+            assert (a.step, a.lr) == (b.step, b.lr)
+            assert abs(a.loss - b.loss) <= self.tolerance
+        assert max(_max_diff(straight_w[n], resumed_w[n]) for n in straight_w) <= self.tolerance
+
+    # -- (m5) --------------------------------------------------------------------------
+
+    def test_moe_policy_is_refused_unless_registered(self, moe_dir: str, tmp_path: Path) -> None:
+        from corerl.errors import CorerlError
+
+        if self._registration().moe:
+            _, selection = self._select(moe_dir, tmp_path, [*self.router_overrides(), *self.expert_parallel_overrides()])
+            assert selection.training_backend.id == self.backend_id, selection.training_backend.reason
+            return
+        with pytest.raises(CorerlError) as refused:
+            self._select(moe_dir, tmp_path, [])
+        assert refused.value.key == "policy.training_backend" and "\n" not in str(refused.value).strip()
+        assert "mixture-of-experts" in str(refused.value)
