@@ -52,6 +52,7 @@ REFUSALS = [
      "cluster.gpus_per_node=2", *HF],
     [*MEGATRON, "policy.megatron_cfg.tensor_model_parallel_size=2", "policy.model_name=builtin:tiny-moe",
      "cluster.gpus_per_node=2", *HF],
+    [*MEGATRON, "policy.megatron_cfg.moe_enable_deepep=true", "policy.model_name=builtin:tiny-moe", *HF],
     [*MEGATRON, "policy.moe.router_replay=r2", "policy.megatron_cfg.activation_checkpointing=true",
      "policy.model_name=builtin:tiny-moe", *HF],
     [*MEGATRON, "policy.megatron_cfg.tensor_model_parallel_size=4", "cluster.gpus_per_node=4", *HF],

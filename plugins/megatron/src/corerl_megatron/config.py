@@ -50,8 +50,13 @@ class MegatronConfig:
     context_parallel_size: int = setting(1, min=1, help="ranks a sequence is split over (needs Transformer Engine on GPUs; refused otherwise)")
     expert_model_parallel_size: int = setting(1, min=1, help="ranks a mixture of experts' experts are split over (each holds experts / size)")
     expert_tensor_parallel_size: int = setting(1, min=1, help="ranks each expert's weights are split over (tensor parallelism inside experts)")
-    moe_token_dispatcher_type: Literal["allgather", "alltoall"] = setting(
-        "allgather", help="how tokens reach their experts' ranks: allgather (every rank sees every token) or alltoall")
+    moe_token_dispatcher_type: Literal["allgather", "alltoall", "flex"] = setting(
+        "allgather", help="how tokens reach their experts' ranks: allgather (every rank sees every token), alltoall, "
+                          "or flex (megatron-core's fused dispatch with DeepEP or HybridEP kernels: GPU only)")
+    moe_flex_dispatcher_backend: Literal["deepep", "hybridep"] = setting(
+        "deepep", help="the kernels of the flex dispatcher (megatron-core's key; GPU only)")
+    moe_enable_deepep: bool = setting(False, help="megatron-core's older switch for the flex dispatcher's DeepEP "
+                                                  "kernels (needs moe_token_dispatcher_type=flex; GPU only)")
     moe_grouped_gemm: bool = setting(False, help="run a rank's experts as one grouped GEMM (needs Transformer Engine "
                                                  "or grouped_gemm on a GPU; refused where megatron-core lacks it)")
     moe_expert_capacity_factor: float | None = setting(

@@ -29,7 +29,13 @@ def check_supported(config: Config) -> None:
         f"{section}.bias_activation_fusion": settings.bias_activation_fusion,
         # megatron-core: "Grouped GEMM is not available" without grouped_gemm / Transformer Engine
         f"{section}.moe_grouped_gemm": settings.moe_grouped_gemm,
+        # DeepEP / HybridEP: CUDA kernels megatron-core's flex dispatcher calls (not run by corerl's tests)
+        f"{section}.moe_token_dispatcher_type": settings.moe_token_dispatcher_type == "flex",
     }
+    if settings.moe_enable_deepep and settings.moe_token_dispatcher_type != "flex":
+        raise ConfigError("DeepEP is the flex dispatcher's backend (megatron-core refuses it with another dispatcher)",
+                          key=f"{section}.moe_enable_deepep", hint=f"set {section}.moe_token_dispatcher_type=flex, or "
+                                                                  "turn moe_enable_deepep off")
     for key, value in gpu_only.items():
         if value and not on_gpu:
             raise EngineNotAvailable(f"{key} needs a GPU (megatron-core runs it with CUDA kernels); this machine has none",

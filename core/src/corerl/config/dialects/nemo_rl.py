@@ -376,8 +376,7 @@ RULES: dict[str, Rule] = {
     "policy.megatron_cfg.moe_router_load_balancing_type": acts("policy.moe.load_balancing_type", _load_balancing),
     **{f"policy.megatron_cfg.{key}": inert("corerl logs each MoE layer's expert load and the router losses at every step")
        for key in ("track_moe_metrics", "moe_per_layer_logging")},
-    **{f"policy.megatron_cfg.{key}": inert("used only with megatron-core's flex dispatcher (DeepEP/HybridEP)")
-       for key in ("moe_flex_dispatcher_backend", "moe_hybridep_num_sms")},
+    "policy.megatron_cfg.moe_hybridep_num_sms": inert(_PERF),
     **{f"policy.megatron_cfg.{key}": inert("corerl normalises the loss per token over the whole step itself")
        for key in ("do_not_average_loss", "cp_normalize", "calculate_per_token_loss", "scale_loss_by_dp_cp_size")},
     "policy.megatron_cfg.train_iters": inert("corerl's step count is algorithm.max_steps"),
@@ -503,9 +502,6 @@ RULES: dict[str, Rule] = {
     "policy.megatron_cfg.moe_router_bias_update_rate": inert("used only with the expert bias "
                                                              "(moe_router_enable_expert_bias), which is refused"),
     "policy.megatron_cfg.moe_permute_fusion": inert(_PERF),
-    "policy.megatron_cfg.moe_enable_deepep": inert("DeepEP's fused token dispatch (CUDA kernels) is not wired into "
-                                                   "corerl's megatron backend; only false is accepted (the alltoall "
-                                                   "dispatcher moves the same tokens)", _truthy),
     "policy.megatron_cfg.moe_shared_expert_overlap": inert(_PERF),
     "policy.megatron_cfg.defer_fp32_logits": inert(_PERF),
     "policy.megatron_cfg.use_gloo_process_groups": inert("corerl creates the process groups megatron-core needs"),

@@ -44,6 +44,7 @@ def moe_fields(hf: Any, settings: Any = None, moe: Any = None) -> dict[str, Any]
         moe_z_loss_coeff=z_coeff or None,
         moe_enable_routing_replay=replay,
         moe_token_dispatcher_type=get("moe_token_dispatcher_type", "allgather"),
+        moe_flex_dispatcher_backend=get("moe_flex_dispatcher_backend", "deepep"),
         moe_grouped_gemm=get("moe_grouped_gemm", False),
         moe_expert_capacity_factor=get("moe_expert_capacity_factor", None),
         moe_permute_fusion=False,
