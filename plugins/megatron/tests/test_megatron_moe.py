@@ -8,8 +8,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from corerl.testing import host_with, select_for, write_recipe
-from corerl.testing.conformance import conformance_batch, conformance_loss
+from corerl.testing import write_recipe
+from corerl.testing.conformance import (
+    LR,
+    MAX_GRAD_NORM,
+    MOMENTUM,
+    MoeConformance,
+    conformance_batch,
+    conformance_loss,
+)
 from corerl.testing.generation_conformance import GenerationBackendConformance
 
 MEGATRON = ["policy.megatron_cfg.enabled=true", "policy.megatron_cfg.optimizer.optimizer=sgd",
@@ -130,68 +137,53 @@ def test_router_replay_routes_each_row_as_recorded_whatever_its_padding_and_batc
 
 # -- slow: expert parallelism over gloo ---------------------------------------------------------
 
-
-def _engine(model_dir: str, tmp_path, overrides: list[str]):
-    recipe = write_recipe(tmp_path / "r.yaml", {"policy": {"model_name": model_dir, "precision": "float32",
-                                                           "train_micro_batch_size": 2, "max_grad_norm": 1.0,
-                                                           "generation": {"backend": "hf"}}})
-    config, selection = select_for(host_with(None, "installed"), recipe, [*MEGATRON, *overrides])
-    assert selection.training_backend.id == "megatron"
-    return selection.training_backend.registration.create(config=config)
+# megatron's own optimizer and scheduler, as the suite's reference step (test_megatron_conformance.py)
+MEGATRON_SGD = ["policy.megatron_cfg.enabled=true", "policy.megatron_cfg.optimizer.optimizer=sgd",
+                f"policy.megatron_cfg.optimizer.lr={LR}", f"policy.megatron_cfg.optimizer.sgd_momentum={MOMENTUM}",
+                f"policy.megatron_cfg.optimizer.clip_grad={MAX_GRAD_NORM}", "policy.megatron_cfg.optimizer.weight_decay=0.0",
+                "policy.megatron_cfg.scheduler.lr_decay_style=linear", "policy.megatron_cfg.scheduler.lr_warmup_iters=2"]
 
 
-LAYOUTS = {
-    "one rank": ["cluster.gpus_per_node=1"],
-    "ep2 alltoall": ["cluster.gpus_per_node=2", "policy.megatron_cfg.expert_model_parallel_size=2",
-                     "policy.megatron_cfg.moe_token_dispatcher_type=alltoall"],
-    "ep2 allgather": ["cluster.gpus_per_node=2", "policy.megatron_cfg.expert_model_parallel_size=2",
-                      "policy.megatron_cfg.moe_token_dispatcher_type=allgather"],
-}
-ROUTER = ["policy.moe.freeze_router=false", "policy.moe.load_balancing_type=aux_loss", "policy.moe.aux_loss_coeff=0.01",
-          "policy.moe.z_loss_coeff=0.001"]
+class TestMoeExpertParallel2(MoeConformance):
+    """The conformance suite's MoE checks at two ranks with expert parallelism 2 and the
+    all-to-all dispatcher (one engine for the class)."""
 
+    backend_id = "megatron"
+    overrides = ["cluster.gpus_per_node=2", "policy.megatron_cfg.moe_token_dispatcher_type=alltoall", *MEGATRON_SGD]
+    # megatron's routers see the padding tokens (its rows run without an attention mask) and its load
+    # metrics pool the step's token-slots: checked for presence and range
+    metrics_match_reference = False
 
-class TestExpertParallel:
-    """One engine per layout, built once; every layout computes and trains what one rank does."""
+    @pytest.mark.xfail(strict=True, reason="megatron's router loss terms: the step's gradient norm is 79613 against "
+                       "5.9 in plain PyTorch (world size 1 and EP=2 alike; without the terms EP=2 equals plain PyTorch "
+                       "within 1.2e-7)")
+    def test_moe_step_with_router_terms_matches_plain_pytorch(self, moe_backend, moe_dir):
+        super().test_moe_step_with_router_terms_matches_plain_pytorch(moe_backend, moe_dir)
 
-    @pytest.fixture(scope="class")
-    @classmethod
-    def engines(cls, moe_dir, tmp_path_factory: pytest.TempPathFactory):
-        built = {}
-        try:
-            for name, overrides in LAYOUTS.items():
-                built[name] = _engine(moe_dir, tmp_path_factory.mktemp("engine"), [*overrides, *ROUTER])
-                built[name].load_hf(moe_dir)
-            yield built
-        finally:
-            for engine in built.values():
-                engine.shutdown()
+    def test_the_layout_is_expert_parallel_2(self):
+        assert self.expert_parallel_overrides() == ["policy.megatron_cfg.expert_model_parallel_size=2"]
 
-    def test_logprobs_a_train_step_and_the_weights_match_one_rank(self, engines):
+    def test_the_allgather_dispatcher_computes_and_trains_as_alltoall(self, moe_backend, moe_dir, tmp_path):
+        """The other token dispatcher, in the same layout: logprobs, a step (router terms on),
+        its MoE metrics and the weights after it equal the all-to-all engine's."""
+        _, allgather = self._build(moe_dir, tmp_path, [*self.router_overrides(), *self.expert_parallel_overrides(),
+                                                       "policy.megatron_cfg.moe_token_dispatcher_type=allgather"])
         batch = conformance_batch()
-        reference = engines["one rank"]
-        want_logprobs = reference.logprobs(batch)
-        want_step = reference.train_step(batch, conformance_loss)
-        want_weights = dict(reference.weight_stream())
-        assert want_step.metrics["moe/aux_loss"] > 0 and want_step.metrics["moe/z_loss"] > 0
-        for name in ("ep2 alltoall", "ep2 allgather"):
-            engine = engines[name]
-            assert float((engine.logprobs(batch) - want_logprobs).abs().max()) <= 1e-5, name
-            step = engine.train_step(batch, conformance_loss)
-            assert abs(step.loss - want_step.loss) <= 1e-5, name
-            assert step.grad_norm == pytest.approx(want_step.grad_norm, rel=1e-6), name
-            for key, value in want_step.metrics.items():
-                if key.startswith("moe/"):
-                    assert step.metrics[key] == pytest.approx(value, rel=1e-5, abs=1e-6), (name, key)
-            weights = dict(engine.weight_stream())
-            assert weights.keys() == want_weights.keys(), name
-            assert max(float((weights[n] - want_weights[n]).abs().max()) for n in weights) <= 1e-5, name
-        # each layer's load shares: between 0 and 1, min <= 1/E <= max
-        for layer in (0, 1):
-            low, high = want_step.metrics[f"moe/layer{layer}/load_min"], want_step.metrics[f"moe/layer{layer}/load_max"]
-            assert 0 <= low <= 0.25 <= high <= 1
-            assert 0 < want_step.metrics[f"moe/layer{layer}/load_entropy"] <= torch.log(torch.tensor(4.0)).item() + 1e-9
-        assert any(".experts.gate_up_proj" in n for n in want_weights)
+        try:
+            for engine in (moe_backend, allgather):
+                engine.load_hf(moe_dir)
+            assert float((allgather.logprobs(batch) - moe_backend.logprobs(batch)).abs().max()) <= 1e-5
+            ours, theirs = allgather.train_step(batch, conformance_loss), moe_backend.train_step(batch, conformance_loss)
+            weights, want = dict(allgather.weight_stream()), dict(moe_backend.weight_stream())
+        finally:
+            allgather.shutdown()
+        assert abs(ours.loss - theirs.loss) <= 1e-5 and ours.grad_norm == pytest.approx(theirs.grad_norm, rel=1e-6)
+        assert theirs.metrics["moe/aux_loss"] > 0
+        for key, value in theirs.metrics.items():
+            if key.startswith("moe/"):
+                assert ours.metrics[key] == pytest.approx(value, rel=1e-5, abs=1e-6), key
+        assert weights.keys() == want.keys()
+        assert max(float((weights[n] - want[n]).abs().max()) for n in weights) <= 1e-5
 
 
 # -- slow: generation -----------------------------------------------------------------------------

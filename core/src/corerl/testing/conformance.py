@@ -655,7 +655,7 @@ class MoeConformance(BackendLayout):
          adds the load-balancing and z-loss terms of each micro-batch
          (:func:`corerl.testing.moe_reference.reference_router_step`), and reports the step's
          ``moe/aux_loss``, ``moe/z_loss`` and each layer's ``load_min``/``load_max``/``load_entropy``
-         equal to that reference's;
+         (equal to that reference's, unless :attr:`metrics_match_reference` is off);
     (m3) the weight stream holds every parameter under transformers' in-memory names and shapes
          (fused experts; a tied head may come too), and the exported checkpoint loads into transformers with equal logprobs;
     (m4) save, load into a fresh model, continue equals uninterrupted training;
@@ -720,28 +720,40 @@ class MoeConformance(BackendLayout):
 
     # -- (m2) --------------------------------------------------------------------------
 
-    def test_moe_step_with_router_terms_matches_plain_pytorch(self, moe_backend: Any, moe_dir: str) -> None:
+    def _router_step(self, engine: Any, moe_dir: str) -> tuple[Any, float, dict[str, torch.Tensor], dict[str, float]]:
+        """A step of ``engine`` on the conformance batch and the plain PyTorch step's loss,
+        parameters and metrics, both with the router's loss terms."""
         from corerl.testing.moe_reference import reference_router_step
 
         batch = conformance_batch()
-        moe_backend.load_hf(moe_dir)
-        result = moe_backend.train_step(batch, conformance_loss)
-        reference = {"loss_fn": conformance_loss, "micro_batch_rows": 2, "freeze_router": False, "lr": result.lr,
-                     "momentum": MOMENTUM, "max_grad_norm": MAX_GRAD_NORM}
+        engine.load_hf(moe_dir)
+        result = engine.train_step(batch, conformance_loss)
         ref_loss, ref_params, ref_metrics = reference_router_step(
-            moe_dir, batch, aux_coeff=self.aux_loss_coeff, z_coeff=self.z_loss_coeff, **reference)
-        _, plain, _ = reference_router_step(moe_dir, batch, aux_coeff=0.0, z_coeff=0.0, **reference)
+            moe_dir, batch, conformance_loss, micro_batch_rows=2, aux_coeff=self.aux_loss_coeff,
+            z_coeff=self.z_loss_coeff, freeze_router=False, lr=result.lr, momentum=MOMENTUM, max_grad_norm=MAX_GRAD_NORM)
+        return result, ref_loss, ref_params, ref_metrics
+
+    def test_moe_step_with_router_terms_matches_plain_pytorch(self, moe_backend: Any, moe_dir: str) -> None:
+        from corerl.testing.moe_reference import reference_router_step
+
+        result, ref_loss, ref_params, _ = self._router_step(moe_backend, moe_dir)
+        _, plain, _ = reference_router_step(
+            moe_dir, conformance_batch(), conformance_loss, micro_batch_rows=2, aux_coeff=0.0, z_coeff=0.0,
+            freeze_router=False, lr=result.lr, momentum=MOMENTUM, max_grad_norm=MAX_GRAD_NORM)
         gate = "model.layers.0.mlp.gate.weight"
         assert _max_diff(ref_params[gate], plain[gate]) > 100 * self.step_tolerance  # the terms change the step
         assert abs(result.loss - ref_loss) <= self.tolerance, (result.loss, ref_loss)
         weights = dict(moe_backend.weight_stream())
         worst, name = max((_max_diff(weights[n], p), n) for n, p in ref_params.items())
         assert worst <= self.step_tolerance, f"{name} differs from the plain PyTorch step's by {worst:.3g}"
-        experts = int(ref_params[gate].shape[0])
+
+    def test_moe_step_reports_the_routers_metrics(self, moe_backend: Any, moe_dir: str) -> None:
+        result, _, ref_params, ref_metrics = self._router_step(moe_backend, moe_dir)
         for key, expected in ref_metrics.items():
             assert key in result.metrics, f"the step reports no {key}"
             if self.metrics_match_reference:
                 assert result.metrics[key] == pytest.approx(expected, rel=1e-4, abs=1e-6), key
+        experts = int(ref_params["model.layers.0.mlp.gate.weight"].shape[0])
         layers = sorted({key.split("/")[1] for key in ref_metrics if key.startswith("moe/layer")})
         assert len(layers) == 2  # both decoder layers of the tiny model route
         for layer in layers:  # each layer's load shares: min <= 1/E <= max, entropy within (0, log E]
