@@ -2,8 +2,8 @@
 
 Fast tests (one process): the dispatch arithmetic simulated over two ranks, the expert-parallel
 layout over a one-rank gloo group against transformers, the refusals and the memory model.
-One slow class runs the conformance suite's MoE checks (corerl.testing.conformance.MoeConformance)
-on two Ray ranks with expert parallelism 2, and a tiny Mixtral on the same engine.
+Two slow classes run the conformance suite's MoE checks (corerl.testing.conformance.MoeConformance)
+on two Ray ranks, with expert parallelism 2 (and a tiny Mixtral on the same engine) and FSDP only.
 """
 
 from __future__ import annotations
@@ -226,3 +226,12 @@ class TestMoeExpertParallel2(MoeConformance):
         moe_backend.load_hf(mixtral_dir)
         reference = hf_logprobs(AutoModelForCausalLM.from_pretrained(mixtral_dir, dtype=torch.float32), batch)
         assert (moe_backend.logprobs(batch) - reference).abs().max() <= TOLERANCE
+
+
+class TestMoeDataParallel2(MoeConformance):
+    """The conformance suite's MoE checks at two ranks without expert parallelism (the default at
+    world size 2: FSDP2 shards the fused experts as any other parameter)."""
+
+    backend_id = "dtensor"
+    overrides = ["cluster.gpus_per_node=2"]
+    expert_parallel = False

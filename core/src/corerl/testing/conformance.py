@@ -42,6 +42,10 @@ One subclass per layout (world size, parallel sizes). The checks:
     (the adapter switched off) still computes the starting logprobs (only adapter parameters
     moved), and the refit's adapter and the exported PEFT folder hold adapter tensors only; a
     registration without it is refused with ``policy.lora.enabled``, in one line.
+
+Mixture-of-experts checks (m1-m5) are a class of their own, :class:`MoeConformance`: one more
+subclass per backend (one engine for it), expert parallelism 2 at world size 2 where the
+registration names its key; a backend registered without ``moe=True`` is checked to be refused.
 """
 
 from __future__ import annotations
@@ -648,7 +652,8 @@ class MoeConformance(BackendLayout):
 
     On the suite's tiny Qwen3-MoE (:data:`corerl.testing.moe_reference.MOE_SHAPE`), with the
     router trained and both router loss terms on (:attr:`router_overrides`), and at world size
-    above 1 the registration's ``expert_parallel_key`` (where it has one) set to 2:
+    above 1 the registration's ``expert_parallel_key`` (where it has one) set to 2 (unless
+    :attr:`expert_parallel` is off):
 
     (m1) logprobs equal transformers' within ``tolerance``;
     (m2) one train step gives the policy loss and the weights of a plain PyTorch step whose loss
@@ -674,6 +679,9 @@ class MoeConformance(BackendLayout):
     #: metrics count differently, say padding tokens too, sets False: they are then checked for
     #: presence and range only)
     metrics_match_reference: ClassVar[bool] = True
+    #: whether a layout above world size 1 sets the registration's expert-parallel key to 2 (False:
+    #: the experts are sharded as every other parameter, e.g. FSDP only)
+    expert_parallel: ClassVar[bool] = True
 
     @classmethod
     def router_overrides(cls) -> list[str]:
@@ -685,7 +693,8 @@ class MoeConformance(BackendLayout):
     def expert_parallel_overrides(cls) -> list[str]:
         """Expert parallelism 2 at world size above 1, where the registration names its key."""
         registration = cls._registration()
-        if cls._world_size() == 1 or not registration.expert_parallel_key or not registration.config_section:
+        if (cls._world_size() == 1 or not cls.expert_parallel or not registration.expert_parallel_key
+                or not registration.config_section):
             return []
         return [f"{registration.config_section}.{registration.expert_parallel_key}=2"]
 
