@@ -53,6 +53,8 @@ REFUSALS = [
     [*MEGATRON, "policy.megatron_cfg.tensor_model_parallel_size=2", "policy.model_name=builtin:tiny-moe",
      "cluster.gpus_per_node=2", *HF],
     [*MEGATRON, "policy.megatron_cfg.moe_enable_deepep=true", "policy.model_name=builtin:tiny-moe", *HF],
+    [*MEGATRON, "policy.moe.load_balancing_type=aux_loss", "policy.moe.aux_loss_coeff=0.01",
+     "policy.model_name=builtin:tiny-moe", *HF],
     [*MEGATRON, "policy.moe.router_replay=r2", "policy.megatron_cfg.activation_checkpointing=true",
      "policy.model_name=builtin:tiny-moe", *HF],
     [*MEGATRON, "policy.megatron_cfg.tensor_model_parallel_size=4", "cluster.gpus_per_node=4", *HF],

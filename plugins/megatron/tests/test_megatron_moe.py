@@ -153,18 +153,15 @@ class TestMoeExpertParallel2(MoeConformance):
     # megatron's routers see the padding tokens (its rows run without an attention mask) and its load
     # metrics pool the step's token-slots: checked for presence and range
     metrics_match_reference = False
-
-    @pytest.mark.xfail(strict=True, reason="megatron's router loss terms: the step's gradient norm is 79613 against "
-                       "5.9 in plain PyTorch (world size 1 and EP=2 alike; without the terms EP=2 equals plain PyTorch "
-                       "within 1.2e-7)")
-    def test_moe_step_with_router_terms_matches_plain_pytorch(self, moe_backend, moe_dir):
-        super().test_moe_step_with_router_terms_matches_plain_pytorch(moe_backend, moe_dir)
+    # the router losses are refused on megatron (support.py: its routers count the padding positions)
+    aux_loss_coeff = 0.0
+    z_loss_coeff = 0.0
 
     def test_the_layout_is_expert_parallel_2(self):
         assert self.expert_parallel_overrides() == ["policy.megatron_cfg.expert_model_parallel_size=2"]
 
     def test_the_allgather_dispatcher_computes_and_trains_as_alltoall(self, moe_backend, moe_dir, tmp_path):
-        """The other token dispatcher, in the same layout: logprobs, a step (router terms on),
+        """The other token dispatcher, in the same layout: logprobs, a step (router trained),
         its MoE metrics and the weights after it equal the all-to-all engine's."""
         _, allgather = self._build(moe_dir, tmp_path, [*self.router_overrides(), *self.expert_parallel_overrides(),
                                                        "policy.megatron_cfg.moe_token_dispatcher_type=allgather"])
@@ -178,7 +175,7 @@ class TestMoeExpertParallel2(MoeConformance):
         finally:
             allgather.shutdown()
         assert abs(ours.loss - theirs.loss) <= 1e-5 and ours.grad_norm == pytest.approx(theirs.grad_norm, rel=1e-6)
-        assert theirs.metrics["moe/aux_loss"] > 0
+        assert "moe/layer0/load_entropy" in theirs.metrics
         for key, value in theirs.metrics.items():
             if key.startswith("moe/"):
                 assert ours.metrics[key] == pytest.approx(value, rel=1e-5, abs=1e-6), key

@@ -750,7 +750,8 @@ class MoeConformance(BackendLayout):
             moe_dir, conformance_batch(), conformance_loss, micro_batch_rows=2, aux_coeff=0.0, z_coeff=0.0,
             freeze_router=False, lr=result.lr, momentum=MOMENTUM, max_grad_norm=MAX_GRAD_NORM)
         gate = "model.layers.0.mlp.gate.weight"
-        assert _max_diff(ref_params[gate], plain[gate]) > 100 * self.step_tolerance  # the terms change the step
+        if self.aux_loss_coeff or self.z_loss_coeff:  # the terms change the step
+            assert _max_diff(ref_params[gate], plain[gate]) > 100 * self.step_tolerance
         assert abs(result.loss - ref_loss) <= self.tolerance, (result.loss, ref_loss)
         weights = dict(moe_backend.weight_stream())
         worst, name = max((_max_diff(weights[n], p), n) for n, p in ref_params.items())
@@ -758,7 +759,12 @@ class MoeConformance(BackendLayout):
 
     def test_moe_step_reports_the_routers_metrics(self, moe_backend: Any, moe_dir: str) -> None:
         result, _, ref_params, ref_metrics = self._router_step(moe_backend, moe_dir)
+        # a loss term whose coefficient is 0 need not be computed (megatron-core skips it)
+        unweighted = {key for key, coeff in (("moe/aux_loss", self.aux_loss_coeff), ("moe/z_loss", self.z_loss_coeff))
+                      if not coeff}
         for key, expected in ref_metrics.items():
+            if key in unweighted:
+                continue
             assert key in result.metrics, f"the step reports no {key}"
             if self.metrics_match_reference:
                 assert result.metrics[key] == pytest.approx(expected, rel=1e-4, abs=1e-6), key
@@ -769,7 +775,7 @@ class MoeConformance(BackendLayout):
             low, high = result.metrics[f"moe/{layer}/load_min"], result.metrics[f"moe/{layer}/load_max"]
             assert 0 <= low <= 1 / experts <= high <= 1
             assert 0 < result.metrics[f"moe/{layer}/load_entropy"] <= math.log(experts) + 1e-6
-        assert result.metrics["moe/aux_loss"] > 0 and result.metrics["moe/z_loss"] > 0
+        assert all(result.metrics[key] > 0 for key in ("moe/aux_loss", "moe/z_loss") if key not in unweighted)
 
     # -- (m3) --------------------------------------------------------------------------
 
