@@ -184,54 +184,15 @@ def test_seq_aux_loss_is_the_mean_over_each_micro_batchs_sequences(moe_dir: str)
 # -- a step with the loss terms against plain PyTorch --------------------------------------------
 
 
-def reference_router_step(model_dir: str, batch: dict[str, torch.Tensor], rows_per_mb: int, aux_coeff: float,
-                          z_coeff: float, freeze_router: bool = False) -> tuple[dict[str, torch.Tensor], dict[str, float], float]:
-    """A plain transformers step on the whole batch: the policy loss plus, per micro-batch of
-    ``rows_per_mb`` rows weighted by its share of the loss tokens, the coefficients times the sum
-    over layers of transformers' load-balancing loss (over k) and the z-loss written out here.
-    ``freeze_router``: the routers' weights take no gradient. Returns the updated parameters, the
-    expected metrics and the policy loss alone (plugins' MoE tests compare against it too)."""
-    from transformers import AutoModelForCausalLM
-    from transformers.models.qwen3_moe.modeling_qwen3_moe import load_balancing_loss_func
+def _reference(model_dir: str, batch: dict[str, torch.Tensor], aux_coeff: float,
+               z_coeff: float) -> tuple[float, dict[str, torch.Tensor], dict[str, float]]:
+    """The conformance suite's plain PyTorch step (:mod:`corerl.testing.moe_reference`) with this
+    module's optimizer, two rows a micro-batch and ``policy.max_grad_norm``'s default, the router
+    trained."""
+    from corerl.testing.moe_reference import reference_router_step
 
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    for router in _routers(model):
-        router.requires_grad_(not freeze_router)
-    out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], output_router_logits=True,
-                use_cache=False)
-    logp = torch.log_softmax(out.logits[:, :-1].float(), dim=-1).gather(-1, batch["input_ids"][:, 1:, None])[..., 0]
-    logprobs = torch.cat([torch.zeros_like(logp[:, :1]), logp], dim=1) * batch["attention_mask"]
-    normaliser = float(batch["loss_mask"][:, 1:].sum())
-    loss, _ = conformance_loss(logprobs, batch, normaliser)
-    policy_loss = float(loss.detach())
-    width = batch["input_ids"].shape[1]
-    metrics: dict[str, float] = {}
-    for first in range(0, batch["input_ids"].shape[0], rows_per_mb):
-        rows = slice(first, first + rows_per_mb)
-        mask = batch["attention_mask"][rows]
-        share = float(batch["loss_mask"][rows, 1:].sum()) / normaliser
-        aux_sum = z_sum = 0.0
-        for layer, layer_logits in enumerate(out.router_logits):
-            logits = layer_logits[first * width:(first + rows_per_mb) * width]
-            aux = load_balancing_loss_func((logits,), EXPERTS, TOP_K, mask) / TOP_K
-            real = logits[mask.reshape(-1).bool()]
-            z = real.logsumexp(dim=-1).square().mean()
-            aux_sum, z_sum = aux_sum + aux, z_sum + z
-            counts = torch.bincount(real.topk(TOP_K, dim=-1).indices.reshape(-1), minlength=EXPERTS).float()
-            load = counts / counts.sum()
-            entropy = -sum(float(v) * math.log(float(v)) for v in load if v > 0)
-            for name, value in (("load_min", float(load.min())), ("load_max", float(load.max())),
-                                ("load_entropy", entropy)):
-                key = f"moe/layer{layer}/{name}"
-                metrics[key] = metrics.get(key, 0.0) + share * value
-            metrics["moe/aux_loss"] = metrics.get("moe/aux_loss", 0.0) + share * float(aux.detach()) / len(out.router_logits)
-            metrics["moe/z_loss"] = metrics.get("moe/z_loss", 0.0) + share * float(z.detach()) / len(out.router_logits)
-        loss = loss + share * (aux_coeff * aux_sum + z_coeff * z_sum)
-    optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
-    loss.backward()
-    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-    optimizer.step()
-    return {n: p.detach().clone() for n, p in model.named_parameters()}, metrics, policy_loss
+    return reference_router_step(model_dir, batch, conformance_loss, micro_batch_rows=2, aux_coeff=aux_coeff,
+                                 z_coeff=z_coeff, freeze_router=False, lr=LR, momentum=MOMENTUM, max_grad_norm=1.0)
 
 
 def test_the_router_losses_join_the_step_as_in_plain_pytorch_and_metrics_are_means(balancing: Any,
@@ -243,8 +204,8 @@ def test_the_router_losses_join_the_step_as_in_plain_pytorch_and_metrics_are_mea
     batch = conformance_batch(rows=4, length=16, vocab=128)
     balancing.load_hf(moe_dir)
     result = balancing.train_step(batch, conformance_loss)
-    expected, metrics, policy_loss = reference_router_step(moe_dir, batch, 2, 0.5, 0.05)
-    plain, _, _ = reference_router_step(moe_dir, batch, 2, 0.0, 0.0)
+    policy_loss, expected, metrics = _reference(moe_dir, batch, 0.5, 0.05)
+    _, plain, _ = _reference(moe_dir, batch, 0.0, 0.0)
     trained = dict(balancing.local_model().named_parameters())
     compared = [n for n in expected if n in trained]
     assert "model.layers.0.mlp.gate.weight" in compared and "model.layers.1.self_attn.q_proj.weight" in compared
