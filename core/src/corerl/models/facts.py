@@ -33,16 +33,10 @@ def model_shape(config: Any) -> Any | None:
 def _shape_of(name: str, stamp: int | None, overrides: str) -> Any | None:
     """``name``'s shape as its ``config.json`` stood at modification time ``stamp``, with the
     ``overrides`` (JSON) laid over it."""
-    from corerl.models.tiny import BUILTIN_MODELS, builtin_hf_config
     from corerl.planning.shape import ModelShape
 
     try:
-        if name in BUILTIN_MODELS:
-            values = builtin_hf_config(name)
-        else:
-            values = json.loads((Path(name) / "config.json").read_text())
-        values.update(json.loads(overrides))
-        return ModelShape.from_hf_config(values, name=name)
+        return ModelShape.of_model(name, json.loads(overrides))
     except (ConfigError, OSError, ValueError, TypeError, AttributeError):
         return None
 

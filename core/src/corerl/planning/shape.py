@@ -72,23 +72,25 @@ class ModelShape:
                               hint="corerl plan reads dense Llama/Qwen2-style decoders") from None
 
     @classmethod
-    def from_folder(cls, folder: str | Path) -> ModelShape:
-        """The shape of the Hugging Face checkpoint folder ``folder`` (its ``config.json`` only)."""
+    def from_folder(cls, folder: str | Path, overrides: Mapping[str, Any] | None = None) -> ModelShape:
+        """The shape of the Hugging Face checkpoint folder ``folder`` (its ``config.json`` only,
+        with ``overrides`` laid over it)."""
         path = Path(folder) / "config.json"
         if not path.exists():
             raise ConfigError(f"{folder} holds no config.json (a Hugging Face checkpoint folder has one)",
                               key="policy.model_name", hint="give a local checkpoint folder; no weights are needed")
-        return cls.from_hf_config(json.loads(path.read_text()), name=Path(folder).name)
+        return cls.from_hf_config({**json.loads(path.read_text()), **(overrides or {})}, name=Path(folder).name)
 
     @classmethod
-    def of_model(cls, model_name: str) -> ModelShape:
-        """The shape of ``policy.model_name``: a built-in model's spec, or a checkpoint folder."""
+    def of_model(cls, model_name: str, overrides: Mapping[str, Any] | None = None) -> ModelShape:
+        """The shape of ``policy.model_name``: a built-in model's spec, or a checkpoint folder
+        (with ``overrides``, e.g. ``policy.hf_config_overrides``, laid over its config)."""
         from corerl.models.tiny import BUILTIN_MODELS, builtin_hf_config
 
         spec = BUILTIN_MODELS.get(model_name)
         if spec is None:
-            return cls.from_folder(model_name)
-        return cls.from_hf_config(builtin_hf_config(model_name), name=model_name)
+            return cls.from_folder(model_name, overrides)
+        return cls.from_hf_config({**builtin_hf_config(model_name), **(overrides or {})}, name=model_name)
 
     # -- parameter counts ------------------------------------------------------------------
 
