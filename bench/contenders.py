@@ -1,4 +1,5 @@
-"""What the benchmarks against TRL share: timing a Hugging Face trainer's steps from a callback,
+"""What the benchmarks share: timing a Hugging Face trainer's steps from a callback, timing a corerl
+training backend's train steps,
 the tiny model's shape for ``--hidden``/``--layers``, running one contender in a fresh process
 (its stderr shown as it comes and kept for the error report), and the machine and package
 versions a result was measured with."""
@@ -30,6 +31,18 @@ def step_clock(times: list[float]) -> Any:
             times.append(time.perf_counter() - self.start)
 
     return StepClock()
+
+
+def train_step_seconds(backend: Any, batch: Any, loss_fn: Any, steps: int) -> list[float]:
+    """Seconds of each of ``steps`` train steps of a loaded corerl training ``backend`` on ``batch``,
+    after one untimed warm-up step."""
+    backend.train_step(batch, loss_fn)
+    times = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        backend.train_step(batch, loss_fn)
+        times.append(time.perf_counter() - start)
+    return times
 
 
 def model_shape(base: dict[str, int], hidden: int, layers: int) -> dict[str, int]:

@@ -22,12 +22,11 @@ import json
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 from bench_output import results_path
-from contenders import machine, versions
+from contenders import machine, train_step_seconds, versions
 
 from corerl.config import load_config
 from corerl.models.tiny import build_tiny_model
@@ -66,13 +65,7 @@ def time_layout(backend_id: str, world: int, overrides: list[str], model: str, w
     batch = conformance_batch(rows=args.rows, length=args.seq, vocab=128)
     try:
         backend.load_hf(model)
-        backend.train_step(batch, conformance_loss)  # warm-up
-        times = []
-        for _ in range(args.steps):
-            start = time.perf_counter()
-            backend.train_step(batch, conformance_loss)
-            times.append(time.perf_counter() - start)
-        return times
+        return train_step_seconds(backend, batch, conformance_loss, args.steps)
     finally:
         backend.shutdown()
 

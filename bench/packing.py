@@ -27,11 +27,11 @@ import json
 import random
 import statistics
 import tempfile
-import time
 from pathlib import Path
 
 import torch
 from bench_output import results_path
+from contenders import train_step_seconds
 
 from corerl.config import load_config
 from corerl.models.tiny import build_tiny_model
@@ -101,12 +101,7 @@ def main() -> None:
         try:
             backend.load_hf(model_dir)
             plan = backend.batcher.plan(batch, 1)
-            backend.train_step(batch, loss_fn)  # warm-up
-            times = []
-            for _ in range(args.steps):
-                start = time.perf_counter()
-                backend.train_step(batch, loss_fn)
-                times.append(time.perf_counter() - start)
+            times = train_step_seconds(backend, batch, loss_fn, args.steps)
         finally:
             backend.shutdown()
         return {"layout": name, "real_tokens_per_s": round(real / statistics.median(times), 1),
