@@ -36,9 +36,9 @@ samples/s, completion tokens per step, tokens/s (tokens per step / median step),
 tokens/s (tokens per step / median generation time; TRL's is its ``_generate``, timed from
 outside), the median generation time, the wall time, and two ratios: the faster TRL variant's
 median step over ours, and our tokens/s over the best TRL tokens/s. Then the median time per phase
-and what corerl's hf generation logged: it says there when it keeps another KV cache than the one
-asked for (the static cache is not used with the training model under bfloat16 autocast, so
-corerl-hf then decodes with the dynamic cache too). A contender that fails is recorded as an error
+and what corerl's hf generation logged (under bfloat16 autocast with the static cache, corerl-hf
+decodes through a bfloat16 copy of the training model's weights, refreshed before each call;
+corerl-hf-dynamic decodes the training model itself under autocast, as TRL does). A contender that fails is recorded as an error
 row (its stderr shows as it runs) and the others go on; the exit status is then 1. Writes the JSON
 (machine, package versions, command line, precision, shape, parameter count, rows) to
 bench/results/grpo_vs_trl.json on CPU and to bench/results/gpu/grpo_vs_trl-<shape>-<precision>.json

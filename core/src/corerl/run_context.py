@@ -115,11 +115,13 @@ class RunContext:
         nodes = backend.worker_nodes() if hasattr(backend, "worker_nodes") else []
         if nodes:
             self.console.print(f"{registration.id}: {len(nodes)} rank(s) on {len(set(nodes))} Ray node(s)")
-        if training is not None and hasattr(backend, "use_training_engine"):
-            if backend.use_training_engine(training):
-                self.console.print(f"generation samples with the {self.selection.training_backend.id} "
-                                   "training model itself")
+        shared = training is not None and hasattr(backend, "use_training_engine") and backend.use_training_engine(training)
         backend.load_hf(path)
+        if shared:
+            copy = (f", decoding through a {config.core.policy.precision} copy of its weights for the static KV cache"
+                    if getattr(backend, "decode_copy", None) is not None else "")
+            self.console.print(f"generation samples with the {self.selection.training_backend.id} training model "
+                               f"itself{copy}")
         return backend
 
     def resumed_base(self) -> str:

@@ -64,7 +64,9 @@ class GenerationConfig:
                                "benchmarks; stop_strings still cut it). hf never samples the stop tokens then (as "
                                "transformers' min_new_tokens does); vllm and megatron sample them and go on")
     hf_kv_cache: Literal["auto", "dynamic", "static"] = setting(
-        "auto", help="hf backend: the KV cache of generate(); auto: static on a GPU, dynamic on CPU")
+        "auto", help="hf backend: the KV cache of generate(); auto: static on a GPU, dynamic on CPU. A shared "
+        "float32 training model under bfloat16/float16 autocast decodes with the static cache through a 16-bit "
+        "copy of its weights (two bytes a parameter); dynamic keeps no copy")
     colocated: ColocatedConfig = section(ColocatedConfig)
 
 

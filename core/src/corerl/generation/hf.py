@@ -5,10 +5,13 @@ installed. torch and transformers are imported when the backend is built.
 
 Logprobs come from the raw logits ``generate()`` returns for each step (untempered, one
 log-softmax), so no second forward runs. ``policy.generation.hf_kv_cache`` picks the KV cache
-(static on a GPU by default: its fixed shapes decode faster there). Beside a training engine
-that keeps its unsharded model in this process (dtensor at world size 1), the backend samples
-with that very model (:meth:`HFGenerationBackend.use_training_engine`): no second copy of the
-weights, and a refit from that engine copies nothing.
+(static on a GPU by default: its fixed shapes let transformers compile the decoding step with CUDA
+graphs). Beside a training engine that keeps its unsharded model in this process (dtensor at
+world size 1), the backend samples with that very model
+(:meth:`HFGenerationBackend.use_training_engine`): no second copy of the weights, and a refit from
+that engine copies nothing. One exception: a float32 training model under bf16/fp16 autocast
+with the static cache decodes through a 16-bit copy of its weights (:mod:`corerl.generation.decode_copy`),
+refreshed in place before every call.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ class HFGenerationBackend:
         self.config = config
         self.own_model: Any = None
         self.shared_engine: Any = None  # the training engine whose model this backend samples with
+        self.decode_copy: Any = None  # a 16-bit copy of the shared model to decode with (static cache)
 
     @property
     def model(self) -> Any:
@@ -83,12 +87,16 @@ class HFGenerationBackend:
         self.tokenizer = load_tokenizer_folder(self.config.core.policy.tokenizer_path(model_path))
         choice = self.config.core.policy.generation.hf_kv_cache
         self.static_cache = choice == "static" or (choice == "auto" and self.device.type == "cuda")
+        self.decode_copy = None
         if self.static_cache and self.autocast is not None:
-            # a static cache is allocated in the weights' dtype (float32 here) while autocast
-            # hands it keys and values in the lower precision: generate() would fail
-            log.info("hf generation: the shared training model runs under %s autocast, which a static KV "
-                     "cache does not follow; using the dynamic cache", precision)
-            self.static_cache = False
+            # a static cache is allocated in the weights' dtype (float32 here) while autocast hands
+            # it keys and values in the lower precision (generate() would fail): decode through a
+            # copy of the weights in that precision instead, without autocast
+            from corerl.generation.decode_copy import DecodeCopy
+
+            self.decode_copy = DecodeCopy(self.autocast)
+            log.info("hf generation: the shared training model runs under %s autocast; decoding with the static "
+                     "KV cache through a %s copy of its weights, refreshed before every call", precision, precision)
 
     def _stop_ids(self, sampling: SamplingSettings) -> list[int]:
         if sampling.stop_token_ids:
@@ -116,11 +124,12 @@ class HFGenerationBackend:
             kwargs["stopping_criteria"] = _hook_criteria(self.between_tokens, width)
         if sampling.seed is not None:
             torch.manual_seed(sampling.seed)
-        model = self.model
+        model = self.model if self.decode_copy is None else self.decode_copy.refreshed_from(self.model)
+        autocast = self.autocast if self.decode_copy is None else None
         was_training = model.training
         model.eval()
         try:
-            with torch.no_grad(), torch.autocast(self.device.type, dtype=self.autocast, enabled=self.autocast is not None):
+            with torch.no_grad(), torch.autocast(self.device.type, dtype=autocast, enabled=autocast is not None):
                 out = model.generate(
                     input_ids=input_ids.to(self.device), attention_mask=attention.to(self.device),
                     max_new_tokens=sampling.max_new_tokens, num_return_sequences=n,
@@ -201,7 +210,7 @@ class HFGenerationBackend:
             self.model.to(self.device)
 
     def shutdown(self) -> None:
-        self.own_model = self.shared_engine = None
+        self.own_model = self.shared_engine = self.decode_copy = None
 
 
 
