@@ -75,7 +75,7 @@ def main() -> None:
                    "estimated": {k: getattr(ours, k) for k in KINDS},
                    "ratio": {k: getattr(ours, k) / largest[k] for k in KINDS}}
             if gpu is not None:
-                row["gpu"] = {"peak": max(gpu["peak"]), "estimated_training_total": ours.state + ours.activations}
+                row["gpu"] = {"peak": max(gpu["peak"]), "estimated_training_total": ours.state + ours.activations + ours.buffers}
             rows.append(row)
     print(f"\nper-rank state, estimated / measured (MiB), largest rank; model hidden {args.hidden} x {args.layers} "
           "layers, fp32, AdamW; target: every ratio within 0.90-1.10")

@@ -272,10 +272,12 @@ def _gpu_grpo_summary() -> str:
         for name, ratio in data["corerl_tokens_per_s_vs_faster_trl"].items():
             ours = by_name[name]
             # the cache hf generation used: "auto" is static on a GPU unless a note says it fell back
-            fell_back = any("using the dynamic cache" in note for note in ours.get("generation_notes", []))
+            notes = ours.get("generation_notes", [])
+            fell_back = any("using the dynamic cache" in note for note in notes)
             cache = {"auto": "dynamic" if fell_back else "static"}.get(ours.get("hf_kv_cache", "-"), ours.get("hf_kv_cache"))
+            copy = ", 16-bit decode copy" if any("copy of its weights" in note for note in notes) else ""
             rows.append({"shape": setup["shape"], "parameters": f"{setup['parameters'] / 1e6:,.0f}M",
-                         "precision": setup["precision"], "corerl": f"{name} (hf, {cache} KV cache)",
+                         "precision": setup["precision"], "corerl": f"{name} (hf, {cache} KV cache{copy})",
                          "tokens/step (both)": ours["completion_tokens_per_step"],
                          "TRL tok/s": round(by_name[trl]["tokens_per_s"]), "corerl tok/s": round(ours["tokens_per_s"]),
                          "corerl / TRL": f"{ratio:.2f}x", "device": data["machine"].get("gpu", "-")})

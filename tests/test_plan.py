@@ -207,3 +207,16 @@ def test_a_lora_recipe_is_planned_without_a_reference_model():
     assert needs_reference(config_from_mapping(recipe, host))
     recipe["policy"]["lora"] = {"enabled": True}  # the reference is the policy with its adapter off
     assert not needs_reference(config_from_mapping(recipe, host))
+
+
+# CUDA peaks of one training step at world size 1 on an H200 (torch 2.11, bench/plan_accuracy.py
+# --hidden 1024 --layers 8; logs in bench/results/gpu/plan_accuracy-*-h200.log)
+@pytest.mark.parametrize(("layout", "peak_mib"), [("dtensor FSDP2", 1219.6), ("deepspeed ZeRO-3", 3992.4)])
+def test_the_training_estimate_is_within_15_percent_of_the_cuda_peak_measured(layout, peak_mib, tmp_path):
+    from corerl.models.tiny import build_tiny_model
+
+    model = str(build_tiny_model(tmp_path / "model", hidden_size=1024, num_layers=8))
+    backend, overrides = LAYOUTS[layout]
+    ours = estimate_for(backend, [*overrides, "policy.max_seq_length=32"], 1, model, tmp_path, PluginHost())
+    training = ours.state + ours.activations + ours.buffers
+    assert abs(training / 2**20 - peak_mib) <= 0.15 * peak_mib, (training / 2**20, peak_mib)

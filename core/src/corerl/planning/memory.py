@@ -68,7 +68,8 @@ class Layout:
 @attrs.frozen
 class TrainingMemory:
     """Bytes one GPU holds for training: parameters, gradients, optimizer state (moments and
-    master copies), activations of one micro-batch, and the frozen reference's parameters."""
+    master copies), activations of one micro-batch, the engine's working buffers, and the frozen
+    reference's parameters."""
 
     parameters: int
     gradients: int
@@ -78,6 +79,9 @@ class TrainingMemory:
     #: what a backend that samples with its own weights adds while generating (megatron's KV
     #: buffer); 0 where a separate engine (vLLM) generates
     own_generation: int = 0
+    #: the engine's own working buffers in the training phase beyond its state (DeepSpeed ZeRO-3's
+    #: gradient reduce bucket and the full parameters it gathers for a forward); 0 where none is known
+    buffers: int = 0
 
     @property
     def state(self) -> int:
@@ -85,8 +89,8 @@ class TrainingMemory:
 
     @property
     def total(self) -> int:
-        """The training phase: state, activations and the reference."""
-        return self.state + self.activations + self.reference
+        """The training phase: state, activations, the engine's buffers and the reference."""
+        return self.state + self.activations + self.buffers + self.reference
 
 
 @runtime_checkable
