@@ -41,8 +41,12 @@ bench() {  # timed: nothing else runs beside them
     --steps 5 --contenders trl-no-gc,corerl-hf
 }
 
-plan() {
-  step plan-accuracy 200 python bench/plan_accuracy.py --hidden 1024 --layers 8
+plan() {  # one layout a step, so a slow one costs only itself (on an H200: dtensor and ZeRO-3 took under 45 s each)
+  local layout
+  for layout in "dtensor FSDP2" "deepspeed ZeRO-1" "deepspeed ZeRO-2" "deepspeed ZeRO-3" "megatron TP=2"; do
+    step "plan-accuracy $layout" 120 python bench/plan_accuracy.py --hidden 1024 --layers 8 --layouts "$layout"
+    cp bench/results/gpu/plan_accuracy.json "$OUT/plan_accuracy-${layout//[ =]/_}.json" 2>/dev/null
+  done
 }
 
 async() {
