@@ -77,6 +77,8 @@ def test_routing_settings_follow_the_hugging_face_config_and_policy_moe(moe_dir,
      "only together with sequence parallelism"),
     (["policy.moe.router_replay=r2", "policy.megatron_cfg.activation_checkpointing=true"], "activation_checkpointing",
      "router replay r2 on megatron"),
+    (["cluster.gpus_per_node=2", "policy.megatron_cfg.pipeline_model_parallel_size=2", "policy.moe.aux_loss_coeff=0.01"],
+     "pipeline_model_parallel_size", "interleaved backward passes"),
 ])
 def test_what_the_backend_cannot_run_is_refused_in_one_line(moe_dir, tmp_path, overrides, key, says):
     from corerl.errors import CorerlError
@@ -150,12 +152,8 @@ class TestMoeExpertParallel2(MoeConformance):
 
     backend_id = "megatron"
     overrides = ["cluster.gpus_per_node=2", "policy.megatron_cfg.moe_token_dispatcher_type=alltoall", *MEGATRON_SGD]
-    # megatron's routers see the padding tokens (its rows run without an attention mask) and its load
-    # metrics pool the step's token-slots: checked for presence and range
+    # megatron's load metrics pool the step's token-slots: checked for presence and range
     metrics_match_reference = False
-    # the router losses are refused on megatron (support.py: its routers count the padding positions)
-    aux_loss_coeff = 0.0
-    z_loss_coeff = 0.0
 
     def test_the_layout_is_expert_parallel_2(self):
         assert self.expert_parallel_overrides() == ["policy.megatron_cfg.expert_model_parallel_size=2"]

@@ -94,13 +94,11 @@ def check_experts(config: Config, settings: object, section: str, on_gpu: bool) 
                                  key=f"{section}.tensor_model_parallel_size",
                                  hint="set it to 1 and split the experts with expert_model_parallel_size")
     moe = config.core.policy.moe
-    if moe.aux_loss_coeff > 0 or moe.z_loss_coeff > 0:
-        key = "aux_loss_coeff" if moe.aux_loss_coeff > 0 else "z_loss_coeff"
-        raise EngineNotAvailable("megatron's router losses count the padding positions of a row (its rows run without a "
-                                 "padding mask), whose near-zero hidden states give them outsized gradients (measured: a "
-                                 "step's grad norm 3e4 against 5.9 in plain PyTorch); not wired yet",
-                                 key=f"policy.moe.{key}", hint="set it to 0 on megatron, or train the router terms with "
-                                                               "the dtensor or deepspeed backend")
+    if (moe.aux_loss_coeff > 0 or moe.z_loss_coeff > 0) and settings.pipeline_model_parallel_size > 1:  # type: ignore[attr-defined]
+        raise EngineNotAvailable("the router's loss terms are weighted per micro-batch by its share of the loss tokens, "
+                                 "which the pipeline schedule's interleaved backward passes do not keep apart",
+                                 key=f"{section}.pipeline_model_parallel_size",
+                                 hint="set it to 1, or policy.moe.aux_loss_coeff and z_loss_coeff to 0")
     replay = moe.router_replay
     if replay == "r2" and (settings.activation_checkpointing or settings.sequence_parallel):  # type: ignore[attr-defined]
         key = "activation_checkpointing" if settings.activation_checkpointing else "sequence_parallel"  # type: ignore[attr-defined]

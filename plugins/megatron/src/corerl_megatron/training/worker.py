@@ -81,6 +81,10 @@ class MegatronWorker(RankWorker):
                                       self.shape.experts // self.ep)
         self.routing = RoutingStats(model, self.mconfig) if self.shape.experts else None
         self.replay = RouteReplay() if self.shape.experts and moe.router_replay == "r2" else None
+        # the router's loss terms weighted by each micro-batch's share of the step's loss tokens, as
+        # on every backend (corerl.training.moe_router), not megatron's 1 / micro-batches
+        self.share_weighted_router_terms = bool(self.shape.experts) and (moe.aux_loss_coeff > 0 or moe.z_loss_coeff > 0)
+        self.router_term_weight = 1.0
         self.layout.copy_in(model, full)
         ddp = DistributedDataParallelConfig(grad_reduce_in_fp32=True, overlap_grad_reduce=False,
                                             use_distributed_optimizer=False)
@@ -108,19 +112,28 @@ class MegatronWorker(RankWorker):
 
         count, width = len(mbs), int(mbs[0]["input_ids"].shape[1])
         scale = count * self.dp  # the schedule divides by the micro-batch count, DDP averages over dp
+        weighted = self.share_weighted_router_terms and not forward_only
 
         def forward_step(data: Any, model: Any) -> tuple[torch.Tensor, Any]:
             mb = {k: v.to(self.device) if isinstance(v, torch.Tensor) else v for k, v in next(data).items()}
+            if weighted:  # megatron scales the router terms' gradient by grad_scale_func(1) / count
+                self.router_term_weight = float(mb["loss_mask"][:, 1:].sum()) / normaliser * scale
             ids = mb["input_ids"]
             positions = torch.arange(ids.shape[1], device=self.device).expand_as(ids)
             if self.replay is not None and not forward_only:
                 self.replay.replay(mb)
-            output = model(ids, positions, attention_mask=None)
+            if self.mconfig.num_moe_experts:  # the routers (their losses, load and dropping) skip the padding
+                output = model(ids, positions, attention_mask=None, padding_mask=mb["attention_mask"] == 0)
+            else:
+                output = model(ids, positions, attention_mask=None)
             if self.replay is not None and forward_only and not self.critic:
                 self.replay.keep(mb)
-            return output, partial(self._loss, mb, loss_fn, normaliser, scale, forward_only, self.critic)
+            # grad_scale_func also scales the main loss in the backward: the loss is divided by it first
+            divisor = self.router_term_weight if weighted and self.router_term_weight > 0 else 1.0
+            return output, partial(self._loss, mb, loss_fn, normaliser, scale / divisor, forward_only, self.critic)
 
         self.mconfig.finalize_model_grads_func = None if forward_only else _finalize
+        self.mconfig.grad_scale_func = (lambda t: t * self.router_term_weight) if weighted else None
         return get_forward_backward_func()(
             forward_step_func=forward_step, data_iterator=iter(mbs), model=[self.model], num_microbatches=count,
             seq_length=width, micro_batch_size=int(mbs[0]["input_ids"].shape[0]), forward_only=forward_only,
