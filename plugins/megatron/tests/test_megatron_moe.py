@@ -77,7 +77,8 @@ def test_routing_settings_follow_the_hugging_face_config_and_policy_moe(moe_dir,
      "only together with sequence parallelism"),
     (["policy.moe.router_replay=r2", "policy.megatron_cfg.activation_checkpointing=true"], "activation_checkpointing",
      "router replay r2 on megatron"),
-    (["cluster.gpus_per_node=2", "policy.megatron_cfg.pipeline_model_parallel_size=2", "policy.moe.aux_loss_coeff=0.01"],
+    (["cluster.gpus_per_node=2", "policy.megatron_cfg.pipeline_model_parallel_size=2", "policy.moe.aux_loss_coeff=0.01",
+      "policy.moe.load_balancing_type=aux_loss"],
      "pipeline_model_parallel_size", "interleaved backward passes"),
 ])
 def test_what_the_backend_cannot_run_is_refused_in_one_line(moe_dir, tmp_path, overrides, key, says):

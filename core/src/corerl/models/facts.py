@@ -85,11 +85,16 @@ def check_expert_parallel(config: Any, size: int, key: str) -> None:
 
 def check_moe_settings(config: Any) -> None:
     """Refuse router settings (``policy.moe``) that mean nothing for the local model: any of them
-    on a dense model, and a top-k above the number of experts."""
+    on a dense model, a top-k above the number of experts, and a load-balancing weight with no
+    load-balancing loss to weigh."""
+    moe = config.core.policy.moe
+    if moe.aux_loss_coeff > 0 and moe.load_balancing_type == "none":
+        raise ConfigError(f"aux_loss_coeff={moe.aux_loss_coeff} weighs the load-balancing loss, and "
+                          "policy.moe.load_balancing_type is 'none'", key="policy.moe.aux_loss_coeff",
+                          hint="set policy.moe.load_balancing_type to aux_loss or seq_aux_loss, or remove the key")
     shape = model_shape(config)
     if shape is None:
         return
-    moe = config.core.policy.moe
     if shape.is_moe:
         from corerl.training.moe_router import check_router_replay
 
