@@ -79,7 +79,7 @@ class RunContext:
             verify_folder(resume[1])
         context = cls(config, selection, console, host, run_dir, resume)
         core = config.core
-        context.model_path = resolve_model(core.policy.model_name, run_dir)
+        context.model_path = resolve_model(core.policy.model_name, run_dir, core.policy.gguf_file)
         if core.policy.hf_config_overrides:
             from corerl.models.overrides import with_config_overrides
 

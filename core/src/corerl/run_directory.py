@@ -74,8 +74,14 @@ def make_run_dir(config: Config, console: Any = None) -> tuple[Path, tuple[int, 
     return path, None
 
 
-def resolve_model(model_name: str, run_dir: Path) -> str:
-    """A Hugging Face checkpoint directory, building a ``builtin:`` model into the run directory."""
+def resolve_model(model_name: str, run_dir: Path, gguf_file: str | None = None) -> str:
+    """A Hugging Face checkpoint directory, building a ``builtin:`` model into the run directory and
+    converting a GGUF file (or a packaged model) into corerl's model cache once."""
+    from corerl.models.gguf import ensure_converted, gguf_source
+
+    source = gguf_source(model_name, gguf_file)
+    if source is not None:
+        return str(ensure_converted(source))
     if model_name in BUILTIN_MODELS:
         target = run_dir / "base_model"
         recover(target)

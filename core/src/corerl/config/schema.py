@@ -171,7 +171,10 @@ class SchedulerConfig:
 class PolicyConfig:
     """``policy``: the model being trained and how it is trained and sampled."""
 
-    model_name: str = setting(help="Hugging Face checkpoint directory (or a built-in model name)")
+    model_name: str = setting(help="Hugging Face checkpoint directory, a .gguf file (converted once into corerl's model "
+                                   "cache), a packaged model (smollm2-135m-instruct) or a built-in model name")
+    gguf_file: str | None = setting(None, help="the .gguf file inside the model_name folder to load (converted once "
+                                               "into a Hugging Face folder in corerl's model cache)")
     tokenizer_name: str | None = setting(None, help="defaults to model_name")
     chat_template: str | None = setting(None, help="a Jinja chat template replacing the tokenizer's own")
     hf_config_overrides: dict[str, Any] = setting({}, help="keys laid over the checkpoint's config.json before any "

@@ -20,13 +20,23 @@ def model_shape(config: Any) -> Any | None:
     """The :class:`~corerl.planning.shape.ModelShape` of ``policy.model_name`` where it can be read
     here (a built-in model, or a local folder whose ``config.json`` describes a dense decoder);
     None otherwise. The checks of one validation share one read of ``config.json``."""
-    name = config.core.policy.model_name
+    name = local_model_name(config)
     try:
         stamp = os.stat(Path(name) / "config.json").st_mtime_ns
     except OSError:
         stamp = None  # a built-in model, or nothing local to read
     overrides = config.core.policy.hf_config_overrides or {}
     return _shape_of(name, stamp, json.dumps(dict(overrides), sort_keys=True, default=str))
+
+
+def local_model_name(config: Any) -> str:
+    """``policy.model_name``, or for a GGUF file (or a packaged model) the Hugging Face folder it
+    is converted into, once, in corerl's model cache."""
+    from corerl.models.gguf import ensure_converted, gguf_source
+
+    policy = config.core.policy
+    source = gguf_source(policy.model_name, policy.gguf_file)
+    return policy.model_name if source is None else str(ensure_converted(source))
 
 
 @functools.lru_cache(maxsize=8)
@@ -43,7 +53,7 @@ def _shape_of(name: str, stamp: int | None, overrides: str) -> Any | None:
 
 def source_of(config: Any) -> str:
     """Where the model's facts were read: its ``config.json``, or the built-in model's spec."""
-    name = config.core.policy.model_name
+    name = local_model_name(config)
     return name if name.startswith("builtin:") else f"{name}/config.json"
 
 

@@ -89,7 +89,10 @@ class ModelShape:
 
         spec = BUILTIN_MODELS.get(model_name)
         if spec is None:
-            return cls.from_folder(model_name, overrides)
+            from corerl.models.gguf import ensure_converted, gguf_source
+
+            source = gguf_source(model_name, None)  # a .gguf file or a packaged model: its converted folder
+            return cls.from_folder(str(ensure_converted(source)) if source else model_name, overrides)
         return cls.from_hf_config({**builtin_hf_config(model_name), **(overrides or {})}, name=model_name)
 
     # -- parameter counts ------------------------------------------------------------------
