@@ -124,6 +124,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as exc:
         if debug:
             raise
+        from corerl.out_of_memory import out_of_memory_line
+
+        if (line := out_of_memory_line(exc)) is not None:
+            print(f"corerl: error: {line}", file=sys.stderr)
+            return EXIT_FAILURE
         print(f"corerl: internal error: {_internal_error_line(exc)} "
               "(this is a bug; rerun with CORERL_DEBUG=1 for the traceback and report it)", file=sys.stderr)
         return EXIT_FAILURE

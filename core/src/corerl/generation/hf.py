@@ -105,6 +105,24 @@ class HFGenerationBackend:
         return list(eos) if isinstance(eos, (list, tuple)) else [eos]
 
     def generate(self, prompts: list[list[int]], sampling: SamplingSettings, n: int = 1) -> list[list[Sample]]:
+        """Samples ``n`` completions of each prompt, in as many ``generate()`` calls as keep the
+        logits they return within ``policy.max_logits_mb`` (one call under asynchronous
+        generation's between-tokens hook, which ends a whole call)."""
+        per_call = len(prompts) if self.between_tokens is not None else self._prompts_per_call(sampling, n)
+        out: list[list[Sample]] = []
+        for first in range(0, len(prompts), per_call):
+            out.extend(self._generate(prompts[first:first + per_call], sampling, n))
+        return out
+
+    def _prompts_per_call(self, sampling: SamplingSettings, n: int) -> int:
+        """How many prompts' rows one ``generate()`` call takes: it keeps each decoding step's fp32
+        logits (rows x new tokens x vocabulary x 4 bytes) until it returns."""
+        vocab = int(getattr(self.model.config, "vocab_size", 0) or 0)
+        budget = self.config.core.policy.max_logits_mb * 2**20
+        per_prompt = n * max(1, sampling.max_new_tokens) * vocab * 4
+        return max(1, budget // per_prompt) if per_prompt else 1 << 30
+
+    def _generate(self, prompts: list[list[int]], sampling: SamplingSettings, n: int) -> list[list[Sample]]:
         import torch
 
         stop_ids = self._stop_ids(sampling)
@@ -150,8 +168,13 @@ class HFGenerationBackend:
         # the logprob of each chosen token under the model's untempered distribution, from the
         # raw logits of its decoding step: [rows, steps]
         chosen = out.sequences[:, width:]
-        steps = torch.stack(out.logits, dim=1).float().log_softmax(dim=-1)
-        logprobs = steps.gather(-1, chosen.unsqueeze(-1)).squeeze(-1).cpu()
+        raw, out.logits = list(out.logits), None
+        columns = []
+        for step in range(len(raw)):  # one step's logits at a time, each freed once read
+            logits, raw[step] = raw[step].float(), None
+            picked = logits.gather(-1, chosen[:, step:step + 1]).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+            columns.append(picked.cpu())
+        logprobs = torch.stack(columns, dim=1) if columns else torch.zeros(chosen.shape)
         chosen = chosen.cpu()
         samples = []
         for row in range(chosen.shape[0]):

@@ -26,6 +26,7 @@ fields are refused in the packed layout (a packed row holds several rows).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -35,6 +36,8 @@ from corerl.errors import ConfigError
 from corerl.packing.algorithms import karmarkar_karp
 from corerl.packing.contract import check_bins, check_budget
 from corerl.training.batching import batch_rows, micro_batches, shard_rows
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     import torch
@@ -87,6 +90,34 @@ class MicroBatchPlan:
         return out
 
 
+def logits_token_cap(config: Config) -> int:
+    """How many tokens one forward may score within ``policy.max_logits_mb``: their fp32 logits and
+    log-softmax take ``2 x 4 x tokens x vocabulary`` bytes. Unbounded where the vocabulary is not
+    known here (a model whose config cannot be read before it loads)."""
+    from corerl.models.facts import model_shape
+
+    shape = model_shape(config)
+    if shape is None:
+        return 1 << 62
+    return max(1, config.core.policy.max_logits_mb * 2**20 // (8 * shape.vocab))
+
+
+def _capped(asked: int, cap: int, key: str, config: Config) -> int:
+    """``asked``, or ``cap`` with a warning where the logits of ``asked`` would not fit."""
+    if asked <= cap:
+        return asked
+    log.warning("%s: %d would hold more than policy.max_logits_mb=%d MiB of logits (vocabulary %d); using %d",
+                key, asked, config.core.policy.max_logits_mb, _vocab(config), cap)
+    return cap
+
+
+def _vocab(config: Config) -> int:
+    from corerl.models.facts import model_shape
+
+    shape = model_shape(config)
+    return shape.vocab if shape is not None else 0
+
+
 @attrs.define
 class MicroBatcher:
     """Plans micro-batches in one layout; build it with :meth:`from_config`."""
@@ -107,12 +138,19 @@ class MicroBatcher:
         logprob_rows = policy.logprob_micro_batch_size or policy.train_micro_batch_size
         packing, dynamic = policy.sequence_packing, policy.dynamic_batching
         settings = packing if packing.enabled else dynamic
+        most = logits_token_cap(config)  # the tokens whose logits fit policy.max_logits_mb
+        width = policy.max_seq_length
+        train_rows = _capped(policy.train_micro_batch_size, max(1, most // width), "policy.train_micro_batch_size", config)
+        logprob_rows = _capped(logprob_rows, max(1, most // width), "policy.logprob_micro_batch_size", config)
+        section = "policy.sequence_packing" if packing.enabled else "policy.dynamic_batching"
+        train_tokens = settings.train_mb_tokens or train_rows * width
+        logprob_tokens = settings.logprob_mb_tokens or logprob_rows * width
         return cls(
             layout="packed" if packing.enabled else "dynamic" if dynamic.enabled else "rows",
-            train_rows=policy.train_micro_batch_size,
+            train_rows=train_rows,
             logprob_rows=logprob_rows,
-            train_tokens=settings.train_mb_tokens or policy.train_micro_batch_size * policy.max_seq_length,
-            logprob_tokens=settings.logprob_mb_tokens or logprob_rows * policy.max_seq_length,
+            train_tokens=_capped(train_tokens, max(width, most), f"{section}.train_mb_tokens", config),
+            logprob_tokens=_capped(logprob_tokens, max(width, most), f"{section}.logprob_mb_tokens", config),
             packer=resolve_packer(config) if packing.enabled else None,
             packer_id=packing.algorithm if packing.enabled else "",
         )
