@@ -83,12 +83,23 @@ def corerl_register_tasks(register: Callable[[Task], None]) -> None:
                   description="DPO pairs: repeat the first of two digits, not the second (made in code)"))
     register(Task(id="preferences", factory="corerl.tasks.preferences:PreferenceDataset", provides="preferences",
                   description="DPO pairs: prompt/chosen/rejected rows from data.train_files (JSONL or Parquet)"))
+    register(Task(id="gsm_symbolic", factory="corerl.tasks.real_tasks:GSMSymbolic",
+                  description="GSM8K-derived word problems from reasoning-gym 0.1.25, scored by math-verify "
+                              "(docs/real-tasks.md)"))
+    register(Task(id="game24", factory="corerl.tasks.real_tasks:Game24",
+                  description="Game of 24: 1,362 puzzles from tree-of-thoughts-llm 0.1.0, an expression checked exactly "
+                              "(docs/real-tasks.md)"))
 
 
 @hookimpl
 def corerl_register_rewards(register: Callable[[Reward], None]) -> None:
     register(Reward(id="exact_answer", factory="corerl.tasks.rewards:exact_answer",
                     description="1 when the completion's answer equals the example's answer, else 0"))
+    register(Reward(id="expression_answer", factory="corerl.tasks.expression_reward:expression_answer",
+                    description="1 when the completion's + - * / expression uses example['numbers'] once each and "
+                                "equals example['target']"))
+    register(Reward(id="math_answer", factory="corerl.tasks.real_tasks:math_answer",
+                    description="1 when math-verify finds the completion's answer equal to example['answer']"))
 
 
 @hookimpl
