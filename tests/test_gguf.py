@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import struct
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -182,7 +181,7 @@ def test_a_second_use_reuses_the_conversion(tiny, cache, tmp_path, monkeypatch):
     policy = SimpleNamespace(model_name=str(copy.parent), gguf_file=copy.name)
     assert local_model_name(SimpleNamespace(core=SimpleNamespace(policy=policy))) == str(folder)
     assert {p.name: p.stat().st_mtime_ns for p in folder.iterdir()} == stamps
-    assert sorted(p.name for p in cache.iterdir()) == [folder.name]  # no other folder, no leftovers
+    assert sorted(p.name for p in cache.iterdir() if not p.name.endswith(".lock")) == [folder.name]  # no leftovers
 
     # other bytes under the same name: another folder
     other = tmp_path / "other" / tiny.path.name
@@ -231,12 +230,9 @@ def test_a_file_that_is_no_gguf_is_one_line(tmp_path, cache):
     assert "could not be read as a GGUF" in caught.value.message and str(junk) in caught.value.message
     assert "\n" not in caught.value.one_line()
     assert not is_complete(gguf_models.converted_folder(junk))
-    assert list(cache.iterdir()) == []  # nothing half-written is left in the cache
+    assert [p for p in cache.iterdir() if not p.name.endswith(".lock")] == []  # nothing half-written is left
 
 
-@pytest.mark.xfail(strict=True, raises=struct.error,
-                   reason="gguf.py bug: a GGUF cut inside its header raises struct.error, which _convert "
-                          "does not turn into a ConfigError (a traceback instead of one line)")
 def test_a_gguf_cut_inside_its_header_is_one_line(tiny, tmp_path, cache):
     cut = tmp_path / "cut.gguf"
     cut.write_bytes(tiny.path.read_bytes()[:300])  # an interrupted download
@@ -274,9 +270,6 @@ def test_a_packaged_model_is_the_file_inside_its_package(tmp_path, monkeypatch):
     assert gguf_models.gguf_source("smollm2-135m-instruct", None) == tmp_path / filename
 
 
-@pytest.mark.xfail(strict=True, raises=FileNotFoundError,
-                   reason="gguf.py bug: a packaged model whose package is installed but lacks the file is "
-                          "not checked in gguf_source, so file_digest raises FileNotFoundError")
 def test_a_packaged_model_missing_from_its_package_is_one_line(tmp_path, cache, monkeypatch):
     package, _, _ = gguf_models.PACKAGED["smollm2-135m-instruct"]
     real = importlib.util.find_spec

@@ -13,10 +13,15 @@ The cache is ``$CORERL_MODEL_CACHE``, else ``~/.cache/corerl/models``.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import functools
 import hashlib
 import importlib.util
 import os
+import struct
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 from corerl.errors import ConfigError
@@ -44,7 +49,11 @@ def gguf_source(model_name: str, gguf_file: str | None) -> Path | None:
         if spec is None or not spec.submodule_search_locations:
             raise ConfigError(f"{model_name} is packaged in the Python package {package}, which is not installed",
                               key="policy.model_name", hint=install)
-        return Path(next(iter(spec.submodule_search_locations))) / filename
+        packaged = Path(next(iter(spec.submodule_search_locations))) / filename
+        if not packaged.is_file():
+            raise ConfigError(f"{model_name}: {packaged} is missing from the installed package {package}",
+                              key="policy.model_name", hint=install)
+        return packaged
     if gguf_file:
         path = Path(model_name) / gguf_file
         key = "policy.gguf_file"
@@ -79,11 +88,15 @@ def ensure_converted(source: Path) -> Path:
     from corerl.complete_folders import is_complete, recover, write_complete
 
     target = converted_folder(source)
-    recover(target)
-    if not is_complete(target):  # a half-written conversion (a killed run) is made again
-        print(f"corerl: converting {source.name} into a Hugging Face folder at {target} (once)", file=sys.stderr)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        write_complete(target, lambda work: _convert(source, work))
+    if is_complete(target):
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with open(target.parent / f".{target.name}.lock", "w") as lock:  # one converter at a time (ranks, runs)
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        recover(target)  # a half-written conversion (a killed run) is made again
+        if not is_complete(target):
+            print(f"corerl: converting {source.name} into a Hugging Face folder at {target} (once)", file=sys.stderr)
+            write_complete(target, lambda work: _convert(source, work))
     return target
 
 
@@ -96,10 +109,14 @@ def _convert(source: Path, out: Path) -> None:
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
+    import transformers.modeling_gguf_pytorch_utils as gguf_utils
+
+    quiet = functools.partial(gguf_utils.tqdm, disable=True)  # its own bar ignores disable_progress_bar()
     try:
-        model = AutoModelForCausalLM.from_pretrained(source.parent, gguf_file=source.name, dtype=torch.float32)
-        tokenizer = AutoTokenizer.from_pretrained(source.parent, gguf_file=source.name)
-    except (ValueError, KeyError, OSError, RuntimeError, IndexError) as exc:  # not a GGUF, truncated, or unsupported
+        with _replaced(gguf_utils, "tqdm", quiet):
+            model = AutoModelForCausalLM.from_pretrained(source.parent, gguf_file=source.name, dtype=torch.float32)
+            tokenizer = AutoTokenizer.from_pretrained(source.parent, gguf_file=source.name)
+    except (ValueError, KeyError, OSError, RuntimeError, IndexError, struct.error) as exc:  # not a GGUF, truncated, or unsupported
         raise ConfigError(f"{source} could not be read as a GGUF model ({type(exc).__name__}: {str(exc)[:160]})",
                           key="policy.model_name", hint="check the file (a complete download of a .gguf model)") from exc
     # a plain checkpoint: the weights are dequantized already, so the quantization record goes
@@ -108,3 +125,13 @@ def _convert(source: Path, out: Path) -> None:
         del model.config.quantization_config
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
+
+
+@contextlib.contextmanager
+def _replaced(module: object, name: str, value: object) -> Iterator[None]:
+    old = getattr(module, name)
+    setattr(module, name, value)
+    try:
+        yield
+    finally:
+        setattr(module, name, old)

@@ -62,6 +62,7 @@ def needs_reference(config: Any) -> bool:
 def request_of(config: Any, gpus: int | None = None, nodes: int | None = None,
                gpu_memory_gib: float | None = None) -> PlanRequest:
     """What a validated recipe asks of each GPU, on its cluster or the one given."""
+    from corerl.models.facts import local_model_name
     from corerl.planning.shape import ModelShape
 
     core = config.core
@@ -73,7 +74,7 @@ def request_of(config: Any, gpus: int | None = None, nodes: int | None = None,
     from corerl.asynchronous.settings import async_settings
 
     return PlanRequest(
-        ModelShape.of_model(core.policy.model_name), gpus_per_node=gpus or core.cluster.gpus_per_node,
+        ModelShape.of_model(local_model_name(config)), gpus_per_node=gpus or core.cluster.gpus_per_node,
         nodes=nodes or core.cluster.num_nodes, gpu_memory=int(memory * GIB), precision=core.policy.precision,
         seq_length=core.policy.max_seq_length, micro_batch=core.policy.train_micro_batch_size,
         generation_batch=core.algorithm.batch_size * core.algorithm.num_generations_per_prompt,
