@@ -46,7 +46,7 @@ def test_micro_batches_are_capped_by_the_logits_budget_with_a_warning(tmp_path, 
         "model_name": "builtin:tiny-qwen2", "max_seq_length": 64, "train_micro_batch_size": 128,
         "generation": {"backend": "hf"}}})
     config, _ = select_for(host_with(None, "installed"), roomy, [])
-    assert MicroBatcher.from_config(config).train_rows == 128  # within the default 2,048 MiB
+    assert MicroBatcher.from_config(config).train_rows == 128  # within the default 1,024 MiB
 
 
 def train_step() -> None:  # named as the training phase's calls are

@@ -374,7 +374,7 @@ def test_the_arithmetic_split_is_fixed_and_disjoint(arithmetic_task: Any) -> Non
 
 
 @needs_gym
-def test_arithmetic_is_scored_by_math_verify(arithmetic_task: Any) -> None:
+def test_arithmetic_is_scored_by_an_integer_in_the_last_box(arithmetic_task: Any) -> None:
     tokenizer = arithmetic_task.tokenizer
     prompts, rows = arithmetic_task.held_out()
     assert len(prompts) == len(rows) == 64 and "_corerl_origin" not in rows[0]
@@ -388,6 +388,9 @@ def test_arithmetic_is_scored_by_math_verify(arithmetic_task: Any) -> None:
         assert arithmetic_task.reward(completion(tokenizer, "no idea"), row) == 0.0
     assert arithmetic_task.reward(completion(tokenizer, f"\\boxed{{{negative['answer'].lstrip('-')}}}"),
                                   negative) == 0.0  # the sign counts
+    expression = rows[0]["question"].removeprefix("Calculate ").rstrip(".")
+    assert arithmetic_task.reward(completion(tokenizer, f"\\boxed{{{expression}}}"), rows[0]) == 0.0  # copied, not solved
+    assert arithmetic_task.reward(completion(tokenizer, expression), rows[0]) == 0.0
     for prompt, response in arithmetic_task.demonstrations(5):  # the demonstrations score 1
         assert response[-1] == tokenizer.eos_token_id
         row = arithmetic_task.example(arithmetic_task.train[arithmetic_task.train_ids.index(prompt)])

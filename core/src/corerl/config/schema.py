@@ -183,7 +183,7 @@ class PolicyConfig:
     precision: Precision = setting("float32", help="float32, bfloat16 or float16 for the weights and compute (bfloat16 and float16 want a GPU)")
     train_micro_batch_size: int = setting(4, min=1, help="sequences per forward/backward pass; gradients accumulate over a step's micro-batches")
     logprob_micro_batch_size: int | None = setting(None, min=1, help="sequences per forward pass when scoring logprobs (no gradients)")
-    max_logits_mb: int = setting(2048, min=1, help="the most memory (MiB) one forward's fp32 logits and their log-softmax "
+    max_logits_mb: int = setting(1024, min=1, help="the most memory (MiB) one forward's fp32 logits and their log-softmax "
                                  "may take (2 x 4 bytes x rows x tokens x vocabulary): micro-batches, and the hf "
                                  "backend's generate() calls, that would take more are split (a warning says so)")
     max_grad_norm: float | None = setting(1.0, min=0.0, min_exclusive=True, help="clip the gradient's global norm to this; unset: no clipping")

@@ -23,7 +23,8 @@ questions among items ``0, 1, ..`` of the generator with seed :data:`ARITH_HELD_
 ``0 .. ARITH_TRAIN_SIZE - 1`` (4096) with seed :data:`ARITH_TRAIN_SEED` (60000, so
 ``random.Random(60000 .. 64095)``, a seed range the held-out one never reaches), less any whose
 question equals a held-out question. The prompt is the question, then "Put the final answer, an
-integer, in \\boxed{}."; the reward is :func:`math_answer`, as for ``gsm_symbolic``. SFT
+integer, in \\boxed{}."; the reward is :func:`integer_answer` (an integer literal in the last
+box: math-verify would evaluate a copied ``84 - 39``). SFT
 demonstrations are ``expression = answer`` and "The final answer is \\boxed{answer}.".
 
 ``game24``: the 1,362 Game of 24 puzzles of tree-of-thoughts-llm 0.1.0 (``tot/data/24/24.csv``,
@@ -46,6 +47,7 @@ from __future__ import annotations
 
 import csv
 import random
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -101,6 +103,20 @@ def math_answer(completion: str, example: Any) -> float:
     """1.0 when math-verify finds the completion's answer equal to ``example["answer"]`` (the
     ``math`` environment's check, ``hf_math_verify``), else 0.0."""
     return 1.0 if _math_checker().correct(completion, example["answer"]) else 0.0
+
+
+_BOXED = re.compile(r"\\boxed\{\s*([^{}]*?)\s*\}")
+
+
+def integer_answer(completion: str, example: Any) -> float:
+    """1.0 when the completion's last ``\boxed{}`` holds an integer literal equal to
+    ``example["answer"]``, else 0.0. Stricter than :func:`math_answer` on purpose: math-verify
+    evaluates what it reads, so ``\boxed{84 - 39}`` (the question's own expression, copied) would
+    count as 45; measured: GRPO on ``arithmetic`` learned to copy the question within 16 steps."""
+    found = _BOXED.findall(completion)
+    if not found or not re.fullmatch(r"[+-]?\d+", found[-1]):
+        return 0.0
+    return 1.0 if int(found[-1]) == int(str(example["answer"]).strip()) else 0.0
 
 
 _CHECKER: list[Any] = []
@@ -373,12 +389,12 @@ class Game24(RowTask):
 
 
 class Arithmetic(RowTask):
-    """reasoning-gym's two-term integer sums and differences, scored by math-verify (see the module's docstring)."""
+    """reasoning-gym's two-term integer sums and differences, scored by :func:`integer_answer` (an
+    integer literal in the last ``\boxed{}``; see the module's docstring)."""
 
-    default_reward = staticmethod(math_answer)
+    default_reward = staticmethod(integer_answer)
 
     def __init__(self, context: TaskContext) -> None:
-        _require_math_verify("arithmetic", context)
         train, held = arithmetic_rows(held_out=_held_out_size(context))
         super().__init__(context, train, held)
 
