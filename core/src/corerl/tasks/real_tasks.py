@@ -23,8 +23,8 @@ questions among items ``0, 1, ..`` of the generator with seed :data:`ARITH_HELD_
 ``0 .. ARITH_TRAIN_SIZE - 1`` (4096) with seed :data:`ARITH_TRAIN_SEED` (60000, so
 ``random.Random(60000 .. 64095)``, a seed range the held-out one never reaches), less any whose
 question equals a held-out question. The prompt is the question, then "Put the final answer, an
-integer, in \\boxed{}."; the reward is :func:`integer_answer` (an integer literal in the last
-box: math-verify would evaluate a copied ``84 - 39``). SFT
+integer, in \\boxed{}."; the reward is :func:`integer_answer` (an integer literal, the last
+box's or else the last in the text: math-verify would evaluate a copied ``84 - 39``). SFT
 demonstrations are ``expression = answer`` and "The final answer is \\boxed{answer}.".
 
 ``game24``: the 1,362 Game of 24 puzzles of tree-of-thoughts-llm 0.1.0 (``tot/data/24/24.csv``,
@@ -106,17 +106,24 @@ def math_answer(completion: str, example: Any) -> float:
 
 
 _BOXED = re.compile(r"\\boxed\{\s*([^{}]*?)\s*\}")
+_INTEGER = re.compile(r"(?<![\w.])-?\d+(?![\w.]\d)")
 
 
 def integer_answer(completion: str, example: Any) -> float:
-    """1.0 when the completion's last ``\boxed{}`` holds an integer literal equal to
-    ``example["answer"]``, else 0.0. Stricter than :func:`math_answer` on purpose: math-verify
-    evaluates what it reads, so ``\boxed{84 - 39}`` (the question's own expression, copied) would
-    count as 45; measured: GRPO on ``arithmetic`` learned to copy the question within 16 steps."""
-    found = _BOXED.findall(completion)
-    if not found or not re.fullmatch(r"[+-]?\d+", found[-1]):
+    """1.0 when the completion's answer is an integer literal equal to ``example["answer"]``, else
+    0.0. The answer is what the last ``\boxed{}`` holds, else the last integer in the text.
+    Stricter than :func:`math_answer` on purpose: math-verify evaluates what it reads, so
+    ``\boxed{84 - 39}`` (the question's own expression, copied) would count as 45; measured: GRPO
+    on ``arithmetic`` with that check learned to copy the question within 16 steps."""
+    boxes = _BOXED.findall(completion)
+    if boxes:
+        answer = boxes[-1]
+    else:
+        numbers = _INTEGER.findall(completion)
+        answer = numbers[-1] if numbers else ""
+    if not re.fullmatch(r"[+-]?\d+", answer):
         return 0.0
-    return 1.0 if int(found[-1]) == int(str(example["answer"]).strip()) else 0.0
+    return 1.0 if int(answer) == int(str(example["answer"]).strip()) else 0.0
 
 
 _CHECKER: list[Any] = []
