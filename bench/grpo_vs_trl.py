@@ -6,6 +6,11 @@
     .venv/bin/python bench/grpo_vs_trl.py --contenders trl-no-gc,corerl-hf --precision bfloat16
     python bench/grpo_vs_trl.py --device cuda --shape 605M --precision bfloat16   # on a GPU
     python bench/grpo_vs_trl.py --device cuda --shape qwen2-1.5b --precision bfloat16 --steps 10
+    .venv/bin/python bench/grpo_vs_trl.py --model smollm2-135m-instruct --steps 4   # a real pretrained model
+
+``--model`` takes a real model instead of ``--shape``: a Hugging Face folder, a ``.gguf`` file or a
+packaged model (``smollm2-135m-instruct``, converted once into corerl's model cache); both sides
+load the same folder and its own tokenizer, with the same prompts and token counts.
 
 A Qwen2-style model built once in code (random weights, the built-in word-level tokenizer) at
 ``--shape``: tiny (hidden 256 x 4 layers, the default), 76M (1024 x 8), 605M (2048 x 16), all with
@@ -212,7 +217,10 @@ def child(args: argparse.Namespace) -> None:
 
 
 def resolve_shape(args: argparse.Namespace, parser: argparse.ArgumentParser) -> tuple[str, dict[str, Any]]:
-    """The shape's label (the preset's name, or hidden x layers where resized) and its build_tiny_model keywords."""
+    """The shape's label (the preset's name, or hidden x layers where resized) and its build_tiny_model keywords;
+    for ``--model``, its name and the shape its config.json states."""
+    if args.model:
+        return Path(args.model).name.removesuffix(".gguf"), real_model_shape(real_model_folder(args.model, parser))
     if args.shape == "qwen2-1.5b":
         if args.hidden is not None or args.layers is not None:
             parser.error("--shape qwen2-1.5b is a whole shape: --hidden/--layers do not apply to it")
@@ -222,6 +230,30 @@ def resolve_shape(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
         return args.shape, model_shape(MODEL, hidden, layers)
     hidden, layers = args.hidden or hidden, args.layers or layers
     return f"{hidden}x{layers}", model_shape(MODEL, hidden, layers)
+
+
+def real_model_folder(name: str, parser: argparse.ArgumentParser) -> Path:
+    """``--model`` as a Hugging Face folder (a GGUF file or packaged model converted once)."""
+    from corerl.errors import CorerlError
+    from corerl.models.gguf import ensure_converted, gguf_source
+
+    try:
+        source = gguf_source(name, None)
+        folder = ensure_converted(source) if source is not None else Path(name)
+    except CorerlError as exc:
+        parser.error(f"--model: {exc}")
+    if not (folder / "config.json").is_file():
+        parser.error(f"--model: {name} is not a Hugging Face folder, a .gguf file or a packaged model")
+    return folder
+
+
+def real_model_shape(folder: Path) -> dict[str, Any]:
+    config = json.loads((folder / "config.json").read_text())
+    return {"hidden_size": config["hidden_size"], "num_layers": config["num_hidden_layers"],
+            "num_heads": config["num_attention_heads"],
+            "num_kv_heads": config.get("num_key_value_heads", config["num_attention_heads"]),
+            "intermediate_size": config.get("intermediate_size"), "vocab_size": config["vocab_size"],
+            "folder": str(folder)}
 
 
 def parameter_count(model_dir: Path) -> int:
@@ -246,6 +278,8 @@ def pick_contenders(args: argparse.Namespace, parser: argparse.ArgumentParser) -
 
 def output_path(args: argparse.Namespace, label: str) -> Path:
     name = "grpo_vs_trl.json" if args.device == "cpu" else f"grpo_vs_trl-{label}-{args.precision}.json"
+    if args.model and args.device == "cpu":
+        name = f"grpo_vs_trl-{label}.json"
     if args.out_dir:
         return Path(args.out_dir) / name
     return results_path(name if args.device == "cpu" else f"gpu/{name}")
@@ -258,8 +292,11 @@ def run_all(names: list[str], shape: dict[str, Any], args: argparse.Namespace) -
     rows = []
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""} if args.device == "cpu" else dict(os.environ)
     with tempfile.TemporaryDirectory() as tmp:
-        print(f"building the model ({shape['hidden_size']} x {shape['num_layers']} layers) ...", flush=True)
-        model = build_tiny_model(Path(tmp) / "model", **shape)
+        if "folder" in shape:  # --model: a real one
+            model = Path(shape["folder"])
+        else:
+            print(f"building the model ({shape['hidden_size']} x {shape['num_layers']} layers) ...", flush=True)
+            model = build_tiny_model(Path(tmp) / "model", **shape)
         params = parameter_count(model)
         for name in names:
             try:
@@ -370,7 +407,8 @@ def parse_args() -> tuple[argparse.Namespace, argparse.ArgumentParser]:
                         f"{', '.join(DEFAULT_CONTENDERS['cpu'])} on cpu, {', '.join(DEFAULT_CONTENDERS['cuda'])} on cuda")
     parser.add_argument("--out-dir", help="folder for the JSON (default bench/results/, bench/results/gpu/ on cuda)")
     parser.add_argument("--contender", choices=CONTENDERS, help=argparse.SUPPRESS)
-    parser.add_argument("--model", help=argparse.SUPPRESS)
+    parser.add_argument("--model", help="a real model instead of --shape: a Hugging Face folder, a .gguf file or "
+                                        "a packaged model (smollm2-135m-instruct)")
     parser.add_argument("--out", help=argparse.SUPPRESS)
     return parser.parse_args(), parser
 
