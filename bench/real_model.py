@@ -115,7 +115,7 @@ def main() -> None:
         "median_phases_s": result["median_phases_s"], "steps": result["steps"],
         "targets": {"peak_rss_gib": TARGET_PEAK_GIB, "wall_min": TARGET_WALL_MIN, "gain": TARGET_GAIN},
     }, indent=2) + "\n")
-    print(f"wrote {path.relative_to(REPO)}")
+    print(f"wrote {path}")
 
 
 if __name__ == "__main__":

@@ -109,6 +109,10 @@ class HFGenerationBackend:
         logits they return within ``policy.max_logits_mb`` (one call under asynchronous
         generation's between-tokens hook, which ends a whole call)."""
         per_call = len(prompts) if self.between_tokens is not None else self._prompts_per_call(sampling, n)
+        if sampling.seed is not None:  # once: the calls after the first go on from the same stream
+            import torch
+
+            torch.manual_seed(sampling.seed)
         out: list[list[Sample]] = []
         for first in range(0, len(prompts), per_call):
             out.extend(self._generate(prompts[first:first + per_call], sampling, n))
@@ -140,8 +144,6 @@ class HFGenerationBackend:
             kwargs["cache_implementation"] = "static"
         if self.between_tokens is not None:
             kwargs["stopping_criteria"] = _hook_criteria(self.between_tokens, width)
-        if sampling.seed is not None:
-            torch.manual_seed(sampling.seed)
         model = self.model if self.decode_copy is None else self.decode_copy.refreshed_from(self.model)
         autocast = self.autocast if self.decode_copy is None else None
         was_training = model.training
