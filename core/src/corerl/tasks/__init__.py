@@ -71,6 +71,39 @@ def restore_rng(rng: random.Random, state: list[Any]) -> None:
     rng.setstate((version, tuple(internal), gauss))
 
 
+class Epochs:
+    """Draws the indices ``0 .. size - 1`` epoch after epoch, each epoch in an order ``rng``
+    shuffles (in index order when ``shuffle`` is off); its position and ``rng`` are the state a
+    task saves with checkpoints (:meth:`TaskSource.state`)."""
+
+    def __init__(self, size: int, rng: random.Random, shuffle: bool = True) -> None:
+        self.size, self.rng, self.shuffle = size, rng, shuffle
+        self.order: list[int] = []
+        self.position = 0
+
+    def draw(self, count: int) -> list[int]:
+        """The next ``count`` indices."""
+        drawn = []
+        for _ in range(count):
+            if self.position >= len(self.order):
+                self.order = list(range(self.size))
+                if self.shuffle:
+                    self.rng.shuffle(self.order)
+                self.position = 0
+            drawn.append(self.order[self.position])
+            self.position += 1
+        return drawn
+
+    def state(self) -> Any:
+        """The position and the generator's state, as JSON."""
+        return {"rng": rng_state(self.rng), "order": self.order, "position": self.position}
+
+    def set_state(self, state: Any) -> None:
+        """Restore :meth:`state`."""
+        restore_rng(self.rng, state["rng"])
+        self.order, self.position = list(state["order"]), int(state["position"])
+
+
 def decode_completion(tokenizer: Any, sample: Sample) -> str:
     """The completion's text, special tokens (the final end-of-sequence) left out."""
     return tokenizer.decode(list(sample.completion_ids), skip_special_tokens=True)

@@ -25,7 +25,7 @@ from typing import Any
 
 from corerl.errors import ConfigError
 from corerl.generation.contract import Sample
-from corerl.tasks import TaskContext, decode_completion, restore_rng, rng_state, score
+from corerl.tasks import Epochs, TaskContext, decode_completion, score
 from corerl.tasks.dataset import read_system_prompt
 
 #: the problems held out when ``data.held_out_size`` is unset, and the seed that picks them
@@ -76,9 +76,7 @@ class HumanEvalTask:
         held_out = getattr(data, "held_out_size", None) or HELD_OUT
         self.train, self.held = split(load_problems(), held_out)
         self.prompts = {row["task_id"]: self._encode(row, context.max_prompt_tokens) for row in self.train + self.held}
-        self.rng = random.Random(context.seed)
-        self.order: list[int] = []
-        self.position = 0
+        self.epochs = Epochs(len(self.train), random.Random(context.seed))
 
     def _encode(self, row: dict[str, Any], limit: int | None) -> list[int]:
         if self.chat_template:
@@ -97,15 +95,7 @@ class HumanEvalTask:
         return ids
 
     def _draw(self, count: int) -> list[dict[str, Any]]:
-        drawn = []
-        for _ in range(count):
-            if self.position >= len(self.order):
-                self.order = list(range(len(self.train)))
-                self.rng.shuffle(self.order)
-                self.position = 0
-            drawn.append(self.train[self.order[self.position]])
-            self.position += 1
-        return drawn
+        return [self.train[i] for i in self.epochs.draw(count)]
 
     def sample(self, count: int) -> tuple[list[list[int]], list[Any]]:
         rows = self._draw(count)
@@ -133,8 +123,7 @@ class HumanEvalTask:
         return humaneval_tests(text, example)
 
     def state(self) -> Any:
-        return {"rng": rng_state(self.rng), "order": self.order, "position": self.position}
+        return self.epochs.state()
 
     def set_state(self, state: Any) -> None:
-        restore_rng(self.rng, state["rng"])
-        self.order, self.position = list(state["order"]), int(state["position"])
+        self.epochs.set_state(state)

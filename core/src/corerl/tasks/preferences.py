@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from corerl.errors import ConfigError
-from corerl.tasks import TaskContext, restore_rng, rng_state
+from corerl.tasks import Epochs, TaskContext
 from corerl.tasks.dataset import (
     ORIGIN,
     as_list,
@@ -47,33 +47,6 @@ class PreferenceSource(Protocol):
         """Restore what :meth:`state` returned."""
 
 
-class _Epochs:
-    """Draws items in shuffled epochs; its position is part of a checkpoint."""
-
-    def __init__(self, size: int, rng: random.Random) -> None:
-        self.size, self.rng = size, rng
-        self.order: list[int] = []
-        self.position = 0
-
-    def draw(self, count: int) -> list[int]:
-        drawn = []
-        for _ in range(count):
-            if self.position >= len(self.order):
-                self.order = list(range(self.size))
-                self.rng.shuffle(self.order)
-                self.position = 0
-            drawn.append(self.order[self.position])
-            self.position += 1
-        return drawn
-
-    def state(self) -> Any:
-        return {"rng": rng_state(self.rng), "order": self.order, "position": self.position}
-
-    def set_state(self, state: Any) -> None:
-        restore_rng(self.rng, state["rng"])
-        self.order, self.position = list(state["order"]), int(state["position"])
-
-
 class DigitPreference:
     """``<bos> w0 d :`` for a digit ``d``: the chosen response repeats it (``d d d <eos>``), the
     rejected one repeats another digit ``e``. Of the 90 (d, e) combinations, 18 (picked by the
@@ -95,7 +68,7 @@ class DigitPreference:
         combos = list(itertools.permutations(range(10), 2))
         random.Random(context.seed).shuffle(combos)
         self.held, self.train = combos[:self.HELD_OUT], combos[self.HELD_OUT:]
-        self.epochs = _Epochs(len(self.train), random.Random(context.seed + 1))
+        self.epochs = Epochs(len(self.train), random.Random(context.seed + 1))
 
     def pair(self, digit: int, wrong: int) -> PreferencePair:
         prompt = [*self.prefix, self.digits[digit], self.colon]
@@ -146,7 +119,7 @@ class PreferenceDataset:
         train_rows, held_rows = split_rows(rows, data, self.keys, rng)
         self.train = [self._encode(row) for row in train_rows]
         self.held = [self._encode(row) for row in held_rows]
-        self.epochs = _Epochs(len(self.train), rng)
+        self.epochs = Epochs(len(self.train), rng)
 
     def _chat(self, messages: Sequence[Any], row: dict[str, Any], prompt: bool) -> list[int]:
         if not getattr(self.tokenizer, "chat_template", None):

@@ -54,7 +54,7 @@ from typing import Any
 
 from corerl.errors import ConfigError
 from corerl.generation.contract import Sample
-from corerl.tasks import TaskContext, TextReward, decode_completion, restore_rng, rng_state, score
+from corerl.tasks import Epochs, TaskContext, TextReward, decode_completion, score
 from corerl.tasks.expression_reward import expression_answer, solve
 
 #: rows held out when ``data.held_out_size`` is unset
@@ -255,10 +255,7 @@ class RowTask:
         self.train, self.held = train, held
         self.train_ids = [self._encode_checked(row) for row in train]
         self.held_ids = [self._encode_checked(row) for row in held]
-        self.rng = random.Random(context.seed)
-        self.shuffle = bool(getattr(data, "shuffle", True))
-        self.order: list[int] = []
-        self.position = 0
+        self.epochs = Epochs(len(self.train), random.Random(context.seed), bool(getattr(data, "shuffle", True)))
 
     def prompt_text(self, row: dict[str, Any]) -> str:
         """The prompt of one row, before ``data.prompt_file`` and the chat template."""
@@ -294,18 +291,6 @@ class RowTask:
                 hint=f"prompts are not truncated: raise policy.max_seq_length by at least {len(ids) - limit}")
         return ids
 
-    def _draw(self, count: int) -> list[int]:
-        drawn = []
-        for _ in range(count):
-            if self.position >= len(self.order):
-                self.order = list(range(len(self.train)))
-                if self.shuffle:
-                    self.rng.shuffle(self.order)
-                self.position = 0
-            drawn.append(self.order[self.position])
-            self.position += 1
-        return drawn
-
     @staticmethod
     def example(row: dict[str, Any]) -> dict[str, Any]:
         """A row as rewards see it (without corerl's bookkeeping)."""
@@ -313,7 +298,7 @@ class RowTask:
 
     def sample(self, count: int) -> tuple[list[list[int]], list[Any]]:
         """``count`` training prompts and their rows."""
-        indices = self._draw(count)
+        indices = self.epochs.draw(count)
         return [list(self.train_ids[i]) for i in indices], [self.example(self.train[i]) for i in indices]
 
     def held_out(self) -> tuple[list[list[int]], list[Any]]:
@@ -323,7 +308,7 @@ class RowTask:
     def demonstrations(self, count: int) -> list[tuple[list[int], list[int]]]:
         """``count`` (prompt, response) pairs for SFT, the response ending with end-of-sequence."""
         pairs = []
-        for i in self._draw(count):
+        for i in self.epochs.draw(count):
             response = list(self.tokenizer.encode(" " + self.response_text(self.train[i]), add_special_tokens=False))
             pairs.append((list(self.train_ids[i]), [*response, self.tokenizer.eos_token_id]))
         return pairs
@@ -337,12 +322,11 @@ class RowTask:
 
     def state(self) -> Any:
         """The sampler's position (JSON)."""
-        return {"rng": rng_state(self.rng), "order": self.order, "position": self.position}
+        return self.epochs.state()
 
     def set_state(self, state: Any) -> None:
         """Restore :meth:`state`."""
-        restore_rng(self.rng, state["rng"])
-        self.order, self.position = list(state["order"]), int(state["position"])
+        self.epochs.set_state(state)
 
 
 def _held_out_size(context: TaskContext) -> int:
