@@ -21,6 +21,22 @@ ORIGIN = "_corerl_origin"  # where a row came from: a key the rows carry, droppe
 PROMPT_IDS = "_corerl_prompt_ids"  # the row's prompt, encoded and checked once when the task is made
 
 
+def render_prompt(tokenizer: Any, text: str, chat_template: bool, system_prompt: str | None) -> list[int]:
+    """Prompt token ids: ``text`` as the user's message of the tokenizer's chat template (after
+    the system prompt, when set), or without one ``<bos>``, the system prompt as the first
+    paragraph and ``text``."""
+    if chat_template:
+        system = [{"role": "system", "content": system_prompt}] if system_prompt else []
+        # return_dict=False: transformers 5 returns a BatchEncoding otherwise, whose list is its keys
+        return list(tokenizer.apply_chat_template([*system, {"role": "user", "content": text}],
+                                                  add_generation_prompt=True, tokenize=True, return_dict=False))
+    if system_prompt:  # no chat template: the system prompt is the text's first paragraph
+        text = f"{system_prompt}\n\n{text}"
+    ids = list(tokenizer.encode(text, add_special_tokens=False))
+    bos = tokenizer.bos_token_id
+    return [bos, *ids] if bos is not None else ids
+
+
 def as_list(value: str | list[str] | None) -> list[str]:
     if value is None:
         return []
@@ -219,17 +235,7 @@ class DatasetTask:
     def encode_prompt(self, text: str) -> list[int]:
         if self.template is not None:
             text = self.template.format(text)
-        if self.chat_template:
-            system = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
-            # return_dict=False: transformers 5 returns a BatchEncoding otherwise, whose list is its keys
-            return list(self.tokenizer.apply_chat_template([*system, {"role": "user", "content": text}],
-                                                           add_generation_prompt=True, tokenize=True,
-                                                           return_dict=False))
-        if self.system_prompt:  # no chat template: the system prompt is the text's first paragraph
-            text = f"{self.system_prompt}\n\n{text}"
-        ids = list(self.tokenizer.encode(text, add_special_tokens=False))
-        bos = self.tokenizer.bos_token_id
-        return [bos, *ids] if bos is not None else ids
+        return render_prompt(self.tokenizer, text, self.chat_template, self.system_prompt)
 
     def _draw(self, count: int) -> list[dict[str, Any]]:
         drawn = []

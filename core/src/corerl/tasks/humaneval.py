@@ -26,7 +26,7 @@ from typing import Any
 from corerl.errors import ConfigError
 from corerl.generation.contract import Sample
 from corerl.tasks import Epochs, TaskContext, decode_completion, score
-from corerl.tasks.dataset import read_system_prompt
+from corerl.tasks.dataset import read_system_prompt, render_prompt
 
 #: the problems held out when ``data.held_out_size`` is unset, and the seed that picks them
 HELD_OUT, SPLIT_SEED = 32, 0
@@ -79,15 +79,8 @@ class HumanEvalTask:
         self.epochs = Epochs(len(self.train), random.Random(context.seed))
 
     def _encode(self, row: dict[str, Any], limit: int | None) -> list[int]:
-        if self.chat_template:
-            system = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
-            message = {"role": "user", "content": INSTRUCTION.format(prompt=row["prompt"])}
-            ids = list(self.tokenizer.apply_chat_template([*system, message], add_generation_prompt=True,
-                                                          tokenize=True, return_dict=False))
-        else:
-            text = f"{self.system_prompt}\n\n{row['prompt']}" if self.system_prompt else row["prompt"]
-            bos = self.tokenizer.bos_token_id
-            ids = [*([bos] if bos is not None else []), *self.tokenizer.encode(text, add_special_tokens=False)]
+        text = INSTRUCTION.format(prompt=row["prompt"]) if self.chat_template else row["prompt"]
+        ids = render_prompt(self.tokenizer, text, self.chat_template, self.system_prompt)
         if limit is not None and len(ids) > limit:
             raise ConfigError(f"{row['task_id']}: the prompt is {len(ids)} tokens, more than the {limit} that leave "
                               "room for a completion within policy.max_seq_length", key="policy.max_seq_length",

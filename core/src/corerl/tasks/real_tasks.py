@@ -268,18 +268,11 @@ class RowTask:
     def encode_prompt(self, text: str) -> list[int]:
         """Prompt token ids: ``data.prompt_file``, the system prompt and the chat template applied
         as the ``dataset`` task applies them (no chat template: ``<bos>`` and the text)."""
+        from corerl.tasks.dataset import render_prompt
+
         if self.template is not None:
             text = self.template.format(text)
-        if self.chat_template:
-            system = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
-            return list(self.tokenizer.apply_chat_template([*system, {"role": "user", "content": text}],
-                                                           add_generation_prompt=True, tokenize=True,
-                                                           return_dict=False))
-        if self.system_prompt:
-            text = f"{self.system_prompt}\n\n{text}"
-        ids = list(self.tokenizer.encode(text, add_special_tokens=False))
-        bos = self.tokenizer.bos_token_id
-        return [bos, *ids] if bos is not None else ids
+        return render_prompt(self.tokenizer, text, self.chat_template, self.system_prompt)
 
     def _encode_checked(self, row: dict[str, Any]) -> list[int]:
         ids = self.encode_prompt(self.prompt_text(row))
