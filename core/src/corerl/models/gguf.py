@@ -69,9 +69,16 @@ def gguf_source(model_name: str, gguf_file: str | None) -> Path | None:
 
 
 def file_digest(path: Path) -> str:
-    """The SHA-256 of ``path``'s bytes, in hex."""
+    """The SHA-256 of ``path``'s bytes, in hex; read once per file version (size and modification
+    time), since validation asks for the model's facts many times."""
+    stat = path.stat()
+    return _digest(str(path.resolve()), stat.st_size, stat.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=16)
+def _digest(path: str, size: int, mtime_ns: int) -> str:
     digest = hashlib.sha256()
-    with path.open("rb") as handle:
+    with open(path, "rb") as handle:
         for block in iter(lambda: handle.read(1 << 22), b""):
             digest.update(block)
     return digest.hexdigest()
