@@ -22,7 +22,11 @@ class VllmConfig:
         None, help="run vLLM without torch.compile and CUDA graphs (faster start); unset: eager on CPU (compiling "
                    "costs about 25 s per engine start on 2 cores, again every run, and decodes no faster there), "
                    "compiled with CUDA graphs on GPU")
-    cpu_kvcache_space_gib: float = setting(1.0, min=0.0, min_exclusive=True, help="KV cache on CPU machines")
+    cpu_kvcache_space_gib: float | None = setting(
+        None, min=0.0, min_exclusive=True,
+        help="KV cache on CPU machines; unset: room for every sequence of one step (algorithm.batch_size x "
+             "num_generations_per_prompt x max_model_len tokens) of this model, at least 64 MiB, or 1 GiB where "
+             "the model's shape cannot be read (a smaller cache queues sequences, it does not fail)")
     engine_layout: Literal["auto", "in_process", "multi_process"] = setting(
         "auto", help="auto: in-process on CPU (faster there, no busy-spinning core), multi-process on GPU"
     )

@@ -57,6 +57,22 @@ def vllm_lora_rank(dim: int) -> int:
     return next(rank for rank in VLLM_LORA_RANKS if rank >= dim)
 
 
+def cpu_kv_cache_bytes(config: Any, max_model_len: int) -> int:
+    """The KV cache of an engine on CPU: ``cpu_kvcache_space_gib`` where set, else room for every
+    sequence of one step at ``max_model_len`` tokens (a fifth more for vLLM's block rounding), at
+    least 64 MiB; 1 GiB where the model's shape cannot be read. vLLM queues what does not fit."""
+    gib = config.section("policy.generation.vllm_cfg").cpu_kvcache_space_gib
+    if gib is not None:
+        return int(gib * 2**30)
+    shape = model_shape(config)
+    if shape is None:
+        return 2**30
+    algorithm = config.core.algorithm
+    sequences = algorithm.batch_size * algorithm.num_generations_per_prompt
+    per_token = shape.kv_bytes_per_token(2 if config.core.policy.precision in ("bfloat16", "float16") else 4)
+    return max(64 * 2**20, math.ceil(1.2 * sequences * max_model_len * per_token))
+
+
 class VllmEngine:
     """One ``vllm.LLM`` and the conversions between corerl's contract and vLLM's API."""
 
@@ -68,7 +84,6 @@ class VllmEngine:
         self.on_gpu = torch.cuda.is_available()
         self.layout = resolve_layout(self.settings.engine_layout, self.on_gpu)
         if not self.on_gpu:
-            os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, math.ceil(self.settings.cpu_kvcache_space_gib)))
             if threads:
                 torch.set_num_threads(threads)  # vLLM's CPU worker forbids this once it has bound threads
                 os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"0-{threads - 1}")
@@ -112,6 +127,8 @@ class VllmEngine:
             # Seeded sampling rewinds per-request generators across chunked prefills, which CPU
             # generators cannot do ("CPU Generator does not use offset"): prefill whole prompts.
             kwargs["enable_chunked_prefill"] = False
+            # in bytes, not VLLM_CPU_KVCACHE_SPACE (whole GiB only), which would override this if set
+            kwargs["kv_cache_memory_bytes"] = cpu_kv_cache_bytes(self.config, kwargs["max_model_len"])
         from corerl.sdk import lora_enabled
 
         shape = model_shape(self.config)  # the model's facts from its config.json
@@ -158,6 +175,13 @@ class VllmEngine:
         return groups
 
     def update_weights(self, weights: Iterable[tuple[str, Any]]) -> int:
+        """New weights under their Hugging Face names. An in-process engine takes the tensors as they
+        are (vLLM copies each into its own weight); a multi-process one gets one safetensors archive,
+        which its message channel carries (the archive and its decoded copy are two whole fp32
+        models at each refit: on the SmolLM2 recipe, the spikes at every step's end)."""
+        if self.layout == "in_process":
+            pairs = [(name, tensor.detach()) for name, tensor in weights]
+            return int(self.llm.collective_rpc("corerl_reload_tensors", args=(pairs,))[0])
         from safetensors.torch import save
 
         seen: set[int] = set()

@@ -13,11 +13,15 @@ class RefitExtension:
         """``blob`` is a safetensors archive of ``{Hugging Face name: tensor}``; returns how many tensors."""
         from safetensors.torch import load
 
-        weights = load(blob)
+        return self.corerl_reload_tensors(list(load(blob).items()))
+
+    def corerl_reload_tensors(self, weights: list[tuple[str, Any]]) -> int:
+        """``(Hugging Face name, tensor)`` pairs handed over as they are: the engine runs in the caller's
+        process, where vLLM's in-process executor passes arguments without serialising them."""
         # reload_weights re-runs the loader's post-processing: the CPU kernels use a pre-packed copy
         # of each weight, so a plain model.load_weights() would leave the outputs unchanged.
-        self.reload_weights(weights_iterator=list(weights.items()))
-        repack_cpu_experts(self.model_runner.model, weights)
+        self.reload_weights(weights_iterator=weights)
+        repack_cpu_experts(self.model_runner.model, [name for name, _ in weights])
         return len(weights)
 
     def corerl_reload_shared(self, manifest: object) -> int:
