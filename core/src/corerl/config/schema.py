@@ -395,6 +395,21 @@ class RunConfig:
 
 
 @attrs.define(kw_only=True)
+class EvalConfig:
+    """``eval``: evaluation on the task's held-out set during training (and by ``corerl eval``):
+    greedy reward, and over ``num_samples`` sampled completions a prompt, mean@k and pass@k."""
+
+    every_n_steps: int | None = setting(None, min=0, help="evaluate every this many steps (and after the last); "
+                                                          "unset or 0: only the held-out reward before and after training")
+    at_start: bool = setting(False, help="also evaluate before the first step (logged at step 0)")
+    num_samples: int = setting(4, min=1, help="sampled completions per prompt for mean@k and pass@k (k is this)")
+    pass_k: int | None = setting(None, min=1, help="the k of pass@k; unset: num_samples; at most num_samples")
+    temperature: float | None = setting(None, min=0.0, help="temperature of the sampled completions; unset: "
+                                                             "policy.generation.temperature")
+    max_prompts: int | None = setting(None, min=1, help="held-out prompts evaluated; unset: all of them")
+
+
+@attrs.define(kw_only=True)
 class CheckpointingConfig:
     """``checkpointing``: resumable checkpoints in ``<run dir>/checkpoints``."""
 
@@ -406,6 +421,11 @@ class CheckpointingConfig:
                                              "with the same run.name); for schedulers' time limits")
     merge_lora_on_export: bool = setting(False, help="with policy.lora, also write the merged Hugging Face model "
                                                      "to final/merged (final/ itself is the PEFT adapter)")
+    metric_name: str | None = setting(None, help="a logged metric (e.g. eval/pass@4, reward/mean) that ranks "
+                                                 "checkpoints for keep_top_k; unset: the newest are kept")
+    higher_is_better: bool = setting(True, help="metric_name: a higher value is a better checkpoint")
+    keep_top_k: int | None = setting(None, min=1, help="with metric_name: the best this many checkpoints are kept, "
+                                                       "and the newest one besides (to resume from)")
 
 
 @attrs.define(kw_only=True)
@@ -422,6 +442,7 @@ class CorerlConfig:
     sft: SftConfig = section(SftConfig)
     run: RunConfig = section(RunConfig)
     checkpointing: CheckpointingConfig = section(CheckpointingConfig)
+    eval: EvalConfig = section(EvalConfig)
 
     def check(self) -> Iterator[tuple[str, str]]:
         """Cross-field rules of the core sections: (key path, message) per problem."""
@@ -454,6 +475,12 @@ class CorerlConfig:
         if save_by is not None and not self.checkpointing.enabled:
             yield ("checkpointing.save_by", "stopping at the time budget saves a checkpoint to resume from; set "
                                             "checkpointing.enabled=true")
+        if self.eval.pass_k is not None and self.eval.pass_k > self.eval.num_samples:
+            yield ("eval.pass_k", f"pass@{self.eval.pass_k} needs at least {self.eval.pass_k} samples a prompt; "
+                                  f"eval.num_samples is {self.eval.num_samples}: raise it or lower eval.pass_k")
+        if self.checkpointing.keep_top_k is not None and self.checkpointing.metric_name is None:
+            yield ("checkpointing.keep_top_k", "ranking checkpoints needs a metric: set checkpointing.metric_name "
+                                               "(e.g. eval/pass@4 with eval.every_n_steps, or reward/mean)")
         if self.algorithm.batch_size % self.algorithm.gradient_accumulation_steps:
             yield (
                 "algorithm.gradient_accumulation_steps",
