@@ -105,3 +105,17 @@ def test_no_algorithm_name_is_compared_outside_the_algorithm_modules():
 
 def test_the_runner_is_short():
     assert len((REPO / "core" / "src" / "corerl" / "runner.py").read_text().splitlines()) < 300
+
+
+def test_no_algorithm_module_imports_another():
+    """What GRPO, PPO, SFT and DPO share lives in corerl.algorithms.batches and the *_math modules."""
+    folder = REPO / "core" / "src" / "corerl" / "algorithms"
+    algorithms = {"grpo", "ppo", "sft", "dpo"}
+    found = []
+    for name in algorithms:
+        for node in ast.walk(ast.parse((folder / f"{name}.py").read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                imported = node.module.removeprefix("corerl.algorithms.")
+                if imported in algorithms - {name}:
+                    found.append(f"{name}.py:{node.lineno} imports {node.module}")
+    assert found == []

@@ -94,7 +94,7 @@ def test_the_training_logprobs_of_a_multi_turn_batch_are_the_sampled_ones(engine
     (a forward over the whole row, environment tokens in the context) equal the engine's."""
     import torch
 
-    from corerl.algorithms.grpo import samples_to_batch
+    from corerl.algorithms.batches import samples_to_batch
 
     result = _rollout(engine, Scripted(turns=2)).run(*_prompts(engine), SAMPLING, n=2, max_seq_length=200)
     batch = samples_to_batch(result.groups, torch.zeros(4))

@@ -72,7 +72,7 @@ def test_overlong_filtering_empties_the_loss_mask_of_truncated_samples_only():
     kept, cut = shaped.groups[0]
     assert kept.completion_mask is None and cut.completion_mask == (0, 0, 0, 0)
     assert shaped.rewards == [[1.0, 0.0]] and shaped.metrics["overlong_filtered"] == 0.5
-    from corerl.algorithms.grpo import samples_to_batch
+    from corerl.algorithms.batches import samples_to_batch
 
     batch = samples_to_batch(shaped.groups, torch.tensor([1.0, -1.0]))
     assert batch["loss_mask"][1].sum() == 0 and batch["loss_mask"][0].sum() == 3
@@ -129,7 +129,7 @@ def test_a_sequence_level_loss_averages_each_sequences_token_mean():
 
 
 def test_minibatches_carry_their_own_sequence_weights():
-    from corerl.algorithms.grpo import minibatches
+    from corerl.algorithms.batches import minibatches
 
     mask = torch.tensor([[1, 1], [1, 0], [1, 1], [1, 1]])
     batch = {"input_ids": torch.zeros(4, 2, dtype=torch.long), "loss_mask": mask}

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from corerl.algorithms.grpo import samples_to_batch
+from corerl.algorithms.batches import samples_to_batch
 from corerl.generation.contract import SamplingSettings
 from corerl.testing import host_with, select_for, write_recipe
 from corerl.testing.conformance import conformance_loss

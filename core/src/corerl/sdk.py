@@ -125,13 +125,13 @@ def samples_to_batch(groups: Any, advantages: Any) -> Any:
     """Training rows from sampled groups: right-padded prompt + completion, a loss mask on the
     completion, each row's advantage on every token (``advantages``: one per sample, in group
     order) and the generation engine's logprobs (``gen_logprobs``). Imports torch when called."""
-    from corerl.algorithms.grpo import samples_to_batch as build
+    from corerl.algorithms.batches import samples_to_batch as build
 
     return build(groups, advantages)
 
 
 def step_seed(seed: int, step: int) -> int:
     """The sampling seed of one step (reproducible, far from the seeds of other steps)."""
-    from corerl.algorithms.grpo import step_seed as seed_of
+    from corerl.algorithms.batches import step_seed as seed_of
 
     return seed_of(seed, step)

@@ -111,7 +111,7 @@ def preference_batch(triples: Sequence[tuple[Sequence[int], Sequence[int], Seque
     """Training rows of (prompt, chosen, rejected) token triples: for pair ``i``, row ``2i`` is
     prompt + chosen and row ``2i + 1`` prompt + rejected (adjacent), right-padded, with the loss
     mask on the response and the per-token ``group_ids`` (``i``) and ``chosen`` fields."""
-    from corerl.algorithms.sft import pairs_to_batch
+    from corerl.algorithms.batches import pairs_to_batch
 
     rows = [(prompt, response) for prompt, chosen, rejected in triples for response in (chosen, rejected)]
     batch = pairs_to_batch(rows)

@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import torch
 
+from corerl.algorithms.batches import RewardFn, minibatches, samples_to_batch, step_seed
 from corerl.algorithms.contract import AlgorithmBase
-from corerl.algorithms.grpo import RewardFn, minibatches, samples_to_batch, step_seed
 from corerl.algorithms.grpo_math import GRPOLoss, kl_estimate, step_gap_metrics
 from corerl.algorithms.ppo_math import ValueLoss, explained_variance, gae, token_rewards
 from corerl.algorithms.reward_shaping import RolloutShaping

@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING
 import attrs
 import torch
 
+from corerl.algorithms.batches import pairs_to_batch
 from corerl.algorithms.contract import AlgorithmBase
-from corerl.training.batching import right_pad
 
 if TYPE_CHECKING:
     from corerl.run_context import RunContext
@@ -30,17 +30,6 @@ class SFTLoss:
     ) -> tuple[torch.Tensor, dict[str, float]]:
         mask = batch["loss_mask"].to(logprobs.dtype)
         return -(logprobs * mask).sum() / normaliser, {}
-
-
-def pairs_to_batch(pairs: Sequence[Sequence[Sequence[int]]]) -> dict[str, torch.Tensor]:
-    """Right-padded rows prompt + response, the loss mask on the response only (and, where a
-    demonstration has a third element, a 0/1 mask over its response, only where that is 1: a
-    multi-turn demonstration's environment tokens are not the model's to learn)."""
-    input_ids, attention = right_pad([list(pair[0]) + list(pair[1]) for pair in pairs])
-    loss_mask = torch.zeros_like(input_ids)
-    for row, (prompt, response, *mask) in enumerate(pairs):
-        loss_mask[row, len(prompt) : len(prompt) + len(response)] = torch.tensor(mask[0]) if mask else 1
-    return {"input_ids": input_ids, "attention_mask": attention, "loss_mask": loss_mask}
 
 
 @attrs.define

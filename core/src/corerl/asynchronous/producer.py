@@ -87,7 +87,7 @@ class RolloutProducer:
             return batch, prompts, items, keys
 
     def _loop(self) -> None:
-        from corerl.algorithms.grpo import step_seed
+        from corerl.algorithms.batches import step_seed
         from corerl.generation.contract import SamplingSettings
 
         algorithm, policy = self.config.core.algorithm, self.config.core.policy
