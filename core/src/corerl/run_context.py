@@ -23,17 +23,6 @@ from corerl.run_directory import load_tokenizer, make_run_dir, resolve_model
 from corerl.selection import Selection
 
 
-def evaluate(rollout: Any, task: Any, max_new_tokens: int, max_seq_length: int) -> float:
-    """Mean held-out reward of greedy answers (or episodes, through ``rollout``; each at most
-    ``max_seq_length`` tokens)."""
-    from corerl.generation.contract import SamplingSettings
-
-    prompts, examples = task.held_out()
-    sampling = SamplingSettings(temperature=0.0, max_new_tokens=max_new_tokens)
-    rewards = rollout.run(prompts, examples, sampling, 1, max_seq_length).rewards
-    return sum(group[0] for group in rewards) / len(rewards)
-
-
 class RunContext:
     """One run's shared state, handed to the algorithm's factory (see :mod:`corerl.algorithms.contract`).
 
@@ -63,7 +52,6 @@ class RunContext:
         """The run directory (new, or resumed and checked), the model, the tokenizer and the task;
         ``on_run_dir(run_dir)`` is called once the directory exists (the CLI's quiet terminal)."""
         from corerl.run_record import check_same_recipe, record_recipe
-        from corerl.tasks import TaskContext
 
         run_dir, resume = make_run_dir(config, console)
         console.print(f"run directory: [bold]{run_dir}[/]" + (f" (resuming from step {resume[0]})" if resume else ""))
@@ -78,23 +66,33 @@ class RunContext:
             check_same_recipe(run_dir, config, host)
             verify_folder(resume[1])
         context = cls(config, selection, console, host, run_dir, resume)
-        core = config.core
-        context.model_path = resolve_model(core.policy.model_name, run_dir, core.policy.gguf_file)
-        if core.policy.hf_config_overrides:
-            from corerl.models.overrides import with_config_overrides
+        context.load_model_and_task()
+        return context
 
-            context.model_path = with_config_overrides(context.model_path, core.policy.hf_config_overrides,
-                                                       run_dir / "model_overridden")
-        tokenizer = load_tokenizer(core.policy.tokenizer_path(context.model_path), context.model_path)
+    def load_model_and_task(self, model_path: str | None = None) -> None:
+        """The model (``policy.model_name``, resolved in the run directory; or the Hugging Face
+        folder ``model_path``, as it is), its tokenizer and the task."""
+        from corerl.tasks import TaskContext
+
+        core, selection = self.config.core, self.selection
+        if model_path is not None:
+            self.model_path = model_path
+        else:
+            self.model_path = resolve_model(core.policy.model_name, self.run_dir, core.policy.gguf_file)
+            if core.policy.hf_config_overrides:
+                from corerl.models.overrides import with_config_overrides
+
+                self.model_path = with_config_overrides(self.model_path, core.policy.hf_config_overrides,
+                                                        self.run_dir / "model_overridden")
+        tokenizer = load_tokenizer(core.policy.tokenizer_path(self.model_path), self.model_path)
         if core.policy.chat_template is not None:
             tokenizer.chat_template = core.policy.chat_template
-        context.tokenizer = tokenizer
+        self.tokenizer = tokenizer
         assert selection.task.registration is not None
-        context.task = selection.task.registration.create(TaskContext(
+        self.task = selection.task.registration.create(TaskContext(
             tokenizer, core.algorithm.seed, core.data, selection.reward_fn,
             max_prompt_tokens=core.policy.max_seq_length - 1))
-        check_task_fits(context.task, selection)
-        return context
+        check_task_fits(self.task, selection)
 
     # -- engines ---------------------------------------------------------------------------
 
@@ -282,9 +280,12 @@ class RunContext:
 
     def held_out_reward(self) -> float:
         """Mean held-out reward of greedy answers from the generation engine."""
+        from corerl.evaluation import greedy_reward
+
         self.offload.before_generation()
         core = self.config.core
-        return evaluate(self.rollout(), self.task, core.policy.generation.max_new_tokens, core.policy.max_seq_length)
+        return greedy_reward(self.rollout(), self.task, core.policy.generation.max_new_tokens,
+                             core.policy.max_seq_length)
 
 
 def check_task_fits(task: Any, selection: Selection) -> None:

@@ -402,6 +402,9 @@ def select(config: Config, host: PluginHost) -> Selection:
     from corerl.distributed.placement import check_dedicated_generation
 
     check_dedicated_generation(config)
+    from corerl.evaluation import check_evaluation
+
+    check_evaluation(config, choices["algorithm"].registration)
     from corerl.asynchronous.settings import async_settings
 
     settings = async_settings(config)
