@@ -1,16 +1,21 @@
 """Run checkpoints in ``<run dir>/checkpoints/step_NNNNNN``, each a complete folder
 (:mod:`corerl.complete_folders`): a save that is killed halfway never looks complete, saving a
 step again replaces the old folder in one rename, and pruning renames before it deletes, so
-the previous checkpoint stays usable at every moment."""
+the previous checkpoint stays usable at every moment. Pruning keeps the newest
+``checkpointing.keep_last``, or with ``checkpointing.keep_top_k`` the best by the metric each
+checkpoint recorded when it was saved (``checkpointing.metric_name``) and the newest besides."""
 
 from __future__ import annotations
 
 import json
+import math
 import re
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+import attrs
 
 from corerl.complete_folders import is_complete, recover, remove, write_complete
 
@@ -49,19 +54,77 @@ def latest_checkpoint(run_dir: Path) -> tuple[int, Path] | None:
     return found[-1] if found else None
 
 
-def save_checkpoint(run_dir: Path, step: int, write: Callable[[Path], None], state: dict[str, Any], keep_last: int) -> Path:
+@attrs.frozen(kw_only=True)
+class KeepPolicy:
+    """Which complete checkpoints a save leaves: the ``keep_last`` newest; or, with ``keep_top_k``,
+    the ``keep_top_k`` best by the value of ``metric_name`` each recorded (``state.json``'s
+    ``metric``) and the newest besides, which a resumed run starts from."""
+
+    keep_last: int
+    keep_top_k: int | None = None
+    metric_name: str | None = None
+    higher_is_better: bool = True
+
+    @classmethod
+    def from_config(cls, checkpointing: Any) -> KeepPolicy:
+        """The ``checkpointing`` section's policy."""
+        return cls(keep_last=checkpointing.keep_last, keep_top_k=checkpointing.keep_top_k,
+                   metric_name=checkpointing.metric_name, higher_is_better=checkpointing.higher_is_better)
+
+    def value_of(self, state: dict[str, Any]) -> float | None:
+        """The ranking value a checkpoint's state records (None: none, or another metric's)."""
+        recorded = state.get("metric") or {}
+        value = recorded.get("value")
+        if recorded.get("name") != self.metric_name or not isinstance(value, (int, float)) or math.isnan(value):
+            return None
+        return float(value)
+
+
+def checkpoints_to_keep(found: list[tuple[int, float | None]], policy: KeepPolicy) -> set[int]:
+    """The steps of ``found`` (each checkpoint's step and metric value, None where it has none)
+    that ``policy`` keeps. Ranked by the metric, a checkpoint without a value is the worst, and of
+    two equal values the newer is the better."""
+    steps = sorted(step for step, _ in found)
+    if policy.keep_top_k is None:
+        return set(steps[-policy.keep_last:])
+    sign = 1.0 if policy.higher_is_better else -1.0
+    ranked = sorted(found, key=lambda item: (item[1] is None, -sign * (item[1] or 0.0), -item[0]))
+    return {step for step, _ in ranked[:policy.keep_top_k]} | set(steps[-1:])
+
+
+def save_checkpoint(run_dir: Path, step: int, write: Callable[[Path], None], state: dict[str, Any],
+                    keep: int | KeepPolicy) -> Path:
     """``write(folder)`` fills the new checkpoint, ``state.json`` is added, the folder is published;
-    then all but the ``keep_last`` newest complete checkpoints are removed."""
+    then the complete checkpoints ``keep`` does not keep are removed (an int: the newest that many)."""
 
     def fill(folder: Path) -> None:
         write(folder)
         (folder / "state.json").write_text(json.dumps(state))
 
+    policy = keep if isinstance(keep, KeepPolicy) else KeepPolicy(keep_last=keep)
     final = _root(run_dir) / f"step_{step:06d}"
     write_complete(final, fill)
-    for _, old in complete_checkpoints(run_dir)[:-keep_last]:
-        remove(old)
+    found = complete_checkpoints(run_dir)
+    values = {s: policy.value_of(read_state(path)) for s, path in found} if policy.keep_top_k is not None else {}
+    kept = checkpoints_to_keep([(s, values.get(s)) for s, _ in found], policy)
+    for s, old in found:
+        if s not in kept:
+            remove(old)
     return final
+
+
+def best_checkpoint(run_dir: Path, policy: KeepPolicy) -> tuple[Path, float] | None:
+    """The complete checkpoint with the best value of ``policy.metric_name`` (the newer of equals),
+    and that value; None when none records one."""
+    if policy.metric_name is None:
+        return None
+    scored = [(step, path, value) for step, path in complete_checkpoints(run_dir)
+              if (value := policy.value_of(read_state(path))) is not None]
+    if not scored:
+        return None
+    sign = 1.0 if policy.higher_is_better else -1.0
+    _, path, value = max(scored, key=lambda item: (sign * item[2], item[0]))
+    return path, value
 
 
 def read_state(checkpoint: Path) -> dict[str, Any]:

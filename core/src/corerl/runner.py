@@ -1,7 +1,8 @@
 """The run loop: an optional SFT warm start, then the algorithm ``algorithm.name`` names (a
 registered :class:`corerl.registry.Algorithm`, known here only through
 :class:`corerl.algorithms.contract.AlgorithmRun`), with a progress bar per phase, held-out
-figures before and after, checkpoints, and a run directory holding metrics.jsonl, the loggers'
+figures before and after (and every ``eval.every_n_steps``: :mod:`corerl.run_evaluation`),
+checkpoints, and a run directory holding metrics.jsonl, the loggers'
 files (TensorBoard's by default), run.log, curves.png, summary.json and the final checkpoint.
 
 ``corerl run`` on a run directory that holds a complete checkpoint resumes from it; one that
@@ -124,6 +125,7 @@ class Run:
         self.warm_start: Any = None
         self.evals: dict[str, float] = dict(context.state.get("evals", {}))
         self.log: Any = None
+        self.evaluation: Any = None  # the evaluations during training and the metrics that rank checkpoints
         self.algorithm: Any = None
         self.budget = TimeBudget(core.checkpointing.save_by)  # once past it, save and stop
 
@@ -138,6 +140,7 @@ class Run:
         from corerl.interrupt import stop_on_sigint
         from corerl.reporting.loggers.start import start_loggers
         from corerl.reporting.metrics_log import MetricsLog
+        from corerl.run_evaluation import RunEvaluation
 
         context = self.context
         # the loggers first: one that cannot start stops the run before the engines take minutes to start
@@ -145,6 +148,7 @@ class Run:
                                 warn=lambda line: context.console.print(f"[yellow]{line}[/]", highlight=False))
         self.log = MetricsLog(context.run_dir, keep_lines=context.state.get("metrics_lines") if context.resume else None,
                               loggers=loggers)
+        self.evaluation = RunEvaluation(context, self.log, self.global_step)
         try:
             context.start_engines()  # the phases are built over the started engines
             if self.warm_registration is not None:
@@ -165,6 +169,7 @@ class Run:
                     if self.warm_start is not None and "after_sft" not in self.evals:
                         self.evals["after_sft"] = self.algorithm.held_out()[self.algorithm.measure]
                         context.console.print(f"held-out {self.label} after SFT: {self.evals['after_sft']:.3f}")
+                    self.evaluation.before_first_step(self.algorithm)
                     self.run_phase(self.algorithm, stop)
             return self.stop_interrupted(deadline=not stop.requested) if stop.requested or self.budget.spent else self.finish()
         finally:
@@ -198,9 +203,11 @@ class Run:
                 check_finite(phase.name, phase.done + 1, metrics)
                 phase.done += 1
                 metrics = {"phase": phase.name, "step": phase.done, **metrics, "time/step": time.perf_counter() - begin}
-                self.log.write(metrics, tb_step=self.global_step())
+                self.evaluation.write(metrics)
                 progress.update(bar, advance=1, shown=bar_text(metrics))
                 mark(f"{phase.name}:step:{phase.done}")
+                if phase is self.algorithm:
+                    self.evaluation.after_step(phase)
                 if checkpointing.enabled and (phase.done % checkpointing.save_period == 0 or phase.done == phase.total):
                     self.checkpoint()
 
@@ -208,13 +215,14 @@ class Run:
         context = self.context
         context.offload.restore()
         snapshot = {"steps_done": {p.name: p.done for p in self.phases}, "metrics_lines": self.log.lines,
-                    "task": task_state(self.algorithm, context.task), "evals": self.evals}
+                    "task": task_state(self.algorithm, context.task), "evals": self.evals,
+                    **self.evaluation.checkpoint_state()}
 
         def save(folder: Path) -> None:
             context.training.save_checkpoint(str(folder / "training"))
             self.algorithm.save(folder)
 
-        save_checkpoint(context.run_dir, self.global_step(), save, snapshot, context.config.core.checkpointing.keep_last)
+        save_checkpoint(context.run_dir, self.global_step(), save, snapshot, self.evaluation.keep)
 
     def stop_interrupted(self, deadline: bool = False) -> RunResult:
         """Ctrl-C (exit 130) or checkpointing.save_by spent (exit 0): a checkpoint and the curves so far."""
@@ -245,7 +253,7 @@ class Run:
         write_complete(run_dir / "final", lambda work: export_final(context.training, context.config, work))
         extra = self.algorithm.export(run_dir)
         plot_curves(read_metrics(self.log.path), run_dir / "curves.png", run_dir.name, context.host.algorithms)
-        summary = self.summary(figures)
+        summary = {**self.summary(figures), **self.evaluation.best(run_dir)}
         write_file_whole(run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
         mark("run:end")  # summary.json's presence says the run finished: all or nothing
         report_held_out(context.console, self.evals, self.label)

@@ -73,6 +73,23 @@ def logged_metrics(metrics: dict[str, Any]) -> dict[str, float | list[float]]:
     return named
 
 
+def latest_values(rows: Sequence[dict[str, Any]]) -> dict[str, float]:
+    """The newest value of each number in ``rows`` under the names ``checkpointing.metric_name``
+    takes: ``<phase>/<metric>`` as the loggers name it (``grpo/reward/mean``, ``eval/pass@4``),
+    and for a training phase the bare ``<metric>`` too (``reward/mean``: the newest phase's)."""
+    from corerl.evaluation import EVAL_PHASE
+
+    latest: dict[str, float] = {}
+    for row in rows:
+        prefix = f"{row.get('phase', 'run')}/"
+        for name, value in logged_metrics(row).items():
+            if not isinstance(value, list):
+                latest[name] = float(value)
+                if prefix != f"{EVAL_PHASE}/":
+                    latest[name.removeprefix(prefix)] = float(value)
+    return latest
+
+
 def read_metrics(path: Path) -> list[dict[str, Any]]:
     """Every line of a ``metrics.jsonl``."""
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]

@@ -10,15 +10,20 @@ from typing import Any
 
 def plot_curves(rows: list[dict[str, Any]], out: Path, title: str, algorithms: Iterable[Any] = ()) -> Path:
     """Left: the metrics the run's last algorithm with a plot declares, per step (GRPO and PPO:
-    reward mean and max; DPO: preference accuracy and margin); right: the loss-like metrics of
-    each phase, one after the other (PPO: the policy's loss and the critic's value loss)."""
+    reward mean and max; DPO: preference accuracy and margin), and the held-out evaluations
+    (``eval.every_n_steps``: the ``eval`` rows, as markers at the algorithm's steps); right: the
+    loss-like metrics of each phase, one after the other (PPO: the policy's loss and the critic's
+    value loss)."""
     import matplotlib
+
+    from corerl.evaluation import EVAL_PHASE
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     specs = {a.id: a.plot for a in algorithms}
-    phases = list(dict.fromkeys(r["phase"] for r in rows if "phase" in r))
+    phases = list(dict.fromkeys(r["phase"] for r in rows if "phase" in r and r["phase"] != EVAL_PHASE))
+    evaluations = [r for r in rows if r.get("phase") == EVAL_PHASE]
     episodes = [r for r in rows if "env/turns" in r]
     figure, axes = plt.subplots(1, 3 if episodes else 2, figsize=(16 if episodes else 11, 4))
     left, loss_axes = axes[0], axes[1]
@@ -31,8 +36,13 @@ def plot_curves(rows: list[dict[str, Any]], out: Path, title: str, algorithms: I
         steps = [r["step"] for r in part]
         for index, metric in enumerate(spec.metrics):
             left.plot(steps, [r.get(metric, float("nan")) for r in part], label=metric, alpha=1.0 if index == 0 else 0.6)
-        left.legend()
         left.set(title=f"{phase.upper()} {spec.title}".strip(), xlabel=f"{phase.upper()} step")
+    if evaluations:
+        _plot_evaluations(left, evaluations)
+        if not shown:
+            left.set(title="held-out evaluation", xlabel="step")
+    if shown or evaluations:
+        left.legend(fontsize="small")
     else:
         left.text(0.5, 0.5, "no steps with curves to plot", ha="center", va="center", transform=left.transAxes)
         left.set(title="reward", xlabel="step")
@@ -52,6 +62,14 @@ def plot_curves(rows: list[dict[str, Any]], out: Path, title: str, algorithms: I
     figure.savefig(out, dpi=100)
     plt.close(figure)
     return out
+
+
+def _plot_evaluations(axes: Any, rows: list[dict[str, Any]]) -> None:
+    """The held-out evaluations: each figure (greedy, mean@n, pass@k) a dashed line of markers."""
+    steps = [r["step"] for r in rows]
+    for metric in dict.fromkeys(k for r in rows for k in r if k not in ("phase", "step", "seconds")):
+        axes.plot(steps, [r.get(metric, float("nan")) for r in rows], marker="o", linestyle="--",
+                  label=f"eval {metric}")
 
 
 def _plot_episodes(axes: Any, rows: list[dict[str, Any]]) -> None:
