@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import pytest
 import torch
 
 from corerl.algorithms.grpo_math import GRPOLoss, group_advantages
@@ -128,3 +129,167 @@ def test_the_kl_estimators_and_their_clamps():
     logprobs = torch.tensor([[1.0, 0.0, -2.0]])
     _, k1 = GRPOLoss(kl_penalty=1.0, kl_type="k1")(logprobs, batch, normaliser=3.0)
     assert math.isclose(float(k1["kl"]), (1.0 + 0.0 - 2.0) / 3, rel_tol=1e-6)
+
+
+def test_asymmetric_clipping_bounds_the_ratio_at_one_minus_min_and_one_plus_max():
+    # ratio_clip_min 0.1, ratio_clip_max 0.3 (clip-higher): the ratio may rise to 1.3 but fall only to 0.9
+    logprobs = torch.tensor([[0.0, 0.5, 0.2], [0.0, -0.3, -0.05]], requires_grad=True)
+    batch = {"old_logprobs": torch.zeros(2, 3), "loss_mask": torch.tensor([[0, 1, 1], [0, 1, 1]]),
+             "advantages": torch.tensor([[1.0] * 3, [-1.0] * 3])}
+    loss, metrics = GRPOLoss(ratio_clip_min=0.1, ratio_clip_max=0.3)(logprobs, batch, normaliser=4.0)
+    # A = +1: r = e^0.5 = 1.65 is cut at 1.3, r = e^0.2 = 1.22 is not; A = -1: r = e^-0.3 = 0.74 is cut at 0.9,
+    # r = e^-0.05 = 0.95 is not
+    assert math.isclose(loss.item(), (-1.3 - math.exp(0.2) + 0.9 + math.exp(-0.05)) / 4, rel_tol=1e-6)
+    loss.backward()
+    want = torch.tensor([[0.0, 0.0, -math.exp(0.2) / 4], [0.0, 0.0, math.exp(-0.05) / 4]])
+    assert torch.allclose(logprobs.grad, want)  # the cut tokens have no gradient
+    assert metrics["clip_fraction"] == 0.5
+    # symmetric 0.2 would have cut e^0.2 = 1.22 as well
+    symmetric, _ = GRPOLoss()(logprobs, batch, normaliser=4.0)
+    assert math.isclose(symmetric.item(), (-1.3 - 1.2 + 0.9 + math.exp(-0.05)) / 4, rel_tol=1e-6)
+
+
+def test_cispo_weighs_every_tokens_log_likelihood_by_its_detached_clipped_ratio():
+    # log ratios 0.5 and -1.0: r = 1.65 and 0.37, clipped to [1 - 0.2, 1 + 0.28] = [0.8, 1.28]
+    logprobs, batch = _batch([0.0, -1.0, -2.0], [0.0, -1.5, -1.0], 2.0, [0, 1, 1])
+    loss, metrics = GRPOLoss(use_cispo=True, ratio_clip_min=0.2, ratio_clip_max=0.28)(logprobs, batch, normaliser=2.0)
+    # L = -A * sg(clip(r)) * logprob: -2 * 1.28 * -1 = 2.56 and -2 * 0.8 * -2 = 3.2, over 2 tokens
+    assert math.isclose(loss.item(), (2.56 + 3.2) / 2, rel_tol=1e-6)
+    loss.backward()
+    assert torch.allclose(logprobs.grad, torch.tensor([[0.0, -2 * 1.28 / 2, -2 * 0.8 / 2]]))
+    assert metrics["clip_fraction"] == 1.0
+    # PPO-clip leaves the token above 1 + ratio_clip_max without a gradient; CISPO does not
+    ppo_logprobs, ppo_batch = _batch([0.0, -1.0, -2.0], [0.0, -1.5, -1.0], 2.0, [0, 1, 1])
+    GRPOLoss(ratio_clip_min=0.2, ratio_clip_max=0.28)(ppo_logprobs, ppo_batch, 2.0)[0].backward()
+    assert ppo_logprobs.grad[0, 1] == 0.0
+    # on-policy (ratio 1) CISPO's gradient is the plain policy gradient
+    on_policy, plain = _batch([0.0, -1.0, -2.0], [0.0, -1.0, -2.0], 2.0, [0, 1, 1])
+    del plain["old_logprobs"]
+    GRPOLoss(use_cispo=True)(on_policy, plain, 2.0)[0].backward()
+    assert torch.allclose(on_policy.grad, torch.tensor([[0.0, -1.0, -1.0]]))
+
+
+def test_dr_grpo_divides_the_summed_token_loss_by_rows_times_a_constant_length():
+    from corerl.algorithms.grpo_math import aggregation_weights
+
+    # row 0: 3 loss tokens with A = 1; row 1: 1 loss token with A = -2; on-policy, each token's loss is -A
+    mask = torch.tensor([[0, 1, 1, 1], [0, 1, 0, 0]])
+    batch = {"loss_mask": mask, "advantages": torch.tensor([[1.0] * 4, [-2.0] * 4])}
+    normaliser = float(mask.sum())  # what a backend passes: the batch's loss tokens
+
+    def loss_of(**options):
+        loss = GRPOLoss(**options)
+        logprobs = torch.zeros(2, 4, requires_grad=True)
+        weights = loss.aggregation_weights(mask)
+        value, _ = loss(logprobs, {**batch, **({} if weights is None else {"aggregation_weights": weights})},
+                        normaliser)
+        value.backward()
+        return value.item(), logprobs.grad
+
+    dr_grpo, grad = loss_of(loss_aggregation="constant_length", loss_aggregation_length=4)
+    assert math.isclose(dr_grpo, (-3.0 + 2.0) / (2 * 4), rel_tol=1e-6)  # summed loss / (rows x 4)
+    # every token's gradient is -A / (rows x 4), however long its row
+    assert torch.allclose(grad, torch.tensor([[0.0, -1 / 8, -1 / 8, -1 / 8], [0.0, 2 / 8, 0.0, 0.0]]))
+    assert math.isclose(loss_of()[0], (-3.0 + 2.0) / 4, rel_tol=1e-6)  # token_mean: over the 4 tokens
+    assert math.isclose(loss_of(loss_aggregation="sequence_mean")[0], (-1.0 + 2.0) / 2, rel_tol=1e-6)
+    assert aggregation_weights(mask, "token_mean") is None
+    with pytest.raises(ValueError, match="needs the length"):
+        aggregation_weights(mask, "constant_length")
+
+
+def test_the_loss_options_come_from_the_algorithm_section():
+    from corerl.config.schema import AlgorithmConfig
+
+    dr_grpo = GRPOLoss.from_config(AlgorithmConfig(loss_aggregation="constant_length"), max_new_tokens=6)
+    assert (dr_grpo.loss_aggregation, dr_grpo.loss_aggregation_length) == ("constant_length", 6)
+    named = GRPOLoss.from_config(AlgorithmConfig(loss_aggregation="constant_length", loss_aggregation_length=10), 6)
+    assert named.loss_aggregation_length == 10
+    assert GRPOLoss.from_config(AlgorithmConfig(token_level_loss=False)).loss_aggregation == "sequence_mean"
+    assert GRPOLoss.from_config(AlgorithmConfig(use_cispo=True)).use_cispo
+    in_reward = GRPOLoss.from_config(AlgorithmConfig(kl_penalty=0.1, use_kl_in_reward=True))
+    assert in_reward.kl_penalty == 0.0  # the KL is in the rewards, not in the loss
+
+
+def test_reinforce_plus_plus_with_the_kl_in_the_reward_takes_each_tokens_return_to_go():
+    from corerl.algorithms.grpo_math import kl_in_reward_advantages
+
+    scores = torch.tensor([1.0, -1.0])  # the samples' rewards, their group's mean subtracted
+    mask = torch.tensor([[0, 1, 1, 1], [0, 1, 1, 0]])
+    kl = torch.tensor([[0.0, 0.1, 0.2, 0.3], [0.0, 0.4, 0.5, 0.0]])
+    # token rewards -0.5 * kl, the score on the last token: row 0 -0.05, -0.1, -0.15 + 1; row 1 -0.2, -0.25 - 1
+    got = kl_in_reward_advantages(scores, mask, kl, 0.5, normalise=False)
+    want = torch.tensor([[0.0, 0.7, 0.75, 0.85], [0.0, -1.45, -1.25, 0.0]])
+    assert torch.allclose(got, want, atol=1e-6)
+    normalised = kl_in_reward_advantages(scores, mask, kl, 0.5)
+    tokens = want[mask.bool()]
+    assert torch.allclose(normalised[mask.bool()], (tokens - tokens.mean()) / tokens.std(unbiased=False), atol=1e-5)
+    assert normalised[0, 0] == 0.0 and normalised[1, 3] == 0.0
+
+
+def test_the_policy_loss_keys_are_refused_in_one_line_where_they_cannot_act(caplog):
+    from corerl.algorithms.checks import check_policy_loss
+    from corerl.config.schema import AlgorithmConfig
+    from corerl.errors import ConfigError
+
+    def refusal(**keys) -> str:
+        with pytest.raises(ConfigError) as caught:
+            check_policy_loss(AlgorithmConfig(**keys))
+        return caught.value.one_line()
+
+    assert refusal(use_cispo=True, ratio_clip_c=3.0).startswith("algorithm.ratio_clip_c: dual clipping bounds")
+    assert refusal(use_kl_in_reward=True, kl_penalty=0.1).startswith(
+        "algorithm.use_kl_in_reward: folds the KL into REINFORCE++'s token rewards, and advantage_estimator is 'grpo'")
+    assert refusal(use_kl_in_reward=True, advantage_estimator="reinforce_plus_plus").endswith(
+        "kl_penalty is 0; set algorithm.kl_penalty > 0, or remove it")
+    assert refusal(token_level_loss=True, loss_aggregation="constant_length").startswith(
+        "algorithm.token_level_loss: is the deprecated spelling of loss_aggregation=token_mean")
+    check_policy_loss(AlgorithmConfig(use_kl_in_reward=True, kl_penalty=0.1, advantage_estimator="reinforce_plus_plus"))
+    with caplog.at_level("WARNING", logger="corerl.algorithms.checks"):
+        check_policy_loss(AlgorithmConfig(token_level_loss=False))
+    assert "token_level_loss is deprecated: it acts as algorithm.loss_aggregation=sequence_mean" in caplog.text
+
+
+class _Scoring:
+    """A training engine that scores every token ``logprob`` and records the batches it trains on."""
+
+    def __init__(self, logprob: float) -> None:
+        self.logprob, self.trained = logprob, []
+
+    def logprobs(self, batch):
+        return torch.full(batch["input_ids"].shape, self.logprob) * batch["loss_mask"]
+
+    def train_step(self, batch, loss):
+        from corerl.training.contract import StepResult
+
+        self.trained.append(batch)
+        return StepResult(loss=0.0, grad_norm=0.0, lr=0.1, tokens=int(batch["loss_mask"].sum()), step=1)
+
+
+def test_grpo_takes_reinforce_plus_plus_advantages_from_rewards_with_the_kl_in_them():
+    """The loop's wiring: the training policy's and the reference's logprobs are scored before the
+    advantages, which are each token's return to go; the loss itself has no KL term."""
+    import types
+
+    from corerl.algorithms.grpo import GRPO
+    from corerl.algorithms.grpo_math import kl_estimate, kl_in_reward_advantages
+    from corerl.environments.rollout import Rollout
+    from corerl.generation.contract import Sample
+
+    policy, reference = _Scoring(-1.0), _Scoring(-1.5)
+    loss = GRPOLoss()
+    loop = GRPO(types.SimpleNamespace(), policy, None, lambda sample, item: 0.0, loss=loss, reference=reference,
+                advantage_estimator="reinforce_plus_plus", kl_in_reward=0.2, hand_over=lambda: None)
+
+    def sample(tokens: int) -> Sample:
+        return Sample(prompt_ids=(1, 2), completion_ids=tuple(range(tokens)), logprobs=(0.0,) * tokens,
+                      finish_reason="stop")
+
+    rollout = Rollout([[sample(3), sample(1)], [sample(2), sample(2)]], [[1.0, 0.0], [0.5, 0.5]])
+    metrics = loop.learn(rollout, {})
+    (batch,) = policy.trained
+    mask = batch["loss_mask"]
+    kl = kl_estimate(torch.full(mask.shape, -0.5), "k3") * mask
+    want = kl_in_reward_advantages(torch.tensor([0.5, -0.5, 0.0, 0.0]), mask, kl, 0.2)
+    assert torch.allclose(batch["advantages"], want)
+    assert "ref_logprobs" in batch and "old_logprobs" in batch
+    assert metrics["kl"] == pytest.approx(math.exp(-0.5) + 0.5 - 1.0)

@@ -100,11 +100,11 @@ def test_dapo_keys_act_on_grpo(tmp_path, capsys):
     assert algorithm.overlong_filtering and algorithm.overlong_penalty.enabled
     assert (algorithm.overlong_penalty.buffer_length, algorithm.overlong_penalty.max_response_length) == (4, 12)
     assert algorithm.reward_scaling.enabled and algorithm.reward_scaling.target_min == -1.0
-    assert algorithm.token_level_loss is False and algorithm.on_policy_kl_approximation is True
+    assert algorithm.loss_aggregation == "sequence_mean" and algorithm.on_policy_kl_approximation is True
     from corerl.algorithms.grpo_math import GRPOLoss
 
     loss = GRPOLoss.from_config(algorithm)
-    assert loss.token_level_loss is False and loss.on_policy_kl_approximation is True
+    assert loss.loss_aggregation == "sequence_mean" and loss.on_policy_kl_approximation is True
     prorl = _load(recipe, "grpo.reward_shaping.stop_properly_penalty_coef=0.1",
                   "grpo.adv_estimator.name=reinforce_plus_plus", "grpo.adv_estimator.minus_baseline=false").core.algorithm
     assert prorl.overlong_penalty.truncated_reward_factor == 0.1

@@ -98,45 +98,71 @@ def test_dynamic_sampling_keeps_groups_whose_rewards_differ_until_the_batch_is_f
     assert [g[0].completion_ids for g in rollout.groups] == [(0,), (0, 1)]  # one from each batch
     assert rollout.metrics["dynamic_sampling/generation_batches"] == 2.0
     assert rollout.metrics["dynamic_sampling/kept_share"] == pytest.approx(2 / 6)
-    assert rollout.metrics["dynamic_sampling/short"] == 0.0 and rollout.metrics["m"] == 1.5
+    assert rollout.metrics["m"] == 1.5
+    # 6 groups seen, 2 trained: the 4 dropped are all all-equal ([1, 1], [0, 0], [0, 0], [0.5, 0.5])
+    assert rollout.metrics["dynamic_sampling/dropped_groups"] == 4.0
+    assert rollout.metrics["dynamic_sampling/all_equal_groups"] == 4.0
 
 
-def test_dynamic_sampling_short_of_groups_trains_on_what_it_kept_and_says_so():
+def test_dynamic_sampling_drops_informative_groups_beyond_the_batch_and_counts_them():
     def generate(count: int) -> Rollout:
-        return Rollout([[_sample(1)] * 2] * count, [[1.0, 1.0]] * (count - 1) + [[0.0, 1.0]])
+        return Rollout([[_sample(1)] * 2] * count, [[1.0, 1.0]] + [[0.0, 1.0]] * (count - 1))
 
-    rollout = dynamically_sampled(4, 1.0, 2, generate)
-    assert rollout.rewards == [[0.0, 1.0], [0.0, 1.0]]
-    assert rollout.metrics["dynamic_sampling/short"] == 1.0
+    rollout = dynamically_sampled(2, 2.0, 3, generate)  # 4 prompts: 1 all-equal, 3 informative, 2 trained
+    assert len(rollout.groups) == 2 and rollout.metrics["dynamic_sampling/generation_batches"] == 1.0
+    assert rollout.metrics["dynamic_sampling/dropped_groups"] == 2.0  # the all-equal one and one surplus
+    assert rollout.metrics["dynamic_sampling/all_equal_groups"] == 1.0
+
+
+def test_dynamic_sampling_that_cannot_fill_the_batch_within_its_cap_stops_in_one_line():
+    from corerl.errors import ConfigError
+
+    def generate(count: int) -> Rollout:
+        return Rollout([[_sample(1)] * 2] * count, [[1.0, 1.0]] * (count - 2) + [[0.0, 0.0], [0.0, 1.0]])
+
+    with pytest.raises(ConfigError) as caught:
+        dynamically_sampled(4, 1.0, 2, generate)
+    line = caught.value.one_line()
+    assert line == ("algorithm.dynamic_sampling.max_generation_batches: 2 generation batches of 4 prompts gave 2 "
+                    "of the 4 groups with differing rewards a step needs: 6 of 8 groups had all-equal rewards "
+                    "(2 all 0, 4 all 1); raise it or algorithm.dynamic_sampling.batch_multiplier, or set "
+                    "algorithm.dynamic_sampling.enabled=false")
+    assert caught.value.exit_code == 2
 
 
 def test_a_sequence_level_loss_averages_each_sequences_token_mean():
-    from corerl.algorithms.grpo_math import GRPOLoss, sequence_weights
+    from corerl.algorithms.grpo_math import GRPOLoss, aggregation_weights
 
     mask = torch.tensor([[1, 1, 1, 1, 0, 0], [1, 0, 0, 0, 0, 0], [0, 0, 0, 0, 0, 0]])
     per_token = torch.tensor([[1.0, 2.0, 3.0, 4.0, 9.0, 9.0], [10.0, 9.0, 9.0, 9.0, 9.0, 9.0], [9.0] * 6])
-    weights = sequence_weights(mask)
+    weights = aggregation_weights(mask, "sequence_mean")
     normaliser = float(mask.sum())
     # (mean of row 0 = 2.5, of row 1 = 10) averaged over the two rows with loss tokens
     assert float((per_token * weights * mask).sum() / normaliser) == pytest.approx((2.5 + 10.0) / 2)
     # through the loss: advantages -1 and logprobs = -per_token make each token's loss -A * r = per_token * ...
     logprobs = torch.zeros(3, 6, requires_grad=True)
-    batch = {"loss_mask": mask, "advantages": -per_token, "sequence_weights": weights}
+    batch = {"loss_mask": mask, "advantages": -per_token, "aggregation_weights": weights}
     token_level, _ = GRPOLoss()(logprobs, batch, normaliser)
-    sequence_level, _ = GRPOLoss(token_level_loss=False)(logprobs, batch, normaliser)
+    sequence_level, _ = GRPOLoss(loss_aggregation="sequence_mean")(logprobs, batch, normaliser)
     assert float(token_level.detach()) == pytest.approx(20 / 5)  # 1 + 2 + 3 + 4 + 10 over 5 tokens
     assert float(sequence_level.detach()) == pytest.approx((2.5 + 10.0) / 2)
 
 
-def test_minibatches_carry_their_own_sequence_weights():
+def test_minibatches_carry_their_own_aggregation_weights():
     from corerl.algorithms.batches import minibatches
+    from corerl.algorithms.grpo_math import GRPOLoss
 
     mask = torch.tensor([[1, 1], [1, 0], [1, 1], [1, 1]])
     batch = {"input_ids": torch.zeros(4, 2, dtype=torch.long), "loss_mask": mask}
-    first, second = minibatches(batch, 2, per_sequence=True)
-    assert first["sequence_weights"].tolist() == [[0.75, 0.75], [1.5, 1.5]]  # 3 tokens over 2 rows
-    assert second["sequence_weights"].tolist() == [[1.0, 1.0], [1.0, 1.0]]
-    assert "sequence_weights" not in minibatches(batch, 2)[0]
+    first, second = minibatches(batch, 2, weights=GRPOLoss(loss_aggregation="sequence_mean").aggregation_weights)
+    assert first["aggregation_weights"].tolist() == [[0.75, 0.75], [1.5, 1.5]]  # 3 tokens over 2 rows
+    assert second["aggregation_weights"].tolist() == [[1.0, 1.0], [1.0, 1.0]]
+    # Dr. GRPO: 3 tokens over 2 rows x 4 tokens each
+    constant = GRPOLoss(loss_aggregation="constant_length", loss_aggregation_length=4)
+    assert minibatches(batch, 2, weights=constant.aggregation_weights)[0]["aggregation_weights"].tolist() == [
+        [0.375, 0.375], [0.375, 0.375]]
+    assert "aggregation_weights" not in minibatches(batch, 2)[0]
+    assert "aggregation_weights" not in minibatches(batch, 2, weights=GRPOLoss().aggregation_weights)[0]
 
 
 def test_the_on_policy_kl_approximation_weights_each_tokens_kl_by_the_policy_over_the_sampler():

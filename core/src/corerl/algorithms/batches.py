@@ -9,7 +9,6 @@ from typing import Any
 
 import torch
 
-from corerl.algorithms.grpo_math import sequence_weights
 from corerl.generation.contract import Sample
 from corerl.training.batching import right_pad
 
@@ -45,10 +44,11 @@ def samples_to_batch(groups: Sequence[Sequence[Sample]], advantages: torch.Tenso
 
 
 def minibatches(batch: dict[str, torch.Tensor], rows: int | None,
-                per_sequence: bool = False) -> list[dict[str, torch.Tensor]]:
+                weights: Callable[[torch.Tensor], torch.Tensor | None] | None = None) -> list[dict[str, torch.Tensor]]:
     """``batch`` cut into consecutive mini-batches of ``rows`` rows (one optimizer step each);
     ``None``: the whole batch, one optimizer step. ``rows`` must divide the batch's rows. With
-    ``per_sequence`` each mini-batch gets its ``sequence_weights`` (a sequence-level loss)."""
+    ``weights`` (a loss's ``aggregation_weights``) each mini-batch gets the ``aggregation_weights``
+    of its own loss mask, where that gives any."""
     total = int(batch["input_ids"].shape[0])
     if rows is None or rows >= total:
         parts = [batch]
@@ -56,9 +56,10 @@ def minibatches(batch: dict[str, torch.Tensor], rows: int | None,
         raise ValueError(f"{rows} rows per optimizer step do not divide the step's {total} rows")
     else:
         parts = [{key: value[start : start + rows] for key, value in batch.items()} for start in range(0, total, rows)]
-    if per_sequence:
-        parts = [{**part, "sequence_weights": sequence_weights(part["loss_mask"])} for part in parts]
-    return parts
+    if weights is None:
+        return parts
+    weighted = [(part, weights(part["loss_mask"])) for part in parts]
+    return [part if w is None else {**part, "aggregation_weights": w} for part, w in weighted]
 
 
 def pairs_to_batch(pairs: Sequence[Sequence[Sequence[int]]]) -> dict[str, torch.Tensor]:

@@ -3,10 +3,13 @@
 
 from __future__ import annotations
 
+import logging
 from operator import attrgetter
 from typing import Any
 
 from corerl.errors import ConfigError
+
+log = logging.getLogger(__name__)
 
 
 def check_sample_batches(config: Any) -> None:
@@ -27,11 +30,39 @@ def check_sample_batches(config: Any) -> None:
                               "which the asynchronous loop's rollout buffer does not do",
                               key="algorithm.dynamic_sampling.enabled",
                               hint="set algorithm.dynamic_sampling.enabled=false or algorithm.async.enabled=false")
+    check_policy_loss(algorithm)
 
 
-#: the ``algorithm`` keys that act on a sampled rollout (GRPO and PPO read them)
+def check_policy_loss(algorithm: Any) -> None:
+    """The policy-gradient loss's keys (GRPO and PPO): CISPO has no clipped surrogate for dual
+    clipping to bound, a KL folded into the rewards needs REINFORCE++ (GRPO) and a KL penalty, and
+    the deprecated ``token_level_loss`` acts with a warning unless it contradicts
+    ``loss_aggregation``."""
+    if algorithm.use_cispo and algorithm.ratio_clip_c is not None:
+        raise ConfigError("dual clipping bounds PPO-clip's surrogate, which CISPO replaces (its clipped ratio is a "
+                          "detached weight)", key="algorithm.ratio_clip_c", hint="unset it, or set "
+                          "algorithm.use_cispo=false")
+    if algorithm.use_kl_in_reward:
+        if algorithm.name == "grpo" and algorithm.advantage_estimator != "reinforce_plus_plus":
+            raise ConfigError("folds the KL into REINFORCE++'s token rewards, and advantage_estimator is "
+                              f"{algorithm.advantage_estimator!r}", key="algorithm.use_kl_in_reward",
+                              hint="set algorithm.advantage_estimator=reinforce_plus_plus, or use_kl_in_reward=false")
+        if not algorithm.kl_penalty:
+            raise ConfigError("takes kl_penalty x the KL estimate from each token's reward, and kl_penalty is 0",
+                              key="algorithm.use_kl_in_reward", hint="set algorithm.kl_penalty > 0, or remove it")
+    if algorithm.token_level_loss is not None:
+        said = "token_mean" if algorithm.token_level_loss else "sequence_mean"
+        if algorithm.loss_aggregation not in ("token_mean", said):
+            raise ConfigError(f"is the deprecated spelling of loss_aggregation={said}, and loss_aggregation says "
+                              f"{algorithm.loss_aggregation}", key="algorithm.token_level_loss",
+                              hint="remove algorithm.token_level_loss")
+        log.warning("algorithm.token_level_loss is deprecated: it acts as algorithm.loss_aggregation=%s; write that "
+                    "instead", said)
+
+
+#: the ``algorithm`` keys that act on a sampled rollout or on its policy-gradient loss (GRPO and PPO read them)
 ROLLOUT_SHAPING_KEYS = ("reward_scaling.enabled", "overlong_penalty.enabled", "dynamic_sampling.enabled",
-                        "overlong_filtering")
+                        "overlong_filtering", "use_cispo", "use_kl_in_reward")
 
 
 def check_nothing_sampled(config: Any) -> None:
@@ -43,8 +74,8 @@ def check_nothing_sampled(config: Any) -> None:
         return
     for key in ROLLOUT_SHAPING_KEYS:
         if attrgetter(key)(algorithm):
-            raise ConfigError(f"acts on sampled rollouts, and {algorithm_id} samples none",
-                              key=f"algorithm.{key}", hint="remove it, or use grpo or ppo")
+            raise ConfigError(f"acts on sampled rollouts or their policy-gradient loss, and {algorithm_id} samples "
+                              "none", key=f"algorithm.{key}", hint="remove it, or use grpo or ppo")
 
 
 def _async_on(config: Any) -> bool:

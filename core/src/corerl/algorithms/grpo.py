@@ -23,6 +23,8 @@ from corerl.algorithms.contract import AlgorithmBase
 from corerl.algorithms.grpo_math import (
     GRPOLoss,
     group_advantages,
+    kl_estimate,
+    kl_in_reward_advantages,
     off_policy_metrics,
     reinforce_plus_plus_advantages,
     step_gap_metrics,
@@ -52,6 +54,8 @@ class GRPO:
     advantage_estimator: str = "grpo"  # or reinforce_plus_plus (REINFORCE++-baseline)
     minus_baseline: bool = True  # reinforce_plus_plus: the group's mean subtracted first
     advantage_clip: tuple[float | None, float | None] = (None, None)  # bounds on the advantages (low, high)
+    # reinforce_plus_plus with the KL in the reward: its coefficient (the loss then has no KL term)
+    kl_in_reward: float = 0.0
     optimization_passes: int = 1
     optimizer_batch_size: int | None = None  # rows per optimizer step; None: the whole step's samples
     steps_done: int = 0
@@ -119,14 +123,13 @@ class GRPO:
         assert offload is not None
         groups = rollout.groups
         rewards = torch.tensor(rollout.rewards, dtype=torch.float32)
-        if self.advantage_estimator == "reinforce_plus_plus":
+        kl_in_reward = self.kl_in_reward and self.reference_offload is not None
+        if self.advantage_estimator == "reinforce_plus_plus":  # with the KL in the reward: normalised per token below
             advantages = reinforce_plus_plus_advantages(rewards, minus_baseline=self.minus_baseline,
-                                                        normalise=self.scale_rewards_by_std)
+                                                        normalise=self.scale_rewards_by_std and not kl_in_reward)
         else:
             advantages = group_advantages(rewards, scale_by_std=self.scale_rewards_by_std,
                                           leave_one_out=self.leave_one_out_baseline)
-        if self.advantage_clip != (None, None):
-            advantages = advantages.clamp(*self.advantage_clip)
         batch = samples_to_batch(groups, advantages)
 
         start = time.perf_counter()
@@ -135,17 +138,28 @@ class GRPO:
         rows, per_update = int(batch["input_ids"].shape[0]), self.optimizer_batch_size
         several_updates = self.optimization_passes > 1 or (per_update is not None and per_update < rows)
         off_policy = None
-        if several_updates or self.loss.corrects_importance:  # later updates and the IS weights need them
+        # later updates, the IS weights and a KL in the reward need the training policy's logprobs
+        if several_updates or self.loss.corrects_importance or kl_in_reward:
             batch["old_logprobs"] = self.training.logprobs(batch)
             off_policy = off_policy_metrics(batch["old_logprobs"], batch["gen_logprobs"], mask, self.loss)
-        if self.reference_offload is not None and self.loss.kl_penalty:
+        if self.reference_offload is not None and (self.loss.kl_penalty or kl_in_reward):
             with self.reference_offload.scoring() as reference:
                 batch["ref_logprobs"] = reference.logprobs(batch)
         timings["time/logprobs"] = time.perf_counter() - start
+        kl_metrics: dict[str, float] = {}
+        if kl_in_reward:
+            loss = self.loss
+            kl = kl_estimate(batch["ref_logprobs"] - batch["old_logprobs"], loss.kl_type, loss.kl_input_clamp,
+                             loss.kl_output_clamp) * mask
+            batch["advantages"] = kl_in_reward_advantages(advantages.reshape(-1), mask, kl, self.kl_in_reward,
+                                                          normalise=self.scale_rewards_by_std)
+            kl_metrics["kl"] = float(kl.sum() / mask.sum().clamp(min=1))
+        if self.advantage_clip != (None, None):
+            batch["advantages"] = batch["advantages"].clamp(*self.advantage_clip)
 
         start = time.perf_counter()
         # cut once the batch holds every column the loss reads
-        parts = minibatches(batch, per_update, per_sequence=not self.loss.token_level_loss)
+        parts = minibatches(batch, per_update, weights=self.loss.aggregation_weights)
         results = [self.training.train_step(part, self.loss) for _ in range(self.optimization_passes) for part in parts]
         timings["time/training"] = time.perf_counter() - start
 
@@ -176,6 +190,7 @@ class GRPO:
             "generated_tokens": float(generated),
             **gap,
             **loss_metrics,
+            **kl_metrics,
             **rollout.metrics,
             **timings,
         }
@@ -201,8 +216,10 @@ class GRPOAlgorithm(AlgorithmBase):
         reference = reference_offload = None
         if algorithm.kl_penalty:
             reference, reference_offload = context.start_reference()
+        loss = GRPOLoss.from_config(algorithm, context.config.core.policy.generation.max_new_tokens)
         self.grpo = GRPO(context.config, context.training, context.generation, context.task.reward,
-                         loss=GRPOLoss.from_config(algorithm), scale_rewards_by_std=algorithm.scale_rewards_by_std,
+                         loss=loss, scale_rewards_by_std=algorithm.scale_rewards_by_std,
+                         kl_in_reward=algorithm.kl_penalty if algorithm.use_kl_in_reward else 0.0,
                          leave_one_out_baseline=algorithm.leave_one_out_baseline,
                          advantage_estimator=algorithm.advantage_estimator, minus_baseline=algorithm.minus_baseline,
                          advantage_clip=(algorithm.advantage_clip_low, algorithm.advantage_clip_high),

@@ -39,6 +39,26 @@ def reinforce_plus_plus_advantages(rewards: torch.Tensor, *, minus_baseline: boo
     return (centred - centred.mean()) / (centred.std(unbiased=False) + eps)
 
 
+def kl_in_reward_advantages(scores: torch.Tensor, mask: torch.Tensor, kl: torch.Tensor, kl_coef: float, *,
+                            normalise: bool = True, eps: float = 1e-6) -> torch.Tensor:
+    """REINFORCE++ with the KL in the reward: ``[B, T]`` per-token advantages from each sample's
+    (baseline-subtracted) ``scores`` ``[B]`` and the per-token ``kl`` estimate. Each loss token's
+    reward is ``-kl_coef * kl``, the last one's plus the sample's score; a token's advantage is the
+    sum of the rewards from it to the end (its return to go, no discount), then centred and
+    scaled over the step's loss tokens (``normalise``)."""
+    mask = mask.to(torch.float32)
+    rewards = -kl_coef * kl.to(torch.float32) * mask
+    last = (mask * torch.arange(mask.shape[1], dtype=torch.float32)).argmax(dim=1)  # each row's last loss token
+    present = mask.sum(dim=1) > 0
+    rows = torch.arange(mask.shape[0])[present]
+    rewards[rows, last[present]] += scores.to(torch.float32)[present]
+    returns = torch.flip(torch.cumsum(torch.flip(rewards, [1]), dim=1), [1]) * mask
+    picked = returns[mask.bool()]
+    if not normalise or picked.numel() < 2:
+        return returns
+    return (returns - picked.mean()) / (picked.std(unbiased=False) + eps) * mask
+
+
 def kl_estimate(delta: torch.Tensor, kind: str = "k3", input_clamp: float | None = None,
                 output_clamp: float | None = None) -> torch.Tensor:
     """Per-token estimate of KL(policy || reference) from ``delta = ref_logprob - logprob`` of the
@@ -76,9 +96,14 @@ class GRPOLoss:
       each token's estimate is weighted by ``exp(logprob - gen_logprob)`` (detached), since the
       tokens were sampled by the generation engine, not the policy being trained.
 
-    Summed and divided by the number of loss tokens in the whole step (token-level normalisation);
-    with ``token_level_loss`` false each token also carries its ``sequence_weights`` (see
-    :func:`sequence_weights`), which makes the sum each sequence's mean averaged over sequences.
+    With ``use_cispo`` (CISPO) the token's loss is ``-A * sg(clip(r, ...)) * logprob`` instead: the
+    clipped ratio is a detached weight, so every token keeps a gradient (dual clipping does not
+    apply).
+
+    Summed and divided by the number of loss tokens in the optimizer batch (``loss_aggregation``
+    ``token_mean``); with ``sequence_mean`` or ``constant_length`` each token also carries its
+    ``aggregation_weights`` (:func:`aggregation_weights`), which make the sum each sequence's mean
+    averaged over sequences, or the sum over sequences x ``loss_aggregation_length`` (Dr. GRPO).
     """
 
     ratio_clip_min: float = 0.2
@@ -98,8 +123,10 @@ class GRPOLoss:
     importance_sampling_type: str = "tis"  # tis, icepop or seq-mask-tis (importance_weights)
     # the KL term weighted by exp(logprob - gen_logprob), detached: KL under the training policy
     on_policy_kl_approximation: bool = False
-    # False: each sequence's token mean, averaged over sequences (the batch's sequence_weights)
-    token_level_loss: bool = True
+    # token_mean, sequence_mean or constant_length (the batch's aggregation_weights: aggregation_weights())
+    loss_aggregation: str = "token_mean"
+    loss_aggregation_length: int | None = None  # constant_length: the length each sequence counts as
+    use_cispo: bool = False  # CISPO: -A * sg(clipped ratio) * logprob
 
     @property
     def corrects_importance(self) -> bool:
@@ -108,9 +135,21 @@ class GRPOLoss:
         return self.importance_sampling_correction
 
     @classmethod
-    def from_config(cls, algorithm: Any) -> GRPOLoss:
-        """The loss an ``algorithm`` section describes."""
-        return cls(**{field.name: getattr(algorithm, field.name) for field in attrs.fields(cls)})
+    def from_config(cls, algorithm: Any, max_new_tokens: int | None = None) -> GRPOLoss:
+        """The loss an ``algorithm`` section describes (``max_new_tokens``: the length a
+        ``constant_length`` aggregation counts each sequence as, unless the section names one)."""
+        fields = {field.name: getattr(algorithm, field.name) for field in attrs.fields(cls)}
+        fields["loss_aggregation"] = algorithm.aggregation
+        if fields["loss_aggregation_length"] is None:
+            fields["loss_aggregation_length"] = max_new_tokens
+        if algorithm.use_kl_in_reward:  # the KL is in the rewards (REINFORCE++), not in the loss
+            fields["kl_penalty"] = 0.0
+        return cls(**fields)
+
+    def aggregation_weights(self, loss_mask: torch.Tensor) -> torch.Tensor | None:
+        """The per-token weights this loss's aggregation needs on an optimizer batch (None for
+        ``token_mean``, which needs none): :func:`aggregation_weights`."""
+        return aggregation_weights(loss_mask, self.loss_aggregation, self.loss_aggregation_length)
 
     def __call__(
         self, logprobs: torch.Tensor, batch: dict[str, torch.Tensor], normaliser: float
@@ -125,10 +164,13 @@ class GRPOLoss:
             log_ratio = ((log_ratio * mask).sum(dim=-1, keepdim=True) / tokens).expand_as(logprobs)
         ratio = torch.exp(log_ratio)
         clipped = torch.clamp(ratio, 1.0 - self.ratio_clip_min, 1.0 + self.ratio_clip_max)
-        per_token = -torch.minimum(ratio * advantages, clipped * advantages)
-        if self.ratio_clip_c is not None:
-            bounded = torch.minimum(per_token, -self.ratio_clip_c * advantages)
-            per_token = torch.where(advantages < 0, bounded, per_token)
+        if self.use_cispo:  # the clipped ratio weighs the log-likelihood's gradient; no token loses it
+            per_token = -advantages * clipped.detach() * logprobs
+        else:
+            per_token = -torch.minimum(ratio * advantages, clipped * advantages)
+            if self.ratio_clip_c is not None:
+                bounded = torch.minimum(per_token, -self.ratio_clip_c * advantages)
+                per_token = torch.where(advantages < 0, bounded, per_token)
         weights = None
         if self.importance_sampling_correction and "gen_logprobs" in batch:
             weights, _ = importance_weights(old.detach(), batch["gen_logprobs"], mask, self)
@@ -148,19 +190,31 @@ class GRPOLoss:
             if self.on_policy_kl_approximation and "gen_logprobs" in batch:
                 kl = kl * torch.exp(logprobs.detach() - batch["gen_logprobs"]) * mask
             per_token = per_token + self.kl_penalty * kl
-        if not self.token_level_loss:
-            per_token = per_token * batch["sequence_weights"].to(per_token.dtype)
+        if self.loss_aggregation != "token_mean":
+            per_token = per_token * batch["aggregation_weights"].to(per_token.dtype)
         return (per_token * mask).sum() / normaliser, metrics
 
 
-def sequence_weights(loss_mask: torch.Tensor) -> torch.Tensor:
-    """Per-token weights that turn a sum over loss tokens divided by their count into each
-    sequence's token mean averaged over sequences: ``tokens / (sequences * tokens_of_the_row)``
-    on every token of a row (0 on a row with no loss token). Computed per optimizer batch."""
+def aggregation_weights(loss_mask: torch.Tensor, aggregation: str, length: int | None = None) -> torch.Tensor | None:
+    """Per-token weights that turn a sum over an optimizer batch's loss tokens divided by their
+    count (what a loss gets as its normaliser) into another aggregation: None for ``token_mean``
+    (no weights); ``sequence_mean``: each sequence's token mean averaged over sequences,
+    ``tokens / (sequences * tokens_of_the_row)`` on every token of a row (0 on a row with no loss
+    token); ``constant_length``: the sum over ``rows * length`` (Dr. GRPO), ``tokens / (rows *
+    length)`` on every token, every row counted. Computed per optimizer batch."""
+    if aggregation == "token_mean":
+        return None
     per_row = loss_mask.sum(dim=-1, keepdim=True).to(torch.float32)
-    rows = int((per_row > 0).sum())
     total = float(per_row.sum())
-    weights = torch.where(per_row > 0, total / (max(rows, 1) * per_row.clamp(min=1.0)), torch.zeros_like(per_row))
+    if aggregation == "sequence_mean":
+        rows = int((per_row > 0).sum())
+        weights = torch.where(per_row > 0, total / (max(rows, 1) * per_row.clamp(min=1.0)), torch.zeros_like(per_row))
+    elif aggregation == "constant_length":
+        if length is None:
+            raise ValueError("a constant_length aggregation needs the length each sequence counts as")
+        weights = torch.full_like(per_row, total / (loss_mask.shape[0] * length))
+    else:
+        raise ValueError(f"unknown loss aggregation {aggregation!r}; known: token_mean, sequence_mean, constant_length")
     return weights.expand(loss_mask.shape).contiguous()
 
 

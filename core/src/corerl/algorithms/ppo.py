@@ -118,7 +118,8 @@ class PPO:
     def from_config(cls, config: Any, **engines: Any) -> PPO:
         """A PPO of the recipe's ``algorithm``, ``algorithm.ppo`` and ``critic`` sections over ``engines``."""
         algorithm, critic, settings = config.core.algorithm, config.core.critic, config.section("algorithm.ppo")
-        return cls(config=config, loss=attrs.evolve(GRPOLoss.from_config(algorithm), kl_penalty=0.0),
+        loss = GRPOLoss.from_config(algorithm, config.core.policy.generation.max_new_tokens)
+        return cls(config=config, loss=attrs.evolve(loss, kl_penalty=0.0),
                    value_loss=ValueLoss(clip=critic.value_clip, scale=critic.loss_scale), kl_coef=algorithm.kl_penalty,
                    kl_type=algorithm.kl_type, gamma=settings.gamma, lam=settings.lam, value_lam=settings.value_lam,
                    whiten_advantages=settings.whiten_advantages,
@@ -171,7 +172,7 @@ class PPO:
         batch["returns"], batch["old_values"] = returns, old_values
 
         start = time.perf_counter()
-        parts = minibatches(batch, self.optimizer_batch_size, per_sequence=not self.loss.token_level_loss)
+        parts = minibatches(batch, self.optimizer_batch_size, weights=self.loss.aggregation_weights)
         passes = range(self.optimization_passes)
         critic_results = [self.critic.train_step(part, self.value_loss) for _ in passes for part in parts]
         timings["time/critic_training"] = time.perf_counter() - start

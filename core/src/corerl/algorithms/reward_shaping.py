@@ -10,12 +10,14 @@ own rewards.
 from __future__ import annotations
 
 import statistics
+from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import attrs
 
 from corerl.environments.rollout import Rollout
+from corerl.errors import ConfigError
 from corerl.generation.contract import Sample
 
 
@@ -128,12 +130,15 @@ def dynamically_sampled(batch_size: int, multiplier: float, max_batches: int,
                         generate: Callable[[int], Rollout]) -> Rollout:
     """DAPO's dynamic sampling: ``generate(prompts)`` (a scored rollout over that many fresh
     prompts) is called until ``batch_size`` groups with differing rewards are kept, at most
-    ``max_batches`` times; the first ``batch_size`` kept groups are the step's. Short of them
-    after ``max_batches``, the step has the groups kept (``dynamic_sampling/short`` counts it)."""
+    ``max_batches`` times; the first ``batch_size`` kept groups are the step's, the others are
+    dropped (``dynamic_sampling/dropped_groups`` counts them, the all-equal ones among them in
+    ``dynamic_sampling/all_equal_groups``). Short of groups after ``max_batches``, a
+    :class:`~corerl.errors.ConfigError` names the cap and how many groups were all-equal."""
     prompts = max(batch_size, round(batch_size * multiplier))
     kept_groups: list[list[Sample]] = []
     kept_rewards: list[list[float]] = []
     parts: list[Rollout] = []
+    uniform: Counter[float] = Counter()  # the all-equal groups by their reward
     seen = 0
     while len(kept_groups) < batch_size and len(parts) < max_batches:
         part = generate(prompts)
@@ -143,12 +148,20 @@ def dynamically_sampled(batch_size: int, multiplier: float, max_batches: int,
             if informative(rewards):
                 kept_groups.append(group)
                 kept_rewards.append(rewards)
+            else:
+                uniform[rewards[0] if rewards else 0.0] += 1
     kept = len(kept_groups)
+    if kept < batch_size:
+        raise ConfigError(
+            f"{len(parts)} generation batches of {prompts} prompts gave {kept} of the {batch_size} groups with "
+            f"differing rewards a step needs: {sum(uniform.values())} of {seen} groups had all-equal rewards "
+            f"({', '.join(f'{n} all {r:g}' for r, n in sorted(uniform.items()))})",
+            key="algorithm.dynamic_sampling.max_generation_batches",
+            hint="raise it or algorithm.dynamic_sampling.batch_multiplier, or set "
+                 "algorithm.dynamic_sampling.enabled=false")
     metrics = merge(parts).metrics
     metrics.update({"dynamic_sampling/generation_batches": float(len(parts)),
                     "dynamic_sampling/kept_share": kept / max(seen, 1),
-                    "dynamic_sampling/short": float(kept < batch_size)})
-    if not kept_groups:  # nothing informative at all: train on the last batch (zero advantages, no move)
-        last = parts[-1]
-        return Rollout(last.groups[:batch_size], last.rewards[:batch_size], metrics)
+                    "dynamic_sampling/dropped_groups": float(seen - batch_size),
+                    "dynamic_sampling/all_equal_groups": float(sum(uniform.values()))})
     return Rollout(kept_groups[:batch_size], kept_rewards[:batch_size], metrics)

@@ -238,13 +238,15 @@ class OverlongPenaltyConfig:
 class DynamicSamplingConfig:
     """``algorithm.dynamic_sampling``: DAPO's dynamic sampling (GRPO, synchronous): groups whose
     rewards are all equal teach nothing and are dropped; generation goes on over fresh prompts
-    until ``algorithm.batch_size`` groups remain, at most ``max_generation_batches`` times."""
+    until ``algorithm.batch_size`` groups remain, at most ``max_generation_batches`` times (then
+    the run stops, in one line). Groups beyond ``batch_size`` are dropped too."""
 
     enabled: bool = setting(False, help="DAPO's dynamic sampling: train only on groups whose rewards differ (GRPO, synchronous)")
     batch_multiplier: float = setting(1.0, min=1.0, help="prompts per generation batch, as a multiple of "
                                                           "algorithm.batch_size")
     max_generation_batches: int = setting(10, min=1, help="generation batches a step may draw; short of groups "
-                                                          "then, the step trains on those it has (counted)")
+                                                          "then, the run stops in one line saying how many groups "
+                                                          "had all-equal rewards")
 
 
 @attrs.define(kw_only=True)
@@ -284,8 +286,23 @@ class AlgorithmConfig:
     on_policy_kl_approximation: bool = setting(False, help="weight each token's KL term by exp(logprob - "
                                                            "generation logprob): an estimate of the KL under the "
                                                            "training policy, not the sampler")
-    token_level_loss: bool = setting(True, help="true: the loss is the mean over a step's loss tokens; false: each "
-                                                "sequence's token mean, averaged over sequences")
+    loss_aggregation: Literal["token_mean", "sequence_mean", "constant_length"] = setting(
+        "token_mean", help="token_mean: the loss is the mean over an optimizer batch's loss tokens (DAPO); "
+                           "sequence_mean: each sequence's token mean, averaged over sequences (the original GRPO); "
+                           "constant_length: the tokens' summed loss over sequences x loss_aggregation_length, "
+                           "a normaliser that does not depend on the lengths sampled (Dr. GRPO)")
+    loss_aggregation_length: int | None = setting(None, min=1, help="constant_length: the length each sequence "
+                                                                    "counts as; unset: "
+                                                                    "policy.generation.max_new_tokens")
+    token_level_loss: bool | None = setting(None, help="deprecated spelling of loss_aggregation (true: token_mean, "
+                                                       "false: sequence_mean); unset: loss_aggregation decides")
+    use_cispo: bool = setting(False, help="CISPO: each token's loss is -A x sg(clip(r, 1 - ratio_clip_min, 1 + "
+                                          "ratio_clip_max)) x logprob, so every token keeps a gradient (the clipped "
+                                          "ratio is a detached weight, not a cut-off)")
+    use_kl_in_reward: bool = setting(False, help="reinforce_plus_plus: kl_penalty x the kl_type estimate is taken "
+                                                 "from each token's reward instead of added to the loss; advantages "
+                                                 "are each token's return to go, normalised over the step's tokens "
+                                                 "(REINFORCE++). PPO always does this")
     advantage_estimator: Literal["grpo", "reinforce_plus_plus"] = setting(
         "grpo", help="GRPO: grpo (each reward against its group, scaled by the group's std); reinforce_plus_plus: "
                      "REINFORCE++-baseline (minus the group's mean, then normalised over the step's samples)")
@@ -307,6 +324,14 @@ class AlgorithmConfig:
     reward_scaling: RewardScalingConfig = section(RewardScalingConfig)
     overlong_penalty: OverlongPenaltyConfig = section(OverlongPenaltyConfig)
     dynamic_sampling: DynamicSamplingConfig = section(DynamicSamplingConfig)
+
+    @property
+    def aggregation(self) -> str:
+        """The loss aggregation in force: ``loss_aggregation``, or what the deprecated
+        ``token_level_loss`` says where it is set (the support check refuses the two disagreeing)."""
+        if self.token_level_loss is None:
+            return self.loss_aggregation
+        return "token_mean" if self.token_level_loss else "sequence_mean"
 
 
 @attrs.define(kw_only=True)

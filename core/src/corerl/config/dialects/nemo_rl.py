@@ -87,6 +87,11 @@ def _estimator(name: Any) -> str:
     return str(name)
 
 
+def _aggregation(token_level: Any) -> str:
+    """NeMo RL's ``loss_fn.token_level_loss`` as corerl's ``algorithm.loss_aggregation``."""
+    return "token_mean" if token_level else "sequence_mean"
+
+
 def _load_balancing(value: Any) -> str:
     """NeMo RL's ``moe_router_load_balancing_type`` as corerl's ``policy.moe.load_balancing_type``."""
     if value in (None, "none"):
@@ -195,7 +200,7 @@ RULES: dict[str, Rule] = {
     "loss_fn.truncated_importance_sampling_type": acts("algorithm.importance_sampling_type",
                                                        lambda value: "tis" if value is None else value),
     "loss_fn.sequence_level_importance_ratios": acts("algorithm.sequence_level_ratios"),
-    "loss_fn.token_level_loss": acts("algorithm.token_level_loss"),
+    "loss_fn.token_level_loss": acts("algorithm.loss_aggregation", _aggregation),
     "loss_fn.reference_policy_kl_type": acts("algorithm.kl_type"),
     "loss_fn.kl_input_clamp_value": acts("algorithm.kl_input_clamp"),
     "loss_fn.kl_output_clamp_value": acts("algorithm.kl_output_clamp"),
@@ -258,8 +263,8 @@ RULES: dict[str, Rule] = {
     "grpo.adv_estimator.normalize_rewards": acts("algorithm.scale_rewards_by_std"),
     "grpo.adv_estimator.use_leave_one_out_baseline": acts("algorithm.leave_one_out_baseline"),
     "grpo.adv_estimator.minus_baseline": acts("algorithm.minus_baseline"),
-    "loss_fn.use_kl_in_reward": inert(_OFF, _truthy),
-    "loss_fn.use_cispo": inert(_OFF, _truthy),
+    "loss_fn.use_kl_in_reward": acts("algorithm.use_kl_in_reward"),
+    "loss_fn.use_cispo": acts("algorithm.use_cispo"),
     "loss_fn.disable_ppo_ratio": inert(_OFF, _truthy),
     "loss_fn.positive_example_nll_weight": inert(_OFF, _truthy),
     "loss_fn.force_on_policy_ratio": DERIVED,
