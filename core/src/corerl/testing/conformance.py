@@ -27,6 +27,8 @@ One subclass per layout (world size, parallel sizes). The checks:
 (i) DPO's pair loss (:class:`corerl.algorithms.dpo_math.DPOLoss`, whose pairs must not be split)
     gives the loss and the weights of a plain step on the whole batch, in this layout (one pair
     per micro-batch) and, in (g)'s token-budget layouts, with pairs packed or grouped by tokens;
+    so do GRPO's loss variants (:data:`GRPO_LOSS_VARIANTS`: CISPO, and Dr. GRPO's constant
+    normaliser, both with asymmetric ratio bounds) on a batch whose ratios are partly clipped;
 (j) as PPO's critic (``role="critic"``, for a registration with ``value_model=True``; others are
     checked to be refused for PPO): values equal a plain transformers token-classification
     forward, one clipped-value-loss step gives the loss and weights of a plain PyTorch step, save,
@@ -113,6 +115,41 @@ def dpo_conformance_loss(pairs: int = 4) -> Any:
     from corerl.algorithms.dpo_math import DPOLoss
 
     return DPOLoss(beta=0.5, sft_weight=0.3, pairs=pairs)
+
+
+#: GRPO loss options each layout's step is checked with (i), by test id
+GRPO_LOSS_VARIANTS = ("cispo", "dr_grpo")
+
+
+def grpo_conformance_loss(variant: str) -> Any:
+    """The :class:`~corerl.algorithms.grpo_math.GRPOLoss` of one of :data:`GRPO_LOSS_VARIANTS`:
+    ``cispo`` (the clipped ratio a detached weight), ``dr_grpo`` (the summed token loss over rows
+    x 16), each with the ratio bounded to [0.8, 1.28] (DAPO's clip-higher)."""
+    from corerl.algorithms.grpo_math import GRPOLoss
+
+    bounds = {"ratio_clip_min": 0.2, "ratio_clip_max": 0.28}
+    if variant == "cispo":
+        return GRPOLoss(use_cispo=True, **bounds)
+    if variant == "dr_grpo":
+        return GRPOLoss(loss_aggregation="constant_length", loss_aggregation_length=16, **bounds)
+    raise ValueError(f"unknown GRPO loss variant {variant!r}; known: {', '.join(GRPO_LOSS_VARIANTS)}")
+
+
+def grpo_conformance_batch(model_dir: str, loss_fn: Any, seed: int = 4) -> dict[str, torch.Tensor]:
+    """:func:`conformance_batch` with what a GRPO loss reads: ``old_logprobs`` (the model's own
+    logprobs moved by noise, so that some ratios fall outside the clip range and some inside) and
+    the loss's ``aggregation_weights`` where its aggregation has any."""
+    from transformers import AutoModelForCausalLM
+
+    batch = conformance_batch()
+    mask = batch["loss_mask"].float()
+    current = hf_logprobs(AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32), batch)
+    gen = torch.Generator().manual_seed(seed)
+    batch["old_logprobs"] = (current + 0.3 * torch.randn(mask.shape, generator=gen)) * mask
+    weights = loss_fn.aggregation_weights(batch["loss_mask"])
+    if weights is not None:
+        batch["aggregation_weights"] = weights
+    return batch
 
 
 def value_conformance_batch(rows: int = 4, seed: int = 3) -> dict[str, torch.Tensor]:
@@ -428,16 +465,29 @@ class TrainingBackendConformance(BackendLayout):
         self._check_dpo_step(backend, model_dir, unpadded=False)
 
     def _check_dpo_step(self, engine: Any, model_dir: str, unpadded: bool) -> None:
-        batch, loss_fn = preference_conformance_batch(), dpo_conformance_loss()
+        result = self._check_step(engine, model_dir, preference_conformance_batch(), dpo_conformance_loss(), "DPO",
+                                  unpadded)
+        assert 0.0 <= result.metrics["preference_accuracy"] <= 1.0  # a mean over the step's pairs
+
+    @pytest.mark.parametrize("variant", GRPO_LOSS_VARIANTS)
+    def test_grpo_loss_variants_match_plain_pytorch(self, backend: Any, model_dir: str, variant: str) -> None:
+        loss_fn = grpo_conformance_loss(variant)
+        result = self._check_step(backend, model_dir, grpo_conformance_batch(model_dir, loss_fn), loss_fn, variant)
+        assert 0.0 < result.metrics["clip_fraction"] < 1.0  # summed over micro-batches and ranks: a share
+
+    def _check_step(self, engine: Any, model_dir: str, batch: dict[str, torch.Tensor], loss_fn: Any, label: str,
+                    unpadded: bool = False) -> Any:
+        """One step of ``loss_fn`` from the starting weights gives the loss and the weights of a
+        plain PyTorch step on the whole batch; the step's result."""
         engine.load_hf(model_dir)
         result = engine.train_step(batch, loss_fn)
         ref_loss, ref_params = reference_sgd_step(
             model_dir, batch, loss_fn, lr=result.lr, momentum=MOMENTUM, max_grad_norm=MAX_GRAD_NORM, unpadded=unpadded)
-        assert abs(result.loss - ref_loss) <= self.tolerance, (result.loss, ref_loss)
-        assert 0.0 <= result.metrics["preference_accuracy"] <= 1.0  # a mean over the step's pairs
+        assert abs(result.loss - ref_loss) <= self.tolerance, (label, result.loss, ref_loss)
         weights = dict(engine.weight_stream())
         moved = max(_max_diff(weights[n], p) for n, p in ref_params.items())
-        assert moved <= self.tolerance, f"DPO step: weights differ from the reference by {moved:.3g}"
+        assert moved <= self.tolerance, f"{label} step: weights differ from the reference by {moved:.3g}"
+        return result
 
     # -- (k) ---------------------------------------------------------------------------
 
