@@ -22,6 +22,8 @@ ALGORITHMS = {
     "grpo": {"data": {"task": "digit_echo"}, "algorithm": {"kl_penalty": 0.05}},
     "ppo": {"data": {"task": "digit_echo"}},
     "dpo": {"data": {"task": "digit_preference"}, "algorithm": {"dpo": {"precompute_reference_logprobs": False}}},
+    "distillation": {"data": {"task": "digit_echo"},
+                     "algorithm": {"distillation": {"teacher_model": "builtin:tiny-qwen2"}}},
 }
 
 
@@ -64,6 +66,10 @@ def test_one_step_of_each_core_algorithm_runs_in_process(tmp_path, name, model):
             assert "reward/mean" in metrics
         if name == "grpo":  # the KL penalty started a frozen reference beside the policy
             assert len(context.started) == 3
+        if name == "distillation":  # the teacher, a third engine: builtin:tiny-qwen2's own weights, so it
+            assert len(context.started) == 3 and "reward/mean" in metrics  # agrees with the dense student only
+            kl = metrics["reverse_kl"]
+            assert abs(kl) < 1e-5 if model == "builtin:tiny-qwen2" else kl > 1e-4, metrics
         experts = {key for key in metrics if key.startswith("moe/")}
         if model.endswith("moe"):  # each of the two layers' load, shares of the routed token-slots
             assert {"moe/layer0/load_min", "moe/layer1/load_max", "moe/layer1/load_entropy"} <= experts, metrics
@@ -74,7 +80,7 @@ def test_one_step_of_each_core_algorithm_runs_in_process(tmp_path, name, model):
         context.close(run_failed=False)
 
 
-CORE_ALGORITHMS = {"sft", "grpo", "ppo", "dpo"}
+CORE_ALGORITHMS = {"sft", "grpo", "ppo", "dpo", "distillation"}
 
 
 def _string_compares(path: Path) -> list[str]:

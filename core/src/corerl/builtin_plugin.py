@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from corerl.algorithms.settings import DPOConfig, PPOConfig
+from corerl.algorithms.settings import DistillationConfig, DPOConfig, PPOConfig
 from corerl.environments.code_env import CodeSettings
 from corerl.environments.settings import AgentSettings, MathSettings, ToolsSettings
 from corerl.hookspecs import hookimpl
@@ -143,6 +143,12 @@ def corerl_register_algorithms(register: Callable[[Algorithm], None]) -> None:
                        plot=PlotSpec(metrics=("preference_accuracy", "rewards/margin"),
                                                        title="preference accuracy and margin (training batches)"),
                        description="direct preference optimisation on preference pairs; samples nothing"))
+    register(Algorithm(id="distillation", factory="corerl.algorithms.distillation:DistillationAlgorithm",
+                       config_section="algorithm.distillation", config_schema=DistillationConfig,
+                       check_supported="corerl.algorithms.settings:check_distillation",
+                       plot=PlotSpec(metrics=("reward/mean", "reverse_kl"), title="reward and reverse KL to the teacher"),
+                       description="on-policy distillation: a frozen teacher scores the student's own samples; "
+                                   "per-token reverse KL"))
 
 
 @hookimpl

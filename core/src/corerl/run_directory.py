@@ -74,31 +74,33 @@ def make_run_dir(config: Config, console: Any = None) -> tuple[Path, tuple[int, 
     return path, None
 
 
-def resolve_model(model_name: str, run_dir: Path, gguf_file: str | None = None) -> str:
+def resolve_model(model_name: str, run_dir: Path, gguf_file: str | None = None, *, key: str = "policy.model_name",
+                  folder: str = "base_model") -> str:
     """A Hugging Face checkpoint directory, building a ``builtin:`` model into the run directory and
-    converting a GGUF file (or a packaged model) into corerl's model cache once."""
+    converting a GGUF file (or a packaged model) into corerl's model cache once. ``key`` is the
+    config key errors name; ``folder`` where in the run directory a ``builtin:`` model is built."""
     from corerl.models.gguf import ensure_converted, gguf_source
 
     source = gguf_source(model_name, gguf_file)
     if source is not None:
         return str(ensure_converted(source))
     if model_name in BUILTIN_MODELS:
-        target = run_dir / "base_model"
+        target = run_dir / folder
         recover(target)
         if not is_complete(target):  # a resumed run keeps its base model; a half-built one is rebuilt
             write_complete(target, lambda work: build_tiny_model(work, **BUILTIN_MODELS[model_name]))
         return str(target)
     if model_name.startswith("builtin:"):
-        raise ConfigError(f"unknown built-in model {model_name!r}", key="policy.model_name",
+        raise ConfigError(f"unknown built-in model {model_name!r}", key=key,
                           hint=f"built-in models: {', '.join(BUILTIN_MODELS)}")
     if not Path(model_name).exists():
-        raise ConfigError(f"model path {model_name} does not exist", key="policy.model_name",
+        raise ConfigError(f"model path {model_name} does not exist", key=key,
                           hint="give a local Hugging Face checkpoint folder or a builtin: model; nothing is downloaded")
     if not (Path(model_name) / "config.json").exists():
         raise ConfigError(f"{model_name} is not a Hugging Face checkpoint directory (no config.json)",
-                          key="policy.model_name", hint="give a local checkpoint folder: nothing is downloaded")
+                          key=key, hint="give a local checkpoint folder: nothing is downloaded")
     if not any((Path(model_name) / weights).is_file() for weights in WEIGHT_FILES):
-        raise ConfigError(f"{model_name} holds no weights (none of {', '.join(WEIGHT_FILES)})", key="policy.model_name",
+        raise ConfigError(f"{model_name} holds no weights (none of {', '.join(WEIGHT_FILES)})", key=key,
                           hint="give a checkpoint folder with its weights, e.g. one written by save_pretrained")
     return model_name
 

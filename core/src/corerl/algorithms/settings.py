@@ -4,7 +4,9 @@ Light: validation imports them without torch."""
 
 from __future__ import annotations
 
-from typing import Literal
+from operator import attrgetter
+from pathlib import Path
+from typing import Any, Literal
 
 import attrs
 
@@ -40,3 +42,45 @@ class PPOConfig:
                                                                    "decoupled GAE); unset: lam")
     whiten_advantages: bool = setting(True, help="centre and scale the step's advantages over its response tokens")
     critic_warmup_steps: int = setting(0, min=0, help="steps that train only the critic before the policy moves")
+
+
+@attrs.define(kw_only=True)
+class DistillationConfig:
+    """``algorithm.distillation``: on-policy distillation. The student (``policy``) samples; a
+    frozen teacher scores the student's own tokens; the loss is the per-token reverse KL from the
+    teacher to the student on those samples (NeMo RL's ``teacher`` and ``loss_fn.kl_type`` map here)."""
+
+    teacher_model: str | None = setting(None, help="the teacher: a Hugging Face checkpoint folder (or builtin:...) "
+                                                   "with the student's tokenizer; required")
+    teacher_training_backend: str | None = setting(None, help="the training backend that hosts the frozen teacher; "
+                                                              "unset: the policy's, with its layout")
+    teacher_cpu_offload: bool = setting(False, help="keep the teacher's weights in CPU memory except while it scores")
+    teacher_micro_batch_size: int | None = setting(None, min=1, help="rows per teacher forward; unset: "
+                                                                     "policy.logprob_micro_batch_size")
+    kl_type: Literal["reverse"] = setting("reverse", help="reverse: KL(student || teacher) on the student's sampled "
+                                                          "tokens (forward and mixed need the teacher's top-k logits, "
+                                                          "not yet supported)")
+
+
+def check_distillation(config: Any) -> None:
+    """Distillation's support check: a teacher is named and can be found; the reward-shaping keys,
+    which act on rewards distillation does not train on, are off; mini-batches divide the step."""
+    from corerl.algorithms.checks import ROLLOUT_SHAPING_KEYS, check_sample_batches
+    from corerl.errors import ConfigError
+    from corerl.models.tiny import BUILTIN_MODELS
+
+    key = "algorithm.distillation.teacher_model"
+    teacher = config.section("algorithm.distillation").teacher_model
+    if teacher is None:
+        raise ConfigError("on-policy distillation needs a teacher", key=key,
+                          hint="name a Hugging Face checkpoint folder with the student's tokenizer (e.g. a run's final/)")
+    if teacher not in BUILTIN_MODELS and not (Path(teacher) / "config.json").is_file():
+        raise ConfigError(f"teacher {teacher} is not a Hugging Face checkpoint folder (no config.json)", key=key,
+                          hint="give a local checkpoint folder (a run's final/) or a builtin: model")
+    algorithm = config.core.algorithm
+    for name in ROLLOUT_SHAPING_KEYS:
+        path = name.removesuffix(".enabled")
+        if attrgetter(name)(algorithm):
+            raise ConfigError("distillation trains on the teacher's logprobs, not on rewards, so reward shaping "
+                              "would do nothing", key=f"algorithm.{name}", hint=f"unset algorithm.{path}")
+    check_sample_batches(config)

@@ -14,6 +14,8 @@ SPECIAL_TOKENS = ["<pad>", "<unk>", "<bos>", "<eos>"]
 #: ``policy.model_name: builtin:...`` -> the shape :func:`build_tiny_model` builds into the run directory
 BUILTIN_MODELS: dict[str, dict[str, Any]] = {
     "builtin:tiny-qwen2": dict(hidden_size=128, num_layers=2, num_heads=4, num_kv_heads=2, vocab_size=128),
+    # a quarter of tiny-qwen2's parameters, with its tokenizer: the distillation demo's student
+    "builtin:tiny-qwen2-small": dict(hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=1, vocab_size=128),
     # 8 experts, top-2; head_dim 64 because vLLM's CPU attention takes no smaller head
     "builtin:tiny-moe": dict(family="qwen3_moe", hidden_size=128, num_layers=2, num_heads=4, num_kv_heads=2,
                              head_dim=64, vocab_size=128, num_experts=8, experts_per_token=2,

@@ -1,0 +1,160 @@
+"""On-policy distillation: the student (the policy) samples, a frozen teacher scores the student's
+own tokens, and the student learns to lower the reverse KL from the teacher on them.
+
+prompts --generate (student)--> samples --training.logprobs--> student logprobs
+        --teacher.logprobs--> teacher logprobs --per token: teacher - student--> advantages
+        --train_step (the clipped policy-gradient loss, one on-policy pass)--> new weights --refit-->
+
+With ``A_t = log p_teacher(x_t) - log p_student(x_t)`` (detached) as each sampled token's
+advantage, the policy-gradient step is the gradient of ``KL(student || teacher)`` per token,
+estimated on the student's own samples (no discount over later tokens). The task's reward is
+scored and logged, not trained on: the teacher is the only signal.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import attrs
+import torch
+
+from corerl.algorithms.batches import minibatches, samples_to_batch, step_seed
+from corerl.algorithms.contract import AlgorithmBase
+from corerl.algorithms.grpo_math import GRPOLoss
+from corerl.errors import ConfigError
+from corerl.generation.contract import SamplingSettings
+from corerl.offload import ReferenceOffload
+from corerl.training.weights import send_weights
+
+if TYPE_CHECKING:
+    from corerl.config import Config
+    from corerl.run_context import RunContext
+
+TEACHER_KEY = "algorithm.distillation.teacher_model"
+
+
+def teacher_config(config: Config, teacher_path: str) -> Config:
+    """The teacher's backend config: the policy's, with the teacher's checkpoint, its micro-batch
+    size and no adapter (the teacher is a whole frozen model)."""
+    core, settings = config.core, config.section("algorithm.distillation")
+    policy = attrs.evolve(
+        core.policy, model_name=teacher_path,
+        training_backend=settings.teacher_training_backend or core.policy.training_backend,
+        logprob_micro_batch_size=settings.teacher_micro_batch_size or core.policy.logprob_micro_batch_size,
+        lora=attrs.evolve(core.policy.lora, enabled=False),
+    )
+    return attrs.evolve(config, core=attrs.evolve(core, policy=policy))
+
+
+def check_same_tokenizer(student: str, teacher: str) -> None:
+    """Refuses, in one line, a teacher whose tokenizer maps any token to another id than the
+    student's: its logprobs would score other tokens than the ones sampled."""
+    from corerl.models.tokenizer import load_tokenizer_folder
+
+    theirs, ours = load_tokenizer_folder(teacher).get_vocab(), load_tokenizer_folder(student).get_vocab()
+    if theirs != ours:
+        differing = sorted(set(theirs.items()) ^ set(ours.items()), key=str)
+        example = f" (e.g. {differing[0][0]!r})" if differing else ""
+        raise ConfigError(f"the teacher's tokenizer differs from the student's: {len(theirs)} vs {len(ours)} tokens, "
+                          f"{len(differing)} (token, id) pairs not shared{example}", key=TEACHER_KEY,
+                          hint="on-policy distillation scores the student's tokens with the teacher: use a teacher "
+                               "of the student's tokenizer family")
+
+
+def reverse_kl_advantages(student: torch.Tensor, teacher: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Each loss token's advantage, ``log p_teacher - log p_student`` (0 off the loss tokens)."""
+    return ((teacher - student) * mask).to(torch.float32)
+
+
+def reverse_kl_k3(student: torch.Tensor, teacher: torch.Tensor) -> torch.Tensor:
+    """Per token, ``r - 1 - log r`` with ``r = p_teacher / p_student``: an estimate of
+    KL(student || teacher) from the student's samples that is unbiased and never negative."""
+    log_ratio = teacher - student
+    return torch.expm1(log_ratio) - log_ratio
+
+
+class DistillationAlgorithm(AlgorithmBase):
+    """``algorithm.name: distillation``: each step samples ``algorithm.batch_size`` prompts x
+    ``num_generations_per_prompt`` completions from the student, scores them with the teacher
+    (``algorithm.distillation``) and takes one on-policy step down the per-token reverse KL."""
+
+    name = "distillation"
+
+    def __init__(self, context: RunContext) -> None:
+        super().__init__(context)
+        self.teacher: Any = None
+        self.teacher_offload: ReferenceOffload | None = None
+        self.loss = GRPOLoss()
+        self.rollout: Any = None
+
+    def begin(self) -> None:
+        from corerl.run_directory import resolve_model
+
+        context = self.context
+        settings = context.config.section("algorithm.distillation")
+        teacher_path = resolve_model(settings.teacher_model, context.run_dir, key=TEACHER_KEY, folder="teacher_model")
+        check_same_tokenizer(context.starting_weights, teacher_path)
+        config = teacher_config(context.config, teacher_path)
+        registration = context.host.training_backends.get(config.core.policy.training_backend or "") \
+            or context.selection.training_backend.registration
+        self.teacher = context.start(registration, teacher_path, config=config)
+        self.teacher_offload = ReferenceOffload(self.teacher, settings.teacher_cpu_offload)
+        self.rollout = context.rollout()
+
+    def step(self) -> dict[str, float]:
+        context = self.context
+        core = context.config.core
+        assert self.teacher_offload is not None
+        prompts, items = context.task.sample(core.algorithm.batch_size)
+        start = time.perf_counter()
+        context.offload.before_generation()
+        sampling = SamplingSettings.from_config(context.config, seed=step_seed(core.algorithm.seed, self.done))
+        rollout = self.rollout.run(prompts, items, sampling, core.algorithm.num_generations_per_prompt,
+                                   core.policy.max_seq_length)
+        timings = {"time/generation": time.perf_counter() - start}
+
+        start = time.perf_counter()
+        rows = sum(len(group) for group in rollout.groups)
+        batch = samples_to_batch(rollout.groups, torch.zeros(rows))
+        context.offload.before_training()
+        mask = batch["loss_mask"].to(torch.float32)
+        student = context.training.logprobs(batch)
+        with self.teacher_offload.scoring() as teacher:
+            teacher_logprobs = teacher.logprobs(batch)
+        batch["advantages"] = reverse_kl_advantages(student, teacher_logprobs, mask)
+        timings["time/logprobs"] = time.perf_counter() - start
+
+        start = time.perf_counter()
+        results = [context.training.train_step(part, self.loss)
+                   for part in minibatches(batch, core.algorithm.optimizer_batch_size)]
+        timings["time/training"] = time.perf_counter() - start
+
+        start = time.perf_counter()
+        context.offload.before_refit()
+        send_weights(context.training, context.generation)
+        context.offload.after_refit()
+        timings["time/refit"] = time.perf_counter() - start
+
+        tokens = float(mask.sum().clamp(min=1.0))
+        rewards = torch.tensor(rollout.rewards, dtype=torch.float32)
+        last = results[-1]
+        return {
+            "optimizer_step": float(last.step),
+            "reverse_kl": float((reverse_kl_k3(student, teacher_logprobs) * mask).sum() / tokens),
+            "teacher_logprob": float((teacher_logprobs * mask).sum() / tokens),
+            "reward/mean": float(rewards.mean()),
+            "reward/max": float(rewards.max()),
+            "loss": float(last.loss),
+            "grad_norm": float(last.grad_norm),
+            "lr": float(last.lr),
+            "generated_tokens": tokens,
+            **{k: float(v) for k, v in last.metrics.items()  # the backend's (a MoE's expert load among them)
+               if not k.startswith(("logprob_mismatch/", "importance_ratio/"))},
+            **rollout.metrics,
+            **timings,
+        }
+
+    def save(self, folder: Path) -> None:
+        return None  # the teacher is frozen: the checkpoint is the student's
