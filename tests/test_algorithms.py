@@ -22,6 +22,7 @@ ALGORITHMS = {
     "grpo": {"data": {"task": "digit_echo"}, "algorithm": {"kl_penalty": 0.05}},
     "ppo": {"data": {"task": "digit_echo"}},
     "dpo": {"data": {"task": "digit_preference"}, "algorithm": {"dpo": {"precompute_reference_logprobs": False}}},
+    "rm": {"data": {"task": "digit_preference"}},
     "distillation": {"data": {"task": "digit_echo"},
                      "algorithm": {"distillation": {"teacher_model": "builtin:tiny-qwen2"}}},
 }
@@ -66,6 +67,8 @@ def test_one_step_of_each_core_algorithm_runs_in_process(tmp_path, name, model):
             assert "reward/mean" in metrics
         if name == "grpo":  # the KL penalty started a frozen reference beside the policy
             assert len(context.started) == 3
+        if name == "rm":  # the policy's backend built as a value model: pairs scored, no generation engine
+            assert 0.0 <= metrics["pairwise_accuracy"] <= 1.0 and len(context.started) == 1
         if name == "distillation":  # the teacher, a third engine: builtin:tiny-qwen2's own weights, so it
             assert len(context.started) == 3 and "reward/mean" in metrics  # agrees with the dense student only
             kl = metrics["reverse_kl"]
@@ -80,7 +83,7 @@ def test_one_step_of_each_core_algorithm_runs_in_process(tmp_path, name, model):
         context.close(run_failed=False)
 
 
-CORE_ALGORITHMS = {"sft", "grpo", "ppo", "dpo", "distillation"}
+CORE_ALGORITHMS = {"sft", "grpo", "ppo", "dpo", "distillation", "rm"}
 
 
 def _string_compares(path: Path) -> list[str]:

@@ -143,6 +143,13 @@ def corerl_register_algorithms(register: Callable[[Algorithm], None]) -> None:
                        plot=PlotSpec(metrics=("preference_accuracy", "rewards/margin"),
                                                        title="preference accuracy and margin (training batches)"),
                        description="direct preference optimisation on preference pairs; samples nothing"))
+    register(Algorithm(id="rm", factory="corerl.algorithms.reward_model:RewardModelAlgorithm", consumes="preferences",
+                       generation=False, warm_start=False, value_model=True,
+                       check_supported="corerl.algorithms.checks:check_nothing_sampled",
+                       plot=PlotSpec(metrics=("pairwise_accuracy", "score_margin"),
+                                     title="pairwise accuracy and score margin (training batches)"),
+                       description="a Bradley-Terry reward model (a value head on the policy's model) from preference "
+                                   "pairs; exports a sequence-classification checkpoint"))
     register(Algorithm(id="distillation", factory="corerl.algorithms.distillation:DistillationAlgorithm",
                        config_section="algorithm.distillation", config_schema=DistillationConfig,
                        check_supported="corerl.algorithms.settings:check_distillation",

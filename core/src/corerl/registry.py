@@ -257,6 +257,9 @@ class Algorithm(Registration):
     - ``asynchronous``: its step can train from the rollout buffer of ``algorithm.async``
       (:mod:`corerl.asynchronous`); ``algorithm.async.enabled`` is refused for an algorithm
       without it.
+    - ``value_model``: it trains a value model in the policy's place (a reward model): the
+      policy's training backend is built in the critic role (it must declare ``value_model``)
+      from the model with a zero one-label head, and ``final/`` is that value model.
 
     ``config_section``/``config_schema`` name its own keys (e.g. ``algorithm.reinforce``) and
     ``check_supported(config)`` refuses, in one line, what it cannot run. The factory is called
@@ -272,6 +275,7 @@ class Algorithm(Registration):
     plot: PlotSpec = attrs.field(factory=PlotSpec)
     environments: bool = False
     asynchronous: bool = False
+    value_model: bool = False
 
 
 _SECTION_ID_PATTERN = re.compile(r"^[a-z][a-z0-9_]*$")

@@ -15,6 +15,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import attrs
+
 from corerl.checkpoints import read_state
 from corerl.config import Config
 from corerl.errors import ConfigError, RegistrationError
@@ -138,7 +140,13 @@ class RunContext:
 
         selection = self.selection
         assert selection.training_backend.registration is not None
-        self.training = self.start(selection.training_backend.registration, self.resumed_base())
+        if getattr(selection.algorithm.registration, "value_model", False):  # a reward model in the policy's place
+            from corerl.config.critic import CRITIC_ROLE
+
+            self.training = self.start(selection.training_backend.registration, self.value_model_start(),
+                                       config=attrs.evolve(self.config, role=CRITIC_ROLE))
+        else:
+            self.training = self.start(selection.training_backend.registration, self.resumed_base())
         if not selection.samples:
             self.offload = NoOffload(self.training, None)  # nothing is sampled: no engine to offload for
         else:
@@ -151,6 +159,20 @@ class RunContext:
             self.training.load_checkpoint(str(self.resume[1] / "training"))
             self.refit()
             self.task.set_state(self.state["task"])
+
+    def value_model_start(self) -> str:
+        """The model with a zero one-label value head, written once to ``<run dir>/value_init``
+        (a model that is a value model already starts as it is)."""
+        from corerl.complete_folders import is_complete, recover, write_complete
+        from corerl.models.value_model import init_value_model, is_value_model
+
+        if is_value_model(self.model_path):
+            return self.model_path
+        target = self.run_dir / "value_init"
+        recover(target)
+        if not is_complete(target):
+            write_complete(target, lambda work: init_value_model(self.model_path, work))
+        return str(target)
 
     def start_generation(self, registration: Any) -> Any:
         """The generation engine: the backend itself, or with ``algorithm.async.enabled`` the

@@ -374,6 +374,13 @@ def select(config: Config, host: PluginHost) -> Selection:
             critic = select_critic_backend(config, host, choices["training_backend"])
         except SelectionError as exc:
             errors.append(exc)
+    training = choices["training_backend"].registration if "training_backend" in choices else None
+    if algorithm is not None and algorithm.value_model and training is not None and not training.value_model:
+        errors.append(SelectionError(
+            f"training backend {training.id!r} (plugin {training.plugin!r}) does not train value models, which "
+            f"algorithm {algorithm.id!r} trains", key="policy.training_backend",
+            source=origin_of("algorithm.name", config.origins),
+            hint="set policy.training_backend to one that does (corerl plugins lists them)"))
     if errors:
         raise ConfigErrors(errors)
     # the one validation phase: each registration's own check, once (run refuses nothing else at start-up)
