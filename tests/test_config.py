@@ -40,9 +40,12 @@ def test_defaults_chain_merges_in_order_and_the_file_wins(tmp_path):
 
 
 def test_example_recipes_inherit_base_and_validate(host):
-    for recipe in ("grpo_dtensor.yaml", "grpo_megatron.yaml", "grpo_deepspeed.yaml", "demo.yaml"):
+    for recipe in ("grpo_dtensor.yaml", "grpo_megatron.yaml", "grpo_deepspeed.yaml", "demo.yaml", "grpo_dapo_demo.yaml"):
         config = load_config(EXAMPLES / recipe, [], host)
         assert config.core.policy.model_name
+    dapo = load_config(EXAMPLES / "grpo_dapo_demo.yaml", [], host).core.algorithm
+    assert dapo.dynamic_sampling.enabled and dapo.overlong_penalty.enabled
+    assert (dapo.ratio_clip_min, dapo.ratio_clip_max, dapo.aggregation) == (0.2, 0.28, "token_mean")
 
 
 def test_overrides_are_yaml_typed(tmp_path, host):
