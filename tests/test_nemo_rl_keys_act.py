@@ -118,6 +118,23 @@ def test_dapo_keys_act_on_grpo(tmp_path, capsys):
     assert refused.code == 2 and "algorithm.dynamic_sampling.enabled: dynamic sampling draws more prompts" in refused.err
 
 
+def test_cispo_and_the_kl_in_reinforce_plus_plus_rewards_act(tmp_path, capsys):
+    recipe = _child(tmp_path, "cispo.yaml", "loss_fn:\n  use_cispo: true\n  ratio_clip_min: 1.0\n  ratio_clip_max: 5.0\n"
+                    "  use_kl_in_reward: true\n  reference_policy_kl_penalty: 0.01\n  reference_policy_kl_type: k1\n"
+                    "grpo:\n  adv_estimator:\n    name: reinforce_plus_plus\n")
+    algorithm = _load(recipe).core.algorithm
+    assert algorithm.use_cispo and algorithm.use_kl_in_reward
+    assert (algorithm.ratio_clip_min, algorithm.ratio_clip_max, algorithm.kl_penalty) == (1.0, 5.0, 0.01)
+    from corerl.algorithms.grpo_math import GRPOLoss
+
+    loss = GRPOLoss.from_config(algorithm)
+    assert loss.use_cispo and loss.kl_penalty == 0.0  # the KL is in REINFORCE++'s token rewards
+    assert _Validated(capsys, str(recipe)).code == 0
+    # the grpo estimator has no token rewards to fold the KL into: refused in one line
+    refused = _Validated(capsys, str(recipe), "grpo.adv_estimator.name=grpo")
+    assert refused.code == 2 and "algorithm.use_kl_in_reward: folds the KL into REINFORCE++'s token rewards" in refused.err
+
+
 def test_model_config_overrides_reach_every_engine_through_one_folder(tmp_path):
     from corerl.models.overrides import with_config_overrides
     from corerl.run_directory import resolve_model
