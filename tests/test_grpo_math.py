@@ -247,6 +247,14 @@ def test_the_policy_loss_keys_are_refused_in_one_line_where_they_cannot_act(capl
     with caplog.at_level("WARNING", logger="corerl.algorithms.checks"):
         check_policy_loss(AlgorithmConfig(token_level_loss=False))
     assert "token_level_loss is deprecated: it acts as algorithm.loss_aggregation=sequence_mean" in caplog.text
+    # DPO has no policy-gradient loss for CISPO to change
+    import types
+
+    from corerl.algorithms.checks import check_nothing_sampled
+
+    dpo = types.SimpleNamespace(core=types.SimpleNamespace(algorithm=AlgorithmConfig(name="dpo", use_cispo=True)))
+    with pytest.raises(ConfigError, match="acts on sampled rollouts or their policy-gradient loss, and dpo"):
+        check_nothing_sampled(dpo)
 
 
 class _Scoring:
