@@ -47,6 +47,7 @@ class RunContext:
         self.tokenizer: Any = None
         self.warm_started = False
         self._rollout: Any = None
+        self._training_rollout: Any = None
 
     @classmethod
     def open(cls, config: Config, selection: Selection, console: Any, host: PluginHost,
@@ -215,6 +216,46 @@ class RunContext:
         if self._rollout is None:
             self._rollout = self._build_rollout()
         return self._rollout
+
+    def training_rollout(self) -> Any:
+        """The rollout training scores: :meth:`rollout`, or with ``reward_model.kind`` the same
+        samples rescored by the reward model or judge (held-out and eval keep :meth:`rollout`)."""
+        if self.config.core.reward_model.kind is None:
+            return self.rollout()
+        if self._training_rollout is None:
+            from corerl.model_rewards import ModelScoredRollout
+
+            self._training_rollout = ModelScoredRollout(self.rollout(), self.start_reward_scorer())
+        return self._training_rollout
+
+    def start_reward_scorer(self) -> Any:
+        """The scorer ``reward_model`` describes, its engine started here (shut down with the run)."""
+        from corerl.config.critic import CRITIC_ROLE
+        from corerl.model_rewards import JudgeScorer, ValueModelScorer, as_value_model
+        from corerl.offload import ReferenceOffload
+        from corerl.run_directory import resolve_model
+
+        settings = self.config.core.reward_model
+        if settings.kind == "llm_judge":
+            generation = self.generation
+            if settings.model_name is not None:
+                path = resolve_model(settings.model_name, self.run_dir, key="reward_model.model_name", folder="judge")
+                judge = attrs.evolve(self.config.core.policy, model_name=path)
+                config = attrs.evolve(self.config, core=attrs.evolve(self.config.core, policy=judge))
+                assert self.selection.generation_backend.registration is not None
+                generation = self.start(self.selection.generation_backend.registration, path, config=config)
+            return JudgeScorer(generation, self.tokenizer, settings.judge_template, settings.judge_pattern,
+                               settings.judge_max_score, settings.judge_max_new_tokens)
+        path = as_value_model(resolve_model(settings.model_name, self.run_dir, key="reward_model.model_name",
+                                            folder="reward_model_base"), self.run_dir / "reward_value_model")
+        policy = attrs.evolve(self.config.core.policy, model_name=path, logprob_micro_batch_size=settings.micro_batch_size,
+                              lora=attrs.evolve(self.config.core.policy.lora, enabled=False))
+        config = attrs.evolve(self.config, core=attrs.evolve(self.config.core, policy=policy), role=CRITIC_ROLE)
+        assert self.selection.training_backend.registration is not None
+        engine = self.start(self.selection.training_backend.registration, path, config=config)
+        end = self.tokenizer.eos_token_id if self.tokenizer.eos_token_id is not None else self.tokenizer.pad_token_id
+        return ValueModelScorer(engine, int(end or 0), settings.micro_batch_size,
+                                ReferenceOffload(engine, settings.cpu_offload))
 
     def _build_rollout(self) -> Any:
         from corerl.environments.rollout import MultiTurnRollout, SingleTurnRollout

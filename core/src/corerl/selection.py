@@ -412,6 +412,9 @@ def select(config: Config, host: PluginHost) -> Selection:
     from corerl.evaluation import check_evaluation
 
     check_evaluation(config, choices["algorithm"].registration)
+    from corerl.model_rewards import check_reward_model
+
+    check_reward_model(config, choices["algorithm"].registration)
     from corerl.asynchronous.settings import async_settings
 
     settings = async_settings(config)

@@ -226,7 +226,7 @@ class GRPOAlgorithm(AlgorithmBase):
                          optimization_passes=algorithm.optimization_passes,
                          optimizer_batch_size=algorithm.optimizer_batch_size, reference=reference,
                          steps_done=self.done, offload=context.offload, reference_offload=reference_offload,
-                         rollout=context.rollout(), shaping=RolloutShaping.from_config(context.config))
+                         rollout=context.training_rollout(), shaping=RolloutShaping.from_config(context.config))
         if self.asynchronous is not None:
             self.asynchronous.begin(self.grpo)
 

@@ -267,7 +267,7 @@ class PPOAlgorithm(AlgorithmBase):
         self.ppo = PPO.from_config(context.config, training=context.training, critic=critic,
                                    generation=context.generation, reward_fn=context.task.reward, reference=reference,
                                    steps_done=self.done, offload=context.offload, reference_offload=reference_offload,
-                                   rollout=context.rollout())
+                                   rollout=context.training_rollout())
 
     def step(self) -> dict[str, float]:
         assert self.ppo is not None

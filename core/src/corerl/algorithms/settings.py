@@ -77,6 +77,9 @@ def check_distillation(config: Any) -> None:
     if teacher not in BUILTIN_MODELS and not (Path(teacher) / "config.json").is_file():
         raise ConfigError(f"teacher {teacher} is not a Hugging Face checkpoint folder (no config.json)", key=key,
                           hint="give a local checkpoint folder (a run's final/) or a builtin: model")
+    if config.core.reward_model.kind is not None:
+        raise ConfigError("distillation trains on the teacher's logprobs, not on a reward model's scores",
+                          key="reward_model.kind", hint="unset reward_model.kind")
     algorithm = config.core.algorithm
     for name in ROLLOUT_SHAPING_KEYS:
         path = name.removesuffix(".enabled")

@@ -420,6 +420,43 @@ class RunConfig:
 
 
 @attrs.define(kw_only=True)
+class RewardModelConfig:
+    """``reward_model``: training's samples scored by a model instead of the task's reward (GRPO,
+    PPO); held-out figures and ``eval`` keep the task's own reward (:mod:`corerl.model_rewards`)."""
+
+    kind: Literal["bradley_terry", "llm_judge"] | None = setting(
+        None, help="bradley_terry: a reward model's score; llm_judge: a model grading each answer; unset: the "
+                   "task's reward")
+    model_name: str | None = setting(None, help="bradley_terry: an rm run's final/ or reward_model/, or a one-label "
+                                                "sequence classifier; llm_judge: the judge (unset: the policy itself)")
+    micro_batch_size: int = setting(64, min=1, help="bradley_terry: rows per scoring forward")
+    cpu_offload: bool = setting(False, help="bradley_terry: keep the reward model in CPU memory except while it scores")
+    judge_template: str = setting(
+        "Question: {prompt}\nAnswer: {response}\nGrade the answer from 0 to 10.\nGrade:",
+        help="llm_judge: the judge's prompt; {prompt} and {response} are the decoded prompt and completion")
+    judge_pattern: str = setting(r"(\d+(?:\.\d+)?)", help="llm_judge: a regular expression whose first group "
+                                                          "(else whole match) is the grade")
+    judge_max_score: float = setting(10.0, min=0.0, min_exclusive=True, help="llm_judge: the grade that scores 1")
+    judge_max_new_tokens: int = setting(8, min=1, help="llm_judge: tokens the judge may write")
+
+    def check(self) -> Iterator[tuple[str, str]]:
+        """The judge's template names its fields, its pattern compiles; a reward model is named."""
+        if self.kind == "bradley_terry" and self.model_name is None:
+            yield ("reward_model.model_name", "a bradley_terry reward needs its model: an rm run's final/ or "
+                                              "reward_model/ folder")
+        if self.kind == "llm_judge":
+            try:
+                self.judge_template.format(prompt="", response="")
+            except (KeyError, IndexError, ValueError) as exc:
+                yield ("reward_model.judge_template", f"fields other than {{prompt}} and {{response}}, or a stray "
+                                                      f"brace ({type(exc).__name__}: {exc}); write {{{{ for a brace")
+            try:
+                re.compile(self.judge_pattern)
+            except re.error as exc:
+                yield ("reward_model.judge_pattern", f"not a regular expression: {exc}")
+
+
+@attrs.define(kw_only=True)
 class EvalConfig:
     """``eval``: evaluation on the task's held-out set during training (and by ``corerl eval``):
     greedy reward, and over ``num_samples`` sampled completions a prompt, mean@k and pass@k."""
@@ -468,6 +505,7 @@ class CorerlConfig:
     run: RunConfig = section(RunConfig)
     checkpointing: CheckpointingConfig = section(CheckpointingConfig)
     eval: EvalConfig = section(EvalConfig)
+    reward_model: RewardModelConfig = section(RewardModelConfig)
 
     def check(self) -> Iterator[tuple[str, str]]:
         """Cross-field rules of the core sections: (key path, message) per problem."""
@@ -500,6 +538,10 @@ class CorerlConfig:
         if save_by is not None and not self.checkpointing.enabled:
             yield ("checkpointing.save_by", "stopping at the time budget saves a checkpoint to resume from; set "
                                             "checkpointing.enabled=true")
+        yield from self.reward_model.check()
+        if self.reward_model.kind is not None and self.data.env_name is not None:
+            yield ("reward_model.kind", f"episodes of data.env_name={self.data.env_name!r} are scored by the "
+                                        "environment; a reward model scores single-turn samples: unset one of them")
         if self.eval.pass_k is not None and self.eval.pass_k > self.eval.num_samples:
             yield ("eval.pass_k", f"pass@{self.eval.pass_k} needs at least {self.eval.pass_k} samples a prompt; "
                                   f"eval.num_samples is {self.eval.num_samples}: raise it or lower eval.pass_k")
