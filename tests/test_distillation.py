@@ -5,7 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from corerl.algorithms.distillation import check_same_tokenizer, reverse_kl_advantages, reverse_kl_k3
+from corerl.algorithms.distillation import (
+    check_same_tokenizer,
+    reverse_kl_advantages,
+    reverse_kl_k3,
+)
 from corerl.algorithms.grpo_math import GRPOLoss
 from corerl.errors import ConfigError
 from corerl.models.tiny import build_tokenizer

@@ -7,7 +7,12 @@ import math
 
 import torch
 
-from corerl.algorithms.reward_model import BradleyTerryLoss, export_sequence_classifier, pairwise_accuracy, scoring_batch
+from corerl.algorithms.reward_model import (
+    BradleyTerryLoss,
+    export_sequence_classifier,
+    pairwise_accuracy,
+    scoring_batch,
+)
 
 
 def test_the_loss_of_two_pairs_by_hand():
