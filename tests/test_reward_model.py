@@ -64,3 +64,22 @@ def test_the_exported_sequence_classifier_scores_as_the_value_head(tmp_path):
         pooled = classifier(input_ids=ids).logits[0, 0]
     bias = float(value.score.bias) if value.score.bias is not None else 0.0
     assert torch.isclose(pooled, head - bias, atol=1e-5), (float(pooled), float(head), bias)
+
+
+def test_digit_echo_preference_prefers_the_answer_digit_echo_scores_higher():
+    from corerl.models.tiny import build_tokenizer
+    from corerl.tasks import TaskContext
+    from corerl.tasks.preferences import DigitEchoPreference
+
+    tokenizer = build_tokenizer(128)
+    task = DigitEchoPreference(TaskContext(tokenizer=tokenizer, seed=7, data=None, reward=None, max_prompt_tokens=64))
+    train, held = task.train_pairs(), task.held_out_pairs()
+    assert (len(train), len(held)) == (2000, 200)
+    for prompt, chosen, rejected in train + held:
+        target = prompt[2]
+        share = [sum(w == target for w in answer) / len(answer) for answer in (chosen, rejected)]
+        assert share[0] > share[1] and 1 <= len(chosen) <= 7 and 1 <= len(rejected) <= 7
+    repeats_a_wrong_digit = [r for p, _, r in train if len(set(r) - {tokenizer.eos_token_id}) == 1 and r[0] != p[2]]
+    assert len(repeats_a_wrong_digit) > 100  # the hard negatives a reward model needs
+    again = DigitEchoPreference(TaskContext(tokenizer=tokenizer, seed=7, data=None, reward=None, max_prompt_tokens=64))
+    assert again.train_pairs() == train

@@ -82,6 +82,9 @@ def corerl_register_tasks(register: Callable[[Task], None]) -> None:
                   description="a digit behind a key, reachable only through the lookup tool (env: tools; made in code)"))
     register(Task(id="digit_preference", factory="corerl.tasks.preferences:DigitPreference", provides="preferences",
                   description="DPO pairs: repeat the first of two digits, not the second (made in code)"))
+    register(Task(id="digit_echo_preference", factory="corerl.tasks.preferences:DigitEchoPreference",
+                  provides="preferences",
+                  description="reward-model pairs: two sampled digit_echo answers, the higher-scoring one chosen"))
     register(Task(id="preferences", factory="corerl.tasks.preferences:PreferenceDataset", provides="preferences",
                   description="DPO pairs: prompt/chosen/rejected rows from data.train_files (JSONL or Parquet)"))
     register(Task(id="gsm_symbolic", factory="corerl.tasks.real_tasks:GSMSymbolic",

@@ -77,14 +77,9 @@ class ValueModelScorer:
     offload: Any = None
 
     def row(self, sample: Sample) -> list[int]:
-        """Prompt, completion, and the slot token. A completion cut at the length limit is scored
-        as if it ended there (the end token first): a reward model learns from finished answers,
-        and its score of an unfinished one is what a policy learns to exploit (measured: a GRPO
-        run on digit_echo drove the score up and the task reward to 0 with endless answers)."""
-        completion = list(sample.completion_ids)
-        if sample.finish_reason == "length":
-            completion.append(self.end_token)
-        return [*sample.prompt_ids, *completion, self.end_token]
+        """Prompt, completion and the slot token, as the reward model's training rows were made
+        (:func:`corerl.algorithms.reward_model.scoring_batch`)."""
+        return [*sample.prompt_ids, *sample.completion_ids, self.end_token]
 
     def score(self, groups: Sequence[Sequence[Sample]], items: Sequence[Any]) -> list[list[float]]:
         import torch

@@ -187,3 +187,50 @@ class PreferenceDataset:
 
     def set_state(self, state: Any) -> None:
         self.epochs.set_state(state)
+
+
+class DigitEchoPreference(DigitPreference):
+    """Pairs of answers such as a policy samples on ``digit_echo``: 1 to 6 tokens, each the
+    prompt's digit or any other word of the vocabulary, ending with end-of-sequence unless cut at
+    6; the one ``digit_echo`` scores higher (its share of tokens equal to the digit) is chosen.
+    2,000 training and 200 held-out pairs, fixed by the seed. A reward model trained on them scores
+    the task on the kind of answers GRPO explores (``digit_preference``'s answers are all three
+    repeats, and a reward model trained on those was measured to be exploited by GRPO)."""
+
+    TRAIN = 2000
+    HELD_OUT = 200
+    LONGEST = 6
+
+    def __init__(self, context: TaskContext) -> None:
+        super().__init__(context)
+        self.vocabulary = len(context.tokenizer)
+        rng = random.Random(context.seed + 2)
+        pairs = [self.sampled_pair(rng) for _ in range(self.TRAIN + self.HELD_OUT)]
+        self.train_list, self.held_list = pairs[:self.TRAIN], pairs[self.TRAIN:]
+        self.epochs = Epochs(len(self.train_list), random.Random(context.seed + 1))
+
+    def answer(self, rng: random.Random, target: int) -> list[int]:
+        share = rng.random()
+        others = [w for w in range(4, self.vocabulary) if w != target]
+        # half the answers repeat one wrong digit: a reward model must compare with the prompt,
+        # not count repeats (one trained without them scored any repeated digit high)
+        wrong = rng.choice([d for d in self.digits if d != target]) if rng.random() < 0.5 else None
+        words = [target if rng.random() < share else wrong if wrong is not None else rng.choice(others)
+                 for _ in range(rng.randint(1, self.LONGEST))]
+        return words if len(words) == self.LONGEST and rng.random() < 0.5 else [*words, self.eos]
+
+    def sampled_pair(self, rng: random.Random) -> PreferencePair:
+        digit = rng.randrange(10)
+        target = self.digits[digit]
+        while True:
+            first, second = self.answer(rng, target), self.answer(rng, target)
+            scores = [sum(w == target for w in a) / len(a) for a in (first, second)]
+            if scores[0] != scores[1]:
+                chosen, rejected = (first, second) if scores[0] > scores[1] else (second, first)
+                return [*self.prefix, target, self.colon], chosen, rejected
+
+    def train_pairs(self) -> list[PreferencePair]:
+        return list(self.train_list)
+
+    def held_out_pairs(self) -> list[PreferencePair]:
+        return list(self.held_list)
