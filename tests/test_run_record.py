@@ -39,3 +39,4 @@ def test_settings_are_compared_with_their_defaults_filled_in(corerl_host):
         effective_values(config_from_mapping(spelled_out, corerl_host))
     assert "algorithm.max_steps" in RESUMABLE_KEYS and "policy.optimizer.lr" not in RESUMABLE_KEYS
     assert resumable("logger.wandb.project") and resumable("run.name") and not resumable("loggers.x")
+    assert resumable("eval.every_n_steps") and resumable("checkpointing.keep_top_k") and not resumable("evaluation.x")

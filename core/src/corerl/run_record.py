@@ -29,7 +29,9 @@ RECIPE_FILE = "recipe.yaml"
 #: what a resumed run may change: how far it goes, how often it saves, where and how it logs
 RESUMABLE_KEYS = ("algorithm.max_steps", "checkpointing.enabled", "checkpointing.save_period",
                   "checkpointing.keep_last", "checkpointing.merge_lora_on_export", "checkpointing.save_by",
-                  "run.output_dir", "run.name", "run.resume", "run.tensorboard", "cluster.ray_address", "logger.*")
+                  "checkpointing.metric_name", "checkpointing.higher_is_better", "checkpointing.keep_top_k",
+                  "eval.*", "run.output_dir", "run.name", "run.resume", "run.tensorboard", "cluster.ray_address",
+                  "logger.*")
 
 
 def resumable(key: str) -> bool:
