@@ -63,3 +63,27 @@ def test_validation_refuses_what_distillation_cannot_run(tmp_path, settings, key
     with pytest.raises(ConfigError) as caught:
         select_for(host_with(None, "installed"), recipe, [])
     assert caught.value.key == key and words in str(caught.value)
+
+
+def test_a_teacher_backend_that_is_not_installed_is_refused_in_one_line(tmp_path):
+    from corerl.algorithms.distillation import DistillationAlgorithm
+    from corerl.config import config_from_mapping
+    from corerl.plugin_manager import PluginHost
+    from corerl.reporting.console import make_console
+    from corerl.run_context import RunContext
+    from corerl.selection import select
+
+    host = PluginHost(env={})
+    recipe = {"policy": {"model_name": "builtin:tiny-qwen2-small", "generation": {"backend": "hf"}},
+              "algorithm": {"name": "distillation", "distillation": {"teacher_model": "builtin:tiny-qwen2",
+                                                                     "teacher_training_backend": "nope"}},
+              "data": {"task": "digit_echo"}, "run": {"output_dir": str(tmp_path), "name": "r", "tensorboard": False}}
+    config = config_from_mapping(recipe, host)
+    context = RunContext.open(config, select(config, host), make_console(), host)
+    try:
+        with pytest.raises(ConfigError) as caught:
+            DistillationAlgorithm(context).begin()
+        assert caught.value.key == "algorithm.distillation.teacher_training_backend"
+        assert "'nope'" in str(caught.value) and not context.started
+    finally:
+        context.close(run_failed=False)

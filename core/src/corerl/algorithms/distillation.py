@@ -97,8 +97,14 @@ class DistillationAlgorithm(AlgorithmBase):
         teacher_path = resolve_model(settings.teacher_model, context.run_dir, key=TEACHER_KEY, folder="teacher_model")
         check_same_tokenizer(context.starting_weights, teacher_path)
         config = teacher_config(context.config, teacher_path)
-        registration = context.host.training_backends.get(config.core.policy.training_backend or "") \
-            or context.selection.training_backend.registration
+        registration = context.selection.training_backend.registration
+        if settings.teacher_training_backend is not None:
+            registration = context.host.training_backends.get(settings.teacher_training_backend)
+            if registration is None:
+                raise ConfigError(f"no training backend {settings.teacher_training_backend!r} is installed",
+                                  key="algorithm.distillation.teacher_training_backend",
+                                  hint=f"installed: {', '.join(context.host.training_backends.ids())}; or unset it "
+                                       "to host the teacher on the policy's backend")
         self.teacher = context.start(registration, teacher_path, config=config)
         self.teacher_offload = ReferenceOffload(self.teacher, settings.teacher_cpu_offload)
         self.rollout = context.rollout()
