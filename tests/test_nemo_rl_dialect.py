@@ -44,7 +44,7 @@ def test_a_nemo_rl_recipe_validates_and_explains_every_key(tmp_path):
     assert fates["loss_fn.ratio_clip_max"] == ("acts", "algorithm.ratio_clip_max")
     assert fates["policy.max_total_sequence_length"] == ("acts", "policy.max_seq_length")
     assert fates["policy.scheduler"] == ("acts", "policy.scheduler (constant, warmup_steps=0 optimizer steps)")
-    assert fates["grpo.val_period"][0] == "inert" and "held-out" in fates["grpo.val_period"][1]
+    assert fates["grpo.val_period"] == ("acts", "eval.every_n_steps")
     assert fates["policy.megatron_cfg.tensor_model_parallel_size"] == ("inert", "policy.megatron_cfg.enabled is false")
     assert fates["logger.wandb.name"][0] == "acts"  # an interpolated string, resolved then explained
     # every leaf of the recipe has a fate: nothing dropped silently
@@ -64,7 +64,7 @@ def test_a_nemo_rl_recipe_validates_and_explains_every_key(tmp_path):
 
     text = _validate(str(DATA / "base_grpo.yaml"), "--explain")
     assert text.code == 0 and "valid (nemo-rl dialect)" in text.out
-    assert "inert (" in text.out and "  grpo.val_period: corerl evaluates" in text.out
+    assert "inert (" in text.out and "  grpo.max_num_epochs: corerl stops" in text.out
 
 
 def test_interpolation_and_defaults_chains_resolve_with_overrides_first(tmp_path):
@@ -143,7 +143,7 @@ def test_keys_nothing_maps_are_left_out_with_one_warning_and_refused_with_strict
 @pytest.mark.parametrize("override, says", [
     ("grpo.async_grpo.enabled=true", "policy.generation.colocated.enabled: asynchronous RL generates while training "
                                      "runs"),
-    ("loss_fn.use_cispo=true", "loss_fn.use_cispo: True is not"),
+    ("loss_fn.kl_type=forward", "loss_fn.kl_type: 'forward' KL distillation is not built into corerl yet"),
     ("policy.train_global_batch_size=48", "policy.train_global_batch_size: 48 sequences per optimizer step do not "
                                           "divide the 64"),
     ("grpo.adv_estimator.name=gdpo", "the 'gdpo' advantage estimator is not built into corerl yet"),
@@ -386,7 +386,8 @@ def test_every_key_of_nemo_rls_own_recipes_has_a_fate():
         for key, value in nemo_rl._leaves(raw):
             if nemo_rl._switched_off(key, raw) or nemo_rl.rule_for(key) or nemo_rl.is_env_workers_key(key):
                 continue
-            if nemo_rl.nemo_only(key) or not corerl_knows(key, value):
+            # an evaluation recipe's generation.<key> is policy.generation.<key>
+            if nemo_rl.nemo_only(nemo_rl.aliased(key)) or not corerl_knows(nemo_rl.aliased(key), value):
                 missing.setdefault(key, path.relative_to(CORPUS))
     assert recipes > 250
     assert not missing, f"{len(missing)} keys have no fate: " + ", ".join(f"{k} ({f})" for k, f in list(missing.items())[:20])

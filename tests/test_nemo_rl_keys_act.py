@@ -221,7 +221,7 @@ def test_checkpoint_must_save_by_becomes_a_time_budget(tmp_path, capsys):
     assert not budget.check()
     time.sleep(0.06)
     assert budget.check() and budget.spent and not TimeBudget(None).check()
-    refused = _Validated(capsys, str(DATA / "base_grpo.yaml"), "checkpointing.checkpoint_must_save_by=3h")
+    refused = _Validated(capsys, str(recipe), "checkpointing.checkpoint_must_save_by=3h")
     assert refused.code == 2 and "checkpointing.save_by: expected DD:HH:MM:SS" in refused.err, refused.err
     unquoted = _Validated(capsys, str(recipe), "checkpointing.checkpoint_must_save_by=1:30:00")
     assert unquoted.code == 2 and "YAML read the duration as the number 5400; quote it" in unquoted.err, unquoted
@@ -310,3 +310,201 @@ def test_moe_router_keys_act_on_policy_moe(tmp_path, capsys):
     assert sinkhorn.code == 2 and "the 'sinkhorn' load balancing is not built into corerl yet" in sinkhorn.err
     bias = _Validated(capsys, str(recipe), "policy.megatron_cfg.moe_router_enable_expert_bias=true")
     assert bias.code == 2 and "moe_router_enable_expert_bias" in bias.err
+
+
+def _one_line(result: _Validated) -> str:
+    """The refusal of a recipe that exits 2: exactly one line."""
+    assert result.code == 2, result
+    (line,) = result.err.strip().splitlines()
+    return line
+
+
+def _reshaped(tmp_path: Path, name: str, edit) -> Path:
+    """base_grpo.yaml, its tree changed by ``edit`` (another algorithm's sections), as a file."""
+    import yaml
+
+    data = yaml.safe_load((DATA / "base_grpo.yaml").read_text())
+    data["policy"]["train_global_batch_size"] = 64
+    edit(data)
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def _distillation(data: dict) -> None:
+    section = data.pop("grpo")
+    data["distillation"] = {**{k: section[k] for k in ("num_prompts_per_step", "num_generations_per_prompt",
+                                                       "max_num_steps", "val_period", "seed")},
+                            "max_num_epochs": 10, "val_at_start": False, "topk_logits_k": 64}
+    data["loss_fn"] = {"kl_type": "reverse", "mixed_kl_weight": 0.5, "zero_outside_topk": False}
+    data["teacher"] = {**data["policy"], "model_name": "builtin:tiny-qwen2-small", "logprob_batch_size": 16,
+                       "tokenizer": {"name": "builtin:tiny-qwen2-small"}, "train_global_batch_size": 128,
+                       "dtensor_cfg": {**data["policy"]["dtensor_cfg"], "cpu_offload": True}}
+    data["checkpointing"].update(enabled=True, metric_name="val:accuracy", keep_top_k=3)
+
+
+def test_a_reverse_kl_distillation_recipe_runs_corerls_distillation_with_its_teacher(tmp_path, capsys):
+    recipe = _reshaped(tmp_path, "distillation.yaml", _distillation)
+    config = _load(recipe)
+    core, settings = config.core, config.section("algorithm.distillation")
+    assert (core.algorithm.name, core.algorithm.batch_size, core.algorithm.num_generations_per_prompt) == (
+        "distillation", 8, 8)
+    assert (core.algorithm.max_steps, core.algorithm.seed, core.algorithm.optimizer_batch_size) == (40, 3, 64)
+    assert (settings.teacher_model, settings.teacher_micro_batch_size, settings.teacher_cpu_offload,
+            settings.kl_type) == ("builtin:tiny-qwen2-small", 16, True, "reverse")
+    # NeMo RL validates distillation by sampling answers, as GRPO: evaluation during training, and the best checkpoints
+    assert (core.eval.every_n_steps, core.eval.num_samples) == (10, 1)
+    assert (core.checkpointing.metric_name, core.checkpointing.keep_top_k) == ("eval/mean@1", 3)
+    fates = {f.key: (f.fate, f.detail) for f in config.fates}
+    assert fates["distillation.topk_logits_k"][0] == "inert" and fates["teacher.train_global_batch_size"][0] == "inert"
+    assert fates["teacher.dtensor_cfg.tensor_parallel_size"] == ("inert", "the same as policy.dtensor_cfg.tensor_parallel_size")
+    assert _Validated(capsys, str(recipe)).code == 0
+    # NeMo RL's default mixed (and forward) KL, a top-k correction, a teacher layout of its own: one line each
+    for override, says in (("loss_fn.kl_type=mixed", "loss_fn.kl_type: 'mixed' KL distillation is not built into "
+                                                     "corerl yet: forward and mixed KL need the teacher's top-k logits"),
+                           ("loss_fn.zero_outside_topk=true", "loss_fn.zero_outside_topk: True is not supported"),
+                           ("teacher.dtensor_cfg.tensor_parallel_size=2", "teacher.dtensor_cfg.tensor_parallel_size: 2, "
+                                                                          "the policy's 1: corerl runs the teacher with "
+                                                                          "the policy's layout")):
+        line = _one_line(_Validated(capsys, str(recipe), override))
+        assert says in line and "override" in line, line  # where to fix it
+    two = _one_line(_Validated(capsys, str(recipe), "teacher.precision=bfloat16", "teacher.max_total_sequence_length=6"))
+    assert two.startswith("corerl: error: teacher: 2 keys differ from the policy's: max_total_sequence_length (6: "), two
+
+
+def test_the_reward_model_environment_is_corerls_bradley_terry_reward_model(tmp_path, capsys):
+    recipe = _child(tmp_path, "rm_env.yaml", "data:\n  default:\n    env_name: reward_model\nenv:\n  reward_model:\n"
+                    "    model_name: path/to/reward_model\n    tokenizer:\n      name: path/to/reward_model\n"
+                    "    precision: float32\n    batch_size: 16\n    checkpoint_path: null\n    max_model_len: 2048\n"
+                    "    resources:\n      gpus_per_node: 1\n      num_nodes: 1\n    dtensor_cfg:\n      enabled: true\n"
+                    "      tensor_parallel_size: 1\n      cpu_offload: true\n    reward_model_cfg:\n      enabled: true\n"
+                    "      reward_model_type: bradley_terry\n    dynamic_batching:\n      enabled: false\n")
+    config = _load(recipe)
+    reward = config.core.reward_model
+    assert (reward.kind, reward.model_name, reward.micro_batch_size, reward.cpu_offload) == (
+        "bradley_terry", "path/to/reward_model", 16, True)
+    assert config.core.data.env_name is None  # scored by the model, not played against an environment
+    assert any("data.default.env_name=reward_model: corerl's reward model scores" in w for w in config.warnings)
+    assert _Validated(capsys, str(recipe)).code == 0
+    unplayed = _load(recipe, "data.default.env_name=math")  # the section of an environment the recipe does not play
+    assert unplayed.core.reward_model.kind is None and unplayed.core.reward_model.model_name is None
+    assert {f.key: f.fate for f in unplayed.fates}["env.reward_model.dtensor_cfg.tensor_parallel_size"] == "inert"
+    for override, says in (("env.reward_model.reward_model_cfg.reward_model_type=regression",
+                            "env.reward_model.reward_model_cfg.reward_model_type: 'regression' is not supported: only "
+                            "Bradley-Terry reward models are built into corerl"),
+                           ("env.reward_model.dtensor_cfg.tensor_parallel_size=2",
+                            "env.reward_model.dtensor_cfg.tensor_parallel_size: 2, the policy's 1: corerl runs the "
+                            "reward model with the policy's layout")):
+        assert says in _one_line(_Validated(capsys, str(recipe), override))
+
+
+def test_validation_during_training_is_corerls_evaluation_and_ranks_the_checkpoints_kept(tmp_path, capsys):
+    recipe = _child(tmp_path, "val.yaml", "grpo:\n  val_period: 5\n  val_at_start: true\n"
+                    "  val_num_generations_per_prompt: 4\npolicy:\n  generation:\n    val_temperature: 0.6\n"
+                    "    val_top_p: 1.0\ncheckpointing:\n  enabled: true\n  metric_name: val:accuracy\n"
+                    "  higher_is_better: true\n  keep_top_k: 3\n")
+    core = _load(recipe).core
+    assert (core.eval.every_n_steps, core.eval.at_start, core.eval.num_samples, core.eval.temperature) == (5, True, 4, 0.6)
+    assert (core.checkpointing.metric_name, core.checkpointing.keep_top_k, core.checkpointing.higher_is_better) == (
+        "eval/mean@4", 3, True)
+    assert _Validated(capsys, str(recipe)).code == 0
+    assert _load(recipe, "checkpointing.metric_name=val:pass_k").core.checkpointing.metric_name == "eval/pass@4"
+    trained = _load(recipe, "checkpointing.metric_name=train:loss", "checkpointing.higher_is_better=false").core
+    assert (trained.checkpointing.metric_name, trained.checkpointing.higher_is_better) == ("loss", False)
+    # a metric corerl does not log: the newest checkpoints, with a warning; validation off: no evaluation
+    unlogged = _load(recipe, "checkpointing.metric_name=val:val_loss")
+    assert (unlogged.core.checkpointing.metric_name, unlogged.core.checkpointing.keep_last) == (None, 3)
+    assert any("checkpointing.metric_name=val:val_loss: corerl logs no such metric" in w for w in unlogged.warnings)
+    off = _load(recipe, "grpo.val_period=0")
+    assert off.core.eval.every_n_steps is None and off.core.checkpointing.keep_last == 3 and not off.warnings
+    assert _load(recipe, "checkpointing.enabled=false").core.checkpointing.keep_top_k is None  # the section is off
+    line = _one_line(_Validated(capsys, str(recipe), "policy.generation.val_top_p=0.5"))
+    assert "policy.generation.val_top_p: 0.5 differs from policy.generation.top_p (1.0)" in line, line
+
+
+def _reward_model_training(data: dict) -> None:
+    data.pop("grpo")
+    data.pop("loss_fn")
+    data["rm"] = {"max_num_epochs": 1, "max_num_steps": 30, "val_period": 16, "val_batches": -1,
+                  "val_global_batch_size": 32, "val_micro_batch_size": 1, "val_at_start": False, "seed": 5}
+    data["policy"]["reward_model_cfg"] = {"enabled": True, "reward_model_type": "bradley_terry"}
+    data["checkpointing"].update(metric_name="val:validation-default_loss", higher_is_better=False)
+
+
+def test_an_rm_recipe_trains_corerls_reward_model_on_preference_pairs(tmp_path, capsys):
+    recipe = _reshaped(tmp_path, "rm.yaml", _reward_model_training)
+    core = _load(recipe).core
+    assert (core.algorithm.name, core.algorithm.max_steps, core.algorithm.seed, core.algorithm.batch_size) == (
+        "rm", 30, 5, 64)
+    assert (core.data.task, core.data.hub_dataset) == ("preferences", "ResponseDataset")
+    assert _Validated(capsys, str(recipe)).code == 0
+    line = _one_line(_Validated(capsys, str(recipe), "rm.max_num_steps=-1"))
+    assert "rm.max_num_steps: -1 (train for max_num_epochs epochs) is not translated" in line, line
+    line = _one_line(_Validated(capsys, str(recipe), "policy.reward_model_cfg.reward_model_type=regression"))
+    assert "only Bradley-Terry reward models are built into corerl" in line, line
+
+
+EVAL_RECIPE = """\
+eval:
+  metric: pass@k
+  num_tests_per_prompt: 4
+  seed: 5
+  k_value: 2
+  save_path: null
+generation:
+  backend: hf
+  max_new_tokens: ${generation.vllm_cfg.max_model_len}
+  temperature: 0.7
+  top_p: 1.0
+  top_k: -1
+  val_temperature: ${.temperature}
+  val_top_p: ${.top_p}
+  val_top_k: ${.top_k}
+  num_prompts_per_step: -1
+  model_name: builtin:tiny-qwen2
+  vllm_cfg:
+    precision: float32
+    max_model_len: 12
+  colocated:
+    enabled: true
+tokenizer:
+  name: ${generation.model_name}
+  chat_template: default
+data:
+  max_input_seq_length: ${generation.vllm_cfg.max_model_len}
+  prompt_file: null
+  dataset_name: AIME2024
+  processor: math_hf_data_processor
+  repeat: 1
+env:
+  math:
+    num_workers: 0
+cluster:
+  gpus_per_node: 1
+  num_nodes: 1
+"""
+
+
+def test_an_evaluation_recipe_is_read_for_corerl_eval(tmp_path, capsys):
+    recipe = tmp_path / "eval.yaml"
+    recipe.write_text(EVAL_RECIPE)
+    config = _load(recipe)
+    core = config.core
+    assert config.dialect == "nemo-rl" and core.policy.model_name == "builtin:tiny-qwen2"
+    assert (core.eval.num_samples, core.eval.pass_k, core.algorithm.seed) == (4, 2, 5)
+    generation = core.policy.generation
+    assert (generation.backend, generation.temperature, generation.top_k, generation.max_new_tokens) == ("hf", 0.7, None, 12)
+    assert (core.policy.max_seq_length, core.policy.precision, core.data.env_name) == (12, "float32", "math")
+    assert core.data.apply_chat_template is True and core.policy.chat_template is None  # "default": the tokenizer's own
+    rows = tmp_path / "aime.jsonl"
+    rows.write_text('{"input": "1+1", "output": "2"}\n')
+    local = _load(recipe, f"data.train_data_path={rows}").core.data
+    assert local.train_files == local.held_out_files == str(rows)  # the whole file is evaluated
+    assert _Validated(capsys, str(recipe)).code == 0
+    for override, says in (("eval.metric=cons@k", "eval.metric: 'cons@k' is not supported: corerl eval reports pass@k"),
+                           ("generation.vllm_cfg.limit_mm_per_prompt.audio=1",
+                            "generation.vllm_cfg.limit_mm_per_prompt.audio: image, audio and video inputs are not built "
+                            "into corerl yet"),
+                           ("env.math.verifier_type=english_multichoice",
+                            "env.math.verifier_type: 'english_multichoice' is not supported")):
+        assert says in _one_line(_Validated(capsys, str(recipe), override))

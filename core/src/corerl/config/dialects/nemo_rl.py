@@ -17,11 +17,19 @@ from typing import Any, Literal
 import attrs
 
 from corerl.config.dialects import KeyFate
-from corerl.config.tree import Origins, origin_of, set_at, value_at
+from corerl.config.tree import Origins, drop_at, origin_of, set_at, value_at
 from corerl.errors import ConfigError, ConfigErrors
 
-ALGORITHM_SECTIONS = ("grpo", "ppo", "sft", "dpo")
-NEMO_ONLY_SECTIONS = ("loss_fn", "logger", "env", "value", "value_loss_fn")
+ALGORITHM_SECTIONS = ("grpo", "ppo", "sft", "dpo", "distillation", "rm")
+# NeMo RL's own top-level sections (``env`` and ``logger`` are corerl's too); ``generation`` and
+# ``tokenizer`` are those of its evaluation recipes (examples/configs/evals), which have no policy
+NEMO_ONLY_SECTIONS = ("loss_fn", "logger", "env", "value", "value_loss_fn", "teacher", "generation", "tokenizer")
+#: an evaluation recipe's top-level sections mean the policy's: ``generation.x`` is ``policy.generation.x``
+EVAL_RECIPE_ALIASES = ("generation", "tokenizer")
+#: sections whose keys without a rule of their own take another section's rule (NeMo RL shares them)
+SHARED_KEYS = {"ppo": "grpo", "distillation": "grpo", "rm": "dpo"}
+#: algorithms whose steps sample the policy: NeMo RL validates them by sampling answers to held-out prompts
+SAMPLING_ALGORITHMS = ("grpo", "ppo", "distillation")
 # NeMo RL's dataset specs: corerl's data section has no such subsections
 NEMO_ONLY_SUBSECTIONS = ("data.train", "data.validation", "data.default", "policy.tokenizer")
 # mappings taken whole (their keys are not NeMo RL's own: engine arguments, environment variables)
@@ -41,8 +49,9 @@ class Rule:
     warn_if: Callable[[Any], bool] | None = None  # inert: values accepted with a warning at every run
 
 
-def acts(target: str, convert: Callable[[Any], Any] | None = None) -> Rule:
-    return Rule("acts", target, convert)
+def acts(target: str, convert: Callable[[Any], Any] | None = None, note: str = "") -> Rule:
+    """``note``: what the conversion does, for the guide's table."""
+    return Rule("acts", target, convert, reason=note)
 
 
 def inert(reason: str, refuse_if: Callable[[Any], bool] | None = None) -> Rule:
@@ -55,6 +64,11 @@ def inert_with_warning(reason: str, warn_if: Callable[[Any], bool]) -> Rule:
 
 def refused(reason: str) -> Rule:
     return Rule("refused", reason=reason)
+
+
+def derived(what: str) -> Rule:
+    """A key decided together with other keys, in _derived(); ``what`` says how (the guide's table)."""
+    return Rule("derived", reason=what)
 
 
 DERIVED = Rule("derived")  # decided together with other keys, in _derived()
@@ -102,6 +116,24 @@ def _load_balancing(value: Any) -> str:
     return str(value)
 
 
+def _kl_type(value: Any) -> str:
+    """NeMo RL's distillation ``loss_fn.kl_type`` as corerl's ``algorithm.distillation.kl_type``."""
+    if value != "reverse":
+        raise ValueError(f"{value!r} KL distillation is not built into corerl yet: forward and mixed KL need the "
+                         "teacher's top-k logits, and corerl's distillation trains the reverse KL on the student's "
+                         "sampled tokens")
+    return "reverse"
+
+
+def _step_count(value: Any) -> int:
+    """NeMo RL's ``max_num_steps`` where -1 means "until max_num_epochs epochs are done"."""
+    if not isinstance(value, int) or value < 1:
+        raise ValueError(f"{value} (train for max_num_epochs epochs) is not translated: corerl stops at a step count, "
+                         "and an epoch's steps are known only once the data is read; give the steps (an epoch is the "
+                         "training pairs / policy.train_global_batch_size)")
+    return value
+
+
 def _above(limit: int) -> Callable[[Any], bool]:
     return lambda value: value is not None and value > limit
 
@@ -135,11 +167,13 @@ RULES: dict[str, Rule] = {
     "grpo.max_val_samples": acts("data.held_out_size"),
     "grpo.max_num_epochs": inert("corerl stops at max_num_steps, drawing the shuffled data again epoch after epoch"),
     "grpo.max_rollout_turns": acts("algorithm.max_rollout_turns"),
-    "grpo.val_period": inert("corerl evaluates the held-out rows before and after training (and after SFT)"),
-    "grpo.val_at_start": inert("corerl always evaluates before training"),
+    "grpo.val_period": derived("above 0: eval.every_n_steps (greedy, mean@n and pass@n on the held-out prompts); 0 "
+                               "or -1: no evaluation during training, the held-out reward before and after it"),
+    "grpo.val_at_start": derived("with evaluation during training: eval.at_start"),
     "grpo.val_batch_size": inert("the held-out rows are generated in one batch"),
     "grpo.overlong_filtering": acts("algorithm.overlong_filtering"),
-    "grpo.val_at_end": inert("corerl always evaluates after training"),
+    "grpo.val_at_end": inert("corerl evaluates after the last step whenever eval.every_n_steps is set, and reports "
+                             "the held-out reward after training in any case"),
     "grpo.use_dynamic_sampling": acts("algorithm.dynamic_sampling.enabled"),
     "grpo.batch_multiplier": acts("algorithm.dynamic_sampling.batch_multiplier"),
     "grpo.dynamic_sampling_max_gen_batches": acts("algorithm.dynamic_sampling.max_generation_batches"),
@@ -205,10 +239,15 @@ RULES: dict[str, Rule] = {
     "loss_fn.kl_input_clamp_value": acts("algorithm.kl_input_clamp"),
     "loss_fn.kl_output_clamp_value": acts("algorithm.kl_output_clamp"),
     # -- checkpointing --
-    "checkpointing.keep_top_k": acts("checkpointing.keep_last"),
+    "checkpointing.keep_top_k": derived("with a metric corerl logs: checkpointing.keep_top_k (the best k, and the "
+                                        "newest); else checkpointing.keep_last (the newest k)"),
     "checkpointing.checkpoint_dir": inert("checkpoints live in <run dir>/checkpoints; set run.output_dir and run.name"),
-    "checkpointing.metric_name": inert("corerl keeps the newest checkpoints, not the best by a metric"),
-    "checkpointing.higher_is_better": inert("corerl keeps the newest checkpoints, not the best by a metric"),
+    "checkpointing.metric_name": derived("checkpointing.metric_name: val:accuracy and val:total_reward/mean are "
+                                         "eval/mean@n, val:pass_k eval/pass@n (with evaluation during training), "
+                                         "train:loss loss, train:total_reward/mean and train:reward reward/mean; "
+                                         "another metric, or validation off, keeps the newest checkpoints (with a "
+                                         "warning where NeMo RL would rank them)"),
+    "checkpointing.higher_is_better": derived("with a metric corerl logs: checkpointing.higher_is_better"),
     "checkpointing.checkpoint_must_save_by": acts("checkpointing.save_by"),
     "checkpointing.model_save_format": inert("a storage format only: corerl's checkpoints are its backends' own "
                                              "format and final/ is safetensors"),
@@ -248,8 +287,10 @@ RULES: dict[str, Rule] = {
     "policy.dtensor_cfg.clear_cache_every_n_steps": inert(_PERF),
     "policy.megatron_cfg.env_vars": inert_with_warning(_ENV, _truthy),
     # -- NeMo RL main (HEAD) keys: validation, the advantage estimator, engines' serving and tuning --------
-    "grpo.val_start_at": inert("corerl evaluates the held-out rows before and after training (and after SFT)"),
-    "grpo.val_num_generations_per_prompt": inert("corerl's held-out answers are one greedy answer per prompt"),
+    "grpo.val_start_at": inert_with_warning("corerl's periodic evaluation starts at step eval.every_n_steps: the "
+                                            "evaluations before this step are run too", _above(0)),
+    "grpo.val_num_generations_per_prompt": derived("with evaluation during training: eval.num_samples (unset: 1, "
+                                                   "NeMo RL's default)"),
     "grpo.stop_at_validation_metric": inert(_OFF, _truthy),
     "grpo.stop_at_validation_threshold": inert(_OFF, lambda value: value is not None),
     "grpo.seq_logprob_error_threshold": inert("a sequence-level train/generation logprob gap check; corerl logs "
@@ -284,9 +325,12 @@ RULES: dict[str, Rule] = {
     "policy.draft": inert("null: no draft model (speculative decoding)"),
     "policy.generation.port_range_low": inert("ports of NeMo RL's generation servers; corerl's engines open none"),
     "policy.generation.port_range_high": inert("ports of NeMo RL's generation servers; corerl's engines open none"),
-    "policy.generation.val_temperature": inert("corerl's held-out answers are greedy (temperature 0)"),
-    "policy.generation.val_top_p": inert("corerl's held-out answers are greedy (temperature 0)"),
-    "policy.generation.val_top_k": inert("corerl's held-out answers are greedy (temperature 0)"),
+    "policy.generation.val_temperature": derived("with evaluation during training: eval.temperature"),
+    **{f"policy.generation.val_{key}": derived(f"evaluation samples with policy.generation.{key}: another value is "
+                                               "refused where the recipe evaluates")
+       for key in ("top_p", "top_k")},
+    "policy.generation.top_k": acts("policy.generation.top_k", lambda value: None if value in (-1, 0) else value,
+                                    "-1 and 0 (no top-k, vLLM's spelling) are unset"),
     "policy.generation.refit_transport": inert("how NeMo RL moves weights to its engines; corerl's refit is its own "
                                                "(shared memory on one machine, Ray otherwise)"),
     "policy.generation.refit_cfg.*": inert("how NeMo RL moves weights to its engines; corerl's refit is its own"),
@@ -356,15 +400,25 @@ RULES: dict[str, Rule] = {
     "policy.tokenizer.video.*": inert("text-only models: no video frames"),
     "grpo.skip_reference_policy_logprobs_calculation": inert("corerl scores the reference only where the KL penalty "
                                                              "needs it (algorithm.kl_penalty > 0)"),
-    "env.reward_model.*": inert("settings of NeMo RL's reward-model environment, which corerl does not have "
-                                "(data.env_name naming it is refused)"),
+    # NeMo RL's reward-model environment (data.*.env_name: reward_model): corerl's reward_model section
+    "env.reward_model.model_name": acts("reward_model.model_name"),
+    "env.reward_model.batch_size": acts("reward_model.micro_batch_size"),
+    "env.reward_model.dtensor_cfg.cpu_offload": acts("reward_model.cpu_offload"),
+    "env.reward_model.reward_model_cfg.enabled": inert("the reward model is loaded with its score head "
+                                                       "(reward_model.kind)", _not(True)),
+    "env.reward_model.reward_model_cfg.reward_model_type": inert(
+        "only Bradley-Terry reward models are built into corerl (reward_model.kind=bradley_terry)",
+        _not("bradley_terry")),
+    "env.reward_model.*": derived("the reward model is frozen and scores the policy's samples on the policy's "
+                                  "training backend, with its layout: training and resource settings are inert; its "
+                                  "layout and precision must equal the policy's, else refused in one line"),
     **{f"policy.generation.mcore_generation_config.{key}": inert("megatron-core's inference-engine layout; corerl's "
                                                                   "megatron generation uses the training layout")
        for key in ("buffer_guaranteed_fraction", "mamba_inference_ssm_states_dtype", "pipeline_model_parallel_size",
                    "expert_tensor_parallel_size", "context_parallel_size")},
     **{f"policy.generation.vllm_cfg.{key}": inert("vLLM's serving and parsing settings; corerl drives vLLM in "
                                                   "process or in a Ray actor")
-       for key in ("skip_tokenizer_init", "limit_mm_per_prompt.*", "reasoning_parser_plugin", "enable_prefix_caching",
+       for key in ("skip_tokenizer_init", "reasoning_parser_plugin", "enable_prefix_caching",
                    "enforce_monotonicity", "http_server_serving_chat_kwargs.*")},
     "policy.generation.real_quant": inert("quantised generation is not built into corerl yet", _truthy),
     "policy.generation.real_quant_ignore": inert("used only with quantised generation"),
@@ -415,8 +469,25 @@ RULES: dict[str, Rule] = {
     **{f"data.{key}": refused("several or custom data loaders are not built into corerl yet")
        for key in ("_override_", "num_prompts_per_dataloader", "custom_dataloader")},
     "data.add_system_prompt": inert(_OFF, _truthy),
-    **{f"loss_fn.{key}": refused("a distillation loss: on-policy distillation is not built into corerl yet")
-       for key in ("kl_type", "mixed_kl_weight", "zero_outside_topk", "gold_loss", "xtoken_loss", "temperature",
+    # -- distillation (NeMo RL's distillation: and teacher: sections) --
+    "loss_fn.kl_type": acts("algorithm.distillation.kl_type", _kl_type, "reverse; forward and mixed (NeMo RL's "
+                            "default) need the teacher's top-k logits and are refused"),
+    "loss_fn.mixed_kl_weight": inert("used only with loss_fn.kl_type mixed (refused)"),
+    "loss_fn.zero_outside_topk": inert("NeMo RL's term for the student's probability outside the teacher's top-k "
+                                       "tokens; corerl's reverse KL reads no top-k, so only false is accepted",
+                                       _truthy),
+    "distillation.topk_logits_k": inert("corerl's reverse KL is estimated at each sampled token from the teacher's "
+                                        "logprob of it (the same objective as NeMo RL's sum over the teacher's top-k "
+                                        "tokens, another estimator)"),
+    "teacher.model_name": acts("algorithm.distillation.teacher_model"),
+    "teacher.logprob_batch_size": acts("algorithm.distillation.teacher_micro_batch_size"),
+    "teacher.dtensor_cfg.cpu_offload": acts("algorithm.distillation.teacher_cpu_offload"),
+    "teacher.*": derived("the teacher is frozen and only scores: its training and generation settings are inert; "
+                         "corerl's teacher runs with the policy's layout and settings, so another layout, precision "
+                         "or setting is refused in one line; tokenizer.name must be the teacher's own"),
+    **{f"loss_fn.{key}": refused("a loss option of NeMo RL's cross-tokenizer (off-policy) distillation, which corerl "
+                                 "does not have")
+       for key in ("gold_loss", "xtoken_loss", "temperature",
                    "vocab_topk", "uncommon_topk", "reverse_kl", "exact_token_match_only", "kl_loss_weight",
                    "ce_loss_scale", "dynamic_loss_scaling", "kd_loss_mode", "sum_weights_metric", "alpha",
                    "normalize_teacher_by_vocab")},
@@ -471,18 +542,44 @@ RULES: dict[str, Rule] = {
     "policy.megatron_cfg.clear_memory_caches_before_refit": inert(_PERF),
     "grpo.zero_variance_prompt_filtering": inert(_OFF, _truthy),
     "grpo.debug_payload_metrics": inert("debug metrics of NeMo RL's"),
-    "grpo.num_val_generations_per_prompt": inert("corerl's held-out answers are one greedy answer per prompt"),
+    "grpo.num_val_generations_per_prompt": derived("an older spelling of grpo.val_num_generations_per_prompt"),
     "data.validation.allowed_problem_types": inert("used by NeMo RL's validation datasets; corerl holds rows of the "
                                                    "training data out"),
     "env._override_": refused("several or custom data loaders are not built into corerl yet"),
     # sections of algorithms corerl does not have: every key refused with the feature it needs
-    "teacher.*": refused("on-policy distillation (a teacher model) is not built into corerl yet"),
-    "teachers": refused("on-policy distillation (teacher models) is not built into corerl yet"),
-    "distillation.*": refused("on-policy distillation is not built into corerl yet"),
+    "teachers": refused("several teachers (NeMo RL's cross-tokenizer off-policy distillation) are not built into "
+                        "corerl yet"),
     "on_policy_distillation": inert("null: no on-policy distillation", _truthy),
     "on_policy_distillation.*": refused("on-policy distillation is not built into corerl yet"),
-    "rm.*": refused("reward-model training is not built into corerl yet"),
-    "policy.reward_model_cfg.*": refused("reward-model training is not built into corerl yet"),
+    # -- rm: a Bradley-Terry reward model (its other keys are dpo's: rule_for reads dpo.<key>'s rule for rm.<key>) --
+    "rm.max_num_steps": acts("algorithm.max_steps", _step_count, "-1 (train max_num_epochs epochs) is refused: "
+                                                                   "corerl stops at a step count"),
+    "policy.reward_model_cfg.enabled": derived("true with an rm section: algorithm.name=rm trains a score head on "
+                                               "the policy's model; refused in a recipe of another algorithm"),
+    "policy.reward_model_cfg.reward_model_type": inert("only Bradley-Terry reward models are built into corerl",
+                                                       _not("bradley_terry")),
+    "policy.reward_model_cfg.*": refused("a reward-model option corerl does not have"),
+    # -- evaluation recipes (examples/configs/evals: eval, generation, tokenizer and data, no policy) --
+    "eval.metric": inert("corerl eval reports pass@k (eval/pass@k) beside mean@n and the greedy reward; cons@k "
+                         "(majority vote) is not built into corerl yet", _not("pass@k")),
+    "eval.num_tests_per_prompt": acts("eval.num_samples"),
+    "eval.k_value": acts("eval.pass_k"),
+    "eval.seed": acts("algorithm.seed"),
+    "eval.save_path": inert("corerl eval writes its figures to the file --output names"),
+    "generation.model_name": acts("policy.model_name"),
+    "generation.num_prompts_per_step": inert("corerl eval hands the engine the prompts together; how they are "
+                                             "batched does not change the answers"),
+    "data.problem_key": acts("data.prompt_key"),
+    "data.solution_key": acts("data.answer_key"),
+    "data.processor": inert("corerl's dataset task formats prompt/answer rows itself"),
+    "data.repeat": inert("each prompt is answered eval.num_samples times (eval.num_tests_per_prompt)", _not(1)),
+    "data.file_format": inert("corerl's dataset task reads JSONL and Parquet files: a CSV is refused (convert it)",
+                              lambda value: value not in (None, "json", "jsonl", "parquet")),
+    "env.math.verifier_type": inert("corerl's math environment verifies with math-verify (NeMo RL's math verifier); "
+                                    "its multiple-choice verifiers are not built into corerl yet",
+                                    lambda value: value not in (None, "math")),
+    "policy.generation.vllm_cfg.limit_mm_per_prompt.*": refused("image, audio and video inputs are not built into "
+                                                                "corerl yet (text-only language models)"),
     # LoRA: both backends' sections map to policy.lora (PEFT); the megatron backend refuses it in one line
     **{f"policy.{section}.{key}": acts(f"policy.lora.{target}")
        for section in ("dtensor_cfg.lora_cfg", "megatron_cfg.peft")
@@ -614,7 +711,8 @@ SWITCHED_SECTIONS = {
     "policy.sequence_packing": True, "grpo.reward_scaling": False, "grpo.reward_shaping": False,
     "grpo.async_grpo": True, "policy.draft": False, "ppo.reward_scaling": False, "ppo.reward_shaping": False,
     "ppo.async_ppo": False, "value.megatron_cfg": True, "value.dtensor_cfg": True, "value.dtensor_cfg.lora_cfg": False,
-    "value.megatron_cfg.fp8_cfg": False, "value.megatron_cfg.peft": False,
+    "value.megatron_cfg.fp8_cfg": False, "value.megatron_cfg.peft": False, "checkpointing": True,
+    "policy.reward_model_cfg": True,
 }
 # on in these sections is refused: corerl has no such feature
 UNSUPPORTED_SECTIONS = {
@@ -636,9 +734,11 @@ def markdown_table() -> str:
     lines = ["| NeMo RL key | in corerl |", "| --- | --- |"]
     for key, rule in RULES.items():
         if rule.fate == "acts":
-            text = f"acts: `{rule.target}`" + (" (converted)" if rule.convert else "")
+            text = f"acts: `{rule.target}`" + (" (converted)" if rule.convert else "") + (
+                f": {rule.reason}" if rule.reason else "")
         elif rule.fate == "derived":
-            text = "acts together with other keys (above)"
+            text = f"acts together with other keys: {rule.reason}" if rule.reason else \
+                "acts together with other keys (above)"
         elif rule.fate == "refused":
             text = f"refused: {rule.reason}"
         else:
@@ -652,19 +752,31 @@ def markdown_table() -> str:
 
 
 def looks_like(raw: dict[str, Any]) -> bool:
-    """A NeMo RL recipe: a ``grpo:``/``dpo:`` section, an ``sft:`` section in NeMo RL's form, or
-    one of its own top-level sections (``loss_fn``; ``env`` and ``logger`` are corerl's too)."""
+    """A NeMo RL recipe: an algorithm section of NeMo RL's (``grpo``, ``ppo``, ``dpo``,
+    ``distillation``, ``rm``; ``sft`` in NeMo RL's form), or one of its own top-level sections
+    (``loss_fn``, ``teacher``, an evaluation recipe's ``generation``; ``env`` and ``logger`` are
+    corerl's too)."""
     sft = raw.get("sft")
     nemo_sft = isinstance(sft, dict) and any(k in sft for k in ("max_num_steps", "max_num_epochs", "val_period"))
-    return "grpo" in raw or "ppo" in raw or "dpo" in raw or nemo_sft or any(
+    return nemo_sft or any(s in raw for s in ALGORITHM_SECTIONS if s != "sft") or any(
         s in raw for s in NEMO_ONLY_SECTIONS if s not in ("env", "logger"))
+
+
+def is_eval_recipe(raw: dict[str, Any]) -> bool:
+    """NeMo RL's evaluation recipe (examples/configs/evals): ``generation`` at the top level, no policy."""
+    return isinstance(raw.get("generation"), dict) and "policy" not in raw
+
+
+def aliased(path: str) -> str:
+    """The corerl path an evaluation recipe's key means: ``generation.x`` is ``policy.generation.x``."""
+    return f"policy.{path}" if path.split(".")[0] in EVAL_RECIPE_ALIASES else path
 
 
 def _leaves(node: dict[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
     out = []
     for key, value in node.items():
         path = f"{prefix}{key}"
-        if isinstance(value, dict) and value and path not in OPAQUE_KEYS:
+        if isinstance(value, dict) and value and aliased(path) not in OPAQUE_KEYS:
             out += _leaves(value, f"{path}.")
         else:
             out.append((path, value))
@@ -685,12 +797,15 @@ def is_env_workers_key(path: str) -> bool:
 
 def rule_for(path: str) -> Rule | None:
     """The rule of ``path``: its own, else that of the nearest ``prefix.*`` above it. NeMo RL's
-    ``ppo`` section shares its keys with ``grpo``: a ``ppo.<key>`` without a rule of its own
-    takes ``grpo.<key>``'s. A ``value.<backend>_cfg`` or ``value.optimizer`` key takes the rule of
-    ``policy.<key>``, moved to ``critic.<key>`` (see :func:`critic_rule`)."""
+    ``ppo`` and ``distillation`` sections share their keys with ``grpo``, ``rm`` with ``dpo``: a
+    ``ppo.<key>`` without a rule of its own takes ``grpo.<key>``'s (:data:`SHARED_KEYS`). A
+    ``value.<backend>_cfg`` or ``value.optimizer`` key takes the rule of ``policy.<key>``, moved to
+    ``critic.<key>`` (see :func:`critic_rule`); an evaluation recipe's ``generation.<key>`` takes
+    ``policy.generation.<key>``'s (:func:`aliased`)."""
     found = _own_rule(path)
-    if found is None and path.startswith("ppo."):
-        found = _own_rule("grpo." + path[len("ppo."):])
+    section = path.split(".")[0]
+    if found is None and section in SHARED_KEYS:
+        found = _own_rule(SHARED_KEYS[section] + path[len(section):])
     if found is None and path.startswith(CRITIC_LAYOUTS):
         return critic_rule(path)
     return found
@@ -718,21 +833,26 @@ def _own_rule(path: str) -> Rule | None:
 
 
 def _rule_name(path: str) -> str | None:
-    """The entry of :data:`RULES` that is ``path``'s own: ``path`` itself, else the nearest ``prefix.*``."""
-    if path in RULES:
-        return path
-    parts = path.split(".")
-    for end in range(len(parts), 0, -1):  # an empty section is a leaf: its own prefix.* applies
-        name = ".".join(parts[:end]) + ".*"
-        if name in RULES:
-            return name
+    """The entry of :data:`RULES` that is ``path``'s own: ``path`` itself, else the nearest ``prefix.*``;
+    for an evaluation recipe's ``generation.<key>`` without one, ``policy.generation.<key>``'s."""
+    for candidate in dict.fromkeys((path, aliased(path))):
+        if candidate in RULES:
+            return candidate
+        parts = candidate.split(".")
+        for end in range(len(parts), 0, -1):  # an empty section is a leaf: its own prefix.* applies
+            name = ".".join(parts[:end]) + ".*"
+            if name in RULES:
+                return name
     return None
 
 
 def _refused_section(path: str) -> str | None:
-    """The section whose ``prefix.*`` rule refuses ``path`` (None: a rule of the key's own)."""
+    """The section whose ``prefix.*`` rule refuses ``path`` (None: a rule of the key's own), named
+    as the recipe names it."""
     name = _rule_name(path)
-    return name[:-2] if name is not None and name.endswith(".*") else None
+    if name is None or not name.endswith(".*"):
+        return None
+    return name[:-2] if path.startswith(name[:-2]) else name[len("policy."):-2]
 
 
 def _switched_off(path: str, raw: dict[str, Any]) -> str | None:
@@ -822,7 +942,7 @@ def translate(raw: dict[str, Any], origins: Origins, strict: bool = False) -> Tr
     NeMo RL key nothing maps is left out with an ``unknown`` fate, or with ``strict`` refused."""
     out = _Translator(origins)
     passthrough: set[str] = set()
-    algorithm = next((name for name in ("grpo", "ppo", "dpo", "sft") if name in raw), None)
+    algorithm = next((name for name in ("grpo", "ppo", "dpo", "sft", "distillation", "rm") if name in raw), None)
     if algorithm:
         set_at(out.tree, "algorithm.name", algorithm)
         out.new_origins["algorithm.name"] = origin_of(algorithm, origins) or "nemo-rl dialect"
@@ -831,8 +951,12 @@ def translate(raw: dict[str, Any], origins: Origins, strict: bool = False) -> Tr
     unpacked = value_at(raw, "policy.megatron_cfg.enabled") is True and value_at(raw, "policy.sequence_packing.enabled") is True
     if unpacked:
         out.warnings.append(f"policy.sequence_packing.enabled=true: {MEGATRON_UNPACKED}")
-    played = next((value_at(raw, key) for key in ("data.env_name", "data.default.env_name", "data.train.env_name")
-                   if value_at(raw, key)), None)
+    played = _played(raw)
+    environments = raw.get("env") if isinstance(raw.get("env"), dict) else {}
+    if played is None and is_eval_recipe(raw) and len(environments) == 1:
+        played = next(iter(environments))  # NeMo RL's evaluation plays its one environment
+        set_at(out.tree, "data.env_name", played)
+        out.new_origins["data.env_name"] = origin_of(f"env.{played}", origins) or "nemo-rl dialect"
     for path, value in _leaves(raw):
         section = _switched_off(path, raw)
         if section is not None:
@@ -845,18 +969,20 @@ def translate(raw: dict[str, Any], origins: Origins, strict: bool = False) -> Tr
             out.refuse(path, UNSUPPORTED_SECTIONS[path[: -len(".enabled")]], f"set {path}=false")
             continue
         rule = rule_for(path)
-        if rule is None and is_env_workers_key(path) and (env := path.split(".")[1]) != played:
+        if path.startswith("env.reward_model.") and played != "reward_model":
+            out.inert(path, f"env.reward_model is not the environment the recipe plays (data.env_name: {played})")
+        elif rule is None and is_env_workers_key(path) and (env := path.split(".")[1]) != played:
             out.inert(path, f"env.{env} is not the environment the recipe plays (data.env_name: {played})")
         elif rule is None and is_env_workers_key(path):
             out.put(path, path, value)  # any environment's actors: a key of every env.<id> section
-        elif rule is None and nemo_only(path):
+        elif rule is None and nemo_only(aliased(path)):
             if strict:
                 out.refuse(path, UNKNOWN_KEY, UNKNOWN_HINT)
             else:
                 out.unknown(path)
-        elif rule is None:  # the same key in corerl: strict validation decides
-            out.put(path, path, value)
-            passthrough.add(path)
+        elif rule is None:  # the same key in corerl (an evaluation recipe's, under policy): strict validation decides
+            out.put(path, aliased(path), value)
+            passthrough.add(aliased(path))
         elif rule.fate == "refused" and (refusing := _refused_section(path)) is not None:
             out.refuse_in_section(refusing, path, rule.reason)
         elif rule.fate == "refused":
@@ -894,11 +1020,11 @@ def unknown_warning(fates: list[KeyFate], shown: int = 5) -> str | None:
 
 def _derived(raw: dict[str, Any], out: _Translator, algorithm: str | None) -> None:
     """What several keys decide together: the batch arithmetic, the chat template, the scheduler
-    list, the dataset."""
+    list, the dataset, evaluation and the checkpoints kept, the teacher and reward models."""
     policy = raw.get("policy", {}) if isinstance(raw.get("policy"), dict) else {}
     global_batch = policy.get("train_global_batch_size")
     updates_per_step = 1  # optimizer steps per GRPO step: NeMo RL steps its scheduler once per GRPO step
-    if algorithm in ("grpo", "ppo") and global_batch is not None:
+    if algorithm in SAMPLING_ALGORITHMS and global_batch is not None:
         grpo = raw.get(algorithm, {})
         samples = grpo.get("num_prompts_per_step", 0) * grpo.get("num_generations_per_prompt", 0)
         if samples and (not isinstance(global_batch, int) or global_batch < 1 or samples % global_batch):
@@ -919,10 +1045,10 @@ def _derived(raw: dict[str, Any], out: _Translator, algorithm: str | None) -> No
     elif force is not None:
         out.inert("loss_fn.force_on_policy_ratio", "with one optimizer step per GRPO step the ratio is 1 already"
                   if force else _DEFAULT_ONLY)
-    if global_batch is not None and algorithm not in ("grpo", "ppo"):
+    if global_batch is not None and algorithm not in SAMPLING_ALGORITHMS:
         if algorithm == "sft":
             out.put("policy.train_global_batch_size", "algorithm.batch_size", global_batch)
-        elif algorithm == "dpo":  # read as preference pairs per optimizer step
+        elif algorithm in ("dpo", "rm"):  # read as preference pairs per optimizer step
             out.put("policy.train_global_batch_size", "algorithm.batch_size", global_batch,
                     "algorithm.batch_size (pairs per step)")
         else:
@@ -934,19 +1060,13 @@ def _derived(raw: dict[str, Any], out: _Translator, algorithm: str | None) -> No
             raw, "policy.dtensor_cfg.enabled") is not False:
         out.make_inert("policy.dtensor_cfg.sequence_parallel", "policy.dtensor_cfg.sequence_parallel", False,
                        "true with tensor_parallel_size 1: no effect in NeMo RL, off in corerl")
-    template = value_at(raw, "policy.tokenizer.chat_template")
-    if template:  # NeMo RL formats every prompt with it
-        out.put("policy.tokenizer.chat_template", "policy.chat_template", template,
-                "policy.chat_template, data.apply_chat_template")
-        set_at(out.tree, "data.apply_chat_template", True)
-    elif "chat_template" in (policy.get("tokenizer") or {}):
-        out.inert("policy.tokenizer.chat_template", "null: the tokenizer's own template")
+    _chat_template(raw, out)
     _scheduler(policy.get("scheduler"), "policy.scheduler", "policy.scheduler", out, updates_per_step)
     if algorithm == "ppo":
         _critic(raw, out, updates_per_step)
     keys = ["data.dataset_name", "data.train.dataset_name", "data.validation.dataset_name", "data.default.dataset_name"]
     names = [(key, value_at(raw, key)) for key in keys if value_at(raw, key)]
-    if value_at(out.tree, "data.train_files") is not None and algorithm == "dpo":
+    if value_at(out.tree, "data.train_files") is not None and algorithm in ("dpo", "rm"):
         set_at(out.tree, "data.task", "preferences")  # prompt/chosen/rejected rows (data.*_key rename them)
         for key, name in names:
             out.inert(key, f"{name!r}: the local files given replace it")
@@ -960,10 +1080,276 @@ def _derived(raw: dict[str, Any], out: _Translator, algorithm: str | None) -> No
         for key, name in names:
             out.inert(key, f"{name!r}: the local files given replace it")
     elif names:
-        set_at(out.tree, "data.task", "preferences" if algorithm == "dpo" else "dataset")
+        set_at(out.tree, "data.task", "preferences" if algorithm in ("dpo", "rm") else "dataset")
         (first, name), *others = names  # the first name given is the one refused at run start
         out.put(first, "data.hub_dataset", str(name))
         out.fates += [KeyFate(key, "acts", "data.hub_dataset") for key, _ in others]
+    _checkpoint_ranking(raw, out, algorithm, _evaluation(raw, out, algorithm))
+    length = value_at(raw, "policy.max_total_sequence_length") or 0
+    _frozen_model(raw, out, "teacher", "the teacher", {
+        "tokenizer.name": (_always, "the teacher scores the student's token ids: at run start corerl checks that the "
+                                    "teacher's checkpoint maps every token as the student's tokenizer does", ""),
+        "max_total_sequence_length": (lambda value: value is None or value >= length,
+                                      "the teacher scores the student's sequences, at most "
+                                      "policy.max_total_sequence_length tokens",
+                                      "shorter than policy.max_total_sequence_length: the teacher scores the "
+                                      "student's whole sequences")})
+    _reward_model_environment(raw, out)
+    _reward_model_policy(raw, out, algorithm)
+    _eval_recipe(raw, out)
+
+
+def _chat_template(raw: dict[str, Any], out: _Translator) -> None:
+    """NeMo RL's ``tokenizer.chat_template``: a template formats every prompt (``default``: the
+    tokenizer's own); null is its passthrough template, the prompt as it is."""
+    key = "tokenizer" if is_eval_recipe(raw) else "policy.tokenizer"
+    tokenizer = value_at(raw, key)
+    if not isinstance(tokenizer, dict) or "chat_template" not in tokenizer:
+        return
+    template, key = tokenizer["chat_template"], f"{key}.chat_template"
+    if isinstance(template, str) and template.lower() == "default":
+        out.put(key, "data.apply_chat_template", True, "data.apply_chat_template (the tokenizer's own template)")
+    elif template:
+        out.put(key, "policy.chat_template", template, "policy.chat_template, data.apply_chat_template")
+        set_at(out.tree, "data.apply_chat_template", True)
+    else:
+        out.inert(key, "null: NeMo RL's passthrough template, the prompt as it is (no chat template)")
+
+
+_NO_EVALUATION = "no evaluation during training (val_period); the held-out reward is reported before and after it"
+
+
+def _evaluation(raw: dict[str, Any], out: _Translator, algorithm: str | None) -> int | None:
+    """NeMo RL's validation during training (``<algorithm>.val_period`` and the keys beside it) as
+    corerl's ``eval`` section, for the algorithms it validates by sampling answers, except while
+    GRPO runs asynchronously (corerl then evaluates only before and after training). Returns the
+    answers a prompt each evaluation samples (None: no evaluation during training)."""
+    section = raw.get(algorithm) if algorithm in SAMPLING_ALGORITHMS else None
+    section = section if isinstance(section, dict) else {}
+    period = section.get("val_period")
+    every = period if type(period) is int and period > 0 else None
+    if every is not None and value_at(out.tree, "algorithm.async.enabled") is True:
+        reason = ("asynchronous GRPO's generation runs ahead of training, so corerl evaluates only before and after "
+                  "it")
+        out.inert(f"{algorithm}.val_period", reason)
+        out.warnings.append(f"{algorithm}.val_period={period}: {reason}")
+        every = None
+    elif every is not None:
+        out.put(f"{algorithm}.val_period", "eval.every_n_steps", every)
+    elif "val_period" in section:
+        out.inert(f"{algorithm}.val_period", f"{period}: {_NO_EVALUATION}")
+    named = [key for key in ("val_num_generations_per_prompt", "num_val_generations_per_prompt") if key in section]
+    samples = (section[named[0]] if named else None) or 1  # NeMo RL's default: one answer a prompt
+    for key, target, value in [("val_at_start", "eval.at_start", section.get("val_at_start")),
+                               *((name, "eval.num_samples", samples) for name in named[:1])]:
+        if key in section and every is not None:
+            out.put(f"{algorithm}.{key}", target, value)
+        elif key in section:
+            out.inert(f"{algorithm}.{key}", _NO_EVALUATION)
+    for name in named[1:]:
+        out.inert(f"{algorithm}.{name}", f"{named[0]} is given")
+    if every is not None and not named:
+        set_at(out.tree, "eval.num_samples", 1)
+        out.new_origins["eval.num_samples"] = "nemo-rl dialect (NeMo RL's default: one validation answer a prompt)"
+    _validation_sampling(raw, out, every is not None)
+    return samples if every is not None else None
+
+
+def _validation_sampling(raw: dict[str, Any], out: _Translator, evaluates: bool) -> None:
+    """``generation.val_temperature``, ``val_top_p``, ``val_top_k``: with evaluation during
+    training the temperature is ``eval.temperature``; evaluation samples with the generation's
+    top_p and top_k, so another value is refused where the recipe evaluates (an evaluation recipe
+    always does, at its generation's temperature too)."""
+    recipe = is_eval_recipe(raw)
+    prefix = "generation" if recipe else "policy.generation"
+    generation = value_at(raw, prefix)
+    if not isinstance(generation, dict):
+        return
+    for name in ("temperature", "top_p", "top_k"):
+        key, value, own = f"{prefix}.val_{name}", generation.get(f"val_{name}"), generation.get(name)
+        if f"val_{name}" not in generation:
+            continue
+        if name == "temperature" and evaluates:
+            out.put(key, "eval.temperature", value)
+        elif (evaluates or recipe) and value != own:
+            out.refuse(key, f"{value!r} differs from {prefix}.{name} ({own!r}): corerl samples evaluation answers "
+                            f"with {prefix}.{name}", f"give {prefix}.{name}'s value")
+        else:
+            out.inert(key, f"the same as {prefix}.{name}" if evaluates or recipe else _NO_EVALUATION)
+
+
+#: NeMo RL's checkpoint metrics (``val:<name>``, ``train:<name>``) and the corerl metric each is
+VALIDATION_METRICS = {"accuracy": "eval/mean@{n}", "total_reward/mean": "eval/mean@{n}", "pass_k": "eval/pass@{n}"}
+TRAINING_METRICS = {"loss": "loss", "reward": "reward/mean", "total_reward/mean": "reward/mean"}
+
+
+def _checkpoint_ranking(raw: dict[str, Any], out: _Translator, algorithm: str | None, samples: int | None) -> None:
+    """NeMo RL's ``checkpointing.metric_name``, ``higher_is_better`` and ``keep_top_k``: the best
+    ``keep_top_k`` checkpoints by a metric corerl logs too (and the newest), else the newest
+    ``keep_top_k`` (NeMo RL's own order where the metric is never logged). ``samples``: the
+    answers a prompt each evaluation during training samples (None: no such evaluation)."""
+    checkpointing = raw.get("checkpointing")
+    if not isinstance(checkpointing, dict) or _switched_off("checkpointing.keep_top_k", raw):
+        return  # checkpoints off: the loop made every key inert
+    name, keep = checkpointing.get("metric_name"), checkpointing.get("keep_top_k")
+    kind, _, metric = str(name).partition(":")
+    period = value_at(raw, f"{algorithm}.val_period")
+    validated = type(period) is int and period > 0  # NeMo RL logs val: metrics during training
+    target = (VALIDATION_METRICS[metric].format(n=samples) if kind == "val" and metric in VALIDATION_METRICS
+              and samples is not None else TRAINING_METRICS.get(metric) if kind == "train" else None)
+    if target is not None and keep is not None:
+        out.put("checkpointing.metric_name", "checkpointing.metric_name", target,
+                f"checkpointing.metric_name ({target})")
+        out.put("checkpointing.keep_top_k", "checkpointing.keep_top_k", keep)
+        if "higher_is_better" in checkpointing:
+            out.put("checkpointing.higher_is_better", "checkpointing.higher_is_better",
+                    checkpointing["higher_is_better"])
+        return
+    if keep is not None:
+        out.put("checkpointing.keep_top_k", "checkpointing.keep_last", keep,
+                f"checkpointing.keep_last (the newest {keep})")
+    elif "keep_top_k" in checkpointing:
+        out.inert("checkpointing.keep_top_k", "null: NeMo RL keeps every checkpoint; corerl keeps "
+                                              "checkpointing.keep_last")
+    if name is None or (kind == "val" and not validated):
+        why = "NeMo RL logs no such metric in this recipe either, so it too keeps the newest checkpoints"
+    elif kind == "val" and metric in VALIDATION_METRICS:
+        why = "corerl does not evaluate during this run, so the newest checkpoints are kept"
+    else:
+        why = "corerl logs no such metric during training, so the newest checkpoints are kept"
+    for key in ("metric_name", "higher_is_better"):
+        if key in checkpointing:
+            out.inert(f"checkpointing.{key}", f"{name}: {why}")
+    if name is not None and keep is not None and not why.startswith("NeMo RL"):
+        out.warnings.append(f"checkpointing.metric_name={name}: {why} (the newest {keep}, not the best {keep})")
+
+
+#: a frozen model's settings that only training or generation read
+FROZEN_INERT = ("optimizer", "scheduler", "generation", "train_global_batch_size", "train_micro_batch_size",
+                "generation_batch_size", "max_grad_norm", "offload_optimizer_for_logprob",
+                "activation_checkpointing_enabled", "make_sequence_length_divisible_by", "logprob_chunk_size",
+                "dynamic_batching", "sequence_packing", "dtensor_cfg._v2", "dtensor_cfg.activation_checkpointing",
+                "dtensor_cfg.lora_cfg", "dtensor_cfg.clear_cache_every_n_steps", "megatron_cfg.optimizer",
+                "megatron_cfg.scheduler", "megatron_cfg.activation_checkpointing", "megatron_cfg.peft",
+                "megatron_cfg.distributed_data_parallel_config", "megatron_cfg.checkpoint", "megatron_cfg.train_iters",
+                "megatron_cfg.empty_unused_memory_level", "megatron_cfg.force_reconvert_from_hf")
+
+
+def _under(path: str, prefixes: tuple[str, ...]) -> bool:
+    return any(path == prefix or path.startswith(prefix + ".") for prefix in prefixes)
+
+
+def _always(_: Any) -> bool:
+    return True
+
+
+def _frozen_model(raw: dict[str, Any], out: _Translator, section: str, what: str,
+                  own: dict[str, tuple[Callable[[Any], bool], str, str]]) -> None:
+    """The keys of ``section``, a frozen model beside the policy (NeMo RL's teacher, its reward
+    model environment), that no rule of their own names. What only training or generation reads is
+    inert; a key of ``own`` (test, why it is inert, why it is refused) is inert where its test
+    passes; any other key must equal the policy's, since corerl runs ``what`` on the policy's
+    training backend with the policy's layout and settings. The keys that differ are refused
+    together, in one line."""
+    tree = value_at(raw, section)
+    if not isinstance(tree, dict):
+        return
+    differing: list[tuple[str, str]] = []
+    for rest, value in _leaves(tree):
+        path, policy_path = f"{section}.{rest}", f"policy.{rest}"
+        if _rule_name(path) != f"{section}.*":
+            continue  # a rule of its own: judged in the loop
+        off = _switched_off(policy_path, {"policy": tree})
+        test, reason, refusal = next((own[key] for key in own if _under(rest, (key,))), (None, "", ""))
+        if off is not None:
+            out.inert(path, f"{section}{off[len('policy'):]}.enabled is false")
+        elif _under(rest, FROZEN_INERT):
+            out.inert(path, f"{what} is frozen and only scores: what training and generation read does nothing")
+        elif test is not None and test(value):
+            out.inert(path, reason)
+        elif test is None and value == value_at(raw, policy_path):
+            out.inert(path, f"the same as {policy_path}")
+        else:
+            differing.append((path, f"{value!r}: {refusal}" if test is not None else
+                              f"{value!r}, the policy's {value_at(raw, policy_path)!r}"))
+    if len(differing) == 1:
+        (path, detail), = differing
+        out.refuse(path, f"{detail}: corerl runs {what} with the policy's layout and settings",
+                   "give the policy's value, or remove the key")
+    elif differing:
+        listed = ", ".join(f"{path[len(section) + 1:]} ({detail})" for path, detail in differing)
+        out.refuse(section, f"{len(differing)} keys differ from the policy's: {listed}; corerl runs {what} with the "
+                            "policy's layout and settings", "give the policy's values, or remove the keys")
+
+
+ENV_NAME_KEYS = ("data.env_name", "data.default.env_name", "data.train.env_name")
+
+
+def _played(raw: dict[str, Any]) -> Any:
+    """The environment a recipe names (NeMo RL's data.env_name, or its default or train dataset's)."""
+    return next((value_at(raw, key) for key in ENV_NAME_KEYS if value_at(raw, key)), None)
+
+
+def _reward_model_environment(raw: dict[str, Any], out: _Translator) -> None:
+    """NeMo RL's reward-model environment (``env_name: reward_model``): no environment in corerl,
+    a Bradley-Terry ``reward_model`` scoring the samples (``env.reward_model.model_name``), frozen
+    on the policy's training backend with the policy's layout."""
+    source = next((key for key in ENV_NAME_KEYS if value_at(raw, key)), None)
+    if source is None or _played(raw) != "reward_model":
+        return
+    _frozen_model(raw, out, "env.reward_model", "the reward model", {
+        "tokenizer.name": (_always, "corerl's reward model reads the policy's token ids (a warning says so)", ""),
+        "processor": (_always, "the data processor of NeMo RL's datasets; corerl's dataset task formats rows itself",
+                      ""),
+        "resources": (_always, "corerl's reward model shares the policy's devices (reward_model.cpu_offload keeps it "
+                               "in CPU memory between scorings)", ""),
+        "max_model_len": (_always, "corerl's reward model scores each whole sample, at most policy.max_seq_length "
+                                   "tokens", ""),
+        "checkpoint_path": (lambda path: path is None, "null: the weights of model_name",
+                            "corerl loads the reward model from model_name")})
+    drop_at(out.tree, "data.env_name")
+    out.new_origins.pop("data.env_name", None)
+    set_at(out.tree, "reward_model.kind", "bradley_terry")
+    out.new_origins["reward_model.kind"] = origin_of(source, out.origins) or "nemo-rl dialect"
+    out.refate(source, "acts", "reward_model.kind (bradley_terry): env.reward_model.model_name scores the samples")
+    out.warnings.append(f"{source}=reward_model: corerl's reward model scores the prompt and completion token ids "
+                        "the policy wrote, without a chat template of its own, so its tokenizer must give the "
+                        "policy's ids (NeMo RL's environment re-encodes the conversation with the reward model's)")
+
+
+def _reward_model_policy(raw: dict[str, Any], out: _Translator, algorithm: str | None) -> None:
+    """``policy.reward_model_cfg.enabled``: the rm section's reward model, refused elsewhere."""
+    key = "policy.reward_model_cfg.enabled"
+    if not isinstance(value_at(raw, "policy.reward_model_cfg"), dict) or "enabled" not in raw["policy"][
+            "reward_model_cfg"]:
+        return
+    if value_at(raw, key) and algorithm != "rm":
+        out.refuse(key, f"a reward model is trained by NeMo RL's rm section (algorithm.name=rm), not by {algorithm}",
+                   "remove it, or train the reward model with an rm section")
+    elif algorithm == "rm" and not value_at(raw, key):
+        out.refuse(key, "an rm section trains a reward model (a score head on the policy's model)", "set it to true")
+    else:
+        out.inert(key, "algorithm.name=rm trains a score head on the policy's model" if algorithm == "rm" else
+                  "false: the policy is a language model")
+
+
+def _eval_recipe(raw: dict[str, Any], out: _Translator) -> None:
+    """An evaluation recipe's engine length and precision are the policy's (it has no policy), and
+    a local file given is the evaluation set: all of it is held out (``corerl eval`` scores it)."""
+    if not is_eval_recipe(raw):
+        return
+    files = value_at(out.tree, "data.train_files")
+    if files is not None and value_at(out.tree, "data.held_out_files") is None:
+        set_at(out.tree, "data.held_out_files", files)
+        out.new_origins["data.held_out_files"] = "nemo-rl dialect (an evaluation recipe evaluates its whole file)"
+    for key, target in (("generation.vllm_cfg.max_model_len", "policy.max_seq_length"),
+                        ("generation.vllm_cfg.precision", "policy.precision")):
+        value = value_at(raw, key)
+        if value is not None:
+            set_at(out.tree, target, value)
+            out.new_origins[target] = origin_of(key, out.origins) or "nemo-rl dialect"
+            detail = next((f.detail for f in out.fates if f.key == key and f.fate == "acts"), None)
+            out.refate(key, "acts", f"{detail}, {target}" if detail else target)
 
 
 def _scheduler(scheduler: Any, source: str, target: str, out: _Translator, updates_per_step: int) -> None:
