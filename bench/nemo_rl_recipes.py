@@ -1,8 +1,8 @@
 """How many of NeMo RL's own LLM recipes `corerl validate` accepts (issue 17's acceptance).
 
 Point it at a NeMo RL checkout's ``examples/configs`` folder: every YAML file there whose merged
-tree is a GRPO, SFT or DPO recipe for a language model (``vlm`` recipes and the folders of
-evaluation, distillation and other algorithms are counted apart) is validated in this process,
+tree is a GRPO, SFT, DPO, distillation, reward-model (``rm``) or evaluation recipe for a language
+model (``vlm`` recipes are left out; PPO's are counted apart) is validated in this process,
 exactly as ``corerl validate FILE`` does (same loader, same selection), and the table prints
 each recipe's verdict and, for the refused ones, the one-line reason.
 
@@ -24,7 +24,8 @@ from pathlib import Path
 import yaml
 from bench_output import results_path
 
-ALGORITHMS = ("grpo", "sft", "dpo")
+#: the recipe kinds counted, by their top-level section (``eval``: NeMo RL's evaluation recipes)
+ALGORITHMS = ("grpo", "sft", "dpo", "distillation", "rm", "eval")
 #: what would lift a refusal, by the key it names (first match): the feature corerl does not have
 FEATURES = (
     ("expert_parallel", "mixture-of-experts models (expert parallelism)"),
@@ -42,7 +43,7 @@ FEATURES = (
     ("use_cispo", "the CISPO loss"),
     ("invalid_tool_call", "NeMo Gym's tool-call penalties"),
     ("dp_replicate_size", "hybrid sharding (HSDP)"),
-    ("env_name", "that environment (NeMo Gym, reward model)"),
+    ("env_name", "that environment (NeMo Gym, vlm), or one with distillation (it plays none)"),
     ("async.in_flight", "in-flight weight updates on vLLM (it takes them between calls: in_flight=wait)"),
     ("lora", "LoRA on the megatron backend (megatron-core has no LoRA layers)"),
     ("seq_logprob_error_threshold", "masking sequences by their train/generation logprob gap"),
@@ -50,9 +51,17 @@ FEATURES = (
     ("async_ppo", "asynchronous PPO"),
     ("scheduler", "other learning-rate schedules (a LinearLR warm-up then constant is translated)"),
     ("data.train", "several training datasets at once"),
+    ("kl_type", "forward and mixed KL distillation (the teacher's top-k logits)"),
+    ("teacher_model", "a Hub teacher at validate (corerl checks the teacher's folder there, the policy's at run start)"),
+    ("teacher", "a teacher with a layout of its own"),
+    ("max_num_steps", "training for a number of epochs (max_num_steps: -1)"),
+    ("limit_mm_per_prompt", "image, audio and video inputs"),
+    ("verifier_type", "multiple-choice answer verifiers"),
+    ("file_format", "CSV datasets"),
+    ("eval.metric", "cons@k (majority vote)"),
 )
 # the corpus's recipes of other algorithms, reported apart
-OTHERS = ("distillation", "eval", "rm", "ppo")
+OTHERS = ("ppo",)
 # refusals that depend on the machine validating (no GPU here), not on the recipe
 MACHINE_ONLY = ("needs a GPU", "ask for a GPU each but the Ray cluster has none")
 #: features that only run on a GPU (Transformer Engine, FP8/FP4 kernels, engines without a CPU
@@ -159,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"{args.configs}: not a folder; give a NeMo RL checkout's examples/configs")
 
     counted: dict[str, list[tuple[Path, bool, str]]] = collections.defaultdict(list)
-    gpu_bound: list[Path] = []  # GRPO/SFT/DPO recipes with a refusal that needs a GPU-only feature
+    gpu_bound: list[Path] = []  # counted recipes with a refusal that needs a GPU-only feature
     skipped = 0
     for path in sorted(args.configs.rglob("*.yaml")):
         relative = path.relative_to(args.configs)
