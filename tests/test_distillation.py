@@ -6,13 +6,13 @@ import pytest
 import torch
 
 from corerl.algorithms.distillation import (
-    check_same_tokenizer,
     reverse_kl_advantages,
     reverse_kl_k3,
 )
 from corerl.algorithms.grpo_math import GRPOLoss
 from corerl.errors import ConfigError
 from corerl.models.tiny import build_tokenizer
+from corerl.models.tokenizer import check_same_vocabulary
 from corerl.testing import host_with, select_for, write_recipe
 
 
@@ -43,9 +43,10 @@ def test_a_teacher_with_another_tokenizer_is_refused_in_one_line(tmp_path):
     build_tokenizer(128).save_pretrained(tmp_path / "student")
     build_tokenizer(128).save_pretrained(tmp_path / "same")
     build_tokenizer(96).save_pretrained(tmp_path / "other")
-    check_same_tokenizer(str(tmp_path / "student"), str(tmp_path / "same"))
+    key = "algorithm.distillation.teacher_model"
+    check_same_vocabulary(str(tmp_path / "student"), str(tmp_path / "same"), key, "teacher")
     with pytest.raises(ConfigError) as caught:
-        check_same_tokenizer(str(tmp_path / "student"), str(tmp_path / "other"))
+        check_same_vocabulary(str(tmp_path / "student"), str(tmp_path / "other"), key, "teacher")
     assert caught.value.key == "algorithm.distillation.teacher_model"
     assert "96 vs 128 tokens" in str(caught.value) and "\n" not in str(caught.value)
 

@@ -154,7 +154,7 @@ def corerl_register_algorithms(register: Callable[[Algorithm], None]) -> None:
                        description="a Bradley-Terry reward model (a value head on the policy's model) from preference "
                                    "pairs; exports a sequence-classification checkpoint"))
     register(Algorithm(id="distillation", factory="corerl.algorithms.distillation:DistillationAlgorithm",
-                       config_section="algorithm.distillation", config_schema=DistillationConfig,
+                       config_section="algorithm.distillation", config_schema=DistillationConfig, environments=True,
                        check_supported="corerl.algorithms.settings:check_distillation",
                        plot=PlotSpec(metrics=("reward/mean", "reverse_kl"), title="reward and reverse KL to the teacher"),
                        description="on-policy distillation: a frozen teacher scores the student's own samples; "

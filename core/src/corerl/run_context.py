@@ -232,6 +232,7 @@ class RunContext:
         """The scorer ``reward_model`` describes, its engine started here (shut down with the run)."""
         from corerl.config.critic import CRITIC_ROLE
         from corerl.model_rewards import JudgeScorer, ValueModelScorer, as_value_model
+        from corerl.models.tokenizer import check_same_vocabulary
         from corerl.offload import ReferenceOffload
         from corerl.run_directory import resolve_model
 
@@ -240,6 +241,7 @@ class RunContext:
             generation = self.generation
             if settings.model_name is not None:
                 path = resolve_model(settings.model_name, self.run_dir, key="reward_model.model_name", folder="judge")
+                check_same_vocabulary(self.model_path, path, "reward_model.model_name", "judge")
                 judge = attrs.evolve(self.config.core.policy, model_name=path)
                 config = attrs.evolve(self.config, core=attrs.evolve(self.config.core, policy=judge))
                 assert self.selection.generation_backend.registration is not None
@@ -248,6 +250,7 @@ class RunContext:
                                settings.judge_max_score, settings.judge_max_new_tokens)
         path = as_value_model(resolve_model(settings.model_name, self.run_dir, key="reward_model.model_name",
                                             folder="reward_model_base"), self.run_dir / "reward_value_model")
+        check_same_vocabulary(self.model_path, path, "reward_model.model_name", "reward model")
         policy = attrs.evolve(self.config.core.policy, model_name=path, logprob_micro_batch_size=settings.micro_batch_size,
                               lora=attrs.evolve(self.config.core.policy.lora, enabled=False))
         config = attrs.evolve(self.config, core=attrs.evolve(self.config.core, policy=policy), role=CRITIC_ROLE)

@@ -25,6 +25,7 @@ from corerl.algorithms.contract import AlgorithmBase
 from corerl.algorithms.grpo_math import GRPOLoss
 from corerl.errors import ConfigError
 from corerl.generation.contract import SamplingSettings
+from corerl.models.tokenizer import check_same_vocabulary
 from corerl.offload import ReferenceOffload
 from corerl.training.weights import send_weights
 
@@ -46,21 +47,6 @@ def teacher_config(config: Config, teacher_path: str) -> Config:
         lora=attrs.evolve(core.policy.lora, enabled=False),
     )
     return attrs.evolve(config, core=attrs.evolve(core, policy=policy))
-
-
-def check_same_tokenizer(student: str, teacher: str) -> None:
-    """Refuses, in one line, a teacher whose tokenizer maps any token to another id than the
-    student's: its logprobs would score other tokens than the ones sampled."""
-    from corerl.models.tokenizer import load_tokenizer_folder
-
-    theirs, ours = load_tokenizer_folder(teacher).get_vocab(), load_tokenizer_folder(student).get_vocab()
-    if theirs != ours:
-        differing = sorted(set(theirs.items()) ^ set(ours.items()), key=str)
-        example = f" (e.g. {differing[0][0]!r})" if differing else ""
-        raise ConfigError(f"the teacher's tokenizer differs from the student's: {len(theirs)} vs {len(ours)} tokens, "
-                          f"{len(differing)} (token, id) pairs not shared{example}", key=TEACHER_KEY,
-                          hint="on-policy distillation scores the student's tokens with the teacher: use a teacher "
-                               "of the student's tokenizer family")
 
 
 def reverse_kl_advantages(student: torch.Tensor, teacher: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -95,7 +81,7 @@ class DistillationAlgorithm(AlgorithmBase):
         context = self.context
         settings = context.config.section("algorithm.distillation")
         teacher_path = resolve_model(settings.teacher_model, context.run_dir, key=TEACHER_KEY, folder="teacher_model")
-        check_same_tokenizer(context.starting_weights, teacher_path)
+        check_same_vocabulary(context.starting_weights, teacher_path, TEACHER_KEY, "teacher")
         config = teacher_config(context.config, teacher_path)
         registration = context.selection.training_backend.registration
         if settings.teacher_training_backend is not None:

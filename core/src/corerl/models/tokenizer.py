@@ -30,3 +30,18 @@ def load_tokenizer_folder(path: str | Path) -> Any:
     if saved_class in GENERIC_CLASSES and (Path(path) / "tokenizer.json").is_file():
         return PreTrainedTokenizerFast.from_pretrained(str(path))
     return AutoTokenizer.from_pretrained(str(path))
+
+
+def check_same_vocabulary(policy: str | Path, other: str | Path, key: str, role: str) -> None:
+    """Refuses, in one line naming ``key``, a ``role`` model (a distillation teacher, a reward
+    model, a judge) whose tokenizer maps any token to another id than the policy's: it reads the
+    policy's own token ids, so it would score other tokens than the ones sampled."""
+    from corerl.errors import ConfigError
+
+    theirs, ours = load_tokenizer_folder(other).get_vocab(), load_tokenizer_folder(policy).get_vocab()
+    if theirs != ours:
+        differing = sorted(set(theirs.items()) ^ set(ours.items()), key=str)
+        example = f" (e.g. {differing[0][0]!r})" if differing else ""
+        raise ConfigError(f"the {role}'s tokenizer differs from the policy's: {len(theirs)} vs {len(ours)} tokens, "
+                          f"{len(differing)} (token, id) pairs not shared{example}", key=key,
+                          hint=f"the {role} reads the policy's own token ids: use one of the policy's tokenizer family")
