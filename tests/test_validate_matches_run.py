@@ -73,6 +73,10 @@ REFUSALS = [
     ["algorithm.dynamic_sampling.enabled=true", "algorithm.async.enabled=true", "policy.generation.colocated.enabled=false",
      "policy.generation.colocated.resources.gpus_per_node=1", *HF],
     ["algorithm.name=sft", "algorithm.reward_scaling.enabled=true", *HF],
+    ["algorithm.use_cispo=true", "algorithm.ratio_clip_c=3", *HF],
+    ["algorithm.use_kl_in_reward=true", "algorithm.kl_penalty=0.1", *HF],
+    ["algorithm.use_kl_in_reward=true", "algorithm.advantage_estimator=reinforce_plus_plus", *HF],
+    ["algorithm.token_level_loss=false", "algorithm.loss_aggregation=constant_length", *HF],
 ]
 # reached only on a machine with a GPU (the CPU refusal of the same option comes first here)
 GPU_ONLY = {"check_generation_supported"}

@@ -70,7 +70,7 @@ def check_nothing_sampled(config: Any) -> None:
     nothing, so it would be dropped silently)."""
     algorithm = config.core.algorithm
     algorithm_id = algorithm.name
-    if algorithm_id not in ("sft", "dpo"):  # SFT as another algorithm's warm start: that one samples
+    if algorithm_id not in ("sft", "dpo", "rm"):  # SFT as another algorithm's warm start: that one samples
         return
     for key in ROLLOUT_SHAPING_KEYS:
         if attrgetter(key)(algorithm):
