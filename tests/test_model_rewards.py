@@ -112,3 +112,14 @@ def test_a_reward_model_for_an_algorithm_that_samples_nothing_is_refused(tmp_pat
     with pytest.raises(ConfigError) as caught:
         select(config, host)
     assert caught.value.key == "reward_model.kind" and "samples nothing" in str(caught.value)
+
+
+def test_a_judge_prompt_longer_than_the_judge_takes_is_refused_in_one_line():
+    from corerl.errors import RunError
+    from corerl.models.tiny import build_tokenizer
+
+    judge = JudgeScorer(None, build_tokenizer(128), "w1 " * 20 + "{prompt} {response}", r"(\d+)", 10.0, 4,
+                        max_length=16)
+    with pytest.raises(RunError) as caught:
+        judge.score([[_sample([5, 6], [7], "stop")]], [None])
+    assert caught.value.key == "reward_model.judge_template" and "\n" not in str(caught.value)

@@ -113,6 +113,7 @@ class JudgeScorer:
     pattern: str
     max_score: float
     max_new_tokens: int
+    max_length: int | None = None  # the judge engine's longest sequence (policy.max_seq_length)
     unparsed: int = 0
 
     def prompt(self, sample: Sample) -> list[int]:
@@ -135,7 +136,16 @@ class JudgeScorer:
         eos = self.tokenizer.eos_token_id
         sampling = SamplingSettings(max_new_tokens=self.max_new_tokens, temperature=0.0,
                                     stop_token_ids=(eos,) if eos is not None else ())
-        answers = self.generation.generate([self.prompt(s) for s in samples], sampling, n=1)
+        prompts = [self.prompt(s) for s in samples]
+        longest = max((len(p) for p in prompts), default=0)
+        if self.max_length is not None and longest + self.max_new_tokens > self.max_length:
+            from corerl.errors import RunError
+
+            raise RunError(f"a judge prompt of {longest} tokens and {self.max_new_tokens} for its grade exceed the "
+                           f"judge's {self.max_length}-token sequences", key="reward_model.judge_template",
+                           hint="shorten the template, lower reward_model.judge_max_new_tokens or raise "
+                                "policy.max_seq_length")
+        answers = self.generation.generate(prompts, sampling, n=1)
         scores = []
         for (answer,) in answers:
             grade = self.grade(self.tokenizer.decode(answer.completion_ids, skip_special_tokens=True))

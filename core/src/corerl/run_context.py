@@ -247,7 +247,8 @@ class RunContext:
                 assert self.selection.generation_backend.registration is not None
                 generation = self.start(self.selection.generation_backend.registration, path, config=config)
             return JudgeScorer(generation, self.tokenizer, settings.judge_template, settings.judge_pattern,
-                               settings.judge_max_score, settings.judge_max_new_tokens)
+                               settings.judge_max_score, settings.judge_max_new_tokens,
+                               max_length=self.config.core.policy.max_seq_length)
         path = as_value_model(resolve_model(settings.model_name, self.run_dir, key="reward_model.model_name",
                                             folder="reward_model_base"), self.run_dir / "reward_value_model")
         check_same_vocabulary(self.model_path, path, "reward_model.model_name", "reward model")
