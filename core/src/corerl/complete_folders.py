@@ -139,3 +139,14 @@ def write_complete(target: Path, fill: Callable[[Path], T], meta: dict[str, Any]
     os.replace(work, target)
     shutil.rmtree(old, ignore_errors=True)
     return result
+
+
+def write_once(target: Path, fill: Callable[[Path], Any]) -> Path:
+    """The complete folder ``target``, filled by ``fill(work)`` the first time (after
+    :func:`recover`: a folder a killed run left half-written is made again); ``target``."""
+    target = Path(target)
+    recover(target)
+    if not is_complete(target):
+        write_complete(target, fill)
+    return target
+

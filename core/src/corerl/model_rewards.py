@@ -30,15 +30,12 @@ from corerl.generation.contract import Sample, SamplingSettings
 def as_value_model(checkpoint: str, folder: Path) -> str:
     """``checkpoint`` as a one-label token classifier: as it is when it is one, else a
     sequence classifier's backbone and score weight written once to ``folder``."""
-    from corerl.complete_folders import is_complete, recover, write_complete
+    from corerl.complete_folders import write_once
     from corerl.models.value_model import is_value_model
 
     if is_value_model(checkpoint):
         return checkpoint
-    recover(folder)
-    if not is_complete(folder):
-        write_complete(folder, lambda work: _sequence_to_token_classifier(checkpoint, work))
-    return str(folder)
+    return str(write_once(folder, lambda work: _sequence_to_token_classifier(checkpoint, work)))
 
 
 def _sequence_to_token_classifier(checkpoint: str, out: Path) -> None:

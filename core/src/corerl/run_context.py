@@ -164,16 +164,12 @@ class RunContext:
     def value_model_start(self) -> str:
         """The model with a zero one-label value head, written once to ``<run dir>/value_init``
         (a model that is a value model already starts as it is)."""
-        from corerl.complete_folders import is_complete, recover, write_complete
+        from corerl.complete_folders import write_once
         from corerl.models.value_model import init_value_model, is_value_model
 
         if is_value_model(self.model_path):
             return self.model_path
-        target = self.run_dir / "value_init"
-        recover(target)
-        if not is_complete(target):
-            write_complete(target, lambda work: init_value_model(self.model_path, work))
-        return str(target)
+        return str(write_once(self.run_dir / "value_init", lambda work: init_value_model(self.model_path, work)))
 
     def start_generation(self, registration: Any) -> Any:
         """The generation engine: the backend itself, or with ``algorithm.async.enabled`` the

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from corerl.checkpoints import latest_checkpoint
-from corerl.complete_folders import is_complete, recover, remove, write_complete
+from corerl.complete_folders import remove, write_once
 from corerl.config import Config
 from corerl.errors import ConfigError
 from corerl.failures import first_line
@@ -85,11 +85,8 @@ def resolve_model(model_name: str, run_dir: Path, gguf_file: str | None = None, 
     if source is not None:
         return str(ensure_converted(source))
     if model_name in BUILTIN_MODELS:
-        target = run_dir / folder
-        recover(target)
-        if not is_complete(target):  # a resumed run keeps its base model; a half-built one is rebuilt
-            write_complete(target, lambda work: build_tiny_model(work, **BUILTIN_MODELS[model_name]))
-        return str(target)
+        # a resumed run keeps its base model; a half-built one is rebuilt
+        return str(write_once(run_dir / folder, lambda work: build_tiny_model(work, **BUILTIN_MODELS[model_name])))
     if model_name.startswith("builtin:"):
         raise ConfigError(f"unknown built-in model {model_name!r}", key=key,
                           hint=f"built-in models: {', '.join(BUILTIN_MODELS)}")

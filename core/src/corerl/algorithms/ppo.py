@@ -220,7 +220,7 @@ class PPO:
 def critic_start(context: RunContext) -> str:
     """The critic's starting checkpoint: ``critic.model_name`` (a value model), else the weights
     PPO starts from with a zero value head, written once to ``<run dir>/critic_init``."""
-    from corerl.complete_folders import is_complete, recover, write_complete
+    from corerl.complete_folders import write_once
     from corerl.errors import ConfigError
     from corerl.models.value_model import init_value_model, is_value_model
 
@@ -235,11 +235,7 @@ def critic_start(context: RunContext) -> str:
                               key="critic.model_name", hint="unset critic.model_name to start the critic from the "
                                                             "policy's weights with a zero value head")
         return given
-    target = context.run_dir / "critic_init"
-    recover(target)
-    if not is_complete(target):
-        write_complete(target, lambda work: init_value_model(context.starting_weights, work))
-    return str(target)
+    return str(write_once(context.run_dir / "critic_init", lambda work: init_value_model(context.starting_weights, work)))
 
 
 class PPOAlgorithm(AlgorithmBase):
