@@ -30,7 +30,7 @@ def test_the_judge_reads_the_first_grade_and_scales_it():
 
 
 def test_a_sample_is_scored_at_the_slot_after_its_completion_as_in_training():
-    scorer = ValueModelScorer(engine=None, end_token=3)
+    scorer = ValueModelScorer(offload=None, end_token=3)
     assert scorer.row(_sample([2, 5], [7, 7], "length")) == [2, 5, 7, 7, 3]
     assert scorer.row(_sample([2, 5], [7, 3], "stop")) == [2, 5, 7, 3, 3]
 

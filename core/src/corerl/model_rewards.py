@@ -66,12 +66,12 @@ def _sequence_to_token_classifier(checkpoint: str, out: Path) -> None:
 
 @attrs.define
 class ValueModelScorer:
-    """A frozen value engine scoring prompt + completion rows (``rows`` at a time)."""
+    """A frozen value engine, behind its :class:`~corerl.offload.ReferenceOffload`, scoring prompt +
+    completion rows (``rows`` at a time) at their score slot."""
 
-    engine: Any
+    offload: Any
     end_token: int
     rows: int = 64
-    offload: Any = None
 
     def row(self, sample: Sample) -> list[int]:
         """Prompt, completion and the slot token, as the reward model's training rows were made
@@ -79,24 +79,16 @@ class ValueModelScorer:
         return [*sample.prompt_ids, *sample.completion_ids, self.end_token]
 
     def score(self, groups: Sequence[Sequence[Sample]], items: Sequence[Any]) -> list[list[float]]:
-        import torch
-
+        from corerl.algorithms.reward_model import last_token_mask, slot_scores
         from corerl.training.batching import right_pad
 
         samples = [s for group in groups for s in group]
         scores: list[float] = []
         for start in range(0, len(samples), self.rows):
-            chunk = samples[start:start + self.rows]
-            input_ids, attention = right_pad([self.row(s) for s in chunk])
-            slot = torch.zeros_like(input_ids)
-            slot[torch.arange(len(chunk)), attention.sum(dim=1) - 1] = 1
-            batch = {"input_ids": input_ids, "attention_mask": attention, "loss_mask": slot}
-            if self.offload is not None:
-                with self.offload.scoring() as engine:
-                    values = engine.values(batch)
-            else:
-                values = self.engine.values(batch)
-            scores += (values * slot).sum(dim=1).tolist()
+            input_ids, attention = right_pad([self.row(s) for s in samples[start:start + self.rows]])
+            batch = {"input_ids": input_ids, "attention_mask": attention, "loss_mask": last_token_mask(attention)}
+            with self.offload.scoring() as engine:
+                scores += slot_scores(engine, batch).tolist()
         return _regroup(scores, groups)
 
 

@@ -226,6 +226,7 @@ class RunContext:
 
     def start_reward_scorer(self) -> Any:
         """The scorer ``reward_model`` describes, its engine started here (shut down with the run)."""
+        from corerl.algorithms.reward_model import slot_token
         from corerl.config.critic import CRITIC_ROLE
         from corerl.model_rewards import JudgeScorer, ValueModelScorer, as_value_model
         from corerl.models.tokenizer import check_same_vocabulary
@@ -253,9 +254,8 @@ class RunContext:
         config = attrs.evolve(self.config, core=attrs.evolve(self.config.core, policy=policy), role=CRITIC_ROLE)
         assert self.selection.training_backend.registration is not None
         engine = self.start(self.selection.training_backend.registration, path, config=config)
-        end = self.tokenizer.eos_token_id if self.tokenizer.eos_token_id is not None else self.tokenizer.pad_token_id
-        return ValueModelScorer(engine, int(end or 0), settings.micro_batch_size,
-                                ReferenceOffload(engine, settings.cpu_offload))
+        return ValueModelScorer(ReferenceOffload(engine, settings.cpu_offload), slot_token(self.tokenizer),
+                                settings.micro_batch_size)
 
     def _build_rollout(self) -> Any:
         from corerl.environments.rollout import MultiTurnRollout, SingleTurnRollout

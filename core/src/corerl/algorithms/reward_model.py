@@ -36,11 +36,26 @@ def scoring_batch(pairs: Sequence[PreferencePair], end_token: int) -> Batch:
     loss mask on that token alone: its value slot holds the score of prompt + response."""
     batch = preference_batch([(prompt, [*chosen, end_token], [*rejected, end_token])
                               for prompt, chosen, rejected in pairs])
-    last = batch["attention_mask"].sum(dim=1) - 1  # right-padded rows
-    mask = torch.zeros_like(batch["loss_mask"])
-    mask[torch.arange(mask.shape[0]), last] = 1
-    batch["loss_mask"] = mask
+    batch["loss_mask"] = last_token_mask(batch["attention_mask"])
     return batch
+
+
+def last_token_mask(attention_mask: torch.Tensor) -> torch.Tensor:
+    """1 on each right-padded row's last token (its score slot), 0 elsewhere."""
+    mask = torch.zeros_like(attention_mask)
+    mask[torch.arange(mask.shape[0]), attention_mask.sum(dim=1) - 1] = 1
+    return mask
+
+
+def slot_token(tokenizer: Any) -> int:
+    """The token after a response whose value slot holds its score: end-of-sequence, else padding."""
+    token = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else tokenizer.pad_token_id
+    return int(token if token is not None else 0)
+
+
+def slot_scores(engine: Any, batch: Batch) -> torch.Tensor:
+    """``[B]``: each row's value at its score slot (``batch["loss_mask"]``) under a value engine."""
+    return (engine.values(batch) * batch["loss_mask"]).sum(dim=1)
 
 
 @attrs.frozen
@@ -67,9 +82,7 @@ def score_pairs(engine: Any, pairs: Sequence[PreferencePair], end_token: int, ch
     """``[len(pairs), 2]``: the scores of each pair's chosen and rejected response."""
     out = []
     for start in range(0, len(pairs), chunk):
-        batch = scoring_batch(pairs[start:start + chunk], end_token)
-        values = engine.values(batch)
-        out.append((values * batch["loss_mask"]).sum(dim=1).reshape(-1, 2))
+        out.append(slot_scores(engine, scoring_batch(pairs[start:start + chunk], end_token)).reshape(-1, 2))
     return torch.cat(out) if out else torch.zeros(0, 2)
 
 
@@ -119,9 +132,7 @@ class RewardModelAlgorithm(AlgorithmBase):
 
     @property
     def end_token(self) -> int:
-        tokenizer = self.context.tokenizer
-        token = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else tokenizer.pad_token_id
-        return int(token if token is not None else 0)
+        return slot_token(self.context.tokenizer)
 
     def begin(self) -> None:
         self.pairs = self.context.task.train_pairs()
