@@ -213,6 +213,18 @@ class RunContext:
             self._rollout = self._build_rollout()
         return self._rollout
 
+    def frozen_config(self, model_path: str, *, micro_batch_size: int | None = None, backend: str | None = None,
+                      role: str | None = None) -> Config:
+        """The config of a frozen model beside the policy (a distillation teacher, a reward model):
+        the policy's, with ``model_path``, no adapter, ``micro_batch_size`` rows per scoring forward
+        and training ``backend`` (unset: the policy's), in ``role`` (unset: the run's)."""
+        core = self.config.core
+        policy = attrs.evolve(
+            core.policy, model_name=model_path, training_backend=backend or core.policy.training_backend,
+            logprob_micro_batch_size=micro_batch_size or core.policy.logprob_micro_batch_size,
+            lora=attrs.evolve(core.policy.lora, enabled=False))
+        return attrs.evolve(self.config, core=attrs.evolve(core, policy=policy), role=role or self.config.role)
+
     def training_rollout(self) -> Any:
         """The rollout training scores: :meth:`rollout`, or with ``reward_model.kind`` the same
         samples rescored by the reward model or judge (held-out and eval keep :meth:`rollout`)."""
@@ -249,9 +261,7 @@ class RunContext:
         path = as_value_model(resolve_model(settings.model_name, self.run_dir, key="reward_model.model_name",
                                             folder="reward_model_base"), self.run_dir / "reward_value_model")
         check_same_vocabulary(self.model_path, path, "reward_model.model_name", "reward model")
-        policy = attrs.evolve(self.config.core.policy, model_name=path, logprob_micro_batch_size=settings.micro_batch_size,
-                              lora=attrs.evolve(self.config.core.policy.lora, enabled=False))
-        config = attrs.evolve(self.config, core=attrs.evolve(self.config.core, policy=policy), role=CRITIC_ROLE)
+        config = self.frozen_config(path, micro_batch_size=settings.micro_batch_size, role=CRITIC_ROLE)
         assert self.selection.training_backend.registration is not None
         engine = self.start(self.selection.training_backend.registration, path, config=config)
         return ValueModelScorer(ReferenceOffload(engine, settings.cpu_offload), slot_token(self.tokenizer),

@@ -17,7 +17,6 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import attrs
 import torch
 
 from corerl.algorithms.batches import minibatches, samples_to_batch, step_seed
@@ -30,23 +29,9 @@ from corerl.offload import ReferenceOffload
 from corerl.training.weights import send_weights
 
 if TYPE_CHECKING:
-    from corerl.config import Config
     from corerl.run_context import RunContext
 
 TEACHER_KEY = "algorithm.distillation.teacher_model"
-
-
-def teacher_config(config: Config, teacher_path: str) -> Config:
-    """The teacher's backend config: the policy's, with the teacher's checkpoint, its micro-batch
-    size and no adapter (the teacher is a whole frozen model)."""
-    core, settings = config.core, config.section("algorithm.distillation")
-    policy = attrs.evolve(
-        core.policy, model_name=teacher_path,
-        training_backend=settings.teacher_training_backend or core.policy.training_backend,
-        logprob_micro_batch_size=settings.teacher_micro_batch_size or core.policy.logprob_micro_batch_size,
-        lora=attrs.evolve(core.policy.lora, enabled=False),
-    )
-    return attrs.evolve(config, core=attrs.evolve(core, policy=policy))
 
 
 def reverse_kl_advantages(student: torch.Tensor, teacher: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -82,7 +67,8 @@ class DistillationAlgorithm(AlgorithmBase):
         settings = context.config.section("algorithm.distillation")
         teacher_path = resolve_model(settings.teacher_model, context.run_dir, key=TEACHER_KEY, folder="teacher_model")
         check_same_vocabulary(context.starting_weights, teacher_path, TEACHER_KEY, "teacher")
-        config = teacher_config(context.config, teacher_path)
+        config = context.frozen_config(teacher_path, micro_batch_size=settings.teacher_micro_batch_size,
+                                       backend=settings.teacher_training_backend)
         registration = context.selection.training_backend.registration
         if settings.teacher_training_backend is not None:
             registration = context.host.training_backends.get(settings.teacher_training_backend)
