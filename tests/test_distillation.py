@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
-from corerl.algorithms.distillation import (
+from corerl.algorithms.distillation_math import (
+    TopKDistillationLoss,
     reverse_kl_advantages,
     reverse_kl_k3,
+    topk_forward_kl,
 )
 from corerl.algorithms.grpo_math import GRPOLoss
 from corerl.errors import ConfigError
@@ -37,6 +41,71 @@ def test_the_loss_on_reverse_kl_advantages_follows_the_gradient_of_kl_student_to
     # and the logged estimate averages to the same KL
     weighted = (student.exp() * reverse_kl_k3(student, teacher)).sum()
     assert torch.allclose(weighted, kl, atol=1e-6) and bool((reverse_kl_k3(student, teacher) >= 0).all())
+
+
+def test_the_forward_kl_over_the_whole_vocabulary_has_the_gradient_of_kl_teacher_to_student():
+    """With k the whole 6-word vocabulary the top-k sum is KL(teacher || student) itself: the
+    loss's value and its gradient with respect to the student's logits are the closed form's,
+    computed by autograd."""
+    gen = torch.Generator().manual_seed(1)
+    logits = torch.randn(2, 3, 6, generator=gen, requires_grad=True)  # 2 rows x 3 positions
+    student = torch.log_softmax(logits, dim=-1)
+    teacher = torch.log_softmax(torch.randn(2, 3, 6, generator=gen), dim=-1)
+    mask = torch.tensor([[0.0, 1.0, 1.0], [0.0, 1.0, 0.0]])
+    closed = ((teacher.exp() * (teacher - student)).sum(-1) * mask).sum() / 3
+    (expected,) = torch.autograd.grad(closed, logits, retain_graph=True)
+
+    order = teacher.argsort(dim=-1, descending=True)  # the teacher's top-6, as an engine returns them
+    batch = {"loss_mask": mask, "teacher_topk_logprobs": teacher.gather(-1, order),
+             "candidate_logprobs": student.gather(-1, order)}
+    loss, metrics = TopKDistillationLoss("forward")(student[..., 0], batch, 3.0)
+    (ours,) = torch.autograd.grad(loss, logits)
+    assert torch.allclose(loss, closed, atol=1e-6) and torch.allclose(ours, expected, atol=1e-6)
+    assert float(metrics["forward_kl"]) == pytest.approx(float(closed.detach()))
+
+
+def test_the_top_k_sum_by_hand_and_the_mixed_weighting():
+    """k=2 of a 4-word vocabulary, by hand: the teacher's own probabilities of its two tokens,
+    and with zero_outside_topk those two renormalised; mixed is the weighted sum of the forward
+    term and GRPO's reverse-KL loss on the same batch."""
+    teacher = torch.log(torch.tensor([[[0.5, 0.3]]]))  # 0.2 of the teacher's mass outside its top-2
+    student = torch.log(torch.tensor([[[0.25, 0.25]]]))
+    by_hand = 0.5 * (math.log(0.5) - math.log(0.25)) + 0.3 * (math.log(0.3) - math.log(0.25))
+    assert float(topk_forward_kl(student, teacher)) == pytest.approx(by_hand, abs=1e-6)
+    renormalised = 0.625 * (math.log(0.625) - math.log(0.25)) + 0.375 * (math.log(0.375) - math.log(0.25))
+    assert float(topk_forward_kl(student, teacher, renormalise=True)) == pytest.approx(renormalised, abs=1e-6)
+
+    logprobs = torch.tensor([[0.0, -1.2]], requires_grad=True)
+    batch = {"loss_mask": torch.tensor([[0.0, 1.0]]), "advantages": torch.tensor([[0.0, 0.4]]),
+             "teacher_topk_logprobs": torch.cat([torch.zeros(1, 1, 2), teacher], dim=1),
+             "candidate_logprobs": torch.cat([torch.zeros(1, 1, 2), student], dim=1)}
+    reverse, _ = GRPOLoss()(logprobs, batch, 1.0)
+    mixed, metrics = TopKDistillationLoss("mixed", mixed_kl_weight=0.25)(logprobs, batch, 1.0)
+    assert float(mixed) == pytest.approx(0.25 * by_hand + 0.75 * float(reverse), abs=1e-6)
+    assert set(metrics) >= {"forward_kl", "clip_fraction"}
+
+
+def test_top_k_and_candidate_logprobs_of_logits_line_up_with_the_token_logprobs():
+    """The helpers every backend's forward uses: at each position the top-k of the next-token
+    distribution (the sampled token's logprob among them when it is the most likely), and the
+    candidates' logprobs where the candidates are the top-k, all 0 at position 0 and on padding."""
+    from corerl.training.logprobs import batch_logprobs, candidate_logprobs, join_topk, split_topk, topk_logprobs
+
+    gen = torch.Generator().manual_seed(2)
+    logits = torch.randn(2, 5, 11, generator=gen)
+    mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]])
+    ids = logits.argmax(-1).roll(1, dims=1)  # each token the previous position's most likely
+    top, top_ids = topk_logprobs(logits, 3, mask)
+    full = torch.log_softmax(logits[:, :-1], dim=-1)
+    assert torch.allclose(top[0, 1:], full[0].topk(3).values, atol=1e-6)
+    assert torch.equal(top_ids[0, 1:], full[0].topk(3).indices)
+    assert float(top[:, 0].abs().sum()) == 0.0 and float(top[1, 3:].abs().sum()) == 0.0
+    assert torch.allclose(candidate_logprobs(logits, top_ids, mask), top, atol=1e-6)
+    micro_batch = {"input_ids": ids, "attention_mask": mask, "topk_request": torch.tensor(3)}
+    tokens = batch_logprobs(logits, micro_batch, mask)
+    assert torch.allclose(tokens[:, 1:] * mask[:, 1:], top[:, 1:, 0] * mask[:, 1:], atol=1e-6)
+    back = split_topk(join_topk(tokens, micro_batch))
+    assert torch.equal(back[2], top_ids) and torch.allclose(back[1], top) and torch.allclose(back[0], tokens)
 
 
 def test_a_teacher_with_another_tokenizer_is_refused_in_one_line(tmp_path):
@@ -88,3 +157,36 @@ def test_a_teacher_backend_that_is_not_installed_is_refused_in_one_line(tmp_path
         assert "'nope'" in str(caught.value) and not context.started
     finally:
         context.close(run_failed=False)
+
+
+def test_a_teacher_of_its_own_gets_its_layout_its_ranks_and_its_own_placement_pool(tmp_path):
+    """teacher_overrides laid over the recipe: policy keys change the teacher's layout and keep
+    the policy's pool; cluster keys give it ranks in a pool of its own; what cannot be the
+    teacher's own, or does not validate, is refused at the teacher's key."""
+    from corerl.config.own_layout import with_own_layout
+    from corerl.distributed.placement import training_layout
+    from corerl.errors import ConfigErrors
+
+    recipe = write_recipe(tmp_path / "r.yaml", {
+        "cluster": {"gpus_per_node": 2},
+        "policy": {"model_name": "builtin:tiny-qwen2-small", "generation": {"backend": "hf"},
+                   "dtensor_cfg": {"enabled": True}},
+        "algorithm": {"name": "distillation", "distillation": {"teacher_model": "builtin:tiny-qwen2"}},
+        "data": {"task": "digit_echo"}})
+    config, _ = select_for(host_with(None, "installed"), recipe, [])
+    key = "algorithm.distillation.teacher_overrides"
+    layout = with_own_layout(config, {"policy": {"precision": "bfloat16", "dtensor_cfg": {"tensor_parallel_size": 2}}},
+                             key, "teacher")
+    assert layout.core.policy.precision == "bfloat16" and layout.section("policy.dtensor_cfg").tensor_parallel_size == 2
+    assert config.section("policy.dtensor_cfg").tensor_parallel_size == 1 and config.core.policy.precision == "float32"
+    assert layout.pool == "colocated" and training_layout(layout.core.cluster, layout.pool).name == "colocated"
+    own = with_own_layout(config, {"cluster": {"gpus_per_node": 4}}, key, "teacher")
+    pool = training_layout(own.core.cluster, own.pool)
+    assert (pool.name, pool.size, own.core.policy) == ("teacher", 4, config.core.policy)
+    with pytest.raises(ConfigError, match="data is not a section a frozen model can have its own keys for") as caught:
+        with_own_layout(config, {"data": {"task": "x"}}, key, "teacher")
+    assert caught.value.key == f"{key}.data"
+    with pytest.raises(ConfigErrors) as errors:
+        with_own_layout(config, {"policy": {"dtensor_cfg": {"tensor_parallel_size": 3}}}, key, "teacher")
+    assert [e.key for e in errors.value.errors] == [f"{key}.policy.dtensor_cfg.tensor_parallel_size"]
+    assert "must divide the world size" in str(errors.value) and "\n" not in str(errors.value)

@@ -143,7 +143,7 @@ def test_keys_nothing_maps_are_left_out_with_one_warning_and_refused_with_strict
 @pytest.mark.parametrize("override, says", [
     ("grpo.async_grpo.enabled=true", "policy.generation.colocated.enabled: asynchronous RL generates while training "
                                      "runs"),
-    ("loss_fn.kl_type=forward", "loss_fn.kl_type: 'forward' KL distillation is not built into corerl yet"),
+    ("loss_fn.kl_type=sideways", "algorithm.distillation.kl_type: expected one of 'reverse', 'forward', 'mixed'"),
     ("policy.train_global_batch_size=48", "policy.train_global_batch_size: 48 sequences per optimizer step do not "
                                           "divide the 64"),
     ("grpo.adv_estimator.name=gdpo", "the 'gdpo' advantage estimator is not built into corerl yet"),

@@ -343,7 +343,7 @@ def _distillation(data: dict) -> None:
     data["checkpointing"].update(enabled=True, metric_name="val:accuracy", keep_top_k=3)
 
 
-def test_a_reverse_kl_distillation_recipe_runs_corerls_distillation_with_its_teacher(tmp_path, capsys):
+def test_a_distillation_recipe_runs_corerls_distillation_with_its_teacher_and_kl_type(tmp_path, capsys):
     recipe = _reshaped(tmp_path, "distillation.yaml", _distillation)
     config = _load(recipe)
     core, settings = config.core, config.section("algorithm.distillation")
@@ -356,20 +356,23 @@ def test_a_reverse_kl_distillation_recipe_runs_corerls_distillation_with_its_tea
     assert (core.eval.every_n_steps, core.eval.num_samples) == (10, 1)
     assert (core.checkpointing.metric_name, core.checkpointing.keep_top_k) == ("eval/mean@1", 3)
     fates = {f.key: (f.fate, f.detail) for f in config.fates}
-    assert fates["distillation.topk_logits_k"][0] == "inert" and fates["teacher.train_global_batch_size"][0] == "inert"
+    assert fates["distillation.topk_logits_k"][0] == "acts" and fates["teacher.train_global_batch_size"][0] == "inert"
     assert fates["teacher.dtensor_cfg.tensor_parallel_size"] == ("inert", "the same as policy.dtensor_cfg.tensor_parallel_size")
     assert _Validated(capsys, str(recipe)).code == 0
-    # NeMo RL's default mixed (and forward) KL, a top-k correction, a teacher layout of its own: one line each
-    for override, says in (("loss_fn.kl_type=mixed", "loss_fn.kl_type: 'mixed' KL distillation is not built into "
-                                                     "corerl yet: forward and mixed KL need the teacher's top-k logits"),
-                           ("loss_fn.zero_outside_topk=true", "loss_fn.zero_outside_topk: True is not supported"),
-                           ("teacher.dtensor_cfg.tensor_parallel_size=2", "teacher.dtensor_cfg.tensor_parallel_size: 2, "
-                                                                          "the policy's 1: corerl runs the teacher with "
-                                                                          "the policy's layout")):
-        line = _one_line(_Validated(capsys, str(recipe), override))
-        assert says in line and "override" in line, line  # where to fix it
-    two = _one_line(_Validated(capsys, str(recipe), "teacher.precision=bfloat16", "teacher.max_total_sequence_length=6"))
-    assert two.startswith("corerl: error: teacher: 2 keys differ from the policy's: max_total_sequence_length (6: "), two
+    # NeMo RL's default mixed (and forward) KL over the teacher's top-k act
+    mixed = _load(recipe, "loss_fn.kl_type=mixed", "loss_fn.mixed_kl_weight=0.3", "distillation.topk_logits_k=8",
+                  "loss_fn.zero_outside_topk=true").section("algorithm.distillation")
+    assert (mixed.kl_type, mixed.mixed_kl_weight, mixed.topk_logits_k, mixed.zero_outside_topk) == ("mixed", 0.3, 8, True)
+    # the teacher's own precision and layout act through teacher_overrides (validated as the policy's
+    # are); a teacher that cannot score the student's whole sequences is refused in one line
+    own = _load(recipe, "teacher.precision=bfloat16").section("algorithm.distillation")
+    assert own.teacher_overrides == {"policy": {"precision": "bfloat16"}}
+    line = _one_line(_Validated(capsys, str(recipe), "teacher.dtensor_cfg.tensor_parallel_size=2"))
+    assert line.startswith("corerl: error: algorithm.distillation.teacher_overrides.policy.dtensor_cfg."
+                           "tensor_parallel_size: tensor_parallel_size x context_parallel_size (2) must divide"), line
+    assert "override 'teacher.dtensor_cfg.tensor_parallel_size=2'" in line, line  # where to fix it
+    short = _one_line(_Validated(capsys, str(recipe), "teacher.max_total_sequence_length=6"))
+    assert short.startswith("corerl: error: teacher.max_total_sequence_length: 6: shorter than "), short
 
 
 def test_the_reward_model_environment_is_corerls_bradley_terry_reward_model(tmp_path, capsys):

@@ -214,16 +214,23 @@ class RunContext:
         return self._rollout
 
     def frozen_config(self, model_path: str, *, micro_batch_size: int | None = None, backend: str | None = None,
-                      role: str | None = None) -> Config:
+                      role: str | None = None, own_layout: Any = None, own_layout_key: str = "",
+                      pool: str = "frozen") -> Config:
         """The config of a frozen model beside the policy (a distillation teacher, a reward model):
         the policy's, with ``model_path``, no adapter, ``micro_batch_size`` rows per scoring forward
-        and training ``backend`` (unset: the policy's), in ``role`` (unset: the run's)."""
-        core = self.config.core
+        and training ``backend`` (unset: the policy's), in ``role`` (unset: the run's); with
+        ``own_layout`` (``policy`` and ``cluster`` keys, given at ``own_layout_key``) laid over the
+        recipe first (:func:`corerl.config.own_layout.with_own_layout`; cluster keys: its ranks in
+        a Ray placement ``pool`` of their own)."""
+        from corerl.config.own_layout import with_own_layout
+
+        config = with_own_layout(self.config, own_layout, own_layout_key, pool)
+        core = config.core
         policy = attrs.evolve(
             core.policy, model_name=model_path, training_backend=backend or core.policy.training_backend,
             logprob_micro_batch_size=micro_batch_size or core.policy.logprob_micro_batch_size,
             lora=attrs.evolve(core.policy.lora, enabled=False))
-        return attrs.evolve(self.config, core=attrs.evolve(core, policy=policy), role=role or self.config.role)
+        return attrs.evolve(config, core=attrs.evolve(core, policy=policy), role=role or self.config.role)
 
     def training_rollout(self) -> Any:
         """The rollout training scores: :meth:`rollout`, or with ``reward_model.kind`` the same

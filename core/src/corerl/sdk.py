@@ -74,7 +74,7 @@ from corerl.training.batching import loss_token_count
 from corerl.training.contract import Batch, LossFn, StepResult, TrainingEngine, ValueEngine
 from corerl.training.grad_norm import clip_grad_norm
 from corerl.training.hf_export import copy_tokenizer, write_hf_checkpoint
-from corerl.training.logprobs import model_logprobs, token_logprobs
+from corerl.training.logprobs import TOPK_REQUEST, batch_logprobs, join_topk, model_logprobs, token_logprobs
 from corerl.training.memory import move_optimizer_state, optimizer_state_tensors, storage_bytes
 from corerl.training.microbatching import MicroBatcher
 from corerl.training.moe_router import check_router_replay
@@ -117,7 +117,7 @@ __all__ = [
     "load_plain", "is_complete", "write_complete", "parallel_sizes_divide_world", "resolve", "local_gpu_index",
     "runs_here_without_gpu", "dedicated_generation_layout", "barrier", "free_port", "choose_tokens",
     "cut_at_stop_strings", "SharedWeightWriter", "read_shared", "code_runner_problem", "shift_values",
-    "copy_tokenizer", "write_hf_checkpoint", "load_tokenizer_folder", "model_shape", "check_tensor_parallel", "check_expert_parallel", "token_logprobs", "move_optimizer_state", "register_segment_attention",
+    "copy_tokenizer", "write_hf_checkpoint", "load_tokenizer_folder", "model_shape", "check_tensor_parallel", "check_expert_parallel", "token_logprobs", "TOPK_REQUEST", "batch_logprobs", "join_topk", "move_optimizer_state", "register_segment_attention",
 ]
 
 

@@ -1,13 +1,18 @@
 """On-policy distillation: the student (the policy) samples, a frozen teacher scores the student's
-own tokens, and the student learns to lower the reverse KL from the teacher on them.
+own tokens, and the student learns to lower a KL to the teacher on them.
 
 prompts --generate (student)--> samples --training.logprobs--> student logprobs
-        --teacher.logprobs--> teacher logprobs --per token: teacher - student--> advantages
-        --train_step (the clipped policy-gradient loss, one on-policy pass)--> new weights --refit-->
+        --teacher.logprobs (or topk_logprobs)--> teacher logprobs (and its top-k next tokens)
+        --the kl_type loss (one on-policy pass)--> new weights --refit-->
 
-With ``A_t = log p_teacher(x_t) - log p_student(x_t)`` (detached) as each sampled token's
-advantage, the policy-gradient step is the gradient of ``KL(student || teacher)`` per token,
-estimated on the student's own samples (no discount over later tokens). The task's reward is
+``kl_type: reverse``: with ``A_t = log p_teacher(x_t) - log p_student(x_t)`` (detached) as each
+sampled token's advantage, the policy-gradient step is the gradient of ``KL(student || teacher)``
+per token, estimated on the student's own samples (no discount over later tokens). ``forward``:
+``KL(teacher || student)`` at each of the student's positions, summed over the teacher's
+``topk_logits_k`` most likely next tokens (the teacher's engine returns them with
+``topk_logprobs``; the student's backend computes its logprobs of the same tokens as
+``candidate_logprobs``). ``mixed``: a weighted sum of the two
+(:class:`~corerl.algorithms.distillation_math.TopKDistillationLoss`). The task's reward is
 scored and logged, not trained on: the teacher is the only signal.
 """
 
@@ -21,6 +26,11 @@ import torch
 
 from corerl.algorithms.batches import minibatches, samples_to_batch, step_seed
 from corerl.algorithms.contract import AlgorithmBase
+from corerl.algorithms.distillation_math import (
+    TopKDistillationLoss,
+    reverse_kl_advantages,
+    reverse_kl_k3,
+)
 from corerl.algorithms.grpo_math import GRPOLoss
 from corerl.errors import ConfigError
 from corerl.generation.contract import SamplingSettings
@@ -34,18 +44,6 @@ if TYPE_CHECKING:
 TEACHER_KEY = "algorithm.distillation.teacher_model"
 
 
-def reverse_kl_advantages(student: torch.Tensor, teacher: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Each loss token's advantage, ``log p_teacher - log p_student`` (0 off the loss tokens)."""
-    return ((teacher - student) * mask).to(torch.float32)
-
-
-def reverse_kl_k3(student: torch.Tensor, teacher: torch.Tensor) -> torch.Tensor:
-    """Per token, ``r - 1 - log r`` with ``r = p_teacher / p_student``: an estimate of
-    KL(student || teacher) from the student's samples that is unbiased and never negative."""
-    log_ratio = teacher - student
-    return torch.expm1(log_ratio) - log_ratio
-
-
 class DistillationAlgorithm(AlgorithmBase):
     """``algorithm.name: distillation``: each step samples ``algorithm.batch_size`` prompts x
     ``num_generations_per_prompt`` completions from the student, scores them with the teacher
@@ -57,7 +55,8 @@ class DistillationAlgorithm(AlgorithmBase):
         super().__init__(context)
         self.teacher: Any = None
         self.teacher_offload: ReferenceOffload | None = None
-        self.loss = GRPOLoss()
+        self.loss: Any = GRPOLoss()
+        self.topk: int | None = None  # forward or mixed KL: how many of the teacher's next tokens
         self.rollout: Any = None
 
     def begin(self) -> None:
@@ -68,7 +67,9 @@ class DistillationAlgorithm(AlgorithmBase):
         teacher_path = resolve_model(settings.teacher_model, context.run_dir, key=TEACHER_KEY, folder="teacher_model")
         check_same_vocabulary(context.starting_weights, teacher_path, TEACHER_KEY, "teacher")
         config = context.frozen_config(teacher_path, micro_batch_size=settings.teacher_micro_batch_size,
-                                       backend=settings.teacher_training_backend)
+                                       backend=settings.teacher_training_backend,
+                                       own_layout=settings.teacher_overrides,
+                                       own_layout_key="algorithm.distillation.teacher_overrides", pool="teacher")
         registration = context.selection.training_backend.registration
         if settings.teacher_training_backend is not None:
             registration = context.host.training_backends.get(settings.teacher_training_backend)
@@ -77,9 +78,32 @@ class DistillationAlgorithm(AlgorithmBase):
                                   key="algorithm.distillation.teacher_training_backend",
                                   hint=f"installed: {', '.join(context.host.training_backends.ids())}; or unset it "
                                        "to host the teacher on the policy's backend")
+        if settings.teacher_overrides:  # a layout of its own: the backend's own check, as selection runs it for the policy
+            registration.check(config)
         self.teacher = context.start(registration, teacher_path, config=config)
         self.teacher_offload = ReferenceOffload(self.teacher, settings.teacher_cpu_offload)
+        if settings.kl_type != "reverse":
+            self.topk = self._topk(settings, registration.id, teacher_path)
+            self.loss = TopKDistillationLoss(settings.kl_type, settings.mixed_kl_weight, settings.zero_outside_topk)
         self.rollout = context.rollout()
+
+    def _topk(self, settings: Any, backend: str, teacher_path: str) -> int:
+        """``topk_logits_k``, once the teacher's engine is known to compute top-k logprobs and its
+        vocabulary to hold that many tokens."""
+        from transformers import AutoConfig
+
+        if not callable(getattr(self.teacher, "topk_logprobs", None)):
+            raise ConfigError(f"kl_type {settings.kl_type} needs the teacher's top-k next tokens, and training "
+                              f"backend {backend!r} does not compute them (no topk_logprobs, contract 2.10)",
+                              key="algorithm.distillation.kl_type",
+                              hint="use kl_type reverse, or host the teacher on a backend that has topk_logprobs "
+                                   "(algorithm.distillation.teacher_training_backend)")
+        vocab = int(AutoConfig.from_pretrained(teacher_path).vocab_size)
+        if settings.topk_logits_k > vocab:
+            raise ConfigError(f"topk_logits_k {settings.topk_logits_k} is more than the teacher's {vocab}-token "
+                              "vocabulary", key="algorithm.distillation.topk_logits_k",
+                              hint=f"set it to at most {vocab}")
+        return int(settings.topk_logits_k)
 
     def step(self) -> dict[str, float]:
         context = self.context
@@ -100,7 +124,11 @@ class DistillationAlgorithm(AlgorithmBase):
         mask = batch["loss_mask"].to(torch.float32)
         student = context.training.logprobs(batch)
         with self.teacher_offload.scoring() as teacher:
-            teacher_logprobs = teacher.logprobs(batch)
+            if self.topk is None:
+                teacher_logprobs = teacher.logprobs(batch)
+            else:  # forward or mixed KL: the teacher's top-k next tokens, and the student's logprobs of them
+                teacher_logprobs, batch["teacher_topk_logprobs"], batch["candidate_ids"] = teacher.topk_logprobs(
+                    batch, self.topk)
         batch["advantages"] = reverse_kl_advantages(student, teacher_logprobs, mask)
         timings["time/logprobs"] = time.perf_counter() - start
 
@@ -122,6 +150,8 @@ class DistillationAlgorithm(AlgorithmBase):
             "optimizer_step": float(last.step),
             "reverse_kl": float((reverse_kl_k3(student, teacher_logprobs) * mask).sum() / tokens),
             "teacher_logprob": float((teacher_logprobs * mask).sum() / tokens),
+            **({} if self.topk is None else {"teacher_topk_mass": float(
+                (batch["teacher_topk_logprobs"].exp().sum(dim=-1) * mask).sum() / tokens)}),
             "reward/mean": float(rewards.mean()),
             "reward/max": float(rewards.max()),
             "loss": float(last.loss),

@@ -54,12 +54,22 @@ class DistillationConfig:
                                                    "with the student's tokenizer; required")
     teacher_training_backend: str | None = setting(None, help="the training backend that hosts the frozen teacher; "
                                                               "unset: the policy's, with its layout")
+    teacher_overrides: dict[str, Any] | None = setting(
+        None, help="policy and cluster keys the teacher runs with instead of the policy's: its own layout (e.g. "
+                   "{policy: {dtensor_cfg: {tensor_parallel_size: 2}}}) and, with cluster keys, ranks of its own "
+                   "in a placement pool apart from the policy's; unset: the policy's layout, on its devices")
     teacher_cpu_offload: bool = setting(False, help="keep the teacher's weights in CPU memory except while it scores")
     teacher_micro_batch_size: int | None = setting(None, min=1, help="rows per teacher forward; unset: "
                                                                      "policy.logprob_micro_batch_size")
-    kl_type: Literal["reverse"] = setting("reverse", help="reverse: KL(student || teacher) on the student's sampled "
-                                                          "tokens (forward and mixed need the teacher's top-k logits, "
-                                                          "not yet supported)")
+    kl_type: Literal["reverse", "forward", "mixed"] = setting(
+        "reverse", help="reverse: KL(student || teacher) on the student's sampled tokens; forward: KL(teacher || "
+                        "student) over the teacher's topk_logits_k most likely tokens at each position; mixed: "
+                        "mixed_kl_weight x forward + the rest x reverse")
+    mixed_kl_weight: float = setting(0.5, min=0.0, max=1.0, help="kl_type mixed: the forward KL's weight")
+    topk_logits_k: int = setting(64, min=1, help="kl_type forward or mixed: how many of the teacher's most likely "
+                                                 "next tokens the forward KL sums over")
+    zero_outside_topk: bool = setting(False, help="kl_type forward or mixed: renormalise the teacher over its top-k "
+                                                  "(false: its own probabilities, the rest of the vocabulary left out)")
 
 
 def check_distillation(config: Any) -> None:
@@ -77,6 +87,10 @@ def check_distillation(config: Any) -> None:
     if teacher not in BUILTIN_MODELS and not (Path(teacher) / "config.json").is_file():
         raise ConfigError(f"teacher {teacher} is not a Hugging Face checkpoint folder (no config.json)", key=key,
                           hint="give a local checkpoint folder (a run's final/) or a builtin: model")
+    from corerl.config.own_layout import with_own_layout
+
+    with_own_layout(config, config.section("algorithm.distillation").teacher_overrides,
+                    "algorithm.distillation.teacher_overrides", "teacher")  # the teacher's own keys validate
     if config.core.reward_model.kind is not None:
         raise ConfigError("distillation trains on the teacher's logprobs, not on a reward model's scores",
                           key="reward_model.kind", hint="unset reward_model.kind")

@@ -49,6 +49,9 @@ class Config:
     #: which model a training backend built from this config trains: ``policy`` (a causal LM:
     #: logprobs) or ``critic`` (PPO's value model: values; :func:`corerl.config.critic.critic_config`)
     role: str = "policy"
+    #: which placement pool a training backend built from this config reserves on a Ray cluster:
+    #: the run's colocated pool, or a frozen model's own (:mod:`corerl.config.own_layout`)
+    pool: str = "colocated"
 
     def section(self, path: str) -> Any | None:
         """The plugin-owned section at ``path`` (a schema instance, or a mapping when its plugin is absent)."""
@@ -174,7 +177,12 @@ def config_from_mapping(data: Mapping[str, Any], host: PluginHost, source: str =
 
 def validate_tree(raw: dict[str, Any], origins: Origins, host: PluginHost, source: str) -> Config:
     """Structure the core sections strictly and each plugin-owned section by its plugin's schema."""
-    owned = owned_sections(host)
+    return validate_with_sections(raw, origins, owned_sections(host), source)
+
+
+def validate_with_sections(raw: dict[str, Any], origins: Origins, owned: Mapping[str, type | None],
+                           source: str) -> Config:
+    """:func:`validate_tree` with the plugin-owned sections given (key path -> schema)."""
     ctx = StructureContext(origins, owned, default_source=source)
     core = structure(CorerlConfig, raw, "", ctx)
     if core is not None:

@@ -69,6 +69,15 @@ class WorkerGroupBackend:
         plan, answers = self._split("logprobs", batch, "logprobs")
         return plan.unpack(answers)
 
+    def topk_logprobs(self, batch: Batch, k: int) -> tuple[Any, Any, Any]:
+        """``(logprobs [B, T], topk_logprobs [B, T, k], topk_ids [B, T, k])`` from one forward
+        pass: the token logprobs and, at every position, the ``k`` most likely next tokens (what
+        a distillation teacher gives a forward or mixed KL loss)."""
+        from corerl.training.logprobs import split_topk
+
+        plan, answers = self._split("topk_logprobs", batch, "logprobs", k)
+        return split_topk(plan.unpack(answers))
+
     def values(self, batch: Batch) -> Any:
         """The critic's values (a backend registered with ``value_model=True``)."""
         plan, answers = self._split("values", batch, "logprobs")

@@ -271,9 +271,11 @@ class PoolRegistry:
 POOLS = PoolRegistry()
 
 
-def training_layout(cluster: Any) -> PoolLayout:
-    """The colocated pool of a run: ``cluster.num_nodes x cluster.gpus_per_node`` slots."""
-    return PoolLayout(COLOCATED, cluster.num_nodes, cluster.gpus_per_node)
+def training_layout(cluster: Any, pool: str = COLOCATED) -> PoolLayout:
+    """The pool of a training backend's ranks: ``cluster.num_nodes x cluster.gpus_per_node``
+    slots, the run's colocated pool unless ``pool`` (a config's ``Config.pool``: a frozen model
+    with ranks of its own) names another."""
+    return PoolLayout(pool, cluster.num_nodes, cluster.gpus_per_node)
 
 
 def dedicated_generation_layout(resources: Any) -> PoolLayout:

@@ -61,6 +61,7 @@ import pytest
 import torch
 
 from corerl.testing.reference import (
+    hf_topk,
     hf_logprobs,
     reference_gradients,
     reference_lora_steps,
@@ -272,6 +273,10 @@ class TrainingBackendConformance(BackendLayout):
     #: whether (j) runs the critic in this layout (a value-model backend may turn it off in
     #: layouts that add nothing new for a critic, to keep its suite short)
     critic_checks: ClassVar[bool] = True
+    #: whether (i)'s algorithm variants (the GRPO loss options, the top-k distillation step) run in
+    #: this layout: they check what the backend hands the loss, which one or two layouts per
+    #: backend cover, so the others may turn them off to keep the suite short
+    algorithm_checks: ClassVar[bool] = True
     #: overrides that make the backend's optimizer Adam(W) for (d)'s Adam variant (world size 1
     #: layouts only; empty: skipped in this layout)
     adam_overrides: ClassVar[list[str]] = ["policy.optimizer.name=adamw", "policy.optimizer.lr=0.001"]
@@ -471,9 +476,40 @@ class TrainingBackendConformance(BackendLayout):
 
     @pytest.mark.parametrize("variant", GRPO_LOSS_VARIANTS)
     def test_grpo_loss_variants_match_plain_pytorch(self, backend: Any, model_dir: str, variant: str) -> None:
+        if not self.algorithm_checks:
+            pytest.skip("the algorithm variants are checked in this backend's other layouts (algorithm_checks=False)")
         loss_fn = grpo_conformance_loss(variant)
         result = self._check_step(backend, model_dir, grpo_conformance_batch(model_dir, loss_fn), loss_fn, variant)
         assert 0.0 < result.metrics["clip_fraction"] < 1.0  # summed over micro-batches and ranks: a share
+
+    def test_topk_distillation_matches_plain_pytorch(self, backend: Any, model_dir: str) -> None:
+        """As a teacher, the engine's ``topk_logprobs`` give transformers' top-k next tokens and
+        logprobs; as a student, its step on the mixed KL over those tokens (the backend computing
+        ``candidate_logprobs``) gives the loss and weights of a plain PyTorch step."""
+        from transformers import AutoModelForCausalLM
+
+        from corerl.algorithms.distillation_math import TopKDistillationLoss
+
+        if not self.algorithm_checks:
+            pytest.skip("the algorithm variants are checked in this backend's other layouts (algorithm_checks=False)")
+        k = 5
+        backend.load_hf(model_dir)
+        batch = conformance_batch()
+        logprobs, top, ids = backend.topk_logprobs(batch, k)
+        expected, expected_ids = hf_topk(AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32),
+                                         batch, k)
+        inside = batch["attention_mask"][:, 1:].bool()
+        assert top.shape == ids.shape == (*batch["input_ids"].shape, k)
+        assert (logprobs - expected["tokens"]).abs().max() <= self.tolerance
+        assert (top - expected["topk"]).abs()[:, 1:][inside].max() <= self.tolerance  # the same k values, in order
+        at_ids = expected["all"].gather(-1, ids[:, 1:])[inside]  # ties aside, the same tokens: theirs at ours
+        assert (at_ids - top[:, 1:][inside]).abs().max() <= self.tolerance
+        gen = torch.Generator().manual_seed(7)
+        mask = batch["loss_mask"].float()
+        batch.update(teacher_topk_logprobs=(expected["topk"] + 0.2 * torch.randn(top.shape, generator=gen)).clamp(max=0.0),
+                     candidate_ids=expected_ids, advantages=torch.randn(mask.shape, generator=gen) * mask)
+        result = self._check_step(backend, model_dir, batch, TopKDistillationLoss("mixed", 0.7), "mixed KL")
+        assert result.metrics["forward_kl"] != 0.0
 
     def _check_step(self, engine: Any, model_dir: str, batch: dict[str, torch.Tensor], loss_fn: Any, label: str,
                     unpadded: bool = False) -> Any:

@@ -51,6 +51,27 @@ def hf_logprobs(model: Any, batch: dict[str, torch.Tensor], *, unpadded: bool = 
         return _unpadded_logprobs(model, batch) if unpadded else _plain_logprobs(model, batch)
 
 
+def _plain_candidate_logprobs(model: Any, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """``[B, T, K]`` logprobs of the batch's ``candidate_ids`` at each position, by a plain forward."""
+    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits.float()
+    logp = torch.log_softmax(logits[:, :-1], dim=-1).gather(-1, batch["candidate_ids"][:, 1:])
+    return torch.cat([torch.zeros_like(logp[:, :1]), logp], dim=1) * batch["attention_mask"][..., None]
+
+
+def hf_topk(model: Any, batch: dict[str, torch.Tensor], k: int) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """By a plain transformers forward, without gradient: ``({"tokens": [B, T] logprobs,
+    "topk": [B, T, k] top-k logprobs, "all": [B, T - 1, V] every next token's logprob}, [B, T, k]
+    top-k ids)``, aligned as the training contract's logprobs (position 0 and padding 0)."""
+    with torch.no_grad():
+        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits.float()
+        full = torch.log_softmax(logits[:, :-1], dim=-1)
+        top, ids = full.topk(k, dim=-1)
+        mask = batch["attention_mask"][..., None]
+        top = torch.cat([torch.zeros_like(top[:, :1]), top], dim=1) * mask
+        ids = torch.cat([torch.zeros_like(ids[:, :1]), ids], dim=1) * mask
+        return {"tokens": _plain_logprobs(model, batch), "topk": top, "all": full}, ids
+
+
 def reference_sgd_step(
     model_dir: str, batch: dict[str, torch.Tensor], loss_fn: Any, *, lr: float, momentum: float,
     max_grad_norm: float | None, unpadded: bool = False, critic: bool = False,
@@ -78,6 +99,8 @@ def reference_gradients(
     else:
         model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
         logprobs = _unpadded_logprobs(model, batch) if unpadded else _plain_logprobs(model, batch)
+        if "candidate_ids" in batch:  # a forward-KL loss reads the candidates' logprobs too
+            batch = {**batch, "candidate_logprobs": _plain_candidate_logprobs(model, batch)}
     optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
     normaliser = float(batch["loss_mask"][:, 1:].sum())
     loss, _ = loss_fn(logprobs, batch, normaliser)

@@ -18,7 +18,11 @@ A loss function is a picklable callable ``loss_fn(logprobs, micro_batch, normali
 (loss, metrics)``: ``logprobs`` are the differentiable ``[b, T]`` logprobs of one micro-batch,
 ``normaliser`` the number of loss tokens in the whole step (all ranks), and ``loss`` a
 scalar whose sum over micro-batches and ranks is the step's loss (so token-level
-normalisation is exact whatever the micro-batching and data parallelism). Metric values are
+normalisation is exact whatever the micro-batching and data parallelism). When the batch
+holds ``candidate_ids`` ``[B, T, K]`` (long), the backend also writes ``candidate_logprobs``
+``[b, T, K]`` (differentiable, aligned like the logprobs: position ``t`` holds
+``log p(candidate_ids[t, k] | input_ids[:t])``) into each micro-batch before calling the loss
+function (a forward KL over a teacher's top-k reads them). Metric values are
 floats or 0-d tensors (a backend may sum tensors over its micro-batches and read them once per
 step, :class:`corerl.training.step_totals.StepTotals`, so that no micro-batch waits on the host).
 """
@@ -58,6 +62,11 @@ class TrainingEngine(Protocol):
 
     def logprobs(self, batch: Batch) -> torch.Tensor:
         """Per-token logprobs ``[B, T]`` of ``batch`` under the current weights (no gradient)."""
+
+    # Optional (contract 2.10): ``topk_logprobs(batch, k) -> (logprobs [B, T], topk_logprobs
+    # [B, T, k], topk_ids [B, T, k])``, the token logprobs and each position's k most likely next
+    # tokens from one forward pass (a forward- or mixed-KL distillation teacher needs it;
+    # :class:`corerl.distributed.group_backend.WorkerGroupBackend` provides it).
 
     def train_step(self, batch: Batch, loss_fn: LossFn) -> StepResult:
         """One optimizer step over ``batch``, in the micro-batches

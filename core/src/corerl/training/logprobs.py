@@ -30,8 +30,85 @@ def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor, attention_mask
     return out * attention_mask.to(out.dtype)
 
 
+def candidate_logprobs(logits: torch.Tensor, candidate_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """``[B, T, K]`` float32: position t holds log p(candidate_ids[t, k] | input_ids[:t]) for each of
+    the K candidates (aligned like :func:`token_logprobs`, so position 0 and padding hold 0): the
+    student's side of a forward KL over a teacher's top-k tokens."""
+    import torch
+
+    body, targets = logits[:, :-1], candidate_ids[:, 1:]
+    step = max(1, LOGSUMEXP_ELEMENTS // max(1, body.shape[0] * body.shape[-1]))
+    parts = []
+    for start in range(0, body.shape[1], step):
+        chunk = body[:, start:start + step].float()
+        parts.append(chunk.gather(-1, targets[:, start:start + step]) - torch.logsumexp(chunk, dim=-1, keepdim=True))
+    picked = torch.cat(parts, dim=1) if parts else body.new_zeros((*body.shape[:2], targets.shape[-1]),
+                                                                 dtype=torch.float32)
+    out = torch.cat([torch.zeros_like(picked[:, :1]), picked], dim=1)
+    return out * attention_mask.to(out.dtype).unsqueeze(-1)
+
+
+def topk_logprobs(logits: torch.Tensor, k: int, attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ``k`` most likely next tokens at every position: ``([B, T, k]`` float32 logprobs,
+    ``[B, T, k]`` long token ids``)``, aligned like :func:`token_logprobs` (position t holds the
+    distribution of token t given ``input_ids[:t]``; position 0 and padding hold 0 and id 0)."""
+    import torch
+
+    body = logits[:, :-1]
+    step = max(1, LOGSUMEXP_ELEMENTS // max(1, body.shape[0] * body.shape[-1]))
+    values, ids = [], []
+    for start in range(0, body.shape[1], step):
+        chunk = body[:, start:start + step].float()
+        top, index = chunk.topk(k, dim=-1)
+        values.append(top - torch.logsumexp(chunk, dim=-1, keepdim=True))
+        ids.append(index)
+    shape = (body.shape[0], 1, k)
+    mask = attention_mask.unsqueeze(-1)
+    top = torch.cat([body.new_zeros(shape, dtype=torch.float32), *values], dim=1) * mask.to(torch.float32)
+    index = torch.cat([torch.zeros(shape, dtype=torch.long, device=body.device), *ids], dim=1) * mask.to(torch.long)
+    return top, index
+
+
+#: a micro-batch field asking the forward pass for the top-k next tokens (a 0-d long tensor: k)
+TOPK_REQUEST = "topk_request"
+
+
+def join_topk(logprobs: torch.Tensor, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """One ``[b, T, 1 + 2k]`` float32 tensor a rank sends back for a top-k request: the token
+    logprobs, the top-k logprobs, then the top-k ids (exact in float32 for any vocabulary
+    under 2^24 tokens); :func:`split_topk` takes it apart."""
+    import torch
+
+    return torch.cat([logprobs.float().unsqueeze(-1), batch["topk_logprobs"].float(),
+                      batch["topk_ids"].float()], dim=-1)
+
+
+def split_topk(joined: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(logprobs [B, T], topk_logprobs [B, T, k], topk_ids [B, T, k] long)`` from :func:`join_topk`'s layout."""
+    import torch
+
+    k = (joined.shape[-1] - 1) // 2
+    return joined[..., 0], joined[..., 1:1 + k], joined[..., 1 + k:].round().to(torch.long)
+
+
+def batch_logprobs(logits: torch.Tensor, batch: dict[str, torch.Tensor], inside: torch.Tensor) -> torch.Tensor:
+    """:func:`token_logprobs` of one micro-batch's logits (``inside``: the positions that hold a
+    logprob), and what else the micro-batch asks of the same logits, written into it:
+
+    - with ``candidate_ids`` ``[b, T, K]``: ``candidate_logprobs`` (:func:`candidate_logprobs`,
+      differentiable: a loss function reads it next to the logprobs);
+    - with :data:`TOPK_REQUEST`: ``topk_logprobs`` and ``topk_ids`` (:func:`topk_logprobs`).
+    """
+    if "candidate_ids" in batch:
+        batch["candidate_logprobs"] = candidate_logprobs(logits, batch["candidate_ids"], inside)
+    if TOPK_REQUEST in batch:
+        batch["topk_logprobs"], batch["topk_ids"] = topk_logprobs(logits, int(batch[TOPK_REQUEST]), inside)
+    return token_logprobs(logits, batch["input_ids"], inside)
+
+
 def model_logprobs(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-    """Run ``model`` on a micro-batch and return :func:`token_logprobs`.
+    """Run ``model`` on a micro-batch and return :func:`batch_logprobs` (the token logprobs, and
+    the candidates' or the top-k the micro-batch asks for, written into it).
 
     A right-padded micro-batch goes in with its ``attention_mask``. A packed one (it has
     ``position_ids``, restarting at 0 where each sequence starts) goes in with the positions
@@ -42,6 +119,6 @@ def model_logprobs(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> to
     if "position_ids" in batch:
         out = model(input_ids=batch["input_ids"], position_ids=batch["position_ids"], use_cache=False)
         inside = batch["attention_mask"] * (batch["position_ids"] != 0).to(batch["attention_mask"].dtype)
-        return token_logprobs(out.logits, batch["input_ids"], inside)
+        return batch_logprobs(out.logits, batch, inside)
     out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False)
-    return token_logprobs(out.logits, batch["input_ids"], batch["attention_mask"])
+    return batch_logprobs(out.logits, batch, batch["attention_mask"])

@@ -79,11 +79,12 @@ class MicroBatchPlan:
         return self.real_tokens / self.slots if self.slots else 1.0
 
     def unpack(self, outputs: Sequence[Sequence[torch.Tensor]]) -> torch.Tensor:
-        """Per-token outputs ``outputs[rank][micro_batch]`` (``[rows, width]``) back into the
-        batch's ``[B, T]`` layout; padding stays 0."""
+        """Per-token outputs ``outputs[rank][micro_batch]`` (``[rows, width, ...]``) back into the
+        batch's ``[B, T, ...]`` layout, float32; padding stays 0."""
         import torch
 
-        out = torch.zeros((self.rows, self.width), dtype=torch.float32)
+        trailing = next((tuple(o.shape[2:]) for answers in outputs for o in answers), ())
+        out = torch.zeros((self.rows, self.width, *trailing), dtype=torch.float32)
         for rank, placements in enumerate(self.placements):
             for p in placements:
                 out[p.source_row, : p.length] = outputs[rank][p.micro_batch][p.row, p.start : p.start + p.length]

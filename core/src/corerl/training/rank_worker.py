@@ -7,6 +7,8 @@ a Ray actor or, for world size 1, an object in the driver. The worker's rank-sid
 - ``logprobs(mbs) -> list[Tensor] | None``: per-token logprobs of this rank's micro-batches;
 - ``values(mbs) -> list[Tensor] | None``: the same for values, on a critic (``config.role``
   is ``"critic"``: the model is a value model, :mod:`corerl.models.value_model`);
+- ``topk_logprobs(mbs, k) -> list[Tensor] | None``: the logprobs and the top-k next tokens
+  (a distillation teacher's; :func:`corerl.training.logprobs.join_topk`);
 - ``train_step(mbs, loss_fn, normaliser) -> dict``: one optimizer step (the loss function gets
   logprobs, or values on a critic); the dict holds ``loss``,
   ``grad_norm``, ``lr``, ``step`` and ``metrics`` (sums over the micro-batches; ``None`` on a
@@ -204,6 +206,24 @@ class RankWorker(RankDeviceReport):
                     out.append(self.forward_logprobs(mb).float().cpu())
                 router.record(mb, current)
         router.share_recording(self.world_size)
+        return out
+
+    def topk_logprobs(self, mbs: list[dict[str, torch.Tensor]], k: int) -> list[torch.Tensor] | None:
+        """Per micro-batch, the token logprobs and the ``k`` most likely next tokens from one
+        forward pass, as :func:`corerl.training.logprobs.join_topk` lays them out: a frozen
+        teacher's side of a top-k distillation loss."""
+        import torch
+
+        from corerl.training.logprobs import TOPK_REQUEST, join_topk
+
+        if self.critic:
+            raise RuntimeError("a critic computes values, not logprobs")
+        self.set_mode(False)
+        out = []
+        with torch.no_grad():
+            for mb in mbs:
+                mb = self.to_device({**mb, TOPK_REQUEST: torch.tensor(k)})
+                out.append(join_topk(self.forward_logprobs(mb), mb).cpu())
         return out
 
     def values(self, mbs: list[dict[str, torch.Tensor]]) -> list[torch.Tensor] | None:

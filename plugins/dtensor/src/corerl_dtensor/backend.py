@@ -36,7 +36,7 @@ class DTensorBackend(WorkerGroupBackend):
         else:
             threads = max(1, (os.cpu_count() or 1) // self.world_size)
             self.group = RayWorkerGroup(
-                WORKER, self.world_size, ray_address=cluster.ray_address, layout=training_layout(cluster),
+                WORKER, self.world_size, ray_address=cluster.ray_address, layout=training_layout(cluster, config.pool),
                 role="training worker", config=config, threads=threads,
             )
 

@@ -116,15 +116,6 @@ def _load_balancing(value: Any) -> str:
     return str(value)
 
 
-def _kl_type(value: Any) -> str:
-    """NeMo RL's distillation ``loss_fn.kl_type`` as corerl's ``algorithm.distillation.kl_type``."""
-    if value != "reverse":
-        raise ValueError(f"{value!r} KL distillation is not built into corerl yet: forward and mixed KL need the "
-                         "teacher's top-k logits, and corerl's distillation trains the reverse KL on the student's "
-                         "sampled tokens")
-    return "reverse"
-
-
 def _step_count(value: Any) -> int:
     """NeMo RL's ``max_num_steps`` where -1 means "until max_num_epochs epochs are done"."""
     if not isinstance(value, int) or value < 1:
@@ -470,21 +461,19 @@ RULES: dict[str, Rule] = {
        for key in ("_override_", "num_prompts_per_dataloader", "custom_dataloader")},
     "data.add_system_prompt": inert(_OFF, _truthy),
     # -- distillation (NeMo RL's distillation: and teacher: sections) --
-    "loss_fn.kl_type": acts("algorithm.distillation.kl_type", _kl_type, "reverse; forward and mixed (NeMo RL's "
-                            "default) need the teacher's top-k logits and are refused"),
-    "loss_fn.mixed_kl_weight": inert("used only with loss_fn.kl_type mixed (refused)"),
-    "loss_fn.zero_outside_topk": inert("NeMo RL's term for the student's probability outside the teacher's top-k "
-                                       "tokens; corerl's reverse KL reads no top-k, so only false is accepted",
-                                       _truthy),
-    "distillation.topk_logits_k": inert("corerl's reverse KL is estimated at each sampled token from the teacher's "
-                                        "logprob of it (the same objective as NeMo RL's sum over the teacher's top-k "
-                                        "tokens, another estimator)"),
+    "loss_fn.kl_type": acts("algorithm.distillation.kl_type", note="reverse on the student's sampled tokens; "
+                            "forward and mixed over the teacher's top-k next tokens"),
+    "loss_fn.mixed_kl_weight": acts("algorithm.distillation.mixed_kl_weight"),
+    "loss_fn.zero_outside_topk": acts("algorithm.distillation.zero_outside_topk", note="true renormalises the "
+                                      "teacher over its top-k"),
+    "distillation.topk_logits_k": acts("algorithm.distillation.topk_logits_k"),
     "teacher.model_name": acts("algorithm.distillation.teacher_model"),
     "teacher.logprob_batch_size": acts("algorithm.distillation.teacher_micro_batch_size"),
     "teacher.dtensor_cfg.cpu_offload": acts("algorithm.distillation.teacher_cpu_offload"),
     "teacher.*": derived("the teacher is frozen and only scores: its training and generation settings are inert; "
-                         "corerl's teacher runs with the policy's layout and settings, so another layout, precision "
-                         "or setting is refused in one line; tokenizer.name must be the teacher's own"),
+                         "a layout, precision or other setting of its own goes to "
+                         "algorithm.distillation.teacher_overrides where the policy's key acts (else refused in one "
+                         "line); tokenizer.name must be the teacher's own"),
     **{f"loss_fn.{key}": refused("a loss option of NeMo RL's cross-tokenizer (off-policy) distillation, which corerl "
                                  "does not have")
        for key in ("gold_loss", "xtoken_loss", "temperature",
@@ -1093,7 +1082,7 @@ def _derived(raw: dict[str, Any], out: _Translator, algorithm: str | None) -> No
                                       "the teacher scores the student's sequences, at most "
                                       "policy.max_total_sequence_length tokens",
                                       "shorter than policy.max_total_sequence_length: the teacher scores the "
-                                      "student's whole sequences")})
+                                      "student's whole sequences")}, own_layout="algorithm.distillation.teacher_overrides")
     _reward_model_environment(raw, out)
     _reward_model_policy(raw, out, algorithm)
     _eval_recipe(raw, out)
@@ -1244,13 +1233,15 @@ def _always(_: Any) -> bool:
 
 
 def _frozen_model(raw: dict[str, Any], out: _Translator, section: str, what: str,
-                  own: dict[str, tuple[Callable[[Any], bool], str, str]]) -> None:
+                  own: dict[str, tuple[Callable[[Any], bool], str, str]], own_layout: str | None = None) -> None:
     """The keys of ``section``, a frozen model beside the policy (NeMo RL's teacher, its reward
     model environment), that no rule of their own names. What only training or generation reads is
     inert; a key of ``own`` (test, why it is inert, why it is refused) is inert where its test
     passes; any other key must equal the policy's, since corerl runs ``what`` on the policy's
-    training backend with the policy's layout and settings. The keys that differ are refused
-    together, in one line."""
+    training backend with the policy's layout and settings, unless ``own_layout`` names where
+    corerl takes the frozen model's own ``policy`` keys (the teacher's
+    ``algorithm.distillation.teacher_overrides``): a differing key whose policy twin acts on a
+    ``policy.*`` key goes there. The keys that still differ are refused together, in one line."""
     tree = value_at(raw, section)
     if not isinstance(tree, dict):
         return
@@ -1269,6 +1260,8 @@ def _frozen_model(raw: dict[str, Any], out: _Translator, section: str, what: str
             out.inert(path, reason)
         elif test is None and value == value_at(raw, policy_path):
             out.inert(path, f"the same as {policy_path}")
+        elif test is None and own_layout is not None and (target := _policy_target(policy_path, value)) is not None:
+            out.put(path, f"{own_layout}.{target[0]}", target[1])
         else:
             differing.append((path, f"{value!r}: {refusal}" if test is not None else
                               f"{value!r}, the policy's {value_at(raw, policy_path)!r}"))
@@ -1280,6 +1273,21 @@ def _frozen_model(raw: dict[str, Any], out: _Translator, section: str, what: str
         listed = ", ".join(f"{path[len(section) + 1:]} ({detail})" for path, detail in differing)
         out.refuse(section, f"{len(differing)} keys differ from the policy's: {listed}; corerl runs {what} with the "
                             "policy's layout and settings", "give the policy's values, or remove the keys")
+
+
+def _policy_target(policy_path: str, value: Any) -> tuple[str, Any] | None:
+    """The corerl ``policy.*`` key and value NeMo RL's ``policy_path`` acts on: a key without a rule
+    passes through under its own name (validation judges it); None where it acts elsewhere, or
+    does not act."""
+    rule = rule_for(policy_path)
+    if rule is None:
+        return (policy_path, value) if not nemo_only(policy_path) else None
+    if rule.fate != "acts" or rule.target is None or not rule.target.startswith("policy."):
+        return None
+    try:
+        return rule.target, rule.convert(value) if rule.convert is not None else value
+    except ValueError:
+        return None
 
 
 ENV_NAME_KEYS = ("data.env_name", "data.default.env_name", "data.train.env_name")

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from corerl.sdk import RankWorker, barrier, token_logprobs
+from corerl.sdk import TOPK_REQUEST, RankWorker, barrier, batch_logprobs, join_topk
 
 # megatron-core's import-time and per-call notices that say nothing about this run: the optional
 # CUDA packages it falls back from, and CUDA-only tuning advice
@@ -146,10 +146,11 @@ class MegatronWorker(RankWorker):
             from corerl.sdk import shift_values
 
             logprobs = shift_values(logits[..., 0], mb["attention_mask"])
-        else:
-            logprobs = token_logprobs(logits, mb["input_ids"], mb["attention_mask"])
+        else:  # with the candidates' logprobs or the top-k the micro-batch asks for (distillation)
+            logprobs = batch_logprobs(logits, mb, mb["attention_mask"])
         if forward_only:
-            return logits.new_zeros(()), {"logprobs": logprobs.detach().float().cpu()}
+            out = join_topk(logprobs, mb) if TOPK_REQUEST in mb else logprobs
+            return logits.new_zeros(()), {"logprobs": out.detach().float().cpu()}
         loss, metrics = loss_fn(logprobs, mb, normaliser)
         return loss * scale, {"loss": float(loss.detach()), "metrics": metrics}
 
@@ -171,6 +172,13 @@ class MegatronWorker(RankWorker):
             self.replay.stop()
         self.replay.share()
         return out
+
+    def topk_logprobs(self, mbs: list[dict[str, torch.Tensor]], k: int) -> list[torch.Tensor] | None:
+        """The logprobs and top-k next tokens of this rank's micro-batches (the last pipeline stage
+        reports them), laid out by ``join_topk``."""
+        if self.critic:
+            raise RuntimeError("a critic computes values, not logprobs")
+        return self._forward_only([{**mb, TOPK_REQUEST: torch.tensor(k)} for mb in mbs])
 
     def values(self, mbs: list[dict[str, torch.Tensor]]) -> list[torch.Tensor] | None:
         """Values of this rank's micro-batches on a critic (the last pipeline stage reports them)."""
