@@ -89,7 +89,13 @@ def test_top_k_and_candidate_logprobs_of_logits_line_up_with_the_token_logprobs(
     """The helpers every backend's forward uses: at each position the top-k of the next-token
     distribution (the sampled token's logprob among them when it is the most likely), and the
     candidates' logprobs where the candidates are the top-k, all 0 at position 0 and on padding."""
-    from corerl.training.logprobs import batch_logprobs, candidate_logprobs, join_topk, split_topk, topk_logprobs
+    from corerl.training.logprobs import (
+        batch_logprobs,
+        candidate_logprobs,
+        join_topk,
+        split_topk,
+        topk_logprobs,
+    )
 
     gen = torch.Generator().manual_seed(2)
     logits = torch.randn(2, 5, 11, generator=gen)

@@ -74,7 +74,13 @@ from corerl.training.batching import loss_token_count
 from corerl.training.contract import Batch, LossFn, StepResult, TrainingEngine, ValueEngine
 from corerl.training.grad_norm import clip_grad_norm
 from corerl.training.hf_export import copy_tokenizer, write_hf_checkpoint
-from corerl.training.logprobs import TOPK_REQUEST, batch_logprobs, join_topk, model_logprobs, token_logprobs
+from corerl.training.logprobs import (
+    TOPK_REQUEST,
+    batch_logprobs,
+    join_topk,
+    model_logprobs,
+    token_logprobs,
+)
 from corerl.training.memory import move_optimizer_state, optimizer_state_tensors, storage_bytes
 from corerl.training.microbatching import MicroBatcher
 from corerl.training.moe_router import check_router_replay

@@ -61,8 +61,8 @@ import pytest
 import torch
 
 from corerl.testing.reference import (
-    hf_topk,
     hf_logprobs,
+    hf_topk,
     reference_gradients,
     reference_lora_steps,
     reference_sgd_step,
