@@ -20,6 +20,7 @@ class TestWorld1(_DTensor):
 
 
 class TestDataParallel2(_DTensor):
+    algorithm_checks = False  # the GRPO loss variants and top-k distillation: at world size 1 and TP2
     overrides = ["cluster.gpus_per_node=2"]
 
 
@@ -29,6 +30,7 @@ class TestTensorParallel2(_DTensor):
 
 
 class TestTensorParallel2SequenceParallel(_DTensor):
+    algorithm_checks = False  # the GRPO loss variants and top-k distillation: at world size 1 and TP2
     lora_checks = False  # LoRA refuses sequence parallelism (the built-in TP plan is adapted to it)
     critic_checks = False  # the critic runs in the world-1 and data-parallel layouts
     overrides = ["cluster.gpus_per_node=2", "policy.dtensor_cfg.tensor_parallel_size=2",
@@ -36,6 +38,7 @@ class TestTensorParallel2SequenceParallel(_DTensor):
 
 
 class TestLlamaUntiedTensorParallel2(_DTensor):
+    algorithm_checks = False  # the GRPO loss variants and top-k distillation: at world size 1 and TP2
     lora_checks = False  # LoRA runs in the world-1, data-parallel, tensor-parallel and FSDP1 layouts
     micro_batch_layouts = ()  # token budgets: checked at world size 1, DP2, TP2 and TP2 with SP
     critic_checks = False  # the critic runs in the world-1 and data-parallel layouts
@@ -44,12 +47,14 @@ class TestLlamaUntiedTensorParallel2(_DTensor):
 
 
 class TestFSDP1DataParallel2(_DTensor):
+    algorithm_checks = False  # the GRPO loss variants and top-k distillation: at world size 1 and TP2
     micro_batch_layouts = ()  # token budgets: checked at world size 1, DP2, TP2 and TP2 with SP
     critic_checks = False  # the critic runs in the world-1 and data-parallel layouts
     overrides = ["cluster.gpus_per_node=2", "policy.dtensor_cfg.fsdp_version=1"]
 
 
 class TestActivationCheckpointingDataParallel2(_DTensor):
+    algorithm_checks = False  # the GRPO loss variants and top-k distillation: at world size 1 and TP2
     lora_checks = False  # LoRA runs in the world-1, data-parallel, tensor-parallel and FSDP1 layouts
     micro_batch_layouts = ()  # token budgets: checked at world size 1, DP2, TP2 and TP2 with SP
     critic_checks = False  # the critic runs in the world-1 and data-parallel layouts
