@@ -24,7 +24,8 @@ ALGORITHMS = {
     "dpo": {"data": {"task": "digit_preference"}, "algorithm": {"dpo": {"precompute_reference_logprobs": False}}},
     "rm": {"data": {"task": "digit_preference"}},
     "distillation": {"data": {"task": "digit_echo"},
-                     "algorithm": {"distillation": {"teacher_model": "builtin:tiny-qwen2"}}},
+                     "algorithm": {"distillation": {"teacher_model": "builtin:tiny-qwen2", "kl_type": "mixed",
+                                                    "topk_logits_k": 8}}},
 }
 
 
@@ -71,8 +72,9 @@ def test_one_step_of_each_core_algorithm_runs_in_process(tmp_path, name, model):
             assert 0.0 <= metrics["pairwise_accuracy"] <= 1.0 and len(context.started) == 1
         if name == "distillation":  # the teacher, a third engine: builtin:tiny-qwen2's own weights, so it
             assert len(context.started) == 3 and "reward/mean" in metrics  # agrees with the dense student only
-            kl = metrics["reverse_kl"]
-            assert abs(kl) < 1e-5 if model == "builtin:tiny-qwen2" else kl > 1e-4, metrics
+            for kl in (metrics["reverse_kl"], metrics["forward_kl"]):  # mixed: both, the forward over the top-8
+                assert abs(kl) < 1e-5 if model == "builtin:tiny-qwen2" else kl > 1e-4, metrics
+            assert 0.0 < metrics["teacher_topk_mass"] <= 1.0
         experts = {key for key in metrics if key.startswith("moe/")}
         if model.endswith("moe"):  # each of the two layers' load, shares of the routed token-slots
             assert {"moe/layer0/load_min", "moe/layer1/load_max", "moe/layer1/load_entropy"} <= experts, metrics

@@ -115,7 +115,8 @@ class RunContext:
                                     hint=f"corerl.training.contract.{contract} lists what a training backend provides")
         nodes = backend.worker_nodes() if hasattr(backend, "worker_nodes") else []
         if nodes:
-            self.console.print(f"{registration.id}: {len(nodes)} rank(s) on {len(set(nodes))} Ray node(s)")
+            pool = "" if config.pool == "colocated" else f", in a placement pool of their own ({config.pool!r})"
+            self.console.print(f"{registration.id}: {len(nodes)} rank(s) on {len(set(nodes))} Ray node(s){pool}")
         shared = training is not None and hasattr(backend, "use_training_engine") and backend.use_training_engine(training)
         backend.load_hf(path)
         if shared:
