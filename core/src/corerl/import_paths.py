@@ -1,5 +1,9 @@
-"""Import paths a recipe names (``data.reward``, ``policy.dtensor_cfg.custom_parallel_plan``) and
-the ones refused outright.
+"""Import paths (``"package.module:name"``): the one resolver every part of corerl uses, and the
+paths a recipe may not name.
+
+:func:`resolve` turns a path into its object for registrations' factories, a recipe's
+``data.reward`` or agent, a rank's worker and a plugin's own module; its errors are one line
+saying who names the path and how to fix it.
 
 A recipe is code: an import path runs whatever it names (docs/security.md). What is refused here
 is the obvious mistake or plant, a path into the modules whose functions run commands or
@@ -9,9 +13,62 @@ or a plan, and a recipe passed around should not be one edit away from a shell.
 
 from __future__ import annotations
 
+import importlib
+import re
+from collections.abc import Callable
 from typing import Any
 
-from corerl.errors import ConfigError
+from corerl.errors import ConfigError, CorerlError, EngineNotAvailable, RegistrationError
+
+_PATH = re.compile(r"^[A-Za-z_][\w.]*(:[A-Za-z_][\w.]*)?$")
+
+
+class UnimportablePath(EngineNotAvailable, ImportError):
+    """An import path whose module does not import (an :class:`ImportError` too)."""
+
+
+class MissingName(RegistrationError, AttributeError):
+    """An import path whose module has no such name (an :class:`AttributeError` too)."""
+
+
+def resolve(path: str | Callable[..., Any], *, what: str = "", owner: str = "", key: str | None = None,
+            hint: str | None = None, error: type[CorerlError] | None = None) -> Any:
+    """The object at ``path``: ``"package.module:name"`` (``name`` may be dotted, an attribute of
+    an attribute) or ``"package.module"`` for the module itself; a callable is returned as it is.
+
+    A failure is one line. ``what`` says what the path names (``"factory"``, ``"reward"``);
+    ``owner``, who names it (``"training backend 'x' (plugin 'y')"``), or ``key``, the recipe key
+    that does; ``hint`` says how to fix a module that does not import. ``error`` is the class
+    raised (with ``key``); unset, an unimportable module raises :class:`UnimportablePath` and a
+    missing name :class:`MissingName`. An exception the module itself raises while importing,
+    other than an :class:`ImportError`, is not caught."""
+    if not isinstance(path, str):
+        return path
+    if not _PATH.match(path):
+        message = f"{what or 'import path'} {path!r} is not of the form package.module:name"
+        raise (error or MissingName)(f"{owner}: {message}" if owner else message, key=key,
+                                     hint="write it as package.module:name")
+    module_name, _, attr_path = path.partition(":")
+    try:
+        target: Any = importlib.import_module(module_name)
+    except ImportError as exc:
+        if owner:
+            message = f"{owner} cannot import {path!r}"
+        else:
+            message = f"cannot import {what} module {module_name!r}" if what else f"cannot import {path!r}"
+        raise (error or UnimportablePath)(
+            f"{message}: {exc}", key=key,
+            hint=hint or "install the package that provides it, or put its module on PYTHONPATH",
+        ) from exc
+    for part in attr_path.split(".") if attr_path else ():
+        if not hasattr(target, part):
+            message = f"module {module_name!r} has no {attr_path!r}"
+            if owner:
+                message = f"{owner} names a missing {what or 'name'} {path!r}: {message}"
+            raise (error or MissingName)(message, key=key, hint=f"check the name after ':' in {path!r}")
+        target = getattr(target, part)
+    return target
+
 
 #: modules (and packages, with everything under them) whose functions run commands or code
 CODE_RUNNING_MODULES = frozenset({
@@ -49,20 +106,9 @@ def import_function(path: str, key: str, wanted: str, hint: str,
     as a ``wanted`` (``"reward"``, ``"agent"``): refused in one line naming ``key`` when it leads
     into a code-running module (before and after importing), its module does not import, it has
     no such attribute, or it is not callable (``hint`` says what it should be, ``import_hint`` how
-    to make its module importable)."""
-    import importlib
-
+    to make its module importable). :func:`resolve` imports it."""
     refuse_code_runners(path, key, wanted=f"{wanted} function")
-    module_name, _, attr_path = path.partition(":")
-    try:
-        target: Any = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ConfigError(f"cannot import {wanted} module {module_name!r}: {exc}", key=key, hint=import_hint) from exc
-    for part in attr_path.split("."):
-        if not hasattr(target, part):
-            raise ConfigError(f"module {module_name!r} has no {attr_path!r}", key=key,
-                              hint=f"check the function name in {path!r}")
-        target = getattr(target, part)
+    target = resolve(path, what=wanted, key=key, hint=import_hint, error=ConfigError)
     refuse_code_runners(path, key, target, wanted=f"{wanted} function")
     if not callable(target):
         raise ConfigError(f"{path!r} is not callable", key=key, hint=hint)

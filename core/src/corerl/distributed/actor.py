@@ -2,18 +2,12 @@
 
 from __future__ import annotations
 
-import importlib
 import os
 from typing import Any
 
+from corerl.import_paths import resolve
 
-def resolve(path: str) -> Any:
-    """``"package.module:Name"`` -> the object."""
-    module_name, _, attr = path.partition(":")
-    target: Any = importlib.import_module(module_name)
-    for part in attr.split("."):
-        target = getattr(target, part)
-    return target
+__all__ = ["RankActor", "resolve"]
 
 
 class RankActor:
@@ -25,7 +19,7 @@ class RankActor:
         write_output_to_run_log()  # a quiet run: this actor's output goes to run.log
         os.environ.update(env)
         self.rank = rank
-        self.worker = resolve(worker_path)(rank=rank, world_size=world_size, **kwargs)
+        self.worker = resolve(worker_path, what="rank worker")(rank=rank, world_size=world_size, **kwargs)
 
     def call(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         return getattr(self.worker, method)(*args, **kwargs)
