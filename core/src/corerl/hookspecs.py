@@ -5,6 +5,11 @@ per plugin manager with a ``register`` callback; the plugin calls it once per co
 it provides. Registration must stay cheap: import heavy engines (torch, vllm, megatron,
 deepspeed) in the factory, never at module level or inside the hook.
 
+A registration hook's ``register`` parameter is annotated ``Callable[[<its registration class>],
+None]``: that is how the plugin host finds the kind each hook collects (the class carries the rest,
+:mod:`corerl.registry`), in the order the hooks are written here. A new kind is its registration
+class and its hook spec; nothing else lists the kinds.
+
 The reference for plugin authors is ``docs/plugins.md``; a test keeps the two in step.
 """
 
@@ -40,6 +45,21 @@ CONTRACT_VERSION = "2.10"
 
 hookspec = pluggy.HookspecMarker(PROJECT_NAME)
 hookimpl = pluggy.HookimplMarker(PROJECT_NAME)
+
+
+@hookspec
+def corerl_register_algorithms(register: Callable[[Algorithm], None]) -> None:
+    """Register training algorithms.
+
+    Call ``register(Algorithm(id=..., factory=..., consumes=..., generation=..., critic=...,
+    config_section=..., config_schema=...))`` once per algorithm. ``algorithm.name`` names the
+    one a recipe runs (default ``grpo``); the core's own are ``sft``, ``grpo``, ``ppo`` and
+    ``dpo``. The factory is called with the run's :class:`corerl.run_context.RunContext` and
+    returns a :class:`corerl.algorithms.contract.AlgorithmRun`.
+
+    Called when the plugin manager first needs the algorithm registry (``corerl validate``,
+    ``corerl run``, ``corerl plugins``).
+    """
 
 
 @hookspec
@@ -160,21 +180,6 @@ def corerl_register_memory_models(register: Callable[[MemoryModel], None]) -> No
     installed backend together.
 
     Called when a plan or a fit check first needs the memory models.
-    """
-
-
-@hookspec
-def corerl_register_algorithms(register: Callable[[Algorithm], None]) -> None:
-    """Register training algorithms.
-
-    Call ``register(Algorithm(id=..., factory=..., consumes=..., generation=..., critic=...,
-    config_section=..., config_schema=...))`` once per algorithm. ``algorithm.name`` names the
-    one a recipe runs (default ``grpo``); the core's own are ``sft``, ``grpo``, ``ppo`` and
-    ``dpo``. The factory is called with the run's :class:`corerl.run_context.RunContext` and
-    returns a :class:`corerl.algorithms.contract.AlgorithmRun`.
-
-    Called when the plugin manager first needs the algorithm registry (``corerl validate``,
-    ``corerl run``, ``corerl plugins``).
     """
 
 

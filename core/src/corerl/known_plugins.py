@@ -44,12 +44,14 @@ FIRST_PARTY: tuple[KnownPlugin, ...] = (
 
 
 def provider_of(kind: str, component_id: str) -> KnownPlugin | None:
-    """The first-party plugin that provides ``component_id`` of ``kind``, if any."""
-    for plugin in FIRST_PARTY:
-        provided = plugin.training_backends if kind == "training backend" else plugin.generation_backends
-        if kind in ("training backend", "generation backend") and component_id in provided:
-            return plugin
-    return None
+    """The first-party plugin that provides ``component_id`` of ``kind`` (a kind's name, such as
+    ``"training backend"``, or its registry name, such as ``"training_backends"``), if any."""
+    from corerl.component_kinds import KINDS
+
+    name = next((k.registry for k in KINDS if kind in (k.registry, k.registration.kind)), kind)
+    if name not in attrs.fields_dict(KnownPlugin) or name in ("name", "distribution", "install"):
+        return None
+    return next((plugin for plugin in FIRST_PARTY if component_id in getattr(plugin, name)), None)
 
 
 def owner_of_section(path: str) -> KnownPlugin | None:

@@ -1,9 +1,11 @@
-"""Loading plugins safely, and the typed facade over the registration hooks.
+"""Loading plugins safely, and the one generic lookup over the registration hooks.
 
-:class:`PluginHost` wraps a ``pluggy.PluginManager``: it discovers plugins through the
-``corerl.plugins`` entry-point group, honours ``CORERL_DISABLE_PLUGINS``,
-``CORERL_LOAD_PLUGINS`` and ``CORERL_TRACE_PLUGINS``, records a plugin that fails to import
-(or to register) instead of failing, and collects the four registries on first use.
+:class:`PluginHost` wraps a ``pluggy.PluginManager``: it loads the core's own plugin by its
+module path and discovers the others through the ``corerl.plugins`` entry-point group, honours
+``CORERL_DISABLE_PLUGINS``, ``CORERL_LOAD_PLUGINS`` and ``CORERL_TRACE_PLUGINS``, records a plugin
+that fails to import (or to register) instead of failing, and collects one registry per kind of
+component (:mod:`corerl.component_kinds`) on first use: ``host.registry(TrainingBackend)``, or
+``host.training_backends`` by the kind's registry name.
 """
 
 from __future__ import annotations
@@ -13,39 +15,22 @@ import importlib.metadata as importlib_metadata
 import os
 import sys
 from collections.abc import Mapping
-from typing import Any, TextIO
+from typing import Any, TextIO, TypeVar, overload
 
 import attrs
 import pluggy
 
-from corerl import builtin_plugin, hookspecs
-from corerl.component_kinds import KINDS
-from corerl.registry import (
-    Algorithm,
-    Command,
-    Environment,
-    ExperimentLogger,
-    GenerationBackend,
-    MemoryModel,
-    OffloadPolicy,
-    Preset,
-    Registration,
-    Registry,
-    Reward,
-    SequencePacker,
-    Task,
-    Tool,
-    ToolCallParser,
-    TrainingBackend,
-)
+from corerl import hookspecs
+from corerl.component_kinds import ComponentKind, kinds_in
+from corerl.import_paths import UnimportablePath, resolve
+from corerl.registry import Registration, Registry
 
 ENTRY_POINT_GROUP = "corerl.plugins"
 CORE_PLUGIN = "corerl"
+#: the core's own plugin, loaded by its module path as an entry point's plugin is
+CORE_PLUGIN_PATH = "corerl.builtin_plugin"
 
-# hook name -> (registry attribute, registration class), from the one table of component kinds
-REGISTRATION_HOOKS: dict[str, tuple[str, type[Registration]]] = {
-    kind.hook: (kind.registry, kind.registration) for kind in KINDS
-}
+R = TypeVar("R", bound=Registration)
 
 
 @attrs.define
@@ -89,17 +74,38 @@ class PluginHost:
     ) -> None:
         self.env = os.environ if env is None else env
         self.pm = pluggy.PluginManager(hookspecs.PROJECT_NAME)
-        self.pm.add_hookspecs(hookspecs)
         self._plugins: dict[str, PluginInfo] = {}
         self._registries: dict[str, Registry[Any]] | None = None
+        self._kinds: dict[str, ComponentKind] = {}
+        self.add_hookspecs(hookspecs)
         self._trace = trace_stream if trace_stream is not None else (
             sys.stderr if self.env.get("CORERL_TRACE_PLUGINS", "") not in ("", "0") else None
         )
         if self._trace is not None:
             self.pm.add_hookcall_monitoring(self._trace_before, self._trace_after)
-        self.register(builtin_plugin, name=CORE_PLUGIN, distribution="corerl", version=_version("corerl"))
+        core = self.load_plugin(CORE_PLUGIN, CORE_PLUGIN_PATH, distribution="corerl", version=_version("corerl"))
+        if core.status != "loaded":
+            raise RuntimeError(f"the core's own plugin {CORE_PLUGIN_PATH} did not load: {core.error}")
         if discover:
             self.load_entry_points()
+
+    def add_hookspecs(self, specs: object) -> tuple[ComponentKind, ...]:
+        """Add the hook specs of ``specs`` (a module or class, as ``pluggy`` takes them); each
+        registration hook among them brings its kind (:func:`corerl.component_kinds.kinds_in`),
+        whose registry the host then collects too. Returns those kinds."""
+        kinds = kinds_in(specs)
+        taken = [kind.registry for kind in kinds if kind.registry in self._kinds]
+        if taken:
+            raise ValueError(f"registry {taken[0]!r} is already collected by {self._kinds[taken[0]].hook}")
+        self.pm.add_hookspecs(specs)
+        self._kinds.update((kind.registry, kind) for kind in kinds)
+        self._registries = None  # recollect on next use
+        return kinds
+
+    @property
+    def kinds(self) -> tuple[ComponentKind, ...]:
+        """The kinds of component this host collects, in the order their hook specs are written."""
+        return tuple(self._kinds.values())
 
     # -- loading -----------------------------------------------------------------------
 
@@ -152,14 +158,30 @@ class PluginHost:
                 info.status = "disabled"
                 self._log(f"plugin {ep.name!r} disabled by CORERL_DISABLE_PLUGINS/CORERL_LOAD_PLUGINS; not imported")
                 continue
-            self._log(f"import plugin {ep.name!r} from {ep.value} ({dist_name} {version})")
-            try:
-                module = ep.load()
-            except Exception as exc:  # a broken plugin must not break anything that does not need it
-                info.status, info.error = "failed", _describe_exception(exc)
-                self._log(f"plugin {ep.name!r} failed to import: {info.error}")
-                continue
-            self._register_module(module, info)
+            self._load(info, f"{ep.module}:{ep.attr}" if ep.attr else ep.module)
+
+    def load_plugin(
+        self, name: str, path: str, *, distribution: str | None = None, version: str | None = None
+    ) -> PluginInfo:
+        """Import the plugin at ``path`` (``"package.module"``, or ``"package.module:object"``) and
+        register it as ``name``; a plugin that fails to import is recorded as failed, not raised."""
+        if name in self._plugins:
+            raise ValueError(f"a plugin named {name!r} is already registered")
+        info = PluginInfo(name, distribution, version, module=path)
+        self._plugins[name] = info
+        self._load(info, path)
+        return info
+
+    def _load(self, info: PluginInfo, path: str) -> None:
+        self._log(f"import plugin {info.name!r} from {path} ({info.distribution} {info.version})")
+        try:
+            plugin = resolve(path, what="plugin", owner=f"plugin {info.name!r}")
+        except Exception as exc:  # a broken plugin must not break anything that does not need it
+            cause = exc.__cause__ if isinstance(exc, UnimportablePath) and exc.__cause__ is not None else exc
+            info.status, info.error = "failed", _describe_exception(cause)
+            self._log(f"plugin {info.name!r} failed to import: {info.error}")
+            return
+        self._register_module(plugin, info)
 
     def register(
         self, plugin: object, name: str, *, distribution: str | None = None, version: str | None = None
@@ -196,10 +218,10 @@ class PluginHost:
     # -- registries --------------------------------------------------------------------
 
     def _collect(self) -> dict[str, Registry[Any]]:
-        registries: dict[str, Registry[Any]] = {attr: Registry(cls) for attr, cls in REGISTRATION_HOOKS.values()}
-        for hook_name, (attr, _cls) in REGISTRATION_HOOKS.items():
-            registry = registries[attr]
-            hook = getattr(self.pm.hook, hook_name)
+        registries: dict[str, Registry[Any]] = {name: Registry(kind.registration) for name, kind in self._kinds.items()}
+        for name, kind in self._kinds.items():
+            registry = registries[name]
+            hook = getattr(self.pm.hook, kind.hook)
             for impl in hook.get_hookimpls():  # registration order: the core's own plugin first
                 info = self._plugins[impl.plugin_name]
                 if info.status != "loaded":
@@ -207,9 +229,9 @@ class PluginHost:
                 others = [p for p in self.pm.get_plugins() if p is not impl.plugin]
                 pending: list[Registration] = []
                 try:
-                    self.pm.subset_hook_caller(hook_name, remove_plugins=others)(register=pending.append)
+                    self.pm.subset_hook_caller(kind.hook, remove_plugins=others)(register=pending.append)
                 except Exception as exc:
-                    info.status, info.error = "failed", f"{hook_name} raised {_describe_exception(exc)}"
+                    info.status, info.error = "failed", f"{kind.hook} raised {_describe_exception(exc)}"
                     continue
                 for item in pending:
                     try:
@@ -219,66 +241,30 @@ class PluginHost:
                         info.status = "failed"
         return registries
 
-    def _registry(self, attr: str) -> Registry[Any]:
+    @overload
+    def registry(self, kind: type[R]) -> Registry[R]: ...
+
+    @overload
+    def registry(self, kind: str) -> Registry[Any]: ...
+
+    def registry(self, kind: type[Registration] | str) -> Registry[Any]:
+        """The registry of one kind, collected on first use: by registration class
+        (``host.registry(TrainingBackend)``) or by registry name (``host.registry("training_backends")``)."""
+        name = kind if isinstance(kind, str) else kind.registry_name
+        found = self._kinds.get(name)
+        if found is None or not (isinstance(kind, str) or issubclass(kind, found.registration)):
+            raise LookupError(f"no kind of registration {getattr(kind, '__name__', kind)!r} here; this host collects "
+                              f"{', '.join(self._kinds)}")
         if self._registries is None:
             self._registries = self._collect()
-        return self._registries[attr]
+        return self._registries[name]
 
-    @property
-    def training_backends(self) -> Registry[TrainingBackend]:
-        return self._registry("training_backends")
-
-    @property
-    def generation_backends(self) -> Registry[GenerationBackend]:
-        return self._registry("generation_backends")
-
-    @property
-    def sequence_packers(self) -> Registry[SequencePacker]:
-        return self._registry("sequence_packers")
-
-    @property
-    def offload_policies(self) -> Registry[OffloadPolicy]:
-        return self._registry("offload_policies")
-
-    @property
-    def tasks(self) -> Registry[Task]:
-        return self._registry("tasks")
-
-    @property
-    def rewards(self) -> Registry[Reward]:
-        return self._registry("rewards")
-
-    @property
-    def commands(self) -> Registry[Command]:
-        return self._registry("commands")
-
-    @property
-    def presets(self) -> Registry[Preset]:
-        return self._registry("presets")
-
-    @property
-    def memory_models(self) -> Registry[MemoryModel]:
-        return self._registry("memory_models")
-
-    @property
-    def algorithms(self) -> Registry[Algorithm]:
-        return self._registry("algorithms")
-
-    @property
-    def environments(self) -> Registry[Environment]:
-        return self._registry("environments")
-
-    @property
-    def tools(self) -> Registry[Tool]:
-        return self._registry("tools")
-
-    @property
-    def tool_parsers(self) -> Registry[ToolCallParser]:
-        return self._registry("tool_parsers")
-
-    @property
-    def loggers(self) -> Registry[ExperimentLogger]:
-        return self._registry("loggers")
+    def __getattr__(self, name: str) -> Registry[Any]:
+        """``host.training_backends`` and its siblings: the registry of the kind with that registry name."""
+        kinds = self.__dict__.get("_kinds")
+        if name.startswith("_") or kinds is None or name not in kinds:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        return self.registry(name)
 
     def section_aliases(self) -> dict[str, str]:
         """Other spellings of the registered config sections: alias -> canonical key path."""
@@ -286,9 +272,9 @@ class PluginHost:
                 for alias in r.section_aliases}
 
     def registries(self) -> dict[str, Registry[Any]]:
-        """All registries by attribute name, collected once."""
-        self._registry("training_backends")
-        assert self._registries is not None
+        """All registries by registry name, collected once."""
+        if self._registries is None:
+            self._registries = self._collect()
         return dict(self._registries)
 
     def registrations(self) -> list[Registration]:

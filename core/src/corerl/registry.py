@@ -4,18 +4,31 @@ A plugin's registration hook receives a ``register`` callback and calls it with 
 registration classes below. The factory is an import path (``"pkg.module:Class"``) or a
 callable; it is resolved only when the component is created, so registering imports nothing
 heavy.
+
+Each registration class carries the facts of its kind: ``hook`` (the hook spec that collects it,
+in :mod:`corerl.hookspecs`), ``registry_name`` (``PluginHost.<registry_name>``, the key in
+``corerl plugins --json``), ``kind`` (its name in messages) and ``label`` (its line in the
+``corerl plugins`` table). Nothing else lists the kinds: a new kind is its class here (named in
+``__all__``) and its hook spec.
 """
 
 from __future__ import annotations
 
-import importlib
 import re
 from collections.abc import Callable, Iterator
 from typing import Any, ClassVar, Generic, Literal, TypeVar
 
 import attrs
 
-from corerl.errors import EngineNotAvailable, RegistrationError
+from corerl import import_paths
+from corerl.errors import RegistrationError
+
+#: the classes a plugin registers with; ``corerl`` and ``corerl.sdk`` export these names
+__all__ = [
+    "Algorithm", "Command", "Environment", "ExperimentLogger", "GenerationBackend", "MemoryModel",
+    "OffloadPolicy", "PlotSpec", "Preset", "Reward", "SequencePacker", "Task", "Tool", "ToolCallParser",
+    "TrainingBackend",
+]
 
 _ID_PATTERN = re.compile(r"^[a-z][a-z0-9_.-]*$")
 _SECTION_PATTERN = re.compile(r"^[a-z_][a-z0-9_]*(\.[a-z_][a-z0-9_]*)+$")
@@ -67,7 +80,14 @@ class Registration:
     validates it; ``factory`` builds the component and may import heavy engines.
     """
 
+    #: the kind's name in messages (``"training backend"``)
     kind: ClassVar[str] = "component"
+    #: the hook spec whose ``register`` callback takes this kind (``"corerl_register_training_backends"``)
+    hook: ClassVar[str] = ""
+    #: the kind's registry: ``PluginHost.registry(name)`` and the key in ``corerl plugins --json``
+    registry_name: ClassVar[str] = ""
+    #: the kind's label in the ``corerl plugins`` table
+    label: ClassVar[str] = ""
 
     id: str = attrs.field(validator=_check_id)
     factory: str | Callable[..., Any] = attrs.field(validator=_check_factory)
@@ -93,23 +113,8 @@ class Registration:
             self._resolve(self.check_supported, "check_supported")(config)
 
     def _resolve(self, path: str | Callable[..., Any], what: str) -> Callable[..., Any]:
-        if callable(path):
-            return path
-        module_name, _, attr_path = path.partition(":")
-        try:
-            target: Any = importlib.import_module(module_name)
-            for part in attr_path.split("."):
-                target = getattr(target, part)
-        except ImportError as exc:
-            raise EngineNotAvailable(
-                f"{self.kind} {self.id!r} (plugin {self.plugin!r}) cannot import {path!r}: {exc}",
-                hint="install the engine the plugin needs, or pick another backend",
-            ) from exc
-        except AttributeError as exc:
-            raise RegistrationError(
-                f"{self.kind} {self.id!r} (plugin {self.plugin!r}) names a missing {what} {path!r}: {exc}"
-            ) from exc
-        return target
+        return import_paths.resolve(path, what=what, owner=f"{self.kind} {self.id!r} (plugin {self.plugin!r})",
+                                    hint="install the engine the plugin needs, or pick another backend")
 
     def create(self, *args: Any, **kwargs: Any) -> Any:
         """Build the component: ``load()`` then call the factory."""
@@ -135,6 +140,9 @@ class TrainingBackend(Registration):
     has one (the support matrix and ``corerl plan`` read it)."""
 
     kind: ClassVar[str] = "training backend"
+    hook: ClassVar[str] = "corerl_register_training_backends"
+    registry_name: ClassVar[str] = "training_backends"
+    label: ClassVar[str] = "training"
     tensor_parallel_key: str | None = None
     expert_parallel_key: str | None = None
     value_model: bool = False
@@ -151,6 +159,9 @@ class GenerationBackend(Registration):
     weights included in each refit (a backend without it is refused for such a model)."""
 
     kind: ClassVar[str] = "generation backend"
+    hook: ClassVar[str] = "corerl_register_generation_backends"
+    registry_name: ClassVar[str] = "generation_backends"
+    label: ClassVar[str] = "generation"
     lora: bool = False
     moe: bool = False
 
@@ -161,6 +172,9 @@ class MemoryModel(Registration):
     factory, called with no arguments, returns a :class:`corerl.planning.memory.MemoryModel`."""
 
     kind: ClassVar[str] = "memory model"
+    hook: ClassVar[str] = "corerl_register_memory_models"
+    registry_name: ClassVar[str] = "memory_models"
+    label: ClassVar[str] = "memory models"
 
 
 @attrs.frozen(kw_only=True)
@@ -168,6 +182,9 @@ class SequencePacker(Registration):
     """A packing algorithm selected by ``policy.sequence_packing.algorithm``."""
 
     kind: ClassVar[str] = "sequence packer"
+    hook: ClassVar[str] = "corerl_register_sequence_packers"
+    registry_name: ClassVar[str] = "sequence_packers"
+    label: ClassVar[str] = "packers"
 
 
 @attrs.frozen(kw_only=True)
@@ -175,6 +192,9 @@ class OffloadPolicy(Registration):
     """What leaves the accelerator between phases, selected by ``policy.offload.policy``."""
 
     kind: ClassVar[str] = "offload policy"
+    hook: ClassVar[str] = "corerl_register_offload_policies"
+    registry_name: ClassVar[str] = "offload_policies"
+    label: ClassVar[str] = "offload"
 
 
 @attrs.frozen(kw_only=True)
@@ -187,6 +207,9 @@ class Task(Registration):
     """
 
     kind: ClassVar[str] = "task"
+    hook: ClassVar[str] = "corerl_register_tasks"
+    registry_name: ClassVar[str] = "tasks"
+    label: ClassVar[str] = "tasks"
     provides: Literal["prompts", "preferences"] = "prompts"
 
 
@@ -196,6 +219,9 @@ class Reward(Registration):
     ``fn(completion: str, example: dict) -> float``."""
 
     kind: ClassVar[str] = "reward"
+    hook: ClassVar[str] = "corerl_register_rewards"
+    registry_name: ClassVar[str] = "rewards"
+    label: ClassVar[str] = "rewards"
 
 
 @attrs.frozen(kw_only=True)
@@ -205,6 +231,9 @@ class Command(Registration):
     ``argparse`` parser; ``description`` is its help line."""
 
     kind: ClassVar[str] = "command"
+    hook: ClassVar[str] = "corerl_register_commands"
+    registry_name: ClassVar[str] = "commands"
+    label: ClassVar[str] = "commands"
     arguments: str | Callable[..., Any] | None = attrs.field(default=None, validator=_check_optional_factory)
 
     def add_arguments(self, parser: Any) -> None:
@@ -220,6 +249,9 @@ class Preset(Registration):
     returning one; ``description`` is its help line."""
 
     kind: ClassVar[str] = "preset"
+    hook: ClassVar[str] = "corerl_register_presets"
+    registry_name: ClassVar[str] = "presets"
+    label: ClassVar[str] = "presets"
 
     def path(self) -> Any:
         """The preset's YAML file."""
@@ -268,6 +300,9 @@ class Algorithm(Registration):
     """
 
     kind: ClassVar[str] = "algorithm"
+    hook: ClassVar[str] = "corerl_register_algorithms"
+    registry_name: ClassVar[str] = "algorithms"
+    label: ClassVar[str] = "algorithms"
     consumes: Literal["prompts", "preferences"] = "prompts"
     generation: bool = True
     critic: bool = False
@@ -313,6 +348,9 @@ class Environment(Registration):
     (:mod:`corerl.environments.agent`)."""
 
     kind: ClassVar[str] = "environment"
+    hook: ClassVar[str] = "corerl_register_environments"
+    registry_name: ClassVar[str] = "environments"
+    label: ClassVar[str] = "environments"
     plays: Literal["turns", "agent"] = "turns"
 
     def __attrs_post_init__(self) -> None:
@@ -329,6 +367,9 @@ class Tool(Registration):
     model)."""
 
     kind: ClassVar[str] = "tool"
+    hook: ClassVar[str] = "corerl_register_tools"
+    registry_name: ClassVar[str] = "tools"
+    label: ClassVar[str] = "tools"
     parameters: dict[str, Any] = attrs.field(factory=dict)
 
 
@@ -338,6 +379,9 @@ class ToolCallParser(Registration):
     *is* the function ``parse(text) -> list[corerl.environments.tools.ToolCall]``."""
 
     kind: ClassVar[str] = "tool-call parser"
+    hook: ClassVar[str] = "corerl_register_tool_parsers"
+    registry_name: ClassVar[str] = "tool_parsers"
+    label: ClassVar[str] = "tool parsers"
 
 
 @attrs.frozen(kw_only=True)
@@ -351,6 +395,9 @@ class ExperimentLogger(Registration):
     ``optional``) with the logger's own keys."""
 
     kind: ClassVar[str] = "logger"
+    hook: ClassVar[str] = "corerl_register_loggers"
+    registry_name: ClassVar[str] = "loggers"
+    label: ClassVar[str] = "loggers"
 
     def __attrs_post_init__(self) -> None:
         from corerl.reporting.loggers.contract import LoggerSettings
