@@ -1,28 +1,14 @@
 """corerl: reinforcement-learning post-training for language models, with pluggable engines.
 
 Users need :func:`train`, :class:`GRPOTrainer`, :class:`PPOTrainer`, :class:`SFTTrainer` and
-:class:`DPOTrainer`; plugin authors need :data:`hookimpl` and the registration classes. Everything here imports only light modules
-(no torch, vllm, megatron or deepspeed).
+:class:`DPOTrainer`; plugin authors need :data:`hookimpl` and the registration classes, the same
+names :mod:`corerl.sdk` exports (both take them from :mod:`corerl.component_kinds`). Everything
+here imports only light modules (no torch, vllm, megatron or deepspeed).
 """
 
-from corerl import presets
+from corerl import component_kinds, presets
 from corerl.api import DPOTrainer, GRPOTrainer, PPOTrainer, SFTTrainer, train
-from corerl.hookspecs import hookimpl
-from corerl.registry import (
-    Algorithm,
-    Command,
-    Environment,
-    GenerationBackend,
-    MemoryModel,
-    OffloadPolicy,
-    Preset,
-    Reward,
-    SequencePacker,
-    Task,
-    Tool,
-    ToolCallParser,
-    TrainingBackend,
-)
+from corerl.component_kinds import *  # noqa: F403  (registering: hookimpl, CONTRACT_VERSION, the registration classes)
 
 __version__ = "0.1.0"
 
@@ -32,20 +18,8 @@ __all__ = [
     "GRPOTrainer",
     "SFTTrainer",
     "train",
-    "Algorithm",
-    "Command",
-    "Environment",
-    "GenerationBackend",
-    "MemoryModel",
-    "OffloadPolicy",
-    "Preset",
-    "Reward",
-    "SequencePacker",
-    "Task",
-    "Tool",
-    "ToolCallParser",
-    "TrainingBackend",
     "__version__",
     "presets",
-    "hookimpl",
 ]
+# the one list of registering names, which corerl.sdk exports too
+__all__ += component_kinds.__all__

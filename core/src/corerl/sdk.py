@@ -10,15 +10,16 @@ from __future__ import annotations
 
 from typing import Any
 
+from corerl import component_kinds
 from corerl.algorithms.contract import AlgorithmBase, AlgorithmRun
 
 # what the first-party backends share with any other (engine-side helpers)
 from corerl.checkpoint_safety import load_plain
 from corerl.complete_folders import is_complete, write_complete
+from corerl.component_kinds import *  # noqa: F403  (registering: hookimpl, CONTRACT_VERSION, the registration classes)
 from corerl.config import Config
 from corerl.config.checks import parallel_sizes_divide_world
 from corerl.config.fields import section, setting
-from corerl.distributed.actor import resolve
 from corerl.distributed.devices import local_gpu_index, runs_here_without_gpu
 from corerl.distributed.dispatch import Dispatch, RankLayout
 from corerl.distributed.group_backend import WorkerGroupBackend, step_result
@@ -34,8 +35,7 @@ from corerl.failures import checkpoint_errors
 from corerl.generation.contract import GenerationEngine, Sample, SamplingSettings
 from corerl.generation.sampling import choose_tokens, cut_at_stop_strings
 from corerl.generation.shared_weights import SharedWeightWriter, read_shared
-from corerl.hookspecs import CONTRACT_VERSION, hookimpl
-from corerl.import_paths import code_runner_problem
+from corerl.import_paths import code_runner_problem, resolve
 from corerl.lora.adapter import adapter_tensors, is_adapter_name, lora_enabled, write_adapter
 from corerl.lora.weights import AdapterWeights
 from corerl.models.facts import check_expert_parallel, check_tensor_parallel, model_shape
@@ -50,23 +50,6 @@ from corerl.planning.memory import (
     adam_state_bytes,
     cluster_overrides,
     tensor_parallel_sizes,
-)
-from corerl.registry import (
-    Algorithm,
-    Command,
-    Environment,
-    ExperimentLogger,
-    GenerationBackend,
-    MemoryModel,
-    OffloadPolicy,
-    PlotSpec,
-    Preset,
-    Reward,
-    SequencePacker,
-    Task,
-    Tool,
-    ToolCallParser,
-    TrainingBackend,
 )
 from corerl.reporting.loggers.contract import LoggerContext, LoggerSettings
 from corerl.run_context import RunContext
@@ -90,9 +73,7 @@ from corerl.training.segment_attention import register as register_segment_atten
 from corerl.training.weights import CheckpointNaming, EngineWeights, checkpoint_weights
 
 __all__ = [
-    # registering
-    "hookimpl", "CONTRACT_VERSION", "TrainingBackend", "GenerationBackend", "SequencePacker", "OffloadPolicy", "Task", "Reward",
-    "Command", "Preset", "MemoryModel", "Algorithm", "PlotSpec", "Environment", "Tool", "ToolCallParser", "ExperimentLogger",
+    # registering: hookimpl, CONTRACT_VERSION and the registration classes come from corerl.component_kinds (below)
     # experiment loggers
     "LoggerContext", "LoggerSettings",
     # environments
@@ -125,6 +106,8 @@ __all__ = [
     "cut_at_stop_strings", "SharedWeightWriter", "read_shared", "code_runner_problem", "shift_values",
     "copy_tokenizer", "write_hf_checkpoint", "load_tokenizer_folder", "model_shape", "check_tensor_parallel", "check_expert_parallel", "token_logprobs", "TOPK_REQUEST", "batch_logprobs", "join_topk", "move_optimizer_state", "register_segment_attention",
 ]
+# the one list of registering names, which `corerl` exports too
+__all__ += component_kinds.__all__
 
 
 def samples_to_batch(groups: Any, advantages: Any) -> Any:
