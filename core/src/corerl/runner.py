@@ -14,7 +14,6 @@ step, saves a checkpoint and exits with status 130 (``checkpointing.save_by`` sp
 from __future__ import annotations
 
 import json
-import math
 import time
 from contextlib import ExitStack
 from pathlib import Path
@@ -22,10 +21,9 @@ from typing import Any
 
 import attrs
 
-from corerl.checkpoints import TimeBudget, save_checkpoint
+from corerl.checkpoints import TimeBudget
 from corerl.complete_folders import write_complete, write_file_whole
 from corerl.config import Config
-from corerl.errors import RunError
 from corerl.failures import checkpoint_failure, disk_error
 from corerl.plugin_manager import PluginHost
 from corerl.progress_markers import mark
@@ -33,6 +31,7 @@ from corerl.reporting.console import bar_text, progress_bars, report_held_out
 from corerl.run_directory import (
     check_writable as check_writable,  # re-exported: where it used to live
 )
+from corerl.run_steps import save_run_checkpoint, start_algorithm, take_step
 from corerl.selection import Selection
 from corerl.training.final_export import export_final, final_kind
 
@@ -46,22 +45,6 @@ class RunResult:
     run_dir: Path
     summary: dict[str, Any]
     interrupted: bool = False
-
-
-def check_finite(phase: str, step: int, metrics: dict[str, Any]) -> None:
-    """Stop the run at a step whose loss or gradient norm (the policy's or the critic's) is NaN or infinite."""
-    watched = ("loss", "grad_norm", "critic/value_loss", "critic/grad_norm")
-    bad = {k: metrics[k] for k in watched if k in metrics and not math.isfinite(metrics[k])}
-    if bad:
-        shown = ", ".join(f"{k} {v}" for k, v in bad.items())
-        raise RunError(f"{phase} step {step}: {shown}; the run stopped there, before logging or saving that step",
-                       key="policy.optimizer.lr", hint="lower the learning rate; the last checkpoint, if any, is intact")
-
-
-def task_state(algorithm: Any, task: Any) -> Any:
-    """Where a resumed run draws its next prompts: the algorithm's word (``task_state()``, contract
-    2.3), else the task's own state (an algorithm written to 2.2 or earlier)."""
-    return algorithm.task_state() if hasattr(algorithm, "task_state") else task.state()
 
 
 def execute(config: Config, selection: Selection, host: PluginHost, console: Any = None,
@@ -153,9 +136,7 @@ class Run:
             context.start_engines()  # the phases are built over the started engines
             if self.warm_registration is not None:
                 self.warm_start = self.warm_registration.load()(context, warm_start=True)
-            self.algorithm = self.registration.load()(context)
-            if context.resume is not None:
-                self.algorithm.load(context.resume[1])
+            self.algorithm = start_algorithm(context, self.registration)
             if "before" not in self.evals:
                 self.evals["before"] = self.algorithm.held_out()[self.algorithm.measure]
                 context.console.print(f"held-out {self.label} before training: {self.evals['before']:.3f}")
@@ -189,19 +170,15 @@ class Run:
         context.refit()
 
     def run_phase(self, phase: Any, stop: Any) -> None:
-        """Steps of ``phase`` until it is done or Ctrl-C asks to stop, logging and checkpointing."""
+        """Steps of ``phase`` until it is done or Ctrl-C asks to stop, logging and checkpointing;
+        the loop alone counts them (:func:`corerl.run_steps.take_step`)."""
         checkpointing = self.context.config.core.checkpointing
+        registration = self.registration if phase is self.algorithm else self.warm_registration
         with progress_bars(self.context.console) as progress:
             bar = progress.add_task(phase.name.upper(), total=phase.total, completed=phase.done, shown="")
             while phase.done < phase.total and not stop.requested and not self.budget.check():
                 begin = time.perf_counter()
-                try:
-                    metrics = phase.step()
-                except RunError as exc:  # a reward, a divergence: say which step met it
-                    exc.message += f" (at {phase.name} step {phase.done + 1})"
-                    raise
-                check_finite(phase.name, phase.done + 1, metrics)
-                phase.done += 1
+                metrics = take_step(phase, registration)
                 metrics = {"phase": phase.name, "step": phase.done, **metrics, "time/step": time.perf_counter() - begin}
                 self.evaluation.write(metrics)
                 progress.update(bar, advance=1, shown=bar_text(metrics))
@@ -212,17 +189,8 @@ class Run:
                     self.checkpoint()
 
     def checkpoint(self) -> None:
-        context = self.context
-        context.offload.restore()
-        snapshot = {"steps_done": {p.name: p.done for p in self.phases}, "metrics_lines": self.log.lines,
-                    "task": task_state(self.algorithm, context.task), "evals": self.evals,
-                    **self.evaluation.checkpoint_state()}
-
-        def save(folder: Path) -> None:
-            context.training.save_checkpoint(str(folder / "training"))
-            self.algorithm.save(folder)
-
-        save_checkpoint(context.run_dir, self.global_step(), save, snapshot, self.evaluation.keep)
+        state = {"metrics_lines": self.log.lines, "evals": self.evals, **self.evaluation.checkpoint_state()}
+        save_run_checkpoint(self.context, self.phases, self.algorithm, state, self.evaluation.keep)
 
     def stop_interrupted(self, deadline: bool = False) -> RunResult:
         """Ctrl-C (exit 130) or checkpointing.save_by spent (exit 0): a checkpoint and the curves so far."""

@@ -11,6 +11,14 @@ returns an :class:`AlgorithmRun`. The run loop knows algorithms only through thi
    policy's (the policy's weights and optimizer are the run loop's);
 4. ``held_out()`` at the end, then ``export(run_dir)`` for final outputs beyond ``final/``.
 
+The run loop alone counts steps. ``done`` is set by the loop: from the checkpoint when a run
+resumes (before the factory returns, through :meth:`RunContext.steps_done`), then one more after
+each ``step()`` (:func:`corerl.run_steps.take_step`). An algorithm reads it (the step being taken
+is ``done + 1``; its sampling seed is ``step_seed(seed, done)``) and never writes it: a ``step()``
+that changes ``done`` stops the run at once, in one line naming the algorithm
+(:class:`StepCountError`), as does one that returns a metric the loop writes itself
+(:data:`LOOP_METRICS`). Before contract 2.10 such a step was counted twice.
+
 Optional (contract 2.3): ``task_state()``, the task's position a checkpoint records (called
 just before ``save``; without it, the task's own ``state()``). An algorithm that draws prompts
 ahead of what it trained (asynchronous GRPO) gives the position before the prompts it has not
@@ -25,11 +33,16 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+from corerl.errors import RegistrationError
+
 if TYPE_CHECKING:
     from corerl.run_context import RunContext
 
 #: the algorithm a recipe's ``sft`` section runs as a warm start before the algorithm it names
 WARM_START = "sft"
+
+#: the keys of a metrics.jsonl line the run loop writes itself; a step's metrics may not use them
+LOOP_METRICS = ("phase", "step", "time/step")
 
 
 @runtime_checkable
@@ -39,8 +52,9 @@ class AlgorithmRun(Protocol):
 
     ``name`` is the phase name in metrics.jsonl, the progress bar and checkpoints (the
     registration's id); ``total`` the steps it runs; ``done`` the steps already done (a resumed
-    run starts there); ``measure`` the first key of what :meth:`held_out` returns, the figure
-    the run reports before and after training (``reward``, ``preference_accuracy``).
+    run starts there), set by the run loop alone: read it, never write it (see the module's
+    docstring); ``measure`` the first key of what :meth:`held_out` returns, the figure the run
+    reports before and after training (``reward``, ``preference_accuracy``).
     """
 
     name: str
@@ -53,7 +67,8 @@ class AlgorithmRun(Protocol):
         reference, a critic); called once, after any warm start, before the first step."""
 
     def step(self) -> dict[str, float]:
-        """One step (its rollout included): the step's metrics, ``loss`` among them."""
+        """One step (its rollout included): the step's metrics, ``loss`` among them. The step
+        taken is ``done + 1``; the run loop counts it once this returns."""
 
     def held_out(self) -> dict[str, float]:
         """Held-out figures of the current weights, :attr:`measure` first."""
@@ -71,7 +86,8 @@ class AlgorithmRun(Protocol):
 
 class AlgorithmBase:
     """Defaults for an :class:`AlgorithmRun`: held-out reward of greedy answers, no state of its
-    own, nothing to export. Subclasses set :attr:`name` and implement :meth:`step`."""
+    own, nothing to export. Subclasses set :attr:`name` and implement :meth:`step`; ``done``
+    starts at the steps a resumed run had done and is the run loop's to advance."""
 
     name = "algorithm"
     measure = "reward"
@@ -101,3 +117,38 @@ class AlgorithmBase:
 
     def export(self, run_dir: Path) -> list[str]:
         return []
+
+
+class StepCountError(RegistrationError):
+    """An algorithm's ``step()`` changed its step counter, or wrote a metric the run loop writes."""
+
+
+def _who(phase: Any, registration: Any) -> str:
+    kind = type(phase)
+    plugin = getattr(registration, "plugin", None)
+    where = f"plugin {plugin!r}, " if plugin else ""
+    return f"algorithm {phase.name!r} ({where}{kind.__module__}.{kind.__qualname__})"
+
+
+def check_step_counter(phase: Any, before: int, registration: Any = None) -> None:
+    """Raise :class:`StepCountError` when ``phase.done`` is no longer ``before`` after its
+    ``step()``: the run loop alone counts steps (``registration`` names the plugin)."""
+    if phase.done != before:
+        raise StepCountError(
+            f"{_who(phase, registration)} changed its step counter inside step(): done went from {before} to "
+            f"{phase.done}, and the run loop alone counts steps (it adds 1 after each step)",
+            hint="remove the assignment to done from step(); read done for the steps already taken "
+                 "(the step being taken is done + 1)")
+
+
+def check_step_metrics(phase: Any, metrics: Any, registration: Any = None) -> None:
+    """Raise :class:`StepCountError` when a step returned no metrics dict, or one with a key the
+    run loop writes itself (:data:`LOOP_METRICS`)."""
+    if not isinstance(metrics, dict):
+        raise StepCountError(f"{_who(phase, registration)} returned {type(metrics).__name__} from step(), "
+                             "not a dict of metrics", hint="return the step's metrics, loss among them")
+    taken = [key for key in LOOP_METRICS if key in metrics]
+    if taken:
+        raise StepCountError(f"{_who(phase, registration)} returned the metric {taken[0]!r} from step(), a key the "
+                             f"run loop writes itself ({', '.join(LOOP_METRICS)})",
+                             hint=f"rename it (e.g. {phase.name}/{taken[0]})")
