@@ -6,15 +6,22 @@ from __future__ import annotations
 
 import ast
 import math
+import re
 from pathlib import Path
 
 import pytest
 
+from corerl.algorithms.contract import AlgorithmBase, StepCountError
 from corerl.config import config_from_mapping
 from corerl.plugin_manager import PluginHost
+from corerl.registry import Algorithm
 from corerl.reporting.console import make_console
 from corerl.run_context import RunContext
+from corerl.run_steps import take_step
+from corerl.runner import execute
 from corerl.selection import select
+from corerl.testing import plugin_from
+from corerl.testing.algorithm_conformance import AlgorithmConformance
 from tests.conftest import REPO
 
 ALGORITHMS = {
@@ -44,11 +51,18 @@ def _context(tmp_path: Path, name: str, host: PluginHost, model: str = "builtin:
     return RunContext.open(config, select(config, host), make_console(), host)
 
 
-@pytest.mark.parametrize("model", ["builtin:tiny-qwen2", "builtin:tiny-moe"], ids=["dense", "moe"])
-@pytest.mark.parametrize("name", sorted(ALGORITHMS))
+#: algorithms whose dense step the conformance classes at the end of this file take
+CONFORMING = {"grpo", "sft"}
+CASES = [pytest.param(name, model, id=f"{name}-{kind}") for name in sorted(ALGORITHMS)
+         for model, kind in (("builtin:tiny-qwen2", "dense"), ("builtin:tiny-moe", "moe"))
+         if not (kind == "dense" and name in CONFORMING)]
+
+
+@pytest.mark.parametrize("name, model", CASES)
 def test_one_step_of_each_core_algorithm_runs_in_process(tmp_path, name, model):
-    """Every algorithm, on a dense policy and on a mixture of experts (PPO's critic then is one
-    too: a value head on the MoE model); a MoE step reports its routers' expert load."""
+    """Every algorithm, on a dense policy (GRPO and SFT: their conformance classes below) and on a
+    mixture of experts (PPO's critic then is one too: a value head on the MoE model); a MoE step
+    reports its routers' expert load."""
     host = PluginHost(env={})
     context = _context(tmp_path, name, host, model)
     try:
@@ -130,3 +144,92 @@ def test_no_algorithm_module_imports_another():
                 if imported in algorithms - {name}:
                     found.append(f"{name}.py:{node.lineno} imports {node.module}")
     assert found == []
+
+
+class TestGRPOConformance(AlgorithmConformance):
+    """The core's GRPO, with a KL penalty, through the suite a plugin's algorithm runs
+    (corerl.testing.algorithm_conformance); it also takes the dense case of the one-step test."""
+
+    algorithm_id = "grpo"
+    recipe = ALGORITHMS["grpo"]
+
+    def test_the_kl_penalty_starts_a_frozen_reference(self, first_step):
+        assert first_step.engines == 3  # policy, generation and the reference of the starting weights
+        assert 0.0 <= first_step.metrics["reward/mean"] <= 1.0 and first_step.metrics["optimizer_step"] == 1.0
+
+
+class TestSFTConformance(AlgorithmConformance):
+    algorithm_id = "sft"
+    recipe = ALGORITHMS["sft"]
+
+
+class SelfCounting(AlgorithmBase):
+    """An algorithm that advances its own step counter (as one written before contract 2.10 might):
+    the run loop counts too, so it would run half its steps, logged under doubled numbers."""
+
+    name = "selfcount"
+
+    def held_out(self):
+        return {"reward": 0.0}
+
+    def step(self):
+        self.done += 1
+        return {"loss": 0.0}
+
+
+def _self_counting_plugin():
+    return plugin_from(algorithms=[Algorithm(id="selfcount", factory=SelfCounting, generation=False)])
+
+
+def test_a_step_that_advances_its_own_counter_stops_the_run_in_one_line(tmp_path):
+    host = PluginHost(env={})
+    host.register(_self_counting_plugin(), name="selfcounter")
+    config = config_from_mapping({
+        "cluster": {"gpus_per_node": 1}, "policy": {"model_name": "builtin:tiny-qwen2", "max_seq_length": 64},
+        "algorithm": {"name": "selfcount", "max_steps": 4}, "data": {"task": "digit_echo"},
+        "run": {"output_dir": str(tmp_path), "name": "selfcount", "tensorboard": False}}, host)
+    with pytest.raises(StepCountError) as stopped:
+        execute(config, select(config, host), host, make_console(quiet=True))
+    line = str(stopped.value)
+    assert "\n" not in line and line.startswith(f"algorithm 'selfcount' (plugin 'selfcounter', {__name__}.SelfCounting) "
+                                                "changed its step counter inside step(): done went from 0 to 1"), line
+    assert "remove the assignment to done from step()" in line
+    assert not (tmp_path / "selfcount" / "summary.json").exists()
+
+
+def test_the_conformance_suite_catches_an_algorithm_that_counts_its_own_steps(tmp_path):
+    class Case(AlgorithmConformance):
+        algorithm_id = "selfcount"
+        plugin = _self_counting_plugin()
+
+    record = Case._first_step(tmp_path)
+    try:
+        with pytest.raises(pytest.fail.Exception) as failed:
+            Case().test_the_step_counter_is_left_to_the_run_loop(record, None)
+    finally:
+        record.context.close(run_failed=False)
+    assert str(failed.value).startswith("algorithm 'selfcount' (plugin 'selfcount-under-test'")
+    assert "\n" not in str(failed.value)
+
+
+class _Phase:
+    name, done, total = "fake", 3, 10
+
+    def __init__(self, metrics):
+        self.metrics = metrics
+
+    def step(self):
+        return self.metrics
+
+
+@pytest.mark.parametrize("metrics, says", [
+    ({"loss": 0.1, "step": 7}, "returned the metric 'step' from step(), a key the run loop writes itself"),
+    ({"loss": 0.1, "phase": "x"}, "returned the metric 'phase'"),
+    ([0.1], "returned list from step(), not a dict of metrics"),
+])
+def test_a_step_may_not_write_what_the_run_loop_writes(metrics, says):
+    phase = _Phase(metrics)
+    with pytest.raises(StepCountError, match=re.escape(says)):
+        take_step(phase)
+    assert phase.done == 3
+    assert take_step(_Phase({"loss": 0.1})) == {"loss": 0.1}
