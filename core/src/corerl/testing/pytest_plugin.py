@@ -1,4 +1,4 @@
-"""pytest fixtures for corerl plugin authors (registered through the ``pytest11`` entry point)."""
+"""pytest fixtures and marks for corerl plugin authors (registered through the ``pytest11`` entry point)."""
 
 from __future__ import annotations
 
@@ -10,14 +10,53 @@ import pytest
 from corerl.plugin_manager import PluginHost
 from corerl.testing.fake_site import FakeSite
 
+#: the test tiers corerl's own tests use (docs/testing.md), registered in every project that
+#: installs corerl so that a plugin's tests may use them too (no PytestUnknownMarkWarning, and
+#: no error under ``--strict-markers``)
+MARKS = {
+    "slow": "tests that start something expensive: a subprocess, a process pool or a Ray runtime "
+            "(deselect with -m 'not slow')",
+    "gpu": "tests of real CUDA paths; skip them where torch sees no GPU",
+}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Register :data:`MARKS`."""
+    for name, meaning in MARKS.items():
+        config.addinivalue_line("markers", f"{name}: {meaning}")
+
+
+def first_party_host() -> PluginHost:
+    """A plugin manager with the core's own plugin and the first-party plugins installed here
+    (dtensor, megatron, deepspeed, vllm, whichever are installed), and nothing else: no other
+    entry point, no ``CORERL_*`` variable. A first-party plugin that fails to load is recorded as
+    failed, as ``corerl plugins`` shows it."""
+    from importlib import metadata
+
+    from corerl.known_plugins import FIRST_PARTY
+    from corerl.plugin_manager import ENTRY_POINT_GROUP
+
+    host = PluginHost(discover=False, env={})
+    known = {plugin.name: plugin.distribution for plugin in FIRST_PARTY}
+    for entry in sorted(metadata.entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
+        dist = getattr(entry, "dist", None)
+        if dist is None or known.get(entry.name) != dist.name or entry.name in host.plugins:
+            continue
+        host.load_plugin(entry.name, entry.value, distribution=dist.name, version=dist.version)
+    return host
+
 
 @pytest.fixture
 def corerl_host() -> PluginHost:
-    """A fresh plugin manager with only the core's own plugin; no entry points, no ``CORERL_*`` env.
+    """A fresh plugin manager per test: the core's own plugin and the installed first-party
+    plugins (their training and generation backends), but no other entry point and no
+    ``CORERL_*`` variable (:func:`first_party_host`).
 
-    Register the plugin under test with ``corerl_host.register(module_or_object, name="mine")``.
+    Register the plugin under test with ``corerl_host.register(module_or_object, name="mine")``; a
+    plugin that registers no training backend (a task, a reward, an algorithm) can then select a
+    recipe that trains with the first-party backends installed here.
     """
-    return PluginHost(discover=False, env={})
+    return first_party_host()
 
 
 @pytest.fixture
