@@ -19,6 +19,7 @@ from corerl.environments.tools import ToolCall, execute, parse_hermes
 from corerl.errors import RunError
 from corerl.generation.contract import SamplingSettings
 from corerl.models.tokenizer import load_tokenizer_folder
+from corerl.testing.environment_conformance import EnvironmentConformance
 from tests.environment_fixtures import hf_engine
 
 
@@ -468,3 +469,103 @@ def test_the_daemon_executor_runs_every_call_on_at_most_its_threads():
     failing = executor.submit(int, "not a number")
     assert isinstance(failing.exception(timeout=5), ValueError)
     executor.shutdown(cancel_futures=True)
+
+
+# -- the environment conformance suite (corerl.testing.environment_conformance) on the core's
+# environments, and what it catches ----------------------------------------------------------
+
+LOOKUP_CALL = '<tool_call> {"name": "lookup", "arguments": {}} </tool_call>'
+
+
+class TestToolsEnvironmentConformance(EnvironmentConformance):
+    """``tools``: the model calls ``lookup``, reads the digit and answers it."""
+
+    environment_id = "tools"
+    settings = {"tools": ["lookup"]}
+    recipe = {"data": {"task": "tool_lookup"}}
+    rows = [{"value": 4, "answer": "4"}, {"value": 7, "answer": "7"}, {"value": 1, "answer": "1"}]
+    failing_rows = [{"value": 2}]  # no answer to score the final turn against
+
+    @classmethod
+    def respond(cls, row, turn):
+        return LOOKUP_CALL if turn == 1 else str(row.get("value"))
+
+
+class TestMathEnvironmentConformance(EnvironmentConformance):
+    environment_id = "math"
+    rows = [{"answer": "\\frac{1}{2}"}, {"answer": "12"}]
+    responses = ["so \\boxed{0.5}"]
+    failing_rows = [{"question": "no answer column"}]
+
+
+class Forgetful:
+    """Remembers the episode's guesses on itself: wrong as soon as two episodes interleave."""
+
+    def __init__(self, context):
+        self.guesses = 0
+
+    def step(self, episode):
+        self.guesses += 1
+        return Turn(reward=float(self.guesses >= 2), done=self.guesses >= 2, observation=" again")
+
+
+class Wordy:
+    def __init__(self, context):
+        pass
+
+    def step(self, episode):
+        if "answer" not in episode.row:
+            return Turn(reward=0.0, done=True)  # hides the bad row
+        return Turn(reward="1", done=True)
+
+
+class Endless:
+    def __init__(self, context):
+        pass
+
+    def step(self, episode):
+        return Turn(observation=[{"role": "tool"}], reward=0.0)
+
+
+class Blocking:
+    def __init__(self, context):
+        pass
+
+    async def step(self, episode):
+        time.sleep(0.3)  # a blocking call inside async def: the loop cannot time it out
+        return Turn(reward=1.0, done=True)
+
+
+def _case(factory, **attributes):
+    from corerl.registry import Environment
+    from corerl.testing import plugin_from
+
+    name = factory.__name__.lower()
+    plugin = plugin_from(environments=[Environment(id=name, factory=factory)])
+    return type("Case", (EnvironmentConformance,), {"environment_id": name, "plugin": plugin, **attributes})
+
+
+def _failure(case, check, tmp_path):
+    built = case._build(tmp_path)
+    arguments = {"built": built, "played": case._play_both_ways(built)}
+    method = getattr(case(), check)
+    wanted = {name: arguments[name] for name in method.__code__.co_varnames[1:method.__code__.co_argcount]}
+    with pytest.raises((AssertionError, pytest.fail.Exception)) as failed:
+        method(**wanted)
+    return str(failed.value).splitlines()[0]
+
+
+@pytest.mark.parametrize("factory, attributes, check, says", [
+    (Forgetful, {"rows": [{"answer": "1"}, {"answer": "2"}]}, "test_state_is_kept_per_episode",
+     "went otherwise when other episodes' turns were answered in between"),
+    (Wordy, {}, "test_rewards_are_numbers", "has reward '1' (str)"),
+    (Wordy, {"failing_rows": [{}]}, "test_errors_are_reported_as_the_episodes_faults",
+     "ended by done, with no error"),
+    (Endless, {}, "test_episodes_end", "did not end within 4 turns"),
+    (Endless, {}, "test_observations_encode", "is not a chat message"),
+    (Blocking, {"timeout_slack_s": 0.1}, "test_timeouts_are_reported_without_waiting_for_the_step",
+     "the timeout could not fire"),
+])
+def test_the_environment_suite_names_what_an_environment_gets_wrong(tmp_path, factory, attributes, check, says):
+    line = _failure(_case(factory, **attributes), check, tmp_path)
+    assert says in line, line
