@@ -48,6 +48,12 @@ One subclass per layout (world size, parallel sizes). The checks:
 Mixture-of-experts checks (m1-m5) are a class of their own, :class:`MoeConformance`: one more
 subclass per backend (one engine for it), expert parallelism 2 at world size 2 where the
 registration names its key; a backend registered without ``moe=True`` is checked to be refused.
+
+A backend is held to the contract version its plugin states (``corerl_contract``; none stated:
+the oldest this corerl loads). A check that needs what a later version added (a loss metric, the
+routers' metrics, ``topk_logprobs``) is skipped for an older plugin and fails for one that states
+that version, both in one line naming the metric or method, the version and how to add it
+(:mod:`corerl.testing.contract_versions`).
 """
 
 from __future__ import annotations
@@ -60,6 +66,14 @@ from typing import Any, ClassVar
 import pytest
 import torch
 
+from corerl.testing.contract_versions import (
+    CANDIDATE_LOGPROBS,
+    LOSS_METRICS,
+    ROUTER_METRICS,
+    TOPK_LOGPROBS,
+    ContractCheck,
+    stated_contract,
+)
 from corerl.testing.reference import (
     hf_logprobs,
     hf_topk,
@@ -257,6 +271,19 @@ class BackendLayout:
         return registration
 
     @classmethod
+    def _contract(cls) -> ContractCheck:
+        """The backend held to the contract version its plugin states (none: the oldest supported);
+        a check that reads what a later version added fails, or skips, in one line
+        (:mod:`corerl.testing.contract_versions`)."""
+        from corerl.testing import host_with
+
+        host = host_with(cls.plugin, f"{cls.backend_id}-under-test")
+        registration = host.training_backends.get(cls.backend_id)
+        assert registration is not None, f"no training backend {cls.backend_id!r} is registered"
+        return ContractCheck(f"training backend {cls.backend_id!r} (plugin {registration.plugin!r})",
+                             stated_contract(host, registration))
+
+    @classmethod
     def _world_size(cls) -> int:
         sizes = [int(o.split("=", 1)[1]) for o in cls.overrides if o.startswith("cluster.gpus_per_node=")]
         return sizes[-1] if sizes else 1
@@ -337,7 +364,8 @@ class TrainingBackendConformance(BackendLayout):
         assert moved <= self.tolerance, f"weights differ from the reference by {moved:.3g}"
         # (k) the loss's metrics come back summed over micro-batches and ranks (each counts its
         # micro-batch's loss tokens), and offload then reload leaves the engine as it was
-        assert result.metrics["loss_tokens"] == float(batch["loss_mask"][:, 1:].sum())
+        loss_tokens = self._contract().metric(result.metrics, "loss_tokens", LOSS_METRICS)
+        assert loss_tokens == float(batch["loss_mask"][:, 1:].sum())
         before = backend.logprobs(batch)
         backend.offload(["optimizer", "parameters"])  # a logged no-op on a CPU
         backend.reload(["optimizer", "parameters"])
@@ -472,7 +500,8 @@ class TrainingBackendConformance(BackendLayout):
     def _check_dpo_step(self, engine: Any, model_dir: str, unpadded: bool) -> None:
         result = self._check_step(engine, model_dir, preference_conformance_batch(), dpo_conformance_loss(), "DPO",
                                   unpadded)
-        assert 0.0 <= result.metrics["preference_accuracy"] <= 1.0  # a mean over the step's pairs
+        accuracy = self._contract().metric(result.metrics, "preference_accuracy", LOSS_METRICS)
+        assert 0.0 <= accuracy <= 1.0  # a mean over the step's pairs
 
     @pytest.mark.parametrize("variant", GRPO_LOSS_VARIANTS)
     def test_grpo_loss_variants_match_plain_pytorch(self, backend: Any, model_dir: str, variant: str) -> None:
@@ -480,7 +509,8 @@ class TrainingBackendConformance(BackendLayout):
             pytest.skip("the algorithm variants are checked in this backend's other layouts (algorithm_checks=False)")
         loss_fn = grpo_conformance_loss(variant)
         result = self._check_step(backend, model_dir, grpo_conformance_batch(model_dir, loss_fn), loss_fn, variant)
-        assert 0.0 < result.metrics["clip_fraction"] < 1.0  # summed over micro-batches and ranks: a share
+        clipped = self._contract().metric(result.metrics, "clip_fraction", LOSS_METRICS)
+        assert 0.0 < clipped < 1.0  # summed over micro-batches and ranks: a share
 
     def test_topk_distillation_matches_plain_pytorch(self, backend: Any, model_dir: str) -> None:
         """As a teacher, the engine's ``topk_logprobs`` give transformers' top-k next tokens and
@@ -493,9 +523,11 @@ class TrainingBackendConformance(BackendLayout):
         if not self.algorithm_checks:
             pytest.skip("the algorithm variants are checked in this backend's other layouts (algorithm_checks=False)")
         k = 5
+        contract = self._contract()
+        topk_logprobs = contract.method(backend, "topk_logprobs", TOPK_LOGPROBS)
         backend.load_hf(model_dir)
         batch = conformance_batch()
-        logprobs, top, ids = backend.topk_logprobs(batch, k)
+        logprobs, top, ids = topk_logprobs(batch, k)
         expected, expected_ids = hf_topk(AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32),
                                          batch, k)
         inside = batch["attention_mask"][:, 1:].bool()
@@ -508,8 +540,14 @@ class TrainingBackendConformance(BackendLayout):
         mask = batch["loss_mask"].float()
         batch.update(teacher_topk_logprobs=(expected["topk"] + 0.2 * torch.randn(top.shape, generator=gen)).clamp(max=0.0),
                      candidate_ids=expected_ids, advantages=torch.randn(mask.shape, generator=gen) * mask)
-        result = self._check_step(backend, model_dir, batch, TopKDistillationLoss("mixed", 0.7), "mixed KL")
-        assert result.metrics["forward_kl"] != 0.0
+        try:
+            result = self._check_step(backend, model_dir, batch, TopKDistillationLoss("mixed", 0.7), "mixed KL")
+        except Exception as exc:  # the loss read a column the backend did not write (on a rank: WorkerFailed)
+            if "KeyError" not in f"{type(exc).__name__}: {exc}" or "'candidate_logprobs'" not in str(exc):
+                raise
+            contract.missing("wrote no candidate_logprobs into the micro-batches of a batch with candidate_ids",
+                             CANDIDATE_LOGPROBS)
+        assert contract.metric(result.metrics, "forward_kl", LOSS_METRICS) != 0.0
 
     def _check_step(self, engine: Any, model_dir: str, batch: dict[str, torch.Tensor], loss_fn: Any, label: str,
                     unpadded: bool = False) -> Any:
@@ -599,7 +637,7 @@ class TrainingBackendConformance(BackendLayout):
                                                   max_grad_norm=MAX_GRAD_NORM, unpadded=unpadded, critic=True)
         assert result.step == 1
         assert abs(result.loss - ref_loss) <= self.tolerance, (result.loss, ref_loss)
-        assert abs(result.metrics["value_loss"] - ref_loss) <= self.tolerance
+        assert abs(self._contract().metric(result.metrics, "value_loss", LOSS_METRICS) - ref_loss) <= self.tolerance
         weights = dict(engine.weight_stream())
         assert set(ref_params) <= set(weights), f"missing: {sorted(set(ref_params) - set(weights))}"
         # the value head's gradient sums every token's hidden state: float32 summation order
@@ -848,10 +886,11 @@ class MoeConformance(BackendLayout):
         # a loss term whose coefficient is 0 need not be computed (megatron-core skips it)
         unweighted = {key for key, coeff in (("moe/aux_loss", self.aux_loss_coeff), ("moe/z_loss", self.z_loss_coeff))
                       if not coeff}
+        contract = self._contract()
         for key, expected in ref_metrics.items():
             if key in unweighted:
                 continue
-            assert key in result.metrics, f"the step reports no {key}"
+            contract.metric(result.metrics, key, ROUTER_METRICS)
             if self.metrics_match_reference:
                 assert result.metrics[key] == pytest.approx(expected, rel=1e-4, abs=1e-6), key
         experts = int(ref_params["model.layers.0.mlp.gate.weight"].shape[0])
