@@ -142,7 +142,7 @@ def _validate_translation(translation: Any, host: PluginHost, source: str, stric
                       for leaf in sorted(translation.passthrough) if leaf == key or leaf.startswith(key + ".")]
         config = validate_tree(tree, translation.origins, host, source)  # any other problem is raised here
     block = nemo_rl.unknown_warning(fates)
-    return attrs.evolve(config, fates=fates, warnings=[*translation.warnings, *([block] if block else [])])
+    return attrs.evolve(config, fates=fates, warnings=[*config.warnings, *translation.warnings, *([block] if block else [])])
 
 
 def _passed_through(key: str, passthrough: frozenset[str]) -> bool:
@@ -182,7 +182,12 @@ def validate_tree(raw: dict[str, Any], origins: Origins, host: PluginHost, sourc
 
 def validate_with_sections(raw: dict[str, Any], origins: Origins, owned: Mapping[str, type | None],
                            source: str) -> Config:
-    """:func:`validate_tree` with the plugin-owned sections given (key path -> schema)."""
+    """:func:`validate_tree` with the plugin-owned sections given (key path -> schema). Relative
+    paths a recipe file gives are first made absolute where they are found
+    (:mod:`corerl.config.paths`)."""
+    from corerl.config.paths import path_keys, resolve_recipe_paths
+
+    path_warnings = resolve_recipe_paths(raw, origins, path_keys(owned))
     ctx = StructureContext(origins, owned, default_source=source)
     core = structure(CorerlConfig, raw, "", ctx)
     if core is not None:
@@ -199,4 +204,4 @@ def validate_with_sections(raw: dict[str, Any], origins: Origins, owned: Mapping
     for section_path, schema in owned.items():
         if section_path not in sections and schema is not None:
             sections[section_path] = schema()
-    return Config(core, sections, raw, origins, source)
+    return Config(core, sections, raw, origins, source, warnings=path_warnings)

@@ -12,6 +12,9 @@ import attrs
 
 _NO_DEFAULT = attrs.NOTHING
 
+#: what the reference says of a path setting
+PATH_NOTE = "relative in a recipe file: beside that file, else in the working directory"
+
 
 def setting(
     default: Any = _NO_DEFAULT,
@@ -20,12 +23,17 @@ def setting(
     max: float | None = None,
     min_exclusive: bool = False,
     help: str = "",
+    path: bool = False,
 ) -> Any:
     """A scalar setting. ``min``/``max`` bound numbers (``min_exclusive`` makes ``min`` strict).
+    ``path``: a local file or folder the run reads (or a list of them): a relative one written in a
+    recipe file is looked up beside that file first (:mod:`corerl.config.paths`).
 
     Mutable defaults (dicts, lists) are copied per instance.
     """
-    metadata = {"min": min, "max": max, "min_exclusive": min_exclusive, "help": help}
+    if path:
+        help = f"{help} ({PATH_NOTE})" if help else PATH_NOTE
+    metadata = {"min": min, "max": max, "min_exclusive": min_exclusive, "help": help, "path": path}
     if isinstance(default, (dict, list)):
         return attrs.field(factory=lambda: type(default)(default), metadata=metadata)
     return attrs.field(default=default, metadata=metadata)

@@ -172,10 +172,11 @@ class PolicyConfig:
     """``policy``: the model being trained and how it is trained and sampled."""
 
     model_name: str = setting(help="Hugging Face checkpoint directory, a .gguf file (converted once into corerl's model "
-                                   "cache), a packaged model (smollm2-135m-instruct) or a built-in model name")
+                                   "cache), a packaged model (smollm2-135m-instruct) or a built-in model name",
+                              path=True)
     gguf_file: str | None = setting(None, help="the .gguf file inside the model_name folder to load (converted once "
                                                "into a Hugging Face folder in corerl's model cache)")
-    tokenizer_name: str | None = setting(None, help="defaults to model_name")
+    tokenizer_name: str | None = setting(None, help="a folder holding the tokenizer; unset: model_name's", path=True)
     chat_template: str | None = setting(None, help="a Jinja chat template replacing the tokenizer's own")
     hf_config_overrides: dict[str, Any] = setting({}, help="keys laid over the checkpoint's config.json before any "
                                                          "engine loads it (e.g. max_position_embeddings)")
@@ -341,7 +342,7 @@ class CriticConfig:
     the critic its own layout, replacing the policy's section of that name for the critic."""
 
     model_name: str | None = setting(None, help="a critic checkpoint (token classification, one label); unset: the "
-                                                "policy's starting weights with a zero value head")
+                                                "policy's starting weights with a zero value head", path=True)
     training_backend: str | None = setting(None, help="training backend id; unset: the policy's, unless a "
                                                       "critic.<backend>_cfg section is enabled")
     train_micro_batch_size: int | None = setting(None, min=1, help="unset: policy.train_micro_batch_size")
@@ -363,8 +364,9 @@ class DataConfig:
 
     task: str = setting("digit_echo", help="a registered task id: digit_echo, dataset, or one a plugin registers")
     reward: str | None = setting(None, help="a registered reward id or an import path pkg.module:fn; unset: the task's own")
-    train_files: str | list[str] | None = setting(None, help="dataset task: JSONL or Parquet file(s)")
-    held_out_files: str | list[str] | None = setting(None, help="dataset task: held-out file(s); unset: cut from train_files")
+    train_files: str | list[str] | None = setting(None, help="dataset task: JSONL or Parquet file(s)", path=True)
+    held_out_files: str | list[str] | None = setting(None, help="dataset task: held-out file(s); unset: cut from "
+                                                                "train_files", path=True)
     held_out_size: int | None = setting(None, min=1, help="dataset task without held_out_files: rows kept out of "
                                                           "training; unset: a quarter of the rows, at most 32")
     prompt_key: str = setting("prompt", help="dataset task: the prompt column")
@@ -375,10 +377,11 @@ class DataConfig:
     shuffle: bool = setting(True, help="dataset task: draw training rows in a fresh random order each epoch; false: "
                                        "in file order")
     apply_chat_template: bool = setting(False, help="dataset task: wrap each prompt in the tokenizer's chat template")
-    prompt_file: str | None = setting(None, help="dataset task: a text file whose {} each prompt fills (str.format)")
+    prompt_file: str | None = setting(None, help="dataset task: a text file whose {} each prompt fills (str.format)",
+                                      path=True)
     system_prompt_file: str | None = setting(None, help="dataset task: a text file holding a system prompt (a system "
                                                         "message with apply_chat_template, else the prompt's first "
-                                                        "paragraph)")
+                                                        "paragraph)", path=True)
     env_name: str | None = setting(None, help="an environment id (corerl plugins lists them): GRPO and PPO play "
                                               "episodes against it, its section is env.<id>; unset: one turn scored "
                                               "by the task's reward")
@@ -411,7 +414,8 @@ class SftConfig:
 class RunConfig:
     """``run``: where a run keeps what it writes."""
 
-    output_dir: str = setting("runs", help="parent folder of run directories")
+    output_dir: str = setting("runs", help="parent folder of run directories; a relative one is in the working "
+                                           "directory (not beside the recipe)")
     name: str | None = setting(None, help="run directory name; unset: a timestamp")
     tensorboard: bool = setting(True, help="deprecated spelling of logger.tensorboard.enabled (false still switches "
                                            "TensorBoard off)")
@@ -428,7 +432,8 @@ class RewardModelConfig:
         None, help="bradley_terry: a reward model's score; llm_judge: a model grading each answer; unset: the "
                    "task's reward")
     model_name: str | None = setting(None, help="bradley_terry: an rm run's final/ or reward_model/, or a one-label "
-                                                "sequence classifier; llm_judge: the judge (unset: the policy itself)")
+                                                "sequence classifier; llm_judge: the judge (unset: the policy itself)",
+                                     path=True)
     micro_batch_size: int = setting(64, min=1, help="bradley_terry: rows per scoring forward")
     cpu_offload: bool = setting(False, help="bradley_terry: keep the reward model in CPU memory except while it scores")
     judge_template: str = setting(
