@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/generation.py            # the full run (several minutes on 2 cores)
     .venv/bin/python bench/generation.py --quick    # small model, float32 only
+    .venv/bin/python bench/generation.py --smoke    # the smallest setting: that every path runs, no figures to keep
 
 64 prompts x 4 samples x 64 new tokens, for a ~2.6M and a ~25M parameter Qwen2-style model,
 in float32 and bfloat16. Every backend runs through corerl's own generation contract (the
@@ -32,6 +33,7 @@ from corerl.testing import write_recipe
 
 RESULTS = results_path("generation.json")
 SIZES = {  # name -> tiny-model arguments
+    "0.2M": dict(hidden_size=128, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=256),  # --smoke
     "2.6M": dict(hidden_size=256, num_layers=4, num_heads=4, num_kv_heads=2, intermediate_size=512),
     "25M": dict(hidden_size=512, num_layers=8, num_heads=8, num_kv_heads=2, intermediate_size=1536),
 }
@@ -90,20 +92,23 @@ def training_phase(model: Any, batch: torch.Tensor, steps: int) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="2.6M float32 only, one timed run")
+    parser.add_argument("--smoke", action="store_true", help="the smallest setting (tests): a 0.2M model, 16 prompts "
+                                                              "x 4 samples x 8 new tokens, one timed run")
     parser.add_argument("--reps", type=int, default=2)
     args = parser.parse_args()
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
-    sizes = ["2.6M"] if args.quick else list(SIZES)
-    dtypes = ["float32"] if args.quick else ["float32", "bfloat16"]
-    reps = 1 if args.quick else args.reps
+    sizes = ["0.2M"] if args.smoke else ["2.6M"] if args.quick else [size for size in SIZES if size != "0.2M"]
+    dtypes = ["float32"] if args.quick or args.smoke else ["float32", "bfloat16"]
+    reps = 1 if args.quick or args.smoke else args.reps
+    count, new_tokens, phase_steps = (16, 8, 2) if args.smoke else (64, 64, 6)
     work = Path(tempfile.mkdtemp(prefix="corerl-genbench-"))
     gen = torch.Generator().manual_seed(0)
     prompts = [torch.randint(4, VOCAB, (int(torch.randint(16, 33, (1,), generator=gen)),), generator=gen).tolist()
-               for _ in range(64)]
-    sampling = SamplingSettings(temperature=1.0, max_new_tokens=64, seed=0)
+               for _ in range(count)]
+    sampling = SamplingSettings(temperature=1.0, max_new_tokens=new_tokens, seed=0)
     rows: list[dict[str, Any]] = []
     slowdown: dict[str, float] = {}
     for size in sizes:
@@ -123,10 +128,10 @@ def main() -> None:
                     batch = torch.randint(4, VOCAB, (8, 128), generator=gen)
                     training_phase(model, batch, 1)
                     engine.generate(prompts[:4], sampling, n=1)  # the engine has just worked, now idles
-                    busy = training_phase(model, batch, 6)
+                    busy = training_phase(model, batch, phase_steps)
                     engine.shutdown()
                     engine = None
-                    alone = training_phase(model, batch, 6)
+                    alone = training_phase(model, batch, phase_steps)
                     slowdown[layout] = busy / alone - 1.0
                 else:
                     engine.shutdown()
@@ -137,7 +142,8 @@ def main() -> None:
 
     from corerl.reporting.console import make_console
 
-    table = Table(title=f"generation: 64 prompts x 4 samples x 64 new tokens, {torch.get_num_threads()} threads")
+    table = Table(title=f"generation: {count} prompts x 4 samples x {new_tokens} new tokens, "
+                        f"{torch.get_num_threads()} threads")
     for column in ("model", "dtype", "vllm layout", "vllm tok/s", "hf tok/s", "ratio", "refit s"):
         table.add_column(column)
     for row in rows:

@@ -103,7 +103,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--hidden", type=int, default=256)
     parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--layouts", default=",".join(label for label, *_ in LAYOUTS),
+                        help="comma-separated layouts to measure (default: all)")
     args = parser.parse_args()
+    chosen = args.layouts.split(",")
+    if unknown := [label for label in chosen if label not in {label for label, *_ in LAYOUTS}]:
+        parser.error(f"--layouts: no layout {unknown}; bench/memory.py has {[label for label, *_ in LAYOUTS]}")
     work = Path(tempfile.mkdtemp(prefix="corerl-memory-"))
     model = str(build_tiny_model(work / "model", hidden_size=args.hidden, num_layers=args.layers))
     host = PluginHost()
@@ -112,6 +117,8 @@ def main() -> None:
     worlds = (1, 2) if not torch.cuda.is_available() or torch.cuda.device_count() >= 2 else (1,)
     rows: list[dict[str, Any]] = []
     for label, backend_id, overrides, literature, source in LAYOUTS:
+        if label not in chosen:
+            continue
         if backend_id == "megatron" and 2 not in worlds:
             continue  # the TP=2 layout needs two GPUs
         measured = {world: measure(backend_id, overrides, world, model, work, host) for world in worlds}

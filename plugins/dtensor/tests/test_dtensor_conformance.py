@@ -25,6 +25,7 @@ class TestDataParallel2(_DTensor):
 
 
 class TestTensorParallel2(_DTensor):
+    micro_batch_layouts = ()  # token budgets: at world size 1, DP2 and TP2 with SP (which covers TP2's)
     critic_checks = False  # the critic runs in the world-1 and data-parallel layouts (megatron's covers TP)
     overrides = ["cluster.gpus_per_node=2", "policy.dtensor_cfg.tensor_parallel_size=2"]
 
@@ -40,7 +41,7 @@ class TestTensorParallel2SequenceParallel(_DTensor):
 class TestLlamaUntiedTensorParallel2(_DTensor):
     algorithm_checks = False  # the GRPO loss variants and top-k distillation: at world size 1 and TP2
     lora_checks = False  # LoRA runs in the world-1, data-parallel, tensor-parallel and FSDP1 layouts
-    micro_batch_layouts = ()  # token budgets: checked at world size 1, DP2, TP2 and TP2 with SP
+    micro_batch_layouts = ()  # token budgets: checked at world size 1, DP2 and TP2 with SP
     critic_checks = False  # the critic runs in the world-1 and data-parallel layouts
     model_family = "llama"
     overrides = ["cluster.gpus_per_node=2", "policy.dtensor_cfg.tensor_parallel_size=2"]
@@ -48,7 +49,7 @@ class TestLlamaUntiedTensorParallel2(_DTensor):
 
 class TestFSDP1DataParallel2(_DTensor):
     algorithm_checks = False  # the GRPO loss variants and top-k distillation: at world size 1 and TP2
-    micro_batch_layouts = ()  # token budgets: checked at world size 1, DP2, TP2 and TP2 with SP
+    micro_batch_layouts = ()  # token budgets: checked at world size 1, DP2 and TP2 with SP
     critic_checks = False  # the critic runs in the world-1 and data-parallel layouts
     overrides = ["cluster.gpus_per_node=2", "policy.dtensor_cfg.fsdp_version=1"]
 
@@ -56,7 +57,7 @@ class TestFSDP1DataParallel2(_DTensor):
 class TestActivationCheckpointingDataParallel2(_DTensor):
     algorithm_checks = False  # the GRPO loss variants and top-k distillation: at world size 1 and TP2
     lora_checks = False  # LoRA runs in the world-1, data-parallel, tensor-parallel and FSDP1 layouts
-    micro_batch_layouts = ()  # token budgets: checked at world size 1, DP2, TP2 and TP2 with SP
+    micro_batch_layouts = ()  # token budgets: checked at world size 1, DP2 and TP2 with SP
     critic_checks = False  # the critic runs in the world-1 and data-parallel layouts
     overrides = ["cluster.gpus_per_node=2", "policy.dtensor_cfg.activation_checkpointing=true"]
 
