@@ -12,6 +12,8 @@ from tests.test_plugin_loading import add_plugin, plugin_source
 FIRST_PARTY = {"dtensor": "corerl-dtensor", "megatron": "corerl-megatron", "deepspeed": "corerl-deepspeed", "vllm": "corerl-vllm"}
 MEGATRON = str(EXAMPLES / "grpo_megatron.yaml")
 DTENSOR = str(EXAMPLES / "grpo_dtensor.yaml")
+# the example recipes name a model on a cluster: the recipe alone is checked here
+RECIPE_ONLY = "--recipe-only"
 
 
 def _imports_torch(*argv: str, env=None) -> bool:
@@ -49,7 +51,7 @@ def test_plugins_help_and_validate_do_not_import_torch():
     assert not _imports_torch("plugins", "--json")
     assert not _imports_torch("plugins")
     assert not _imports_torch("--help")
-    assert not _imports_torch("validate", MEGATRON, "--json")
+    assert not _imports_torch("validate", MEGATRON, "--json")  # its inputs checked too (missing here)
 
 
 def test_plugins_table_is_human_readable():
@@ -60,7 +62,7 @@ def test_plugins_table_is_human_readable():
 
 
 def test_validate_both_enabled_selects_megatron_and_names_dtensor():
-    result = run_corerl("validate", DTENSOR, "policy.megatron_cfg.enabled=true", "policy.dtensor_cfg.enabled=true", "--json")
+    result = run_corerl("validate", RECIPE_ONLY, DTENSOR, "policy.megatron_cfg.enabled=true", "policy.dtensor_cfg.enabled=true", "--json")
     assert result.code == 0, result
     report = result.json()
     assert report["valid"] is True and report["errors"] == []
@@ -71,13 +73,13 @@ def test_validate_both_enabled_selects_megatron_and_names_dtensor():
 
 
 def test_validate_neither_enabled_selects_dtensor():
-    result = run_corerl("validate", str(EXAMPLES / "base.yaml"), "--json")
+    result = run_corerl("validate", RECIPE_ONLY, str(EXAMPLES / "base.yaml"), "--json")
     assert result.code == 0, result
     assert result.json()["training_backend"]["id"] == "dtensor"
 
 
 def test_validate_explicit_deepspeed_beats_enabled_megatron():
-    result = run_corerl("validate", MEGATRON, "policy.training_backend=deepspeed", "--json")
+    result = run_corerl("validate", RECIPE_ONLY, MEGATRON, "policy.training_backend=deepspeed", "--json")
     assert result.code == 0, result
     report = result.json()
     assert report["training_backend"]["id"] == "deepspeed"
@@ -85,7 +87,7 @@ def test_validate_explicit_deepspeed_beats_enabled_megatron():
 
 
 def test_validate_human_output_shows_the_choice_and_the_warning():
-    result = run_corerl("validate", DTENSOR, "policy.megatron_cfg.enabled=true")
+    result = run_corerl("validate", RECIPE_ONLY, DTENSOR, "policy.megatron_cfg.enabled=true")
     assert result.code == 0, result
     assert "megatron" in result.out and "passed over" in result.out
 
@@ -95,11 +97,11 @@ def test_third_party_distribution_with_priority_400_is_listed_and_selected(fake_
     env = fake_site.env(clean_env())
     rows = {row["name"]: row for row in run_corerl("plugins", "--json", env=env).json()}
     assert rows["rocket"]["distribution"] == "corerl-rocket" and rows["rocket"]["training_backends"] == ["rocket"]
-    result = run_corerl("validate", MEGATRON, "policy.rocket_cfg.enabled=true", "--json", env=env)
+    result = run_corerl("validate", RECIPE_ONLY, MEGATRON, "policy.rocket_cfg.enabled=true", "--json", env=env)
     assert result.code == 0, result
     assert result.json()["training_backend"]["id"] == "rocket"
     assert "megatron" in result.json()["training_backend"]["reason"]
-    not_enabled = run_corerl("validate", MEGATRON, "--json", env=env)
+    not_enabled = run_corerl("validate", RECIPE_ONLY, MEGATRON, "--json", env=env)
     assert not_enabled.json()["training_backend"]["id"] == "megatron"
 
 
@@ -113,10 +115,10 @@ def test_broken_plugin_is_shown_and_only_hurts_configs_that_need_it(fake_site):
     table = run_corerl("plugins", env=env)
     assert table.code == 0 and "failed" in table.out
 
-    unaffected = run_corerl("validate", DTENSOR, env=env)
+    unaffected = run_corerl("validate", RECIPE_ONLY, DTENSOR, env=env)
     assert unaffected.code == 0, unaffected
 
-    needs_it = run_corerl("validate", DTENSOR, "policy.training_backend=broken", env=env)
+    needs_it = run_corerl("validate", RECIPE_ONLY, DTENSOR, "policy.training_backend=broken", env=env)
     assert needs_it.code == 2, needs_it
     assert "plugin 'broken'" in needs_it.err
     assert "No module named 'corerl_engine_that_is_not_installed'" in needs_it.err

@@ -64,8 +64,9 @@ def build_parser(host: Any = None) -> argparse.ArgumentParser:
                      help="show other libraries' warnings and the engines' output on the terminal too (they are always "
                           "in the run directory's run.log)")
 
-    validate = commands.add_parser("validate", help="check a recipe and show what would be selected and why")
-    validate.add_argument("config", metavar="CONFIG", help="recipe YAML file")
+    validate = commands.add_parser("validate", help="check a recipe, and what it names on this machine, and show what "
+                                                    "would be selected and why (no CONFIG: the built-in demo)")
+    validate.add_argument("config", nargs="?", metavar="CONFIG", help="recipe YAML file")
     validate.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="dotted-key overrides")
     validate.add_argument("--json", action="store_true", help="print a JSON report")
     validate.add_argument("--preset", action="append", default=[], metavar="NAME", help=preset_help)
@@ -73,6 +74,9 @@ def build_parser(host: Any = None) -> argparse.ArgumentParser:
     validate.add_argument("--strict", action="store_true", help=strict_help)
     validate.add_argument("--explain", action="store_true",
                           help="list what each key of a recipe in another dialect does in corerl, or why it is inert")
+    validate.add_argument("--recipe-only", action="store_true",
+                          help="check the recipe alone, not the data files, models and run directory it names "
+                               "(a recipe for another machine)")
 
     plugins = commands.add_parser("plugins", help="list installed plugins and what they register")
     plugins.add_argument("--json", action="store_true", help="print JSON")
@@ -82,11 +86,14 @@ def build_parser(host: Any = None) -> argparse.ArgumentParser:
     return parser
 
 
-def _split_run_args(config: str | None, overrides: list[str]) -> tuple[str | None, list[str]]:
-    """``corerl run key=value`` (no CONFIG) means the demo with overrides."""
+def _split_run_args(config: str | None, overrides: list[str]) -> tuple[str, list[str]]:
+    """The recipe and the overrides of ``corerl run`` and ``corerl validate``: no CONFIG (``corerl
+    run key=value ...``) means the built-in demo recipe with the overrides."""
+    from corerl.recipes import DEMO_RECIPE
+
     if config is not None and "=" in config and not os.path.exists(config):
-        return None, [config, *overrides]
-    return config, overrides
+        return str(DEMO_RECIPE), [config, *overrides]
+    return (str(DEMO_RECIPE) if config is None else config), overrides
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -226,20 +233,40 @@ def _load_and_select(config_path: str, overrides: list[str], presets: list[str],
 
 
 def _cmd_validate(args: argparse.Namespace) -> int:
-    host, config, selection = _load_and_select(args.config, args.overrides, args.preset, args.dialect, args.strict)
+    """``corerl validate``: the recipe checked as ``run`` checks it before it starts (what it names
+    on this machine too, unless ``--recipe-only``), and what would be selected and why. A recipe
+    whose inputs are missing here is reported with its selection, then its errors (exit 2)."""
+    config_path, overrides = _split_run_args(args.config, args.overrides)
+    host, config, selection = _load_and_select(config_path, overrides, args.preset, args.dialect, args.strict)
+    from corerl.errors import EXIT_USAGE, ConfigError, ConfigErrors
     from corerl.planning.planner import fit_warning
 
     warning = fit_warning(config, selection.training_backend.id, host)
     if warning is not None:
         selection.warnings.append(warning)
+    refused: ConfigError | ConfigErrors | None = None
+    if not args.recipe_only:
+        from corerl.run_inputs import check_run_inputs
+
+        try:
+            check_run_inputs(config, selection, host)
+        except (ConfigError, ConfigErrors) as exc:
+            refused = exc
     fates = [{"key": f.key, "fate": f.fate, "detail": f.detail} for f in config.fates]
     if args.json:
-        _print_json({"valid": True, **selection.as_dict(), "errors": [], "warnings": config.warnings + selection.warnings,
+        _print_json({"valid": refused is None, **selection.as_dict(),
+                     "errors": _error_dicts(refused) if refused is not None else [],
+                     "warnings": config.warnings + selection.warnings,
                      "dialect": config.dialect, **({"keys": fates} if args.explain else {})})
-        return 0
-    _print_selection(config, selection, verdict="valid")
+        return 0 if refused is None else EXIT_USAGE
+    _print_selection(config, selection, verdict="valid" if refused is None else
+                     "the recipe is valid, what it names on this machine is not (below; --recipe-only checks the "
+                     "recipe alone)")
     if args.explain:
         _print_fates(config)
+    if refused is not None:
+        _print_errors(refused)
+        return EXIT_USAGE
     return 0
 
 
@@ -321,12 +348,9 @@ def _command_host(args_list: list[str]) -> Any:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from corerl.recipes import DEMO_RECIPE
     from corerl.runner import run_recipe
 
     config_path, overrides = _split_run_args(args.config, args.overrides)
-    if config_path is None:
-        config_path = str(DEMO_RECIPE)
     host, config, selection = _load_and_select(config_path, overrides, args.preset, args.dialect, args.strict)
     _print_selection(config, selection, verdict="running")
     return run_recipe(config, selection, host, verbose=args.verbose)

@@ -53,20 +53,23 @@ class RunContext:
     def open(cls, config: Config, selection: Selection, console: Any, host: PluginHost,
              on_run_dir: Callable[[Path], None] | None = None) -> RunContext:
         """The run directory (new, or resumed and checked), the model, the tokenizer and the task;
-        ``on_run_dir(run_dir)`` is called once the directory exists (the CLI's quiet terminal)."""
-        from corerl.run_record import check_same_recipe, record_recipe
+        ``on_run_dir(run_dir)`` is called once the directory exists (the CLI's quiet terminal).
+        What ``corerl validate`` checks of the machine is checked first, by the same function
+        (:func:`corerl.run_inputs.check_run_inputs`: a resume's recipe included)."""
+        from corerl.run_inputs import check_run_inputs
+        from corerl.run_record import record_recipe
 
+        check_run_inputs(config, selection, host)
         run_dir, resume = make_run_dir(config, console)
         console.print(f"run directory: [bold]{run_dir}[/]" + (f" (resuming from step {resume[0]})" if resume else ""))
         if on_run_dir is not None:
             on_run_dir(run_dir)
         if resume is None:
             record_recipe(run_dir, config)
-        else:  # a checkpoint goes on under the settings it was made with, and is refused, before
-            # anything reads it, if it would run code
+        else:  # a checkpoint goes on under the settings it was made with (checked above), and is
+            # refused, before anything reads it, if it would run code
             from corerl.checkpoint_safety import verify_folder
 
-            check_same_recipe(run_dir, config, host)
             verify_folder(resume[1])
         context = cls(config, selection, console, host, run_dir, resume)
         context.load_model_and_task()

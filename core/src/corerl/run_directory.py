@@ -42,6 +42,35 @@ def check_writable(path: Path) -> None:
                           hint="give run.output_dir (and run.name) a folder you can write to") from None
 
 
+def check_run_dir(config: Config) -> None:
+    """Refuse, without creating or writing anything, a run directory the run could not make or
+    write (the nearest folder that exists on the way to ``run.output_dir/run.name`` must be a
+    writable folder), or one it would refuse to resume or start over in (:func:`check_resumable`)."""
+    run = config.core.run
+    path = Path(run.output_dir) / (run.name or "")
+    existing = next((p for p in (path, *path.parents) if p.exists()), Path("."))
+    key = "run.name" if run.name and existing == path else "run.output_dir"
+    if not existing.is_dir():
+        raise ConfigError(f"cannot make the run directory {path}: {existing} is a file, not a folder", key=key,
+                          hint="give run.output_dir (and run.name) a folder you can write to")
+    if not os.access(existing, os.W_OK | os.X_OK) or os.statvfs(existing).f_flag & os.ST_RDONLY:
+        raise ConfigError(f"cannot write the run directory {path}: {existing} is not writable", key=key,
+                          hint="give run.output_dir (and run.name) a folder you can write to")
+    if run.name and path.is_dir() and latest_checkpoint(path) is None:
+        check_resumable(path, run.resume)
+
+
+def check_resumable(path: Path, resume: str) -> None:
+    """Refuse an existing run directory ``path`` without a complete checkpoint that the run would
+    not start over in: ``run.resume=must``, or a finished run (not overwritten)."""
+    if resume == "must":
+        raise ConfigError(f"run directory {path} holds no complete checkpoint to resume from", key="run.resume",
+                          hint="set run.resume=auto to start the run over in the same directory")
+    if (path / "summary.json").exists():
+        raise ConfigError(f"run directory {path} holds a finished run and no checkpoint to resume from", key="run.name",
+                          hint="pick another run.name, or delete the directory to run it again")
+
+
 def make_run_dir(config: Config, console: Any = None) -> tuple[Path, tuple[int, Path] | None]:
     """``run.output_dir/run.name`` (a timestamp when unnamed) and the checkpoint to resume from.
 
@@ -57,12 +86,7 @@ def make_run_dir(config: Config, console: Any = None) -> tuple[Path, tuple[int, 
     if resume is not None:
         return path, resume
     leftovers = [n for n in RUN_OUTPUTS if (path / n).exists()]
-    if run.resume == "must":
-        raise ConfigError(f"run directory {path} holds no complete checkpoint to resume from", key="run.resume",
-                          hint="set run.resume=auto to start the run over in the same directory")
-    if (path / "summary.json").exists():
-        raise ConfigError(f"run directory {path} holds a finished run and no checkpoint to resume from", key="run.name",
-                          hint="pick another run.name, or delete the directory to run it again")
+    check_resumable(path, run.resume)
     if leftovers:
         for name in leftovers:
             target = path / name
@@ -81,12 +105,24 @@ def resolve_model(model_name: str, run_dir: Path, gguf_file: str | None = None, 
     config key errors name; ``folder`` where in the run directory a ``builtin:`` model is built."""
     from corerl.models.gguf import ensure_converted, gguf_source
 
+    check_model(model_name, gguf_file, key=key)
     source = gguf_source(model_name, gguf_file)
     if source is not None:
         return str(ensure_converted(source))
     if model_name in BUILTIN_MODELS:
         # a resumed run keeps its base model; a half-built one is rebuilt
         return str(write_once(run_dir / folder, lambda work: build_tiny_model(work, **BUILTIN_MODELS[model_name])))
+    return model_name
+
+
+def check_model(model_name: str, gguf_file: str | None = None, *, key: str = "policy.model_name") -> None:
+    """Refuse, building and converting nothing, a model :func:`resolve_model` could not resolve: a
+    missing GGUF file or packaged model, an unknown ``builtin:`` name, or a path that is not a
+    Hugging Face checkpoint folder with its weights. ``key`` is the config key errors name."""
+    from corerl.models.gguf import gguf_source
+
+    if gguf_source(model_name, gguf_file) is not None or model_name in BUILTIN_MODELS:
+        return
     if model_name.startswith("builtin:"):
         raise ConfigError(f"unknown built-in model {model_name!r}", key=key,
                           hint=f"built-in models: {', '.join(BUILTIN_MODELS)}")
@@ -99,7 +135,6 @@ def resolve_model(model_name: str, run_dir: Path, gguf_file: str | None = None, 
     if not any((Path(model_name) / weights).is_file() for weights in WEIGHT_FILES):
         raise ConfigError(f"{model_name} holds no weights (none of {', '.join(WEIGHT_FILES)})", key=key,
                           hint="give a checkpoint folder with its weights, e.g. one written by save_pretrained")
-    return model_name
 
 
 #: the weight files (or their index, for sharded weights) a Hugging Face checkpoint folder holds
@@ -111,12 +146,18 @@ def load_tokenizer(path: str, model_path: str) -> Any:
     from corerl.models.tokenizer import load_tokenizer_folder
 
     key = "policy.tokenizer_name" if path != model_path else "policy.model_name"
-    if not Path(path).exists():  # a Hub name (a NeMo RL recipe's tokenizer.name): refused at once, not retried
-        raise ConfigError(f"tokenizer {path} is not a local folder, and nothing is downloaded", key=key,
-                          hint="give a folder holding the tokenizer files, or unset it to use the model's own "
-                               "(in a NeMo RL recipe: policy.tokenizer.name=<the model_name you gave>)")
+    check_tokenizer(path, key)
     try:
         return load_tokenizer_folder(path)
     except (OSError, ValueError, KeyError, TypeError) as exc:  # no or unreadable tokenizer files there
         raise ConfigError(f"cannot load a tokenizer from {path}: {first_line(exc)}", key=key, hint="give a folder holding tokenizer.json or the tokenizer files save_pretrained "
                                         "writes") from exc
+
+
+def check_tokenizer(path: str, key: str = "policy.tokenizer_name") -> None:
+    """Refuse a tokenizer that is not a local folder (a Hub name, such as a NeMo RL recipe's
+    ``tokenizer.name``: refused at once, not retried)."""
+    if not Path(path).exists():
+        raise ConfigError(f"tokenizer {path} is not a local folder, and nothing is downloaded", key=key,
+                          hint="give a folder holding the tokenizer files, or unset it to use the model's own "
+                               "(in a NeMo RL recipe: policy.tokenizer.name=<the model_name you gave>)")

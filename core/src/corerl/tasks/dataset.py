@@ -83,18 +83,7 @@ def _holds_json_lines(path: Path) -> bool:
 def read_rows(files: list[str], key: str) -> list[dict[str, Any]]:
     """Every row of ``files`` (all JSONL/JSON lines or all Parquet), in file order; each row
     remembers where it came from under :data:`ORIGIN` (file and line or row number)."""
-    builders = set()
-    for name in files:
-        path = Path(name)
-        if not path.is_file():
-            raise ConfigError(f"data file {name} does not exist", key=key, hint="give the path of a .jsonl or .parquet file")
-        builder = _BUILDERS.get(path.suffix.lower())
-        if builder is None:
-            raise ConfigError(f"data file {name} is neither JSONL nor Parquet", key=key,
-                              hint=f"use one of the extensions {', '.join(_BUILDERS)}")
-        builders.add(builder)
-    if len(builders) > 1:
-        raise ConfigError("data files mix JSONL and Parquet", key=key, hint="convert them to one format")
+    builders = check_data_files(files, key)
     if all(_holds_json_lines(Path(name)) for name in files):  # read here: errors name the line
         return [row for name in files for row in _read_jsonl(Path(name), key)]
     import datasets
@@ -111,6 +100,54 @@ def read_rows(files: list[str], key: str) -> list[dict[str, Any]]:
             raise ConfigError(f"cannot read {name}: {first_line(exc)}", key=key, hint="check the file is valid JSONL (one object per line) or Parquet") from exc
         rows += [{**row, ORIGIN: f"{Path(name).name} row {index + 1}"} for index, row in enumerate(table.to_list())]
     return rows
+
+
+def check_data_files(files: list[str], key: str) -> set[str]:
+    """Refuse, reading nothing, data files that do not exist or are not all JSONL or all
+    Parquet; returns the ``datasets`` builder that reads them."""
+    builders = set()
+    for name in files:
+        path = Path(name)
+        if not path.is_file():
+            raise ConfigError(f"data file {name} does not exist", key=key, hint="give the path of a .jsonl or .parquet file")
+        builder = _BUILDERS.get(path.suffix.lower())
+        if builder is None:
+            raise ConfigError(f"data file {name} is neither JSONL nor Parquet", key=key,
+                              hint=f"use one of the extensions {', '.join(_BUILDERS)}")
+        builders.add(builder)
+    if len(builders) > 1:
+        raise ConfigError("data files mix JSONL and Parquet", key=key, hint="convert them to one format")
+    return builders
+
+
+#: the core's tasks that read their rows from ``data.train_files`` (and ``data.held_out_files``)
+FILE_TASKS = ("dataset", "preferences")
+
+
+def check_data_inputs(data: Any, task_id: str | None) -> list[ConfigError]:
+    """What :class:`DatasetTask` (and the preferences task) refuse before reading a row, checked
+    without reading one, for any task: ``data.train_files`` given (for :data:`FILE_TASKS`, not
+    replaced by a Hub dataset), every data file that is set present and JSONL or Parquet, the
+    prompt and system prompt files readable (and the prompt file a template). One error per key."""
+    errors: list[ConfigError] = []
+    train_files = as_list(data.train_files)
+    if task_id in FILE_TASKS and not train_files:
+        if data.hub_dataset:
+            errors.append(ConfigError(f"{data.hub_dataset!r} is a Hugging Face Hub dataset, and nothing is downloaded",
+                                      key="data.hub_dataset", hint="give a local JSONL/Parquet file: "
+                                      "data.train_files=train.jsonl (in a NeMo RL recipe: data.train.data_path=train.jsonl)"))
+        else:
+            errors.append(ConfigError(f"the {task_id} task needs data.train_files", key="data.train_files",
+                                      hint="set data.train_files=path/to/train.jsonl (or .parquet)"))
+    checks = [(lambda: check_data_files(train_files, "data.train_files")),
+              (lambda: check_data_files(as_list(data.held_out_files), "data.held_out_files")),
+              (lambda: read_template(data.prompt_file)), (lambda: read_system_prompt(data.system_prompt_file))]
+    for check in checks:
+        try:
+            check()
+        except ConfigError as exc:
+            errors.append(exc)
+    return errors
 
 
 def _exact_answer_in(column: str) -> Any:
@@ -130,7 +167,7 @@ def read_system_prompt(path: str | None) -> str | None:
         return Path(path).read_text(encoding="utf-8").strip()
     except OSError as exc:
         raise ConfigError(f"cannot read the system prompt file {path}: {exc.strerror}", key="data.system_prompt_file",
-                          hint="give an existing text file (a path relative to where corerl runs, or absolute)") from None
+                          hint="give an existing text file") from None
 
 
 def read_template(path: str | None) -> str | None:

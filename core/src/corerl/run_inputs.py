@@ -1,0 +1,108 @@
+"""What a run needs from the machine, checked before anything is built or written: the run
+directory can be made and written (and resumed or started over in), the models and tokenizer
+are there, the data files are there. ``corerl validate`` and ``corerl run`` (through
+:meth:`corerl.run_context.RunContext.open`) both call :func:`check_run_inputs`, so that validate
+refuses what run would refuse at its start.
+
+Reading is left to the run: the rows of the data files (JSON, columns, prompt lengths), the
+tokenizer's files and the weights are checked when the run reads them, before training.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from corerl.errors import ConfigError, ConfigErrors, CorerlError
+
+if TYPE_CHECKING:
+    from corerl.config import Config
+    from corerl.plugin_manager import PluginHost
+    from corerl.selection import Selection
+
+
+def check_run_inputs(config: Config, selection: Selection, host: PluginHost | None = None) -> None:
+    """Raise every input of ``config`` the run could not use (see the module docstring), one line
+    each with its key and where it was set (exit 2): the :class:`~corerl.errors.ConfigError`
+    itself when there is one, else :class:`~corerl.errors.ConfigErrors` listing them. With
+    ``host``, a resume is also checked against the recipe its run started with."""
+    errors: list[CorerlError] = []
+    for check in _checks(config, selection, host):
+        try:
+            check()
+        except ConfigErrors as exc:
+            errors += exc.errors
+        except ConfigError as exc:
+            errors.append(exc)
+    for error in errors:
+        _say_where(error, config)
+    if len(errors) == 1:
+        raise errors[0]
+    if errors:
+        raise ConfigErrors(errors)
+
+
+def _checks(config: Config, selection: Selection, host: PluginHost | None) -> list[Callable[[], None]]:
+    from corerl.run_directory import check_model, check_run_dir, check_tokenizer
+
+    core = config.core
+    policy, data = core.policy, core.data
+    checks: list[Callable[[], None]] = [lambda: check_run_dir(config),
+                                        lambda: check_model(policy.model_name, policy.gguf_file)]
+    tokenizer = policy.tokenizer_path(policy.model_name)
+    if tokenizer != policy.model_name:
+        checks.append(lambda: check_tokenizer(tokenizer))
+    if selection.critic_backend is not None and core.critic.model_name is not None:
+        checks.append(lambda: check_model(core.critic.model_name, key="critic.model_name"))
+    reward_model = core.reward_model
+    if reward_model.kind is not None and reward_model.model_name is not None:
+        checks.append(lambda: check_model(reward_model.model_name, key="reward_model.model_name"))
+    checks.append(lambda: _raise_all(_data_errors(data, selection.task.id)))
+    if host is not None:
+        checks.append(lambda: _check_resume(config, host))
+    return checks
+
+
+def _data_errors(data: Any, task_id: str | None) -> list[ConfigError]:
+    from corerl.tasks.dataset import check_data_inputs
+
+    return check_data_inputs(data, task_id)
+
+
+def _raise_all(errors: list[ConfigError]) -> None:
+    if errors:
+        raise ConfigErrors(list(errors))
+
+
+def _check_resume(config: Config, host: PluginHost) -> None:
+    """A run directory holding a complete checkpoint resumes: with the recipe it started with."""
+    from corerl.checkpoints import latest_checkpoint
+    from corerl.run_record import check_same_recipe
+
+    run = config.core.run
+    if run.name is None:
+        return
+    path = Path(run.output_dir) / run.name
+    if path.is_dir() and latest_checkpoint(path) is not None:
+        check_same_recipe(path, config, host)
+
+
+def _say_where(error: CorerlError, config: Config) -> None:
+    """Give ``error`` the origin of its key (the recipe file or override that set it) and, for a
+    relative path a recipe gave that was found nowhere, where it was looked for."""
+    from corerl.config.paths import where_looked
+    from corerl.config.tree import origin_of, value_at
+
+    if error.key is None:
+        return
+    if error.source is None:
+        error.source = origin_of(error.key, config.origins)
+    if any(words in error.message for words in NOT_FOUND):
+        looked = where_looked(error.key, value_at(config.raw, error.key), config.origins)
+        if looked is not None:
+            error.hint = f"{error.hint}; {looked}" if error.hint else looked
+
+
+#: what the messages of a file or folder that is not there say
+NOT_FOUND = ("does not exist", "not a local folder", "No such file")
