@@ -1,4 +1,6 @@
-"""The third-party template installs with pip and plugs in through its entry point."""
+"""The third-party templates (a training backend, an algorithm, an environment) install with pip
+and plug in through their entry points; each runs its own tests, conformance suites included,
+from a copy outside the repository."""
 
 from __future__ import annotations
 
@@ -6,57 +8,89 @@ import shutil
 import subprocess
 import sys
 
+import pytest
+
 from tests.conftest import EXAMPLES, REPO, clean_env, run_corerl
 
+TEMPLATES = ("plugin", "algorithm", "environment")
 
-def _install_a_copy(tmp_path):
-    """The template copied outside the repository and pip-installed into a folder of its own, as
-    an outside author's package would be. Built from a copy: setuptools writes *.egg-info into
-    the source tree, which would make the template look installed to every later test here."""
-    source = shutil.copytree(REPO / "templates" / "plugin", tmp_path / "template")
+
+@pytest.fixture(scope="module")
+def installed_templates(tmp_path_factory):
+    """The templates copied outside the repository and pip-installed (one pip call, shared by this
+    module's tests) into a folder of their own, as an outside author's packages would be. Built
+    from copies: setuptools writes *.egg-info into the source tree, which would make a template
+    look installed to every later test here. The copies' folder and the install folder."""
+    tmp_path = tmp_path_factory.mktemp("templates")
+    copies = tmp_path / "templates"
+    for template in TEMPLATES:
+        shutil.copytree(REPO / "templates" / template, copies / template)
     target = tmp_path / "site"
     proc = subprocess.run(
         [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
-         "--disable-pip-version-check", "--target", str(target), str(source)],
+         "--disable-pip-version-check", "--target", str(target), *(str(copies / t) for t in TEMPLATES)],
         capture_output=True, text=True, timeout=300,
     )
     assert proc.returncode == 0, proc.stderr
-    return source, target
+    return copies, target
 
 
-def test_template_package_installs_and_is_listed_and_selected(tmp_path):
-    _, target = _install_a_copy(tmp_path)
+def test_template_package_installs_and_is_listed_and_selected(installed_templates):
+    _, target = installed_templates
     env = clean_env({"PYTHONPATH": str(target)})
     rows = {row["name"]: row for row in run_corerl("plugins", "--json", env=env).json()}
     example = rows["example"]
     assert (example["distribution"], example["version"], example["error"]) == ("corerl-example-backend", "0.1.0", None)
     assert example["training_backends"] == ["example"]
 
-    selected = run_corerl("validate", str(EXAMPLES / "base.yaml"), "policy.example_cfg.enabled=true", "--json", env=env)
+    tiny = "policy.model_name=builtin:tiny-qwen2"  # validation looks for the model, and nothing is downloaded
+    selected = run_corerl("validate", str(EXAMPLES / "base.yaml"), tiny, "policy.example_cfg.enabled=true", "--json",
+                          env=env)
     assert selected.code == 0, selected
     assert selected.json()["training_backend"]["id"] == "example"
 
-    rejected = run_corerl("validate", str(EXAMPLES / "base.yaml"), "policy.example_cfg.shards=3", env=env)
+    rejected = run_corerl("validate", str(EXAMPLES / "base.yaml"), tiny, "policy.example_cfg.shards=3", env=env)
     assert rejected.code == 2
     assert "policy.example_cfg.shards: must divide the world size (2), got 3" in rejected.err
 
+    # the algorithm and the environment templates: listed, and chosen by a recipe's keys
+    assert rows["example_algorithm"]["algorithms"] == ["example_reinforce"]
+    assert rows["example_environment"]["environments"] == ["digit_guess"]
+    assert all(rows[name]["error"] is None and rows[name]["contract"] for name in ("example_algorithm",
+                                                                                   "example_environment"))
+    chosen = run_corerl("validate", str(EXAMPLES / "demo.yaml"), "algorithm.name=example_reinforce",
+                        "data.env_name=digit_guess", "algorithm.max_rollout_turns=3", "--json", env=env)
+    assert chosen.code == 0, chosen
+    assert (chosen.json()["algorithm"]["id"], chosen.json()["environment"]["id"]) == ("example_reinforce", "digit_guess")
 
-def test_an_outside_package_written_against_the_sdk_passes_the_conformance_suite(tmp_path):
-    # The template imports corerl only through corerl.sdk (test_template_uses_the_sdk.py); here a
-    # copy of it, installed outside the repository, runs its own tests (the conformance suite
-    # among them) from its own folder, as its author would: no repository conftest, no
-    # repository pythonpath.
-    source, target = _install_a_copy(tmp_path)
+
+def test_an_outside_package_written_against_the_sdk_passes_the_conformance_suite(installed_templates):
+    # The templates import corerl only through corerl.sdk (test_template_uses_the_sdk.py); here
+    # copies of them, installed outside the repository, run their own tests (the conformance
+    # suites among them) from their own folders, as their authors would: no repository conftest,
+    # no repository pythonpath. One pytest process for the three, each template's folder its root.
+    copies, target = installed_templates
     env = clean_env({"PYTHONPATH": str(target)})
-    where = subprocess.run([sys.executable, "-c", "import corerl_example; print(corerl_example.__file__)"],
-                           capture_output=True, text=True, env=env, cwd=source, timeout=120)
-    assert where.stdout.strip().startswith(str(target)), where
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-v", "tests"],
-                          capture_output=True, text=True, env=env, cwd=source, timeout=600)
+    where = subprocess.run([sys.executable, "-c", "import corerl_example, corerl_example_algorithm, "
+                            "corerl_example_environment as e; print(corerl_example.__file__, e.__file__)"],
+                           capture_output=True, text=True, env=env, cwd=copies, timeout=120)
+    assert all(path.startswith(str(target)) for path in where.stdout.split()) and where.stdout.strip(), where
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-v",
+                           *(f"{t}/tests" for t in TEMPLATES)],
+                          capture_output=True, text=True, env=env, cwd=copies, timeout=600)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
-    passed = {line.split("::")[-1].split()[0] for line in proc.stdout.splitlines()
-              if line.startswith("tests/test_example_conformance.py::") and " PASSED" in line}
+
+    def passed(test_file):  # node ids are relative to a root pytest picks among the three folders
+        return {line.split("::")[-1].split()[0] for line in proc.stdout.splitlines()
+                if line.split("::")[0].endswith(test_file) and " PASSED" in line}
+
     for check in ("test_logprobs_match_transformers", "test_train_step_matches_plain_pytorch",
                   "test_save_load_continue_equals_uninterrupted", "test_adam_state_survives_save_and_load",
                   "test_bfloat16_logprobs_are_close_to_float32", "test_enabling_the_section_selects_the_backend"):
-        assert check in passed, proc.stdout
+        assert check in passed("test_example_conformance.py"), proc.stdout
+    for check in ("test_the_run_object_follows_the_contract", "test_one_step_returns_numbers_with_a_loss",
+                  "test_the_step_counter_is_left_to_the_run_loop", "test_save_load_continue_equals_uninterrupted"):
+        assert check in passed("test_example_algorithm.py"), proc.stdout
+    for check in ("test_episodes_end", "test_state_is_kept_per_episode", "test_errors_are_reported_as_the_episodes_faults",
+                  "test_timeouts_are_reported_without_waiting_for_the_step"):
+        assert check in passed("test_example_environment.py"), proc.stdout
