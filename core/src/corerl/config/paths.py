@@ -15,6 +15,7 @@ path settings: a run writes under the working directory whatever recipe it runs.
 
 from __future__ import annotations
 
+import functools
 import os
 import typing
 from collections.abc import Iterator, Mapping
@@ -42,11 +43,16 @@ def path_keys(owned: Mapping[str, type | None]) -> list[str]:
     """The path settings of the core's sections and of each plugin-owned section (key path -> schema)."""
     from corerl.config.schema import CorerlConfig
 
-    keys = list(path_keys_of(CorerlConfig))
+    keys = list(_path_keys(CorerlConfig, ""))
     for section_path, schema in owned.items():
         if schema is not None and attrs.has(schema):
-            keys += path_keys_of(schema, f"{section_path}.")
+            keys += _path_keys(schema, f"{section_path}.")
     return keys
+
+
+@functools.cache
+def _path_keys(schema: type, prefix: str) -> tuple[str, ...]:
+    return tuple(path_keys_of(schema, prefix))
 
 
 def recipe_folder(origin: str | None) -> Path | None:
