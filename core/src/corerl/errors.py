@@ -7,6 +7,8 @@ Every error here renders as one line: ``<where>: <what>`` plus a hint. The CLI m
 
 from __future__ import annotations
 
+import sys
+
 EXIT_FAILURE = 1
 EXIT_USAGE = 2
 
@@ -57,13 +59,19 @@ class ConfigError(CorerlError):
     exit_code = EXIT_USAGE
 
 
-class ConfigErrors(CorerlError):
-    """Several :class:`ConfigError` found in one pass, reported together."""
+class ConfigErrors(ConfigError):
+    """Several :class:`ConfigError` found in one pass, reported together (``errors``). It is a
+    :class:`ConfigError` itself, so ``except ConfigError`` still catches what a check refused;
+    holding one error, it reads as that error and carries its key, hint and origin."""
 
     exit_code = EXIT_USAGE
 
     def __init__(self, errors: list[CorerlError]) -> None:
-        super().__init__("; ".join(e.one_line() for e in errors))
+        if len(errors) == 1:
+            only = errors[0]
+            super().__init__(only.message, key=only.key, source=only.source, hint=only.hint)
+        else:
+            super().__init__("; ".join(e.one_line() for e in errors))
         self.errors = errors
 
 
@@ -90,3 +98,49 @@ class RunError(CorerlError):
     function that raised or returned no number, a loss that became NaN."""
 
     exit_code = EXIT_FAILURE
+
+
+class PluginError(CorerlError):
+    """A plugin called a corerl function wrongly (an SDK function given arguments it does not
+    take): one line naming the plugin and the function, e.g. ``plugin 'x': samples_to_batch:
+    advantages must be ...``. corerl's own mistakes stay internal errors ("this is a bug")."""
+
+    exit_code = EXIT_FAILURE
+
+    def __init__(self, message: str, *, plugin: str | None, function: str, hint: str | None = None,
+                 key: str | None = None, source: str | None = None) -> None:
+        where = f"plugin {plugin!r}: {function}" if plugin else function
+        super().__init__(f"{where}: {message}", key=key, source=source, hint=hint)
+        self.plugin, self.function = plugin, function
+
+
+def argument_error(function: str, message: str, *, hint: str | None = None,
+                   internal: type[Exception] = TypeError) -> Exception:
+    """The error for arguments ``function`` (a corerl function a plugin may call) does not take:
+    a :class:`PluginError` naming the plugin when the code that called it is a plugin's (the
+    first frame outside ``function``'s own module, :mod:`corerl.sdk` and this one), else, when
+    corerl's own code made the call, ``internal(...)``: a bug of corerl's, reported as one."""
+    frame = sys._getframe(1)
+    own = {frame.f_globals.get("__name__", ""), __name__, "corerl.sdk"}
+    caller = frame.f_back
+    while caller is not None and caller.f_globals.get("__name__", "") in own:
+        caller = caller.f_back
+    module = caller.f_globals.get("__name__", "") if caller is not None else ""
+    if module == "corerl" or module.startswith("corerl."):
+        return internal(f"{function}: {message}")
+    return PluginError(message, plugin=plugin_of_module(module) if module else None, function=function, hint=hint)
+
+
+def plugin_of_module(module: str) -> str:
+    """The name of the installed plugin (its ``corerl.plugins`` entry point) whose package holds
+    ``module``; else the module's top-level package (a plugin registered in code, a script)."""
+    top = module.partition(".")[0]
+    try:
+        from importlib.metadata import entry_points
+
+        for point in entry_points(group="corerl.plugins"):
+            if point.value.partition(":")[0].partition(".")[0] == top:
+                return point.name
+    except Exception:  # a broken distribution's metadata: the package name says enough
+        pass
+    return top

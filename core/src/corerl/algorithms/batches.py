@@ -1,14 +1,21 @@
 """Rows for the training backends out of samples and pairs, and the seeds of generation steps:
-the pieces GRPO, PPO, SFT and DPO share (no algorithm imports another; each imports these)."""
+the pieces GRPO, PPO, SFT and DPO share (no algorithm imports another; each imports these).
+
+Plugins call :func:`samples_to_batch`, :func:`minibatches` and :func:`step_seed` too (through
+:mod:`corerl.sdk`), so each checks its arguments first: a plugin's wrong argument is a
+:class:`~corerl.errors.PluginError` naming the plugin and the function, not corerl's bug.
+"""
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Sequence
+import numbers
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
 
+from corerl.errors import argument_error
 from corerl.generation.contract import Sample
 from corerl.training.batching import right_pad
 
@@ -20,6 +27,11 @@ def step_seed(seed: int, step: int, batch: int = 0) -> int:
     several): reproducible run to run, and far from the seeds of other steps (engines derive
     per-sample seeds as seed + offset, so neighbouring integers would replay the previous step's
     random draws)."""
+    for name, value in (("seed", seed), ("step", step), ("batch", batch)):
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+            raise argument_error("step_seed", f"{name} must be an integer, got {type(value).__name__} {value!r}",
+                                 hint="pass the run's algorithm.seed and the phase's done (plain ints)")
+    seed, step, batch = int(seed), int(step), int(batch)
     text = f"{seed}:{step}" if batch == 0 else f"{seed}:{step}:{batch}"
     digest = hashlib.blake2b(text.encode(), digest_size=4).digest()
     return int.from_bytes(digest, "little") & 0x7FFF_FFFF
@@ -28,8 +40,10 @@ def step_seed(seed: int, step: int, batch: int = 0) -> int:
 def samples_to_batch(groups: Sequence[Sequence[Sample]], advantages: torch.Tensor) -> dict[str, torch.Tensor]:
     """Right-padded training rows (prompt + completion), a loss mask on the model's completion
     tokens (a multi-turn episode's environment tokens stay out: ``Sample.completion_mask``), each
-    row's advantage on every token, and the generation backend's logprobs for comparison."""
-    samples = [s for group in groups for s in group]
+    row's advantage on every token, and the generation backend's logprobs for comparison.
+    ``advantages``: a tensor with one value per sample, in group order (any shape of that size)."""
+    samples = _check_samples(groups)
+    _check_advantages(advantages, len(samples))
     input_ids, attention = right_pad([list(s.prompt_ids) + list(s.completion_ids) for s in samples])
     rows, width = input_ids.shape
     loss_mask = torch.zeros((rows, width), dtype=torch.long)
@@ -49,11 +63,9 @@ def minibatches(batch: dict[str, torch.Tensor], rows: int | None,
     ``None``: the whole batch, one optimizer step. ``rows`` must divide the batch's rows. With
     ``weights`` (a loss's ``aggregation_weights``) each mini-batch gets the ``aggregation_weights``
     of its own loss mask, where that gives any."""
-    total = int(batch["input_ids"].shape[0])
+    total = _check_minibatches(batch, rows, weights)
     if rows is None or rows >= total:
         parts = [batch]
-    elif total % rows:
-        raise ValueError(f"{rows} rows per optimizer step do not divide the step's {total} rows")
     else:
         parts = [{key: value[start : start + rows] for key, value in batch.items()} for start in range(0, total, rows)]
     if weights is None:
@@ -71,3 +83,68 @@ def pairs_to_batch(pairs: Sequence[Sequence[Sequence[int]]]) -> dict[str, torch.
     for row, (prompt, response, *mask) in enumerate(pairs):
         loss_mask[row, len(prompt) : len(prompt) + len(response)] = torch.tensor(mask[0]) if mask else 1
     return {"input_ids": input_ids, "attention_mask": attention, "loss_mask": loss_mask}
+
+
+def _check_samples(groups: Any) -> list[Sample]:
+    """The samples of ``groups`` (a sequence of groups of :class:`Sample`), each one's logprobs
+    (and mask) as long as its completion; anything else refused by :func:`argument_error`."""
+    if isinstance(groups, (str, bytes, Mapping)) or not isinstance(groups, Sequence):
+        raise argument_error("samples_to_batch", f"groups must be a list of groups (lists) of Sample, got "
+                                                 f"{type(groups).__name__}", hint="pass what generate() returned")
+    samples: list[Sample] = []
+    for index, group in enumerate(groups):
+        if isinstance(group, Sample) or not isinstance(group, Sequence):
+            raise argument_error("samples_to_batch", f"groups[{index}] must be a list of Sample, got "
+                                                     f"{type(group).__name__}",
+                                 hint="wrap single samples in a group: [[sample, ...], ...]")
+        samples.extend(group)
+    if not samples:
+        raise argument_error("samples_to_batch", "groups holds no samples", internal=ValueError,
+                             hint="skip the training step when nothing was sampled")
+    for index, sample in enumerate(samples):
+        if not isinstance(sample, Sample):
+            raise argument_error("samples_to_batch", f"sample {index} (in group order) is a {type(sample).__name__}, "
+                                                     "not a corerl Sample", hint="pass what generate() returned")
+        length = len(sample.completion_ids)
+        mask = sample.completion_mask
+        if len(sample.logprobs) != length or (mask is not None and len(mask) != length):
+            what = "logprobs" if len(sample.logprobs) != length else "completion_mask"
+            given = len(sample.logprobs) if what == "logprobs" else len(mask or ())
+            raise argument_error("samples_to_batch", f"sample {index} (in group order) has {given} {what} for "
+                                                     f"{length} completion tokens", internal=ValueError,
+                                 hint=f"give one {what} value per completion token")
+    return samples
+
+
+def _check_advantages(advantages: Any, count: int) -> None:
+    """``advantages`` is a real tensor with one value per sample (``count``)."""
+    hint = "build it with torch.tensor(values, dtype=torch.float32), one value per sample in group order"
+    if not isinstance(advantages, torch.Tensor):
+        raise argument_error("samples_to_batch", f"advantages must be a torch.Tensor with one value per sample "
+                                                 f"({count}), got {type(advantages).__name__}", hint=hint)
+    if advantages.is_complex() or advantages.dtype == torch.bool:
+        raise argument_error("samples_to_batch", f"advantages must hold real numbers, got dtype {advantages.dtype}",
+                             hint=hint)
+    if advantages.numel() != count:
+        raise argument_error("samples_to_batch", f"advantages holds {advantages.numel()} values (shape "
+                                                 f"{tuple(advantages.shape)}) for {count} samples",
+                             internal=ValueError, hint=hint)
+
+
+def _check_minibatches(batch: Any, rows: Any, weights: Any) -> int:
+    """The number of rows of ``batch`` (a dict of tensors with ``input_ids``), once ``rows`` (None
+    or a positive integer dividing them) and ``weights`` (None or a callable) are checked."""
+    if not isinstance(batch, Mapping) or not isinstance(batch.get("input_ids"), torch.Tensor):
+        raise argument_error("minibatches", f"batch must be a dict of tensors with 'input_ids', got "
+                                            f"{type(batch).__name__}", hint="pass what samples_to_batch returned")
+    total = int(batch["input_ids"].shape[0])
+    if rows is not None and (isinstance(rows, bool) or not isinstance(rows, numbers.Integral) or rows < 1):
+        raise argument_error("minibatches", f"rows must be None or a positive integer, got {rows!r}",
+                             hint="None trains the whole batch in one optimizer step")
+    if rows is not None and rows < total and total % rows:
+        raise argument_error("minibatches", f"{rows} rows per optimizer step do not divide the step's {total} rows",
+                             internal=ValueError, hint="make the optimizer batch a divisor of the step's rows")
+    if weights is not None and not callable(weights):
+        raise argument_error("minibatches", f"weights must be None or a callable (a loss's aggregation_weights), "
+                                            f"got {type(weights).__name__}")
+    return total

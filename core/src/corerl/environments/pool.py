@@ -19,7 +19,7 @@ import asyncio
 import inspect
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import Executor
 from typing import Any
 
@@ -40,6 +40,22 @@ class Answer:
     turn: Turn | None = None
     fault: str | None = None
     cause: str = ""
+
+
+def malformed_turn(turn: Turn) -> str | None:
+    """What is wrong with a :class:`Turn`'s fields, in a few words (None: nothing): the rollout
+    reads them, so a wrong type is the environment's fault, not an error of the run."""
+    observation = turn.observation
+    if observation is not None and not isinstance(observation, str):
+        if isinstance(observation, (bytes, Mapping)) or not isinstance(observation, Sequence) or not all(
+                isinstance(m, Mapping) for m in observation):
+            return (f"Turn.observation is a {type(observation).__name__}; it must be text or a list of chat "
+                    "messages (dicts)")
+    for name in ("tool_calls", "tool_failures"):
+        value = getattr(turn, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            return f"Turn.{name} is {value!r}; it must be a count (an int, 0 or more)"
+    return None
 
 
 async def bounded_call(function: Any, *args: Any, executor: Executor, timeout_s: float) -> Any:
@@ -71,6 +87,8 @@ class InProcessPool:
             return Answer(fault="env_error", cause=first_line(exc))
         if not isinstance(result, Turn):
             return Answer(fault="env_malformed", cause=f"step returned {type(result).__name__}, not a Turn")
+        if (wrong := malformed_turn(result)) is not None:
+            return Answer(fault="env_malformed", cause=wrong)
         return Answer(turn=result)
 
     async def _all(self, views: Sequence[EpisodeView]) -> list[Answer]:

@@ -44,6 +44,11 @@ class ToolResult:
 def parse_hermes(text: str) -> list[ToolCall]:
     """Every ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` in ``text``, in order
     (an unclosed last call is read to the end of the turn)."""
+    if not isinstance(text, str):
+        from corerl.errors import argument_error
+
+        raise argument_error("parse_hermes", f"text must be a str (a model turn), got {type(text).__name__}",
+                             hint="pass episode.response")
     calls = []
     for match in _HERMES_CALL.finditer(text):
         body = match.group(1).strip()
@@ -70,7 +75,16 @@ def parse_hermes(text: str) -> list[ToolCall]:
 
 
 def execute(call: ToolCall, tools: Mapping[str, Callable[..., Any]]) -> ToolResult:
-    """Run ``call`` with the tool of its name; every failure becomes a result the model reads."""
+    """Run ``call`` with the tool of its name; every failure becomes a result the model reads
+    (arguments that are not a :class:`ToolCall` and a mapping of tools are the caller's mistake:
+    a :class:`~corerl.errors.PluginError`)."""
+    if not isinstance(call, ToolCall) or not isinstance(tools, Mapping):
+        from corerl.errors import argument_error
+
+        wrong = (f"call must be a ToolCall, got {type(call).__name__}" if not isinstance(call, ToolCall)
+                 else f"tools must be a mapping of names to functions, got {type(tools).__name__}")
+        raise argument_error("execute", wrong, hint="pass one ToolCall of parse_hermes(...) and "
+                                                    "{name: registration.load() for each tool}")
     if call.error is not None:
         return ToolResult(name=call.name, content=f"error: {call.error}", failed=True)
     tool = tools.get(call.name)
