@@ -106,7 +106,7 @@ def _raise_sites() -> set[tuple[str, int]]:
 
 def test_every_refusal_of_every_check_is_reached_by_a_case_and_said_in_one_line(user_model):
     from corerl.config import load_config
-    from corerl.errors import CorerlError
+    from corerl.errors import ConfigErrors, CorerlError
     from corerl.plugin_manager import PluginHost
     from corerl.selection import select
 
@@ -116,8 +116,10 @@ def test_every_refusal_of_every_check_is_reached_by_a_case_and_said_in_one_line(
         config = load_config(REPO / "core/src/corerl/recipes/demo.yaml", overrides, host)
         with pytest.raises(CorerlError) as refused:
             select(config, host)
-        assert refused.value.key and "\n" not in str(refused.value), (overrides, refused.value)
-        frames = traceback.extract_tb(refused.value.__traceback__)
+        # a check's refusal comes as ConfigErrors (with its origin); each error keeps its own traceback
+        (error,) = refused.value.errors if isinstance(refused.value, ConfigErrors) else [refused.value]
+        assert error.key and "\n" not in str(refused.value), (overrides, refused.value)
+        frames = traceback.extract_tb(error.__traceback__)
         site = next((str(Path(f.filename).relative_to(REPO)), f.lineno) for f in reversed(frames)
                     if f.filename.startswith(str(REPO)) and str(Path(f.filename).relative_to(REPO)) in CHECKED)
         reached.add(site)

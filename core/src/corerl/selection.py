@@ -17,6 +17,8 @@ Environment: ``data.env_name`` (unset: none, one turn per sample).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import attrs
@@ -24,9 +26,10 @@ import attrs
 from corerl.config import Config
 from corerl.config.structure import suggest
 from corerl.config.tree import origin_of
-from corerl.errors import ConfigError, ConfigErrors, CorerlError, SelectionError
+from corerl.errors import ConfigError, ConfigErrors, CorerlError, PluginError, SelectionError
+from corerl.failures import first_line
 from corerl.known_plugins import FIRST_PARTY, provider_of
-from corerl.plugin_manager import PluginHost
+from corerl.plugin_manager import CORE_PLUGIN, PluginHost
 from corerl.registry import Registration, Registry, TrainingBackend
 
 DEFAULT_TRAINING_BACKEND = "dtensor"
@@ -331,8 +334,91 @@ def _check_tool_names(config: Config, host: PluginHost, env_id: str) -> None:
                              key=key, source=origin_of(key, config.origins), hint="name a registered parser, e.g. hermes")
 
 
+#: the key that selects each component a support check runs for: the origin of a refusal that
+#: names no key of its own
+SELECTING_KEYS = {"algorithm": "algorithm.name", "training_backend": "policy.training_backend",
+                  "generation_backend": "policy.generation.backend", "offload_policy": "policy.offload.policy",
+                  "sequence_packer": "policy.sequence_packing.algorithm", "environment": "data.env_name"}
+
+
+def with_origin(error: CorerlError, config: Config, fallback_key: str | None = None) -> CorerlError:
+    """``error`` with where its key was set (a recipe file, ``override '...'``), as schema errors
+    carry it; a refusal naming no key gets the origin of ``fallback_key`` (the selecting key)."""
+    key = error.key or fallback_key
+    if error.source is None and key:
+        error.source = origin_of(key, config.origins)
+    return error
+
+
+@contextmanager
+def origins_said(config: Config, fallback_key: str | None = None) -> Iterator[None]:
+    """What the block refuses (a :class:`ConfigError`, or several) raised as :class:`ConfigErrors`
+    with the origins of their keys."""
+    try:
+        yield
+    except ConfigErrors as exc:
+        raise ConfigErrors([with_origin(e, config, fallback_key) for e in exc.errors]) from exc
+    except ConfigError as exc:
+        raise ConfigErrors([with_origin(exc, config, fallback_key)]) from exc
+
+
+def support_check(registration: Registration, config: Config, selecting_key: str) -> list[CorerlError]:
+    """What ``registration``'s own check (``check_supported``) refuses in ``config``, each with
+    its origin (:func:`with_origin`). What this machine lacks (``EngineNotAvailable``, any other
+    corerl error) is raised as it is, with its origin; anything else a plugin's check raises is a
+    :class:`PluginError` naming the plugin (the core's own: a bug, raised as it is)."""
+    try:
+        registration.check(config)
+    except ConfigErrors as exc:
+        return [with_origin(e, config, selecting_key) for e in exc.errors]
+    except (ConfigError, SelectionError) as exc:
+        return [with_origin(exc, config, selecting_key)]
+    except CorerlError as exc:
+        with_origin(exc, config, selecting_key)
+        raise
+    except Exception as exc:
+        if registration.plugin in ("", CORE_PLUGIN):
+            raise
+        raise PluginError(f"raised {first_line(exc)}", plugin=registration.plugin,
+                          function=f"{registration.kind} {registration.id!r}: check_supported",
+                          hint="a check refuses with corerl.sdk.ConfigError (or EngineNotAvailable) in one line",
+                          source=origin_of(selecting_key, config.origins)) from exc
+    return []
+
+
+def _core_checks(config: Config, choices: dict[str, Choice], checked: list[str]) -> None:
+    """The core's own checks across the chosen components (LoRA, MoE, placement, evaluation,
+    reward model, asynchronous generation)."""
+    from corerl.lora.checks import check_lora
+    from corerl.models.moe_checks import check_moe_support
+
+    generation = choices["generation_backend"].registration if "generation_backend" in checked else None
+    check_lora(config, choices["training_backend"].registration, generation)
+    check_moe_support(config, choices["training_backend"].registration, generation)
+    from corerl.distributed.placement import check_dedicated_generation
+
+    check_dedicated_generation(config)
+    from corerl.evaluation import check_evaluation
+
+    check_evaluation(config, choices["algorithm"].registration)
+    from corerl.model_rewards import check_reward_model
+
+    check_reward_model(config, choices["algorithm"].registration)
+    from corerl.asynchronous.settings import async_settings
+
+    settings = async_settings(config)
+    if settings.enabled and choices["generation_backend"].registration is not None:
+        from corerl.asynchronous.worker import check_in_flight
+
+        check_in_flight(choices["generation_backend"].registration, settings.in_flight)
+
+
 def select(config: Config, host: PluginHost) -> Selection:
-    """Select every component; every selection error is raised together."""
+    """Select every component, then run the one validation phase: each chosen registration's
+    own support check (``check_supported``) and the core's checks across them. Every selection
+    error is raised together, as :class:`ConfigErrors`; so are the support checks' refusals,
+    each with the origin of its key (recipe file or ``override '...'``) as schema errors carry
+    it. ``EngineNotAvailable`` (what this machine lacks) is raised as it is, with its origin."""
     errors: list[CorerlError] = []
     warnings: list[str] = []
     choices: dict[str, Choice] = {}
@@ -391,37 +477,25 @@ def select(config: Config, host: PluginHost) -> Selection:
         checked.append("sequence_packer")
     if choices["environment"].registration is not None:
         checked.append("environment")
-    from corerl.models.facts import check_model_limits
+    with origins_said(config):
+        from corerl.models.facts import check_model_limits
 
-    check_model_limits(config)
-    for name in checked:
-        registration = choices[name].registration
-        if registration is not None:
-            registration.check(config)
+        check_model_limits(config)
+    checks = [(choices[name].registration, config, SELECTING_KEYS[name]) for name in checked]
     if critic[0] is not None and critic[0].registration is not None:
-        critic[0].registration.check(critic[1])
-    from corerl.lora.checks import check_lora
-    from corerl.models.moe_checks import check_moe_support
-
-    generation = choices["generation_backend"].registration if "generation_backend" in checked else None
-    check_lora(config, choices["training_backend"].registration, generation)
-    check_moe_support(config, choices["training_backend"].registration, generation)
-    from corerl.distributed.placement import check_dedicated_generation
-
-    check_dedicated_generation(config)
-    from corerl.evaluation import check_evaluation
-
-    check_evaluation(config, choices["algorithm"].registration)
-    from corerl.model_rewards import check_reward_model
-
-    check_reward_model(config, choices["algorithm"].registration)
-    from corerl.asynchronous.settings import async_settings
-
-    settings = async_settings(config)
-    if settings.enabled and choices["generation_backend"].registration is not None:
-        from corerl.asynchronous.worker import check_in_flight
-
-        check_in_flight(choices["generation_backend"].registration, settings.in_flight)
+        checks.append((critic[0].registration, critic[1], "critic.training_backend"))
+    refused: list[CorerlError] = []
+    for registration, on, key in checks:
+        try:
+            refused += support_check(registration, on, key) if registration is not None else []
+        except CorerlError:  # what this machine lacks: said after the refusals of the checks before it
+            if refused:
+                raise ConfigErrors(refused) from None
+            raise
+    if refused:
+        raise ConfigErrors(refused)
+    with origins_said(config):
+        _core_checks(config, choices, checked)
     for name in ("sequence_packer", "offload_policy"):  # what the backends and the algorithm build
         config.components[name] = choices[name].registration
     if critic[1] is not None:
