@@ -42,7 +42,10 @@ def tiny_vocabulary(size: int) -> list[str]:
 
 
 def build_tokenizer(vocab_size: int = 128) -> Any:
-    """A whitespace word-level ``PreTrainedTokenizerFast`` over :func:`tiny_vocabulary`."""
+    """A whitespace word-level ``PreTrainedTokenizerFast`` over :func:`tiny_vocabulary`. A word
+    outside the vocabulary encodes as ``<unk>`` (id 1), never as nothing: every unknown word is
+    that one token, so a run whose prompts or observations hold such words is told so once
+    (:mod:`corerl.reporting.lost_text`, the ``encoding/lost_text`` metric)."""
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 

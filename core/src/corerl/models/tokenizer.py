@@ -7,11 +7,16 @@ folder's ``tokenizer_config.json`` names the generic backend (``TokenizersBacken
 word-level tokenizer (corerl's built-in tiny models') no longer reads its own words. Such a
 folder is loaded with the generic class, which keeps ``tokenizer.json`` as it is; any other
 folder goes through ``AutoTokenizer``.
+
+:func:`lost_text` tells whether encoding a text lost any of it (an unknown token, characters
+the tokenizer dropped), for the reports of :mod:`corerl.reporting.lost_text`.
 """
 
 from __future__ import annotations
 
 import json
+import unicodedata
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -45,3 +50,27 @@ def check_same_vocabulary(policy: str | Path, other: str | Path, key: str, role:
         raise ConfigError(f"the {role}'s tokenizer differs from the policy's: {len(theirs)} vs {len(ours)} tokens, "
                           f"{len(differing)} (token, id) pairs not shared{example}", key=key,
                           hint=f"the {role} reads the policy's own token ids: use one of the policy's tokenizer family")
+
+
+def lost_text(tokenizer: Any, text: str, ids: Sequence[int]) -> bool:
+    """Whether ``ids``, the encoding of ``text``, lost any of it: more unknown tokens than the
+    text spells out, or fewer visible characters read back (decoded) than the text holds.
+    Whitespace, Unicode normalisation and special tokens (a chat template's markers, a ``<bos>``
+    the ids begin with) are not counted. One decode, no loop over tokens."""
+    unk = getattr(tokenizer, "unk_token_id", None)
+    if unk is not None and list(ids).count(unk) > text.count(str(tokenizer.unk_token)):
+        return True
+    specials = [t for t in getattr(tokenizer, "all_special_tokens", ()) if t]
+    read = _visible(tokenizer.decode(list(ids), skip_special_tokens=False), specials)
+    given = _visible(text, specials)
+    if len(read) >= len(given):
+        return False
+    return len(unicodedata.normalize("NFKC", read)) < len(unicodedata.normalize("NFKC", given))
+
+
+def _visible(text: str, specials: Sequence[str]) -> str:
+    """``text`` without whitespace and without the special tokens' spellings."""
+    for token in specials:
+        if token in text:
+            text = text.replace(token, "")
+    return "".join(text.split())

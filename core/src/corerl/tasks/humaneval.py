@@ -25,8 +25,10 @@ from typing import Any
 
 from corerl.errors import ConfigError
 from corerl.generation.contract import Sample
+from corerl.reporting.lost_text import check_prompts
 from corerl.tasks import Epochs, TaskContext, decode_completion, score
-from corerl.tasks.dataset import read_system_prompt, render_prompt
+from corerl.tasks.dataset import read_system_prompt
+from corerl.tasks.prompts import encode_prompt
 
 #: the problems held out when ``data.held_out_size`` is unset, and the seed that picks them
 HELD_OUT, SPLIT_SEED = 32, 0
@@ -75,17 +77,21 @@ class HumanEvalTask:
         self.reward_fn = context.reward
         held_out = getattr(data, "held_out_size", None) or HELD_OUT
         self.train, self.held = split(load_problems(), held_out)
-        self.prompts = {row["task_id"]: self._encode(row, context.max_prompt_tokens) for row in self.train + self.held}
+        encoded = {row["task_id"]: self._encode(row, context.max_prompt_tokens) for row in self.train + self.held}
+        self.prompts = {task_id: ids for task_id, (ids, _) in encoded.items()}
+        check_prompts(self.tokenizer, f"task {getattr(data, 'task', 'humaneval')!r}",
+                      ((text, ids, task_id) for task_id, (ids, text) in encoded.items()))
         self.epochs = Epochs(len(self.train), random.Random(context.seed))
 
-    def _encode(self, row: dict[str, Any], limit: int | None) -> list[int]:
+    def _encode(self, row: dict[str, Any], limit: int | None) -> tuple[list[int], str]:
+        """The prompt's ids and the text they encode."""
         text = INSTRUCTION.format(prompt=row["prompt"]) if self.chat_template else row["prompt"]
-        ids = render_prompt(self.tokenizer, text, self.chat_template, self.system_prompt)
+        ids, text = encode_prompt(self.tokenizer, text, self.chat_template, self.system_prompt)
         if limit is not None and len(ids) > limit:
             raise ConfigError(f"{row['task_id']}: the prompt is {len(ids)} tokens, more than the {limit} that leave "
                               "room for a completion within policy.max_seq_length", key="policy.max_seq_length",
                               hint=f"raise policy.max_seq_length by at least {len(ids) - limit}")
-        return ids
+        return ids, text
 
     def _draw(self, count: int) -> list[dict[str, Any]]:
         return [self.train[i] for i in self.epochs.draw(count)]

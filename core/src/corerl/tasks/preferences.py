@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from corerl.errors import ConfigError
+from corerl.reporting.lost_text import check_prompts
 from corerl.tasks import Epochs, TaskContext
 from corerl.tasks.dataset import (
     ORIGIN,
@@ -23,6 +24,7 @@ from corerl.tasks.dataset import (
     read_template,
     split_rows,
 )
+from corerl.tasks.prompts import chat_text, encode_text
 
 PreferencePair = tuple[list[int], list[int], list[int]]
 
@@ -117,8 +119,12 @@ class PreferenceDataset:
         check_columns(rows, self.keys, "data.train_files", files)
         rng = random.Random(context.seed)
         train_rows, held_rows = split_rows(rows, data, self.keys, rng)
+        self.encoded: list[tuple[str, list[int], str]] = []  # every text encoded, for the lost-text check
         self.train = [self._encode(row) for row in train_rows]
         self.held = [self._encode(row) for row in held_rows]
+        check_prompts(self.tokenizer, f"task {getattr(data, 'task', 'preferences')!r}", self.encoded,
+                      what="prompts and responses")
+        self.encoded.clear()
         self.epochs = Epochs(len(self.train), rng)
 
     def _chat(self, messages: Sequence[Any], row: dict[str, Any], prompt: bool) -> list[int]:
@@ -126,11 +132,15 @@ class PreferenceDataset:
             raise ConfigError(f"{row[ORIGIN]} holds chat messages and the tokenizer has no chat template",
                               key="policy.chat_template", hint="set policy.chat_template, or give the rows as text")
         try:
-            return list(self.tokenizer.apply_chat_template(list(messages), add_generation_prompt=prompt, tokenize=True,
-                                                           return_dict=False))
+            text = chat_text(self.tokenizer, messages, prompt=prompt)
         except Exception as exc:  # the template is the user's (or the model's): say which row it failed on
             raise ConfigError(f"{row[ORIGIN]}: the chat template failed on its messages ({exc})",
                               key="data.train_files", hint="each message needs a role and a content") from None
+        return self._encoded(text, encode_text(self.tokenizer, text), row)
+
+    def _encoded(self, text: str, ids: list[int], row: dict[str, Any]) -> list[int]:
+        self.encoded.append((text, ids, str(row[ORIGIN])))
+        return ids
 
     def _prompt(self, row: dict[str, Any]) -> list[int]:
         value = row[self.keys["prompt_key"]]
@@ -139,7 +149,7 @@ class PreferenceDataset:
         text = self.template.format(value) if self.template is not None else str(value)
         if self.chat:
             return self._chat([{"role": "user", "content": text}], row, prompt=True)
-        ids = list(self.tokenizer.encode(text, add_special_tokens=False))
+        ids = self._encoded(text, encode_text(self.tokenizer, text), row)
         bos = self.tokenizer.bos_token_id
         return [bos, *ids] if bos is not None else ids
 
@@ -156,7 +166,8 @@ class PreferenceDataset:
                                   key="policy.chat_template", hint="use a template whose prompt is a prefix of the "
                                   "whole conversation, or give the responses as text")
             return full[len(prompt):]
-        ids = list(self.tokenizer.encode(" " + str(value), add_special_tokens=False))
+        text = " " + str(value)
+        ids = self._encoded(text, encode_text(self.tokenizer, text), row)
         return [*ids, self.tokenizer.eos_token_id]
 
     def _encode(self, row: dict[str, Any]) -> PreferencePair:

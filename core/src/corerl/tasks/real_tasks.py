@@ -54,8 +54,10 @@ from typing import Any
 
 from corerl.errors import ConfigError
 from corerl.generation.contract import Sample
+from corerl.reporting.lost_text import check_prompts
 from corerl.tasks import Epochs, TaskContext, TextReward, decode_completion, score
 from corerl.tasks.expression_reward import expression_answer, solve
+from corerl.tasks.prompts import encode_prompt
 
 #: rows held out when ``data.held_out_size`` is unset
 HELD_OUT_SIZE = 64
@@ -253,8 +255,12 @@ class RowTask:
                               key="data.apply_chat_template",
                               hint="give one with policy.chat_template, or set data.apply_chat_template=false")
         self.train, self.held = train, held
-        self.train_ids = [self._encode_checked(row) for row in train]
-        self.held_ids = [self._encode_checked(row) for row in held]
+        encoded = [self._encode_checked(row) for row in [*train, *held]]
+        self.train_ids = [ids for ids, _ in encoded[:len(train)]]
+        self.held_ids = [ids for ids, _ in encoded[len(train):]]
+        check_prompts(self.tokenizer, f"task {getattr(data, 'task', type(self).__name__)!r}",
+                      ((text, ids, str(row.get(ORIGIN, "a row"))) for (ids, text), row in zip(encoded, [*train, *held],
+                                                                                           strict=True)))
         self.epochs = Epochs(len(self.train), random.Random(context.seed), bool(getattr(data, "shuffle", True)))
 
     def prompt_text(self, row: dict[str, Any]) -> str:
@@ -268,21 +274,23 @@ class RowTask:
     def encode_prompt(self, text: str) -> list[int]:
         """Prompt token ids: ``data.prompt_file``, the system prompt and the chat template applied
         as the ``dataset`` task applies them (no chat template: ``<bos>`` and the text)."""
-        from corerl.tasks.dataset import render_prompt
+        return self.prompt_and_text(text)[0]
 
+    def prompt_and_text(self, text: str) -> tuple[list[int], str]:
+        """:meth:`encode_prompt`'s ids and the text they encode."""
         if self.template is not None:
             text = self.template.format(text)
-        return render_prompt(self.tokenizer, text, self.chat_template, self.system_prompt)
+        return encode_prompt(self.tokenizer, text, self.chat_template, self.system_prompt)
 
-    def _encode_checked(self, row: dict[str, Any]) -> list[int]:
-        ids = self.encode_prompt(self.prompt_text(row))
+    def _encode_checked(self, row: dict[str, Any]) -> tuple[list[int], str]:
+        ids, text = self.prompt_and_text(self.prompt_text(row))
         limit = self.max_prompt_tokens
         if limit is not None and len(ids) > limit:
             raise ConfigError(
                 f"{row[ORIGIN]}: the prompt is {len(ids)} tokens, more than the {limit} that leave room for "
                 "a completion within policy.max_seq_length", key="policy.max_seq_length",
                 hint=f"prompts are not truncated: raise policy.max_seq_length by at least {len(ids) - limit}")
-        return ids
+        return ids, text
 
     @staticmethod
     def example(row: dict[str, Any]) -> dict[str, Any]:
