@@ -83,7 +83,8 @@ class AgentRollout:
 
         if self.endpoint is None:
             self.endpoint = ChatEndpoint(self.generation, self.tokenizer, sampling, max_seq_length,
-                                         max_request_bytes=self.settings.max_request_bytes)
+                                         max_request_bytes=self.settings.max_request_bytes,
+                                         name=f"environment {self.env_name!r}")
         endpoint = self.endpoint
         endpoint.sampling, endpoint.max_seq_length = sampling, max_seq_length
         start = time.perf_counter()
@@ -101,6 +102,7 @@ class AgentRollout:
                 state.ids, state.mask, state.logprobs = list(chain.ids), list(chain.mask), list(chain.logprobs)
                 state.finish = chain.finish
             state.responses = ["call"] * record.calls
+            state.lost_text = record.lost_text
             if fault is None and chain is None:
                 fault, cause = "env_malformed", "the agent made no call to the endpoint"
             if fault is not None:

@@ -69,4 +69,8 @@ class ObservationEncoder:
 
     def encode(self, observation: str | Sequence[Message], ended_with_stop: bool = True) -> list[int]:
         """Token ids of :meth:`text_of` (no special tokens added)."""
-        return list(self.tokenizer.encode(self.text_of(observation, ended_with_stop), add_special_tokens=False))
+        return self.encode_text(self.text_of(observation, ended_with_stop))
+
+    def encode_text(self, text: str) -> list[int]:
+        """Token ids of ``text``, what :meth:`text_of` gave (no special tokens added)."""
+        return list(self.tokenizer.encode(text, add_special_tokens=False))

@@ -39,6 +39,7 @@ import attrs
 
 from corerl.environments.encoding import ObservationEncoder
 from corerl.generation.contract import Sample, SamplingSettings
+from corerl.reporting.lost_text import check_observation
 
 MODEL_NAME = "corerl-policy"
 LISTEN_BACKLOG = 1024  # connections the kernel queues before the server accepts them (http.server's default: 5)
@@ -78,6 +79,7 @@ class EpisodeRecord:
     chains: list[Chain] = attrs.field(factory=list)
     calls: int = 0
     hit_length_limit: bool = False
+    lost_text: int = 0  # messages whose encoding lost text (corerl.reporting.lost_text)
     lock: threading.Lock = attrs.field(factory=threading.Lock, eq=False, repr=False)  # one call of the episode at a time
     closed: bool = False  # set under lock by close_episode: a late call changes nothing after it
 
@@ -99,10 +101,11 @@ def _strip(message: dict[str, Any]) -> dict[str, Any]:
 class ChatEndpoint:
     """The endpoint over ``generation`` (see the module's docstring); ``sampling`` is the run's
     (a request's own temperature is not used: training samples on-policy), each call's
-    ``max_tokens`` is honoured within it and within ``max_seq_length``."""
+    ``max_tokens`` is honoured within it and within ``max_seq_length``. ``name`` says whose
+    messages lost text in encoding, in the one warning about it (``environment 'x'``)."""
 
     def __init__(self, generation: Any, tokenizer: Any, sampling: SamplingSettings, max_seq_length: int,
-                 max_request_bytes: int | None = None) -> None:
+                 max_request_bytes: int | None = None, name: str = "the agent endpoint") -> None:
         if not getattr(tokenizer, "chat_template", None):
             from corerl.errors import ConfigError
 
@@ -112,6 +115,7 @@ class ChatEndpoint:
         self.generation, self.tokenizer, self.sampling = generation, tokenizer, sampling
         self.max_seq_length = max_seq_length
         self.max_request_bytes = max_request_bytes  # None: default_max_request_bytes(max_seq_length)
+        self.name = name
         self.encoder = ObservationEncoder(tokenizer)
         self.token = secrets.token_urlsafe(24)
         self.episodes: dict[str, EpisodeRecord] = {}
@@ -207,15 +211,23 @@ class ChatEndpoint:
         """The chain this call continues (its new messages appended as tokens), or a new one."""
         last = record.chains[-1] if record.chains else None
         if last is not None and len(messages) > len(last.messages) and messages[: len(last.messages)] == last.messages:
-            observation = self.encoder.encode(messages[len(last.messages):], ended_with_stop=last.finish == "stop")
+            text = self.encoder.text_of(messages[len(last.messages):], ended_with_stop=last.finish == "stop")
+            observation = self._encode(record, text)
             last.ids += observation
             last.mask += [0] * len(observation)
             last.logprobs += [0.0] * len(observation)
             return last
         text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        chain = Chain(prompt=list(self.tokenizer.encode(text, add_special_tokens=False)), messages=messages)
+        chain = Chain(prompt=self._encode(record, text), messages=messages)
         record.chains.append(chain)
         return chain
+
+    def _encode(self, record: EpisodeRecord, text: str) -> list[int]:
+        """The ids of ``text``, counted in the episode's ``lost_text`` when encoding lost any of it."""
+        ids = self.encoder.encode_text(text)
+        if check_observation(self.tokenizer, self.name, text, ids):
+            record.lost_text += 1
+        return ids
 
     def _generate_loop(self) -> None:
         """The engine's one thread: every call waiting is answered by one ``generate``."""

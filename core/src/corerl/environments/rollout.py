@@ -9,6 +9,10 @@ in, token out). An episode ends when the environment says done, at ``max_turns``
 ``max_seq_length`` tokens leave no room for another turn, or on an environment fault (zero
 reward, counted). The first turn is the single-turn call itself (``n`` samples per prompt), so a
 one-turn environment reproduces the single-turn path sample for sample.
+
+An observation whose encoding lost text (words the tokenizer does not know) is said once per
+environment and counted, with the step's prompts a task found lossy, in the rollout's
+``encoding/lost_text`` metric (:mod:`corerl.reporting.lost_text`).
 """
 
 from __future__ import annotations
@@ -24,6 +28,8 @@ from corerl.environments.contract import STOP_REASONS, EpisodeView
 from corerl.errors import RunError
 from corerl.generation.contract import Sample, SamplingSettings
 from corerl.progress_markers import mark
+from corerl.reporting.lost_text import METRIC as LOST_TEXT
+from corerl.reporting.lost_text import check_observation, prompts_lost
 
 
 @attrs.frozen
@@ -37,10 +43,12 @@ class Rollout:
 
 
 class SingleTurnRollout:
-    """One completion per sample, scored by ``reward_fn(sample, example)`` (the task's reward)."""
+    """One completion per sample, scored by ``reward_fn(sample, example)`` (the task's reward).
+    Given the run's ``tokenizer``, its metrics count the step's prompts that lost text in
+    encoding (``encoding/lost_text``, :mod:`corerl.reporting.lost_text`)."""
 
-    def __init__(self, generation: Any, reward_fn: Callable[[Sample, Any], float]) -> None:
-        self.generation, self.reward_fn = generation, reward_fn
+    def __init__(self, generation: Any, reward_fn: Callable[[Sample, Any], float], tokenizer: Any = None) -> None:
+        self.generation, self.reward_fn, self.tokenizer = generation, reward_fn, tokenizer
 
     def run(self, prompts: Sequence[Sequence[int]], items: Sequence[Any], sampling: SamplingSettings,
             n: int, max_seq_length: int) -> Rollout:
@@ -48,7 +56,9 @@ class SingleTurnRollout:
         sampling = sampling.within(max_seq_length, prompts)
         groups = self.generation.generate([list(p) for p in prompts], sampling, n=n)
         rewards = [[float(self.reward_fn(s, item)) for s in group] for group, item in zip(groups, items, strict=True)]
-        return Rollout(groups, rewards)
+        if self.tokenizer is None:
+            return Rollout(groups, rewards)
+        return Rollout(groups, rewards, {LOST_TEXT: float(prompts_lost(self.tokenizer, prompts))})
 
 
 @attrs.define
@@ -70,6 +80,7 @@ class PlayedEpisode:
     cause: str = ""
     tool_calls: int = 0
     tool_failures: int = 0
+    lost_text: int = 0  # observations whose encoding lost text
 
     @property
     def length(self) -> int:
@@ -163,7 +174,9 @@ class MultiTurnRollout:
         check_failures(flat, self.env_name, self.max_failure_share)
         groups = [[e.sample() for e in group] for group in episodes]
         rewards = [[e.reward for e in group] for group in episodes]
-        return Rollout(groups, rewards, episode_metrics(flat, self.pool.seconds - seconds_before))
+        metrics = episode_metrics(flat, self.pool.seconds - seconds_before)
+        metrics[LOST_TEXT] += prompts_lost(self.tokenizer, prompts)
+        return Rollout(groups, rewards, metrics)
 
     def _answer(self, live: list[PlayedEpisode], turn: int, max_seq_length: int) -> list[PlayedEpisode]:
         """The environment's answers to the live episodes' latest turns; the episodes still live."""
@@ -189,7 +202,10 @@ class MultiTurnRollout:
             elif result.observation is None:
                 episode.stop, episode.cause, episode.reward = "env_malformed", "not done, but no observation", 0.0
             else:
-                observation = self.encoder.encode(result.observation, ended_with_stop=episode.finish == "stop")
+                text = self.encoder.text_of(result.observation, ended_with_stop=episode.finish == "stop")
+                observation = self.encoder.encode_text(text)
+                if check_observation(self.tokenizer, f"environment {self.env_name!r}", text, observation):
+                    episode.lost_text += 1
                 if episode.length + len(observation) >= max_seq_length:
                     episode.stop = "max_tokens"  # no room for the observation and one more token
                 else:
@@ -224,7 +240,8 @@ def check_failures(episodes: Sequence[PlayedEpisode], env_name: str, max_failure
 
 def episode_metrics(episodes: Sequence[PlayedEpisode], seconds: float) -> dict[str, float]:
     """A step's environment metrics: turns, tool calls and failures, faults, seconds spent in the
-    environment, tokens per episode and the share of episodes ended by each reason."""
+    environment, tokens per episode, the share of episodes ended by each reason and the
+    observations that lost text in encoding (``encoding/lost_text``)."""
     count = len(episodes)
     stops = Counter(e.stop for e in episodes)
     metrics = {f"env/stop/{reason}": stops.get(reason, 0) / count for reason in STOP_REASONS}
@@ -239,5 +256,6 @@ def episode_metrics(episodes: Sequence[PlayedEpisode], seconds: float) -> dict[s
         "env/timeouts": float(stops.get("env_timeout", 0)),
         "time/environment": seconds,
         "env/episode_tokens": sum(len(e.ids) for e in episodes) / count,
+        LOST_TEXT: float(sum(e.lost_text for e in episodes)),
     })
     return metrics
