@@ -52,7 +52,7 @@ def _context(tmp_path: Path, name: str, host: PluginHost, model: str = "builtin:
 
 
 #: algorithms whose dense step the conformance classes at the end of this file take
-CONFORMING = {"grpo", "sft"}
+CONFORMING = {"grpo", "sft", "dpo"}
 CASES = [pytest.param(name, model, id=f"{name}-{kind}") for name in sorted(ALGORITHMS)
          for model, kind in (("builtin:tiny-qwen2", "dense"), ("builtin:tiny-moe", "moe"))
          if not (kind == "dense" and name in CONFORMING)]
@@ -60,7 +60,7 @@ CASES = [pytest.param(name, model, id=f"{name}-{kind}") for name in sorted(ALGOR
 
 @pytest.mark.parametrize("name, model", CASES)
 def test_one_step_of_each_core_algorithm_runs_in_process(tmp_path, name, model):
-    """Every algorithm, on a dense policy (GRPO and SFT: their conformance classes below) and on a
+    """Every algorithm, on a dense policy (GRPO, SFT, DPO: their conformance classes below) and on a
     mixture of experts (PPO's critic then is one too: a value head on the MoE model); a MoE step
     reports its routers' expert load."""
     host = PluginHost(env={})
@@ -161,6 +161,17 @@ class TestGRPOConformance(AlgorithmConformance):
 class TestSFTConformance(AlgorithmConformance):
     algorithm_id = "sft"
     recipe = ALGORITHMS["sft"]
+
+
+class TestDPOConformance(AlgorithmConformance):
+    """A preference algorithm that samples nothing: no generation engine, a frozen reference."""
+
+    algorithm_id = "dpo"
+    recipe = ALGORITHMS["dpo"]
+
+    def test_it_scores_pairs_against_a_reference_and_starts_no_generation_engine(self, first_step):
+        assert first_step.engines == 2 and first_step.context.generation is None
+        assert 0.0 <= first_step.metrics["preference_accuracy"] <= 1.0
 
 
 class SelfCounting(AlgorithmBase):
