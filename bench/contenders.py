@@ -1,6 +1,6 @@
 """What the benchmarks share: timing a Hugging Face trainer's steps from a callback, timing a corerl
 training backend's train steps,
-the tiny model's shape for ``--hidden``/``--layers``, running one contender in a fresh process
+the tiny model's shape for ``--hidden``/``--layers``, the ``--contenders`` subset a run measures, running one contender in a fresh process
 (its stderr shown as it comes and kept for the error report), and the machine and package
 versions a result was measured with."""
 
@@ -49,6 +49,18 @@ def model_shape(base: dict[str, int], hidden: int, layers: int) -> dict[str, int
     """``base`` resized to ``hidden`` x ``layers`` (MLP twice the width, heads of 64, KV heads of 128)."""
     return {**base, "hidden_size": hidden, "num_layers": layers, "intermediate_size": 2 * hidden,
             "num_heads": max(4, hidden // 64), "num_kv_heads": max(2, hidden // 128)}
+
+
+def pick_contenders(given: str | None, known: Sequence[str], default: Sequence[str], parser: Any) -> list[str]:
+    """The contenders a ``--contenders a,b`` argument names, in order (``default`` when it is
+    unset); an unknown name is a usage error naming the known ones."""
+    if not given:
+        return list(default)
+    names = [n.strip() for n in given.split(",") if n.strip()]
+    unknown = [n for n in names if n not in known]
+    if unknown or not names:
+        parser.error(f"--contenders: unknown {', '.join(unknown) or '(none given)'}; known: {', '.join(known)}")
+    return list(dict.fromkeys(names))
 
 
 def run_contender(script: str, name: str, model: str, folder: Path, args: Any, env: dict[str, str],

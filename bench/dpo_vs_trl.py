@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from bench_output import results_path
-from contenders import model_shape, run_contender, step_clock
+from contenders import model_shape, pick_contenders, run_contender, step_clock
 
 RESULTS = results_path("dpo_vs_trl.json")
 MODEL = dict(hidden_size=256, num_layers=4, num_heads=4, num_kv_heads=2, intermediate_size=512, vocab_size=128)
@@ -123,6 +123,8 @@ def main() -> None:
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--hidden", type=int, default=MODEL["hidden_size"])
     parser.add_argument("--layers", type=int, default=MODEL["num_layers"])
+    parser.add_argument("--contenders", help=f"comma-separated subset of {', '.join(CONTENDERS)}; default: all (each "
+                                             "corerl contender needs a TRL one with its reference mode)")
     parser.add_argument("--contender", choices=list(CONTENDERS), help=argparse.SUPPRESS)
     parser.add_argument("--model", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
@@ -130,6 +132,12 @@ def main() -> None:
     if args.contender:
         child(args)
         return
+    names = pick_contenders(args.contenders, list(CONTENDERS), list(CONTENDERS), parser)
+    modes = {CONTENDERS[n][0] for n in names if n.startswith("trl")}
+    if missing := [n for n in names if n.startswith("corerl") and CONTENDERS[n][0] not in modes]:
+        parser.error(f"--contenders: {', '.join(missing)} need a TRL contender with the same reference mode")
+    if "corerl" not in names:
+        parser.error("--contenders: name corerl (the default mode every ratio is taken against)")
 
     from corerl.models.tiny import build_tiny_model
 
@@ -138,7 +146,8 @@ def main() -> None:
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""} if args.device == "cpu" else dict(os.environ)
     with tempfile.TemporaryDirectory() as tmp:
         model = str(build_tiny_model(Path(tmp) / "model", **shape))
-        for name, (mode, _) in CONTENDERS.items():
+        for name in names:
+            mode = CONTENDERS[name][0]
             result, wall = run_contender(__file__, name, model, Path(tmp), args, env)
             counted = result["step_times"][1:] or result["step_times"]
             median = statistics.median(counted)

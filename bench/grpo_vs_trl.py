@@ -64,7 +64,15 @@ from pathlib import Path
 from typing import Any
 
 from bench_output import results_path
-from contenders import failure_text, machine, model_shape, run_contender, step_clock, versions
+from contenders import (
+    failure_text,
+    machine,
+    model_shape,
+    pick_contenders,
+    run_contender,
+    step_clock,
+    versions,
+)
 
 MODEL = dict(hidden_size=256, num_layers=4, num_heads=4, num_kv_heads=2, intermediate_size=512, vocab_size=128)
 #: --shape: hidden x layers resized from MODEL (model_shape), or a whole shape of its own
@@ -266,16 +274,6 @@ def parameter_count(model_dir: Path) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def pick_contenders(args: argparse.Namespace, parser: argparse.ArgumentParser) -> list[str]:
-    if not args.contenders:
-        return DEFAULT_CONTENDERS[args.device]
-    names = [n.strip() for n in args.contenders.split(",") if n.strip()]
-    unknown = [n for n in names if n not in CONTENDERS]
-    if unknown or not names:
-        parser.error(f"--contenders: unknown {', '.join(unknown) or '(none given)'}; known: {', '.join(CONTENDERS)}")
-    return list(dict.fromkeys(names))
-
-
 def output_path(args: argparse.Namespace, label: str) -> Path:
     name = "grpo_vs_trl.json" if args.device == "cpu" else f"grpo_vs_trl-{label}-{args.precision}.json"
     if args.model and args.device == "cpu":
@@ -424,7 +422,7 @@ def main() -> None:
         if not torch.cuda.is_available():
             parser.error("--device cuda: torch sees no GPU on this machine")
     label, shape = resolve_shape(args, parser)
-    names = pick_contenders(args, parser)
+    names = pick_contenders(args.contenders, CONTENDERS, DEFAULT_CONTENDERS[args.device], parser)
     eos_note = None if corerl_ignores_eos() else (
         "WARNING: this corerl has no policy.generation.ignore_eos: corerl's completions stop at end of sequence, "
         f"TRL's run to {NEW_TOKENS} tokens (compare tokens/s, not step time)")

