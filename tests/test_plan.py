@@ -173,7 +173,7 @@ def test_corerl_plan_on_a_model_folder_and_on_a_recipe(tmp_path):
 
 def test_validate_warns_when_the_recipe_is_predicted_not_to_fit(tmp_path):
     _qwen("32B", tmp_path / "qwen32")
-    args = ["validate", str(EXAMPLES / "grpo_megatron_72b.yaml"), f"policy.model_name={tmp_path / 'qwen32'}"]
+    args = ["validate", "--recipe-only", str(EXAMPLES / "grpo_megatron_72b.yaml"), f"policy.model_name={tmp_path / 'qwen32'}"]
     fits = run_corerl(*args, "cluster.gpu_memory_gib=80")
     assert fits.code == 0 and "predicted" not in fits.out, fits
     small = run_corerl(*args, "cluster.gpu_memory_gib=10")

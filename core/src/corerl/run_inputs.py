@@ -10,6 +10,7 @@ tokenizer's files and the weights are checked when the run reads them, before tr
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -58,10 +59,25 @@ def _checks(config: Config, selection: Selection, host: PluginHost | None) -> li
     reward_model = core.reward_model
     if reward_model.kind is not None and reward_model.model_name is not None:
         checks.append(lambda: check_model(reward_model.model_name, key="reward_model.model_name"))
+    checks += [functools.partial(check_model, model, key=key) for key, model in _algorithm_models(config, selection)]
     checks.append(lambda: _raise_all(_data_errors(data, selection.task.id)))
     if host is not None:
         checks.append(lambda: _check_resume(config, host))
     return checks
+
+
+def _algorithm_models(config: Config, selection: Selection) -> list[tuple[str, str]]:
+    """``(key, model)`` of each model setting (``setting(model=True)``) set in the selected
+    algorithm's own section (a distillation teacher)."""
+    import attrs
+
+    registration = selection.algorithm.registration
+    path = getattr(registration, "config_section", None)
+    section = config.section(path) if path else None
+    if section is None or not attrs.has(type(section)):
+        return []
+    return [(f"{path}.{field.name}", value) for field in attrs.fields(type(section))
+            if field.metadata.get("model") and isinstance(value := getattr(section, field.name), str)]
 
 
 def _data_errors(data: Any, task_id: str | None) -> list[ConfigError]:

@@ -8,12 +8,12 @@ from tests.conftest import EXAMPLES, run_corerl
 
 
 def test_the_72b_style_recipe_validates_with_tp8_pp4_over_64_ranks():
-    result = run_corerl("validate", str(EXAMPLES / "grpo_megatron_72b.yaml"), "--json")
+    result = run_corerl("validate", "--recipe-only", str(EXAMPLES / "grpo_megatron_72b.yaml"), "--json")
     assert result.code == 0, result
     report = json.loads(result.out)
     assert report["valid"] and report["training_backend"]["id"] == "megatron"
     assert report["generation_backend"]["id"] == "vllm"
-    shown = run_corerl("validate", str(EXAMPLES / "grpo_megatron_72b.yaml"),
+    shown = run_corerl("validate", "--recipe-only", str(EXAMPLES / "grpo_megatron_72b.yaml"),
                        "policy.megatron_cfg.pipeline_model_parallel_size=3", "--json")
     assert shown.code == 2  # 8 x 3 does not divide 64 ranks: the sizes are checked, not just read
     assert "pipeline_model_parallel_size" in shown.out

@@ -5,7 +5,6 @@ Light: validation imports them without torch."""
 from __future__ import annotations
 
 from operator import attrgetter
-from pathlib import Path
 from typing import Any, Literal
 
 import attrs
@@ -50,8 +49,8 @@ class DistillationConfig:
     frozen teacher scores the student's own tokens; the loss is the per-token reverse KL from the
     teacher to the student on those samples (NeMo RL's ``teacher`` and ``loss_fn.kl_type`` map here)."""
 
-    teacher_model: str | None = setting(None, help="the teacher: a Hugging Face checkpoint folder (or builtin:...) "
-                                                   "with the student's tokenizer; required")
+    teacher_model: str | None = setting(None, model=True, help="the teacher: a Hugging Face checkpoint folder (or "
+                                                               "builtin:...) with the student's tokenizer; required")
     teacher_training_backend: str | None = setting(None, help="the training backend that hosts the frozen teacher; "
                                                               "unset: the policy's, with its layout")
     teacher_overrides: dict[str, Any] | None = setting(
@@ -73,20 +72,18 @@ class DistillationConfig:
 
 
 def check_distillation(config: Any) -> None:
-    """Distillation's support check: a teacher is named and can be found; the reward-shaping keys,
-    which act on rewards distillation does not train on, are off; mini-batches divide the step."""
+    """Distillation's support check: a teacher is named (whether its folder is here is the run
+    inputs' check, :mod:`corerl.run_inputs`, as for the policy's); the teacher's own keys
+    validate; the reward-shaping keys, which act on rewards distillation does not train on, are
+    off; mini-batches divide the step."""
     from corerl.algorithms.checks import ROLLOUT_SHAPING_KEYS, check_sample_batches
     from corerl.errors import ConfigError
-    from corerl.models.tiny import BUILTIN_MODELS
 
     key = "algorithm.distillation.teacher_model"
     teacher = config.section("algorithm.distillation").teacher_model
     if teacher is None:
         raise ConfigError("on-policy distillation needs a teacher", key=key,
                           hint="name a Hugging Face checkpoint folder with the student's tokenizer (e.g. a run's final/)")
-    if teacher not in BUILTIN_MODELS and not (Path(teacher) / "config.json").is_file():
-        raise ConfigError(f"teacher {teacher} is not a Hugging Face checkpoint folder (no config.json)", key=key,
-                          hint="give a local checkpoint folder (a run's final/) or a builtin: model")
     from corerl.config.own_layout import with_own_layout
 
     with_own_layout(config, config.section("algorithm.distillation").teacher_overrides,

@@ -24,16 +24,21 @@ def setting(
     min_exclusive: bool = False,
     help: str = "",
     path: bool = False,
+    model: bool = False,
 ) -> Any:
     """A scalar setting. ``min``/``max`` bound numbers (``min_exclusive`` makes ``min`` strict).
     ``path``: a local file or folder the run reads (or a list of them): a relative one written in a
-    recipe file is looked up beside that file first (:mod:`corerl.config.paths`).
+    recipe file is looked up beside that file first (:mod:`corerl.config.paths`). ``model``: a
+    model the run loads (a path setting too), which ``corerl validate`` and the run's start check
+    is a checkpoint folder with weights or a ``builtin:`` model (:mod:`corerl.run_inputs`), in the
+    section of a selected algorithm.
 
     Mutable defaults (dicts, lists) are copied per instance.
     """
+    path = path or model
     if path:
         help = f"{help} ({PATH_NOTE})" if help else PATH_NOTE
-    metadata = {"min": min, "max": max, "min_exclusive": min_exclusive, "help": help, "path": path}
+    metadata = {"min": min, "max": max, "min_exclusive": min_exclusive, "help": help, "path": path, "model": model}
     if isinstance(default, (dict, list)):
         return attrs.field(factory=lambda: type(default)(default), metadata=metadata)
     return attrs.field(default=default, metadata=metadata)
