@@ -29,9 +29,10 @@ def test_registers_the_environment_and_validates_its_section(corerl_host, tmp_pa
 def test_a_wrong_guess_gets_a_hint_and_a_right_one_ends_the_episode():
     from corerl_example_environment.plugin import DigitGuessSettings
 
-    environment = DigitGuess(EnvironmentContext(DigitGuessSettings(turn_penalty=0.25), seed=0))
+    environment = DigitGuess(EnvironmentContext(DigitGuessSettings(turn_penalty=0.25, higher="higher"), seed=0))
     first = environment.step(EpisodeView(row={"answer": "7"}, turn=1, responses=("3",)))
     assert (first.observation, first.done, first.state) == (" higher", False, {"wrong": 1})
+    assert environment.step(EpisodeView(row={"answer": "7"}, turn=1, responses=("8",))).observation == " -"
     second = environment.step(EpisodeView(row={"answer": "7"}, turn=2, responses=("3", "7"), state=first.state))
     assert second.done and second.reward == 0.75
 

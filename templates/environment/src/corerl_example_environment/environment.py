@@ -1,7 +1,7 @@
 """The ``digit_guess`` environment: the row holds a digit; the model guesses it, turn after turn.
 
 A right guess ends the episode with reward 1 minus ``turn_penalty`` per wrong guess before it; a
-wrong one is answered with a hint (``higher`` or ``lower``) and the episode goes on. What an
+wrong one is answered with a hint (the ``higher`` or ``lower`` setting) and the episode goes on. What an
 episode remembers (its wrong guesses) travels in ``Turn.state``, never on this object, which
 answers every episode of a run in any order (and, with ``env.digit_guess.num_workers``, in Ray
 actors: the state must pickle). A row without a digit raises: the run counts the episode in
@@ -31,6 +31,7 @@ class DigitGuess:
     def __init__(self, context: EnvironmentContext) -> None:
         settings = context.settings
         self.hints, self.penalty = settings.hints, settings.turn_penalty
+        self.higher, self.lower = settings.higher, settings.lower
         # the dataset task's answer column (data.answer_key); the digit_echo task's rows are the digit itself
         self.answer_key = getattr(context.data, "answer_key", "answer") if context.data is not None else "answer"
 
@@ -48,11 +49,9 @@ class DigitGuess:
         if guess == target:
             return Turn(reward=max(0.0, 1.0 - self.penalty * wrong), done=True, state={"wrong": wrong})
         state = {"wrong": wrong + 1}
-        if guess is None:
-            return Turn(observation=" say a digit", state=state)
-        hint = "higher" if guess < target else "lower"
-        if self.hints == "none":
-            return Turn(observation=" no", state=state)
+        if guess is None or self.hints == "none":
+            return Turn(observation=" ?", state=state)
+        hint = self.higher if guess < target else self.lower
         if self.hints == "messages":  # rendered with the chat template, after the model's turn
             return Turn(observation=[{"role": "user", "content": hint}], state=state)
         return Turn(observation=f" {hint}", state=state)

@@ -17,8 +17,11 @@ class DigitGuessSettings(EnvironmentSettings):
     ``max_failure_share``, how hints are given and what a wrong guess costs."""
 
     hints: Literal["text", "messages", "none"] = setting(
-        "text", help="text: ' higher' or ' lower' after the model's turn; messages: a user chat message with it; "
-                     "none: ' no'")
+        "text", help="text: the hint after the model's turn; messages: a user chat message with it; none: ' ?' "
+                     "whatever the guess")
+    higher: str = setting("+", help="the hint after a guess below the digit (the built-in tiny model's tokenizer "
+                                    "knows + and -; a real model's reads 'higher')")
+    lower: str = setting("-", help="the hint after a guess above the digit")
     turn_penalty: float = setting(0.1, min=0.0, max=1.0, help="taken off the final reward per wrong guess")
 
 
