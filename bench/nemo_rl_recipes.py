@@ -1,16 +1,18 @@
-"""How many of NeMo RL's own LLM recipes `corerl validate` accepts (issue 17's acceptance).
+"""How many of NeMo RL's own LLM recipes `corerl validate --recipe-only` accepts (issue 17's acceptance).
 
 Point it at a NeMo RL checkout's ``examples/configs`` folder: every YAML file there whose merged
 tree is a GRPO, SFT, DPO, distillation, reward-model (``rm``) or evaluation recipe for a language
 model (``vlm`` recipes are left out; PPO's are counted apart) is validated in this process,
-exactly as ``corerl validate FILE`` does (same loader, same selection), and the table prints
+exactly as ``corerl validate --recipe-only FILE`` does (same loader, same selection; the models,
+data files and folders a run would need are this machine's business, not the recipe's), and the table prints
 each recipe's verdict and, for the refused ones, the one-line reason.
 
     .venv/bin/python bench/nemo_rl_recipes.py ~/src/RL/examples/configs
 
 Nothing is downloaded: the recipes are read from the folder given. corerl itself is not a
 dependency of NeMo RL's files; recipes naming a hub model or dataset are judged as written
-(validate checks the recipe; ``run`` is where a hub name that cannot be loaded offline is refused).
+(``--recipe-only`` checks the recipe; plain ``validate`` and ``run`` refuse a hub name that cannot be
+loaded offline).
 """
 
 from __future__ import annotations
@@ -51,9 +53,10 @@ FEATURES = (
     ("async_ppo", "asynchronous PPO"),
     ("scheduler", "other learning-rate schedules (a LinearLR warm-up then constant is translated)"),
     ("data.train", "several training datasets at once"),
-    ("kl_type", "forward and mixed KL distillation (the teacher's top-k logits)"),
-    ("teacher_model", "a Hub teacher at validate (corerl checks the teacher's folder there, the policy's at run start)"),
-    ("teacher", "a teacher with a layout of its own"),
+    ("teacher", "a teacher setting that cannot act (e.g. a sequence shorter than the policy's)"),
+    ("gold_loss", "cross-tokenizer off-policy distillation"),
+    ("xtoken", "cross-tokenizer off-policy distillation"),
+    ("megatron_cfg.sequence_parallel", "megatron generation with sequence parallelism (sample with vLLM instead)"),
     ("max_num_steps", "training for a number of epochs (max_num_steps: -1)"),
     ("limit_mm_per_prompt", "image, audio and video inputs"),
     ("verifier_type", "multiple-choice answer verifiers"),
@@ -98,7 +101,7 @@ def algorithm_of(path: Path, seen: tuple[Path, ...] = ()) -> str | None:
 
 def validate(path: Path) -> tuple[bool, str, frozenset[str]]:
     """(accepted, the reason when refused, the keys of every refusal): the same steps as
-    ``corerl validate``."""
+    ``corerl validate --recipe-only``."""
     from corerl.config import load_config
     from corerl.errors import ConfigErrors, CorerlError
     from corerl.plugin_manager import PluginHost
