@@ -140,3 +140,22 @@ def test_a_prompt_with_a_chat_template_is_the_ids_apply_chat_template_gives(toke
         tokenize=True, return_dict=False))
     assert text == "<system> w9 <user> w0 3 : <eos>"
     assert encode_prompt(tokenizer, "w0 3 :", False, None) == ([2, 21, 7, 18], "w0 3 :")
+
+
+def test_the_dataset_task_names_itself_when_its_prompts_lose_text(tokenizer, tmp_path, caplog):
+    """The issue's own case: a dataset whose prompts hold words the tiny tokenizer does not know."""
+    from corerl.config.schema import DataConfig
+    from corerl.tasks import TaskContext
+    from corerl.tasks.dataset import DatasetTask
+
+    rows = tmp_path / "train.jsonl"
+    lines = [{"prompt": f"w0 {d} :" if d != 4 else "w0 higher :", "answer": str(d)} for d in range(8)]
+    rows.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    data = DataConfig(task="dataset", train_files=str(rows), held_out_size=2)
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        task = DatasetTask(TaskContext(tokenizer=tokenizer, seed=0, data=data))
+    (warning,) = [r.getMessage() for r in caplog.records if r.name == LOGGER]
+    assert warning.startswith("task 'dataset': 1 of 8 prompts lost text in encoding (the first, train.jsonl line 5: "
+                              "'higher :' reads back as '<unk> :')"), warning
+    prompts = [row["_corerl_prompt_ids"] for row in [*task.train, *task.held]]
+    assert prompts_lost(tokenizer, prompts) == 1

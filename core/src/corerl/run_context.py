@@ -283,7 +283,7 @@ class RunContext:
 
         choice = self.selection.environment
         if choice.registration is None:
-            return SingleTurnRollout(self.generation, self.task.reward)
+            return SingleTurnRollout(self.generation, self.task.reward, tokenizer=self.tokenizer)
         settings = self.config.section(f"env.{choice.id}")
         if choice.registration.plays == "agent":
             from corerl.environments.agent import AgentRollout

@@ -13,7 +13,9 @@ from typing import Any
 from corerl.errors import ConfigError
 from corerl.failures import first_line
 from corerl.generation.contract import Sample
+from corerl.reporting.lost_text import check_prompts
 from corerl.tasks import TaskContext, decode_completion, restore_rng, rng_state, score
+from corerl.tasks.prompts import encode_prompt
 from corerl.tasks.rewards import exact_answer
 
 _BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
@@ -24,17 +26,8 @@ PROMPT_IDS = "_corerl_prompt_ids"  # the row's prompt, encoded and checked once 
 def render_prompt(tokenizer: Any, text: str, chat_template: bool, system_prompt: str | None) -> list[int]:
     """Prompt token ids: ``text`` as the user's message of the tokenizer's chat template (after
     the system prompt, when set), or without one ``<bos>``, the system prompt as the first
-    paragraph and ``text``."""
-    if chat_template:
-        system = [{"role": "system", "content": system_prompt}] if system_prompt else []
-        # return_dict=False: transformers 5 returns a BatchEncoding otherwise, whose list is its keys
-        return list(tokenizer.apply_chat_template([*system, {"role": "user", "content": text}],
-                                                  add_generation_prompt=True, tokenize=True, return_dict=False))
-    if system_prompt:  # no chat template: the system prompt is the text's first paragraph
-        text = f"{system_prompt}\n\n{text}"
-    ids = list(tokenizer.encode(text, add_special_tokens=False))
-    bos = tokenizer.bos_token_id
-    return [bos, *ids] if bos is not None else ids
+    paragraph and ``text`` (:func:`corerl.tasks.prompts.encode_prompt`, which also gives the text)."""
+    return encode_prompt(tokenizer, text, chat_template, system_prompt)[0]
 
 
 def as_list(value: str | list[str] | None) -> list[str]:
@@ -258,21 +251,27 @@ class DatasetTask:
         columns = {"prompt_key": self.prompt_key, "answer_key": self.answer_key}
         rows = read_rows(train_files, "data.train_files")
         check_columns(rows, columns, "data.train_files", train_files)
+        texts = {}  # what each prompt's ids encode, for the lost-text check
         for row in rows:  # every prompt encoded and checked, in file order, before training starts
-            row[PROMPT_IDS] = self._encode_checked(row)
+            row[PROMPT_IDS], texts[id(row)] = self._encode_checked(row)
         self.rng = random.Random(context.seed)
         self.shuffle = data.shuffle
         self.train, self.held = split_rows(rows, data, columns, self.rng)
         for row in self.held:  # rows of data.held_out_files
             if PROMPT_IDS not in row:
-                row[PROMPT_IDS] = self._encode_checked(row)
+                row[PROMPT_IDS], texts[id(row)] = self._encode_checked(row)
+        check_prompts(self.tokenizer, f"task {data.task!r}",
+                      [(texts[id(row)], row[PROMPT_IDS], row[ORIGIN]) for row in [*self.train, *self.held]])
         self.order: list[int] = []
         self.position = 0
 
     def encode_prompt(self, text: str) -> list[int]:
+        return self._encode(text)[0]
+
+    def _encode(self, text: str) -> tuple[list[int], str]:
         if self.template is not None:
             text = self.template.format(text)
-        return render_prompt(self.tokenizer, text, self.chat_template, self.system_prompt)
+        return encode_prompt(self.tokenizer, text, self.chat_template, self.system_prompt)
 
     def _draw(self, count: int) -> list[dict[str, Any]]:
         drawn = []
@@ -289,8 +288,8 @@ class DatasetTask:
     def _prompt_of(self, row: dict[str, Any]) -> list[int]:
         return list(row[PROMPT_IDS])
 
-    def _encode_checked(self, row: dict[str, Any]) -> list[int]:
-        ids = self.encode_prompt(str(row[self.prompt_key]))
+    def _encode_checked(self, row: dict[str, Any]) -> tuple[list[int], str]:
+        ids, text = self._encode(str(row[self.prompt_key]))
         limit = self.max_prompt_tokens
         if limit is not None and len(ids) > limit:  # refused, not truncated: a cut prompt asks another question
             raise ConfigError(
@@ -298,7 +297,7 @@ class DatasetTask:
                 "a completion within policy.max_seq_length", key="policy.max_seq_length",
                 hint=f"prompts are not truncated: raise policy.max_seq_length by at least {len(ids) - limit}, "
                      "or shorten or remove that row")
-        return ids
+        return ids, text
 
     def sample(self, count: int) -> tuple[list[list[int]], list[Any]]:
         rows = self._draw(count)
