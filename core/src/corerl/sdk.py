@@ -30,7 +30,7 @@ from corerl.distributed.worker_group import LocalWorkerGroup, RayWorkerGroup, fr
 from corerl.environments.contract import Environment as EnvironmentProtocol
 from corerl.environments.contract import EnvironmentContext, EnvironmentSettings, EpisodeView, Turn
 from corerl.environments.tools import ToolCall, ToolResult, execute, parse_hermes
-from corerl.errors import ConfigError, ConfigErrors, EngineNotAvailable, RunError
+from corerl.errors import ConfigError, ConfigErrors, EngineNotAvailable, PluginError, RunError
 from corerl.failures import checkpoint_errors
 from corerl.generation.contract import GenerationEngine, Sample, SamplingSettings
 from corerl.generation.sampling import choose_tokens, cut_at_stop_strings
@@ -96,7 +96,7 @@ __all__ = [
     # LoRA (policy.lora): adapter names, the refit's adapter, the adapter folder
     "lora_enabled", "is_adapter_name", "adapter_tensors", "AdapterWeights", "write_adapter",
     # errors a plugin raises, and checkpoint failures as one of them
-    "ConfigError", "ConfigErrors", "EngineNotAvailable", "RunError", "checkpoint_errors",
+    "ConfigError", "ConfigErrors", "EngineNotAvailable", "PluginError", "RunError", "checkpoint_errors",
     # memory models for `corerl plan`
     "GIB", "Layout", "PlanRequest", "TrainingMemory", "activation_bytes", "adam_state_bytes", "cluster_overrides",
     "tensor_parallel_sizes",
