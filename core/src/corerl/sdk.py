@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from corerl import component_kinds
-from corerl.algorithms.contract import AlgorithmBase, AlgorithmRun
+from corerl.algorithms.contract import AlgorithmBase, AlgorithmRun, StepCountError
 
 # what the first-party backends share with any other (engine-side helpers)
 from corerl.checkpoint_safety import load_plain
@@ -80,7 +80,7 @@ __all__ = [
     "EnvironmentProtocol", "EnvironmentContext", "EnvironmentSettings", "EpisodeView", "Turn", "ToolCall", "ToolResult",
     "execute", "parse_hermes",
     # algorithms
-    "AlgorithmRun", "AlgorithmBase", "RunContext", "samples_to_batch", "step_seed",
+    "AlgorithmRun", "AlgorithmBase", "RunContext", "samples_to_batch", "minibatches", "step_seed", "StepCountError",
     # configuration
     "Config", "setting", "section",
     # the training contract and its helpers
@@ -117,6 +117,15 @@ def samples_to_batch(groups: Any, advantages: Any) -> Any:
     from corerl.algorithms.batches import samples_to_batch as build
 
     return build(groups, advantages)
+
+
+def minibatches(batch: Any, rows: int | None, weights: Any = None) -> Any:
+    """The batch cut into consecutive mini-batches of ``rows`` rows, one optimizer step each
+    (``rows`` must divide the batch; with a loss's ``aggregation_weights``, each part gets its
+    own). Imports torch when called."""
+    from corerl.algorithms.batches import minibatches as cut
+
+    return cut(batch, rows, weights)
 
 
 def step_seed(seed: int, step: int) -> int:

@@ -2,9 +2,11 @@
 
 The pytest plugin (:mod:`corerl.testing.pytest_plugin`, loaded automatically through the
 ``pytest11`` entry point) provides the fixtures ``corerl_host`` (a fresh plugin manager per
-test, with only the core's own plugin) and ``fake_site`` (fake installed distributions with
-entry points, found by real ``importlib.metadata`` discovery). This module holds the plain
-helpers those fixtures and tests build on.
+test, with the core's own plugin and the installed first-party plugins) and ``fake_site`` (fake
+installed distributions with entry points, found by real ``importlib.metadata`` discovery), and
+registers corerl's marks (``slow``, ``gpu``). This module holds the plain helpers those fixtures
+and tests build on; the conformance suites live beside it (``conformance``,
+``generation_conformance``, ``algorithm_conformance``, ``environment_conformance``).
 """
 
 from __future__ import annotations
