@@ -46,6 +46,26 @@ def host_with(plugin: Any | None, name: str) -> PluginHost:
     return host
 
 
+def host_for_component(registry: str, component_id: str, plugin: Any | None, what: str) -> tuple[PluginHost, Any]:
+    """The installed plugins (whatever ``CORERL_*`` says) and, when the component ``component_id``
+    of ``registry`` (e.g. ``"algorithms"``) is not installed already, ``plugin`` registered beside
+    them: the host and the component's registration. A component found nowhere fails the test in
+    one line naming ``what`` it is and what is registered."""
+    import pytest
+
+    from corerl.plugin_manager import PluginHost
+
+    host = PluginHost(env={})
+    if plugin is not None and host.registry(registry).get(component_id) is None:
+        host.register(plugin, name=f"{component_id}-under-test")
+    registration = host.registry(registry).get(component_id)
+    if registration is None:
+        known = ", ".join(sorted(r.id for r in host.registry(registry)))
+        pytest.fail(f"no {what} {component_id!r} is registered (registered: {known}); set plugin to the module that "
+                    "registers it, or install its package", pytrace=False)
+    return host, registration
+
+
 def select_for(
     host: PluginHost, recipe: Path | str, overrides: Iterable[str] = ()
 ) -> tuple[Config, Selection]:

@@ -145,17 +145,9 @@ class AlgorithmConformance:
     def _host(cls) -> Any:
         """The installed plugins (whatever ``CORERL_*`` says), and :attr:`plugin` registered
         beside them when its algorithm is not installed already."""
-        from corerl.plugin_manager import PluginHost
+        from corerl.testing import host_for_component
 
-        host = PluginHost(env={})
-        if cls.plugin is not None and host.algorithms.get(cls.algorithm_id) is None:
-            host.register(cls.plugin, name=f"{cls.algorithm_id}-under-test")
-        registration = host.algorithms.get(cls.algorithm_id)
-        if registration is None:
-            known = ", ".join(sorted(r.id for r in host.algorithms))
-            pytest.fail(f"no algorithm {cls.algorithm_id!r} is registered (registered: {known}); set plugin to the "
-                        "module that registers it, or install its package", pytrace=False)
-        return host
+        return host_for_component("algorithms", cls.algorithm_id, cls.plugin, "algorithm")[0]
 
     @classmethod
     def _open(cls, folder: Path, name: str) -> Any:

@@ -146,17 +146,9 @@ class EnvironmentConformance:
         from corerl.config.tree import deep_merge
         from corerl.environments.contract import EnvironmentContext
         from corerl.models.tiny import build_tokenizer
-        from corerl.plugin_manager import PluginHost
-        from corerl.testing import select_for, write_recipe
+        from corerl.testing import host_for_component, select_for, write_recipe
 
-        host = PluginHost(env={})
-        if cls.plugin is not None and host.environments.get(cls.environment_id) is None:
-            host.register(cls.plugin, name=f"{cls.environment_id}-under-test")
-        registration = host.environments.get(cls.environment_id)
-        if registration is None:
-            known = ", ".join(sorted(r.id for r in host.environments))
-            pytest.fail(f"no environment {cls.environment_id!r} is registered (registered: {known}); set plugin to "
-                        "the module that registers it, or install its package", pytrace=False)
+        host, registration = host_for_component("environments", cls.environment_id, cls.plugin, "environment")
         if registration.plays == "agent":
             pytest.skip(f"environment {cls.environment_id!r} is an agent harness (plays='agent'), not a step environment")
         recipe = deep_merge({
