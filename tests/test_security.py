@@ -139,7 +139,8 @@ def test_an_unwritable_run_directory_is_refused_before_anything_is_built(tmp_pat
     result = run_corerl("run", *SFT, f"run.output_dir={blocker}", "run.name=x")
     assert result.code == 2, result
     (line,) = result.err.strip().splitlines()
-    assert line.startswith("corerl: error: run.output_dir:") and str(blocker) in line and "Not a directory" in line
+    assert line.startswith("corerl: error: run.output_dir: cannot make the run directory") and str(blocker) in line
+    assert f"{blocker} is a file, not a folder" in line, line
 
 
 def test_a_disk_full_mid_run_stops_with_the_path_and_keeps_the_last_checkpoint(tmp_path):
