@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -12,40 +13,41 @@ if TYPE_CHECKING:
 LOGSUMEXP_ELEMENTS = 1 << 24
 
 
-def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-    """``[B, T]`` float32: position t holds log p(input_ids[t] | input_ids[:t]); 0 at t=0 and on padding."""
+def _position_chunks(body: torch.Tensor) -> Iterator[tuple[slice, torch.Tensor]]:
+    """``body`` ``[B, T, V]`` a slice of positions at a time, each in float32 and small enough for
+    one log-sum-exp (:data:`LOGSUMEXP_ELEMENTS`): no full-size log-softmax copy of the logits (3 GB
+    at 64 x 256 x 49,152 in fp32), and in the backward pass only the logits' own gradient."""
+    step = max(1, LOGSUMEXP_ELEMENTS // max(1, body.shape[0] * body.shape[-1]))
+    for start in range(0, body.shape[1], step):
+        yield slice(start, start + step), body[:, start:start + step].float()
+
+
+def _shifted(parts: list[torch.Tensor], body: torch.Tensor, trailing: tuple[int, ...], dtype: torch.dtype,
+             attention_mask: torch.Tensor) -> torch.Tensor:
+    """Per-position ``parts`` (predictions of tokens 1..T-1) as ``[B, T, *trailing]``: 0 at position
+    0 (no context) and where ``attention_mask`` is 0."""
     import torch
 
-    # the chosen token's logit minus the log-sum-exp, a slice of positions at a time: no full-size
-    # log-softmax copy of the [B, T, V] logits (3 GB at 64 x 256 x 49,152 in fp32), and in the
-    # backward pass only the logits' own gradient
-    body, targets = logits[:, :-1], input_ids[:, 1:].unsqueeze(-1)
-    step = max(1, LOGSUMEXP_ELEMENTS // max(1, body.shape[0] * body.shape[-1]))
-    parts = []
-    for start in range(0, body.shape[1], step):
-        chunk = body[:, start:start + step].float()
-        parts.append(chunk.gather(-1, targets[:, start:start + step]).squeeze(-1) - torch.logsumexp(chunk, dim=-1))
-    picked = torch.cat(parts, dim=1) if parts else body.new_zeros(body.shape[:2], dtype=torch.float32)
+    picked = torch.cat(parts, dim=1) if parts else body.new_zeros((*body.shape[:2], *trailing), dtype=dtype)
     out = torch.cat([torch.zeros_like(picked[:, :1]), picked], dim=1)
-    return out * attention_mask.to(out.dtype)
+    return out * attention_mask.to(out.dtype).reshape(*attention_mask.shape, *(1,) * len(trailing))
+
+
+def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """``[B, T]`` float32: position t holds log p(input_ids[t] | input_ids[:t]); 0 at t=0 and on padding."""
+    return candidate_logprobs(logits, input_ids.unsqueeze(-1), attention_mask).squeeze(-1)
 
 
 def candidate_logprobs(logits: torch.Tensor, candidate_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
     """``[B, T, K]`` float32: position t holds log p(candidate_ids[t, k] | input_ids[:t]) for each of
     the K candidates (aligned like :func:`token_logprobs`, so position 0 and padding hold 0): the
-    student's side of a forward KL over a teacher's top-k tokens."""
+    student's side of a forward KL over a teacher's top-k tokens, and with K = 1 the token's own."""
     import torch
 
     body, targets = logits[:, :-1], candidate_ids[:, 1:]
-    step = max(1, LOGSUMEXP_ELEMENTS // max(1, body.shape[0] * body.shape[-1]))
-    parts = []
-    for start in range(0, body.shape[1], step):
-        chunk = body[:, start:start + step].float()
-        parts.append(chunk.gather(-1, targets[:, start:start + step]) - torch.logsumexp(chunk, dim=-1, keepdim=True))
-    picked = torch.cat(parts, dim=1) if parts else body.new_zeros((*body.shape[:2], targets.shape[-1]),
-                                                                 dtype=torch.float32)
-    out = torch.cat([torch.zeros_like(picked[:, :1]), picked], dim=1)
-    return out * attention_mask.to(out.dtype).unsqueeze(-1)
+    parts = [chunk.gather(-1, targets[:, where]) - torch.logsumexp(chunk, dim=-1, keepdim=True)
+             for where, chunk in _position_chunks(body)]
+    return _shifted(parts, body, (targets.shape[-1],), torch.float32, attention_mask)
 
 
 def topk_logprobs(logits: torch.Tensor, k: int, attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -55,18 +57,13 @@ def topk_logprobs(logits: torch.Tensor, k: int, attention_mask: torch.Tensor) ->
     import torch
 
     body = logits[:, :-1]
-    step = max(1, LOGSUMEXP_ELEMENTS // max(1, body.shape[0] * body.shape[-1]))
     values, ids = [], []
-    for start in range(0, body.shape[1], step):
-        chunk = body[:, start:start + step].float()
+    for _, chunk in _position_chunks(body):
         top, index = chunk.topk(k, dim=-1)
         values.append(top - torch.logsumexp(chunk, dim=-1, keepdim=True))
         ids.append(index)
-    shape = (body.shape[0], 1, k)
-    mask = attention_mask.unsqueeze(-1)
-    top = torch.cat([body.new_zeros(shape, dtype=torch.float32), *values], dim=1) * mask.to(torch.float32)
-    index = torch.cat([torch.zeros(shape, dtype=torch.long, device=body.device), *ids], dim=1) * mask.to(torch.long)
-    return top, index
+    return (_shifted(values, body, (k,), torch.float32, attention_mask),
+            _shifted(ids, body, (k,), torch.long, attention_mask))
 
 
 #: a micro-batch field asking the forward pass for the top-k next tokens (a 0-d long tensor: k)
