@@ -15,7 +15,7 @@ from corerl.failures import first_line
 from corerl.generation.contract import Sample
 from corerl.reporting.lost_text import check_prompts
 from corerl.tasks import TaskContext, decode_completion, restore_rng, rng_state, score
-from corerl.tasks.prompts import encode_prompt
+from corerl.tasks.prompts import check_prompt_fits, encode_prompt
 from corerl.tasks.rewards import exact_answer
 
 _BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
@@ -290,13 +290,7 @@ class DatasetTask:
 
     def _encode_checked(self, row: dict[str, Any]) -> tuple[list[int], str]:
         ids, text = self._encode(str(row[self.prompt_key]))
-        limit = self.max_prompt_tokens
-        if limit is not None and len(ids) > limit:  # refused, not truncated: a cut prompt asks another question
-            raise ConfigError(
-                f"{row[ORIGIN]}: the prompt is {len(ids)} tokens, more than the {limit} that leave room for "
-                "a completion within policy.max_seq_length", key="policy.max_seq_length",
-                hint=f"prompts are not truncated: raise policy.max_seq_length by at least {len(ids) - limit}, "
-                     "or shorten or remove that row")
+        check_prompt_fits(ids, self.max_prompt_tokens, row[ORIGIN], ", or shorten or remove that row")
         return ids, text
 
     def sample(self, count: int) -> tuple[list[list[int]], list[Any]]:

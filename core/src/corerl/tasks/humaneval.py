@@ -28,7 +28,7 @@ from corerl.generation.contract import Sample
 from corerl.reporting.lost_text import check_prompts
 from corerl.tasks import Epochs, TaskContext, decode_completion, score
 from corerl.tasks.dataset import read_system_prompt
-from corerl.tasks.prompts import encode_prompt
+from corerl.tasks.prompts import check_prompt_fits, encode_prompt
 
 #: the problems held out when ``data.held_out_size`` is unset, and the seed that picks them
 HELD_OUT, SPLIT_SEED = 32, 0
@@ -87,10 +87,7 @@ class HumanEvalTask:
         """The prompt's ids and the text they encode."""
         text = INSTRUCTION.format(prompt=row["prompt"]) if self.chat_template else row["prompt"]
         ids, text = encode_prompt(self.tokenizer, text, self.chat_template, self.system_prompt)
-        if limit is not None and len(ids) > limit:
-            raise ConfigError(f"{row['task_id']}: the prompt is {len(ids)} tokens, more than the {limit} that leave "
-                              "room for a completion within policy.max_seq_length", key="policy.max_seq_length",
-                              hint=f"raise policy.max_seq_length by at least {len(ids) - limit}")
+        check_prompt_fits(ids, limit, row["task_id"])
         return ids, text
 
     def _draw(self, count: int) -> list[dict[str, Any]]:

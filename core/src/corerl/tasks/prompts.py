@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from corerl.errors import ConfigError
+
 
 def chat_text(tokenizer: Any, messages: Sequence[Any], prompt: bool) -> str:
     """``messages`` rendered with the tokenizer's chat template (the assistant's prompt after
@@ -36,3 +38,14 @@ def encode_prompt(tokenizer: Any, text: str, chat_template: bool, system_prompt:
     ids = encode_text(tokenizer, text)
     bos = tokenizer.bos_token_id
     return ([bos, *ids] if bos is not None else ids), text
+
+
+def check_prompt_fits(ids: Sequence[int], limit: int | None, where: str, hint_tail: str = "") -> None:
+    """Refuse, naming ``where`` (the row), a prompt of more than ``limit`` tokens (those that leave
+    room for a completion within ``policy.max_seq_length``): refused, not truncated, since a cut
+    prompt asks another question. ``hint_tail`` adds to the hint what else the user can do."""
+    if limit is not None and len(ids) > limit:
+        raise ConfigError(f"{where}: the prompt is {len(ids)} tokens, more than the {limit} that leave room for a "
+                          "completion within policy.max_seq_length", key="policy.max_seq_length",
+                          hint=f"prompts are not truncated: raise policy.max_seq_length by at least "
+                               f"{len(ids) - limit}{hint_tail}")

@@ -57,7 +57,7 @@ from corerl.generation.contract import Sample
 from corerl.reporting.lost_text import check_prompts
 from corerl.tasks import Epochs, TaskContext, TextReward, decode_completion, score
 from corerl.tasks.expression_reward import expression_answer, solve
-from corerl.tasks.prompts import encode_prompt
+from corerl.tasks.prompts import check_prompt_fits, encode_prompt
 
 #: rows held out when ``data.held_out_size`` is unset
 HELD_OUT_SIZE = 64
@@ -284,12 +284,7 @@ class RowTask:
 
     def _encode_checked(self, row: dict[str, Any]) -> tuple[list[int], str]:
         ids, text = self.prompt_and_text(self.prompt_text(row))
-        limit = self.max_prompt_tokens
-        if limit is not None and len(ids) > limit:
-            raise ConfigError(
-                f"{row[ORIGIN]}: the prompt is {len(ids)} tokens, more than the {limit} that leave room for "
-                "a completion within policy.max_seq_length", key="policy.max_seq_length",
-                hint=f"prompts are not truncated: raise policy.max_seq_length by at least {len(ids) - limit}")
+        check_prompt_fits(ids, self.max_prompt_tokens, row[ORIGIN])
         return ids, text
 
     @staticmethod
