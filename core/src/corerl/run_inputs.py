@@ -69,15 +69,19 @@ def _checks(config: Config, selection: Selection, host: PluginHost | None) -> li
 def _algorithm_models(config: Config, selection: Selection) -> list[tuple[str, str]]:
     """``(key, model)`` of each model setting (``setting(model=True)``) set in the selected
     algorithm's own section (a distillation teacher)."""
+    from operator import attrgetter
+
     import attrs
+
+    from corerl.config.paths import path_keys_of
 
     registration = selection.algorithm.registration
     path = getattr(registration, "config_section", None)
     section = config.section(path) if path else None
     if section is None or not attrs.has(type(section)):
         return []
-    return [(f"{path}.{field.name}", value) for field in attrs.fields(type(section))
-            if field.metadata.get("model") and isinstance(value := getattr(section, field.name), str)]
+    return [(f"{path}.{key}", value) for key in path_keys_of(type(section), flag="model")
+            if isinstance(value := attrgetter(key)(section), str)]
 
 
 def _data_errors(data: Any, task_id: str | None) -> list[ConfigError]:

@@ -27,15 +27,16 @@ import attrs
 from corerl.config.tree import Origins, origin_of, set_at, value_at
 
 
-def path_keys_of(schema: type, prefix: str = "") -> Iterator[str]:
-    """The key path of every path setting of the attrs ``schema`` (nested sections included)."""
+def path_keys_of(schema: type, prefix: str = "", flag: str = "path") -> Iterator[str]:
+    """The key path of every path setting of the attrs ``schema`` (nested sections included); with
+    ``flag="model"``, of every model setting (``setting(model=True)``)."""
     hints = typing.get_type_hints(schema)
     for field in attrs.fields(schema):
         hint = hints.get(field.name, field.type)
         nested = [t for t in (hint, *typing.get_args(hint)) if isinstance(t, type) and attrs.has(t)]
         if nested:
-            yield from path_keys_of(nested[0], f"{prefix}{field.name}.")
-        elif field.metadata.get("path"):
+            yield from path_keys_of(nested[0], f"{prefix}{field.name}.", flag)
+        elif field.metadata.get(flag):
             yield f"{prefix}{field.name}"
 
 
