@@ -4,7 +4,9 @@
 #   source .gpu/setup.sh && bash scripts/gpu_checks.sh [part ...]
 # Parts: decode (the hf backend's bf16 decode copy on CUDA), bench (GRPO vs TRL in bf16 at 76M with
 # the dynamic cache beside, 605M, Qwen2-1.5B's shape), plan (plan accuracy on CUDA), async
-# (asynchronous GRPO beside its generation worker), zero3 (the ZeRO-3 world-size-1 checks).
+# (asynchronous GRPO beside its generation worker), zero3 (the ZeRO-3 world-size-1 checks), distill
+# (forward and mixed top-k distillation on the GPU, the teacher in the policy's pool and in its own).
+# PLAN_LAYOUTS picks plan's layouts (comma-separated labels of bench/memory.py; default: all five).
 # Default: decode bench plan. Every step has a timeout, cut to what is left before
 # GPU_DEADLINE_S (seconds from the start, default 540); the log and the results land in $OUT
 # (gpu.log, results.tgz).
@@ -42,9 +44,10 @@ bench() {  # timed: nothing else runs beside them
 }
 
 plan() {  # one layout a step, so a slow one costs only itself (on an H200: dtensor and ZeRO-3 took under 45 s each)
-  local layout
-  for layout in "dtensor FSDP2" "deepspeed ZeRO-1" "deepspeed ZeRO-2" "deepspeed ZeRO-3" "megatron TP=2"; do
-    step "plan-accuracy $layout" 120 python bench/plan_accuracy.py --hidden 1024 --layers 8 --layouts "$layout"
+  local layout layouts
+  IFS=, read -ra layouts <<<"${PLAN_LAYOUTS:-dtensor FSDP2,deepspeed ZeRO-1,deepspeed ZeRO-2,deepspeed ZeRO-3,megatron TP=2}"
+  for layout in "${layouts[@]}"; do
+    step "plan-accuracy $layout" 150 python bench/plan_accuracy.py --hidden 1024 --layers 8 --layouts "$layout"
     cp bench/results/gpu/plan_accuracy.json "$OUT/plan_accuracy-${layout//[ =]/_}.json" 2>/dev/null
   done
 }
@@ -52,6 +55,14 @@ plan() {  # one layout a step, so a slow one costs only itself (on an H200: dten
 async() {
   step async-gpu-test 240 python -m pytest -x -q -p no:cacheprovider --tb=long -rA \
     "tests/test_gpu_runs.py::test_asynchronous_grpo_runs_three_steps_beside_its_generation_worker"
+}
+
+distill() {  # an untrained built-in teacher: the CUDA path of the top-k losses, not the learning (the CPU demo shows that)
+  local common=(examples/configs/distillation_demo.yaml algorithm.distillation.teacher_model=builtin:tiny-qwen2
+    algorithm.distillation.topk_logits_k=8 algorithm.max_steps=4 run.output_dir="$OUT/runs" checkpointing.enabled=false)
+  step distill-forward 120 corerl run "${common[@]}" algorithm.distillation.kl_type=forward run.name=forward
+  step distill-mixed-own-pool 90 corerl run "${common[@]}" algorithm.distillation.kl_type=mixed run.name=mixed-own \
+    algorithm.distillation.teacher_overrides.cluster.gpus_per_node=1
 }
 
 zero3() {
