@@ -7,7 +7,7 @@ size 1 and 2 (2 Ray ranks, gloo, on CPU; on a GPU machine, its GPUs: world size 
 two), one training step, then the
 largest rank's parameter, gradient and optimizer bytes as the rank reports them
 (``state_bytes()``) next to what the backend's memory model estimates for the same recipe, and
-their ratio (target: within 10%). On a GPU it also prints each rank's CUDA peak during the step
+their ratio (target: within 10%). On a GPU it also prints each rank's CUDA peak during a second step (the optimizer's moments exist)
 next to the estimated training-phase total (state + activations; target: within 15%) and writes
 bench/results/gpu/plan_accuracy.json with the GPU's name and the versions; on CPU,
 bench/results/plan_accuracy.json.

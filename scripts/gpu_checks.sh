@@ -59,7 +59,7 @@ async() {
 
 distill() {  # an untrained built-in teacher: the CUDA path of the top-k losses, not the learning (the CPU demo shows that)
   local common=(examples/configs/distillation_demo.yaml algorithm.distillation.teacher_model=builtin:tiny-qwen2
-    algorithm.distillation.topk_logits_k=8 algorithm.max_steps=4 run.output_dir="$OUT/runs" checkpointing.enabled=false)
+    algorithm.distillation.topk_logits_k=8 algorithm.max_steps=4 policy.generation.backend=hf run.output_dir="$OUT/runs" checkpointing.enabled=false)
   step distill-forward 120 corerl run "${common[@]}" algorithm.distillation.kl_type=forward run.name=forward
   step distill-mixed-own-pool 90 corerl run "${common[@]}" algorithm.distillation.kl_type=mixed run.name=mixed-own \
     algorithm.distillation.teacher_overrides.cluster.gpus_per_node=1

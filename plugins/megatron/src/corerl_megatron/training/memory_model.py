@@ -9,10 +9,17 @@ embedding, the last the output layer (a second copy of tied embeddings when ``pp
 1F1B the first stage keeps up to ``pp`` micro-batches in flight: about one whole model's layers'
 activations, over ``tp``. Megatron generation samples with these weights and adds its KV buffer
 (``policy.megatron_cfg.generation.buffer_size_gb``).
+
+Where neither Transformer Engine nor apex is installed, megatron-core steps with torch's AdamW,
+whose multi-tensor step makes a temporary the size of the second moment (4 bytes a parameter of
+the optimizer's shard) while the moments and gradients are live; counted as the backend's working
+buffers. Measured on an H200 (76M parameters, fp32, world size 1): CUDA peak 1,507 MiB against
+1,223 MiB of state and activations; the temporary (289 MiB) accounts for the rest within 0.3%.
 """
 
 from __future__ import annotations
 
+from importlib.util import find_spec
 from typing import Any
 
 from corerl.sdk import (
@@ -82,6 +89,13 @@ class MegatronMemory:
         activations = activation_bytes(request, request.shape.layers, tp=layout.tp,
                                        checkpointing=layout.activation_checkpointing, vocab_split=layout.tp)
         weights = p * request.dtype_bytes
+        step_temporary = 0 if fused_adam_installed() else 4 * p / (layout.dp if distributed else 1)
         return TrainingMemory(parameters=weights, gradients=4 * p, optimizer=int(optimizer), activations=activations,
-                              reference=weights if request.reference else 0,
+                              reference=weights if request.reference else 0, buffers=int(step_temporary),
                               own_generation=DEFAULT_GENERATION_BUFFER if layout.generation == "megatron" else 0)
+
+
+def fused_adam_installed() -> bool:
+    """Whether megatron-core finds a fused Adam (Transformer Engine's or apex's), which steps
+    without a temporary; looked up, not imported, so that ``corerl plan`` stays fast."""
+    return find_spec("transformer_engine") is not None or find_spec("apex") is not None
