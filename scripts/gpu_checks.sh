@@ -5,7 +5,8 @@
 # Parts: decode (the hf backend's bf16 decode copy on CUDA), bench (GRPO vs TRL in bf16 at 76M with
 # the dynamic cache beside, 605M, Qwen2-1.5B's shape), plan (plan accuracy on CUDA), async
 # (asynchronous GRPO beside its generation worker), zero3 (the ZeRO-3 world-size-1 checks), distill
-# (forward and mixed top-k distillation on the GPU, the teacher in the policy's pool and in its own).
+# (forward and mixed top-k distillation on the GPU; the second names the teacher's own cluster keys,
+# which on one GPU are the policy's shape and so share its pool: an own pool needs a second GPU).
 # PLAN_LAYOUTS picks plan's layouts (comma-separated labels of bench/memory.py; default: all five).
 # Default: decode bench plan. Every step has a timeout, cut to what is left before
 # GPU_DEADLINE_S (seconds from the start, default 540); the log and the results land in $OUT
@@ -61,7 +62,7 @@ distill() {  # an untrained built-in teacher: the CUDA path of the top-k losses,
   local common=(examples/configs/distillation_demo.yaml algorithm.distillation.teacher_model=builtin:tiny-qwen2
     algorithm.distillation.topk_logits_k=8 algorithm.max_steps=4 policy.generation.backend=hf run.output_dir="$OUT/runs" checkpointing.enabled=false)
   step distill-forward 120 corerl run "${common[@]}" algorithm.distillation.kl_type=forward run.name=forward
-  step distill-mixed-own-pool 90 corerl run "${common[@]}" algorithm.distillation.kl_type=mixed run.name=mixed-own \
+  step distill-mixed-teacher-cluster 90 corerl run "${common[@]}" algorithm.distillation.kl_type=mixed run.name=mixed \
     algorithm.distillation.teacher_overrides.cluster.gpus_per_node=1
 }
 
