@@ -174,6 +174,38 @@ def test_the_global_batch_sets_the_optimizer_steps_per_grpo_step_and_scales_the_
     assert load_config(recipe, [], PluginHost()).core.policy.scheduler.warmup_steps == 5
 
 
+def test_a_nemo_rl_recipes_max_samples_is_corerls_max_train_rows(tmp_path):
+    from corerl.config import load_config
+    from corerl.plugin_manager import PluginHost
+
+    recipe = tmp_path / "limited.yaml"
+    recipe.write_text(f"defaults: {DATA / 'base_grpo.yaml'}\ndata:\n  train:\n    max_samples: 100\n")
+    assert load_config(recipe, [], PluginHost()).core.data.max_train_rows == 100
+
+
+@pytest.mark.parametrize("decay_iters, translated", [(15, True), (10, False)])
+def test_a_warm_up_then_linear_decay_to_the_last_step_is_corerls_linear_schedule(tmp_path, decay_iters, translated):
+    from corerl.config import load_config
+    from corerl.errors import ConfigError
+    from corerl.plugin_manager import PluginHost
+
+    recipe = tmp_path / "decay.yaml"
+    recipe.write_text(f"defaults: {DATA / 'base_grpo.yaml'}\ngrpo:\n  max_num_steps: 20\npolicy:\n  scheduler:\n"
+                      "    - name: torch.optim.lr_scheduler.LinearLR\n"
+                      "      kwargs: {start_factor: 1.0e-06, end_factor: 1.0, total_iters: 5}\n"
+                      "    - name: torch.optim.lr_scheduler.LinearLR\n"
+                      f"      kwargs: {{start_factor: 1.0, end_factor: 0.0, total_iters: {decay_iters}}}\n"
+                      "    - milestones: [5]\n")
+    if translated:
+        scheduler = load_config(recipe, [], PluginHost()).core.policy.scheduler
+        assert (scheduler.name, scheduler.warmup_steps) == ("linear", 5)
+        return
+    with pytest.raises(ConfigError) as refused:
+        load_config(recipe, [], PluginHost())
+    assert "ends after 5 + 10 steps, not at the run's last step (20)" in refused.value.one_line()
+    assert "policy.scheduler" in refused.value.one_line()
+
+
 @pytest.mark.parametrize("in_flight, recompute, mode", [(False, False, "wait"), (True, False, "continue"),
                                                         (True, True, "abort")])
 def test_nemo_rl_async_grpo_keys_act(tmp_path, in_flight, recompute, mode):

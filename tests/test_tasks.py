@@ -51,6 +51,22 @@ def test_dataset_task_reads_the_file_and_keeps_a_held_out_split(tmp_path, fmt):
     assert response[-1] == tokenizer.eos_token_id and len(response) == 2
 
 
+@pytest.mark.parametrize("fmt", ["jsonl", "parquet"])
+def test_max_train_rows_reads_only_the_first_rows_of_the_files(tmp_path, fmt):
+    first, second = tmp_path / f"a.{fmt}", tmp_path / f"b.{fmt}"
+    for path, rows in ((first, ROWS[:6]), (second, ROWS[6:])):
+        if fmt == "jsonl":
+            _write_jsonl(path, rows)
+        else:
+            datasets.Dataset.from_list(rows).to_parquet(str(path))
+    data = attrs.evolve(DataConfig(), prompt_key="question", held_out_size=2, max_train_rows=8,
+                        train_files=[str(first), str(second)])
+    task = DatasetTask(TaskContext(build_tokenizer(), seed=5, data=data))
+    # the first 8 rows in file order (the first file's 6, the second's first 2), then the held-out cut
+    assert sorted(r["id"] for r in [*task.train, *task.held]) == list(range(8))
+    assert len(task.held) == 2
+
+
 def test_dataset_task_state_replays_the_same_draws(tmp_path):
     task = _task(tmp_path, _write_jsonl(tmp_path / "t.jsonl", ROWS))
     task.sample(5)

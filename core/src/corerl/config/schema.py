@@ -369,6 +369,8 @@ class DataConfig:
                                                                 "train_files", path=True)
     held_out_size: int | None = setting(None, min=1, help="dataset task without held_out_files: rows kept out of "
                                                           "training; unset: a quarter of the rows, at most 32")
+    max_train_rows: int | None = setting(None, min=1, help="dataset and preferences tasks: read only the first N rows "
+                                         "of train_files, in file order, before the held-out cut; unset: every row")
     prompt_key: str = setting("prompt", help="dataset task: the prompt column")
     answer_key: str = setting("answer", help="dataset task: the answer column (rewards read it)")
     response_key: str | None = setting(None, help="dataset task: the SFT response column; unset: answer_key")

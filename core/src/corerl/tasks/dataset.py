@@ -73,12 +73,13 @@ def _holds_json_lines(path: Path) -> bool:
     return True
 
 
-def read_rows(files: list[str], key: str) -> list[dict[str, Any]]:
-    """Every row of ``files`` (all JSONL/JSON lines or all Parquet), in file order; each row
-    remembers where it came from under :data:`ORIGIN` (file and line or row number)."""
+def read_rows(files: list[str], key: str, limit: int | None = None) -> list[dict[str, Any]]:
+    """Every row of ``files`` (all JSONL/JSON lines or all Parquet), in file order, or the first
+    ``limit``; each row remembers where it came from under :data:`ORIGIN` (file and line or row
+    number)."""
     builders = check_data_files(files, key)
     if all(_holds_json_lines(Path(name)) for name in files):  # read here: errors name the line
-        return [row for name in files for row in _read_jsonl(Path(name), key)]
+        return [row for name in files for row in _read_jsonl(Path(name), key)][:limit]
     import datasets
 
     datasets.disable_progress_bars()
@@ -92,7 +93,9 @@ def read_rows(files: list[str], key: str) -> list[dict[str, Any]]:
         except Exception as exc:  # a malformed file: say which key and file, keep the cause
             raise ConfigError(f"cannot read {name}: {first_line(exc)}", key=key, hint="check the file is valid JSONL (one object per line) or Parquet") from exc
         rows += [{**row, ORIGIN: f"{Path(name).name} row {index + 1}"} for index, row in enumerate(table.to_list())]
-    return rows
+        if limit is not None and len(rows) >= limit:
+            break
+    return rows[:limit]
 
 
 def check_data_files(files: list[str], key: str) -> set[str]:
@@ -249,7 +252,7 @@ class DatasetTask:
                               key="data.apply_chat_template",
                               hint="give one with policy.chat_template, or set data.apply_chat_template=false")
         columns = {"prompt_key": self.prompt_key, "answer_key": self.answer_key}
-        rows = read_rows(train_files, "data.train_files")
+        rows = read_rows(train_files, "data.train_files", data.max_train_rows)
         check_columns(rows, columns, "data.train_files", train_files)
         texts = {}  # what each prompt's ids encode, for the lost-text check
         for row in rows:  # every prompt encoded and checked, in file order, before training starts

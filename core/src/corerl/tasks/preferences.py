@@ -115,7 +115,7 @@ class PreferenceDataset:
         if not files:
             raise ConfigError("the preferences task needs data.train_files", key="data.train_files",
                               hint="set data.train_files=path/to/pairs.jsonl (rows with prompt, chosen and rejected)")
-        rows = read_rows(files, "data.train_files")
+        rows = read_rows(files, "data.train_files", data.max_train_rows)
         check_columns(rows, self.keys, "data.train_files", files)
         rng = random.Random(context.seed)
         train_rows, held_rows = split_rows(rows, data, self.keys, rng)

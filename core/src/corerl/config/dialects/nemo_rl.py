@@ -647,6 +647,7 @@ RULES: dict[str, Rule] = {
     "data.default.prompt_file": acts("data.prompt_file"),
     "data.default.system_prompt_file": acts("data.system_prompt_file"),
     "data.default.processor": inert("corerl's dataset task formats prompt/answer rows itself"),
+    "data.train.max_samples": acts("data.max_train_rows"),
     "data.train.split": inert("local files are read whole"),
     "data.validation.split": inert("local files are read whole"),
     "data.validation.input_key": inert("the validation rows use the training columns"),
@@ -1050,7 +1051,8 @@ def _derived(raw: dict[str, Any], out: _Translator, algorithm: str | None) -> No
         out.make_inert("policy.dtensor_cfg.sequence_parallel", "policy.dtensor_cfg.sequence_parallel", False,
                        "true with tensor_parallel_size 1: no effect in NeMo RL, off in corerl")
     _chat_template(raw, out)
-    _scheduler(policy.get("scheduler"), "policy.scheduler", "policy.scheduler", out, updates_per_step)
+    max_steps = value_at(raw, f"{algorithm}.max_num_steps") if algorithm else None
+    _scheduler(policy.get("scheduler"), "policy.scheduler", "policy.scheduler", out, updates_per_step, max_steps)
     if algorithm == "ppo":
         _critic(raw, out, updates_per_step)
     keys = ["data.dataset_name", "data.train.dataset_name", "data.validation.dataset_name", "data.default.dataset_name"]
@@ -1360,23 +1362,53 @@ def _eval_recipe(raw: dict[str, Any], out: _Translator) -> None:
             out.refate(key, "acts", f"{detail}, {target}" if detail else target)
 
 
-def _scheduler(scheduler: Any, source: str, target: str, out: _Translator, updates_per_step: int) -> None:
-    """NeMo RL's list of torch schedulers at ``source``: a LinearLR warm-up then a constant rate
-    becomes corerl's constant schedule at ``target``; any other list is refused."""
-    if isinstance(scheduler, list):
-        warmup = [s for s in scheduler if isinstance(s, dict) and s.get("name") == "torch.optim.lr_scheduler.LinearLR"]
-        rest = [s for s in scheduler if isinstance(s, dict) and "name" in s and s not in warmup]
-        if any(s.get("name") != "torch.optim.lr_scheduler.ConstantLR" for s in rest) or len(warmup) > 1:
-            out.refuse(source, "only a LinearLR warm-up followed by a constant rate is translated",
-                       f"write corerl's {target}.name (constant, linear, cosine) and warmup_steps")
-        else:
-            # NeMo RL counts warm-up in algorithm steps; corerl's scheduler counts optimizer steps
-            steps = int(warmup[0].get("kwargs", {}).get("total_iters", 0)) * updates_per_step if warmup else 0
-            out.put(source, target, {"name": "constant", "warmup_steps": steps},
-                    f"{target} (constant, warmup_steps={steps} optimizer steps)")
-    elif scheduler is not None:
+LINEAR_LR, CONSTANT_LR = "torch.optim.lr_scheduler.LinearLR", "torch.optim.lr_scheduler.ConstantLR"
+
+
+def _scheduler(scheduler: Any, source: str, target: str, out: _Translator, updates_per_step: int,
+               max_steps: Any = None) -> None:
+    """NeMo RL's list of torch schedulers at ``source`` as corerl's schedule at ``target``: an
+    optional LinearLR warm-up (ending at factor 1), then a constant rate (ConstantLR, or nothing) or
+    one LinearLR decay from 1 to 0 that ends at the run's last step (``max_steps``, NeMo RL's
+    ``max_num_steps``: corerl's linear decay reaches zero there); any other list is refused."""
+    if scheduler is None:
+        return
+    if not isinstance(scheduler, list):
         out.refuse(source, "expected NeMo RL's list of torch schedulers",
                    f"write a list, or corerl's {target}.name and warmup_steps in a corerl recipe")
+        return
+    named = [s for s in scheduler if isinstance(s, dict) and "name" in s]  # the milestones entry has no name
+
+    def factors(entry: dict[str, Any]) -> tuple[float, float, int]:
+        kwargs = entry.get("kwargs") or {}
+        return (float(kwargs.get("start_factor", 1 / 3)), float(kwargs.get("end_factor", 1.0)),
+                int(kwargs.get("total_iters", 5)))  # torch's LinearLR defaults
+
+    warmup = named[:1] if named and named[0]["name"] == LINEAR_LR and factors(named[0])[1] == 1.0 else []
+    warmup_iters = factors(warmup[0])[2] if warmup else 0
+    rest = named[len(warmup):]
+    name, why = "constant", ""
+    if all(s["name"] == CONSTANT_LR for s in rest):
+        pass
+    elif len(rest) == 1 and rest[0]["name"] == LINEAR_LR and factors(rest[0])[:2] == (1.0, 0.0):
+        decay_iters = factors(rest[0])[2]
+        if updates_per_step > 1:  # the backends' schedules span max_steps optimizer steps
+            why = (f"a LinearLR decay with {updates_per_step} optimizer steps per algorithm step is not translated "
+                   "(corerl's linear schedule spans algorithm.max_steps optimizer steps)")
+        elif isinstance(max_steps, int) and max_steps > 0 and warmup_iters + decay_iters == max_steps:
+            name = "linear"
+        else:
+            why = (f"its LinearLR decay ends after {warmup_iters} + {decay_iters} steps, not at the run's last step "
+                   f"({max_steps}), where corerl's linear schedule reaches zero")
+    else:
+        why = "only a LinearLR warm-up, then a constant rate or one LinearLR decay to zero, is translated"
+    if why:
+        out.refuse(source, why, f"write corerl's {target}.name (constant, linear, cosine) and warmup_steps")
+        return
+    # NeMo RL counts warm-up in algorithm steps; corerl's scheduler counts optimizer steps
+    steps = warmup_iters * updates_per_step
+    out.put(source, target, {"name": name, "warmup_steps": steps},
+            f"{target} ({name}, warmup_steps={steps} optimizer steps)")
 
 
 def _critic(raw: dict[str, Any], out: _Translator, updates_per_step: int) -> None:
@@ -1415,7 +1447,8 @@ def _critic(raw: dict[str, Any], out: _Translator, updates_per_step: int) -> Non
         else:
             out.refuse(f"value.{key}", f"{value[key]!r} differs from policy.{key} ({policy.get(key)!r}): the critic "
                        f"{what}", f"give the policy's value or remove value.{key}")
-    _scheduler(value.get("scheduler"), "value.scheduler", "critic.scheduler", out, updates_per_step)
+    _scheduler(value.get("scheduler"), "value.scheduler", "critic.scheduler", out, updates_per_step,
+               value_at(raw, "ppo.max_num_steps"))
 
 
 def _asynchronous(raw: dict[str, Any], out: _Translator) -> None:
