@@ -12,7 +12,9 @@ hands over the next version. What happens to the requests in progress is ``in_fl
 
 Each completion token is stamped with the version of the weights that produced it
 (``Sample.versions``). ``continue`` and ``abort`` need a backend that calls a hook between
-decoding steps (the ``between_tokens`` attribute; the ``hf`` backend has it).
+decoding steps (the ``between_tokens`` attribute; the ``hf`` and ``vllm`` backends have it): with
+the number of tokens generated so far, or, where requests advance apart (vLLM's scheduler), with
+one count per sample of the call.
 
 Every call into the backend runs on one thread of the worker's own (:attr:`GenerationWorker.engine`),
 whichever of the actor's threads took the request: compiled CUDA graphs (the ``hf`` backend's
@@ -23,7 +25,7 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
@@ -35,13 +37,22 @@ from corerl.generation.contract import Sample, SamplingSettings
 T = TypeVar("T")
 
 
-def stamp(sample: Sample, switches: list[tuple[int, int]]) -> Sample:
-    """``sample`` with the version of each completion token: ``switches`` lists (index of the first
-    token generated with a version, that version), in order."""
+#: where a version starts: one token index for every sample of the call (engines that decode all
+#: requests in step), or one per sample, in call order (engines whose requests advance apart)
+Position = int | Sequence[int]
+
+
+def stamp(sample: Sample, switches: list[tuple[Position, int]], index: int = 0) -> Sample:
+    """``sample`` (the ``index``-th of its call) with the version of each completion token:
+    ``switches`` lists (index of the first token generated with a version, that version), in order."""
+
+    def start(position: Position) -> int:
+        return position if isinstance(position, int) else position[index]
+
     versions = []
     at = 0
-    for index in range(len(sample.completion_ids)):
-        while at + 1 < len(switches) and switches[at + 1][0] <= index:
+    for token in range(len(sample.completion_ids)):
+        while at + 1 < len(switches) and start(switches[at + 1][0]) <= token:
             at += 1
         versions.append(switches[at][1])
     return attrs.evolve(sample, versions=tuple(versions))
@@ -75,7 +86,7 @@ class GenerationWorker:
         self.pending: tuple[int, list[tuple[str, Any]]] | None = None
         self.generating = threading.Lock()  # held for a whole generate call
         self.handover = threading.Lock()  # guards pending
-        self.switches: list[tuple[int, int]] = []
+        self.switches: list[tuple[Position, int]] = []
         self.aborted = False
 
     def _on_engine(self, call: Callable[..., T], *args: Any, **kwargs: Any) -> T:
@@ -101,10 +112,11 @@ class GenerationWorker:
             finally:
                 if self.in_flight != "wait":
                     self.backend.between_tokens = None
-            stamped = [[stamp(s, self.switches) for s in group] for group in groups]
+            stamped = [[stamp(s, self.switches, p * n + j) for j, s in enumerate(group)]
+                       for p, group in enumerate(groups)]
             return stamped, self.aborted
 
-    def _between_tokens(self, generated: int) -> bool:
+    def _between_tokens(self, generated: Position) -> bool:
         with self.handover:
             if self.pending is None:
                 return False

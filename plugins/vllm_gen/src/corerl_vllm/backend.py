@@ -21,15 +21,38 @@ from corerl.sdk import (
 ENGINE = "corerl_vllm.engine:VllmEngine"
 
 
+def inside_ray_actor() -> bool:
+    """Whether this process is a Ray actor (asynchronous generation's worker builds its backend in
+    one, placed on generation's own resources)."""
+    import sys
+
+    if "ray" not in sys.modules:
+        return False
+    import ray
+
+    return ray.is_initialized() and ray.get_runtime_context().get_actor_id() is not None
+
+
 class VllmGenerationBackend:
-    """``policy.generation.vllm_cfg`` decides the engine; ``colocated`` decides its resources."""
+    """``policy.generation.vllm_cfg`` decides the engine; ``colocated`` decides its resources.
+    Built inside a Ray actor (asynchronous generation's worker, already placed for generation), the
+    engine lives in that actor's process, which also lets the worker's ``between_tokens`` hook reach
+    the engine's decoding loop."""
 
     def __init__(self, config: Config) -> None:
         self.config = config
         settings = config.section("policy.generation.vllm_cfg")
         colocated = config.core.policy.generation.colocated
-        threads = settings.cpu_threads or (os.cpu_count() or 1)
-        if settings.host == "driver":
+        hosted_here = settings.host == "driver" or inside_ray_actor()
+        if settings.cpu_threads:
+            threads = settings.cpu_threads
+        elif hosted_here and inside_ray_actor():
+            import torch
+
+            threads = torch.get_num_threads()  # the worker's share of the cores (algorithm.async.generation_threads)
+        else:
+            threads = os.cpu_count() or 1
+        if hosted_here:
             self.group: Any = LocalWorkerGroup(ENGINE, config=config, threads=threads)
         else:
             # colocated: a share of rank 0's device in the training pool; dedicated: GPUs of its own
@@ -45,6 +68,19 @@ class VllmGenerationBackend:
         self.shared: SharedWeightWriter | None = None
         if self._engine_on_this_machine():
             self.shared = SharedWeightWriter()
+
+    @property
+    def between_tokens(self) -> Any:
+        """The hook of asynchronous generation (see :mod:`corerl.asynchronous.worker`), handed to an
+        engine in this process; an engine in another process cannot call it."""
+        return getattr(getattr(self.group, "worker", None), "between_tokens", None)
+
+    @between_tokens.setter
+    def between_tokens(self, hook: Any) -> None:
+        if not isinstance(self.group, LocalWorkerGroup):
+            raise RuntimeError("the vllm engine runs in another process: between_tokens needs it in this one "
+                               "(policy.generation.vllm_cfg.host=driver, or a backend built in a Ray actor)")
+        self.group.worker.between_tokens = hook
 
     def _engine_on_this_machine(self) -> bool:
         """A Ray-hosted engine on this driver's node (a driver-hosted one needs no transfer at all)."""

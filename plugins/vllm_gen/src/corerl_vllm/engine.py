@@ -12,6 +12,8 @@ import os
 from collections.abc import Iterable
 from typing import Any
 
+import attrs
+
 from corerl.sdk import EngineNotAvailable, Sample, SamplingSettings, model_shape
 from corerl_vllm.support import VLLM_LORA_RANKS
 
@@ -73,8 +75,20 @@ def cpu_kv_cache_bytes(config: Any, max_model_len: int) -> int:
     return max(64 * 2**20, math.ceil(1.2 * sequences * max_model_len * per_token))
 
 
+def _sample(prompt: list[int], completion: Any) -> Sample:
+    """corerl's sample of one of vLLM's completions (its logprobs: each chosen token's)."""
+    ids = tuple(completion.token_ids)
+    logprobs = tuple(float(step[token].logprob) for step, token in zip(completion.logprobs, ids, strict=True))
+    reason = "length" if completion.finish_reason == "length" else "stop"
+    return Sample(prompt_ids=tuple(prompt), completion_ids=ids, logprobs=logprobs, finish_reason=reason)
+
+
 class VllmEngine:
     """One ``vllm.LLM`` and the conversions between corerl's contract and vLLM's API."""
+
+    #: set by asynchronous generation while a call runs (see :mod:`corerl.asynchronous.worker`):
+    #: ``generate`` then steps the engine itself and calls it between steps
+    between_tokens: Any = None
 
     def __init__(self, *, rank: int = 0, world_size: int = 1, config: Any, threads: int | None = None) -> None:
         import torch
@@ -161,18 +175,53 @@ class VllmEngine:
             )
             for i in range(len(prompts))
         ]
+        if self.between_tokens is not None:
+            return self._generate_stepped(prompts, params, n)
         outputs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False,
                                     lora_request=self.adapter)
-        groups = []
-        for prompt, request in zip(prompts, outputs, strict=True):
-            group = []
-            for completion in sorted(request.outputs, key=lambda c: c.index):
-                ids = tuple(completion.token_ids)
-                logprobs = tuple(float(step[token].logprob) for step, token in zip(completion.logprobs, ids, strict=True))
-                reason = "length" if completion.finish_reason == "length" else "stop"
-                group.append(Sample(prompt_ids=tuple(prompt), completion_ids=ids, logprobs=logprobs, finish_reason=reason))
-            groups.append(group)
-        return groups
+        return [[_sample(prompt, completion) for completion in sorted(request.outputs, key=lambda c: c.index)]
+                for prompt, request in zip(prompts, outputs, strict=True)]
+
+    def _generate_stepped(self, prompts: list[list[int]], params: list[Any], n: int) -> list[list[Sample]]:
+        """``generate`` one engine step at a time, calling :attr:`between_tokens` after each with
+        the tokens each sample has so far (vLLM's scheduler advances requests apart: a prompt still
+        waiting for its prefill has none). The hook may load weights between two steps: the
+        requests keep their KV cache and go on with them. Where it answers True the unfinished
+        requests are aborted and returned as they stand (``finish_reason`` "length"). Each sample is
+        a request of its own, seeded as vLLM seeds the samples of one request (seed + index)."""
+        from vllm.inputs import TokensPrompt
+
+        engine = self.llm.llm_engine
+        self.calls = getattr(self, "calls", 0) + 1
+        requests: list[tuple[str, list[int]]] = []
+        for i, (prompt, prompt_params) in enumerate(zip(prompts, params, strict=True)):
+            for j in range(n):
+                one = prompt_params.clone()
+                one.n, one.seed = 1, None if prompt_params.seed is None else prompt_params.seed + j
+                given = f"corerl-{self.calls}-{i}-{j}"
+                engine.add_request(given, TokensPrompt(prompt_token_ids=prompt), one, lora_request=self.adapter)
+                requests.append((given, prompt))
+        latest: dict[str, Any] = {}
+        finished: set[str] = set()
+        while engine.has_unfinished_requests():
+            for output in engine.step():
+                latest[output.request_id] = output
+                if output.finished:
+                    finished.add(output.request_id)
+            if len(finished) == len(requests):
+                break
+            counts = [len(latest[rid].outputs[0].token_ids) if rid in latest else 0 for rid, _ in requests]
+            if self.between_tokens(counts):
+                engine.abort_request([rid for rid, _ in requests if rid not in finished])
+                break
+        samples = []
+        for rid, prompt in requests:
+            if rid not in latest:  # aborted before its prefill: nothing generated yet
+                samples.append(Sample(prompt_ids=tuple(prompt), completion_ids=(), logprobs=(), finish_reason="length"))
+                continue
+            sample = _sample(prompt, latest[rid].outputs[0])
+            samples.append(sample if rid in finished else attrs.evolve(sample, finish_reason="length"))
+        return [samples[i * n:(i + 1) * n] for i in range(len(prompts))]
 
     def update_weights(self, weights: Iterable[tuple[str, Any]]) -> int:
         """New weights under their Hugging Face names. An in-process engine takes the tensors as they
