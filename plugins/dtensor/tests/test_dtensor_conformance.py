@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import pytest
+from transformers import AutoModelForCausalLM
 
-from corerl.testing.conformance import TrainingBackendConformance
+from corerl.testing.conformance import TrainingBackendConformance, conformance_loss
 
 
 class _DTensor(TrainingBackendConformance):
@@ -12,7 +13,7 @@ class _DTensor(TrainingBackendConformance):
 
     def _single_rank_overrides(self) -> list[str]:
         return ["policy.dtensor_cfg.tensor_parallel_size=1", "policy.dtensor_cfg.fsdp_version=2",
-                "policy.dtensor_cfg.sequence_parallel=false"]
+                "policy.dtensor_cfg.sequence_parallel=false", "policy.dtensor_cfg.dp_replicate_size=1"]
 
 
 class TestWorld1(_DTensor):
@@ -60,6 +61,23 @@ class TestActivationCheckpointingDataParallel2(_DTensor):
     micro_batch_layouts = ()  # token budgets: checked at world size 1, DP2 and TP2 with SP
     critic_checks = False  # the critic runs in the world-1 and data-parallel layouts
     overrides = ["cluster.gpus_per_node=2", "policy.dtensor_cfg.activation_checkpointing=true"]
+
+
+class TestHybridShardDataParallel2(_DTensor):
+    """HSDP: FSDP2's fully_shard over a 2-D (dp_replicate, dp_shard) mesh, replicated 2 x sharded 1."""
+
+    algorithm_checks = False  # the GRPO loss variants and top-k distillation: at world size 1 and TP2
+    micro_batch_layouts = ("dynamic",)  # micro-batches accumulated before the replicas' all-reduce (packed: DP2's)
+    overrides = ["cluster.gpus_per_node=2", "policy.dtensor_cfg.dp_replicate_size=2"]
+
+    def test_each_replica_holds_the_whole_model(self, backend, model_dir, batch):
+        """Replicated, not sharded: each rank's parameters and gradients are the whole model's (a
+        DP2 rank of plain FSDP2 holds half)."""
+        backend.load_hf(model_dir)
+        backend.train_step(batch, conformance_loss)
+        whole = sum(p.numel() * 4 for p in AutoModelForCausalLM.from_pretrained(model_dir).parameters())
+        ranks = backend.state_bytes()
+        assert [(rank["parameters"], rank["gradients"]) for rank in ranks] == [(whole, whole)] * 2, (whole, ranks)
 
 
 @pytest.mark.gpu

@@ -17,6 +17,7 @@ from corerl.testing import write_recipe
 from corerl.testing.conformance import conformance_batch, conformance_loss
 from corerl.testing.reference import hf_logprobs
 from corerl_dtensor.backend import DTensorBackend
+from corerl_dtensor.support import check_supported
 
 
 @pytest.fixture(scope="module")
@@ -37,6 +38,10 @@ def make_config(model_dir, tmp_path, *overrides):
          ConfigError, "policy.dtensor_cfg.sequence_parallel"),
         ("policy.dtensor_cfg.fsdp_version=1", ConfigError, "policy.dtensor_cfg.fsdp_version"),
         ("policy.precision=float16", ConfigError, "policy.precision"),
+        ("policy.dtensor_cfg.tensor_parallel_size=1\npolicy.dtensor_cfg.dp_replicate_size=2\npolicy.dtensor_cfg.fsdp_version=1",
+         ConfigError, "policy.dtensor_cfg.dp_replicate_size"),
+        ("policy.dtensor_cfg.tensor_parallel_size=1\npolicy.dtensor_cfg.dp_replicate_size=2\n"
+         "policy.dtensor_cfg.expert_parallel_size=2", ConfigError, "policy.dtensor_cfg.dp_replicate_size"),
     ],
 )
 def test_unsupported_options_are_refused_in_one_line_before_any_worker_starts(model_dir, tmp_path, override, error, key):
@@ -45,6 +50,39 @@ def test_unsupported_options_are_refused_in_one_line_before_any_worker_starts(mo
     with pytest.raises(error) as caught:  # the one validation phase, which validate and run share
         select(config, PluginHost(env={}))
     assert caught.value.key == key and "\n" not in str(caught.value)
+
+
+@pytest.mark.parametrize("replicate", [3, 4])
+def test_dp_replicate_size_must_divide_the_data_parallel_ranks(model_dir, tmp_path, replicate):
+    with pytest.raises(ConfigError) as caught:  # world 4 / TP 2: 2 data-parallel ranks
+        make_config(model_dir, tmp_path, "cluster.gpus_per_node=4", "policy.dtensor_cfg.tensor_parallel_size=2",
+                    f"policy.dtensor_cfg.dp_replicate_size={replicate}")
+    assert caught.value.key == "policy.dtensor_cfg.dp_replicate_size" and "\n" not in str(caught.value)
+    assert "must divide the data-parallel ranks" in str(caught.value)
+    config = make_config(model_dir, tmp_path, "cluster.gpus_per_node=4", "policy.dtensor_cfg.dp_replicate_size=2",
+                         "policy.dtensor_cfg.tensor_parallel_size=2")
+    check_supported(config)  # 2 replicas x 1 shard: taken
+
+
+def test_memory_model_divides_the_state_by_the_shard_size_with_hybrid_sharding(model_dir, tmp_path):
+    from corerl.planning.command import request_of
+
+    host = PluginHost(env={})
+    model = host.memory_models.get("dtensor").create()
+    estimates, layouts = {}, {}
+    for replicate in (1, 2, 4):  # world 4: FSDP over 4, 2 x 2 and 4 x 1 (replicated)
+        config = make_config(model_dir, tmp_path, "cluster.gpus_per_node=4", "policy.optimizer.name=adamw",
+                             f"policy.dtensor_cfg.dp_replicate_size={replicate}")
+        request = request_of(config)
+        layouts[replicate] = model.layout_of(config, request)
+        estimates[replicate] = model.estimate(request, layouts[replicate])
+    assert "dp_replicate_size" not in " ".join(layouts[1].overrides) and layouts[1].name.startswith("FSDP2")
+    assert "policy.dtensor_cfg.dp_replicate_size=2" in layouts[2].overrides and layouts[2].name.startswith("HSDP 2x2")
+    assert all(layout.dp == 4 for layout in layouts.values())
+    for kind in ("parameters", "gradients", "optimizer"):
+        full = getattr(estimates[1], kind)
+        assert abs(getattr(estimates[2], kind) - 2 * full) <= 2 and abs(getattr(estimates[4], kind) - 4 * full) <= 4
+    assert estimates[2].activations == estimates[1].activations  # one micro-batch per rank either way
 
 
 def test_bfloat16_with_cpu_offload_trains_at_dp2_close_to_float32(model_dir, tmp_path):

@@ -24,10 +24,14 @@ class DTensorConfig:
     fsdp_version: Literal[1, 2] = setting(2, help="2: fully_shard (FSDP2); 1: legacy FullyShardedDataParallel")
     expert_parallel_size: int = setting(1, min=1, help="ranks a mixture-of-experts layer's routed experts are split over "
                                         "(tokens sent to their experts by all-to-all; the rest shards with FSDP)")
+    dp_replicate_size: int = setting(1, min=1, help="hybrid sharding (HSDP): data-parallel groups the model is replicated "
+                                     "over; FSDP shards it within each group of data-parallel ranks / dp_replicate_size "
+                                     "and gradients are all-reduced across the groups (1: shard over every data-parallel rank)")
 
     def check(self, config: Any) -> Iterator[tuple[str, str]]:
-        """TP x CP must divide the world size, and so must the expert-parallel size; the plan's import path may not lead into a module
-        that runs commands or code."""
+        """TP x CP must divide the world size, and so must the expert-parallel size; ``dp_replicate_size`` must divide
+        the data-parallel ranks (world / (TP x CP)); the plan's import path may not lead into a module that runs
+        commands or code."""
         from corerl.sdk import code_runner_problem
 
         if self.custom_parallel_plan and (problem := code_runner_problem(self.custom_parallel_plan,
@@ -38,6 +42,10 @@ class DTensorConfig:
             {"tensor_parallel_size": self.tensor_parallel_size, "context_parallel_size": self.context_parallel_size},
             config,
         )
+        world, model_parallel = config.cluster.world_size, self.tensor_parallel_size * self.context_parallel_size
+        if world % model_parallel == 0 and (world // model_parallel) % self.dp_replicate_size:
+            yield ("dp_replicate_size", f"must divide the data-parallel ranks, world size / (tensor_parallel_size x "
+                                        f"context_parallel_size) ({world // model_parallel})")
         yield from parallel_sizes_divide_world(
             "expert_parallel_size", {"expert_parallel_size": self.expert_parallel_size}, config,
         )

@@ -5,7 +5,9 @@ every parameter over the data-parallel ranks (compute runs in ``policy.precision
 mixed-precision policy, one layer unsharded at a time), so parameters and gradients are 4 bytes
 each and AdamW's two moments 8, over ``dp``; tensor parallelism divides the decoder layers'
 projections over ``tp`` (the embedding, the output projection and the norms are only sharded by
-FSDP). ``cpu_offload`` keeps parameters, gradients and optimizer state on the CPU.
+FSDP). ``cpu_offload`` keeps parameters, gradients and optimizer state on the CPU. With hybrid
+sharding (``dp_replicate_size`` > 1) FSDP shards within groups of ``dp / dp_replicate_size``
+ranks and replicates over the groups, so the persistent state is divided by that shard size.
 
 A mixture-of-experts model (tensor parallelism refused) adds expert-parallel layouts: the experts
 are sharded over ``ep`` and FSDP over the ranks holding the same experts, so the persistent state
@@ -36,9 +38,16 @@ BACKEND = "dtensor"
 
 @attrs.frozen
 class ExpertLayout(Layout):
-    """A dtensor layout with its expert-parallel size (1: experts sharded by FSDP only)."""
+    """A dtensor layout with its expert-parallel size (1: experts sharded by FSDP only) and its
+    hybrid-sharding replicas (``dp_replicate_size``; 1: FSDP over every data-parallel rank)."""
 
     ep: int = 1
+    dp_replicate: int = 1
+
+    @property
+    def shard(self) -> int:
+        """The ranks FSDP shards the state over: the data-parallel ranks of one replica."""
+        return max(1, self.dp // self.dp_replicate)
 
 
 def expert_parallel_sizes(request: PlanRequest) -> list[int]:
@@ -59,24 +68,28 @@ class DTensorMemory:
             [(tp, 1) for tp in tensor_parallel_sizes(request)]
         return [self._layout(request, tp, ep, checkpointing) for tp, ep in sizes for checkpointing in (False, True)]
 
-    def _layout(self, request: PlanRequest, tp: int, ep: int, checkpointing: bool) -> Layout:
-        name = f"FSDP2 TP={tp}" + (f" EP={ep}" if request.shape.is_moe else "") + (" +AC" if checkpointing else "")
+    def _layout(self, request: PlanRequest, tp: int, ep: int, checkpointing: bool, dp_replicate: int = 1) -> Layout:
+        dp = request.world_size // tp
+        fsdp = f"HSDP {dp_replicate}x{max(1, dp // dp_replicate)}" if dp_replicate > 1 else "FSDP2"
+        name = f"{fsdp} TP={tp}" + (f" EP={ep}" if request.shape.is_moe else "") + (" +AC" if checkpointing else "")
         overrides = (*cluster_overrides(request), "policy.training_backend=dtensor",
                      f"policy.dtensor_cfg.tensor_parallel_size={tp}",
+                     *((f"policy.dtensor_cfg.dp_replicate_size={dp_replicate}",) if dp_replicate > 1 else ()),
                      *((f"policy.dtensor_cfg.expert_parallel_size={ep}",) if request.shape.is_moe else ()),
                      f"policy.dtensor_cfg.activation_checkpointing={'true' if checkpointing else 'false'}")
-        return ExpertLayout(BACKEND, name, overrides, tp=tp, dp=request.world_size // tp,
-                            activation_checkpointing=checkpointing, ep=ep)
+        return ExpertLayout(BACKEND, name, overrides, tp=tp, dp=dp,
+                            activation_checkpointing=checkpointing, ep=ep, dp_replicate=dp_replicate)
 
     def layout_of(self, config: Any, request: PlanRequest) -> Layout:
         settings = config.section("policy.dtensor_cfg")
         return self._layout(request, settings.tensor_parallel_size, settings.expert_parallel_size,
-                            settings.activation_checkpointing)
+                            settings.activation_checkpointing, settings.dp_replicate_size)
 
     def estimate(self, request: PlanRequest, layout: Layout) -> TrainingMemory:
         shape = request.shape
         split = shape.layers * (shape.attention_split + shape.mlp)
-        per_rank = (split / layout.tp + (shape.parameters - split)) / layout.dp
+        shard = layout.shard if isinstance(layout, ExpertLayout) else layout.dp
+        per_rank = (split / layout.tp + (shape.parameters - split)) / shard
         working = 0
         if shape.is_moe:  # one layer unsharded to compute, its routed experts divided by ep
             layer = shape.attention_split / layout.tp + shape.mlp_split(getattr(layout, "ep", 1))

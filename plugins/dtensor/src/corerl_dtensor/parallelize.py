@@ -2,7 +2,8 @@
 
 One function per technique, applied in this order: tensor parallel (DTensor plans), expert
 parallel (:mod:`corerl_dtensor.expert_parallel`), activation checkpointing, then FSDP2
-(``fully_shard`` per decoder layer, then the root) or the legacy FSDP1 wrapper.
+(``fully_shard`` per decoder layer, then the root; over a 2-D mesh for hybrid sharding) or the
+legacy FSDP1 wrapper.
 """
 
 from __future__ import annotations
@@ -179,11 +180,21 @@ def apply_fsdp1(model: nn.Module, param_dtype: torch.dtype, cpu_offload: bool, d
     )
 
 
+def data_parallel_mesh(mesh: Any) -> Any:
+    """The mesh FSDP2 shards over: the 1-D ``dp`` axis, or with ``dp_replicate_size`` > 1 the 2-D
+    ``(dp_replicate, dp_shard)`` one, which ``fully_shard`` takes as HSDP (parameters sharded over
+    ``dp_shard`` and replicated over ``dp_replicate``; gradients reduce-scattered within a shard
+    group, then all-reduced across the replicas)."""
+    names = mesh.mesh_dim_names or ()
+    return mesh["dp_replicate", "dp_shard"] if "dp_replicate" in names else mesh["dp"]
+
+
 def parallelize(model: nn.Module, mesh: Any, settings: Any, param_dtype: torch.dtype,
                 device: torch.device, expert_mesh: Any = None) -> tuple[nn.Module, bool, bool]:
     """``model`` with the recipe's parallelisms applied in order: tensor parallelism over the
     mesh's ``tp`` axis, expert parallelism over ``expert_mesh``'s ``ep`` axis (where given),
-    activation checkpointing, then FSDP2 (or FSDP1) over ``dp``. Returns (the model, whether
+    activation checkpointing, then FSDP2 (or FSDP1) over ``dp`` (FSDP2 as HSDP over
+    ``(dp_replicate, dp_shard)`` where ``dp_replicate_size`` > 1). Returns (the model, whether
     forward passes need autocast to ``param_dtype``, whether it is FSDP1)."""
     if mesh is not None and settings.tensor_parallel_size > 1:
         from corerl.sdk import resolve
@@ -200,7 +211,7 @@ def parallelize(model: nn.Module, mesh: Any, settings: Any, param_dtype: torch.d
     if mesh is None:  # world size 1: plain module, autocast where the compute dtype is not float32
         return model, param_dtype != torch.float32, False
     if settings.fsdp_version == 2:
-        apply_fsdp2(model, mesh["dp"], param_dtype, settings.cpu_offload,
+        apply_fsdp2(model, data_parallel_mesh(mesh), param_dtype, settings.cpu_offload,
                     experts, expert_mesh["edp"] if expert_mesh is not None else None)
         return model, False, False
     return apply_fsdp1(model, param_dtype, settings.cpu_offload, device), False, True

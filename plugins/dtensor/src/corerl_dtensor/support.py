@@ -36,6 +36,7 @@ def check_supported(config: Config) -> None:
             "fsdp_version 1 (FullyShardedDataParallel) cannot be combined with tensor parallelism",
             key=f"{section}.fsdp_version", hint="use fsdp_version 2 with tensor_parallel_size > 1",
         )
+    check_hybrid_shard(settings, section)
     if config.core.policy.lora.enabled and config.role != "critic" and settings.tensor_parallel_size > 1:
         for key in ("sequence_parallel", "custom_parallel_plan"):
             if getattr(settings, key):
@@ -75,6 +76,27 @@ def check_expert_parallel_layout(config: Config, settings: Any, section: str) ->
         (bool(settings.custom_parallel_plan),
          "a custom_parallel_plan lays out modules itself; expert parallelism applies to the built-in layout",
          "unset custom_parallel_plan"),
+    )
+    for refused, message, hint in refusals:
+        if refused:
+            raise ConfigError(message, key=key, hint=hint)
+
+
+def check_hybrid_shard(settings: Any, section: str) -> None:
+    """``dp_replicate_size`` > 1 (HSDP: FSDP2's ``fully_shard`` over a 2-D data-parallel mesh):
+    the layouts this backend does not combine with it are refused in one line each."""
+    if settings.dp_replicate_size == 1:
+        return
+    key = f"{section}.dp_replicate_size"
+    refusals = (
+        (settings.fsdp_version == 1,
+         "hybrid sharding (dp_replicate_size > 1) is built with FSDP2's fully_shard over a 2-D mesh; "
+         "the legacy FSDP1 wrapper is not",
+         "use fsdp_version 2, or set dp_replicate_size=1"),
+        (settings.expert_parallel_size > 1,
+         "hybrid sharding (dp_replicate_size > 1) is not combined with expert parallelism "
+         "(the experts are sharded over their own mesh)",
+         "set dp_replicate_size=1 or expert_parallel_size=1"),
     )
     for refused, message, hint in refusals:
         if refused:

@@ -1,8 +1,10 @@
 """One rank of the dtensor backend: the model shard, its optimizer, and the work on it.
 
 Built by a worker group (a Ray actor per rank, or in-process for world size 1). Ranks are
-laid out row-major over a ``(dp, tp)`` mesh: rank ``r`` is data-parallel rank ``r // tp``;
-with expert parallelism a second mesh ``(edp, ep)`` over the same ranks places the experts.
+laid out row-major over a ``(dp, tp)`` mesh: rank ``r`` is data-parallel rank ``r // tp``
+(with ``dp_replicate_size`` > 1 the mesh is ``(dp_replicate, dp_shard, tp)``, the same ranks in
+the same order, and FSDP2 runs as HSDP over its first two dimensions); with expert parallelism a
+second mesh ``(edp, ep)`` over the same ranks places the experts.
 The step, checkpoint sidecar and device plumbing come from :class:`corerl.training.rank_worker.RankWorker`.
 """
 
@@ -56,7 +58,12 @@ class DTensorWorker(RankWorker):
                 join_process_group(backend, self.rank, self.world_size)
             from torch.distributed.device_mesh import init_device_mesh
 
-            self.mesh = init_device_mesh(self.device.type, (self.dp, self.tp), mesh_dim_names=("dp", "tp"))
+            replicate = self.settings.dp_replicate_size
+            if replicate > 1:  # HSDP: FSDP shards within a "dp_shard" group, replicated over "dp_replicate"
+                self.mesh = init_device_mesh(self.device.type, (replicate, self.dp // replicate, self.tp),
+                                             mesh_dim_names=("dp_replicate", "dp_shard", "tp"))
+            else:
+                self.mesh = init_device_mesh(self.device.type, (self.dp, self.tp), mesh_dim_names=("dp", "tp"))
             ep = self.settings.expert_parallel_size
             if ep > 1:  # experts over "ep"; the ranks holding the same experts ("edp") shard them with FSDP
                 self.expert_mesh = init_device_mesh(self.device.type, (self.world_size // ep, ep),
