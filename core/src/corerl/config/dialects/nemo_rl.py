@@ -358,8 +358,6 @@ RULES: dict[str, Rule] = {
     "policy.megatron_cfg.moe_router_enable_expert_bias": inert("aux-loss-free balancing (a learned per-expert bias) "
                                                                "is not built into corerl yet; only false is accepted",
                                                                _truthy),
-    "policy.dtensor_cfg.dp_replicate_size": inert("hybrid sharding (replicated FSDP groups) is not built into corerl "
-                                                  "yet; only 1 is accepted", _above(1)),
     "policy.dtensor_cfg.automodel_kwargs.*": inert("corerl loads models with transformers directly"),
     # generation engines corerl does not have: their settings, inert (policy.generation.backend naming one is refused)
     **{f"policy.generation.{section}.*": inert(f"settings of the {engine} generation engine, which corerl does not "
