@@ -3,15 +3,17 @@ steps on the same cores, in one run.
 
     .venv/bin/python bench/async_vs_sync.py              # 30 steps each (about 3 minutes on 2 cores)
     .venv/bin/python bench/async_vs_sync.py --steps 3    # a quick look
+    .venv/bin/python bench/async_vs_sync.py --backend vllm   # the same with vLLM generating
 
 A Qwen2-style model (hidden 128, 2 layers by default, the built-in word-level tokenizer) built once;
 the digit-echo prompts as rows; the reward is the share of completion words equal to the prompt's
 digit. 8 prompts x 8 generations, 64 new tokens, 4 optimizer steps per step (generation and
-training take similar time on 2 cores), float32, hf generation. Contenders, each in a fresh
-process, one after the other:
+training take similar time on 2 cores), float32, hf generation (``--backend vllm``: vLLM's engine,
+in its own actor for the synchronous run and in the generation worker for the others; results
+in bench/results/async_vs_sync-vllm.json). Contenders, each in a fresh process, one after the other:
 
-- sync: generation with the training model itself, every core for each phase in turn (the
-  fastest synchronous layout on one machine: no copy, no refit);
+- sync: generation with the training model itself (vllm: its engine beside training), every core
+  for each phase in turn (the fastest synchronous layout on one machine: no copy, no refit with hf);
 - sync-dedicated: ``algorithm.async`` with ``max_staleness=0`` (a generation worker of its
   own with half the cores, training on the rest, still taking turns: the synchronous schedule
   on the asynchronous layout);
@@ -56,10 +58,10 @@ def digit_share(completion: str, answer: str) -> float:
 
 
 def run_child(model_dir: str, steps: int, staleness: int | None, new_tokens: int, lr: float,
-              prompts: int, updates: int) -> dict[str, Any]:
+              prompts: int, updates: int, backend: str = "hf") -> dict[str, Any]:
     import corerl
 
-    generation: dict[str, Any] = {"backend": "hf", "max_new_tokens": new_tokens, "temperature": 1.0}
+    generation: dict[str, Any] = {"backend": backend, "max_new_tokens": new_tokens, "temperature": 1.0}
     algorithm: dict[str, Any] = {"batch_size": prompts, "num_generations_per_prompt": GENERATIONS,
                                  "max_steps": steps, "seed": 7,
                                  "optimizer_batch_size": prompts * GENERATIONS // updates}
@@ -103,6 +105,7 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=PROMPTS)
     parser.add_argument("--updates", type=int, default=UPDATES, help="optimizer steps per step (mini-batches)")
     parser.add_argument("--lr", type=float, default=LR)
+    parser.add_argument("--backend", choices=["hf", "vllm"], default="hf", help="the generation backend of every contender")
     parser.add_argument("--contenders", help=f"comma-separated subset of {', '.join(CONTENDERS)} with a sync one; "
                                              "default: all")
     parser.add_argument("--contender", choices=list(CONTENDERS), help=argparse.SUPPRESS)
@@ -111,7 +114,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.contender:
         Path(args.out).write_text(json.dumps(run_child(args.model, args.steps, CONTENDERS[args.contender],
-                                                           args.new_tokens, args.lr, args.prompts, args.updates)))
+                                                           args.new_tokens, args.lr, args.prompts, args.updates,
+                                                           args.backend)))
         return
 
     names = pick_contenders(args.contenders, list(CONTENDERS), list(CONTENDERS), parser)
@@ -130,7 +134,8 @@ def main() -> None:
             start = time.perf_counter()
             subprocess.run([sys.executable, __file__, "--contender", name, "--model", model, "--out", str(out),
                             "--steps", str(args.steps), "--new-tokens", str(args.new_tokens), "--lr", str(args.lr),
-                            "--prompts", str(args.prompts), "--updates", str(args.updates)], check=True, stdout=subprocess.DEVNULL, env=env)
+                            "--prompts", str(args.prompts), "--updates", str(args.updates), "--backend", args.backend],
+                           check=True, stdout=subprocess.DEVNULL, env=env)
             rows.append(summarise(name, json.loads(out.read_text()), time.perf_counter() - start))
 
     baseline = min((r for r in rows if r["contender"].startswith("sync")), key=lambda r: r["median_step_s"])
@@ -139,7 +144,8 @@ def main() -> None:
         r["held_out_vs_sync_points"] = 100 * (r["held_out_after"] - baseline["held_out_after"])
     cores = os.cpu_count()
     print(f"\n{args.prompts} prompts x {GENERATIONS} generations, {args.new_tokens} new tokens, {args.steps} optimizer steps, "
-          f"{cores} cores, float32, hidden {args.hidden} x {args.layers} layers; baseline: {baseline['contender']}")
+          f"{cores} cores, float32, hidden {args.hidden} x {args.layers} layers, {args.backend} generation; "
+          f"baseline: {baseline['contender']}")
     print(f"{'contender':<16}{'s/step':>8}{'tokens/s':>10}{'gen s':>8}{'train s':>9}{'vs sync':>9}"
           f"{'held-out after':>16}{'vs sync':>10}{'max staleness':>15}")
     for r in rows:
@@ -151,13 +157,14 @@ def main() -> None:
     if dedicated is not None:
         bound = baseline["median_step_s"] / max(dedicated["generation_median_s"], dedicated["training_median_s"])
         print(f"bound on this machine: {bound:.2f}x (sync s/step over the slower phase on half the cores)")
-    RESULTS.parent.mkdir(exist_ok=True)
-    RESULTS.write_text(json.dumps({
+    results = RESULTS if args.backend == "hf" else RESULTS.with_name(f"async_vs_sync-{args.backend}.json")
+    results.parent.mkdir(exist_ok=True)
+    results.write_text(json.dumps({
         "setup": {"model": shape, "prompts": args.prompts, "generations": GENERATIONS, "new_tokens": args.new_tokens, "optimizer_steps_per_step": args.updates,
-                  "steps": args.steps, "cores": cores, "precision": "float32", "lr": args.lr, "generation": "hf"},
+                  "steps": args.steps, "cores": cores, "precision": "float32", "lr": args.lr, "generation": args.backend},
         "baseline": baseline["contender"], "rows": rows, "bound_on_this_machine": bound,
     }, indent=2) + "\n")
-    print(f"wrote {RESULTS}")
+    print(f"wrote {results}")
 
 
 if __name__ == "__main__":

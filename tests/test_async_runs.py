@@ -106,9 +106,10 @@ def _watch(proc: subprocess.Popen[str], lines: list[str]) -> threading.Thread:
     return thread
 
 
-def _kill_worker_after_steps(tmp_path: Path, name: str, extra: list[str], after: int = 2) -> tuple[int, str]:
+def _kill_worker_after_steps(tmp_path: Path, name: str, extra: list[str], after: int = 2,
+                            base: list[str] = BASE) -> tuple[int, str]:
     """Run, SIGKILL the generation worker once ``after`` GRPO steps are logged; exit code and output."""
-    proc = subprocess.Popen([str(CORERL), "run", f"run.output_dir={tmp_path}", f"run.name={name}", *BASE, *ASYNC,
+    proc = subprocess.Popen([str(CORERL), "run", f"run.output_dir={tmp_path}", f"run.name={name}", *base, *ASYNC,
                              *extra], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=clean_env(),
                             cwd=REPO, start_new_session=True)
     lines: list[str] = []
@@ -127,7 +128,8 @@ def _kill_worker_after_steps(tmp_path: Path, name: str, extra: list[str], after:
 
 
 def test_a_generation_worker_that_dies_is_restarted_and_its_prompts_requeued(tmp_path):
-    code, out = _kill_worker_after_steps(tmp_path, "restarted", ["algorithm.max_steps=8"])
+    """On vllm: the restarted worker starts its engine again (hf's worker restarts in the next test)."""
+    code, out = _kill_worker_after_steps(tmp_path, "restarted", ["algorithm.max_steps=8"], base=VLLM)
     assert code == 0, out
     assert "generation worker (pid" in out and "died; starting it again (1 of 3 restarts)" in out
     got = rows(tmp_path / "restarted")
@@ -180,7 +182,8 @@ def test_an_async_run_killed_at_every_stage_ends_like_an_uninterrupted_one(tmp_p
 
 
 def test_a_sigkilled_async_run_resumes_from_where_its_buffer_stood(tmp_path):
-    args = [*BASE, *ASYNC, "algorithm.max_steps=6", "algorithm.async.max_staleness=1",
+    """On vllm (the kill harness above kills hf's runs at every stage)."""
+    args = [*VLLM, *ASYNC, "algorithm.max_steps=6", "algorithm.async.max_staleness=1",
             "checkpointing.enabled=true", "checkpointing.save_period=2", "checkpointing.keep_last=1"]
     # killed after GRPO step 3 is logged (its checkpoint, at step 2 of GRPO, holds the buffer's position),
     # with generation one batch ahead
