@@ -212,7 +212,8 @@ def test_multi_turn_episodes_of_several_batches_play_at_once_against_the_dedicat
     assert all(r["async/staleness/max"] <= 1 for r in got)
 
 
-def test_abort_resumes_each_cut_request_from_its_tokens_on_the_dedicated_worker(tmp_path):
+@pytest.mark.parametrize("backend", ["hf", "vllm"])
+def test_abort_resumes_each_cut_request_from_its_tokens_on_the_dedicated_worker(tmp_path, backend):
     """``in_flight=abort`` through the real worker: weights pushed while 16 long requests run cut the
     call short; each request resumes from its tokens under the new version and ends as it would
     (at a stop token or the token budget), its stamps old then new."""
@@ -227,12 +228,13 @@ def test_abort_resumes_each_cut_request_from_its_tokens_on_the_dedicated_worker(
     from corerl.models.tiny import build_tiny_model
     from corerl.plugin_manager import PluginHost
 
-    model = str(build_tiny_model(tmp_path / "model", hidden_size=64, num_layers=2, vocab_size=128))
-    host = PluginHost(discover=False, env={})
-    config = config_from_mapping({"policy": {"model_name": model, "generation": {
-        "backend": "hf", "colocated": {"enabled": False, "resources": {"gpus_per_node": 1}}}}}, host)
-    engine = DedicatedGeneration(host.generation_backends.get("hf"), config, AsyncSettings(enabled=True,
-                                                                                          in_flight="abort"))
+    shape = {"hidden_size": 64} if backend == "hf" else {"hidden_size": 128, "num_heads": 4, "num_kv_heads": 2}
+    model = str(build_tiny_model(tmp_path / "model", num_layers=2, vocab_size=128, **shape))  # vLLM: head_dim 32
+    host = PluginHost(discover=backend != "hf", env={})
+    config = config_from_mapping({"policy": {"model_name": model, "max_seq_length": 512, "generation": {
+        "backend": backend, "colocated": {"enabled": False, "resources": {"gpus_per_node": 1}}}}}, host)
+    engine = DedicatedGeneration(host.generation_backends.get(backend), config, AsyncSettings(enabled=True,
+                                                                                             in_flight="abort"))
     try:
         engine.load_hf(model)
         weights = [(n, t.clone()) for n, t in AutoModelForCausalLM.from_pretrained(model).state_dict().items()]
