@@ -35,15 +35,17 @@ def inside_ray_actor() -> bool:
 
 class VllmGenerationBackend:
     """``policy.generation.vllm_cfg`` decides the engine; ``colocated`` decides its resources.
-    Built inside a Ray actor (asynchronous generation's worker, already placed for generation), the
-    engine lives in that actor's process, which also lets the worker's ``between_tokens`` hook reach
-    the engine's decoding loop."""
+    Built inside a Ray actor (asynchronous generation's worker, already placed for generation), an
+    engine on one device lives in that actor's process, which also lets the worker's
+    ``between_tokens`` hook reach the engine's decoding loop."""
 
     def __init__(self, config: Config) -> None:
         self.config = config
         settings = config.section("policy.generation.vllm_cfg")
         colocated = config.core.policy.generation.colocated
-        hosted_here = settings.host == "driver" or inside_ray_actor()
+        # an engine split over several devices keeps its own actor(s): the worker's actor holds one
+        alone = settings.tensor_parallel_size * settings.pipeline_parallel_size == 1
+        hosted_here = settings.host == "driver" or (alone and inside_ray_actor())
         if settings.cpu_threads:
             threads = settings.cpu_threads
         elif hosted_here and inside_ray_actor():
