@@ -4,13 +4,17 @@ steps on the same cores, in one run.
     .venv/bin/python bench/async_vs_sync.py              # 30 steps each (about 3 minutes on 2 cores)
     .venv/bin/python bench/async_vs_sync.py --steps 3    # a quick look
     .venv/bin/python bench/async_vs_sync.py --backend vllm   # the same with vLLM generating
+    .venv/bin/python bench/async_vs_sync.py --workload tools # multi-turn tool episodes (grpo_tools_demo.yaml)
 
 A Qwen2-style model (hidden 128, 2 layers by default, the built-in word-level tokenizer) built once;
 the digit-echo prompts as rows; the reward is the share of completion words equal to the prompt's
 digit. 8 prompts x 8 generations, 64 new tokens, 4 optimizer steps per step (generation and
 training take similar time on 2 cores), float32, hf generation (``--backend vllm``: vLLM's engine,
 in its own actor for the synchronous run and in the generation worker for the others; results
-in bench/results/async_vs_sync-vllm.json). Contenders, each in a fresh process, one after the other:
+in bench/results/async_vs_sync-vllm.json). ``--workload tools``: instead, the multi-turn tool task
+of examples/configs/grpo_tools_demo.yaml (16 prompts x 8 episodes of up to 3 turns, 20 SFT steps
+first), run by ``corerl run`` with the same contenders' overrides (results in
+bench/results/async_vs_sync-tools[-vllm].json). Contenders, each in a fresh process, one after the other:
 
 - sync: generation with the training model itself (vllm: its engine beside training), every core
   for each phase in turn (the fastest synchronous layout on one machine: no copy, no refit with hf);
@@ -85,6 +89,27 @@ def run_child(model_dir: str, steps: int, staleness: int | None, new_tokens: int
             "held_out_before": summary["held_out_reward_before"], "held_out_after": summary["held_out_reward_after"]}
 
 
+def run_tools_child(steps: int, staleness: int | None, backend: str) -> dict[str, Any]:
+    """The multi-turn tool demo under ``corerl run`` with this contender's overrides."""
+    recipe = Path(__file__).resolve().parent.parent / "examples" / "configs" / "grpo_tools_demo.yaml"
+    overrides = [f"algorithm.max_steps={steps}", "sft.max_steps=20", f"policy.generation.backend={backend}",
+                 "run.tensorboard=false", "checkpointing.enabled=false"]
+    if staleness is not None:
+        overrides += ["algorithm.async.enabled=true", f"algorithm.async.max_staleness={staleness}",
+                      "policy.generation.colocated.enabled=false",
+                      "policy.generation.colocated.resources.gpus_per_node=1"]
+    with tempfile.TemporaryDirectory() as out:
+        subprocess.run([str(Path(sys.executable).parent / "corerl"), "run", str(recipe), f"run.output_dir={out}",
+                        "run.name=bench", *overrides], check=True, stdout=subprocess.DEVNULL)
+        run_dir = Path(out) / "bench"
+        rows = [r for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines()) if r["phase"] == "grpo"]
+        summary = json.loads((run_dir / "summary.json").read_text())
+    return {"step_times": [r["time/step"] for r in rows], "tokens": [r["generated_tokens"] for r in rows],
+            "generation_s": [r["time/generation"] for r in rows], "training_s": [r["time/training"] for r in rows],
+            "staleness_max": max((r.get("async/staleness/max", 0.0) for r in rows), default=0.0),
+            "held_out_before": summary["held_out_reward_before"], "held_out_after": summary["held_out_reward_after"]}
+
+
 def summarise(name: str, result: dict[str, Any], wall: float) -> dict[str, Any]:
     timed = slice(2, None) if len(result["step_times"]) > 3 else slice(None)
     step = statistics.median(result["step_times"][timed])
@@ -106,12 +131,17 @@ def main() -> None:
     parser.add_argument("--updates", type=int, default=UPDATES, help="optimizer steps per step (mini-batches)")
     parser.add_argument("--lr", type=float, default=LR)
     parser.add_argument("--backend", choices=["hf", "vllm"], default="hf", help="the generation backend of every contender")
+    parser.add_argument("--workload", choices=["digits", "tools"], default="digits",
+                        help="digits: single-turn digit echo (default); tools: the multi-turn tool demo")
     parser.add_argument("--contenders", help=f"comma-separated subset of {', '.join(CONTENDERS)} with a sync one; "
                                              "default: all")
     parser.add_argument("--contender", choices=list(CONTENDERS), help=argparse.SUPPRESS)
     parser.add_argument("--model", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.contender and args.workload == "tools":
+        Path(args.out).write_text(json.dumps(run_tools_child(args.steps, CONTENDERS[args.contender], args.backend)))
+        return
     if args.contender:
         Path(args.out).write_text(json.dumps(run_child(args.model, args.steps, CONTENDERS[args.contender],
                                                            args.new_tokens, args.lr, args.prompts, args.updates,
@@ -134,7 +164,8 @@ def main() -> None:
             start = time.perf_counter()
             subprocess.run([sys.executable, __file__, "--contender", name, "--model", model, "--out", str(out),
                             "--steps", str(args.steps), "--new-tokens", str(args.new_tokens), "--lr", str(args.lr),
-                            "--prompts", str(args.prompts), "--updates", str(args.updates), "--backend", args.backend],
+                            "--prompts", str(args.prompts), "--updates", str(args.updates), "--backend", args.backend,
+                            "--workload", args.workload],
                            check=True, stdout=subprocess.DEVNULL, env=env)
             rows.append(summarise(name, json.loads(out.read_text()), time.perf_counter() - start))
 
@@ -143,9 +174,13 @@ def main() -> None:
         r["speedup_vs_sync"] = baseline["median_step_s"] / r["median_step_s"]
         r["held_out_vs_sync_points"] = 100 * (r["held_out_after"] - baseline["held_out_after"])
     cores = os.cpu_count()
-    print(f"\n{args.prompts} prompts x {GENERATIONS} generations, {args.new_tokens} new tokens, {args.steps} optimizer steps, "
-          f"{cores} cores, float32, hidden {args.hidden} x {args.layers} layers, {args.backend} generation; "
-          f"baseline: {baseline['contender']}")
+    if args.workload == "tools":
+        print(f"\nexamples/configs/grpo_tools_demo.yaml (16 prompts x 8 episodes, up to 3 turns), {args.steps} GRPO "
+              f"steps, {cores} cores, {args.backend} generation; baseline: {baseline['contender']}")
+    else:
+        print(f"\n{args.prompts} prompts x {GENERATIONS} generations, {args.new_tokens} new tokens, {args.steps} "
+              f"optimizer steps, {cores} cores, float32, hidden {args.hidden} x {args.layers} layers, {args.backend} "
+              f"generation; baseline: {baseline['contender']}")
     print(f"{'contender':<16}{'s/step':>8}{'tokens/s':>10}{'gen s':>8}{'train s':>9}{'vs sync':>9}"
           f"{'held-out after':>16}{'vs sync':>10}{'max staleness':>15}")
     for r in rows:
@@ -157,11 +192,13 @@ def main() -> None:
     if dedicated is not None:
         bound = baseline["median_step_s"] / max(dedicated["generation_median_s"], dedicated["training_median_s"])
         print(f"bound on this machine: {bound:.2f}x (sync s/step over the slower phase on half the cores)")
-    results = RESULTS if args.backend == "hf" else RESULTS.with_name(f"async_vs_sync-{args.backend}.json")
+    suffix = ("-tools" if args.workload == "tools" else "") + ("" if args.backend == "hf" else f"-{args.backend}")
+    results = RESULTS.with_name(f"async_vs_sync{suffix}.json")
     results.parent.mkdir(exist_ok=True)
     results.write_text(json.dumps({
-        "setup": {"model": shape, "prompts": args.prompts, "generations": GENERATIONS, "new_tokens": args.new_tokens, "optimizer_steps_per_step": args.updates,
-                  "steps": args.steps, "cores": cores, "precision": "float32", "lr": args.lr, "generation": args.backend},
+        "setup": {"model": "builtin:tiny-qwen2 (grpo_tools_demo.yaml)" if args.workload == "tools" else shape, "prompts": args.prompts, "generations": GENERATIONS, "new_tokens": args.new_tokens, "optimizer_steps_per_step": args.updates,
+                  "steps": args.steps, "cores": cores, "precision": "float32", "lr": args.lr, "generation": args.backend,
+                  "workload": args.workload},
         "baseline": baseline["contender"], "rows": rows, "bound_on_this_machine": bound,
     }, indent=2) + "\n")
     print(f"wrote {results}")
