@@ -63,8 +63,9 @@ def _run(tmp_path: Path, recipe: str, *overrides: str) -> dict:
 
 
 def test_grpo_math_1b_runs_and_its_held_out_reward_rises(tmp_path):
+    # 40 steps: +65 points measured alone (68 s); the megatron recipe below keeps 60 (+20 at 40)
     summary = _run(tmp_path, "grpo_math_1B.yaml", f"data.train.data_path={_digits(tmp_path / 'train.jsonl')}", *GRPO,
-                   "policy.optimizer.kwargs.lr=3e-3")
+                   "grpo.max_num_steps=40", "policy.optimizer.kwargs.lr=3e-3")
     assert (summary["algorithm"], summary["environment"], summary["generation_backend"]) == ("grpo", "math", "vllm")
     assert summary["held_out_reward_after"] >= summary["held_out_reward_before"] + 0.3, summary
 

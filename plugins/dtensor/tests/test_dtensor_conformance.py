@@ -67,6 +67,7 @@ class TestHybridShardDataParallel2(_DTensor):
     """HSDP: FSDP2's fully_shard over a 2-D (dp_replicate, dp_shard) mesh, replicated 2 x sharded 1."""
 
     algorithm_checks = False  # the GRPO loss variants and top-k distillation: at world size 1 and TP2
+    critic_checks = lora_checks = False  # the critic and LoRA: DP2's (the same fully_shard call, another mesh)
     micro_batch_layouts = ("dynamic",)  # micro-batches accumulated before the replicas' all-reduce (packed: DP2's)
     overrides = ["cluster.gpus_per_node=2", "policy.dtensor_cfg.dp_replicate_size=2"]
 
