@@ -61,6 +61,14 @@ def digit_share(completion: str, answer: str) -> float:
     return sum(word == answer for word in words) / len(words) if words else 0.0
 
 
+def figures(rows: list[dict[str, Any]], summary: dict[str, Any]) -> dict[str, Any]:
+    """What a contender's child reports: its steps' metrics (``rows``) and the run's summary."""
+    return {"step_times": [r["time/step"] for r in rows], "tokens": [r["generated_tokens"] for r in rows],
+            "generation_s": [r["time/generation"] for r in rows], "training_s": [r["time/training"] for r in rows],
+            "staleness_max": max((r.get("async/staleness/max", 0.0) for r in rows), default=0.0),
+            "held_out_before": summary["held_out_reward_before"], "held_out_after": summary["held_out_reward_after"]}
+
+
 def run_child(model_dir: str, steps: int, staleness: int | None, new_tokens: int, lr: float,
               prompts: int, updates: int, backend: str = "hf") -> dict[str, Any]:
     import corerl
@@ -83,10 +91,7 @@ def run_child(model_dir: str, steps: int, staleness: int | None, new_tokens: int
         }, dataset=prompt_rows(), reward_fn=lambda completion, example: digit_share(completion, example["answer"])).train()
         rows = [json.loads(line) for line in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
         summary = json.loads((result.run_dir / "summary.json").read_text())
-    return {"step_times": [r["time/step"] for r in rows], "tokens": [r["generated_tokens"] for r in rows],
-            "generation_s": [r["time/generation"] for r in rows], "training_s": [r["time/training"] for r in rows],
-            "staleness_max": max((r.get("async/staleness/max", 0.0) for r in rows), default=0.0),
-            "held_out_before": summary["held_out_reward_before"], "held_out_after": summary["held_out_reward_after"]}
+    return figures(rows, summary)
 
 
 def run_tools_child(steps: int, staleness: int | None, backend: str) -> dict[str, Any]:
@@ -104,10 +109,7 @@ def run_tools_child(steps: int, staleness: int | None, backend: str) -> dict[str
         run_dir = Path(out) / "bench"
         rows = [r for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines()) if r["phase"] == "grpo"]
         summary = json.loads((run_dir / "summary.json").read_text())
-    return {"step_times": [r["time/step"] for r in rows], "tokens": [r["generated_tokens"] for r in rows],
-            "generation_s": [r["time/generation"] for r in rows], "training_s": [r["time/training"] for r in rows],
-            "staleness_max": max((r.get("async/staleness/max", 0.0) for r in rows), default=0.0),
-            "held_out_before": summary["held_out_reward_before"], "held_out_after": summary["held_out_reward_after"]}
+    return figures(rows, summary)
 
 
 def summarise(name: str, result: dict[str, Any], wall: float) -> dict[str, Any]:

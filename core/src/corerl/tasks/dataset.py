@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import random
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
@@ -79,7 +80,7 @@ def read_rows(files: list[str], key: str, limit: int | None = None) -> list[dict
     number)."""
     builders = check_data_files(files, key)
     if all(_holds_json_lines(Path(name)) for name in files):  # read here: errors name the line
-        return [row for name in files for row in _read_jsonl(Path(name), key)][:limit]
+        return list(islice((row for name in files for row in _read_jsonl(Path(name), key)), limit))
     import datasets
 
     datasets.disable_progress_bars()

@@ -68,12 +68,16 @@ class DeepSpeedMemory:
         reference = p * width / (dp if stage == 3 else 1) if request.reference else 0
         return TrainingMemory(parameters=int(parameters), gradients=int(gradients), optimizer=int(optimizer),
                               activations=activation_bytes(request, request.shape.layers), reference=int(reference),
-                              buffers=zero3_buffer_bytes(p, width) if stage == 3 else REDUCE_BUCKET_ELEMENTS * width)
+                              buffers=working_buffer_bytes(p, width, stage))
 
 
-def zero3_buffer_bytes(parameters: int, width: int) -> int:
-    """ZeRO-3's working buffers on a rank: the gradient reduce bucket, the gathered full parameters
-    (at most the live-parameter limit) and their full gradients before the reduce (at most a bucket)."""
+def working_buffer_bytes(parameters: int, width: int, stage: int) -> int:
+    """ZeRO's working buffers on a rank: the gradient reduce bucket at every stage; at stage 3 also
+    the gathered full parameters (at most the live-parameter limit) and their full gradients before
+    the reduce (at most a bucket)."""
+    bucket = REDUCE_BUCKET_ELEMENTS * width
+    if stage < 3:
+        return bucket
     gathered = min(parameters, MAX_LIVE_PARAMETERS) * width
     unreduced = min(parameters, REDUCE_BUCKET_ELEMENTS) * width
-    return REDUCE_BUCKET_ELEMENTS * width + gathered + unreduced
+    return bucket + gathered + unreduced

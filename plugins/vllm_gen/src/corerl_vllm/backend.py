@@ -45,10 +45,11 @@ class VllmGenerationBackend:
         colocated = config.core.policy.generation.colocated
         # an engine split over several devices keeps its own actor(s): the worker's actor holds one
         alone = settings.tensor_parallel_size * settings.pipeline_parallel_size == 1
-        hosted_here = settings.host == "driver" or (alone and inside_ray_actor())
+        in_actor = inside_ray_actor()
+        hosted_here = settings.host == "driver" or (alone and in_actor)
         if settings.cpu_threads:
             threads = settings.cpu_threads
-        elif hosted_here and inside_ray_actor():
+        elif hosted_here and in_actor:
             import torch
 
             threads = torch.get_num_threads()  # the worker's share of the cores (algorithm.async.generation_threads)

@@ -1052,7 +1052,7 @@ def _derived(raw: dict[str, Any], out: _Translator, algorithm: str | None) -> No
     max_steps = value_at(raw, f"{algorithm}.max_num_steps") if algorithm else None
     _scheduler(policy.get("scheduler"), "policy.scheduler", "policy.scheduler", out, updates_per_step, max_steps)
     if algorithm == "ppo":
-        _critic(raw, out, updates_per_step)
+        _critic(raw, out, updates_per_step, max_steps)
     keys = ["data.dataset_name", "data.train.dataset_name", "data.validation.dataset_name", "data.default.dataset_name"]
     names = [(key, value_at(raw, key)) for key in keys if value_at(raw, key)]
     if value_at(out.tree, "data.train_files") is not None and algorithm in ("dpo", "rm"):
@@ -1409,8 +1409,9 @@ def _scheduler(scheduler: Any, source: str, target: str, out: _Translator, updat
             f"{target} ({name}, warmup_steps={steps} optimizer steps)")
 
 
-def _critic(raw: dict[str, Any], out: _Translator, updates_per_step: int) -> None:
-    """NeMo RL's ``value`` section and PPO's GAE lambdas: what several keys decide together."""
+def _critic(raw: dict[str, Any], out: _Translator, updates_per_step: int, max_steps: Any) -> None:
+    """NeMo RL's ``value`` section and PPO's GAE lambdas: what several keys decide together
+    (``max_steps``: ``ppo.max_num_steps``, where the critic's schedule ends too)."""
     estimator = value_at(raw, "ppo.adv_estimator") or {}
     policy_lam, lam = estimator.get("gae_lambda_policy"), estimator.get("gae_lambda")
     if policy_lam is not None:  # VAPO's decoupled GAE: the policy's lambda apart from the value targets'
@@ -1445,8 +1446,7 @@ def _critic(raw: dict[str, Any], out: _Translator, updates_per_step: int) -> Non
         else:
             out.refuse(f"value.{key}", f"{value[key]!r} differs from policy.{key} ({policy.get(key)!r}): the critic "
                        f"{what}", f"give the policy's value or remove value.{key}")
-    _scheduler(value.get("scheduler"), "value.scheduler", "critic.scheduler", out, updates_per_step,
-               value_at(raw, "ppo.max_num_steps"))
+    _scheduler(value.get("scheduler"), "value.scheduler", "critic.scheduler", out, updates_per_step, max_steps)
 
 
 def _asynchronous(raw: dict[str, Any], out: _Translator) -> None:

@@ -19,6 +19,7 @@ buffers. Measured on an H200 (76M parameters, fp32, world size 1): CUDA peak 1,5
 
 from __future__ import annotations
 
+from functools import cache
 from importlib.util import find_spec
 from typing import Any
 
@@ -95,7 +96,8 @@ class MegatronMemory:
                               own_generation=DEFAULT_GENERATION_BUFFER if layout.generation == "megatron" else 0)
 
 
+@cache
 def fused_adam_installed() -> bool:
     """Whether megatron-core finds a fused Adam (Transformer Engine's or apex's), which steps
-    without a temporary; looked up, not imported, so that ``corerl plan`` stays fast."""
+    without a temporary; looked up (once), not imported, so that ``corerl plan`` stays fast."""
     return find_spec("transformer_engine") is not None or find_spec("apex") is not None
