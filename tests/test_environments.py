@@ -140,6 +140,39 @@ def test_turn_and_token_limits_end_episodes_with_their_reason(engine):
     assert all(len(s.prompt_ids) + len(s.completion_ids) <= 16 for g in short.groups for s in g)
 
 
+class Paced(Scripted):
+    """Scripted, with each step taking ``seconds`` (the row's ``slow`` ones ``slow_factor`` times
+    longer); it notes when each episode's steps returned."""
+
+    def __init__(self, seconds=0.0, slow_factor=10.0):
+        super().__init__(turns=3)
+        self.seconds, self.slow_factor, self.returned = seconds, slow_factor, []
+
+    async def step(self, episode: EpisodeView) -> Turn:
+        slow = episode.row["slow"]
+        await asyncio.sleep(self.seconds * (self.slow_factor if slow else 1.0))
+        self.returned.append((slow, episode.row["id"], episode.turn, time.perf_counter()))
+        return super().step(episode)
+
+
+def test_episodes_never_wait_for_each_other_and_sample_the_same_whoever_shares_their_round(engine):
+    prompts, _ = _prompts(engine, 4)
+    rows = [{"slow": i == 0, "id": i} for i in range(4)]
+    paced = Paced(seconds=0.1)
+    result = _rollout(engine, paced).run(prompts, rows, SAMPLING, 1, 200)
+    slow_first_step = min(t for slow, _, turn, t in paced.returned if slow and turn == 1)
+    fast_last_steps = [t for slow, _, turn, t in paced.returned if not slow and turn == 3]
+    assert len(fast_last_steps) == 3 and max(fast_last_steps) < slow_first_step  # done before the slow one's first step
+    assert result.metrics["time/generation_rounds"] >= 4  # the slow episode's turns went on alone
+    assert result.rewards == [[1.5]] * 4
+    # the same episodes with every step at one pace play in lockstep (3 rounds), and sample the same tokens
+    even = _rollout(engine, Paced(seconds=0.0)).run(prompts, rows, SAMPLING, 1, 200)
+    assert even.metrics["time/generation_rounds"] == 3.0
+    for paced_group, even_group in zip(result.groups, even.groups, strict=True):
+        assert paced_group[0].completion_ids == even_group[0].completion_ids
+        assert paced_group[0].logprobs == pytest.approx(even_group[0].logprobs, abs=1e-5)
+
+
 class Faulty:
     """Raises on row 1, hangs on row 2 (async), answers nonsense on row 3, plays fair on row 0."""
 

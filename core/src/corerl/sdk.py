@@ -33,7 +33,13 @@ from corerl.environments.tools import ToolCall, ToolResult, execute, parse_herme
 from corerl.errors import ConfigError, ConfigErrors, EngineNotAvailable, PluginError, RunError
 from corerl.failures import checkpoint_errors
 from corerl.generation.contract import GenerationEngine, Sample, SamplingSettings
-from corerl.generation.sampling import choose_tokens, cut_at_stop_strings
+from corerl.generation.sampling import (
+    choose_tokens,
+    choose_tokens_per_row,
+    cut_at_stop_strings,
+    row_generators,
+    row_seeds,
+)
 from corerl.generation.shared_weights import SharedWeightWriter, read_shared
 from corerl.import_paths import code_runner_problem, resolve
 from corerl.lora.adapter import adapter_tensors, is_adapter_name, lora_enabled, write_adapter
@@ -103,6 +109,7 @@ __all__ = [
     # engine-side helpers the first-party backends use
     "load_plain", "is_complete", "write_complete", "parallel_sizes_divide_world", "resolve", "local_gpu_index",
     "runs_here_without_gpu", "dedicated_generation_layout", "barrier", "free_port", "choose_tokens",
+    "choose_tokens_per_row", "row_generators", "row_seeds",
     "cut_at_stop_strings", "SharedWeightWriter", "read_shared", "code_runner_problem", "shift_values",
     "copy_tokenizer", "write_hf_checkpoint", "load_tokenizer_folder", "model_shape", "check_tensor_parallel", "check_expert_parallel", "token_logprobs", "TOPK_REQUEST", "batch_logprobs", "join_topk", "move_optimizer_state", "register_segment_attention",
 ]

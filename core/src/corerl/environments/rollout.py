@@ -1,11 +1,14 @@
 """The rollout stage of the sampling algorithms (GRPO, PPO): prompts in, scored samples out.
 
 :class:`SingleTurnRollout` is one completion per sample, scored by the task's reward.
-:class:`MultiTurnRollout` plays episodes against an environment: every live episode generates
-its next turn together with the others (one ``generate`` call per turn), the environment
-answers each, and its observation's tokens are appended after the model's own tokens, which are
-never decoded and re-encoded: the ids and logprobs trained on are exactly those sampled (token
-in, token out). An episode ends when the environment says done, at ``max_turns``, when
+:class:`MultiTurnRollout` plays episodes against an environment, none waiting for another:
+each episode's turn goes to the environment as soon as it is generated, and back to generation
+as soon as its own step returns, with the other episodes ready by then (one ``generate`` call
+per round; answers that arrive close together share a round). The observation's tokens are
+appended after the model's own tokens, which are never decoded and re-encoded: the ids and
+logprobs trained on are exactly those sampled (token in, token out). Each later turn of an
+episode samples from its own seed (:func:`episode_seed`, the generation contract's
+``request_seeds``), so which episodes share a round does not change what they sample. An episode ends when the environment says done, at ``max_turns``, when
 ``max_seq_length`` tokens leave no room for another turn, or on an environment fault (zero
 reward, counted). The first turn is the single-turn call itself (``n`` samples per prompt), so a
 one-turn environment reproduces the single-turn path sample for sample.
@@ -18,8 +21,10 @@ environment and counted, with the step's prompts a task found lossy, in the roll
 from __future__ import annotations
 
 import hashlib
+import time
 from collections import Counter
 from collections.abc import Callable, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, wait
 from typing import Any
 
 import attrs
@@ -110,12 +115,13 @@ class PlayedEpisode:
         return bool(self.versions) and any(v for v in self.versions)
 
 
-def turn_seed(seed: int | None, turn: int) -> int | None:
-    """The sampling seed of a later turn of a step (turn 1 keeps the step's own seed)."""
-    if seed is None or turn == 1:
-        return seed
-    digest = hashlib.blake2b(f"{seed}:turn:{turn}".encode(), digest_size=4).digest()
-    return int.from_bytes(digest, "little") & 0x7FFF_FFFF
+def episode_seed(seed: int | None, turn: int, episode: int) -> int | None:
+    """The sampling seed of turn ``turn`` (2 or later) of a step's episode number ``episode``
+    (turn 1 is the single-turn call, seeded by the step's own seed)."""
+    if seed is None:
+        return None
+    digest = hashlib.blake2b(f"{seed}:turn:{turn}:episode:{episode}".encode(), digest_size=4).digest()
+    return int.from_bytes(digest, "little") & 0x3FFF_FFFF
 
 
 def row_label(item: Any) -> str:
@@ -133,6 +139,13 @@ def clean_row(item: Any) -> Any:
     return item
 
 
+#: after an episode's step returns, the answers that follow within this share of that step's time
+#: (and at least GATHER_MIN_S) join its generation round: steps of about the same length share a
+#: call, a step many times slower than the rest is not waited for
+GATHER_SHARE = 0.25
+GATHER_MIN_S = 0.005
+
+
 class MultiTurnRollout:
     """Episodes against an environment ``pool`` (:mod:`corerl.environments.pool`), named
     ``env_name`` in errors; ``encoder`` turns observations into tokens, ``tokenizer`` decodes
@@ -144,6 +157,7 @@ class MultiTurnRollout:
         self.generation, self.pool, self.encoder, self.tokenizer = generation, pool, encoder, tokenizer
         self.env_name, self.max_turns, self.max_failure_share = env_name, max_turns, max_failure_share
         self.calls = 0  # rollouts played by this object (the progress markers name them)
+        self.answered: dict[Future, float] = {}  # when each pending step's answer came
 
     def run(self, prompts: Sequence[Sequence[int]], items: Sequence[Any], sampling: SamplingSettings,
             n: int, max_seq_length: int) -> Rollout:
@@ -152,66 +166,100 @@ class MultiTurnRollout:
                     for p, item in zip(prompts, items, strict=True)]
         flat = [e for group in episodes for e in group]
         seconds_before = self.pool.seconds
+        self.calls += 1
         # turn 1: the single-turn call itself (n per prompt, one seed for the step)
         first = self.generation.generate([list(p) for p in prompts], sampling.within(max_seq_length, prompts), n=n)
-        outputs = [s for group in first for s in group]
-        live = flat
-        turn = 1
-        self.calls += 1
-        while live:
-            for episode, sample in zip(live, outputs, strict=True):
-                episode.add_turn(sample, self.tokenizer.decode(list(sample.completion_ids), skip_special_tokens=True))
-            live = self._answer(live, turn, max_seq_length)
-            mark(f"rollout:{self.calls}:turn:{turn}")
-            if not live:
-                break
-            turn += 1
-            room = max(max_seq_length - e.length for e in live)
-            settings = attrs.evolve(sampling, seed=turn_seed(sampling.seed, turn),
-                                    max_new_tokens=max(1, min(sampling.max_new_tokens, room)))
-            generated = self.generation.generate([e.prompt + e.ids for e in live], settings, n=1)
-            outputs = [_cut(group[0], max_seq_length - e.length) for group, e in zip(generated, live, strict=True)]
+        pending: dict[Future, tuple[int, PlayedEpisode, float]] = {}
+        for index, (episode, sample) in enumerate(zip(flat, [s for group in first for s in group], strict=True)):
+            self._hand_over(pending, index, episode, sample)
+        mark(f"rollout:{self.calls}:turn:1")
+        rounds = 1
+        while pending:
+            ready = self._collect(pending, max_seq_length)
+            if not ready:
+                continue
+            rounds += 1
+            room = max(max_seq_length - e.length for _, e in ready)
+            settings = attrs.evolve(
+                sampling, max_new_tokens=max(1, min(sampling.max_new_tokens, room)),
+                request_seeds=None if sampling.seed is None else tuple(
+                    episode_seed(sampling.seed, len(e.responses) + 1, index) for index, e in ready))
+            generated = self.generation.generate([e.prompt + e.ids for _, e in ready], settings, n=1)
+            for (index, episode), group in zip(ready, generated, strict=True):
+                self._hand_over(pending, index, episode, _cut(group[0], max_seq_length - episode.length))
+            mark(f"rollout:{self.calls}:turn:{rounds}")
         check_failures(flat, self.env_name, self.max_failure_share)
         groups = [[e.sample() for e in group] for group in episodes]
         rewards = [[e.reward for e in group] for group in episodes]
         metrics = episode_metrics(flat, self.pool.seconds - seconds_before)
+        metrics["time/generation_rounds"] = float(rounds)
         metrics[LOST_TEXT] += prompts_lost(self.tokenizer, prompts)
         return Rollout(groups, rewards, metrics)
 
-    def _answer(self, live: list[PlayedEpisode], turn: int, max_seq_length: int) -> list[PlayedEpisode]:
-        """The environment's answers to the live episodes' latest turns; the episodes still live."""
-        views = [EpisodeView(row=e.row, turn=turn, responses=tuple(e.responses), state=e.state) for e in live]
-        still = []
-        for episode, answer in zip(live, self.pool.answer(views), strict=True):
-            if answer.turn is None:
-                episode.stop, episode.cause, episode.reward = answer.fault, answer.cause, 0.0
-                continue
-            result = answer.turn
-            try:
-                episode.reward += float(result.reward)
-            except (TypeError, ValueError):
-                episode.stop, episode.cause, episode.reward = "env_malformed", f"reward {result.reward!r} is not a number", 0.0
-                continue
-            episode.state = result.state
-            episode.tool_calls += result.tool_calls
-            episode.tool_failures += result.tool_failures
-            if result.done:
-                episode.stop = "done"
-            elif self.max_turns is not None and turn >= self.max_turns:
-                episode.stop = "max_turns"
-            elif result.observation is None:
-                episode.stop, episode.cause, episode.reward = "env_malformed", "not done, but no observation", 0.0
+    def _hand_over(self, pending: dict[Future, tuple[int, PlayedEpisode, float]], index: int,
+                   episode: PlayedEpisode, sample: Sample) -> None:
+        """The episode's newest turn, sent to the environment at once."""
+        episode.add_turn(sample, self.tokenizer.decode(list(sample.completion_ids), skip_special_tokens=True))
+        view = EpisodeView(row=episode.row, turn=len(episode.responses), responses=tuple(episode.responses),
+                           state=episode.state)
+        future = self.pool.submit(view)
+        pending[future] = (index, episode, time.perf_counter())
+        future.add_done_callback(self._answered_at)
+
+    def _answered_at(self, future: Future) -> None:
+        self.answered[future] = time.perf_counter()
+
+    def _collect(self, pending: dict[Future, tuple[int, PlayedEpisode, float]],
+                 max_seq_length: int) -> list[tuple[int, PlayedEpisode]]:
+        """Waits for the first answer among the pending steps, then for the answers that follow it
+        closely (within a quarter of that step's own time): the episodes that go on, with their
+        numbers, in episode order."""
+        ready: list[tuple[int, PlayedEpisode]] = []
+        timeout: float | None = None  # the first answer: however long it takes
+        while pending:
+            done, _ = wait(pending, timeout=timeout, return_when=FIRST_COMPLETED)
+            if not done:
+                break
+            for future in done:
+                index, episode, submitted = pending.pop(future)
+                answered = self.answered.pop(future, time.perf_counter())
+                if self._settle(episode, future.result(), max_seq_length):
+                    ready.append((index, episode))
+                timeout = max(GATHER_MIN_S, (answered - submitted) * GATHER_SHARE)
+        return sorted(ready, key=lambda pair: pair[0])
+
+    def _settle(self, episode: PlayedEpisode, answer: Any, max_seq_length: int) -> bool:
+        """The environment's answer applied to its episode; whether the episode goes on."""
+        turn = len(episode.responses)
+        if answer.turn is None:
+            episode.stop, episode.cause, episode.reward = answer.fault, answer.cause, 0.0
+            return False
+        result = answer.turn
+        try:
+            episode.reward += float(result.reward)
+        except (TypeError, ValueError):
+            episode.stop, episode.cause, episode.reward = "env_malformed", f"reward {result.reward!r} is not a number", 0.0
+            return False
+        episode.state = result.state
+        episode.tool_calls += result.tool_calls
+        episode.tool_failures += result.tool_failures
+        if result.done:
+            episode.stop = "done"
+        elif self.max_turns is not None and turn >= self.max_turns:
+            episode.stop = "max_turns"
+        elif result.observation is None:
+            episode.stop, episode.cause, episode.reward = "env_malformed", "not done, but no observation", 0.0
+        else:
+            text = self.encoder.text_of(result.observation, ended_with_stop=episode.finish == "stop")
+            observation = self.encoder.encode_text(text)
+            if check_observation(self.tokenizer, f"environment {self.env_name!r}", text, observation):
+                episode.lost_text += 1
+            if episode.length + len(observation) >= max_seq_length:
+                episode.stop = "max_tokens"  # no room for the observation and one more token
             else:
-                text = self.encoder.text_of(result.observation, ended_with_stop=episode.finish == "stop")
-                observation = self.encoder.encode_text(text)
-                if check_observation(self.tokenizer, f"environment {self.env_name!r}", text, observation):
-                    episode.lost_text += 1
-                if episode.length + len(observation) >= max_seq_length:
-                    episode.stop = "max_tokens"  # no room for the observation and one more token
-                else:
-                    episode.add_observation(observation)
-                    still.append(episode)
-        return still
+                episode.add_observation(observation)
+                return True
+        return False
 
 
 def _cut(sample: Sample, room: int) -> Sample:

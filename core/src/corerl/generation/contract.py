@@ -24,7 +24,13 @@ FinishReason = Literal["stop", "length"]
 
 @attrs.frozen(kw_only=True)
 class SamplingSettings:
-    """How to sample. ``temperature`` 0 means greedy."""
+    """How to sample. ``temperature`` 0 means greedy.
+
+    ``request_seeds`` (contract 2.12): one seed per prompt of a call. Sample ``j`` of prompt ``i``
+    then draws from its own stream, seeded ``request_seeds[i] + j`` (as vLLM seeds the samples of
+    one request), so what a prompt gets depends on its seed, its tokens and the weights, not on
+    the other prompts of the call: a caller may batch requests as they become ready (the
+    multi-turn rollout does) and still reproduce a run. None: ``seed`` seeds the call as a whole."""
 
     temperature: float = 1.0
     top_p: float = 1.0
@@ -34,6 +40,7 @@ class SamplingSettings:
     stop_token_ids: tuple[int, ...] = ()
     seed: int | None = None
     ignore_eos: bool = False  # no token ends a completion: each runs to max_new_tokens (contract 2.6)
+    request_seeds: tuple[int, ...] | None = None
 
     @classmethod
     def from_config(cls, config: Any, **changes: Any) -> SamplingSettings:
@@ -87,7 +94,9 @@ class GenerationEngine(Protocol):
         """``n`` samples per prompt: one list per prompt, in prompt order, each with ``n`` samples.
 
         With ``sampling.seed`` set, the same call returns the same samples, and every sample of
-        the call (a prompt repeated in ``prompts`` included) is drawn independently."""
+        the call (a prompt repeated in ``prompts`` included) is drawn independently. With
+        ``sampling.request_seeds`` (one per prompt), each prompt's samples come from its own
+        seed whatever else the call holds."""
 
     def update_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Replace the weights in place from ``(Hugging Face name, tensor)`` pairs (a training

@@ -20,8 +20,16 @@ import logging
 from collections.abc import Iterable
 from typing import Any
 
+import attrs
+
 from corerl.generation.contract import Sample, SamplingSettings
-from corerl.generation.sampling import cut_at_stop_ids, cut_at_stop_strings
+from corerl.generation.sampling import (
+    choose_tokens_per_row,
+    cut_at_stop_ids,
+    cut_at_stop_strings,
+    row_generators,
+    row_seeds,
+)
 
 log = logging.getLogger(__name__)
 
@@ -115,7 +123,10 @@ class HFGenerationBackend:
             torch.manual_seed(sampling.seed)
         out: list[list[Sample]] = []
         for first in range(0, len(prompts), per_call):
-            out.extend(self._generate(prompts[first:first + per_call], sampling, n))
+            part = sampling
+            if sampling.request_seeds is not None:
+                part = attrs.evolve(sampling, request_seeds=sampling.request_seeds[first:first + per_call])
+            out.extend(self._generate(prompts[first:first + per_call], part, n))
         return out
 
     def _prompts_per_call(self, sampling: SamplingSettings, n: int) -> int:
@@ -138,7 +149,13 @@ class HFGenerationBackend:
             input_ids[row, width - len(prompt):] = torch.tensor(prompt)
             attention[row, width - len(prompt):] = 1
         kwargs: dict[str, Any] = {"do_sample": sampling.temperature > 0}
-        if sampling.temperature > 0:
+        seeds = row_seeds(sampling, n) if sampling.temperature > 0 else None
+        returned = n
+        if seeds is not None:  # each row from its own stream: chosen by our processor, kept by greedy search
+            kwargs = {"do_sample": False, "logits_processor": _seeded_choice(sampling, seeds, self.device)}
+            input_ids, attention = input_ids.repeat_interleave(n, dim=0), attention.repeat_interleave(n, dim=0)
+            returned = 1  # greedy search returns one sequence a row: the rows are repeated here instead
+        elif sampling.temperature > 0:
             kwargs.update(temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k or 0)
         if self.static_cache:
             kwargs["cache_implementation"] = "static"
@@ -152,7 +169,7 @@ class HFGenerationBackend:
             with torch.no_grad(), torch.autocast(self.device.type, dtype=autocast, enabled=autocast is not None):
                 out = model.generate(
                     input_ids=input_ids.to(self.device), attention_mask=attention.to(self.device),
-                    max_new_tokens=sampling.max_new_tokens, num_return_sequences=n,
+                    max_new_tokens=sampling.max_new_tokens, num_return_sequences=returned,
                     min_new_tokens=sampling.max_new_tokens if sampling.ignore_eos else 0,
                     eos_token_id=stop_ids, pad_token_id=pad, use_cache=True, return_dict_in_generate=True,
                     output_logits=True, **kwargs,
@@ -237,6 +254,25 @@ class HFGenerationBackend:
     def shutdown(self) -> None:
         self.own_model = self.shared_engine = self.decode_copy = None
 
+
+
+def _seeded_choice(sampling: SamplingSettings, seeds: list[int], device: Any) -> Any:
+    """A logits processor that draws each row's next token from the row's own seeded generator
+    (:func:`~corerl.generation.sampling.choose_tokens_per_row`) and leaves only that token
+    possible, so that ``generate()``'s greedy search keeps it. transformers' own sampling draws
+    every row from one stream, which ties a row's tokens to the rows beside it."""
+    import torch
+    from transformers import LogitsProcessor, LogitsProcessorList
+
+    generators = row_generators(seeds, device)
+
+    class SeededChoice(LogitsProcessor):
+        def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+            tokens, _ = choose_tokens_per_row(scores, sampling, generators)
+            only = torch.full_like(scores, float("-inf"))
+            return only.scatter_(1, tokens.unsqueeze(1).to(scores.device), 0.0)
+
+    return LogitsProcessorList([SeededChoice()])
 
 
 def _hook_criteria(hook: Any, width: int) -> Any:

@@ -40,6 +40,31 @@ def choose_tokens(logits: torch.Tensor, sampling: SamplingSettings, generator: A
     return tokens, logprobs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
 
 
+def row_seeds(sampling: SamplingSettings, n: int) -> list[int] | None:
+    """The seed of each row of a call whose prompts are repeated ``n`` times each (prompt-major):
+    sample ``j`` of prompt ``i`` draws from ``request_seeds[i] + j``; None without request seeds."""
+    if sampling.request_seeds is None:
+        return None
+    return [seed + j for seed in sampling.request_seeds for j in range(n)]
+
+
+def row_generators(seeds: list[int], device: Any = None) -> list[torch.Generator]:
+    """One seeded generator per row, on ``device`` (the CPU unless given)."""
+    import torch
+
+    return [torch.Generator(device=device or "cpu").manual_seed(seed) for seed in seeds]
+
+
+def choose_tokens_per_row(logits: torch.Tensor, sampling: SamplingSettings,
+                          generators: list[Any]) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`choose_tokens` with one generator per row of ``logits``: each row's token depends
+    on its own stream only, whichever rows share the batch."""
+    import torch
+
+    chosen = [choose_tokens(logits[row:row + 1], sampling, generator) for row, generator in enumerate(generators)]
+    return torch.cat([c[0] for c in chosen]), torch.cat([c[1] for c in chosen])
+
+
 def cut_at_stop_ids(ids: list[int], stop_ids: list[int] | tuple[int, ...]) -> tuple[list[int], FinishReason]:
     """``ids`` up to and including the first stop id ("stop"), or all of them ("length")."""
     for index, token in enumerate(ids):

@@ -69,6 +69,13 @@ CANDIDATE_LOGPROBS = Requirement(
     "candidate_logprobs [B, T, K] into it (corerl.sdk.RankWorker does)")
 
 
+#: contract 2.12: a prompt's samples drawn from its own request seed
+REQUEST_SEEDS = Requirement(
+    "SamplingSettings.request_seeds", "2.12",
+    "seed sample j of prompt i with request_seeds[i] + j, one stream a sample (vLLM: SamplingParams.seed per "
+    "request; a decode loop of your own: corerl.sdk.row_seeds, row_generators and choose_tokens_per_row)")
+
+
 class ContractCheck:
     """The engine of one plugin under a suite, held to the version the plugin states (None: it
     states none, and is held to :data:`OLDEST_SUPPORTED`). ``who`` names it in failure lines."""

@@ -10,6 +10,7 @@ The checks, on a tiny model built in code (fp32):
 - after ``update_weights`` with another model's weights, greedy outputs follow the new weights;
 - ``n`` samples per prompt come back grouped per prompt and in prompt order, stop at
   ``max_new_tokens`` or a stop token, and say why they ended;
+- with ``request_seeds`` (contract 2.12), a prompt's samples are the same alone and beside others;
 - with ``policy.lora`` (a registration with ``lora=True``): after ``load_adapter``, logprobs equal
   a plain PEFT forward of the base with that adapter, and a second adapter replaces the first; a
   registration without it is refused with ``policy.lora.enabled``, in one line.
@@ -26,6 +27,7 @@ import pytest
 import torch
 
 from corerl.generation.contract import SamplingSettings
+from corerl.testing.contract_versions import REQUEST_SEEDS, ContractCheck, stated_contract
 
 PROMPTS = [[2, 5, 9, 13], [2, 7], [2, 11, 4, 6, 8, 10, 12], [2, 3, 3]]
 
@@ -169,6 +171,31 @@ class GenerationBackendConformance:
         again = engine.generate([PROMPTS[0], PROMPTS[0]], sampling, n=4)
         assert [s.completion_ids for s in again[0]] == [s.completion_ids for s in first]
 
+
+    def test_a_prompt_with_a_request_seed_samples_the_same_whatever_shares_its_call(self, engine: Any) -> None:
+        # the multi-turn rollout batches episodes as their environment steps return; with request seeds a
+        # prompt's samples depend on its seed alone, not on the prompts beside it (contract 2.12)
+        sampling = SamplingSettings(temperature=1.0, max_new_tokens=6, seed=11)
+        alone = engine.generate([PROMPTS[2]], attrs.evolve(sampling, request_seeds=(7,)), n=2)[0]
+        beside = engine.generate([PROMPTS[0], PROMPTS[2], PROMPTS[1]],
+                                 attrs.evolve(sampling, request_seeds=(5, 7, 9)), n=2)[1]
+        if [s.completion_ids for s in alone] != [s.completion_ids for s in beside]:
+            self._contract().missing("draws a prompt's samples from the whole call's stream, not from its request "
+                                     "seed", REQUEST_SEEDS)
+        assert alone[0].completion_ids != alone[1].completion_ids or len(alone[0].completion_ids) <= 1
+        for one, other in zip(alone, beside, strict=True):
+            assert one.logprobs == pytest.approx(other.logprobs, abs=self.tolerance)
+
+    @classmethod
+    def _contract(cls) -> ContractCheck:
+        """The backend held to the contract version its plugin states (:mod:`corerl.testing.contract_versions`)."""
+        from corerl.testing import host_with
+
+        host = host_with(cls.plugin, f"{cls.backend_id}-under-test")
+        registration = host.generation_backends.get(cls.backend_id)
+        assert registration is not None, f"no generation backend {cls.backend_id!r} is registered"
+        return ContractCheck(f"generation backend {cls.backend_id!r} (plugin {registration.plugin!r})",
+                             stated_contract(host, registration))
 
     def test_samples_follow_each_lora_adapter_loaded(self, model_dirs: tuple[str, str], tmp_path: Path) -> None:
         from corerl.errors import CorerlError

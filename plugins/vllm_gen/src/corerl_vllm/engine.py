@@ -165,14 +165,14 @@ class VllmEngine:
 
         # vLLM seeds sample j of a request with seed + j: prompt i starts at seed + i * n, so no two
         # samples of one call share a random stream (one shared seed would repeat the same draws
-        # on every prompt)
+        # on every prompt); with request seeds (contract 2.12) prompt i starts at its own
         params = [
             SamplingParams(
                 n=n, temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k or 0,
                 max_tokens=sampling.max_new_tokens, stop=list(sampling.stop_strings) or None,
                 stop_token_ids=None if sampling.ignore_eos else list(sampling.stop_token_ids) or None,
                 ignore_eos=sampling.ignore_eos or bool(sampling.stop_token_ids),
-                seed=None if sampling.seed is None else sampling.seed + i * n, logprobs=0,
+                seed=_request_seed(sampling, i, n), logprobs=0,
             )
             for i in range(len(prompts))
         ]
@@ -305,3 +305,11 @@ class VllmEngine:
             if callable(shutdown):
                 shutdown()
             self.llm = None
+
+
+def _request_seed(sampling: SamplingSettings, index: int, n: int) -> int | None:
+    """The vLLM seed of prompt ``index``'s request: its own request seed where the call gives them,
+    else the call's seed moved past the samples of the prompts before."""
+    if sampling.request_seeds is not None:
+        return sampling.request_seeds[index]
+    return None if sampling.seed is None else sampling.seed + index * n

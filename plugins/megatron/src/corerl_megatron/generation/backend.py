@@ -21,6 +21,7 @@ from corerl.sdk import (
     SamplingSettings,
     cut_at_stop_strings,
     load_tokenizer_folder,
+    row_seeds,
 )
 
 log = logging.getLogger(__name__)
@@ -65,7 +66,9 @@ class MegatronGeneration:
         # contiguous slices, one per data-parallel group, every rank of a group gets its group's slice
         dp = engine.rank_layout.data_parallel_size
         cuts = [len(rows) * d // dp for d in range(dp + 1)]
-        slices = [rows[cuts[d]:cuts[d + 1]] for d in range(dp)]
+        slices: list[Any] = [rows[cuts[d]:cuts[d + 1]] for d in range(dp)]
+        if (seeds := row_seeds(sampling, n)) is not None:  # each row's own stream travels with it
+            slices = [(part, seeds[cuts[d]:cuts[d + 1]]) for d, part in enumerate(slices)]
         answers = engine.call(Dispatch.SPLIT_BY_DP, "generate", sampling, stop_ids, parts=slices)
         decoded = [item for answer in answers for item in answer]
         samples = []

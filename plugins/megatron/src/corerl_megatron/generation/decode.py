@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from corerl.sdk import SamplingSettings, choose_tokens
+from corerl.sdk import SamplingSettings, choose_tokens, choose_tokens_per_row, row_generators
 
 # (ids [rows, width], positions [rows, width], KV cache) -> last-position logits [rows, vocab],
 # or None on a rank that is not the last pipeline stage
@@ -25,13 +25,15 @@ Decoded = tuple[list[int], list[float], str]
 
 def decode_rows(rows: list[list[int]], sampling: SamplingSettings, stop_ids: list[int], forward: Forward,
                 share: ShareTokens, kv_bytes_per_token: int, kv_budget_bytes: float,
-                device: torch.device | None = None) -> list[Decoded]:
+                device: torch.device | None = None, seeds: list[int] | None = None) -> list[Decoded]:
     """Completions of ``rows`` in order: ids (a final stop id included), logprobs (empty on
     ranks that do not hold the logits) and the finish reason. Rows of one prompt length are
     decoded in batches whose KV cache (``kv_bytes_per_token`` per cached token of a row) fits
     ``kv_budget_bytes``. The model's inputs live on ``device`` (the CPU unless given); tokens
-    are chosen on the CPU, from one seeded generator whatever the device."""
+    are chosen on the CPU, from one seeded generator whatever the device, or from one per row
+    where ``seeds`` gives each row's seed (a row's tokens then depend on its own stream only)."""
     generator = torch.Generator().manual_seed(sampling.seed) if sampling.seed is not None else None
+    generators = row_generators(seeds) if seeds is not None and sampling.temperature > 0 else None
     by_length: dict[int, list[int]] = {}
     for index, row in enumerate(rows):
         by_length.setdefault(len(row), []).append(index)
@@ -42,7 +44,8 @@ def decode_rows(rows: list[list[int]], sampling: SamplingSettings, stop_ids: lis
         for start in range(0, len(same_length), batch):
             members = same_length[start:start + batch]
             for index, done in zip(members, _decode_batch(rows, members, length, sampling, stop_ids, forward, share,
-                                                          generator, device or torch.device("cpu")), strict=True):
+                                                          [generators[i] for i in members] if generators else generator,
+                                                          device or torch.device("cpu")), strict=True):
                 decoded[index] = done
     return [d for d in decoded if d is not None]
 
@@ -61,7 +64,10 @@ def _decode_batch(rows: list[list[int]], members: list[int], length: int, sampli
     for step in range(sampling.max_new_tokens):
         logits = forward(tokens, positions, cache)
         if logits is not None:
-            chosen, chosen_logprobs = choose_tokens(logits.cpu(), sampling, generator)
+            if isinstance(generator, list):  # one stream a row
+                chosen, chosen_logprobs = choose_tokens_per_row(logits.cpu(), sampling, generator)
+            else:
+                chosen, chosen_logprobs = choose_tokens(logits.cpu(), sampling, generator)
         else:
             chosen, chosen_logprobs = torch.zeros(len(members), dtype=torch.long), None
         chosen = share(chosen.to(device))  # the pipeline's broadcast runs on the model's device

@@ -8,9 +8,10 @@ from typing import Any
 import torch
 
 
-def generate(worker: Any, rows: list[list[int]], sampling: Any, stop_ids: list[int]) -> list[Any] | None:
-    """Completions of the worker's data-parallel group's ``rows``; returned by the rank that
-    reports, None elsewhere."""
+def generate(worker: Any, part: Any, sampling: Any, stop_ids: list[int]) -> list[Any] | None:
+    """Completions of the worker's data-parallel group's rows (``part``: the rows, or the rows
+    and one seed each where the call has request seeds); returned by the rank that reports,
+    None elsewhere."""
     from megatron.core.inference import contexts  # noqa: F401  (loaded before the redirect below)
 
     from corerl_megatron.generation.decode import decode_rows
@@ -22,10 +23,11 @@ def generate(worker: Any, rows: list[list[int]], sampling: Any, stop_ids: list[i
                            "is one token wide); set policy.megatron_cfg.sequence_parallel=false")
     worker.model.eval()
     budget = worker.config.section("policy.generation.mcore_generation_config").buffer_size_gb * 2**30
+    rows, seeds = part if isinstance(part, tuple) else (part, None)
     with torch.no_grad():
         out = decode_rows(rows, sampling, stop_ids, lambda ids, positions, cache: _last_logits(worker, ids, positions, cache),
                           lambda tokens: _share_tokens(worker.ps, tokens), _kv_bytes_per_token(worker), budget,
-                          worker.device) if rows else []
+                          worker.device, seeds) if rows else []
     return out if worker.coordinates()["reports"] else None
 
 
