@@ -21,7 +21,9 @@ BENCHMARKS = {
     # one contender a side: the others run the same code with other settings
     "grpo_vs_trl.py": (["--steps", "2", *TINY, "--contenders", "trl-default,corerl"], "grpo_vs_trl.json"),
     "dpo_vs_trl.py": (["--steps", "2", *TINY, "--contenders", "trl-precompute,corerl"], "dpo_vs_trl.json"),
-    "lora_refit.py": (["--quick", "--reps", "1"], "lora_refit.json"),
+    # hf generation: the same measure() as vllm's; vLLM's adapter and full refits are its conformance class's
+    # (test_samples_follow_each_lora_adapter_loaded) and the LoRA demo's (tests/test_lora_runs.py)
+    "lora_refit.py": (["--quick", "--reps", "1", "--generation", "hf"], "lora_refit.json"),
     # one layout: plan_accuracy.py's case measures deepspeed's through the same measure()
     "memory.py": ([*TINY, "--layouts", "dtensor FSDP2"], "memory.json"),
     "packing.py": (["--seqs", "8", "--min", "8", "--max", "64", "--budget", "128", "--steps", "1", *TINY], "packing.json"),

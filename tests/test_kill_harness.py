@@ -26,22 +26,20 @@ ARGS = ["sft.max_steps=2", "algorithm.max_steps=3", "algorithm.batch_size=4", "a
         "checkpointing.enabled=true", "checkpointing.save_period=1", "checkpointing.keep_last=1",
         "policy.generation.backend=hf"]
 
-# in the order a run reaches them; each one is where the next attempt is killed
+# in the order a run reaches them; each one is where the next attempt is killed, one a recovery
+# path: a folder's "begin" (its work folder made, still empty) recovers as its "filled" does (so
+# base_model's and final's "begin" are left out), sft:step:1 starts over as the kill in the first
+# checkpoint's save does, and a kill at step 4's save, at GRPO step 3 or in step 5's save resumes
+# from a GRPO checkpoint and cuts the log as grpo:step:2's next attempt does
 KILL_POINTS = [
-    "folder:base_model:begin",     # model build: nothing written yet
     "folder:base_model:filled",    # model build: weights written, folder not sealed
-    "sft:step:1",                  # SFT, before the first checkpoint exists
-    "folder:step_000001:filled",   # inside the first (SFT) checkpoint save
-    "folder:step_000002:begin",    # the SFT-end checkpoint save starting
+    "folder:step_000001:filled",   # inside the first (SFT) checkpoint save: none complete, start over
+    "folder:step_000002:begin",    # the SFT-end checkpoint save starting: resume within SFT
     "folder:sft_model:filled",     # inside the SFT model export
-    "grpo:step:1",
+    "grpo:step:1",                 # a GRPO row logged before any GRPO checkpoint: cut across the phases
     "folder:step_000003:filled",   # inside a GRPO checkpoint save (pruning still to come)
     "grpo:step:2",                 # step 4 logged, its checkpoint not saved: the next run cuts the log
     "metrics:rewrite",             # inside that cut: the shorter log written aside, not yet renamed in
-    "folder:step_000004:begin",
-    "grpo:step:3",
-    "folder:step_000005:filled",   # inside the last checkpoint save
-    "folder:final:begin",          # final export starting
     "folder:final:filled",         # inside the final export: written, not sealed
 ]
 TRUSTED = ("base_model", "sft_model", "final")
