@@ -29,12 +29,20 @@ class UpdateArrivesAt(GenerationWorker):
     at = 4
     arriving: list[tuple[str, torch.Tensor]] = []
 
+    widest = 0  # the most samples one engine step has run (the streaming loop's)
+
     def _between_tokens(self, generated: int | Sequence[int]) -> bool:
         least = generated if isinstance(generated, int) else min(generated)
         if least == self.at:
             with self.handover:
                 self.pending = (1, self.arriving)
         return super()._between_tokens(generated)
+
+    def _stepped(self, counts: list[int]) -> None:  # the streaming loop's step (the engine in this process)
+        self.widest = max(self.widest, len(counts))
+        if counts and min(counts) == self.at:
+            with self.handover:
+                self.pending = (1, self.arriving)
 
 
 def weights(model_dir: str, flat: bool) -> list[tuple[str, torch.Tensor]]:
@@ -71,7 +79,7 @@ def engine_worker(model_dir: str) -> Iterator[UpdateArrivesAt]:
 def worker(engine_worker: UpdateArrivesAt, model_dir: str) -> Any:
     """The module's worker on the original weights at version 0, an arrival at 4 tokens."""
     engine_worker.backend.update_weights(weights(model_dir, flat=False))
-    engine_worker.version, engine_worker.at, engine_worker.pending = 0, 4, None
+    engine_worker.version, engine_worker.at, engine_worker.pending, engine_worker.widest = 0, 4, None, 0
     return engine_worker
 
 
@@ -116,3 +124,34 @@ def test_the_stepped_engine_samples_what_vllms_own_generate_samples(worker):
     for g_stepped, g_plain in zip(stepped, plain, strict=True):
         for a, b in zip(g_stepped, g_plain, strict=True):
             assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs, strict=True)) < 1e-5
+
+
+def test_calls_from_several_threads_share_the_engine_and_each_returns_when_its_own_requests_finish(worker):
+    """Requests stream in as calls arrive and out as they finish: a short call that arrives while a
+    long one runs joins the same engine steps, comes back first, and samples what it samples alone."""
+    import threading
+    import time
+
+    import attrs
+
+    assert worker.stream is not None  # the engine lives in this process
+    worker.in_flight, worker.at = "continue", -1
+    long_sampling = attrs.evolve(SAMPLING, max_new_tokens=40, request_seeds=(21, 22))
+    short_sampling = attrs.evolve(SAMPLING, max_new_tokens=3, request_seeds=(23,))
+    short_alone, _ = worker.generate([[7, 8]], short_sampling, 1)
+    finished: dict[str, float] = {}
+    results: dict[str, Any] = {}
+
+    def call(name: str, prompts: list[list[int]], sampling: SamplingSettings) -> None:
+        results[name] = worker.generate(prompts, sampling, 1)
+        finished[name] = time.perf_counter()
+
+    long_call = threading.Thread(target=call, args=("long", [[1, 2, 3], [4, 5]], long_sampling))
+    long_call.start()
+    time.sleep(0.2)  # the long call is running
+    call("short", [[7, 8]], short_sampling)
+    long_call.join(timeout=120)
+    assert finished["short"] < finished["long"]
+    assert worker.widest == 3  # one engine step ran the short call's request beside the long call's two
+    assert all(len(s.completion_ids) == 40 for g in results["long"][0] for s in g)
+    assert results["short"][0][0][0].completion_ids == short_alone[0][0].completion_ids

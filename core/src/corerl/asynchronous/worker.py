@@ -19,14 +19,23 @@ one count per sample of the call.
 Every call into the backend runs on one thread of the worker's own (:attr:`GenerationWorker.engine`),
 whichever of the actor's threads took the request: compiled CUDA graphs (the ``hf`` backend's
 static KV cache on a GPU) are kept per thread by torch and assert when another thread replays them.
+
+A backend whose engine can take requests while it runs offers ``stream`` (contract 2.12; the
+``vllm`` backend where its engine lives in the worker's process): then the calls do not queue
+behind each other. Each call's requests go into the one engine as the call arrives, one loop on
+the engine thread steps the engine for all of them, and each call returns as soon as its own
+requests are finished (:meth:`GenerationWorker._stream_loop`); weights arriving meanwhile are
+loaded between two steps (``continue``), end the running calls (``abort``), or wait until the
+running requests are done, new calls held back until then (``wait``).
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, TypeVar
 
 import attrs
@@ -35,6 +44,7 @@ from corerl.errors import ConfigError
 from corerl.generation.contract import Sample, SamplingSettings
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 
 #: where a version starts: one token index for every sample of the call (engines that decode all
@@ -67,6 +77,19 @@ def check_in_flight(registration: Any, in_flight: str) -> None:
                           hint="use algorithm.async.in_flight=wait, or policy.generation.backend=hf")
 
 
+@attrs.define
+class StreamedCall:
+    """One ``generate`` call on a streaming engine: its arguments, its requests once started, the
+    versions its samples switched at (one position per sample), and the future its caller waits on."""
+
+    prompts: list[list[int]]
+    sampling: SamplingSettings
+    n: int
+    done: Future = attrs.field(factory=Future)
+    requests: Any = None
+    switches: list[tuple[Position, int]] = attrs.field(factory=list)
+
+
 class GenerationWorker:
     """One generation backend built from its ``registration`` and ``config`` in this process."""
 
@@ -88,6 +111,11 @@ class GenerationWorker:
         self.handover = threading.Lock()  # guards pending
         self.switches: list[tuple[Position, int]] = []
         self.aborted = False
+        self.stream = getattr(self.backend, "stream", None)  # an engine that takes requests while it runs
+        self.incoming: list[StreamedCall] = []
+        self.running: list[StreamedCall] = []
+        self.loop_lock = threading.Lock()  # guards incoming and looping
+        self.looping = False
 
     def _on_engine(self, call: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """``call(*args, **kwargs)`` on the engine's thread; its result, or what it raised."""
@@ -102,6 +130,8 @@ class GenerationWorker:
 
     def generate(self, prompts: list[list[int]], sampling: SamplingSettings, n: int) -> tuple[list[list[Sample]], bool]:
         """The backend's samples, stamped with versions, and whether an update cut the call short."""
+        if self.stream is not None:
+            return self._generate_streamed(prompts, sampling, n)
         with self.generating:
             self._apply_pending()
             self.switches, self.aborted = [(0, self.version)], False
@@ -130,6 +160,77 @@ class GenerationWorker:
         self.switches.append((generated, version))
         return False
 
+    def _generate_streamed(self, prompts: list[list[int]], sampling: SamplingSettings,
+                           n: int) -> tuple[list[list[Sample]], bool]:
+        """The call's requests handed to the engine loop (started if it is not running); its result."""
+        call = StreamedCall(prompts, sampling, n)
+        with self.loop_lock:
+            self.incoming.append(call)
+            start, self.looping = not self.looping, True
+        if start:
+            self.engine.submit(self._stream_loop)
+        return call.done.result()
+
+    def _stream_loop(self) -> None:
+        """On the engine thread, while any call is running or waiting: weights first (as ``in_flight``
+        says), then the calls that arrived, then one engine step; each call whose requests are all
+        finished is answered. Returns when nothing is left; a failure fails every call it holds."""
+        try:
+            while True:
+                with self.loop_lock:
+                    if not self.incoming and not self.running:
+                        self.looping = False
+                        return
+                held = self._weights_between_steps()
+                with self.loop_lock:
+                    arrived, self.incoming = ([], self.incoming) if held else (self.incoming, [])
+                for call in arrived:
+                    call.requests = self.stream.start(call.prompts, call.sampling, call.n)
+                    call.switches = [(0, self.version)]
+                    self.running.append(call)
+                if self.running:
+                    self.stream.step()
+                    self._stepped([c for call in self.running for c in call.requests.counts()])
+                for call in [c for c in self.running if c.requests.finished]:
+                    self.running.remove(call)
+                    self._answer(call)
+        except BaseException as exc:
+            with self.loop_lock:
+                failed, self.running, self.incoming, self.looping = self.running + self.incoming, [], [], False
+            for call in failed:
+                call.done.set_exception(exc)
+            log.debug("the generation engine's loop failed", exc_info=True)
+
+    def _stepped(self, counts: list[int]) -> None:
+        """Called after each engine step with every running sample's token count (a test's hook)."""
+
+    def _weights_between_steps(self) -> bool:
+        """Pending weights loaded now, or the running calls ended first (``abort``); True while they
+        must wait for the running requests (``wait``): new calls are held back until then."""
+        with self.handover:
+            if self.pending is None:
+                return False
+            if self.running and self.in_flight == "wait":
+                return True
+            version, weights = self.pending
+            self.pending = None
+        if self.running and self.in_flight == "abort":
+            for call in self.running:
+                self.stream.abort(call.requests)
+                self._answer(call)
+            self.running = []
+        self.backend.update_weights(weights)
+        self.version = version
+        for call in self.running:  # continue: each sample goes on from where it stands
+            call.switches.append((call.requests.counts(), version))
+        return False
+
+    def _answer(self, call: StreamedCall) -> None:
+        groups = call.requests.samples()
+        stamped = [[stamp(s, call.switches, p * call.n + j) for j, s in enumerate(group)]
+                   for p, group in enumerate(groups)]
+        call.done.set_result((stamped, bool(call.requests.aborted)))
+
     def update_weights(self, weights: Any, version: int) -> int:
         """Take weights of ``version`` (a shared-memory manifest, or (name, tensor) pairs): loaded now
         when nothing is generated, else as ``in_flight`` says. Returns the version loaded now."""
@@ -139,6 +240,19 @@ class GenerationWorker:
         copied = [(name, tensor.clone()) for name, tensor in pairs]  # the file is rewritten by the next update
         with self.handover:
             self.pending = (version, copied)
+        if self.stream is not None:
+            with self.loop_lock:
+                if self.looping:
+                    return self.version  # the engine loop loads them between two steps
+                self.looping = True  # no loop starts while they load
+            try:
+                self._apply_pending()  # on the engine thread
+            finally:
+                with self.loop_lock:
+                    self.looping = bool(self.incoming)
+                    if self.looping:  # calls that arrived meanwhile
+                        self.engine.submit(self._stream_loop)
+            return self.version
         if self.generating.acquire(blocking=False):
             try:
                 self._apply_pending()

@@ -85,6 +85,13 @@ class VllmGenerationBackend:
                                "(policy.generation.vllm_cfg.host=driver, or a backend built in a Ray actor)")
         self.group.worker.between_tokens = hook
 
+    @property
+    def stream(self) -> Any:
+        """The engine, where it runs in this process, for asynchronous generation's one engine loop
+        over every caller's requests (``start``, ``step``, ``abort``: see :class:`corerl_vllm.engine.VllmEngine`);
+        None where it runs in another process."""
+        return self.group.worker if isinstance(self.group, LocalWorkerGroup) else None
+
     def _engine_on_this_machine(self) -> bool:
         """A Ray-hosted engine on this driver's node (a driver-hosted one needs no transfer at all)."""
         import ray

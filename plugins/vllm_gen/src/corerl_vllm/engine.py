@@ -83,6 +83,43 @@ def _sample(prompt: list[int], completion: Any) -> Sample:
     return Sample(prompt_ids=tuple(prompt), completion_ids=ids, logprobs=logprobs, finish_reason=reason)
 
 
+@attrs.define
+class Requests:
+    """The requests of one stepped call (one a sample, prompt-major) and their newest outputs."""
+
+    n: int
+    prompt_count: int
+    ids: list[tuple[str, list[int]]] = attrs.field(factory=list)  # (request id, prompt)
+    latest: dict[str, Any] = attrs.field(factory=dict)
+    done: set[str] = attrs.field(factory=set)
+    aborted: bool = False
+
+    def take(self, output: Any) -> None:
+        self.latest[output.request_id] = output
+        if output.finished:
+            self.done.add(output.request_id)
+
+    @property
+    def finished(self) -> bool:
+        """Every request finished, or the call was aborted."""
+        return self.aborted or len(self.done) == len(self.ids)
+
+    def counts(self) -> list[int]:
+        """The tokens each sample has so far, in call order (none before its prefill)."""
+        return [len(self.latest[rid].outputs[0].token_ids) if rid in self.latest else 0 for rid, _ in self.ids]
+
+    def samples(self) -> list[list[Sample]]:
+        """The call's samples by prompt; an unfinished (aborted) one ends by "length" where it stood."""
+        samples = []
+        for rid, prompt in self.ids:
+            if rid not in self.latest:  # aborted before its prefill: nothing generated yet
+                samples.append(Sample(prompt_ids=tuple(prompt), completion_ids=(), logprobs=(), finish_reason="length"))
+                continue
+            sample = _sample(prompt, self.latest[rid].outputs[0])
+            samples.append(sample if rid in self.done else attrs.evolve(sample, finish_reason="length"))
+        return [samples[i * self.n:(i + 1) * self.n] for i in range(self.prompt_count)]
+
+
 class VllmEngine:
     """One ``vllm.LLM`` and the conversions between corerl's contract and vLLM's API."""
 
@@ -108,6 +145,7 @@ class VllmEngine:
         self.eager = (not self.on_gpu) if self.settings.enforce_eager is None else self.settings.enforce_eager
         self.llm: Any = None
         self.calls = 0  # stepped generate calls: their requests' ids stay distinct
+        self.owners: dict[str, Requests] = {}  # a stepped request's id -> its call's requests
 
     def check_engine(self) -> str:
         """Import vLLM now, so that a broken install is reported before any work starts."""
@@ -160,13 +198,24 @@ class VllmEngine:
         self.adapter: Any = None  # the LoRARequest of the newest adapter; None: the base model
 
     def generate(self, prompts: list[list[int]], sampling: SamplingSettings, n: int = 1) -> list[list[Sample]]:
-        from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
         # vLLM seeds sample j of a request with seed + j: prompt i starts at seed + i * n, so no two
         # samples of one call share a random stream (one shared seed would repeat the same draws
         # on every prompt); with request seeds (contract 2.12) prompt i starts at its own
-        params = [
+        params = self._params(prompts, sampling, n)
+        if self.between_tokens is not None:
+            return self._generate_stepped(prompts, params, n)
+        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False,
+                                    lora_request=self.adapter)
+        return [[_sample(prompt, completion) for completion in sorted(request.outputs, key=lambda c: c.index)]
+                for prompt, request in zip(prompts, outputs, strict=True)]
+
+    def _params(self, prompts: list[list[int]], sampling: SamplingSettings, n: int) -> list[Any]:
+        """vLLM's sampling parameters of each prompt's request."""
+        from vllm import SamplingParams
+
+        return [
             SamplingParams(
                 n=n, temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k or 0,
                 max_tokens=sampling.max_new_tokens, stop=list(sampling.stop_strings) or None,
@@ -176,53 +225,63 @@ class VllmEngine:
             )
             for i in range(len(prompts))
         ]
-        if self.between_tokens is not None:
-            return self._generate_stepped(prompts, params, n)
-        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False,
-                                    lora_request=self.adapter)
-        return [[_sample(prompt, completion) for completion in sorted(request.outputs, key=lambda c: c.index)]
-                for prompt, request in zip(prompts, outputs, strict=True)]
 
     def _generate_stepped(self, prompts: list[list[int]], params: list[Any], n: int) -> list[list[Sample]]:
         """``generate`` one engine step at a time, calling :attr:`between_tokens` after each with
         the tokens each sample has so far (vLLM's scheduler advances requests apart: a prompt still
         waiting for its prefill has none). The hook may load weights between two steps: the
         requests keep their KV cache and go on with them. Where it answers True the unfinished
-        requests are aborted and returned as they stand (``finish_reason`` "length"). Each sample is
-        a request of its own, seeded as vLLM seeds the samples of one request (seed + index)."""
+        requests are aborted and returned as they stand (``finish_reason`` "length")."""
+        requests = self._add(prompts, params, n)
+        while not requests.finished and self.llm.llm_engine.has_unfinished_requests():
+            self.step()
+            if requests.finished:
+                break
+            if self.between_tokens(requests.counts()):
+                self.abort(requests)
+                break
+        return requests.samples()
+
+    # streaming: several callers' requests in one engine, stepped by one loop (the asynchronous
+    # worker's, on its engine thread), each caller's returned as soon as they are all finished
+
+    def start(self, prompts: list[list[int]], sampling: SamplingSettings, n: int = 1) -> Requests:
+        """Add a call's requests to the engine (one a sample) without running them: :meth:`step` does."""
+        return self._add(prompts, self._params(prompts, sampling, n), n)
+
+    def step(self) -> None:
+        """One engine step for every request added; each call's :class:`Requests` takes its outputs."""
+        for output in self.llm.llm_engine.step():
+            owner = self.owners.get(output.request_id)
+            if owner is not None:
+                owner.take(output)
+                if output.finished:
+                    del self.owners[output.request_id]
+
+    def abort(self, requests: Requests) -> None:
+        """End a call's unfinished requests where they stand (each then ends by "length")."""
+        left = [rid for rid, _ in requests.ids if rid not in requests.done]
+        self.llm.llm_engine.abort_request(left)
+        for rid in left:
+            self.owners.pop(rid, None)
+        requests.aborted = True
+
+    def _add(self, prompts: list[list[int]], params: list[Any], n: int) -> Requests:
+        """Each sample a request of its own, seeded as vLLM seeds the samples of one request (seed + index)."""
         from vllm.inputs import TokensPrompt
 
         engine = self.llm.llm_engine
         self.calls += 1
-        requests: list[tuple[str, list[int]]] = []
+        requests = Requests(n=n, prompt_count=len(prompts))
         for i, (prompt, prompt_params) in enumerate(zip(prompts, params, strict=True)):
             for j in range(n):
                 one = prompt_params.clone()
                 one.n, one.seed = 1, None if prompt_params.seed is None else prompt_params.seed + j
                 given = f"corerl-{self.calls}-{i}-{j}"
                 engine.add_request(given, TokensPrompt(prompt_token_ids=prompt), one, lora_request=self.adapter)
-                requests.append((given, prompt))
-        latest: dict[str, Any] = {}
-        finished: set[str] = set()
-        while engine.has_unfinished_requests():
-            for output in engine.step():
-                latest[output.request_id] = output
-                if output.finished:
-                    finished.add(output.request_id)
-            if len(finished) == len(requests):
-                break
-            counts = [len(latest[rid].outputs[0].token_ids) if rid in latest else 0 for rid, _ in requests]
-            if self.between_tokens(counts):
-                engine.abort_request([rid for rid, _ in requests if rid not in finished])
-                break
-        samples = []
-        for rid, prompt in requests:
-            if rid not in latest:  # aborted before its prefill: nothing generated yet
-                samples.append(Sample(prompt_ids=tuple(prompt), completion_ids=(), logprobs=(), finish_reason="length"))
-                continue
-            sample = _sample(prompt, latest[rid].outputs[0])
-            samples.append(sample if rid in finished else attrs.evolve(sample, finish_reason="length"))
-        return [samples[i * n:(i + 1) * n] for i in range(len(prompts))]
+                requests.ids.append((given, prompt))
+                self.owners[given] = requests
+        return requests
 
     def update_weights(self, weights: Iterable[tuple[str, Any]]) -> int:
         """New weights under their Hugging Face names. An in-process engine takes the tensors as they
