@@ -74,12 +74,25 @@ def _assert_same(want: list[dict], got: list[dict]) -> None:
                 assert math.isclose(value, b[key], rel_tol=1e-6, abs_tol=1e-6), (a["phase"], a["step"], key, value, b[key])
 
 
+# the uninterrupted run keeps no checkpoint: its metrics are those of one that does
+NO_CHECKPOINTS = [*(a for a in ARGS if not a.startswith("checkpointing.")), "checkpointing.enabled=false"]
+# the kill that leaves a run directory without a complete checkpoint, metrics written
+NONE_COMPLETE = "folder:step_000001:filled"
+
+
 @pytest.mark.slow
 def test_a_run_killed_at_every_stage_and_run_again_ends_like_an_uninterrupted_one(tmp_path):
-    straight = run_corerl("run", f"run.output_dir={tmp_path}", "run.name=straight", *ARGS)
+    """Besides: a run directory without a complete checkpoint is refused by ``run.resume=must`` in one
+    line and started over in place by the next run, saying what it removed (the kill in the first
+    checkpoint's save leaves one); a finished run without a checkpoint (the uninterrupted one) is
+    refused rather than overwritten."""
+    straight = run_corerl("run", f"run.output_dir={tmp_path}", "run.name=straight", *NO_CHECKPOINTS)
     assert straight.code == 0, straight
+    finished = run_corerl("run", f"run.output_dir={tmp_path}", "run.name=straight", *NO_CHECKPOINTS)
+    assert finished.code == 2 and "holds a finished run" in finished.err, finished
     run_dir = tmp_path / "killed"
 
+    previous = None
     for point in KILL_POINTS:
         markers = tmp_path / f"markers-{point.replace(':', '_')}"
         proc = _start(tmp_path, markers, point)
@@ -87,6 +100,11 @@ def test_a_run_killed_at_every_stage_and_run_again_ends_like_an_uninterrupted_on
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=30)
         assert _group_is_gone(proc.pid), f"processes of the run killed at {point} outlived it"
+        out = proc.stdout.read()
+        if previous == NONE_COMPLETE:
+            assert f"run directory {run_dir} holds no complete checkpoint: starting over (removed metrics.jsonl, " \
+                   "tensorboard, checkpoints)" in out, out
+        previous = point
         # whatever sits at a trusted name is complete; a half-written folder stays out of sight
         for name in TRUSTED:
             folder = run_dir / name
@@ -97,6 +115,11 @@ def test_a_run_killed_at_every_stage_and_run_again_ends_like_an_uninterrupted_on
             rows = _rows(run_dir)  # never truncated or torn: every line one JSON object
             if point == "metrics:rewrite":  # the cut was under way: the log it replaces is still whole
                 assert len(rows) == 4, (point, len(rows))
+        if point == NONE_COMPLETE:
+            assert [(r["phase"], r["step"]) for r in rows] == [("sft", 1)]
+            must = run_corerl("run", f"run.output_dir={tmp_path}", "run.name=killed", *ARGS, "run.resume=must")
+            assert must.code == 2 and must.err.strip().count("\n") == 0, must
+            assert "run.resume" in must.err and "no complete checkpoint" in must.err
 
     final = run_corerl("run", f"run.output_dir={tmp_path}", "run.name=killed", *ARGS)
     assert final.code == 0, final
@@ -106,29 +129,6 @@ def test_a_run_killed_at_every_stage_and_run_again_ends_like_an_uninterrupted_on
     assert json.loads((run_dir / "summary.json").read_text())["steps"] == 5
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step_000005"]
     assert not [p.name for p in run_dir.rglob(".*.partial-*")], "a partial folder was left behind"
-
-
-def test_a_run_with_no_complete_checkpoint_starts_over_in_the_same_directory(tmp_path):
-    args = [*(a for a in ARGS if not a.startswith("checkpointing.")), "checkpointing.enabled=false"]  # nothing to resume
-    markers = tmp_path / "markers"
-    proc = _start(tmp_path, markers, "sft:step:2", args)
-    wait_for_marker(markers, "sft:step:2", proc)
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait(timeout=30)
-    assert len((tmp_path / "killed" / "metrics.jsonl").read_text().splitlines()) == 2
-
-    must = run_corerl("run", f"run.output_dir={tmp_path}", "run.name=killed", *args, "run.resume=must")
-    assert must.code == 2 and must.err.strip().count("\n") == 0, must
-    assert "run.resume" in must.err and "no complete checkpoint" in must.err
-
-    again = run_corerl("run", f"run.output_dir={tmp_path}", "run.name=killed", *args)
-    assert again.code == 0, again
-    assert "holds no complete checkpoint: starting over (removed metrics.jsonl, tensorboard)" in again.out
-    assert [(r["phase"], r["step"]) for r in _rows(tmp_path / "killed")] == [
-        ("sft", 1), ("sft", 2), ("grpo", 1), ("grpo", 2), ("grpo", 3)]
-
-    finished = run_corerl("run", f"run.output_dir={tmp_path}", "run.name=killed", *args)
-    assert finished.code == 2 and "holds a finished run" in finished.err, finished
 
 
 _REPLACE_SCRIPT = """
