@@ -6,7 +6,8 @@
 # the dynamic cache beside, 605M, Qwen2-1.5B's shape), plan (plan accuracy on CUDA), async
 # (asynchronous GRPO beside its generation worker), zero3 (the ZeRO-3 world-size-1 checks), distill
 # (forward and mixed top-k distillation on the GPU; the second names the teacher's own cluster keys,
-# which on one GPU are the policy's shape and so share its pool: an own pool needs a second GPU).
+# which on one GPU are the policy's shape and so share its pool: an own pool needs a second GPU),
+# episodes (the tool demo with hf generation, and the request-seed and multi-turn checks, on CUDA).
 # PLAN_LAYOUTS picks plan's layouts (comma-separated labels of bench/memory.py; default: all five).
 # Default: decode bench plan. Every step has a timeout, cut to what is left before
 # GPU_DEADLINE_S (seconds from the start, default 540); the log and the results land in $OUT
@@ -64,6 +65,13 @@ distill() {  # an untrained built-in teacher: the CUDA path of the top-k losses,
   step distill-forward 120 corerl run "${common[@]}" algorithm.distillation.kl_type=forward run.name=forward
   step distill-mixed-teacher-cluster 90 corerl run "${common[@]}" algorithm.distillation.kl_type=mixed run.name=mixed \
     algorithm.distillation.teacher_overrides.cluster.gpus_per_node=1
+}
+
+episodes() {  # multi-turn episodes that never wait for each other, with per-request seeds, on CUDA
+  step episodes-tools-demo 150 corerl run examples/configs/grpo_tools_demo.yaml policy.generation.backend=hf \
+    run.output_dir="$OUT/runs" run.name=tools checkpointing.enabled=false
+  step episodes-request-seeds 150 python -m pytest -q -p no:cacheprovider --tb=short -rA tests/test_hf_generation.py \
+    tests/test_environments.py -k "request_seed or same_prompt_twice or grouped or never_wait or masked"
 }
 
 zero3() {
