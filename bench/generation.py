@@ -3,6 +3,7 @@
     .venv/bin/python bench/generation.py            # the full run (several minutes on 2 cores)
     .venv/bin/python bench/generation.py --quick    # small model, float32 only
     .venv/bin/python bench/generation.py --smoke    # the smallest setting: that every path runs, no figures to keep
+    .venv/bin/python bench/generation.py --layouts multi_process   # one vllm engine layout
 
 64 prompts x 4 samples x 64 new tokens, for a ~2.6M and a ~25M parameter Qwen2-style model,
 in float32 and bfloat16. Every backend runs through corerl's own generation contract (the
@@ -38,6 +39,7 @@ SIZES = {  # name -> tiny-model arguments
     "25M": dict(hidden_size=512, num_layers=8, num_heads=8, num_kv_heads=2, intermediate_size=1536),
 }
 VOCAB = 512
+LAYOUTS = ("in_process", "multi_process")  # vllm's engine layouts (policy.generation.vllm_cfg.engine_layout)
 
 
 def parameter_count(model_dir: str) -> int:
@@ -95,7 +97,12 @@ def main() -> None:
     parser.add_argument("--smoke", action="store_true", help="the smallest setting (tests): a 0.2M model, 16 prompts "
                                                               "x 4 samples x 8 new tokens, one timed run")
     parser.add_argument("--reps", type=int, default=2)
+    parser.add_argument("--layouts", default=",".join(LAYOUTS),
+                        help=f"comma-separated vllm engine layouts of {', '.join(LAYOUTS)} (default: both)")
     args = parser.parse_args()
+    layouts = args.layouts.split(",")
+    if unknown := sorted(set(layouts) - set(LAYOUTS)):
+        parser.error(f"--layouts: no layout {unknown}; vllm has {list(LAYOUTS)}")
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
@@ -119,7 +126,7 @@ def main() -> None:
             hf = make_backend("hf", model_dir, work, dtype)
             hf_rate = timed_generate(hf, prompts, sampling, reps)
             hf.shutdown()
-            for layout in ("in_process", "multi_process"):
+            for layout in (layout for layout in LAYOUTS if layout in layouts):
                 engine = make_backend("vllm", model_dir, work, dtype, layout)
                 rate = timed_generate(engine, prompts, sampling, reps)
                 refit = refit_seconds(engine, model_dir)

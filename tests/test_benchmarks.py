@@ -17,7 +17,9 @@ TINY = ["--hidden", "128", "--layers", "2"]
 BENCHMARKS = {
     "async_vs_sync.py": (["--steps", "2", "--new-tokens", "8", "--prompts", "4", "--updates", "1", "--contenders",
                           "sync-dedicated,async-1"], "async_vs_sync.json"),
-    "generation.py": (["--smoke"], "generation.json"),
+    # multi_process alone: the in-process layout (vLLM's default on CPU) is its conformance class's and every vllm run's;
+    # the multi-process one runs on CPU only here
+    "generation.py": (["--smoke", "--layouts", "multi_process"], "generation.json"),
     # one contender a side: the others run the same code with other settings
     "grpo_vs_trl.py": (["--steps", "2", *TINY, "--contenders", "trl-default,corerl"], "grpo_vs_trl.json"),
     "dpo_vs_trl.py": (["--steps", "2", *TINY, "--contenders", "trl-precompute,corerl"], "dpo_vs_trl.json"),
