@@ -1,6 +1,6 @@
 """``corerl plan``'s memory models against the live ranks: estimated vs measured per-rank state.
 
-    .venv/bin/python bench/plan_accuracy.py [--hidden 256 --layers 4]
+    .venv/bin/python bench/plan_accuracy.py [--hidden 256 --layers 4] [--layouts "deepspeed ZeRO-3"] [--worlds 2]
 
 For each layout of bench/memory.py (dtensor FSDP2, deepspeed ZeRO-1/2/3, megatron TP), at world
 size 1 and 2 (2 Ray ranks, gloo, on CPU; on a GPU machine, its GPUs: world size 2 only where it has
@@ -53,7 +53,11 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--layouts", default=",".join(label for label, *_ in LAYOUTS),
                         help="comma-separated layout labels of bench/memory.py (default: all)")
+    parser.add_argument("--worlds", default="1,2", help="comma-separated world sizes of 1, 2 (default: both; on a GPU "
+                                                        "machine 2 only where it has two GPUs)")
     args = parser.parse_args()
+    if unknown := sorted(set(args.worlds.split(",")) - {"1", "2"}):
+        parser.error(f"--worlds: no world size {unknown}; 1 and 2 are measured")
     chosen = args.layouts.split(",")
     unknown = sorted(set(chosen) - {label for label, *_ in LAYOUTS})
     if unknown:
@@ -64,7 +68,8 @@ def main() -> None:
     import torch
 
     cuda = torch.cuda.is_available()
-    worlds = (1, 2) if not cuda or torch.cuda.device_count() >= 2 else (1,)
+    worlds = [world for world in ((1, 2) if not cuda or torch.cuda.device_count() >= 2 else (1,))
+              if str(world) in args.worlds.split(",")]
     rows = []
     for label, backend, overrides, _, _ in (layout for layout in LAYOUTS if layout[0] in chosen):
         for world in worlds:
