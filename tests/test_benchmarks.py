@@ -38,8 +38,8 @@ BENCHMARKS = {
     "moe.py": (["--hidden", "64", "--layers", "1", "--rows", "2", "--seq", "16", "--steps", "1", "--layouts",
                 "1 process"], "moe.json"),
     # the real model (SmolLM2-135M, converted once per machine) takes one GRPO step through the CLI
-    "real_model.py": (["algorithm.max_steps=1", "algorithm.batch_size=2", "algorithm.num_generations_per_prompt=4",
-                       "policy.generation.max_new_tokens=16", "data.held_out_size=4", "checkpointing.enabled=false"],
+    "real_model.py": (["algorithm.max_steps=1", "algorithm.batch_size=2", "algorithm.num_generations_per_prompt=2",
+                       "policy.generation.max_new_tokens=8", "data.held_out_size=4", "checkpointing.enabled=false"],
                       "real_model.json"),
 }
 
