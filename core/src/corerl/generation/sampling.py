@@ -27,17 +27,25 @@ def choose_tokens(logits: torch.Tensor, sampling: SamplingSettings, generator: A
     if sampling.temperature == 0:
         tokens = logits.argmax(dim=-1)
     else:
-        scores = logits / sampling.temperature
-        if sampling.top_k:
-            kth = torch.topk(scores, min(sampling.top_k, scores.shape[-1]), dim=-1).values[:, -1:]
-            scores = scores.masked_fill(scores < kth, float("-inf"))
-        if sampling.top_p < 1.0:
-            ordered, order = torch.sort(scores, dim=-1, descending=True)
-            mass_before = torch.softmax(ordered, dim=-1).cumsum(dim=-1) - torch.softmax(ordered, dim=-1)
-            ordered = ordered.masked_fill(mass_before >= sampling.top_p, float("-inf"))  # the best always stays
-            scores = torch.full_like(scores, float("-inf")).scatter(-1, order, ordered)
+        scores = sampling_scores(logits, sampling)
         tokens = torch.multinomial(torch.softmax(scores, dim=-1), 1, generator=generator).squeeze(-1)
     return tokens, logprobs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+
+
+def sampling_scores(logits: torch.Tensor, sampling: SamplingSettings) -> torch.Tensor:
+    """``logits`` divided by the temperature, with the tokens outside ``top_k`` and ``top_p`` at -inf."""
+    import torch
+
+    scores = logits / sampling.temperature
+    if sampling.top_k:
+        kth = torch.topk(scores, min(sampling.top_k, scores.shape[-1]), dim=-1).values[:, -1:]
+        scores = scores.masked_fill(scores < kth, float("-inf"))
+    if sampling.top_p < 1.0:
+        ordered, order = torch.sort(scores, dim=-1, descending=True)
+        mass_before = torch.softmax(ordered, dim=-1).cumsum(dim=-1) - torch.softmax(ordered, dim=-1)
+        ordered = ordered.masked_fill(mass_before >= sampling.top_p, float("-inf"))  # the best always stays
+        scores = torch.full_like(scores, float("-inf")).scatter(-1, order, ordered)
+    return scores
 
 
 def row_seeds(sampling: SamplingSettings, n: int) -> list[int] | None:
@@ -58,11 +66,22 @@ def row_generators(seeds: list[int], device: Any = None) -> list[torch.Generator
 def choose_tokens_per_row(logits: torch.Tensor, sampling: SamplingSettings,
                           generators: list[Any]) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`choose_tokens` with one generator per row of ``logits``: each row's token depends
-    on its own stream only, whichever rows share the batch."""
+    on its own stream only, whichever rows share the batch. The draw is Gumbel-max (the argmax
+    of the scores plus Gumbel noise, which samples the same distribution): only the noise is
+    made row by row, each row's from its own generator, and the rest runs on the whole batch."""
     import torch
 
-    chosen = [choose_tokens(logits[row:row + 1], sampling, generator) for row, generator in enumerate(generators)]
-    return torch.cat([c[0] for c in chosen]), torch.cat([c[1] for c in chosen])
+    logits = logits.float()
+    logprobs = torch.log_softmax(logits, dim=-1)
+    if sampling.temperature == 0:
+        tokens = logits.argmax(dim=-1)
+    else:
+        uniform = torch.empty_like(logits)
+        for row, generator in enumerate(generators):
+            uniform[row].uniform_(generator=generator)
+        gumbel = -torch.log(-torch.log(uniform.clamp_(min=torch.finfo(uniform.dtype).tiny)))
+        tokens = (sampling_scores(logits, sampling) + gumbel).argmax(dim=-1)
+    return tokens, logprobs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
 
 
 def cut_at_stop_ids(ids: list[int], stop_ids: list[int] | tuple[int, ...]) -> tuple[list[int], FinishReason]:
