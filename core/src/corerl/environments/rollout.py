@@ -8,9 +8,9 @@ per round; answers that arrive close together share a round). The observation's 
 appended after the model's own tokens, which are never decoded and re-encoded: the ids and
 logprobs trained on are exactly those sampled (token in, token out). Each later turn of an
 episode samples from its own seed (:func:`episode_seed`, the generation contract's
-``request_seeds``), so which episodes share a round does not change what they sample. An episode ends when the environment says done, at ``max_turns``, when
-``max_seq_length`` tokens leave no room for another turn, or on an environment fault (zero
-reward, counted). The first turn is the single-turn call itself (``n`` samples per prompt), so a
+``request_seeds``), so which episodes share a round does not change what they sample. An
+episode ends when the environment says done, at ``max_turns``, when ``max_seq_length`` tokens
+leave no room for another turn, or on an environment fault (zero reward, counted). The first turn is the single-turn call itself (``n`` samples per prompt), so a
 one-turn environment reproduces the single-turn path sample for sample.
 
 An observation whose encoding lost text (words the tokenizer does not know) is said once per
