@@ -136,7 +136,7 @@ def test_calls_from_several_threads_share_the_engine_and_each_returns_when_its_o
 
     assert worker.stream is not None  # the engine lives in this process
     worker.in_flight, worker.at = "continue", -1
-    long_sampling = attrs.evolve(SAMPLING, max_new_tokens=40, request_seeds=(21, 22))
+    long_sampling = attrs.evolve(SAMPLING, max_new_tokens=60, request_seeds=(21, 22))
     short_sampling = attrs.evolve(SAMPLING, max_new_tokens=3, request_seeds=(23,))
     short_alone, _ = worker.generate([[7, 8]], short_sampling, 1)
     finished: dict[str, float] = {}
@@ -148,10 +148,13 @@ def test_calls_from_several_threads_share_the_engine_and_each_returns_when_its_o
 
     long_call = threading.Thread(target=call, args=("long", [[1, 2, 3], [4, 5]], long_sampling))
     long_call.start()
-    time.sleep(0.2)  # the long call is running
+    deadline = time.perf_counter() + 60
+    while worker.widest < 2 and time.perf_counter() < deadline:  # until the long call's requests are stepping
+        time.sleep(0.005)
     call("short", [[7, 8]], short_sampling)
+    long_running = "long" not in results  # its 60 tokens take far more engine steps than the short call's 3
     long_call.join(timeout=120)
-    assert finished["short"] < finished["long"]
+    assert long_running and finished["short"] < finished["long"]
     assert worker.widest == 3  # one engine step ran the short call's request beside the long call's two
-    assert all(len(s.completion_ids) == 40 for g in results["long"][0] for s in g)
+    assert all(len(s.completion_ids) == 60 for g in results["long"][0] for s in g)
     assert results["short"][0][0][0].completion_ids == short_alone[0][0].completion_ids
