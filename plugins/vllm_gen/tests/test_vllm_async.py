@@ -38,7 +38,8 @@ class UpdateArrivesAt(GenerationWorker):
                 self.pending = (1, self.arriving)
         return super()._between_tokens(generated)
 
-    def _stepped(self, counts: list[int]) -> None:  # the streaming loop's step (the engine in this process)
+    def _stepped(self, running: list[Any]) -> None:  # the streaming loop's step (the engine in this process)
+        counts = [c for call in running for c in call.requests.counts()]
         self.widest = max(self.widest, len(counts))
         if counts and min(counts) == self.at:
             with self.handover:

@@ -190,7 +190,7 @@ class GenerationWorker:
                     self.running.append(call)
                 if self.running:
                     self.stream.step()
-                    self._stepped([c for call in self.running for c in call.requests.counts()])
+                    self._stepped(self.running)
                 for call in [c for c in self.running if c.requests.finished]:
                     self.running.remove(call)
                     self._answer(call)
@@ -201,8 +201,8 @@ class GenerationWorker:
                 call.done.set_exception(exc)
             log.debug("the generation engine's loop failed", exc_info=True)
 
-    def _stepped(self, counts: list[int]) -> None:
-        """Called after each engine step with every running sample's token count (a test's hook)."""
+    def _stepped(self, running: list[StreamedCall]) -> None:
+        """Called after each engine step with the running calls (a test's hook; nothing here)."""
 
     def _weights_between_steps(self) -> bool:
         """Pending weights loaded now, or the running calls ended first (``abort``); True while they

@@ -207,6 +207,9 @@ class RayPool:
             except InvalidStateError:  # the deadline's timer or the actor's answer came first
                 pass
 
+        def died(exc: Exception) -> Answer:
+            return Answer(fault="env_error", cause=f"environment actor {index} died ({first_line(exc)}); Ray restarts it")
+
         sent = [0]
 
         def send() -> None:
@@ -219,8 +222,7 @@ class RayPool:
                 settle(done.result()[0])
             except ActorUnavailableError as exc:
                 if sent[0] > 1:  # it died again under this very step: the step's fault
-                    settle(Answer(fault="env_error", cause=f"environment actor {index} died ({first_line(exc)}); "
-                                                           "Ray restarts it"))
+                    settle(died(exc))
                     return
                 # the actor was restarting (after this step or an earlier one killed it): Ray cannot say
                 # whether the step ran, so it is sent once more
@@ -228,10 +230,10 @@ class RayPool:
                 retry.daemon = True
                 retry.start()
             except RayActorError as exc:
-                settle(Answer(fault="env_error", cause=f"environment actor {index} died ({first_line(exc)}); "
-                                                       "Ray restarts it"))
-            except Exception as exc:  # noqa: BLE001 - any other failure of the call is the episode's fault
-                settle(Answer(fault="env_error", cause=first_line(exc)))
+                settle(died(exc))
+            except Exception as exc:  # noqa: BLE001 - the actor's pool never raises: a bug, for the caller to see
+                if not answer.done():
+                    answer.set_exception(exc)
 
         def overran() -> None:  # the actor's own per-episode timeout fires first; past it the actor hangs
             if not answer.done():
