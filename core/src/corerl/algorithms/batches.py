@@ -16,8 +16,9 @@ from typing import Any
 import torch
 
 from corerl.errors import argument_error
-from corerl.generation.contract import Sample
+from corerl.generation.contract import Sample, images_of
 from corerl.training.batching import right_pad
+from corerl.training.image_rows import image_fields
 
 RewardFn = Callable[[Sample, Any], float]
 
@@ -40,7 +41,8 @@ def step_seed(seed: int, step: int, batch: int = 0) -> int:
 def samples_to_batch(groups: Sequence[Sequence[Sample]], advantages: torch.Tensor) -> dict[str, torch.Tensor]:
     """Right-padded training rows (prompt + completion), a loss mask on the model's completion
     tokens (a multi-turn episode's environment tokens stay out: ``Sample.completion_mask``), each
-    row's advantage on every token, and the generation backend's logprobs for comparison.
+    row's advantage on every token, and the generation backend's logprobs for comparison; the
+    samples' images, where they have any (:mod:`corerl.training.image_rows`).
     ``advantages``: a tensor with one value per sample, in group order (any shape of that size)."""
     samples = _check_samples(groups)
     _check_advantages(advantages, len(samples))
@@ -54,7 +56,7 @@ def samples_to_batch(groups: Sequence[Sequence[Sample]], advantages: torch.Tenso
         gen_logprobs[row, p : p + c] = torch.tensor(s.logprobs, dtype=torch.float32)
     adv = advantages.reshape(rows, 1).to(torch.float32).expand(rows, width).contiguous()
     return {"input_ids": input_ids, "attention_mask": attention, "loss_mask": loss_mask,
-            "advantages": adv, "gen_logprobs": gen_logprobs}
+            "advantages": adv, "gen_logprobs": gen_logprobs, **image_fields([s.images for s in samples])}
 
 
 def minibatches(batch: dict[str, torch.Tensor], rows: int | None,
@@ -77,12 +79,14 @@ def minibatches(batch: dict[str, torch.Tensor], rows: int | None,
 def pairs_to_batch(pairs: Sequence[Sequence[Sequence[int]]]) -> dict[str, torch.Tensor]:
     """Right-padded rows prompt + response, the loss mask on the response only (and, where a
     demonstration has a third element, a 0/1 mask over its response, only where that is 1: a
-    multi-turn demonstration's environment tokens are not the model's to learn)."""
+    multi-turn demonstration's environment tokens are not the model's to learn). A prompt that
+    carries images (an :class:`~corerl.generation.contract.ImagePrompt`) brings them along."""
     input_ids, attention = right_pad([list(pair[0]) + list(pair[1]) for pair in pairs])
     loss_mask = torch.zeros_like(input_ids)
     for row, (prompt, response, *mask) in enumerate(pairs):
         loss_mask[row, len(prompt) : len(prompt) + len(response)] = torch.tensor(mask[0]) if mask else 1
-    return {"input_ids": input_ids, "attention_mask": attention, "loss_mask": loss_mask}
+    return {"input_ids": input_ids, "attention_mask": attention, "loss_mask": loss_mask,
+            **image_fields([images_of(pair[0]) for pair in pairs])}
 
 
 def _check_samples(groups: Any) -> list[Sample]:

@@ -31,7 +31,7 @@ import attrs
 
 from corerl.environments.contract import STOP_REASONS, EpisodeView
 from corerl.errors import RunError
-from corerl.generation.contract import Sample, SamplingSettings
+from corerl.generation.contract import Images, Sample, SamplingSettings, images_of, with_images
 from corerl.progress_markers import mark
 from corerl.reporting.lost_text import METRIC as LOST_TEXT
 from corerl.reporting.lost_text import check_observation, prompts_lost
@@ -59,7 +59,7 @@ class SingleTurnRollout:
             n: int, max_seq_length: int) -> Rollout:
         """``n`` samples per prompt, completions cut to ``max_seq_length`` tokens in all."""
         sampling = sampling.within(max_seq_length, prompts)
-        groups = self.generation.generate([list(p) for p in prompts], sampling, n=n)
+        groups = with_prompt_images(self.generation.generate(as_prompts(prompts), sampling, n=n), prompts)
         rewards = [[float(self.reward_fn(s, item)) for s in group] for group, item in zip(groups, items, strict=True)]
         if self.tokenizer is None:
             return Rollout(groups, rewards)
@@ -86,6 +86,7 @@ class PlayedEpisode:
     tool_calls: int = 0
     tool_failures: int = 0
     lost_text: int = 0  # observations whose encoding lost text
+    images: Images | None = None  # the prompt's images, then each observation's, in token order
 
     @property
     def length(self) -> int:
@@ -108,11 +109,28 @@ class PlayedEpisode:
     def sample(self) -> Sample:
         return Sample(prompt_ids=tuple(self.prompt), completion_ids=tuple(self.ids), logprobs=tuple(self.logprobs),
                       finish_reason="stop" if self.finish == "stop" else "length", completion_mask=tuple(self.mask),
-                      versions=tuple(self.versions) if self.stamped else None)
+                      versions=tuple(self.versions) if self.stamped else None, images=self.images)
+
+    @property
+    def context(self) -> list[int]:
+        """What the model reads for its next turn: the prompt and everything after it, with every
+        image so far."""
+        return with_images(self.prompt + self.ids, self.images)
 
     @property
     def stamped(self) -> bool:
         return bool(self.versions) and any(v for v in self.versions)
+
+
+def as_prompts(prompts: Sequence[Sequence[int]]) -> list[list[int]]:
+    """``prompts`` as lists of ids for a generation backend, each keeping the images it carries."""
+    return [with_images(p, images_of(p)) for p in prompts]
+
+
+def with_prompt_images(groups: list[list[Sample]], prompts: Sequence[Sequence[int]]) -> list[list[Sample]]:
+    """``groups`` with each sample holding its prompt's images (a backend may leave them out)."""
+    return [[s if s.images is not None or images_of(p) is None else attrs.evolve(s, images=images_of(p))
+             for s in group] for group, p in zip(groups, prompts, strict=True)]
 
 
 def episode_seed(seed: int | None, turn: int, episode: int) -> int | None:
@@ -162,13 +180,13 @@ class MultiTurnRollout:
     def run(self, prompts: Sequence[Sequence[int]], items: Sequence[Any], sampling: SamplingSettings,
             n: int, max_seq_length: int) -> Rollout:
         """``n`` episodes per prompt, each at most ``max_seq_length`` tokens long."""
-        episodes = [[PlayedEpisode(list(p), clean_row(item), row_label(item)) for _ in range(n)]
+        episodes = [[PlayedEpisode(list(p), clean_row(item), row_label(item), images=images_of(p)) for _ in range(n)]
                     for p, item in zip(prompts, items, strict=True)]
         flat = [e for group in episodes for e in group]
         seconds_before = self.pool.seconds
         self.calls += 1
         # turn 1: the single-turn call itself (n per prompt, one seed for the step)
-        first = self.generation.generate([list(p) for p in prompts], sampling.within(max_seq_length, prompts), n=n)
+        first = self.generation.generate(as_prompts(prompts), sampling.within(max_seq_length, prompts), n=n)
         pending: dict[Future, tuple[int, PlayedEpisode, float]] = {}
         for index, (episode, sample) in enumerate(zip(flat, [s for group in first for s in group], strict=True)):
             self._hand_over(pending, index, episode, sample)
@@ -184,7 +202,7 @@ class MultiTurnRollout:
                 sampling, max_new_tokens=max(1, min(sampling.max_new_tokens, room)),
                 request_seeds=None if sampling.seed is None else tuple(
                     episode_seed(sampling.seed, len(e.responses) + 1, index) for index, e in ready))
-            generated = self.generation.generate([e.prompt + e.ids for _, e in ready], settings, n=1)
+            generated = self.generation.generate([e.context for _, e in ready], settings, n=1)
             for (index, episode), group in zip(ready, generated, strict=True):
                 self._hand_over(pending, index, episode, _cut(group[0], max_seq_length - episode.length))
             mark(f"rollout:{self.calls}:turn:{rounds}")

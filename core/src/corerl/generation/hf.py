@@ -22,7 +22,7 @@ from typing import Any
 
 import attrs
 
-from corerl.generation.contract import Sample, SamplingSettings
+from corerl.generation.contract import Sample, SamplingSettings, images_of
 from corerl.generation.sampling import (
     choose_tokens_per_row,
     cut_at_stop_ids,
@@ -30,6 +30,7 @@ from corerl.generation.sampling import (
     row_generators,
     row_seeds,
 )
+from corerl.training.image_rows import image_fields, image_inputs, image_token_id
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +42,8 @@ class HFGenerationBackend:
     # call there (its completions are returned as they stand): asynchronous generation's hook
     # for weights that arrive while a request runs (corerl.asynchronous.worker)
     between_tokens: Any = None
+    #: reads a prompt's images (contract 2.13: an ImagePrompt's pixel values go into generate())
+    accepts_images = True
 
     def __init__(self, config: Any) -> None:
         self.config = config
@@ -75,10 +78,10 @@ class HFGenerationBackend:
 
     def load_hf(self, model_path: str) -> None:
         import torch
-        from transformers import AutoModelForCausalLM
         from transformers.utils import logging as hf_logging
 
         from corerl.models.tokenizer import load_tokenizer_folder
+        from corerl.models.vision import auto_model_class, is_vision_language, read_hf_config
 
         hf_logging.disable_progress_bar()
         self.model_path = model_path
@@ -89,12 +92,16 @@ class HFGenerationBackend:
             self.autocast = dtype if dtype != torch.float32 else None
         else:
             self.device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
-            self.own_model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype).to(self.device)
+            self.own_model = auto_model_class(model_path).from_pretrained(model_path, dtype=dtype).to(self.device)
             self.own_model.eval()
             self.autocast = None
         self.tokenizer = load_tokenizer_folder(self.config.core.policy.tokenizer_path(model_path))
         choice = self.config.core.policy.generation.hf_kv_cache
         self.static_cache = choice == "static" or (choice == "auto" and self.device.type == "cuda")
+        if self.static_cache and is_vision_language(read_hf_config(model_path)):
+            # Qwen-VL's rotary positions depend on the prompt's images, kept beside a dynamic cache
+            log.info("hf generation: a vision-language model decodes with the dynamic KV cache")
+            self.static_cache = False
         self.decode_copy = None
         if self.static_cache and self.autocast is not None:
             # a static cache is allocated in the weights' dtype (float32 here) while autocast hands
@@ -150,17 +157,22 @@ class HFGenerationBackend:
             attention[row, width - len(prompt):] = 1
         kwargs: dict[str, Any] = {"do_sample": sampling.temperature > 0}
         seeds = row_seeds(sampling, n) if sampling.temperature > 0 else None
+        images = [images_of(prompt) for prompt in prompts]
         returned = n
+        if seeds is not None or any(images):  # rows repeated here (images stay with their rows)
+            input_ids, attention = input_ids.repeat_interleave(n, dim=0), attention.repeat_interleave(n, dim=0)
+            returned = 1
         if seeds is not None:  # each row from its own stream: chosen by our processor, kept by greedy search
             kwargs = {"do_sample": False, "logits_processor": _seeded_choice(sampling, seeds, self.device)}
-            input_ids, attention = input_ids.repeat_interleave(n, dim=0), attention.repeat_interleave(n, dim=0)
-            returned = 1  # greedy search returns one sequence a row: the rows are repeated here instead
         elif sampling.temperature > 0:
             kwargs.update(temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k or 0)
         if self.static_cache:
             kwargs["cache_implementation"] = "static"
         if self.between_tokens is not None:
             kwargs["stopping_criteria"] = _hook_criteria(self.between_tokens, width)
+        if any(images):
+            rows = {"input_ids": input_ids, **image_fields([i for i in images for _ in range(n)])}
+            kwargs.update({k: v.to(self.device) for k, v in image_inputs(rows, image_token_id(self.model)).items()})
         model = self.model if self.decode_copy is None else self.decode_copy.refreshed_from(self.model)
         autocast = self.autocast if self.decode_copy is None else None
         was_training = model.training
@@ -200,7 +212,8 @@ class HFGenerationBackend:
             ids, reason = cut_at_stop_ids(chosen[row].tolist(), () if sampling.ignore_eos else stop_ids)
             ids, reason = cut_at_stop_strings(ids, sampling.stop_strings, self.tokenizer, reason)
             samples.append(Sample(prompt_ids=tuple(prompts[row // n]), completion_ids=tuple(ids),
-                                  logprobs=tuple(logprobs[row, : len(ids)].tolist()), finish_reason=reason))
+                                  logprobs=tuple(logprobs[row, : len(ids)].tolist()), finish_reason=reason,
+                                  images=images[row // n]))
         return [samples[i * n:(i + 1) * n] for i in range(len(prompts))]
 
     def update_weights(self, weights: Iterable[tuple[str, Any]]) -> None:

@@ -173,7 +173,7 @@ def merged_hf_state(base: dict[str, torch.Tensor], adapter: dict[str, torch.Tens
 
     from corerl.models.value_model import auto_model_class
 
-    model = auto_model_class("policy").from_config(hf_config, dtype=torch.float32)
+    model = auto_model_class("policy", hf_config).from_config(hf_config, dtype=torch.float32)
     missing, unexpected = model.load_state_dict({k: v.to(torch.float32) for k, v in base.items()}, strict=False)
     tied = set(getattr(model, "_tied_weights_keys", None) or ())
     if unexpected or set(missing) - tied:

@@ -20,7 +20,12 @@ BUILTIN_MODELS: dict[str, dict[str, Any]] = {
     "builtin:tiny-moe": dict(family="qwen3_moe", hidden_size=128, num_layers=2, num_heads=4, num_kv_heads=2,
                              head_dim=64, vocab_size=128, num_experts=8, experts_per_token=2,
                              expert_intermediate_size=128),
+    # a Qwen2.5-VL: a 2-block vision tower (14-pixel patches) before a 2-layer language model
+    "builtin:tiny-vl": dict(family="qwen2_5_vl", hidden_size=64, num_layers=2, vocab_size=128),
 }
+
+#: the vision-language families :func:`build_tiny_model` builds (:mod:`corerl.models.vision`)
+VL_FAMILIES = ("qwen2_5_vl", "qwen3_vl")
 
 #: the families :func:`build_tiny_model` builds; the mixtures of experts take ``num_experts``
 MOE_FAMILIES = ("qwen3_moe", "mixtral")
@@ -77,7 +82,12 @@ def tiny_hf_config(
     """The ``config.json`` dict of a tiny model (what :func:`build_tiny_model` builds), without
     torch or transformers: validation and ``corerl plan`` read a built-in model's facts from it.
     ``num_experts``, ``experts_per_token`` and ``expert_intermediate_size`` apply to the
-    mixture-of-experts families (:data:`MOE_FAMILIES`) only."""
+    mixture-of-experts families (:data:`MOE_FAMILIES`) only; the vision-language families
+    (:data:`VL_FAMILIES`) take ``hidden_size``, ``num_layers`` and ``vocab_size``."""
+    if family in VL_FAMILIES:
+        from corerl.models.vision import tiny_vl_config
+
+        return tiny_vl_config(family=family, hidden_size=hidden_size, num_layers=num_layers, vocab_size=vocab_size)
     families = {"qwen2": "qwen2", "llama": "llama", "qwen3_moe": "qwen3_moe", "mixtral": "mixtral"}
     if family not in families:
         raise ValueError(f"unknown tiny model family {family!r}; known: {', '.join(families)}")
@@ -114,8 +124,13 @@ def builtin_hf_config(name: str) -> dict[str, Any]:
 
 def build_tiny_model(out_dir: str | Path, *, seed: int = 0, **shape: Any) -> Path:
     """Build a randomly initialised causal LM (the keywords of :func:`tiny_hf_config`: a dense
-    Qwen2/Llama, or a Qwen3-MoE/Mixtral mixture of experts) plus tokenizer, and save both to
-    ``out_dir``."""
+    Qwen2/Llama, a Qwen3-MoE/Mixtral mixture of experts, or a Qwen2.5-VL/Qwen3-VL with its image
+    processor) plus tokenizer, and save them to ``out_dir``."""
+    if shape.get("family") in VL_FAMILIES:
+        from corerl.models.vision import build_tiny_vl_model
+
+        keys = ("family", "hidden_size", "num_layers", "vocab_size")
+        return build_tiny_vl_model(out_dir, seed=seed, **{k: v for k, v in shape.items() if k in keys})
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 

@@ -48,7 +48,11 @@ class ModelShape:
 
     @classmethod
     def from_hf_config(cls, config: Mapping[str, Any], name: str = "model") -> ModelShape:
-        """The shape of a Hugging Face config dict (a causal LM's ``config.json``)."""
+        """The shape of a Hugging Face config dict (a causal LM's ``config.json``; a vision-language
+        model's language model, its ``text_config``: the vision tower is not counted)."""
+        from corerl.models.vision import text_config
+
+        config = text_config(dict(config))
         try:
             heads = int(config["num_attention_heads"])
             hidden = int(config["hidden_size"])

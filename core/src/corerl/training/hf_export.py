@@ -27,7 +27,7 @@ def write_hf_checkpoint(state: dict[str, torch.Tensor], hf_config: Any, source: 
     from corerl.models.value_model import auto_model_class
 
     with torch.device("meta"):
-        model = auto_model_class(role).from_config(hf_config, dtype=torch.float32)
+        model = auto_model_class(role, hf_config).from_config(hf_config, dtype=torch.float32)
     Path(target).mkdir(parents=True, exist_ok=True)
     if set(state) <= set(model.state_dict()):
         model.load_state_dict(state, strict=True, assign=True)

@@ -112,10 +112,15 @@ def model_logprobs(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> to
     and no mask, and ``use_cache=False``: transformers then builds a block-diagonal causal
     mask from the restarts (with a cache it silently attends across sequences). Each
     sequence's first token gets logprob 0, as position 0 of a padded row does.
+
+    A vision-language batch's images (:mod:`corerl.training.image_rows`) go in with its rows.
     """
+    from corerl.training.image_rows import image_inputs, image_token_id
+
     if "position_ids" in batch:
         out = model(input_ids=batch["input_ids"], position_ids=batch["position_ids"], use_cache=False)
         inside = batch["attention_mask"] * (batch["position_ids"] != 0).to(batch["attention_mask"].dtype)
         return batch_logprobs(out.logits, batch, inside)
-    out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False)
+    out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False,
+                **image_inputs(batch, image_token_id(model)))
     return batch_logprobs(out.logits, batch, batch["attention_mask"])

@@ -36,6 +36,7 @@ from corerl.errors import ConfigError
 from corerl.packing.algorithms import karmarkar_karp
 from corerl.packing.contract import check_bins, check_budget
 from corerl.training.batching import batch_rows, micro_batches, shard_rows
+from corerl.training.image_rows import IMAGE_FIELDS
 
 log = logging.getLogger(__name__)
 
@@ -311,13 +312,13 @@ def _per_row(value: Any, rows: int) -> bool:
     return getattr(value, "dim", lambda: 0)() >= 1 and value.shape[0] == rows
 
 
-def _per_token(value: Any, rows: int, width: int) -> bool:
-    return _per_row(value, rows) and value.dim() >= 2 and value.shape[1] == width
+def _per_token(value: Any, rows: int, width: int, key: str = "") -> bool:
+    return key not in IMAGE_FIELDS and _per_row(value, rows) and value.dim() >= 2 and value.shape[1] == width
 
 
 def _refuse_row_fields(batch: Batch, rows: int, width: int) -> None:
     for key, value in batch.items():
-        if _per_row(value, rows) and not _per_token(value, rows, width):
+        if _per_row(value, rows) and not _per_token(value, rows, width, key):
             raise ValueError(f"batch field {key!r} of shape {tuple(value.shape)} is per row, not per token: "
                              "sequence packing moves [B, T, ...] fields only; expand it over the tokens")
 
@@ -329,7 +330,7 @@ def _select_rows(batch: Batch, sources: list[int], cut: int) -> Batch:
     index = torch.tensor(sources, dtype=torch.long)
     out = {}
     for key, value in batch.items():
-        if _per_token(value, rows, width):
+        if _per_token(value, rows, width, key):
             out[key] = value.index_select(0, index)[:, :cut].contiguous()
         elif _per_row(value, rows):
             out[key] = value.index_select(0, index)
@@ -361,7 +362,7 @@ def _empty_micro_batch(batch: Batch, packed: bool) -> Batch:
     rows, width = batch_rows(batch), int(batch["input_ids"].shape[1])
     out: Batch = {}
     for key, value in batch.items():
-        if _per_token(value, rows, width):
+        if _per_token(value, rows, width, key):
             out[key] = torch.zeros((1, 1, *value.shape[2:]), dtype=value.dtype)
         elif _per_row(value, rows):
             out[key] = torch.zeros((1, *value.shape[1:]), dtype=value.dtype)

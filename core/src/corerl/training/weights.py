@@ -59,7 +59,7 @@ class CheckpointNaming:
         from corerl.models.value_model import auto_model_class
 
         with torch.device("meta"):  # only its class and config matter: no memory for weights
-            self.model = auto_model_class(role).from_config(hf_config)
+            self.model = auto_model_class(role, hf_config).from_config(hf_config)
         # as save_pretrained does for a model not built by from_pretrained: the legacy renamings and
         # prefix changes describe old checkpoints, not the one to write
         conversions = [c for c in get_model_conversion_mapping(self.model, add_legacy=False)

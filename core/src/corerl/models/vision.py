@@ -1,0 +1,252 @@
+"""Vision-language models: which checkpoints are one, the tiny Qwen2.5-VL / Qwen3-VL built in code,
+and how images become a prompt's pixel values and image tokens.
+
+A Qwen-VL prompt holds one ``<|image_pad|>`` placeholder per image (between ``<|vision_start|>``
+and ``<|vision_end|>``); :class:`ImageEncoder` runs the checkpoint's image processor over the
+images and repeats each placeholder once per merged patch, which is what transformers'
+``Qwen2VLProcessor`` does. We do it ourselves because that processor class refuses to be built
+without torchvision, and the registry's torchvision is a CUDA build that fails on a CPU machine;
+the image processor itself (``Qwen2VLImageProcessorPil``, through ``AutoImageProcessor``) needs
+only PIL.
+
+torch, transformers and PIL are imported inside the functions.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from corerl.errors import ConfigError
+
+if TYPE_CHECKING:
+    from corerl.generation.contract import Images
+
+#: Hugging Face ``model_type`` values of the vision-language families corerl trains
+VISION_LANGUAGE_TYPES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
+
+#: the Qwen-VL vision tokens, in the tiny vocabulary right after the special tokens
+VISION_TOKENS = ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"]
+IMAGE_PLACEHOLDER = "<|vision_start|> <|image_pad|> <|vision_end|>"
+
+#: words of the tiny vision-language vocabulary besides the special and vision tokens: the visual
+#: tasks' prompts and answers (colours, shapes, counts)
+VISION_WORDS = ["red", "green", "blue", "yellow", "white", "black", "square", "circle", "what", "colour", "is",
+                "the", "how", "many", "squares", "are", "there", "?", ".", "answer", ":", "shape", "largest"]
+
+
+def is_vision_language(hf_config: dict[str, Any] | None) -> bool:
+    """Whether a checkpoint's ``config.json`` dict describes a vision-language model corerl trains."""
+    return bool(hf_config) and hf_config.get("model_type") in VISION_LANGUAGE_TYPES
+
+
+def read_hf_config(model_path: str | Path) -> dict[str, Any] | None:
+    """The ``config.json`` of a local checkpoint folder, or None where there is none."""
+    path = Path(model_path) / "config.json"
+    if not path.is_file():
+        return None
+    return dict(json.loads(path.read_text()))
+
+
+def text_config(hf_config: dict[str, Any]) -> dict[str, Any]:
+    """The language model's part of a checkpoint's config (a VLM nests it under ``text_config``)."""
+    nested = hf_config.get("text_config")
+    return {**hf_config, **nested} if isinstance(nested, dict) else hf_config
+
+
+def auto_model_class(model_path: str | Path) -> Any:
+    """The transformers auto class that loads the policy at ``model_path``: image-text-to-text for
+    a vision-language checkpoint, causal LM for the rest."""
+    from corerl.models.value_model import auto_model_class as for_role
+
+    return for_role("policy", read_hf_config(model_path))
+
+
+def vision_parameter_names(model: Any) -> list[str]:
+    """The names of the vision tower's parameters (the encoder and its patch merger) in ``model``,
+    a Qwen-VL model, inside a PEFT or FSDP wrapper too."""
+    return [name for name, _ in model.named_parameters() if ".visual." in f".{name}"]
+
+
+def tiny_vl_vocabulary(size: int = 128) -> list[str]:
+    """Special tokens, the vision tokens, digits, :data:`VISION_WORDS`, then filler words up to ``size``."""
+    from corerl.models.tiny import SPECIAL_TOKENS
+
+    words = [*SPECIAL_TOKENS, *VISION_TOKENS, *[str(d) for d in range(10)], *VISION_WORDS]
+    return (words + [f"w{i}" for i in range(size - len(words))])[:size]
+
+
+def tiny_vl_config(family: str = "qwen2_5_vl", hidden_size: int = 64, num_layers: int = 2, vocab_size: int = 128,
+                   vision_hidden_size: int = 32, vision_depth: int = 2) -> dict[str, Any]:
+    """The ``config.json`` dict of a tiny Qwen2.5-VL (``family="qwen2_5_vl"``) or Qwen3-VL
+    (``"qwen3_vl"``), without torch or transformers."""
+    if family not in ("qwen2_5_vl", "qwen3_vl"):
+        raise ValueError(f"unknown tiny vision-language family {family!r}; known: qwen2_5_vl, qwen3_vl")
+    ids = {word: i for i, word in enumerate(tiny_vl_vocabulary(vocab_size))}
+    head_dim = 32
+    # the multimodal rotary embedding splits head_dim / 2 frequencies over (time, height, width)
+    rope = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [4, 6, 6]}
+    text = dict(vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=2 * hidden_size,
+                num_hidden_layers=num_layers, num_attention_heads=hidden_size // head_dim, num_key_value_heads=1,
+                head_dim=head_dim, max_position_embeddings=2048, rope_parameters=rope, tie_word_embeddings=True,
+                pad_token_id=ids["<pad>"], bos_token_id=ids["<bos>"], eos_token_id=ids["<eos>"])
+    vision = dict(depth=vision_depth, hidden_size=vision_hidden_size, intermediate_size=2 * vision_hidden_size,
+                  num_heads=1, out_hidden_size=hidden_size)
+    if family == "qwen2_5_vl":
+        vision.update(patch_size=14, fullatt_block_indexes=[vision_depth - 1], window_size=56)
+    else:
+        rope["mrope_interleaved"] = True
+        vision.update(patch_size=14, num_position_embeddings=64, deepstack_visual_indexes=[vision_depth - 1])
+    return dict(model_type=family, text_config=text, vision_config=vision, tie_word_embeddings=True,
+                image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
+                vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"],
+                pad_token_id=ids["<pad>"], bos_token_id=ids["<bos>"], eos_token_id=ids["<eos>"])
+
+
+#: the tiny models' image processor: 14-pixel patches merged 2 x 2; a 56 x 56 image is 16 patches, 4 image tokens
+TINY_IMAGE_PROCESSOR = dict(patch_size=14, merge_size=2, temporal_patch_size=2, min_pixels=56 * 56,
+                            max_pixels=112 * 112)
+
+
+def build_tiny_vl_model(out_dir: str | Path, *, seed: int = 0, **shape: Any) -> Path:
+    """Build a randomly initialised tiny vision-language model (the keywords of
+    :func:`tiny_vl_config`), its word-level tokenizer holding the vision tokens and its image
+    processor, and save them to ``out_dir`` in Hugging Face form."""
+    import torch
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import AutoConfig, AutoModelForImageTextToText, PreTrainedTokenizerFast
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    values = tiny_vl_config(**shape)
+    vocab = {word: i for i, word in enumerate(tiny_vl_vocabulary(values["text_config"]["vocab_size"]))}
+    core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    core.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=core, pad_token="<pad>", unk_token="<unk>",
+                                        bos_token="<bos>", eos_token="<eos>")
+    config = AutoConfig.for_model(**values)
+    torch.manual_seed(seed)
+    model = AutoModelForImageTextToText.from_config(config)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    Qwen2VLImageProcessorPil(**TINY_IMAGE_PROCESSOR).save_pretrained(out)
+    return out
+
+
+def decode_image(value: Any, where: str, base: Path | None = None) -> Any:
+    """One image of a data row or an observation as an RGB ``PIL.Image``: a PIL image, a numpy
+    array ``[H, W, 3]`` of uint8, raw image bytes (Parquet), a ``{"bytes": ...}`` or
+    ``{"path": ...}`` dict (Hugging Face datasets' image column), a ``data:image/...;base64,``
+    URL or base64 text (JSONL), or a file path (relative to ``base``, the data file's folder)."""
+    from PIL import Image
+
+    if isinstance(value, Image.Image):
+        return value.convert("RGB")
+    if isinstance(value, dict):
+        if value.get("bytes") is not None:
+            return decode_image(value["bytes"], where, base)
+        if value.get("path") is not None:
+            return decode_image(str(value["path"]), where, base)
+        raise ConfigError(f"{where}: an image dict needs 'bytes' or 'path', got keys {sorted(value)}",
+                          hint="give the image as a path, bytes or base64 text")
+    if isinstance(value, (bytes, bytearray)):
+        return _open(io.BytesIO(bytes(value)), where)
+    if isinstance(value, str):
+        if value.startswith("data:image/"):
+            return _open(io.BytesIO(base64.b64decode(value.split(",", 1)[-1])), where)
+        path = Path(value) if base is None or Path(value).is_absolute() else base / value
+        if path.is_file():
+            return _open(path, where)
+        if len(value) > 256 and "/" not in value[:64]:  # base64 text without the data URL prefix
+            return _open(io.BytesIO(base64.b64decode(value)), where)
+        raise ConfigError(f"{where}: image file {str(path)!r} does not exist",
+                          hint="image paths are relative to the data file's folder; give base64 text or bytes instead")
+    if hasattr(value, "shape") and hasattr(value, "dtype"):
+        import numpy as np
+
+        return Image.fromarray(np.asarray(value, dtype=np.uint8)).convert("RGB")
+    raise ConfigError(f"{where}: cannot read an image from a {type(value).__name__}",
+                      hint="give the image as a path, bytes, base64 text or a uint8 [H, W, 3] array")
+
+
+def _open(source: Any, where: str) -> Any:
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        image = Image.open(source)
+        image.load()
+    except (UnidentifiedImageError, OSError) as error:
+        raise ConfigError(f"{where}: not a readable image ({error})", hint="give PNG or JPEG data") from None
+    return image.convert("RGB")
+
+
+def png_bytes(image: Any) -> bytes:
+    """``image`` (a PIL image) as PNG bytes: how a sample keeps its raw images."""
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+class ImageEncoder:
+    """The image side of a vision-language checkpoint: its image processor, its image token and
+    how many tokens one image becomes. Built once per run from the model folder."""
+
+    def __init__(self, model_path: str | Path, tokenizer: Any) -> None:
+        from transformers import AutoImageProcessor
+
+        config = read_hf_config(model_path) or {}
+        if not is_vision_language(config):
+            raise ConfigError(f"policy.model_name: {model_path} is not a vision-language model "
+                              f"(model_type {config.get('model_type')!r}), so it cannot read images",
+                              key="policy.model_name",
+                              hint=f"use a model of the families {', '.join(VISION_LANGUAGE_TYPES)} "
+                                   "(builtin:tiny-vl), or give text-only data")
+        try:
+            self.processor = AutoImageProcessor.from_pretrained(str(model_path))
+        except (OSError, ValueError, ImportError) as error:
+            raise ConfigError(f"policy.model_name: the image processor of {model_path} cannot be built: "
+                              f"{str(error).splitlines()[0]}", key="policy.model_name",
+                              hint="the folder needs a preprocessor_config.json of a Qwen-VL image processor") from None
+        self.image_token_id = int(config["image_token_id"])
+        self.merge = int(getattr(self.processor, "merge_size", 2))
+        self.tokenizer = tokenizer
+
+    def encode(self, images: Sequence[Any], where: str) -> Images:
+        """The pixel values and grids of ``images`` (PIL images), with their PNG bytes."""
+        from corerl.generation.contract import Images
+
+        out = self.processor(images=list(images), return_tensors="pt")
+        return Images(pixel_values=out["pixel_values"].float(), grid_thw=out["image_grid_thw"].long(),
+                      raw=tuple(png_bytes(image) for image in images))
+
+    def tokens_per_image(self, images: Images) -> list[int]:
+        """How many image tokens each image takes in the prompt (its merged patches)."""
+        return [int(row.prod()) // (self.merge * self.merge) for row in images.grid_thw]
+
+    def expand(self, ids: Sequence[int], images: Images, where: str) -> list[int]:
+        """``ids`` with each image placeholder (one image token) repeated once per merged patch of
+        its image; refused where the placeholders and the images do not match one to one."""
+        counts = self.tokens_per_image(images)
+        places = [i for i, token in enumerate(ids) if token == self.image_token_id]
+        if len(places) != len(counts):
+            raise ConfigError(f"{where}: the prompt holds {len(places)} image placeholders for {len(counts)} images",
+                              hint=f"put one {IMAGE_PLACEHOLDER!r} in the prompt text per image of the row")
+        out: list[int] = []
+        for token in ids:
+            out.extend([token] * counts.pop(0) if token == self.image_token_id else [token])
+        return out
+
+
+def check_image_tokens(ids: Sequence[int], images: Images | None, image_token_id: int, merge: int, where: str) -> None:
+    """Refuse a prompt whose image tokens are not exactly those its images take (a row whose
+    text already holds expanded placeholders for other images, or none at all)."""
+    expected = 0 if images is None else sum(int(row.prod()) // (merge * merge) for row in images.grid_thw)
+    found = sum(1 for token in ids if token == image_token_id)
+    if found != expected:
+        raise ConfigError(f"{where}: {found} image tokens for images that take {expected}",
+                          hint="write one placeholder per image and let corerl expand it")
