@@ -198,6 +198,9 @@ class PolicyConfig:
     reference: ReferenceConfig = section(ReferenceConfig)
     lora: LoraConfig = section(LoraConfig)
     moe: MoeConfig = section(MoeConfig)
+    freeze_vision_tower: bool | None = setting(None, help="a vision-language model: keep the vision tower's weights "
+                                                          "fixed (out of the optimizer); unset: frozen for RL and "
+                                                          "distillation, trained for SFT (NeMo RL's default)")
 
     def tokenizer_path(self, model_path: str) -> str:
         """Where the tokenizer loads from: ``tokenizer_name``, unless it is unset or names the model
@@ -374,6 +377,9 @@ class DataConfig:
     prompt_key: str = setting("prompt", help="dataset task: the prompt column")
     answer_key: str = setting("answer", help="dataset task: the answer column (rewards read it)")
     response_key: str | None = setting(None, help="dataset task: the SFT response column; unset: answer_key")
+    image_key: str = setting("images", help="dataset task: the column of a row's images (one or a list: paths "
+                                            "relative to the data file, bytes, or base64 text), each placed at an "
+                                            "image placeholder of the prompt; a row without it is text-only")
     chosen_key: str = setting("chosen", help="preferences task: the preferred response column")
     rejected_key: str = setting("rejected", help="preferences task: the dispreferred response column")
     shuffle: bool = setting(True, help="dataset task: draw training rows in a fresh random order each epoch; false: "

@@ -35,13 +35,22 @@ def lora_enabled(config: Any) -> bool:
 
 
 def peft_config(settings: LoraSettings, base_model_path: str | None = None) -> Any:
-    """``policy.lora`` as PEFT's ``LoraConfig`` for a causal LM."""
+    """``policy.lora`` as PEFT's ``LoraConfig`` for a causal LM; on a vision-language model the
+    adapter stays on the language model (the vision tower's modules are excluded)."""
+    import re
+
     from peft import LoraConfig
 
+    from corerl.models.vision import is_vision_language, read_hf_config
+
     targets: Any = "all-linear" if settings.match_all_linear or not settings.target_modules else list(settings.target_modules)
+    exclude: Any = list(settings.exclude_modules) or None
+    if base_model_path is not None and is_vision_language(read_hf_config(base_model_path)):
+        names = "|".join(re.escape(name) for name in exclude or [])
+        exclude = r"(.*\.)?visual(\..*)?" + (rf"|(.*\.)?({names})" if names else "")
     return LoraConfig(
         r=settings.dim, lora_alpha=settings.alpha, lora_dropout=settings.dropout, target_modules=targets,
-        exclude_modules=list(settings.exclude_modules) or None, task_type="CAUSAL_LM", bias="none",
+        exclude_modules=exclude, task_type="CAUSAL_LM", bias="none",
         init_lora_weights=True, base_model_name_or_path=base_model_path,
     )
 

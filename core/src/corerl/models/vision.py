@@ -72,6 +72,26 @@ def vision_parameter_names(model: Any) -> list[str]:
     return [name for name, _ in model.named_parameters() if ".visual." in f".{name}"]
 
 
+def vision_tower_frozen(config: Any) -> bool:
+    """Whether a run keeps the vision tower fixed: ``policy.freeze_vision_tower``, or where unset
+    frozen for every algorithm but SFT (RL on a few thousand rewards should not move the encoder;
+    SFT on captions may)."""
+    chosen = config.core.policy.freeze_vision_tower
+    return bool(chosen) if chosen is not None else config.core.algorithm.name != "sft"
+
+
+def freeze_vision_tower(model: Any, config: Any) -> int:
+    """Take the vision tower's parameters out of training (``requires_grad`` off, so no optimizer
+    holds them) where :func:`vision_tower_frozen` says so; returns how many were frozen."""
+    if not vision_tower_frozen(config):
+        return 0
+    names = set(vision_parameter_names(model))
+    for name, parameter in model.named_parameters():
+        if name in names:
+            parameter.requires_grad_(False)
+    return len(names)
+
+
 def tiny_vl_vocabulary(size: int = 128) -> list[str]:
     """Special tokens, the vision tokens, digits, :data:`VISION_WORDS`, then filler words up to ``size``."""
     from corerl.models.tiny import SPECIAL_TOKENS

@@ -121,11 +121,16 @@ class RankWorker(RankDeviceReport):
         value model (:mod:`corerl.models.value_model`), in float32 on the CPU; with ``policy.lora``,
         wrapped by PEFT with a fresh adapter (:func:`corerl.lora.adapter.apply_lora`). A
         mixture-of-experts model gets its router hooks (:attr:`router`, ``policy.moe``: the router
-        frozen here, before the backend builds its optimizer)."""
+        frozen here, before the backend builds its optimizer), and a vision-language model's vision
+        tower where ``policy.freeze_vision_tower`` says so."""
         from corerl.models.value_model import load_pretrained
         from corerl.training.moe_router import attach_router
 
         model = load_pretrained(model_path, self.config.role, **options)
+        if not self.critic:  # a vision-language policy: its vision tower out of the optimizer unless trained
+            from corerl.models.vision import freeze_vision_tower
+
+            freeze_vision_tower(model, self.config)
         if self.lora:
             from corerl.lora.adapter import apply_lora
 
