@@ -97,7 +97,7 @@ class RunContext:
         assert selection.task.registration is not None
         self.task = selection.task.registration.create(TaskContext(
             tokenizer, core.algorithm.seed, core.data, selection.reward_fn,
-            max_prompt_tokens=core.policy.max_seq_length - 1))
+            max_prompt_tokens=core.policy.max_seq_length - 1, images=image_encoder(self.model_path, tokenizer)))
         check_task_fits(self.task, selection)
 
     # -- engines ---------------------------------------------------------------------------
@@ -389,3 +389,11 @@ def check_task_fits(task: Any, selection: Selection) -> None:
         raise ConfigError(f"task {task_id!r} provides preference pairs only, which {registration.id} does not "
                           "train on", key="algorithm.name", hint="pick an algorithm that trains on preference pairs "
                                                                   "(algorithm.name=dpo)")
+
+
+def image_encoder(model_path: str, tokenizer: Any) -> Any:
+    """The policy's :class:`~corerl.models.vision.ImageEncoder` when it is a vision-language
+    model, else None."""
+    from corerl.models.vision import ImageEncoder, is_vision_language, read_hf_config
+
+    return ImageEncoder(model_path, tokenizer) if is_vision_language(read_hf_config(model_path)) else None

@@ -173,7 +173,7 @@ def decode_image(value: Any, where: str, base: Path | None = None) -> Any:
         if value.get("path") is not None:
             return decode_image(str(value["path"]), where, base)
         raise ConfigError(f"{where}: an image dict needs 'bytes' or 'path', got keys {sorted(value)}",
-                          hint="give the image as a path, bytes or base64 text")
+                          key="data.image_key", hint="give the image as a path, bytes or base64 text")
     if isinstance(value, (bytes, bytearray)):
         return _open(io.BytesIO(bytes(value)), where)
     if isinstance(value, str):
@@ -182,16 +182,28 @@ def decode_image(value: Any, where: str, base: Path | None = None) -> Any:
         path = Path(value) if base is None or Path(value).is_absolute() else base / value
         if path.is_file():
             return _open(path, where)
-        if len(value) > 256 and "/" not in value[:64]:  # base64 text without the data URL prefix
-            return _open(io.BytesIO(base64.b64decode(value)), where)
-        raise ConfigError(f"{where}: image file {str(path)!r} does not exist",
+        data = _base64(value)
+        if data is not None:  # base64 text without the data URL prefix
+            return _open(io.BytesIO(data), where)
+        raise ConfigError(f"{where}: image file {str(path)!r} does not exist", key="data.image_key",
                           hint="image paths are relative to the data file's folder; give base64 text or bytes instead")
     if hasattr(value, "shape") and hasattr(value, "dtype"):
         import numpy as np
 
         return Image.fromarray(np.asarray(value, dtype=np.uint8)).convert("RGB")
-    raise ConfigError(f"{where}: cannot read an image from a {type(value).__name__}",
+    raise ConfigError(f"{where}: cannot read an image from a {type(value).__name__}", key="data.image_key",
                       hint="give the image as a path, bytes, base64 text or a uint8 [H, W, 3] array")
+
+
+def _base64(text: str) -> bytes | None:
+    """The bytes ``text`` encodes in base64 where it is base64 of an image (PNG, JPEG, GIF, WebP
+    or BMP by their signatures), else None: a missing file's name is not mistaken for an image."""
+    try:
+        data = base64.b64decode(text, validate=True)
+    except ValueError:
+        return None
+    signatures = (b"\x89PNG", b"\xff\xd8\xff", b"GIF8", b"RIFF", b"BM")
+    return data if data.startswith(signatures) else None
 
 
 def _open(source: Any, where: str) -> Any:
@@ -201,7 +213,8 @@ def _open(source: Any, where: str) -> Any:
         image = Image.open(source)
         image.load()
     except (UnidentifiedImageError, OSError) as error:
-        raise ConfigError(f"{where}: not a readable image ({error})", hint="give PNG or JPEG data") from None
+        raise ConfigError(f"{where}: not a readable image ({error})", key="data.image_key",
+                          hint="give PNG or JPEG data") from None
     return image.convert("RGB")
 
 
@@ -248,10 +261,10 @@ class ImageEncoder:
         """How many image tokens each image takes in the prompt (its merged patches)."""
         return [int(row.prod()) // (self.merge * self.merge) for row in images.grid_thw]
 
-    def expand(self, ids: Sequence[int], images: Images, where: str) -> list[int]:
+    def expand(self, ids: Sequence[int], images: Images | None, where: str) -> list[int]:
         """``ids`` with each image placeholder (one image token) repeated once per merged patch of
-        its image; refused where the placeholders and the images do not match one to one."""
-        counts = self.tokens_per_image(images)
+        its image; refused where the placeholders and the images (None: none) do not match one to one."""
+        counts = [] if images is None else self.tokens_per_image(images)
         places = [i for i, token in enumerate(ids) if token == self.image_token_id]
         if len(places) != len(counts):
             raise ConfigError(f"{where}: the prompt holds {len(places)} image placeholders for {len(counts)} images",
@@ -261,12 +274,10 @@ class ImageEncoder:
             out.extend([token] * counts.pop(0) if token == self.image_token_id else [token])
         return out
 
-
-def check_image_tokens(ids: Sequence[int], images: Images | None, image_token_id: int, merge: int, where: str) -> None:
-    """Refuse a prompt whose image tokens are not exactly those its images take (a row whose
-    text already holds expanded placeholders for other images, or none at all)."""
-    expected = 0 if images is None else sum(int(row.prod()) // (merge * merge) for row in images.grid_thw)
-    found = sum(1 for token in ids if token == image_token_id)
-    if found != expected:
-        raise ConfigError(f"{where}: {found} image tokens for images that take {expected}",
-                          hint="write one placeholder per image and let corerl expand it")
+    def expand_text(self, text: str, images: Images) -> str:
+        """``text`` with each placeholder's image token written once per merged patch, as
+        :meth:`expand` does to the ids (what the expanded ids decode to)."""
+        token = str(self.tokenizer.convert_ids_to_tokens(self.image_token_id))
+        for count in self.tokens_per_image(images):
+            text = text.replace(token, " ".join([token] * count).replace(token, "\0"), 1)
+        return text.replace("\0", token)

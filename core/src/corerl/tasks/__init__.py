@@ -24,14 +24,18 @@ TextReward = Callable[[str, Mapping[str, Any]], float]
 @attrs.frozen
 class TaskContext:
     """What a task factory receives: the tokenizer, the run's seed, the ``data`` config
-    section, the reward ``data.reward`` names (None when unset: the task's own default) and the
-    longest prompt, in tokens, that leaves room for the completion (a task refuses longer ones)."""
+    section, the reward ``data.reward`` names (None when unset: the task's own default), the
+    longest prompt, in tokens, that leaves room for the completion (a task refuses longer ones)
+    and, for a vision-language policy, its :class:`~corerl.models.vision.ImageEncoder` (None for a
+    text-only model: a task with images refuses it). A task's prompt with images is an
+    :class:`~corerl.generation.contract.ImagePrompt` (contract 2.13)."""
 
     tokenizer: Any
     seed: int
     data: Any
     reward: TextReward | None = None
     max_prompt_tokens: int | None = None  # the longest prompt that leaves room for a completion
+    images: Any = None  # the policy's ImageEncoder when it is a vision-language model
 
 
 @runtime_checkable

@@ -13,15 +13,19 @@ from typing import Any
 
 from corerl.errors import ConfigError
 from corerl.failures import first_line
-from corerl.generation.contract import Sample
+from corerl.generation.contract import Sample, with_images
 from corerl.reporting.lost_text import check_prompts
 from corerl.tasks import TaskContext, decode_completion, restore_rng, rng_state, score
-from corerl.tasks.prompts import check_prompt_fits, encode_prompt
+from corerl.tasks.prompt_images import as_images, decode_all, message_text, place_images, place_messages
+from corerl.tasks.prompts import chat_text, check_prompt_fits, encode_prompt, encode_text
 from corerl.tasks.rewards import exact_answer
 
 _BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
 ORIGIN = "_corerl_origin"  # where a row came from: a key the rows carry, dropped before a reward sees them
 PROMPT_IDS = "_corerl_prompt_ids"  # the row's prompt, encoded and checked once when the task is made
+FOLDER = "_corerl_folder"  # the folder of the row's data file: image paths are relative to it
+IMAGES = "_corerl_images"  # the row's images, encoded with its prompt (a vision-language policy's)
+_INTERNAL = (ORIGIN, PROMPT_IDS, FOLDER, IMAGES)
 
 
 def render_prompt(tokenizer: Any, text: str, chat_template: bool, system_prompt: str | None) -> list[int]:
@@ -53,6 +57,7 @@ def _read_jsonl(path: Path, key: str) -> list[dict[str, Any]]:
                 raise ConfigError(f"{path} line {number} holds a {type(row).__name__}, not a JSON object", key=key,
                                   hint='each line must hold one object, e.g. {"prompt": "...", "answer": "..."}')
             row[ORIGIN] = f"{path.name} line {number}"
+            row[FOLDER] = str(path.parent)
             rows.append(row)
     return rows
 
@@ -93,7 +98,8 @@ def read_rows(files: list[str], key: str, limit: int | None = None) -> list[dict
             table = datasets.load_dataset(builders.copy().pop(), data_files=[name], split="train")
         except Exception as exc:  # a malformed file: say which key and file, keep the cause
             raise ConfigError(f"cannot read {name}: {first_line(exc)}", key=key, hint="check the file is valid JSONL (one object per line) or Parquet") from exc
-        rows += [{**row, ORIGIN: f"{Path(name).name} row {index + 1}"} for index, row in enumerate(table.to_list())]
+        rows += [{**row, ORIGIN: f"{Path(name).name} row {index + 1}", FOLDER: str(Path(name).parent)}
+                 for index, row in enumerate(table.to_list())]
         if limit is not None and len(rows) >= limit:
             break
     return rows[:limit]
@@ -238,6 +244,7 @@ class DatasetTask:
         self.response_key = data.response_key or data.answer_key
         self.chat_template = data.apply_chat_template
         self.max_prompt_tokens = context.max_prompt_tokens
+        self.image_key, self.images = data.image_key, context.images
         train_files = as_list(data.train_files)
         if data.hub_dataset and not train_files:
             raise ConfigError(f"{data.hub_dataset!r} is a Hugging Face Hub dataset, and nothing is downloaded",
@@ -290,12 +297,41 @@ class DatasetTask:
         return drawn
 
     def _prompt_of(self, row: dict[str, Any]) -> list[int]:
-        return list(row[PROMPT_IDS])
+        return with_images(row[PROMPT_IDS], row.get(IMAGES))
 
     def _encode_checked(self, row: dict[str, Any]) -> tuple[list[int], str]:
-        ids, text = self._encode(str(row[self.prompt_key]))
-        check_prompt_fits(ids, self.max_prompt_tokens, row[ORIGIN], ", or shorten or remove that row")
+        """The row's prompt ids (its images' placeholders expanded, the images kept in the row)
+        and the text they encode, refused where it does not fit."""
+        where, prompt = row[ORIGIN], row[self.prompt_key]
+        images = as_images(row.get(self.image_key))
+        if isinstance(prompt, list):  # chat messages, perhaps with image parts
+            messages, parts = message_text(prompt, where)
+            images += parts
+            ids, text = self._encode_messages(place_messages(messages, len(images)))
+        else:
+            ids, text = self._encode(place_images(str(prompt), len(images)))
+        if images:
+            if self.images is None:
+                raise ConfigError(f"{where}: the row has {len(images)} image(s) and the policy is a text-only model",
+                                  key="policy.model_name",
+                                  hint=f"use a vision-language model (builtin:tiny-vl, a Qwen2.5-VL or Qwen3-VL "
+                                       f"checkpoint), or drop the {self.image_key!r} column (data.image_key)")
+            pixels = self.images.encode(decode_all(images, Path(row.get(FOLDER, ".")), where), where)
+            ids, text = self.images.expand(ids, pixels, where), self.images.expand_text(text, pixels)
+            row[IMAGES] = pixels
+        elif self.images is not None:  # placeholders without images are refused too
+            self.images.expand(ids, None, where)
+        check_prompt_fits(ids, self.max_prompt_tokens, where, ", or shorten or remove that row")
         return ids, text
+
+    def _encode_messages(self, messages: list[dict[str, str]]) -> tuple[list[int], str]:
+        """A chat-format prompt's ids: through the chat template where the task uses one, else the
+        messages' contents, one paragraph each."""
+        if self.chat_template:
+            system = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
+            text = chat_text(self.tokenizer, [*system, *messages], prompt=True)
+            return encode_text(self.tokenizer, text), text
+        return self._encode("\n\n".join(m["content"] for m in messages))
 
     def sample(self, count: int) -> tuple[list[list[int]], list[Any]]:
         rows = self._draw(count)
@@ -333,6 +369,6 @@ class _Example(dict):  # type: ignore[type-arg]
 
 
 def _public(row: dict[str, Any]) -> _Example:
-    example = _Example((k, v) for k, v in row.items() if k not in (ORIGIN, PROMPT_IDS))
+    example = _Example((k, v) for k, v in row.items() if k not in _INTERNAL)
     example.origin = row.get(ORIGIN)
     return example
