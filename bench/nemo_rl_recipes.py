@@ -1,11 +1,12 @@
 """How many of NeMo RL's own LLM recipes `corerl validate --recipe-only` accepts (issue 17's acceptance).
 
 Point it at a NeMo RL checkout's ``examples/configs`` folder: every YAML file there whose merged
-tree is a GRPO, SFT, DPO, distillation, reward-model (``rm``) or evaluation recipe for a language
-model (``vlm`` recipes are left out; PPO's are counted apart) is validated in this process,
+tree is a GRPO, SFT, DPO, distillation, reward-model (``rm``) or evaluation recipe (PPO's are
+counted apart) is validated in this process,
 exactly as ``corerl validate --recipe-only FILE`` does (same loader, same selection; the models,
 data files and folders a run would need are this machine's business, not the recipe's), and the table prints
-each recipe's verdict and, for the refused ones, the one-line reason.
+each recipe's verdict and, for the refused ones, the one-line reason. The vision-language (VLM)
+recipes (``vlm`` in their path) are counted with their algorithm and totalled apart too.
 
     .venv/bin/python bench/nemo_rl_recipes.py ~/src/RL/examples/configs
 
@@ -30,6 +31,14 @@ from bench_output import results_path
 ALGORITHMS = ("grpo", "sft", "dpo", "distillation", "rm", "eval")
 #: what would lift a refusal, by the key it names (first match): the feature corerl does not have
 FEATURES = (
+    ("policy.model_name", "vision-language models outside the Qwen-VL families, audio and omni models"),
+    ("generation.model_name", "vision-language models outside the Qwen-VL families, audio and omni models"),
+    ("megatron_cfg.enabled", "vision-language models on the megatron backend"),
+    ("freeze_vision", "vision-language models on the megatron backend"),
+    ("freeze_sound", "vision-language models on the megatron backend"),
+    ("radio_force_cpe", "vision-language models on the megatron backend"),
+    ("dataset_name", "audio and audio-visual datasets"),
+    ("video", "audio and video inputs"),
     ("expert_parallel", "mixture-of-experts models (expert parallelism)"),
     ("expert_model_parallel", "mixture-of-experts models (expert parallelism)"),
     ("moe_", "mixture-of-experts models"),
@@ -45,7 +54,8 @@ FEATURES = (
     ("use_cispo", "the CISPO loss"),
     ("invalid_tool_call", "NeMo Gym's tool-call penalties"),
     ("dp_replicate_size", "hybrid sharding (HSDP)"),
-    ("env_name", "that environment (NeMo Gym, vlm), or one with distillation (it plays none)"),
+    ("env_name", "that environment (NeMo Gym; NeMo RL's VLM reward environments clevr-cogent, geometry3k, "
+                 "refcoco, vlm), or one with distillation (it plays none)"),
     ("async.in_flight", "in-flight weight updates on vLLM (it takes them between calls: in_flight=wait)"),
     ("lora", "LoRA on the megatron backend (megatron-core has no LoRA layers)"),
     ("seq_logprob_error_threshold", "masking sequences by their train/generation logprob gap"),
@@ -58,10 +68,12 @@ FEATURES = (
     ("xtoken", "cross-tokenizer off-policy distillation"),
     ("megatron_cfg.sequence_parallel", "megatron generation with sequence parallelism (sample with vLLM instead)"),
     ("max_num_steps", "training for a number of epochs (max_num_steps: -1)"),
-    ("limit_mm_per_prompt", "image, audio and video inputs"),
+    ("limit_mm_per_prompt", "audio and video inputs"),
     ("verifier_type", "multiple-choice answer verifiers"),
     ("file_format", "CSV datasets"),
     ("eval.metric", "cons@k (majority vote)"),
+    ("bad_words", "banned words at generation (bad_words)"),
+    ("chat_template_kwargs", "chat-template arguments (enable_thinking)"),
 )
 # the corpus's recipes of other algorithms, reported apart
 OTHERS = ("ppo",)
@@ -145,12 +157,18 @@ def counts(rows: list[tuple[Path, bool, str]]) -> dict[str, int]:
             "refused": len(rows) - accepted - machine}
 
 
+def is_vlm(relative: Path) -> bool:
+    """Whether a recipe is one of the corpus's vision-language (or audio-visual) ones."""
+    return "vlm" in relative.parts or "vlm" in relative.name
+
+
 def write_figures(target: Path, corpus: Path, counted: dict[str, list[tuple[Path, bool, str]]],
                   others: dict[str, list[tuple[Path, bool, str]]], reasons: collections.Counter[str],
                   gpu_bound: int) -> None:
     """The tables' figures as JSON at ``target``."""
+    every = [row for a in ALGORITHMS for row in counted.get(a, [])]
     result = {"corpus": str(corpus), "algorithms": {a: counts(counted.get(a, [])) for a in ALGORITHMS},
-              "all": counts([row for a in ALGORITHMS for row in counted.get(a, [])]),
+              "all": counts(every), "vlm": counts([row for row in every if is_vlm(row[0])]),
               "refusals": [{"key": key, "recipes": count, "feature": feature_of(key)}
                            for key, count in reasons.most_common()],
               "others": {name: counts(rows) for name, rows in others.items()},
@@ -175,9 +193,6 @@ def main(argv: list[str] | None = None) -> int:
     skipped = 0
     for path in sorted(args.configs.rglob("*.yaml")):
         relative = path.relative_to(args.configs)
-        if "vlm" in relative.parts or "vlm" in path.name:
-            skipped += 1
-            continue
         algorithm = algorithm_of(path)
         if algorithm is None:
             skipped += 1
@@ -195,7 +210,8 @@ def main(argv: list[str] | None = None) -> int:
     for column in ("algorithm", "recipes", "accepted", "refused: no GPU here", "refused", "accepted %"):
         table.add_column(column, justify="left" if column == "algorithm" else "right")
     every = [row for algorithm in ALGORITHMS for row in counted.get(algorithm, [])]
-    for label, rows in [*((a, counted.get(a, [])) for a in ALGORITHMS), ("all", every)]:
+    vlm = [row for row in every if is_vlm(row[0])]
+    for label, rows in [*((a, counted.get(a, [])) for a in ALGORITHMS), ("all", every), ("of which vlm", vlm)]:
         c = counts(rows)
         share = f"{100 * c['accepted'] / c['recipes']:.0f}" if rows else "-"
         table.add_row(label, str(c["recipes"]), str(c["accepted"]), str(c["refused_no_gpu_here"]), str(c["refused"]),
@@ -203,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
     console = make_console()
     console.print(table)
     others = {name: counted.pop(name, []) for name in OTHERS}
-    console.print(f"{skipped} other YAML files (VLM recipes, defaults without an algorithm section) not counted")
+    console.print(f"{skipped} other YAML files (defaults without an algorithm section) not counted")
     refused = [(algorithm, *row) for algorithm in ALGORITHMS for row in counted.get(algorithm, []) if not row[1]]
     reasons = collections.Counter(reason.split(":")[0] for *_, reason in refused if not machine_only(reason))
     why = Table(title="refused (not for want of a GPU): the key of the first refusal, and what would lift it")

@@ -423,3 +423,114 @@ def test_every_key_of_nemo_rls_own_recipes_has_a_fate():
                 missing.setdefault(key, path.relative_to(CORPUS))
     assert recipes > 250
     assert not missing, f"{len(missing)} keys have no fate: " + ", ".join(f"{k} ({f})" for k, f in list(missing.items())[:20])
+
+
+# -- vision-language (VLM) recipes: the Qwen-VL image families on dtensor, the rest refused in one line --
+
+VLM_GRPO = """\
+grpo:
+  deduplicate_multimodal_data: false
+  debug_payload_metrics: false
+policy:
+  model_name: Qwen/Qwen2.5-VL-3B-Instruct
+  is_vlm: true
+  dtensor_cfg:
+    automodel_kwargs:
+      freeze_config:
+        freeze_vision_tower: false
+        freeze_audio_tower: true
+        freeze_language_model: false
+  generation:
+    vllm_cfg:
+      limit_mm_per_prompt:
+        image: 2
+    vllm_kwargs:
+      mm_processor_cache_gb: 0
+data:
+  dataset_name: clevr-cogent
+  default:
+    processor: vlm_hf_data_processor
+"""
+
+
+def _vlm_recipe(tmp_path: Path, text: str = VLM_GRPO) -> Path:
+    path = tmp_path / "vlm_grpo.yaml"
+    path.write_text(f"defaults: {DATA / 'base_grpo.yaml'}\n{text}")
+    return path
+
+
+def _validated_in_process(capsys, *args: str) -> tuple[int, str]:
+    """``corerl validate --recipe-only`` in this process: its exit code and stderr."""
+    from corerl.cli import main
+
+    code = main(["validate", "--recipe-only", *args])
+    return code, capsys.readouterr().err
+
+
+def test_a_qwen_vl_grpo_recipe_validates_with_its_vision_keys_acting(tmp_path, capsys):
+    from corerl.config import load_config
+    from corerl.plugin_manager import PluginHost
+
+    recipe = _vlm_recipe(tmp_path)
+    config = load_config(recipe, [], PluginHost())
+    core = config.core
+    assert core.policy.model_name == "Qwen/Qwen2.5-VL-3B-Instruct" and core.policy.freeze_vision_tower is False
+    assert core.data.hub_dataset == "clevr-cogent"  # a Hub dataset: refused only at run start, as the text ones
+    engine = config.section("policy.generation.vllm_cfg").engine_args
+    assert engine == {"mm_processor_cache_gb": 0, "limit_mm_per_prompt": {"image": 2}}
+    fates = {f.key: (f.fate, f.detail) for f in config.fates}
+    assert fates["policy.dtensor_cfg.automodel_kwargs.freeze_config.freeze_vision_tower"] == (
+        "acts", "policy.freeze_vision_tower")
+    for key in ("policy.is_vlm", "grpo.deduplicate_multimodal_data", "grpo.debug_payload_metrics",
+                "data.default.processor", "policy.dtensor_cfg.automodel_kwargs.freeze_config.freeze_audio_tower"):
+        assert fates[key][0] == "inert", (key, fates[key])
+    assert "the same samples and loss" in fates["grpo.deduplicate_multimodal_data"][1]
+    code, err = _validated_in_process(capsys, str(recipe))
+    assert code == 0, err
+
+
+@pytest.mark.parametrize("override, says", [
+    ("policy.model_name=Qwen/Qwen2.5-Omni-3B", "policy.model_name: Qwen/Qwen2.5-Omni-3B: audio, video and omni models "
+                                               "are not built into corerl yet"),
+    ("policy.model_name=google/gemma-4-E4B-it", "policy.model_name: google/gemma-4-E4B-it: corerl trains the "
+                                                "vision-language families Qwen2-VL, Qwen2.5-VL and Qwen3-VL"),
+    ("policy.model_name=Qwen/Qwen3-VL-30B-A3B-Instruct", "Qwen3-VL's mixture-of-experts models (qwen3_vl_moe) are "
+                                                         "not built into corerl yet"),
+    ("data.dataset_name=avqa", "data.dataset_name: 'avqa' is an audio or audio-visual dataset"),
+    ("policy.generation.vllm_cfg.limit_mm_per_prompt.audio=1", "policy.generation.vllm_cfg.limit_mm_per_prompt.audio: "
+                                                               "audio and video inputs are not built into corerl yet"),
+    ("policy.megatron_cfg.enabled=true", "policy.megatron_cfg.enabled: megatron does not train vision-language models "
+                                         "in corerl yet; use policy.dtensor_cfg"),
+    ("policy.dtensor_cfg.automodel_kwargs.freeze_config.freeze_language_model=true",
+     "freeze_config.freeze_language_model: True is not supported: corerl trains the language model"),
+])
+def test_what_a_vlm_recipe_needs_beyond_the_qwen_vl_image_families_is_refused_in_one_line(tmp_path, capsys, override,
+                                                                                           says):
+    code, err = _validated_in_process(capsys, str(_vlm_recipe(tmp_path)), override)
+    assert code == 2, err
+    (line,) = err.strip().splitlines()
+    assert says in line, line
+
+
+def test_a_text_recipe_on_a_multimodal_checkpoint_is_not_taken_for_a_vlm_recipe(tmp_path, capsys):
+    """Automodel's freeze_config alone is no VLM mark: NeMo RL's Gemma 4 text recipes freeze the towers."""
+    recipe = tmp_path / "text.yaml"
+    recipe.write_text(f"defaults: {DATA / 'base_grpo.yaml'}\npolicy:\n  model_name: google/gemma-4-E2B-it\n"
+                      "  dtensor_cfg:\n    automodel_kwargs:\n      freeze_config:\n        freeze_vision_tower: true\n")
+    code, err = _validated_in_process(capsys, str(recipe))
+    assert code == 0, err
+
+
+@pytest.mark.skipif(not CORPUS.is_dir(), reason=f"NeMo RL's recipes are not at {CORPUS}")
+def test_nemo_rls_own_vlm_recipes_validate_where_nothing_else_blocks_them(capsys):
+    """The Qwen2.5-VL SFT recipe validates; the GRPO one only lacks its clevr-cogent reward environment
+    (with corerl's math environment it validates); the audio-visual SFT recipe is refused in one line."""
+    assert _validated_in_process(capsys, str(CORPUS / "sft_vlm_3B.yaml"))[0] == 0
+    code, err = _validated_in_process(capsys, str(CORPUS / "vlm_grpo_3B.yaml"))
+    assert code == 2 and "data.env_name: environment 'clevr-cogent' is not available" in err, err
+    code, err = _validated_in_process(capsys, str(CORPUS / "vlm_grpo_3B.yaml"), "data.default.env_name=math")
+    assert code == 0, err
+    code, err = _validated_in_process(capsys, str(CORPUS / "vlm_grpo_3B_megatron.yaml"), "data.default.env_name=math")
+    assert code == 2 and "megatron does not train vision-language models in corerl yet" in err, err
+    code, err = _validated_in_process(capsys, str(CORPUS / "sft_avlm.yaml"))
+    assert code == 2 and "audio and video inputs are not built into corerl yet" in err, err

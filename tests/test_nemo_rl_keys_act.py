@@ -506,8 +506,8 @@ def test_an_evaluation_recipe_is_read_for_corerl_eval(tmp_path, capsys):
     assert _Validated(capsys, str(recipe)).code == 0
     for override, says in (("eval.metric=cons@k", "eval.metric: 'cons@k' is not supported: corerl eval reports pass@k"),
                            ("generation.vllm_cfg.limit_mm_per_prompt.audio=1",
-                            "generation.vllm_cfg.limit_mm_per_prompt.audio: image, audio and video inputs are not built "
-                            "into corerl yet"),
+                            "generation.vllm_cfg.limit_mm_per_prompt.audio: audio and video inputs are not built into "
+                            "corerl yet"),
                            ("env.math.verifier_type=english_multichoice",
                             "env.math.verifier_type: 'english_multichoice' is not supported")):
         assert says in _one_line(_Validated(capsys, str(recipe), override))

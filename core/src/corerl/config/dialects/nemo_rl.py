@@ -17,6 +17,7 @@ from typing import Any, Literal
 import attrs
 
 from corerl.config.dialects import KeyFate
+from corerl.config.dialects import nemo_rl_vision as vision
 from corerl.config.tree import Origins, drop_at, origin_of, set_at, value_at
 from corerl.errors import ConfigError, ConfigErrors
 
@@ -386,7 +387,7 @@ RULES: dict[str, Rule] = {
     **{f"policy.{key}": inert("used only with quantisation-aware training (policy.quant_cfg)")
        for key in ("disable_modelopt_layer_spec", "quant_calib_data", "quant_calib_size", "quant_batch_size",
                    "quant_sequence_length")},
-    "policy.tokenizer.video.*": inert("text-only models: no video frames"),
+    "policy.tokenizer.video.*": refused(vision.AUDIO_VIDEO),
     "grpo.skip_reference_policy_logprobs_calculation": inert("corerl scores the reference only where the KL penalty "
                                                              "needs it (algorithm.kl_penalty > 0)"),
     # NeMo RL's reward-model environment (data.*.env_name: reward_model): corerl's reward_model section
@@ -512,13 +513,26 @@ RULES: dict[str, Rule] = {
     "value.scheduler": DERIVED,
     "value.scheduler.*": DERIVED,
     "value.dtensor_cfg.lora_cfg.enabled": inert("the critic trains whole: LoRA is the policy's", _truthy),
-    # vision, audio and video models (NeMo RL's VLM recipes): corerl trains text-only language models
-    **{key: refused("vision, audio and video models are not built into corerl yet (text-only language models)")
-       for key in ("policy.is_vlm", "policy.megatron_cfg.freeze_config.*", "policy.megatron_cfg.freeze_vision_model",
-                   "policy.megatron_cfg.freeze_vision_projection", "policy.megatron_cfg.freeze_sound_encoder",
-                   "policy.megatron_cfg.freeze_sound_projection", "policy.megatron_cfg.radio_force_cpe_eval_mode",
-                   "policy.generation.vllm_cfg.video.*", "data.default.video_target_num_patches",
-                   "data.default.video_maintain_aspect_ratio", "grpo.deduplicate_multimodal_data")},
+    # vision-language models (NeMo RL's VLM recipes): the Qwen-VL image families on dtensor; _vision() checks the
+    # model and the datasets, and refuses megatron's VLM path
+    "policy.is_vlm": inert("corerl reads whether the model is a vision-language one from its config.json "
+                           f"(model_type); a VLM recipe's model must be a {vision.SUPPORTED_FAMILIES} one"),
+    **{f"policy.megatron_cfg.{key}": refused(vision.MEGATRON_VLM)
+       for key in ("freeze_config.*", "freeze_vision_model", "freeze_vision_projection", "freeze_sound_encoder",
+                   "freeze_sound_projection", "radio_force_cpe_eval_mode")},
+    "policy.dtensor_cfg.automodel_kwargs.freeze_config.freeze_vision_tower": acts("policy.freeze_vision_tower"),
+    "policy.dtensor_cfg.automodel_kwargs.freeze_config.freeze_audio_tower": inert(
+        "corerl trains no audio tower (audio models are not built in)"),
+    "policy.dtensor_cfg.automodel_kwargs.freeze_config.freeze_language_model": inert(
+        "corerl trains the language model (with LoRA, its adapters)", _truthy),
+    "policy.dtensor_cfg.automodel_kwargs.freeze_config.*": refused(
+        "an Automodel freeze option corerl does not have (freeze_vision_tower is policy.freeze_vision_tower)"),
+    **{key: refused(vision.AUDIO_VIDEO)
+       for key in ("policy.generation.vllm_cfg.video.*", "data.default.video_target_num_patches",
+                   "data.default.video_maintain_aspect_ratio")},
+    "grpo.deduplicate_multimodal_data": inert("NeMo RL's sharing of a prompt's images among its group's rows in the "
+                                              "payloads its Ray workers exchange: transport and memory only, the "
+                                              "same samples and loss (corerl's rows carry their prompt's images)"),
     **{f"policy.generation.vllm_cfg.{key}": inert("vLLM's loading and serving settings; corerl drives vLLM in "
                                                   "process or in a Ray actor")
        for key in ("enable_thinking", "load_format", "cap_max_tokens_to_context")},
@@ -528,7 +542,8 @@ RULES: dict[str, Rule] = {
     "policy.dequantize_base_checkpoint": inert(_OFF, _truthy),
     "policy.megatron_cfg.clear_memory_caches_before_refit": inert(_PERF),
     "grpo.zero_variance_prompt_filtering": inert(_OFF, _truthy),
-    "grpo.debug_payload_metrics": inert("debug metrics of NeMo RL's"),
+    "grpo.debug_payload_metrics": inert("NeMo RL's debug telemetry of its Ray payload sizes: metrics only, the same "
+                                        "samples and loss"),
     "grpo.num_val_generations_per_prompt": derived("an older spelling of grpo.val_num_generations_per_prompt"),
     "data.validation.allowed_problem_types": inert("used by NeMo RL's validation datasets; corerl holds rows of the "
                                                    "training data out"),
@@ -558,15 +573,17 @@ RULES: dict[str, Rule] = {
                                              "batched does not change the answers"),
     "data.problem_key": acts("data.prompt_key"),
     "data.solution_key": acts("data.answer_key"),
-    "data.processor": inert("corerl's dataset task formats prompt/answer rows itself"),
+    "data.processor": inert(vision.PROCESSOR_REASON),
     "data.repeat": inert("each prompt is answered eval.num_samples times (eval.num_tests_per_prompt)", _not(1)),
     "data.file_format": inert("corerl's dataset task reads JSONL and Parquet files: a CSV is refused (convert it)",
                               lambda value: value not in (None, "json", "jsonl", "parquet")),
     "env.math.verifier_type": inert("corerl's math environment verifies with math-verify (NeMo RL's math verifier); "
                                     "its multiple-choice verifiers are not built into corerl yet",
                                     lambda value: value not in (None, "math")),
-    "policy.generation.vllm_cfg.limit_mm_per_prompt.*": refused("image, audio and video inputs are not built into "
-                                                                "corerl yet (text-only language models)"),
+    "policy.generation.vllm_cfg.limit_mm_per_prompt.image": derived("policy.generation.vllm_cfg.engine_args."
+                                                                   "limit_mm_per_prompt.image (vLLM's images a "
+                                                                   "prompt may hold)"),
+    "policy.generation.vllm_cfg.limit_mm_per_prompt.*": refused(vision.AUDIO_VIDEO),
     # LoRA: both backends' sections map to policy.lora (PEFT); the megatron backend refuses it in one line
     **{f"policy.{section}.{key}": acts(f"policy.lora.{target}")
        for section in ("dtensor_cfg.lora_cfg", "megatron_cfg.peft")
@@ -583,7 +600,8 @@ RULES: dict[str, Rule] = {
     "policy.megatron_cfg.peft.lora_dtype": inert("the adapter trains in float32 (the optimizer's precision)",
                                                  lambda value: value not in (None, "None", "float32")),
     "policy.hf_config_overrides": acts("policy.hf_config_overrides", lambda value: dict(value or {})),
-    "policy.tokenizer.is_tokenizer_processor": inert("text-only models: the tokenizer is used as it is", _truthy),
+    "policy.tokenizer.is_tokenizer_processor": inert("corerl loads the tokenizer, and a vision-language model's "
+                                                     "image processor beside it"),
     "policy.megatron_cfg.pipeline_dtype": inert("pipeline stages exchange activations in policy.precision"),
     "policy.megatron_cfg.moe_router_dtype": inert_with_warning(
         "the router's softmax and top-k run in float32 (megatron-core's and transformers' default): routing in "
@@ -644,7 +662,7 @@ RULES: dict[str, Rule] = {
     "data.default.output_key": acts("data.answer_key"),
     "data.default.prompt_file": acts("data.prompt_file"),
     "data.default.system_prompt_file": acts("data.system_prompt_file"),
-    "data.default.processor": inert("corerl's dataset task formats prompt/answer rows itself"),
+    "data.default.processor": inert(vision.PROCESSOR_REASON),
     "data.train.max_samples": acts("data.max_train_rows"),
     "data.train.split": inert("local files are read whole"),
     "data.validation.split": inert("local files are read whole"),
@@ -1086,6 +1104,7 @@ def _derived(raw: dict[str, Any], out: _Translator, algorithm: str | None) -> No
     _reward_model_environment(raw, out)
     _reward_model_policy(raw, out, algorithm)
     _eval_recipe(raw, out)
+    _vision(raw, out)
 
 
 def _chat_template(raw: dict[str, Any], out: _Translator) -> None:
@@ -1358,6 +1377,41 @@ def _eval_recipe(raw: dict[str, Any], out: _Translator) -> None:
             out.new_origins[target] = origin_of(key, out.origins) or "nemo-rl dialect"
             detail = next((f.detail for f in out.fates if f.key == key and f.fate == "acts"), None)
             out.refate(key, "acts", f"{detail}, {target}" if detail else target)
+
+
+def _vision(raw: dict[str, Any], out: _Translator) -> None:
+    """A vision-language recipe (:func:`nemo_rl_vision.marker`): its Hub model must be of a Qwen-VL
+    image family, its datasets not audio or video ones, and it trains on dtensor (megatron's VLM
+    path is refused in one line). vLLM's image limit goes to the engine's arguments in any recipe."""
+    _image_limit(raw, out)
+    if vision.marker(raw) is None:
+        return
+    key = vision.model_key(raw)
+    why = vision.model_refusal(value_at(raw, key))
+    if why is not None:
+        out.refuse(key, why, vision.MODEL_HINT)
+    for name_key in vision.DATASET_KEYS:
+        name = value_at(raw, name_key)
+        if vision.is_audio_video_dataset(name):
+            out.refuse(name_key, f"{name!r} is an audio or audio-visual dataset: {vision.AUDIO_VIDEO}",
+                       "give an image dataset (a local JSONL/Parquet file with an image column, data.image_key)")
+    megatron_refused = any(error.message.startswith(vision.MEGATRON_VLM) for error in out.errors)
+    if value_at(raw, "policy.megatron_cfg.enabled") is True and not megatron_refused:
+        out.refuse("policy.megatron_cfg.enabled", vision.MEGATRON_VLM, vision.MEGATRON_VLM_HINT)
+
+
+def _image_limit(raw: dict[str, Any], out: _Translator) -> None:
+    """``vllm_cfg.limit_mm_per_prompt.image``: vLLM's engine argument, merged into
+    ``policy.generation.vllm_cfg.engine_args`` (with what ``vllm_kwargs`` gave)."""
+    prefix = "generation" if is_eval_recipe(raw) else "policy.generation"
+    source = f"{prefix}.vllm_cfg.limit_mm_per_prompt.image"
+    limit = value_at(raw, source)
+    if limit is None or _switched_off(source, raw):
+        return
+    target = "policy.generation.vllm_cfg.engine_args.limit_mm_per_prompt"
+    given = value_at(out.tree, target)
+    out.put(source, target, {**(given if isinstance(given, dict) else {}), "image": limit},
+            f"{target}.image")
 
 
 LINEAR_LR, CONSTANT_LR = "torch.optim.lr_scheduler.LinearLR", "torch.optim.lr_scheduler.ConstantLR"
