@@ -78,6 +78,8 @@ def corerl_register_tasks(register: Callable[[Task], None]) -> None:
                   description="echo the digit in the prompt (made in code; the demo's task)"))
     register(Task(id="dataset", factory="corerl.tasks.dataset:DatasetTask",
                   description="prompt/answer rows from data.train_files (JSONL or Parquet)"))
+    register(Task(id="shape_colour", factory="corerl.tasks.shape_colour:ShapeColour",
+                  description="the colour of the larger of two squares in an image (made in code; a VLM's, the VL demo's)"))
     register(Task(id="tool_lookup", factory="corerl.tasks.tool_lookup:ToolLookup",
                   description="a digit behind a key, reachable only through the lookup tool (env: tools; made in code)"))
     register(Task(id="digit_preference", factory="corerl.tasks.preferences:DigitPreference", provides="preferences",

@@ -48,6 +48,7 @@ class HFGenerationBackend:
     def __init__(self, config: Any) -> None:
         self.config = config
         self.own_model: Any = None
+        self.vision_tokens: list[int] = []  # a vision-language model's image tokens: never sampled
         self.shared_engine: Any = None  # the training engine whose model this backend samples with
         self.decode_copy: Any = None  # a 16-bit copy of the shared model to decode with (static cache)
 
@@ -81,7 +82,7 @@ class HFGenerationBackend:
         from transformers.utils import logging as hf_logging
 
         from corerl.models.tokenizer import load_tokenizer_folder
-        from corerl.models.vision import auto_model_class, is_vision_language, read_hf_config
+        from corerl.models.vision import auto_model_class, is_vision_language, read_hf_config, vision_token_ids
 
         hf_logging.disable_progress_bar()
         self.model_path = model_path
@@ -96,6 +97,7 @@ class HFGenerationBackend:
             self.own_model.eval()
             self.autocast = None
         self.tokenizer = load_tokenizer_folder(self.config.core.policy.tokenizer_path(model_path))
+        self.vision_tokens = vision_token_ids(read_hf_config(model_path))
         choice = self.config.core.policy.generation.hf_kv_cache
         self.static_cache = choice == "static" or (choice == "auto" and self.device.type == "cuda")
         if self.static_cache and is_vision_language(read_hf_config(model_path)):
@@ -173,6 +175,8 @@ class HFGenerationBackend:
         if any(images):
             rows = {"input_ids": input_ids, **image_fields([i for i in images for _ in range(n)])}
             kwargs.update({k: v.to(self.device) for k, v in image_inputs(rows, image_token_id(self.model)).items()})
+        if self.vision_tokens:  # a completion never holds an image's own tokens (training counts them as images)
+            kwargs["suppress_tokens"] = self.vision_tokens
         model = self.model if self.decode_copy is None else self.decode_copy.refreshed_from(self.model)
         autocast = self.autocast if self.decode_copy is None else None
         was_training = model.training

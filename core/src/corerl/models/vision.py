@@ -58,6 +58,17 @@ def text_config(hf_config: dict[str, Any]) -> dict[str, Any]:
     return {**hf_config, **nested} if isinstance(nested, dict) else hf_config
 
 
+def vision_token_ids(hf_config: dict[str, Any] | None) -> list[int]:
+    """The token ids a vision-language model's images take (image, video, vision start and end):
+    generation never samples them (a completion holding one would count as an image). Empty for
+    a text-only model."""
+    if not is_vision_language(hf_config):
+        return []
+    assert hf_config is not None
+    keys = ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id")
+    return [int(hf_config[key]) for key in keys if hf_config.get(key) is not None]
+
+
 def auto_model_class(model_path: str | Path) -> Any:
     """The transformers auto class that loads the policy at ``model_path``: image-text-to-text for
     a vision-language checkpoint, causal LM for the rest."""

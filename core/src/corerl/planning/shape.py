@@ -40,6 +40,8 @@ class ModelShape:
     shared_experts: int = 0
     moe_layers: int = 0
     qk_norm: bool = False
+    #: a vision-language checkpoint (its vision tower is not counted in this shape)
+    vision: bool = False
 
     @property
     def is_moe(self) -> bool:
@@ -50,8 +52,9 @@ class ModelShape:
     def from_hf_config(cls, config: Mapping[str, Any], name: str = "model") -> ModelShape:
         """The shape of a Hugging Face config dict (a causal LM's ``config.json``; a vision-language
         model's language model, its ``text_config``: the vision tower is not counted)."""
-        from corerl.models.vision import text_config
+        from corerl.models.vision import is_vision_language, text_config
 
+        vision = is_vision_language(dict(config))
         config = text_config(dict(config))
         try:
             heads = int(config["num_attention_heads"])
@@ -70,7 +73,7 @@ class ModelShape:
                        expert_intermediate=expert_intermediate if experts else 0,
                        shared_experts=int(config.get("n_shared_experts") or 0),
                        moe_layers=_moe_layer_count(config, layers) if experts else 0,
-                       qk_norm=config.get("model_type", "").startswith("qwen3"))
+                       qk_norm=config.get("model_type", "").startswith("qwen3"), vision=vision)
         except KeyError as exc:
             raise ConfigError(f"{name}: config.json lacks {exc.args[0]!r}, which the memory estimate needs",
                               hint="corerl plan reads dense Llama/Qwen2-style decoders") from None

@@ -68,6 +68,8 @@ def image_inputs(batch: dict[str, torch.Tensor], image_token_id: int | None) -> 
 
 def image_token_id(model: Any) -> int | None:
     """The image token of ``model`` (a Hugging Face model, inside PEFT or FSDP wrappers too), or None."""
-    config = getattr(model, "config", None)
-    value = getattr(config, "image_token_id", None)
-    return None if value is None else int(value)
+    for holder in (model, getattr(model, "module", None)):  # a DeepSpeed engine holds the model as .module
+        value = getattr(getattr(holder, "config", None), "image_token_id", None)
+        if value is not None:
+            return int(value)
+    return None
