@@ -105,7 +105,8 @@ class RunContext:
     def start(self, registration: Any, path: str, training: Any = None, config: Config | None = None) -> Any:
         """Build a backend (from ``config``, default the run's), check it against its contract,
         and load ``path`` into it; it is shut down with the run."""
-        from corerl.registry import TrainingBackend
+        from corerl.generation.contract import check_reads_images
+        from corerl.registry import GenerationBackend, TrainingBackend
         from corerl.training.contract import describe_missing
 
         config = config or self.config
@@ -120,6 +121,8 @@ class RunContext:
         if nodes:
             pool = "" if config.pool == "colocated" else f", in a placement pool of their own ({config.pool!r})"
             self.console.print(f"{registration.id}: {len(nodes)} rank(s) on {len(set(nodes))} Ray node(s){pool}")
+        if isinstance(registration, GenerationBackend):
+            check_reads_images(backend, registration, path)
         shared = training is not None and hasattr(backend, "use_training_engine") and backend.use_training_engine(training)
         backend.load_hf(path)
         if shared:

@@ -41,7 +41,7 @@ from typing import Any, TypeVar
 import attrs
 
 from corerl.errors import ConfigError
-from corerl.generation.contract import Sample, SamplingSettings
+from corerl.generation.contract import Sample, SamplingSettings, check_reads_images
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -104,6 +104,7 @@ class GenerationWorker:
         check_in_flight(registration, in_flight)
         self.engine = ThreadPoolExecutor(max_workers=1, thread_name_prefix="generation-engine")
         self.backend = self._on_engine(registration.create, config=config)
+        self.registration = registration
         self.in_flight = in_flight
         self.version = 0
         self.pending: tuple[int, list[tuple[str, Any]]] | None = None
@@ -125,6 +126,7 @@ class GenerationWorker:
         return os.getpid()
 
     def load_hf(self, model_path: str) -> None:
+        check_reads_images(self.backend, self.registration, model_path)
         with self.generating:
             self._on_engine(self.backend.load_hf, model_path)
 

@@ -136,6 +136,20 @@ class Sample:
     images: Images | None = attrs.field(default=None, eq=False)
 
 
+def check_reads_images(backend: Any, registration: Any, model_path: str) -> None:
+    """Refuse, in one line, a generation backend that does not read images (no ``accepts_images =
+    True``, contract 2.13) for a vision-language policy: it would sample from the text alone while
+    training reads the images, and the run would optimise logprobs of samples it never drew."""
+    from corerl.errors import ConfigError
+    from corerl.models.vision import is_vision_language, read_hf_config
+
+    if getattr(backend, "accepts_images", False) or not is_vision_language(read_hf_config(model_path)):
+        return
+    raise ConfigError(f"generation backend {registration.id!r} (plugin {registration.plugin!r}) does not read images, "
+                      "and the policy is a vision-language model", key="policy.generation.backend",
+                      hint="sample with policy.generation.backend=hf")
+
+
 @runtime_checkable
 class GenerationEngine(Protocol):
     """The methods every generation backend provides to the algorithms."""
@@ -145,6 +159,10 @@ class GenerationEngine(Protocol):
 
     def generate(self, prompts: list[list[int]], sampling: SamplingSettings, n: int = 1) -> list[list[Sample]]:
         """``n`` samples per prompt: one list per prompt, in prompt order, each with ``n`` samples.
+
+        A backend that sets ``accepts_images = True`` (contract 2.13) reads the images of a
+        prompt that is an :class:`ImagePrompt` and never samples the model's vision tokens; a
+        vision-language policy is refused with any other backend (:func:`check_reads_images`).
 
         With ``sampling.seed`` set, the same call returns the same samples, and every sample of
         the call (a prompt repeated in ``prompts`` included) is drawn independently. With

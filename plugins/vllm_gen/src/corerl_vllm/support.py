@@ -29,6 +29,8 @@ def check_supported(config: Config) -> None:
                                  f"{config.core.policy.model_name}); it takes {', '.join(map(str, CPU_HEAD_SIZES))}",
                                  key="policy.generation.backend",
                                  hint="sample with policy.generation.backend=hf on this machine, or run on a GPU")
+    if shape is not None and shape.vision:
+        check_vision_language(config)
     lora = config.core.policy.lora
     moe = shape is not None and shape.is_moe
     if lora.enabled and moe and runs_here_without_gpu(config):
@@ -64,3 +66,18 @@ def check_in_flight_layout(config: Config) -> None:
                                  f"{split} (tensor x pipeline parallel)",
                                  key="algorithm.async.in_flight",
                                  hint="use algorithm.async.in_flight=wait with a split engine, or one device per engine")
+
+
+def check_vision_language(config: Config) -> None:
+    """A vision-language policy: vLLM's Qwen-VL processor imports torchvision, whose registry build is
+    for CUDA and fails to load on a CPU machine; and corerl does not yet hand vLLM a prompt's
+    images (only the hf backend reads them): refused in one line either way."""
+    import importlib.util
+
+    if runs_here_without_gpu(config) and importlib.util.find_spec("torchvision") is None:
+        cause = "vLLM's Qwen-VL processor needs torchvision, and this machine has no CPU build of it"
+    else:
+        cause = "corerl does not pass a prompt's images to vLLM yet"
+    raise EngineNotAvailable(f"vllm cannot sample the vision-language model {config.core.policy.model_name}: {cause}",
+                             key="policy.generation.backend",
+                             hint="sample with policy.generation.backend=hf (it reads images on CPU and GPU)")
