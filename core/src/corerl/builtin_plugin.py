@@ -10,6 +10,7 @@ from collections.abc import Callable
 from corerl.algorithms.settings import DistillationConfig, DPOConfig, PPOConfig
 from corerl.environments.code_env import CodeSettings
 from corerl.environments.settings import AgentSettings, MathSettings, ToolsSettings
+from corerl.environments.vlm_env import ClevrCogentSettings, Geometry3kSettings, RefcocoSettings, VLMSettings
 from corerl.hookspecs import hookimpl
 from corerl.registry import (
     Algorithm,
@@ -163,6 +164,15 @@ def corerl_register_algorithms(register: Callable[[Algorithm], None]) -> None:
                                    "per-token reverse KL"))
 
 
+#: NeMo RL's VLM reward environments (its clevr-cogent is clevr_cogent): one class, their own default rewards
+_VLM_ENVIRONMENTS = (
+    ("clevr_cogent", ClevrCogentSettings, "a CLEVR answer checked as letters and digits"),
+    ("geometry3k", Geometry3kSettings, "a geometry answer checked with math-verify"),
+    ("refcoco", RefcocoSettings, "a box [x1, y1, x2, y2] scored by its (generalised) IoU with the row's"),
+    ("vlm", VLMSettings, "scored against the row's answer"),
+)
+
+
 @hookimpl
 def corerl_register_environments(register: Callable[[Environment], None]) -> None:
     register(Environment(id="tools", factory="corerl.environments.tool_env:ToolsEnvironment",
@@ -175,6 +185,11 @@ def corerl_register_environments(register: Callable[[Environment], None]) -> Non
     register(Environment(id="math", factory="corerl.environments.math_env:MathEnvironment", config_schema=MathSettings,
                          description="one turn, the answer checked against the row's with math-verify (NeMo RL's "
                                      "env.math)"))
+    for env_id, schema, what in _VLM_ENVIRONMENTS:
+        register(Environment(id=env_id, factory="corerl.environments.vlm_env:VLMEnvironment", config_schema=schema,
+                             check_supported="corerl.environments.vlm_env:check_vlm_environment",
+                             description=f"one turn, {what}: the weighted sum of env.{env_id}.reward_functions "
+                                         "(format, exact_alnum, math_expr, bbox_giou; NeMo RL's VLM environment)"))
     register(Environment(id="openai_agent", factory="corerl.environments.agent:OpenAIAgent", plays="agent",
                          config_schema=AgentSettings, check_supported="corerl.environments.agent:check_agent",
                          description="your agent harness (env.openai_agent.agent), talking to the policy through an "

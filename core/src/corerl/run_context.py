@@ -94,10 +94,11 @@ class RunContext:
         if core.policy.chat_template is not None:
             tokenizer.chat_template = core.policy.chat_template
         self.tokenizer = tokenizer
+        self.task_images = image_encoder(self.model_path, tokenizer)  # a vision-language policy's ImageEncoder
         assert selection.task.registration is not None
         self.task = selection.task.registration.create(TaskContext(
             tokenizer, core.algorithm.seed, core.data, selection.reward_fn,
-            max_prompt_tokens=core.policy.max_seq_length - 1, images=image_encoder(self.model_path, tokenizer)))
+            max_prompt_tokens=core.policy.max_seq_length - 1, images=self.task_images))
         check_task_fits(self.task, selection)
 
     # -- engines ---------------------------------------------------------------------------
@@ -298,7 +299,7 @@ class RunContext:
         from corerl.environments.encoding import ObservationEncoder
 
         pool = self.start_environment(choice.registration, settings)
-        return MultiTurnRollout(self.generation, pool, ObservationEncoder(self.tokenizer), self.tokenizer, choice.id,
+        return MultiTurnRollout(self.generation, pool, ObservationEncoder(self.tokenizer, self.task_images), self.tokenizer, choice.id,
                                 max_turns=self.config.core.algorithm.max_rollout_turns,
                                 max_failure_share=settings.max_failure_share)
 

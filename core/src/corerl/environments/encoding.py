@@ -9,14 +9,22 @@ the model's sampled ids stay exactly as sampled.
 
 Without a chat template, messages are written plainly: a tool result as
 ``<tool_response> ... </tool_response>``, anything else as its content.
+
+A vision-language policy's observation may show images: messages whose content holds parts
+``{"type": "image", "image": ...}`` beside ``{"type": "text", "text": ...}`` (an image as PIL,
+bytes, base64 or a path). Each image part becomes the model's image placeholder, expanded per
+merged patch, and the image joins the episode's (:meth:`ObservationEncoder.encode_with_images`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from corerl.environments.contract import Message
+
+if TYPE_CHECKING:
+    from corerl.generation.contract import Images
 
 _STAND_IN_USER = "corerl-stand-in-question"
 _STAND_IN_ANSWER = "corerl-stand-in-answer"
@@ -34,8 +42,9 @@ def plain_text(messages: Sequence[Message]) -> str:
 class ObservationEncoder:
     """Token ids of an observation, to follow a model turn that ended with ``ended_with_stop``."""
 
-    def __init__(self, tokenizer: Any) -> None:
+    def __init__(self, tokenizer: Any, images: Any = None) -> None:
         self.tokenizer = tokenizer
+        self.images = images  # the policy's ImageEncoder (a vision-language model's), else None
         self.has_template = bool(getattr(tokenizer, "chat_template", None))
         self.after_stop = ""
         # the stand-in conversation an observation continues, rendered once
@@ -74,3 +83,30 @@ class ObservationEncoder:
     def encode_text(self, text: str) -> list[int]:
         """Token ids of ``text``, what :meth:`text_of` gave (no special tokens added)."""
         return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def encode_with_images(self, observation: str | Sequence[Message], ended_with_stop: bool,
+                           where: str) -> tuple[list[int], str, Images | None]:
+        """Token ids of an observation, the text they encode and the images it shows (None: none).
+        Image parts are refused (``ValueError``, the episode's ``env_malformed``) for a text-only
+        policy."""
+        from corerl.errors import ConfigError
+        from corerl.tasks.prompt_images import decode_all, message_text
+
+        shown: list[Any] = []
+        if not isinstance(observation, str) and any(isinstance(m.get("content"), list) for m in observation):
+            try:
+                flat, shown = message_text(list(observation), where)
+            except ConfigError as error:
+                raise ValueError(str(error)) from None
+            observation = flat
+        text = self.text_of(observation, ended_with_stop)
+        ids = self.encode_text(text)
+        if not shown:
+            return ids, text, None
+        if self.images is None:
+            raise ValueError(f"the observation shows {len(shown)} image(s) and the policy is a text-only model")
+        try:
+            images = self.images.encode(decode_all(shown, None, where), where)
+            return self.images.expand(ids, images, where), self.images.expand_text(text, images), images
+        except ConfigError as error:
+            raise ValueError(str(error)) from None

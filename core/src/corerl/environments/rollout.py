@@ -268,14 +268,19 @@ class MultiTurnRollout:
         elif result.observation is None:
             episode.stop, episode.cause, episode.reward = "env_malformed", "not done, but no observation", 0.0
         else:
-            text = self.encoder.text_of(result.observation, ended_with_stop=episode.finish == "stop")
-            observation = self.encoder.encode_text(text)
+            try:
+                observation, text, shown = self.encoder.encode_with_images(
+                    result.observation, episode.finish == "stop", f"{episode.where}, turn {turn}")
+            except ValueError as error:  # image parts it cannot show: the environment's answer is at fault
+                episode.stop, episode.cause, episode.reward = "env_malformed", str(error), 0.0
+                return False
             if check_observation(self.tokenizer, f"environment {self.env_name!r}", text, observation):
                 episode.lost_text += 1
             if episode.length + len(observation) >= max_seq_length:
                 episode.stop = "max_tokens"  # no room for the observation and one more token
             else:
                 episode.add_observation(observation)
+                episode.images = shown if episode.images is None else episode.images + shown
                 return True
         return False
 

@@ -82,7 +82,12 @@ class HFGenerationBackend:
         from transformers.utils import logging as hf_logging
 
         from corerl.models.tokenizer import load_tokenizer_folder
-        from corerl.models.vision import auto_model_class, is_vision_language, read_hf_config, vision_token_ids
+        from corerl.models.vision import (
+            auto_model_class,
+            is_vision_language,
+            read_hf_config,
+            vision_token_ids,
+        )
 
         hf_logging.disable_progress_bar()
         self.model_path = model_path

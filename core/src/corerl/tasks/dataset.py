@@ -16,7 +16,13 @@ from corerl.failures import first_line
 from corerl.generation.contract import Sample, with_images
 from corerl.reporting.lost_text import check_prompts
 from corerl.tasks import TaskContext, decode_completion, restore_rng, rng_state, score
-from corerl.tasks.prompt_images import as_images, decode_all, message_text, place_images, place_messages
+from corerl.tasks.prompt_images import (
+    as_images,
+    decode_all,
+    message_text,
+    place_images,
+    place_messages,
+)
 from corerl.tasks.prompts import chat_text, check_prompt_fits, encode_prompt, encode_text
 from corerl.tasks.rewards import exact_answer
 
