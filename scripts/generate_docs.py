@@ -137,6 +137,7 @@ FEATURES: dict[str, tuple[str, ...]] = {
     "multi-node": ("cluster.num_nodes=2",),
     "MoE": ("policy.model_name=builtin:tiny-moe",),
     "expert parallel": ("policy.model_name=builtin:tiny-moe", "cluster.gpus_per_node=2", EXPERT_PARALLEL),
+    "VLM": ("policy.model_name=builtin:tiny-vl", "data.task=shape_colour"),
 }
 #: a refusal that says only that this machine has no GPU: the backend supports the feature
 MACHINE_ONLY = ("needs a GPU", "needs CUDA", "ask for a GPU", "has no GPU")

@@ -7,7 +7,8 @@
 # (asynchronous GRPO beside its generation worker), zero3 (the ZeRO-3 world-size-1 checks), distill
 # (forward and mixed top-k distillation on the GPU; the second names the teacher's own cluster keys,
 # which on one GPU are the policy's shape and so share its pool: an own pool needs a second GPU),
-# episodes (the tool demo with hf generation, and the request-seed and multi-turn checks, on CUDA).
+# episodes (the tool demo with hf generation, and the request-seed and multi-turn checks, on CUDA),
+# vlm (the vision-language tests and the VL demo on CUDA, in float32 and bfloat16).
 # PLAN_LAYOUTS picks plan's layouts (comma-separated labels of bench/memory.py; default: all five).
 # Default: decode bench plan. Every step has a timeout, cut to what is left before
 # GPU_DEADLINE_S (seconds from the start, default 540); the log and the results land in $OUT
@@ -72,6 +73,14 @@ episodes() {  # multi-turn episodes that never wait for each other, with per-req
     run.output_dir="$OUT/runs" run.name=tools checkpointing.enabled=false
   step episodes-request-seeds 150 python -m pytest -q -p no:cacheprovider --tb=short -rA tests/test_hf_generation.py \
     tests/test_environments.py -k "request_seed or same_prompt_twice or grouped or never_wait or masked"
+}
+
+vlm() {  # images through hf generation and the dtensor training model on CUDA
+  step vlm-tests 150 python -m pytest -q -p no:cacheprovider --tb=short -rA tests/test_vision.py
+  step vlm-demo 200 corerl run examples/configs/grpo_vl_demo.yaml run.output_dir="$OUT/runs" run.name=vl \
+    checkpointing.enabled=false
+  step vlm-demo-bf16 120 corerl run examples/configs/grpo_vl_demo.yaml run.output_dir="$OUT/runs" run.name=vl-bf16 \
+    checkpointing.enabled=false policy.precision=bfloat16 algorithm.max_steps=30
 }
 
 zero3() {

@@ -54,6 +54,12 @@ def vl(request, tmp_path_factory):
     return backend, ImageEncoder(model, backend.tokenizer), model
 
 
+def on_model(model, batch):
+    """``batch`` on ``model``'s device (the hf backend's model is on the GPU where there is one)."""
+    device = next(model.parameters()).device
+    return {key: value.to(device) for key, value in batch.items()}
+
+
 def prompt(backend, encoder, colours, text="what colour is the square ?"):
     images = encoder.encode([square(c) for c in colours], "test")
     ids = backend.tokenizer.encode(" ".join([IMAGE_PLACEHOLDER] * len(colours) + [text]), add_special_tokens=False)
@@ -94,14 +100,15 @@ def test_generation_reads_the_images_and_training_logprobs_equal_the_sampled_one
     assert not any(vision & set(s.completion_ids) for group in rollout.groups for s in group)
     batch = samples_to_batch(rollout.groups, torch.zeros(6))
     with torch.no_grad():
-        trained = model_logprobs(backend.model, dict(batch))
+        trained = model_logprobs(backend.model, on_model(backend.model, batch)).cpu()
     mask = batch["loss_mask"].bool()
     assert (trained[mask] - batch["gen_logprobs"][mask]).abs().max() < 1e-4
     # the images matter: the same text before another image gives other logprobs
     other = prompt(backend, encoder, ["green"])
     swapped = dict(batch, **image_fields([other.images] * 3 + [prompts[1].images] * 3))
     with torch.no_grad():
-        assert (model_logprobs(backend.model, swapped)[:3][mask[:3]] - trained[:3][mask[:3]]).abs().max() > 1e-3
+        moved = model_logprobs(backend.model, on_model(backend.model, swapped)).cpu()
+        assert (moved[:3][mask[:3]] - trained[:3][mask[:3]]).abs().max() > 1e-3
 
 
 def test_a_prompt_samples_the_same_from_its_images_whatever_shares_its_call(vl):
@@ -139,7 +146,7 @@ def test_an_episode_carries_every_image_of_its_history_into_generation_and_train
         assert tokens.count(encoder.image_token_id) == sum(encoder.tokens_per_image(sample.images))
     batch = samples_to_batch(result.groups, torch.zeros(2))
     with torch.no_grad():
-        trained = model_logprobs(backend.model, dict(batch))
+        trained = model_logprobs(backend.model, on_model(backend.model, batch)).cpu()
     mask = batch["loss_mask"].bool()
     assert (trained[mask] - batch["gen_logprobs"][mask]).abs().max() < 1e-4
     # a text-only policy's encoder refuses an observation with an image (the episode's env_malformed)
@@ -226,15 +233,14 @@ def test_the_vision_tower_is_frozen_for_rl_trained_for_sft_and_left_out_of_the_l
 
     from corerl.lora.adapter import peft_config
     from corerl.config.schema import LoraConfig as LoraSettings
-    from corerl.models.vision import auto_model_class
+    from corerl.models.vision import auto_model_class, with_vision_default
 
     _, _, path = vl
-    for algorithm, chosen, frozen in (("grpo", None, True), ("sft", None, False), ("sft", True, True),
-                                      ("grpo", False, False)):
+    for samples, chosen, frozen in ((True, None, True), (False, None, False), (False, True, True), (True, False, False)):
         model = auto_model_class(path).from_pretrained(path)
-        config = config_from_mapping({"policy": {"model_name": path, "freeze_vision_tower": chosen},
-                                      "algorithm": {"name": algorithm}}, PluginHost(discover=False, env={}))
-        freeze_vision_tower(model, config)
+        config = config_from_mapping({"policy": {"model_name": path, "freeze_vision_tower": chosen}},
+                                     PluginHost(discover=False, env={}))
+        freeze_vision_tower(model, with_vision_default(config, samples))
         vision = set(vision_parameter_names(model))
         assert vision and all(p.requires_grad != frozen for n, p in model.named_parameters() if n in vision)
         assert all(p.requires_grad for n, p in model.named_parameters() if n not in vision)

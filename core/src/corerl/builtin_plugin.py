@@ -10,7 +10,12 @@ from collections.abc import Callable
 from corerl.algorithms.settings import DistillationConfig, DPOConfig, PPOConfig
 from corerl.environments.code_env import CodeSettings
 from corerl.environments.settings import AgentSettings, MathSettings, ToolsSettings
-from corerl.environments.vlm_env import ClevrCogentSettings, Geometry3kSettings, RefcocoSettings, VLMSettings
+from corerl.environments.vlm_env import (
+    ClevrCogentSettings,
+    Geometry3kSettings,
+    RefcocoSettings,
+    VLMSettings,
+)
 from corerl.hookspecs import hookimpl
 from corerl.registry import (
     Algorithm,

@@ -111,6 +111,11 @@ class RunContext:
         from corerl.training.contract import describe_missing
 
         config = config or self.config
+        if isinstance(registration, TrainingBackend):  # the vision tower frozen where the algorithm samples
+            from corerl.models.vision import with_vision_default
+
+            algorithm = self.selection.algorithm.registration
+            config = with_vision_default(config, algorithm is None or algorithm.generation)
         backend = registration.create(config=config)
         self.started.append(backend)
         if isinstance(registration, TrainingBackend) and (missing := describe_missing(backend, config.role)):

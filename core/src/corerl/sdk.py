@@ -32,7 +32,14 @@ from corerl.environments.contract import EnvironmentContext, EnvironmentSettings
 from corerl.environments.tools import ToolCall, ToolResult, execute, parse_hermes
 from corerl.errors import ConfigError, ConfigErrors, EngineNotAvailable, PluginError, RunError
 from corerl.failures import checkpoint_errors
-from corerl.generation.contract import GenerationEngine, Sample, SamplingSettings
+from corerl.generation.contract import (
+    GenerationEngine,
+    ImagePrompt,
+    Images,
+    Sample,
+    SamplingSettings,
+    images_of,
+)
 from corerl.generation.sampling import (
     choose_tokens,
     choose_tokens_per_row,
@@ -63,6 +70,7 @@ from corerl.training.batching import loss_token_count
 from corerl.training.contract import Batch, LossFn, StepResult, TrainingEngine, ValueEngine
 from corerl.training.grad_norm import clip_grad_norm
 from corerl.training.hf_export import copy_tokenizer, write_hf_checkpoint
+from corerl.training.image_rows import image_inputs
 from corerl.training.logprobs import (
     TOPK_REQUEST,
     batch_logprobs,
@@ -98,7 +106,7 @@ __all__ = [
     # weights under their checkpoint names (a MoE's fused experts back to per-expert tensors)
     "CheckpointNaming", "checkpoint_weights",
     # generation
-    "GenerationEngine", "Sample", "SamplingSettings",
+    "GenerationEngine", "Sample", "SamplingSettings", "Images", "ImagePrompt", "images_of", "image_inputs",
     # LoRA (policy.lora): adapter names, the refit's adapter, the adapter folder
     "lora_enabled", "is_adapter_name", "adapter_tensors", "AdapterWeights", "write_adapter",
     # errors a plugin raises, and checkpoint failures as one of them

@@ -480,7 +480,7 @@ def select(config: Config, host: PluginHost) -> Selection:
     with origins_said(config):
         from corerl.models.facts import check_model_limits
 
-        check_model_limits(config)
+        check_model_limits(config, choices["algorithm"].registration)
     checks = [(choices[name].registration, config, SELECTING_KEYS[name]) for name in checked]
     if critic[0] is not None and critic[0].registration is not None:
         checks.append((critic[0].registration, critic[1], "critic.training_backend"))

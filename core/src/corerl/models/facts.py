@@ -126,10 +126,11 @@ def check_moe_settings(config: Any) -> None:
                           hint=f"set num_experts_per_tok to {shape.experts} or less")
 
 
-def check_vision_settings(config: Any) -> None:
+def check_vision_settings(config: Any, algorithm: Any = None) -> None:
     """Refuse what corerl does not do with a vision-language policy: sequence packing (a packed row
     would hold several rows' images, and Qwen-VL's rotary positions follow each row's images) and
-    PPO (its critic is a token classifier, which transformers builds for text-only models)."""
+    an ``algorithm`` with a critic (PPO's is a token classifier, which transformers builds for
+    text-only models)."""
     shape = model_shape(config)
     if shape is None or not shape.vision:
         return
@@ -138,18 +139,18 @@ def check_vision_settings(config: Any) -> None:
                           key="policy.sequence_packing.enabled",
                           hint="set policy.sequence_packing.enabled=false (policy.dynamic_batching.enabled=true "
                                "also cuts padding)")
-    if config.core.algorithm.name == "ppo":
-        raise ConfigError(f"PPO's critic (a token-classification model) cannot be built from a vision-language "
-                          f"model ({source_of(config)})", key="algorithm.name",
+    if algorithm is not None and algorithm.critic:
+        raise ConfigError(f"algorithm {algorithm.id!r} trains a critic (a token-classification model), which cannot "
+                          f"be built from a vision-language model ({source_of(config)})", key="algorithm.name",
                           hint="train a vision-language model with grpo, sft or distillation")
 
 
-def check_model_limits(config: Any) -> None:
+def check_model_limits(config: Any, algorithm: Any = None) -> None:
     """Refuse a ``policy.max_seq_length`` beyond the local model's ``max_position_embeddings``,
     router settings the model cannot take (:func:`check_moe_settings`) and settings a
-    vision-language model cannot take (:func:`check_vision_settings`)."""
+    vision-language model cannot take with ``algorithm`` (its registration; :func:`check_vision_settings`)."""
     check_moe_settings(config)
-    check_vision_settings(config)
+    check_vision_settings(config, algorithm)
     shape = model_shape(config)
     longest = config.core.policy.max_seq_length
     if shape is not None and longest > shape.max_positions:

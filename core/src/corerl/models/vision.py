@@ -84,11 +84,23 @@ def vision_parameter_names(model: Any) -> list[str]:
 
 
 def vision_tower_frozen(config: Any) -> bool:
-    """Whether a run keeps the vision tower fixed: ``policy.freeze_vision_tower``, or where unset
-    frozen for every algorithm but SFT (RL on a few thousand rewards should not move the encoder;
-    SFT on captions may)."""
+    """Whether a run keeps the vision tower fixed: ``policy.freeze_vision_tower`` as
+    :func:`with_vision_default` resolved it (frozen where still unset)."""
     chosen = config.core.policy.freeze_vision_tower
-    return bool(chosen) if chosen is not None else config.core.algorithm.name != "sft"
+    return True if chosen is None else bool(chosen)
+
+
+def with_vision_default(config: Any, samples: bool) -> Any:
+    """``config`` with an unset ``policy.freeze_vision_tower`` resolved: frozen for an algorithm
+    that samples from the policy (RL, on-policy distillation: a few thousand rewards should not
+    move the encoder), trained for one that learns from fixed data (SFT, DPO), as NeMo RL does."""
+    import attrs
+
+    policy = config.core.policy
+    if policy.freeze_vision_tower is not None:
+        return config
+    core = attrs.evolve(config.core, policy=attrs.evolve(policy, freeze_vision_tower=samples))
+    return attrs.evolve(config, core=core)
 
 
 def freeze_vision_tower(model: Any, config: Any) -> int:

@@ -88,10 +88,11 @@ _NEMO_GYM = ("NeMo Gym environments run as NeMo Gym's own resource servers, and 
 
 
 def _environment_name(value: Any) -> Any:
-    """NeMo RL's environment name as corerl's ``data.env_name`` (NeMo Gym's is refused)."""
+    """NeMo RL's environment name as corerl's ``data.env_name`` (NeMo Gym's is refused; its VLM
+    environment ``clevr-cogent`` is corerl's ``clevr_cogent``)."""
     if value == "nemo_gym":
         raise ValueError(_NEMO_GYM)
-    return value
+    return vision.environment_id(value)
 
 
 def _estimator(name: Any) -> str:
@@ -448,8 +449,13 @@ RULES: dict[str, Rule] = {
     "grpo.reward_scaling.*": refused("a reward-scaling option corerl does not have"),
     **{f"env.{name}.*": inert(f"settings of NeMo RL's {name} environment, which corerl does not have "
                               "(data.env_name naming it is refused)")
-       for name in ("vlm", "sliding_puzzle_game", "mmpr-tiny", "clevr-cogent", "math_multi_reward", "refcoco",
-                    "geometry3k")},
+       for name in ("sliding_puzzle_game", "mmpr-tiny", "math_multi_reward")},
+    # NeMo RL's VLM reward environments: corerl's built-in ones (clevr-cogent is clevr_cogent)
+    **{f"env.{name}.{key}": acts(f"env.{env_id}.{key}")
+       for name, env_id in vision.VLM_ENVIRONMENTS.items() for key in vision.VLM_ENVIRONMENT_KEYS},
+    **{f"env.{name}.*": refused(f"a setting NeMo RL's VLM environment {name} does not have (num_workers and "
+                                "reward_functions are)")
+       for name in vision.VLM_ENVIRONMENTS},
     **{f"env.{key}": inert("NeMo Gym's switches; corerl has no bridge to NeMo Gym")
        for key in ("should_use_nemo_gym", "should_log_nemo_gym_responses", "should_mask_flagged_samples")},
     "data.train": refused("several training datasets at once are not translated yet; give one local file "
@@ -977,6 +983,8 @@ def translate(raw: dict[str, Any], origins: Origins, strict: bool = False) -> Tr
         rule = rule_for(path)
         if path.startswith("env.reward_model.") and played != "reward_model":
             out.inert(path, f"env.reward_model is not the environment the recipe plays (data.env_name: {played})")
+        elif (vlm_env := vision.vlm_environment_of(path)) is not None and vlm_env != played:
+            out.inert(path, f"env.{vlm_env} is not the environment the recipe plays (data.env_name: {played})")
         elif rule is None and is_env_workers_key(path) and (env := path.split(".")[1]) != played:
             out.inert(path, f"env.{env} is not the environment the recipe plays (data.env_name: {played})")
         elif rule is None and is_env_workers_key(path):

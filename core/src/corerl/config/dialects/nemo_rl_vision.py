@@ -87,3 +87,22 @@ def model_refusal(name: Any) -> str | None:
         return None
     return (f"{name}: corerl trains the vision-language families {SUPPORTED_FAMILIES}; this model's family is not "
             "built in yet")
+
+
+#: NeMo RL's VLM reward environments (its ``env_name`` and ``env.<name>`` section) -> corerl's
+#: built-in environment of the same reward functions (:mod:`corerl.environments.vlm_env`)
+VLM_ENVIRONMENTS = {"clevr-cogent": "clevr_cogent", "geometry3k": "geometry3k", "refcoco": "refcoco", "vlm": "vlm"}
+#: the keys of NeMo RL's VLM environment sections, each corerl's key of the same name
+VLM_ENVIRONMENT_KEYS = ("num_workers", "reward_functions")
+
+
+def environment_id(name: Any) -> Any:
+    """NeMo RL's environment name as corerl's environment id (a VLM one's spelling; others as they are)."""
+    return VLM_ENVIRONMENTS.get(name, name) if isinstance(name, str) else name
+
+
+def vlm_environment_of(path: str) -> str | None:
+    """The NeMo RL VLM environment whose section ``path`` lies in (``env.clevr-cogent.num_workers``:
+    ``clevr-cogent``), or None."""
+    parts = path.split(".")
+    return parts[1] if len(parts) > 2 and parts[0] == "env" and parts[1] in VLM_ENVIRONMENTS else None
