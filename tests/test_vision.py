@@ -20,7 +20,12 @@ from corerl.environments.rollout import MultiTurnRollout, SingleTurnRollout
 from corerl.errors import ConfigError
 from corerl.generation.contract import ImagePrompt, SamplingSettings
 from corerl.models.tiny import BUILTIN_MODELS, build_tiny_model
-from corerl.models.vision import IMAGE_PLACEHOLDER, ImageEncoder, freeze_vision_tower, vision_parameter_names
+from corerl.models.vision import (
+    IMAGE_PLACEHOLDER,
+    ImageEncoder,
+    freeze_vision_tower,
+    vision_parameter_names,
+)
 from corerl.plugin_manager import PluginHost
 from corerl.tasks import TaskContext
 from corerl.training.image_rows import image_fields, image_inputs
@@ -95,7 +100,7 @@ def test_generation_reads_the_images_and_training_logprobs_equal_the_sampled_one
     backend, encoder, _ = vl
     prompts = [prompt(backend, encoder, ["red"]), prompt(backend, encoder, ["blue", "green"])]
     rollout = SingleTurnRollout(backend, lambda sample, row: 0.0).run(prompts, [None, None], SAMPLING, 3, 64)
-    assert all(s.images is p.images for group, p in zip(rollout.groups, prompts) for s in group)
+    assert all(s.images is p.images for group, p in zip(rollout.groups, prompts, strict=True) for s in group)
     vision = set(encoder.tokens_per_image(prompts[1].images)) and {encoder.image_token_id}
     assert not any(vision & set(s.completion_ids) for group in rollout.groups for s in group)
     batch = samples_to_batch(rollout.groups, torch.zeros(6))
@@ -174,7 +179,7 @@ def test_the_dataset_task_reads_paths_base64_bytes_and_chat_image_parts(vl, tmp_
     task = DatasetTask(TaskContext(backend.tokenizer, 0, data, images=encoder, max_prompt_tokens=200))
     prompts, examples = task.sample(3)
     held, held_examples = task.held_out()
-    by_answer = {json.dumps(e["prompt"]): p for p, e in zip([*prompts, *held], [*examples, *held_examples])}
+    by_answer = {json.dumps(e["prompt"]): p for p, e in zip([*prompts, *held], [*examples, *held_examples], strict=True)}
     assert len(by_answer) == 4 and all("_corerl_images" not in e for e in examples)
     shown = [by_answer[json.dumps(row["prompt"])] for row in rows]
     assert [p.images.grid_thw.shape[0] for p in shown[:3]] == [1, 1, 2] and not hasattr(shown[3], "images")
@@ -231,8 +236,8 @@ def test_images_for_a_text_only_policy_are_refused(tmp_path):
 def test_the_vision_tower_is_frozen_for_rl_trained_for_sft_and_left_out_of_the_lora_adapter(vl):
     from peft import get_peft_model
 
-    from corerl.lora.adapter import peft_config
     from corerl.config.schema import LoraConfig as LoraSettings
+    from corerl.lora.adapter import peft_config
     from corerl.models.vision import auto_model_class, with_vision_default
 
     _, _, path = vl
