@@ -54,8 +54,8 @@ FEATURES = (
     ("use_cispo", "the CISPO loss"),
     ("invalid_tool_call", "NeMo Gym's tool-call penalties"),
     ("dp_replicate_size", "hybrid sharding (HSDP)"),
-    ("env_name", "that environment (NeMo Gym; NeMo RL's VLM reward environments clevr-cogent, geometry3k, "
-                 "refcoco, vlm), or one with distillation (it plays none)"),
+    ("env_name", "that environment (NeMo Gym; NeMo RL's mmpr-tiny VLM environment and its geo3k reward), or one "
+                 "with distillation (it plays none)"),
     ("async.in_flight", "in-flight weight updates on vLLM (it takes them between calls: in_flight=wait)"),
     ("lora", "LoRA on the megatron backend (megatron-core has no LoRA layers)"),
     ("seq_logprob_error_threshold", "masking sequences by their train/generation logprob gap"),

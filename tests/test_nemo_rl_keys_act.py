@@ -290,7 +290,7 @@ def test_the_section_of_an_environment_the_recipe_does_not_play_is_inert(tmp_pat
     assert fates["env.math.num_workers"][0] == "acts" and config.core.data.env_name == "math"
     from corerl.errors import ConfigErrors
 
-    with pytest.raises(ConfigErrors, match="env.dapo: unknown key; known keys here: code, math, openai_agent"):
+    with pytest.raises(ConfigErrors, match="env.dapo: unknown key; known keys here: clevr_cogent, code, geometry3k, math, openai_agent"):
         _load(recipe, "data.env_name=dapo")  # played, it must be an environment corerl has
 
 
