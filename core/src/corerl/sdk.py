@@ -54,6 +54,7 @@ from corerl.lora.weights import AdapterWeights
 from corerl.models.facts import check_expert_parallel, check_tensor_parallel, model_shape
 from corerl.models.tokenizer import load_tokenizer_folder
 from corerl.models.value_model import load_pretrained, model_values, shift_values
+from corerl.models.vision import is_vision_language, read_hf_config, vision_token_ids
 from corerl.planning.memory import (
     GIB,
     Layout,
@@ -107,6 +108,7 @@ __all__ = [
     "CheckpointNaming", "checkpoint_weights",
     # generation
     "GenerationEngine", "Sample", "SamplingSettings", "Images", "ImagePrompt", "images_of", "image_inputs",
+    "is_vision_language", "read_hf_config", "vision_token_ids",
     # LoRA (policy.lora): adapter names, the refit's adapter, the adapter folder
     "lora_enabled", "is_adapter_name", "adapter_tensors", "AdapterWeights", "write_adapter",
     # errors a plugin raises, and checkpoint failures as one of them

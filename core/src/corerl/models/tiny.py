@@ -129,7 +129,7 @@ def build_tiny_model(out_dir: str | Path, *, seed: int = 0, **shape: Any) -> Pat
     if shape.get("family") in VL_FAMILIES:
         from corerl.models.vision import build_tiny_vl_model
 
-        keys = ("family", "hidden_size", "num_layers", "vocab_size")
+        keys = ("family", "hidden_size", "num_layers", "vocab_size", "head_dim")
         return build_tiny_vl_model(out_dir, seed=seed, **{k: v for k, v in shape.items() if k in keys})
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM

@@ -124,17 +124,18 @@ def tiny_vl_vocabulary(size: int = 128) -> list[str]:
 
 
 def tiny_vl_config(family: str = "qwen2_5_vl", hidden_size: int = 64, num_layers: int = 2, vocab_size: int = 128,
-                   vision_hidden_size: int = 32, vision_depth: int = 2) -> dict[str, Any]:
+                   vision_hidden_size: int = 32, vision_depth: int = 2, head_dim: int = 32) -> dict[str, Any]:
     """The ``config.json`` dict of a tiny Qwen2.5-VL (``family="qwen2_5_vl"``) or Qwen3-VL
-    (``"qwen3_vl"``), without torch or transformers."""
+    (``"qwen3_vl"``), without torch or transformers (``head_dim`` 64 for vLLM's CPU attention,
+    which takes no smaller head)."""
     if family not in ("qwen2_5_vl", "qwen3_vl"):
         raise ValueError(f"unknown tiny vision-language family {family!r}; known: qwen2_5_vl, qwen3_vl")
     ids = {word: i for i, word in enumerate(tiny_vl_vocabulary(vocab_size))}
-    head_dim = 32
     # the multimodal rotary embedding splits head_dim / 2 frequencies over (time, height, width)
-    rope = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [4, 6, 6]}
+    sections = [head_dim // 8, 3 * head_dim // 16, 3 * head_dim // 16]
+    rope = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": sections}
     text = dict(vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=2 * hidden_size,
-                num_hidden_layers=num_layers, num_attention_heads=hidden_size // head_dim, num_key_value_heads=1,
+                num_hidden_layers=num_layers, num_attention_heads=max(1, hidden_size // head_dim), num_key_value_heads=1,
                 head_dim=head_dim, max_position_embeddings=2048, rope_parameters=rope, tie_word_embeddings=True,
                 pad_token_id=ids["<pad>"], bos_token_id=ids["<bos>"], eos_token_id=ids["<eos>"])
     vision = dict(depth=vision_depth, hidden_size=vision_hidden_size, intermediate_size=2 * vision_hidden_size,

@@ -35,9 +35,13 @@ def inside_ray_actor() -> bool:
 
 class VllmGenerationBackend:
     """``policy.generation.vllm_cfg`` decides the engine; ``colocated`` decides its resources.
+    It reads a prompt's images (``accepts_images``, contract 2.13) where vLLM's Qwen-VL processor
+    imports (torchvision: a GPU machine; refused in one line elsewhere, :mod:`corerl_vllm.support`).
     Built inside a Ray actor (asynchronous generation's worker, already placed for generation), an
     engine on one device lives in that actor's process, which also lets the worker's
     ``between_tokens`` hook reach the engine's decoding loop."""
+
+    accepts_images = True
 
     def __init__(self, config: Config) -> None:
         self.config = config

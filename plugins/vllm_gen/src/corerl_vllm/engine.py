@@ -14,7 +14,17 @@ from typing import Any
 
 import attrs
 
-from corerl.sdk import EngineNotAvailable, Sample, SamplingSettings, model_shape
+from corerl.sdk import (
+    EngineNotAvailable,
+    RunError,
+    Sample,
+    SamplingSettings,
+    images_of,
+    is_vision_language,
+    model_shape,
+    read_hf_config,
+    vision_token_ids,
+)
 from corerl_vllm.support import VLLM_LORA_RANKS
 
 log = logging.getLogger(__name__)
@@ -75,6 +85,39 @@ def cpu_kv_cache_bytes(config: Any, max_model_len: int) -> int:
     return max(64 * 2**20, math.ceil(1.2 * sequences * max_model_len * per_token))
 
 
+#: images one prompt may hold on a vision-language engine (vLLM's ``limit_mm_per_prompt``), unless
+#: ``vllm_cfg.engine_args`` says otherwise: a multi-turn episode carries every image of its history
+IMAGES_PER_PROMPT = 16
+
+
+def tokens_prompt(prompt: list[int], image_token_id: int | None) -> Any:
+    """vLLM's prompt for one of ours. A prompt with images (an ``ImagePrompt``) goes in with one
+    image token per image, as vLLM's Qwen-VL processor expects before it expands each into the
+    image's tokens itself (it does not recognise ones already expanded), and the images."""
+    import io
+
+    from vllm.inputs import TokensPrompt
+
+    images = images_of(prompt)
+    if images is None or image_token_id is None:
+        return TokensPrompt(prompt_token_ids=list(prompt))
+    from PIL import Image
+
+    collapsed = [t for i, t in enumerate(prompt) if t != image_token_id or i == 0 or prompt[i - 1] != image_token_id]
+    pictures = [Image.open(io.BytesIO(raw)).convert("RGB") for raw in images.raw]
+    return TokensPrompt(prompt_token_ids=collapsed, multi_modal_data={"image": pictures})
+
+
+def check_expanded(prompt: list[int], expanded: Any) -> None:
+    """Refuse a prompt whose images vLLM's processor expanded into other tokens than corerl's image
+    encoder did (other image sizes): training would read other image tokens than generation did."""
+    if expanded is not None and list(expanded) != list(prompt):
+        raise RunError(f"vLLM expanded a prompt's images into {len(expanded)} tokens where corerl's image encoder "
+                       f"gave {len(prompt)}: the two image processors disagree", key="policy.generation.backend",
+                       hint="give vLLM the checkpoint's own preprocessor_config.json (no mm_processor_kwargs), or "
+                            "sample with policy.generation.backend=hf")
+
+
 def _sample(prompt: list[int], completion: Any) -> Sample:
     """corerl's sample of one of vLLM's completions (its logprobs: each chosen token's)."""
     ids = tuple(completion.token_ids)
@@ -126,11 +169,15 @@ class VllmEngine:
     #: set by asynchronous generation while a call runs (see :mod:`corerl.asynchronous.worker`):
     #: ``generate`` then steps the engine itself and calls it between steps
     between_tokens: Any = None
+    #: reads a prompt's images (contract 2.13): a vision-language checkpoint's prompts go in with them
+    accepts_images = True
 
     def __init__(self, *, rank: int = 0, world_size: int = 1, config: Any, threads: int | None = None) -> None:
         import torch
 
         self.config = config
+        self.vision_tokens: list[int] = []  # a vision-language model's image tokens: never sampled
+        self.image_token_id: int | None = None
         self.settings = config.section("policy.generation.vllm_cfg")
         self.on_gpu = torch.cuda.is_available()
         self.layout = resolve_layout(self.settings.engine_layout, self.on_gpu)
@@ -193,21 +240,27 @@ class VllmEngine:
             kwargs.update(enable_lora=True, max_loras=1, max_lora_rank=vllm_lora_rank(rank))
             if self.moe:
                 kwargs["enable_mixed_moe_lora_format"] = True
+        hf_config = read_hf_config(model_path)
+        self.vision_tokens = vision_token_ids(hf_config)
+        self.image_token_id = int(hf_config["image_token_id"]) if is_vision_language(hf_config) else None
+        if self.image_token_id is not None:  # images, no videos; vLLM's processor reads the checkpoint's config
+            kwargs["limit_mm_per_prompt"] = {"image": IMAGES_PER_PROMPT, "video": 0}
         kwargs.update(s.engine_args)
         self.llm = LLM(**kwargs)
         self.adapter: Any = None  # the LoRARequest of the newest adapter; None: the base model
 
     def generate(self, prompts: list[list[int]], sampling: SamplingSettings, n: int = 1) -> list[list[Sample]]:
-        from vllm.inputs import TokensPrompt
-
         # vLLM seeds sample j of a request with seed + j: prompt i starts at seed + i * n, so no two
         # samples of one call share a random stream (one shared seed would repeat the same draws
         # on every prompt); with request seeds (contract 2.12) prompt i starts at its own
         params = self._params(prompts, sampling, n)
         if self.between_tokens is not None:
             return self._generate_stepped(prompts, params, n)
-        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False,
+        outputs = self.llm.generate([tokens_prompt(p, self.image_token_id) for p in prompts], params, use_tqdm=False,
                                     lora_request=self.adapter)
+        for prompt, request in zip(prompts, outputs, strict=True):
+            if images_of(prompt) is not None:
+                check_expanded(prompt, request.prompt_token_ids)
         return [[_sample(prompt, completion) for completion in sorted(request.outputs, key=lambda c: c.index)]
                 for prompt, request in zip(prompts, outputs, strict=True)]
 
@@ -222,6 +275,8 @@ class VllmEngine:
                 stop_token_ids=None if sampling.ignore_eos else list(sampling.stop_token_ids) or None,
                 ignore_eos=sampling.ignore_eos or bool(sampling.stop_token_ids),
                 seed=_request_seed(sampling, i, n), logprobs=0,
+                # a completion never holds an image's own tokens (training would count them as images)
+                logit_bias={token: -100.0 for token in self.vision_tokens} or None,
             )
             for i in range(len(prompts))
         ]
@@ -268,8 +323,6 @@ class VllmEngine:
 
     def _add(self, prompts: list[list[int]], params: list[Any], n: int) -> Requests:
         """Each sample a request of its own, seeded as vLLM seeds the samples of one request (seed + index)."""
-        from vllm.inputs import TokensPrompt
-
         engine = self.llm.llm_engine
         self.calls += 1
         requests = Requests(n=n, prompt_count=len(prompts))
@@ -278,7 +331,7 @@ class VllmEngine:
                 one = prompt_params.clone()
                 one.n, one.seed = 1, None if prompt_params.seed is None else prompt_params.seed + j
                 given = f"corerl-{self.calls}-{i}-{j}"
-                engine.add_request(given, TokensPrompt(prompt_token_ids=prompt), one, lora_request=self.adapter)
+                engine.add_request(given, tokens_prompt(prompt, self.image_token_id), one, lora_request=self.adapter)
                 requests.ids.append((given, prompt))
                 self.owners[given] = requests
         return requests

