@@ -42,6 +42,7 @@ def make_config(model_dir, tmp_path, *overrides):
          ConfigError, "policy.dtensor_cfg.dp_replicate_size"),
         ("policy.dtensor_cfg.tensor_parallel_size=1\npolicy.dtensor_cfg.dp_replicate_size=2\n"
          "policy.dtensor_cfg.expert_parallel_size=2", ConfigError, "policy.dtensor_cfg.dp_replicate_size"),
+        ("policy.model_name=builtin:tiny-vl", ConfigError, "policy.dtensor_cfg.tensor_parallel_size"),
     ],
 )
 def test_unsupported_options_are_refused_in_one_line_before_any_worker_starts(model_dir, tmp_path, override, error, key):

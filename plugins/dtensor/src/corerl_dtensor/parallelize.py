@@ -4,6 +4,13 @@ One function per technique, applied in this order: tensor parallel (DTensor plan
 parallel (:mod:`corerl_dtensor.expert_parallel`), activation checkpointing, then FSDP2
 (``fully_shard`` per decoder layer, then the root; over a 2-D mesh for hybrid sharding) or the
 legacy FSDP1 wrapper.
+
+A Qwen-VL vision-language model (``model.model.visual`` beside ``model.model.language_model``)
+is sharded the same way, its vision tower too: one unit per vision block, one for the rest of
+the tower (patch embedding, position embedding, mergers), one per language decoder layer, then
+the root. Under FSDP every rank must run every unit's forward in the same order (each is an
+all-gather), so a rank whose micro-batch holds no image runs the vision tower on a blank one
+(:func:`run_vision_on_every_rank`).
 """
 
 from __future__ import annotations
@@ -14,16 +21,94 @@ import torch
 from torch import nn
 
 
-def decoder_layers(model: nn.Module) -> nn.ModuleList:
-    """The decoder layers of a Llama/Qwen2-style model (``model.model.layers``), inside a PEFT
-    wrapper too."""
+def _hf_model(model: nn.Module) -> nn.Module:
+    """The Hugging Face model, out of PEFT's wrapper where there is one."""
     if hasattr(model, "get_base_model"):  # a LoRA policy: PEFT's PeftModel around the Hugging Face model
-        model = model.get_base_model()
+        return model.get_base_model()
+    return model
+
+
+def decoder_layers(model: nn.Module) -> nn.ModuleList:
+    """The decoder layers of a Llama/Qwen2-style model (``model.model.layers``) or of a Qwen-VL's
+    language model (``model.model.language_model.layers``), inside a PEFT wrapper too."""
+    model = _hf_model(model)
     inner = getattr(model, "model", None)
     layers = getattr(inner, "layers", None)
+    if layers is None:  # a vision-language model: the decoder is its language model
+        layers = getattr(getattr(inner, "language_model", None), "layers", None)
     if not isinstance(layers, nn.ModuleList):
         raise TypeError(f"{type(model).__name__} has no model.layers; give policy.dtensor_cfg.custom_parallel_plan")
     return layers
+
+
+def vision_tower(model: nn.Module) -> nn.Module | None:
+    """A Qwen-VL's vision tower (``model.model.visual``: its blocks, patch and position
+    embeddings, mergers), inside a PEFT wrapper too; None for a text-only model."""
+    visual = getattr(getattr(_hf_model(model), "model", None), "visual", None)
+    return visual if isinstance(visual, nn.Module) else None
+
+
+def vision_blocks(model: nn.Module) -> list[nn.Module]:
+    """The vision tower's transformer blocks (``visual.blocks``); none for a text-only model."""
+    blocks = getattr(vision_tower(model), "blocks", None)
+    return list(blocks) if isinstance(blocks, nn.ModuleList) else []
+
+
+def blank_image(visual: nn.Module, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The smallest image ``visual`` takes: one merged patch of zeros, as (pixel values
+    ``[merge^2, features]``, grid ``[[1, merge, merge]]``)."""
+    config = visual.config
+    merge = int(getattr(config, "spatial_merge_size", 2))
+    features = (int(getattr(config, "in_channels", 3)) * int(getattr(config, "temporal_patch_size", 2))
+                * int(config.patch_size) ** 2)
+    return (torch.zeros(merge * merge, features, device=device),
+            torch.tensor([[1, merge, merge]], dtype=torch.long, device=device))
+
+
+def _tensors(value: Any) -> list[torch.Tensor]:
+    """Every tensor in a model output (a ModelOutput or a nest of tuples, lists and dicts)."""
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, dict):
+        value = list(value.values())
+    if isinstance(value, (list, tuple)):
+        return [t for item in value for t in _tensors(item)]
+    return []
+
+
+def run_vision_on_every_rank(model: nn.Module) -> bool:
+    """Make a vision-language ``model`` run its vision tower in every forward pass: where a
+    micro-batch holds no image (a text-only row, or the empty micro-batch that evens out the
+    ranks' counts), the tower runs on :func:`blank_image` just before the language model, where
+    it runs on real images, and its output joins the graph times zero (the logprobs are
+    unchanged; a trained tower gets zero gradients, which its units reduce as the other ranks'
+    do). Under FSDP each unit's forward is a collective, so a rank skipping the tower while
+    another runs it would hang the group. Returns whether ``model`` has a vision tower."""
+    inner = getattr(_hf_model(model), "model", None)
+    language = getattr(inner, "language_model", None)
+    if vision_tower(model) is None or not isinstance(language, nn.Module):
+        return False
+    ran = [False]
+
+    def forward_begins(module: nn.Module, args: Any, kwargs: Any) -> None:
+        ran[0] = False
+
+    def tower_ran(module: nn.Module, args: Any, output: Any) -> None:
+        ran[0] = True
+
+    def before_language_model(module: nn.Module, args: Any, kwargs: dict[str, Any]) -> Any:
+        embeds = kwargs.get("inputs_embeds")
+        if ran[0] or embeds is None:
+            return None
+        visual = inner.visual  # looked up now: FSDP1 replaces the attribute with its wrapper
+        pixels, grid = blank_image(visual, embeds.device)
+        touched = sum(t.float().sum() for t in _tensors(visual(pixels, grid_thw=grid)))
+        return args, {**kwargs, "inputs_embeds": embeds + (touched * 0).to(embeds.dtype)}
+
+    inner.register_forward_pre_hook(forward_begins, with_kwargs=True)
+    vision_tower(model).register_forward_hook(tower_ran)
+    language.register_forward_pre_hook(before_language_model, with_kwargs=True)
+    return True
 
 
 def default_tp_plan() -> dict[str, Any]:
@@ -141,7 +226,9 @@ def apply_fsdp2(model: nn.Module, dp_mesh: Any, param_dtype: torch.dtype, cpu_of
                 experts: list[nn.Module] | None = None, edp_mesh: Any = None) -> None:
     """``fully_shard`` each decoder layer, then the root (which holds embeddings, norm, head).
     Expert-parallel ``experts`` are sharded first over ``edp_mesh`` (the ranks holding the same
-    experts), so each layer's unit leaves them to theirs."""
+    experts), so each layer's unit leaves them to theirs. A vision-language model's vision tower
+    is sharded first: each of its blocks, then the tower (a frozen tower's units hold frozen
+    parameters only, so they reduce no gradients)."""
     from torch.distributed.fsdp import (
         CPUOffloadPolicy,
         MixedPrecisionPolicy,
@@ -155,18 +242,27 @@ def apply_fsdp2(model: nn.Module, dp_mesh: Any, param_dtype: torch.dtype, cpu_of
         from corerl_dtensor.expert_parallel import shard_experts_fsdp2
 
         shard_experts_fsdp2(experts, edp_mesh, mp, offload)
+    visual = vision_tower(model)
+    if visual is not None:
+        for block in vision_blocks(model):
+            fully_shard(block, mesh=dp_mesh, mp_policy=mp, offload_policy=offload)
+        fully_shard(visual, mesh=dp_mesh, mp_policy=mp, offload_policy=offload)
     for layer in decoder_layers(model):
         fully_shard(layer, mesh=dp_mesh, mp_policy=mp, offload_policy=offload)
     fully_shard(model, mesh=dp_mesh, mp_policy=mp, offload_policy=offload)
 
 
 def apply_fsdp1(model: nn.Module, param_dtype: torch.dtype, cpu_offload: bool, device: torch.device) -> nn.Module:
-    """The legacy ``FullyShardedDataParallel`` wrapper, one unit per decoder layer; returns the wrapper."""
+    """The legacy ``FullyShardedDataParallel`` wrapper, one unit per decoder layer (and per vision
+    block, and the vision tower, of a vision-language model); returns the wrapper."""
     from torch.distributed.fsdp import CPUOffload, MixedPrecision
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
     from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
-    layer_types = {type(layer) for layer in decoder_layers(model)}
+    layer_types = {type(layer) for layer in [*decoder_layers(model), *vision_blocks(model)]}
+    visual = vision_tower(model)
+    if visual is not None:
+        layer_types.add(type(visual))
     mixed = None
     if param_dtype != torch.float32:
         mixed = MixedPrecision(param_dtype=param_dtype, reduce_dtype=torch.float32, buffer_dtype=param_dtype)
@@ -194,8 +290,9 @@ def parallelize(model: nn.Module, mesh: Any, settings: Any, param_dtype: torch.d
     """``model`` with the recipe's parallelisms applied in order: tensor parallelism over the
     mesh's ``tp`` axis, expert parallelism over ``expert_mesh``'s ``ep`` axis (where given),
     activation checkpointing, then FSDP2 (or FSDP1) over ``dp`` (FSDP2 as HSDP over
-    ``(dp_replicate, dp_shard)`` where ``dp_replicate_size`` > 1). Returns (the model, whether
-    forward passes need autocast to ``param_dtype``, whether it is FSDP1)."""
+    ``(dp_replicate, dp_shard)`` where ``dp_replicate_size`` > 1); a vision-language model's tower
+    then runs on every rank in every forward pass (:func:`run_vision_on_every_rank`). Returns (the
+    model, whether forward passes need autocast to ``param_dtype``, whether it is FSDP1)."""
     if mesh is not None and settings.tensor_parallel_size > 1:
         from corerl.sdk import resolve
 
@@ -210,6 +307,7 @@ def parallelize(model: nn.Module, mesh: Any, settings: Any, param_dtype: torch.d
         apply_activation_checkpointing(model)
     if mesh is None:  # world size 1: plain module, autocast where the compute dtype is not float32
         return model, param_dtype != torch.float32, False
+    run_vision_on_every_rank(model)  # sharded: every rank runs every unit's forward, images or not
     if settings.fsdp_version == 2:
         apply_fsdp2(model, data_parallel_mesh(mesh), param_dtype, settings.cpu_offload,
                     experts, expert_mesh["edp"] if expert_mesh is not None else None)

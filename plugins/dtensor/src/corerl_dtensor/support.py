@@ -43,8 +43,13 @@ def check_supported(config: Config) -> None:
                 raise ConfigError(f"with LoRA the tensor-parallel plan is the built-in one, adapted to PEFT's wrapped "
                                   f"projections; {key} lays out modules that LoRA has wrapped",
                                   key=f"{section}.{key}", hint=f"unset {key}, or set policy.lora.enabled=false")
-    check_tensor_parallel(config, settings.tensor_parallel_size, f"{section}.tensor_parallel_size")
     shape = model_shape(config)
+    if settings.tensor_parallel_size > 1 and shape is not None and shape.vision:
+        raise ConfigError("the dtensor backend's tensor-parallel plan lays out a text decoder's layers; a "
+                          "vision-language model trains with FSDP2 over its vision tower and language model",
+                          key=f"{section}.tensor_parallel_size",
+                          hint="set it to 1 (FSDP2 shards the vision blocks and the decoder layers over the ranks)")
+    check_tensor_parallel(config, settings.tensor_parallel_size, f"{section}.tensor_parallel_size")
     if settings.tensor_parallel_size > 1 and shape is not None and shape.is_moe:
         raise ConfigError("the dtensor backend's tensor-parallel plan splits dense MLPs; a mixture-of-experts "
                           "model's experts are split by expert parallelism",
