@@ -62,6 +62,9 @@ REFUSALS = [
     [*MEGATRON, "policy.megatron_cfg.tensor_model_parallel_size=4", "cluster.gpus_per_node=4", *HF],
     [*MEGATRON, "policy.megatron_cfg.pipeline_model_parallel_size=2",
      "policy.megatron_cfg.num_layers_in_first_pipeline_stage=2", "cluster.gpus_per_node=2", *HF],
+    # vision-language models (builtin:tiny-vl, a Qwen2.5-VL)
+    [*MEGATRON, "policy.model_name=builtin:tiny-vl", *HF],
+    ["policy.dtensor_cfg.tensor_parallel_size=2", "policy.model_name=builtin:tiny-vl", "cluster.gpus_per_node=2", *HF],
     [*DEEPSPEED, "policy.precision=float16", *HF],
     [*DEEPSPEED, "policy.deepspeed_cfg.offload_optimizer=nvme", "policy.deepspeed_cfg.nvme_path=/tmp", *HF],
     ["policy.generation.vllm_cfg.tensor_parallel_size=4", "cluster.gpus_per_node=4"],

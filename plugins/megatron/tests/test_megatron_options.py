@@ -16,6 +16,7 @@ NOT_OFFERED = [
     ("policy.sequence_packing.enabled=true", "policy.sequence_packing.enabled", "packing is not wired"),
     ("policy.dynamic_batching.enabled=true", "policy.dynamic_batching.enabled", "packing is not wired"),
     ("policy.megatron_cfg.context_parallel_size=2", "policy.megatron_cfg.context_parallel_size", "Transformer Engine"),
+    ("policy.model_name=builtin:tiny-vl", "policy.model_name", "does not train vision-language models"),
 ]
 
 

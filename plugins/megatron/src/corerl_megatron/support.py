@@ -22,6 +22,11 @@ def check_supported(config: Config) -> None:
     settings = config.section("policy.megatron_cfg")
     section = "policy.megatron_cfg"
     on_gpu = not runs_here_without_gpu(config)
+    shape = model_shape(config)
+    if shape is not None and shape.vision:
+        raise EngineNotAvailable("megatron does not train vision-language models in corerl yet (megatron-core's VLM "
+                                 "path is not wired)", key="policy.model_name",
+                                 hint="use policy.training_backend=dtensor or deepspeed")
     gpu_only = {
         f"{section}.fp8_cfg": settings.fp8_cfg,
         f"{section}.optimizer.use_distributed_optimizer": settings.optimizer.use_distributed_optimizer,
