@@ -65,6 +65,9 @@ REFUSALS = [
     # vision-language models (builtin:tiny-vl, a Qwen2.5-VL)
     [*MEGATRON, "policy.model_name=builtin:tiny-vl", *HF],
     ["policy.dtensor_cfg.tensor_parallel_size=2", "policy.model_name=builtin:tiny-vl", "cluster.gpus_per_node=2", *HF],
+    ["policy.sequence_packing.enabled=true", "policy.model_name=builtin:tiny-vl", "data.task=shape_colour", *HF],
+    ["algorithm.name=ppo", "policy.model_name=builtin:tiny-vl", "data.task=shape_colour", *HF],
+    ["policy.generation.backend=vllm", "policy.model_name=builtin:tiny-vl", "data.task=shape_colour"],
     [*DEEPSPEED, "policy.precision=float16", *HF],
     [*DEEPSPEED, "policy.deepspeed_cfg.offload_optimizer=nvme", "policy.deepspeed_cfg.nvme_path=/tmp", *HF],
     ["policy.generation.vllm_cfg.tensor_parallel_size=4", "cluster.gpus_per_node=4"],

@@ -252,3 +252,21 @@ def test_the_vision_tower_is_frozen_for_rl_trained_for_sft_and_left_out_of_the_l
     wrapped = get_peft_model(auto_model_class(path).from_pretrained(path), peft_config(LoraSettings(), path))
     adapted = [n for n, _ in wrapped.named_parameters() if "lora_" in n]
     assert adapted and not [n for n in adapted if ".visual." in n]
+
+
+def test_a_training_backend_of_an_older_contract_is_refused_for_a_vision_language_policy(tmp_path):
+    """Its plugin states 2.12: batches of images would reach a forward that may not pass them on."""
+    from corerl.config import load_config
+    from corerl.errors import CorerlError
+    from corerl.recipes import DEMO_RECIPE
+    from corerl.selection import select
+
+    host = PluginHost(env={})
+    overrides = ["policy.model_name=builtin:tiny-vl", "data.task=shape_colour", "policy.generation.backend=hf"]
+    assert select(load_config(str(DEMO_RECIPE), overrides, host), host).training_backend.id == "dtensor"
+    host.plugins["dtensor"].contract = "2.12"
+    with pytest.raises(CorerlError, match="states contract 2.12, older than 2.13") as refused:
+        select(load_config(str(DEMO_RECIPE), overrides, host), host)
+    assert "\n" not in str(refused.value)
+    text_only = select(load_config(str(DEMO_RECIPE), ["policy.generation.backend=hf"], host), host)
+    assert text_only.training_backend.id == "dtensor"  # a text-only model: nothing changes for it

@@ -85,6 +85,7 @@ from corerl.training.moe_router import check_router_replay
 from corerl.training.optim import build_optimizer, build_scheduler
 from corerl.training.rank_worker import RankWorker
 from corerl.training.segment_attention import register as register_segment_attention
+from corerl.training.vision_ranks import run_vision_on_every_rank, vision_tower
 from corerl.training.weights import CheckpointNaming, EngineWeights, checkpoint_weights
 
 __all__ = [
@@ -108,7 +109,7 @@ __all__ = [
     "CheckpointNaming", "checkpoint_weights",
     # generation
     "GenerationEngine", "Sample", "SamplingSettings", "Images", "ImagePrompt", "images_of", "image_inputs",
-    "is_vision_language", "read_hf_config", "vision_token_ids",
+    "is_vision_language", "read_hf_config", "vision_token_ids", "vision_tower", "run_vision_on_every_rank",
     # LoRA (policy.lora): adapter names, the refit's adapter, the adapter folder
     "lora_enabled", "is_adapter_name", "adapter_tensors", "AdapterWeights", "write_adapter",
     # errors a plugin raises, and checkpoint failures as one of them

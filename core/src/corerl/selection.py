@@ -413,6 +413,31 @@ def _core_checks(config: Config, choices: dict[str, Choice], checked: list[str])
         check_in_flight(choices["generation_backend"].registration, settings.in_flight)
 
 
+#: the contract version that gave training batches a vision-language model's images (contract 2.13)
+IMAGES_IN_BATCHES = "2.13"
+
+
+def check_reads_images(config: Config, host: PluginHost, training: Any) -> None:
+    """Refuse a vision-language policy on a training backend whose plugin states a contract older
+    than 2.13: its batches then hold the images (``pixel_values``, ``image_grid_thw``), which a
+    forward of its own would not pass to the model (it would train on the text alone)."""
+    from corerl.models.facts import model_shape
+    from corerl.plugin_manager import CORE_PLUGIN
+
+    shape = model_shape(config)
+    if training is None or shape is None or not shape.vision or training.plugin == CORE_PLUGIN:
+        return
+    info = host.plugins.get(training.plugin)
+    stated = info.contract if info is not None else None
+    if stated is not None and tuple(map(int, stated.split("."))) >= tuple(map(int, IMAGES_IN_BATCHES.split("."))):
+        return
+    raise ConfigError(f"training backend {training.id!r} (plugin {training.plugin!r}) states contract "
+                      f"{stated or 'none'}, older than {IMAGES_IN_BATCHES}, which gave batches a vision-language "
+                      f"model's images", key="policy.training_backend",
+                      hint="use a training backend of contract 2.13 or later (dtensor, deepspeed), or ask its author "
+                           "to pass corerl.sdk.image_inputs(batch, ...) to the forward and state 2.13")
+
+
 def select(config: Config, host: PluginHost) -> Selection:
     """Select every component, then run the one validation phase: each chosen registration's
     own support check (``check_supported``) and the core's checks across them. Every selection
@@ -481,6 +506,7 @@ def select(config: Config, host: PluginHost) -> Selection:
         from corerl.models.facts import check_model_limits
 
         check_model_limits(config, choices["algorithm"].registration)
+        check_reads_images(config, host, choices["training_backend"].registration)
     checks = [(choices[name].registration, config, SELECTING_KEYS[name]) for name in checked]
     if critic[0] is not None and critic[0].registration is not None:
         checks.append((critic[0].registration, critic[1], "critic.training_backend"))

@@ -6,7 +6,7 @@ the optimizer) do not move.
 At world size 2, not 1: each DeepSpeed rank is a Ray actor at any world size, so the second rank
 costs little, and the batch's last two rows (the second rank's shard) hold no image, so that rank
 runs the tower on a blank image in step with the first rank's ZeRO-3 gathers
-(:mod:`corerl_deepspeed.vision`). ZeRO-1/2, world size 1 and a trained tower were checked by hand."""
+(`corerl.sdk.run_vision_on_every_rank`). ZeRO-1/2, world size 1 and a trained tower were checked by hand."""
 
 from __future__ import annotations
 

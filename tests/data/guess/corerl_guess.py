@@ -2,7 +2,7 @@ import attrs
 
 from corerl.sdk import Environment, EnvironmentSettings, Turn, hookimpl, setting
 
-corerl_contract = "2.12"
+corerl_contract = "2.13"
 
 
 @attrs.define(kw_only=True)

@@ -44,7 +44,7 @@ class DeepSpeedWorker(RankWorker):
         model = self.load_pretrained(model_path)  # a causal LM, or a critic's value model
         self.model_path, self.hf_config = model_path, model.config
         if self.world_size > 1:  # a vision-language model: every rank runs its tower, images or not
-            from corerl_deepspeed.vision import run_vision_on_every_rank
+            from corerl.sdk import run_vision_on_every_rank
 
             run_vision_on_every_rank(model)
         if self.engine is not None:  # a reload (e.g. after SFT): free the old engine's partitions first

@@ -1,12 +1,12 @@
-"""A vision-language policy (a Qwen-VL: ``model.model.visual`` beside ``model.model.language_model``)
-across DeepSpeed ranks: every rank runs the vision tower in every forward pass.
+"""A vision-language policy across data-parallel ranks: every rank runs the vision tower in every
+forward pass.
 
-ZeRO-3 gathers each module's partitioned parameters as the module runs (a collective over the
-ranks), and ZeRO-1/2 reduce the gradients of every trained parameter; a rank whose micro-batch
-holds no image (a text-only row, or the empty micro-batch that evens out the ranks' counts)
-would skip the tower while another rank runs it, and the group would hang. The same as the
-dtensor backend's ``run_vision_on_every_rank`` (``corerl_dtensor.parallelize``); plugins share
-no code but the SDK's.
+Under FSDP (dtensor) and ZeRO-3 (deepspeed) each sharded module's forward is a collective (its
+parameters are gathered), and ZeRO-1/2 and DDP reduce the gradient of every trained parameter: a
+rank whose micro-batch holds no image (a text-only row, or the empty micro-batch that evens out
+the ranks' counts) would skip the vision tower while another rank runs it, and the group would
+hang. :func:`run_vision_on_every_rank` runs the tower on a blank image there, its output joined
+to the graph times zero. Shared by the training backends through :mod:`corerl.sdk`.
 """
 
 from __future__ import annotations
@@ -19,11 +19,14 @@ from torch import nn
 
 def _hf_model(model: nn.Module) -> nn.Module:
     """The Hugging Face model, out of PEFT's wrapper where there is one."""
-    return model.get_base_model() if hasattr(model, "get_base_model") else model
+    if hasattr(model, "get_base_model"):  # a LoRA policy: PEFT's PeftModel around the Hugging Face model
+        return model.get_base_model()
+    return model
 
 
 def vision_tower(model: nn.Module) -> nn.Module | None:
-    """A Qwen-VL's vision tower (``model.model.visual``), inside a PEFT wrapper too; None for a text-only model."""
+    """A Qwen-VL's vision tower (``model.model.visual``: its blocks, patch and position
+    embeddings, mergers), inside a PEFT wrapper too; None for a text-only model."""
     visual = getattr(getattr(_hf_model(model), "model", None), "visual", None)
     return visual if isinstance(visual, nn.Module) else None
 
@@ -52,15 +55,15 @@ def _tensors(value: Any) -> list[torch.Tensor]:
 
 def run_vision_on_every_rank(model: nn.Module) -> bool:
     """Make a vision-language ``model`` run its vision tower in every forward pass: where a
-    micro-batch holds no image, the tower runs on :func:`blank_image` just before the language
-    model (where it runs on real images, so the modules run in the same order on every rank),
-    and its output joins the graph times zero (the logprobs are unchanged; a trained tower gets
-    zero gradients). Register before ``deepspeed.initialize``, so that this runs before ZeRO-3's
-    own hook on the language model. Returns whether ``model`` has a vision tower."""
+    micro-batch holds no image (a text-only row, or the empty micro-batch that evens out the
+    ranks' counts), the tower runs on :func:`blank_image` just before the language model, where
+    it runs on real images, and its output joins the graph times zero (the logprobs are
+    unchanged; a trained tower gets zero gradients, which its units reduce as the other ranks'
+    do). Under FSDP each unit's forward is a collective, so a rank skipping the tower while
+    another runs it would hang the group. Returns whether ``model`` has a vision tower."""
     inner = getattr(_hf_model(model), "model", None)
     language = getattr(inner, "language_model", None)
-    visual = vision_tower(model)
-    if visual is None or not isinstance(language, nn.Module):
+    if vision_tower(model) is None or not isinstance(language, nn.Module):
         return False
     ran = [False]
 
@@ -74,11 +77,12 @@ def run_vision_on_every_rank(model: nn.Module) -> bool:
         embeds = kwargs.get("inputs_embeds")
         if ran[0] or embeds is None:
             return None
+        visual = inner.visual  # looked up now: FSDP1 replaces the attribute with its wrapper
         pixels, grid = blank_image(visual, embeds.device)
         touched = sum(t.float().sum() for t in _tensors(visual(pixels, grid_thw=grid)))
         return args, {**kwargs, "inputs_embeds": embeds + (touched * 0).to(embeds.dtype)}
 
     inner.register_forward_pre_hook(forward_begins, with_kwargs=True)
-    visual.register_forward_hook(tower_ran)
+    vision_tower(model).register_forward_hook(tower_ran)
     language.register_forward_pre_hook(before_language_model, with_kwargs=True)
     return True
