@@ -102,10 +102,11 @@ class HFGenerationBackend:
             self.own_model.eval()
             self.autocast = None
         self.tokenizer = load_tokenizer_folder(self.config.core.policy.tokenizer_path(model_path))
-        self.vision_tokens = vision_token_ids(read_hf_config(model_path))
+        hf_config = read_hf_config(model_path)
+        self.vision_tokens = vision_token_ids(hf_config)
         choice = self.config.core.policy.generation.hf_kv_cache
         self.static_cache = choice == "static" or (choice == "auto" and self.device.type == "cuda")
-        if self.static_cache and is_vision_language(read_hf_config(model_path)):
+        if self.static_cache and is_vision_language(hf_config):
             # Qwen-VL's rotary positions depend on the prompt's images, kept beside a dynamic cache
             log.info("hf generation: a vision-language model decodes with the dynamic KV cache")
             self.static_cache = False

@@ -51,10 +51,16 @@ def build_tokenizer(vocab_size: int = 128) -> Any:
     outside the vocabulary encodes as ``<unk>`` (id 1), never as nothing: every unknown word is
     that one token, so a run whose prompts or observations hold such words is told so once
     (:mod:`corerl.reporting.lost_text`, the ``encoding/lost_text`` metric)."""
+    return word_level_tokenizer(tiny_vocabulary(vocab_size))
+
+
+def word_level_tokenizer(words: list[str]) -> Any:
+    """A whitespace word-level ``PreTrainedTokenizerFast`` over ``words`` (the first four:
+    :data:`SPECIAL_TOKENS`), an unknown word encoded as ``<unk>``."""
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    vocab = {word: i for i, word in enumerate(tiny_vocabulary(vocab_size))}
+    vocab = {word: i for i, word in enumerate(words)}
     core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     core.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     return PreTrainedTokenizerFast(
@@ -83,11 +89,12 @@ def tiny_hf_config(
     torch or transformers: validation and ``corerl plan`` read a built-in model's facts from it.
     ``num_experts``, ``experts_per_token`` and ``expert_intermediate_size`` apply to the
     mixture-of-experts families (:data:`MOE_FAMILIES`) only; the vision-language families
-    (:data:`VL_FAMILIES`) take ``hidden_size``, ``num_layers`` and ``vocab_size``."""
+    (:data:`VL_FAMILIES`) take ``hidden_size``, ``num_layers``, ``vocab_size`` and ``head_dim``."""
     if family in VL_FAMILIES:
         from corerl.models.vision import tiny_vl_config
 
-        return tiny_vl_config(family=family, hidden_size=hidden_size, num_layers=num_layers, vocab_size=vocab_size)
+        return tiny_vl_config(family=family, hidden_size=hidden_size, num_layers=num_layers, vocab_size=vocab_size,
+                              head_dim=head_dim or 32)
     families = {"qwen2": "qwen2", "llama": "llama", "qwen3_moe": "qwen3_moe", "mixtral": "mixtral"}
     if family not in families:
         raise ValueError(f"unknown tiny model family {family!r}; known: {', '.join(families)}")
@@ -126,21 +133,26 @@ def build_tiny_model(out_dir: str | Path, *, seed: int = 0, **shape: Any) -> Pat
     """Build a randomly initialised causal LM (the keywords of :func:`tiny_hf_config`: a dense
     Qwen2/Llama, a Qwen3-MoE/Mixtral mixture of experts, or a Qwen2.5-VL/Qwen3-VL with its image
     processor) plus tokenizer, and save them to ``out_dir``."""
-    if shape.get("family") in VL_FAMILIES:
-        from corerl.models.vision import build_tiny_vl_model
-
-        keys = ("family", "hidden_size", "num_layers", "vocab_size", "head_dim")
-        return build_tiny_vl_model(out_dir, seed=seed, **{k: v for k, v in shape.items() if k in keys})
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig
+
+    from corerl.models.value_model import auto_model_class
 
     values = tiny_hf_config(**shape)
-    tokenizer = build_tokenizer(values["vocab_size"])
+    vision = shape.get("family") in VL_FAMILIES
+    if vision:
+        from corerl.models.vision import save_tiny_image_processor, tiny_vl_vocabulary
+
+        tokenizer = word_level_tokenizer(tiny_vl_vocabulary(values["text_config"]["vocab_size"]))
+    else:
+        tokenizer = build_tokenizer(values["vocab_size"])
     config = AutoConfig.for_model(**values)
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(config)
+    model = auto_model_class("policy", values).from_config(config)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
+    if vision:
+        save_tiny_image_processor(out)
     return out

@@ -156,30 +156,12 @@ TINY_IMAGE_PROCESSOR = dict(patch_size=14, merge_size=2, temporal_patch_size=2, 
                             max_pixels=112 * 112)
 
 
-def build_tiny_vl_model(out_dir: str | Path, *, seed: int = 0, **shape: Any) -> Path:
-    """Build a randomly initialised tiny vision-language model (the keywords of
-    :func:`tiny_vl_config`), its word-level tokenizer holding the vision tokens and its image
-    processor, and save them to ``out_dir`` in Hugging Face form."""
-    import torch
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import AutoConfig, AutoModelForImageTextToText, PreTrainedTokenizerFast
+def save_tiny_image_processor(out_dir: str | Path) -> None:
+    """Save the tiny models' image processor (:data:`TINY_IMAGE_PROCESSOR`) into ``out_dir``, a
+    checkpoint folder :func:`corerl.models.tiny.build_tiny_model` writes."""
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
-    values = tiny_vl_config(**shape)
-    vocab = {word: i for i, word in enumerate(tiny_vl_vocabulary(values["text_config"]["vocab_size"]))}
-    core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    core.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=core, pad_token="<pad>", unk_token="<unk>",
-                                        bos_token="<bos>", eos_token="<eos>")
-    config = AutoConfig.for_model(**values)
-    torch.manual_seed(seed)
-    model = AutoModelForImageTextToText.from_config(config)
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    Qwen2VLImageProcessorPil(**TINY_IMAGE_PROCESSOR).save_pretrained(out)
-    return out
+    Qwen2VLImageProcessorPil(**TINY_IMAGE_PROCESSOR).save_pretrained(out_dir)
 
 
 def decode_image(value: Any, where: str, base: Path | None = None) -> Any:
