@@ -286,3 +286,13 @@ def test_the_vl_demo_recipe_runs_sft_then_grpo_on_images_in_process(tmp_path):
     assert [r["phase"] for r in rows if "phase" in r] == ["sft", "sft", "grpo", "grpo"]
     assert all(r["logprob_mismatch/max"] < 1e-4 for r in grpo)  # training read the images generation saw
     assert result.summary["algorithm"] == "grpo"
+
+
+def test_a_checkpoint_without_its_image_processor_is_refused_in_one_line(vl, tmp_path):
+    import shutil
+
+    backend, _, path = vl
+    shutil.copy(f"{path}/config.json", tmp_path / "config.json")
+    with pytest.raises(ConfigError, match="the image processor of .* cannot be built") as refused:
+        ImageEncoder(tmp_path, backend.tokenizer)
+    assert refused.value.key == "policy.model_name" and "\n" not in str(refused.value)
