@@ -11,10 +11,11 @@ to the graph times zero. Shared by the training backends through :mod:`corerl.sd
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-from torch import nn
+if TYPE_CHECKING:  # torch is imported where it is used: corerl.sdk, which exports this module, stays light
+    import torch
+    from torch import nn
 
 
 def _hf_model(model: nn.Module) -> nn.Module:
@@ -27,6 +28,8 @@ def _hf_model(model: nn.Module) -> nn.Module:
 def vision_tower(model: nn.Module) -> nn.Module | None:
     """A Qwen-VL's vision tower (``model.model.visual``: its blocks, patch and position
     embeddings, mergers), inside a PEFT wrapper too; None for a text-only model."""
+    from torch import nn
+
     visual = getattr(getattr(_hf_model(model), "model", None), "visual", None)
     return visual if isinstance(visual, nn.Module) else None
 
@@ -34,6 +37,8 @@ def vision_tower(model: nn.Module) -> nn.Module | None:
 def blank_image(visual: nn.Module, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """The smallest image ``visual`` takes: one merged patch of zeros, as (pixel values
     ``[merge^2, features]``, grid ``[[1, merge, merge]]``)."""
+    import torch
+
     config = visual.config
     merge = int(getattr(config, "spatial_merge_size", 2))
     features = (int(getattr(config, "in_channels", 3)) * int(getattr(config, "temporal_patch_size", 2))
@@ -44,6 +49,8 @@ def blank_image(visual: nn.Module, device: torch.device) -> tuple[torch.Tensor, 
 
 def _tensors(value: Any) -> list[torch.Tensor]:
     """Every tensor in a model output (a ModelOutput or a nest of tuples, lists and dicts)."""
+    import torch
+
     if isinstance(value, torch.Tensor):
         return [value]
     if isinstance(value, dict):
@@ -61,6 +68,8 @@ def run_vision_on_every_rank(model: nn.Module) -> bool:
     unchanged; a trained tower gets zero gradients, which its units reduce as the other ranks'
     do). Under FSDP each unit's forward is a collective, so a rank skipping the tower while
     another runs it would hang the group. Returns whether ``model`` has a vision tower."""
+    from torch import nn
+
     inner = getattr(_hf_model(model), "model", None)
     language = getattr(inner, "language_model", None)
     if vision_tower(model) is None or not isinstance(language, nn.Module):
