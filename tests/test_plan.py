@@ -222,3 +222,13 @@ def test_the_training_estimate_is_within_15_percent_of_the_cuda_peak_measured(la
     ours = estimate_for(backend, [*overrides, "policy.max_seq_length=32"], 1, model, tmp_path, PluginHost())
     training = ours.state + ours.activations + ours.buffers
     assert abs(training / 2**20 - peak_mib) <= 0.15 * peak_mib, (training / 2**20, peak_mib)
+
+
+def test_a_vision_language_model_is_planned_on_dtensor_without_tensor_parallelism_or_megatron():
+    """Megatron refuses a VLM and dtensor its tensor parallelism: neither is offered, at any size."""
+    import attrs
+
+    request = PlanRequest(attrs.evolve(_qwen("72B"), vision=True), gpus_per_node=8, nodes=4, gpu_memory=80 * GIB)
+    plan = make_plan(request, installed_models(PluginHost()))
+    assert (plan.rule.backend, plan.rule.generation) == ("dtensor", "vllm")
+    assert plan.candidates and all(c.layout.backend != "megatron" and c.layout.tp == 1 for c in plan.candidates)

@@ -46,8 +46,13 @@ class Rule:
 
 
 def decision_rule(request: PlanRequest) -> Rule:
-    """The branch of the decision tree ``request`` falls in (see the module docstring)."""
+    """The branch of the decision tree ``request`` falls in (see the module docstring); a
+    vision-language model's is dtensor + vLLM at any size (megatron does not train one)."""
     billions = request.shape.parameters / 1e9
+    if request.shape.vision:
+        return Rule("dtensor", "vllm", f"a vision-language model ({billions:.1f}B in its language model): dtensor + "
+                                       "vLLM (megatron does not train one)",
+                    generation_tp=request.gpus_per_node if request.shape.parameters >= SMALL else None)
     if request.shape.parameters < SMALL:
         return Rule("dtensor", "vllm", f"{billions:.1f}B parameters (< 10B): dtensor + vLLM")
     if request.shape.parameters <= LARGE:
@@ -202,9 +207,12 @@ def make_plan(request: PlanRequest, models: dict[str, MemoryModel]) -> Plan:
     that follow the decision tree first, simplest first; then the other fitting ones; then the
     rest by peak memory."""
     rule = decision_rule(request)
+    if request.shape.vision:  # megatron refuses a vision-language model, dtensor its tensor parallelism
+        models = {backend: model for backend, model in models.items() if backend != "megatron"}
     candidates = [] if request.asynchronous else [  # asynchronous generation never shares the training GPUs
         assess(request, layout, model.estimate(request, layout), rule)
-        for model in models.values() for layout in model.layouts(request)]
+        for model in models.values() for layout in model.layouts(request)
+        if not (request.shape.vision and layout.tp > 1)]  # tensor parallelism on a VLM is refused
     candidates += [c for model in models.values() for c in assess_dedicated(request, model, rule)]
     if request.asynchronous and not candidates:
         return Plan(request, rule, [], None, "asynchronous RL needs GPUs of its own for generation, and one node of "
