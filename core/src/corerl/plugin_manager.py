@@ -312,16 +312,23 @@ def process_host() -> PluginHost:
     return PluginHost()
 
 
+def version_key(version: str) -> tuple[int, int]:
+    """A contract version ``"2.10"`` as ``(2, 10)``: versions compare by number, not as text
+    (``ValueError`` for anything but ``MAJOR.MINOR``)."""
+    major, minor = (int(part) for part in str(version).split("."))
+    return major, minor
+
+
 def contract_refusal(plugin: str, stated: str | None) -> str | None:
     """Why a plugin stating contract version ``stated`` cannot load here, in one line (None: it can)."""
     if stated is None:
         return None
     offered = hookspecs.CONTRACT_VERSION
     try:
-        major, minor = (int(part) for part in str(stated).split("."))
+        major, minor = version_key(stated)
     except ValueError:
         return f"plugin {plugin!r} states plugin contract {stated!r}; expected MAJOR.MINOR such as {offered!r}"
-    offered_major, offered_minor = (int(part) for part in offered.split("."))
+    offered_major, offered_minor = version_key(offered)
     if major != offered_major:
         what = "an older" if major < offered_major else "a newer"
         return (f"plugin {plugin!r} implements plugin contract {stated}, and this corerl offers {offered} "

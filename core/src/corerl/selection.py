@@ -29,7 +29,7 @@ from corerl.config.tree import origin_of
 from corerl.errors import ConfigError, ConfigErrors, CorerlError, PluginError, SelectionError
 from corerl.failures import first_line
 from corerl.known_plugins import FIRST_PARTY, provider_of
-from corerl.plugin_manager import CORE_PLUGIN, PluginHost
+from corerl.plugin_manager import CORE_PLUGIN, PluginHost, version_key
 from corerl.registry import Registration, Registry, TrainingBackend
 
 DEFAULT_TRAINING_BACKEND = "dtensor"
@@ -422,14 +422,13 @@ def check_reads_images(config: Config, host: PluginHost, training: Any) -> None:
     than 2.13: its batches then hold the images (``pixel_values``, ``image_grid_thw``), which a
     forward of its own would not pass to the model (it would train on the text alone)."""
     from corerl.models.facts import model_shape
-    from corerl.plugin_manager import CORE_PLUGIN
 
     shape = model_shape(config)
     if training is None or shape is None or not shape.vision or training.plugin == CORE_PLUGIN:
         return
     info = host.plugins.get(training.plugin)
     stated = info.contract if info is not None else None
-    if stated is not None and tuple(map(int, stated.split("."))) >= tuple(map(int, IMAGES_IN_BATCHES.split("."))):
+    if stated is not None and version_key(stated) >= version_key(IMAGES_IN_BATCHES):
         return
     raise ConfigError(f"training backend {training.id!r} (plugin {training.plugin!r}) states contract "
                       f"{stated or 'none'}, older than {IMAGES_IN_BATCHES}, which gave batches a vision-language "

@@ -34,6 +34,7 @@ This module imports nothing beyond attrs and the standard library (registering i
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from collections.abc import Callable, Mapping, Sequence
@@ -65,10 +66,8 @@ class VLMSettings(EnvironmentSettings):
 
 @attrs.define(kw_only=True)
 class ClevrCogentSettings(VLMSettings):
-    """``env.clevr_cogent``: CLEVR counting answers, checked as letters and digits."""
-
-    reward_functions: list[dict[str, Any]] = setting(_functions(("format", 0.2, {}), ("exact_alnum", 0.8, {})),
-                                                     help=_FUNCTIONS_HELP)
+    """``env.clevr_cogent``: CLEVR counting answers, checked as letters and digits (``env.vlm``'s
+    reward functions)."""
 
 
 @attrs.define(kw_only=True)
@@ -166,15 +165,12 @@ def exact_alnum_reward(response: str, gold: Any, *, answer_tag: str = "answer") 
     return 1.0 if wanted and alphanumeric(answer) == wanted else 0.0
 
 
-_MATH: list[Any] = []
-
-
+@functools.cache
 def _math_checker() -> Any:
-    if not _MATH:
-        from corerl.environments.math_env import MathEnvironment
+    """The math environment's math-verify reader, built once (it refuses in one line without math-verify)."""
+    from corerl.environments.math_env import MathEnvironment
 
-        _MATH.append(MathEnvironment(EnvironmentContext(settings=None, seed=0)))
-    return _MATH[0]
+    return MathEnvironment(EnvironmentContext(settings=None, seed=0))
 
 
 _DELIMITED = re.compile(r"\$|\\\(|\\\[|\\boxed")

@@ -240,7 +240,7 @@ class ImageEncoder:
 
         config = read_hf_config(model_path) or {}
         if not is_vision_language(config):
-            raise ConfigError(f"policy.model_name: {model_path} is not a vision-language model "
+            raise ConfigError(f"{model_path} is not a vision-language model "
                               f"(model_type {config.get('model_type')!r}), so it cannot read images",
                               key="policy.model_name",
                               hint=f"use a model of the families {', '.join(VISION_LANGUAGE_TYPES)} "
@@ -248,7 +248,7 @@ class ImageEncoder:
         try:
             self.processor = AutoImageProcessor.from_pretrained(str(model_path))
         except (OSError, ValueError, ImportError) as error:
-            raise ConfigError(f"policy.model_name: the image processor of {model_path} cannot be built: "
+            raise ConfigError(f"the image processor of {model_path} cannot be built: "
                               f"{str(error).splitlines()[0]}", key="policy.model_name",
                               hint="the folder needs a preprocessor_config.json of a Qwen-VL image processor") from None
         self.image_token_id = int(config["image_token_id"])
@@ -284,6 +284,6 @@ class ImageEncoder:
         """``text`` with each placeholder's image token written once per merged patch, as
         :meth:`expand` does to the ids (what the expanded ids decode to)."""
         token = str(self.tokenizer.convert_ids_to_tokens(self.image_token_id))
-        for count in self.tokens_per_image(images):
-            text = text.replace(token, " ".join([token] * count).replace(token, "\0"), 1)
-        return text.replace("\0", token)
+        first, *after = text.split(token)
+        runs = [" ".join([token] * count) for count in self.tokens_per_image(images)]
+        return first + "".join(run + rest for run, rest in zip(runs, after, strict=True))

@@ -21,16 +21,11 @@ from typing import Any, NoReturn
 import attrs
 import pytest
 
+from corerl.plugin_manager import version_key
 from corerl.sdk import CONTRACT_VERSION
 
 #: the oldest contract version this corerl loads: the offered major's first minor
 OLDEST_SUPPORTED = f"{CONTRACT_VERSION.split('.')[0]}.0"
-
-
-def version_key(version: str) -> tuple[int, int]:
-    """``"2.10"`` as ``(2, 10)``: versions compare by number, not as text."""
-    major, minor = version.split(".")
-    return int(major), int(minor)
 
 
 @attrs.frozen

@@ -54,8 +54,8 @@ def image_inputs(batch: dict[str, torch.Tensor], image_token_id: int | None) -> 
     import torch
 
     grids = batch["image_grid_thw"]
-    real = grids.prod(dim=-1) > 0  # [B, images]: zero rows are padding
-    patches = (grids.prod(dim=-1) * real).sum(dim=-1)  # [B]
+    sizes = grids.prod(dim=-1)  # [B, images]: each image's patches; 0 on a padding row
+    real, patches = sizes > 0, sizes.sum(dim=-1)  # patches: [B], each row's
     pixels = [batch["pixel_values"][row, : int(patches[row])] for row in range(grids.shape[0])]
     out: dict[str, Any] = {}
     if int(real.sum()):
