@@ -207,12 +207,9 @@ def make_plan(request: PlanRequest, models: dict[str, MemoryModel]) -> Plan:
     that follow the decision tree first, simplest first; then the other fitting ones; then the
     rest by peak memory."""
     rule = decision_rule(request)
-    if request.shape.vision:  # megatron refuses a vision-language model, dtensor its tensor parallelism
-        models = {backend: model for backend, model in models.items() if backend != "megatron"}
     candidates = [] if request.asynchronous else [  # asynchronous generation never shares the training GPUs
         assess(request, layout, model.estimate(request, layout), rule)
-        for model in models.values() for layout in model.layouts(request)
-        if not (request.shape.vision and layout.tp > 1)]  # tensor parallelism on a VLM is refused
+        for model in models.values() for layout in model.layouts(request)]
     candidates += [c for model in models.values() for c in assess_dedicated(request, model, rule)]
     if request.asynchronous and not candidates:
         return Plan(request, rule, [], None, "asynchronous RL needs GPUs of its own for generation, and one node of "

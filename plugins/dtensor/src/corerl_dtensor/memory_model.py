@@ -65,7 +65,8 @@ class DTensorMemory:
 
     def layouts(self, request: PlanRequest) -> list[Layout]:
         sizes = [(1, ep) for ep in expert_parallel_sizes(request)] if request.shape.is_moe else \
-            [(tp, 1) for tp in tensor_parallel_sizes(request)]
+            [(tp, 1) for tp in tensor_parallel_sizes(request)
+             if tp == 1 or not request.shape.vision]  # no tensor parallelism on a VLM (corerl_dtensor.support)
         return [self._layout(request, tp, ep, checkpointing) for tp, ep in sizes for checkpointing in (False, True)]
 
     def _layout(self, request: PlanRequest, tp: int, ep: int, checkpointing: bool, dp_replicate: int = 1) -> Layout:

@@ -42,6 +42,8 @@ class MegatronMemory:
     """TP x PP x DP with the distributed optimizer, with vLLM or megatron generation."""
 
     def layouts(self, request: PlanRequest) -> list[Layout]:
+        if request.shape.vision:  # megatron does not train a vision-language model (corerl_megatron.support)
+            return []
         out = []
         for tp in tensor_parallel_sizes(request):
             for pp in range(1, request.shape.layers + 1):
