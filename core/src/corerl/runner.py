@@ -6,7 +6,8 @@ checkpoints, and a run directory holding metrics.jsonl, the loggers'
 files (TensorBoard's by default), run.log, curves.png, summary.json and the final checkpoint.
 
 ``corerl run`` on a run directory that holds a complete checkpoint resumes from it; one that
-holds none starts over there (``run.resume=must`` refuses instead). Folders the run trusts later
+holds none starts over there (``run.resume=must`` refuses instead). With ``run.max_restarts``, a
+worker that dies or hangs is recovered in the run itself the same way (:mod:`corerl.recovery`). Folders the run trusts later
 are written as complete folders (:mod:`corerl.complete_folders`). Ctrl-C finishes the current
 step, saves a checkpoint and exits with status 130 (``checkpointing.save_by`` spent: the same, status
 0). A NaN loss or gradient stops the run."""
@@ -54,6 +55,10 @@ def execute(config: Config, selection: Selection, host: PluginHost, console: Any
     None (the Python API, tests): nothing is redirected."""
     from transformers.utils import logging as hf_logging
 
+    from corerl.checkpoints import latest_checkpoint
+    from corerl.distributed.placement import POOLS
+    from corerl.distributed.worker_group import set_call_timeout
+    from corerl.recovery import Recovery, describe
     from corerl.reporting.console import make_console
     from corerl.reporting.quiet import LOG_NAME, QuietTerminal
     from corerl.run_context import RunContext
@@ -65,38 +70,61 @@ def execute(config: Config, selection: Selection, host: PluginHost, console: Any
     for choice in selection.engines():
         if choice.registration is not None:
             choice.registration.load()
-    context, finished = None, False
     quieting = ExitStack()  # from the run directory's first line to the engines' shutdown
 
     def quiet_from(run_dir: Path) -> None:
         if quiet is not None:
             quieting.enter_context(QuietTerminal(run_dir / LOG_NAME, verbose=not quiet))
 
+    set_call_timeout(config.core.run.collective_timeout_s)
+    recovery = Recovery(config.core.run.max_restarts)
+    console = console or make_console()
     with quieting:
-        try:
-            context = RunContext.open(config, selection, console or make_console(), host, on_run_dir=quiet_from)
-            result = Run(context).run()
-            finished = True
-            return result
-        except BaseException as exc:  # BaseException: torch's CheckpointException is one
-            run_dir = context.run_dir if context is not None else Path(config.core.run.output_dir) / (config.core.run.name or "")
-            refused = disk_error(exc, run_dir) or checkpoint_failure(exc, "saving or loading", run_dir / "checkpoints")
-            if refused is None:
-                raise
-            raise refused from None
-        finally:
-            if context is not None:
-                context.close(run_failed=not finished)
+        while True:  # once, and once more after each recovery
+            context, run, finished = None, None, False
+            try:
+                context = RunContext.open(config, selection, console, host,
+                                          on_run_dir=quiet_from if recovery.restarts == 0 else None)
+                run = Run(context, recovery)
+                result = run.run()
+                finished = True
+                return result
+            except BaseException as exc:  # BaseException: torch's CheckpointException is one
+                run_dir = context.run_dir if context is not None else Path(config.core.run.output_dir) / (config.core.run.name or "")
+                refused = disk_error(exc, run_dir) or checkpoint_failure(exc, "saving or loading", run_dir / "checkpoints")
+                if refused is not None:
+                    raise refused from None
+                if context is None or run is None:
+                    raise
+                checkpoint = latest_checkpoint(run_dir)
+                step = run.global_step() or (context.resume[0] if context.resume else 0)  # failed while starting: the resumed step
+                fault = recovery.recover_from(exc, step, checkpoint[1] if checkpoint else None)
+                if fault is None:
+                    raise
+                console.print(f"[yellow]{describe(fault, recovery.restarts, recovery.max_restarts)}[/]", highlight=False)
+                config = same_run_again(config, run_dir)
+                POOLS.wait_s = config.core.run.restart_wait_s  # a node gone: wait for the layout to fit again
+            finally:
+                if context is not None:
+                    context.close(run_failed=not finished)
+
+
+def same_run_again(config: Config, run_dir: Path) -> Config:
+    """``config`` pointed at ``run_dir`` (a run named by its start time keeps its folder), resuming
+    from its last complete checkpoint if it has one and starting over there if not."""
+    run = attrs.evolve(config.core.run, output_dir=str(run_dir.parent), name=run_dir.name, resume="auto")
+    return attrs.evolve(config, core=attrs.evolve(config.core, run=run))
 
 
 class Run:
     """The phases of one run over a :class:`~corerl.run_context.RunContext`: the warm start (when
     ``sft.enabled`` and the algorithm takes one) and the algorithm, each to its step count."""
 
-    def __init__(self, context: Any) -> None:
+    def __init__(self, context: Any, recovery: Any = None) -> None:
         from corerl.algorithms.contract import WARM_START
 
         self.context = context
+        self.recovery = recovery  # the run's corerl.recovery.Recovery: a recovery under way is logged once started
         selection, core = context.selection, context.config.core
         self.registration = selection.algorithm.registration
         assert self.registration is not None
@@ -137,6 +165,10 @@ class Run:
             if self.warm_registration is not None:
                 self.warm_start = self.warm_registration.load()(context, warm_start=True)
             self.algorithm = start_algorithm(context, self.registration)
+            if self.recovery is not None and self.recovery.pending:
+                for row in self.recovery.recovered(self.global_step()):
+                    self.log.write(row, self.global_step())
+                    mark(f"recovery:{row['restart']}")
             if "before" not in self.evals:
                 self.evals["before"] = self.algorithm.held_out()[self.algorithm.measure]
                 context.console.print(f"held-out {self.label} before training: {self.evals['before']:.3f}")

@@ -420,7 +420,8 @@ class SftConfig:
 
 @attrs.define(kw_only=True)
 class RunConfig:
-    """``run``: where a run keeps what it writes."""
+    """``run``: where a run keeps what it writes, and how it recovers from a dead or hung worker
+    (:mod:`corerl.recovery`)."""
 
     output_dir: str = setting("runs", help="parent folder of run directories; a relative one is in the working "
                                            "directory (not beside the recipe)")
@@ -429,6 +430,14 @@ class RunConfig:
                                            "TensorBoard off)")
     resume: Literal["auto", "must"] = setting(
         "auto", help="auto: resume from the last complete checkpoint, else start over; must: resume or fail")
+    max_restarts: int = setting(0, min=0, help="times a run recovers by itself when a rank, an engine actor or a Ray "
+                                               "node dies or a call hangs: its workers restarted from the last "
+                                               "complete checkpoint (0: the run stops, rerun the command to resume)")
+    collective_timeout_s: float | None = setting(
+        1800.0, min=0, min_exclusive=True, help="seconds a call on a group of ranks may take before its ranks count "
+                                                "as hung: killed, and recovered as a dead rank is (unset: no limit)")
+    restart_wait_s: float = setting(300.0, min=0, help="seconds a recovery waits for the cluster to hold the run's "
+                                                       "layout again (a node gone) before the run stops")
 
 
 @attrs.define(kw_only=True)

@@ -6,6 +6,7 @@ import os
 from typing import Any
 
 from corerl.import_paths import resolve
+from corerl.progress_markers import mark, worker_marker
 
 __all__ = ["RankActor", "resolve"]
 
@@ -13,15 +14,18 @@ __all__ = ["RankActor", "resolve"]
 class RankActor:
     """Builds ``worker_path(rank=..., world_size=..., **kwargs)`` and forwards method calls to it."""
 
-    def __init__(self, worker_path: str, rank: int, world_size: int, env: dict[str, str], kwargs: dict[str, Any]) -> None:
+    def __init__(self, worker_path: str, rank: int, world_size: int, env: dict[str, str], kwargs: dict[str, Any],
+                 role: str = "worker") -> None:
         from corerl.reporting.quiet import write_output_to_run_log
 
         write_output_to_run_log()  # a quiet run: this actor's output goes to run.log
         os.environ.update(env)
-        self.rank = rank
+        self.rank, self.role = rank, role
+        mark(f"{role} {rank}:pid {os.getpid()}")  # which processes a test expects gone after a recovery
         self.worker = resolve(worker_path, what="rank worker")(rank=rank, world_size=world_size, **kwargs)
 
     def call(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        mark(worker_marker(self.role, self.rank, method))  # the fault-injection tests' points
         return getattr(self.worker, method)(*args, **kwargs)
 
     def pid(self) -> int:

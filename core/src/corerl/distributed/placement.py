@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -223,22 +224,40 @@ class PoolRegistry:
     def __init__(self) -> None:
         self._pools: dict[tuple[str, PoolLayout], Pool] = {}
         self._lock = threading.Lock()
+        #: seconds a request waits for the cluster to fit it (a recovery after a node died:
+        #: ``run.restart_wait_s``); 0: a request that does not fit is refused at once
+        self.wait_s = 0.0
 
     def acquire(self, layout: PoolLayout, world_size: int, role: str) -> Pool:
         """The pool for ``layout`` (reserved now if no live group holds it), checked to fit."""
         import ray
 
-        cluster = ClusterView.from_ray()
-        check_fits(layout, world_size, role, cluster)
+        cluster = self._cluster_that_fits(layout, world_size, role)
         key = (ray.get_runtime_context().get_job_id(), layout)
         with self._lock:
             pool = self._pools.get(key)
             if pool is None:
                 self._check_not_blocked_by_own_pools(layout, cluster)
-                timeout = float(os.environ.get("CORERL_WORKER_START_TIMEOUT", "300"))
+                timeout = max(float(os.environ.get("CORERL_WORKER_START_TIMEOUT", "300")), self.wait_s)
                 pool = self._pools[key] = Pool(layout, cluster, timeout)
             pool.users += 1
             return pool
+
+    def _cluster_that_fits(self, layout: PoolLayout, world_size: int, role: str) -> ClusterView:
+        """The cluster as Ray sees it, once it fits the request: at once, or within :attr:`wait_s`
+        (nodes joining after one died); else the one-line refusal of :func:`check_fits`."""
+        deadline = time.monotonic() + self.wait_s
+        while True:
+            cluster = ClusterView.from_ray()
+            try:
+                check_fits(layout, world_size, role, cluster)
+                return cluster
+            except ConfigError as exc:
+                if time.monotonic() >= deadline:
+                    raise
+                log.warning("waiting up to %.0f s (run.restart_wait_s) for the Ray cluster to hold the %r pool again: %s",
+                            deadline - time.monotonic(), layout.name, exc.message)
+                time.sleep(min(5.0, max(0.0, deadline - time.monotonic())))
 
     def _check_not_blocked_by_own_pools(self, layout: PoolLayout, cluster: ClusterView) -> None:
         """A new GPU pool that this driver's own pools leave no room for would wait forever."""

@@ -26,7 +26,27 @@ log = logging.getLogger(__name__)
 
 
 class WorkerFailed(CorerlError):
-    """A rank died or raised; the group has been shut down."""
+    """A rank died, hung or raised; the group has been shut down.
+
+    ``role``, ``rank``, ``pid``, ``during`` (the method the group was calling) and ``how``
+    (``died``, ``hung`` or ``raised``) say which and when: :mod:`corerl.recovery` restarts the run's
+    workers after a rank that died or hung, never after one that raised (a bug, not a fault)."""
+
+    def __init__(self, message: str, *, hint: str | None = None, role: str = "worker", rank: int | None = None,
+                 pid: int | None = None, during: str = "", how: str = "died") -> None:
+        super().__init__(message, hint=hint)
+        self.role, self.rank, self.pid, self.during, self.how = role, rank, pid, during, how
+
+
+_call_timeout_s: float | None = None
+
+
+def set_call_timeout(seconds: float | None) -> None:
+    """How long a call on a group of ranks may take before its unanswering ranks count as hung
+    (``run.collective_timeout_s``; None: no limit). The run sets it before it starts its engines;
+    groups started after read it."""
+    global _call_timeout_s
+    _call_timeout_s = seconds
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -49,6 +69,16 @@ def rendezvous_address(pool: Pool, world_size: int) -> dict[str, str]:
     address = next(n["NodeManagerAddress"] for n in ray.nodes() if n["NodeID"] == pool.node_of(0))
     # the port is probed here, on the driver's node: the best guess available for rank 0's
     return {"MASTER_ADDR": address, "MASTER_PORT": str(free_port(""))}
+
+
+def process_stopped(pid: int) -> bool:
+    """Whether the process ``pid`` of this machine is stopped (SIGSTOP, a debugger) rather than busy."""
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP)
+    except psutil.Error:
+        return False
 
 
 class LocalWorkerGroup:
@@ -174,6 +204,8 @@ class RayWorkerGroup:
 
         self.role = role
         self.world_size = world_size
+        self.call_timeout_s = _call_timeout_s
+        self.slowest: dict[str, float] = {}  # seconds of the slowest call of each kind (method) so far
         self._failed: str | None = None
         self._pids: list[int] = []
         self._nodes: list[str] = []
@@ -187,7 +219,7 @@ class RayWorkerGroup:
         # and the bundle (reserved once per pool) is what keeps groups apart or together.
         self.actors = [
             actor_cls.options(max_restarts=0, **self.pool.actor_options(rank)).remote(
-                worker_path, rank, world_size, rendezvous, kwargs
+                worker_path, rank, world_size, rendezvous, kwargs, role
             )
             for rank in range(world_size)
         ]
@@ -199,6 +231,7 @@ class RayWorkerGroup:
             raise WorkerFailed(
                 f"Ray started {len(ready)} of {world_size} {role}s within {timeout:.0f} s",
                 hint="see the Ray log for the actors' start-up errors, or raise CORERL_WORKER_START_TIMEOUT",
+                role=role, during="start", how="hung",
             )
         self._pids = self._gather(started, "start")
         self._nodes = [self.pool.node_of(rank) for rank in range(world_size)]
@@ -228,6 +261,8 @@ class RayWorkerGroup:
             raise WorkerFailed(f"the worker group was shut down after an earlier failure: {self._failed}")
 
     def _gather(self, futures: list[Any], what: str) -> list[Any]:
+        import time
+
         import ray
         from ray.exceptions import RayActorError, RayTaskError
 
@@ -236,8 +271,13 @@ class RayWorkerGroup:
         rank_of = {f: rank for rank, f in enumerate(futures)}
         results: list[Any] = [None] * len(futures)
         pending = list(futures)
+        begin = time.monotonic()
+        limit = self.call_timeout_s if what != "start" else None  # the start has its own limit
         while pending:
-            done, pending = ray.wait(pending, num_returns=1)
+            left = None if limit is None else max(0.0, begin + limit - time.monotonic())
+            done, pending = ray.wait(pending, num_returns=1, timeout=left)
+            if not done:
+                self._hung(sorted(rank_of[f] for f in pending), what, limit or 0.0)
             for future in done:
                 rank = rank_of[future]
                 try:
@@ -245,10 +285,47 @@ class RayWorkerGroup:
                 except RayTaskError as exc:
                     cause = unwrap_remote(exc)  # with the rank's traceback chained to it
                     self._blame_a_dead_rank(pending, rank_of, what)
-                    self._fail(rank, what, f"raised {remote_cause(exc)}", cause)
+                    self._fail(rank, what, "raised", f"raised {remote_cause(exc)}", cause)
                 except RayActorError as exc:
-                    self._fail(rank, what, "died", exc)
+                    self._fail(rank, what, "died", "died", exc)
+        self.slowest[what] = max(self.slowest.get(what, 0.0), time.monotonic() - begin)
         return results
+
+    def _hung(self, ranks: list[int], what: str, limit: float) -> None:
+        """Ranks that did not answer ``what`` within the call timeout: killed (SIGKILL where the
+        rank is a process of this node: a stopped one takes nothing else), then reported."""
+        import signal
+
+        log.warning("%s rank(s) %s did not answer %r within %g s (run.collective_timeout_s); the slowest call of "
+                    "each kind so far: %s", self.role, ranks, what, limit,
+                    ", ".join(f"{kind} {seconds:.1f} s" for kind, seconds in sorted(self.slowest.items())) or "none")
+        here = self._this_node()
+        local = [rank for rank in ranks if self._pids and (not self._nodes or self._nodes[rank] == here)]
+        stopped = [rank for rank in local if process_stopped(self._pids[rank])]
+        for rank in local:
+            try:
+                os.kill(self._pids[rank], signal.SIGKILL)
+            except (ProcessLookupError, PermissionError) as exc:
+                log.debug("kill rank %d: %s", rank, exc)
+        ranks = stopped or ranks  # the others wait for them in a collective
+        pids = f" (pid {', '.join(str(self._pids[r]) for r in ranks)})" if self._pids else ""
+        slowest = self.slowest.get(what)
+        self._failed = (f"{self.role} rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}{pids} did not "
+                        f"answer {what!r} within {limit:g} s" + (f" (its slowest {what!r} before: {slowest:.1f} s)"
+                                                                   if slowest is not None else ""))
+        self.shutdown()
+        raise WorkerFailed(f"{self._failed}; the group was killed", role=self.role, rank=ranks[0],
+                           pid=self._pids[ranks[0]] if self._pids else None, during=what, how="hung",
+                           hint="raise run.collective_timeout_s if such a call may take that long")
+
+    @staticmethod
+    def _this_node() -> str | None:
+        import ray
+
+        try:
+            return ray.get_runtime_context().get_node_id()
+        except Exception:  # Ray shut down: no node to compare with  # noqa: BLE001
+            return None
 
     def _blame_a_dead_rank(self, pending: list[Any], rank_of: dict[Any, int], what: str) -> None:
         """A rank whose peer died fails too (its collective loses the connection), often first:
@@ -261,11 +338,11 @@ class RayWorkerGroup:
             try:
                 ray.get(future)
             except RayActorError as exc:
-                self._fail(rank_of[future], what, "died", exc)
+                self._fail(rank_of[future], what, "died", "died", exc)
             except Exception as exc:  # another consequence of the same failure  # noqa: BLE001
                 log.debug("rank %d also failed: %s", rank_of[future], exc)
 
-    def _fail(self, rank: int, what: str, how: str, exc: BaseException) -> None:
+    def _fail(self, rank: int, what: str, kind: str, how: str, exc: BaseException) -> None:
         """Shut the whole group down (the other ranks may wait in a collective forever), then raise."""
         pid = self._pids[rank] if self._pids else None
         who = f"rank {rank}" + (f" (pid {pid})" if pid else "")
@@ -274,7 +351,8 @@ class RayWorkerGroup:
         if isinstance(exc, CorerlError):  # a user error raised on a rank keeps its type and message
             raise type(exc)(f"{exc.message} (on rank {rank})", key=exc.key, source=exc.source, hint=exc.hint) from exc
         raise WorkerFailed(
-            f"{self._failed}; the group was shut down", hint="see the worker's log above for its last words"
+            f"{self._failed}; the group was shut down", hint="see the worker's log above for its last words",
+            role=self.role, rank=rank, pid=pid, during=what, how=kind,
         ) from exc
 
     def shutdown(self) -> None:

@@ -18,8 +18,8 @@ class MetricsLog:
     """Appends each step's metrics to the JSONL file and hands them to the experiment loggers."""
 
     def __init__(self, run_dir: Path, keep_lines: int | None = None, loggers: Sequence[Any] = ()) -> None:
-        """Open the log; ``keep_lines`` (a resumed run) cuts the JSONL back to that many lines,
-        replacing the file whole (a kill midway leaves the old file or the new one, never a
+        """Open the log; ``keep_lines`` (a resumed run) cuts the JSONL back to that many lines
+        (and the ``recovery`` rows after them: :mod:`corerl.recovery`), replacing the file whole (a kill midway leaves the old file or the new one, never a
         truncated one); ``loggers`` are the started experiment loggers."""
         self.path = run_dir / "metrics.jsonl"
         rewritten = run_dir / ".metrics.jsonl.partial"
@@ -29,7 +29,8 @@ class MetricsLog:
             log.warning("%s holds %d rows and the checkpoint %d: the rows in between are lost", self.path,
                         len(kept), keep_lines)
         if keep_lines is not None and len(kept) > keep_lines:
-            kept = kept[:keep_lines]
+            # the steps after the checkpoint go; the recoveries after it stay (they happened)
+            kept = kept[:keep_lines] + [line for line in kept[keep_lines:] if _is_recovery(line)]
             write_file_whole(self.path, "".join(line + "\n" for line in kept), marker="metrics:rewrite")
         self.lines = len(kept)
         self._file = self.path.open("a")
@@ -58,6 +59,12 @@ class MetricsLog:
         self._file.close()
         for logger in self.loggers:
             logger.close()
+
+
+def _is_recovery(line: str) -> bool:
+    from corerl.recovery import RECOVERY_PHASE
+
+    return f'"phase": "{RECOVERY_PHASE}"' in line and json.loads(line).get("phase") == RECOVERY_PHASE
 
 
 def logged_metrics(metrics: dict[str, Any]) -> dict[str, float | list[float]]:

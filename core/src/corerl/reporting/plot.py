@@ -17,11 +17,13 @@ def plot_curves(rows: list[dict[str, Any]], out: Path, title: str, algorithms: I
     import matplotlib
 
     from corerl.evaluation import EVAL_PHASE
+    from corerl.recovery import RECOVERY_PHASE
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     specs = {a.id: a.plot for a in algorithms}
+    rows = [r for r in rows if r.get("phase") != RECOVERY_PHASE]  # a recovery's row is an event, not a step
     phases = list(dict.fromkeys(r["phase"] for r in rows if "phase" in r and r["phase"] != EVAL_PHASE))
     evaluations = [r for r in rows if r.get("phase") == EVAL_PHASE]
     episodes = [r for r in rows if "env/turns" in r]
