@@ -7,20 +7,17 @@ run's metrics."""
 from __future__ import annotations
 
 import json
-import math
 import os
 import signal
 import subprocess
-import time
-from pathlib import Path
 
-import psutil
 import pytest
 
 from corerl.distributed.worker_group import WorkerFailed
 from corerl.recovery import RECOVERY_PHASE, Fault, Recovery, RunStopped, fault_of
 from corerl.reporting.metrics_log import MetricsLog
-from tests.conftest import CORERL, REPO, clean_env, run_corerl
+from tests.conftest import CORERL, REPO, clean_env
+from tests.recovery_runs import assert_same_steps, faults_of, run_with_faults
 
 # -- the logic, in process ------------------------------------------------------------------
 
@@ -64,6 +61,8 @@ def test_a_recovery_cut_short_by_another_fault_keeps_its_row():
     rows = recovery.recovered(4)
     assert [(r["restart"], r["during"], r["steps_redone"]) for r in rows] == [(1, "train_step", 2), (2, "load_checkpoint", 0)]
     assert recovery.recovered(4) == []
+    recovery.recover_from(_failed("hung"), 5, None)
+    assert [r["restart"] for r in recovery.recovered(0, started_over=True)] == [1, 2, 3]  # a new log: all of them
 
 
 def test_the_same_step_failing_the_same_way_twice_stops_the_run():
@@ -130,73 +129,19 @@ FAULTS = ["kill:training worker 1:train_step#2", "kill:training worker 0:save_ch
           "kill:training worker 1:load_checkpoint#1"]
 
 
-def _steps(run_dir: Path) -> list[dict]:
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return [{k: v for k, v in r.items() if not k.startswith("time/")} for r in rows if r["phase"] != RECOVERY_PHASE]
-
-
-def _pids_before(lines: list[str], fault: str) -> set[int]:
-    return {int(line.rsplit(" ", 1)[1]) for line in lines[:lines.index(f"fault:{fault}")] if ":pid " in line}
-
-
-def _alive(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
-
-
 @pytest.mark.slow
 def test_a_run_recovers_from_dead_and_hung_ranks_by_itself_and_ends_like_an_uninterrupted_one(tmp_path):
     """Besides: every recovery is a line on the terminal and a row in metrics.jsonl, the ranks of
-    the group it replaced are gone once it goes on (no orphans), and a run past run.max_restarts
-    stops in one line naming the checkpoint to resume from."""
-    straight = run_corerl("run", f"run.output_dir={tmp_path}", "run.name=straight", *ARGS)
-    assert straight.code == 0, straight
-
-    markers = tmp_path / "markers"
-    env = clean_env({"CORERL_PROGRESS_MARKERS": str(markers), "CORERL_TEST_FAULTS": ",".join(FAULTS)})
-    proc = subprocess.Popen([str(CORERL), "run", f"run.output_dir={tmp_path}", "run.name=recovered", *ARGS,
-                             "run.max_restarts=5", "run.collective_timeout_s=5"], text=True, env=env, cwd=REPO,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
-    checked: set[int] = set()
-    while proc.poll() is None or len(checked) < len(FAULTS):  # each recovery's replaced ranks, once it goes on
-        lines = markers.read_text().splitlines() if markers.exists() else []
-        for restart in range(1, len(FAULTS) + 1):
-            if restart not in checked and f"recovery:{restart}" in lines:
-                leftover = {pid for pid in _pids_before(lines, FAULTS[restart - 1]) if _alive(pid)}
-                assert not leftover, f"ranks {leftover} outlived recovery {restart}"
-                checked.add(restart)
-        if proc.poll() is not None:
-            break
-        time.sleep(0.05)
-    out = proc.stdout.read()
-    assert proc.returncode == 0, out
-    assert checked == set(range(1, len(FAULTS) + 1)), (checked, out)
-
-    run_dir = tmp_path / "recovered"
-    want, got = _steps(tmp_path / "straight"), _steps(run_dir)
-    assert [(r["phase"], r["step"]) for r in got] == [(r["phase"], r["step"]) for r in want]
-    for a, b in zip(want, got, strict=True):
-        assert a.keys() == b.keys()
-        for key, value in a.items():
-            if isinstance(value, str):
-                assert value == b[key]
-            else:
-                assert math.isclose(value, b[key], rel_tol=1e-6, abs_tol=1e-6), (a["phase"], a["step"], key, value, b[key])
-
-    recoveries = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()
-                  if json.loads(line)["phase"] == RECOVERY_PHASE]
-    assert [(r["restart"], r["how"], r["during"]) for r in recoveries] == [
-        (1, "died", "train_step"), (2, "died", "save_checkpoint"), (3, "died", "full_state_dict"),
-        (4, "hung", "train_step"), (5, "died", "load_checkpoint")]
-    assert [r["failed"].split(" (pid")[0] for r in recoveries] == [
-        "training worker rank 1", "training worker rank 0", "training worker rank 1", "training worker rank 0",
-        "training worker rank 1"]  # the stopped rank is named, not its peer waiting in the collective
-    assert all(r["recover_s"] > 0 for r in recoveries)
-    for restart in range(1, 6):
-        assert f"(restart {restart} of run.max_restarts=5)" in out, out
-    assert "did not answer 'train_step' within 5 s" in (run_dir / "run.log").read_text()
+    the group it replaced are gone once it goes on (no orphans), the stopped rank is named (not
+    its peer waiting for it in a collective), and a run past run.max_restarts stops in one line
+    naming the checkpoint to resume from."""
+    recovered = run_with_faults(tmp_path, ARGS, FAULTS, "run.collective_timeout_s=15")
+    assert_same_steps(recovered.want, recovered.got)
+    assert faults_of(recovered) == [
+        ("training worker rank 1", "died", "train_step"), ("training worker rank 0", "died", "save_checkpoint"),
+        ("training worker rank 1", "died", "full_state_dict"), ("training worker rank 0", "hung", "train_step"),
+        ("training worker rank 1", "died", "load_checkpoint")]
+    assert "did not answer 'train_step' within 15 s" in (tmp_path / "recovered" / "run.log").read_text()
 
     # past run.max_restarts: one line, the checkpoint to resume from, exit 1
     bounded = subprocess.run([str(CORERL), "run", f"run.output_dir={tmp_path}", "run.name=bounded", *ARGS,

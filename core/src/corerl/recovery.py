@@ -92,6 +92,7 @@ class Recovery:
     #: the rows of the recoveries under way (one more when a recovery fails before the run goes
     #: on), each with the monotonic time of its failure; written once the run's log is open again
     pending: list[tuple[dict[str, Any], float]] = attrs.field(factory=list)
+    written: list[dict[str, Any]] = attrs.field(factory=list)  #: the rows of the recoveries done
 
     def recover_from(self, exc: BaseException, step: int, checkpoint: Path | None) -> Fault | None:
         """The fault to recover from, None when ``exc`` is not one (the caller re-raises it), or
@@ -116,17 +117,21 @@ class Recovery:
                               "during": fault.during, "failed_at_step": step}, time.monotonic()))
         return fault
 
-    def recovered(self, resumed_step: int) -> list[dict[str, Any]]:
+    def recovered(self, resumed_step: int, started_over: bool = False) -> list[dict[str, Any]]:
         """The recovery's metrics.jsonl row, once the run goes on from ``resumed_step``: what failed,
         how and during which call, the steps done when it failed (``failed_at_step``: the step under
         way then is lost too), the completed steps it redoes (``steps_redone``) and the seconds from
         the failure to engines ready with the checkpoint loaded (``recover_s``). A recovery cut short
-        by another fault has its row too, its seconds counted to the same moment."""
+        by another fault has its row too, its seconds counted to the same moment. ``started_over``:
+        the run found no complete checkpoint and began a new log, so the earlier recoveries' rows
+        come first again."""
         now = time.monotonic()
         rows = [{**row, "step": resumed_step, "steps_redone": row["failed_at_step"] - resumed_step,
                  "recover_s": round(now - failed_at, 3)} for row, failed_at in self.pending]
         self.pending = []
-        return rows
+        earlier = list(self.written) if started_over else []
+        self.written += rows
+        return earlier + rows
 
 
 def describe(fault: Fault, restart: int, max_restarts: int) -> str:

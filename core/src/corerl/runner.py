@@ -166,8 +166,8 @@ class Run:
                 self.warm_start = self.warm_registration.load()(context, warm_start=True)
             self.algorithm = start_algorithm(context, self.registration)
             if self.recovery is not None and self.recovery.pending:
-                for row in self.recovery.recovered(self.global_step()):
-                    self.log.write(row, self.global_step())
+                for row in self.recovery.recovered(self.global_step(), started_over=context.resume is None):
+                    self.log.write(row, row["step"])
                     mark(f"recovery:{row['restart']}")
             if "before" not in self.evals:
                 self.evals["before"] = self.algorithm.held_out()[self.algorithm.measure]
