@@ -148,11 +148,6 @@ def test_past_max_generation_failures_the_run_stops_in_one_line(tmp_path):
     assert "Traceback" not in out
 
 
-# the kill harness's points for an asynchronous run, in the order it reaches them: before the first
-# checkpoint, inside a checkpoint save, between checkpoints with generation running ahead, at the end
-ASYNC_KILL_POINTS = ["grpo:step:1", "folder:step_000004:filled", "grpo:step:3", "grpo:step:5"]
-
-
 def _kill_at(tmp_path: Path, point: str, args: list[str]) -> tuple[int, list[Path]]:
     """The run killed (SIGKILL, its whole process group) at ``point``: the killed driver's pid, and
     its weight files in shared memory seen just before the kill."""
@@ -167,22 +162,8 @@ def _kill_at(tmp_path: Path, point: str, args: list[str]) -> tuple[int, list[Pat
     return proc.pid, weight_files
 
 
-def test_an_async_run_killed_at_every_stage_ends_like_an_uninterrupted_one(tmp_path):
-    """Staleness 0 is deterministic: after each kill the same command runs on, and the run that
-    completes matches the one never killed, step for step (nothing trained twice, nothing skipped)."""
-    args = [*BASE, *ASYNC, "algorithm.max_steps=6", "algorithm.async.max_staleness=0",
-            "checkpointing.enabled=true", "checkpointing.save_period=2", "checkpointing.keep_last=1"]
-    straight = run_corerl("run", f"run.output_dir={tmp_path}", "run.name=straight", *args)
-    assert straight.code == 0, straight
-    for point in ASYNC_KILL_POINTS:
-        _kill_at(tmp_path, point, args)
-    final = run_corerl("run", f"run.output_dir={tmp_path}", "run.name=killed", *args)
-    assert final.code == 0, final
-    assert_same_steps(rows(tmp_path / "straight"), rows(tmp_path / "killed"))
-
-
 def test_a_sigkilled_async_run_resumes_from_where_its_buffer_stood(tmp_path):
-    """On vllm (the kill harness above kills hf's runs at every stage)."""
+    """On vllm (tests/test_recovery_algorithms.py recovers an hf asynchronous run from five dead ranks)."""
     args = [*VLLM, *ASYNC, "algorithm.max_steps=6", "algorithm.async.max_staleness=1",
             "checkpointing.enabled=true", "checkpointing.save_period=2", "checkpointing.keep_last=1"]
     # killed after GRPO step 3 is logged (its checkpoint, at step 2 of GRPO, holds the buffer's position),

@@ -18,4 +18,4 @@ class DeepSpeedBackend(WorkerGroupBackend):
         self.batcher = MicroBatcher.from_config(config)
         threads = max(1, (os.cpu_count() or 1) // self.world_size)
         self.group = RayWorkerGroup(WORKER, self.world_size, ray_address=config.core.cluster.ray_address,
-                                    layout=training_layout(config.core.cluster, config.pool), role="deepspeed worker", config=config, threads=threads)
+                                    layout=training_layout(config.core.cluster, config.pool), role="deepspeed critic worker" if config.role == "critic" else "deepspeed worker", config=config, threads=threads)

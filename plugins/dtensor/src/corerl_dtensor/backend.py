@@ -37,7 +37,7 @@ class DTensorBackend(WorkerGroupBackend):
             threads = max(1, (os.cpu_count() or 1) // self.world_size)
             self.group = RayWorkerGroup(
                 WORKER, self.world_size, ray_address=cluster.ray_address, layout=training_layout(cluster, config.pool),
-                role="training worker", config=config, threads=threads,
+                role="critic worker" if config.role == "critic" else "training worker", config=config, threads=threads,
             )
 
     def local_model(self) -> torch.nn.Module | None:

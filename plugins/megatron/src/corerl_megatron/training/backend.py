@@ -34,7 +34,7 @@ class MegatronBackend(WorkerGroupBackend):
 
         # the driver's environment decides where conversions live (Ray workers may have started earlier)
         self.group = RayWorkerGroup(WORKER, self.world_size, ray_address=config.core.cluster.ray_address,
-                                    layout=training_layout(config.core.cluster, config.pool), role="megatron worker", config=config, threads=threads,
+                                    layout=training_layout(config.core.cluster, config.pool), role="megatron critic worker" if config.role == "critic" else "megatron worker", config=config, threads=threads,
                                     checkpoint_dir=str(checkpoint_root()))
         coords = self.group.call("coordinates")
         self.layout = RankLayout([c["dp"] for c in coords], [c["reports"] for c in coords])
