@@ -28,6 +28,10 @@ BENCHMARKS = {
     "lora_refit.py": (["--quick", "--reps", "1", "--generation", "hf"], "lora_refit.json"),
     # one layout: plan_accuracy.py's case measures deepspeed's through the same measure()
     "memory.py": ([*TINY, "--layouts", "dtensor FSDP2"], "memory.json"),
+    # in-run recovery alone, one backend: the rerun contender runs the same command twice, the resume the kill
+    # harness checks (tests/test_kill_harness.py)
+    "recovery.py": (["--backends", "dtensor", "--contenders", "in-run", "--steps", "2", "--save-period", "1",
+                     "--kill-step", "2"], "recovery.json"),
     "packing.py": (["--seqs", "8", "--min", "8", "--max", "64", "--budget", "128", "--steps", "1", *TINY], "packing.json"),
     # its twin memory.py measures every layout (the same measure()); here one layout checks the estimates' side, at
     # world size 2 (world size 1 is the same estimate(); ZeRO-3's state at world size 1 is its conformance class's)
