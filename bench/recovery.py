@@ -97,7 +97,7 @@ def measure(backend: str, contender: str, work: Path, args: argparse.Namespace) 
     role = BACKENDS[backend][0]
     # counted from the run's start: the kill lands in the training step of step --kill-step
     fault = f"kill:{role} 1:train_step#{args.kill_step}"
-    markers = work / f"markers-{contender}"
+    markers = work / f"markers-{backend.split()[0]}-{contender}"
     clock = MarkerClock(markers)
     name = f"{backend.split()[0]}-{contender}"
     restarts = "run.max_restarts=1" if contender == "in-run" else "run.max_restarts=0"
