@@ -1,8 +1,11 @@
 """In-run recovery (``run.max_restarts``, :mod:`corerl.recovery`): the logic in process, and one
-GRPO run on dtensor at world size 2 that loses a rank at five points (inside a step, inside a
-save, during a refit, a rank stopped until the call timeout, and a rank killed while the
-recovery loads its checkpoint), recovers from each by itself and ends with an uninterrupted
-run's metrics."""
+asynchronous GRPO run on dtensor at world size 2 (SFT first, then training beside a dedicated
+generation worker at staleness 0, so that it is deterministic) that loses a rank at five points
+(inside a step, inside a save, during a refit to the generation worker, a rank stopped until the
+call timeout, and a rank killed while the recovery loads its checkpoint), recovers from each by
+itself and ends with an uninterrupted run's metrics. The one run checks dtensor, GRPO and the
+asynchronous loop: it took the place of a synchronous run and an asynchronous one.
+"""
 
 from __future__ import annotations
 
@@ -119,11 +122,13 @@ def test_a_recovery_waits_for_the_cluster_to_fit_the_layout_again(monkeypatch):
 
 ARGS = ["sft.max_steps=2", "algorithm.max_steps=3", "algorithm.batch_size=4", "algorithm.num_generations_per_prompt=4",
         "checkpointing.enabled=true", "checkpointing.save_period=1", "checkpointing.keep_last=1",
-        "policy.generation.backend=hf", "policy.training_backend=dtensor", "cluster.gpus_per_node=2"]
-# in order, each counted from the one before: inside SFT step 2; inside GRPO step 1's save; in the
-# refit after GRPO step 1 (full_state_dict: hf generation reads the policy's weights); rank 0
-# stopped inside GRPO step 2 (the call timeout finds it); rank 1 killed while the recovery from
-# that loads its checkpoint
+        "policy.generation.backend=hf", "policy.training_backend=dtensor", "cluster.gpus_per_node=2",
+        "run.tensorboard=false"]
+ASYNC = ["algorithm.async.enabled=true", "algorithm.async.max_staleness=0", "policy.generation.colocated.enabled=false",
+         "policy.generation.colocated.resources.gpus_per_node=1"]
+# in order, each counted from the one before: inside SFT step 2; inside GRPO step 1's save; in a
+# refit of the generation worker after GRPO step 1 (full_state_dict); rank 0 stopped inside GRPO
+# step 2 (the call timeout finds it); rank 1 killed while the recovery from that loads its checkpoint
 FAULTS = ["kill:training worker 1:train_step#2", "kill:training worker 0:save_checkpoint#2",
           "kill:training worker 1:full_state_dict#2", "stop:training worker 0:train_step#2",
           "kill:training worker 1:load_checkpoint#1"]
@@ -135,7 +140,7 @@ def test_a_run_recovers_from_dead_and_hung_ranks_by_itself_and_ends_like_an_unin
     the group it replaced are gone once it goes on (no orphans), the stopped rank is named (not
     its peer waiting for it in a collective), and a run past run.max_restarts stops in one line
     naming the checkpoint to resume from."""
-    recovered = run_with_faults(tmp_path, ARGS, FAULTS, "run.collective_timeout_s=15")
+    recovered = run_with_faults(tmp_path, [*ARGS, *ASYNC], FAULTS, "run.collective_timeout_s=15")
     assert_same_steps(recovered.want, recovered.got)
     assert faults_of(recovered) == [
         ("training worker rank 1", "died", "train_step"), ("training worker rank 0", "died", "save_checkpoint"),
@@ -147,10 +152,13 @@ def test_a_run_recovers_from_dead_and_hung_ranks_by_itself_and_ends_like_an_unin
     bounded = subprocess.run([str(CORERL), "run", f"run.output_dir={tmp_path}", "run.name=bounded", *ARGS,
                               "run.max_restarts=1", "sft.max_steps=3"], text=True, capture_output=True, cwd=REPO,
                              env=clean_env({"CORERL_PROGRESS_MARKERS": str(tmp_path / "markers-bounded"),
+                                            # rank 0 both times: a dead rank marks nothing more, so the
+                                            # second count starts with the recovery (its peer's marker
+                                            # of the failed step may land after the first fault's)
                                             "CORERL_TEST_FAULTS": "kill:training worker 0:train_step#2,"
-                                                                  "kill:training worker 1:train_step#2"}), timeout=600)
+                                                                  "kill:training worker 0:train_step#2"}), timeout=600)
     assert bounded.returncode == 1, bounded.stdout + bounded.stderr
     stopped = [line for line in bounded.stderr.splitlines() if "run.max_restarts=1" in line]
-    assert len(stopped) == 1 and "training worker rank 1" in stopped[0] and "after 1 restart(s)" in stopped[0], bounded.stderr
+    assert len(stopped) == 1 and "training worker rank 0" in stopped[0] and "after 1 restart(s)" in stopped[0], bounded.stderr
     assert f"resumes from {tmp_path / 'bounded' / 'checkpoints' / 'step_000002'}" in stopped[0], stopped
     assert os.path.isdir(tmp_path / "bounded" / "checkpoints" / "step_000002")

@@ -5,6 +5,7 @@ and no traceback."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -110,7 +111,9 @@ def test_a_nan_gradient_stops_the_run_at_its_step(tmp_path):
                         "checkpointing.enabled=false")
     assert result.code == 1, result
     (line,) = result.err.strip().splitlines()
-    assert "sft step 2: grad_norm nan; the run stopped there" in line, line
+    # lr 1e30 makes step 1's update blow up the weights: step 2's gradient is nan, and so may be its
+    # loss, depending on the machine's kernels
+    assert re.search(r"sft step 2: (loss nan, )?grad_norm nan; the run stopped there", line), line
     rows = (tmp_path / "nan" / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(r)["step"] for r in rows] == [1]  # the bad step is not logged
 
