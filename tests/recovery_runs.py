@@ -1,6 +1,6 @@
 """A run that recovers by itself from injected faults, beside the same run never interrupted: the
-shared body of the in-run recovery tests of every backend (``tests/test_recovery.py``,
-``tests/test_recovery_algorithms.py``, the megatron and deepspeed plugins' ``test_*_recovery.py``).
+shared body of the in-run recovery tests of every backend (``tests/test_recovery.py``, the megatron
+and deepspeed plugins' ``test_*_recovery.py``).
 
 Both runs start at once (the faulted one spends much of its time restarting workers, so the two
 share the machine's cores well). While the faulted run goes on, each recovery's replaced ranks

@@ -163,7 +163,7 @@ def _kill_at(tmp_path: Path, point: str, args: list[str]) -> tuple[int, list[Pat
 
 
 def test_a_sigkilled_async_run_resumes_from_where_its_buffer_stood(tmp_path):
-    """On vllm (tests/test_recovery_algorithms.py recovers an hf asynchronous run from five dead ranks)."""
+    """On vllm (tests/test_recovery.py recovers an hf asynchronous run from five faults)."""
     args = [*VLLM, *ASYNC, "algorithm.max_steps=6", "algorithm.async.max_staleness=1",
             "checkpointing.enabled=true", "checkpointing.save_period=2", "checkpointing.keep_last=1"]
     # killed after GRPO step 3 is logged (its checkpoint, at step 2 of GRPO, holds the buffer's position),

@@ -112,10 +112,11 @@ def test_environment_actors_survive_a_killed_process_and_a_hung_step():
         pool.shutdown()
 
 
-@pytest.mark.parametrize("workers", [0, 2])
-def test_a_run_sigkilled_mid_rollout_resumes_like_any_other(tmp_path, workers):
+def test_a_run_sigkilled_mid_rollout_resumes_like_any_other(tmp_path):
+    """With the environment in 2 Ray workers, which die with the run: the in-process environment
+    resumes through the same checkpoint, and its own run (75 s) left the slow tier."""
     common = ["sft.max_steps=2", "algorithm.max_steps=6", "checkpointing.enabled=true",
-              "checkpointing.save_period=2", "algorithm.batch_size=4", f"env.tools.num_workers={workers}"]
+              "checkpointing.save_period=2", "algorithm.batch_size=4", "env.tools.num_workers=2"]
     straight = run_corerl("run", DEMO, f"run.output_dir={tmp_path}", "run.name=straight", *common)
     assert straight.code == 0, straight
     # rollouts: 1 held-out before, 2 after SFT, then GRPO steps 1, 2, 3, ...: the run stops after
