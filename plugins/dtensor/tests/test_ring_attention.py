@@ -1,0 +1,129 @@
+"""Ring attention (corerl_dtensor.ring_attention) against plain causal attention over the whole
+sequence: the output and the gradients of queries, keys and values at every position.
+
+The ranks here are threads of one process exchanging blocks through memory (a ring of their
+own below): the algorithm under test, its block order, masking, log-sum-exp merge and the
+backward pass's travelling accumulators, is the same code a process-group ring runs."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from corerl_dtensor.ring_attention import positions_of, ring_attention
+
+
+class _ThreadRing:
+    """Ranks as threads: each shift posts its tensors and takes the previous rank's."""
+
+    def __init__(self, posts: list, barrier: threading.Barrier, rank: int, size: int) -> None:
+        self.posts, self.barrier, self.rank, self.size = posts, barrier, rank, size
+
+    def shift(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+        self.posts[self.rank] = [t.clone() for t in tensors]
+        self.barrier.wait()
+        received = self.posts[(self.rank - 1) % self.size]
+        self.barrier.wait()
+        return received
+
+
+def _as_ranks(size: int, rank_main: Callable[[_ThreadRing], None]) -> None:
+    """``rank_main(ring)`` in ``size`` threads at once; the first failure is raised (its peers'
+    waits broken rather than left hanging)."""
+    posts: list = [None] * size
+    barrier = threading.Barrier(size)
+    errors: list[BaseException] = []
+
+    def run(rank: int) -> None:
+        try:
+            rank_main(_ThreadRing(posts, barrier, rank, size))
+        except BaseException as exc:
+            errors.append(exc)
+            barrier.abort()
+
+    threads = [threading.Thread(target=run, args=(rank,)) for rank in range(size)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    if errors:
+        raise errors[0]
+
+
+def _run_ranks(size: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad: torch.Tensor) -> list[dict]:
+    results: list[dict] = [{} for _ in range(size)]
+
+    def rank_main(ring: _ThreadRing) -> None:
+        where = positions_of(q.shape[2], ring.rank, size)
+        local = [t[:, :, where].detach().clone().requires_grad_() for t in (q, k, v)]
+        out = ring_attention(*local, ring)
+        (out * grad[:, :, where]).sum().backward()
+        results[ring.rank] = {"where": where, "out": out.detach(), "grads": [t.grad for t in local]}
+
+    _as_ranks(size, rank_main)
+    return results
+
+
+@pytest.mark.parametrize("size", [1, 2, 3])
+def test_ring_attention_equals_causal_attention_forward_and_backward(size):
+    torch.manual_seed(size)
+    batch, heads, seq, dim = 2, 3, 12 * size, 8
+    q, k, v = (torch.randn(batch, heads, seq, dim, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    grad = torch.randn(batch, heads, seq, dim, dtype=torch.float64)
+    want = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    (want * grad).sum().backward()
+    for rank in _run_ranks(size, q.detach(), k.detach(), v.detach(), grad):
+        where = rank["where"]
+        torch.testing.assert_close(rank["out"], want.detach()[:, :, where])
+        for got, full in zip(rank["grads"], (q.grad, k.grad, v.grad), strict=True):
+            torch.testing.assert_close(got, full[:, :, where])
+
+
+def test_every_rank_holds_an_early_and_a_late_chunk():
+    assert positions_of(8, 0, 2).tolist() == [0, 1, 6, 7]
+    assert positions_of(8, 1, 2).tolist() == [2, 3, 4, 5]
+    with pytest.raises(ValueError, match="cannot be split into 2 x 2 equal chunks"):
+        positions_of(10, 0, 2)
+
+
+def test_a_hugging_face_model_split_over_two_ranks_gives_the_whole_sequences_logits_and_gradients(tmp_path):
+    """A tiny Qwen2 (grouped-query attention, rotary positions from position_ids) with
+    attn_implementation "corerl_ring": each rank's logits equal the whole sequence's at its positions,
+    and the ranks' parameter gradients summed (as data parallelism's reduction sums them) equal the
+    whole sequence's."""
+    import copy
+
+    from transformers import AutoModelForCausalLM
+
+    from corerl.models.tiny import build_tiny_model
+    from corerl_dtensor.ring_attention import register_with_transformers, splitting_sequences_over
+
+    path = build_tiny_model(tmp_path / "tiny", seed=1)
+    whole = AutoModelForCausalLM.from_pretrained(path, attn_implementation="sdpa", dtype=torch.float64)
+    split = AutoModelForCausalLM.from_pretrained(path, attn_implementation=register_with_transformers(),
+                                                 dtype=torch.float64)
+    assert whole.config.num_key_value_heads < whole.config.num_attention_heads
+    ids = torch.randint(0, whole.config.vocab_size, (2, 16), generator=torch.Generator().manual_seed(0))
+    want = whole(input_ids=ids).logits
+    want.square().mean().backward()
+    size = 2
+    replicas = [copy.deepcopy(split) for _ in range(size)]
+    got: list = [None] * size
+
+    def rank_main(ring: _ThreadRing) -> None:
+        where = positions_of(ids.shape[1], ring.rank, size)
+        with splitting_sequences_over(ring):
+            logits = replicas[ring.rank](input_ids=ids[:, where], position_ids=where.expand(ids.shape[0], -1)).logits
+            (logits.square().sum() / want.numel()).backward()
+        got[ring.rank] = (where, logits.detach())
+
+    _as_ranks(size, rank_main)
+    for where, logits in got:
+        torch.testing.assert_close(logits, want.detach()[:, where])
+    for name, param in whole.named_parameters():
+        summed = sum(dict(replica.named_parameters())[name].grad for replica in replicas)
+        torch.testing.assert_close(summed, param.grad, msg=name)
