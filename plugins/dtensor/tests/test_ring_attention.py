@@ -1,5 +1,7 @@
 """Ring attention (corerl_dtensor.ring_attention) against plain causal attention over the whole
-sequence: the output and the gradients of queries, keys and values at every position.
+sequence: the output and the gradients of queries, keys and values at every position; and the
+context-parallel token logprobs of a Hugging Face model (corerl_dtensor.context_parallel) against
+model_logprobs' over the whole sequences.
 
 The ranks here are threads of one process exchanging blocks through memory (a ring of their
 own below): the algorithm under test, its block order, masking, log-sum-exp merge and the
@@ -90,40 +92,44 @@ def test_every_rank_holds_an_early_and_a_late_chunk():
         positions_of(10, 0, 2)
 
 
-def test_a_hugging_face_model_split_over_two_ranks_gives_the_whole_sequences_logits_and_gradients(tmp_path):
-    """A tiny Qwen2 (grouped-query attention, rotary positions from position_ids) with
-    attn_implementation "corerl_ring": each rank's logits equal the whole sequence's at its positions,
-    and the ranks' parameter gradients summed (as data parallelism's reduction sums them) equal the
-    whole sequence's."""
+def test_context_parallel_logprobs_of_right_padded_rows_equal_the_whole_sequences(tmp_path):
+    """corerl_dtensor.context_parallel over 2 ranks, a tiny Qwen2 (grouped-query attention, rotary
+    positions from position_ids) attending with attn_implementation "corerl_ring": the token
+    logprobs of a right-padded micro-batch
+    (rows of 11 and 7 tokens: padded to 12 for the 4 chunks) equal model_logprobs' on every rank,
+    and the ranks' gradients summed are twice the whole batch's (each rank's loss is the whole
+    loss; FSDP's mean over the ranks divides the factor out)."""
     import copy
 
     from transformers import AutoModelForCausalLM
 
     from corerl.models.tiny import build_tiny_model
-    from corerl_dtensor.ring_attention import register_with_transformers, splitting_sequences_over
+    from corerl.training.logprobs import model_logprobs
+    from corerl_dtensor.context_parallel import context_parallel_logprobs
+    from corerl_dtensor.ring_attention import register_with_transformers
 
-    path = build_tiny_model(tmp_path / "tiny", seed=1)
+    path = build_tiny_model(tmp_path / "tiny", seed=2)
     whole = AutoModelForCausalLM.from_pretrained(path, attn_implementation="sdpa", dtype=torch.float64)
     split = AutoModelForCausalLM.from_pretrained(path, attn_implementation=register_with_transformers(),
                                                  dtype=torch.float64)
     assert whole.config.num_key_value_heads < whole.config.num_attention_heads
-    ids = torch.randint(0, whole.config.vocab_size, (2, 16), generator=torch.Generator().manual_seed(0))
-    want = whole(input_ids=ids).logits
-    want.square().mean().backward()
-    size = 2
-    replicas = [copy.deepcopy(split) for _ in range(size)]
-    got: list = [None] * size
+    ids = torch.randint(1, whole.config.vocab_size, (2, 11), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones_like(ids)
+    mask[1, 7:] = 0
+    ids = ids * mask
+    want = model_logprobs(whole, {"input_ids": ids, "attention_mask": mask})
+    want.sum().backward()
+    replicas = [copy.deepcopy(split) for _ in range(2)]
+    got: list = [None, None]
 
     def rank_main(ring: _ThreadRing) -> None:
-        where = positions_of(ids.shape[1], ring.rank, size)
-        with splitting_sequences_over(ring):
-            logits = replicas[ring.rank](input_ids=ids[:, where], position_ids=where.expand(ids.shape[0], -1)).logits
-            (logits.square().sum() / want.numel()).backward()
-        got[ring.rank] = (where, logits.detach())
+        logprobs = context_parallel_logprobs(replicas[ring.rank], {"input_ids": ids, "attention_mask": mask}, ring)
+        logprobs.sum().backward()
+        got[ring.rank] = logprobs.detach()
 
-    _as_ranks(size, rank_main)
-    for where, logits in got:
-        torch.testing.assert_close(logits, want.detach()[:, where])
+    _as_ranks(2, rank_main)
+    for logprobs in got:
+        torch.testing.assert_close(logprobs, want.detach())
     for name, param in whole.named_parameters():
         summed = sum(dict(replica.named_parameters())[name].grad for replica in replicas)
-        torch.testing.assert_close(summed, param.grad, msg=name)
+        torch.testing.assert_close(summed, 2 * param.grad, msg=name)

@@ -1,0 +1,74 @@
+"""Context parallelism's data side: a right-padded micro-batch's sequences split over the
+context-parallel ranks, each running the model on its two chunks (attention over the whole
+sequence by :mod:`corerl_dtensor.ring_attention`), and the token logprobs gathered back into the
+whole sequence's order on every rank, so that the loss functions see what they see without it.
+
+Gradients: every rank computes the loss on the gathered logprobs, so the gather's backward hands
+each rank ``cp`` times its positions' share; FSDP's mean over the ``dp x cp`` ranks that shard
+the model divides it out again (the data-parallel mean is what is left).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from corerl_dtensor.ring_attention import Ring, positions_of, splitting_sequences_over
+
+#: micro-batch fields context parallelism does not take yet (packing, images, a teacher's top-k)
+NOT_YET = ("position_ids", "candidate_ids", "topk_request", "pixel_values")
+
+
+class _RingAllGather(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, piece: torch.Tensor, ring: Ring, dim: int) -> torch.Tensor:
+        pieces: list[torch.Tensor] = [piece] * ring.size
+        held = [piece]
+        for step in range(1, ring.size):
+            held = ring.shift(held)
+            pieces[(ring.rank - step) % ring.size] = held[0]
+        ctx.ring, ctx.dim = ring, dim
+        return torch.cat(pieces, dim=dim)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+        ring = ctx.ring
+        grads = grad.chunk(ring.size, dim=ctx.dim)
+        # a ring reduce-scatter: the sum for piece (rank - 1 - step) travels on, gathering each rank's share
+        total = grads[(ring.rank - 1) % ring.size].contiguous()
+        for step in range(ring.size - 1):
+            (total,) = ring.shift([total])
+            total = total + grads[(ring.rank - step - 2) % ring.size]
+        return total, None, None
+
+
+def ring_all_gather(piece: torch.Tensor, ring: Ring, dim: int = 1) -> torch.Tensor:
+    """Every rank's ``piece`` (equal shapes) joined along ``dim`` in rank order, on every rank; the
+    backward pass sums each piece's gradient over the ranks."""
+    if ring.size == 1:
+        return piece
+    return _RingAllGather.apply(piece, ring, dim)
+
+
+def context_parallel_logprobs(model: torch.nn.Module, batch: dict[str, torch.Tensor], ring: Ring) -> torch.Tensor:
+    """What :func:`corerl.training.logprobs.model_logprobs` returns for a right-padded micro-batch
+    (``[B, T]``: position t holds log p(token t | tokens before it), 0 at t = 0 and on padding), with
+    each sequence split over ``ring``'s ranks. The model must attend with ring attention
+    (``attn_implementation="corerl_ring"``)."""
+    asked = [field for field in NOT_YET if field in batch]
+    if asked:
+        raise ValueError(f"context parallelism does not take micro-batches with {', '.join(asked)} yet")
+    ids, mask = batch["input_ids"], batch["attention_mask"]
+    rows, length = ids.shape
+    padded = length + (-length) % (2 * ring.size)  # right padding: causal attention never looks at it
+    ids_padded = torch.nn.functional.pad(ids, (0, padded - length))
+    where = positions_of(padded, ring.rank, ring.size).to(ids.device)
+    with splitting_sequences_over(ring):
+        logits = model(input_ids=ids_padded[:, where], position_ids=where.expand(rows, -1), use_cache=False).logits
+    following = ids_padded[:, (where + 1).clamp(max=padded - 1)]  # the token each position predicts
+    logits = logits.float()
+    mine = logits.gather(-1, following.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+    gathered = ring_all_gather(mine, ring)  # [B, padded] in rank order of positions
+    order = torch.cat([positions_of(padded, rank, ring.size) for rank in range(ring.size)]).to(ids.device)
+    of_next = gathered[:, torch.argsort(order)]  # position p: log p(token p + 1 | tokens up to p)
+    out = torch.cat([torch.zeros_like(of_next[:, :1]), of_next[:, :length - 1]], dim=1)
+    return out * mask.to(out.dtype)
