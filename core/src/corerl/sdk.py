@@ -77,6 +77,7 @@ from corerl.training.logprobs import (
     batch_logprobs,
     join_topk,
     model_logprobs,
+    picked_logprobs,
     token_logprobs,
 )
 from corerl.training.memory import move_optimizer_state, optimizer_state_tensors, storage_bytes
@@ -122,7 +123,7 @@ __all__ = [
     "runs_here_without_gpu", "dedicated_generation_layout", "barrier", "free_port", "choose_tokens",
     "choose_tokens_per_row", "row_generators", "row_seeds",
     "cut_at_stop_strings", "SharedWeightWriter", "read_shared", "code_runner_problem", "shift_values",
-    "copy_tokenizer", "write_hf_checkpoint", "load_tokenizer_folder", "model_shape", "check_tensor_parallel", "check_expert_parallel", "token_logprobs", "TOPK_REQUEST", "batch_logprobs", "join_topk", "move_optimizer_state", "register_segment_attention",
+    "copy_tokenizer", "write_hf_checkpoint", "load_tokenizer_folder", "model_shape", "check_tensor_parallel", "check_expert_parallel", "token_logprobs", "picked_logprobs", "TOPK_REQUEST", "batch_logprobs", "join_topk", "move_optimizer_state", "register_segment_attention",
 ]
 # the one list of registering names, which `corerl` exports too
 __all__ += component_kinds.__all__

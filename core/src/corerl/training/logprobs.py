@@ -45,9 +45,20 @@ def candidate_logprobs(logits: torch.Tensor, candidate_ids: torch.Tensor, attent
     import torch
 
     body, targets = logits[:, :-1], candidate_ids[:, 1:]
+    return _shifted([picked_logprobs(body, targets)], body, (targets.shape[-1],), torch.float32, attention_mask)
+
+
+def picked_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """``[B, T, K]`` float32: position t holds log p(targets[t, k]) under the distribution of
+    ``logits[:, t]`` (no shift: each position's own logits), a slice of positions at a time
+    (:func:`_position_chunks`): for a forward of one's own whose positions are not the sequence's
+    (context parallelism's chunks)."""
+    import torch
+
     parts = [chunk.gather(-1, targets[:, where]) - torch.logsumexp(chunk, dim=-1, keepdim=True)
-             for where, chunk in _position_chunks(body)]
-    return _shifted(parts, body, (targets.shape[-1],), torch.float32, attention_mask)
+             for where, chunk in _position_chunks(logits)]
+    return torch.cat(parts, dim=1) if parts else logits.new_zeros((*logits.shape[:2], targets.shape[-1]),
+                                                                  dtype=torch.float32)
 
 
 def topk_logprobs(logits: torch.Tensor, k: int, attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 
+from corerl.sdk import picked_logprobs
 from corerl_dtensor.ring_attention import Ring, positions_of, splitting_sequences_over
 
 #: micro-batch fields context parallelism does not take yet (packing, images, a teacher's top-k)
@@ -65,8 +66,7 @@ def context_parallel_logprobs(model: torch.nn.Module, batch: dict[str, torch.Ten
     with splitting_sequences_over(ring):
         logits = model(input_ids=ids_padded[:, where], position_ids=where.expand(rows, -1), use_cache=False).logits
     following = ids_padded[:, (where + 1).clamp(max=padded - 1)]  # the token each position predicts
-    logits = logits.float()
-    mine = logits.gather(-1, following.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+    mine = picked_logprobs(logits, following.unsqueeze(-1)).squeeze(-1)
     gathered = ring_all_gather(mine, ring)  # [B, padded] in rank order of positions
     order = torch.cat([positions_of(padded, rank, ring.size) for rank in range(ring.size)]).to(ids.device)
     of_next = gathered[:, torch.argsort(order)]  # position p: log p(token p + 1 | tokens up to p)
