@@ -19,7 +19,7 @@ HF = ["policy.generation.backend=hf"]
 USER_MODEL = "/tmp/corerl-tests-user-llama"
 # every refusal a registration's check (or the core's model check) makes, with the overrides that reach it
 REFUSALS = [
-    ["policy.dtensor_cfg.context_parallel_size=2", "cluster.gpus_per_node=2", *HF],
+    ["policy.dtensor_cfg.context_parallel_size=2", "policy.sequence_packing.enabled=true", "cluster.gpus_per_node=2", *HF],
     ["policy.dtensor_cfg.sequence_parallel=true", "policy.dtensor_cfg.custom_parallel_plan=my.plans:plan",
      "policy.dtensor_cfg.tensor_parallel_size=2", "cluster.gpus_per_node=2", *HF],
     ["policy.dtensor_cfg.fsdp_version=1", "policy.dtensor_cfg.tensor_parallel_size=2", "cluster.gpus_per_node=2", *HF],

@@ -13,7 +13,8 @@ class _DTensor(TrainingBackendConformance):
 
     def _single_rank_overrides(self) -> list[str]:
         return ["policy.dtensor_cfg.tensor_parallel_size=1", "policy.dtensor_cfg.fsdp_version=2",
-                "policy.dtensor_cfg.sequence_parallel=false", "policy.dtensor_cfg.dp_replicate_size=1"]
+                "policy.dtensor_cfg.sequence_parallel=false", "policy.dtensor_cfg.dp_replicate_size=1",
+                "policy.dtensor_cfg.context_parallel_size=1"]
 
 
 class TestWorld1(_DTensor):
@@ -79,6 +80,24 @@ class TestHybridShardDataParallel2(_DTensor):
         whole = sum(p.numel() * 4 for p in AutoModelForCausalLM.from_pretrained(model_dir).parameters())
         ranks = backend.state_bytes()
         assert [(rank["parameters"], rank["gradients"]) for rank in ranks] == [(whole, whole)] * 2, (whole, ranks)
+
+
+class TestContextParallel2(_DTensor):
+    """Each sequence split over 2 ranks (ring attention), the model sharded over both by FSDP2."""
+
+    algorithm_checks = False  # what the loss sees is the gathered logprobs: the GRPO variants are DP2's
+    lora_checks = False  # LoRA wraps the projections, not attention: DP2's check
+    micro_batch_layouts = ("dynamic",)  # packed rows are refused with context parallelism
+    overrides = ["cluster.gpus_per_node=2", "policy.dtensor_cfg.context_parallel_size=2"]
+
+    def test_both_ranks_split_the_same_sequences_with_ring_attention(self, backend, model_dir, batch):
+        """One data-parallel rank of two ring ranks (both handed the same micro-batches), whose
+        model attends with ring attention: what makes (a)-(g) above context-parallel checks."""
+        backend.load_hf(model_dir)
+        layouts = backend.group.call("parallel_layout")
+        assert [(r["dp"], r["cp"], r["ring_rank"], r["attention"]) for r in layouts] == \
+            [(1, 2, 0, "corerl_ring"), (1, 2, 1, "corerl_ring")]
+        assert backend.layout.data_parallel_rank == (0, 0)
 
 
 @pytest.mark.gpu

@@ -9,7 +9,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from corerl.config import load_config
-from corerl.errors import ConfigError, EngineNotAvailable
+from corerl.errors import ConfigError
 from corerl.models.tiny import build_tiny_model
 from corerl.plugin_manager import PluginHost
 from corerl.selection import select
@@ -33,7 +33,7 @@ def make_config(model_dir, tmp_path, *overrides):
 @pytest.mark.parametrize(
     ("override", "error", "key"),
     [
-        ("policy.dtensor_cfg.context_parallel_size=2", EngineNotAvailable, "policy.dtensor_cfg.context_parallel_size"),
+        ("policy.dtensor_cfg.context_parallel_size=2", ConfigError, "policy.dtensor_cfg.context_parallel_size"),
         ("policy.dtensor_cfg.sequence_parallel=true\npolicy.dtensor_cfg.custom_parallel_plan=corerl_dtensor.plans:mlp_only",
          ConfigError, "policy.dtensor_cfg.sequence_parallel"),
         ("policy.dtensor_cfg.fsdp_version=1", ConfigError, "policy.dtensor_cfg.fsdp_version"),
@@ -51,6 +51,28 @@ def test_unsupported_options_are_refused_in_one_line_before_any_worker_starts(mo
     with pytest.raises(error) as caught:  # the one validation phase, which validate and run share
         select(config, PluginHost(env={}))
     assert caught.value.key == key and "\n" not in str(caught.value)
+
+
+CP = "policy.dtensor_cfg.context_parallel_size"
+
+
+@pytest.mark.parametrize(
+    ("overrides", "says"),
+    [
+        (["policy.sequence_packing.enabled=true"], "packed rows"),
+        (["cluster.gpus_per_node=4", "policy.dtensor_cfg.tensor_parallel_size=2"], "tensor parallelism"),
+        (["cluster.gpus_per_node=4", "policy.dtensor_cfg.dp_replicate_size=2"], "hybrid sharding"),
+        (["policy.dtensor_cfg.fsdp_version=1"], "FSDP1"),
+        (["policy.model_name=builtin:tiny-moe", "policy.dtensor_cfg.expert_parallel_size=2"], "expert parallelism"),
+        (["policy.model_name=builtin:tiny-vl"], "vision-language"),
+        (["algorithm.name=distillation", "algorithm.distillation.kl_type=forward"], "top-k"),
+    ],
+)
+def test_what_context_parallelism_does_not_take_yet_is_refused_in_one_line(model_dir, tmp_path, overrides, says):
+    config = make_config(model_dir, tmp_path, "cluster.gpus_per_node=2", f"{CP}=2", *overrides)
+    with pytest.raises(ConfigError) as caught:
+        check_supported(config)
+    assert caught.value.key == CP and says in str(caught.value) and "\n" not in str(caught.value)
 
 
 @pytest.mark.parametrize("replicate", [3, 4])

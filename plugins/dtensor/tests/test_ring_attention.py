@@ -92,44 +92,59 @@ def test_every_rank_holds_an_early_and_a_late_chunk():
         positions_of(10, 0, 2)
 
 
-def test_context_parallel_logprobs_of_right_padded_rows_equal_the_whole_sequences(tmp_path):
-    """corerl_dtensor.context_parallel over 2 ranks, a tiny Qwen2 (grouped-query attention, rotary
-    positions from position_ids) attending with attn_implementation "corerl_ring": the token
-    logprobs of a right-padded micro-batch
-    (rows of 11 and 7 tokens: padded to 12 for the 4 chunks) equal model_logprobs' on every rank,
-    and the ranks' gradients summed are twice the whole batch's (each rank's loss is the whole
-    loss; FSDP's mean over the ranks divides the factor out)."""
+@pytest.mark.parametrize("kind", ["qwen2", "qwen3_moe", "critic"])
+def test_context_parallel_outputs_of_right_padded_rows_equal_the_whole_sequences(tmp_path, kind):
+    """corerl_dtensor.context_parallel over 2 ranks, the model attending with attn_implementation
+    "corerl_ring": a tiny Qwen2 (grouped-query attention, rotary positions from position_ids), the
+    tiny Qwen3-MoE (experts routed per token) and a critic (values, not logprobs) give a
+    right-padded micro-batch's outputs (rows of 11 and 7 tokens: padded to 12 for the 4 chunks)
+    equal to model_logprobs' / model_values' on every rank, and the ranks' gradients summed are
+    twice the whole batch's (each rank's loss is the whole loss; FSDP's mean over the ranks
+    divides the factor out)."""
     import copy
 
-    from transformers import AutoModelForCausalLM
-
     from corerl.models.tiny import build_tiny_model
+    from corerl.models.value_model import init_value_model, load_pretrained, model_values
+    from corerl.testing.moe_reference import MOE_SHAPE
     from corerl.training.logprobs import model_logprobs
-    from corerl_dtensor.context_parallel import context_parallel_logprobs
+    from corerl_dtensor.context_parallel import context_parallel_logprobs, context_parallel_values
     from corerl_dtensor.ring_attention import register_with_transformers
 
-    path = build_tiny_model(tmp_path / "tiny", seed=2)
-    whole = AutoModelForCausalLM.from_pretrained(path, attn_implementation="sdpa", dtype=torch.float64)
-    split = AutoModelForCausalLM.from_pretrained(path, attn_implementation=register_with_transformers(),
-                                                 dtype=torch.float64)
+    path = build_tiny_model(tmp_path / "tiny", seed=2, **(MOE_SHAPE if kind == "qwen3_moe" else {}))
+    role, whole_of, split_of = "policy", model_logprobs, context_parallel_logprobs
+    if kind == "critic":
+        path, role, whole_of, split_of = init_value_model(path, tmp_path / "critic"), "critic", model_values, \
+            context_parallel_values
+    dtype = torch.float32 if kind == "qwen3_moe" else torch.float64  # grouped_mm takes no float64
+    whole = load_pretrained(path, role, attn_implementation="sdpa").to(dtype)
+    split = load_pretrained(path, role, attn_implementation=register_with_transformers()).to(dtype)
     assert whole.config.num_key_value_heads < whole.config.num_attention_heads
+    if kind == "critic":  # a zero head gives zero values: make it say something
+        torch.nn.init.normal_(whole.score.weight, generator=torch.Generator().manual_seed(3))
+        split.score.weight.data.copy_(whole.score.weight.data)
     ids = torch.randint(1, whole.config.vocab_size, (2, 11), generator=torch.Generator().manual_seed(1))
     mask = torch.ones_like(ids)
     mask[1, 7:] = 0
     ids = ids * mask
-    want = model_logprobs(whole, {"input_ids": ids, "attention_mask": mask})
+    want = whole_of(whole, {"input_ids": ids, "attention_mask": mask})
+    assert want.abs().sum() > 0
     want.sum().backward()
     replicas = [copy.deepcopy(split) for _ in range(2)]
     got: list = [None, None]
 
     def rank_main(ring: _ThreadRing) -> None:
-        logprobs = context_parallel_logprobs(replicas[ring.rank], {"input_ids": ids, "attention_mask": mask}, ring)
-        logprobs.sum().backward()
-        got[ring.rank] = logprobs.detach()
+        out = split_of(replicas[ring.rank], {"input_ids": ids, "attention_mask": mask}, ring)
+        out.sum().backward()
+        got[ring.rank] = out.detach()
 
     _as_ranks(2, rank_main)
-    for logprobs in got:
-        torch.testing.assert_close(logprobs, want.detach())
+    for out in got:
+        torch.testing.assert_close(out, want.detach())
+    # float32 (the MoE): two ranks' partial sums round apart by a few 1e-5 (the suite's weight tolerance)
+    close = {"atol": 1e-4, "rtol": 1e-3} if dtype == torch.float32 else {}
     for name, param in whole.named_parameters():
+        if param.grad is None:  # an expert no token was routed to
+            assert all(dict(replica.named_parameters())[name].grad is None for replica in replicas), name
+            continue
         summed = sum(dict(replica.named_parameters())[name].grad for replica in replicas)
-        torch.testing.assert_close(summed, 2 * param.grad, msg=name)
+        torch.testing.assert_close(summed, 2 * param.grad, msg=lambda m: f"{name}: {m}", **close)

@@ -60,6 +60,8 @@ class Layout:
     pp: int = 1
     dp: int = 1
     activation_checkpointing: bool = False
+    #: ranks each sequence is split over (context parallelism); counted as model-parallel ranks
+    cp: int = 1
     #: ranks per model instance a generation engine may shard over (vLLM's TP), and whether the
     #: backend samples with its own training weights (megatron generation)
     generation: str = "vllm"

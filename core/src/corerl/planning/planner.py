@@ -177,10 +177,11 @@ def _beside_generation(training_request: PlanRequest, model: MemoryModel, rule: 
 
 
 def complexity(candidate: Candidate) -> tuple[int, ...]:
-    """Simpler first: fewer model-parallel ranks, no activation checkpointing, no offload."""
+    """Simpler first: fewer model-parallel ranks (tensor, pipeline and context parallel), no
+    activation checkpointing, no offload."""
     layout = candidate.layout
     offloads = sum("offload" in part and not part.endswith("=none") for part in layout.overrides)
-    return (layout.tp * layout.pp, int(layout.activation_checkpointing), offloads, int(candidate.offload != "none"),
+    return (layout.tp * layout.pp * layout.cp, int(layout.activation_checkpointing), offloads, int(candidate.offload != "none"),
             int(candidate.dedicated))
 
 

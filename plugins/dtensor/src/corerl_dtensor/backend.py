@@ -30,7 +30,9 @@ class DTensorBackend(WorkerGroupBackend):
         settings = config.section("policy.dtensor_cfg")
         self.world_size = cluster.world_size
         self.batcher = MicroBatcher.from_config(config)
-        self.layout = RankLayout.tensor_parallel(self.world_size, settings.tensor_parallel_size)
+        # the ranks of one data-parallel rank: its tensor-parallel group, or its context-parallel ring
+        self.layout = RankLayout.tensor_parallel(self.world_size,
+                                                 settings.tensor_parallel_size * settings.context_parallel_size)
         if self.world_size == 1:
             self.group: Any = LocalWorkerGroup(WORKER, config=config)
         else:

@@ -16,7 +16,8 @@ class DTensorConfig:
 
     enabled: bool = setting(False, help="train with torch's FSDP2/DTensor (the default training backend)")
     tensor_parallel_size: int = setting(1, min=1, help="ranks a layer's weights are split over (the rest shard with FSDP)")
-    context_parallel_size: int = setting(1, min=1, help="ranks a sequence is split over (torch's context_parallel; needs a GPU, refused otherwise)")
+    context_parallel_size: int = setting(1, min=1, help="ranks each sequence is split over (ring attention over load-"
+                                         "balanced chunks; FSDP2 shards over them too)")
     sequence_parallel: bool = setting(False, help="split activations along the sequence in tensor-parallel regions")
     activation_checkpointing: bool = setting(False, help="recompute activations in the backward pass (less memory, more compute)")
     cpu_offload: bool = setting(False, help="keep parameters and gradients in CPU memory between uses (FSDP's CPUOffloadPolicy)")

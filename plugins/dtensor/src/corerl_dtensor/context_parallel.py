@@ -3,6 +3,8 @@ context-parallel ranks, each running the model on its two chunks (attention over
 sequence by :mod:`corerl_dtensor.ring_attention`), and the token logprobs gathered back into the
 whole sequence's order on every rank, so that the loss functions see what they see without it.
 
+A critic's values are split and gathered the same way (:func:`context_parallel_values`).
+
 Gradients: every rank computes the loss on the gathered logprobs, so the gather's backward hands
 each rank ``cp`` times its positions' share; FSDP's mean over the ``dp x cp`` ranks that shard
 the model divides it out again (the data-parallel mean is what is left).
@@ -12,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from corerl.sdk import picked_logprobs
+from corerl.sdk import picked_logprobs, shift_values
 from corerl_dtensor.ring_attention import Ring, positions_of, splitting_sequences_over
 
 #: micro-batch fields context parallelism does not take yet (packing, images, a teacher's top-k)
@@ -50,25 +52,50 @@ def ring_all_gather(piece: torch.Tensor, ring: Ring, dim: int = 1) -> torch.Tens
     return _RingAllGather.apply(piece, ring, dim)
 
 
+def _forward_split(model: torch.nn.Module, batch: dict[str, torch.Tensor], ring: Ring
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The model's output on this rank's positions of each right-padded sequence (padded to
+    ``2 x ring.size`` chunks), those positions, and the padded token ids."""
+    asked = [field for field in NOT_YET if field in batch]
+    if asked:
+        raise ValueError(f"context parallelism does not take micro-batches with {', '.join(asked)} yet")
+    ids = batch["input_ids"]
+    length = ids.shape[1]
+    padded = length + (-length) % (2 * ring.size)  # right padding: causal attention never looks at it
+    ids_padded = torch.nn.functional.pad(ids, (0, padded - length))
+    where = positions_of(padded, ring.rank, ring.size).to(ids.device)
+    with splitting_sequences_over(ring):
+        logits = model(input_ids=ids_padded[:, where], position_ids=where.expand(ids.shape[0], -1),
+                       use_cache=False).logits
+    return logits, where, ids_padded
+
+
+def _in_sequence_order(mine: torch.Tensor, ring: Ring) -> torch.Tensor:
+    """Every rank's per-position values ``[B, its positions]`` gathered (on every rank) into the
+    padded sequence's order; gradients flow back to the rank that computed each position."""
+    padded = mine.shape[1] * ring.size
+    gathered = ring_all_gather(mine, ring)  # [B, padded] in rank order of positions
+    order = torch.cat([positions_of(padded, rank, ring.size) for rank in range(ring.size)]).to(mine.device)
+    return gathered[:, torch.argsort(order)]
+
+
 def context_parallel_logprobs(model: torch.nn.Module, batch: dict[str, torch.Tensor], ring: Ring) -> torch.Tensor:
     """What :func:`corerl.training.logprobs.model_logprobs` returns for a right-padded micro-batch
     (``[B, T]``: position t holds log p(token t | tokens before it), 0 at t = 0 and on padding), with
     each sequence split over ``ring``'s ranks. The model must attend with ring attention
     (``attn_implementation="corerl_ring"``)."""
-    asked = [field for field in NOT_YET if field in batch]
-    if asked:
-        raise ValueError(f"context parallelism does not take micro-batches with {', '.join(asked)} yet")
-    ids, mask = batch["input_ids"], batch["attention_mask"]
-    rows, length = ids.shape
-    padded = length + (-length) % (2 * ring.size)  # right padding: causal attention never looks at it
-    ids_padded = torch.nn.functional.pad(ids, (0, padded - length))
-    where = positions_of(padded, ring.rank, ring.size).to(ids.device)
-    with splitting_sequences_over(ring):
-        logits = model(input_ids=ids_padded[:, where], position_ids=where.expand(rows, -1), use_cache=False).logits
-    following = ids_padded[:, (where + 1).clamp(max=padded - 1)]  # the token each position predicts
+    logits, where, ids_padded = _forward_split(model, batch, ring)
+    following = ids_padded[:, (where + 1).clamp(max=ids_padded.shape[1] - 1)]  # the token each position predicts
     mine = picked_logprobs(logits, following.unsqueeze(-1)).squeeze(-1)
-    gathered = ring_all_gather(mine, ring)  # [B, padded] in rank order of positions
-    order = torch.cat([positions_of(padded, rank, ring.size) for rank in range(ring.size)]).to(ids.device)
-    of_next = gathered[:, torch.argsort(order)]  # position p: log p(token p + 1 | tokens up to p)
+    of_next = _in_sequence_order(mine, ring)  # position p: log p(token p + 1 | tokens up to p)
+    length = batch["input_ids"].shape[1]
     out = torch.cat([torch.zeros_like(of_next[:, :1]), of_next[:, :length - 1]], dim=1)
-    return out * mask.to(out.dtype)
+    return out * batch["attention_mask"].to(out.dtype)
+
+
+def context_parallel_values(model: torch.nn.Module, batch: dict[str, torch.Tensor], ring: Ring) -> torch.Tensor:
+    """What :func:`corerl.models.value_model.model_values` returns for a right-padded micro-batch
+    (a critic's values lined up with the logprobs), each sequence split over ``ring``'s ranks."""
+    head, _, _ = _forward_split(model, batch, ring)
+    after = _in_sequence_order(head[..., 0].float(), ring)  # position p: the state after token p
+    return shift_values(after[:, :batch["input_ids"].shape[1]], batch["attention_mask"])

@@ -16,6 +16,11 @@ compute, whose routed experts are divided by ``ep`` (``ModelShape.mlp_split(ep)`
 layer (its weights in the compute precision and their gradients before the reduce-scatter) is
 counted for MoE models, where one layer's experts are a large share of the model. Layouts of
 equal complexity rank by peak memory, so the expert-parallel ones come first.
+
+Context parallelism (``cp`` > 1, tensor and expert parallelism 1) splits each sequence over
+``cp`` ranks: a rank keeps the activations and logits of ``seq_length / cp`` positions, and FSDP
+shards the persistent state over all ``dp x cp`` ranks. The planner counts ``cp`` as model-parallel
+ranks, so such layouts rank after the simpler ones and win where only they fit (long sequences).
 """
 
 from __future__ import annotations
@@ -46,8 +51,18 @@ class ExpertLayout(Layout):
 
     @property
     def shard(self) -> int:
-        """The ranks FSDP shards the state over: the data-parallel ranks of one replica."""
-        return max(1, self.dp // self.dp_replicate)
+        """The ranks FSDP shards the state over: the data- and context-parallel ranks of one replica."""
+        return max(1, self.dp * self.cp // self.dp_replicate)
+
+
+def context_parallel_sizes(request: PlanRequest) -> list[int]:
+    """Context-parallel sizes for the request: 1, and powers of two above it that divide the
+    world size (a VLM's sequences are not split: 1 alone)."""
+    sizes, cp = [1], 2
+    while not request.shape.vision and cp <= request.world_size and request.world_size % cp == 0:
+        sizes.append(cp)
+        cp *= 2
+    return sizes
 
 
 def expert_parallel_sizes(request: PlanRequest) -> list[int]:
@@ -64,27 +79,33 @@ class DTensorMemory:
     without activation checkpointing."""
 
     def layouts(self, request: PlanRequest) -> list[Layout]:
-        sizes = [(1, ep) for ep in expert_parallel_sizes(request)] if request.shape.is_moe else \
-            [(tp, 1) for tp in tensor_parallel_sizes(request)
+        sizes = [(1, ep, 1) for ep in expert_parallel_sizes(request)] if request.shape.is_moe else \
+            [(tp, 1, 1) for tp in tensor_parallel_sizes(request)
              if tp == 1 or not request.shape.vision]  # no tensor parallelism on a VLM (corerl_dtensor.support)
-        return [self._layout(request, tp, ep, checkpointing) for tp, ep in sizes for checkpointing in (False, True)]
+        sizes += [(1, 1, cp) for cp in context_parallel_sizes(request)[1:]]  # with TP 1 and EP 1 (support.py)
+        return [self._layout(request, tp, ep, checkpointing, cp=cp) for tp, ep, cp in sizes
+                for checkpointing in (False, True)]
 
-    def _layout(self, request: PlanRequest, tp: int, ep: int, checkpointing: bool, dp_replicate: int = 1) -> Layout:
-        dp = request.world_size // tp
+    def _layout(self, request: PlanRequest, tp: int, ep: int, checkpointing: bool, dp_replicate: int = 1,
+                cp: int = 1) -> Layout:
+        dp = request.world_size // (tp * cp)
         fsdp = f"HSDP {dp_replicate}x{max(1, dp // dp_replicate)}" if dp_replicate > 1 else "FSDP2"
-        name = f"{fsdp} TP={tp}" + (f" EP={ep}" if request.shape.is_moe else "") + (" +AC" if checkpointing else "")
+        name = (f"{fsdp} TP={tp}" + (f" EP={ep}" if request.shape.is_moe else "") + (f" CP={cp}" if cp > 1 else "")
+                + (" +AC" if checkpointing else ""))
         overrides = (*cluster_overrides(request), "policy.training_backend=dtensor",
                      f"policy.dtensor_cfg.tensor_parallel_size={tp}",
+                     *((f"policy.dtensor_cfg.context_parallel_size={cp}",) if cp > 1 else ()),
                      *((f"policy.dtensor_cfg.dp_replicate_size={dp_replicate}",) if dp_replicate > 1 else ()),
                      *((f"policy.dtensor_cfg.expert_parallel_size={ep}",) if request.shape.is_moe else ()),
                      f"policy.dtensor_cfg.activation_checkpointing={'true' if checkpointing else 'false'}")
-        return ExpertLayout(BACKEND, name, overrides, tp=tp, dp=dp,
-                            activation_checkpointing=checkpointing, ep=ep, dp_replicate=dp_replicate)
+        return ExpertLayout(BACKEND, name, overrides, tp=tp, dp=dp, activation_checkpointing=checkpointing,
+                            cp=cp, ep=ep, dp_replicate=dp_replicate)
 
     def layout_of(self, config: Any, request: PlanRequest) -> Layout:
         settings = config.section("policy.dtensor_cfg")
         return self._layout(request, settings.tensor_parallel_size, settings.expert_parallel_size,
-                            settings.activation_checkpointing, settings.dp_replicate_size)
+                            settings.activation_checkpointing, settings.dp_replicate_size,
+                            settings.context_parallel_size)
 
     def estimate(self, request: PlanRequest, layout: Layout) -> TrainingMemory:
         shape = request.shape
@@ -95,7 +116,9 @@ class DTensorMemory:
         if shape.is_moe:  # one layer unsharded to compute, its routed experts divided by ep
             layer = shape.attention_split / layout.tp + shape.mlp_split(getattr(layout, "ep", 1))
             working = int(layer * request.dtype_bytes)
-        activations = activation_bytes(request, shape.layers, tp=layout.tp, checkpointing=layout.activation_checkpointing)
+        # a rank holds the activations and logits of its seq_length / cp positions
+        own_positions = attrs.evolve(request, seq_length=-(-request.seq_length // layout.cp))
+        activations = activation_bytes(own_positions, shape.layers, tp=layout.tp, checkpointing=layout.activation_checkpointing)
         return TrainingMemory(parameters=int(4 * per_rank) + working, gradients=int(4 * per_rank) + working,
                               optimizer=int(8 * per_rank), activations=activations,
                               reference=int(4 * per_rank) if request.reference else 0)

@@ -9,7 +9,6 @@ from typing import Any
 from corerl.sdk import (
     Config,
     ConfigError,
-    EngineNotAvailable,
     check_expert_parallel,
     check_tensor_parallel,
     model_shape,
@@ -20,12 +19,7 @@ def check_supported(config: Config) -> None:
     """Refuse, in one line each, the options this platform or this backend cannot run."""
     settings = config.section("policy.dtensor_cfg")
     section = "policy.dtensor_cfg"
-    if settings.context_parallel_size > 1:
-        raise EngineNotAvailable(
-            "context parallelism needs torch's context_parallel over flash/efficient SDPA, which runs only on CUDA; "
-            "the dtensor backend does not implement it yet",
-            key=f"{section}.context_parallel_size", hint="set it to 1",
-        )
+    check_context_parallel(config, settings, section)
     if settings.sequence_parallel and settings.custom_parallel_plan:
         raise ConfigError(
             "sequence_parallel applies to the built-in plan; a custom_parallel_plan lays out sequences itself",
@@ -102,6 +96,42 @@ def check_hybrid_shard(settings: Any, section: str) -> None:
          "hybrid sharding (dp_replicate_size > 1) is not combined with expert parallelism "
          "(the experts are sharded over their own mesh)",
          "set dp_replicate_size=1 or expert_parallel_size=1"),
+    )
+    for refused, message, hint in refusals:
+        if refused:
+            raise ConfigError(message, key=key, hint=hint)
+
+
+def check_context_parallel(config: Config, settings: Any, section: str) -> None:
+    """``context_parallel_size`` > 1 (ring attention over the policy's sequences,
+    :mod:`corerl_dtensor.context_parallel`): what it is not combined with yet, one line each."""
+    if settings.context_parallel_size == 1:
+        return
+    key = f"{section}.context_parallel_size"
+    core = config.core
+    distillation = config.section("algorithm.distillation") if core.algorithm.name == "distillation" else None
+    shape = model_shape(config)
+    refusals = (
+        (core.policy.sequence_packing.enabled,
+         "context parallelism splits right-padded rows; packed rows (policy.sequence_packing) are not split yet",
+         "set policy.sequence_packing.enabled=false"),
+        (settings.tensor_parallel_size > 1,
+         "context parallelism is not combined with tensor parallelism yet (the ring is the data-parallel rank's ranks)",
+         "set tensor_parallel_size=1"),
+        (settings.expert_parallel_size > 1,
+         "context parallelism is not combined with expert parallelism yet", "set expert_parallel_size=1"),
+        (settings.dp_replicate_size > 1,
+         "context parallelism is not combined with hybrid sharding (dp_replicate_size > 1) yet",
+         "set dp_replicate_size=1"),
+        (settings.fsdp_version == 1,
+         "context parallelism shards the model with FSDP2 over the data- and context-parallel ranks; the legacy "
+         "FSDP1 wrapper is not", "use fsdp_version 2"),
+        (shape is not None and shape.vision,
+         "context parallelism splits a text decoder's sequences; a vision-language model's image tokens are not "
+         "split yet", "set it to 1"),
+        (distillation is not None and getattr(distillation, "kl_type", "reverse") != "reverse",
+         "context parallelism computes the sampled tokens' logprobs; the teacher's top-k candidates (kl_type "
+         "forward or mixed) are not split yet", "use algorithm.distillation.kl_type=reverse, or set it to 1"),
     )
     for refused, message, hint in refusals:
         if refused:

@@ -4,7 +4,10 @@ Built by a worker group (a Ray actor per rank, or in-process for world size 1). 
 laid out row-major over a ``(dp, tp)`` mesh: rank ``r`` is data-parallel rank ``r // tp``
 (with ``dp_replicate_size`` > 1 the mesh is ``(dp_replicate, dp_shard, tp)``, the same ranks in
 the same order, and FSDP2 runs as HSDP over its first two dimensions); with expert parallelism a
-second mesh ``(edp, ep)`` over the same ranks places the experts.
+second mesh ``(edp, ep)`` over the same ranks places the experts. With context parallelism
+(``cp`` > 1, tensor parallelism 1) rank ``r`` is data-parallel rank ``r // cp``: FSDP2 shards over
+all ``dp x cp`` ranks, and the ``cp`` consecutive ranks of a data-parallel rank form the ring that
+splits each of its sequences (:mod:`corerl_dtensor.context_parallel`).
 The step, checkpoint sidecar and device plumbing come from :class:`corerl.training.rank_worker.RankWorker`.
 """
 
@@ -46,7 +49,9 @@ class DTensorWorker(RankWorker):
     def setup(self) -> None:
         logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)
         self.tp = self.settings.tensor_parallel_size
-        self.dp = self.world_size // self.tp
+        self.cp = self.settings.context_parallel_size
+        self.dp = self.world_size // (self.tp * self.cp)
+        self.ring = None  # the context-parallel ranks of this rank's sequences (cp > 1)
         self.param_dtype = DTYPES[self.config.core.policy.precision]
         self.mesh = None
         self.expert_mesh = None
@@ -63,7 +68,13 @@ class DTensorWorker(RankWorker):
                 self.mesh = init_device_mesh(self.device.type, (replicate, self.dp // replicate, self.tp),
                                              mesh_dim_names=("dp_replicate", "dp_shard", "tp"))
             else:
-                self.mesh = init_device_mesh(self.device.type, (self.dp, self.tp), mesh_dim_names=("dp", "tp"))
+                # FSDP2 shards over the context-parallel ranks too: "dp" is every rank of a model replica's shards
+                self.mesh = init_device_mesh(self.device.type, (self.dp * self.cp, self.tp), mesh_dim_names=("dp", "tp"))
+            if self.cp > 1:  # tensor parallelism is 1 here (support.py): the ring is cp consecutive ranks
+                from corerl_dtensor.ring_attention import ProcessGroupRing
+
+                cp_mesh = init_device_mesh(self.device.type, (self.dp, self.cp), mesh_dim_names=("data", "cp"))
+                self.ring = ProcessGroupRing(cp_mesh["cp"].get_group())
             ep = self.settings.expert_parallel_size
             if ep > 1:  # experts over "ep"; the ranks holding the same experts ("edp") shard them with FSDP
                 self.expert_mesh = init_device_mesh(self.device.type, (self.world_size // ep, ep),
@@ -78,6 +89,10 @@ class DTensorWorker(RankWorker):
             from corerl.sdk import register_segment_attention
 
             extra["attn_implementation"] = register_segment_attention()
+        elif self.ring is not None:  # a sequence split over the ring: attention over all of it
+            from corerl_dtensor.ring_attention import register_with_transformers
+
+            extra["attn_implementation"] = register_with_transformers()
         model = self.load_pretrained(model_path, **extra).to(self.device)
         self.model_path, self.hf_config = model_path, model.config
         if self.lora and self.param_dtype != torch.float32 and self.mesh is None:
@@ -108,6 +123,10 @@ class DTensorWorker(RankWorker):
         context = (torch.autocast(self.device.type, dtype=self.param_dtype) if self.autocast
                    else contextlib.nullcontext())
         with context:
+            if self.ring is not None:
+                from corerl_dtensor.context_parallel import context_parallel_logprobs
+
+                return context_parallel_logprobs(self._require_model(), mb, self.ring)
             return model_logprobs(self._require_model(), mb)
 
     def forward_values(self, mb: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -116,6 +135,10 @@ class DTensorWorker(RankWorker):
         context = (torch.autocast(self.device.type, dtype=self.param_dtype) if self.autocast
                    else contextlib.nullcontext())
         with context:
+            if self.ring is not None:
+                from corerl_dtensor.context_parallel import context_parallel_values
+
+                return context_parallel_values(self._require_model(), mb, self.ring)
             return model_values(self._require_model(), mb)
 
     def before_micro_batch(self, index: int, last: bool) -> None:
@@ -125,6 +148,14 @@ class DTensorWorker(RankWorker):
 
     def data_parallel_size(self) -> int:
         return self.dp
+
+    def parallel_layout(self) -> dict[str, Any]:
+        """Where this rank stands: the parallel sizes, its place in the context-parallel ring and the
+        attention its model runs (what a test or a person debugging a layout asks a rank)."""
+        model = self._require_model()
+        return {"dp": self.dp, "tp": self.tp, "cp": self.cp,
+                "ring_rank": self.ring.rank if self.ring is not None else None,
+                "attention": getattr(model.config, "_attn_implementation", None)}
 
     def optimizer_step(self) -> tuple[float, float]:
         model = self._require_model()
