@@ -147,4 +147,4 @@ def test_context_parallel_outputs_of_right_padded_rows_equal_the_whole_sequences
             assert all(dict(replica.named_parameters())[name].grad is None for replica in replicas), name
             continue
         summed = sum(dict(replica.named_parameters())[name].grad for replica in replicas)
-        torch.testing.assert_close(summed, 2 * param.grad, msg=lambda m: f"{name}: {m}", **close)
+        torch.testing.assert_close(summed, 2 * param.grad, msg=lambda m, name=name: f"{name}: {m}", **close)
