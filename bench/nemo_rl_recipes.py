@@ -43,7 +43,8 @@ FEATURES = (
     ("expert_model_parallel", "mixture-of-experts models (expert parallelism)"),
     ("moe_", "mixture-of-experts models"),
     ("fp8", "FP8 training"),
-    ("context_parallel", "context parallelism"),
+    ("megatron_cfg.context_parallel", "context parallelism on megatron (Transformer Engine's attention)"),
+    ("context_parallel", "context parallelism with packing, tensor or expert parallelism (dtensor)"),
     ("generation.backend", "that generation engine (TensorRT-LLM, SGLang, Dynamo)"),
     ("mtp_num_layers", "multi-token prediction"),
     ("draft", "speculative decoding with a draft model"),
@@ -81,7 +82,8 @@ OTHERS = ("ppo",)
 MACHINE_ONLY = ("needs a GPU", "ask for a GPU each but the Ray cluster has none")
 #: features that only run on a GPU (Transformer Engine, FP8/FP4 kernels, engines without a CPU
 #: build): corerl cannot build and verify them on a CPU machine, so they bound what can be accepted
-GPU_ONLY_FEATURES = frozenset({"FP8 training", "context parallelism", "quantised generation",
+GPU_ONLY_FEATURES = frozenset({"FP8 training", "context parallelism on megatron (Transformer Engine's attention)",
+                               "quantised generation",
                                "quantised training or generation", "an FP8 KV cache",
                                "that generation engine (TensorRT-LLM, SGLang, Dynamo)",
                                "speculative decoding with a draft model"})

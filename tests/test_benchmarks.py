@@ -19,6 +19,9 @@ BENCHMARKS = {
                           "sync-dedicated,async-1"], "async_vs_sync.json"),
     # multi_process alone: the in-process layout (vLLM's default on CPU) is its conformance class's and every vllm run's;
     # the multi-process one runs on CPU only here
+    # corerl's two paths at two lengths, one timed step (its equality checks are the ring attention tests')
+    "context_parallel.py": (["--hidden", "64", "--layers", "1", "--lengths", "64", "128", "--steps", "1"],
+                            "context_parallel.json"),
     "generation.py": (["--smoke", "--layouts", "multi_process"], "generation.json"),
     # one contender a side: the others run the same code with other settings
     "grpo_vs_trl.py": (["--steps", "2", *TINY, "--contenders", "trl-default,corerl"], "grpo_vs_trl.json"),
