@@ -119,8 +119,10 @@ def configuration_page(host: Any) -> str:
 
 # -- the support matrix ---------------------------------------------------------------------------
 
-#: stands for the training backend's own expert-parallel key (its registration's expert_parallel_key) set to 2
+#: stand for the training backend's own expert- and context-parallel keys (its registration's
+#: expert_parallel_key and context_parallel_key) set to 2
 EXPERT_PARALLEL = "<expert_parallel_key>=2"
+CONTEXT_PARALLEL = "<context_parallel_key>=2"
 
 #: the features of the matrix, each as the overrides that switch it on
 FEATURES: dict[str, tuple[str, ...]] = {
@@ -138,6 +140,7 @@ FEATURES: dict[str, tuple[str, ...]] = {
     "MoE": ("policy.model_name=builtin:tiny-moe",),
     "expert parallel": ("policy.model_name=builtin:tiny-moe", "cluster.gpus_per_node=2", EXPERT_PARALLEL),
     "VLM": ("policy.model_name=builtin:tiny-vl", "data.task=shape_colour"),
+    "context parallel": ("cluster.gpus_per_node=2", CONTEXT_PARALLEL),
 }
 #: a refusal that says only that this machine has no GPU: the backend supports the feature
 MACHINE_ONLY = ("needs a GPU", "needs CUDA", "ask for a GPU", "has no GPU")
@@ -173,14 +176,17 @@ def support_cell(host: Any, overrides: tuple[str, ...]) -> str:
 
 
 def feature_cell(host: Any, train: str, base: tuple[str, ...], overrides: tuple[str, ...]) -> str:
-    """The cell of one feature for a pair of backends; :data:`EXPERT_PARALLEL` becomes the training
-    backend's own key (a backend without one has no expert parallelism)."""
-    if EXPERT_PARALLEL in overrides:
-        registration = host.training_backends.get(train)
-        if registration.expert_parallel_key is None:
-            return "not available: the backend has no expert-parallel setting"
-        key = f"{registration.config_section}.{registration.expert_parallel_key}=2"
-        overrides = tuple(key if o == EXPERT_PARALLEL else o for o in overrides)
+    """The cell of one feature for a pair of backends; :data:`EXPERT_PARALLEL` and
+    :data:`CONTEXT_PARALLEL` become the training backend's own keys (a backend without one has no
+    such parallelism)."""
+    registration = host.training_backends.get(train)
+    for placeholder, attribute, what in ((EXPERT_PARALLEL, "expert_parallel_key", "expert"),
+                                         (CONTEXT_PARALLEL, "context_parallel_key", "context")):
+        if placeholder in overrides:
+            if getattr(registration, attribute) is None:
+                return f"not available: the backend has no {what}-parallel setting"
+            key = f"{registration.config_section}.{getattr(registration, attribute)}=2"
+            overrides = tuple(key if o == placeholder else o for o in overrides)
     return support_cell(host, (*base, *overrides))
 
 

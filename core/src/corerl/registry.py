@@ -137,7 +137,8 @@ class TrainingBackend(Registration):
     its ranks, see docs/moe.md); a backend without it is refused, in one line, for such a model
     (contract 2.7; a backend written before then takes dense models only, as it always did).
     ``expert_parallel_key`` names the key of its section that sets the expert-parallel size, if it
-    has one (the support matrix and ``corerl plan`` read it)."""
+    has one (the support matrix and ``corerl plan`` read it); ``context_parallel_key`` the key
+    that sets the context-parallel size (contract 2.13; the support matrix reads it)."""
 
     kind: ClassVar[str] = "training backend"
     hook: ClassVar[str] = "corerl_register_training_backends"
@@ -145,6 +146,7 @@ class TrainingBackend(Registration):
     label: ClassVar[str] = "training"
     tensor_parallel_key: str | None = None
     expert_parallel_key: str | None = None
+    context_parallel_key: str | None = None
     value_model: bool = False
     lora: bool = False
     moe: bool = False

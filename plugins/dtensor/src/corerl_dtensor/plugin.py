@@ -19,6 +19,7 @@ def corerl_register_training_backends(register: Callable[[TrainingBackend], None
             config_section="policy.dtensor_cfg",
             tensor_parallel_key="tensor_parallel_size",
             expert_parallel_key="expert_parallel_size",
+            context_parallel_key="context_parallel_size",
             value_model=True,
             lora=True,
             moe=True,

@@ -22,6 +22,7 @@ def corerl_register_training_backends(register: Callable[[TrainingBackend], None
             moe=True,
             tensor_parallel_key="tensor_model_parallel_size",
             expert_parallel_key="expert_model_parallel_size",
+            context_parallel_key="context_parallel_size",
             config_schema=MegatronConfig,
             description="megatron-core tensor/pipeline/context/expert parallel",
         )
