@@ -75,6 +75,13 @@ def test_what_context_parallelism_does_not_take_yet_is_refused_in_one_line(model
     assert caught.value.key == CP and says in str(caught.value) and "\n" not in str(caught.value)
 
 
+def test_a_context_parallel_size_that_does_not_divide_the_world_is_named_in_one_line(model_dir, tmp_path):
+    with pytest.raises(ConfigError) as caught:
+        make_config(model_dir, tmp_path, "cluster.gpus_per_node=2", f"{CP}=3")
+    assert caught.value.key == CP and "must divide the world size" in str(caught.value)
+    assert "\n" not in str(caught.value)
+
+
 @pytest.mark.parametrize("replicate", [3, 4])
 def test_dp_replicate_size_must_divide_the_data_parallel_ranks(model_dir, tmp_path, replicate):
     with pytest.raises(ConfigError) as caught:  # world 4 / TP 2: 2 data-parallel ranks

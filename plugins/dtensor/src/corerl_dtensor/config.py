@@ -39,7 +39,8 @@ class DTensorConfig:
                                                                          wanted="tensor-parallel plan")):
             yield ("custom_parallel_plan", problem)
         yield from parallel_sizes_divide_world(
-            "tensor_parallel_size",
+            # named where it was set: context parallelism alone names its own key
+            "context_parallel_size" if self.tensor_parallel_size == 1 else "tensor_parallel_size",
             {"tensor_parallel_size": self.tensor_parallel_size, "context_parallel_size": self.context_parallel_size},
             config,
         )
