@@ -100,6 +100,23 @@ class TestContextParallel2(_DTensor):
         assert backend.layout.data_parallel_rank == (0, 0)
 
 
+class TestTensorParallel2ContextParallel2(_DTensor):
+    """World size 4: a (cp 2, tp 2) layout, each ring of 2 ranks holding one tensor-parallel shard
+    (the heads split over tp, the sequence over cp)."""
+
+    algorithm_checks = critic_checks = lora_checks = False  # the 2-rank CP class and TP2's
+    micro_batch_layouts = ()  # token budgets: the 2-rank CP class's
+    overrides = ["cluster.gpus_per_node=4", "policy.dtensor_cfg.context_parallel_size=2",
+                 "policy.dtensor_cfg.tensor_parallel_size=2"]
+
+    def test_both_rings_split_the_same_sequences_each_on_its_shard(self, backend, model_dir):
+        backend.load_hf(model_dir)
+        layouts = backend.group.call("parallel_layout")
+        assert [(r["dp"], r["tp"], r["cp"], r["ring_rank"]) for r in layouts] == \
+            [(1, 2, 2, 0), (1, 2, 2, 0), (1, 2, 2, 1), (1, 2, 2, 1)]
+        assert backend.layout.data_parallel_rank == (0, 0, 0, 0)
+
+
 @pytest.mark.gpu
 @pytest.mark.xdist_group("dtensor-conformance-gpu")  # its backend is built once, in one worker (-n with --dist loadgroup)
 class TestWorld1OnGpu(_DTensor):

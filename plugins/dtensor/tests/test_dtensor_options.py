@@ -33,7 +33,8 @@ def make_config(model_dir, tmp_path, *overrides):
 @pytest.mark.parametrize(
     ("override", "error", "key"),
     [
-        ("policy.dtensor_cfg.context_parallel_size=2", ConfigError, "policy.dtensor_cfg.context_parallel_size"),
+        ("policy.dtensor_cfg.context_parallel_size=2\npolicy.dtensor_cfg.sequence_parallel=true", ConfigError,
+         "policy.dtensor_cfg.context_parallel_size"),
         ("policy.dtensor_cfg.sequence_parallel=true\npolicy.dtensor_cfg.custom_parallel_plan=corerl_dtensor.plans:mlp_only",
          ConfigError, "policy.dtensor_cfg.sequence_parallel"),
         ("policy.dtensor_cfg.fsdp_version=1", ConfigError, "policy.dtensor_cfg.fsdp_version"),
@@ -60,7 +61,8 @@ CP = "policy.dtensor_cfg.context_parallel_size"
     ("overrides", "says"),
     [
         (["policy.sequence_packing.enabled=true"], "packed rows"),
-        (["cluster.gpus_per_node=4", "policy.dtensor_cfg.tensor_parallel_size=2"], "tensor parallelism"),
+        (["cluster.gpus_per_node=4", "policy.dtensor_cfg.tensor_parallel_size=2", "policy.dtensor_cfg.sequence_parallel=true"],
+         "sequence parallelism"),
         (["cluster.gpus_per_node=4", "policy.dtensor_cfg.dp_replicate_size=2"], "hybrid sharding"),
         (["policy.dtensor_cfg.fsdp_version=1"], "FSDP1"),
         (["policy.model_name=builtin:tiny-moe", "policy.dtensor_cfg.expert_parallel_size=2"], "expert parallelism"),

@@ -92,11 +92,12 @@ def test_every_rank_holds_an_early_and_a_late_chunk():
         positions_of(10, 0, 2)
 
 
-@pytest.mark.parametrize("kind", ["qwen2", "qwen3_moe", "critic"])
+@pytest.mark.parametrize("kind", ["qwen2", "qwen3_moe", "critic", "lora"])
 def test_context_parallel_outputs_of_right_padded_rows_equal_the_whole_sequences(tmp_path, kind):
     """corerl_dtensor.context_parallel over 2 ranks, the model attending with attn_implementation
     "corerl_ring": a tiny Qwen2 (grouped-query attention, rotary positions from position_ids), the
-    tiny Qwen3-MoE (experts routed per token) and a critic (values, not logprobs) give a
+    tiny Qwen3-MoE (experts routed per token), a critic (values, not logprobs) and the Qwen2 with
+    PEFT's LoRA adapters on its attention projections (only they train) give a
     right-padded micro-batch's outputs (rows of 11 and 7 tokens: padded to 12 for the 4 chunks)
     equal to model_logprobs' / model_values' on every rank, and the ranks' gradients summed are
     twice the whole batch's (each rank's loss is the whole loss; FSDP's mean over the ranks
@@ -122,6 +123,15 @@ def test_context_parallel_outputs_of_right_padded_rows_equal_the_whole_sequences
     if kind == "critic":  # a zero head gives zero values: make it say something
         torch.nn.init.normal_(whole.score.weight, generator=torch.Generator().manual_seed(3))
         split.score.weight.data.copy_(whole.score.weight.data)
+    if kind == "lora":  # PEFT's adapters on the attention projections, initialised non-zero
+        from peft import LoraConfig, get_peft_model
+
+        adapter = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"],
+                             init_lora_weights=False)
+        torch.manual_seed(4)
+        whole = get_peft_model(whole, adapter)
+        split = get_peft_model(split, adapter)
+        split.load_state_dict(whole.state_dict())
     ids = torch.randint(1, whole.config.vocab_size, (2, 11), generator=torch.Generator().manual_seed(1))
     mask = torch.ones_like(ids)
     mask[1, 7:] = 0

@@ -115,9 +115,9 @@ def check_context_parallel(config: Config, settings: Any, section: str) -> None:
         (core.policy.sequence_packing.enabled,
          "context parallelism splits right-padded rows; packed rows (policy.sequence_packing) are not split yet",
          "set policy.sequence_packing.enabled=false"),
-        (settings.tensor_parallel_size > 1,
-         "context parallelism is not combined with tensor parallelism yet (the ring is the data-parallel rank's ranks)",
-         "set tensor_parallel_size=1"),
+        (settings.sequence_parallel,
+         "context parallelism splits sequences itself; sequence parallelism would split them again inside the "
+         "tensor-parallel regions", "set sequence_parallel=false"),
         (settings.expert_parallel_size > 1,
          "context parallelism is not combined with expert parallelism yet", "set expert_parallel_size=1"),
         (settings.dp_replicate_size > 1,

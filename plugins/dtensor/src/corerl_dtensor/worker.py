@@ -5,9 +5,10 @@ laid out row-major over a ``(dp, tp)`` mesh: rank ``r`` is data-parallel rank ``
 (with ``dp_replicate_size`` > 1 the mesh is ``(dp_replicate, dp_shard, tp)``, the same ranks in
 the same order, and FSDP2 runs as HSDP over its first two dimensions); with expert parallelism a
 second mesh ``(edp, ep)`` over the same ranks places the experts. With context parallelism
-(``cp`` > 1, tensor parallelism 1) rank ``r`` is data-parallel rank ``r // cp``: FSDP2 shards over
-all ``dp x cp`` ranks, and the ``cp`` consecutive ranks of a data-parallel rank form the ring that
-splits each of its sequences (:mod:`corerl_dtensor.context_parallel`).
+(``cp`` > 1) the layout is ``(dp, cp, tp)``: rank ``r`` is data-parallel rank ``r // (cp x tp)``,
+FSDP2 shards over all ``dp x cp`` ranks of a tensor-parallel shard, and the ``cp`` ranks of a
+data-parallel rank that hold the same shard form the ring that splits each of its sequences
+(:mod:`corerl_dtensor.context_parallel`; attention heads are split over ``tp`` as without it).
 The step, checkpoint sidecar and device plumbing come from :class:`corerl.training.rank_worker.RankWorker`.
 """
 
@@ -70,10 +71,11 @@ class DTensorWorker(RankWorker):
             else:
                 # FSDP2 shards over the context-parallel ranks too: "dp" is every rank of a model replica's shards
                 self.mesh = init_device_mesh(self.device.type, (self.dp * self.cp, self.tp), mesh_dim_names=("dp", "tp"))
-            if self.cp > 1:  # tensor parallelism is 1 here (support.py): the ring is cp consecutive ranks
+            if self.cp > 1:  # the ring: the ranks of one data-parallel rank holding the same tensor-parallel shard
                 from corerl_dtensor.ring_attention import ProcessGroupRing
 
-                cp_mesh = init_device_mesh(self.device.type, (self.dp, self.cp), mesh_dim_names=("data", "cp"))
+                cp_mesh = init_device_mesh(self.device.type, (self.dp, self.cp, self.tp),
+                                           mesh_dim_names=("data", "cp", "model"))
                 self.ring = ProcessGroupRing(cp_mesh["cp"].get_group())
             ep = self.settings.expert_parallel_size
             if ep > 1:  # experts over "ep"; the ranks holding the same experts ("edp") shard them with FSDP
