@@ -36,10 +36,16 @@ class VllmConfig:
 
     def check(self, config: Any) -> Iterator[tuple[str, str]]:
         """max_model_len must hold every sequence a run makes: prompt and completion end within
-        policy.max_seq_length; engine_args may not switch trust_remote_code on."""
+        policy.max_seq_length; engine_args may not switch trust_remote_code on, nor vLLM's context
+        parallelism (its ranks would not be placed)."""
         if "trust_remote_code" in self.engine_args:
             yield ("engine_args.trust_remote_code", "corerl never runs Python code shipped inside a checkpoint "
                    "(docs/security.md): use a model whose architecture transformers and vLLM ship")
+        for key in ("context_parallel_size", "decode_context_parallel_size", "prefill_context_parallel_size"):
+            if self.engine_args.get(key, 1) not in (1, None):
+                yield (f"engine_args.{key}", "corerl places a vLLM engine's ranks by tensor_parallel_size and "
+                       "pipeline_parallel_size only; context parallelism is the training backend's "
+                       "(policy.dtensor_cfg.context_parallel_size): remove it")
         longest = config.policy.max_seq_length
         if self.max_model_len is not None and self.max_model_len < longest:
             yield ("max_model_len", f"must be at least policy.max_seq_length ({longest}): completions end there")
