@@ -232,3 +232,19 @@ def test_a_vision_language_model_is_planned_on_dtensor_without_tensor_parallelis
     plan = make_plan(request, installed_models(PluginHost()))
     assert (plan.rule.backend, plan.rule.generation) == ("dtensor", "vllm")
     assert plan.candidates and all(c.layout.backend != "megatron" and c.layout.tp == 1 for c in plan.candidates)
+
+
+def test_long_sequences_are_planned_with_context_parallelism_where_only_it_fits():
+    """Qwen2.5-1.5B on 8 x 80 GiB: at 4K tokens plain FSDP2, at 32K with activation checkpointing;
+    at 64K and 128K only splitting each sequence fits (a rank keeps seq_length / cp positions),
+    the smallest context-parallel size that does."""
+    recommended = {}
+    for tokens in (4096, 32768, 65536, 131072):
+        request = PlanRequest(_qwen("1.5B"), gpus_per_node=8, gpu_memory=80 * GIB, seq_length=tokens, micro_batch=1)
+        plan = make_plan(request, installed_models(PluginHost()))
+        assert plan.recommended is not None, plan.why
+        recommended[tokens] = (plan.recommended.layout.backend, plan.recommended.layout.cp,
+                               plan.recommended.layout.activation_checkpointing)
+    assert recommended == {4096: ("dtensor", 1, False), 32768: ("dtensor", 1, True), 65536: ("dtensor", 2, True),
+                           131072: ("dtensor", 4, True)}
+    assert "policy.dtensor_cfg.context_parallel_size=4" in plan.recommended.overrides()
