@@ -23,6 +23,7 @@ class TestWorld1(_DTensor):
 
 class TestDataParallel2(_DTensor):
     algorithm_checks = False  # the GRPO loss variants and top-k distillation: at world size 1 and TP2
+    micro_batch_layouts = ("packed",)  # token budgets without packing: HSDP's and CP2's, two ranks as here
     overrides = ["cluster.gpus_per_node=2"]
 
 
