@@ -1,7 +1,7 @@
 """What context parallelism buys: the longest sequence whose training activations fit a memory
 budget per rank, and tokens/s at a length both fit, with ``context_parallel_size`` 1 and 2.
 
-    .venv/bin/python bench/context_parallel.py                  # hidden 256, 4 layers, 16 MiB per rank
+    .venv/bin/python bench/context_parallel.py                  # hidden 256, 4 layers, 100 MiB per rank
     .venv/bin/python bench/context_parallel.py --hidden 64 --layers 1 --lengths 64 128 --steps 1   # the smoke
 
 Each size runs corerl's own path for it on a tiny Qwen2 (float32, one sequence a micro-batch):
@@ -113,11 +113,13 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--lengths", type=int, nargs="+", default=[256, 512, 1024, 2048, 4096],
                         help="sequence lengths tried (multiples of 4: 2 x 2 chunks)")
-    parser.add_argument("--budget-mib", type=float, default=16.0, help="activation memory per rank")
-    parser.add_argument("--throughput-length", type=int, default=None, help="default: the shortest length")
+    parser.add_argument("--budget-mib", type=float, default=100.0, help="activation memory per rank")
+    parser.add_argument("--throughput-length", type=int, default=None,
+                        help="default: 1024 where it is among --lengths (the longest both sizes fit at the "
+                             "default budget), else the shortest length")
     parser.add_argument("--steps", type=int, default=3)
     args = parser.parse_args()
-    args.throughput_length = args.throughput_length or min(args.lengths)
+    args.throughput_length = args.throughput_length or (1024 if 1024 in args.lengths else min(args.lengths))
     from corerl.models.tiny import build_tiny_model
 
     rows = []
