@@ -67,7 +67,8 @@ CP = "policy.dtensor_cfg.context_parallel_size"
         (["policy.dtensor_cfg.fsdp_version=1"], "FSDP1"),
         (["policy.model_name=builtin:tiny-moe", "policy.dtensor_cfg.expert_parallel_size=2"], "expert parallelism"),
         (["policy.model_name=builtin:tiny-vl"], "vision-language"),
-        (["algorithm.name=distillation", "algorithm.distillation.kl_type=forward"], "top-k"),
+        (["algorithm.name=distillation", "algorithm.distillation.teacher_model=builtin:tiny-qwen2",
+          "algorithm.distillation.kl_type=forward"], "top-k"),
     ],
 )
 def test_what_context_parallelism_does_not_take_yet_is_refused_in_one_line(model_dir, tmp_path, overrides, says):

@@ -109,7 +109,9 @@ def check_context_parallel(config: Config, settings: Any, section: str) -> None:
         return
     key = f"{section}.context_parallel_size"
     core = config.core
-    distillation = config.section("algorithm.distillation") if core.algorithm.name == "distillation" else None
+    teacher = config.section("algorithm.distillation")  # a teacher's top-k candidates are asked for
+    topk = (teacher is not None and getattr(teacher, "teacher_model", None) is not None
+            and getattr(teacher, "kl_type", "reverse") != "reverse")
     shape = model_shape(config)
     refusals = (
         (core.policy.sequence_packing.enabled,
@@ -129,7 +131,7 @@ def check_context_parallel(config: Config, settings: Any, section: str) -> None:
         (shape is not None and shape.vision,
          "context parallelism splits a text decoder's sequences; a vision-language model's image tokens are not "
          "split yet", "set it to 1"),
-        (distillation is not None and getattr(distillation, "kl_type", "reverse") != "reverse",
+        (topk,
          "context parallelism computes the sampled tokens' logprobs; the teacher's top-k candidates (kl_type "
          "forward or mixed) are not split yet", "use algorithm.distillation.kl_type=reverse, or set it to 1"),
     )
