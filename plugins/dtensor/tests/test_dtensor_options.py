@@ -66,6 +66,7 @@ CP = "policy.dtensor_cfg.context_parallel_size"
         (["cluster.gpus_per_node=4", "policy.dtensor_cfg.dp_replicate_size=2"], "hybrid sharding"),
         (["policy.dtensor_cfg.fsdp_version=1"], "FSDP1"),
         (["policy.model_name=builtin:tiny-moe", "policy.dtensor_cfg.expert_parallel_size=2"], "expert parallelism"),
+        (["policy.model_name=builtin:tiny-moe"], "mixture-of-experts"),
         (["policy.model_name=builtin:tiny-vl"], "vision-language"),
         (["algorithm.name=distillation", "algorithm.distillation.teacher_model=builtin:tiny-qwen2",
           "algorithm.distillation.kl_type=forward"], "top-k"),
