@@ -59,8 +59,10 @@ def context_parallel_sizes(request: PlanRequest) -> list[int]:
     """Context-parallel sizes for the request: 1, and powers of two above it that divide the
     world size (a VLM's sequences are not split: 1 alone; a MoE model's are not either, see
     :mod:`corerl_dtensor.support`)."""
+    if request.shape.vision or request.shape.is_moe:
+        return [1]
     sizes, cp = [1], 2
-    while not request.shape.vision and not request.shape.is_moe and cp <= request.world_size and request.world_size % cp == 0:
+    while cp <= request.world_size and request.world_size % cp == 0:
         sizes.append(cp)
         cp *= 2
     return sizes
@@ -83,8 +85,7 @@ class DTensorMemory:
         sizes = [(1, ep, 1) for ep in expert_parallel_sizes(request)] if request.shape.is_moe else \
             [(tp, 1, 1) for tp in tensor_parallel_sizes(request)
              if tp == 1 or not request.shape.vision]  # no tensor parallelism on a VLM (corerl_dtensor.support)
-        if not request.shape.is_moe:  # TP 1, and no MoE (support.py)
-            sizes += [(1, 1, cp) for cp in context_parallel_sizes(request)[1:]]
+        sizes += [(1, 1, cp) for cp in context_parallel_sizes(request)[1:]]  # with TP 1 (none for a MoE or a VLM)
         return [self._layout(request, tp, ep, checkpointing, cp=cp) for tp, ep, cp in sizes
                 for checkpointing in (False, True)]
 
