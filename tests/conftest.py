@@ -18,9 +18,17 @@ CORERL = Path(sys.executable).with_name("corerl")
 
 
 def clean_env(extra: Mapping[str, str] | None = None, base: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The environment without any CORERL_* variable, plus ``extra``."""
+    """The environment without any CORERL_* variable, plus ``extra``; a run started with it joins
+    this test process's shared Ray head (``tests/ray_nodes.py``) unless ``extra`` sets what that
+    head's workers would not see (a ``PYTHONPATH``, its own ``RAY_ADDRESS``: then a local runtime)."""
+    from tests.ray_nodes import SHARED_HEAD_ENV, shared_head_address
+
     env = {k: v for k, v in (os.environ if base is None else base).items() if not k.startswith("CORERL_")}
     env.update(extra or {})
+    # corerl hands its CORERL_* variables to its actors itself (corerl.distributed.run_variables)
+    travels = all(k.startswith("CORERL_") or SHARED_HEAD_ENV.get(k) == v for k, v in (extra or {}).items())
+    if base is None and travels and "RAY_ADDRESS" not in env:
+        env.update({"RAY_ADDRESS": shared_head_address(), "RAY_AUTH_MODE": "disabled", **SHARED_HEAD_ENV})
     return env
 
 

@@ -77,6 +77,7 @@ class DedicatedGeneration:
         import ray
 
         from corerl.distributed.placement import POOLS, async_generation_layout
+        from corerl.distributed.run_variables import run_variables
         from corerl.distributed.worker_group import ensure_ray
         from corerl.generation.shared_weights import SharedWeightWriter
 
@@ -87,7 +88,7 @@ class DedicatedGeneration:
         self.pool = POOLS.acquire(async_generation_layout(core.policy.generation.colocated.resources), 1,
                                   "generation worker")
         actor = ray.remote(GenerationWorker).options(max_concurrency=4, max_restarts=0, **self.pool.actor_options(0))
-        self.actor = actor.remote(self.registration, self.config, self.threads, self.settings.in_flight)
+        self.actor = actor.remote(self.registration, self.config, self.threads, self.settings.in_flight, run_variables())
         self.pid = self._get(self.actor.pid.remote())
         if self.writer is None and self.pool.node_of(0) == ray.get_runtime_context().get_node_id():
             self.writer = SharedWeightWriter()

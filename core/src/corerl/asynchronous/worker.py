@@ -93,10 +93,11 @@ class StreamedCall:
 class GenerationWorker:
     """One generation backend built from its ``registration`` and ``config`` in this process."""
 
-    def __init__(self, registration: Any, config: Any, threads: int | None, in_flight: str) -> None:
-        from corerl.reporting.quiet import write_output_to_run_log
+    def __init__(self, registration: Any, config: Any, threads: int | None, in_flight: str,
+                 variables: dict[str, str] | None = None) -> None:
+        from corerl.distributed.run_variables import adopt_run_variables
 
-        write_output_to_run_log()  # a quiet run: this actor's output goes to run.log
+        adopt_run_variables(variables or {})  # the run's CORERL_* variables; a quiet run's output to run.log
         if threads:
             import torch
 

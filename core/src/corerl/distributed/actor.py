@@ -16,10 +16,9 @@ class RankActor:
 
     def __init__(self, worker_path: str, rank: int, world_size: int, env: dict[str, str], kwargs: dict[str, Any],
                  role: str = "worker") -> None:
-        from corerl.reporting.quiet import write_output_to_run_log
+        from corerl.distributed.run_variables import adopt_run_variables
 
-        write_output_to_run_log()  # a quiet run: this actor's output goes to run.log
-        os.environ.update(env)
+        adopt_run_variables(env)  # the run's CORERL_* variables and rendezvous; its output to run.log
         self.rank, self.role = rank, role
         mark(f"{role} {rank}:pid {os.getpid()}")  # which processes a test expects gone after a recovery
         self.worker = resolve(worker_path, what="rank worker")(rank=rank, world_size=world_size, **kwargs)

@@ -19,6 +19,7 @@ from typing import Any
 
 from corerl.distributed.actor import RankActor, resolve
 from corerl.distributed.placement import COLOCATED, POOLS, Pool, PoolLayout
+from corerl.distributed.run_variables import run_variables
 from corerl.errors import CorerlError
 from corerl.failures import first_line
 
@@ -213,7 +214,7 @@ class RayWorkerGroup:
         self.pool: Pool | None = None
         ensure_ray(ray_address, world_size)
         self.pool = POOLS.acquire(layout or PoolLayout(COLOCATED, 1, world_size), world_size, role)
-        rendezvous = {**rendezvous_address(self.pool, world_size), **(env or {})}
+        rendezvous = {**run_variables(), **rendezvous_address(self.pool, world_size), **(env or {})}
         actor_cls = ray.remote(RankActor)
         # Every rank asks for no CPU and a share of its bundle's GPU: the backend sets its threads,
         # and the bundle (reserved once per pool) is what keeps groups apart or together.

@@ -149,10 +149,10 @@ class EnvironmentActor:
     """The body of one Ray actor of a pool: builds the environment from its registration and
     answers chunks of episodes with an :class:`InProcessPool` of its own."""
 
-    def __init__(self, registration: Any, context: Any) -> None:
-        from corerl.reporting.quiet import write_output_to_run_log
+    def __init__(self, registration: Any, context: Any, variables: dict[str, str] | None = None) -> None:
+        from corerl.distributed.run_variables import adopt_run_variables
 
-        write_output_to_run_log()  # a quiet run: this actor's output goes to run.log
+        adopt_run_variables(variables or {})  # the run's CORERL_* variables; a quiet run's output to run.log
         self.pool = InProcessPool(registration.create(context), context.settings.timeout_s)
 
     def answer(self, views: Sequence[EpisodeView]) -> list[Answer]:
@@ -176,13 +176,15 @@ class RayPool:
     def __init__(self, registration: Any, context: Any, num_workers: int, ray_address: str | None = None) -> None:
         import ray
 
+        from corerl.distributed.run_variables import run_variables
         from corerl.distributed.worker_group import ensure_ray
 
         ensure_ray(ray_address)
         self.timeout_s = context.settings.timeout_s
         remote = ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=0,
                             max_concurrency=ACTOR_CONCURRENCY)(EnvironmentActor)
-        self.actors = [remote.remote(registration, context) for _ in range(num_workers)]
+        variables = run_variables()
+        self.actors = [remote.remote(registration, context, variables) for _ in range(num_workers)]
         self.clock = BusyClock()
         self.dealt = 0
 

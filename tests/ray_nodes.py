@@ -1,0 +1,91 @@
+"""Ray nodes the tests start on this machine (loopback only): the clusters of
+tests/test_ray_cluster.py, and the one head each test process shares with the ``corerl`` runs it
+starts (:func:`shared_head_address`), so that a run joins a running cluster instead of paying
+for a local runtime's start and stop of its own (about 8 s of a 2-step demo run's 40 on 2 cores)."""
+
+from __future__ import annotations
+
+import atexit
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+RAY = Path(sys.executable).with_name("ray")
+#: what the shared head's workers see beyond this process's environment (no test reaches a hub or W&B)
+SHARED_HEAD_ENV = {"HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline"}
+
+
+def ray_env() -> dict[str, str]:
+    """This environment without corerl's variables or a cluster address, token authentication off."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("CORERL_", "RAY_ADDRESS"))}
+    env["RAY_AUTH_MODE"] = "disabled"  # a throwaway loopback cluster; clients would otherwise need its token
+    return env
+
+
+def start_node(args: list[str], log_path: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
+    """``ray start ... --block`` on loopback; returns once the node says it is up."""
+    log = log_path.open("w")
+    node = subprocess.Popen([str(RAY), "start", "--node-ip-address=127.0.0.1", "--block", *args],
+                            stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    ready = time.monotonic() + 90
+    while "will now block" not in log_path.read_text() and time.monotonic() < ready:
+        if node.poll() is not None:
+            raise RuntimeError(f"ray start exited: {log_path.read_text()[-2000:]}")
+        time.sleep(0.2)  # a node prints that line once its services accept clients
+    return node
+
+
+def stop_node(node: subprocess.Popen[bytes]) -> None:
+    try:
+        os.killpg(node.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    try:
+        node.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(node.pid, signal.SIGKILL)
+
+
+@contextmanager
+def ray_cluster(log_dir: Path, nodes: int, cpus_per_node: int, env: dict[str, str] | None = None) -> Iterator[str]:
+    """A head (plus ``nodes - 1`` workers) on this machine, its workers seeing ``env`` besides
+    :func:`ray_env`; yields the address clients use."""
+    from corerl.distributed.worker_group import free_port
+
+    port = free_port()
+    env = {**ray_env(), **(env or {})}
+    # Ray's sockets live under the temp dir: keep its path short (AF_UNIX paths stop at 107 bytes).
+    temp_dir = tempfile.mkdtemp(prefix="ray-", dir="/tmp")
+    started: list[subprocess.Popen[bytes]] = []
+    try:
+        started.append(start_node(["--head", f"--port={port}", f"--num-cpus={cpus_per_node}",
+                                   "--include-dashboard=false", f"--temp-dir={temp_dir}"], log_dir / "head.log", env))
+        for index in range(1, nodes):
+            started.append(start_node([f"--address=127.0.0.1:{port}", f"--num-cpus={cpus_per_node}"],
+                                      log_dir / f"worker{index}.log", env))
+        yield f"127.0.0.1:{port}"
+    finally:
+        for node in reversed(started):
+            stop_node(node)
+        shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+_shared: dict[str, str] = {}
+
+
+def shared_head_address() -> str:
+    """The address of this process's shared Ray head, started at the first call (4 CPUs: Ray keeps
+    as many idle workers ready, which a run's actors start in), stopped when the process exits."""
+    if "address" not in _shared:
+        cluster = ray_cluster(Path(tempfile.mkdtemp(prefix="corerl-shared-ray-")), nodes=1, cpus_per_node=4,
+                              env=SHARED_HEAD_ENV)
+        _shared["address"] = cluster.__enter__()
+        atexit.register(cluster.__exit__, None, None, None)
+    return _shared["address"]
