@@ -57,7 +57,9 @@ def run(recipe: str, overrides: list[str], out_dir: Path) -> dict[str, Any]:
     command = [str(REPO / ".venv" / "bin" / "corerl"), "run", recipe, f"run.output_dir={out_dir}", "run.name=bench",
                *overrides]
     start = time.perf_counter()
-    child = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    # a local Ray runtime, whatever RAY_ADDRESS says: the peak counts the processes under the run's own
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    child = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     peak = [0]
 
     def sample() -> None:
