@@ -23,12 +23,14 @@ from tests.conftest import CORERL, REPO, clean_env
 
 @attrs.frozen
 class RecoveredRun:
-    """The faulted run's terminal output and recovery rows, its steps and the uninterrupted run's."""
+    """The faulted run's terminal output and recovery rows, its steps and the uninterrupted run's
+    (and that run's terminal output: a test may check what that run says too)."""
 
     out: str
     recoveries: list[dict]
     got: list[dict]
     want: list[dict]
+    straight_out: str
 
 
 def steps(run_dir: Path) -> list[dict]:
@@ -48,15 +50,19 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def run_with_faults(tmp_path: Path, args: list[str], faults: list[str], *extra: str,
-                    timeout_s: float = 600) -> RecoveredRun:
-    """``corerl run *args`` twice: once as it is, once with ``faults`` injected
-    (``CORERL_TEST_FAULTS``) and ``run.max_restarts`` set to their number (plus ``extra``)."""
-    straight = subprocess.Popen([str(CORERL), "run", f"run.output_dir={tmp_path}", "run.name=straight", *args],
-                                text=True, env=clean_env(), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+def run_with_faults(tmp_path: Path, args: list[str], faults: list[str], *extra: str, timeout_s: float = 600,
+                    straight: list[str] | None = None, variables: dict[str, str] | None = None) -> RecoveredRun:
+    """``corerl run *args`` twice: once as it is (or as the command ``straight`` says: a launcher
+    that must give the same run), once with ``faults`` injected (``CORERL_TEST_FAULTS``) and
+    ``run.max_restarts`` set to their number (plus ``extra``); both with the ``CORERL_*``
+    ``variables``."""
+    command = straight or [str(CORERL), "run", *args]
+    uninterrupted = subprocess.Popen([*command, f"run.output_dir={tmp_path}", "run.name=straight"], text=True,
+                                     env=clean_env(variables), cwd=REPO, stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, start_new_session=True)
     markers = tmp_path / "markers"
-    env = clean_env({"CORERL_PROGRESS_MARKERS": str(markers), "CORERL_TEST_FAULTS": ",".join(faults)})
+    env = clean_env({**(variables or {}), "CORERL_PROGRESS_MARKERS": str(markers),
+                     "CORERL_TEST_FAULTS": ",".join(faults)})
     proc = subprocess.Popen([str(CORERL), "run", f"run.output_dir={tmp_path}", "run.name=recovered", *args,
                              f"run.max_restarts={len(faults)}", *extra], text=True, env=env, cwd=REPO,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
@@ -76,8 +82,8 @@ def run_with_faults(tmp_path: Path, args: list[str], faults: list[str], *extra: 
     out = proc.stdout.read()
     assert proc.returncode == 0, out
     assert checked == set(range(1, len(faults) + 1)), (checked, out)
-    straight_out = straight.communicate(timeout=timeout_s)[0]
-    assert straight.returncode == 0, straight_out
+    straight_out = uninterrupted.communicate(timeout=timeout_s)[0]
+    assert uninterrupted.returncode == 0, straight_out
     for restart in range(1, len(faults) + 1):
         assert f"(restart {restart} of run.max_restarts={len(faults)})" in out, out
     run_dir = tmp_path / "recovered"
@@ -85,7 +91,7 @@ def run_with_faults(tmp_path: Path, args: list[str], faults: list[str], *extra: 
     recoveries = [r for r in rows if r["phase"] == RECOVERY_PHASE]
     assert [r["restart"] for r in recoveries] == list(range(1, len(faults) + 1))
     assert all(r["recover_s"] > 0 and r["steps_redone"] >= 0 for r in recoveries)
-    return RecoveredRun(out, recoveries, steps(run_dir), steps(tmp_path / "straight"))
+    return RecoveredRun(out, recoveries, steps(run_dir), steps(tmp_path / "straight"), straight_out)
 
 
 def assert_same_steps(want: list[dict], got: list[dict], tolerance: float = 1e-6) -> None:
