@@ -1,5 +1,6 @@
 """Worker groups on Ray clusters started here (loopback only): joining the cluster named by
-RAY_ADDRESS instead of starting one, and a recipe whose ranks spread over two nodes."""
+RAY_ADDRESS instead of starting one (this test worker's shared head, which every run of the suite
+joins: tests/ray_nodes.py), and a recipe whose ranks spread over two nodes."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import textwrap
 
 import pytest
 
-from tests.conftest import CORERL, REPO
+from tests.conftest import CORERL, REPO, clean_env
 from tests.ray_nodes import ray_cluster, ray_env
 
 CLIENT = textwrap.dedent(
@@ -18,20 +19,22 @@ CLIENT = textwrap.dedent(
     from corerl.distributed.worker_group import RayWorkerGroup
     group = RayWorkerGroup("corerl.testing.workers:ProbeWorker", 2)
     print("SUM", group.call("all_reduce_rank"))
+    print("VARIABLE", group.call("variable", "CORERL_PROBE"))
     print("GCS", ray.get_runtime_context().gcs_address)
     group.shutdown()
     """
 )
 
 
-def test_worker_group_uses_the_cluster_at_ray_address(tmp_path):
-    with ray_cluster(tmp_path, nodes=1, cpus_per_node=2) as address:
-        proc = subprocess.run([sys.executable, "-c", CLIENT], capture_output=True, text=True,
-                              env={**ray_env(), "RAY_ADDRESS": address}, timeout=120)
+def test_worker_group_uses_the_cluster_at_ray_address():
+    env = clean_env({"CORERL_PROBE": "seen"})
+    proc = subprocess.run([sys.executable, "-c", CLIENT], capture_output=True, text=True, env=env, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "SUM [1, 1]" in proc.stdout
     gcs = next(line for line in proc.stdout.splitlines() if line.startswith("GCS "))
-    assert gcs.endswith(address.split(":")[1]), gcs  # the existing cluster, not a new local runtime
+    assert gcs.endswith(env["RAY_ADDRESS"].split(":")[1]), gcs  # the existing cluster, not a new local runtime
+    # the cluster's workers inherit its environment, not this client's: corerl hands its variables over
+    assert "VARIABLE ['seen', 'seen']" in proc.stdout
 
 
 @pytest.mark.slow

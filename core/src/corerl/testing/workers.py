@@ -35,6 +35,10 @@ class ProbeWorker:
         return {"node": ray.get_runtime_context().get_node_id(), "gpus": [str(g) for g in ray.get_gpu_ids()],
                 "visible": os.environ.get("CUDA_VISIBLE_DEVICES")}
 
+    def variable(self, name: str) -> str | None:
+        """The environment variable ``name`` as this rank's process sees it."""
+        return os.environ.get(name)
+
     def listening(self) -> list[tuple[str, int]]:
         """The (address, port) of each TCP socket this rank's process listens on."""
         import os
