@@ -104,3 +104,19 @@ def test_an_engine_error_from_a_rank_is_one_line_naming_the_engine_the_rank_and_
         group.call("fail_on", 0, how=how)
     said = str(caught.value)
     assert "\n" not in said and said.startswith("generation engine rank 0 (pid ") and cause in said, said
+
+
+def test_a_cluster_address_where_nothing_listens_is_refused_at_once_in_one_line():
+    import time
+
+    from corerl.distributed.worker_group import check_cluster_answers, free_port
+
+    port = free_port()  # free: nothing listens there
+    started = time.monotonic()
+    with pytest.raises(ConfigError) as refused:
+        check_cluster_answers(f"127.0.0.1:{port}", "RAY_ADDRESS")
+    assert time.monotonic() - started < 5  # Ray's own connect would retry it for minutes
+    line = str(refused.value)
+    assert line.startswith(f"RAY_ADDRESS: nothing answers at 127.0.0.1:{port} (Connection refused); start one there")
+    check_cluster_answers("auto", "RAY_ADDRESS")  # Ray's own forms are Ray's to resolve
+    check_cluster_answers("ray://head:10001", "cluster.ray_address")

@@ -20,7 +20,7 @@ from typing import Any
 from corerl.distributed.actor import RankActor, resolve
 from corerl.distributed.placement import COLOCATED, POOLS, Pool, PoolLayout
 from corerl.distributed.run_variables import run_variables
-from corerl.errors import CorerlError
+from corerl.errors import ConfigError, CorerlError
 from corerl.failures import first_line
 
 log = logging.getLogger(__name__)
@@ -121,6 +121,23 @@ def remote_cause(exc: BaseException) -> str:
     return lines[-1] if lines else type(exc).__name__
 
 
+NO_CLUSTER_HINT = ("start one there (`ray start --head`), correct the address, or unset both cluster.ray_address "
+                   "and RAY_ADDRESS for a local runtime")
+
+
+def check_cluster_answers(address: str, key: str) -> None:
+    """Refuse at once, in one line naming ``key``, a cluster address ``host:port`` where nothing
+    listens: Ray itself keeps retrying it for minutes. Other forms ("auto", ``ray://``) are Ray's."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit() or "://" in address:
+        return
+    try:
+        socket.create_connection((host, int(port)), timeout=10).close()
+    except OSError as exc:
+        raise ConfigError(f"nothing answers at {address} ({exc.strerror or exc})", key=key,
+                          hint=NO_CLUSTER_HINT) from exc
+
+
 def ensure_ray(address: str | None, num_cpus_needed: int = 1) -> None:
     """Connect to Ray: ``address``, else ``RAY_ADDRESS``, else a local runtime sized for the job."""
     import ray
@@ -129,11 +146,17 @@ def ensure_ray(address: str | None, num_cpus_needed: int = 1) -> None:
         return
     from corerl.reporting.quiet import ray_options
 
+    key = "cluster.ray_address" if address else "RAY_ADDRESS"
     address = address or os.environ.get("RAY_ADDRESS")
     # a quiet `corerl run`: the workers write to the run's log file, not to this terminal
     options: dict[str, Any] = {"logging_level": logging.WARNING, "include_dashboard": False, **ray_options()}
     if address:
-        ray.init(address=address, **options)
+        check_cluster_answers(address, key)
+        try:
+            ray.init(address=address, **options)
+        except ConnectionError as exc:  # a cluster that is not there is the user's setting, not a bug
+            raise ConfigError(f"no Ray cluster answers at {address} ({first_line(exc)})", key=key,
+                              hint=NO_CLUSTER_HINT) from exc
         return
     # A local runtime of our own (Ray says, once, that token authentication is on: keep it on)
     ray.init(num_cpus=max(os.cpu_count() or 1, num_cpus_needed), **options)
