@@ -158,3 +158,71 @@ def test_context_parallel_outputs_of_right_padded_rows_equal_the_whole_sequences
             continue
         summed = sum(dict(replica.named_parameters())[name].grad for replica in replicas)
         torch.testing.assert_close(summed, 2 * param.grad, msg=lambda m, name=name: f"{name}: {m}", **close)
+
+
+@pytest.mark.parametrize("balancing, replay", [("aux_loss", False), ("seq_aux_loss", True)])
+def test_context_parallel_router_terms_of_a_mixture_of_experts_equal_the_whole_sequences(tmp_path, balancing, replay):
+    """The tiny Qwen3-MoE over 2 ranks: the router hooks (corerl.training.moe_router) get their
+    layers' logits and experts back in whole rows, so each rank's load-balancing and z-loss terms
+    and moe/* metrics equal those of the whole sequences, and the ranks' gradients of logprobs
+    plus those terms summed are twice the whole batch's (as for the logprobs alone); with router
+    replay (r2) the experts recorded over whole sequences are replayed at each rank's positions
+    (the routers turned round after the recording, so that their own choice would differ)."""
+    import copy
+    from types import SimpleNamespace
+
+    from corerl.models.tiny import build_tiny_model
+    from corerl.models.value_model import load_pretrained
+    from corerl.testing.moe_reference import MOE_SHAPE, _routers
+    from corerl.training.logprobs import model_logprobs
+    from corerl.training.moe_router import RouterHooks
+    from corerl_dtensor.context_parallel import context_parallel_logprobs
+    from corerl_dtensor.ring_attention import register_with_transformers
+
+    path = build_tiny_model(tmp_path / "tiny", seed=2, **MOE_SHAPE)
+    settings = SimpleNamespace(load_balancing_type=balancing, aux_loss_coeff=0.1, z_loss_coeff=0.01)
+    whole = load_pretrained(path, "policy", attn_implementation="sdpa").float()
+    split = load_pretrained(path, "policy", attn_implementation=register_with_transformers()).float()
+    ids = torch.randint(1, whole.config.vocab_size, (2, 11), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones_like(ids)
+    mask[1, 7:] = 0
+    mb = {"input_ids": ids * mask, "attention_mask": mask, "loss_mask": mask}
+
+    def step(model, hooks, forward):
+        if replay:  # the old policy's pass records each sequence's experts (here: with the hooks' own model)
+            hooks.start_recording()
+            with torch.no_grad(), hooks.micro_batch(mb, training=False) as current:
+                forward()
+            hooks.record(mb, current)
+            with torch.no_grad():  # the routers now choose otherwise: only a replay at the right positions agrees
+                for _, router in _routers(model):
+                    router.weight.neg_()
+        with hooks.micro_batch(mb, training=True) as current:
+            logprobs = forward()
+        term, metrics = hooks.step_terms(mb, current, normaliser=float(mask.sum()))
+        (logprobs.sum() + term).backward()
+        return term.detach(), metrics
+
+    hooks = RouterHooks(_routers(whole), settings, replay=replay)
+    want_term, want_metrics = step(whole, hooks, lambda: model_logprobs(whole, mb))
+    assert want_term > 0 and want_metrics
+    replicas = [copy.deepcopy(split) for _ in range(2)]
+    got: list = [None, None]
+
+    def rank_main(ring: _ThreadRing) -> None:
+        model = replicas[ring.rank]
+        rank_hooks = RouterHooks(_routers(model), settings, replay=replay)
+        got[ring.rank] = step(model, rank_hooks, lambda: context_parallel_logprobs(model, mb, ring, rank_hooks))
+
+    _as_ranks(2, rank_main)
+    close = {"atol": 1e-4, "rtol": 1e-3}  # float32: two ranks' partial sums round apart
+    for term, metrics in got:
+        torch.testing.assert_close(term, want_term, **close)
+        assert metrics.keys() == want_metrics.keys()
+        for key, value in want_metrics.items():
+            torch.testing.assert_close(metrics[key], value, msg=lambda m, key=key: f"{key}: {m}", **close)
+    for name, param in whole.named_parameters():
+        if param.grad is None:  # an expert no token was routed to
+            continue
+        summed = sum(dict(replica.named_parameters())[name].grad for replica in replicas)
+        torch.testing.assert_close(summed, 2 * param.grad, msg=lambda m, name=name: f"{name}: {m}", **close)

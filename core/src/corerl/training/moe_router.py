@@ -110,6 +110,9 @@ class _MicroBatch:
         self.replay = replay  # [N, layers, k] recorded experts (-1: the router's own choice), or None
         self.logits: list[Any] = [None] * layers
         self.indices: list[Any] = [None] * layers
+        # while context parallelism splits the rows: this rank's positions of each (padded) row
+        self.positions: torch.Tensor | None = None
+        self.padded = self.width = 0
 
 
 class RouterHooks:
@@ -147,7 +150,7 @@ class RouterHooks:
             logits, weights, indices = output
             replaced = None
             if current.replay is not None:
-                chosen = current.replay[:, position].to(indices.device)
+                chosen = self._replayed_here(current, position).to(indices.device)
                 if chosen.shape != indices.shape:
                     raise RuntimeError(f"router replay: layer {self.layer_ids[position]}'s router saw "
                                        f"{indices.shape[0]} tokens, the micro-batch has {chosen.shape[0]}")
@@ -169,6 +172,47 @@ class RouterHooks:
             yield self._current
         finally:
             self._current = None
+
+    # -- context parallelism ------------------------------------------------------------------
+
+    @contextmanager
+    def split_rows(self, positions: torch.Tensor, padded: int, width: int, gather: Any) -> Iterator[None]:
+        """Around a forward in which each row (right-padded to ``padded``) runs only at this rank's
+        ``positions`` (context parallelism): a recorded routing is replayed at those positions, and
+        afterwards the kept logits and experts are ``gather``-ed (``[rows, positions, ...]`` to
+        ``[rows, padded, ...]`` in sequence order, on every rank, gradients back to their rank) and cut
+        to the micro-batch's ``width``: the loss terms, metrics and recording then see whole rows, as
+        without it (every rank computes the whole terms, as it does the whole loss)."""
+        current = self._current
+        if current is None:  # a forward nothing routes for (logprobs without recording)
+            yield
+            return
+        current.positions, current.padded, current.width = positions, padded, width
+        try:
+            yield
+        finally:
+            current.positions = None
+        if not current.capture:
+            return
+        local = len(positions)
+        for layer, (logits, indices) in enumerate(zip(current.logits, current.indices, strict=True)):
+            if logits is None:
+                continue
+            rows = logits.shape[0] // local
+            current.logits[layer] = gather(logits.reshape(rows, local, -1))[:, :width].reshape(rows * width, -1)
+            current.indices[layer] = gather(indices.reshape(rows, local, -1))[:, :width].reshape(rows * width, -1)
+
+    def _replayed_here(self, current: _MicroBatch, position: int) -> torch.Tensor:
+        """The recorded experts ``[tokens, k]`` of layer ``position`` at the tokens this forward runs."""
+        import torch
+
+        chosen = current.replay[:, position]
+        if current.positions is None:
+            return chosen
+        rows = current.replay.shape[0] // current.width
+        chosen = chosen.reshape(rows, current.width, -1)
+        chosen = torch.nn.functional.pad(chosen, (0, 0, 0, current.padded - current.width), value=-1)
+        return chosen[:, current.positions.to(chosen.device)].reshape(-1, chosen.shape[-1])
 
     # -- router replay (r2) -------------------------------------------------------------------
 

@@ -12,6 +12,9 @@ the model divides it out again (the data-parallel mean is what is left).
 
 from __future__ import annotations
 
+import contextlib
+from typing import Any
+
 import torch
 
 from corerl.sdk import picked_logprobs, shift_values
@@ -52,10 +55,12 @@ def ring_all_gather(piece: torch.Tensor, ring: Ring, dim: int = 1) -> torch.Tens
     return _RingAllGather.apply(piece, ring, dim)
 
 
-def _forward_split(model: torch.nn.Module, batch: dict[str, torch.Tensor], ring: Ring
+def _forward_split(model: torch.nn.Module, batch: dict[str, torch.Tensor], ring: Ring, router: Any = None
                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The model's output on this rank's positions of each right-padded sequence (padded to
-    ``2 x ring.size`` chunks), those positions, and the padded token ids."""
+    ``2 x ring.size`` chunks), those positions, and the padded token ids. A mixture-of-experts
+    model's router hooks (``router``: :class:`corerl.training.moe_router.RouterHooks`) get its
+    routers' outputs back in whole rows (their loss terms are taken over whole sequences)."""
     asked = [field for field in NOT_YET if field in batch]
     if asked:
         raise ValueError(f"context parallelism does not take micro-batches with {', '.join(asked)} yet")
@@ -64,7 +69,9 @@ def _forward_split(model: torch.nn.Module, batch: dict[str, torch.Tensor], ring:
     padded = length + (-length) % (2 * ring.size)  # right padding: causal attention never looks at it
     ids_padded = torch.nn.functional.pad(ids, (0, padded - length))
     where = positions_of(padded, ring.rank, ring.size).to(ids.device)
-    with splitting_sequences_over(ring):
+    rows = (router.split_rows(where, padded, length, lambda mine: _in_sequence_order(mine, ring))
+            if router is not None else contextlib.nullcontext())
+    with splitting_sequences_over(ring), rows:
         logits = model(input_ids=ids_padded[:, where], position_ids=where.expand(ids.shape[0], -1),
                        use_cache=False).logits
     return logits, where, ids_padded
@@ -79,12 +86,13 @@ def _in_sequence_order(mine: torch.Tensor, ring: Ring) -> torch.Tensor:
     return gathered[:, torch.argsort(order)]
 
 
-def context_parallel_logprobs(model: torch.nn.Module, batch: dict[str, torch.Tensor], ring: Ring) -> torch.Tensor:
+def context_parallel_logprobs(model: torch.nn.Module, batch: dict[str, torch.Tensor], ring: Ring,
+                              router: Any = None) -> torch.Tensor:
     """What :func:`corerl.training.logprobs.model_logprobs` returns for a right-padded micro-batch
     (``[B, T]``: position t holds log p(token t | tokens before it), 0 at t = 0 and on padding), with
     each sequence split over ``ring``'s ranks. The model must attend with ring attention
-    (``attn_implementation="corerl_ring"``)."""
-    logits, where, ids_padded = _forward_split(model, batch, ring)
+    (``attn_implementation="corerl_ring"``); a MoE model's ``router`` hooks, see :func:`_forward_split`."""
+    logits, where, ids_padded = _forward_split(model, batch, ring, router)
     following = ids_padded[:, (where + 1).clamp(max=ids_padded.shape[1] - 1)]  # the token each position predicts
     mine = picked_logprobs(logits, following.unsqueeze(-1)).squeeze(-1)
     of_next = _in_sequence_order(mine, ring)  # position p: log p(token p + 1 | tokens up to p)
@@ -93,9 +101,10 @@ def context_parallel_logprobs(model: torch.nn.Module, batch: dict[str, torch.Ten
     return out * batch["attention_mask"].to(out.dtype)
 
 
-def context_parallel_values(model: torch.nn.Module, batch: dict[str, torch.Tensor], ring: Ring) -> torch.Tensor:
+def context_parallel_values(model: torch.nn.Module, batch: dict[str, torch.Tensor], ring: Ring,
+                            router: Any = None) -> torch.Tensor:
     """What :func:`corerl.models.value_model.model_values` returns for a right-padded micro-batch
     (a critic's values lined up with the logprobs), each sequence split over ``ring``'s ranks."""
-    head, _, _ = _forward_split(model, batch, ring)
+    head, _, _ = _forward_split(model, batch, ring, router)
     after = _in_sequence_order(head[..., 0].float(), ring)  # position p: the state after token p
     return shift_values(after[:, :batch["input_ids"].shape[1]], batch["attention_mask"])

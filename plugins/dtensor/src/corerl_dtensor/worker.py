@@ -128,7 +128,7 @@ class DTensorWorker(RankWorker):
             if self.ring is not None:
                 from corerl_dtensor.context_parallel import context_parallel_logprobs
 
-                return context_parallel_logprobs(self._require_model(), mb, self.ring)
+                return context_parallel_logprobs(self._require_model(), mb, self.ring, self.router)
             return model_logprobs(self._require_model(), mb)
 
     def forward_values(self, mb: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -140,7 +140,7 @@ class DTensorWorker(RankWorker):
             if self.ring is not None:
                 from corerl_dtensor.context_parallel import context_parallel_values
 
-                return context_parallel_values(self._require_model(), mb, self.ring)
+                return context_parallel_values(self._require_model(), mb, self.ring, self.router)
             return model_values(self._require_model(), mb)
 
     def before_micro_batch(self, index: int, last: bool) -> None:
