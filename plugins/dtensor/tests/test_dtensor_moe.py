@@ -3,7 +3,8 @@
 Fast tests (one process): the dispatch arithmetic simulated over two ranks, the expert-parallel
 layout over a one-rank gloo group against transformers, the refusals and the memory model.
 Two slow classes run the conformance suite's MoE checks (corerl.testing.conformance.MoeConformance)
-on two Ray ranks, with expert parallelism 2 (and a tiny Mixtral on the same engine) and FSDP only.
+on two Ray ranks, with expert parallelism 2 (and a tiny Mixtral on the same engine) and with
+context parallelism 2.
 """
 
 from __future__ import annotations
@@ -228,10 +229,14 @@ class TestMoeExpertParallel2(MoeConformance):
         assert (moe_backend.logprobs(batch) - reference).abs().max() <= TOLERANCE
 
 
-class TestMoeDataParallel2(MoeConformance):
-    """The conformance suite's MoE checks at two ranks without expert parallelism (the default at
-    world size 2: FSDP2 shards the fused experts as any other parameter)."""
+class TestMoeContextParallel2(MoeConformance):
+    """The conformance suite's MoE checks at two ranks with context parallelism 2: each sequence
+    split over the ranks, the router's terms taken over whole rows (gathered over the ring), FSDP2
+    sharding the fused experts over both ranks as any other parameter. It took the place of the
+    data-parallel-2 class (world size 2's default layout for a MoE): FSDP2's sharding of the
+    experts is checked here, the rows dealt to two data-parallel ranks with their router terms and
+    metrics by the expert-parallel class above."""
 
     backend_id = "dtensor"
-    overrides = ["cluster.gpus_per_node=2"]
+    overrides = ["cluster.gpus_per_node=2", "policy.dtensor_cfg.context_parallel_size=2"]
     expert_parallel = False

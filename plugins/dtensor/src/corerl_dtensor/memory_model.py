@@ -57,9 +57,8 @@ class ExpertLayout(Layout):
 
 def context_parallel_sizes(request: PlanRequest) -> list[int]:
     """Context-parallel sizes for the request: 1, and powers of two above it that divide the
-    world size (a VLM's sequences are not split: 1 alone; a MoE model's are not either, see
-    :mod:`corerl_dtensor.support`)."""
-    if request.shape.vision or request.shape.is_moe:
+    world size (a VLM's sequences are not split: 1 alone, see :mod:`corerl_dtensor.support`)."""
+    if request.shape.vision:
         return [1]
     sizes, cp = [1], 2
     while cp <= request.world_size and request.world_size % cp == 0:
@@ -85,7 +84,7 @@ class DTensorMemory:
         sizes = [(1, ep, 1) for ep in expert_parallel_sizes(request)] if request.shape.is_moe else \
             [(tp, 1, 1) for tp in tensor_parallel_sizes(request)
              if tp == 1 or not request.shape.vision]  # no tensor parallelism on a VLM (corerl_dtensor.support)
-        sizes += [(1, 1, cp) for cp in context_parallel_sizes(request)[1:]]  # with TP 1 (none for a MoE or a VLM)
+        sizes += [(1, 1, cp) for cp in context_parallel_sizes(request)[1:]]  # with TP and EP 1 (none for a VLM)
         return [self._layout(request, tp, ep, checkpointing, cp=cp) for tp, ep, cp in sizes
                 for checkpointing in (False, True)]
 

@@ -128,9 +128,6 @@ def check_context_parallel(config: Config, settings: Any, section: str) -> None:
         (settings.fsdp_version == 1,
          "context parallelism shards the model with FSDP2 over the data- and context-parallel ranks; the legacy "
          "FSDP1 wrapper is not", "use fsdp_version 2"),
-        (shape is not None and shape.is_moe,
-         "context parallelism on a mixture-of-experts model: the router's load statistics and loss terms are taken "
-         "over a micro-batch's whole sequences, which no rank holds with it (not gathered yet)", "set it to 1"),
         (shape is not None and shape.vision,
          "context parallelism splits a text decoder's sequences; a vision-language model's image tokens are not "
          "split yet", "set it to 1"),
