@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import run_corerl
+from tests.conftest import clean_env, run_corerl
 
 GOOD = "cluster:\n  gpus_per_node: 2\npolicy:\n  model_name: some/model\n"
 
@@ -118,10 +118,12 @@ def test_no_command_is_a_usage_error():
 def test_a_gpu_asked_of_a_machine_without_one_stops_the_run_at_once_in_one_line(tmp_path):
     import time
 
-    # dedicated generation on a GPU of its own: this machine (and its local Ray runtime) has none
+    # dedicated generation on a GPU of its own: the Ray cluster the run joins (this test worker's
+    # shared head, started before the clock) has none
+    env = clean_env()
     started = time.monotonic()
     result = run_corerl("run", "policy.generation.colocated.enabled=false", "policy.generation.backend=vllm",
-                        "policy.generation.colocated.resources.gpus_per_node=1", f"run.output_dir={tmp_path}")
+                        "policy.generation.colocated.resources.gpus_per_node=1", f"run.output_dir={tmp_path}", env=env)
     assert time.monotonic() - started < 10  # before any model is built; never CORERL_WORKER_START_TIMEOUT
     assert result.code == 2, result
     assert list(tmp_path.iterdir()) == []  # no run directory for a run that cannot start
