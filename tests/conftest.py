@@ -22,7 +22,9 @@ def clean_env(extra: Mapping[str, str] | None = None, base: Mapping[str, str] | 
     """The environment without any CORERL_* variable, plus ``extra``; a run started with it joins
     this test process's shared Ray head (``tests/ray_nodes.py``) unless ``extra`` sets what that
     head's workers would not see (a ``PYTHONPATH``, its own ``RAY_ADDRESS``: then a local runtime)
-    or ``shared_ray`` is false (a check that this machine, not a cluster, has no GPU)."""
+    or ``shared_ray`` is false (a check that this machine, not a cluster, has no GPU; a check of a
+    local runtime's own clean-up; an environment a helper adds a ``PYTHONPATH`` to afterwards, as
+    ``FakeSite.env`` does)."""
     from tests.ray_nodes import SHARED_HEAD_ENV, shared_head_address
 
     env = {k: v for k, v in (os.environ if base is None else base).items() if not k.startswith("CORERL_")}

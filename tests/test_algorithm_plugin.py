@@ -66,7 +66,7 @@ def test_hook_corerl_register_algorithms(fake_site, tmp_path):
 
 def test_the_cli_lists_and_runs_a_third_party_algorithm(fake_site, tmp_path):
     _install(fake_site)
-    env = fake_site.env(clean_env())
+    env = fake_site.env(clean_env(shared_ray=False))
     listed = run_corerl("plugins", env=env)
     assert "algorithms: reinforce" in listed.out, listed
     result = run_corerl("run", "algorithm.name=reinforce", "algorithm.num_generations_per_prompt=1",

@@ -94,7 +94,7 @@ def test_validate_human_output_shows_the_choice_and_the_warning():
 
 def test_third_party_distribution_with_priority_400_is_listed_and_selected(fake_site):
     add_plugin(fake_site, "rocket", plugin_source("rocket", priority=400))
-    env = fake_site.env(clean_env())
+    env = fake_site.env(clean_env(shared_ray=False))
     rows = {row["name"]: row for row in run_corerl("plugins", "--json", env=env).json()}
     assert rows["rocket"]["distribution"] == "corerl-rocket" and rows["rocket"]["training_backends"] == ["rocket"]
     result = run_corerl("validate", RECIPE_ONLY, MEGATRON, "policy.rocket_cfg.enabled=true", "--json", env=env)
@@ -107,7 +107,7 @@ def test_third_party_distribution_with_priority_400_is_listed_and_selected(fake_
 
 def test_broken_plugin_is_shown_and_only_hurts_configs_that_need_it(fake_site):
     add_plugin(fake_site, "broken", "import corerl_engine_that_is_not_installed\n")
-    env = fake_site.env(clean_env())
+    env = fake_site.env(clean_env(shared_ray=False))
     listing = run_corerl("plugins", "--json", env=env)
     assert listing.code == 0, listing
     broken = {row["name"]: row for row in listing.json()}["broken"]

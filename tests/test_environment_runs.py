@@ -65,7 +65,7 @@ def test_without_the_tool_success_stays_at_chance(tmp_path):
 def test_a_third_party_environment_installs_by_entry_point_and_trains(fake_site, tmp_path):
     fake_site.add_distribution("corerl-guess", "0.1.0", entry_points={"corerl.plugins": {"guess": "corerl_guess"}},
                                files={"corerl_guess.py": GUESS.read_text()})
-    env = fake_site.env(clean_env())
+    env = fake_site.env(clean_env(shared_ray=False))
     rng = random.Random(0)
     data = tmp_path / "numbers.jsonl"
     data.write_text("".join(json.dumps({"prompt": f"w2 {d} ?", "answer": str(d)}) + "\n"

@@ -11,7 +11,7 @@ from tests.test_plugin_loading import add_plugin, plugin_source
 
 def test_plugins_shows_each_component_s_priority_and_section(fake_site):
     add_plugin(fake_site, "rocket", plugin_source("rocket", priority=400))
-    env = fake_site.env(clean_env())
+    env = fake_site.env(clean_env(shared_ray=False))
     rows = {row["name"]: row for row in run_corerl("plugins", "--json", env=env).json()}
     assert {"kind": "training_backends", "id": "rocket", "priority": 400,
             "config_section": "policy.rocket_cfg"} in rows["rocket"]["components"]
@@ -31,7 +31,7 @@ def test_a_backend_that_cannot_be_imported_fails_the_run_before_its_directory_is
     source = plugin_source("ghost").replace('factory="os:getcwd"', 'factory="corerl_ghost_engine_missing:Backend"')
     add_plugin(fake_site, "ghost", source)
     result = run_corerl("run", "policy.training_backend=ghost", f"run.output_dir={tmp_path}", "run.name=never",
-                        env=fake_site.env(clean_env()))
+                        env=fake_site.env(clean_env(shared_ray=False)))
     assert result.code != 0 and "corerl_ghost_engine_missing" in result.err, result
     (line,) = result.err.strip().splitlines()
     assert "internal error" not in line
@@ -40,7 +40,7 @@ def test_a_backend_that_cannot_be_imported_fails_the_run_before_its_directory_is
 
 def test_the_section_of_a_plugin_that_failed_or_is_disabled_names_the_plugin(fake_site):
     add_plugin(fake_site, "rocket", "import corerl_rocket_engine_not_installed\n" + plugin_source("rocket", priority=400))
-    env = fake_site.env(clean_env())
+    env = fake_site.env(clean_env(shared_ray=False))
     enabled = run_corerl("validate", "core/src/corerl/recipes/demo.yaml", "policy.rocket_cfg.enabled=true", env=env)
     assert enabled.code == 2, enabled
     (line,) = enabled.err.strip().splitlines()

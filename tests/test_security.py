@@ -254,8 +254,8 @@ def test_the_local_ray_runtime_s_session_folder_is_removed_when_the_process_ends
               "ensure_ray(None)\n"
               "context = ray.get_runtime_context()\n"
               "print(os.path.join(context.get_temp_dir(), context.get_session_name()))\n")
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=clean_env(), cwd=tmp_path,
-                          timeout=120)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=clean_env(shared_ray=False),
+                          cwd=tmp_path, timeout=120)
     assert proc.returncode == 0, proc
     session = proc.stdout.strip().splitlines()[-1]
     assert session.startswith("/") and "session_" in session, proc
