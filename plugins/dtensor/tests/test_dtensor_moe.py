@@ -240,3 +240,9 @@ class TestMoeContextParallel2(MoeConformance):
     backend_id = "dtensor"
     overrides = ["cluster.gpus_per_node=2", "policy.dtensor_cfg.context_parallel_size=2"]
     expert_parallel = False
+
+    def test_both_ranks_run_ring_attention_as_one_data_parallel_rank(self, moe_backend, moe_dir):
+        moe_backend.load_hf(moe_dir)
+        layouts = moe_backend.group.call("parallel_layout")
+        assert [(x["dp"], x["cp"], x["ring_rank"], x["attention"]) for x in layouts] == \
+            [(1, 2, 0, "corerl_ring"), (1, 2, 1, "corerl_ring")]
