@@ -110,9 +110,6 @@ class _MicroBatch:
         self.replay = replay  # [N, layers, k] recorded experts (-1: the router's own choice), or None
         self.logits: list[Any] = [None] * layers
         self.indices: list[Any] = [None] * layers
-        # while context parallelism splits the rows: this rank's positions of each (padded) row
-        self.positions: torch.Tensor | None = None
-        self.padded = self.width = 0
 
 
 class RouterHooks:
@@ -150,7 +147,7 @@ class RouterHooks:
             logits, weights, indices = output
             replaced = None
             if current.replay is not None:
-                chosen = self._replayed_here(current, position).to(indices.device)
+                chosen = current.replay[:, position].to(indices.device)
                 if chosen.shape != indices.shape:
                     raise RuntimeError(f"router replay: layer {self.layer_ids[position]}'s router saw "
                                        f"{indices.shape[0]} tokens, the micro-batch has {chosen.shape[0]}")
@@ -183,15 +180,22 @@ class RouterHooks:
         ``[rows, padded, ...]`` in sequence order, on every rank, gradients back to their rank) and cut
         to the micro-batch's ``width``: the loss terms, metrics and recording then see whole rows, as
         without it (every rank computes the whole terms, as it does the whole loss)."""
+        import torch
+
         current = self._current
         if current is None:  # a forward nothing routes for (logprobs without recording)
             yield
             return
-        current.positions, current.padded, current.width = positions, padded, width
+        whole = current.replay  # [rows x width, layers, k]: for the duration, its entries at this rank's positions
+        if whole is not None:
+            rows = whole.shape[0] // width
+            chosen = torch.nn.functional.pad(whole.reshape(rows, width, *whole.shape[1:]),
+                                             (0, 0, 0, 0, 0, padded - width), value=-1)
+            current.replay = chosen[:, positions.to(chosen.device)].reshape(-1, *whole.shape[1:])
         try:
             yield
         finally:
-            current.positions = None
+            current.replay = whole
         if not current.capture:
             return
         local = len(positions)
@@ -201,18 +205,6 @@ class RouterHooks:
             rows = logits.shape[0] // local
             current.logits[layer] = gather(logits.reshape(rows, local, -1))[:, :width].reshape(rows * width, -1)
             current.indices[layer] = gather(indices.reshape(rows, local, -1))[:, :width].reshape(rows * width, -1)
-
-    def _replayed_here(self, current: _MicroBatch, position: int) -> torch.Tensor:
-        """The recorded experts ``[tokens, k]`` of layer ``position`` at the tokens this forward runs."""
-        import torch
-
-        chosen = current.replay[:, position]
-        if current.positions is None:
-            return chosen
-        rows = current.replay.shape[0] // current.width
-        chosen = chosen.reshape(rows, current.width, -1)
-        chosen = torch.nn.functional.pad(chosen, (0, 0, 0, current.padded - current.width), value=-1)
-        return chosen[:, current.positions.to(chosen.device)].reshape(-1, chosen.shape[-1])
 
     # -- router replay (r2) -------------------------------------------------------------------
 
