@@ -14,7 +14,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 RAY = Path(sys.executable).with_name("ray")
@@ -86,10 +86,11 @@ def shared_head_address() -> str:
     """The address of this process's shared Ray head, started at the first call (4 CPUs: Ray keeps
     as many idle workers ready, which a run's actors start in), stopped when the process exits."""
     if "address" not in _shared:
-        cluster = ray_cluster(Path(tempfile.mkdtemp(prefix="corerl-shared-ray-")), nodes=1, cpus_per_node=4,
-                              env=SHARED_HEAD_ENV, started=_shared_nodes)
-        _shared["address"] = cluster.__enter__()
-        atexit.register(cluster.__exit__, None, None, None)
+        stack = ExitStack()
+        _shared["address"] = stack.enter_context(ray_cluster(
+            Path(tempfile.mkdtemp(prefix="corerl-shared-ray-")), nodes=1, cpus_per_node=4, env=SHARED_HEAD_ENV,
+            started=_shared_nodes))
+        atexit.register(stack.close)
     return _shared["address"]
 
 
