@@ -47,6 +47,7 @@ def _sequence_to_token_classifier(checkpoint: str, out: Path) -> None:
     )
 
     from corerl.errors import ConfigError
+    from corerl.models.hf_save import save_pretrained
 
     config = AutoConfig.from_pretrained(checkpoint)
     if getattr(config, "num_labels", None) != 1:
@@ -60,7 +61,7 @@ def _sequence_to_token_classifier(checkpoint: str, out: Path) -> None:
     if getattr(target.score, "bias", None) is not None:
         state["score.bias"] = target.score.bias.detach().new_zeros(target.score.bias.shape)
     target.load_state_dict(state, strict=True)
-    target.save_pretrained(str(out))
+    save_pretrained(target, str(out))
     AutoTokenizer.from_pretrained(checkpoint).save_pretrained(str(out))
 
 

@@ -98,6 +98,7 @@ def export_sequence_classifier(value_model: str | Path, out: str | Path) -> None
     the same family: the same backbone, the head's weight (its bias dropped: see the module)."""
     from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
 
+    from corerl.models.hf_save import save_pretrained
     from corerl.models.value_model import load_pretrained
 
     token_model = load_pretrained(str(value_model), role="critic")
@@ -112,7 +113,7 @@ def export_sequence_classifier(value_model: str | Path, out: str | Path) -> None
     if missing or unexpected:
         raise RuntimeError(f"value model {value_model} does not map onto {type(model).__name__}: "
                            f"missing {missing}, unexpected {unexpected}")
-    model.save_pretrained(str(out))
+    save_pretrained(model, str(out))
     tokenizer.save_pretrained(str(out))
 
 

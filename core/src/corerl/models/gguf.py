@@ -118,6 +118,8 @@ def _convert(source: Path, out: Path) -> None:
     hf_logging.disable_progress_bar()
     import transformers.modeling_gguf_pytorch_utils as gguf_utils
 
+    from corerl.models.hf_save import save_pretrained
+
     quiet = functools.partial(gguf_utils.tqdm, disable=True)  # its own bar ignores disable_progress_bar()
     try:
         with _replaced(gguf_utils, "tqdm", quiet):
@@ -130,7 +132,7 @@ def _convert(source: Path, out: Path) -> None:
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
-    model.save_pretrained(out)
+    save_pretrained(model, out)
     tokenizer.save_pretrained(out)
 
 

@@ -136,6 +136,7 @@ def build_tiny_model(out_dir: str | Path, *, seed: int = 0, **shape: Any) -> Pat
     import torch
     from transformers import AutoConfig
 
+    from corerl.models.hf_save import save_pretrained
     from corerl.models.value_model import auto_model_class
 
     values = tiny_hf_config(**shape)
@@ -151,7 +152,7 @@ def build_tiny_model(out_dir: str | Path, *, seed: int = 0, **shape: Any) -> Pat
     model = auto_model_class("policy", values).from_config(config)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out)
+    save_pretrained(model, out)
     tokenizer.save_pretrained(out)
     if vision:
         save_tiny_image_processor(out)

@@ -64,6 +64,7 @@ def init_value_model(policy_path: str | Path, out: str | Path) -> Path:
     from transformers import AutoConfig
     from transformers.utils import logging as hf_logging
 
+    from corerl.models.hf_save import save_pretrained
     from corerl.models.tokenizer import load_tokenizer_folder
 
     verbosity = hf_logging.get_verbosity()
@@ -77,7 +78,7 @@ def init_value_model(policy_path: str | Path, out: str | Path) -> Path:
         for param in model.score.parameters():
             param.zero_()
     out = Path(out)
-    model.save_pretrained(out)
+    save_pretrained(model, out)
     load_tokenizer_folder(str(policy_path)).save_pretrained(out)
     return out
 

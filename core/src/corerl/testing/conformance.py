@@ -188,6 +188,7 @@ def write_conformance_critic(model_dir: str, out: Path, seed: int = 5) -> str:
     """A value model of ``model_dir`` with a random head (so values differ from row to row)."""
     from transformers import AutoModelForTokenClassification
 
+    from corerl.models.hf_save import save_pretrained
     from corerl.models.value_model import init_value_model
 
     path = init_value_model(model_dir, out)
@@ -195,7 +196,7 @@ def write_conformance_critic(model_dir: str, out: Path, seed: int = 5) -> str:
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         model.score.weight.copy_(torch.randn(model.score.weight.shape, generator=gen) * 0.2)
-    model.save_pretrained(path)
+    save_pretrained(model, path)
     return str(path)
 
 

@@ -24,6 +24,7 @@ def write_hf_checkpoint(state: dict[str, torch.Tensor], hf_config: Any, source: 
     they are: either way the folder holds what ``from_pretrained`` reads."""
     import torch
 
+    from corerl.models.hf_save import save_pretrained
     from corerl.models.value_model import auto_model_class
 
     with torch.device("meta"):
@@ -32,7 +33,7 @@ def write_hf_checkpoint(state: dict[str, torch.Tensor], hf_config: Any, source: 
     if set(state) <= set(model.state_dict()):
         model.load_state_dict(state, strict=True, assign=True)
         model.tie_weights()
-        model.save_pretrained(target)
+        save_pretrained(model, target)
     else:
         _write_checkpoint_named(state, model, hf_config, role, target)
     copy_tokenizer(source, target)
