@@ -8,10 +8,18 @@
   fixtures is slow too). ``pytest --update-tiers`` rewrites the list from what the run saw; a
   run of the fast tier (``-m "not slow"``) fails a test that starts one of them unlisted,
   naming what it started, so the fast tier cannot slow down unnoticed.
+
+Order: the tests run longest scope first (a scope is what pytest-xdist's ``--dist loadscope`` hands a
+worker whole: a class, or a module's functions), by the seconds ``tests/slow_durations.json``
+records; scopes it does not know keep their place after the known ones. Two workers that take
+the longest scopes first end together; in collection order a 5-minute test could start last
+and leave the other worker idle. ``pytest --record-durations`` rewrites the file from the run
+(setup, call and teardown of every test of over half a second).
 """
 
 from __future__ import annotations
 
+import json
 import multiprocessing.process
 import os
 import subprocess
@@ -21,11 +29,15 @@ from typing import Any
 import pytest
 
 TIERS = Path(__file__).parent / "tests" / "slow_tests.txt"
+DURATIONS = Path(__file__).parent / "tests" / "slow_durations.json"
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--update-tiers", action="store_true",
                      help=f"rewrite {TIERS.relative_to(Path(__file__).parent)} from what this run's tests start")
+    parser.addoption("--record-durations", action="store_true",
+                     help=f"rewrite {DURATIONS.relative_to(Path(__file__).parent)} (the order tests run in) "
+                          "from this run's durations")
 
 
 class _Starts:
@@ -99,6 +111,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if item.nodeid in listed or slow_fixtures & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slow)
+    if DURATIONS.exists():
+        items[:] = longest_scopes_first(items, json.loads(DURATIONS.read_text()))
     gpu_items = [item for item in items if item.get_closest_marker("gpu")]
     if not gpu_items:
         return
@@ -113,6 +127,32 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in gpu_items:
         if not (on_cpu and item.nodeid.startswith("tests/test_gpu_runs.py")):
             item.add_marker(skip)
+
+
+def scope_of(nodeid: str) -> str:
+    """What ``--dist loadscope`` hands one worker: a test's class, or its module."""
+    return nodeid.rsplit("::", 1)[0]
+
+
+def longest_scopes_first(items: list[pytest.Item], seconds: dict[str, float]) -> list[pytest.Item]:
+    """``items`` by their scope's recorded seconds, longest first; within a scope, and between
+    scopes of equal seconds (those not recorded), in collection order."""
+    total: dict[str, float] = {}
+    first: dict[str, int] = {}
+    for index, item in enumerate(items):
+        scope = scope_of(item.nodeid)
+        total[scope] = total.get(scope, 0.0) + seconds.get(item.nodeid, 0.0)
+        first.setdefault(scope, index)
+    order = sorted(range(len(items)), key=lambda i: (-total[scope_of(items[i].nodeid)],
+                                                     first[scope_of(items[i].nodeid)], i))
+    return [items[i] for i in order]
+
+
+SECONDS: dict[str, float] = {}  # --record-durations: setup + call + teardown of each test that ran
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    SECONDS[report.nodeid] = SECONDS.get(report.nodeid, 0.0) + report.duration
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -139,6 +179,13 @@ def pytest_runtest_call(item: pytest.Item) -> Any:
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if session.config.getoption("record_durations") and not hasattr(session.config, "workerinput"):
+        # the controller of pytest-xdist's workers, or the one process: it sees every test's reports
+        recorded = json.loads(DURATIONS.read_text()) if DURATIONS.exists() else {}
+        root = session.config.rootpath
+        recorded = {nodeid: s for nodeid, s in recorded.items() if (root / nodeid.split("::")[0]).exists()}
+        recorded.update({nodeid: round(s, 1) for nodeid, s in SECONDS.items() if s >= 0.5})
+        DURATIONS.write_text(json.dumps(dict(sorted(recorded.items())), indent=0) + "\n")
     if not session.config.getoption("update_tiers"):
         return
     ran = {item.nodeid for item in session.items}

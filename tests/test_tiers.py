@@ -1,8 +1,9 @@
 """The test tiers of conftest.py: a test that starts a subprocess is slow, and the fast tier
-refuses one that is not listed as such."""
+refuses one that is not listed as such; tests run longest scope first, by recorded durations."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -41,3 +42,39 @@ def test_update_tiers_lists_it_and_the_fast_tier_then_leaves_it_to_the_slow_tier
     assert "test_tiny.py::test_starts_a_subprocess" in listed and "test_tiny.py::test_starts_nothing" not in listed
     suite.runpytest_inprocess("-m", "not slow", "-p", "no:cacheprovider").assert_outcomes(passed=1, deselected=1)
     suite.runpytest_inprocess("-m", "slow", "-p", "no:cacheprovider").assert_outcomes(passed=1, deselected=1)
+
+
+LONG_AND_SHORT = """
+import time
+
+def test_short():
+    pass
+
+class TestLong:
+    def test_one(self):
+        time.sleep(0.6)
+
+    def test_two(self):
+        pass
+"""
+OTHER = """
+def test_unrecorded():
+    pass
+"""
+
+
+def test_tests_run_longest_scope_first_by_the_recorded_durations(pytester: pytest.Pytester):
+    pytester.makeconftest((REPO / "conftest.py").read_text(encoding="utf-8"))
+    pytester.mkdir("tests")
+    pytester.makepyfile(test_a=OTHER, test_b=LONG_AND_SHORT)
+    before = pytester.runpytest_inprocess("--collect-only", "-q", "-p", "no:cacheprovider").stdout.lines
+    assert [line for line in before if "::" in line][:2] == ["test_a.py::test_unrecorded", "test_b.py::test_short"]
+
+    pytester.runpytest_inprocess("--record-durations", "-p", "no:cacheprovider").assert_outcomes(passed=4)
+    recorded = json.loads((pytester.path / "tests" / "slow_durations.json").read_text())
+    assert list(recorded) == ["test_b.py::TestLong::test_one"] and recorded["test_b.py::TestLong::test_one"] >= 0.6
+    after = pytester.runpytest_inprocess("--collect-only", "-q", "-p", "no:cacheprovider").stdout.lines
+    # the class first (its scope's seconds), its tests in their order; the unrecorded scopes after, in theirs
+    assert [line for line in after if "::" in line] == [
+        "test_b.py::TestLong::test_one", "test_b.py::TestLong::test_two", "test_a.py::test_unrecorded",
+        "test_b.py::test_short"]

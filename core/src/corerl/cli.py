@@ -348,12 +348,15 @@ def _command_host(args_list: list[str]) -> Any:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
+    from corerl import start_up
     from corerl.runner import run_recipe
 
-    config_path, overrides = _split_run_args(args.config, args.overrides)
-    host, config, selection = _load_and_select(config_path, overrides, args.preset, args.dialect, args.strict)
-    _print_selection(config, selection, verdict="running")
-    return run_recipe(config, selection, host, verbose=args.verbose)
+    # few garbage collections until the first step (the run ends it there: corerl.runner.Run.run)
+    with start_up.starting():
+        config_path, overrides = _split_run_args(args.config, args.overrides)
+        host, config, selection = _load_and_select(config_path, overrides, args.preset, args.dialect, args.strict)
+        _print_selection(config, selection, verdict="running")
+        return run_recipe(config, selection, host, verbose=args.verbose)
 
 
 if __name__ == "__main__":  # pragma: no cover

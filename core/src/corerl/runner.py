@@ -148,6 +148,7 @@ class Run:
         return sum(p.done for p in self.phases)
 
     def run(self) -> RunResult:
+        from corerl import start_up
         from corerl.interrupt import stop_on_sigint
         from corerl.reporting.loggers.start import start_loggers
         from corerl.reporting.metrics_log import MetricsLog
@@ -172,6 +173,7 @@ class Run:
             if "before" not in self.evals:
                 self.evals["before"] = self.algorithm.held_out()[self.algorithm.measure]
                 context.console.print(f"held-out {self.label} before training: {self.evals['before']:.3f}")
+            start_up.end()  # started: the default garbage collections from the first step on
             with stop_on_sigint(lambda text: context.console.print(f"[yellow]{text}[/]")) as stop:
                 if self.warm_start is not None and self.warm_start.total:
                     self.run_phase(self.warm_start, stop)

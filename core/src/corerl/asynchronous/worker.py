@@ -95,16 +95,18 @@ class GenerationWorker:
 
     def __init__(self, registration: Any, config: Any, threads: int | None, in_flight: str,
                  variables: dict[str, str] | None = None) -> None:
+        from corerl import start_up
         from corerl.distributed.run_variables import adopt_run_variables
 
         adopt_run_variables(variables or {})  # the run's CORERL_* variables; a quiet run's output to run.log
-        if threads:
-            import torch
+        with start_up.starting():  # torch, the backend's imports and its engine: few garbage collections
+            if threads:
+                import torch
 
-            torch.set_num_threads(threads)
-        check_in_flight(registration, in_flight)
-        self.engine = ThreadPoolExecutor(max_workers=1, thread_name_prefix="generation-engine")
-        self.backend = self._on_engine(registration.create, config=config)
+                torch.set_num_threads(threads)
+            check_in_flight(registration, in_flight)
+            self.engine = ThreadPoolExecutor(max_workers=1, thread_name_prefix="generation-engine")
+            self.backend = self._on_engine(registration.create, config=config)
         self.registration = registration
         self.in_flight = in_flight
         self.version = 0

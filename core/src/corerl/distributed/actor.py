@@ -16,12 +16,14 @@ class RankActor:
 
     def __init__(self, worker_path: str, rank: int, world_size: int, env: dict[str, str], kwargs: dict[str, Any],
                  role: str = "worker") -> None:
+        from corerl import start_up
         from corerl.distributed.run_variables import adopt_run_variables
 
         adopt_run_variables(env)  # the run's CORERL_* variables and rendezvous; its output to run.log
         self.rank, self.role = rank, role
         mark(f"{role} {rank}:pid {os.getpid()}")  # which processes a test expects gone after a recovery
-        self.worker = resolve(worker_path, what="rank worker")(rank=rank, world_size=world_size, **kwargs)
+        with start_up.starting():  # the backend's imports and its model: few garbage collections
+            self.worker = resolve(worker_path, what="rank worker")(rank=rank, world_size=world_size, **kwargs)
 
     def call(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         mark(worker_marker(self.role, self.rank, method))  # the fault-injection tests' points
