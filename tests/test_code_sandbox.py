@@ -49,15 +49,36 @@ def test_survivor_check_sees_a_survivor() -> None:
             survivor.wait()
 
 
+@pytest.fixture(autouse=True)
+def _children_before():
+    """This process's children before the test: not the sandbox's (a local Ray runtime an earlier
+    test of this worker started in process, for its world-size-2 groups, lives until the worker ends)."""
+    _before[:] = [(p.pid, p.create_time()) for p in psutil.Process().children(recursive=True)]
+    yield
+    _before.clear()
+
+
+_before: list[tuple[int, float]] = []
+
+
+def _started_before(process: psutil.Process) -> bool:
+    try:
+        return (process.pid, process.create_time()) in _before
+    except psutil.NoSuchProcess:
+        return True
+
+
 def sandbox_processes() -> list[psutil.Process]:
-    """Processes of any sandbox still alive (children of ours, or orphans anywhere)."""
+    """Processes of any sandbox still alive (children of ours started during the test, or orphans
+    anywhere)."""
     alive = []
     for process in psutil.process_iter(["cmdline", "status"]):
         cmdline = " ".join(process.info["cmdline"] or [])
         if process.info["status"] != psutil.STATUS_ZOMBIE and ("solution.py" in cmdline or "corerl-sandbox-" in cmdline
                                                                 or "corerl/sandbox.py" in cmdline):
             alive.append(process)
-    return alive + [p for p in psutil.Process().children(recursive=True) if p not in alive and not in_shared_head(p.pid)]
+    return alive + [p for p in psutil.Process().children(recursive=True)
+                    if p not in alive and not in_shared_head(p.pid) and not _started_before(p)]
 
 
 @pytest.fixture
