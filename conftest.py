@@ -88,6 +88,7 @@ class _Starts:
 
 
 STARTS = _Starts()
+GC_BEFORE: list[tuple[int, int, int]] = []  # the garbage collector's thresholds before each configure
 RECORDED: set[str] = set()  # test ids and "fixture:<name>" entries seen starting something
 
 
@@ -98,11 +99,22 @@ def _listed() -> set[str]:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    import gc
+
+    from corerl.start_up import START_UP_THRESHOLD
+
+    # a test process imports torch, transformers and the backends and builds models all along: few
+    # garbage collections, as a corerl process has while it starts (the fast tier: 140 s of CPU, 122)
+    GC_BEFORE.append(gc.get_threshold())
+    gc.set_threshold(START_UP_THRESHOLD, *GC_BEFORE[-1][1:])
     STARTS.install()
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
+    import gc
+
     STARTS.uninstall()  # a pytest run inside this one (tests/test_tiers.py) leaves the process as it was
+    gc.set_threshold(*GC_BEFORE.pop())
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

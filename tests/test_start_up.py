@@ -11,10 +11,11 @@ from corerl import start_up
 
 @pytest.fixture(autouse=True)
 def _thresholds():
-    before = gc.get_threshold()
+    before, saved = gc.get_threshold(), start_up._saved
+    start_up._saved = None  # as in a process that has not begun
     yield
     gc.set_threshold(*before)
-    start_up._saved = None
+    start_up._saved = saved
 
 
 def test_starting_raises_the_youngest_threshold_and_restores_all_three_after():
