@@ -1,6 +1,8 @@
 """Bad inputs met while a run runs (data lines, rewards, prompt lengths, model paths, a diverging
 loss): each stops the run in one line naming the row, the function or the step, with exit 1 or 2
-and no traceback."""
+and no traceback. Inputs refused before any engine starts (exit 2) are run in this process
+(``corerl.cli.main``, the fast tier: about 10 s for eleven, 80 s as processes of their own); those
+met by the run's steps (rewards, a diverging loss) in a ``corerl run`` process each."""
 
 from __future__ import annotations
 
@@ -39,36 +41,61 @@ def _jsonl(path: Path, rows: list[dict], broken: dict[int, str] | None = None) -
     return path
 
 
-def _run(tmp_path: Path, *extra: str, train: Path | None = None):
+def _args(tmp_path: Path, extra: tuple[str, ...], train: Path | None) -> list[str]:
     (tmp_path / "my_rewards.py").write_text(REWARDS)
     train = train or _jsonl(tmp_path / "train.jsonl", ROWS)
-    result = run_corerl("run", f"run.output_dir={tmp_path}", "run.name=bad", "policy.generation.backend=hf",
-                        "sft.enabled=false", "algorithm.max_steps=2", "algorithm.batch_size=4",
-                        "algorithm.num_generations_per_prompt=2", "checkpointing.enabled=false", "data.task=dataset",
-                        f"data.train_files={train}", "data.prompt_key=question", "data.held_out_size=5", *extra,
-                        env=clean_env({"PYTHONPATH": str(tmp_path)}))
-    lines = result.err.strip().splitlines()
-    assert len(lines) == 1, result  # one line, no traceback
-    assert "Traceback" not in result.out + result.err and "internal error" not in result.err
-    return result.code, lines[0]
+    return ["run", f"run.output_dir={tmp_path}", "run.name=bad", "policy.generation.backend=hf", "sft.enabled=false",
+            "algorithm.max_steps=2", "algorithm.batch_size=4", "algorithm.num_generations_per_prompt=2",
+            "checkpointing.enabled=false", "data.task=dataset", f"data.train_files={train}", "data.prompt_key=question",
+            "data.held_out_size=5", *extra]
 
 
-def test_a_malformed_jsonl_line_is_named_by_number(tmp_path):
+def _one_line(code: int, out: str, err: str) -> tuple[int, str]:
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, (code, out, err)  # one line, no traceback
+    assert "Traceback" not in out + err and "internal error" not in err
+    return code, lines[0]
+
+
+def _run(tmp_path: Path, *extra: str, train: Path | None = None) -> tuple[int, str]:
+    """``corerl run`` on the rows, in a process of its own (the reward functions' module on its path)."""
+    result = run_corerl(*_args(tmp_path, extra, train), env=clean_env({"PYTHONPATH": str(tmp_path)}))
+    return _one_line(result.code, result.out, result.err)
+
+
+@pytest.fixture
+def refused(capfd, monkeypatch):
+    """The same command in this process, for inputs refused before any engine starts (exit 2): the
+    code and line of ``corerl.cli.main``, as its console script would end (fast tier)."""
+    import corerl.reporting.quiet as quiet
+    from corerl import cli
+
+    monkeypatch.setattr(quiet, "_last_log", None)  # an error line names the log of a run this process started
+
+    def run(tmp_path: Path, *extra: str, train: Path | None = None) -> tuple[int, str]:
+        code = cli.main(_args(tmp_path, extra, train))
+        captured = capfd.readouterr()
+        return _one_line(code, captured.out, captured.err)
+
+    return run
+
+
+def test_a_malformed_jsonl_line_is_named_by_number(tmp_path, refused):
     train = _jsonl(tmp_path / "train.jsonl", ROWS, {7: '{"question": "w1 3 w2", "answer": '})
-    code, line = _run(tmp_path, train=train)
+    code, line = refused(tmp_path, train=train)
     assert code == 2 and "data.train_files" in line and "train.jsonl line 7 is not valid JSON" in line
 
 
-def test_a_line_that_is_not_an_object_is_named_by_number(tmp_path):
+def test_a_line_that_is_not_an_object_is_named_by_number(tmp_path, refused):
     train = _jsonl(tmp_path / "train.jsonl", ROWS, {4: "[1, 2]"})
-    code, line = _run(tmp_path, train=train)
+    code, line = refused(tmp_path, train=train)
     assert code == 2 and "train.jsonl line 4 holds a list, not a JSON object" in line
 
 
-def test_an_empty_dataset_is_refused(tmp_path):
+def test_an_empty_dataset_is_refused(tmp_path, refused):
     train = tmp_path / "train.jsonl"
     train.write_text("\n")
-    code, line = _run(tmp_path, train=train)
+    code, line = refused(tmp_path, train=train)
     assert code == 2 and "holds no rows" in line and "data.train_files" in line
 
 
@@ -89,10 +116,10 @@ def test_a_reward_that_is_not_a_finite_number_stops_the_run(tmp_path, function, 
     assert code == 1 and f"reward function {function} {says} on train.jsonl line " in line
 
 
-def test_a_prompt_longer_than_the_sequence_allows_is_refused_with_its_row(tmp_path):
+def test_a_prompt_longer_than_the_sequence_allows_is_refused_with_its_row(tmp_path, refused):
     rows = [*ROWS[:12], {"question": " ".join(["w5"] * 40), "answer": "1"}, *ROWS[12:]]
     train = _jsonl(tmp_path / "train.jsonl", rows)
-    code, line = _run(tmp_path, "policy.max_seq_length=32", "policy.generation.max_new_tokens=8", "data.held_out_size=10",
+    code, line = refused(tmp_path, "policy.max_seq_length=32", "policy.generation.max_new_tokens=8", "data.held_out_size=10",
                       train=train)
     # 40 words and the beginning-of-sequence token; 31 tokens leave room for a completion in 32
     assert code == 2 and "policy.max_seq_length: train.jsonl line 13: the prompt is 41 tokens" in line
@@ -100,8 +127,8 @@ def test_a_prompt_longer_than_the_sequence_allows_is_refused_with_its_row(tmp_pa
     assert "prompts are not truncated: raise policy.max_seq_length by at least 10" in line
 
 
-def test_a_model_path_that_does_not_exist_is_named(tmp_path):
-    code, line = _run(tmp_path, f"policy.model_name={tmp_path / 'no-such-model'}")
+def test_a_model_path_that_does_not_exist_is_named(tmp_path, refused):
+    code, line = refused(tmp_path, f"policy.model_name={tmp_path / 'no-such-model'}")
     assert code == 2 and f"policy.model_name: model path {tmp_path / 'no-such-model'} does not exist" in line
 
 
@@ -118,36 +145,36 @@ def test_a_nan_gradient_stops_the_run_at_its_step(tmp_path):
     assert [json.loads(r)["step"] for r in rows] == [1]  # the bad step is not logged
 
 
-def test_an_empty_json_file_is_refused_in_one_line(tmp_path):
+def test_an_empty_json_file_is_refused_in_one_line(tmp_path, refused):
     train = tmp_path / "train.json"
     train.write_text("")
-    code, line = _run(tmp_path, train=train)
+    code, line = refused(tmp_path, train=train)
     assert code == 2 and f"data.train_files: {train} is empty" in line
 
 
-def test_a_prompt_too_long_anywhere_in_the_file_is_refused_before_training(tmp_path):
+def test_a_prompt_too_long_anywhere_in_the_file_is_refused_before_training(tmp_path, refused):
     # one step of two prompts draws from 60 rows: only a check of every row finds row 57
     rows = [{"question": f"w1 {i % 10} w2", "answer": str(i % 10)} for i in range(60)]
     rows[56] = {"question": " ".join(["w5"] * 40), "answer": "1"}
     train = _jsonl(tmp_path / "train.jsonl", rows)
-    code, line = _run(tmp_path, "policy.max_seq_length=32", "policy.generation.max_new_tokens=8",
+    code, line = refused(tmp_path, "policy.max_seq_length=32", "policy.generation.max_new_tokens=8",
                       "algorithm.max_steps=1", "algorithm.batch_size=2", train=train)
     assert code == 2 and "policy.max_seq_length: train.jsonl line 57: the prompt is 41 tokens" in line
     assert not (tmp_path / "bad" / "metrics.jsonl").exists()
 
 
-def test_a_model_folder_without_weights_is_named(tmp_path):
+def test_a_model_folder_without_weights_is_named(tmp_path, refused):
     from corerl.models.tiny import BUILTIN_MODELS, build_tiny_model
 
     model = tmp_path / "model"
     build_tiny_model(model, **BUILTIN_MODELS["builtin:tiny-qwen2"])
     (model / "model.safetensors").unlink()
-    code, line = _run(tmp_path, f"policy.model_name={model}")
+    code, line = refused(tmp_path, f"policy.model_name={model}")
     assert code == 2 and f"policy.model_name: {model} holds no weights (none of model.safetensors" in line
 
 
-def test_a_chat_template_asked_of_a_tokenizer_without_one_is_named(tmp_path):
-    code, line = _run(tmp_path, "data.apply_chat_template=true")
+def test_a_chat_template_asked_of_a_tokenizer_without_one_is_named(tmp_path, refused):
+    code, line = refused(tmp_path, "data.apply_chat_template=true")
     assert code == 2 and line.startswith("corerl: error: data.apply_chat_template: data.apply_chat_template is set "
                                          "and the tokenizer has no chat template")
 
@@ -205,14 +232,14 @@ def test_a_numpy_number_is_a_reward(tmp_path):
     assert json.loads((tmp_path / "np" / "metrics.jsonl").read_text())["reward/mean"] == 0.5
 
 
-def test_a_row_without_the_answer_column_is_refused_with_its_line(tmp_path):
+def test_a_row_without_the_answer_column_is_refused_with_its_line(tmp_path, refused):
     rows = [dict(r) for r in ROWS]
     del rows[8]["answer"]
-    code, line = _run(tmp_path, train=_jsonl(tmp_path / "train.jsonl", rows))
+    code, line = refused(tmp_path, train=_jsonl(tmp_path / "train.jsonl", rows))
     assert code == 2 and "data.train_files: train.jsonl line 9 has no 'answer' (data.answer_key)" in line
 
 
-def test_a_malformed_line_of_a_json_lines_file_named_json_is_named_by_number(tmp_path):
+def test_a_malformed_line_of_a_json_lines_file_named_json_is_named_by_number(tmp_path, refused):
     train = _jsonl(tmp_path / "train.json", ROWS, {5: '{"question": "w1 3 w2", '})
-    code, line = _run(tmp_path, train=train)
+    code, line = refused(tmp_path, train=train)
     assert code == 2 and "train.json line 5 is not valid JSON" in line
