@@ -42,15 +42,20 @@ def start_node(args: list[str], log_path: Path, env: dict[str, str]) -> subproce
     return node
 
 
-def stop_node(node: subprocess.Popen[bytes]) -> None:
+def stop_node(node: subprocess.Popen[bytes], grace_s: float = 3.0) -> None:
+    """SIGTERM to the node's processes, then SIGKILL to those left after ``grace_s``. A head
+    started by ``ray start --block`` never exits on SIGTERM by itself (Ray 2.60: its raylet does,
+    its ``ray start``, GCS and monitor wait on), so a longer grace only adds to every test run's end;
+    its workers leave once their raylet is gone, and its folder goes with :func:`ray_cluster`."""
     try:
         os.killpg(node.pid, signal.SIGTERM)
     except ProcessLookupError:
         return
     try:
-        node.wait(timeout=30)
+        node.wait(timeout=grace_s)
     except subprocess.TimeoutExpired:
         os.killpg(node.pid, signal.SIGKILL)
+        node.wait()
 
 
 @contextmanager
