@@ -70,11 +70,14 @@ class _Starts:
             from corerl.distributed import worker_group
         except ImportError:
             return
+        from tests.ray_nodes import joining_the_shared_head
+
         ensure_ray = worker_group.ensure_ray
+        joining = joining_the_shared_head(ensure_ray)  # no local runtime in a test process
 
         def ray(*args: Any, **kwargs: Any) -> Any:
             self.seen.append("a Ray runtime")
-            return ensure_ray(*args, **kwargs)
+            return joining(*args, **kwargs)
 
         worker_group.ensure_ray = ray
         self.originals += (ensure_ray,)
