@@ -61,6 +61,26 @@ def run_corerl(*args: str, env: Mapping[str, str] | None = None, cwd: Path | Non
     return CliResult(proc)
 
 
+class StartedRun:
+    """A ``corerl`` command started by :func:`start_corerl`; :meth:`result` waits for it."""
+
+    def __init__(self, proc: subprocess.Popen[str]) -> None:
+        self.proc = proc
+
+    def result(self) -> CliResult:
+        out, err = self.proc.communicate(timeout=600)
+        return CliResult(subprocess.CompletedProcess(self.proc.args, self.proc.returncode, out, err))
+
+
+def start_corerl(*args: str) -> StartedRun:
+    """:func:`run_corerl` started now and waited for later: a run that does not depend on the
+    test's other runs goes on beside them, in the time they spend waiting (actors starting, a
+    process killed and started again) rather than after them."""
+    env = clean_env(shared_ray=args[:1] == ("run",))
+    return StartedRun(subprocess.Popen([str(CORERL), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                       text=True, env=env, cwd=REPO, start_new_session=True))
+
+
 def start_held(tmp_path: Path, markers: Path, hold: str, args: list[str], **popen: Any) -> subprocess.Popen[str]:
     """``corerl run`` (run name ``killed``) in a session of its own, writing its progress markers to
     ``markers`` and stopping at the marker ``hold`` until it is killed."""

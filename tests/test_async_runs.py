@@ -18,7 +18,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import CORERL, REPO, clean_env, run_corerl, start_held, wait_for_marker
+from tests.conftest import (
+    CORERL,
+    REPO,
+    clean_env,
+    run_corerl,
+    start_corerl,
+    start_held,
+    wait_for_marker,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -59,10 +67,11 @@ def test_staleness_0_in_order_trains_exactly_the_steps_of_a_synchronous_run(tmp_
     asynchronous one steps the engine in the generation worker (in_flight=continue's loop)."""
     steps = ["algorithm.max_steps=5"]
     base = BASE if backend == "hf" else VLLM
-    sync = run_corerl("run", f"run.output_dir={tmp_path}", "run.name=sync", *base, *steps)
-    assert sync.code == 0, sync
+    started = start_corerl("run", f"run.output_dir={tmp_path}", "run.name=sync", *base, *steps)  # beside the other
     asynchronous = run_corerl("run", f"run.output_dir={tmp_path}", "run.name=async", *base, *steps, *ASYNC,
                               "algorithm.async.max_staleness=0", "algorithm.async.sampler=in_order")
+    sync = started.result()
+    assert sync.code == 0, sync
     assert asynchronous.code == 0, asynchronous
     assert f"generation: {backend} on a dedicated worker" in asynchronous.out
     got = rows(tmp_path / "async")

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from corerl.complete_folders import is_complete
-from tests.conftest import clean_env, run_corerl, start_held, wait_for_marker
+from tests.conftest import clean_env, run_corerl, start_corerl, start_held, wait_for_marker
 
 # 2 SFT + 3 GRPO steps, a checkpoint after every step (keep_last 1 prunes at every save), hf
 # generation on the training model: about 7 s a run
@@ -86,10 +86,7 @@ def test_a_run_killed_at_every_stage_and_run_again_ends_like_an_uninterrupted_on
     line and started over in place by the next run, saying what it removed (the kill in the first
     checkpoint's save leaves one); a finished run without a checkpoint (the uninterrupted one) is
     refused rather than overwritten."""
-    straight = run_corerl("run", f"run.output_dir={tmp_path}", "run.name=straight", *NO_CHECKPOINTS)
-    assert straight.code == 0, straight
-    finished = run_corerl("run", f"run.output_dir={tmp_path}", "run.name=straight", *NO_CHECKPOINTS)
-    assert finished.code == 2 and "holds a finished run" in finished.err, finished
+    started = start_corerl("run", f"run.output_dir={tmp_path}", "run.name=straight", *NO_CHECKPOINTS)  # beside the kills
     run_dir = tmp_path / "killed"
 
     previous = None
@@ -123,6 +120,10 @@ def test_a_run_killed_at_every_stage_and_run_again_ends_like_an_uninterrupted_on
 
     final = run_corerl("run", f"run.output_dir={tmp_path}", "run.name=killed", *ARGS)
     assert final.code == 0, final
+    straight = started.result()
+    assert straight.code == 0, straight
+    finished = run_corerl("run", f"run.output_dir={tmp_path}", "run.name=straight", *NO_CHECKPOINTS)
+    assert finished.code == 2 and "holds a finished run" in finished.err, finished
     assert "Traceback" not in final.out + final.err
     _assert_same(_rows(tmp_path / "straight"), _rows(run_dir))
     assert is_complete(run_dir / "final")
