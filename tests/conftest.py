@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
-from collections.abc import Mapping
+import threading
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -62,7 +65,7 @@ def run_corerl(*args: str, env: Mapping[str, str] | None = None, cwd: Path | Non
 
 
 class StartedRun:
-    """A ``corerl`` command started by :func:`start_corerl`; :meth:`result` waits for it."""
+    """A ``corerl`` command started by :class:`RunsBeside`; :meth:`result` waits for it."""
 
     def __init__(self, proc: subprocess.Popen[str]) -> None:
         self.proc = proc
@@ -72,13 +75,68 @@ class StartedRun:
         return CliResult(subprocess.CompletedProcess(self.proc.args, self.proc.returncode, out, err))
 
 
-def start_corerl(*args: str) -> StartedRun:
-    """:func:`run_corerl` started now and waited for later: a run that does not depend on the
-    test's other runs goes on beside them, in the time they spend waiting (actors starting, a
-    process killed and started again) rather than after them."""
-    env = clean_env(shared_ray=args[:1] == ("run",))
-    return StartedRun(subprocess.Popen([str(CORERL), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                       text=True, env=env, cwd=REPO, start_new_session=True))
+class RunsBeside:
+    """``corerl`` commands a test starts to go on beside its other runs, in the time those spend
+    waiting (actors starting, a process killed and started again, a call running into its
+    timeout), rather than after them (:func:`runs_beside`). When the test ends, a command still
+    running is killed and one still waiting for its marker is never started."""
+
+    def __init__(self) -> None:
+        self.procs: list[subprocess.Popen[str]] = []
+        self.threads: list[threading.Thread] = []
+        self.ended = threading.Event()
+
+    def start(self, *args: str, extra_env: Mapping[str, str] | None = None) -> StartedRun:
+        """``corerl *args`` now, in the environment :func:`run_corerl` gives it (plus ``extra_env``)."""
+        env = clean_env(extra_env, shared_ray=args[:1] == ("run",))
+        proc = subprocess.Popen([str(CORERL), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env=env, cwd=REPO, start_new_session=True)
+        self.procs.append(proc)
+        return StartedRun(proc)
+
+    def start_at(self, markers: Path, marker: str, *args: str,
+                 extra_env: Mapping[str, str] | None = None) -> Callable[[], StartedRun]:
+        """:meth:`start` once ``markers`` (another run's progress markers) holds ``marker``; the
+        call returned waits for that start and gives the run."""
+        started: list[StartedRun] = []
+
+        def watch() -> None:
+            while not self.ended.is_set():
+                if markers.exists() and marker in markers.read_text().splitlines():
+                    started.append(self.start(*args, extra_env=extra_env))
+                    return
+                self.ended.wait(0.2)
+
+        thread = threading.Thread(target=watch, daemon=True)
+        thread.start()
+        self.threads.append(thread)
+
+        def run() -> StartedRun:
+            thread.join(timeout=600)
+            assert started, f"{marker!r} never appeared in {markers}"
+            return started[0]
+
+        return run
+
+    def end(self) -> None:
+        self.ended.set()
+        for thread in self.threads:
+            thread.join()
+        for proc in self.procs:
+            if proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):  # it may have ended since
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.communicate()
+
+
+@pytest.fixture
+def runs_beside() -> Iterator[RunsBeside]:
+    """:class:`RunsBeside` for one test."""
+    runs = RunsBeside()
+    try:
+        yield runs
+    finally:
+        runs.end()
 
 
 def start_held(tmp_path: Path, markers: Path, hold: str, args: list[str], **popen: Any) -> subprocess.Popen[str]:

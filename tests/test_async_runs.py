@@ -23,7 +23,6 @@ from tests.conftest import (
     REPO,
     clean_env,
     run_corerl,
-    start_corerl,
     start_held,
     wait_for_marker,
 )
@@ -62,12 +61,12 @@ def assert_same_steps(want: list[dict], got: list[dict]) -> None:
 
 
 @pytest.mark.parametrize("backend", ["hf", "vllm"])
-def test_staleness_0_in_order_trains_exactly_the_steps_of_a_synchronous_run(tmp_path, backend):
+def test_staleness_0_in_order_trains_exactly_the_steps_of_a_synchronous_run(tmp_path, backend, runs_beside):
     """vllm: the synchronous run samples through ``LLM.generate`` in the engine's actor, the
     asynchronous one steps the engine in the generation worker (in_flight=continue's loop)."""
     steps = ["algorithm.max_steps=5"]
     base = BASE if backend == "hf" else VLLM
-    started = start_corerl("run", f"run.output_dir={tmp_path}", "run.name=sync", *base, *steps)  # beside the other
+    started = runs_beside.start("run", f"run.output_dir={tmp_path}", "run.name=sync", *base, *steps)
     asynchronous = run_corerl("run", f"run.output_dir={tmp_path}", "run.name=async", *base, *steps, *ASYNC,
                               "algorithm.async.max_staleness=0", "algorithm.async.sampler=in_order")
     sync = started.result()

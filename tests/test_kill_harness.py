@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from corerl.complete_folders import is_complete
-from tests.conftest import clean_env, run_corerl, start_corerl, start_held, wait_for_marker
+from tests.conftest import clean_env, run_corerl, start_held, wait_for_marker
 
 # 2 SFT + 3 GRPO steps, a checkpoint after every step (keep_last 1 prunes at every save), hf
 # generation on the training model: about 7 s a run
@@ -81,12 +81,12 @@ NONE_COMPLETE = "folder:step_000001:filled"
 
 
 @pytest.mark.slow
-def test_a_run_killed_at_every_stage_and_run_again_ends_like_an_uninterrupted_one(tmp_path):
+def test_a_run_killed_at_every_stage_and_run_again_ends_like_an_uninterrupted_one(tmp_path, runs_beside):
     """Besides: a run directory without a complete checkpoint is refused by ``run.resume=must`` in one
     line and started over in place by the next run, saying what it removed (the kill in the first
     checkpoint's save leaves one); a finished run without a checkpoint (the uninterrupted one) is
     refused rather than overwritten."""
-    started = start_corerl("run", f"run.output_dir={tmp_path}", "run.name=straight", *NO_CHECKPOINTS)  # beside the kills
+    started = runs_beside.start("run", f"run.output_dir={tmp_path}", "run.name=straight", *NO_CHECKPOINTS)
     run_dir = tmp_path / "killed"
 
     previous = None

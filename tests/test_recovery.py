@@ -12,18 +12,12 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import threading
-import time
-from collections.abc import Callable
-from pathlib import Path
 
 import pytest
 
 from corerl.distributed.worker_group import WorkerFailed
 from corerl.recovery import RECOVERY_PHASE, Fault, Recovery, RunStopped, fault_of
 from corerl.reporting.metrics_log import MetricsLog
-from tests.conftest import CORERL, REPO, clean_env
 from tests.recovery_runs import assert_same_steps, faults_of, run_with_faults
 
 # -- the logic, in process ------------------------------------------------------------------
@@ -138,46 +132,21 @@ FAULTS = ["kill:training worker 1:train_step#2", "kill:training worker 0:save_ch
           "kill:training worker 1:load_checkpoint#1"]
 
 
-def _bounded_run(tmp_path) -> subprocess.Popen[str]:
-    """A run past run.max_restarts: rank 0 killed inside SFT step 2, then again after the restart."""
-    return subprocess.Popen([str(CORERL), "run", f"run.output_dir={tmp_path}", "run.name=bounded", *ARGS,
-                             "run.max_restarts=1", "sft.max_steps=3"], text=True, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, cwd=REPO,
-                            env=clean_env({"CORERL_PROGRESS_MARKERS": str(tmp_path / "markers-bounded"),
-                                           # rank 0 both times: a dead rank marks nothing more, so the
-                                           # second count starts with the recovery (its peer's marker
-                                           # of the failed step may land after the first fault's)
-                                           "CORERL_TEST_FAULTS": "kill:training worker 0:train_step#2,"
-                                                                 "kill:training worker 0:train_step#2"}))
-
-
-def _start_when_marked(markers: Path, marker: str, start: Callable[[], subprocess.Popen[str]],
-                       started: list[subprocess.Popen[str]]) -> threading.Thread:
-    """A thread that calls ``start`` once ``markers`` holds ``marker`` (or the file is gone for
-    good: the run it watches ended first), putting what it started in ``started``."""
-    def watch() -> None:
-        deadline = time.monotonic() + 600
-        while time.monotonic() < deadline:
-            if markers.exists() and marker in markers.read_text().splitlines():
-                break
-            time.sleep(0.2)
-        started.append(start())
-
-    thread = threading.Thread(target=watch, daemon=True)
-    thread.start()
-    return thread
-
-
 @pytest.mark.slow
-def test_a_run_recovers_from_dead_and_hung_ranks_by_itself_and_ends_like_an_uninterrupted_one(tmp_path):
+def test_a_run_recovers_from_dead_and_hung_ranks_by_itself_and_ends_like_an_uninterrupted_one(tmp_path, runs_beside):
     """Besides: every recovery is a line on the terminal and a row in metrics.jsonl, the ranks of
     the group it replaced are gone once it goes on (no orphans), the stopped rank is named (not
     its peer waiting for it in a collective), and a run past run.max_restarts stops in one line
     naming the checkpoint to resume from (that run starts while the faulted one waits out its
     stopped rank's call timeout, when this machine has cores to spare)."""
-    bounded_runs: list[subprocess.Popen[str]] = []
-    watcher = _start_when_marked(tmp_path / "markers", f"fault:{FAULTS[3]}", lambda: _bounded_run(tmp_path),
-                                 bounded_runs)
+    # past run.max_restarts: rank 0 killed inside SFT step 2, then again after the restart (rank 0
+    # both times: a dead rank marks nothing more, so the second count starts with the recovery; its
+    # peer's marker of the failed step may land after the first fault's)
+    bounded_run = runs_beside.start_at(
+        tmp_path / "markers", f"fault:{FAULTS[3]}", "run", f"run.output_dir={tmp_path}", "run.name=bounded", *ARGS,
+        "run.max_restarts=1", "sft.max_steps=3",
+        extra_env={"CORERL_PROGRESS_MARKERS": str(tmp_path / "markers-bounded"),
+                   "CORERL_TEST_FAULTS": "kill:training worker 0:train_step#2,kill:training worker 0:train_step#2"})
     # 60 s: a loaded 2-core machine has taken over 15 s for a model load (a false hang)
     recovered = run_with_faults(tmp_path, [*ARGS, *ASYNC], FAULTS, "run.collective_timeout_s=60")
     assert_same_steps(recovered.want, recovered.got)
@@ -188,11 +157,9 @@ def test_a_run_recovers_from_dead_and_hung_ranks_by_itself_and_ends_like_an_unin
     assert "did not answer 'train_step' within 60 s" in (tmp_path / "recovered" / "run.log").read_text()
 
     # past run.max_restarts: one line, the checkpoint to resume from, exit 1
-    watcher.join(timeout=600)
-    (bounded,) = bounded_runs
-    stdout, stderr = bounded.communicate(timeout=600)
-    assert bounded.returncode == 1, stdout + stderr
-    stopped = [line for line in stderr.splitlines() if "run.max_restarts=1" in line]
-    assert len(stopped) == 1 and "training worker rank 0" in stopped[0] and "after 1 restart(s)" in stopped[0], stderr
+    bounded = bounded_run().result()
+    assert bounded.code == 1, bounded
+    stopped = [line for line in bounded.err.splitlines() if "run.max_restarts=1" in line]
+    assert len(stopped) == 1 and "training worker rank 0" in stopped[0] and "after 1 restart(s)" in stopped[0], bounded.err
     assert f"resumes from {tmp_path / 'bounded' / 'checkpoints' / 'step_000002'}" in stopped[0], stopped
     assert os.path.isdir(tmp_path / "bounded" / "checkpoints" / "step_000002")
