@@ -18,14 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import (
-    CORERL,
-    REPO,
-    clean_env,
-    run_corerl,
-    start_held,
-    wait_for_marker,
-)
+from tests.conftest import CORERL, REPO, clean_env, run_corerl, start_held, wait_for_marker
 
 pytestmark = pytest.mark.slow
 
