@@ -52,11 +52,16 @@ class CliResult:
         return f"exit {self.code}\nstdout:\n{self.out}\nstderr:\n{self.err}"
 
 
+def corerl_env(args: tuple[str, ...], extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment of ``corerl *args`` (plus ``extra``): a ``corerl run`` joins the shared Ray
+    head (:func:`clean_env`), any other command (``validate`` judges GPU-only options by this
+    machine where no cluster is named) sees no cluster."""
+    return clean_env(extra, shared_ray=args[:1] == ("run",))
+
+
 def run_corerl(*args: str, env: Mapping[str, str] | None = None, cwd: Path | None = None) -> CliResult:
-    """Run the installed ``corerl`` console script; a ``corerl run`` joins the shared Ray head
-    (:func:`clean_env`), any other command (``validate`` judges GPU-only options by this machine
-    where no cluster is named) sees no cluster."""
-    env = dict(env) if env is not None else clean_env(shared_ray=args[:1] == ("run",))
+    """Run the installed ``corerl`` console script, in :func:`corerl_env` unless ``env`` is given."""
+    env = dict(env) if env is not None else corerl_env(args)
     proc = subprocess.run(
         [str(CORERL), *args], capture_output=True, text=True, env=env,
         cwd=cwd or REPO, timeout=600,
@@ -87,10 +92,9 @@ class RunsBeside:
         self.ended = threading.Event()
 
     def start(self, *args: str, extra_env: Mapping[str, str] | None = None) -> StartedRun:
-        """``corerl *args`` now, in the environment :func:`run_corerl` gives it (plus ``extra_env``)."""
-        env = clean_env(extra_env, shared_ray=args[:1] == ("run",))
+        """``corerl *args`` now, in :func:`corerl_env` (plus ``extra_env``)."""
         proc = subprocess.Popen([str(CORERL), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                env=env, cwd=REPO, start_new_session=True)
+                                env=corerl_env(args, extra_env), cwd=REPO, start_new_session=True)
         self.procs.append(proc)
         return StartedRun(proc)
 
