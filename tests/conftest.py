@@ -106,7 +106,7 @@ class RunsBeside:
 
         def watch() -> None:
             while not self.ended.is_set():
-                if markers.exists() and marker in markers.read_text().splitlines():
+                if marker in markers_written(markers):
                     started.append(self.start(*args, extra_env=extra_env))
                     return
                 self.ended.wait(0.2)
@@ -152,12 +152,17 @@ def start_held(tmp_path: Path, markers: Path, hold: str, args: list[str], **pope
                             text=True, env=env, cwd=REPO, start_new_session=True, **popen)
 
 
+def markers_written(markers: Path) -> list[str]:
+    """The progress markers a run has written to ``markers`` so far (none before the file exists)."""
+    return markers.read_text().splitlines() if markers.exists() else []
+
+
 def wait_for_marker(markers: Path, name: str, proc: subprocess.Popen[str], seconds: float = 300) -> None:
     """Wait until the run ``proc`` writes the progress marker ``name`` (fail if it ends first)."""
     import time
 
     deadline = time.monotonic() + seconds
-    while name not in (markers.read_text().splitlines() if markers.exists() else []):
+    while name not in markers_written(markers):
         if proc.poll() is not None:
             output = proc.stdout.read() if proc.stdout else ""
             pytest.fail(f"the run ended (exit {proc.returncode}) before reaching {name}:\n{output}")

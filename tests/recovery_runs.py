@@ -18,7 +18,7 @@ import attrs
 import psutil
 
 from corerl.recovery import RECOVERY_PHASE
-from tests.conftest import CORERL, REPO, clean_env
+from tests.conftest import CORERL, REPO, clean_env, markers_written
 
 
 @attrs.frozen
@@ -69,7 +69,7 @@ def run_with_faults(tmp_path: Path, args: list[str], faults: list[str], *extra: 
     checked: set[int] = set()
     deadline = time.monotonic() + timeout_s
     while True:
-        lines = markers.read_text().splitlines() if markers.exists() else []
+        lines = markers_written(markers)
         for restart in range(1, len(faults) + 1):
             if restart not in checked and f"recovery:{restart}" in lines:
                 leftover = {pid for pid in _pids_before(lines, faults[restart - 1]) if _alive(pid)}

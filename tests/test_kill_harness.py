@@ -12,7 +12,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -150,10 +149,7 @@ def test_replacing_a_folder_killed_midway_leaves_one_complete_version(tmp_path, 
     markers = tmp_path / "markers"
     proc = subprocess.Popen([sys.executable, "-c", _REPLACE_SCRIPT, str(target), "new"], start_new_session=True,
                             env=clean_env({"CORERL_PROGRESS_MARKERS": str(markers), "CORERL_TEST_HOLD_AT": point}))
-    deadline = time.monotonic() + 60
-    while point not in (markers.read_text().splitlines() if markers.exists() else []):
-        assert proc.poll() is None and time.monotonic() < deadline
-        time.sleep(0.01)
+    wait_for_marker(markers, point, proc, seconds=60)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait(timeout=30)
     # killed after sealing, between the two renames: nothing at the name, both versions aside

@@ -9,7 +9,7 @@ import signal
 import subprocess
 import time
 
-from tests.conftest import CORERL, REPO, clean_env, run_corerl
+from tests.conftest import CORERL, REPO, clean_env, run_corerl, wait_for_marker
 
 # 2 SFT steps then 6 GRPO steps: checkpoints at global steps 2 (end of SFT), 4, 6 and 8; hf generation
 # (a run with its vLLM engine and Ray actors, stopped and resumed: the Ctrl-C test below)
@@ -40,14 +40,6 @@ def _start(tmp_path, name, *args, env=None):
                             start_new_session=True)
 
 
-def _wait_for_line(path, line, proc, seconds=240):
-    deadline = time.monotonic() + seconds
-    while line not in (path.read_text().splitlines() if path.exists() else []):
-        assert proc.poll() is None, f"the run ended before reaching {line}: {proc.communicate()}"
-        assert time.monotonic() < deadline, f"the run did not reach {line}"
-        time.sleep(0.02)
-
-
 def test_a_run_sigkilled_inside_a_checkpoint_save_resumes_from_the_last_complete_one(tmp_path):
     straight = run_corerl("run", f"run.output_dir={tmp_path}", "run.name=straight", *COMMON)
     assert straight.code == 0, straight
@@ -57,7 +49,7 @@ def test_a_run_sigkilled_inside_a_checkpoint_save_resumes_from_the_last_complete
     proc = _start(tmp_path, "killed", *COMMON, env={"CORERL_PROGRESS_MARKERS": str(markers),
                                                      "CORERL_TEST_HOLD_AT": "folder:step_000006:filled"})
     killed_dir = tmp_path / "killed"
-    _wait_for_line(markers, "folder:step_000006:filled", proc)
+    wait_for_marker(markers, "folder:step_000006:filled", proc, seconds=240)
     os.killpg(proc.pid, signal.SIGKILL)  # the run and every process it started, in the middle of the save
     proc.wait(timeout=30)
     (partial,) = (killed_dir / "checkpoints").glob(".step_000006.partial-*")
