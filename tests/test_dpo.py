@@ -17,8 +17,7 @@ from corerl.errors import ConfigError
 from corerl.models.tiny import build_tokenizer
 from corerl.tasks import TaskContext
 from corerl.tasks.preferences import DigitPreference, PreferenceDataset, PreferenceSource
-from tests.conftest import CORERL, EXAMPLES, REPO, clean_env, run_corerl
-from tests.test_resume import _wait_for_line
+from tests.conftest import CORERL, EXAMPLES, REPO, clean_env, run_corerl, wait_for_marker
 
 # roles as words of the tiny vocabulary: w2 user, w3 assistant
 CHAT = ("{% for m in messages %}<bos> {{ 'w3' if m['role'] == 'assistant' else 'w2' }} : {{ m['content'] }} <eos> "
@@ -134,7 +133,7 @@ def test_a_killed_dpo_run_resumes_with_the_reference_it_started_with(tmp_path):
     proc = subprocess.Popen([str(CORERL), "run", *args, "run.name=killed"], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True, cwd=REPO,
                             env=clean_env({"CORERL_PROGRESS_MARKERS": str(markers), "CORERL_TEST_HOLD_AT": "dpo:step:4"}))
-    _wait_for_line(markers, "dpo:step:4", proc)
+    wait_for_marker(markers, "dpo:step:4", proc, seconds=240)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait(timeout=30)
     resumed = run_corerl("run", *args, "run.name=killed")

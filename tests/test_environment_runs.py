@@ -16,8 +16,8 @@ import pytest
 from ray._common.utils import get_default_ray_temp_dir  # where Ray keeps session folders
 
 from corerl.environments.contract import EpisodeView
-from tests.conftest import CORERL, EXAMPLES, REPO, clean_env, run_corerl
-from tests.test_resume import _rows, _same_metrics, _wait_for_line
+from tests.conftest import CORERL, EXAMPLES, REPO, clean_env, run_corerl, wait_for_marker
+from tests.test_resume import _rows, _same_metrics
 
 DEMO = str(EXAMPLES / "grpo_tools_demo.yaml")
 GUESS = REPO / "tests" / "data" / "guess" / "corerl_guess.py"
@@ -126,7 +126,7 @@ def test_a_run_sigkilled_mid_rollout_resumes_like_any_other(tmp_path):
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO, start_new_session=True,
                             env=clean_env({"CORERL_PROGRESS_MARKERS": str(markers),
                                            "CORERL_TEST_HOLD_AT": "rollout:5:turn:1"}))
-    _wait_for_line(markers, "rollout:5:turn:1", proc)
+    wait_for_marker(markers, "rollout:5:turn:1", proc, seconds=240)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait(timeout=30)
     resumed = run_corerl("run", DEMO, f"run.output_dir={tmp_path}", "run.name=killed", *common)
