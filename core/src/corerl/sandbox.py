@@ -94,7 +94,8 @@ def run_python(source: str, *, timeout_s: float = 10.0, memory_mb: int = 1024, m
     try:
         work = _prepare(base, source, files or {})
         config = {"mode": mode, "base": base, "work": work, "memory_mb": memory_mb, "max_processes": max_processes,
-                  "python": _python(), "binds": _python_roots(), "as_nobody": os.geteuid() == 0}
+                  "python": _python(), "binds": _python_roots(), "as_nobody": os.geteuid() == 0,
+                  "caller": os.getpid()}
         with open(os.path.join(base, "stdout"), "wb") as out, open(os.path.join(base, "stderr"), "wb") as err:
             process = subprocess.Popen([_python(), "-I", "-S", os.path.abspath(__file__), json.dumps(config)],
                                        stdin=subprocess.DEVNULL, stdout=out, stderr=err, cwd=work,
@@ -254,17 +255,21 @@ def _install(work, roots):
     work = realpath(work)
     readable = tuple(realpath(r) for r in (work, *roots)) + ("/dev/null", "/dev/urandom", "/dev/zero")
     writable = (work, "/dev/null")
+    isdir = posixpath.isdir
     refused = frozenset(("os.system", "os.exec", "os.fork", "os.forkpty", "os.posix_spawn", "os.spawn",
-                         "subprocess.Popen", "os.kill", "os.killpg", "os.startfile", "pty.spawn", "mmap.__new__"))
+                         "subprocess.Popen", "os.kill", "os.killpg", "os.startfile", "pty.spawn", "mmap.__new__",
+                         "os.link", "os.symlink", "resource.prlimit"))
     changes = frozenset(("os.remove", "os.rmdir", "os.mkdir", "os.chmod", "os.chown", "os.chflags", "os.truncate",
-                         "os.utime", "os.setxattr", "os.removexattr", "os.link", "os.symlink", "os.rename",
-                         "shutil.rmtree", "shutil.copyfile", "shutil.copytree", "shutil.move", "os.mknod"))
+                         "os.utime", "os.setxattr", "os.removexattr", "os.rename",
+                         "shutil.rmtree", "shutil.copyfile", "shutil.copytree", "shutil.move"))
     blocked_imports = frozenset(("_posixsubprocess", "_ctypes", "ctypes"))
     def within(path, allowed):
         if isinstance(path, int):
             return True  # an open descriptor: it was checked when opened
         text = fsdecode(path)
         if not text.startswith("/"):
+            if ".." in text.split("/"):  # resolved from a directory descriptor, it could climb out: refused
+                return False
             text = posixpath.join(getcwd(), text)
         full = realpath(text)
         return any(full == a or full.startswith(a.rstrip("/") + "/") for a in allowed)
@@ -279,6 +284,9 @@ def _install(work, roots):
                 isinstance(flags, int) and flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND))
             if path is not None and not within(path, writable if writing else readable):
                 raise PermissionError(f"sandbox: opening {fsdecode(path)!r} is not allowed")
+            # a directory's descriptor (dir_fd=) resolves paths the hook never sees: only the folder's own
+            if path is not None and not isinstance(path, int) and not within(path, (work,)) and isdir(path):
+                raise PermissionError(f"sandbox: opening the directory {fsdecode(path)!r} is not allowed")
         elif event in ("os.listdir", "os.scandir", "os.chdir", "glob.glob") and args and args[0] is not None:
             if not within(args[0], readable):
                 raise PermissionError(f"sandbox: reading {fsdecode(args[0])!r} is not allowed")
@@ -318,8 +326,101 @@ def _child_env(config: dict, inside: bool) -> dict[str, str]:
     return _clean_env(f"{work}/home", "/tmp" if inside else f"{work}/tmp")
 
 
+#: system calls the audit mode's filter refuses (EPERM), by machine: what a process of the caller's
+#: user could do to the caller or the machine that Python raises no audit event for. ``mknodat``
+#: (``os.mkfifo``, ``os.mknod``), the pidfd calls, ``ptrace`` and the other process's memory,
+#: links (symlinks could point a path the hook checked elsewhere), ``socket`` (a second guard
+#: under the hook's) and ``io_uring_setup`` (its operations bypass the filter)
+_REFUSED_CALLS = {
+    "x86_64": {"mknod": 133, "mknodat": 259, "pidfd_open": 434, "pidfd_send_signal": 424, "pidfd_getfd": 438,
+               "ptrace": 101, "process_vm_readv": 310, "process_vm_writev": 311, "symlink": 88, "symlinkat": 266,
+               "link": 86, "linkat": 265, "socket": 41, "io_uring_setup": 425},
+    "aarch64": {"mknodat": 33, "pidfd_open": 434, "pidfd_send_signal": 424, "pidfd_getfd": 438, "ptrace": 117,
+                "process_vm_readv": 270, "process_vm_writev": 271, "symlinkat": 36, "linkat": 37, "socket": 198,
+                "io_uring_setup": 425},
+}
+#: system calls allowed only when their first argument is the sandboxed process itself (or 0, for
+#: ``prlimit64``): signals and limits reach no other process
+_OWN_PROCESS_CALLS = {
+    "x86_64": {"kill": 62, "tkill": 200, "tgkill": 234, "rt_sigqueueinfo": 129, "rt_tgsigqueueinfo": 297,
+               "prlimit64": 302},
+    "aarch64": {"kill": 129, "tkill": 130, "tgkill": 131, "rt_sigqueueinfo": 138, "rt_tgsigqueueinfo": 240,
+                "prlimit64": 261},
+}
+_AUDIT_ARCH = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}
+
+
+def _seccomp_program(machine: str, pid: int) -> bytes:
+    """The audit mode's seccomp filter (classic BPF over ``struct seccomp_data``): refuse
+    :data:`_REFUSED_CALLS`, allow :data:`_OWN_PROCESS_CALLS` only on ``pid`` (and 0), allow the rest;
+    another architecture's calls (x32, i386) are refused."""
+    import struct
+
+    load, jeq, jge, ret = 0x20, 0x15, 0x35, 0x06
+    allow, deny = 0x7FFF0000, 0x00050000 | 1  # SECCOMP_RET_ALLOW, SECCOMP_RET_ERRNO | EPERM
+    code: list[tuple[int, object, object, int]] = [(load, 0, 0, 4), (jeq, 0, "deny", _AUDIT_ARCH[machine]),
+                                                   (load, 0, 0, 0)]
+    if machine == "x86_64":
+        code.append((jge, "deny", 0, 0x40000000))  # the x32 ABI
+    code += [(jeq, "deny", 0, number) for number in _REFUSED_CALLS[machine].values()]
+    code += [(jeq, "own", 0, number) for number in _OWN_PROCESS_CALLS[machine].values()]
+    code.append((ret, 0, 0, allow))
+    labels = {"own": len(code)}
+    code += [(load, 0, 0, 16), (jeq, "allow", 0, pid), (jeq, "allow", "deny", 0)]
+    labels["deny"], labels["allow"] = len(code), len(code) + 1
+    code += [(ret, 0, 0, deny), (ret, 0, 0, allow)]
+
+    def offset(at: int, target: object) -> int:
+        return labels[target] - at - 1 if isinstance(target, str) else int(target)  # type: ignore[call-overload]
+
+    return b"".join(struct.pack("HBBI", op, offset(i, jt), offset(i, jf), k) for i, (op, jt, jf, k) in enumerate(code))
+
+
+def _seccomp(libc: _Libc, pid: int) -> None:
+    """Install :func:`_seccomp_program` on this process (kept across ``execve``); no new privileges."""
+    ctypes = libc.ctypes
+    program = _seccomp_program(os.uname().machine, pid)
+    buffer = ctypes.create_string_buffer(program, len(program))
+
+    class _Program(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+    prog = _Program(len(program) // 8, ctypes.addressof(buffer))
+    libc.check(libc.libc.prctl(38, 1, 0, 0, 0), "prctl(PR_SET_NO_NEW_PRIVS)")
+    libc.check(libc.libc.prctl(22, 2, ctypes.byref(prog), 0, 0), "seccomp filter")  # PR_SET_SECCOMP, FILTER
+
+
+def _others_reach(*paths: str) -> bool:
+    """Whether a user outside every group (``nobody``) can reach each of ``paths``: every folder
+    above it searchable by others, the path itself readable (and, a file, executable) by others."""
+    import stat
+
+    for path in paths:
+        parts = path.rstrip("/").split("/")
+        for depth in range(1, len(parts)):
+            folder = "/".join(parts[:depth]) or "/"
+            if not os.stat(folder).st_mode & stat.S_IXOTH:
+                return False
+        mode = os.stat(path).st_mode
+        if not mode & stat.S_IROTH or (stat.S_ISREG(mode) or stat.S_ISDIR(mode)) and not mode & stat.S_IXOTH:
+            return False
+    return True
+
+
 def _boot_audit(config: dict) -> None:
     _limits(config)
+    if sys.platform == "linux":
+        if os.uname().machine not in _AUDIT_ARCH:
+            _fail(f"the audit mode needs x86_64 or aarch64 for its system-call filter, not {os.uname().machine}")
+        libc = _Libc()
+        libc.die_with_parent(config["caller"])
+        if config["as_nobody"] and _others_reach(config["python"], *config["binds"]):
+            # the caller is root: the code runs as nobody, owning only its folder (where nobody can run
+            # Python at all: an install under /root is not, and the code stays root, the filter's limits holding)
+            os.setgroups([])
+            os.setgid(NOBODY)
+            os.setuid(NOBODY)
+        _seccomp(libc, os.getpid())
     os.execve(config["python"], [config["python"], "-I", "-S", "-c", _GUARD, config["work"], *_python_roots()],
               _child_env(config, inside=False))
 
