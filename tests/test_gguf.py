@@ -220,7 +220,7 @@ def test_a_folder_without_its_gguf_file_names_policy_gguf_file(tiny, tmp_path):
     assert gguf_models.gguf_source(str(tmp_path), None) is None
 
 
-def test_a_file_that_is_no_gguf_is_one_line(tmp_path, cache):
+def test_a_file_that_is_no_gguf_is_one_line(tmp_path, cache, capfd):
     junk = tmp_path / "junk.gguf"
     junk.write_bytes(np.random.default_rng(0).integers(0, 256, 4096, dtype=np.uint8).tobytes())
     assert gguf_models.gguf_source(str(junk), None) == junk  # the name is enough here; reading it fails later
@@ -230,7 +230,9 @@ def test_a_file_that_is_no_gguf_is_one_line(tmp_path, cache):
     assert "could not be read as a GGUF" in caught.value.message and str(junk) in caught.value.message
     assert "\n" not in caught.value.one_line()
     assert not is_complete(gguf_models.converted_folder(junk))
-    assert [p for p in cache.iterdir() if not p.name.endswith(".lock")] == []  # nothing half-written is left
+    # refused before the conversion starts: no "converting" line, no lock file, nothing half-written
+    assert not cache.exists() or list(cache.iterdir()) == []
+    assert "converting" not in capfd.readouterr().err
 
 
 def test_a_gguf_cut_inside_its_header_is_one_line(tiny, tmp_path, cache):

@@ -68,6 +68,25 @@ def gguf_source(model_name: str, gguf_file: str | None) -> Path | None:
     return path
 
 
+#: the first bytes of every GGUF file
+GGUF_MAGIC = b"GGUF"
+
+
+def check_gguf_magic(path: Path, key: str = "policy.model_name") -> None:
+    """Refuse, before a conversion says it starts or takes its lock, a file that does not begin
+    as every GGUF file does, in one line naming ``key``."""
+    try:
+        with open(path, "rb") as handle:
+            start = handle.read(len(GGUF_MAGIC))
+    except OSError as exc:
+        raise ConfigError(f"cannot read GGUF file {path}: {exc.strerror or exc}", key=key,
+                          hint="give a readable .gguf file") from None
+    if start != GGUF_MAGIC:
+        raise ConfigError(f"{path} could not be read as a GGUF model (it does not begin with {GGUF_MAGIC.decode()!r})",
+                          key=key,
+                          hint="give a complete .gguf model file, or a Hugging Face checkpoint folder")
+
+
 def file_digest(path: Path) -> str:
     """The SHA-256 of ``path``'s bytes, in hex; read once per file version (size and modification
     time), since validation asks for the model's facts many times."""
@@ -97,6 +116,7 @@ def ensure_converted(source: Path) -> Path:
     target = converted_folder(source)
     if is_complete(target):
         return target
+    check_gguf_magic(source)
     target.parent.mkdir(parents=True, exist_ok=True)
     with open(target.parent / f".{target.name}.lock", "w") as lock:  # one converter at a time (ranks, runs)
         fcntl.flock(lock, fcntl.LOCK_EX)
