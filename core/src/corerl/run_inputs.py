@@ -4,8 +4,12 @@ are there, the data files are there. ``corerl validate`` and ``corerl run`` (thr
 :meth:`corerl.run_context.RunContext.open`) both call :func:`check_run_inputs`, so that validate
 refuses what run would refuse at its start.
 
-Reading is left to the run: the rows of the data files (JSON, columns, prompt lengths), the
-tokenizer's files and the weights are checked when the run reads them, before training.
+Once those pass, what the run would refuse of their contents is checked too, before the run
+writes anything (:func:`check_contents`): the dataset task's rows (JSON objects, the prompt and
+answer columns, image placeholders) and their image files (opened, not decoded: missing, not an
+image, corrupt, past ``data.max_image_pixels``), and the vocabulary of a distillation teacher,
+a reward model or a judge against the policy's. Prompt lengths, the weights and the tokenizers'
+other files are checked when the run reads them, before training.
 """
 
 from __future__ import annotations
@@ -36,6 +40,11 @@ def check_run_inputs(config: Config, selection: Selection, host: PluginHost | No
             errors += exc.errors
         except ConfigError as exc:
             errors.append(exc)
+    if not errors:  # the contents of inputs that are there
+        try:
+            check_contents(config, selection)
+        except ConfigError as exc:
+            errors.append(exc)
     for error in errors:
         _say_where(error, config)
     if len(errors) == 1:
@@ -64,6 +73,39 @@ def _checks(config: Config, selection: Selection, host: PluginHost | None) -> li
     if host is not None:
         checks.append(lambda: _check_resume(config, host))
     return checks
+
+
+def check_contents(config: Config, selection: Selection) -> None:
+    """Raise the first thing the run would refuse of the contents of its inputs (see the module
+    docstring), once they are known to be there: the data rows and images, then the other
+    models' vocabularies."""
+    from corerl.models.vision import image_facts
+    from corerl.tasks.dataset import check_rows
+
+    policy = config.core.policy
+    check_rows(config.core.data, selection.task.id, *image_facts(policy.model_name, policy.gguf_file))
+    _check_vocabularies(config, selection)
+
+
+def _check_vocabularies(config: Config, selection: Selection) -> None:
+    """A distillation teacher, a reward model and a judge read the policy's token ids: their
+    tokenizers must map every token to the same id (:func:`corerl.models.tokenizer.compare_vocabularies`)."""
+    from corerl.models.tokenizer import compare_vocabularies, model_vocabulary
+
+    core = config.core
+    others = [(key, model, key.rsplit(".", 1)[-1].removesuffix("_model")) for key, model in _algorithm_models(config, selection)]
+    reward_model = core.reward_model
+    if reward_model.kind is not None and reward_model.model_name is not None:
+        role = "judge" if reward_model.kind == "llm_judge" else "reward model"
+        others.append(("reward_model.model_name", reward_model.model_name, role))
+    if not others or core.policy.gguf_file:
+        return
+    tokenizer = core.policy.tokenizer_path(core.policy.model_name)
+    ours = model_vocabulary(tokenizer, "policy.tokenizer_name" if tokenizer != core.policy.model_name else "policy.model_name")
+    for key, model, role in others:
+        theirs = model_vocabulary(model, key)
+        if ours is not None and theirs is not None:
+            compare_vocabularies(theirs, ours, key, role)
 
 
 def _algorithm_models(config: Config, selection: Selection) -> list[tuple[str, str]]:

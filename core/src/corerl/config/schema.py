@@ -380,6 +380,10 @@ class DataConfig:
     image_key: str = setting("images", help="dataset task: the column of a row's images (one or a list: paths "
                                             "relative to the data file, bytes, or base64 text), each placed at an "
                                             "image placeholder of the prompt; a row without it is text-only")
+    max_image_pixels: int | None = setting(None, min=1, help="dataset task: the most pixels (width x height) an image "
+                                           "of the data may have; a larger one (or a decompression bomb) is refused, "
+                                           "naming its row, before anything is written; unset: 4 x the policy's "
+                                           "image processor's max_pixels")
     chosen_key: str = setting("chosen", help="preferences task: the preferred response column")
     rejected_key: str = setting("rejected", help="preferences task: the dispreferred response column")
     shuffle: bool = setting(True, help="dataset task: draw training rows in a fresh random order each epoch; false: "

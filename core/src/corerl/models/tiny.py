@@ -46,6 +46,18 @@ def tiny_vocabulary(size: int) -> list[str]:
     return (words + tools)[:size]
 
 
+def builtin_vocabulary(name: str) -> dict[str, int]:
+    """The token -> id map of the tokenizer :func:`build_tiny_model` saves for the built-in model
+    ``name`` (a key of :data:`BUILTIN_MODELS`), without building it."""
+    shape = BUILTIN_MODELS[name]
+    size = int(shape.get("vocab_size", 128))
+    if shape.get("family") in VL_FAMILIES:
+        from corerl.models.vision import tiny_vl_vocabulary
+
+        return {word: i for i, word in enumerate(tiny_vl_vocabulary(size))}
+    return {word: i for i, word in enumerate(tiny_vocabulary(size))}
+
+
 def build_tokenizer(vocab_size: int = 128) -> Any:
     """A whitespace word-level ``PreTrainedTokenizerFast`` over :func:`tiny_vocabulary`. A word
     outside the vocabulary encodes as ``<unk>`` (id 1), never as nothing: every unknown word is

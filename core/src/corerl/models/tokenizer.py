@@ -41,15 +41,41 @@ def check_same_vocabulary(policy: str | Path, other: str | Path, key: str, role:
     """Refuses, in one line naming ``key``, a ``role`` model (a distillation teacher, a reward
     model, a judge) whose tokenizer maps any token to another id than the policy's: it reads the
     policy's own token ids, so it would score other tokens than the ones sampled."""
+    compare_vocabularies(load_tokenizer_folder(other).get_vocab(), load_tokenizer_folder(policy).get_vocab(), key, role)
+
+
+def compare_vocabularies(theirs: dict[str, int], ours: dict[str, int], key: str, role: str) -> None:
+    """The refusal of :func:`check_same_vocabulary`, given the two token -> id maps."""
     from corerl.errors import ConfigError
 
-    theirs, ours = load_tokenizer_folder(other).get_vocab(), load_tokenizer_folder(policy).get_vocab()
     if theirs != ours:
         differing = sorted(set(theirs.items()) ^ set(ours.items()), key=str)
         example = f" (e.g. {differing[0][0]!r})" if differing else ""
         raise ConfigError(f"the {role}'s tokenizer differs from the policy's: {len(theirs)} vs {len(ours)} tokens, "
                           f"{len(differing)} (token, id) pairs not shared{example}", key=key,
                           hint=f"the {role} reads the policy's own token ids: use one of the policy's tokenizer family")
+
+
+def model_vocabulary(model_name: str, key: str) -> dict[str, int] | None:
+    """The token -> id map of the tokenizer of the model (or tokenizer folder) ``model_name``
+    names, building and converting nothing: a ``builtin:`` model's as it would be built, a
+    folder's as saved; None for a GGUF file or a packaged model (known once converted). A folder
+    whose tokenizer cannot be loaded is one line naming ``key``."""
+    from corerl.errors import ConfigError
+    from corerl.failures import first_line
+    from corerl.models.gguf import PACKAGED
+    from corerl.models.tiny import BUILTIN_MODELS, builtin_vocabulary
+
+    if model_name in BUILTIN_MODELS:
+        return builtin_vocabulary(model_name)
+    if model_name.endswith(".gguf") or model_name in PACKAGED:
+        return None
+    try:
+        return dict(load_tokenizer_folder(model_name).get_vocab())
+    except (OSError, ValueError, KeyError, TypeError) as exc:  # no or unreadable tokenizer files there
+        raise ConfigError(f"cannot load a tokenizer from {model_name}: {first_line(exc)}", key=key,
+                          hint="give a folder holding tokenizer.json or the tokenizer files save_pretrained "
+                               "writes") from None
 
 
 def lost_text(tokenizer: Any, text: str, ids: Sequence[int]) -> bool:

@@ -14,10 +14,12 @@ from typing import Any
 from corerl.errors import ConfigError
 from corerl.failures import first_line
 from corerl.generation.contract import Sample, with_images
+from corerl.models.vision import IMAGE_TOKEN, check_placeholders, image_pixel_limit
 from corerl.reporting.lost_text import check_prompts
 from corerl.tasks import TaskContext, decode_completion, restore_rng, rng_state, score
 from corerl.tasks.prompt_images import (
     as_images,
+    check_all,
     decode_all,
     message_text,
     place_images,
@@ -159,6 +161,67 @@ def check_data_inputs(data: Any, task_id: str | None) -> list[ConfigError]:
     return errors
 
 
+def check_rows(data: Any, task_id: str | None, reads_images: bool | None, processor_pixels: int | None) -> None:
+    """Refuse what :class:`DatasetTask` refuses of its rows, reading them but encoding nothing
+    (``corerl validate``, and ``corerl run`` before it writes anything): a line that is not a
+    JSON object, a row without the prompt or answer column, and the rows' images: images for a
+    text-only policy (``reads_images`` False), an image file that is missing, not an image,
+    corrupt or past ``data.max_image_pixels`` (its pixels are not decoded), image placeholders
+    that do not match the images. ``reads_images`` None (a GGUF policy, known once converted):
+    the images are left to the task. Other tasks' rows are left to them."""
+    train_files = as_list(data.train_files)
+    if task_id != "dataset" or not train_files:
+        return
+    columns = {"prompt_key": data.prompt_key, "answer_key": data.answer_key}
+    rows = read_rows(train_files, "data.train_files", data.max_train_rows)
+    check_columns(rows, columns, "data.train_files", train_files)
+    files = [("data.train_files", rows)]
+    held_files = as_list(data.held_out_files)
+    if held_files:
+        held = read_rows(held_files, "data.held_out_files")
+        check_columns(held, columns, "data.held_out_files", held_files)
+        files.append(("data.held_out_files", held))
+    if reads_images is None:
+        return
+    template, system = read_template(data.prompt_file), read_system_prompt(data.system_prompt_file)
+    limit = image_pixel_limit(data.max_image_pixels, processor_pixels)
+    for key, file_rows in files:
+        for row in file_rows:
+            where = row[ORIGIN]
+            placed, images = placed_prompt(row, data.prompt_key, data.image_key)
+            if images and not reads_images:
+                raise text_only_policy(where, len(images), data.image_key)
+            if not reads_images:
+                continue
+            check_all(images, Path(row.get(FOLDER, ".")), where, limit)
+            if isinstance(placed, list):
+                body = "\n\n".join(m["content"] for m in placed)
+                text = body if data.apply_chat_template else (template.format(body) if template else body)
+            else:
+                text = template.format(placed) if template else placed
+            check_placeholders((text + (system or "")).count(IMAGE_TOKEN), len(images), where, key)
+
+
+def placed_prompt(row: dict[str, Any], prompt_key: str, image_key: str) -> tuple[str | list[dict[str, str]], list[Any]]:
+    """A row's prompt with one image placeholder per image (a text, or chat messages) and its
+    images (the image column's, then the messages' image parts)."""
+    where, prompt = row[ORIGIN], row[prompt_key]
+    images = as_images(row.get(image_key))
+    if isinstance(prompt, list):  # chat messages, perhaps with image parts
+        messages, parts = message_text(prompt, where)
+        images += parts
+        return place_messages(messages, len(images)), images
+    return place_images(str(prompt), len(images)), images
+
+
+def text_only_policy(where: str, count: int, image_key: str) -> ConfigError:
+    """The refusal of a row with images for a text-only policy."""
+    return ConfigError(f"{where}: the row has {count} image(s) and the policy is a text-only model",
+                       key="policy.model_name",
+                       hint=f"use a vision-language model (builtin:tiny-vl, a Qwen2.5-VL or Qwen3-VL "
+                            f"checkpoint), or drop the {image_key!r} column (data.image_key)")
+
+
 def _exact_answer_in(column: str) -> Any:
     """The built-in ``exact_answer`` reward reading the answer from ``column`` (``data.answer_key``)."""
 
@@ -199,7 +262,7 @@ def read_template(path: str | None) -> str | None:
 def check_columns(rows: list[dict[str, Any]], columns: dict[str, str], key: str, files: list[str]) -> None:
     if not rows:
         raise ConfigError(f"{', '.join(files)} holds no rows", key=key, hint="give a file with at least one example")
-    present = sorted(c for c in rows[0] if c != ORIGIN)
+    present = sorted(c for c in rows[0] if c not in _INTERNAL)
     for setting, column in columns.items():
         if column not in rows[0]:
             raise ConfigError(f"column {column!r} (data.{setting}) is not in {', '.join(files)}; columns: {', '.join(present)}",
@@ -251,6 +314,7 @@ class DatasetTask:
         self.chat_template = data.apply_chat_template
         self.max_prompt_tokens = context.max_prompt_tokens
         self.image_key, self.images = data.image_key, context.images
+        self.pixel_limit = image_pixel_limit(data.max_image_pixels, getattr(context.images, "processor_pixels", None))
         train_files = as_list(data.train_files)
         if data.hub_dataset and not train_files:
             raise ConfigError(f"{data.hub_dataset!r} is a Hugging Face Hub dataset, and nothing is downloaded",
@@ -276,7 +340,7 @@ class DatasetTask:
         self.train, self.held = split_rows(rows, data, columns, self.rng)
         for row in self.held:  # rows of data.held_out_files
             if PROMPT_IDS not in row:
-                row[PROMPT_IDS], texts[id(row)] = self._encode_checked(row)
+                row[PROMPT_IDS], texts[id(row)] = self._encode_checked(row, "data.held_out_files")
         check_prompts(self.tokenizer, f"task {data.task!r}",
                       [(texts[id(row)], row[PROMPT_IDS], row[ORIGIN]) for row in [*self.train, *self.held]])
         self.order: list[int] = []
@@ -305,28 +369,22 @@ class DatasetTask:
     def _prompt_of(self, row: dict[str, Any]) -> list[int]:
         return with_images(row[PROMPT_IDS], row.get(IMAGES))
 
-    def _encode_checked(self, row: dict[str, Any]) -> tuple[list[int], str]:
+    def _encode_checked(self, row: dict[str, Any], key: str = "data.train_files") -> tuple[list[int], str]:
         """The row's prompt ids (its images' placeholders expanded, the images kept in the row)
-        and the text they encode, refused where it does not fit."""
-        where, prompt = row[ORIGIN], row[self.prompt_key]
-        images = as_images(row.get(self.image_key))
-        if isinstance(prompt, list):  # chat messages, perhaps with image parts
-            messages, parts = message_text(prompt, where)
-            images += parts
-            ids, text = self._encode_messages(place_messages(messages, len(images)))
-        else:
-            ids, text = self._encode(place_images(str(prompt), len(images)))
+        and the text they encode, refused where it does not fit (naming ``key``, the setting of
+        the file the row is in)."""
+        where = row[ORIGIN]
+        placed, images = placed_prompt(row, self.prompt_key, self.image_key)
+        ids, text = self._encode_messages(placed) if isinstance(placed, list) else self._encode(placed)
         if images:
             if self.images is None:
-                raise ConfigError(f"{where}: the row has {len(images)} image(s) and the policy is a text-only model",
-                                  key="policy.model_name",
-                                  hint=f"use a vision-language model (builtin:tiny-vl, a Qwen2.5-VL or Qwen3-VL "
-                                       f"checkpoint), or drop the {self.image_key!r} column (data.image_key)")
-            pixels = self.images.encode(decode_all(images, Path(row.get(FOLDER, ".")), where), where)
-            ids, text = self.images.expand(ids, pixels, where), self.images.expand_text(text, pixels)
+                raise text_only_policy(where, len(images), self.image_key)
+            decoded = decode_all(images, Path(row.get(FOLDER, ".")), where, self.pixel_limit)
+            pixels = self.images.encode(decoded, where)
+            ids, text = self.images.expand(ids, pixels, where, key), self.images.expand_text(text, pixels)
             row[IMAGES] = pixels
         elif self.images is not None:  # placeholders without images are refused too
-            self.images.expand(ids, None, where)
+            self.images.expand(ids, None, where, key)
         check_prompt_fits(ids, self.max_prompt_tokens, where, ", or shorten or remove that row")
         return ids, text
 

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from corerl.errors import ConfigError
-from corerl.models.vision import IMAGE_PLACEHOLDER, decode_image
+from corerl.models.vision import IMAGE_PLACEHOLDER, check_image, decode_image
 
 #: a short placeholder rows may write instead of the Qwen-VL one
 SHORT_PLACEHOLDER = "<image>"
@@ -75,6 +75,19 @@ def place_messages(messages: list[dict[str, str]], count: int) -> list[dict[str,
     return [{**m, "content": place_images(m["content"], count)} if i == first else m for i, m in enumerate(messages)]
 
 
-def decode_all(values: Sequence[Any], base: Path | None, where: str) -> list[Any]:
-    """Every image of a row as a PIL image (refused in one line naming the row)."""
-    return [decode_image(value, f"{where}, image {number}", base) for number, value in enumerate(values, start=1)]
+def decode_all(values: Sequence[Any], base: Path | None, where: str, max_pixels: int | None = None) -> list[Any]:
+    """Every image of a row as a PIL image (refused in one line naming the row: one past
+    ``max_pixels`` pixels too)."""
+    return [decode_image(value, image_where(where, number), base, max_pixels) for number, value in enumerate(values, start=1)]
+
+
+def check_all(values: Sequence[Any], base: Path | None, where: str, max_pixels: int | None = None) -> None:
+    """Refuse, decoding no pixels, what :func:`decode_all` would refuse of a row's images
+    (:func:`corerl.models.vision.check_image`)."""
+    for number, value in enumerate(values, start=1):
+        check_image(value, image_where(where, number), base, max_pixels)
+
+
+def image_where(where: str, number: int) -> str:
+    """How a row's ``number``-th image is named in an error line."""
+    return f"{where}, image {number}"
