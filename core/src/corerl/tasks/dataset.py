@@ -168,11 +168,15 @@ def check_rows(data: Any, task_id: str | None, reads_images: bool | None, proces
     text-only policy (``reads_images`` False), an image file that is missing, not an image,
     corrupt or past ``data.max_image_pixels`` (its pixels are not decoded), image placeholders
     that do not match the images. ``reads_images`` None (a GGUF policy, known once converted):
-    the images are left to the task. Other tasks' rows are left to them."""
+    the images are left to the task. The preferences task's rows are checked for JSON objects
+    and their prompt, chosen and rejected columns; other tasks' rows are left to them."""
     train_files = as_list(data.train_files)
-    if task_id != "dataset" or not train_files:
+    if task_id not in FILE_TASKS or not train_files:
         return
-    columns = {"prompt_key": data.prompt_key, "answer_key": data.answer_key}
+    if task_id == "preferences":
+        columns = {"prompt_key": data.prompt_key, "chosen_key": data.chosen_key, "rejected_key": data.rejected_key}
+    else:
+        columns = {"prompt_key": data.prompt_key, "answer_key": data.answer_key}
     rows = read_rows(train_files, "data.train_files", data.max_train_rows)
     check_columns(rows, columns, "data.train_files", train_files)
     files = [("data.train_files", rows)]
@@ -181,7 +185,7 @@ def check_rows(data: Any, task_id: str | None, reads_images: bool | None, proces
         held = read_rows(held_files, "data.held_out_files")
         check_columns(held, columns, "data.held_out_files", held_files)
         files.append(("data.held_out_files", held))
-    if reads_images is None:
+    if reads_images is None or task_id != "dataset":
         return
     template, system = read_template(data.prompt_file), read_system_prompt(data.system_prompt_file)
     limit = image_pixel_limit(data.max_image_pixels, processor_pixels)
