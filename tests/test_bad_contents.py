@@ -105,6 +105,18 @@ def _text_policy_images(folder: Path) -> list[str]:
     return [f"data.train_files={_jsonl(folder / 'train.jsonl', _rows(images='ok.png'))}", "data.held_out_size=2"]
 
 
+def _teacher_folder(folder: Path) -> list[str]:
+    """A teacher checkpoint folder whose tokenizer has 96 of the student's 128 words (its weights
+    are not read before the refusal)."""
+    from corerl.models.tiny import build_tokenizer, tiny_hf_config
+
+    teacher = folder / "teacher"
+    build_tokenizer(96).save_pretrained(teacher)
+    (teacher / "config.json").write_text(json.dumps(tiny_hf_config(vocab_size=96)))
+    (teacher / "model.safetensors").write_bytes(b"")
+    return [*DISTILL, f"algorithm.distillation.teacher_model={teacher}"]
+
+
 def _data(rows: list[object], broken: dict[int, str] | None = None, *extra: str):
     def make(folder: Path) -> list[str]:
         return [f"data.train_files={_jsonl(folder / 'train.jsonl', rows, broken)}", "data.held_out_size=2", *extra]
@@ -142,6 +154,8 @@ CASES = [
      "policy.model_name: train.jsonl line 1: the row has 1 image(s) and the policy is a text-only model"),
     ("teacher-vocabulary", lambda folder: [*DISTILL, "algorithm.distillation.teacher_model=builtin:tiny-vl"],
      "algorithm.distillation.teacher_model: the teacher's tokenizer differs from the policy's: 128 vs 128 tokens"),
+    ("teacher-folder-vocabulary", _teacher_folder,
+     "algorithm.distillation.teacher_model: the teacher's tokenizer differs from the policy's: 96 vs 128 tokens"),
     ("reward-model-vocabulary", lambda folder: [*REWARD, "reward_model.kind=bradley_terry"],
      "reward_model.model_name: the reward model's tokenizer differs from the policy's"),
     ("judge-vocabulary", lambda folder: [*REWARD, "reward_model.kind=llm_judge"],
