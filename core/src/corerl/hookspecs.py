@@ -29,6 +29,7 @@ from corerl.registry import (
     OffloadPolicy,
     Preset,
     Reward,
+    Sandbox,
     SequencePacker,
     Task,
     Tool,
@@ -39,9 +40,9 @@ from corerl.registry import (
 PROJECT_NAME = "corerl"
 
 #: The plugin contract this corerl offers, ``MAJOR.MINOR`` (docs/plugins.md, "Contract changelog").
-#: A plugin states the version it was written against as ``corerl_contract = "2.13"`` in its plugin
+#: A plugin states the version it was written against as ``corerl_contract = "2.14"`` in its plugin
 #: module; it is loaded when the majors match and its minor is not newer than this one's.
-CONTRACT_VERSION = "2.13"
+CONTRACT_VERSION = "2.14"
 
 hookspec = pluggy.HookspecMarker(PROJECT_NAME)
 hookimpl = pluggy.HookimplMarker(PROJECT_NAME)
@@ -235,4 +236,20 @@ def corerl_register_loggers(register: Callable[[ExperimentLogger], None]) -> Non
     ``tensorboard`` (on by default), ``wandb`` and ``mlflow``.
 
     Called when the plugin manager first needs the logger registry.
+    """
+
+
+@hookspec
+def corerl_register_sandboxes(register: Callable[[Sandbox], None]) -> None:
+    """Register sandboxes: where model-written code runs (``env.code.isolation``).
+
+    Call ``register(Sandbox(id=..., factory=..., contained=True, priority=...))`` once per
+    sandbox; the factory returns a runner with ``unavailable()`` and ``run(source, *, timeout_s,
+    memory_mb, max_processes, files=None)`` returning a :class:`corerl.sdk.SandboxResult`. The core
+    registers ``namespaces`` (contained, priority 100) and ``audit`` (not contained: a recipe opts in
+    by name). :class:`corerl.testing.sandbox_conformance.SandboxConformance` runs the hostile
+    programs a sandbox must contain.
+
+    Called when the plugin manager first needs the sandbox registry (``corerl validate`` and
+    ``corerl run`` of a recipe that runs model-written code).
     """

@@ -26,7 +26,7 @@ from corerl.errors import RegistrationError
 #: the classes a plugin registers with; ``corerl`` and ``corerl.sdk`` export these names
 __all__ = [
     "Algorithm", "Command", "Environment", "ExperimentLogger", "GenerationBackend", "MemoryModel",
-    "OffloadPolicy", "PlotSpec", "Preset", "Reward", "SequencePacker", "Task", "Tool", "ToolCallParser",
+    "OffloadPolicy", "PlotSpec", "Preset", "Reward", "Sandbox", "SequencePacker", "Task", "Tool", "ToolCallParser",
     "TrainingBackend",
 ]
 
@@ -405,6 +405,26 @@ class ExperimentLogger(Registration):
         from corerl.reporting.loggers.contract import LoggerSettings
 
         _own_section(self, "logger", LoggerSettings)
+
+
+@attrs.frozen(kw_only=True)
+class Sandbox(Registration):
+    """Where model-written code runs (the ``code`` environment, the ``humaneval_tests`` reward),
+    named by ``env.code.isolation``.
+
+    The factory, called with no arguments, returns an object with ``unavailable() -> str | None``
+    (why it cannot run on this machine, in one line; None when it can) and ``run(source, *,
+    timeout_s, memory_mb, max_processes, files=None) ->`` :class:`corerl.sdk.SandboxResult`, with
+    the limits and result :func:`corerl.sandbox.run_python` has (docs/security.md).
+    ``contained`` says whether it is a boundary against hostile code: ``env.code.isolation=auto``
+    (the default) picks the available contained sandbox of highest priority, and never one that
+    is not (the core's ``audit`` mode), which a recipe must name itself."""
+
+    kind: ClassVar[str] = "sandbox"
+    hook: ClassVar[str] = "corerl_register_sandboxes"
+    registry_name: ClassVar[str] = "sandboxes"
+    label: ClassVar[str] = "sandboxes"
+    contained: bool = True
 
 
 R = TypeVar("R", bound=Registration)

@@ -67,6 +67,7 @@ from corerl.planning.memory import (
 )
 from corerl.reporting.loggers.contract import LoggerContext, LoggerSettings
 from corerl.run_context import RunContext
+from corerl.sandbox import SandboxResult
 from corerl.training.batching import loss_token_count
 from corerl.training.contract import Batch, LossFn, StepResult, TrainingEngine, ValueEngine
 from corerl.training.grad_norm import clip_grad_norm
@@ -113,6 +114,8 @@ __all__ = [
     "is_vision_language", "read_hf_config", "vision_token_ids", "vision_tower", "run_vision_on_every_rank",
     # LoRA (policy.lora): adapter names, the refit's adapter, the adapter folder
     "lora_enabled", "is_adapter_name", "adapter_tensors", "AdapterWeights", "write_adapter",
+    # sandboxes (corerl_register_sandboxes): what a runner's run returns
+    "SandboxResult",
     # errors a plugin raises, and checkpoint failures as one of them
     "ConfigError", "ConfigErrors", "EngineNotAvailable", "PluginError", "RunError", "checkpoint_errors",
     # memory models for `corerl plan`

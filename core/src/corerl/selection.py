@@ -338,7 +338,8 @@ def _check_tool_names(config: Config, host: PluginHost, env_id: str) -> None:
 #: names no key of its own
 SELECTING_KEYS = {"algorithm": "algorithm.name", "training_backend": "policy.training_backend",
                   "generation_backend": "policy.generation.backend", "offload_policy": "policy.offload.policy",
-                  "sequence_packer": "policy.sequence_packing.algorithm", "environment": "data.env_name"}
+                  "sequence_packer": "policy.sequence_packing.algorithm", "environment": "data.env_name",
+                  "task": "data.task", "reward": "data.reward"}
 
 
 def with_origin(error: CorerlError, config: Config, fallback_key: str | None = None) -> CorerlError:
@@ -499,8 +500,7 @@ def select(config: Config, host: PluginHost) -> Selection:
         checked += ["generation_backend", "offload_policy"]
     if config.core.policy.sequence_packing.enabled:
         checked.append("sequence_packer")
-    if choices["environment"].registration is not None:
-        checked.append("environment")
+    checked += [name for name in ("task", "reward", "environment") if choices[name].registration is not None]
     with origins_said(config):
         from corerl.models.facts import check_model_limits
 
@@ -512,7 +512,9 @@ def select(config: Config, host: PluginHost) -> Selection:
     refused: list[CorerlError] = []
     for registration, on, key in checks:
         try:
-            refused += support_check(registration, on, key) if registration is not None else []
+            said = [(e.key, e.message) for e in refused]  # one check shared by several components says it once
+            refused += [e for e in (support_check(registration, on, key) if registration is not None else [])
+                        if (e.key, e.message) not in said]
         except CorerlError:  # what this machine lacks: said after the refusals of the checks before it
             if refused:
                 raise ConfigErrors(refused) from None

@@ -23,7 +23,8 @@ import attrs
 
 from corerl.config.fields import setting
 from corerl.environments.contract import EnvironmentContext, EnvironmentSettings, EpisodeView, Turn
-from corerl.sandbox import SandboxResult, run_python
+from corerl.environments.sandboxes import AUDIT_LIMITS, AUTO, SandboxRunner, runner_for
+from corerl.sandbox import SandboxResult
 
 
 @attrs.define(kw_only=True)
@@ -36,6 +37,9 @@ class CodeSettings(EnvironmentSettings):
     memory_mb: int = setting(1024, min=64, help="address-space limit of the program (RLIMIT_AS), in MiB")
     max_processes: int = setting(32, min=1, help="processes the program may have at once (RLIMIT_NPROC)")
     workers: int = setting(2, min=1, help="sandboxes run at once in this process")
+    isolation: str = setting(AUTO, help="the sandbox the code runs in (corerl plugins lists them): auto, the best "
+                                        "contained one available (namespaces), else the run is refused; audit only "
+                                        f"when named, {AUDIT_LIMITS} (docs/security.md)")
 
 
 _FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n(.*?)```", re.DOTALL)
@@ -62,15 +66,16 @@ class CodeScorer:
     """Runs completions against their rows' tests, at most ``workers`` sandboxes at once."""
 
     def __init__(self, *, timeout_s: float = 10.0, memory_mb: int = 1024, max_processes: int = 32,
-                 workers: int = 2) -> None:
+                 workers: int = 2, runner: SandboxRunner | None = None) -> None:
         self.timeout_s, self.memory_mb, self.max_processes, self.workers = timeout_s, memory_mb, max_processes, workers
+        self.runner = runner if runner is not None else runner_for(AUTO)
         self.slots = threading.BoundedSemaphore(workers)
 
     def run(self, completion: str, row: Mapping[str, Any]) -> SandboxResult:
         """One completion's sandboxed run."""
         with self.slots:
-            return run_python(program(completion, row), timeout_s=self.timeout_s, memory_mb=self.memory_mb,
-                              max_processes=self.max_processes)
+            return self.runner.run(program(completion, row), timeout_s=self.timeout_s, memory_mb=self.memory_mb,
+                                   max_processes=self.max_processes)
 
     def score(self, completion: str, row: Mapping[str, Any]) -> float:
         """1.0 when every test passes, else 0.0."""
@@ -88,7 +93,8 @@ class CodeEnvironment:
     def __init__(self, context: EnvironmentContext) -> None:
         settings = context.settings if context.settings is not None else CodeSettings()
         self.scorer = CodeScorer(timeout_s=settings.sandbox_timeout_s, memory_mb=settings.memory_mb,
-                                 max_processes=settings.max_processes, workers=settings.workers)
+                                 max_processes=settings.max_processes, workers=settings.workers,
+                                 runner=runner_for(settings.isolation))
 
     def step(self, episode: EpisodeView) -> Turn:
         return Turn(reward=self.scorer.score(episode.response, episode.row), done=True)
@@ -99,7 +105,7 @@ _DEFAULT: list[CodeScorer] = []
 
 def humaneval_tests(completion: str, example: Mapping[str, Any]) -> float:
     """The ``humaneval_tests`` reward: 1.0 when the completion passes the row's tests in the
-    sandbox (default limits: 10 s, 1 GiB, 32 processes), else 0.0."""
+    best contained sandbox available (default limits: 10 s, 1 GiB, 32 processes), else 0.0."""
     if not _DEFAULT:
         _DEFAULT.append(CodeScorer())
     return _DEFAULT[0].score(completion, example)

@@ -1,0 +1,14 @@
+"""The hostile programs (corerl.testing.sandbox_conformance) against the core's two sandboxes:
+``namespaces`` (skipped, in one line, where the kernel refuses user namespaces) and ``audit``."""
+
+from __future__ import annotations
+
+from corerl.testing.sandbox_conformance import SandboxConformance
+
+
+class TestNamespaces(SandboxConformance):
+    sandbox_id = "namespaces"
+
+
+class TestAudit(SandboxConformance):
+    sandbox_id = "audit"
