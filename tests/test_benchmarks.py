@@ -35,6 +35,8 @@ BENCHMARKS = {
     # harness checks (tests/test_kill_harness.py)
     "recovery.py": (["--backends", "dtensor", "--contenders", "in-run", "--steps", "1", "--save-period", "1",
                      "--kill-step", "1"], "recovery.json"),
+    # corerl's two sandboxes (bwrap where installed; not in the project's environment)
+    "sandbox_startup.py": (["--runs", "2"], "sandbox_startup.json"),
     "packing.py": (["--seqs", "8", "--min", "8", "--max", "64", "--budget", "128", "--steps", "1", *TINY], "packing.json"),
     # its twin memory.py measures every layout (the same measure()); here one layout checks the estimates' side, at
     # world size 2 (world size 1 is the same estimate(); ZeRO-3's state at world size 1 is its conformance class's)
