@@ -14,6 +14,7 @@ import functools
 import importlib.metadata as importlib_metadata
 import os
 import sys
+import warnings
 from collections.abc import Mapping
 from typing import Any, TextIO, TypeVar, overload
 
@@ -164,8 +165,14 @@ class PluginHost:
         self, name: str, path: str, *, distribution: str | None = None, version: str | None = None
     ) -> PluginInfo:
         """Import the plugin at ``path`` (``"package.module"``, or ``"package.module:object"``) and
-        register it as ``name``; a plugin that fails to import is recorded as failed, not raised."""
+        register it as ``name``; a plugin that fails to import is recorded as failed, not raised.
+
+        ``name`` already held: the plugin at the same ``path`` again is a deprecated no-op
+        (:meth:`_held_again`), anything else a ``ValueError``."""
         if name in self._plugins:
+            held = self._plugins[name]
+            if held.module == path or self._is_held(name, path=path):
+                return self._held_again(held, f"load_plugin({name!r}, {path!r})")
             raise ValueError(f"a plugin named {name!r} is already registered")
         info = PluginInfo(name, distribution, version, module=path)
         self._plugins[name] = info
@@ -186,13 +193,46 @@ class PluginHost:
     def register(
         self, plugin: object, name: str, *, distribution: str | None = None, version: str | None = None
     ) -> PluginInfo:
-        """Register an already imported plugin object (a module or any object with hookimpls)."""
+        """Register an already imported plugin object (a module or any object with hookimpls).
+
+        ``name`` already held: the very same object again is a deprecated no-op
+        (:meth:`_held_again`), another object a ``ValueError``."""
         if name in self._plugins:
+            if self._is_held(name, plugin=plugin):
+                return self._held_again(self._plugins[name], f"register(..., name={name!r})")
             raise ValueError(f"a plugin named {name!r} is already registered")
         info = PluginInfo(name, distribution, version, module=getattr(plugin, "__name__", type(plugin).__name__))
         self._plugins[name] = info
         self._register_module(plugin, info)
         return info
+
+    def _is_held(self, name: str, *, plugin: object = None, path: str | None = None) -> bool:
+        """Whether the plugin this host holds as ``name`` is ``plugin``, or the object ``path``
+        names (imported to compare; a path that does not import is not the one held)."""
+        held = self.pm.get_plugin(name)
+        if held is None:
+            return False
+        if path is not None:
+            try:
+                plugin = resolve(path, what="plugin", owner=f"plugin {name!r}")
+            except Exception:
+                return False
+        return plugin is held
+
+    def _held_again(self, held: PluginInfo, call: str) -> PluginInfo:
+        """The plugin asked for is the one this host already holds under that name: nothing to do.
+
+        Deprecated (contract 2.14; an error from contract 3.0): tests written to contract 2.9 or
+        earlier, when ``corerl_host`` held the core's own plugin alone, register the installed
+        first-party plugins (``dtensor``, ...) they train with, which ``corerl_host`` holds since
+        contract 2.10."""
+        warnings.warn(
+            f"{call}: this host already holds that plugin as {held.name!r} (corerl_host holds the installed "
+            f"first-party plugins since plugin contract 2.10); registering it again does nothing: remove the "
+            f"call (deprecated: from plugin contract 3.0 it raises ValueError)",
+            DeprecationWarning, stacklevel=3,
+        )
+        return held
 
     def _register_module(self, plugin: object, info: PluginInfo) -> None:
         if info.name != CORE_PLUGIN:
