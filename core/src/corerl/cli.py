@@ -314,6 +314,7 @@ def _print_selection(config: Any, selection: Any, verdict: str) -> None:
         ("task", selection.task),
         ("reward", selection.reward),
         *([("environment", selection.environment)] if selection.environment.id is not None else []),
+        ("chat template", selection.chat_template),
     ):
         if not selection.samples and label in ("generation backend", "offload policy", "reward"):
             table.add_row(label, "unused", f"{selection.algorithm.id} samples nothing: no engine samples, nothing is scored")

@@ -68,6 +68,8 @@ class Selection:
     algorithm: Choice = attrs.field(factory=lambda: Choice(None, "no algorithm selected"))
     #: the environment ``data.env_name`` names (id None: one turn, scored by the task's reward)
     environment: Choice = attrs.field(factory=lambda: Choice(None, "data.env_name is unset: one turn per sample"))
+    #: whether prompts go through the tokenizer's chat template (``data.apply_chat_template``), and why
+    chat_template: Choice = attrs.field(factory=lambda: Choice("off", "data.apply_chat_template is false"))
 
     @property
     def samples(self) -> bool:
@@ -92,6 +94,7 @@ class Selection:
             "task": self.task.as_dict(),
             "reward": self.reward.as_dict(),
             "environment": self.environment.as_dict(),
+            "chat_template": self.chat_template.as_dict(),
         }
 
 
@@ -438,6 +441,20 @@ def check_reads_images(config: Config, host: PluginHost, training: Any) -> None:
                            "to pass corerl.sdk.image_inputs(batch, ...) to the forward and state 2.13")
 
 
+def choose_chat_template(config: Config) -> Choice:
+    """Whether prompts go through the chat template: ``data.apply_chat_template`` as the recipe
+    sets it, or, unset, whether the policy's tokenizer has one (as NeMo RL and TRL do for
+    conversational data); the unset key is given the value chosen, so every task reads a bool."""
+    data = config.core.data
+    if data.apply_chat_template is not None:
+        return Choice("on" if data.apply_chat_template else "off", f"data.apply_chat_template is {str(data.apply_chat_template).lower()}")
+    from corerl.models.chat_template import default_chat_template
+
+    chosen, reason = default_chat_template(config)
+    data.apply_chat_template = chosen
+    return Choice("on" if chosen else "off", reason)
+
+
 def select(config: Config, host: PluginHost) -> Selection:
     """Select every component, then run the one validation phase: each chosen registration's
     own support check (``check_supported``) and the core's checks across them. Every selection
@@ -504,6 +521,7 @@ def select(config: Config, host: PluginHost) -> Selection:
     with origins_said(config):
         from corerl.models.facts import check_model_limits
 
+        choices["chat_template"] = choose_chat_template(config)
         check_model_limits(config, choices["algorithm"].registration)
         check_reads_images(config, host, choices["training_backend"].registration)
     checks = [(choices[name].registration, config, SELECTING_KEYS[name]) for name in checked]

@@ -388,7 +388,9 @@ class DataConfig:
     rejected_key: str = setting("rejected", help="preferences task: the dispreferred response column")
     shuffle: bool = setting(True, help="dataset task: draw training rows in a fresh random order each epoch; false: "
                                        "in file order")
-    apply_chat_template: bool = setting(False, help="dataset task: wrap each prompt in the tokenizer's chat template")
+    apply_chat_template: bool | None = setting(None, help="wrap each prompt in the chat template (the dataset, "
+                                                          "preferences and real tasks); unset: when the policy's "
+                                                          "tokenizer has one (or policy.chat_template gives one)")
     prompt_file: str | None = setting(None, help="dataset task: a text file whose {} each prompt fills (str.format)",
                                       path=True)
     system_prompt_file: str | None = setting(None, help="dataset task: a text file holding a system prompt (a system "
