@@ -63,6 +63,7 @@ def corerl_register_generation_backends(register: Callable[[GenerationBackend], 
             description="transformers generate(): the reference backend, no extra engine",
             lora=True,
             moe=True,
+            owned_keys=("policy.generation.hf_kv_cache",),
         )
     )
 

@@ -102,6 +102,10 @@ class Registration:
     check_supported: str | Callable[..., Any] | None = attrs.field(default=None, validator=_check_optional_factory)
     #: other spellings of :attr:`config_section` that recipes may use (e.g. ``policy.dtensor_config``)
     section_aliases: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+    #: keys outside :attr:`config_section` that only this component reads (the ``hf`` generation
+    #: backend's ``policy.generation.hf_kv_cache``): set while another of its kind is in use, they
+    #: are warned about, as its section's keys are
+    owned_keys: tuple[str, ...] = attrs.field(default=(), converter=tuple)
 
     def load(self) -> Callable[..., Any]:
         """Resolve the factory, importing its module now (and whatever engine it needs)."""

@@ -441,6 +441,29 @@ def check_reads_images(config: Config, host: PluginHost, training: Any) -> None:
                            "to pass corerl.sdk.image_inputs(batch, ...) to the forward and state 2.13")
 
 
+def unused_keys(config: Config, registry: Any, chosen: Choice, what: str) -> list[str]:
+    """One warning per component of ``registry`` other than ``chosen`` whose section (or owned
+    keys) the recipe sets: those keys do nothing. A training backend's section that says
+    ``enabled`` (either way) is left alone: selection already says why it was passed over."""
+    if config.dialect != "corerl":  # a dialect reports what it did with each of its keys itself
+        return []
+    warnings = []
+    for registration in registry:
+        if registration.id == chosen.id:
+            continue
+        sections = [s for s in (registration.config_section, *registration.section_aliases) if s]
+        if any(f"{s}.enabled" in config.origins for s in sections):
+            continue
+        keys = sorted(k for k in config.origins if any(k.startswith(f"{s}.") for s in sections)
+                      or k in registration.owned_keys)
+        if keys:
+            said = (f"{keys[0]} does nothing here: only {what} {registration.id!r} reads it" if len(keys) == 1 else
+                    f"{keys[0]} and {len(keys) - 1} more key(s) there do nothing here: only {what} "
+                    f"{registration.id!r} reads them")
+            warnings.append(f"{said}, and the {what} is {chosen.id!r} ({origin_of(keys[0], config.origins)})")
+    return warnings
+
+
 def choose_chat_template(config: Config) -> Choice:
     """Whether prompts go through the chat template: ``data.apply_chat_template`` as the recipe
     sets it, or, unset, whether the policy's tokenizer has one (as NeMo RL and TRL do for
@@ -511,6 +534,9 @@ def select(config: Config, host: PluginHost) -> Selection:
             hint="set policy.training_backend to one that does (corerl plugins lists them)"))
     if errors:
         raise ConfigErrors(errors)
+    warnings += unused_keys(config, host.training_backends, choices["training_backend"], "training backend")
+    if choices["algorithm"].registration is None or choices["algorithm"].registration.generation:
+        warnings += unused_keys(config, host.generation_backends, choices["generation_backend"], "generation backend")
     # the one validation phase: each registration's own check, once (run refuses nothing else at start-up)
     checked = ["algorithm", "training_backend"]
     if choices["algorithm"].registration is None or choices["algorithm"].registration.generation:
