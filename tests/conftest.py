@@ -16,6 +16,9 @@ from typing import Any
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+#: frozen copies of outside plugins with their own tests (tests/test_compat_plugins.py installs
+#: them and runs those in a pytest of their own): never collected with the project's tests
+collect_ignore_glob = ["compat/*"]
 EXAMPLES = REPO / "examples" / "configs"
 CORERL = Path(sys.executable).with_name("corerl")
 
@@ -37,6 +40,28 @@ def clean_env(extra: Mapping[str, str] | None = None, base: Mapping[str, str] | 
     if shared_ray and base is None and travels and "RAY_ADDRESS" not in env:
         env.update({"RAY_ADDRESS": shared_head_address(), "RAY_AUTH_MODE": "disabled", **SHARED_HEAD_ENV})
     return env
+
+
+def install_copies(packages: Mapping[str, Path], folder: Path) -> tuple[Path, Path]:
+    """Outside packages as their authors' users would have them: each source folder of
+    ``packages`` copied outside the repository to ``folder/copies/<name>`` and all of them
+    pip-installed in one pip call into ``folder/site`` (a folder of their own: a test puts it on
+    ``PYTHONPATH``, so the project's .venv and every other test never see them). Built from copies:
+    setuptools writes *.egg-info into the source tree, which would make a package look installed
+    to every later test. The copies' folder and the install folder."""
+    import shutil
+
+    copies = folder / "copies"
+    for name, source in packages.items():
+        shutil.copytree(source, copies / name, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info", "build"))
+    target = folder / "site"
+    proc = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
+         "--disable-pip-version-check", "--target", str(target), *(str(copies / name) for name in packages)],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    return copies, target
 
 
 class CliResult:

@@ -4,13 +4,12 @@ from a copy outside the repository."""
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import sys
 
 import pytest
 
-from tests.conftest import EXAMPLES, REPO, clean_env, run_corerl
+from tests.conftest import EXAMPLES, REPO, clean_env, install_copies, run_corerl
 
 TEMPLATES = ("plugin", "algorithm", "environment")
 
@@ -18,21 +17,9 @@ TEMPLATES = ("plugin", "algorithm", "environment")
 @pytest.fixture(scope="module")
 def installed_templates(tmp_path_factory):
     """The templates copied outside the repository and pip-installed (one pip call, shared by this
-    module's tests) into a folder of their own, as an outside author's packages would be. Built
-    from copies: setuptools writes *.egg-info into the source tree, which would make a template
-    look installed to every later test here. The copies' folder and the install folder."""
-    tmp_path = tmp_path_factory.mktemp("templates")
-    copies = tmp_path / "templates"
-    for template in TEMPLATES:
-        shutil.copytree(REPO / "templates" / template, copies / template)
-    target = tmp_path / "site"
-    proc = subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
-         "--disable-pip-version-check", "--target", str(target), *(str(copies / t) for t in TEMPLATES)],
-        capture_output=True, text=True, timeout=300,
-    )
-    assert proc.returncode == 0, proc.stderr
-    return copies, target
+    module's tests) into a folder of their own, as an outside author's packages would be
+    (conftest.install_copies). The copies' folder and the install folder."""
+    return install_copies({t: REPO / "templates" / t for t in TEMPLATES}, tmp_path_factory.mktemp("templates"))
 
 
 def test_template_package_installs_and_is_listed_and_selected(installed_templates):
