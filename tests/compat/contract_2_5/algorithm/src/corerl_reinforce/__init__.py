@@ -1,0 +1,1 @@
+"""corerl-reinforce: REINFORCE with a running-mean baseline."""

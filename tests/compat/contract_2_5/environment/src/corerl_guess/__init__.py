@@ -1,0 +1,1 @@
+"""corerl-guess: guess the number, with hints."""

@@ -1,0 +1,1 @@
+"""corerl-plain-gen: a plain transformers generation backend."""

@@ -1,0 +1,26 @@
+"""Registers the ``example`` training backend. Keep this module light: no torch here."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from corerl.sdk import TrainingBackend, hookimpl
+from corerl_example.config import ExampleConfig
+
+
+@hookimpl
+def corerl_register_training_backends(register: Callable[[TrainingBackend], None]) -> None:
+    register(
+        TrainingBackend(
+            id="example",
+            priority=50,
+            factory="corerl_example.backend:ExampleBackend",
+            config_section="policy.example_cfg",
+            config_schema=ExampleConfig,
+            description="template backend",
+        )
+    )
+
+
+#: the plugin contract this plugin was written against (docs/plugins.md, "Contract changelog")
+corerl_contract = "2.5"
