@@ -73,13 +73,15 @@ def test_one_step_of_each_core_algorithm_runs_in_process(tmp_path, name, model):
         before = algorithm.held_out()
         assert list(before)[0] == algorithm.measure and 0.0 <= before[algorithm.measure] <= 1.0
         algorithm.begin()
-        metrics = algorithm.step()
+        metrics = take_step(algorithm)
         assert math.isfinite(metrics["loss"]) and metrics["optimizer_step"] == 1.0, metrics
         assert (context.generation is None) == (not registration.generation)
         if registration.critic:
             assert "critic/value_loss" in metrics
         if name in ("grpo", "ppo"):
             assert "reward/mean" in metrics
+        if name in ("grpo", "ppo", "distillation"):  # the step's weight update, seen: counted, its tensors and bytes
+            assert metrics["refit/updates"] >= 1 and metrics["refit/bytes"] >= 0, metrics  # 0: hf shares the model
         if name == "grpo":  # the KL penalty started a frozen reference beside the policy
             assert len(context.started) == 3
         if name == "rm":  # the policy's backend built as a value model: pairs scored, no generation engine

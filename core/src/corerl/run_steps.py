@@ -16,6 +16,7 @@ from typing import Any
 from corerl.algorithms.contract import check_step_counter, check_step_metrics
 from corerl.checkpoints import save_checkpoint
 from corerl.errors import RunError
+from corerl.training.weights import REFITS
 
 
 def check_finite(phase: str, step: int, metrics: dict[str, Any]) -> None:
@@ -33,8 +34,10 @@ def take_step(phase: Any, registration: Any = None) -> dict[str, Any]:
     the run loop: its metrics, once ``phase.done`` is one more than before. A step that changed
     ``done`` itself, or returned a metric the loop writes, stops the run in one line naming the
     algorithm (``registration``, when given, adds its plugin); a :class:`RunError` it raises is
-    told which step met it; a NaN loss stops the run before anything is logged."""
-    before = phase.done
+    told which step met it; a NaN loss stops the run before anything is logged. A step that sent
+weights to the generation engine gets ``refit/updates`` (so far), ``refit/tensors`` and
+``refit/bytes`` (:data:`corerl.training.weights.REFITS`)."""
+    before, updates = phase.done, REFITS.updates
     try:
         metrics = phase.step()
     except RunError as exc:  # a reward, a divergence: say which step met it
@@ -44,6 +47,8 @@ def take_step(phase: Any, registration: Any = None) -> dict[str, Any]:
     check_step_metrics(phase, metrics, registration)
     check_finite(phase.name, before + 1, metrics)
     phase.done = before + 1
+    if REFITS.updates > updates:  # the step's weight update(s) to the generation engine, seen
+        metrics = {**metrics, **REFITS.metrics()}
     return metrics
 
 

@@ -18,6 +18,7 @@ from typing import Any
 from corerl.asynchronous.buffer import Key, RolloutBuffer
 from corerl.asynchronous.producer import RolloutProducer
 from corerl.environments.rollout import Rollout
+from corerl.training.weights import counted
 
 STATE_FILE = "async_state.json"
 
@@ -82,12 +83,12 @@ class AsyncTrainer:
         self.resume_point = None
 
     def push(self) -> None:
-        self.generation.push(self.grpo.training.weight_stream(), self.grpo.steps_done + 1)
+        self.generation.push(counted(self.grpo.training.weight_stream()), self.grpo.steps_done + 1)
 
     def step(self) -> dict[str, float]:
         if self.producer is None:
             # the worker's weights are the policy's (a warm start's, a resumed run's) as version steps_done
-            self.generation.push(self.grpo.training.weight_stream(), self.grpo.steps_done)
+            self.generation.push(counted(self.grpo.training.weight_stream()), self.grpo.steps_done)
             self.producer = RolloutProducer(self.context.rollout(), self.context.task, self.context.config,
                                             self.settings, self.buffer, lambda: self.generation.version,
                                             self.first_batch, self.settled)
@@ -117,4 +118,4 @@ class AsyncTrainer:
             return
         self.producer.stop()
         self.producer = None
-        self.generation.update_weights(self.grpo.training.weight_stream())
+        self.generation.update_weights(counted(self.grpo.training.weight_stream()))

@@ -121,7 +121,7 @@ def ray_options() -> dict[str, Any]:
 
 def write_output_to_run_log() -> None:
     """In a Ray actor of a quiet run (``CORERL_RUN_LOG`` inherited): descriptors 1 and 2 append to
-    the run's log file. Elsewhere (no variable, a node that cannot reach the file) nothing
+    the run's log file, and Python's logging (INFO and above, as in the driver) writes there too. Elsewhere (no variable, a node that cannot reach the file) nothing
     changes and Ray's own worker logs keep the output."""
     try:
         fd = os.open(os.environ[RUN_LOG_VARIABLE], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
@@ -132,3 +132,11 @@ def write_output_to_run_log() -> None:
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     os.close(fd)
+    # Python's logging as the driver's: INFO and above of every logger (a backend's own in the
+    # asynchronous generation worker, corerl's), each line naming the process it came from
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter(f"%(asctime)s %(levelname)s %(name)s (pid {os.getpid()}): %(message)s"))
+    root = logging.getLogger()
+    root.addHandler(handler)
+    root.setLevel(min(root.level, logging.INFO) if root.level else logging.INFO)
+    logging.getLogger("corerl").setLevel(logging.INFO)

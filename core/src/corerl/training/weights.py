@@ -27,14 +27,67 @@ class EngineWeights:
         yield from self._produce()
 
 
+class RefitTally:
+    """The weight updates this process sent to a generation engine: how many, and the tensors and
+    bytes of the last one (what flowed through the stream the engine read; an engine that shares
+    the training engine's model and skips the copy reads none)."""
+
+    def __init__(self) -> None:
+        self.updates = 0
+        self.tensors = 0
+        self.bytes = 0
+
+    def begin(self) -> None:
+        """A new update starts: count it, and its tensors and bytes from zero."""
+        self.updates += 1
+        self.tensors = self.bytes = 0
+
+    def add(self, tensor: Any) -> None:
+        self.tensors += 1
+        self.bytes += int(tensor.numel()) * int(tensor.element_size()) if hasattr(tensor, "numel") else 0
+
+    def metrics(self) -> dict[str, float]:
+        """``refit/updates`` (so far), ``refit/tensors`` and ``refit/bytes`` (the last update's)."""
+        return {"refit/updates": float(self.updates), "refit/tensors": float(self.tensors),
+                "refit/bytes": float(self.bytes)}
+
+
+#: this process's weight updates (the driver's: every refit and asynchronous hand-over passes here)
+REFITS = RefitTally()
+
+
+def counted(weights: Any, tally: RefitTally = REFITS) -> Any:
+    """``weights`` (a stream of ``(name, tensor)`` pairs, or :class:`EngineWeights`, kept as one)
+    counted into ``tally`` as it is read: one update, its tensors and bytes."""
+    tally.begin()
+
+    def count(pairs: Iterable[tuple[str, Any]]) -> Iterator[tuple[str, Any]]:
+        for name, tensor in pairs:
+            tally.add(tensor)
+            yield name, tensor
+
+    if isinstance(weights, EngineWeights):
+        return EngineWeights(weights.engine, lambda: count(weights._produce()))
+    return count(weights)
+
+
 def send_weights(training: Any, generation: Any) -> None:
     """A refit: the training engine's weights into the generation engine, or only its adapter
     where it trains a LoRA adapter (``training.adapter_only``; the generation backend's
-    ``load_adapter``, see :mod:`corerl.lora.weights`)."""
+    ``load_adapter``, see :mod:`corerl.lora.weights`); counted in :data:`REFITS`."""
     if getattr(training, "adapter_only", False):
-        generation.load_adapter(training.adapter_weights())
+        adapter = training.adapter_weights()
+        REFITS.begin()
+
+        def produce() -> Any:  # the adapter's tensors, counted when the engine gathers them
+            tensors = adapter._produce()
+            for tensor in dict(tensors).values():
+                REFITS.add(tensor)
+            return tensors
+
+        generation.load_adapter(type(adapter)(adapter.engine, adapter.config, adapter.base, produce))
     else:
-        generation.update_weights(training.weight_stream())
+        generation.update_weights(counted(training.weight_stream()))
 
 
 class CheckpointNaming:
