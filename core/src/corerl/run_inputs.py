@@ -164,6 +164,31 @@ def _say_where(error: CorerlError, config: Config) -> None:
         looked = where_looked(error.key, value_at(config.raw, error.key), config.origins)
         if looked is not None:
             error.hint = f"{error.hint}; {looked}" if error.hint else looked
+        train_first = run_that_makes(str(value_at(config.raw, error.key)), error.source)
+        if train_first is not None and error.message.startswith("model path "):
+            error.hint = train_first
+
+
+def run_that_makes(model: str, recipe: str | None) -> str | None:
+    """For a missing model that is a run's final model (``<runs>/<name>/final``, as the
+    distillation demo's teacher is), what to run first: the command the recipe's own comments give
+    for ``run.name=<name>``, else the general form."""
+    parts = Path(model).parts
+    if len(parts) < 2 or parts[-1] != "final":
+        return None
+    name = parts[-2]
+    command = f"corerl run <the recipe that trains it> run.name={name}"
+    try:
+        lines = Path(recipe).read_text(encoding="utf-8").splitlines() if recipe else []
+    except OSError:
+        lines = []
+    for line in lines:
+        text = line.strip().lstrip("#").strip()
+        if line.strip().startswith("#") and text.startswith("corerl run ") and f"run.name={name}" in text:
+            said, _, note = text.partition("#")
+            command = said.strip() + (f" ({note.strip()})" if note.strip() else "")
+            break
+    return f"it is the final model of a run named {name!r}, not made yet: train it first with {command}, then run this again"
 
 
 #: what the messages of a file or folder that is not there say
