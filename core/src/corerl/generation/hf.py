@@ -17,7 +17,8 @@ refreshed in place before every call.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import attrs
@@ -122,10 +123,12 @@ class HFGenerationBackend:
                      "KV cache through a %s copy of its weights, refreshed before every call", precision, precision)
 
     def _stop_ids(self, sampling: SamplingSettings) -> list[int]:
-        if sampling.stop_token_ids:
-            return list(sampling.stop_token_ids)
-        eos = self.model.generation_config.eos_token_id or self.tokenizer.eos_token_id
-        return list(eos) if isinstance(eos, (list, tuple)) else [eos]
+        """What ends a completion: ``sampling.stop_token_ids`` besides the model's end of sequence
+        (the checkpoint's ``generation_config.json`` ids, else the tokenizer's), as every backend reads them."""
+        eos = self.model.generation_config.eos_token_id
+        eos = eos if eos is not None else self.tokenizer.eos_token_id
+        eos_ids = list(eos) if isinstance(eos, (list, tuple)) else [] if eos is None else [eos]
+        return list(dict.fromkeys([*sampling.stop_token_ids, *eos_ids]))
 
     def generate(self, prompts: list[list[int]], sampling: SamplingSettings, n: int = 1) -> list[list[Sample]]:
         """Samples ``n`` completions of each prompt, in as many ``generate()`` calls as keep the
@@ -156,7 +159,8 @@ class HFGenerationBackend:
         import torch
 
         stop_ids = self._stop_ids(sampling)
-        pad = stop_ids[0]  # after a stop, generate() pads with it: the first stop id ends the completion
+        # after a stop, generate() pads with it: the first stop id ends the completion
+        pad = stop_ids[0] if stop_ids else int(self.tokenizer.pad_token_id or 0)
         width = max(len(p) for p in prompts)
         input_ids = torch.full((len(prompts), width), pad, dtype=torch.long)
         attention = torch.zeros((len(prompts), width), dtype=torch.long)
@@ -188,12 +192,13 @@ class HFGenerationBackend:
         was_training = model.training
         model.eval()
         try:
-            with torch.no_grad(), torch.autocast(self.device.type, dtype=autocast, enabled=autocast is not None):
+            with torch.no_grad(), torch.autocast(self.device.type, dtype=autocast, enabled=autocast is not None), \
+                    without_checkpoint_defaults(model):
                 out = model.generate(
                     input_ids=input_ids.to(self.device), attention_mask=attention.to(self.device),
                     max_new_tokens=sampling.max_new_tokens, num_return_sequences=returned,
                     min_new_tokens=sampling.max_new_tokens if sampling.ignore_eos else 0,
-                    eos_token_id=stop_ids, pad_token_id=pad, use_cache=True, return_dict_in_generate=True,
+                    eos_token_id=stop_ids or None, pad_token_id=pad, use_cache=True, return_dict_in_generate=True,
                     output_logits=True, **kwargs,
                 )
         except RuntimeError as exc:
@@ -277,6 +282,28 @@ class HFGenerationBackend:
     def shutdown(self) -> None:
         self.own_model = self.shared_engine = self.decode_copy = None
 
+
+
+@contextmanager
+def without_checkpoint_defaults(model: Any) -> Iterator[None]:
+    """``model.generate()`` within sees transformers' own defaults, not the checkpoint's.
+
+    transformers fills every setting a ``generate()`` call leaves unset from the model's
+    ``generation_config`` (the checkpoint's ``generation_config.json``: ``do_sample``, ``temperature``,
+    ``top_k``, ``top_p``, ``repetition_penalty``, ``no_repeat_ngram_size``, ...), and a ``generation_config``
+    passed in is filled the same way. Any of them would make the samples follow another distribution
+    than the one ``SamplingSettings`` states and the returned logprobs describe. The model's own
+    config is set aside for the call (a PEFT model's base model's, which is the one ``generate()``
+    reads) and put back after: an exported checkpoint keeps it."""
+    from transformers import GenerationConfig
+
+    target = model.get_base_model() if hasattr(model, "get_base_model") else model
+    kept = target.generation_config
+    target.generation_config = GenerationConfig()
+    try:
+        yield
+    finally:
+        target.generation_config = kept
 
 
 def _seeded_choice(sampling: SamplingSettings, seeds: list[int], device: Any) -> Any:

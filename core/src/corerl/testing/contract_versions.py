@@ -71,6 +71,13 @@ REQUEST_SEEDS = Requirement(
     "request; a decode loop of your own: corerl.sdk.row_seeds, row_generators and choose_tokens_per_row)")
 
 
+#: contract 2.14: stop ids end a completion besides the model's end of sequence
+STOP_IDS_BESIDES_EOS = Requirement(
+    "stop_token_ids that end a completion besides the model's end of sequence", "2.14",
+    "stop at SamplingSettings.stop_token_ids and at the checkpoint's end-of-sequence ids (generation_config.json's "
+    "eos_token_id, else the tokenizer's) alike, unless ignore_eos")
+
+
 class ContractCheck:
     """The engine of one plugin under a suite, held to the version the plugin states (None: it
     states none, and is held to :data:`OLDEST_SUPPORTED`). ``who`` names it in failure lines."""

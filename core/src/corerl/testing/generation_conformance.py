@@ -2,22 +2,45 @@
 
     class TestMyEngine(GenerationBackendConformance):
         backend_id = "mine"
+        plugin = corerl_mine.plugin  # optional: registered beside the installed plugins when not installed
 
-The checks, on a tiny model built in code (fp32):
+Class attributes: ``backend_id`` (required), ``plugin`` (a plugin module or object registered, as
+``<backend_id>-under-test``, beside the installed plugins where its backend is not installed already),
+``overrides`` (recipe overrides, e.g. your backend's section), ``tolerance`` (of logprobs, 1e-4) and
+``max_new_tokens`` (12).
 
-- greedy completions equal plain transformers ``generate()`` token for token;
-- returned logprobs equal a transformers forward of the same tokens within ``tolerance`` (1e-4);
-- after ``update_weights`` with another model's weights, greedy outputs follow the new weights;
-- ``n`` samples per prompt come back grouped per prompt and in prompt order, stop at
-  ``max_new_tokens`` or a stop token, and say why they ended;
-- with ``request_seeds`` (contract 2.12), a prompt's samples are the same alone and beside others;
-- with ``policy.lora`` (a registration with ``lora=True``): after ``load_adapter``, logprobs equal
-  a plain PEFT forward of the base with that adapter, and a second adapter replaces the first; a
-  registration without it is refused with ``policy.lora.enabled``, in one line.
+The checks, on two tiny models built in code (fp32, tied embeddings; the first one's
+``generation_config.json`` holds sampling defaults, :data:`CHECKPOINT_SAMPLING_DEFAULTS`, that no
+backend may apply):
+
+- ``test_greedy_matches_transformers``: greedy completions equal plain transformers ``generate()``
+  token for token;
+- ``test_logprobs_match_a_transformers_forward``: returned logprobs equal a transformers forward of
+  the same tokens within ``tolerance``, untempered (sampled at temperature 0.7);
+- ``test_samples_follow_the_stated_distribution``: the first tokens of 800 samples, drawn with a
+  call seed and with request seeds, follow the distribution ``SamplingSettings`` state (temperature,
+  no top-k or top-p cut) and nothing of the checkpoint's defaults (:func:`check_first_tokens_follow`);
+- ``test_stop_ids_end_a_completion_besides_the_end_of_sequence`` (contract 2.14): with
+  ``stop_token_ids`` set, a completion still ends at the model's end of sequence;
+- ``test_ignore_eos_runs_every_completion_to_max_new_tokens``: with ``ignore_eos`` nothing ends a
+  completion early, the stop ids included;
+- ``test_outputs_follow_refitted_weights``: after ``update_weights`` with another model's weights,
+  greedy outputs follow the new weights;
+- ``test_n_samples_come_back_grouped_in_prompt_order``: ``n`` samples per prompt come back grouped
+  per prompt and in prompt order, stop at ``max_new_tokens`` or a stop token, and say why they ended;
+- ``test_the_same_prompt_twice_draws_independent_samples``: one seed a call, not one stream a prompt;
+- ``test_a_prompt_with_a_request_seed_samples_the_same_whatever_shares_its_call`` (contract 2.12):
+  with ``request_seeds``, a prompt's samples are the same alone and beside others;
+- ``test_samples_follow_each_lora_adapter_loaded``: with ``policy.lora`` (a registration with
+  ``lora=True``): after ``load_adapter``, logprobs equal a plain PEFT forward of the base with that
+  adapter, and a second adapter replaces the first; a registration without it is refused with
+  ``policy.lora.enabled``, in one line.
 """
 
 from __future__ import annotations
 
+import functools
+import math
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, ClassVar
@@ -27,24 +50,155 @@ import pytest
 import torch
 
 from corerl.generation.contract import SamplingSettings
-from corerl.testing.contract_versions import REQUEST_SEEDS, ContractCheck, stated_contract
+from corerl.testing.contract_versions import (
+    REQUEST_SEEDS,
+    STOP_IDS_BESIDES_EOS,
+    ContractCheck,
+    stated_contract,
+)
 
 PROMPTS = [[2, 5, 9, 13], [2, 7], [2, 11, 4, 6, 8, 10, 12], [2, 3, 3]]
 
+#: what the suite's first model's ``generation_config.json`` says besides its token ids: transformers
+#: fills every ``generate()`` setting a call leaves unset from it, so a backend that passes only some
+#: of ``SamplingSettings`` samples from another distribution than the one stated (and than its
+#: logprobs describe). No check passes with these applied.
+CHECKPOINT_SAMPLING_DEFAULTS = {"do_sample": True, "temperature": 0.5, "top_k": 5, "top_p": 0.7,
+                                "repetition_penalty": 1.5}
 
-def reference_greedy(model_dir: str, prompts: list[list[int]], max_new_tokens: int, stop_id: int) -> list[list[int]]:
-    """Greedy completions by plain transformers, one prompt at a time (no padding involved)."""
-    from transformers import AutoModelForCausalLM
+#: the distribution check's bound on false failures (a conforming backend failing it by chance)
+FALSE_FAILURE_RATE = 1e-6
 
+
+def reference_greedy(model_dir: str, prompts: list[list[int]], max_new_tokens: int,
+                     stop_id: int | tuple[int, ...]) -> list[list[int]]:
+    """Greedy completions by plain transformers, one prompt at a time (no padding involved), each
+    ending at the first of the stop ids (``stop_id``: one or several); the checkpoint's
+    ``generation_config.json`` is set aside."""
+    from transformers import AutoModelForCausalLM, GenerationConfig
+
+    stops = [stop_id] if isinstance(stop_id, int) else list(stop_id)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    model.generation_config = GenerationConfig()  # transformers' defaults, none of the checkpoint's
     out = []
     for prompt in prompts:
         ids = model.generate(torch.tensor([prompt]), max_new_tokens=max_new_tokens, do_sample=False,
-                             eos_token_id=stop_id, pad_token_id=stop_id)[0, len(prompt):].tolist()
-        if stop_id in ids:
-            ids = ids[: ids.index(stop_id) + 1]
-        out.append(ids)
+                             eos_token_id=stops, pad_token_id=stops[0])[0, len(prompt):].tolist()
+        ends = [i for i, token in enumerate(ids) if token in stops]
+        out.append(ids[: ends[0] + 1] if ends else ids)
     return out
+
+
+def model_distribution(model_dir: str, prompt: list[int], temperature: float) -> torch.Tensor:
+    """The next-token distribution after ``prompt`` at ``temperature`` (no top-k or top-p cut), by
+    a plain transformers forward: float64 ``[vocab]``."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([prompt])).logits[0, -1].double()
+    return torch.softmax(logits / temperature, dim=-1)
+
+
+def frequency_outliers(counts: torch.Tensor, expected: torch.Tensor, rate: float = FALSE_FAILURE_RATE) -> list[str]:
+    """The tokens whose count among ``counts.sum()`` draws is too far from the ``expected``
+    probabilities for draws from them, as lines; empty when none is.
+
+    Each token's count is binomial under the expected distribution; by the Chernoff bound the
+    chance that ``n * KL(observed share || p) >= t`` on one side is at most ``exp(-t)``. With
+    ``t = ln(2 * vocab / rate)`` the chance that any token of a conforming backend's draws crosses
+    it (either side, union bound) is at most ``rate``: a false failure at most once in 1/rate runs."""
+    n = int(counts.sum())
+    threshold = math.log(2 * len(expected) / rate)
+    lines = []
+    for token, (count, p) in enumerate(zip(counts.tolist(), expected.tolist(), strict=True)):
+        share = count / n
+        divergence = n * _binary_kl(share, p)
+        if divergence >= threshold:
+            lines.append(f"token {token}: {count} of {n} draws, expected {n * p:.1f}")
+    return lines
+
+
+def _binary_kl(a: float, p: float) -> float:
+    """KL(Bernoulli(a) || Bernoulli(p)), infinite where ``a`` is possible and ``p`` is not."""
+    total = 0.0
+    for x, y in ((a, p), (1 - a, 1 - p)):
+        if x > 0:
+            total += math.inf if y <= 0 else x * math.log(x / y)
+    return total
+
+
+def telling_prompt(model_dir: str, temperature: float) -> list[int]:
+    """A prompt whose next token at ``temperature`` is spread beyond its five likeliest (a top-k
+    cut shows) and often one of the prompt's own tokens (a repetition penalty shows): the best of
+    a deterministic search over four-token prompts, by one batched forward."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    top = min(int(model.config.vocab_size), 40)
+    candidates = torch.tensor([[2, a, b, c] for a in range(4, top) for b in range(4, top) for c in range(4, top, 5)])
+    with torch.no_grad():
+        q = torch.softmax(model(input_ids=candidates).logits[:, -1].double() / temperature, dim=-1)
+    in_prompt = (q * torch.zeros_like(q).scatter_(1, candidates, 1.0)).sum(-1)
+    beyond_five = 1 - q.sort(dim=-1, descending=True).values[:, :5].sum(-1)
+    return candidates[int(torch.minimum(in_prompt, beyond_five).argmax())].tolist()
+
+
+def check_first_tokens_follow(engine: Any, model_dir: str, temperature: float, samples: int, seed: int,
+                              prompt: list[int] | None = None) -> None:
+    """Fail, naming the tokens drawn too often or too rarely, unless the first tokens of
+    ``samples`` completions of ``prompt`` (unset: :func:`telling_prompt`; half with a call seed,
+    half with a request seed) follow the model's next-token distribution at ``temperature``
+    (:func:`frequency_outliers`, each half at half the rate)."""
+    prompt = prompt if prompt is not None else telling_prompt(model_dir, temperature)
+    expected = model_distribution(model_dir, prompt, temperature)
+    stated = SamplingSettings(temperature=temperature, max_new_tokens=1, seed=seed)
+    for how, sampling in (("one seed for the call", stated),
+                          ("request seeds", attrs.evolve(stated, request_seeds=(seed + 1,)))):
+        (group,) = engine.generate([prompt], sampling, n=samples // 2)
+        counts = torch.zeros(len(expected), dtype=torch.long)
+        for sample in group:
+            assert len(sample.completion_ids) == 1, "max_new_tokens=1 gave another length"
+            counts[sample.completion_ids[0]] += 1
+        outliers = frequency_outliers(counts, expected, FALSE_FAILURE_RATE / 2)
+        if outliers:
+            pytest.fail(f"with {how}, the first tokens sampled at temperature {temperature} do not follow the model's "
+                        f"distribution at that temperature (is something besides SamplingSettings shaping them, e.g. "
+                        f"the checkpoint's generation_config.json: {CHECKPOINT_SAMPLING_DEFAULTS}?): "
+                        + "; ".join(outliers[:6]), pytrace=False)
+
+
+def write_sampling_defaults(model_dir: str | Path, defaults: dict[str, Any] = CHECKPOINT_SAMPLING_DEFAULTS) -> None:
+    """Add ``defaults`` to the checkpoint's ``generation_config.json`` (its token ids are kept)."""
+    import json
+
+    path = Path(model_dir) / "generation_config.json"
+    values = json.loads(path.read_text()) if path.exists() else {}
+    path.write_text(json.dumps({**values, **defaults}, indent=2))
+
+
+@functools.lru_cache(maxsize=8)
+def prompts_ending_at_eos(model_dir: str, eos: int, max_new_tokens: int, want: int = 2) -> list[list[int]]:
+    """``want`` prompts whose greedy completion reaches ``eos`` after at least two tokens (a
+    deterministic search over three-token prompts, by plain forwards)."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    vocab = int(model.config.vocab_size)
+    candidates = torch.tensor([[2, a, b] for a in range(4, min(vocab, 36)) for b in range(4, min(vocab, 36))])
+    found: list[list[int]] = []
+    for first in range(0, len(candidates), 32):
+        ids = candidates[first:first + 32]
+        with torch.no_grad():
+            for _ in range(max_new_tokens):
+                ids = torch.cat([ids, model(input_ids=ids).logits[:, -1].argmax(-1, keepdim=True)], dim=1)
+        for row in ids.tolist():
+            completion = row[3:]
+            if eos in completion[2:] and eos not in completion[:2]:
+                found.append(row[:3])
+                if len(found) == want:
+                    return found
+    raise AssertionError(f"the suite's model reaches its end of sequence greedily after no prompt searched ({found})")
 
 
 def reference_logprobs(model_dir: str, prompt: list[int], completion: list[int]) -> list[float]:
@@ -59,40 +213,70 @@ def reference_logprobs(model_dir: str, prompt: list[int], completion: list[int])
 
 
 class GenerationBackendConformance:
-    """Base class of a generation backend's conformance tests; set ``backend_id``."""
+    """Base class of a generation backend's conformance tests; set ``backend_id`` (the module
+    docstring lists the checks and the other class attributes)."""
 
     backend_id: ClassVar[str]
+    #: recipe overrides of every engine the suite starts (e.g. the backend's own section)
     overrides: ClassVar[list[str]] = []
+    #: a plugin module or object registered beside the installed plugins where ``backend_id`` is not installed
     plugin: ClassVar[Any] = None
+    #: how far returned logprobs may be from a transformers forward's
     tolerance: ClassVar[float] = 1e-4
     max_new_tokens: ClassVar[int] = 12
 
     @pytest.fixture(scope="class")
     @classmethod
     def model_dirs(cls, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
-        """Two tiny models with the same shapes and different weights (peaked logits, so greedy is robust)."""
+        """Two tiny models with the same shapes and different weights (peaked logits, so greedy is
+        robust); the first carries :data:`CHECKPOINT_SAMPLING_DEFAULTS` in its generation_config.json."""
         from corerl.models.tiny import build_tiny_model
 
-        return tuple(
+        dirs = tuple(
             str(build_tiny_model(tmp_path_factory.mktemp(f"gen-model-{seed}"), seed=seed, initializer_range=0.3,
                                  hidden_size=128, num_heads=4, num_kv_heads=2))  # head_dim 32: vLLM's CPU kernels
             for seed in (0, 1)
         )
+        write_sampling_defaults(dirs[0])
+        return dirs
+
+    @classmethod
+    def _host(cls) -> Any:
+        """The installed plugins, and :attr:`plugin` registered beside them where the backend is not
+        installed (the recipe's other choices, the training backend among them, come from the installed ones)."""
+        from corerl.testing import host_for_component
+
+        return host_for_component("generation_backends", cls.backend_id, cls.plugin, "generation backend")[0]
+
+    @classmethod
+    def _create(cls, host: Any, recipe: Path, overrides: list[str] = ()) -> tuple[Any, Any]:
+        """(config, engine) of ``recipe`` with the backend under test selected, as ``corerl validate``
+        selects; a selection that fails on what the suite does not test fails in one line saying so."""
+        from corerl.errors import CorerlError
+        from corerl.testing import select_for
+
+        try:
+            config, selection = select_for(host, recipe, [*cls.overrides, *overrides])
+        except CorerlError as exc:
+            if not (exc.key or "").startswith("policy.generation"):
+                pytest.fail(f"the generation suite validates its recipe as `corerl validate` does, which needs more "
+                            f"than the backend under test: {exc} (install what it names, e.g. corerl-dtensor for the "
+                            f"default training backend, or choose another in the suite's overrides)", pytrace=False)
+            raise
+        choice = selection.generation_backend
+        assert choice.id == cls.backend_id, choice.reason
+        return config, choice.registration.create(config=config)
 
     @pytest.fixture(scope="class")
     @classmethod
     def engine(cls, model_dirs: tuple[str, str], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-        from corerl.testing import host_with, select_for, write_recipe
+        from corerl.testing import write_recipe
 
-        host = host_with(cls.plugin, f"{cls.backend_id}-under-test")
         recipe = write_recipe(Path(tmp_path_factory.mktemp("gen-recipe")) / "r.yaml", {
             "policy": {"model_name": model_dirs[0], "precision": "float32", "max_seq_length": 64,
                        "generation": {"backend": cls.backend_id}},
         })
-        config, selection = select_for(host, recipe, cls.overrides)
-        choice = selection.generation_backend
-        assert choice.id == cls.backend_id, choice.reason
-        engine = choice.registration.create(config=config)
+        _, engine = cls._create(cls._host(), recipe)
         try:
             yield engine
         finally:
@@ -114,13 +298,40 @@ class GenerationBackendConformance:
         assert [list(g) for g in got] == want
 
     def test_logprobs_match_a_transformers_forward(self, engine: Any, model_dirs: tuple[str, str]) -> None:
-        sampling = SamplingSettings(temperature=1.0, max_new_tokens=self.max_new_tokens, seed=7)
+        # sampled at temperature 0.7, the logprobs are still of the untempered distribution
+        sampling = SamplingSettings(temperature=0.7, max_new_tokens=self.max_new_tokens, seed=7)
         for group in engine.generate(PROMPTS[:2], sampling, n=2):
             for sample in group:
                 assert len(sample.logprobs) == len(sample.completion_ids) > 0
                 want = reference_logprobs(model_dirs[0], list(sample.prompt_ids), list(sample.completion_ids))
                 worst = max(abs(a - b) for a, b in zip(sample.logprobs, want, strict=True))
                 assert worst <= self.tolerance, f"logprobs differ by {worst:.3g}"
+
+    def test_samples_follow_the_stated_distribution(self, engine: Any, model_dirs: tuple[str, str]) -> None:
+        """800 first tokens at temperature 0.8 (:func:`check_first_tokens_follow`) of a prompt that shows
+        a cut or a penalty (:func:`telling_prompt`): a backend that lets
+        the checkpoint's ``generation_config.json`` fill what it does not pass (top-k 5, top-p 0.7, a
+        repetition penalty on the prompt's tokens, temperature 0.5) draws other tokens than its
+        logprobs describe. False failures: at most once in a million runs (:data:`FALSE_FAILURE_RATE`)."""
+        check_first_tokens_follow(engine, model_dirs[0], temperature=0.8, samples=800, seed=21)
+
+    def test_stop_ids_end_a_completion_besides_the_end_of_sequence(self, engine: Any,
+                                                                    model_dirs: tuple[str, str]) -> None:
+        """``stop_token_ids`` end a completion besides the model's end of sequence (contract 2.14):
+        greedy completions that reach the end of sequence end there with the stop ids set."""
+        from transformers import AutoConfig
+
+        eos = AutoConfig.from_pretrained(model_dirs[0]).eos_token_id
+        prompts = prompts_ending_at_eos(model_dirs[0], eos, self.max_new_tokens)
+        plain = reference_greedy(model_dirs[0], prompts, self.max_new_tokens, stop_id=eos)
+        stop = next(t for t in range(4, 128) if t != eos and all(t not in ids for ids in plain))
+        sampling = SamplingSettings(temperature=0.0, max_new_tokens=self.max_new_tokens, stop_token_ids=(stop,))
+        got = [g[0] for g in engine.generate(prompts, sampling)]
+        if [list(s.completion_ids) for s in got] != plain:
+            self._contract().missing(f"with stop_token_ids=({stop},) does not end completions at the model's end of "
+                                     f"sequence ({eos}): got {[list(s.completion_ids) for s in got]}, want {plain}",
+                                     STOP_IDS_BESIDES_EOS)
+        assert all(s.finish_reason == "stop" for s in got)
 
     def test_ignore_eos_runs_every_completion_to_max_new_tokens(self, engine: Any) -> None:
         """``SamplingSettings.ignore_eos`` (contract 2.6): no token ends a completion, not even the
@@ -189,9 +400,7 @@ class GenerationBackendConformance:
     @classmethod
     def _contract(cls) -> ContractCheck:
         """The backend held to the contract version its plugin states (:mod:`corerl.testing.contract_versions`)."""
-        from corerl.testing import host_with
-
-        host = host_with(cls.plugin, f"{cls.backend_id}-under-test")
+        host = cls._host()
         registration = host.generation_backends.get(cls.backend_id)
         assert registration is not None, f"no generation backend {cls.backend_id!r} is registered"
         return ContractCheck(f"generation backend {cls.backend_id!r} (plugin {registration.plugin!r})",
@@ -199,9 +408,9 @@ class GenerationBackendConformance:
 
     def test_samples_follow_each_lora_adapter_loaded(self, model_dirs: tuple[str, str], tmp_path: Path) -> None:
         from corerl.errors import CorerlError
-        from corerl.testing import host_with, select_for, write_recipe
+        from corerl.testing import select_for, write_recipe
 
-        host = host_with(self.plugin, f"{self.backend_id}-under-test")
+        host = self._host()
         recipe = write_recipe(tmp_path / "lora.yaml", {
             "policy": {"model_name": model_dirs[0], "precision": "float32", "max_seq_length": 64,
                        "generation": {"backend": self.backend_id}, "lora": {"enabled": True, "dim": 8, "alpha": 16}},
@@ -210,8 +419,7 @@ class GenerationBackendConformance:
             with pytest.raises(CorerlError, match=r"^policy\.[\w.]+: [^\n]*LoRA[^\n]*$"):
                 select_for(host, recipe, self.overrides)
             return
-        config, selection = select_for(host, recipe, self.overrides)
-        engine = selection.generation_backend.registration.create(config=config)
+        config, engine = self._create(host, recipe)
         sampling = SamplingSettings(temperature=1.0, max_new_tokens=self.max_new_tokens, seed=5)
         try:
             engine.load_hf(model_dirs[0])
