@@ -89,6 +89,16 @@ def test_the_sampled_answers_default_to_the_policy_temperature_and_k_to_the_samp
     assert plan.greedy.temperature == 0.0
 
 
+def test_held_out_answers_end_where_the_recipes_samples_do():
+    # the recipe's stop ids and stop strings end the greedy and the sampled answers alike (besides
+    # the tokenizer's end of sequence, which every generation backend adds)
+    plan = EvalPlan.from_config(_config("policy.generation.stop_token_ids=[7,9]",
+                                        "policy.generation.stop_strings=[DONE]", "policy.generation.max_new_tokens=20"))
+    for settings in (plan.greedy, plan.sampled):
+        assert (settings.stop_token_ids, settings.stop_strings, settings.max_new_tokens) == ((7, 9), ("DONE",), 20)
+    assert plan.greedy.temperature == 0.0
+
+
 # -- checkpoints kept by a metric ------------------------------------------------------------------
 
 def test_without_keep_top_k_the_newest_are_kept():

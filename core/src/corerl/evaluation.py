@@ -81,7 +81,7 @@ class EvalPlan:
         core = config.core
         settings, generation = core.eval, core.policy.generation
         temperature = settings.temperature if settings.temperature is not None else generation.temperature
-        return cls(greedy=greedy_settings(generation.max_new_tokens),
+        return cls(greedy=greedy_settings(config),
                    sampled=SamplingSettings.from_config(config, temperature=temperature),
                    num_samples=settings.num_samples, pass_k=settings.pass_k or settings.num_samples,
                    max_prompts=settings.max_prompts, max_seq_length=core.policy.max_seq_length)
@@ -91,9 +91,11 @@ class EvalPlan:
         return metric_keys(self.num_samples, self.pass_k)
 
 
-def greedy_settings(max_new_tokens: int) -> SamplingSettings:
-    """How held-out answers are drawn greedily (the run's held-out reward, ``eval/greedy``)."""
-    return SamplingSettings(temperature=0.0, max_new_tokens=max_new_tokens)
+def greedy_settings(config: Any) -> SamplingSettings:
+    """How held-out answers are drawn greedily (the run's held-out reward, ``eval/greedy``): the
+    recipe's ``policy.generation`` (``max_new_tokens``, its stop strings and stop ids, as training's
+    samples end) at temperature 0."""
+    return SamplingSettings.from_config(config, temperature=0.0)
 
 
 def held_out_rewards(rollout: Any, task: Any, sampling: SamplingSettings, n: int, max_seq_length: int,
@@ -106,10 +108,10 @@ def held_out_rewards(rollout: Any, task: Any, sampling: SamplingSettings, n: int
     return rollout.run(prompts, examples, sampling, n, max_seq_length).rewards
 
 
-def greedy_reward(rollout: Any, task: Any, max_new_tokens: int, max_seq_length: int,
+def greedy_reward(rollout: Any, task: Any, greedy: SamplingSettings, max_seq_length: int,
                   max_prompts: int | None = None) -> float:
-    """Mean held-out reward of greedy answers."""
-    rewards = held_out_rewards(rollout, task, greedy_settings(max_new_tokens), 1, max_seq_length, max_prompts)
+    """Mean held-out reward of greedy answers drawn with ``greedy`` (:func:`greedy_settings`)."""
+    rewards = held_out_rewards(rollout, task, greedy, 1, max_seq_length, max_prompts)
     return sum(group[0] for group in rewards) / len(rewards)
 
 

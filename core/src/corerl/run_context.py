@@ -373,12 +373,11 @@ class RunContext:
 
     def held_out_reward(self) -> float:
         """Mean held-out reward of greedy answers from the generation engine."""
-        from corerl.evaluation import greedy_reward
+        from corerl.evaluation import greedy_reward, greedy_settings
 
         self.offload.before_generation()
-        core = self.config.core
-        return greedy_reward(self.rollout(), self.task, core.policy.generation.max_new_tokens,
-                             core.policy.max_seq_length)
+        return greedy_reward(self.rollout(), self.task, greedy_settings(self.config),
+                             self.config.core.policy.max_seq_length)
 
 
 def check_task_fits(task: Any, selection: Selection) -> None:

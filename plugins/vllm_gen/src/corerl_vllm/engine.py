@@ -272,8 +272,9 @@ class VllmEngine:
             SamplingParams(
                 n=n, temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k or 0,
                 max_tokens=sampling.max_new_tokens, stop=list(sampling.stop_strings) or None,
+                # stop ids end a completion besides the model's end of sequence, which vLLM keeps
                 stop_token_ids=None if sampling.ignore_eos else list(sampling.stop_token_ids) or None,
-                ignore_eos=sampling.ignore_eos or bool(sampling.stop_token_ids),
+                ignore_eos=sampling.ignore_eos,
                 seed=_request_seed(sampling, i, n), logprobs=0,
                 # a completion never holds an image's own tokens (training would count them as images)
                 logit_bias={token: -100.0 for token in self.vision_tokens} or None,

@@ -61,7 +61,9 @@ class MegatronGeneration:
 
     def generate(self, prompts: list[list[int]], sampling: SamplingSettings, n: int = 1) -> list[list[Sample]]:
         rows = [list(prompt) for prompt in prompts for _ in range(n)]
-        stop_ids = [] if sampling.ignore_eos else list(sampling.stop_token_ids) or self.default_stop_ids
+        # the stop ids end a completion besides the model's end of sequence
+        stop_ids = [] if sampling.ignore_eos else list(dict.fromkeys([*sampling.stop_token_ids,
+                                                                       *self.default_stop_ids]))
         engine = self.engine
         # contiguous slices, one per data-parallel group, every rank of a group gets its group's slice
         dp = engine.rank_layout.data_parallel_size
