@@ -197,7 +197,8 @@ def _cmd_plugins(args: argparse.Namespace) -> int:
 
     table = Table(title="corerl plugins", show_lines=True)
     any_error = any(row["error"] or row["notice"] for row in rows)
-    for column in ("name", "distribution", "version", "status", "registers", *(("error",) if any_error else ())):
+    columns = ("name", "distribution", "version", "contract", "status", "registers", *(("error",) if any_error else ()))
+    for column in columns:
         table.add_column(column, overflow="fold")
     labels = {kind.registry: kind.label for kind in KINDS}
     def shown(row: dict[str, Any], kind: str) -> str:
@@ -213,12 +214,22 @@ def _cmd_plugins(args: argparse.Namespace) -> int:
         registers = "\n".join(f"{label}: {shown(row, key)}" for key, label in labels.items() if row[key])
         status_style = {"loaded": "green", "failed": "red", "disabled": "yellow"}[row["status"]]
         table.add_row(
-            row["name"], row["distribution"] or "-", row["version"] or "-",
+            row["name"], row["distribution"] or "-", row["version"] or "-", _contract_cell(row),
             f"[{status_style}]{row['status']}[/]", registers or "-",
             *((row["error"] or (f"notice: {row['notice']}" if row["notice"] else ""),) if any_error else ()),
         )
     make_console().print(table)
     return 0
+
+
+def _contract_cell(row: dict[str, Any]) -> str:
+    """The plugin contract a plugin states (the core's own plugin offers this release's)."""
+    from corerl.hookspecs import CONTRACT_VERSION
+    from corerl.plugin_manager import CORE_PLUGIN
+
+    if row["name"] == CORE_PLUGIN:
+        return f"{CONTRACT_VERSION} (offered)"
+    return row["contract"] or "none stated"
 
 
 def _load_and_select(config_path: str, overrides: list[str], presets: list[str],
