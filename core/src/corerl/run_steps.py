@@ -35,8 +35,8 @@ def take_step(phase: Any, registration: Any = None) -> dict[str, Any]:
     ``done`` itself, or returned a metric the loop writes, stops the run in one line naming the
     algorithm (``registration``, when given, adds its plugin); a :class:`RunError` it raises is
     told which step met it; a NaN loss stops the run before anything is logged. A step that sent
-weights to the generation engine gets ``refit/updates`` (so far), ``refit/tensors`` and
-``refit/bytes`` (:data:`corerl.training.weights.REFITS`)."""
+weights to the generation engine gets ``refit/updates`` (in the step), ``refit/tensors`` and
+``refit/bytes`` (of its last update; :data:`corerl.training.weights.REFITS`)."""
     before, updates = phase.done, REFITS.updates
     try:
         metrics = phase.step()
@@ -48,7 +48,7 @@ weights to the generation engine gets ``refit/updates`` (so far), ``refit/tensor
     check_finite(phase.name, before + 1, metrics)
     phase.done = before + 1
     if REFITS.updates > updates:  # the step's weight update(s) to the generation engine, seen
-        metrics = {**metrics, **REFITS.metrics()}
+        metrics = {**metrics, **REFITS.metrics(), "refit/updates": float(REFITS.updates - updates)}
     return metrics
 
 
