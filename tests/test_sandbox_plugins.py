@@ -128,3 +128,47 @@ def test_validate_and_run_refuse_model_code_without_a_contained_sandbox(override
     assert "env.code.isolation=audit (not a security boundary" in lines[0]
     if overrides == ["data.env_name=code"]:  # the opt-in: validate passes
         assert cli.main(["validate", *argv, "env.code.isolation=audit"]) == 0
+
+
+LEAKY_SANDBOX = '''
+import subprocess, sys
+from corerl.registry import Sandbox
+from corerl.sandbox import SandboxResult
+from corerl.testing import plugin_from
+from corerl.testing.sandbox_conformance import SandboxConformance
+
+
+class Leaky:
+    """Runs the program as a plain process and leaves what it starts: only the double fork here."""
+
+    def unavailable(self):
+        return None
+
+    def run(self, source, *, timeout_s, memory_mb, max_processes, files=None):
+        done = subprocess.run([sys.executable, "-c", source], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              timeout=timeout_s)
+        return SandboxResult(passed=done.returncode == 0, returncode=done.returncode, timed_out=False, stdout="",
+                             stderr="", why="exit", isolation="leaky", seconds=0.0)
+
+
+class TestLeaky(SandboxConformance):
+    sandbox_id = "leaky"
+    plugin = plugin_from(sandboxes=[Sandbox(id="leaky", factory=Leaky)])
+'''
+
+
+def test_the_suite_fails_a_sandbox_that_leaves_the_double_forks_daemon(pytester) -> None:
+    import time
+
+    import psutil
+
+    started = time.time()
+    pytester.makepyfile(test_leaky=LEAKY_SANDBOX)
+    try:
+        result = pytester.runpytest_inprocess("-p", "no:cacheprovider", "-k", "double")
+        result.assert_outcomes(failed=1, deselected=len(HOSTILE))
+        result.stdout.fnmatch_lines(["*double fork: processes left: *"])
+    finally:  # the daemon the leaky sandbox left
+        for process in psutil.process_iter(["cmdline", "create_time"]):
+            if "time.sleep(120)" in " ".join(process.info["cmdline"] or []) and process.info["create_time"] >= started - 1:
+                process.kill()

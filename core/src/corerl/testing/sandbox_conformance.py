@@ -16,7 +16,9 @@ saying why. The checks, one test per hostile program (:data:`HOSTILE`):
 (a) a plain program runs: it passes, its output comes back, the files given are in its folder;
 (b) each hostile program fails or is cut off within its time (``timeout_s`` plus a margin), and
     afterwards: the caller (this test process) is alive; no process the program started is left
-    (none of this process's new descendants, none whose command line names ``solution.py``); no
+    (none of this process's new descendants, none whose command line names the test's temporary
+    folder, where the sandbox makes its own, or the program's tag, which the double fork's daemon
+    carries); no
     file it aimed at outside its folder exists (the test's folder, the system's temporary folder,
     Python's own install); no working folder is left in the temporary folder; nothing it read
     outside its folder (a token file, the caller's environment) reaches its output; and the next
@@ -62,8 +64,10 @@ HOSTILE: dict[str, tuple[str, str, bool]] = {
     "dns": ("import socket\nprint('re' 'solved', socket.getaddrinfo('example.com', 443))\n", "resolved", False),
     "parent kill": ("import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\n", "", False),
     "parent kill by pidfd": ("import os, signal\nsignal.pidfd_send_signal(os.pidfd_open(os.getppid()), 9)\n", "", False),
-    "double fork": ("import os, time\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n"
-                    "        time.sleep(120)\n    os._exit(0)\nraise SystemExit(3)\n", "", True),
+    "double fork": ("import os, sys, time\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n"
+                    "        try:\n            os.execv(sys.executable, [sys.executable, '-c', 'import time; "
+                    "time.sleep(120)', '{tag}'])\n        finally:\n            time.sleep(120)\n"
+                    "    os._exit(0)\nraise SystemExit(3)\n", "", True),
     "1 GB of output": ("import sys\nchunk = 'x' * (1 << 20)\nfor _ in range(1024):\n    sys.stdout.write(chunk)\n"
                        "raise SystemExit(3)\n", "", True),
     "SIGTERM ignored": ("import signal\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\nwhile True:\n    pass\n", "",
@@ -74,14 +78,17 @@ HOSTILE: dict[str, tuple[str, str, bool]] = {
 MOST_OUTPUT = 1 << 20
 
 
-def program_processes(before: set[tuple[int, float]]) -> list[Any]:
+def program_processes(before: set[tuple[int, float]], *marks: str) -> list[Any]:
     """Processes a sandboxed program may have left: this process's descendants not in ``before``
-    (pid, start time), and any process whose command line names ``solution.py``."""
+    (pid, start time), and any process whose command line names one of ``marks`` (the test's
+    temporary folder, where the sandbox makes its own, and the program's tag: another test's
+    sandboxes are not counted)."""
     import psutil
 
     left = []
     for process in psutil.process_iter(["cmdline", "status"]):
-        if process.info["status"] != psutil.STATUS_ZOMBIE and "solution.py" in " ".join(process.info["cmdline"] or []):
+        cmdline = " ".join(process.info["cmdline"] or [])
+        if process.info["status"] != psutil.STATUS_ZOMBIE and any(mark in cmdline for mark in marks):
             left.append(process)
     for process in psutil.Process().children(recursive=True):
         try:
@@ -187,9 +194,9 @@ class SandboxConformance:
             assert os.listdir(outside) == ["token"], f"{name}: the program wrote into {outside}"
             assert not os.listdir(temporary), f"{name}: left {os.listdir(temporary)} in the temporary folder"
             deadline = time.monotonic() + 5
-            while program_processes(before) and time.monotonic() < deadline:
+            while program_processes(before, temporary, tag) and time.monotonic() < deadline:
                 time.sleep(0.05)
-            left = program_processes(before)
+            left = program_processes(before, temporary, tag)
             assert not left, f"{name}: processes left: {[p.pid for p in left]}"
             after = self._run(sandbox_runner, "print(6 * 7)\n", timeout_s=20.0)  # the caller goes on
             assert after.passed and after.stdout.strip() == "42", after.why
