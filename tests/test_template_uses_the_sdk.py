@@ -1,5 +1,6 @@
 """The templates, the examples every outside author copies (a training backend, an algorithm, an
-environment), are written against corerl.sdk alone, and their tests against corerl.testing."""
+environment, a generation backend), are written against corerl.sdk alone, and their tests against
+corerl.testing."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import pytest
 
 from tests.conftest import REPO
 
-TEMPLATES = ("plugin", "algorithm", "environment")
+TEMPLATES = ("plugin", "algorithm", "environment", "generation")
 
 
 def _corerl_imports(folder, allowed):

@@ -1,7 +1,7 @@
-"""The algorithm and environment templates (templates/algorithm, templates/environment): their
-packages found by real entry-point discovery, and their own tests, conformance suites included,
-run here in this process (tests/test_template.py installs all three templates with pip and runs
-their tests from a copy outside the repository, in the slow tier)."""
+"""The algorithm, environment and generation templates (templates/algorithm, templates/environment,
+templates/generation): their packages found by real entry-point discovery, and their own tests,
+conformance suites included, run here in this process (tests/test_template.py installs the
+templates with pip and runs their tests from a copy outside the repository, in the slow tier)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,8 @@ from tests.conftest import REPO
 TEMPLATES = REPO / "templates"
 #: template folder -> (its test file, the kind it registers, the id)
 PACKAGES = {"algorithm": ("test_example_algorithm.py", "algorithms", "example_reinforce"),
-            "environment": ("test_example_environment.py", "environments", "digit_guess")}
+            "environment": ("test_example_environment.py", "environments", "digit_guess"),
+            "generation": ("test_example_generation.py", "generation_backends", "example_sampler")}
 
 
 def _template_tests(template: str):

@@ -1,0 +1,1 @@
+"""A template corerl generation backend (``example_sampler``): see README.md."""
