@@ -55,11 +55,11 @@ class GenerationConfig:
 
     backend: str | None = setting(None, help="generation backend id; unset: vllm when installed, else hf")
     max_new_tokens: int = setting(128, min=1, help="tokens a completion may have (policy.max_seq_length also bounds it)")
-    temperature: float = setting(1.0, min=0.0, help="sampling temperature (the logprobs trained on are of the tempered distribution)")
+    temperature: float = setting(1.0, min=0.0, help="sampling temperature; it shapes only which tokens are drawn: the logprobs returned and trained on are of the untempered distribution")
     top_p: float = setting(1.0, min=0.0, min_exclusive=True, max=1.0, help="nucleus sampling: keep the smallest set of tokens whose probability reaches this")
     top_k: int | None = setting(None, min=1, help="sample among the k likeliest tokens; unset: all")
     stop_strings: list[str] | None = setting(None, help="a completion ends after any of these strings (kept in it)")
-    stop_token_ids: list[int] | None = setting(None, help="a completion ends at any of these tokens (besides the tokenizer's end of sequence)")
+    stop_token_ids: list[int] | None = setting(None, help="a completion ends at any of these tokens, besides the model's end of sequence (generation_config.json's eos_token_id, else the tokenizer's), in training's samples and held-out evaluation's answers alike")
     ignore_eos: bool = setting(False, help="every completion runs to max_new_tokens: no token ends it (equal work in "
                                "benchmarks; stop_strings still cut it). hf never samples the stop tokens then (as "
                                "transformers' min_new_tokens does); vllm and megatron sample them and go on")
