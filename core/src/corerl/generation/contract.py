@@ -24,7 +24,13 @@ FinishReason = Literal["stop", "length"]
 
 @attrs.frozen(kw_only=True)
 class SamplingSettings:
-    """How to sample. ``temperature`` 0 means greedy.
+    """How to sample. ``temperature`` 0 means greedy. The samples follow these settings alone
+    (temperature, then ``top_k``, then ``top_p``: :func:`corerl.generation.sampling.choose_tokens`),
+    nothing of the checkpoint's ``generation_config.json`` but its end-of-sequence ids.
+
+    ``stop_token_ids`` end a completion besides the model's end of sequence (contract 2.14: the
+    checkpoint's ``eos_token_id``, else the tokenizer's), the stop token kept as its last; with
+    ``ignore_eos`` neither ends it.
 
     ``request_seeds`` (contract 2.12): one seed per prompt of a call. Sample ``j`` of prompt ``i``
     then draws from its own stream, seeded ``request_seeds[i] + j`` (as vLLM seeds the samples of
@@ -112,7 +118,8 @@ def with_images(ids: Iterable[int], images: Images | None) -> list[int]:
 @attrs.frozen(kw_only=True)
 class Sample:
     """One completion: its prompt, the generated ids (a final stop token included), the
-    logprob of each generated id under the model (no temperature), and why it ended.
+    logprob of each generated id under the model (untempered: before temperature, top-k and
+    top-p, whatever it was sampled with), and why it ended.
 
     A multi-turn episode is one sample too: ``completion_ids`` holds everything after the prompt,
     the environment's tokens between the model's turns included, and ``completion_mask`` marks

@@ -4,7 +4,8 @@ No extra engine: the reference for correctness tests and the fallback where vLLM
 installed. torch and transformers are imported when the backend is built.
 
 Logprobs come from the raw logits ``generate()`` returns for each step (untempered, one
-log-softmax), so no second forward runs. ``policy.generation.hf_kv_cache`` picks the KV cache
+log-softmax), so no second forward runs. The checkpoint's ``generation_config.json`` is set aside
+while sampling (:func:`without_checkpoint_defaults`): only ``SamplingSettings`` shape the draw. ``policy.generation.hf_kv_cache`` picks the KV cache
 (static on a GPU by default: its fixed shapes let transformers compile the decoding step with CUDA
 graphs). Beside a training engine that keeps its unsharded model in this process (dtensor at
 world size 1), the backend samples with that very model
