@@ -158,3 +158,18 @@ def test_what_else_the_suites_recipe_needs_is_said_in_one_line(model_dir, tmp_pa
         _PluginObjectUnderTheSuite._create(_PluginObjectUnderTheSuite._host(), recipe)
     line = str(failed.value)
     assert "\n" not in line and "needs more than the backend under test" in line and "'nowhere'" in line
+
+
+def test_the_tied_weight_check_fails_a_backend_whose_head_goes_stale(model_dir, tmp_path):
+    from corerl.models.tiny import build_tiny_model
+
+    other = str(build_tiny_model(tmp_path / "b", seed=1, initializer_range=0.3, hidden_size=128, num_heads=4,
+                                 num_kv_heads=2))
+    engine = _hf_engine(model_dir, tmp_path)
+    suite = _HFUnderTheSuite()
+    suite.test_an_update_may_leave_out_the_tied_copy(engine, (model_dir, other))  # as it is: passes
+    engine.load_hf(model_dir)
+    # an engine that keeps the output head as a copy of its own (as one that re-packs weights may)
+    engine.own_model.lm_head.weight = torch.nn.Parameter(engine.own_model.lm_head.weight.detach().clone())
+    with pytest.raises(Failed, match=r"stale output head .*contract 2\.14"):
+        suite.test_an_update_may_leave_out_the_tied_copy(engine, (model_dir, other))

@@ -78,6 +78,13 @@ STOP_IDS_BESIDES_EOS = Requirement(
     "eos_token_id, else the tokenizer's) alike, unless ignore_eos")
 
 
+#: contract 2.14: an update may leave out a weight tied to one it carries
+TIED_UPDATES = Requirement(
+    "updates that leave out the tied copy of a weight (lm_head.weight where tie_word_embeddings)", "2.14",
+    "take update_weights' pairs as part of a state (load_state_dict(strict=False)), refusing only missing names "
+    "that share no tensor with a name given, and keep tied tensors tied")
+
+
 class ContractCheck:
     """The engine of one plugin under a suite, held to the version the plugin states (None: it
     states none, and is held to :data:`OLDEST_SUPPORTED`). ``who`` names it in failure lines."""

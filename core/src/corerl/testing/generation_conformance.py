@@ -26,6 +26,8 @@ backend may apply):
   completion early, the stop ids included;
 - ``test_outputs_follow_refitted_weights``: after ``update_weights`` with another model's weights,
   greedy outputs follow the new weights;
+- ``test_an_update_may_leave_out_the_tied_copy`` (contract 2.14): an update without the tied
+  ``lm_head.weight`` is taken, and greedy outputs follow it;
 - ``test_n_samples_come_back_grouped_in_prompt_order``: ``n`` samples per prompt come back grouped
   per prompt and in prompt order, stop at ``max_new_tokens`` or a stop token, and say why they ended;
 - ``test_the_same_prompt_twice_draws_independent_samples``: one seed a call, not one stream a prompt;
@@ -53,6 +55,7 @@ from corerl.generation.contract import SamplingSettings
 from corerl.testing.contract_versions import (
     REQUEST_SEEDS,
     STOP_IDS_BESIDES_EOS,
+    TIED_UPDATES,
     ContractCheck,
     stated_contract,
 )
@@ -360,6 +363,23 @@ class GenerationBackendConformance:
         after = [list(g[0].completion_ids) for g in engine.generate(PROMPTS, sampling)]
         assert after != before
         assert after == reference_greedy(model_dirs[1], PROMPTS, self.max_new_tokens, stop_id=3)
+
+    def test_an_update_may_leave_out_the_tied_copy(self, engine: Any, model_dirs: tuple[str, str]) -> None:
+        """An update without ``lm_head.weight`` (the suite's models tie it to the embeddings) is the
+        whole of the new weights (contract 2.14): the engine takes it, and the tie keeps the head current."""
+        from transformers import AutoConfig
+
+        assert AutoConfig.from_pretrained(model_dirs[1]).tie_word_embeddings
+        sampling = SamplingSettings(temperature=0.0, max_new_tokens=self.max_new_tokens, stop_token_ids=(3,))
+        try:
+            engine.update_weights([(n, t) for n, t in _weights_of(model_dirs[1]) if n != "lm_head.weight"])
+        except Exception as exc:  # noqa: BLE001 - any refusal is the finding
+            self._contract().missing(f"refuses an update without the tied lm_head.weight ({type(exc).__name__}: "
+                                     f"{str(exc).splitlines()[0] if str(exc) else ''})", TIED_UPDATES)
+        after = [list(g[0].completion_ids) for g in engine.generate(PROMPTS, sampling)]
+        if after != reference_greedy(model_dirs[1], PROMPTS, self.max_new_tokens, stop_id=3):
+            self._contract().missing("samples with a stale output head after an update without the tied "
+                                     "lm_head.weight", TIED_UPDATES)
 
     def test_n_samples_come_back_grouped_in_prompt_order(self, engine: Any, model_dirs: tuple[str, str]) -> None:
         from transformers import AutoConfig
