@@ -1,18 +1,17 @@
 """The code sandbox (corerl.sandbox), the ``code`` environment and the ``humaneval`` task.
 
-Every HumanEval canonical solution passes; an infinite loop, a fork bomb, a 10 GB allocation,
-writing outside the folder, a socket and reading a run's token file are each contained and
-score 0, leave no process or file behind, and the next call works: in every isolation mode this
-machine has (``audit`` always; ``namespaces`` where user namespaces are allowed).
+Every HumanEval canonical solution passes; the environment is clean and the folder thrown away, in
+every isolation mode this machine has (``audit`` always; ``namespaces`` where user namespaces are
+allowed). The hostile programs (an infinite loop, a fork bomb, a memory bomb, writes outside, a
+socket, a token file, a daemon, and more) are tests/test_sandbox_hostile.py's, through the sandbox
+conformance suite.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
-import socket
 import tempfile
-import time
 from types import SimpleNamespace
 
 import psutil
@@ -106,53 +105,6 @@ def test_humaneval_canonical_solutions_all_pass() -> None:
     assert not sandbox_processes()
 
 
-ATTACKS = {
-    "infinite loop": "while True:\n    pass\n",
-    "fork bomb": "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n",
-    "10 GB allocation": "block = bytearray(10 * 1024 ** 3)\nprint('allocated')\n",
-    "write outside": "open({outside!r}, 'w').write('escaped')\nprint('written')\n",
-    "socket": "import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=2).sendall(b'leak')\nprint('sent')\n",
-    "token file": "print(open({token!r}).read())\n",
-    "daemon": "import os, time\nif os.fork() == 0:\n    os.setsid()\n    time.sleep(60)\nraise SystemExit(3)\n",
-}
-
-
-@pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("attack", list(ATTACKS))
-def test_attack_is_contained(mode: str, attack: str, run_dir: str) -> None:
-    listener = socket.create_server(("127.0.0.1", 0))
-    listener.settimeout(0.2)
-    outside = os.path.join(run_dir, "escaped.txt")
-    token = os.path.join(run_dir, "wandb_token")
-    source = ATTACKS[attack].format(outside=outside, token=token, port=listener.getsockname()[1])
-    started = time.monotonic()
-    result = sandbox.run_python(source, timeout_s=2.0, memory_mb=512, max_processes=16, isolation=mode)
-    assert time.monotonic() - started < 10
-    assert not result.passed and result.why and result.isolation == mode
-    if attack in ("infinite loop", "fork bomb"):
-        assert result.timed_out
-    else:
-        assert not result.timed_out
-    if attack == "10 GB allocation":
-        assert "MemoryError" in result.why and "allocated" not in result.stdout
-    if attack == "write outside":
-        assert not os.path.exists(outside) and "written" not in result.stdout
-    if attack == "socket":
-        with pytest.raises(TimeoutError):
-            listener.accept()
-        assert "sent" not in result.stdout
-    listener.close()
-    if attack == "token file":
-        assert "SECRET" not in result.stdout + result.stderr
-    assert sorted(os.listdir(run_dir)) == ["wandb_token"]  # nothing written outside the throwaway folder
-    deadline = time.monotonic() + 2
-    while sandbox_processes() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not sandbox_processes()
-    after = sandbox.run_python("print(6 * 7)", timeout_s=10.0, isolation=mode)  # the caller goes on
-    assert after.passed and after.stdout.strip() == "42"
-
-
 @pytest.mark.parametrize("mode", MODES)
 def test_clean_environment_and_throwaway_folder(mode: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HF_TOKEN", "hf_secret")
@@ -187,7 +139,7 @@ def test_extract_code_and_program() -> None:
     assert "return a + b" in extract_code(fenced, "add") and "Done" not in extract_code(fenced, "add")
     assert extract_code("    return a + b\n", "add") == "    return a + b\n"
     assert program("    return a + b\n", row).endswith("check(add)\n")
-    env = CodeEnvironment(EnvironmentContext(settings=CodeSettings(sandbox_timeout_s=10.0), seed=0))
+    env = CodeEnvironment(EnvironmentContext(settings=CodeSettings(sandbox_timeout_s=2.0), seed=0))
     assert env.step(EpisodeView(row=row, turn=1, responses=(fenced,))).reward == 1.0
     assert env.step(EpisodeView(row=row, turn=1, responses=("    return a - b\n",))).reward == 0.0
     turn = env.step(EpisodeView(row=row, turn=1, responses=("```python\nwhile True: pass\n```",)))

@@ -8,7 +8,9 @@ from corerl.testing.sandbox_conformance import SandboxConformance
 
 class TestNamespaces(SandboxConformance):
     sandbox_id = "namespaces"
+    timeout_s = 1.0  # the three programs that run forever cost this each
 
 
 class TestAudit(SandboxConformance):
     sandbox_id = "audit"
+    timeout_s = 1.0

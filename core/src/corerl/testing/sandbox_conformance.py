@@ -74,6 +74,8 @@ HOSTILE: dict[str, tuple[str, str, bool]] = {
                         True),
     "segfault": ("import faulthandler\nfaulthandler._sigsegv()\n", "", True),
 }
+#: the programs that never end by themselves: the sandbox must cut them off at ``timeout_s``
+RUNS_FOREVER = ("infinite loop", "fork bomb", "SIGTERM ignored")
 #: the most output a result may hold (its tails of stdout and stderr)
 MOST_OUTPUT = 1 << 20
 
@@ -184,6 +186,8 @@ class SandboxConformance:
             with pytest.raises(TimeoutError):
                 listener.accept()  # nothing reached the caller's loopback
             assert not (must_fail and result.passed), f"{name}: the program passed ({result.stdout[-200:]!r})"
+            if name in RUNS_FOREVER:
+                assert result.timed_out, f"{name}: not cut off at its time ({result.why})"
             assert took < self.timeout_s + self.margin_s, f"{name}: the result took {took:.1f} s"
             output = result.stdout + result.stderr
             assert len(output) <= MOST_OUTPUT, f"{name}: {len(output)} characters of output kept"
