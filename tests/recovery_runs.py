@@ -36,7 +36,8 @@ class RecoveredRun:
 def steps(run_dir: Path) -> list[dict]:
     """metrics.jsonl's step rows, less timings (the recovery rows are events, not steps)."""
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return [{k: v for k, v in r.items() if not k.startswith("time/")} for r in rows if r["phase"] != RECOVERY_PHASE]
+    return [{k: v for k, v in r.items() if not k.startswith(("time/", "refit/"))} for r in rows
+            if r["phase"] != RECOVERY_PHASE]
 
 
 def _pids_before(lines: list[str], fault: str) -> set[int]:

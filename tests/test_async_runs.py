@@ -38,7 +38,7 @@ def comparable(row: dict) -> dict:
     """What a synchronous step also reports, less timings and the async bookkeeping, and less the gap
     between the engines (a synchronous run here samples with the training model itself: no gap at
     all; the dedicated worker's own copy computes in another process: rounding, checked below)."""
-    return {k: v for k, v in row.items() if not k.startswith(("time/", "async/", "logprob_mismatch/",
+    return {k: v for k, v in row.items() if not k.startswith(("time/", "refit/", "async/", "logprob_mismatch/",
                                                                  "importance_ratio/"))}
 
 

@@ -459,7 +459,7 @@ def test_grpo_with_a_one_turn_environment_trains_exactly_as_the_single_turn_path
         prompts = [[2, *tokenizer.encode(f"w0 {d} :", add_special_tokens=False)] for d in (1, 2, 3, 4)]
         try:
             return [{k: v for k, v in loop.step(prompts, [None] * 4).items()
-                     if not k.startswith(("time/", "env/", "encoding/"))} for _ in range(3)]
+                     if not k.startswith(("time/", "refit/", "env/", "encoding/"))} for _ in range(3)]
         finally:
             training.shutdown()
             generation.shutdown()

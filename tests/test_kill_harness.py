@@ -59,7 +59,7 @@ def _group_is_gone(pgid: int) -> bool:
 def _rows(run_dir: Path) -> list[dict]:
     lines = (run_dir / "metrics.jsonl").read_text().splitlines()
     rows = [json.loads(line) for line in lines]  # well-formed: every line one JSON object
-    return [{k: v for k, v in row.items() if not k.startswith("time/")} for row in rows]
+    return [{k: v for k, v in row.items() if not k.startswith(("time/", "refit/"))} for row in rows]
 
 
 def _assert_same(want: list[dict], got: list[dict]) -> None:
