@@ -20,6 +20,7 @@ class RefitExtension:
         process, where vLLM's in-process executor passes arguments without serialising them."""
         # reload_weights re-runs the loader's post-processing: the CPU kernels use a pre-packed copy
         # of each weight, so a plain model.load_weights() would leave the outputs unchanged.
+        weights = with_tied_copy(self.model_runner.model_config.hf_config, weights)
         self.reload_weights(weights_iterator=weights)
         repack_cpu_experts(self.model_runner.model, [name for name, _ in weights])
         return len(weights)
@@ -29,10 +30,24 @@ class RefitExtension:
         views of the shared-memory file the driver wrote (no copy before vLLM's own)."""
         from corerl.sdk import read_shared
 
-        weights = read_shared(manifest)  # type: ignore[arg-type]
+        weights = with_tied_copy(self.model_runner.model_config.hf_config, read_shared(manifest))  # type: ignore[arg-type]
         self.reload_weights(weights_iterator=weights)
         repack_cpu_experts(self.model_runner.model, [name for name, _ in weights])
         return len(weights)
+
+
+def with_tied_copy(hf_config: Any, weights: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
+    """``weights`` with ``lm_head.weight`` added as the embeddings' tensor where the model ties them
+    and the update left the copy out (contract 2.14 allows it): vLLM reloads only the layers an update
+    names, so the output head's pre-packed copy on the CPU would otherwise stay as it was."""
+    text = hf_config.get_text_config() if hasattr(hf_config, "get_text_config") else hf_config
+    if not (getattr(text, "tie_word_embeddings", False) or getattr(hf_config, "tie_word_embeddings", False)):
+        return weights
+    names = [name for name, _ in weights]
+    if any(name.endswith("lm_head.weight") for name in names):
+        return weights
+    embeddings = [tensor for name, tensor in weights if name.endswith("embed_tokens.weight")]
+    return [*weights, ("lm_head.weight", embeddings[0])] if len(embeddings) == 1 else weights
 
 
 def repack_cpu_experts(model: Any, names: Iterable[str]) -> int:
