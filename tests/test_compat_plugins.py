@@ -41,14 +41,7 @@ PLUGINS = {
     "contract_2_5/algorithm": ("reinforce", "corerl_reinforce"),
 }
 #: folder -> {test name: why it fails and where the fix belongs}: breaks found by this suite
-KNOWN_BREAKS = {
-    "contract_2_5/generation_backend": {
-        "test_ignore_eos_runs_every_completion_to_max_new_tokens":
-            "GenerationBackendConformance checks SamplingSettings.ignore_eos (contract 2.6) on a backend stating "
-            "2.5; it should skip in one line for a plugin older than 2.6 (ContractCheck.missing with a 2.6 "
-            "Requirement in corerl.testing.contract_versions), as the request-seed check does for 2.12",
-    },
-}
+KNOWN_BREAKS: dict[str, dict[str, str]] = {}
 REFUSAL = re.compile(r"^plugin '(?P<name>[\w-]+)' implements plugin contract (?P<stated>\d+\.\d+), and this corerl "
                      r"offers \d+\.\d+ [^\n]*$")
 LOADED_BY = """

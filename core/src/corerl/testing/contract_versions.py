@@ -44,6 +44,12 @@ LOSS_METRICS = Requirement(
     "return them in StepResult.metrics under the loss's own names, each summed over micro-batches and ranks "
     "(corerl.sdk.WorkerGroupBackend with RankWorker does; corerl.sdk.step_result folds the ranks' results)")
 
+#: contract 2.6: SamplingSettings.ignore_eos runs every completion to max_new_tokens
+IGNORE_EOS = Requirement(
+    "SamplingSettings.ignore_eos", "2.6",
+    "with ignore_eos, let no token end a completion (not the end of sequence, not the stop ids): every one runs to "
+    "max_new_tokens, with finish_reason 'length'")
+
 #: contract 2.7: a mixture-of-experts step reports its routers
 ROUTER_METRICS = Requirement(
     "the routers' metrics", "2.7",

@@ -53,6 +53,7 @@ import torch
 
 from corerl.generation.contract import SamplingSettings
 from corerl.testing.contract_versions import (
+    IGNORE_EOS,
     REQUEST_SEEDS,
     STOP_IDS_BESIDES_EOS,
     TIED_UPDATES,
@@ -354,7 +355,9 @@ class GenerationBackendConformance:
         assert any(s.finish_reason == "stop" for s in stopped)  # the stop ids do act without ignore_eos
         ignoring = attrs.evolve(sampling, ignore_eos=True)
         samples = [s for g in engine.generate(PROMPTS, ignoring, n=2) for s in g]
-        assert all(len(s.completion_ids) == self.max_new_tokens and s.finish_reason == "length" for s in samples)
+        if not all(len(s.completion_ids) == self.max_new_tokens and s.finish_reason == "length" for s in samples):
+            self._contract().missing(f"with ignore_eos ends completions before max_new_tokens ({self.max_new_tokens}): "
+                                     f"lengths {[len(s.completion_ids) for s in samples]}", IGNORE_EOS)
 
     def test_outputs_follow_refitted_weights(self, engine: Any, model_dirs: tuple[str, str]) -> None:
         sampling = SamplingSettings(temperature=0.0, max_new_tokens=self.max_new_tokens, stop_token_ids=(3,))
