@@ -58,9 +58,10 @@ def test_concatenative_keeps_the_given_order():
     assert Concatenative().pack([5, 5, 3, 9, 1], 10) == [[0, 1], [2], [3, 4]]
 
 
-def test_first_fit_shuffle_is_reproducible():
+def test_first_fit_shuffle_is_reproducible_and_follows_its_seed():
     lengths = lengths_uniform(seed=1)
     assert FirstFitShuffle(seed=4).pack(lengths, 900) == FirstFitShuffle(seed=4).pack(lengths, 900)
+    assert FirstFitShuffle(seed=4).pack(lengths, 900) != FirstFitShuffle(seed=5).pack(lengths, 900)  # it reads it
 
 
 def test_karmarkar_karp_is_the_largest_differencing_method():

@@ -15,8 +15,9 @@ from tests.conftest import REPO, clean_env, run_corerl
 MEGATRON = ["policy.megatron_cfg.enabled=true"]
 DEEPSPEED = ["policy.deepspeed_cfg.enabled=true"]
 HF = ["policy.generation.backend=hf"]
-#: a Llama with head_dim 16 and 256 positions, as a user's own small checkpoint (built by the fixture)
-USER_MODEL = "/tmp/corerl-tests-user-llama"
+#: a Llama with head_dim 16 and 256 positions, as a user's own small checkpoint: the fixture builds it in
+#: pytest's temporary folder (a fixed path in /tmp was raced on by two workers) and puts its path here
+USER_MODEL = "{user_model}"
 # every refusal a registration's check (or the core's model check) makes, with the overrides that reach it
 REFUSALS = [
     ["policy.dtensor_cfg.context_parallel_size=2", "policy.sequence_packing.enabled=true", "cluster.gpus_per_node=2", *HF],
@@ -95,12 +96,16 @@ CHECKED = ["plugins/dtensor/src/corerl_dtensor/support.py", "plugins/megatron/sr
 
 
 @pytest.fixture(scope="module")
-def user_model():
+def user_model(tmp_path_factory):
     from corerl.models.tiny import build_tiny_model
 
-    if not (Path(USER_MODEL) / "config.json").exists():
-        build_tiny_model(USER_MODEL, family="llama", hidden_size=64, num_heads=4, num_kv_heads=2, max_positions=256)
-    return USER_MODEL
+    folder = tmp_path_factory.mktemp("user-llama")
+    build_tiny_model(folder, family="llama", hidden_size=64, num_heads=4, num_kv_heads=2, max_positions=256)
+    return str(folder)
+
+
+def _with_model(overrides: list[str], user_model: str) -> list[str]:
+    return [o.replace(USER_MODEL, user_model) for o in overrides]
 
 
 def _raise_sites() -> set[tuple[str, int]]:
@@ -122,7 +127,7 @@ def test_every_refusal_of_every_check_is_reached_by_a_case_and_said_in_one_line(
     host = PluginHost(env={})
     reached = set()
     for overrides in REFUSALS:
-        config = load_config(REPO / "core/src/corerl/recipes/demo.yaml", overrides, host)
+        config = load_config(REPO / "core/src/corerl/recipes/demo.yaml", _with_model(overrides, user_model), host)
         with pytest.raises(CorerlError) as refused:
             select(config, host)
         # a check's refusal comes as ConfigErrors (with its origin); each error keeps its own traceback
@@ -141,6 +146,7 @@ CASES = [(overrides[0].split("=")[0], overrides) for overrides in REFUSALS]
 @pytest.mark.slow
 @pytest.mark.parametrize("first, overrides", CASES, ids=[" ".join(o) for _, o in CASES])
 def test_validate_refuses_what_run_refuses_at_start_up(tmp_path, user_model, first, overrides):
+    overrides = _with_model(overrides, user_model)
     validate = run_corerl("validate", "core/src/corerl/recipes/demo.yaml", *overrides)
     # no cluster named: GPU-only options are judged by this machine, as validate judges them
     run = run_corerl("run", *overrides, f"run.output_dir={tmp_path}", env=clean_env(shared_ray=False))
