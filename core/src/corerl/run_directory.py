@@ -12,7 +12,6 @@ from corerl.checkpoints import latest_checkpoint
 from corerl.complete_folders import remove, write_once
 from corerl.config import Config
 from corerl.errors import ConfigError
-from corerl.failures import first_line
 from corerl.models.tiny import BUILTIN_MODELS, build_tiny_model
 
 # what a run writes into its directory; a run that holds no complete checkpoint loses these
@@ -143,15 +142,11 @@ WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_mo
 
 def load_tokenizer(path: str, model_path: str) -> Any:
     """The tokenizer at ``path``; one that cannot be loaded is a one-line error naming the key."""
-    from corerl.models.tokenizer import load_tokenizer_folder
+    from corerl.models.tokenizer import tokenizer_at
 
     key = "policy.tokenizer_name" if path != model_path else "policy.model_name"
     check_tokenizer(path, key)
-    try:
-        return load_tokenizer_folder(path)
-    except (OSError, ValueError, KeyError, TypeError) as exc:  # no or unreadable tokenizer files there
-        raise ConfigError(f"cannot load a tokenizer from {path}: {first_line(exc)}", key=key, hint="give a folder holding tokenizer.json or the tokenizer files save_pretrained "
-                                        "writes") from exc
+    return tokenizer_at(path, key)
 
 
 def check_tokenizer(path: str, key: str = "policy.tokenizer_name") -> None:

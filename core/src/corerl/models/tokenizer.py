@@ -61,8 +61,6 @@ def model_vocabulary(model_name: str, key: str) -> dict[str, int] | None:
     names, building and converting nothing: a ``builtin:`` model's as it would be built, a
     folder's as saved; None for a GGUF file or a packaged model (known once converted). A folder
     whose tokenizer cannot be loaded is one line naming ``key``."""
-    from corerl.errors import ConfigError
-    from corerl.failures import first_line
     from corerl.models.gguf import PACKAGED
     from corerl.models.tiny import BUILTIN_MODELS, builtin_vocabulary
 
@@ -70,12 +68,20 @@ def model_vocabulary(model_name: str, key: str) -> dict[str, int] | None:
         return builtin_vocabulary(model_name)
     if model_name.endswith(".gguf") or model_name in PACKAGED:
         return None
+    return dict(tokenizer_at(model_name, key).get_vocab())
+
+
+def tokenizer_at(path: str | Path, key: str) -> Any:
+    """The tokenizer folder ``path`` loaded as saved; one that cannot be loaded is one line naming ``key``."""
+    from corerl.errors import ConfigError
+    from corerl.failures import first_line
+
     try:
-        return dict(load_tokenizer_folder(model_name).get_vocab())
+        return load_tokenizer_folder(path)
     except (OSError, ValueError, KeyError, TypeError) as exc:  # no or unreadable tokenizer files there
-        raise ConfigError(f"cannot load a tokenizer from {model_name}: {first_line(exc)}", key=key,
+        raise ConfigError(f"cannot load a tokenizer from {path}: {first_line(exc)}", key=key,
                           hint="give a folder holding tokenizer.json or the tokenizer files save_pretrained "
-                               "writes") from None
+                               "writes") from exc
 
 
 def lost_text(tokenizer: Any, text: str, ids: Sequence[int]) -> bool:

@@ -18,19 +18,20 @@ class RefitExtension:
     def corerl_reload_tensors(self, weights: list[tuple[str, Any]]) -> int:
         """``(Hugging Face name, tensor)`` pairs handed over as they are: the engine runs in the caller's
         process, where vLLM's in-process executor passes arguments without serialising them."""
-        # reload_weights re-runs the loader's post-processing: the CPU kernels use a pre-packed copy
-        # of each weight, so a plain model.load_weights() would leave the outputs unchanged.
-        weights = with_tied_copy(self.model_runner.model_config.hf_config, weights)
-        self.reload_weights(weights_iterator=weights)
-        repack_cpu_experts(self.model_runner.model, [name for name, _ in weights])
-        return len(weights)
+        return self._reload(weights)
 
     def corerl_reload_shared(self, manifest: object) -> int:
         """The weights named by a :class:`corerl.generation.shared_weights.WeightManifest`, read as
         views of the shared-memory file the driver wrote (no copy before vLLM's own)."""
         from corerl.sdk import read_shared
 
-        weights = with_tied_copy(self.model_runner.model_config.hf_config, read_shared(manifest))  # type: ignore[arg-type]
+        return self._reload(read_shared(manifest))  # type: ignore[arg-type]
+
+    def _reload(self, weights: list[tuple[str, Any]]) -> int:
+        """Load ``weights`` (the tied head's copy added where the update left it out) into the model."""
+        # reload_weights re-runs the loader's post-processing: the CPU kernels use a pre-packed copy
+        # of each weight, so a plain model.load_weights() would leave the outputs unchanged.
+        weights = with_tied_copy(self.model_runner.model_config.hf_config, weights)
         self.reload_weights(weights_iterator=weights)
         repack_cpu_experts(self.model_runner.model, [name for name, _ in weights])
         return len(weights)
