@@ -78,7 +78,7 @@ def check_same_recipe(run_dir: Path, config: Config, host: PluginHost) -> None:
     recorded in ``run_dir`` in anything but :data:`RESUMABLE_KEYS` (a run from before the record
     is resumed unchecked)."""
     from corerl.config import load_config
-    from corerl.selection import choose_chat_template
+    from corerl.models.chat_template import resolve_chat_template
 
     path = run_dir / RECIPE_FILE
     if not path.exists():
@@ -90,7 +90,7 @@ def check_same_recipe(run_dir: Path, config: Config, host: PluginHost) -> None:
     except ConfigErrors as exc:
         raise ConfigError(f"the recipe {run_dir} started with no longer validates ({exc.errors[0].one_line()})",
                           key="run.name", hint=hint) from None
-    choose_chat_template(recorded)  # an unset data.apply_chat_template resolved as selection resolved the run's
+    resolve_chat_template(recorded)  # an unset data.apply_chat_template resolved as selection resolved the run's
     before, now = effective_values(recorded), effective_values(config)
     changed = [key for key in sorted(set(before) | set(now))
                if not resumable(key) and before.get(key, _MISSING) != now.get(key, _MISSING)]

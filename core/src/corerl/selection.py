@@ -29,6 +29,7 @@ from corerl.config.tree import origin_of
 from corerl.errors import ConfigError, ConfigErrors, CorerlError, PluginError, SelectionError
 from corerl.failures import first_line
 from corerl.known_plugins import FIRST_PARTY, provider_of
+from corerl.models.chat_template import resolve_chat_template
 from corerl.plugin_manager import CORE_PLUGIN, PluginHost, version_key
 from corerl.registry import Registration, Registry, TrainingBackend
 
@@ -465,16 +466,10 @@ def unused_keys(config: Config, registry: Any, chosen: Choice, what: str) -> lis
 
 
 def choose_chat_template(config: Config) -> Choice:
-    """Whether prompts go through the chat template: ``data.apply_chat_template`` as the recipe
-    sets it, or, unset, whether the policy's tokenizer has one (as NeMo RL and TRL do for
-    conversational data); the unset key is given the value chosen, so every task reads a bool."""
-    data = config.core.data
-    if data.apply_chat_template is not None:
-        return Choice("on" if data.apply_chat_template else "off", f"data.apply_chat_template is {str(data.apply_chat_template).lower()}")
-    from corerl.models.chat_template import default_chat_template
-
-    chosen, reason = default_chat_template(config)
-    data.apply_chat_template = chosen
+    """Whether prompts go through the chat template (:func:`corerl.models.chat_template.resolve_chat_template`:
+    as the recipe says, or, unset, whether the policy's tokenizer has one, as NeMo RL and TRL do for
+    conversational data), as a choice with its reason."""
+    chosen, reason = resolve_chat_template(config)
     return Choice("on" if chosen else "off", reason)
 
 

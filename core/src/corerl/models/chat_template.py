@@ -44,3 +44,16 @@ def default_chat_template(config: Any) -> tuple[bool, str]:
         return True, (f"data.apply_chat_template is unset and the tokenizer of {name} has a chat template: prompts go "
                       "through it (set data.apply_chat_template=false for raw text)")
     return False, f"data.apply_chat_template is unset and the tokenizer of {name} has no chat template"
+
+
+def resolve_chat_template(config: Any) -> tuple[bool, str]:
+    """Whether prompts go through the chat template, and why: ``data.apply_chat_template`` as the
+    recipe sets it, or, unset, :func:`default_chat_template`, which the unset key is then given (so
+    every task, and a resume comparing its recorded recipe, reads the same bool)."""
+    data = config.core.data
+    if data.apply_chat_template is not None:
+        return bool(data.apply_chat_template), f"data.apply_chat_template is {str(data.apply_chat_template).lower()}"
+    chosen, reason = default_chat_template(config)
+    data.apply_chat_template = chosen
+    return chosen, reason
+
