@@ -3,10 +3,13 @@ that names the key."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
-from corerl.errors import EngineNotAvailable
+from corerl.config import load_config
+from corerl.errors import ConfigError, EngineNotAvailable
 from corerl.testing import host_with, select_for, write_recipe
 from corerl_megatron.support import check_supported
 
@@ -20,10 +23,13 @@ NOT_OFFERED = [
 ]
 
 
+def _recipe(tmp_path) -> Path:
+    return write_recipe(tmp_path / "r.yaml", {"cluster": {"gpus_per_node": 2},
+                                              "policy": {"model_name": "m", "megatron_cfg": {"enabled": True}}})
+
+
 def _config(tmp_path, override: str):
-    recipe = write_recipe(tmp_path / "r.yaml", {"cluster": {"gpus_per_node": 2},
-                                                "policy": {"model_name": "m", "megatron_cfg": {"enabled": True}}})
-    config, _ = select_for(host_with(None, "installed"), recipe, [override])
+    config, _ = select_for(host_with(None, "installed"), _recipe(tmp_path), [override])
     return config
 
 
@@ -43,7 +49,25 @@ def test_what_the_backend_does_not_offer_is_refused_with_its_reason(tmp_path, ov
     assert raised.value.key == key and reason in str(raised.value) and "\n" not in str(raised.value)
 
 
-def test_the_supported_options_pass(tmp_path):
-    check_supported(_config(tmp_path, "policy.megatron_cfg.tensor_model_parallel_size=2"))
-    # expert parallelism: a model that is not local is not judged here (a dense local one is, in the SDK's check)
-    check_supported(_config(tmp_path, "policy.megatron_cfg.expert_model_parallel_size=2"))
+TAKEN = [
+    # (the option, a local model that takes it, one that cannot, what the refusal says)
+    ("policy.megatron_cfg.tensor_model_parallel_size=2", "builtin:tiny-qwen2", "builtin:tiny-qwen2-small",
+     "cannot split the model's 2 attention heads"),
+    ("policy.megatron_cfg.expert_model_parallel_size=2", "builtin:tiny-moe", "builtin:tiny-qwen2",
+     "needs a mixture-of-experts model"),
+]
+
+
+@pytest.mark.parametrize(("override", "takes_it", "cannot", "says"), TAKEN)
+def test_the_supported_options_pass_and_the_same_value_is_refused_for_a_model_that_cannot_take_it(
+        tmp_path, override, takes_it, cannot, says):
+    key, value = override.split("=")
+    # a model that is not local is not judged here; a local one that takes the value is taken too
+    for model in ("m", takes_it):
+        config, selection = select_for(host_with(None, "installed"), _recipe(tmp_path), [override, f"policy.model_name={model}"])
+        assert getattr(config.section("policy.megatron_cfg"), key.rsplit(".", 1)[1]) == int(value)
+        assert check_supported(config) is None and selection.training_backend.id == "megatron", model
+    config = load_config(_recipe(tmp_path), [override, f"policy.model_name={cannot}"], host_with(None, "installed"))
+    with pytest.raises(ConfigError) as raised:
+        check_supported(config)
+    assert raised.value.key == key and says in str(raised.value) and "\n" not in str(raised.value)
