@@ -10,6 +10,7 @@ from transformers import AutoModelForCausalLM
 
 from corerl.config import load_config
 from corerl.errors import ConfigError
+from corerl.models.facts import model_shape
 from corerl.models.tiny import build_tiny_model
 from corerl.plugin_manager import PluginHost
 from corerl.selection import select
@@ -80,8 +81,15 @@ def test_what_context_parallelism_does_not_take_yet_is_refused_in_one_line(model
 
 def test_a_mixture_of_experts_model_takes_context_parallelism(model_dir, tmp_path):
     # its router's terms are gathered over the ring (corerl.training.moe_router.RouterHooks.split_rows)
-    check_supported(make_config(model_dir, tmp_path, "cluster.gpus_per_node=2", f"{CP}=2",
-                                "policy.model_name=builtin:tiny-moe"))
+    moe = ["cluster.gpus_per_node=2", f"{CP}=2", "policy.model_name=builtin:tiny-moe"]
+    config = make_config(model_dir, tmp_path, *moe)
+    assert model_shape(config).is_moe and config.section("policy.dtensor_cfg").context_parallel_size == 2
+    assert check_supported(config) is None
+    assert select(config, PluginHost(env={})).training_backend.id == "dtensor"
+    # the same model with its experts split over the ranks as well is refused, in one line naming the key
+    with pytest.raises(ConfigError) as caught:
+        check_supported(make_config(model_dir, tmp_path, *moe, "policy.dtensor_cfg.expert_parallel_size=2"))
+    assert caught.value.key == CP and "expert parallelism" in str(caught.value) and "\n" not in str(caught.value)
 
 
 def test_a_context_parallel_size_that_does_not_divide_the_world_is_named_in_one_line(model_dir, tmp_path):
