@@ -5,7 +5,6 @@ overrides, system prompts, data order, the checkpoint deadline and ``${oc.env:HF
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import pytest
@@ -209,7 +208,7 @@ def test_unshuffled_data_is_drawn_in_file_order():
     assert _load(DATA / "base_grpo.yaml", "data.shuffle=false").core.data.shuffle is False
 
 
-def test_checkpoint_must_save_by_becomes_a_time_budget(tmp_path, capsys):
+def test_checkpoint_must_save_by_becomes_a_time_budget(tmp_path, capsys, monkeypatch):
     from corerl.checkpoints import TimeBudget, duration_seconds
 
     recipe = _child(tmp_path, "deadline.yaml", "checkpointing:\n  enabled: true\n  checkpoint_must_save_by: "
@@ -217,10 +216,19 @@ def test_checkpoint_must_save_by_becomes_a_time_budget(tmp_path, capsys):
     assert _load(recipe).core.checkpointing.save_by == "00:03:30:00"
     assert duration_seconds("00:03:30:00") == 3.5 * 3600 and duration_seconds("01:00:00:05") == 86405
     assert duration_seconds("02:30") == 150  # fewer fields: the last ones (MM:SS)
-    budget = TimeBudget("0:0:0:0.05")
-    assert not budget.check()
-    time.sleep(0.06)
-    assert budget.check() and budget.spent and not TimeBudget(None).check()
+    import types
+
+    import corerl.checkpoints
+
+    now = [1000.0]  # an injected clock: the budget is judged by it, not by how fast this machine is
+    monkeypatch.setattr(corerl.checkpoints, "time", types.SimpleNamespace(monotonic=lambda: now[0]))
+    budget = TimeBudget("0:0:0:5")
+    now[0] += 4.99
+    assert not budget.check() and not budget.spent
+    now[0] += 0.01
+    assert budget.check() and budget.spent
+    now[0] -= 1.0  # once spent, spent
+    assert budget.check() and not TimeBudget(None).check()
     refused = _Validated(capsys, str(recipe), "checkpointing.checkpoint_must_save_by=3h")
     assert refused.code == 2 and "checkpointing.save_by: expected DD:HH:MM:SS" in refused.err, refused.err
     unquoted = _Validated(capsys, str(recipe), "checkpointing.checkpoint_must_save_by=1:30:00")
