@@ -20,8 +20,13 @@ a Ray actor or, for world size 1, an object in the driver. The worker's rank-sid
 - with ``policy.lora`` (:mod:`corerl.lora`): ``base_logprobs(mbs)`` with the adapter switched off,
   ``adapter_state() -> dict | None`` (the adapter on the reporting rank, PEFT's names) and
   ``export_adapter(path)`` (a PEFT adapter folder);
-- ``offload(parts)`` / ``reload(parts)`` with parts from ``parameters``/``optimizer``;
-- ``state_bytes() -> dict``: ``parameters``, ``gradients``, ``optimizer`` bytes this rank holds;
+- ``offload(parts)`` / ``reload(parts)`` with parts from ``parameters``/``optimizer``: the parts'
+  state leaves the rank's device between phases and comes back unchanged. On a GPU the backend's
+  :meth:`RankWorker.move` moves it; on a CPU (and where a backend's ``move`` keeps the default) the
+  storages of :meth:`RankWorker.phase_tensors` are parked in host memory and freed
+  (:mod:`corerl.training.parking`), and the rank refuses to compute from a parked part;
+- ``state_bytes() -> dict``: ``parameters``, ``gradients``, ``optimizer`` bytes this rank holds on
+  its device now (0 for a part offloaded, the same again after its reload);
 - ``pid()``, ``shutdown()``, and the device report of :class:`RankDeviceReport`.
 
 A mixture-of-experts model gets router hooks when loaded (:mod:`corerl.training.moe_router`,
@@ -57,8 +62,9 @@ log = logging.getLogger(__name__)
 class RankWorker(RankDeviceReport):
     """One rank of a training backend. Subclasses set :attr:`settings_key` and supply
     :meth:`load_hf`, :meth:`forward_logprobs`, :meth:`optimizer_step`, :meth:`full_state_dict`
-    and :meth:`state_bytes` (and :meth:`forward_values` to train critics); the rest has defaults
-    that most backends keep. :attr:`critic` says which model the rank holds."""
+    and :meth:`state_bytes` (and :meth:`forward_values` to train critics), and
+    :meth:`phase_tensors` for offload between phases; the rest has defaults that most backends
+    keep. :attr:`critic` says which model the rank holds."""
 
     settings_key: ClassVar[str]  # the recipe section of the backend, e.g. "policy.dtensor_cfg"
     quiet_warnings: ClassVar[tuple[str, ...]] = ()  # library notices that say nothing about a run
@@ -87,6 +93,9 @@ class RankWorker(RankDeviceReport):
         self.lora = lora_enabled(config)  # the model is wrapped by PEFT: only its adapter trains
         self.peft_model: Any = None  # that PEFT model (inside any wrappers the backend adds)
         self.router: Any = None  # a MoE model's router hooks (corerl.training.moe_router), set by load_pretrained
+        from corerl.training.parking import HostStore
+
+        self.parked = HostStore()  # the parts offloaded by parking (phase_tensors' storages) and their host copies
         self.setup(**options)
 
     # -- what a backend supplies ---------------------------------------------------------
@@ -170,12 +179,24 @@ class RankWorker(RankDeviceReport):
         raise NotImplementedError
 
     def state_bytes(self) -> dict[str, int]:
+        """Bytes this rank holds on its device for ``parameters``, ``gradients`` and ``optimizer``
+        state: 0 for a part offloaded (:meth:`resident_bytes` counts what is there)."""
         raise NotImplementedError
 
+    def phase_tensors(self, part: str) -> list[torch.Tensor] | None:
+        """The tensors that hold ``part`` (``parameters``: this rank's shards of the model's
+        parameters; ``optimizer``: its optimizer's state, master copies included) for offload
+        between phases to park; None where the backend cannot say (offload is then a logged
+        no-op on a CPU)."""
+        return None
+
     def move(self, device: torch.device, parts: list[str]) -> None:
-        """Move ``parts`` (``parameters``, ``optimizer``) to ``device``; only called on a GPU."""
-        log.info("%s rank %d: moving %s between phases is not supported", type(self).__name__, self.rank,
-                 " and ".join(parts))
+        """Move ``parts`` (``parameters``, ``optimizer``) to ``device``; only called on a GPU. This
+        default parks the storages of :meth:`phase_tensors` in host memory (the CPU's way)."""
+        if device.type == "cpu":
+            self._park(parts)
+        else:
+            self._unpark(parts)
 
     def release(self) -> None:
         """Free what the backend holds beyond the process group (an engine) at shutdown."""
@@ -197,6 +218,7 @@ class RankWorker(RankDeviceReport):
 
         if self.critic:
             raise RuntimeError("a critic computes values, not logprobs")
+        self.require_resident("parameters")
         self.set_mode(False)
         router = self.router if record else None
         if router is None:
@@ -223,6 +245,7 @@ class RankWorker(RankDeviceReport):
 
         if self.critic:
             raise RuntimeError("a critic computes values, not logprobs")
+        self.require_resident("parameters")
         self.set_mode(False)
         out = []
         with torch.no_grad():
@@ -235,6 +258,7 @@ class RankWorker(RankDeviceReport):
         """Values of each of this rank's micro-batches, on a critic."""
         import torch
 
+        self.require_resident("parameters")
         self.set_mode(False)
         with torch.no_grad():
             return [self.forward_values(self.to_device(mb)).float().cpu() for mb in mbs]
@@ -252,6 +276,7 @@ class RankWorker(RankDeviceReport):
 
     def train_step(self, mbs: list[dict[str, torch.Tensor]], loss_fn: Any, normaliser: float) -> dict[str, Any]:
         """One optimizer step over this rank's micro-batches, gradients accumulated."""
+        self.require_resident("parameters", "optimizer")
         self.set_mode(True)
         totals = StepTotals()
         for index, mb in enumerate(mbs):
@@ -281,6 +306,7 @@ class RankWorker(RankDeviceReport):
 
         from corerl.failures import checkpoint_errors
 
+        self.require_resident("parameters", "optimizer")
         with checkpoint_errors("saving", path):
             extra = self.save_state(path)
         torch.save({"step": self.step, "rng": capture_rng(), **extra}, self._sidecar(path))
@@ -300,6 +326,7 @@ class RankWorker(RankDeviceReport):
     def full_hf_state(self) -> dict[str, torch.Tensor] | None:
         """:meth:`full_state_dict`, with a LoRA adapter merged into the base weights by PEFT
         (every rank calls it; the reporting rank gets the weights)."""
+        self.require_resident("parameters")
         state = self.full_state_dict()
         if not self.lora or state is None:
             return state
@@ -320,6 +347,7 @@ class RankWorker(RankDeviceReport):
         where it is a DTensor); a backend whose parameters are shards of another kind overrides it."""
         from corerl.lora.adapter import adapter_tensors, is_adapter_name
 
+        self.require_resident("parameters")
         pairs = []
         for name, param in self.peft_model.named_parameters():
             if is_adapter_name(name):
@@ -340,18 +368,54 @@ class RankWorker(RankDeviceReport):
         barrier()
 
     def offload(self, parts: list[str]) -> None:
+        """``parts`` leave this rank's device until :meth:`reload`: moved to the CPU by
+        :meth:`move` on a GPU, parked in host memory on a CPU."""
         import torch
 
-        self._move_between_phases(torch.device("cpu"), parts)
+        if self.device.type == "cpu":
+            self._park(parts)
+        else:
+            self.move(torch.device("cpu"), parts)
 
     def reload(self, parts: list[str]) -> None:
-        self._move_between_phases(self.device, parts)
-
-    def _move_between_phases(self, device: torch.device, parts: list[str]) -> None:
+        """``parts`` back on this rank's device, as they were before :meth:`offload`."""
         if self.device.type == "cpu":
-            log.info("%s rank %d: moving %s is a no-op on CPU", type(self).__name__, self.rank, " and ".join(parts))
-            return
-        self.move(device, parts)
+            self._unpark(parts)
+        else:
+            self.move(self.device, parts)
+
+    def _park(self, parts: list[str]) -> None:
+        for part in parts:
+            tensors = self.phase_tensors(part)
+            if tensors is None:
+                log.info("%s rank %d: offloading %s between phases is not supported (the backend does not say "
+                         "which tensors hold it): it stays", type(self).__name__, self.rank, part)
+                continue
+            moved = self.parked.park(part, tensors)
+            log.debug("%s rank %d: parked %s (%d bytes)", type(self).__name__, self.rank, part, moved)
+        if self.device.type == "cuda":
+            import torch
+
+            torch.cuda.empty_cache()
+
+    def _unpark(self, parts: list[str]) -> None:
+        for part in parts:
+            moved = self.parked.unpark(part)
+            log.debug("%s rank %d: reloaded %s (%d bytes)", type(self).__name__, self.rank, part, moved)
+
+    def require_resident(self, *parts: str) -> None:
+        """Refuse to compute while one of ``parts`` is parked (its storages hold nothing)."""
+        away = [part for part in parts if part in self.parked]
+        if away:
+            raise RuntimeError(f"{type(self).__name__} rank {self.rank}: {' and '.join(away)} offloaded; "
+                               "reload() before computing")
+
+    def resident_bytes(self, tensors: Any) -> int:
+        """Bytes of the distinct storages behind ``tensors`` (None entries skipped) that are on this
+        rank's device: a parked storage is empty, a tensor moved to the CPU from a GPU is elsewhere."""
+        from corerl.training.memory import local_tensor, storage_bytes
+
+        return storage_bytes(t for t in tensors if t is not None and local_tensor(t).device.type == self.device.type)
 
     def pid(self) -> int:
         return os.getpid()

@@ -225,6 +225,7 @@ class DTensorWorker(RankWorker):
         """Every rank must call this; rank 0 gets the full weights (Hugging Face names, on CPU)."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
+        self.require_resident("parameters")
         model = self._require_model()
         if self.fsdp1:
             state = parallelize.fsdp1_full_state_dict(model)
@@ -244,9 +245,18 @@ class DTensorWorker(RankWorker):
             torch.cuda.synchronize()
             torch.cuda.empty_cache()
 
+    def phase_tensors(self, part: str) -> list[torch.Tensor] | None:
+        """This rank's shards of the model's parameters (a DTensor's local shard, FSDP1's flat
+        shards), or its optimizer's state tensors: what offload parks on a CPU."""
+        if part == "parameters":
+            return list(self._require_model().parameters())
+        if part == "optimizer":
+            return optimizer_state_tensors(self.optimizer)
+        return None
+
     def state_bytes(self) -> dict[str, int]:
-        """Bytes this rank holds for parameters (its shards), gradients (at the last step, before
-        the optimizer ran) and optimizer state (see bench/memory.py)."""
-        model = self._require_model()
-        return {"parameters": storage_bytes(model.parameters()), "gradients": self.grad_bytes,
-                "optimizer": storage_bytes(optimizer_state_tensors(self.optimizer))}
+        """Bytes this rank holds on its device for parameters (its shards), gradients (at the last
+        step, before the optimizer ran) and optimizer state (see bench/memory.py); 0 for a part
+        offloaded."""
+        return {"parameters": self.resident_bytes(self.phase_tensors("parameters")), "gradients": self.grad_bytes,
+                "optimizer": self.resident_bytes(self.phase_tensors("optimizer"))}
