@@ -48,6 +48,13 @@ def test_example_recipes_inherit_base_and_validate(host):
     assert (dapo.ratio_clip_min, dapo.ratio_clip_max, dapo.aggregation) == (0.2, 0.28, "token_mean")
 
 
+def test_an_override_beats_the_recipe_files_value_and_says_where_it_came_from(tmp_path, host):
+    recipe = write(tmp_path / "r.yaml", "policy:\n  model_name: m\n  max_seq_length: 10\nalgorithm: {max_steps: 20}\n")
+    config = load_config(recipe, ["algorithm.max_steps=2", "policy.max_seq_length=64"], host)
+    assert (config.core.algorithm.max_steps, config.core.policy.max_seq_length) == (2, 64)
+    assert config.origins["algorithm.max_steps"] == "override 'algorithm.max_steps=2'"
+
+
 def test_overrides_are_yaml_typed(tmp_path, host):
     recipe = write(tmp_path / "r.yaml", "policy: {model_name: m}\n")
     config = load_config(
