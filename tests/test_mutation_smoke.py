@@ -1,0 +1,32 @@
+"""scripts/mutation_smoke.py stays runnable as the code moves: each mutation's text is found once in
+its file and its guarding tests exist (the smoke itself runs by hand: docs/testing.md)."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+from tests.conftest import REPO
+
+
+def _script():
+    spec = importlib.util.spec_from_file_location("mutation_smoke", REPO / "scripts" / "mutation_smoke.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+SMOKE = _script()
+
+
+@pytest.mark.parametrize("mutation", SMOKE.MUTATIONS, ids=lambda m: m.name)
+def test_each_mutation_applies_to_the_current_source_and_names_existing_tests(mutation):
+    text = SMOKE.check_applicable(mutation)  # exits naming the mutation when its text moved
+    assert text.replace(mutation.old, mutation.new) != text
+    assert mutation.tests
+    for test in mutation.tests:
+        path, _, name = test.partition("::")
+        assert (REPO / path).is_file(), test
+        source = (REPO / path).read_text()
+        assert all(part.split("[")[0] in source for part in name.split("::") if part), test
