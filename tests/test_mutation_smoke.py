@@ -4,6 +4,7 @@ its file and its guarding tests exist (the smoke itself runs by hand: docs/testi
 from __future__ import annotations
 
 import importlib.util
+import sys
 
 import pytest
 
@@ -13,6 +14,7 @@ from tests.conftest import REPO
 def _script():
     spec = importlib.util.spec_from_file_location("mutation_smoke", REPO / "scripts" / "mutation_smoke.py")
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses looks its module up there
     spec.loader.exec_module(module)
     return module
 
