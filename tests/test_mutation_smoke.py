@@ -30,7 +30,8 @@ def test_each_mutation_applies_to_the_current_source_and_names_existing_tests(mu
     for test in mutation.tests:
         path, _, name = test.partition("::")
         assert (REPO / path).is_file(), test
-        *classes, function = name.split("::") if name else ["", ""]
+        parts = name.split("::") if name else []
+        classes, function = parts[:-1], parts[-1] if parts else ""
         source = (REPO / path).read_text()
         assert all(f"class {c}" in source for c in classes), test
         # a conformance check is defined in the shared suite its class inherits from
