@@ -25,8 +25,8 @@ One subclass per layout (world size, parallel sizes). The checks:
 (g) with sequence packing (the default packer) and with dynamic token-budget micro-batches,
     logprobs, the loss, the gradient norm and the (clipped) gradients equal a plain forward
     of each sequence alone, unpadded (set ``micro_batch_layouts`` to narrow this);
-(h) every rank computes on the machine's accelerator (a GPU where torch sees one, else the
-    CPU), for backends that report ``worker_devices()``;
+(h) for backends that report ``worker_devices()``: one device per rank, of a kind the machine
+    has; on a GPU machine (``gpu`` mark, skipped without one) every rank computes on CUDA;
 (i) DPO's pair loss (:class:`corerl.algorithms.dpo_math.DPOLoss`, whose pairs must not be split)
     gives the loss and the weights of a plain step on the whole batch, in this layout (one pair
     per micro-batch) and, in (g)'s token-budget layouts, with pairs packed or grouped by tokens;
@@ -508,13 +508,27 @@ class TrainingBackendConformance(BackendLayout):
 
     # -- (h) ---------------------------------------------------------------------------
 
-    def test_ranks_compute_on_the_machines_accelerator(self, backend: Any) -> None:
+    def test_every_rank_reports_where_it_computes(self, backend: Any) -> None:
+        """(h) on any machine: ``worker_devices()`` names one device per rank, each a torch device
+        of a kind this machine has (the CPU, or CUDA where torch sees a GPU)."""
         if not hasattr(backend, "worker_devices"):
-            pytest.skip(f"{self.backend_id} does not report its ranks' devices")
-        expected = "cuda" if torch.cuda.is_available() else "cpu"
+            pytest.skip(f"{self.backend_id} does not report its ranks' devices (it has no worker_devices())")
         devices = backend.worker_devices()
-        assert len(devices) == backend.conformance_world_size
-        assert all(device.split(":")[0] == expected for device in devices), devices
+        assert len(devices) == backend.conformance_world_size, f"one device per rank expected: {devices}"
+        kinds = {"cpu", "cuda"} if torch.cuda.is_available() else {"cpu"}
+        assert all(torch.device(device).type in kinds for device in devices), devices
+
+    @pytest.mark.gpu
+    def test_ranks_compute_on_the_machines_accelerator(self, backend: Any) -> None:
+        """(h) on a GPU machine (the ``gpu`` tier): every rank computes on CUDA. On a CPU this
+        could only answer "cpu", so it is skipped there, saying so."""
+        if not torch.cuda.is_available():
+            pytest.skip("needs a CUDA GPU (torch sees none): on a CPU every rank can only compute on the CPU")
+        if not hasattr(backend, "worker_devices"):
+            pytest.skip(f"{self.backend_id} does not report its ranks' devices (it has no worker_devices())")
+        devices = backend.worker_devices()
+        assert len(devices) == backend.conformance_world_size, f"one device per rank expected: {devices}"
+        assert all(torch.device(device).type == "cuda" for device in devices), devices
 
     # -- (i) ---------------------------------------------------------------------------
 
