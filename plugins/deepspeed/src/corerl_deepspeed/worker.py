@@ -104,6 +104,7 @@ class DeepSpeedWorker(RankWorker):
         """Every rank must call this; rank 0 gets the full weights (Hugging Face names, on CPU).
         Under ZeRO-3 each parameter is gathered from its shards in turn, so no rank ever holds
         more than one whole parameter beyond its own shards."""
+        self.require_resident("parameters")
         out: dict[str, torch.Tensor] = {}
         for name, param in self.engine.module.named_parameters(remove_duplicate=False):
             gathered = (self.deepspeed.zero.GatheredParameters([param], modifier_rank=None)
@@ -131,15 +132,18 @@ class DeepSpeedWorker(RankWorker):
     # -- memory ------------------------------------------------------------------------------
 
     def move(self, device: torch.device, parts: list[str]) -> None:
+        """On a GPU: DeepSpeed's own ``offload_states`` under ZeRO-3 with its FusedAdam; otherwise
+        the parts are parked in host memory (:meth:`phase_tensors`, as on a CPU)."""
         if self.settings.zero_stage != 3:
-            log.info("deepspeed rank %d: offloading between phases needs ZeRO-3 (DeepSpeed's offload_states)", self.rank)
+            super().move(device, parts)
             return
         from deepspeed.ops.adam.fused_adam import FusedAdam
 
         inner = type(getattr(self.engine.optimizer, "optimizer", None))
         if inner is not FusedAdam:  # DeepSpeed's offload_states asserts on any other optimizer
-            log.warning("deepspeed rank %d: DeepSpeed offloads ZeRO-3 states only for its FusedAdam, not %s: the "
-                        "states stay on the GPU between phases", self.rank, inner.__name__)
+            log.info("deepspeed rank %d: DeepSpeed offloads ZeRO-3 states only for its FusedAdam, not %s: the "
+                     "states are parked in host memory instead", self.rank, inner.__name__)
+            super().move(device, parts)
             return
         if device.type != "cpu":
             self.engine.reload_states()
@@ -153,13 +157,27 @@ class DeepSpeedWorker(RankWorker):
             kinds += [OffloadStateTypeEnum.lp_params]
         self.engine.offload_states(include=kinds)
 
-    def state_bytes(self) -> dict[str, int]:
-        """Bytes this rank holds for parameters, gradients (at the last step's boundary) and
-        optimizer state (see bench/memory.py)."""
-        from corerl_deepspeed.memory import optimizer_bytes, parameter_bytes
+    def phase_tensors(self, part: str) -> list[torch.Tensor] | None:
+        """What the engine holds of ``part``: the module's parameters (their ZeRO-3 partitions; under
+        ZeRO-1/2 views into its flat buffers), or the optimizer's state with ZeRO's fp32 master
+        partitions (the tensors :mod:`corerl_deepspeed.memory` counts)."""
+        from corerl.sdk import optimizer_state_tensors
 
-        return {"parameters": parameter_bytes(self.engine, self.settings.zero_stage),
-                "gradients": self.grad_bytes, "optimizer": optimizer_bytes(self.engine)}
+        if part == "parameters":
+            params = list(self.engine.module.parameters())
+            return [p.ds_tensor if self.settings.zero_stage == 3 else p for p in params]
+        if part == "optimizer":
+            optimizer = self.engine.optimizer
+            masters = list(getattr(optimizer, "single_partition_of_fp32_groups", None) or [])
+            masters += list(getattr(optimizer, "fp32_partitioned_groups_flat", None) or [])
+            return [*optimizer_state_tensors(optimizer), *masters]
+        return None
+
+    def state_bytes(self) -> dict[str, int]:
+        """Bytes this rank holds on its device for parameters, gradients (at the last step's
+        boundary) and optimizer state (see bench/memory.py); 0 for a part offloaded."""
+        return {"parameters": self.resident_bytes(self.phase_tensors("parameters")),
+                "gradients": self.grad_bytes, "optimizer": self.resident_bytes(self.phase_tensors("optimizer"))}
 
     def release(self) -> None:
         if self.engine is not None:

@@ -185,12 +185,14 @@ class MegatronWorker(RankWorker):
         return self._forward_only(mbs)
 
     def _forward_only(self, mbs: list[dict[str, torch.Tensor]]) -> list[torch.Tensor] | None:
+        self.require_resident("parameters")
         self.model.eval()
         with torch.no_grad():
             out = self._run(mbs, None, 1.0, forward_only=True)
         return [o["logprobs"] for o in out] if self.ps.is_pipeline_last_stage() else None
 
     def train_step(self, mbs: list[dict[str, torch.Tensor]], loss_fn: Any, normaliser: float) -> dict[str, Any]:
+        self.require_resident("parameters", "optimizer")
         self.model.train()
         self.model.zero_grad_buffer()
         self.optimizer.zero_grad()
@@ -224,10 +226,19 @@ class MegatronWorker(RankWorker):
 
     def generate(self, rows: list[list[int]], sampling: Any, stop_ids: list[int]) -> list[Any] | None:
         """Completions of this data-parallel group's ``rows``; returned by the rank that reports,
-        None elsewhere (see :mod:`corerl_megatron.generation.rank_decode`)."""
+        None elsewhere (see :mod:`corerl_megatron.generation.rank_decode`). Generation runs on the
+        training model itself: parameters offloaded (the 'full' offload policy) come back for the
+        call and leave again after it."""
         from corerl_megatron.generation.rank_decode import generate
 
-        return generate(self, rows, sampling, stop_ids)
+        away = "parameters" in self.parked
+        if away:
+            self.reload(["parameters"])
+        try:
+            return generate(self, rows, sampling, stop_ids)
+        finally:
+            if away:
+                self.offload(["parameters"])
 
     # -- checkpoints -------------------------------------------------------------------
 
@@ -248,24 +259,26 @@ class MegatronWorker(RankWorker):
 
     # -- memory ------------------------------------------------------------------------
 
-    def move(self, device: torch.device, parts: list[str]) -> None:
-        if device.type == "cpu":
-            if "optimizer" in parts and hasattr(self.optimizer, "offload_to_cpu"):
-                self.optimizer.offload_to_cpu()
-            torch.cuda.empty_cache()
-        elif "optimizer" in parts and hasattr(self.optimizer, "restore_from_cpu"):
-            self.optimizer.restore_from_cpu()
+    def phase_tensors(self, part: str) -> list[torch.Tensor] | None:
+        """What offload parks (on a GPU too: the template's :meth:`move`): this rank's shard of the
+        model's parameters, or its optimizer's state with the fp32 main copies."""
+        from corerl.sdk import optimizer_state_tensors
+
+        if part == "parameters":
+            return list(self.model.module.parameters())
+        if part == "optimizer":
+            mains = [p for group in getattr(self.optimizer, "fp32_from_float16_groups", None) or [] for p in group]
+            return [*optimizer_state_tensors(self.optimizer), *mains]
+        return None
 
     def state_bytes(self) -> dict[str, int]:
-        """Bytes this rank holds for parameters (its shards), gradients (megatron's gradient
-        buffer) and optimizer state, fp32 main copies included (see bench/memory.py)."""
-        from corerl.sdk import optimizer_state_tensors, storage_bytes
-
+        """Bytes this rank holds on its device for parameters (its shards), gradients (megatron's
+        gradient buffer) and optimizer state, fp32 main copies included (see bench/memory.py); 0
+        for a part offloaded."""
         module = self.model.module
-        mains = [p for group in getattr(self.optimizer, "fp32_from_float16_groups", None) or [] for p in group]
-        return {"parameters": storage_bytes(module.parameters()),
-                "gradients": storage_bytes(getattr(p, "main_grad", None) for p in module.parameters()),
-                "optimizer": storage_bytes([*optimizer_state_tensors(self.optimizer), *mains])}
+        return {"parameters": self.resident_bytes(self.phase_tensors("parameters")),
+                "gradients": self.resident_bytes(getattr(p, "main_grad", None) for p in module.parameters()),
+                "optimizer": self.resident_bytes(self.phase_tensors("optimizer"))}
 
     def coordinates(self) -> dict[str, Any]:
         """This rank's data-parallel index, and whether it reports losses and logprobs (the last
@@ -282,6 +295,7 @@ class MegatronWorker(RankWorker):
         from corerl_megatron.training.model import spec_neutral_name
         from corerl_megatron.training.sharding import gather, renumber
 
+        self.require_resident("parameters")
         module = self.model.module
         group = self.ps.get_tensor_model_parallel_group()
         out, experts = {}, {}
