@@ -194,11 +194,23 @@ def test_multi_turn_episodes_of_several_batches_play_at_once_against_the_dedicat
     assert all(r["async/staleness/max"] <= 1 for r in got)
 
 
-@pytest.mark.parametrize("backend", ["hf", "vllm"])
-def test_abort_resumes_each_cut_request_from_its_tokens_on_the_dedicated_worker(tmp_path, backend):
+def _logprobs_under(model, sample) -> list[float]:
+    """Each completion token's logprob under ``model`` given everything before it (a plain forward)."""
+    import torch
+
+    ids = torch.tensor([[*sample.prompt_ids, *sample.completion_ids]])
+    with torch.no_grad():
+        logp = torch.log_softmax(model(input_ids=ids).logits[0, :-1].float(), dim=-1)
+    return logp.gather(-1, ids[0, 1:, None])[len(sample.prompt_ids) - 1:, 0].tolist()
+
+
+@pytest.mark.parametrize(("backend", "tolerance"), [("hf", 1e-3), ("vllm", 5e-2)])
+def test_abort_resumes_each_cut_request_from_its_tokens_on_the_dedicated_worker(tmp_path, backend, tolerance):
     """``in_flight=abort`` through the real worker: weights pushed while 16 long requests run cut the
     call short; each request resumes from its tokens under the new version and ends as it would
-    (at a stop token or the token budget), its stamps old then new."""
+    (at a stop token or the token budget), its stamps old then new. The weights pushed differ from
+    the ones loaded (the final norm's weight times 20: the same model, 20 times sharper), and every
+    token's logged logprob is the one the weights of its stamped version give, not the other's."""
     import threading
 
     from transformers import AutoModelForCausalLM
@@ -217,24 +229,43 @@ def test_abort_resumes_each_cut_request_from_its_tokens_on_the_dedicated_worker(
         "backend": backend, "colocated": {"enabled": False, "resources": {"gpus_per_node": 1}}}}}, host)
     engine = DedicatedGeneration(host.generation_backends.get(backend), config, AsyncSettings(enabled=True,
                                                                                              in_flight="abort"))
+    loaded = AutoModelForCausalLM.from_pretrained(model).eval()
+    sharper = AutoModelForCausalLM.from_pretrained(model).eval()
+    with __import__("torch").no_grad():
+        sharper.model.norm.weight.mul_(20.0)
+    # version 0 is the model loaded; odd versions push the sharper weights, even ones the loaded weights again
+    by_version = {0: loaded}
     try:
         engine.load_hf(model)
-        weights = [(n, t.clone()) for n, t in AutoModelForCausalLM.from_pretrained(model).state_dict().items()]
         sampling = SamplingSettings(temperature=1.0, max_new_tokens=400, seed=3, stop_token_ids=(127,))
         mixed = []
         for version in (1, 2, 3):  # the push lands mid-call unless the machine is very slow to start it
+            by_version[version] = sharper if version % 2 else loaded
+            weights = [(n, t.clone()) for n, t in by_version[version].state_dict().items()]
             pusher = threading.Timer(0.3, engine.push, args=(weights, version))
             pusher.start()
             groups = engine.generate([[1, 2, 3]] * 16, sampling, 1)
             pusher.join()
+            gaps: dict[bool, list[float]] = {False: [], True: []}
             for (sample,) in groups:
                 assert len(sample.versions) == len(sample.completion_ids) == len(sample.logprobs)
                 assert sample.finish_reason == "stop" or len(sample.completion_ids) == 400
                 assert list(sample.versions) == sorted(sample.versions)  # old tokens, then new ones
+                assert set(sample.versions) <= {version - 1, version}, sample.versions
                 assert sample.prompt_ids == (1, 2, 3)
+                under = {v: _logprobs_under(by_version[v], sample) for v in set(sample.versions)}
+                other = {v: _logprobs_under(sharper if by_version[v] is loaded else loaded, sample) for v in under}
+                for i, (logged, v) in enumerate(zip(sample.logprobs, sample.versions, strict=True)):
+                    assert abs(logged - under[v][i]) <= tolerance, (version, i, v, logged, under[v][i])
+                    gaps[v == version].append(abs(logged - other[v][i]))
+            # the check above tells the two weights apart: what each version generated is, on average,
+            # far from what the other weights give (the tokens after the push included)
+            for after_push, seen in gaps.items():
+                assert not seen or sum(seen) / len(seen) > 20 * tolerance, (version, after_push, sum(seen) / len(seen))
             mixed += [s for (s,) in groups if len(set(s.versions)) > 1]
             if mixed:
                 break
         assert mixed, "no push landed while requests were running"
+        assert gaps[True], "no token was generated under the pushed weights"
     finally:
         engine.shutdown()
