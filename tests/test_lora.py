@@ -96,15 +96,15 @@ def test_the_reference_is_the_adapter_off_policy_and_its_memory_is_saved(tmp_pat
     assert held[True] < 0.6 * held[False], held
 
 
-def _engine(tmp_path: Path, **lora):
+def _engine(tmp_path: Path, optimizer: dict | None = None, **lora):
     from corerl.models.tiny import build_tiny_model
     from corerl.testing import host_with, select_for, write_recipe
 
     model = build_tiny_model(tmp_path / "model", hidden_size=64)
     recipe = write_recipe(tmp_path / "lora.yaml", {
         "cluster": {"gpus_per_node": 1},
-        "policy": {"model_name": str(model), "generation": {"backend": "hf"},
-                   "optimizer": {"name": "adamw", "lr": 0.01},
+        "policy": {"model_name": str(model), "generation": {"backend": "hf"}, "max_grad_norm": 1.0,
+                   "optimizer": optimizer or {"name": "adamw", "lr": 0.01},
                    "lora": {"enabled": True, "dim": 4, "alpha": 8, **lora}},
         "algorithm": {"max_steps": 8},
     })
@@ -172,7 +172,45 @@ def test_lora_settings_become_peft_config():
     from corerl.config.schema import LoraConfig
     from corerl.lora.adapter import peft_config
 
-    every = peft_config(LoraConfig(enabled=True, dim=16, alpha=64, exclude_modules=["o_proj"]))
-    assert (every.r, every.lora_alpha, every.target_modules, set(every.exclude_modules)) == (16, 64, "all-linear", {"o_proj"})
+    every = peft_config(LoraConfig(enabled=True, dim=16, alpha=64, dropout=0.25, exclude_modules=["o_proj"]))
+    assert (every.r, every.lora_alpha, every.lora_dropout, every.target_modules, set(every.exclude_modules)) == \
+        (16, 64, 0.25, "all-linear", {"o_proj"})
+    assert (every.bias, every.use_rslora) == ("none", False)  # the update is (alpha / dim) B A x, no bias
     some = peft_config(LoraConfig(enabled=True, match_all_linear=False, target_modules=["q_proj", "v_proj"]))
     assert set(some.target_modules) == {"q_proj", "v_proj"}
+
+
+def test_lora_dropout_acts_on_the_adapter_in_training_and_nowhere_else(tmp_path):
+    """``policy.lora.dropout`` reaches the adapter: at 0.5 a training step's adapter is not the plain
+    PEFT step's without dropout (the masks change B's gradient), at 0 it is (from the same starting
+    adapter); outside training nothing is dropped (two logprob passes agree once the adapter computes
+    something), and the exported ``adapter_config.json`` says the recipe's dropout."""
+    import json
+
+    import attrs
+
+    from corerl.testing.reference import reference_lora_steps
+
+    batch = conformance_batch()
+    from_plain = {}
+    for dropout in (0.0, 0.5):
+        folder = tmp_path / f"dropout-{dropout}"
+        model, config, engine = _engine(folder, {"name": "sgd", "lr": 0.5, "momentum": 0.9}, dropout=dropout)
+        try:
+            engine.load_hf(model)
+            start = engine.adapter_weights().tensors()
+            result = engine.train_step(batch, conformance_loss)
+            trained = engine.adapter_weights().tensors()
+            once, twice = engine.logprobs(batch), engine.logprobs(batch)
+            engine.export_adapter(str(folder / "adapter"))
+        finally:
+            engine.shutdown()
+        assert torch.equal(once, twice), f"dropout {dropout}: logprobs outside training are not deterministic"
+        plain = attrs.evolve(config.core.policy.lora, dropout=0.0)
+        _, reference = reference_lora_steps(model, batch, conformance_loss, plain, start, [result.lr])
+        assert trained.keys() == reference.keys()
+        from_plain[dropout] = max(float((trained[k] - reference[k]).abs().max()) for k in reference)
+        written = json.loads((folder / "adapter" / "adapter_config.json").read_text())
+        assert written["lora_dropout"] == dropout, written
+    assert from_plain[0.0] <= 1e-5, from_plain  # no dropout: the plain PEFT step
+    assert from_plain[0.5] > 1e-3, from_plain  # dropout 0.5 on the adapter's input while training

@@ -197,20 +197,24 @@ def test_hf_generation_samples_with_an_adapter_on_the_experts(moe_dir: Path, tmp
     from peft import get_peft_model_state_dict
 
     from corerl.generation.contract import SamplingSettings
-    from corerl.lora.adapter import apply_lora, config_dict
+    from peft import get_peft_model
+
+    from corerl.lora.adapter import config_dict
     from corerl.lora.weights import AdapterWeights
     from corerl.testing import host_with, select_for, write_recipe
+    from corerl.testing.reference import recipe_lora_config
 
     recipe = write_recipe(tmp_path / "r.yaml", {"policy": {
         "model_name": str(moe_dir), "precision": "float32", "max_seq_length": 64,
         "generation": {"backend": "hf"}, "lora": {"enabled": True, "dim": 4, "alpha": 8}}})
     config, selection = select_for(host_with(None, "hf"), recipe)
     settings = config.core.policy.lora
-    model = apply_lora(_load(moe_dir), settings, str(moe_dir))
+    # the reference: PEFT from the recipe's values, not corerl's mapping (the refit's adapter_config.json)
+    model = get_peft_model(_load(moe_dir), recipe_lora_config(settings))
     generator = torch.Generator().manual_seed(2)
     with torch.no_grad():
         for name, param in model.named_parameters():
-            if ".lora_B." in name and param.requires_grad:
+            if ".lora_B." in name and ".mlp.gate." not in name:  # the router's adapter stays zero, as trained
                 param.copy_(torch.randn(param.shape, generator=generator) * 0.3)
     tensors = {k: v.detach().clone() for k, v in get_peft_model_state_dict(model).items()}
     assert any(".mlp.experts.lora_B." in k for k in tensors)

@@ -802,6 +802,13 @@ class TrainingBackendConformance(BackendLayout):
 
         exported = load_file(str(tmp_path / "adapter" / "adapter_model.safetensors"))
         assert exported.keys() == trained.keys()
+        # the exported folder's LoRA is the recipe's: rank, scaling numerator and dropout as policy.lora says
+        import json
+
+        settings = config.core.policy.lora
+        written = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
+        said = {"r": settings.dim, "lora_alpha": settings.alpha, "lora_dropout": settings.dropout}
+        assert {key: written.get(key) for key in said} == said, f"adapter_config.json: {written}"
 
 
 class MoeConformance(BackendLayout):

@@ -477,15 +477,19 @@ class GenerationBackendConformance:
 
 def _random_adapter(model_dir: str, settings: Any, seed: int) -> tuple[Any, Any]:
     """A PEFT model of ``model_dir`` with an adapter of random A and B (so it changes the outputs),
-    and that adapter as a LoRA refit carries it."""
-    from peft import get_peft_model_state_dict
+    and that adapter as a LoRA refit carries it. The model is the reference: built through PEFT
+    from the recipe's values (:func:`corerl.testing.reference.recipe_lora_config`), not corerl's
+    mapping, which the refit's ``adapter_config.json`` comes from (a wrong mapping shows)."""
+    from peft import get_peft_model, get_peft_model_state_dict
     from transformers import AutoModelForCausalLM
 
-    from corerl.lora.adapter import apply_lora, config_dict
+    from corerl.lora.adapter import config_dict
     from corerl.lora.weights import AdapterWeights
+    from corerl.testing.reference import recipe_lora_config
 
     torch.manual_seed(seed)
-    model = apply_lora(AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32), settings, model_dir)
+    model = get_peft_model(AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32),
+                           recipe_lora_config(settings))
     with torch.no_grad():
         for name, param in model.named_parameters():
             if ".lora_B." in name:

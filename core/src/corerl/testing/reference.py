@@ -112,19 +112,44 @@ def reference_gradients(
     return float(loss.item()), (norm, grads), {name: p.detach().clone() for name, p in model.named_parameters()}
 
 
+def recipe_lora_config(settings: Any) -> Any:
+    """PEFT's ``LoraConfig`` for a causal LM with the values of a recipe's ``policy.lora``, written
+    out here from what each key means (docs/lora.md), not through corerl's own mapping
+    (:func:`corerl.lora.adapter.peft_config`), so that a reference built with it catches a wrong
+    mapping: rank ``dim``, scaling ``alpha / dim``, ``dropout`` on the adapter's input, every
+    linear layer but the output head (``match_all_linear`` or no ``target_modules``) or the named
+    ones, none of ``exclude_modules``, no bias."""
+    from peft import LoraConfig
+
+    if settings.match_all_linear or not settings.target_modules:
+        targets: Any = "all-linear"
+    else:
+        targets = list(settings.target_modules)
+    return LoraConfig(r=int(settings.dim), lora_alpha=settings.alpha, lora_dropout=float(settings.dropout),
+                      target_modules=targets, exclude_modules=list(settings.exclude_modules) or None,
+                      bias="none", task_type="CAUSAL_LM")
+
+
 def reference_lora_steps(model_dir: str, batch: dict[str, torch.Tensor], loss_fn: Any, settings: Any,
                          start: dict[str, torch.Tensor], lrs: list[float]) -> tuple[list[float], dict[str, torch.Tensor]]:
     """Plain PEFT steps in PyTorch: the transformers model wrapped by ``peft.get_peft_model`` with
-    ``settings`` (``policy.lora``), the adapter ``start`` loaded, then one SGD step (momentum 0.9,
-    gradients clipped to norm 1) per learning rate in ``lrs`` on the whole batch. Returns the
-    losses and the adapter after the steps (PEFT's saved names)."""
+    :func:`recipe_lora_config` of ``settings`` (``policy.lora``), the adapter ``start`` loaded, then
+    one SGD step (momentum 0.9, gradients clipped to norm 1) per learning rate in ``lrs`` on the
+    whole batch. Returns the losses and the adapter after the steps (PEFT's saved names).
+
+    Deterministic: ``settings.dropout`` must be 0 (no reference can draw an engine's dropout masks)."""
     from peft import get_peft_model, get_peft_model_state_dict, set_peft_model_state_dict
     from transformers import AutoModelForCausalLM
 
-    from corerl.lora.adapter import peft_config
-
-    model = get_peft_model(AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32), peft_config(settings))
-    set_peft_model_state_dict(model, start)
+    if settings.dropout:
+        raise ValueError(f"reference_lora_steps compares deterministic steps: policy.lora.dropout must be 0, "
+                         f"got {settings.dropout}")
+    model = get_peft_model(AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32),
+                           recipe_lora_config(settings))
+    result = set_peft_model_state_dict(model, start)
+    unexpected = [k for k in getattr(result, "unexpected_keys", ()) if ".lora_" in k]
+    if unexpected:
+        raise ValueError(f"the engine's adapter has tensors the recipe's LoRA does not: {unexpected[:5]}")
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.SGD(params, lr=lrs[0], momentum=0.9)
     normaliser = float(batch["loss_mask"][:, 1:].sum())
