@@ -269,16 +269,29 @@ class HFGenerationBackend:
             raise ValueError(f"the adapter does not fit the model: unexpected {result.unexpected_keys[:5]}")
 
     def sleep(self) -> None:
+        """Free this backend's own model's memory until :meth:`wake`: moved to the CPU from a GPU;
+        on a CPU the storages of its parameters are parked in host memory and freed in place
+        (:mod:`corerl.training.parking`). Not to be sampled with before :meth:`wake`."""
         if self.shared_engine is not None:
             return  # the training engine's model: where it lives is the training side's business
         if self.device.type == "cpu":
-            log.info("hf generation: sleep() is a no-op on CPU")
+            from corerl.training.parking import HostStore
+
+            if getattr(self, "parked", None) is None:
+                self.parked = HostStore()
+            self.parked.park("parameters", self.own_model.parameters())
             return
         self.model.to("cpu")
 
     def wake(self) -> None:
-        if self.shared_engine is None and self.device.type != "cpu":
-            self.model.to(self.device)
+        """Bring back what :meth:`sleep` freed."""
+        if self.shared_engine is not None:
+            return
+        if self.device.type == "cpu":
+            if getattr(self, "parked", None) is not None:
+                self.parked.unpark("parameters")
+            return
+        self.model.to(self.device)
 
     def shutdown(self) -> None:
         self.own_model = self.shared_engine = self.decode_copy = None
