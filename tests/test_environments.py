@@ -5,6 +5,7 @@ reproducing the single-turn path."""
 from __future__ import annotations
 
 import asyncio
+import inspect
 import time
 
 import pytest
@@ -596,9 +597,54 @@ def _failure(case, check, tmp_path):
      "ended by done, with no error"),
     (Endless, {}, "test_episodes_end", "did not end within 4 turns"),
     (Endless, {}, "test_observations_encode", "is not a chat message"),
-    (Blocking, {"timeout_slack_s": 0.1}, "test_timeouts_are_reported_without_waiting_for_the_step",
-     "the timeout could not fire"),
+    (Blocking, {}, "test_timeouts_are_reported_without_waiting_for_the_step",
+     "the async def step made blocking calls on the event loop (time.sleep): the timeout could not fire"),
 ])
 def test_the_environment_suite_names_what_an_environment_gets_wrong(tmp_path, factory, attributes, check, says):
     line = _failure(_case(factory, **attributes), check, tmp_path)
     assert says in line, line
+
+
+class Prompt:
+    """Answers at once (a plain step)."""
+
+    def __init__(self, context):
+        pass
+
+    def step(self, episode):
+        return Turn(reward=1.0, done=True)
+
+
+class PromptAsync:
+    """Answers at once (an ``async def`` step that gives the loop back)."""
+
+    def __init__(self, context):
+        pass
+
+    async def step(self, episode):
+        await asyncio.sleep(0)
+        return Turn(reward=1.0, done=True)
+
+
+@pytest.mark.parametrize("factory", [Prompt, PromptAsync])
+def test_the_environment_suite_sees_a_real_timeout_and_fails_a_pool_that_does_not_enforce_it(tmp_path, monkeypatch,
+                                                                                               factory):
+    """Check (f) holds each step past the timeout itself: a correct environment passes it, and the
+    same environment fails it once the pool's timeout is taken away (the hang guard, shortened
+    here, lets the held steps go: their Turns come back instead of env_timeout)."""
+    import corerl.environments.pool as pool_module
+
+    case = _case(factory, hang_guard_s=0.5)
+    built = case._build(tmp_path)
+    case().test_timeouts_are_reported_without_waiting_for_the_step(built)  # passes as it is
+
+    async def unbounded(function, *args, executor, timeout_s):
+        if inspect.iscoroutinefunction(function):
+            return await function(*args)
+        return await asyncio.get_running_loop().run_in_executor(executor, function, *args)
+
+    monkeypatch.setattr(pool_module, "bounded_call", unbounded)
+    with pytest.raises(AssertionError) as failed:
+        case().test_timeouts_are_reported_without_waiting_for_the_step(built)
+    assert "held past the 0.05 s timeout was answered Answer(turn=Turn(" in str(failed.value), failed.value
+    assert "the timeout could not fire" in str(failed.value)

@@ -28,18 +28,27 @@ The checks:
     what it gives each episode alone, and every ``Turn.state`` pickles (for ``num_workers`` > 0);
 (e) errors are reported: on each of :attr:`failing_rows` the episode ends as an ``env_error`` fault
     with a one-line cause, which the run's stop line names with the row (no silent reward 0);
-(f) timeouts are reported: with a timeout shorter than a step, each answer comes back at once as
-    the step's ``Turn`` or an ``env_timeout`` fault (an ``async def step`` that blocks the event
-    loop keeps the timeout from firing, and fails here).
+(f) timeouts are reported: (1) under a timeout shorter than a step (:attr:`short_timeout_s`) each
+    answer is the step's ``Turn`` or an ``env_timeout`` fault; (2) a step that cannot end before its
+    timeout gets one: the suite holds each of your steps (in its own kind, ``async def`` or plain)
+    until the pool has answered, so every answer must be an ``env_timeout`` fault, and a pool that
+    does not enforce the timeout fails here instead of passing; (3) an ``async def step`` makes no
+    blocking call on the event loop (``time.sleep``, waiting for a process, a blocking socket):
+    such a call holds the loop, so no timeout can fire while it lasts. No check here reads a clock.
 """
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import math
 import numbers
 import pickle
-import time
-from collections.abc import Mapping, Sequence
+import sys
+import threading
+from collections.abc import Callable, Generator, Mapping, Sequence
+from concurrent.futures import Future, wait
+from concurrent.futures import TimeoutError as FutureTimeout
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -128,8 +137,11 @@ class EnvironmentConformance:
     failing_rows: ClassVar[Sequence[Any]] = ()
     #: the timeout of check (f), seconds (shorter than a step; an answer may still beat it)
     short_timeout_s: ClassVar[float] = 0.05
-    #: how much later than :attr:`short_timeout_s` check (f) accepts the answers back
+    #: unused since contract 2.15 (check (f) reads no clock); kept so that subclasses setting it still load
     timeout_slack_s: ClassVar[float] = 2.0
+    #: seconds check (f) waits for the pool to answer a held step before it lets the step go: a guard
+    #: against a hang only (a pool that enforces the timeout answers after :attr:`short_timeout_s`)
+    hang_guard_s: ClassVar[float] = 60.0
 
     @classmethod
     def respond(cls, row: Any, turn: int) -> str:
@@ -317,21 +329,158 @@ class EnvironmentConformance:
         from corerl.environments.pool import InProcessPool
         from corerl.environments.rollout import clean_row
 
-        pool = InProcessPool(built.environment, self.short_timeout_s)
         views = [EpisodeView(row=clean_row(row), turn=1, responses=(self.respond(row, 1),)) for row in self.rows]
-        start = time.perf_counter()
+        # (1) the environment's own steps under a short timeout: a Turn, or the timeout's fault
+        pool = InProcessPool(built.environment, self.short_timeout_s)
         try:
             answers = pool.answer(views)
         finally:
             pool.shutdown()
-        took = time.perf_counter() - start
         for row, answer in zip(self.rows, answers, strict=True):
             assert answer.turn is not None or answer.fault == "env_timeout", (
                 f"the first turn on {describe(row)} ended by {answer.fault} ({answer.cause}) under a short timeout")
-        assert took <= self.short_timeout_s + self.timeout_slack_s, (
-            f"answers with a {self.short_timeout_s:g} s timeout took {took:.1f} s: the timeout could not fire (an "
-            "async def step that makes a blocking call holds the event loop: await the work, or run it with "
-            "asyncio.to_thread, or make step a plain def)")
+        # (2) a real timeout: each step held (in its own kind) until the pool has answered
+        gate = _Gate()
+        pool = InProcessPool(_Held(built.environment, gate), self.short_timeout_s)
+        try:
+            futures = [pool.submit(view) for view in views]
+            finished, _ = wait(futures, timeout=self.hang_guard_s)  # a guard against a hang only
+            gate.open(run=bool(set(futures) - finished))  # a step the pool did not time out runs, and answers
+            done = [_answered(future, self.hang_guard_s) for future in futures]
+        finally:
+            gate.open(run=False)  # (a no-op once open) the held steps end without running
+            pool.shutdown()
+        kind = "an async def" if inspect.iscoroutinefunction(built.environment.step) else "a plain"
+        for row, answer in zip(self.rows, done, strict=True):
+            assert answer is not None and answer.fault == "env_timeout", (
+                f"{kind} step on {describe(row)} held past the {self.short_timeout_s:g} s timeout was "
+                + ("not answered within the hang guard" if answer is None else f"answered {answer!r}")
+                + ": the timeout could not fire, so a run would wait for the step however long it takes")
+            assert f"{self.short_timeout_s:g}" in answer.cause, answer
+        # (3) an async def step gives the event loop back while it waits
+        if inspect.iscoroutinefunction(built.environment.step):
+            watched = _Watched(built.environment)
+            pool = InProcessPool(watched, built.context.settings.timeout_s)
+            try:
+                pool.answer(views)
+            finally:
+                pool.shutdown()
+            assert not watched.blocking, (
+                f"the async def step made blocking calls on the event loop ({', '.join(sorted(watched.blocking))}): "
+                "the timeout could not fire while they lasted (await the work, or run it with asyncio.to_thread, "
+                "or make step a plain def)")
+
+
+def _answered(future: Future[Any], guard_s: float) -> Any:
+    """The answer of ``future``, None if it has none within ``guard_s`` (a hang guard, not a speed check)."""
+    try:
+        return future.result(timeout=guard_s)
+    except FutureTimeout:
+        return None
+
+
+class _Gate:
+    """Where check (f)'s held steps wait: :meth:`open` lets them go, to run the real step or not."""
+
+    def __init__(self) -> None:
+        self.opened = threading.Event()
+        self.run = False
+
+    def open(self, run: bool) -> None:
+        if not self.opened.is_set():
+            self.run = run
+            self.opened.set()
+
+
+class _Held:
+    """The environment with each step held until ``gate`` opens, in the step's own kind: an
+    ``async def`` step waits without holding the loop (the pool's timeout can cancel it), a plain
+    one blocks its thread. Opened with ``run``, the real step runs; else the step ends with None."""
+
+    def __init__(self, environment: Any, gate: _Gate) -> None:
+        self.environment, self.gate = environment, gate
+        self.step = self._held_coroutine if inspect.iscoroutinefunction(environment.step) else self._held_plain
+
+    async def _held_coroutine(self, view: Any) -> Any:
+        while not self.gate.opened.is_set():
+            await asyncio.sleep(0.01)
+        return await self.environment.step(view) if self.gate.run else None
+
+    def _held_plain(self, view: Any) -> Any:
+        self.gate.opened.wait()
+        return self.environment.step(view) if self.gate.run else None
+
+
+#: calls that block the thread they run on: on an event loop's thread they hold the whole loop
+_BLOCKING_FUNCTIONS = {"sleep": ("time",), "waitpid": ("posix", "nt"), "wait": ("posix",), "wait3": ("posix",),
+                       "wait4": ("posix",), "waitid": ("posix",), "select": ("select",)}
+_BLOCKING_METHODS = {"poll": ("poll", "epoll", "devpoll", "kqueue"), "control": ("kqueue",)}
+_SOCKET_CALLS = {"recv", "recv_into", "recvfrom", "recvfrom_into", "recvmsg", "send", "sendall", "sendto",
+                 "sendmsg", "accept", "connect", "connect_ex"}
+
+
+def blocking_call(function: Any) -> str | None:
+    """The name of ``function`` when calling it blocks its thread (a builtin the profiler reports
+    as ``c_call``), else None: ``time.sleep``, waiting for a process, ``select``/``poll``, and the
+    I/O calls of a socket in blocking mode (a non-blocking socket's, as asyncio's, never wait)."""
+    name = getattr(function, "__name__", "")
+    owner = getattr(function, "__self__", None)
+    module = getattr(function, "__module__", None) or getattr(owner, "__name__", None)
+    if name in _BLOCKING_FUNCTIONS and module in _BLOCKING_FUNCTIONS[name]:
+        return f"{'os' if module in ('posix', 'nt') else module}.{name}"
+    if owner is None or isinstance(owner, type(sys)):
+        return None
+    kind = type(owner).__name__
+    if name in _BLOCKING_METHODS and kind in _BLOCKING_METHODS[name]:
+        return f"select.{kind}.{name}"
+    if name in _SOCKET_CALLS and kind in ("socket", "SSLSocket") and hasattr(owner, "gettimeout"):
+        try:
+            blocking = owner.gettimeout() != 0.0
+        except OSError:  # a closed socket: the call fails rather than waits
+            return None
+        return f"socket.{name}" if blocking else None
+    return None
+
+
+class _Watched:
+    """The environment with its ``async def`` step driven one resumption at a time under a profiler
+    of this thread that records the blocking calls (:func:`blocking_call`) each resumption makes."""
+
+    def __init__(self, environment: Any) -> None:
+        self.environment = environment
+        self.blocking: set[str] = set()
+
+    async def step(self, view: Any) -> Any:
+        return await _Resumptions(self.environment.step(view), self._profile)
+
+    def _profile(self, frame: Any, event: str, arg: Any) -> None:
+        if event == "c_call" and (name := blocking_call(arg)) is not None:
+            self.blocking.add(name)
+
+
+class _Resumptions:
+    """Awaits ``coroutine`` with ``profile`` set on this thread while the coroutine runs (between
+    the points where it gives the loop back), and only then."""
+
+    def __init__(self, coroutine: Any, profile: Callable[..., None]) -> None:
+        self.coroutine, self.profile = coroutine, profile
+
+    def __await__(self) -> Generator[Any, Any, Any]:
+        value: Any = None
+        error: BaseException | None = None
+        while True:
+            before = sys.getprofile()
+            sys.setprofile(self.profile)  # per thread: the loop's own, for as long as the coroutine runs
+            try:
+                yielded = self.coroutine.send(value) if error is None else self.coroutine.throw(error)
+            except StopIteration as stop:
+                return stop.value
+            finally:
+                sys.setprofile(before)
+            try:
+                value, error = (yield yielded), None
+            except BaseException as exc:  # the timeout's cancellation, thrown in: the coroutine gets it
+                value, error = None, exc
 
 
 def _with_template(tokenizer: Any) -> Any:
