@@ -142,32 +142,46 @@ def test_turn_and_token_limits_end_episodes_with_their_reason(engine):
 
 
 class Paced(Scripted):
-    """Scripted, with each step taking ``seconds`` (the row's ``slow`` ones ``slow_factor`` times
-    longer); it notes when each episode's steps returned."""
+    """Scripted; with ``hold_slow``, the first step of each row whose ``slow`` is set does not
+    return until every other episode has returned its last step (turn 3), or, should those wait
+    for it, until the hang guard lets it go. It notes the order in which the steps returned."""
 
-    def __init__(self, seconds=0.0, slow_factor=10.0):
+    def __init__(self, hold_slow=False, hang_guard_s=20.0):
         super().__init__(turns=3)
-        self.seconds, self.slow_factor, self.returned = seconds, slow_factor, []
+        self.hold_slow, self.hang_guard_s, self.returned = hold_slow, hang_guard_s, []
+        self.fast_finished = 0
+        self.released: asyncio.Event | None = None
 
     async def step(self, episode: EpisodeView) -> Turn:
+        if self.released is None:
+            self.released = asyncio.Event()  # on the pool's loop, where every step runs
         slow = episode.row["slow"]
-        await asyncio.sleep(self.seconds * (self.slow_factor if slow else 1.0))
-        self.returned.append((slow, episode.row["id"], episode.turn, time.perf_counter()))
+        if slow and self.hold_slow and episode.turn == 1:
+            try:  # a guard against a hang only: the order below decides the test
+                await asyncio.wait_for(self.released.wait(), self.hang_guard_s)
+            except TimeoutError:
+                pass
+        self.returned.append((slow, episode.row["id"], episode.turn))
+        if not slow and episode.turn == 3:
+            self.fast_finished += 1
+            if self.fast_finished == 3:
+                self.released.set()
         return super().step(episode)
 
 
 def test_episodes_never_wait_for_each_other_and_sample_the_same_whoever_shares_their_round(engine):
     prompts, _ = _prompts(engine, 4)
     rows = [{"slow": i == 0, "id": i} for i in range(4)]
-    paced = Paced(seconds=0.1)
+    # the slow episode's first step is held until the three others have ended: by the order of the
+    # returns, not by clocks (a rollout that plays in lockstep would hold them behind it)
+    paced = Paced(hold_slow=True)
     result = _rollout(engine, paced).run(prompts, rows, SAMPLING, 1, 200)
-    slow_first_step = min(t for slow, _, turn, t in paced.returned if slow and turn == 1)
-    fast_last_steps = [t for slow, _, turn, t in paced.returned if not slow and turn == 3]
-    assert len(fast_last_steps) == 3 and max(fast_last_steps) < slow_first_step  # done before the slow one's first step
+    order = [(slow, turn) for slow, _, turn in paced.returned]
+    assert order.index((True, 1)) == len([o for o in order if not o[0]]) == 9, order  # all 9 fast steps first
     assert result.metrics["time/generation_rounds"] >= 4  # the slow episode's turns went on alone
     assert result.rewards == [[1.5]] * 4
     # the same episodes with every step at one pace play in lockstep (3 rounds), and sample the same tokens
-    even = _rollout(engine, Paced(seconds=0.0)).run(prompts, rows, SAMPLING, 1, 200)
+    even = _rollout(engine, Paced()).run(prompts, rows, SAMPLING, 1, 200)
     assert even.metrics["time/generation_rounds"] == 3.0
     for paced_group, even_group in zip(result.groups, even.groups, strict=True):
         assert paced_group[0].completion_ids == even_group[0].completion_ids
@@ -191,9 +205,9 @@ class Faulty:
 def test_environment_faults_stay_inside_their_episode(engine):
     prompts, _ = _prompts(engine, 4)
     rows = [{"kind": k} for k in ("fair", "raise", "hang", "nonsense")]
-    start = time.perf_counter()
+    # the hanging row's step would return a fair Turn after 30 s: its reward 0 and the timeout count
+    # say the 0.5 s timeout cut it off (no clock is read)
     result = _rollout(engine, Faulty(), timeout=0.5).run(prompts, rows, SAMPLING, 1, 64)
-    assert time.perf_counter() - start < 20
     assert result.rewards == [[1.0], [0.0], [0.0], [0.0]]
     assert result.metrics["env/failures"] == 3.0 and result.metrics["env/timeouts"] == 1.0
     assert result.metrics["env/stop/env_error"] == result.metrics["env/stop/env_malformed"] == 0.25
