@@ -101,6 +101,9 @@ def assert_same_steps(want: list[dict], got: list[dict], tolerance: float = 1e-6
     for a, b in zip(want, got, strict=True):
         assert a.keys() == b.keys(), (a["phase"], a["step"])
         for key, value in a.items():
+            # a None (a metric not logged that step) must be None in both runs: a number in one and
+            # None in the other is a difference, never skipped
+            assert (value is None) == (b[key] is None), (a["phase"], a["step"], key, value, b[key])
             if isinstance(value, str):
                 assert value == b[key]
             elif isinstance(value, list):
