@@ -233,6 +233,8 @@ def test_hf_generation_sleeps_by_freeing_its_own_model_and_wakes_with_it_unchang
         before = generation.generate(PROMPTS, sampling, n=2)
         generation.sleep()
         asleep = storage_bytes(generation.model.parameters())
+        with pytest.raises(RuntimeError, match="cannot sample while asleep: call wake"):
+            generation.generate(PROMPTS, sampling, n=2)  # not from freed memory
         generation.wake()
         assert (size, asleep, storage_bytes(generation.model.parameters())) == (size, 0, size) and size > 0
         assert generation.generate(PROMPTS, sampling, n=2) == before

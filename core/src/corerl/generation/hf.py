@@ -33,6 +33,7 @@ from corerl.generation.sampling import (
     row_seeds,
 )
 from corerl.training.image_rows import image_fields, image_inputs, image_token_id
+from corerl.training.parking import HostStore
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +54,7 @@ class HFGenerationBackend:
         self.vision_tokens: list[int] = []  # a vision-language model's image tokens: never sampled
         self.shared_engine: Any = None  # the training engine whose model this backend samples with
         self.decode_copy: Any = None  # a 16-bit copy of the shared model to decode with (static cache)
+        self.parked = HostStore()  # on a CPU, what sleep() freed until wake()
 
     @property
     def model(self) -> Any:
@@ -135,6 +137,7 @@ class HFGenerationBackend:
         """Samples ``n`` completions of each prompt, in as many ``generate()`` calls as keep the
         logits they return within ``policy.max_logits_mb`` (one call under asynchronous
         generation's between-tokens hook, which ends a whole call)."""
+        self._require_awake("sample")
         per_call = len(prompts) if self.between_tokens is not None else self._prompts_per_call(sampling, n)
         if sampling.seed is not None:  # once: the calls after the first go on from the same stream
             import torch
@@ -239,6 +242,7 @@ class HFGenerationBackend:
             if getattr(weights, "engine", None) is self.shared_engine:
                 return  # the training engine's own weights: generation already runs on them
             raise ValueError("hf generation samples with the training model itself and takes no other weights")
+        self._require_awake("take weights")
         state = {name: tensor for name, tensor in weights}
         missing, unexpected = self.model.load_state_dict(state, strict=False)
         tied = set(getattr(self.model, "_tied_weights_keys", None) or ())
@@ -275,10 +279,6 @@ class HFGenerationBackend:
         if self.shared_engine is not None:
             return  # the training engine's model: where it lives is the training side's business
         if self.device.type == "cpu":
-            from corerl.training.parking import HostStore
-
-            if getattr(self, "parked", None) is None:
-                self.parked = HostStore()
             self.parked.park("parameters", self.own_model.parameters())
             return
         self.model.to("cpu")
@@ -288,10 +288,14 @@ class HFGenerationBackend:
         if self.shared_engine is not None:
             return
         if self.device.type == "cpu":
-            if getattr(self, "parked", None) is not None:
-                self.parked.unpark("parameters")
+            self.parked.unpark("parameters")
             return
         self.model.to(self.device)
+
+    def _require_awake(self, what: str) -> None:
+        """Refuse to compute from parked parameters (on a CPU, reading them would read freed memory)."""
+        if "parameters" in self.parked:
+            raise RuntimeError(f"hf generation cannot {what} while asleep: call wake() first")
 
     def shutdown(self) -> None:
         self.own_model = self.shared_engine = self.decode_copy = None
