@@ -46,6 +46,14 @@ class Mutation:
 
 MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
+        name="offload-drops-state",
+        bug="offload that drops state: reload gives the parked storages back zeroed, not with their bytes",
+        path="core/src/corerl/training/parking.py",
+        old="storage.copy_(host.untyped_storage())",
+        new="storage.copy_(host.zero_().untyped_storage())",
+        tests=("tests/test_offload.py",),
+    ),
+    Mutation(
         name="bf16-ignored",
         bug="bf16 ignored: dtensor computes in float32 whatever policy.precision says",
         path="plugins/dtensor/src/corerl_dtensor/worker.py",
