@@ -1,42 +1,93 @@
-"""The gpu tier's end-to-end runs: GRPO with a KL penalty, and PPO with a critic, on one GPU for
-each training backend (the policy's ranks, the frozen reference's and the critic's share the GPU
-through one Ray bundle), and a bf16 run. Skipped without a GPU."""
+"""The gpu tier's end-to-end runs, each beside its CPU twin where a CPU can run it: GRPO with a KL
+penalty on each training backend (on one GPU the policy's ranks and the frozen reference's share it
+through one Ray bundle), a bf16 run against the same run in float32, and one step of the LoRA demo.
+The GPU cases (``gpu`` mark) are skipped, with the reason, where torch sees no GPU; the CPU cases
+run in the slow tier (a machine with a GPU hides it from them). GPU-only, with no CPU twin here:
+PPO with a critic and the 'full' offload policy (it checks the GPU memory its offload frees), the
+asynchronous run (it checks its generation worker holds the GPU; its CPU twin is
+tests/test_async_runs.py::test_staleness_0_in_order_trains_exactly_the_steps_of_a_synchronous_run[hf],
+the same flags) and the tool demo (run whole on the CPU by
+tests/test_environment_runs.py::test_the_tool_demo_learns_that_the_tool_pays)."""
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
-from tests.conftest import EXAMPLES, run_corerl
+from tests.conftest import EXAMPLES, CliResult, RunsBeside, clean_env, run_corerl
 
-pytestmark = [pytest.mark.gpu, pytest.mark.slow]
+pytestmark = pytest.mark.slow
 
 SHORT = ["policy.generation.backend=hf", "sft.max_steps=5", "algorithm.max_steps=5", "algorithm.kl_penalty=0.05",
          "checkpointing.enabled=false"]
+#: the runs with a CPU twin: few steps (on 2 CPU cores a run is mostly its start-up)
+FEW = ["policy.generation.backend=hf", "sft.max_steps=2", "algorithm.max_steps=3", "checkpointing.enabled=false"]
+DEVICES = [pytest.param("cpu", id="cpu"), pytest.param("gpu", id="gpu", marks=pytest.mark.gpu)]
 
 
+def _hidden_gpu(device: str) -> dict[str, str] | None:
+    """The extra environment of a run on ``device``: a CPU run on a machine with a GPU does not see it."""
+    import torch
+
+    return {"CUDA_VISIBLE_DEVICES": ""} if device == "cpu" and torch.cuda.is_available() else None
+
+
+def _run(device: str, *args: str) -> CliResult:
+    """``corerl run *args`` on ``device``."""
+    extra = _hidden_gpu(device)
+    return run_corerl("run", *args, env=clean_env(extra) if extra else None)
+
+
+def _rows(run_dir: Path, phase: str) -> list[dict]:
+    return [row for row in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())
+            if row["phase"] == phase]
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("backend, ray_ranks", [
     ("dtensor", False), ("deepspeed", True), ("megatron", True),
 ])
-def test_grpo_with_a_kl_reference_shares_one_gpu(backend, ray_ranks, tmp_path):
-    result = run_corerl("run", f"policy.training_backend={backend}", *SHORT, f"run.output_dir={tmp_path}",
-                        "run.name=gpu")
+def test_grpo_with_a_kl_reference(backend, ray_ranks, device, tmp_path):
+    """The frozen reference is the policy as GRPO starts: the first step's KL is 0 and every later
+    one is not (a reference that took no part, or one other than the starting policy, fails)."""
+    result = _run(device, f"policy.training_backend={backend}", *FEW, "algorithm.kl_penalty=0.05",
+                  f"run.output_dir={tmp_path}", "run.name=kl")
     assert result.code == 0, result
-    summary = json.loads((tmp_path / "gpu" / "summary.json").read_text())
-    assert summary["training_backend"] == backend and summary["grpo_steps"] == 5
-    rows = [json.loads(line) for line in (tmp_path / "gpu" / "metrics.jsonl").read_text().splitlines()]
-    assert all(r["kl"] >= 0 for r in rows if r["phase"] == "grpo")  # the reference took part
-    if ray_ranks:  # the policy and the reference: two groups, one GPU
+    summary = json.loads((tmp_path / "kl" / "summary.json").read_text())
+    assert summary["training_backend"] == backend and summary["grpo_steps"] == 3
+    kl = [row["kl"] for row in _rows(tmp_path / "kl", "grpo")]
+    assert len(kl) == 3 and kl[0] <= 1e-7 and all(k > max(1e-7, 10 * kl[0]) for k in kl[1:]), kl
+    if ray_ranks:  # the policy and the reference: two groups (on a GPU: sharing it)
         assert result.out.count(f"{backend}: 1 rank(s) on 1 Ray node(s)") == 2, result
+        where = "a GPU share each" if device == "gpu" else "CPU"
+        log = (tmp_path / "kl" / "run.log").read_text()
+        assert log.count(f"1 {backend} workers on 1 Ray node(s), {where}") == 2, log
 
 
-def test_a_bf16_run_on_the_gpu(tmp_path):
-    result = run_corerl("run", "policy.precision=bfloat16", *SHORT, f"run.output_dir={tmp_path}", "run.name=bf16")
-    assert result.code == 0, result
-    assert json.loads((tmp_path / "bf16" / "summary.json").read_text())["grpo_steps"] == 5
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_bf16_run_is_not_the_float32_run(device, tmp_path, runs_beside: RunsBeside):
+    """The same run in bfloat16 and in float32, from the same weights and seed: the SFT steps' loss
+    and gradient norm differ by at least 1e-3 relative somewhere (a backend that ignored
+    ``policy.precision`` would log the float32 figures; on 2 CPU cores the largest difference is
+    about 5e-3), and the first step's loss by under 1 %."""
+    args = [*FEW, "algorithm.max_steps=1", f"run.output_dir={tmp_path}"]  # the SFT steps are compared
+    float32 = runs_beside.start("run", *args, "run.name=float32", extra_env=_hidden_gpu(device))
+    bf16 = _run(device, *args, "policy.precision=bfloat16", "run.name=bf16")
+    assert bf16.code == 0, bf16
+    assert float32.result().code == 0
+    for name in ("bf16", "float32"):
+        assert json.loads((tmp_path / name / "summary.json").read_text())["grpo_steps"] == 1
+    ours, theirs = _rows(tmp_path / "bf16", "sft"), _rows(tmp_path / "float32", "sft")
+    assert len(ours) == len(theirs) == 2
+    differences = [abs(a[key] - b[key]) / abs(b[key]) for a, b in zip(ours, theirs, strict=True)
+                   for key in ("loss", "grad_norm")]
+    assert max(differences) >= 1e-3, differences
+    assert differences[0] < 1e-2, differences
 
 
+@pytest.mark.gpu
 @pytest.mark.parametrize("backend, ray_ranks", [
     ("dtensor", False), ("deepspeed", True), ("megatron", True),
 ])
@@ -97,21 +148,28 @@ ASYNC = ["policy.generation.backend=hf", "algorithm.async.enabled=true", "policy
          "sft.max_steps=5", "algorithm.max_steps=3", "checkpointing.enabled=false"]
 
 
+@pytest.mark.gpu
 def test_asynchronous_grpo_runs_three_steps_beside_its_generation_worker(tmp_path):
     """Training (world size 1, in the driver) and the dedicated generation worker share one GPU."""
     result = run_corerl("run", *ASYNC, "policy.generation.colocated.resources.gpus_per_node=1",
                         f"run.output_dir={tmp_path}", "run.name=async")
     assert result.code == 0, result
     assert "on a dedicated worker" in result.out and "a GPU" in result.out, result
-    rows = [json.loads(line) for line in (tmp_path / "async" / "metrics.jsonl").read_text().splitlines()]
-    assert len([r for r in rows if r["phase"] == "grpo"]) == 3
+    assert len(_rows(tmp_path / "async", "grpo")) == 3
 
 
-@pytest.mark.parametrize("recipe, name", [("grpo_lora_demo.yaml", "lora"), ("grpo_tools_demo.yaml", "tools")])
-def test_one_step_of_the_lora_and_tool_demos_on_the_gpu(recipe, name, tmp_path):
-    result = run_corerl("run", str(EXAMPLES / recipe), "policy.generation.backend=hf", "sft.max_steps=2",
-                        "algorithm.max_steps=1", "checkpointing.enabled=false", f"run.output_dir={tmp_path}",
-                        f"run.name={name}")
+@pytest.mark.parametrize("recipe, name, device", [
+    ("grpo_lora_demo.yaml", "lora", "cpu"),
+    pytest.param("grpo_lora_demo.yaml", "lora", "gpu", marks=pytest.mark.gpu),
+    pytest.param("grpo_tools_demo.yaml", "tools", "gpu", marks=pytest.mark.gpu),
+])
+def test_one_step_of_the_lora_and_tool_demos(recipe, name, device, tmp_path):
+    result = _run(device, str(EXAMPLES / recipe), "policy.generation.backend=hf", "sft.max_steps=2",
+                  "algorithm.max_steps=1", "checkpointing.enabled=false", f"run.output_dir={tmp_path}",
+                  f"run.name={name}")
     assert result.code == 0, result
     summary = json.loads((tmp_path / name / "summary.json").read_text())
     assert summary["grpo_steps"] == 1, summary
+    if name == "lora":  # final/ is the adapter GRPO trained, not a whole model
+        adapter = json.loads((tmp_path / name / "final" / "adapter_config.json").read_text())
+        assert adapter["r"] == 8 and not (tmp_path / name / "final" / "model.safetensors").exists()
