@@ -7,7 +7,6 @@ one, step for step."""
 from __future__ import annotations
 
 import json
-import math
 import os
 import signal
 import subprocess
@@ -18,6 +17,7 @@ import pytest
 
 from corerl.complete_folders import is_complete
 from tests.conftest import clean_env, run_corerl, start_held, wait_for_marker
+from tests.recovery_runs import assert_same_steps
 
 # 2 SFT + 3 GRPO steps, a checkpoint after every step (keep_last 1 prunes at every save), hf
 # generation on the training model: about 7 s a run
@@ -42,6 +42,8 @@ KILL_POINTS = [
     "folder:final:filled",         # inside the final export: written, not sealed
 ]
 TRUSTED = ("base_model", "sft_model", "final")
+#: the kill points reached before the run has logged a step (no metrics.jsonl yet)
+BEFORE_ANY_STEP = {"folder:base_model:filled"}
 
 
 def _start(tmp_path: Path, markers: Path, hold: str, args: list[str] = ARGS) -> subprocess.Popen[str]:
@@ -60,17 +62,6 @@ def _rows(run_dir: Path) -> list[dict]:
     lines = (run_dir / "metrics.jsonl").read_text().splitlines()
     rows = [json.loads(line) for line in lines]  # well-formed: every line one JSON object
     return [{k: v for k, v in row.items() if not k.startswith(("time/", "refit/"))} for row in rows]
-
-
-def _assert_same(want: list[dict], got: list[dict]) -> None:
-    assert [(r["phase"], r["step"]) for r in got] == [(r["phase"], r["step"]) for r in want]
-    for a, b in zip(want, got, strict=True):
-        assert a.keys() == b.keys()
-        for key, value in a.items():
-            if isinstance(value, str):
-                assert value == b[key]
-            else:
-                assert math.isclose(value, b[key], rel_tol=1e-6, abs_tol=1e-6), (a["phase"], a["step"], key, value, b[key])
 
 
 # the uninterrupted run keeps no checkpoint: its metrics are those of one that does
@@ -107,10 +98,12 @@ def test_a_run_killed_at_every_stage_and_run_again_ends_like_an_uninterrupted_on
             assert not folder.exists() or is_complete(folder), (point, name, sorted(os.listdir(folder)))
         for checkpoint in (run_dir / "checkpoints").glob("step_*"):
             assert is_complete(checkpoint), (point, checkpoint.name)
-        if (run_dir / "metrics.jsonl").exists():
-            rows = _rows(run_dir)  # never truncated or torn: every line one JSON object
-            if point == "metrics:rewrite":  # the cut was under way: the log it replaces is still whole
-                assert len(rows) == 4, (point, len(rows))
+        # the log exists from the first logged step on (every point but the first): checked, not assumed
+        logged = (run_dir / "metrics.jsonl").exists()
+        assert logged == (point not in BEFORE_ANY_STEP), (point, logged)
+        rows = _rows(run_dir) if logged else []  # never truncated or torn: every line one JSON object
+        if point == "metrics:rewrite":  # the cut was under way: the log it replaces is still whole
+            assert len(rows) == 4, (point, len(rows))
         if point == NONE_COMPLETE:
             assert [(r["phase"], r["step"]) for r in rows] == [("sft", 1)]
             must = run_corerl("run", f"run.output_dir={tmp_path}", "run.name=killed", *ARGS, "run.resume=must")
@@ -124,7 +117,7 @@ def test_a_run_killed_at_every_stage_and_run_again_ends_like_an_uninterrupted_on
     finished = run_corerl("run", f"run.output_dir={tmp_path}", "run.name=straight", *NO_CHECKPOINTS)
     assert finished.code == 2 and "holds a finished run" in finished.err, finished
     assert "Traceback" not in final.out + final.err
-    _assert_same(_rows(tmp_path / "straight"), _rows(run_dir))
+    assert_same_steps(_rows(tmp_path / "straight"), _rows(run_dir))
     assert is_complete(run_dir / "final")
     assert json.loads((run_dir / "summary.json").read_text())["steps"] == 5
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step_000005"]
