@@ -117,12 +117,12 @@ def test_a_live_dtensor_rank_holds_what_the_estimate_says(tmp_path):
                                                                   rank["optimizer"])
 
 
-@pytest.mark.parametrize("size, gpus, nodes, backend, generation", [
-    ("1.5B", 1, 1, "dtensor", "vLLM TP=1"),
-    ("32B", 8, 1, "dtensor", "vLLM TP=8"),
-    ("72B", 8, 4, "megatron", "megatron"),
+@pytest.mark.parametrize("size, gpus, nodes, backend, generation, tp, least_pp", [
+    ("1.5B", 1, 1, "dtensor", "vLLM TP=1", 1, 1),
+    ("32B", 8, 1, "dtensor", "vLLM TP=8", 1, 1),
+    ("72B", 8, 4, "megatron", "megatron", 8, 2),  # the model must be cut: tensor parallel within a node, pipeline across
 ])
-def test_the_recommendation_follows_the_decision_tree(size, gpus, nodes, backend, generation):
+def test_the_recommendation_follows_the_decision_tree(size, gpus, nodes, backend, generation, tp, least_pp):
     request = PlanRequest(_qwen(size), gpus_per_node=gpus, nodes=nodes, gpu_memory=80 * GIB, seq_length=4096,
                           micro_batch=1)
     plan = make_plan(request, installed_models(PluginHost()))
@@ -130,8 +130,8 @@ def test_the_recommendation_follows_the_decision_tree(size, gpus, nodes, backend
     assert best is not None and best.fits and best.follows_rule, plan.why
     assert (best.layout.backend, best.generation_label) == (backend, generation)
     assert best.peak <= 78 * GIB and plan.rule.why in plan.why
-    if size == "72B":  # the model must be cut: tensor parallel within a node, pipeline across
-        assert best.layout.tp == 8 and best.layout.pp >= 2
+    layout = best.layout  # every case's layout, not the 72B one's alone
+    assert layout.tp == tp and layout.pp >= least_pp and layout.tp * layout.pp * layout.dp == gpus * nodes, layout
 
 
 def test_the_tree_sends_a_mid_size_model_on_several_nodes_to_megatron_with_vllm():
@@ -142,7 +142,8 @@ def test_the_tree_sends_a_mid_size_model_on_several_nodes_to_megatron_with_vllm(
 def test_dedicated_vllm_gpus_are_a_candidate_on_one_node():
     plan = make_plan(PlanRequest(_qwen("1.5B"), gpus_per_node=4, gpu_memory=80 * GIB), installed_models(PluginHost()))
     dedicated = [c for c in plan.candidates if c.dedicated]
-    assert dedicated and all(c.layout.dp == 4 - c.generation_tp for c in dedicated if c.layout.backend == "dtensor")
+    fsdp = [c for c in dedicated if c.layout.backend == "dtensor"]
+    assert fsdp and all(c.layout.dp == 4 - c.generation_tp for c in fsdp), [(c.layout.name, c.layout.dp) for c in dedicated]
     overrides = dedicated[0].overrides()
     assert "policy.generation.colocated.enabled=false" in overrides
     assert f"policy.generation.colocated.resources.gpus_per_node={dedicated[0].generation_tp}" in overrides
