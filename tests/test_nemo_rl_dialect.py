@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO, clean_env, run_corerl
+from tests.refusals import refused_in_one_line
 
 DATA = REPO / "tests" / "data" / "nemo_rl"
 #: NeMo RL's examples/configs: CORERL_NEMO_RL_CONFIGS, else the copy beside this checkout (../shared/nemo-rl)
@@ -151,10 +152,7 @@ def test_keys_nothing_maps_are_left_out_with_one_warning_and_refused_with_strict
     ("policy.optimizer.name=torch.optim.Adagrad", "optimizer 'torch.optim.Adagrad' is not one corerl builds"),
 ])
 def test_what_corerl_does_not_support_is_refused_in_one_line(override, says):
-    result = _validate(str(DATA / "base_grpo.yaml"), override)
-    assert result.code == 2, result
-    (line,) = result.err.strip().splitlines()
-    assert says in line, line
+    line = refused_in_one_line(_validate(str(DATA / "base_grpo.yaml"), override), says)
     assert "base_grpo.yaml" in line or "override" in line, line  # where to fix it
 
 
@@ -304,10 +302,8 @@ def test_a_nemo_rl_dpo_recipe_runs_on_local_pairs_and_its_held_out_accuracy_rise
 def test_a_reference_that_does_not_resolve_is_one_line_with_key_and_file(tmp_path):
     recipe = tmp_path / "bad.yaml"
     recipe.write_text("policy:\n  model_name: m\n  max_seq_length: ${policy.no_such_key}\n")
-    result = _validate(str(recipe))
-    assert result.code == 2, result
-    (line,) = result.err.strip().splitlines()
-    assert "policy.max_seq_length: cannot resolve a ${...} reference" in line and "bad.yaml" in line
+    refused_in_one_line(_validate(str(recipe)), "cannot resolve a ${...} reference", "bad.yaml",
+                        key="policy.max_seq_length")
 
 
 def test_a_corerl_recipe_with_a_nemo_rl_key_points_at_the_dialect(tmp_path):
@@ -322,10 +318,8 @@ def test_a_corerl_recipe_with_a_nemo_rl_key_points_at_the_dialect(tmp_path):
 def test_a_hub_dataset_is_refused_at_run_start_naming_the_local_alternative(tmp_path):
     result = run_corerl("run", str(DATA / "base_grpo.yaml"), "data.dataset_name=OpenMathInstruct-2",
                         "data.input_key=problem", f"run.output_dir={tmp_path}")
-    assert result.code == 2, result
-    (line,) = result.err.strip().splitlines()
-    assert "data.hub_dataset: 'OpenMathInstruct-2' is a Hugging Face Hub dataset, and nothing is downloaded" in line
-    assert "data.train.data_path=train.jsonl" in line
+    refused_in_one_line(result, "'OpenMathInstruct-2' is a Hugging Face Hub dataset, and nothing is downloaded",
+                        "data.train.data_path=train.jsonl", key="data.hub_dataset")
 
 
 @pytest.mark.slow
@@ -506,10 +500,7 @@ def test_a_qwen_vl_grpo_recipe_validates_with_its_vision_keys_acting(tmp_path, c
 ])
 def test_what_a_vlm_recipe_needs_beyond_the_qwen_vl_image_families_is_refused_in_one_line(tmp_path, capsys, override,
                                                                                            says):
-    code, err = _validated_in_process(capsys, str(_vlm_recipe(tmp_path)), override)
-    assert code == 2, err
-    (line,) = err.strip().splitlines()
-    assert says in line, line
+    refused_in_one_line(_validated_in_process(capsys, str(_vlm_recipe(tmp_path)), override), says)
 
 
 def test_a_text_recipe_on_a_multimodal_checkpoint_is_not_taken_for_a_vlm_recipe(tmp_path, capsys):
