@@ -14,6 +14,7 @@ from corerl.checkpoints import KeepPolicy, best_checkpoint, checkpoints_to_keep,
 from corerl.evaluation import EvalPlan, evaluate_policy, pass_at_k, sampled_figures
 from corerl.reporting.metrics_log import latest_values
 from tests.conftest import EXAMPLES, run_corerl
+from tests.refusals import refused_in_one_line
 
 DEMO = str(EXAMPLES / "demo.yaml")
 
@@ -178,10 +179,8 @@ def _main(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str
 
 @pytest.mark.parametrize(("overrides", "expected"), [c[1:] for c in REFUSED], ids=[c[0] for c in REFUSED])
 def test_bad_eval_and_keep_settings_are_refused_in_one_line(capsys, overrides, expected):
-    code, out, err = _main(capsys, "validate", DEMO, *overrides)
-    assert code == 2, err
-    (line,) = err.strip().splitlines()
-    assert line.startswith("corerl: error: ") and expected in line, line
+    code, _, err = _main(capsys, "validate", DEMO, *overrides)
+    refused_in_one_line((code, err), expected)
 
 
 @pytest.mark.parametrize("overrides", [
@@ -211,9 +210,8 @@ def test_corerl_eval_refuses_what_is_not_a_checkpoint_in_one_line(capsys, tmp_pa
     ]
     for args, expected in cases:
         code, out, err = _main(capsys, "eval", DEMO, *args)
-        assert code == 2 and out == "", (args, err)
-        (line,) = err.strip().splitlines()
-        assert line.startswith("corerl: error: ") and expected in line, line
+        assert out == "", (args, out)
+        refused_in_one_line((code, err), expected)
 
 
 def test_the_curves_show_the_evaluations_beside_the_training_reward(tmp_path):

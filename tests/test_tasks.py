@@ -16,6 +16,7 @@ from corerl.tasks import TaskContext, TaskSource
 from corerl.tasks.dataset import DatasetTask
 from corerl.tasks.rewards import exact_answer
 from tests.conftest import clean_env, run_corerl
+from tests.refusals import refused_in_one_line
 
 ROWS = [{"question": f"w1 {d} w{i}", "answer": str(d), "id": i} for i, d in enumerate([3, 1, 4, 1, 5, 9, 2, 6, 5, 3] * 2)]
 
@@ -154,10 +155,7 @@ def test_kl_penalty_measures_the_distance_to_the_frozen_sft_model(tmp_path):
     (["data.task=digit_echoo"], "data.task", "did you mean 'digit_echo'"),
 ])
 def test_bad_task_or_reward_fails_validation_in_one_line(args, key, words):
-    result = run_corerl("validate", "examples/configs/demo.yaml", *args)
-    assert result.code == 2, result
-    (line,) = result.err.strip().splitlines()
-    assert key in line and words in line
+    refused_in_one_line(run_corerl("validate", "examples/configs/demo.yaml", *args), words, key=key)
 
 
 @pytest.mark.parametrize(("make", "args", "words"), [
@@ -173,6 +171,5 @@ def test_bad_dataset_settings_stop_the_run_in_one_line(tmp_path, make, args, wor
         _write_jsonl(path, ROWS)
         files = [f"data.train_files={path}"]
     result = run_corerl(*_recipe_args(tmp_path, "data.task=dataset", "data.prompt_key=question", *files, *args))
-    assert result.code == 2, result
-    (line,) = result.err.strip().splitlines()
-    assert line.startswith("corerl: error: data.") and words in line, line
+    refused_in_one_line(result, "data.", words)
+    assert result.err.startswith("corerl: error: data."), result

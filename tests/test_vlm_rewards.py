@@ -26,6 +26,7 @@ from corerl.environments.vlm_env import (
 )
 from corerl.testing.environment_conformance import EnvironmentConformance
 from tests.conftest import REPO
+from tests.refusals import refused_in_one_line
 
 CORPUS = Path(os.environ.get("CORERL_NEMO_RL_CONFIGS") or REPO.parent / "shared" / "nemo-rl" / "examples" / "configs")
 needs_math_verify = pytest.mark.skipif(importlib.util.find_spec("math_verify") is None,
@@ -216,11 +217,9 @@ def test_validate_refuses_an_unknown_reward_function_in_one_line(tmp_path, capsy
     recipe.write_text("policy:\n  model_name: builtin:tiny-qwen2\nalgorithm:\n  name: grpo\ndata:\n"
                       "  env_name: refcoco\nenv:\n  refcoco:\n    reward_functions:\n    - name: format\n"
                       "      weight: 0.1\n    - name: giou\n      weight: 0.9\n")
-    code, err = _validated_in_process(capsys, str(recipe))
-    assert code == 2, err
-    (line,) = err.strip().splitlines()
-    assert "env.refcoco.reward_functions[1].name: 'giou' is not a reward function of the VLM environments; " \
-           "known: format, exact_alnum, math_expr, bbox_giou" in line, line
+    refused_in_one_line(_validated_in_process(capsys, str(recipe)),
+                        "'giou' is not a reward function of the VLM environments; known: format, exact_alnum, "
+                        "math_expr, bbox_giou", key="env.refcoco.reward_functions[1].name")
 
 
 # -- NeMo RL's recipes ---------------------------------------------------------------------------
