@@ -194,11 +194,9 @@ def test_lora_on_a_moe_adapts_attention_and_experts_and_keeps_the_router_when_fr
 def test_hf_generation_samples_with_an_adapter_on_the_experts(moe_dir: Path, tmp_path: Path) -> None:
     """An adapter-only refit of a MoE (attention and fused-expert adapters, the training side's PEFT
     names) into the hf backend: its logprobs equal a PEFT forward of the base with that adapter."""
-    from peft import get_peft_model_state_dict
+    from peft import get_peft_model, get_peft_model_state_dict
 
     from corerl.generation.contract import SamplingSettings
-    from peft import get_peft_model
-
     from corerl.lora.adapter import config_dict
     from corerl.lora.weights import AdapterWeights
     from corerl.testing import host_with, select_for, write_recipe

@@ -13,63 +13,53 @@ class _DeepSpeed(TrainingBackendConformance):
     backend_id = "deepspeed"
 
 
+class _ZeroVariant(_DeepSpeed):
+    """A layout checked for what its partitioning changes: the engine's own checks (a)-(f), (h), (k)
+    and DPO's step. What reads the model the same under any stage (the GRPO loss variants and top-k
+    distillation, LoRA, the critic, the token budgets, whose micro-batches are cut before any
+    partitioning) runs under ZeRO-3 at world size 2, every rank holding a part of each weight."""
+
+    algorithm_checks = lora_checks = critic_checks = False
+    micro_batch_layouts = ()
+
+
 def _layout(stage: int, world: int, *extra: str) -> list[str]:
     return [f"cluster.gpus_per_node={world}", f"policy.deepspeed_cfg.zero_stage={stage}", *extra]
 
 
-class TestZero1World1(_DeepSpeed):
-    algorithm_checks = False  # the GRPO loss variants and top-k distillation: under ZeRO-3 at world size 1 and 2
-    lora_checks = False  # LoRA runs under ZeRO-3 at world size 1 and 2
-    micro_batch_layouts = ()  # token budgets: checked under ZeRO-3 (partitioning leaves the forward unchanged)
+class TestZero1World1(_ZeroVariant):
     adam_overrides: list[str] = []  # Adam's state across a save and bf16: checked under ZeRO-3
     bf16_tolerance = None
-    critic_checks = False  # the critic runs under ZeRO-3 at world size 1 and 2
     overrides = _layout(1, 1)
 
 
-class TestZero2World1(_DeepSpeed):
-    algorithm_checks = False  # the GRPO loss variants and top-k distillation: under ZeRO-3 at world size 1 and 2
-    lora_checks = False  # LoRA runs under ZeRO-3 at world size 1 and 2
-    micro_batch_layouts = ()  # token budgets: checked under ZeRO-3 (partitioning leaves the forward unchanged)
+class TestZero2World1(_ZeroVariant):
     adam_overrides: list[str] = []  # Adam's state across a save and bf16: checked under ZeRO-3
     bf16_tolerance = None
-    critic_checks = False  # the critic runs under ZeRO-3 at world size 1 and 2
     overrides = _layout(2, 1)
 
 
-class TestZero2World2(_DeepSpeed):
-    algorithm_checks = False  # the GRPO loss variants and top-k distillation: under ZeRO-3 at world size 1 and 2
-    lora_checks = False  # LoRA runs under ZeRO-3 at world size 1 and 2
-    micro_batch_layouts = ()  # token budgets: checked under ZeRO-3 (partitioning leaves the forward unchanged)
-    critic_checks = False  # the critic runs under ZeRO-3 at world size 1 and 2
+class TestZero2World2(_ZeroVariant):
     overrides = _layout(2, 2)
 
 
-class TestZero3World1(_DeepSpeed):
-    micro_batch_layouts = ()  # token budgets: at world size 2 (each rank's micro-batches cut as at world size 1)
-    # the GRPO loss variants, top-k distillation, LoRA and the critic: under ZeRO-3 at world size 2, the same
-    # engine partitioned over two ranks (this class keeps what only world size 1 checks: Adam's state, bf16)
-    algorithm_checks = lora_checks = critic_checks = False
+class TestZero3World1(_ZeroVariant):
+    """ZeRO-3 at world size 1 keeps what only world size 1 checks: Adam's state and bf16."""
+
     overrides = _layout(3, 1)
 
 
 class TestZero3World2(_DeepSpeed):
+    """Every check: the same engine partitioned over two ranks."""
+
     overrides = _layout(3, 2)
 
 
-class TestZero2OptimizerOffloadWorld2(_DeepSpeed):
-    algorithm_checks = False  # the GRPO loss variants and top-k distillation: under ZeRO-3 at world size 1 and 2
-    lora_checks = False  # LoRA runs under ZeRO-3 at world size 1 and 2
-    micro_batch_layouts = ()  # token budgets: checked under ZeRO-3 (partitioning leaves the forward unchanged)
-    critic_checks = False  # the critic runs under ZeRO-3 at world size 1 and 2
+class TestZero2OptimizerOffloadWorld2(_ZeroVariant):
     overrides = _layout(2, 2, "policy.deepspeed_cfg.offload_optimizer=cpu")
 
 
-class TestZero3OptimizerOffloadWorld2(_DeepSpeed):
-    algorithm_checks = False  # the GRPO loss variants and top-k distillation: under ZeRO-3 at world size 1 and 2
-    lora_checks = False  # LoRA runs under ZeRO-3 at world size 1 and 2
-    micro_batch_layouts = ()  # token budgets: checked under ZeRO-3 (partitioning leaves the forward unchanged)
-    critic_checks = False  # the critic runs under ZeRO-3 at world size 1 and 2
+class TestZero3OptimizerOffloadWorld2(_ZeroVariant):
     overrides = _layout(3, 2, "policy.deepspeed_cfg.offload_optimizer=cpu")
 
 

@@ -21,55 +21,54 @@ class TestWorld1(_DTensor):
     overrides = ["cluster.gpus_per_node=1"]
 
 
-class TestDataParallel2(_DTensor):
-    algorithm_checks = False  # the GRPO loss variants and top-k distillation: at world size 1 and TP2
+class _DTensorVariant(_DTensor):
+    """A layout checked for what its parallelism changes: the engine's own checks (a)-(f), (h), (k)
+    and DPO's step, plus what each class below turns back on. World size 1 runs every check; the
+    GRPO loss variants and top-k distillation run there and at TP2, the critic at DP2 and CP2,
+    LoRA at DP2, TP2 and FSDP1, the token budgets at DP2 (packed), TP2 with SP, HSDP and CP2
+    (dynamic)."""
+
+    algorithm_checks = lora_checks = critic_checks = False
+    micro_batch_layouts = ()
+
+
+class TestDataParallel2(_DTensorVariant):
+    lora_checks = critic_checks = True
     micro_batch_layouts = ("packed",)  # token budgets without packing: HSDP's and CP2's, two ranks as here
     overrides = ["cluster.gpus_per_node=2"]
 
 
-class TestTensorParallel2(_DTensor):
-    micro_batch_layouts = ()  # token budgets: at world size 1, DP2 and TP2 with SP (which covers TP2's)
-    critic_checks = False  # the critic runs in the world-1 and data-parallel layouts (megatron's covers TP)
+class TestTensorParallel2(_DTensorVariant):
+    algorithm_checks = lora_checks = True  # the critic: megatron's TP layout covers a tensor-parallel critic
     overrides = ["cluster.gpus_per_node=2", "policy.dtensor_cfg.tensor_parallel_size=2"]
 
 
-class TestTensorParallel2SequenceParallel(_DTensor):
-    algorithm_checks = False  # the GRPO loss variants and top-k distillation: at world size 1 and TP2
-    lora_checks = False  # LoRA refuses sequence parallelism (the built-in TP plan is adapted to it)
-    critic_checks = False  # the critic runs in the world-1 and data-parallel layouts
+class TestTensorParallel2SequenceParallel(_DTensorVariant):
+    # token budgets with SP's sequence-sharded activations; LoRA refuses sequence parallelism
+    # (the built-in TP plan is adapted to it)
+    micro_batch_layouts = ("packed", "dynamic")
     overrides = ["cluster.gpus_per_node=2", "policy.dtensor_cfg.tensor_parallel_size=2",
                  "policy.dtensor_cfg.sequence_parallel=true"]
 
 
-class TestLlamaUntiedTensorParallel2(_DTensor):
-    algorithm_checks = False  # the GRPO loss variants and top-k distillation: at world size 1 and TP2
-    lora_checks = False  # LoRA runs in the world-1, data-parallel, tensor-parallel and FSDP1 layouts
-    micro_batch_layouts = ()  # token budgets: checked at world size 1, DP2 and TP2 with SP
-    critic_checks = False  # the critic runs in the world-1 and data-parallel layouts
+class TestLlamaUntiedTensorParallel2(_DTensorVariant):
     model_family = "llama"
     overrides = ["cluster.gpus_per_node=2", "policy.dtensor_cfg.tensor_parallel_size=2"]
 
 
-class TestFSDP1DataParallel2(_DTensor):
-    algorithm_checks = False  # the GRPO loss variants and top-k distillation: at world size 1 and TP2
-    micro_batch_layouts = ()  # token budgets: checked at world size 1, DP2 and TP2 with SP
-    critic_checks = False  # the critic runs in the world-1 and data-parallel layouts
+class TestFSDP1DataParallel2(_DTensorVariant):
+    lora_checks = True  # FSDP1 wraps frozen and trained weights in one unit
     overrides = ["cluster.gpus_per_node=2", "policy.dtensor_cfg.fsdp_version=1"]
 
 
-class TestActivationCheckpointingDataParallel2(_DTensor):
-    algorithm_checks = False  # the GRPO loss variants and top-k distillation: at world size 1 and TP2
-    lora_checks = False  # LoRA runs in the world-1, data-parallel, tensor-parallel and FSDP1 layouts
-    micro_batch_layouts = ()  # token budgets: checked at world size 1, DP2 and TP2 with SP
-    critic_checks = False  # the critic runs in the world-1 and data-parallel layouts
+class TestActivationCheckpointingDataParallel2(_DTensorVariant):
     overrides = ["cluster.gpus_per_node=2", "policy.dtensor_cfg.activation_checkpointing=true"]
 
 
-class TestHybridShardDataParallel2(_DTensor):
-    """HSDP: FSDP2's fully_shard over a 2-D (dp_replicate, dp_shard) mesh, replicated 2 x sharded 1."""
+class TestHybridShardDataParallel2(_DTensorVariant):
+    """HSDP: FSDP2's fully_shard over a 2-D (dp_replicate, dp_shard) mesh, replicated 2 x sharded 1
+    (the critic and LoRA: DP2's, the same fully_shard call on another mesh)."""
 
-    algorithm_checks = False  # the GRPO loss variants and top-k distillation: at world size 1 and TP2
-    critic_checks = lora_checks = False  # the critic and LoRA: DP2's (the same fully_shard call, another mesh)
     micro_batch_layouts = ("dynamic",)  # micro-batches accumulated before the replicas' all-reduce (packed: DP2's)
     overrides = ["cluster.gpus_per_node=2", "policy.dtensor_cfg.dp_replicate_size=2"]
 
@@ -83,11 +82,12 @@ class TestHybridShardDataParallel2(_DTensor):
         assert [(rank["parameters"], rank["gradients"]) for rank in ranks] == [(whole, whole)] * 2, (whole, ranks)
 
 
-class TestContextParallel2(_DTensor):
-    """Each sequence split over 2 ranks (ring attention), the model sharded over both by FSDP2."""
+class TestContextParallel2(_DTensorVariant):
+    """Each sequence split over 2 ranks (ring attention), the model sharded over both by FSDP2 (the
+    loss sees the gathered logprobs: the GRPO variants are world size 1's; LoRA wraps the
+    projections, not attention: DP2's check)."""
 
-    algorithm_checks = False  # what the loss sees is the gathered logprobs: the GRPO variants are DP2's
-    lora_checks = False  # LoRA wraps the projections, not attention: DP2's check
+    critic_checks = True
     micro_batch_layouts = ("dynamic",)  # packed rows are refused with context parallelism
     overrides = ["cluster.gpus_per_node=2", "policy.dtensor_cfg.context_parallel_size=2"]
 
@@ -101,12 +101,10 @@ class TestContextParallel2(_DTensor):
         assert backend.layout.data_parallel_rank == (0, 0)
 
 
-class TestTensorParallel2ContextParallel2(_DTensor):
+class TestTensorParallel2ContextParallel2(_DTensorVariant):
     """World size 4: a (cp 2, tp 2) layout, each ring of 2 ranks holding one tensor-parallel shard
-    (the heads split over tp, the sequence over cp)."""
+    (the heads split over tp, the sequence over cp); the rest: the 2-rank CP class's and TP2's."""
 
-    algorithm_checks = critic_checks = lora_checks = False  # the 2-rank CP class and TP2's
-    micro_batch_layouts = ()  # token budgets: the 2-rank CP class's
     overrides = ["cluster.gpus_per_node=4", "policy.dtensor_cfg.context_parallel_size=2",
                  "policy.dtensor_cfg.tensor_parallel_size=2"]
 

@@ -48,6 +48,13 @@ One subclass per layout (world size, parallel sizes). The checks:
     moved), and the refit's adapter and the exported PEFT folder hold adapter tensors only; a
     registration without it is refused with ``policy.lora.enabled``, in one line.
 
+A layout's class attributes say which checks it leaves to the backend's other layouts
+(``algorithm_checks``, ``critic_checks``, ``lora_checks``, ``micro_batch_layouts``,
+``adam_overrides``, ``bf16_tolerance``) or cannot run (the world-size-1 comparison (c) at world size
+1, a critic for a registration without ``value_model``...): those are deselected, not skipped
+(:class:`ConformanceLayout`, through corerl's pytest plugin); a skip means the machine cannot run
+the check (no GPU, an engine refusing here) and says why.
+
 Mixture-of-experts checks (m1-m5) are a class of their own, :class:`MoeConformance`: one more
 subclass per backend (one engine for it), expert parallelism 2 at world size 2 where the
 registration names its key; a backend registered without ``moe=True`` is checked to be refused.
@@ -62,7 +69,7 @@ that version, both in one line naming the metric or method, the version and how 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -149,6 +156,18 @@ def dpo_conformance_loss(pairs: int = 4) -> Any:
 #: GRPO loss options each layout's step is checked with (i), by test id
 GRPO_LOSS_VARIANTS = ("cispo", "dr_grpo")
 
+#: the checks each flag of :class:`TrainingBackendConformance` and :class:`MoeConformance` governs
+_ALGORITHM_VARIANT_CHECKS = frozenset({"test_grpo_loss_variants_match_plain_pytorch",
+                                       "test_topk_distillation_matches_plain_pytorch"})
+_CRITIC_ENGINE_CHECKS = frozenset({"test_critic_values_match_transformers", "test_critic_step_matches_plain_pytorch",
+                                   "test_critic_save_load_continue_equals_uninterrupted",
+                                   "test_critic_export_loads_as_a_value_model"})
+_MOE_ENGINE_CHECKS = frozenset({"test_moe_logprobs_match_transformers",
+                                "test_moe_step_with_router_terms_matches_plain_pytorch",
+                                "test_moe_step_reports_the_routers_metrics",
+                                "test_moe_weight_stream_and_export_load_into_transformers",
+                                "test_moe_save_load_continue_equals_uninterrupted"})
+
 
 def grpo_conformance_loss(variant: str) -> Any:
     """The :class:`~corerl.algorithms.grpo_math.GRPOLoss` of one of :data:`GRPO_LOSS_VARIANTS`:
@@ -234,7 +253,40 @@ def _save_load_continue(engine: Any, model_dir: str, first: dict[str, torch.Tens
     return straight, straight_w, resumed, dict(engine.weight_stream())
 
 
-class BackendLayout:
+#: each layout class's registration, as :meth:`BackendLayout._registration_or_none` found it
+_REGISTRATIONS: dict[type, Any] = {}
+
+
+class ConformanceLayout:
+    """The base of every conformance class: a layout declares, through class attributes, the
+    checks it does not run, and those are not collected. corerl's pytest plugin (loaded through
+    the ``pytest11`` entry point, so in a plugin's own project too) asks each collected test's
+    class :meth:`conformance_deselected` and deselects the test where it gives a reason; pytest
+    reports them as "N deselected" (``-v`` lists each with its reason at the end). A skip is
+    left for what cannot run on this machine (no GPU, an engine refusing here), saying why."""
+
+    @classmethod
+    def conformance_deselected(cls, test: str, params: Mapping[str, Any]) -> str | None:
+        """Why this layout does not run the suite's check ``test`` (the test function's name)
+        with ``params`` (its parametrization, e.g. ``{"layout": "packed"}``), or None where it
+        runs it. A subclass adding reasons calls ``super()``; a test the subclass defines itself
+        under a suite check's name is never deselected."""
+        return None
+
+    @classmethod
+    def _suite_check(cls, test: str, suite: type) -> bool:
+        """Whether ``test`` is ``suite``'s own check on this class (not one the subclass redefines)."""
+        return test in vars(suite) and getattr(cls, test, None) is vars(suite)[test]
+
+    def _skip_if_deselected(self, test: str, **params: Any) -> None:
+        """Where corerl's pytest plugin is not loaded (``-p no:corerl``), the check deselection
+        would have left out skips, with the same reason."""
+        reason = type(self).conformance_deselected(test, params)
+        if reason is not None:
+            pytest.skip(reason)
+
+
+class BackendLayout(ConformanceLayout):
     """One layout of a training backend under test (no checks of its own): ``backend_id``, the
     ``overrides`` that make the layout (world size, parallel sizes), and how the suites build a
     selection and an engine from them."""
@@ -300,8 +352,23 @@ class BackendLayout:
 
     @classmethod
     def _world_size(cls) -> int:
-        sizes = [int(o.split("=", 1)[1]) for o in cls.overrides if o.startswith("cluster.gpus_per_node=")]
-        return sizes[-1] if sizes else 1
+        """The layout's world size as its ``overrides`` set it (nodes x workers per node; 1 each unset)."""
+        def last(key: str) -> int:
+            sizes = [int(o.split("=", 1)[1]) for o in cls.overrides if o.startswith(f"{key}=")]
+            return sizes[-1] if sizes else 1
+
+        return last("cluster.num_nodes") * last("cluster.gpus_per_node")
+
+    @classmethod
+    def _registration_or_none(cls) -> Any:
+        """The registration, or None where it cannot be found (the checks then run and fail saying
+        so); looked up once per class (collection asks for each of its tests)."""
+        if cls not in _REGISTRATIONS:
+            try:
+                _REGISTRATIONS[cls] = cls._registration()
+            except Exception:  # noqa: BLE001 (collection goes on; the test names the problem when it runs)
+                _REGISTRATIONS[cls] = None
+        return _REGISTRATIONS[cls]
 
 
 class TrainingBackendConformance(BackendLayout):
@@ -323,9 +390,53 @@ class TrainingBackendConformance(BackendLayout):
     #: layouts only; empty: skipped in this layout)
     adam_overrides: ClassVar[list[str]] = ["policy.optimizer.name=adamw", "policy.optimizer.lr=0.001"]
     #: largest logprob difference allowed between ``policy.precision=bfloat16`` and the fp32
-    #: reference (bf16 keeps 8 bits of mantissa: a few hundredths on the tiny model); None: the
+    #: reference (bf16 keeps 8 bits of mantissa: a few thousandths on the tiny model); None: the
     #: backend does not compute in bf16 here
     bf16_tolerance: ClassVar[float | None] = 0.1
+    #: whether (l) runs LoRA in this layout (a backend may turn it off in layouts that add nothing
+    #: new for an adapter, to keep its suite short)
+    lora_checks: ClassVar[bool] = True
+
+    @classmethod
+    def conformance_deselected(cls, test: str, params: Mapping[str, Any]) -> str | None:
+        """The checks this layout's flags leave out (:class:`ConformanceLayout`): (c) at world size
+        1, (d)'s Adam variant without ``adam_overrides`` or above world size 1, bf16 with
+        ``bf16_tolerance = None`` or above world size 1, (i)'s algorithm variants with
+        ``algorithm_checks = False``, (g)'s layouts not in ``micro_batch_layouts``, (j)'s critic
+        engine checks with ``critic_checks = False`` or for a registration without
+        ``value_model``, (l) with ``lora_checks = False`` (a registration with ``lora``; without,
+        (l) checks the refusal), and (k)'s section check for a registration without a section."""
+        if not cls._suite_check(test, TrainingBackendConformance):
+            return super().conformance_deselected(test, params)
+        world = cls._world_size()
+        if test == "test_matches_world_size_1" and world == 1:
+            return "(c) compares a layout above world size 1 with world size 1: this one is world size 1"
+        if test == "test_adam_state_survives_save_and_load" and (not cls.adam_overrides or world > 1):
+            return ("(d)'s Adam variant runs in world-size-1 layouts with adam_overrides"
+                    + (f" (world size {world} here)" if world > 1 else " (adam_overrides is empty here)"))
+        if test == "test_bfloat16_logprobs_are_close_to_float32" and (cls.bf16_tolerance is None or world > 1):
+            return ("bf16 is checked in world-size-1 layouts where the backend computes in bf16"
+                    + (f" (world size {world} here)" if world > 1 else " (bf16_tolerance = None here)"))
+        if test in _ALGORITHM_VARIANT_CHECKS and not cls.algorithm_checks:
+            return "the algorithm variants are checked in this backend's other layouts (algorithm_checks = False)"
+        if test == "test_token_budget_micro_batches_match_unpadded" and params.get("layout") not in cls.micro_batch_layouts:
+            return f"{cls.backend_id} does not run the {params.get('layout')} layout here (micro_batch_layouts)"
+        if test in _CRITIC_ENGINE_CHECKS:
+            registration = cls._registration_or_none()
+            if registration is not None and not registration.value_model:
+                return (f"{cls.backend_id} does not train value models (value_model=False): "
+                        "test_critic_is_refused_for_ppo_unless_registered_as_a_value_model checks PPO refuses it")
+            if not cls.critic_checks:
+                return "the critic is checked in this backend's other layouts (critic_checks = False)"
+        if test == "test_lora_step_matches_plain_peft" and not cls.lora_checks:
+            registration = cls._registration_or_none()
+            if registration is None or registration.lora:  # without lora=True, (l) checks the refusal
+                return "LoRA is checked in this backend's other layouts (lora_checks = False)"
+        if test == "test_enabling_the_section_selects_the_backend":
+            registration = cls._registration_or_none()
+            if registration is not None and registration.config_section is None:
+                return f"{cls.backend_id} has no config section to enable"
+        return super().conformance_deselected(test, params)
 
     # -- fixtures ----------------------------------------------------------------------
 
@@ -393,8 +504,9 @@ class TrainingBackendConformance(BackendLayout):
     # -- (c) ---------------------------------------------------------------------------
 
     def test_matches_world_size_1(self, backend: Any, model_dir: str, batch: dict[str, torch.Tensor], tmp_path: Path) -> None:
-        if backend.conformance_world_size == 1:
-            pytest.skip("this layout is world size 1 already")
+        self._skip_if_deselected("test_matches_world_size_1")
+        if backend.conformance_world_size == 1:  # world size 1 set otherwise than by cluster.* overrides
+            pytest.skip("(c) compares a layout above world size 1 with world size 1: this one is world size 1")
         _, single = self._build(model_dir, tmp_path, ["cluster.num_nodes=1", "cluster.gpus_per_node=1",
                                                       *self._single_rank_overrides()])
         try:
@@ -429,8 +541,7 @@ class TrainingBackendConformance(BackendLayout):
 
     def test_adam_state_survives_save_and_load(self, model_dir: str, tmp_path: Path) -> None:
         """(d) with Adam(W): its moments and step counts come back from the checkpoint."""
-        if not self.adam_overrides or self._world_size() > 1:
-            pytest.skip("the Adam variant of (d) runs in this backend's world-size-1 layouts")
+        self._skip_if_deselected("test_adam_state_survives_save_and_load")
         _, engine = self._build(model_dir, tmp_path, list(self.adam_overrides))
         try:
             straight, straight_w, resumed, resumed_w = _save_load_continue(
@@ -449,8 +560,8 @@ class TrainingBackendConformance(BackendLayout):
 
         from corerl.errors import EngineNotAvailable
 
-        if self.bf16_tolerance is None or self._world_size() > 1:
-            pytest.skip("bf16 is checked in this backend's world-size-1 layouts where it computes in bf16")
+        self._skip_if_deselected("test_bfloat16_logprobs_are_close_to_float32")
+        assert self.bf16_tolerance is not None
         try:
             _, engine = self._build(model_dir, tmp_path, ["policy.precision=bfloat16"])
         except EngineNotAvailable as exc:  # refused on this machine, in one line, as a run would be
@@ -543,8 +654,7 @@ class TrainingBackendConformance(BackendLayout):
 
     @pytest.mark.parametrize("variant", GRPO_LOSS_VARIANTS)
     def test_grpo_loss_variants_match_plain_pytorch(self, backend: Any, model_dir: str, variant: str) -> None:
-        if not self.algorithm_checks:
-            pytest.skip("the algorithm variants are checked in this backend's other layouts (algorithm_checks=False)")
+        self._skip_if_deselected("test_grpo_loss_variants_match_plain_pytorch", variant=variant)
         loss_fn = grpo_conformance_loss(variant)
         result = self._check_step(backend, model_dir, grpo_conformance_batch(model_dir, loss_fn), loss_fn, variant)
         clipped = self._contract().metric(result.metrics, "clip_fraction", LOSS_METRICS)
@@ -558,8 +668,7 @@ class TrainingBackendConformance(BackendLayout):
 
         from corerl.algorithms.distillation_math import TopKDistillationLoss
 
-        if not self.algorithm_checks:
-            pytest.skip("the algorithm variants are checked in this backend's other layouts (algorithm_checks=False)")
+        self._skip_if_deselected("test_topk_distillation_matches_plain_pytorch")
         k = 5
         contract = self._contract()
         topk_logprobs = contract.method(backend, "topk_logprobs", TOPK_LOGPROBS)
@@ -604,9 +713,8 @@ class TrainingBackendConformance(BackendLayout):
     # -- (k) ---------------------------------------------------------------------------
 
     def test_enabling_the_section_selects_the_backend(self, model_dir: str, tmp_path: Path) -> None:
+        self._skip_if_deselected("test_enabling_the_section_selects_the_backend")
         registration = self._registration()
-        if registration.config_section is None:
-            pytest.skip(f"{self.backend_id} has no config section to enable")
         _, selection = self._select(model_dir, tmp_path, ["policy.training_backend=null",
                                                            f"{registration.config_section}.enabled=true"])
         assert selection.training_backend.id == self.backend_id, selection.training_backend.reason
@@ -621,11 +729,9 @@ class TrainingBackendConformance(BackendLayout):
     @pytest.fixture(scope="class")
     @classmethod
     def critic(cls, model_dir: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-        registration = cls._registration()
-        if not registration.value_model:
-            pytest.skip(f"{cls.backend_id} does not train value models (its registration says value_model=False)")
-        if not cls.critic_checks:
-            pytest.skip("the critic is checked in this backend's other layouts (critic_checks=False)")
+        reason = cls.conformance_deselected("test_critic_values_match_transformers", {})
+        if reason is not None:  # deselected where corerl's pytest plugin is loaded
+            pytest.skip(reason)
         _, engine = cls._build(model_dir, tmp_path_factory.mktemp("critic-recipe"), [], critic=True)
         try:
             yield engine
@@ -717,8 +823,7 @@ class TrainingBackendConformance(BackendLayout):
 
     @pytest.mark.parametrize("layout", ["packed", "dynamic"])
     def test_token_budget_micro_batches_match_unpadded(self, layout: str, model_dir: str, tmp_path: Path) -> None:
-        if layout not in self.micro_batch_layouts:
-            pytest.skip(f"{self.backend_id} does not offer the {layout} layout")
+        self._skip_if_deselected("test_token_budget_micro_batches_match_unpadded", layout=layout)
         section = "sequence_packing" if layout == "packed" else "dynamic_batching"
         # budgets of a few sequences: several micro-batches per rank, sequences cut nowhere
         config, engine = self._build(model_dir, tmp_path, [
@@ -760,9 +865,6 @@ class TrainingBackendConformance(BackendLayout):
 
     # -- (l) ---------------------------------------------------------------------------
 
-    #: whether (l) runs LoRA in this layout (a backend may turn it off in layouts that add nothing
-    #: new for an adapter, to keep its suite short)
-    lora_checks: ClassVar[bool] = True
     lora_overrides: ClassVar[list[str]] = ["policy.lora.enabled=true", "policy.lora.dim=4", "policy.lora.alpha=8"]
 
     def test_lora_step_matches_plain_peft(self, model_dir: str, tmp_path: Path) -> None:
@@ -772,8 +874,7 @@ class TrainingBackendConformance(BackendLayout):
             with pytest.raises(CorerlError, match=r"^policy\.lora\.enabled: [^\n]+$"):
                 self._select(model_dir, tmp_path, self.lora_overrides)
             return
-        if not self.lora_checks:
-            pytest.skip("LoRA is checked in this backend's other layouts (lora_checks=False)")
+        self._skip_if_deselected("test_lora_step_matches_plain_peft")
         config, engine = self._build(model_dir, tmp_path, self.lora_overrides)
         batch = conformance_batch()
         try:
@@ -867,6 +968,16 @@ class MoeConformance(BackendLayout):
             return []
         return [f"{registration.config_section}.{registration.expert_parallel_key}=2"]
 
+    @classmethod
+    def conformance_deselected(cls, test: str, params: Mapping[str, Any]) -> str | None:
+        """(m1)-(m4) for a registration without ``moe=True``: (m5) checks it is refused."""
+        if cls._suite_check(test, MoeConformance) and test in _MOE_ENGINE_CHECKS:
+            registration = cls._registration_or_none()
+            if registration is not None and not registration.moe:
+                return (f"{cls.backend_id} does not train mixture-of-experts models (moe=False): "
+                        "test_moe_policy_is_refused_unless_registered checks it is refused")
+        return super().conformance_deselected(test, params)
+
     @pytest.fixture(scope="class")
     @classmethod
     def moe_dir(cls, tmp_path_factory: pytest.TempPathFactory) -> str:
@@ -877,8 +988,9 @@ class MoeConformance(BackendLayout):
     @pytest.fixture(scope="class")
     @classmethod
     def moe_backend(cls, moe_dir: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-        if not cls._registration().moe:
-            pytest.skip(f"{cls.backend_id} does not train mixture-of-experts models (its registration says moe=False)")
+        reason = cls.conformance_deselected("test_moe_logprobs_match_transformers", {})
+        if reason is not None:  # deselected where corerl's pytest plugin is loaded
+            pytest.skip(reason)
         _, engine = cls._build(moe_dir, tmp_path_factory.mktemp("moe-recipe"),
                                [*cls.router_overrides(), *cls.expert_parallel_overrides()])
         try:

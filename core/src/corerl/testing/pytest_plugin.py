@@ -1,9 +1,11 @@
-"""pytest fixtures and marks for corerl plugin authors (registered through the ``pytest11`` entry point)."""
+"""pytest fixtures, marks and the conformance suites' deselection for corerl plugin authors
+(registered through the ``pytest11`` entry point)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -24,6 +26,54 @@ def pytest_configure(config: pytest.Config) -> None:
     """Register :data:`MARKS`."""
     for name, meaning in MARKS.items():
         config.addinivalue_line("markers", f"{name}: {meaning}")
+
+
+#: the conformance checks deselected in this session: (node id, reason)
+_DESELECTED = pytest.StashKey[list[tuple[str, str]]]()
+
+
+def conformance_deselection(item: pytest.Item) -> str | None:
+    """Why ``item``'s conformance class does not run it in its layout, or None: the class's
+    ``conformance_deselected(test_name, parametrization)`` (:class:`corerl.testing.conformance.ConformanceLayout`);
+    None for any other test. A class whose answer raises is left collected (the test then shows the error)."""
+    ask = getattr(getattr(item, "cls", None), "conformance_deselected", None)
+    if not callable(ask):
+        return None
+    callspec = getattr(item, "callspec", None)
+    params = dict(callspec.params) if callspec is not None else {}
+    try:
+        reason = ask(getattr(item, "originalname", item.name), params)
+    except Exception:  # noqa: BLE001 (collection goes on)
+        return None
+    return str(reason) if reason else None
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Deselect the conformance checks a layout does not run (its class says so), so they are
+    neither run nor reported as skipped; pytest counts them as "N deselected"."""
+    kept, deselected, reasons = [], [], []
+    for item in items:
+        reason = conformance_deselection(item)
+        if reason is None:
+            kept.append(item)
+        else:
+            deselected.append(item)
+            reasons.append((item.nodeid, reason))
+    if deselected:
+        config.hook.pytest_deselected(items=deselected)
+        items[:] = kept
+        config.stash.setdefault(_DESELECTED, []).extend(reasons)
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    """With ``-v``: each conformance check deselected by its layout, with the reason."""
+    reasons = config.stash.get(_DESELECTED, [])
+    if not reasons or config.getoption("verbose") < 1:
+        return
+    terminalreporter.section("conformance checks not run by their layout (deselected)")
+    for nodeid, reason in reasons:
+        terminalreporter.line(f"{nodeid}: {reason}")
 
 
 def first_party_host() -> PluginHost:
