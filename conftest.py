@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import multiprocessing.process
-import os
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -136,12 +135,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU (torch sees none); run `bash scripts/test.sh -m gpu` on a GPU machine")
-    # CORERL_GPU_TIER_ON_CPU=1: the tier's end-to-end runs (tests/test_gpu_runs.py) run on the CPU, to
-    # measure what the tier costs where no GPU is lent; the checks of CUDA placement stay skipped
-    on_cpu = os.environ.get("CORERL_GPU_TIER_ON_CPU") == "1"
-    for item in gpu_items:
-        if not (on_cpu and item.nodeid.startswith("tests/test_gpu_runs.py")):
-            item.add_marker(skip)
+    for item in gpu_items:  # the end-to-end runs a CPU can run have CPU cases of their own (tests/test_gpu_runs.py)
+        item.add_marker(skip)
 
 
 def scope_of(nodeid: str) -> str:
