@@ -1,4 +1,5 @@
-"""What a DeepSpeed rank holds for parameters, gradients and optimizer state."""
+"""What a DeepSpeed rank holds for parameters, gradients and optimizer state: the tensors offload
+parks (``DeepSpeedWorker.phase_tensors``) and ``state_bytes`` counts."""
 
 from __future__ import annotations
 
@@ -7,10 +8,10 @@ from typing import Any
 from corerl.sdk import optimizer_state_tensors, storage_bytes
 
 
-def parameter_bytes(engine: Any, stage: int) -> int:
-    """The module's parameters as this rank stores them: its ZeRO-3 shards, else whole."""
-    params = list(engine.module.parameters())
-    return storage_bytes(p.ds_tensor if stage == 3 else p for p in params)
+def parameter_tensors(engine: Any, stage: int) -> list[Any]:
+    """The module's parameters as this rank stores them: its ZeRO-3 partitions, else whole (under
+    ZeRO-1/2 views into DeepSpeed's flat buffers)."""
+    return [p.ds_tensor if stage == 3 else p for p in engine.module.parameters()]
 
 
 def gradient_bytes(engine: Any) -> int:
@@ -25,9 +26,9 @@ def gradient_bytes(engine: Any) -> int:
     return storage_bytes(tensors)
 
 
-def optimizer_bytes(engine: Any) -> int:
+def optimizer_tensors(engine: Any) -> list[Any]:
     """The optimizer's moments and ZeRO's fp32 master partitions."""
     optimizer = engine.optimizer
     masters = list(getattr(optimizer, "single_partition_of_fp32_groups", None) or [])
     masters += list(getattr(optimizer, "fp32_partitioned_groups_flat", None) or [])
-    return storage_bytes([*optimizer_state_tensors(optimizer), *masters])
+    return [*optimizer_state_tensors(optimizer), *masters]

@@ -160,17 +160,13 @@ class DeepSpeedWorker(RankWorker):
     def phase_tensors(self, part: str) -> list[torch.Tensor] | None:
         """What the engine holds of ``part``: the module's parameters (their ZeRO-3 partitions; under
         ZeRO-1/2 views into its flat buffers), or the optimizer's state with ZeRO's fp32 master
-        partitions (the tensors :mod:`corerl_deepspeed.memory` counts)."""
-        from corerl.sdk import optimizer_state_tensors
+        partitions (:mod:`corerl_deepspeed.memory`)."""
+        from corerl_deepspeed.memory import optimizer_tensors, parameter_tensors
 
         if part == "parameters":
-            params = list(self.engine.module.parameters())
-            return [p.ds_tensor if self.settings.zero_stage == 3 else p for p in params]
+            return parameter_tensors(self.engine, self.settings.zero_stage)
         if part == "optimizer":
-            optimizer = self.engine.optimizer
-            masters = list(getattr(optimizer, "single_partition_of_fp32_groups", None) or [])
-            masters += list(getattr(optimizer, "fp32_partitioned_groups_flat", None) or [])
-            return [*optimizer_state_tensors(optimizer), *masters]
+            return optimizer_tensors(self.engine)
         return None
 
     def state_bytes(self) -> dict[str, int]:
