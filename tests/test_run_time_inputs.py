@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import clean_env, run_corerl
+from tests.refusals import refused_in_one_line
 
 ROWS = [{"question": f"w1 {d} w{i % 7}", "answer": str(d)} for i, d in enumerate(list(range(10)) * 2)]
 REWARDS = '''
@@ -50,23 +51,23 @@ def _args(tmp_path: Path, extra: tuple[str, ...], train: Path | None) -> list[st
             "data.held_out_size=5", *extra]
 
 
-def _one_line(code: int, out: str, err: str) -> tuple[int, str]:
-    lines = err.strip().splitlines()
-    assert len(lines) == 1, (code, out, err)  # one line, no traceback
-    assert "Traceback" not in out + err and "internal error" not in err
-    return code, lines[0]
+def _stderr(code: int, out: str, err: str) -> tuple[int, str]:
+    """The exit status and stderr, for :func:`tests.refusals.refused_in_one_line` (one line, no
+    traceback there), after checking stdout holds no traceback either and stderr no internal error."""
+    assert "Traceback" not in out and "internal error" not in err, (code, out, err)
+    return code, err
 
 
 def _run(tmp_path: Path, *extra: str, train: Path | None = None) -> tuple[int, str]:
     """``corerl run`` on the rows, in a process of its own (the reward functions' module on its path)."""
     result = run_corerl(*_args(tmp_path, extra, train), env=clean_env({"PYTHONPATH": str(tmp_path)}))
-    return _one_line(result.code, result.out, result.err)
+    return _stderr(result.code, result.out, result.err)
 
 
 @pytest.fixture
 def refused(capfd, monkeypatch):
     """The same command in this process, for inputs refused before any engine starts (exit 2): the
-    code and line of ``corerl.cli.main``, as its console script would end (fast tier)."""
+    code and stderr of ``corerl.cli.main``, as its console script would end (fast tier)."""
     import corerl.reporting.quiet as quiet
     from corerl import cli
 
@@ -75,34 +76,31 @@ def refused(capfd, monkeypatch):
     def run(tmp_path: Path, *extra: str, train: Path | None = None) -> tuple[int, str]:
         code = cli.main(_args(tmp_path, extra, train))
         captured = capfd.readouterr()
-        return _one_line(code, captured.out, captured.err)
+        return _stderr(code, captured.out, captured.err)
 
     return run
 
 
 def test_a_malformed_jsonl_line_is_named_by_number(tmp_path, refused):
     train = _jsonl(tmp_path / "train.jsonl", ROWS, {7: '{"question": "w1 3 w2", "answer": '})
-    code, line = refused(tmp_path, train=train)
-    assert code == 2 and "data.train_files" in line and "train.jsonl line 7 is not valid JSON" in line
+    refused_in_one_line(refused(tmp_path, train=train), "train.jsonl line 7 is not valid JSON", key="data.train_files")
 
 
 def test_a_line_that_is_not_an_object_is_named_by_number(tmp_path, refused):
     train = _jsonl(tmp_path / "train.jsonl", ROWS, {4: "[1, 2]"})
-    code, line = refused(tmp_path, train=train)
-    assert code == 2 and "train.jsonl line 4 holds a list, not a JSON object" in line
+    refused_in_one_line(refused(tmp_path, train=train), "train.jsonl line 4 holds a list, not a JSON object", key="data.train_files")
 
 
 def test_an_empty_dataset_is_refused(tmp_path, refused):
     train = tmp_path / "train.jsonl"
     train.write_text("\n")
-    code, line = refused(tmp_path, train=train)
-    assert code == 2 and "holds no rows" in line and "data.train_files" in line
+    refused_in_one_line(refused(tmp_path, train=train), "holds no rows", key="data.train_files")
 
 
 def test_a_reward_function_that_raises_is_named_with_the_row(tmp_path):
-    code, line = _run(tmp_path, "data.reward=my_rewards:explode")
+    line = refused_in_one_line(_run(tmp_path, "data.reward=my_rewards:explode"), key="data.reward", code=1)
     row = next(i for i, r in enumerate(ROWS, start=1) if r["answer"] == "3")
-    assert code == 1 and line.startswith("corerl: error: data.reward: reward function explode raised ValueError: boom on ")
+    assert line.startswith("corerl: error: data.reward: reward function explode raised ValueError: boom on ")
     assert "train.jsonl line " in line
     number = int(line.split("train.jsonl line ")[1].split()[0])
     assert "(at grpo step 1)" in line
@@ -112,24 +110,26 @@ def test_a_reward_function_that_raises_is_named_with_the_row(tmp_path):
 @pytest.mark.parametrize("function, says", [("not_a_number", "returned 'high' (str)"), ("nan", "returned nan"),
                                             ("nothing", "returned None (NoneType)")])
 def test_a_reward_that_is_not_a_finite_number_stops_the_run(tmp_path, function, says):
-    code, line = _run(tmp_path, f"data.reward=my_rewards:{function}")
-    assert code == 1 and f"reward function {function} {says} on train.jsonl line " in line
+    refused_in_one_line(_run(tmp_path, f"data.reward=my_rewards:{function}"),
+                        f"reward function {function} {says} on train.jsonl line ", key="data.reward", code=1)
 
 
 def test_a_prompt_longer_than_the_sequence_allows_is_refused_with_its_row(tmp_path, refused):
     rows = [*ROWS[:12], {"question": " ".join(["w5"] * 40), "answer": "1"}, *ROWS[12:]]
     train = _jsonl(tmp_path / "train.jsonl", rows)
-    code, line = refused(tmp_path, "policy.max_seq_length=32", "policy.generation.max_new_tokens=8", "data.held_out_size=10",
-                      train=train)
+    result = refused(tmp_path, "policy.max_seq_length=32", "policy.generation.max_new_tokens=8", "data.held_out_size=10",
+                     train=train)
     # 40 words and the beginning-of-sequence token; 31 tokens leave room for a completion in 32
-    assert code == 2 and "policy.max_seq_length: train.jsonl line 13: the prompt is 41 tokens" in line
-    assert "more than the 31 that leave room" in line
-    assert "prompts are not truncated: raise policy.max_seq_length by at least 10" in line
+    refused_in_one_line(result, "policy.max_seq_length: train.jsonl line 13: the prompt is 41 tokens",
+                        "more than the 31 that leave room",
+                        "prompts are not truncated: raise policy.max_seq_length by at least 10",
+                        key="policy.max_seq_length")
 
 
 def test_a_model_path_that_does_not_exist_is_named(tmp_path, refused):
-    code, line = refused(tmp_path, f"policy.model_name={tmp_path / 'no-such-model'}")
-    assert code == 2 and f"policy.model_name: model path {tmp_path / 'no-such-model'} does not exist" in line
+    refused_in_one_line(refused(tmp_path, f"policy.model_name={tmp_path / 'no-such-model'}"),
+                        f"policy.model_name: model path {tmp_path / 'no-such-model'} does not exist",
+                        key="policy.model_name")
 
 
 def test_a_nan_gradient_stops_the_run_at_its_step(tmp_path):
@@ -148,8 +148,7 @@ def test_a_nan_gradient_stops_the_run_at_its_step(tmp_path):
 def test_an_empty_json_file_is_refused_in_one_line(tmp_path, refused):
     train = tmp_path / "train.json"
     train.write_text("")
-    code, line = refused(tmp_path, train=train)
-    assert code == 2 and f"data.train_files: {train} is empty" in line
+    refused_in_one_line(refused(tmp_path, train=train), f"data.train_files: {train} is empty", key="data.train_files")
 
 
 def test_a_prompt_too_long_anywhere_in_the_file_is_refused_before_training(tmp_path, refused):
@@ -157,9 +156,10 @@ def test_a_prompt_too_long_anywhere_in_the_file_is_refused_before_training(tmp_p
     rows = [{"question": f"w1 {i % 10} w2", "answer": str(i % 10)} for i in range(60)]
     rows[56] = {"question": " ".join(["w5"] * 40), "answer": "1"}
     train = _jsonl(tmp_path / "train.jsonl", rows)
-    code, line = refused(tmp_path, "policy.max_seq_length=32", "policy.generation.max_new_tokens=8",
-                      "algorithm.max_steps=1", "algorithm.batch_size=2", train=train)
-    assert code == 2 and "policy.max_seq_length: train.jsonl line 57: the prompt is 41 tokens" in line
+    result = refused(tmp_path, "policy.max_seq_length=32", "policy.generation.max_new_tokens=8",
+                     "algorithm.max_steps=1", "algorithm.batch_size=2", train=train)
+    refused_in_one_line(result, "policy.max_seq_length: train.jsonl line 57: the prompt is 41 tokens",
+                        key="policy.max_seq_length")
     assert not (tmp_path / "bad" / "metrics.jsonl").exists()
 
 
@@ -169,14 +169,14 @@ def test_a_model_folder_without_weights_is_named(tmp_path, refused):
     model = tmp_path / "model"
     build_tiny_model(model, **BUILTIN_MODELS["builtin:tiny-qwen2"])
     (model / "model.safetensors").unlink()
-    code, line = refused(tmp_path, f"policy.model_name={model}")
-    assert code == 2 and f"policy.model_name: {model} holds no weights (none of model.safetensors" in line
+    refused_in_one_line(refused(tmp_path, f"policy.model_name={model}"),
+                        f"policy.model_name: {model} holds no weights (none of model.safetensors", key="policy.model_name")
 
 
 def test_a_chat_template_asked_of_a_tokenizer_without_one_is_named(tmp_path, refused):
-    code, line = refused(tmp_path, "data.apply_chat_template=true")
-    assert code == 2 and line.startswith("corerl: error: data.apply_chat_template: data.apply_chat_template is set "
-                                         "and the tokenizer has no chat template")
+    line = refused_in_one_line(refused(tmp_path, "data.apply_chat_template=true"), key="data.apply_chat_template")
+    assert line.startswith("corerl: error: data.apply_chat_template: data.apply_chat_template is set "
+                           "and the tokenizer has no chat template")
 
 
 NAN_LATER = '''
@@ -235,11 +235,10 @@ def test_a_numpy_number_is_a_reward(tmp_path):
 def test_a_row_without_the_answer_column_is_refused_with_its_line(tmp_path, refused):
     rows = [dict(r) for r in ROWS]
     del rows[8]["answer"]
-    code, line = refused(tmp_path, train=_jsonl(tmp_path / "train.jsonl", rows))
-    assert code == 2 and "data.train_files: train.jsonl line 9 has no 'answer' (data.answer_key)" in line
+    refused_in_one_line(refused(tmp_path, train=_jsonl(tmp_path / "train.jsonl", rows)),
+                        "data.train_files: train.jsonl line 9 has no 'answer' (data.answer_key)", key="data.train_files")
 
 
 def test_a_malformed_line_of_a_json_lines_file_named_json_is_named_by_number(tmp_path, refused):
     train = _jsonl(tmp_path / "train.json", ROWS, {5: '{"question": "w1 3 w2", '})
-    code, line = refused(tmp_path, train=train)
-    assert code == 2 and "train.json line 5 is not valid JSON" in line
+    refused_in_one_line(refused(tmp_path, train=train), "train.json line 5 is not valid JSON", key="data.train_files")
