@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from corerl import cli
+from tests.refusals import refused_in_one_line
 
 ROW = '{"prompt": "1 2", "answer": "2"}\n'
 
@@ -35,13 +36,6 @@ def _recipe(folder: Path, text: str = "") -> Path:
     recipe.write_text("defaults: preset:fsdp\npolicy:\n  model_name: builtin:tiny-qwen2\n  generation:\n    backend: hf\n"
                       + text, encoding="utf-8")
     return recipe
-
-
-def _error_lines(err: str) -> list[str]:
-    lines = err.strip().splitlines()
-    assert lines and all(line.startswith("corerl: error: ") for line in lines), err
-    assert "Traceback" not in err
-    return lines
 
 
 def _weightless_model(tmp_path: Path) -> Path:
@@ -92,8 +86,7 @@ def test_validate_refuses_in_one_line_what_run_would_and_recipe_only_does_not(ca
     recipe = _recipe(tmp_path / "recipes")
     overrides = _filled(overrides, tmp_path)
     code, out, err = _main(capsys, "validate", str(recipe), *overrides)
-    (line,) = _error_lines(err)
-    assert code == 2 and says in line, err
+    line = refused_in_one_line((code, err), says)
     assert "override '" in line  # where the key was set
     assert "not runnable" in out or "what it names on this machine is not" in out
     code, out, err = _main(capsys, "validate", "--recipe-only", str(recipe), *overrides)
@@ -106,9 +99,10 @@ def test_run_refuses_the_same_line_before_it_makes_a_run_directory(capsys, tmp_p
     monkeypatch.chdir(tmp_path)
     recipe = _recipe(tmp_path / "recipes")
     overrides = _filled(overrides, tmp_path)
-    _, _, validated = _main(capsys, "validate", str(recipe), *overrides)
-    code, _, ran = _main(capsys, "run", str(recipe), *overrides)
-    assert code == 2 and _error_lines(ran) == _error_lines(validated)
+    code, _, err = _main(capsys, "validate", str(recipe), *overrides)
+    validated = refused_in_one_line((code, err))
+    code, _, err = _main(capsys, "run", str(recipe), *overrides)
+    assert refused_in_one_line((code, err)) == validated
     assert not (tmp_path / "runs").exists() or [p.name for p in (tmp_path / "runs").iterdir()] == ["empty"]
 
 
@@ -132,8 +126,7 @@ def test_a_finished_run_without_a_checkpoint_is_refused(capsys, tmp_path):
     (finished / "summary.json").write_text("{}")
     code, _, err = _main(capsys, "validate", str(_recipe(tmp_path / "recipes")), f"run.output_dir={tmp_path / 'runs'}",
                          "run.name=done")
-    (line,) = _error_lines(err)
-    assert code == 2 and "run.name: run directory" in line and "holds a finished run" in line
+    refused_in_one_line((code, err), "run.name: run directory", "holds a finished run", key="run.name")
 
 
 def test_validate_takes_overrides_without_a_recipe_as_run_does(capsys, tmp_path):
@@ -146,4 +139,4 @@ def test_validate_takes_overrides_without_a_recipe_as_run_does(capsys, tmp_path)
     code, out, _ = _main(capsys, "validate")
     assert code == 0 and out.startswith(f"{DEMO_RECIPE}: valid")
     code, _, err = _main(capsys, "validate", "data.task=dataset", "data.train_files=nowhere.jsonl")
-    assert code == 2 and "data file nowhere.jsonl does not exist" in err
+    refused_in_one_line((code, err), "data file nowhere.jsonl does not exist", key="data.train_files")
