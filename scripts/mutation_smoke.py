@@ -85,7 +85,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         old="return list(dict.fromkeys([*sampling.stop_token_ids, *eos_ids]))",
         new="return list(dict.fromkeys([*eos_ids]))",
         tests=("tests/test_hf_generation.py::TestHFGenerationConformance::"
-               "test_stop_ids_end_a_completion_besides_the_end_of_sequence",),
+               "test_a_stop_id_ends_a_completion_where_it_is_sampled",),
     ),
     Mutation(
         name="recipe-key-dropped",

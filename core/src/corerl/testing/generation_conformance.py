@@ -20,6 +20,8 @@ backend may apply):
 - ``test_samples_follow_the_stated_distribution``: the first tokens of 800 samples, drawn with a
   call seed and with request seeds, follow the distribution ``SamplingSettings`` state (temperature,
   no top-k or top-p cut) and nothing of the checkpoint's defaults (:func:`check_first_tokens_follow`);
+- ``test_a_stop_id_ends_a_completion_where_it_is_sampled``: a stop id that greedy decoding
+  reaches mid-completion ends the completion there (it is kept), with ``finish_reason`` "stop";
 - ``test_stop_ids_end_a_completion_besides_the_end_of_sequence`` (contract 2.14): with
   ``stop_token_ids`` set, a completion still ends at the model's end of sequence;
 - ``test_ignore_eos_runs_every_completion_to_max_new_tokens``: with ``ignore_eos`` nothing ends a
@@ -327,6 +329,23 @@ class GenerationBackendConformance:
         repetition penalty on the prompt's tokens, temperature 0.5) draws other tokens than its
         logprobs describe. False failures: at most once in a million runs (:data:`FALSE_FAILURE_RATE`)."""
         check_first_tokens_follow(engine, model_dirs[0], temperature=0.8, samples=800, seed=21)
+
+    def test_a_stop_id_ends_a_completion_where_it_is_sampled(self, engine: Any, model_dirs: tuple[str, str]) -> None:
+        """A stop id that greedy decoding reaches mid-completion, before the end of sequence, ends
+        the completion there: kept as its last token, ``finish_reason`` "stop" (a backend that
+        ignores ``stop_token_ids`` runs on to the end of sequence or ``max_new_tokens``)."""
+        from transformers import AutoConfig
+
+        eos = AutoConfig.from_pretrained(model_dirs[0]).eos_token_id
+        plain = reference_greedy(model_dirs[0], PROMPTS, self.max_new_tokens, stop_id=eos)
+        # the first token sampled after the first position of some completion, not the end of sequence
+        stop = next(ids[k] for ids in plain for k in range(1, len(ids) - 1) if ids[k] != eos)
+        prompts = [prompt for prompt, ids in zip(PROMPTS, plain, strict=True) if stop in ids[:-1]]
+        want = reference_greedy(model_dirs[0], prompts, self.max_new_tokens, stop_id=stop)
+        sampling = SamplingSettings(temperature=0.0, max_new_tokens=self.max_new_tokens, stop_token_ids=(stop,))
+        got = [group[0] for group in engine.generate(prompts, sampling)]
+        assert [list(s.completion_ids) for s in got] == want, f"stop id {stop}"
+        assert all(s.completion_ids[-1] == stop and s.finish_reason == "stop" for s in got), got
 
     def test_stop_ids_end_a_completion_besides_the_end_of_sequence(self, engine: Any,
                                                                     model_dirs: tuple[str, str]) -> None:
