@@ -135,8 +135,8 @@ def test_keys_nothing_maps_are_left_out_with_one_warning_and_refused_with_strict
     shared.write_text(f"defaults: {DATA / 'base_grpo.yaml'}\npolicy:\n  made_up_knob: true\n")
     with pytest.raises(ConfigErrors, match="policy.made_up_knob: unknown key"):
         load_config(shared, [], PluginHost(), strict=True)
-    result = _validate(str(recipe), "--strict")
-    assert result.code == 2 and "grpo.made_up_key: a NeMo RL key corerl does not know" in result.err, result
+    refused_in_one_line(_validate(str(recipe), "--strict"), "grpo.made_up_key: a NeMo RL key corerl does not know",
+                        key="grpo.made_up_key")
     explained = _validate(str(recipe), "--explain")
     assert explained.code == 0 and "unknown (4 keys)" in explained.out and "policy.made_up_knob (" in explained.out
 
@@ -271,8 +271,8 @@ def test_a_nemo_rl_dpo_recipe_naming_a_hub_dataset_reads_preference_pairs(tmp_pa
                       "data:\n  train:\n    dataset_name: HelpSteer3\n    split: train\n")
     data = load_config(recipe, [], PluginHost()).core.data
     assert (data.task, data.hub_dataset) == ("preferences", "HelpSteer3")  # pairs; the Hub refused at run start
-    result = run_corerl("run", str(recipe), f"run.output_dir={tmp_path}")
-    assert result.code == 2 and "data.hub_dataset: 'HelpSteer3' is a Hugging Face Hub dataset" in result.err, result
+    refused_in_one_line(run_corerl("run", str(recipe), f"run.output_dir={tmp_path}"),
+                        "data.hub_dataset: 'HelpSteer3' is a Hugging Face Hub dataset", key="data.hub_dataset")
 
 
 def test_a_nemo_rl_dpo_recipe_runs_on_local_pairs_and_its_held_out_accuracy_rises(tmp_path):
@@ -309,10 +309,8 @@ def test_a_reference_that_does_not_resolve_is_one_line_with_key_and_file(tmp_pat
 def test_a_corerl_recipe_with_a_nemo_rl_key_points_at_the_dialect(tmp_path):
     recipe = tmp_path / "mixed.yaml"
     recipe.write_text("policy:\n  model_name: m\n  max_total_sequence_length: 64\n")
-    result = _validate(str(recipe))
-    assert result.code == 2, result
-    assert "policy.max_total_sequence_length: unknown key" in result.err
-    assert "is a NeMo RL key: run the recipe with --dialect nemo-rl" in result.err
+    refused_in_one_line(_validate(str(recipe)), "policy.max_total_sequence_length: unknown key",
+                        "is a NeMo RL key: run the recipe with --dialect nemo-rl", key="policy.max_total_sequence_length")
 
 
 def test_a_hub_dataset_is_refused_at_run_start_naming_the_local_alternative(tmp_path):
@@ -520,7 +518,7 @@ def test_nemo_rls_own_vlm_recipes_validate_where_nothing_else_blocks_them(capsys
     assert _validated_in_process(capsys, str(CORPUS / "sft_vlm_3B.yaml"))[0] == 0
     code, err = _validated_in_process(capsys, str(CORPUS / "vlm_grpo_3B.yaml"))
     assert code == 0, err
-    code, err = _validated_in_process(capsys, str(CORPUS / "vlm_grpo_3B_megatron.yaml"), "data.default.env_name=math")
-    assert code == 2 and "megatron does not train vision-language models in corerl yet" in err, err
+    refused_in_one_line(_validated_in_process(capsys, str(CORPUS / "vlm_grpo_3B_megatron.yaml"), "data.default.env_name=math"),
+                        "megatron does not train vision-language models in corerl yet")
     code, err = _validated_in_process(capsys, str(CORPUS / "sft_avlm.yaml"))
     assert code == 2 and "audio and video inputs are not built into corerl yet" in err, err
