@@ -18,7 +18,7 @@ One subclass per layout (world size, parallel sizes). The checks:
     and in world-size-1 layouts with Adam(W)'s moments: ``adam_overrides``); in world-size-1
     layouts ``policy.precision=bfloat16`` gives logprobs within ``bf16_tolerance`` of the fp32
     reference and further from it than 10 x ``tolerance`` (a backend that ignores the precision
-    fails; contract 2.14);
+    fails; contract 2.15);
 (e) the exported Hugging Face checkpoint loads with transformers, reproduces the logprobs,
     and carries the tokenizer;
 (f) the weight stream covers every parameter with Hugging Face names and shapes;
@@ -41,7 +41,9 @@ One subclass per layout (world size, parallel sizes). The checks:
 (k) enabling the backend's section (without ``policy.training_backend``) selects it; the loss
     function's metrics come back summed over micro-batches and ranks; offload then reload leaves
     the engine computing the same logprobs and training on, and ``state_bytes()`` (where there is
-    one) reports every rank;
+    one) reports every rank; from contract 2.15 the offload moves the state: while offloaded the
+    ranks hold 0 bytes of it on their device (on a GPU, the memory is freed), and the reload brings
+    back the same bytes (:func:`corerl.testing.offload_check.check_offload_keeps_state`);
 (l) with ``policy.lora`` (a registration with ``lora=True``): two LoRA steps give the losses and the
     adapter of two plain PEFT steps in PyTorch from the same starting adapter, the base model
     (the adapter switched off) still computes the starting logprobs (only adapter parameters
@@ -79,12 +81,14 @@ import torch
 from corerl.testing.contract_versions import (
     CANDIDATE_LOGPROBS,
     LOSS_METRICS,
+    OFFLOAD_MOVES_STATE,
     ROUTER_METRICS,
     TOPK_LOGPROBS,
     ContractCheck,
     Requirement,
     stated_contract,
 )
+from corerl.testing.offload_check import check_offload_keeps_state
 from corerl.testing.reference import (
     hf_logprobs,
     hf_topk,
@@ -100,9 +104,9 @@ MAX_GRAD_NORM = 1.0
 #: ``tolerance``: a backend that ignores ``policy.precision=bfloat16`` computes within it
 BF16_MIN_FACTOR = 10
 
-#: contract 2.14: ``policy.precision=bfloat16`` computes in bf16 (the lower bound of the bf16 check)
+#: contract 2.15: ``policy.precision=bfloat16`` computes in bf16 (the lower bound of the bf16 check)
 BF16_COMPUTE = Requirement(
-    "computing in policy.precision=bfloat16", "2.14",
+    "computing in policy.precision=bfloat16", "2.15",
     "cast the model to the recipe's policy.precision or autocast its forward to it (corerl_dtensor's worker "
     "does); where the engine cannot compute in bf16, refuse the recipe at policy.precision (EngineNotAvailable "
     "on this machine, ConfigError in this layout) or set bf16_tolerance = None on that conformance class")
@@ -493,13 +497,19 @@ class TrainingBackendConformance(BackendLayout):
         loss_tokens = self._contract().metric(result.metrics, "loss_tokens", LOSS_METRICS)
         assert loss_tokens == float(batch["loss_mask"][:, 1:].sum())
         before = backend.logprobs(batch)
-        backend.offload(["optimizer", "parameters"])  # a logged no-op on a CPU
+        backend.offload(["optimizer", "parameters"])
         backend.reload(["optimizer", "parameters"])
         assert _max_diff(backend.logprobs(batch), before) <= self.tolerance
         if hasattr(backend, "state_bytes"):
             ranks = backend.state_bytes()
             assert len(ranks) == backend.conformance_world_size
             assert all(rank["parameters"] > 0 and rank["optimizer"] > 0 for rank in ranks), ranks
+        # contract 2.15: the offload moved the state (0 bytes held on the ranks' device meanwhile, the
+        # GPU memory freed), and the reload brought back what left
+        try:
+            check_offload_keeps_state(backend, batch, self.tolerance)
+        except AssertionError as exc:
+            self._contract().missing(f"offload: {str(exc).splitlines()[0]}", OFFLOAD_MOVES_STATE)
 
     # -- (c) ---------------------------------------------------------------------------
 

@@ -91,6 +91,12 @@ TIED_UPDATES = Requirement(
     "that share no tensor with a name given, and keep tied tensors tied")
 
 
+#: contract 2.15: offload between phases moves the state (corerl.testing.offload_check)
+OFFLOAD_MOVES_STATE = Requirement(
+    "offload that moves the parts' state off the ranks' device and brings back the same bytes", "2.15",
+    "name each part's tensors in RankWorker.phase_tensors (the core parks them in host memory on a CPU and, "
+    "by default, on a GPU) or move them in RankWorker.move, and count in state_bytes() only what is on the device")
+
 class ContractCheck:
     """The engine of one plugin under a suite, held to the version the plugin states (None: it
     states none, and is held to :data:`OLDEST_SUPPORTED`). ``who`` names it in failure lines."""

@@ -137,7 +137,7 @@ class EnvironmentConformance:
     failing_rows: ClassVar[Sequence[Any]] = ()
     #: the timeout of check (f), seconds (shorter than a step; an answer may still beat it)
     short_timeout_s: ClassVar[float] = 0.05
-    #: no longer read (check (f) reads no clock since 2.14); kept so that subclasses setting it still load
+    #: no longer read (check (f) reads no clock since 2.15); kept so that subclasses setting it still load
     timeout_slack_s: ClassVar[float] = 2.0
     #: seconds check (f) waits for the pool to answer a held step before it lets the step go: a guard
     #: against a hang only (a pool that enforces the timeout answers after :attr:`short_timeout_s`)

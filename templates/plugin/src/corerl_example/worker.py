@@ -69,6 +69,15 @@ class ExampleWorker(RankWorker):
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         return {name: tensor.detach().cpu() for name, tensor in self.model.state_dict().items()}
 
+    def phase_tensors(self, part: str) -> list[torch.Tensor] | None:
+        # what offload between phases moves off the device (on a CPU: parks in host memory)
+        if part == "parameters":
+            return list(self.model.parameters())
+        if part == "optimizer":
+            return optimizer_state_tensors(self.optimizer)
+        return None
+
     def state_bytes(self) -> dict[str, int]:
-        return {"parameters": storage_bytes(self.model.parameters()), "gradients": self.grad_bytes,
-                "optimizer": storage_bytes(optimizer_state_tensors(self.optimizer))}
+        # bytes on this rank's device: 0 for a part while it is offloaded
+        return {"parameters": self.resident_bytes(self.model.parameters()), "gradients": self.grad_bytes,
+                "optimizer": self.resident_bytes(optimizer_state_tensors(self.optimizer))}
