@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO
+from tests.refusals import refused_in_one_line
 
 DATA = REPO / "tests" / "data" / "nemo_rl"
 
@@ -77,13 +78,14 @@ def test_the_ppo_recipe_explains_its_critic_keys_and_refuses_what_corerl_lacks(c
     assert fates["value.model_name"][0] == "inert" and fates["ppo.adv_estimator.gae_lambda"][0] == "inert"
     assert fates["ppo.async_ppo.max_trajectory_age_steps"] == ("inert", "ppo.async_ppo.enabled is false")
     gdpo = _Validated(capsys, str(DATA / "base_grpo.yaml"), "grpo.adv_estimator.name=gdpo")
-    assert gdpo.code == 2 and "grpo.adv_estimator.name: the 'gdpo' advantage estimator is not built" in gdpo.err
+    refused_in_one_line(gdpo, "grpo.adv_estimator.name: the 'gdpo' advantage estimator is not built",
+                        key="grpo.adv_estimator.name")
     for override, says in (("ppo.async_ppo.enabled=true", "ppo.async_ppo.enabled: asynchronous PPO is not built"),
                            ("value.precision=bfloat16", "value.precision: 'bfloat16' differs from policy.precision"),
                            ("ppo.adv_estimator.length_adaptive_alpha=0.05", "VAPO's length-adaptive lambda"),
                            ("value.model_name=other/model", "a critic from another model (other/model)")):
         refused = _Validated(capsys, str(DATA / "ppo.yaml"), override)
-        assert refused.code == 2 and says in refused.err, (override, refused.err)
+        refused_in_one_line(refused, says)
 
 
 def test_dapo_keys_act_on_grpo(tmp_path, capsys):
@@ -114,7 +116,8 @@ def test_dapo_keys_act_on_grpo(tmp_path, capsys):
     refused = _Validated(capsys, str(recipe), "grpo.async_grpo.enabled=true", "cluster.gpus_per_node=2",
                          "policy.generation.colocated.enabled=false",
                          "policy.generation.colocated.resources.gpus_per_node=1")
-    assert refused.code == 2 and "algorithm.dynamic_sampling.enabled: dynamic sampling draws more prompts" in refused.err
+    refused_in_one_line(refused, "algorithm.dynamic_sampling.enabled: dynamic sampling draws more prompts",
+                        key="algorithm.dynamic_sampling.enabled")
 
 
 def test_cispo_and_the_kl_in_reinforce_plus_plus_rewards_act(tmp_path, capsys):
@@ -131,7 +134,8 @@ def test_cispo_and_the_kl_in_reinforce_plus_plus_rewards_act(tmp_path, capsys):
     assert _Validated(capsys, str(recipe)).code == 0
     # the grpo estimator has no token rewards to fold the KL into: refused in one line
     refused = _Validated(capsys, str(recipe), "grpo.adv_estimator.name=grpo")
-    assert refused.code == 2 and "algorithm.use_kl_in_reward: folds the KL into REINFORCE++'s token rewards" in refused.err
+    refused_in_one_line(refused, "algorithm.use_kl_in_reward: folds the KL into REINFORCE++'s token rewards",
+                        key="algorithm.use_kl_in_reward")
 
 
 def test_model_config_overrides_reach_every_engine_through_one_folder(tmp_path):
@@ -230,9 +234,9 @@ def test_checkpoint_must_save_by_becomes_a_time_budget(tmp_path, capsys, monkeyp
     now[0] -= 1.0  # once spent, spent
     assert budget.check() and not TimeBudget(None).check()
     refused = _Validated(capsys, str(recipe), "checkpointing.checkpoint_must_save_by=3h")
-    assert refused.code == 2 and "checkpointing.save_by: expected DD:HH:MM:SS" in refused.err, refused.err
+    refused_in_one_line(refused, "checkpointing.save_by: expected DD:HH:MM:SS", key="checkpointing.save_by")
     unquoted = _Validated(capsys, str(recipe), "checkpointing.checkpoint_must_save_by=1:30:00")
-    assert unquoted.code == 2 and "YAML read the duration as the number 5400; quote it" in unquoted.err, unquoted
+    refused_in_one_line(unquoted, "YAML read the duration as the number 5400; quote it", key="checkpointing.save_by")
 
 
 def test_hf_home_in_a_recipe_falls_back_to_hugging_faces_own_default(tmp_path, monkeypatch):
@@ -315,16 +319,10 @@ def test_moe_router_keys_act_on_policy_moe(tmp_path, capsys):
     assert _load(recipe, "policy.router_replay.enabled=true").core.policy.moe.router_replay == "r3"
     assert _load(_child(tmp_path, "plain.yaml", "")).core.policy.moe.freeze_router is True
     sinkhorn = _Validated(capsys, str(recipe), "policy.megatron_cfg.moe_router_load_balancing_type=sinkhorn")
-    assert sinkhorn.code == 2 and "the 'sinkhorn' load balancing is not built into corerl yet" in sinkhorn.err
+    refused_in_one_line(sinkhorn, "the 'sinkhorn' load balancing is not built into corerl yet",
+                        key="policy.megatron_cfg.moe_router_load_balancing_type")
     bias = _Validated(capsys, str(recipe), "policy.megatron_cfg.moe_router_enable_expert_bias=true")
-    assert bias.code == 2 and "moe_router_enable_expert_bias" in bias.err
-
-
-def _one_line(result: _Validated) -> str:
-    """The refusal of a recipe that exits 2: exactly one line."""
-    assert result.code == 2, result
-    (line,) = result.err.strip().splitlines()
-    return line
+    refused_in_one_line(bias, "moe_router_enable_expert_bias", key="policy.megatron_cfg.moe_router_enable_expert_bias")
 
 
 def _reshaped(tmp_path: Path, name: str, edit) -> Path:
@@ -375,11 +373,11 @@ def test_a_distillation_recipe_runs_corerls_distillation_with_its_teacher_and_kl
     # are); a teacher that cannot score the student's whole sequences is refused in one line
     own = _load(recipe, "teacher.precision=bfloat16").section("algorithm.distillation")
     assert own.teacher_overrides == {"policy": {"precision": "bfloat16"}}
-    line = _one_line(_Validated(capsys, str(recipe), "teacher.dtensor_cfg.tensor_parallel_size=2"))
+    line = refused_in_one_line(_Validated(capsys, str(recipe), "teacher.dtensor_cfg.tensor_parallel_size=2"))
     assert line.startswith("corerl: error: algorithm.distillation.teacher_overrides.policy.dtensor_cfg."
                            "tensor_parallel_size: tensor_parallel_size x context_parallel_size (2) must divide"), line
     assert "override 'teacher.dtensor_cfg.tensor_parallel_size=2'" in line, line  # where to fix it
-    short = _one_line(_Validated(capsys, str(recipe), "teacher.max_total_sequence_length=6"))
+    short = refused_in_one_line(_Validated(capsys, str(recipe), "teacher.max_total_sequence_length=6"))
     assert short.startswith("corerl: error: teacher.max_total_sequence_length: 6: shorter than "), short
 
 
@@ -406,7 +404,7 @@ def test_the_reward_model_environment_is_corerls_bradley_terry_reward_model(tmp_
                            ("env.reward_model.dtensor_cfg.tensor_parallel_size=2",
                             "env.reward_model.dtensor_cfg.tensor_parallel_size: 2, the policy's 1: corerl runs the "
                             "reward model with the policy's layout")):
-        assert says in _one_line(_Validated(capsys, str(recipe), override))
+        refused_in_one_line(_Validated(capsys, str(recipe), override), says)
 
 
 def test_validation_during_training_is_corerls_evaluation_and_ranks_the_checkpoints_kept(tmp_path, capsys):
@@ -429,7 +427,7 @@ def test_validation_during_training_is_corerls_evaluation_and_ranks_the_checkpoi
     off = _load(recipe, "grpo.val_period=0")
     assert off.core.eval.every_n_steps is None and off.core.checkpointing.keep_last == 3 and not off.warnings
     assert _load(recipe, "checkpointing.enabled=false").core.checkpointing.keep_top_k is None  # the section is off
-    line = _one_line(_Validated(capsys, str(recipe), "policy.generation.val_top_p=0.5"))
+    line = refused_in_one_line(_Validated(capsys, str(recipe), "policy.generation.val_top_p=0.5"))
     assert "policy.generation.val_top_p: 0.5 differs from policy.generation.top_p (1.0)" in line, line
 
 
@@ -449,9 +447,9 @@ def test_an_rm_recipe_trains_corerls_reward_model_on_preference_pairs(tmp_path, 
         "rm", 30, 5, 64)
     assert (core.data.task, core.data.hub_dataset) == ("preferences", "ResponseDataset")
     assert _Validated(capsys, str(recipe)).code == 0
-    line = _one_line(_Validated(capsys, str(recipe), "rm.max_num_steps=-1"))
+    line = refused_in_one_line(_Validated(capsys, str(recipe), "rm.max_num_steps=-1"))
     assert "rm.max_num_steps: -1 (train for max_num_epochs epochs) is not translated" in line, line
-    line = _one_line(_Validated(capsys, str(recipe), "policy.reward_model_cfg.reward_model_type=regression"))
+    line = refused_in_one_line(_Validated(capsys, str(recipe), "policy.reward_model_cfg.reward_model_type=regression"))
     assert "only Bradley-Terry reward models are built into corerl" in line, line
 
 
@@ -518,4 +516,4 @@ def test_an_evaluation_recipe_is_read_for_corerl_eval(tmp_path, capsys):
                             "corerl yet"),
                            ("env.math.verifier_type=english_multichoice",
                             "env.math.verifier_type: 'english_multichoice' is not supported")):
-        assert says in _one_line(_Validated(capsys, str(recipe), override))
+        refused_in_one_line(_Validated(capsys, str(recipe), override), says)
