@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import clean_env, markers_written, run_corerl
+from tests.refusals import refused_in_one_line
 
 GOOD = "cluster:\n  gpus_per_node: 2\npolicy:\n  model_name: some/model\n"
 
@@ -50,36 +51,27 @@ def test_bad_input_exits_2_with_one_line(tmp_path: Path, text, extra, expected):
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text(GOOD if text is None else text, encoding="utf-8")
     result = run_corerl("validate", str(recipe), *extra)
-    assert result.code == 2, result
-    lines = result.err.strip().splitlines()
-    assert len(lines) == 1, result
-    assert "Traceback" not in result.err and result.out == ""
-    assert expected in lines[0], result
-    assert lines[0].startswith("corerl: error: ")
+    refused_in_one_line(result, expected)
+    assert result.out == "", result
 
 
 def test_missing_file_names_the_file(tmp_path):
-    result = run_corerl("validate", str(tmp_path / "nope.yaml"))
-    assert result.code == 2
-    assert result.err.strip() == f"corerl: error: recipe file not found: {tmp_path / 'nope.yaml'}; check the path"
+    line = refused_in_one_line(run_corerl("validate", str(tmp_path / "nope.yaml")))
+    assert line == f"corerl: error: recipe file not found: {tmp_path / 'nope.yaml'}; check the path"
 
 
 def test_missing_defaults_target_names_both_files(tmp_path):
     recipe = tmp_path / "child.yaml"
     recipe.write_text("defaults: parent.yaml\n" + GOOD, encoding="utf-8")
-    result = run_corerl("validate", str(recipe))
-    assert result.code == 2
-    (line,) = result.err.strip().splitlines()
-    assert f"recipe file not found: {tmp_path / 'parent.yaml'} (named by defaults: in {recipe})" in line
+    refused_in_one_line(run_corerl("validate", str(recipe)),
+                        f"recipe file not found: {tmp_path / 'parent.yaml'} (named by defaults: in {recipe})")
 
 
 def test_inheritance_cycle_shows_the_chain(tmp_path):
     (tmp_path / "a.yaml").write_text("defaults: b.yaml\n" + GOOD, encoding="utf-8")
     (tmp_path / "b.yaml").write_text("defaults: a.yaml\n", encoding="utf-8")
-    result = run_corerl("validate", str(tmp_path / "a.yaml"))
-    assert result.code == 2
-    (line,) = result.err.strip().splitlines()
-    assert "defaults: inheritance cycle through defaults: a.yaml -> b.yaml -> a.yaml" in line
+    refused_in_one_line(run_corerl("validate", str(tmp_path / "a.yaml")),
+                        "defaults: inheritance cycle through defaults: a.yaml -> b.yaml -> a.yaml", key="defaults")
 
 
 def test_yaml_syntax_error_gives_file_line_and_column(tmp_path):
@@ -126,9 +118,8 @@ def test_a_gpu_asked_of_a_machine_without_one_stops_the_run_at_once_in_one_line(
     env = clean_env({"CORERL_PROGRESS_MARKERS": str(markers), "CORERL_WORKER_START_TIMEOUT": "1"})
     result = run_corerl("run", "policy.generation.colocated.enabled=false", "policy.generation.backend=vllm",
                         "policy.generation.colocated.resources.gpus_per_node=1", f"run.output_dir={output}", env=env)
-    assert result.code == 2, result
+    line = refused_in_one_line(result, key="policy.generation.colocated.resources.gpus_per_node")
     assert "run:start" not in markers_written(markers), markers_written(markers)  # refused before the run began
     assert not output.exists() or list(output.iterdir()) == []  # no run directory for a run that cannot start
-    (line,) = result.err.strip().splitlines()
     assert line.startswith("corerl: error: policy.generation.colocated.resources.gpus_per_node: the generation "
                            "engines ask for a GPU each but the Ray cluster has none"), line
