@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from corerl import cli
+from tests.refusals import refused_in_one_line
 
 QUESTION = "what colour is the square ?"
 VL = ["policy.model_name=builtin:tiny-vl", "data.held_out_size=2"]
@@ -176,7 +177,8 @@ ALSO = {
 
 @pytest.fixture
 def corerl(capfd, monkeypatch, tmp_path):
-    """``corerl <command> <overrides>`` in this process: its exit status and its one error line."""
+    """``corerl <command> <overrides>`` in this process: its exit status and stderr, for
+    :func:`tests.refusals.refused_in_one_line`, after checking stdout holds no traceback."""
     import corerl.reporting.quiet as quiet
 
     monkeypatch.chdir(tmp_path)
@@ -185,10 +187,8 @@ def corerl(capfd, monkeypatch, tmp_path):
         monkeypatch.setattr(quiet, "_last_log", None)  # an error line names the log of a run this process started
         code = cli.main(list(argv))
         captured = capfd.readouterr()
-        lines = captured.err.strip().splitlines()
-        assert len(lines) == 1 and lines[0].startswith("corerl: error: "), captured.err
-        assert "Traceback" not in captured.out + captured.err
-        return code, lines[0]
+        assert "Traceback" not in captured.out, captured
+        return code, captured.err
 
     return command
 
@@ -207,14 +207,13 @@ def test_validate_and_run_print_the_same_line_and_run_writes_nothing(corerl, tmp
     data.mkdir()
     overrides = [*BASE, *make(data)]
     runs = tmp_path / "runs"
-    code, validated = corerl("validate", *overrides, f"run.output_dir={runs}", "run.name=bad")
     key, _, text = says.partition(": ")
-    assert code == 2 and validated.startswith(f"corerl: error: {key}: ") and text in validated, validated
+    validated = refused_in_one_line(corerl("validate", *overrides, f"run.output_dir={runs}", "run.name=bad"), text,
+                                    key=key)
     for also in ALSO.get(case, []):
         assert also in validated, validated
     assert "_corerl_" not in validated  # no internal column offered
-    code, ran = corerl("run", *overrides, f"run.output_dir={runs}", "run.name=bad")
-    assert (code, ran) == (2, validated)
+    assert refused_in_one_line(corerl("run", *overrides, f"run.output_dir={runs}", "run.name=bad")) == validated
     assert not runs.exists()  # no base_model/, recipe.yaml or run.log, whose empty log the line named
 
 
@@ -227,8 +226,8 @@ def test_a_resumed_run_directory_is_left_as_it_was(corerl, tmp_path):
     (run_dir / "metrics.jsonl").write_text('{"step": 1}\n')  # a run that stopped before its first checkpoint
     (run_dir / "recipe.yaml").write_text("policy: {}\n")
     before = _tree(run_dir)
-    code, line = corerl("run", *overrides, f"run.output_dir={tmp_path / 'runs'}", "run.name=again")
-    assert code == 2 and "image placeholders" in line
+    refused_in_one_line(corerl("run", *overrides, f"run.output_dir={tmp_path / 'runs'}", "run.name=again"),
+                        "image placeholders")
     assert _tree(run_dir) == before  # not started over: metrics.jsonl kept
 
 
