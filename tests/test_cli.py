@@ -7,6 +7,7 @@ import sys
 import textwrap
 
 from tests.conftest import EXAMPLES, clean_env, run_corerl
+from tests.refusals import refused_in_one_line
 from tests.test_plugin_loading import add_plugin, plugin_source
 
 FIRST_PARTY = {"dtensor": "corerl-dtensor", "megatron": "corerl-megatron", "deepspeed": "corerl-deepspeed", "vllm": "corerl-vllm"}
@@ -119,16 +120,13 @@ def test_broken_plugin_is_shown_and_only_hurts_configs_that_need_it(fake_site):
     assert unaffected.code == 0, unaffected
 
     needs_it = run_corerl("validate", RECIPE_ONLY, DTENSOR, "policy.training_backend=broken", env=env)
-    assert needs_it.code == 2, needs_it
-    assert "plugin 'broken'" in needs_it.err
-    assert "No module named 'corerl_engine_that_is_not_installed'" in needs_it.err
-    assert len(needs_it.err.strip().splitlines()) == 1 and "Traceback" not in needs_it.err
+    refused_in_one_line(needs_it, "plugin 'broken'", "No module named 'corerl_engine_that_is_not_installed'",
+                        key="policy.training_backend")
 
 
 def test_run_with_overrides_and_no_config_applies_them_to_the_demo():
-    result = run_corerl("run", "policy.training_backend=nope")
-    assert result.code == 2, result
-    assert "training backend 'nope' is not available" in result.err
+    refused_in_one_line(run_corerl("run", "policy.training_backend=nope"), "training backend 'nope' is not available",
+                        key="policy.training_backend")
 
 
 def test_debug_shows_the_traceback():

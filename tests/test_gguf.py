@@ -20,6 +20,7 @@ from corerl.errors import ConfigError
 from corerl.models.facts import local_model_name
 from corerl.run_directory import resolve_model
 from tests.conftest import clean_env, run_corerl
+from tests.refusals import refused_in_one_line
 
 gguf = pytest.importorskip("gguf")
 
@@ -300,7 +301,4 @@ def test_validate_accepts_a_gguf_file_and_refuses_a_missing_one(tiny, tmp_path):
 
     missing = tmp_path / "missing.gguf"
     result = run_corerl("validate", str(recipe), f"policy.model_name={missing}", env=env)
-    assert result.code == 2, result
-    lines = result.err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("corerl: error: "), result
-    assert "policy.model_name" in lines[0] and str(missing) in lines[0] and "does not exist" in lines[0], result
+    refused_in_one_line(result, "policy.model_name", str(missing), "does not exist", key="policy.model_name")

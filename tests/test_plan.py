@@ -13,6 +13,7 @@ from corerl.planning.planner import decision_rule, installed_models, make_plan
 from corerl.planning.shape import ModelShape
 from corerl.plugin_manager import PluginHost
 from tests.conftest import EXAMPLES, REPO, run_corerl
+from tests.refusals import refused_in_one_line
 
 # Qwen2.5 configs as their config.json files give them (the sizes only)
 QWEN25 = {
@@ -169,7 +170,7 @@ def test_corerl_plan_on_a_model_folder_and_on_a_recipe(tmp_path):
     assert shown.code == 0 and "recommended" in shown.out and "corerl run" in shown.out, shown
     assert "decision tree: 32.8B parameters (10-70B) on 8 nodes: megatron + vLLM" in shown.out
     missing = run_corerl("plan", str(tmp_path / "nowhere"))
-    assert missing.code == 2 and "neither a recipe file nor a Hugging Face checkpoint folder" in missing.err
+    refused_in_one_line(missing, "neither a recipe file nor a Hugging Face checkpoint folder")
 
 
 def test_validate_warns_when_the_recipe_is_predicted_not_to_fit(tmp_path):

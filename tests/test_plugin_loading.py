@@ -10,6 +10,7 @@ import textwrap
 
 from corerl.plugin_manager import PluginHost
 from tests.conftest import REPO, clean_env, run_corerl
+from tests.refusals import refused_in_one_line
 
 FIRST_PARTY = {"dtensor", "megatron", "deepspeed", "vllm"}
 
@@ -177,7 +178,5 @@ def test_core_imports_no_plugin_package():
 
 def test_a_first_party_command_of_a_missing_plugin_says_how_to_install_it():
     result = run_corerl("convert", "hf-to-megatron", "somewhere", env=clean_env({"CORERL_DISABLE_PLUGINS": "megatron"}))
-    assert result.code == 2, result
-    (line,) = result.err.strip().splitlines()
-    assert "corerl convert is a command of the megatron plugin, which is not loaded here" in line
-    assert "pip install ./plugins/megatron" in line and "corerl plugins" in line
+    refused_in_one_line(result, "corerl convert is a command of the megatron plugin, which is not loaded here",
+                        "pip install ./plugins/megatron", "corerl plugins")

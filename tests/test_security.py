@@ -22,6 +22,7 @@ from corerl.checkpoint_safety import (
     verify_folder,
 )
 from tests.conftest import CORERL, REPO, clean_env, run_corerl
+from tests.refusals import refused_in_one_line
 
 
 class _Payload:
@@ -137,8 +138,7 @@ def test_an_unwritable_run_directory_is_refused_before_anything_is_built(tmp_pat
     blocker = tmp_path / "a-file"
     blocker.write_text("not a folder")
     result = run_corerl("run", *SFT, f"run.output_dir={blocker}", "run.name=x")
-    assert result.code == 2, result
-    (line,) = result.err.strip().splitlines()
+    line = refused_in_one_line(result, key="run.output_dir")
     assert line.startswith("corerl: error: run.output_dir: cannot make the run directory") and str(blocker) in line
     assert f"{blocker} is a file, not a folder" in line, line
 
