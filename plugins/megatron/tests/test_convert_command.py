@@ -7,6 +7,7 @@ from safetensors.torch import load_file
 
 from corerl.models.tiny import build_tiny_model
 from tests.conftest import clean_env, run_corerl
+from tests.refusals import refused_in_one_line
 
 
 @pytest.mark.slow
@@ -46,6 +47,4 @@ def test_convert_reports_user_mistakes_in_one_line_with_exit_2(tmp_path):
         (["sideways", str(source)], "invalid choice: 'sideways'"),
     ]
     for args, expected in cases:
-        result = run_corerl("convert", *args)
-        assert result.code == 2, (args, result)
-        assert expected in result.err and len(result.err.strip().splitlines()) == 1, (args, result.err)
+        refused_in_one_line(run_corerl("convert", *args), expected)
