@@ -18,6 +18,7 @@ import pytest
 from corerl.complete_folders import is_complete
 from tests.conftest import clean_env, run_corerl, start_held, wait_for_marker
 from tests.recovery_runs import assert_same_steps
+from tests.refusals import refused_in_one_line
 
 # 2 SFT + 3 GRPO steps, a checkpoint after every step (keep_last 1 prunes at every save), hf
 # generation on the training model: about 7 s a run
@@ -107,15 +108,14 @@ def test_a_run_killed_at_every_stage_and_run_again_ends_like_an_uninterrupted_on
         if point == NONE_COMPLETE:
             assert [(r["phase"], r["step"]) for r in rows] == [("sft", 1)]
             must = run_corerl("run", f"run.output_dir={tmp_path}", "run.name=killed", *ARGS, "run.resume=must")
-            assert must.code == 2 and must.err.strip().count("\n") == 0, must
-            assert "run.resume" in must.err and "no complete checkpoint" in must.err
+            refused_in_one_line(must, "run.resume", "no complete checkpoint", key="run.resume")
 
     final = run_corerl("run", f"run.output_dir={tmp_path}", "run.name=killed", *ARGS)
     assert final.code == 0, final
     straight = started.result()
     assert straight.code == 0, straight
     finished = run_corerl("run", f"run.output_dir={tmp_path}", "run.name=straight", *NO_CHECKPOINTS)
-    assert finished.code == 2 and "holds a finished run" in finished.err, finished
+    refused_in_one_line(finished, "holds a finished run", key="run.name")
     assert "Traceback" not in final.out + final.err
     assert_same_steps(_rows(tmp_path / "straight"), _rows(run_dir))
     assert is_complete(run_dir / "final")
