@@ -81,20 +81,29 @@ def refused(capfd, monkeypatch):
     return run
 
 
-def test_a_malformed_jsonl_line_is_named_by_number(tmp_path, refused):
-    train = _jsonl(tmp_path / "train.jsonl", ROWS, {7: '{"question": "w1 3 w2", "answer": '})
-    refused_in_one_line(refused(tmp_path, train=train), "train.jsonl line 7 is not valid JSON", key="data.train_files")
+# (id, file name, line number, what that line holds, what the refusal says)
+BAD_LINES = [
+    ("malformed-jsonl-line", "train.jsonl", 7, '{"question": "w1 3 w2", "answer": ', "train.jsonl line 7 is not valid JSON"),
+    ("line-not-an-object", "train.jsonl", 4, "[1, 2]", "train.jsonl line 4 holds a list, not a JSON object"),
+    # a JSON-lines file named .json is read line by line too
+    ("malformed-line-of-json-lines-named-json", "train.json", 5, '{"question": "w1 3 w2", ',
+     "train.json line 5 is not valid JSON"),
+]
 
 
-def test_a_line_that_is_not_an_object_is_named_by_number(tmp_path, refused):
-    train = _jsonl(tmp_path / "train.jsonl", ROWS, {4: "[1, 2]"})
-    refused_in_one_line(refused(tmp_path, train=train), "train.jsonl line 4 holds a list, not a JSON object", key="data.train_files")
+@pytest.mark.parametrize(("name", "number", "text", "says"), [c[1:] for c in BAD_LINES], ids=[c[0] for c in BAD_LINES])
+def test_a_bad_line_is_named_by_number(tmp_path, refused, name, number, text, says):
+    train = _jsonl(tmp_path / name, ROWS, {number: text})
+    refused_in_one_line(refused(tmp_path, train=train), says, key="data.train_files")
 
 
-def test_an_empty_dataset_is_refused(tmp_path, refused):
-    train = tmp_path / "train.jsonl"
-    train.write_text("\n")
-    refused_in_one_line(refused(tmp_path, train=train), "holds no rows", key="data.train_files")
+@pytest.mark.parametrize(("name", "text", "says"), [("train.jsonl", "\n", "holds no rows"),
+                                                    ("train.json", "", "data.train_files: {train} is empty")],
+                         ids=["jsonl-of-a-blank-line", "json-of-no-bytes"])
+def test_an_empty_data_file_is_refused(tmp_path, refused, name, text, says):
+    train = tmp_path / name
+    train.write_text(text)
+    refused_in_one_line(refused(tmp_path, train=train), says.format(train=train), key="data.train_files")
 
 
 def test_a_reward_function_that_raises_is_named_with_the_row(tmp_path):
@@ -143,12 +152,6 @@ def test_a_nan_gradient_stops_the_run_at_its_step(tmp_path):
     assert re.search(r"sft step 2: (loss nan, )?grad_norm nan; the run stopped there", line), line
     rows = (tmp_path / "nan" / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(r)["step"] for r in rows] == [1]  # the bad step is not logged
-
-
-def test_an_empty_json_file_is_refused_in_one_line(tmp_path, refused):
-    train = tmp_path / "train.json"
-    train.write_text("")
-    refused_in_one_line(refused(tmp_path, train=train), f"data.train_files: {train} is empty", key="data.train_files")
 
 
 def test_a_prompt_too_long_anywhere_in_the_file_is_refused_before_training(tmp_path, refused):
@@ -237,8 +240,3 @@ def test_a_row_without_the_answer_column_is_refused_with_its_line(tmp_path, refu
     del rows[8]["answer"]
     refused_in_one_line(refused(tmp_path, train=_jsonl(tmp_path / "train.jsonl", rows)),
                         "data.train_files: train.jsonl line 9 has no 'answer' (data.answer_key)", key="data.train_files")
-
-
-def test_a_malformed_line_of_a_json_lines_file_named_json_is_named_by_number(tmp_path, refused):
-    train = _jsonl(tmp_path / "train.json", ROWS, {5: '{"question": "w1 3 w2", '})
-    refused_in_one_line(refused(tmp_path, train=train), "train.json line 5 is not valid JSON", key="data.train_files")
