@@ -445,17 +445,20 @@ def test_arithmetic_draws_training_rows_in_seeded_epochs_and_resumes() -> None:
 # --- missing packages ---
 
 
-def test_a_missing_reasoning_gym_names_data_task_and_the_pip_command(monkeypatch: pytest.MonkeyPatch) -> None:
-    from corerl.tasks.real_tasks import GSMSymbolic
+@pytest.mark.parametrize(("task", "says"), [("GSMSymbolic", "reasoning-gym"), ("Arithmetic", "the arithmetic task")],
+                         ids=["gsm_symbolic", "arithmetic"])
+def test_a_missing_reasoning_gym_names_data_task_and_the_pip_command(monkeypatch: pytest.MonkeyPatch, task: str,
+                                                                    says: str) -> None:
+    from corerl.tasks import real_tasks
 
     monkeypatch.setitem(sys.modules, "reasoning_gym", None)
     for name in [m for m in sys.modules if m.startswith("reasoning_gym.")]:
         monkeypatch.delitem(sys.modules, name)
     with pytest.raises(ConfigError) as error:
-        GSMSymbolic(context(reward=lambda text, row: 0.0))
+        getattr(real_tasks, task)(context(reward=lambda text, row: 0.0))
     line = str(error.value)
     assert error.value.key == "data.task" and "\n" not in line
-    assert "reasoning-gym" in line and "pip install --no-deps reasoning-gym==0.1.25" in line
+    assert says in line and "pip install --no-deps reasoning-gym==0.1.25" in line
 
 
 def test_a_missing_reasoning_gym_import_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -482,19 +485,6 @@ def test_a_missing_math_verify_names_data_task(monkeypatch: pytest.MonkeyPatch) 
         GSMSymbolic(context())
     assert error.value.key == "data.task" and "math-verify==0.9.0" in str(error.value)
     assert "the gsm_symbolic task" in str(error.value)
-
-
-def test_a_missing_reasoning_gym_stops_the_arithmetic_task(monkeypatch: pytest.MonkeyPatch) -> None:
-    from corerl.tasks.real_tasks import Arithmetic
-
-    monkeypatch.setitem(sys.modules, "reasoning_gym", None)
-    for name in [m for m in sys.modules if m.startswith("reasoning_gym.")]:
-        monkeypatch.delitem(sys.modules, name)
-    with pytest.raises(ConfigError) as error:
-        Arithmetic(context(reward=lambda text, row: 0.0))
-    line = str(error.value)
-    assert error.value.key == "data.task" and "\n" not in line
-    assert "the arithmetic task" in line and "pip install --no-deps reasoning-gym==0.1.25" in line
 
 
 def test_a_missing_tree_of_thoughts_names_data_task_and_the_pip_command(monkeypatch: pytest.MonkeyPatch) -> None:
