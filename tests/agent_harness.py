@@ -23,8 +23,9 @@ def broken_agent(row: dict[str, Any], client: Any) -> float:
 
 
 def sleeping_agent(row: dict[str, Any], client: Any) -> float:
-    """A harness that never answers in time: it sleeps 20 s (ten times the test's timeout_s)."""
-    import time
+    """A harness that never answers: it waits for ever, so a process that waits for its threads
+    never ends (a run can end only by abandoning them)."""
+    import threading
 
-    time.sleep(20)
+    threading.Event().wait()
     return 0.0

@@ -176,10 +176,9 @@ def test_episodes_run_on_every_generation_backend_and_with_packing(tmp_path, eng
 
 
 def test_a_run_whose_episodes_hang_exits_within_seconds_of_its_error(tmp_path):
-    """Every episode's harness sleeps ten times env.openai_agent.timeout_s: the run fails past its
-    failure budget and the process ends right after its error line (the hung threads are daemons)."""
-    import time
-
+    """Every episode's harness waits for ever: the run fails past its failure budget, each episode
+    cut off by env.openai_agent.timeout_s, and the process ends after its error line, which it can
+    only do by abandoning the hung threads (they are daemons): waiting for them would never end."""
     from corerl.testing import write_recipe
     from tests.test_agent_endpoint import TEMPLATE
 
@@ -192,24 +191,15 @@ def test_a_run_whose_episodes_hang_exits_within_seconds_of_its_error(tmp_path):
         "sft": {"enabled": False},
         "run": {"output_dir": str(tmp_path), "name": "hang", "tensorboard": False},
     })
-    import threading
-
     proc = subprocess.Popen([str(CORERL), "run", str(recipe)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             text=True, cwd=REPO, env=clean_env({"PYTHONPATH": str(REPO)}))
-    seen: list[tuple[float, str]] = []
-
-    def read() -> None:  # the one-line error, with when it came
-        seen.extend((time.monotonic(), line) for line in proc.stderr if line.startswith("corerl:"))
-
-    reader = threading.Thread(target=read, daemon=True)
-    reader.start()
     try:
-        proc.wait(timeout=90)
+        # a guard against a hang only: a run that waited for its harnesses would never end
+        _, stderr = proc.communicate(timeout=300)
     finally:
-        proc.kill()
-    ended = time.monotonic()
-    reader.join(5)
-    assert seen and proc.returncode == 1, seen
-    error_at, error = seen[0]
-    assert "timeout" in error or "took longer" in error, error
-    assert ended - error_at < 5, "the process outlived its error line by the hung episodes' sleep"
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    errors = [line for line in stderr.splitlines() if line.startswith("corerl:")]
+    assert proc.returncode == 1 and errors, stderr[-3000:]
+    assert "first: env_timeout on " in errors[0] and "the agent took longer than 2 s" in errors[0], errors
