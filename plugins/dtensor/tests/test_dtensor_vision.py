@@ -46,19 +46,12 @@ def _backend(model_dir, tmp_path, world: int, frozen: bool):
     return DTensorBackend(config)
 
 
-@pytest.mark.parametrize("frozen", [True, False], ids=["tower-frozen", "tower-trained"])
-def test_vision_language_step_at_world_size_1(model_dir, vision_batch, tmp_path, frozen):
-    backend = _backend(model_dir, tmp_path, 1, frozen)
+# world size 2: FSDP2 over 2 ranks; the second rank's rows hold no image (see the module's docstring)
+@pytest.mark.parametrize(("world", "frozen"), [(1, True), (1, False), (2, False)],
+                         ids=["world-1-tower-frozen", "world-1-tower-trained", "world-2-tower-trained"])
+def test_vision_language_step(model_dir, vision_batch, tmp_path, world, frozen):
+    backend = _backend(model_dir, tmp_path, world, frozen)
     try:
         check_vision_step(backend, model_dir, vision_batch, frozen)
-    finally:
-        backend.shutdown()
-
-
-def test_vision_language_step_at_world_size_2_with_the_tower_trained(model_dir, vision_batch, tmp_path):
-    """FSDP2 over 2 ranks; the second rank's rows hold no image (see the module's docstring)."""
-    backend = _backend(model_dir, tmp_path, 2, frozen=False)
-    try:
-        check_vision_step(backend, model_dir, vision_batch, frozen=False)
     finally:
         backend.shutdown()
