@@ -1,6 +1,6 @@
 """A mutation smoke test of the suite: each mutation below is a deliberate bug of a real class
 (offload that drops state, bf16 ignored, a weight update never loaded, a packer ignoring its seed,
-stop ids ignored, a recipe key dropped). The script applies one at a time to the source, runs the
+stop ids ignored, a recipe key dropped three ways). The script applies one at a time to the source, runs the
 tests that claim to guard against it, puts the source back and reports whether they caught it.
 
     .venv/bin/python scripts/mutation_smoke.py            # every mutation, a table at the end
@@ -86,6 +86,14 @@ MUTATIONS: tuple[Mutation, ...] = (
         new="return list(dict.fromkeys([*eos_ids]))",
         tests=("tests/test_hf_generation.py::TestHFGenerationConformance::"
                "test_a_stop_id_ends_a_completion_where_it_is_sampled",),
+    ),
+    Mutation(
+        name="lora-dropout-dropped",
+        bug="a recipe key dropped: policy.lora.dropout never reaches PEFT's LoraConfig",
+        path="core/src/corerl/lora/adapter.py",
+        old="lora_dropout=settings.dropout,",
+        new="lora_dropout=0.0,",
+        tests=("tests/test_lora.py",),
     ),
     Mutation(
         name="recipe-key-dropped",
