@@ -30,6 +30,7 @@ class UpdateArrivesAt(GenerationWorker):
     arriving: list[tuple[str, torch.Tensor]] = []
 
     widest = 0  # the most samples one engine step has run (the streaming loop's)
+    held: Any = None  # a threading.Event: once two samples step, set, and the loop waits for the next call
 
     def _between_tokens(self, generated: int | Sequence[int]) -> bool:
         least = generated if isinstance(generated, int) else min(generated)
@@ -39,8 +40,15 @@ class UpdateArrivesAt(GenerationWorker):
         return super()._between_tokens(generated)
 
     def _stepped(self, running: list[Any]) -> None:  # the streaming loop's step (the engine in this process)
+        import time
+
         counts = [c for call in running for c in call.requests.counts()]
         self.widest = max(self.widest, len(counts))
+        if self.held is not None and not self.held.is_set() and len(counts) >= 2:  # the next call joins first
+            self.held.set()
+            guard = time.monotonic() + 60  # a guard against a hang only
+            while not self.incoming and time.monotonic() < guard:
+                time.sleep(0.001)
         if counts and min(counts) == self.at:
             with self.handover:
                 self.pending = (1, self.arriving)
@@ -81,6 +89,7 @@ def worker(engine_worker: UpdateArrivesAt, model_dir: str) -> Any:
     """The module's worker on the original weights at version 0, an arrival at 4 tokens."""
     engine_worker.backend.update_weights(weights(model_dir, flat=False))
     engine_worker.version, engine_worker.at, engine_worker.pending, engine_worker.widest = 0, 4, None, 0
+    engine_worker.held = None
     return engine_worker
 
 
@@ -131,7 +140,6 @@ def test_calls_from_several_threads_share_the_engine_and_each_returns_when_its_o
     """Requests stream in as calls arrive and out as they finish: a short call that arrives while a
     long one runs joins the same engine steps, comes back first, and samples what it samples alone."""
     import threading
-    import time
 
     import attrs
 
@@ -140,22 +148,23 @@ def test_calls_from_several_threads_share_the_engine_and_each_returns_when_its_o
     long_sampling = attrs.evolve(SAMPLING, max_new_tokens=60, request_seeds=(21, 22))
     short_sampling = attrs.evolve(SAMPLING, max_new_tokens=3, request_seeds=(23,))
     short_alone, _ = worker.generate([[7, 8]], short_sampling, 1)
-    finished: dict[str, float] = {}
+    finished: list[str] = []  # the calls in the order they returned
     results: dict[str, Any] = {}
 
     def call(name: str, prompts: list[list[int]], sampling: SamplingSettings) -> None:
         results[name] = worker.generate(prompts, sampling, 1)
-        finished[name] = time.perf_counter()
+        finished.append(name)
 
+    # the engine loop holds after the long call's first step until the short call has arrived: it
+    # joins at the long call's second step, whatever the machine's load (no sleep, no clock)
+    worker.held = threading.Event()
     long_call = threading.Thread(target=call, args=("long", [[1, 2, 3], [4, 5]], long_sampling))
     long_call.start()
-    deadline = time.perf_counter() + 60
-    while worker.widest < 2 and time.perf_counter() < deadline:  # until the long call's requests are stepping
-        time.sleep(0.005)
+    assert worker.held.wait(600), "the long call's two requests never stepped"  # a guard against a hang only
     call("short", [[7, 8]], short_sampling)
     long_running = "long" not in results  # its 60 tokens take far more engine steps than the short call's 3
-    long_call.join(timeout=120)
-    assert long_running and finished["short"] < finished["long"]
+    long_call.join(timeout=600)  # a guard against a hang only
+    assert long_running and finished == ["short", "long"], (long_running, finished)
     assert worker.widest == 3  # one engine step ran the short call's request beside the long call's two
     assert all(len(s.completion_ids) == 60 for g in results["long"][0] for s in g)
     assert results["short"][0][0][0].completion_ids == short_alone[0][0].completion_ids
