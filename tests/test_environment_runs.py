@@ -175,7 +175,7 @@ def test_episodes_run_on_every_generation_backend_and_with_packing(tmp_path, eng
     assert max(r["logprob_mismatch/rms"] for r in grpo) < 1e-3
 
 
-def test_a_run_whose_episodes_hang_exits_within_seconds_of_its_error(tmp_path):
+def test_a_run_whose_episodes_hang_ends_on_its_error_leaving_the_hung_threads(tmp_path):
     """Every episode's harness waits for ever: the run fails past its failure budget, each episode
     cut off by env.openai_agent.timeout_s, and the process ends after its error line, which it can
     only do by abandoning the hung threads (they are daemons): waiting for them would never end."""
