@@ -17,7 +17,7 @@ from corerl.errors import ConfigError
 
 
 def model_shape(config: Any) -> Any | None:
-    """The :class:`~corerl.planning.shape.ModelShape` of ``policy.model_name`` where it can be read
+    """The :class:`~corerl.models.shape.ModelShape` of ``policy.model_name`` where it can be read
     here (a built-in model, or a local folder whose ``config.json`` describes a dense decoder);
     None otherwise. The checks of one validation share one read of ``config.json``."""
     name = local_model_name(config)
@@ -43,7 +43,7 @@ def local_model_name(config: Any) -> str:
 def _shape_of(name: str, stamp: int | None, overrides: str) -> Any | None:
     """``name``'s shape as its ``config.json`` stood at modification time ``stamp``, with the
     ``overrides`` (JSON) laid over it."""
-    from corerl.planning.shape import ModelShape
+    from corerl.models.shape import ModelShape
 
     try:
         return ModelShape.of_model(name, json.loads(overrides))
