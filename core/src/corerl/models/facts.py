@@ -106,8 +106,6 @@ def check_moe_settings(config: Any) -> None:
     if shape is None:
         return
     if shape.is_moe:
-        from corerl.training.moe_router import check_router_replay
-
         check_router_replay(config)  # r3: no generation engine reports its experts yet
     else:
         for key, value, default in (("router_replay", moe.router_replay, "none"),
@@ -124,6 +122,14 @@ def check_moe_settings(config: Any) -> None:
                           f"{shape.experts} ({source_of(config)})",
                           key="policy.hf_config_overrides.num_experts_per_tok" if overridden else "policy.model_name",
                           hint=f"set num_experts_per_tok to {shape.experts} or less")
+
+
+def check_router_replay(config: Any) -> None:
+    """Refuse, at ``policy.moe.router_replay``, a replay mode the Hugging Face backends cannot do."""
+    if config.core.policy.moe.router_replay == "r3":
+        raise ConfigError("router_replay=r3 needs the generation engine to report the experts it chose; not "
+                          "available yet", key="policy.moe.router_replay",
+                          hint="use r2 (the experts chosen while computing the old-policy logprobs) or none")
 
 
 def check_vision_settings(config: Any, algorithm: Any = None) -> None:

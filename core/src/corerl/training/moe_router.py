@@ -34,6 +34,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from corerl.errors import ConfigError
+from corerl.models.facts import check_router_replay
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -46,14 +47,6 @@ if TYPE_CHECKING:
 #: module says ``norm_topk_prob`` (Mixtral always): those router replay can recompute
 SOFTMAX_ROUTERS = ("Qwen3MoeTopKRouter", "MixtralTopKRouter", "Qwen2MoeTopKRouter")
 _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
-
-
-def check_router_replay(config: Config) -> None:
-    """Refuse, at ``policy.moe.router_replay``, a replay mode the Hugging Face backends cannot do."""
-    if config.core.policy.moe.router_replay == "r3":
-        raise ConfigError("router_replay=r3 needs the generation engine to report the experts it chose; not "
-                          "available yet", key="policy.moe.router_replay",
-                          hint="use r2 (the experts chosen while computing the old-policy logprobs) or none")
 
 
 def attach_router(model: Any, config: Config, replay: bool = True) -> RouterHooks | None:
