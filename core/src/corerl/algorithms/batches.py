@@ -1,4 +1,5 @@
-"""Rows for the training backends out of samples and pairs, and the seeds of generation steps:
+"""Rows for the training backends out of samples and pairs, and the seeds of generation steps
+(:func:`step_seed`, from :mod:`corerl.generation.seeds`, which the asynchronous producer shares):
 the pieces GRPO, PPO, SFT and DPO share (no algorithm imports another; each imports these).
 
 Plugins call :func:`samples_to_batch`, :func:`minibatches` and :func:`step_seed` too (through
@@ -8,7 +9,6 @@ Plugins call :func:`samples_to_batch`, :func:`minibatches` and :func:`step_seed`
 
 from __future__ import annotations
 
-import hashlib
 import numbers
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -17,25 +17,11 @@ import torch
 
 from corerl.errors import argument_error
 from corerl.generation.contract import Sample, images_of
+from corerl.generation.seeds import step_seed as step_seed  # re-exported (it lives below both)
 from corerl.training.batching import right_pad
 from corerl.training.image_rows import image_fields
 
 RewardFn = Callable[[Sample, Any], float]
-
-
-def step_seed(seed: int, step: int, batch: int = 0) -> int:
-    """The sampling seed of one step (of its ``batch``-th generation batch, where a step draws
-    several): reproducible run to run, and far from the seeds of other steps (engines derive
-    per-sample seeds as seed + offset, so neighbouring integers would replay the previous step's
-    random draws)."""
-    for name, value in (("seed", seed), ("step", step), ("batch", batch)):
-        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-            raise argument_error("step_seed", f"{name} must be an integer, got {type(value).__name__} {value!r}",
-                                 hint="pass the run's algorithm.seed and the phase's done (plain ints)")
-    seed, step, batch = int(seed), int(step), int(batch)
-    text = f"{seed}:{step}" if batch == 0 else f"{seed}:{step}:{batch}"
-    digest = hashlib.blake2b(text.encode(), digest_size=4).digest()
-    return int.from_bytes(digest, "little") & 0x7FFF_FFFF
 
 
 def samples_to_batch(groups: Sequence[Sequence[Sample]], advantages: torch.Tensor) -> dict[str, torch.Tensor]:

@@ -3,7 +3,7 @@ and play them through the rollout stage (single turn, or episodes against an env
 the dedicated generation engine, as long as the trainer lets them run ahead.
 
 Batch ``b`` is the batch a synchronous run would train at step ``b``: the same prompts (the
-task is drawn in the same order) and the same sampling seed (:func:`corerl.algorithms.grpo.step_seed`).
+task is drawn in the same order) and the same sampling seed (:func:`corerl.generation.seeds.step_seed`).
 A batch starts generating only once the worker holds the weights of the step that will train
 it, less ``max_staleness`` versions (counting the groups drawn, less those the buffer dropped as
 too old), so with ``max_staleness=0`` and the in-order sampler every step trains exactly what a
@@ -87,8 +87,8 @@ class RolloutProducer:
             return batch, prompts, items, keys
 
     def _loop(self) -> None:
-        from corerl.algorithms.batches import step_seed
         from corerl.generation.contract import SamplingSettings
+        from corerl.generation.seeds import step_seed
 
         algorithm, policy = self.config.core.algorithm, self.config.core.policy
         try:
