@@ -174,7 +174,7 @@ class ModelScoredRollout:
 def check_reward_model(config: Any, algorithm: Any) -> None:
     """Refuses, in one line, a ``reward_model`` that nothing would read: for an algorithm that
     samples nothing, or whose rollouts come from the asynchronous loop (not rescored)."""
-    from corerl.asynchronous.settings import async_settings
+    from corerl.config.async_section import async_settings
     from corerl.errors import ConfigError
 
     if config.core.reward_model.kind is None or algorithm is None:

@@ -409,7 +409,7 @@ def _core_checks(config: Config, choices: dict[str, Choice], checked: list[str])
     from corerl.model_rewards import check_reward_model
 
     check_reward_model(config, choices["algorithm"].registration)
-    from corerl.asynchronous.settings import async_settings
+    from corerl.config.async_section import async_settings
 
     settings = async_settings(config)
     if settings.enabled and choices["generation_backend"].registration is not None:

@@ -66,8 +66,8 @@ class Config:
 
 def owned_sections(host: PluginHost) -> dict[str, type | None]:
     """Key path -> schema of every plugin-owned section (None: owner known but not installed)."""
-    from corerl.asynchronous.settings import SECTION as ASYNC_SECTION
-    from corerl.asynchronous.settings import AsyncSettings
+    from corerl.config.async_section import SECTION as ASYNC_SECTION
+    from corerl.config.async_section import AsyncSettings
     from corerl.config.critic import critic_section
     from corerl.registry import TrainingBackend
 
