@@ -16,6 +16,9 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 import attrs
 
+# the image types are model facts, below the engines: re-exported here, where the contract names them
+from corerl.models.images import ImagePrompt, Images, images_of, with_images  # noqa: F401
+
 if TYPE_CHECKING:
     import torch
 
@@ -65,54 +68,6 @@ class SamplingSettings:
         completion fit in ``max_seq_length`` (completions end there, as NeMo RL's do)."""
         room = max_seq_length - max((len(p) for p in prompts), default=0)
         return attrs.evolve(self, max_new_tokens=max(1, min(self.max_new_tokens, room)))
-
-
-@attrs.frozen(kw_only=True, eq=False)
-class Images:
-    """The images of one prompt (contract 2.13), in the order of their image tokens:
-    ``pixel_values`` ``[patches, patch features]`` float32 and ``grid_thw`` ``[images, 3]`` long
-    as the model's image processor makes them (what the forward pass takes), and ``raw``, each
-    image's PNG bytes (for an engine that runs the processor itself, as vLLM does)."""
-
-    pixel_values: torch.Tensor
-    grid_thw: torch.Tensor
-    raw: tuple[bytes, ...] = ()
-
-    def __add__(self, other: Images | None) -> Images:
-        """These images followed by ``other``'s (an episode's history then an observation's)."""
-        import torch
-
-        if other is None:
-            return self
-        return Images(pixel_values=torch.cat([self.pixel_values, other.pixel_values]),
-                      grid_thw=torch.cat([self.grid_thw, other.grid_thw]), raw=self.raw + other.raw)
-
-
-class ImagePrompt(list):  # type: ignore[type-arg]
-    """A prompt's token ids (a ``list[int]``) that carries its :class:`Images` (contract 2.13):
-    what a task returns for a prompt with images, and what a generation backend that reads
-    images (``accepts_images = True``) finds in ``generate``'s prompts. Every other reader sees
-    a plain list of ids; :func:`images_of` gives a prompt's images or None."""
-
-    def __init__(self, ids: Iterable[int] = (), images: Images | None = None) -> None:
-        super().__init__(ids)
-        self.images = images
-
-    def __add__(self, other: Any) -> ImagePrompt:  # prompt + completion ids keeps the images
-        return ImagePrompt(list.__add__(self, list(other)), self.images)
-
-    def __reduce__(self) -> Any:
-        return (ImagePrompt, (list(self), self.images))
-
-
-def images_of(prompt: Any) -> Images | None:
-    """The images a prompt carries (an :class:`ImagePrompt`'s), or None."""
-    return getattr(prompt, "images", None)
-
-
-def with_images(ids: Iterable[int], images: Images | None) -> list[int]:
-    """``ids`` as an :class:`ImagePrompt` carrying ``images``, or a plain list where there are none."""
-    return list(ids) if images is None else ImagePrompt(ids, images)
 
 
 @attrs.frozen(kw_only=True)

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from corerl.errors import ConfigError
 
 if TYPE_CHECKING:
-    from corerl.generation.contract import Images
+    from corerl.models.images import Images
 
 #: Hugging Face ``model_type`` values of the vision-language families corerl trains
 VISION_LANGUAGE_TYPES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
@@ -330,7 +330,7 @@ class ImageEncoder:
 
     def encode(self, images: Sequence[Any], where: str) -> Images:
         """The pixel values and grids of ``images`` (PIL images), with their PNG bytes."""
-        from corerl.generation.contract import Images
+        from corerl.models.images import Images
 
         out = self.processor(images=list(images), return_tensors="pt")
         return Images(pixel_values=out["pixel_values"].float(), grid_thw=out["image_grid_thw"].long(),
