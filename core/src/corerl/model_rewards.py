@@ -19,12 +19,17 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
 from corerl.environments.rollout import Rollout
 from corerl.generation.contract import Sample, SamplingSettings
+
+if TYPE_CHECKING:
+    import torch
+
+    from corerl.training.contract import Batch
 
 
 def as_value_model(checkpoint: str, folder: Path) -> str:
@@ -65,6 +70,30 @@ def _sequence_to_token_classifier(checkpoint: str, out: Path) -> None:
     AutoTokenizer.from_pretrained(checkpoint).save_pretrained(str(out))
 
 
+# -- the score slot: one convention for the rm algorithm's training rows (corerl.algorithms.reward_model,
+# which re-exports these) and the scoring of samples below; torch is imported when called
+
+
+def last_token_mask(attention_mask: torch.Tensor) -> torch.Tensor:
+    """1 on each right-padded row's last token (its score slot), 0 elsewhere."""
+    import torch
+
+    mask = torch.zeros_like(attention_mask)
+    mask[torch.arange(mask.shape[0]), attention_mask.sum(dim=1) - 1] = 1
+    return mask
+
+
+def slot_token(tokenizer: Any) -> int:
+    """The token after a response whose value slot holds its score: end-of-sequence, else padding."""
+    token = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else tokenizer.pad_token_id
+    return int(token if token is not None else 0)
+
+
+def slot_scores(engine: Any, batch: Batch) -> torch.Tensor:
+    """``[B]``: each row's value at its score slot (``batch["loss_mask"]``) under a value engine."""
+    return (engine.values(batch) * batch["loss_mask"]).sum(dim=1)
+
+
 @attrs.define
 class ValueModelScorer:
     """A frozen value engine, behind its :class:`~corerl.offload.ReferenceOffload`, scoring prompt +
@@ -80,7 +109,6 @@ class ValueModelScorer:
         return [*sample.prompt_ids, *sample.completion_ids, self.end_token]
 
     def score(self, groups: Sequence[Sequence[Sample]], items: Sequence[Any]) -> list[list[float]]:
-        from corerl.algorithms.reward_model import last_token_mask, slot_scores
         from corerl.training.batching import right_pad
 
         samples = [s for group in groups for s in group]

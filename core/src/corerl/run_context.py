@@ -258,9 +258,8 @@ class RunContext:
 
     def start_reward_scorer(self) -> Any:
         """The scorer ``reward_model`` describes, its engine started here (shut down with the run)."""
-        from corerl.algorithms.reward_model import slot_token
         from corerl.config.critic import CRITIC_ROLE
-        from corerl.model_rewards import JudgeScorer, ValueModelScorer, as_value_model
+        from corerl.model_rewards import JudgeScorer, ValueModelScorer, as_value_model, slot_token
         from corerl.models.tokenizer import check_same_vocabulary
         from corerl.offload import ReferenceOffload
         from corerl.run_directory import resolve_model

@@ -4,7 +4,9 @@ The policy's training backend is built in the critic role: a causal model with a
 head (:mod:`corerl.models.value_model`). A sequence's score is the head's output at its last token,
 which the value engine reports one position later (position ``t`` holds the value of
 ``input_ids[:t]``): so each row gets one extra token after the response, whose value slot is the
-score and the only loss token. The loss of a pair is ``-log sigmoid(score_chosen - score_rejected)``.
+score and the only loss token (the score slot's helpers, :func:`slot_token`, :func:`last_token_mask`
+and :func:`slot_scores`, live in :mod:`corerl.model_rewards`, which scores samples by the same
+convention, and are re-exported here). The loss of a pair is ``-log sigmoid(score_chosen - score_rejected)``.
 
 Exported as a Hugging Face sequence-classification checkpoint (``<run dir>/reward_model``): it
 pools the last token of prompt + response, the same hidden state, and its score layer has no bias,
@@ -24,6 +26,7 @@ import torch.nn.functional as F
 
 from corerl.algorithms.contract import AlgorithmBase
 from corerl.algorithms.dpo_math import pair_sums, preference_batch
+from corerl.model_rewards import last_token_mask, slot_scores, slot_token
 
 if TYPE_CHECKING:
     from corerl.run_context import RunContext
@@ -38,24 +41,6 @@ def scoring_batch(pairs: Sequence[PreferencePair], end_token: int) -> Batch:
                               for prompt, chosen, rejected in pairs])
     batch["loss_mask"] = last_token_mask(batch["attention_mask"])
     return batch
-
-
-def last_token_mask(attention_mask: torch.Tensor) -> torch.Tensor:
-    """1 on each right-padded row's last token (its score slot), 0 elsewhere."""
-    mask = torch.zeros_like(attention_mask)
-    mask[torch.arange(mask.shape[0]), attention_mask.sum(dim=1) - 1] = 1
-    return mask
-
-
-def slot_token(tokenizer: Any) -> int:
-    """The token after a response whose value slot holds its score: end-of-sequence, else padding."""
-    token = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else tokenizer.pad_token_id
-    return int(token if token is not None else 0)
-
-
-def slot_scores(engine: Any, batch: Batch) -> torch.Tensor:
-    """``[B]``: each row's value at its score slot (``batch["loss_mask"]``) under a value engine."""
-    return (engine.values(batch) * batch["loss_mask"]).sum(dim=1)
 
 
 @attrs.frozen
