@@ -400,7 +400,7 @@ def _core_checks(config: Config, choices: dict[str, Choice], checked: list[str])
     generation = choices["generation_backend"].registration if "generation_backend" in checked else None
     check_lora(config, choices["training_backend"].registration, generation)
     check_moe_support(config, choices["training_backend"].registration, generation)
-    from corerl.distributed.placement import check_dedicated_generation
+    from corerl.config.dedicated_generation import check_dedicated_generation
 
     check_dedicated_generation(config)
     from corerl.evaluation import check_evaluation

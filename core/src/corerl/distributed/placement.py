@@ -310,22 +310,3 @@ def async_generation_layout(resources: Any) -> PoolLayout:
     else a CPU process of its own (:mod:`corerl.asynchronous.engine`)."""
     return PoolLayout("generation", resources.num_nodes or 1, resources.gpus_per_node or 1,
                       key="policy.generation.colocated.resources.gpus_per_node")
-
-
-def check_dedicated_generation(config: Any) -> None:
-    """Before a run starts anything: refuse dedicated generation GPUs the cluster can never give
-    (connects to Ray, as the engine would; nothing to do for colocated generation)."""
-    colocated = config.core.policy.generation.colocated
-    if colocated.enabled:
-        return
-    layout = dedicated_generation_layout(colocated.resources)
-    from corerl.asynchronous.settings import async_settings
-
-    if async_settings(config).enabled:  # the asynchronous worker: GPUs where the cluster has them, else CPUs
-        layout = async_generation_layout(colocated.resources)
-    local = None if config.core.cluster.ray_address or os.environ.get("RAY_ADDRESS") else ClusterView.local()
-    if local is None:
-        from corerl.distributed.worker_group import ensure_ray
-
-        ensure_ray(config.core.cluster.ray_address)
-    check_fits(layout, 1, "generation engine", local or ClusterView.from_ray())
