@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import os
 
+from corerl.distributed.run_log import write_output_to_run_log
+
 
 def run_variables() -> dict[str, str]:
     """This driver's ``CORERL_*`` variables: what every actor of the run must see."""
@@ -19,7 +21,5 @@ def run_variables() -> dict[str, str]:
 def adopt_run_variables(variables: dict[str, str]) -> None:
     """In an actor, first thing: take the run's variables and, in a quiet run, send this
     process's output to the run's log file."""
-    from corerl.reporting.quiet import write_output_to_run_log
-
     os.environ.update(variables)
     write_output_to_run_log()

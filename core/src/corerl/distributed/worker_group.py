@@ -19,6 +19,7 @@ from typing import Any
 
 from corerl.distributed.actor import RankActor, resolve
 from corerl.distributed.placement import COLOCATED, POOLS, Pool, PoolLayout
+from corerl.distributed.run_log import ray_options
 from corerl.distributed.run_variables import run_variables
 from corerl.errors import ConfigError, CorerlError
 from corerl.failures import first_line
@@ -144,8 +145,6 @@ def ensure_ray(address: str | None, num_cpus_needed: int = 1) -> None:
 
     if ray.is_initialized():
         return
-    from corerl.reporting.quiet import ray_options
-
     key = "cluster.ray_address" if address else "RAY_ADDRESS"
     address = address or os.environ.get("RAY_ADDRESS")
     # a quiet `corerl run`: the workers write to the run's log file, not to this terminal

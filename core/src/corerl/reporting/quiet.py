@@ -8,7 +8,8 @@ Why file descriptors and not only :mod:`logging`: most of the chatter is not Pyt
 run points descriptors 1 and 2 at the log file and gives corerl's console a stream of its own on
 the terminal. Ray's workers of a local runtime are started after that and inherit
 ``CORERL_RUN_LOG``; corerl's actors point their own descriptors at that file as they start
-(:func:`write_output_to_run_log`). Why not Ray's ``worker_process_setup_hook``: any
+(:func:`corerl.distributed.run_log.write_output_to_run_log`, re-exported here with the log file's
+variable and :func:`ray_options`). Why not Ray's ``worker_process_setup_hook``: any
 ``runtime_env`` makes every actor wait for Ray's runtime-environment agent (measured: 4 actors
 start in 2.1 s instead of 0.9 s), which the test suite's hundred runs would pay."""
 
@@ -20,14 +21,18 @@ import sys
 from contextlib import ExitStack
 from pathlib import Path
 from types import TracebackType
-from typing import Any, TextIO
+from typing import TextIO
+
+from corerl.distributed.run_log import (
+    RUN_LOG_VARIABLE,
+    ray_options,
+    set_active_log,
+    write_output_to_run_log,
+)
+
+__all__ = ["LOG_NAME", "RUN_LOG_VARIABLE", "QuietTerminal", "last_log", "ray_options", "write_output_to_run_log"]
 
 LOG_NAME = "run.log"
-#: how a Ray worker learns the log file (set in the job's runtime environment)
-RUN_LOG_VARIABLE = "CORERL_RUN_LOG"
-
-#: the log file of the run in progress in this process (None: not quiet; see :func:`ray_options`)
-_active_log: Path | None = None
 #: the log file of the last run this process started (the CLI names it with a failure)
 _last_log: Path | None = None
 
@@ -66,8 +71,8 @@ class QuietTerminal:
             os.dup2(log_file.fileno(), fd)
         undo.callback(setattr, sys, "stdout", sys.stdout)
         sys.stdout = terminal
-        undo.callback(_set_active, None)
-        _set_active(self.log_path)
+        undo.callback(set_active_log, None)
+        set_active_log(self.log_path)
         return self
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
@@ -98,45 +103,6 @@ def _restore_fd(fd: int, copy: int) -> None:
     os.close(copy)
 
 
-def _set_active(path: Path | None) -> None:
-    """The run in progress logs to ``path`` (None: none); Ray workers started now inherit it."""
-    global _active_log
-    _active_log = path
-    if path is None:
-        os.environ.pop(RUN_LOG_VARIABLE, None)
-    else:
-        os.environ[RUN_LOG_VARIABLE] = str(path)
-
-
 def last_log() -> Path | None:
     """The log file of the last run this process started (None: none started)."""
     return _last_log
-
-
-def ray_options() -> dict[str, Any]:
-    """``ray.init`` options of a quiet run: the workers' output is not forwarded to this terminal
-    (nothing when the run is not quiet)."""
-    return {"log_to_driver": False} if _active_log is not None else {}
-
-
-def write_output_to_run_log() -> None:
-    """In a Ray actor of a quiet run (``CORERL_RUN_LOG`` inherited): descriptors 1 and 2 append to
-    the run's log file, and Python's logging (INFO and above, as in the driver) writes there too. Elsewhere (no variable, a node that cannot reach the file) nothing
-    changes and Ray's own worker logs keep the output."""
-    try:
-        fd = os.open(os.environ[RUN_LOG_VARIABLE], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    except (KeyError, OSError):
-        return
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os.dup2(fd, 1)
-    os.dup2(fd, 2)
-    os.close(fd)
-    # Python's logging as the driver's: INFO and above of every logger (a backend's own in the
-    # asynchronous generation worker, corerl's), each line naming the process it came from
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter(f"%(asctime)s %(levelname)s %(name)s (pid {os.getpid()}): %(message)s"))
-    root = logging.getLogger()
-    root.addHandler(handler)
-    root.setLevel(min(root.level, logging.INFO) if root.level else logging.INFO)
-    logging.getLogger("corerl").setLevel(logging.INFO)
