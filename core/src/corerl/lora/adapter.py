@@ -41,7 +41,7 @@ def peft_config(settings: LoraSettings, base_model_path: str | None = None) -> A
 
     from peft import LoraConfig
 
-    from corerl.models.vision import is_vision_language, read_hf_config
+    from corerl.models.hf_config import is_vision_language, read_hf_config
 
     targets: Any = "all-linear" if settings.match_all_linear or not settings.target_modules else list(settings.target_modules)
     exclude: Any = list(settings.exclude_modules) or None
@@ -180,7 +180,7 @@ def merged_hf_state(base: dict[str, torch.Tensor], adapter: dict[str, torch.Tens
     import torch
     from peft import get_peft_model, set_peft_model_state_dict
 
-    from corerl.models.value_model import auto_model_class
+    from corerl.models.hf_config import auto_model_class
 
     model = auto_model_class("policy", hf_config).from_config(hf_config, dtype=torch.float32)
     missing, unexpected = model.load_state_dict({k: v.to(torch.float32) for k, v in base.items()}, strict=False)

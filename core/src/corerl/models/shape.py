@@ -53,7 +53,7 @@ class ModelShape:
     def from_hf_config(cls, config: Mapping[str, Any], name: str = "model") -> ModelShape:
         """The shape of a Hugging Face config dict (a causal LM's ``config.json``; a vision-language
         model's language model, its ``text_config``: the vision tower is not counted)."""
-        from corerl.models.vision import is_vision_language, text_config
+        from corerl.models.hf_config import is_vision_language, text_config
 
         vision = is_vision_language(dict(config))
         config = text_config(dict(config))

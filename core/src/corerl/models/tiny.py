@@ -148,8 +148,8 @@ def build_tiny_model(out_dir: str | Path, *, seed: int = 0, **shape: Any) -> Pat
     import torch
     from transformers import AutoConfig
 
+    from corerl.models.hf_config import auto_model_class
     from corerl.models.hf_save import save_pretrained
-    from corerl.models.value_model import auto_model_class
 
     values = tiny_hf_config(**shape)
     vision = shape.get("family") in VL_FAMILIES

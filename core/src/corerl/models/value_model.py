@@ -12,24 +12,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from corerl.models.hf_config import auto_model_class
+
 if TYPE_CHECKING:
     import torch
-
-
-def auto_model_class(role: str = "policy", hf_config: Any = None) -> Any:
-    """The transformers auto class a training backend loads for ``role``: the policy's causal LM
-    (image-text-to-text where ``hf_config``, a config object or a ``config.json`` dict, is a
-    vision-language model's), or the critic's token-classification value model."""
-    import transformers
-
-    from corerl.models.vision import VISION_LANGUAGE_TYPES
-
-    if role == "critic":
-        return transformers.AutoModelForTokenClassification
-    kind = hf_config.get("model_type") if isinstance(hf_config, dict) else getattr(hf_config, "model_type", None)
-    if kind in VISION_LANGUAGE_TYPES:
-        return transformers.AutoModelForImageTextToText
-    return transformers.AutoModelForCausalLM
 
 
 def load_pretrained(path: str | Path, role: str = "policy", **options: Any) -> Any:
@@ -43,7 +29,7 @@ def load_pretrained(path: str | Path, role: str = "policy", **options: Any) -> A
         config = options.pop("config", None) or AutoConfig.from_pretrained(str(path))
         config.classifier_dropout = 0.0
         options = {"config": config, **options}
-    from corerl.models.vision import read_hf_config
+    from corerl.models.hf_config import read_hf_config
 
     return auto_model_class(role, read_hf_config(path)).from_pretrained(str(path), dtype=torch.float32, **options)
 

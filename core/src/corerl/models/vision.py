@@ -23,11 +23,17 @@ from typing import TYPE_CHECKING, Any
 
 from corerl.errors import ConfigError
 
+# Hugging Face config reading lives in corerl.models.hf_config; these names stay importable here
+from corerl.models.hf_config import (  # noqa: F401
+    VISION_LANGUAGE_TYPES,
+    is_vision_language,
+    read_hf_config,
+    text_config,
+    vision_token_ids,
+)
+
 if TYPE_CHECKING:
     from corerl.models.images import Images
-
-#: Hugging Face ``model_type`` values of the vision-language families corerl trains
-VISION_LANGUAGE_TYPES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
 
 #: the Qwen-VL vision tokens, in the tiny vocabulary right after the special tokens
 VISION_TOKENS = ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"]
@@ -39,40 +45,10 @@ VISION_WORDS = ["red", "green", "blue", "yellow", "white", "black", "square", "c
                 "the", "how", "many", "squares", "are", "there", "?", ".", "answer", ":", "shape", "largest"]
 
 
-def is_vision_language(hf_config: dict[str, Any] | None) -> bool:
-    """Whether a checkpoint's ``config.json`` dict describes a vision-language model corerl trains."""
-    return bool(hf_config) and hf_config.get("model_type") in VISION_LANGUAGE_TYPES
-
-
-def read_hf_config(model_path: str | Path) -> dict[str, Any] | None:
-    """The ``config.json`` of a local checkpoint folder, or None where there is none."""
-    path = Path(model_path) / "config.json"
-    if not path.is_file():
-        return None
-    return dict(json.loads(path.read_text()))
-
-
-def text_config(hf_config: dict[str, Any]) -> dict[str, Any]:
-    """The language model's part of a checkpoint's config (a VLM nests it under ``text_config``)."""
-    nested = hf_config.get("text_config")
-    return {**hf_config, **nested} if isinstance(nested, dict) else hf_config
-
-
-def vision_token_ids(hf_config: dict[str, Any] | None) -> list[int]:
-    """The token ids a vision-language model's images take (image, video, vision start and end):
-    generation never samples them (a completion holding one would count as an image). Empty for
-    a text-only model."""
-    if not is_vision_language(hf_config):
-        return []
-    assert hf_config is not None
-    keys = ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id")
-    return [int(hf_config[key]) for key in keys if hf_config.get(key) is not None]
-
-
 def auto_model_class(model_path: str | Path) -> Any:
     """The transformers auto class that loads the policy at ``model_path``: image-text-to-text for
     a vision-language checkpoint, causal LM for the rest."""
-    from corerl.models.value_model import auto_model_class as for_role
+    from corerl.models.hf_config import auto_model_class as for_role
 
     return for_role("policy", read_hf_config(model_path))
 
