@@ -68,7 +68,7 @@ def owned_sections(host: PluginHost) -> dict[str, type | None]:
     """Key path -> schema of every plugin-owned section (None: owner known but not installed)."""
     from corerl.config.async_section import SECTION as ASYNC_SECTION
     from corerl.config.async_section import AsyncSettings
-    from corerl.config.critic import critic_section
+    from corerl.config.section_paths import critic_section
     from corerl.registry import TrainingBackend
 
     owned: dict[str, type | None] = {ASYNC_SECTION: AsyncSettings}  # the core's own, a keyword as its name

@@ -13,15 +13,14 @@ from typing import TYPE_CHECKING
 
 import attrs
 
+from corerl.config.section_paths import critic_section
+
 if TYPE_CHECKING:
     from corerl.config import Config
 
+__all__ = ["CRITIC_ROLE", "critic_config", "critic_layout_sections", "critic_section"]
+
 CRITIC_ROLE = "critic"
-
-
-def critic_section(policy_section: str) -> str:
-    """``policy.dtensor_cfg`` -> ``critic.dtensor_cfg``: where the critic's layout of a backend goes."""
-    return "critic." + policy_section.split(".", 1)[1]
 
 
 def critic_layout_sections(config: Config) -> dict[str, str]:
