@@ -26,7 +26,8 @@ from corerl.selection import Selection
 
 
 class RunContext:
-    """One run's shared state, handed to the algorithm's factory (see :mod:`corerl.algorithms.contract`).
+    """One run's shared state, handed to the algorithm's factory as its
+    :class:`~corerl.algorithms.contract.RunServices` (which lists what an algorithm may use of it).
 
     ``training`` is the policy's engine, ``generation`` the sampling engine (None for an
     algorithm that samples nothing), ``offload`` the phase offload policy; ``starting_weights``

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from corerl import component_kinds
-from corerl.algorithms.contract import AlgorithmBase, AlgorithmRun, StepCountError
+from corerl.algorithms.contract import AlgorithmBase, AlgorithmRun, RunServices, StepCountError
 
 # what the first-party backends share with any other (engine-side helpers)
 from corerl.checkpoint_safety import load_plain
@@ -66,7 +66,7 @@ from corerl.planning.memory import (
     tensor_parallel_sizes,
 )
 from corerl.reporting.loggers.contract import LoggerContext, LoggerSettings
-from corerl.run_context import RunContext
+from corerl.run_context import RunContext  # what RunServices was typed as before contract 2.15
 from corerl.sandbox import SandboxResult
 from corerl.training.batching import loss_token_count
 from corerl.training.contract import Batch, LossFn, StepResult, TrainingEngine, ValueEngine
@@ -98,7 +98,7 @@ __all__ = [
     "EnvironmentProtocol", "EnvironmentContext", "EnvironmentSettings", "EpisodeView", "Turn", "ToolCall", "ToolResult",
     "execute", "parse_hermes",
     # algorithms
-    "AlgorithmRun", "AlgorithmBase", "RunContext", "samples_to_batch", "minibatches", "step_seed", "StepCountError",
+    "AlgorithmRun", "AlgorithmBase", "RunServices", "RunContext", "samples_to_batch", "minibatches", "step_seed", "StepCountError",
     # configuration
     "Config", "setting", "section",
     # the training contract and its helpers

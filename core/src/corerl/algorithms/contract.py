@@ -1,9 +1,13 @@
-"""What a registered algorithm provides to the run loop (:mod:`corerl.runner`).
+"""What a registered algorithm provides to the run loop (:mod:`corerl.runner`), and what the run
+provides to it.
 
-An :class:`corerl.registry.Algorithm` registration's factory is called with the run's
-:class:`corerl.run_context.RunContext` (the config, the task, the started training and
-generation engines, the offload policy, the run directory and what a resumed run had done) and
-returns an :class:`AlgorithmRun`. The run loop knows algorithms only through this contract:
+An :class:`corerl.registry.Algorithm` registration's factory is called with the run's services,
+:class:`RunServices` (the config, the task, the started training and generation engines, the
+offload policy, the run directory, what a resumed run had done, and the engines an algorithm may
+start beside the policy's) and returns an :class:`AlgorithmRun`. :class:`RunServices` lists all an
+algorithm may use of the run; the run's :class:`corerl.run_context.RunContext` implements it (the
+name an algorithm written to contract 2.14 or earlier types its factory's argument with). The run
+loop knows algorithms only through this contract:
 
 1. ``held_out()`` before training (and after an SFT warm start), then ``begin()`` once;
 2. ``step()`` until ``algorithm.max_steps`` steps are done, each returning the step's metrics;
@@ -12,7 +16,7 @@ returns an :class:`AlgorithmRun`. The run loop knows algorithms only through thi
 4. ``held_out()`` at the end, then ``export(run_dir)`` for final outputs beyond ``final/``.
 
 The run loop alone counts steps. ``done`` is set by the loop: from the checkpoint when a run
-resumes (before the factory returns, through :meth:`RunContext.steps_done`), then one more after
+resumes (before the factory returns, through :meth:`RunServices.steps_done`), then one more after
 each ``step()`` (:func:`corerl.run_steps.take_step`). An algorithm reads it (the step being taken
 is ``done + 1``; its sampling seed is ``step_seed(seed, done)``) and never writes it: a ``step()``
 that changes ``done`` stops the run at once, in one line naming the algorithm
@@ -30,13 +34,26 @@ rollout, or one that does not wait for generation, changes its own step, not the
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from corerl.errors import RegistrationError
 
 if TYPE_CHECKING:
-    from corerl.run_context import RunContext
+    from rich.console import Console
+    from transformers import PreTrainedTokenizerBase
+
+    from corerl.config import Config
+    from corerl.environments.rollout import Rollout
+    from corerl.generation.contract import GenerationEngine, SamplingSettings
+    from corerl.offload import PhaseOffload, ReferenceOffload
+    from corerl.plugin_manager import PluginHost
+    from corerl.registry import GenerationBackend, TrainingBackend
+    from corerl.selection import Selection
+    from corerl.tasks import TaskSource
+    from corerl.tasks.preferences import PreferenceSource
+    from corerl.training.contract import TrainingEngine
 
 #: the algorithm a recipe's ``sft`` section runs as a warm start before the algorithm it names
 WARM_START = "sft"
@@ -84,6 +101,112 @@ class AlgorithmRun(Protocol):
         last line names it (its path, and what it is)."""
 
 
+class RolloutStage(Protocol):
+    """What :meth:`RunServices.rollout` and :meth:`RunServices.training_rollout` return: prompts
+    in, scored samples out (one turn scored by the task's reward, episodes against an environment,
+    an agent harness, or the same samples rescored by a reward model)."""
+
+    def run(self, prompts: Sequence[Sequence[int]], items: Sequence[Any], sampling: SamplingSettings, n: int,
+            max_seq_length: int) -> Rollout:
+        """``n`` samples per prompt (``items``: the example each prompt came from), each cut to
+        ``max_seq_length`` tokens in all, and their rewards."""
+
+
+@runtime_checkable
+class RunServices(Protocol):
+    """What a run provides to its algorithm: everything an algorithm may use of the run, handed to
+    the registration's factory (the run's :class:`corerl.run_context.RunContext` implements it).
+
+    The attributes are the run's, set before the factory is called: an algorithm reads them and
+    never assigns them. The methods start what an algorithm adds beside the policy's engines (a
+    frozen reference, a critic, a teacher), each shut down with the run.
+    """
+
+    @property
+    def config(self) -> Config:
+        """The run's validated config; an algorithm's own section is ``config.section("algorithm.<id>")``."""
+
+    @property
+    def selection(self) -> Selection:
+        """The components the config selected: each backend's registration (``training_backend``,
+        ``generation_backend``, ``critic_backend``), and the critic's config (``critic_config``)."""
+
+    @property
+    def host(self) -> PluginHost:
+        """The installed plugins' registrations (a teacher's training backend is looked up here)."""
+
+    @property
+    def console(self) -> Console:
+        """The run's terminal (``print``, ``status``): a quiet one in tests and under ``--quiet``."""
+
+    @property
+    def run_dir(self) -> Path:
+        """The run directory: where an algorithm writes what it builds once (a critic's starting
+        weights, precomputed reference scores); a resumed run finds them there."""
+
+    @property
+    def tokenizer(self) -> PreTrainedTokenizerBase:
+        """The policy's tokenizer (its chat template, if the recipe sets one, applied)."""
+
+    @property
+    def task(self) -> TaskSource | PreferenceSource:
+        """The task (``data.task``): prompts and rewards (:class:`~corerl.tasks.TaskSource`) or
+        preference pairs (:class:`~corerl.tasks.preferences.PreferenceSource`), as the
+        registration's ``consumes`` says; positioned where a resumed run left it."""
+
+    @property
+    def training(self) -> TrainingEngine:
+        """The policy's training engine, started, with a resumed run's checkpoint loaded (a value
+        engine in the policy's place for an algorithm registered with ``value_model``)."""
+
+    @property
+    def generation(self) -> GenerationEngine | None:
+        """The generation engine, holding the policy's weights (None for an algorithm that samples nothing)."""
+
+    @property
+    def offload(self) -> PhaseOffload:
+        """The offload policy: call ``before_generation``, ``before_training``, ``before_refit``
+        and ``after_refit`` at the step's phase boundaries."""
+
+    @property
+    def starting_weights(self) -> str:
+        """The checkpoint the algorithm starts from: the SFT warm start's when one ran, else the model."""
+
+    def steps_done(self, phase: str) -> int:
+        """Steps of ``phase`` a resumed run had done (0 for a new run)."""
+
+    def held_out_reward(self) -> float:
+        """Mean held-out reward of greedy answers from the generation engine."""
+
+    def refit(self) -> None:
+        """Send the policy's weights to the generation engine (nothing when there is none)."""
+
+    def rollout(self) -> RolloutStage:
+        """The rollout stage the task's reward scores (with ``data.env_name``, episodes against
+        that environment), built once per run: held-out figures use it."""
+
+    def training_rollout(self) -> RolloutStage:
+        """The rollout training scores: :meth:`rollout`, or with ``reward_model.kind`` the same
+        samples rescored by the reward model or judge."""
+
+    def start(self, registration: TrainingBackend | GenerationBackend, path: str, training: Any = None,
+              config: Config | None = None) -> Any:
+        """Another engine: ``registration``'s backend built from ``config`` (default the run's),
+        checked against its contract and loaded with ``path``; shut down with the run."""
+
+    def start_reference(self) -> tuple[TrainingEngine, ReferenceOffload]:
+        """A frozen copy of :attr:`starting_weights` on the policy's backend, and its offload."""
+
+    def frozen_config(self, model_path: str, *, micro_batch_size: int | None = None, backend: str | None = None,
+                      role: str | None = None, own_layout: Any = None, own_layout_key: str = "",
+                      pool: str = "frozen") -> Config:
+        """The config of a frozen model beside the policy (a teacher, a reward model) for :meth:`start`:
+        the policy's, with ``model_path``, no adapter, ``micro_batch_size`` rows per scoring forward
+        and training ``backend`` (unset: the policy's), in ``role`` (unset: the run's); with
+        ``own_layout`` (``policy`` and ``cluster`` keys, named ``own_layout_key`` in errors) laid
+        over the recipe first, its ranks in a Ray placement ``pool`` of their own."""
+
+
 class AlgorithmBase:
     """Defaults for an :class:`AlgorithmRun`: held-out reward of greedy answers, no state of its
     own, nothing to export. Subclasses set :attr:`name` and implement :meth:`step`; ``done``
@@ -92,7 +215,7 @@ class AlgorithmBase:
     name = "algorithm"
     measure = "reward"
 
-    def __init__(self, context: RunContext) -> None:
+    def __init__(self, context: RunServices) -> None:
         self.context = context
         self.total = context.config.core.algorithm.max_steps
         self.done = context.steps_done(self.name)

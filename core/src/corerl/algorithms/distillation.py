@@ -20,12 +20,12 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from corerl.algorithms.batches import minibatches, samples_to_batch, step_seed
-from corerl.algorithms.contract import AlgorithmBase
+from corerl.algorithms.contract import AlgorithmBase, RunServices
 from corerl.algorithms.distillation_math import (
     TopKDistillationLoss,
     reverse_kl_advantages,
@@ -38,9 +38,6 @@ from corerl.models.tokenizer import check_same_vocabulary
 from corerl.offload import ReferenceOffload
 from corerl.training.weights import send_weights
 
-if TYPE_CHECKING:
-    from corerl.run_context import RunContext
-
 TEACHER_KEY = "algorithm.distillation.teacher_model"
 
 
@@ -51,7 +48,7 @@ class DistillationAlgorithm(AlgorithmBase):
 
     name = "distillation"
 
-    def __init__(self, context: RunContext) -> None:
+    def __init__(self, context: RunServices) -> None:
         super().__init__(context)
         self.teacher: Any = None
         self.teacher_offload: ReferenceOffload | None = None

@@ -19,11 +19,10 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import torch
 
-from corerl.algorithms.contract import AlgorithmBase
+from corerl.algorithms.contract import AlgorithmBase, RunServices
 from corerl.algorithms.dpo_math import DPOLoss, preference_batch
 
 if TYPE_CHECKING:
-    from corerl.run_context import RunContext
     from corerl.tasks.preferences import PreferencePair
     from corerl.training.contract import Batch, TrainingEngine
 
@@ -132,7 +131,7 @@ class DPOAlgorithm(AlgorithmBase):
     name = "dpo"
     measure = "preference_accuracy"
 
-    def __init__(self, context: RunContext) -> None:
+    def __init__(self, context: RunServices) -> None:
         super().__init__(context)
         self.dpo: DPO | None = None
 

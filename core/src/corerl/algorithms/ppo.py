@@ -23,7 +23,7 @@ import attrs
 import torch
 
 from corerl.algorithms.batches import RewardFn, minibatches, samples_to_batch, step_seed
-from corerl.algorithms.contract import AlgorithmBase
+from corerl.algorithms.contract import AlgorithmBase, RunServices
 from corerl.algorithms.grpo_math import GRPOLoss, kl_estimate, step_gap_metrics
 from corerl.algorithms.ppo_math import ValueLoss, explained_variance, gae, token_rewards
 from corerl.algorithms.reward_shaping import RolloutShaping
@@ -34,7 +34,6 @@ from corerl.training.weights import send_weights
 
 if TYPE_CHECKING:
     from corerl.generation.contract import GenerationEngine
-    from corerl.run_context import RunContext
     from corerl.training.contract import TrainingEngine, ValueEngine
 
 
@@ -217,7 +216,7 @@ class PPO:
         return {**metrics, **timings}
 
 
-def critic_start(context: RunContext) -> str:
+def critic_start(context: RunServices) -> str:
     """The critic's starting checkpoint: ``critic.model_name`` (a value model), else the weights
     PPO starts from with a zero value head, written once to ``<run dir>/critic_init``."""
     from corerl.complete_folders import write_once
@@ -245,7 +244,7 @@ class PPOAlgorithm(AlgorithmBase):
 
     name = "ppo"
 
-    def __init__(self, context: RunContext) -> None:
+    def __init__(self, context: RunServices) -> None:
         super().__init__(context)
         self.ppo: PPO | None = None
         self.resume_from: Path | None = None

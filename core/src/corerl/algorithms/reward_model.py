@@ -24,12 +24,11 @@ import attrs
 import torch
 import torch.nn.functional as F
 
-from corerl.algorithms.contract import AlgorithmBase
+from corerl.algorithms.contract import AlgorithmBase, RunServices
 from corerl.algorithms.dpo_math import pair_sums, preference_batch
 from corerl.model_rewards import last_token_mask, slot_scores, slot_token
 
 if TYPE_CHECKING:
-    from corerl.run_context import RunContext
     from corerl.tasks.preferences import PreferencePair
     from corerl.training.contract import Batch
 
@@ -111,7 +110,7 @@ class RewardModelAlgorithm(AlgorithmBase):
     name = "rm"
     measure = "pairwise_accuracy"
 
-    def __init__(self, context: RunContext) -> None:
+    def __init__(self, context: RunServices) -> None:
         super().__init__(context)
         self.loss = BradleyTerryLoss()
         self.pairs: list[Any] = []

@@ -13,10 +13,9 @@ import attrs
 import torch
 
 from corerl.algorithms.batches import pairs_to_batch
-from corerl.algorithms.contract import AlgorithmBase
+from corerl.algorithms.contract import AlgorithmBase, RunServices
 
 if TYPE_CHECKING:
-    from corerl.run_context import RunContext
     from corerl.training.contract import TrainingEngine
 
 
@@ -65,7 +64,7 @@ class SFTAlgorithm(AlgorithmBase):
 
     name = "sft"
 
-    def __init__(self, context: RunContext, warm_start: bool = False) -> None:
+    def __init__(self, context: RunServices, warm_start: bool = False) -> None:
         super().__init__(context)
         core = context.config.core
         self.total = core.sft.max_steps if warm_start else core.algorithm.max_steps

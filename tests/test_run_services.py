@@ -1,0 +1,55 @@
+"""The written algorithm protocol (:class:`corerl.algorithms.contract.RunServices`): the run's
+:class:`corerl.run_context.RunContext` provides every member it lists, each as the protocol
+declares it (an attribute or property for a property, a method with the same parameters for a
+method); and the SDK exports it beside ``RunContext``."""
+
+from __future__ import annotations
+
+import inspect
+from pathlib import Path
+
+from corerl.algorithms.contract import RunServices
+from corerl.run_context import RunContext
+
+
+def protocol_members() -> dict[str, object]:
+    return {name: value for name, value in vars(RunServices).items() if not name.startswith("_")}
+
+
+def new_context(tmp_path: Path) -> RunContext:
+    """A context of no run (nothing opened, no engine started): what ``__init__`` sets."""
+    return RunContext(config=None, selection=None, console=None, host=None,  # type: ignore[arg-type]
+                      run_dir=tmp_path, resume=None)
+
+
+def test_the_protocol_lists_what_algorithms_use_of_the_run():
+    assert set(protocol_members()) == {
+        "config", "selection", "host", "console", "run_dir", "tokenizer", "task", "training", "generation",
+        "offload", "starting_weights", "steps_done", "held_out_reward", "refit", "rollout", "training_rollout",
+        "start", "start_reference", "frozen_config"}
+    for name, member in protocol_members().items():
+        assert inspect.getdoc(member), f"RunServices.{name} has no docstring"
+
+
+def test_run_context_provides_every_member_as_the_protocol_declares_it(tmp_path):
+    context = new_context(tmp_path)
+    for name, member in protocol_members().items():
+        if isinstance(member, property):  # an attribute __init__ sets, or a property
+            assert name in vars(context) or isinstance(getattr(RunContext, name, None), property), name
+            continue
+        theirs = getattr(RunContext, name, None)
+        assert callable(theirs), f"RunContext has no method {name}"
+        assert inspect.signature(theirs).parameters.keys() == inspect.signature(member).parameters.keys(), name
+        for ours, its in zip(inspect.signature(member).parameters.values(),
+                             inspect.signature(theirs).parameters.values(), strict=True):
+            assert (ours.kind, ours.default) == (its.kind, its.default), f"{name}({ours.name})"
+    assert isinstance(context, RunServices)
+
+
+def test_the_sdk_exports_the_protocol_and_still_the_run_context():
+    import corerl.sdk
+
+    assert corerl.sdk.RunServices is RunServices
+    assert corerl.sdk.RunContext is RunContext
+    assert {"RunServices", "RunContext"} <= set(corerl.sdk.__all__)
+
