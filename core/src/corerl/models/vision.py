@@ -1,5 +1,6 @@
-"""Vision-language models: which checkpoints are one, the tiny Qwen2.5-VL / Qwen3-VL built in code,
-and how images become a prompt's pixel values and image tokens.
+"""Vision-language models: which checkpoints are one (read by :mod:`corerl.models.hf_config`), the
+tiny Qwen2.5-VL / Qwen3-VL built in code (:mod:`corerl.models.tiny`; both re-exported here), and
+how images become a prompt's pixel values and image tokens.
 
 A Qwen-VL prompt holds one ``<|image_pad|>`` placeholder per image (between ``<|vision_start|>``
 and ``<|vision_end|>``); :class:`ImageEncoder` runs the checkpoint's image processor over the
@@ -32,17 +33,21 @@ from corerl.models.hf_config import (  # noqa: F401
     vision_token_ids,
 )
 
+# the tiny vision-language models are built in corerl.models.tiny; these names stay importable here
+from corerl.models.tiny import (  # noqa: F401
+    TINY_IMAGE_PROCESSOR,
+    VISION_TOKENS,
+    VISION_WORDS,
+    save_tiny_image_processor,
+    tiny_vl_config,
+    tiny_vl_vocabulary,
+)
+
 if TYPE_CHECKING:
     from corerl.models.images import Images
 
-#: the Qwen-VL vision tokens, in the tiny vocabulary right after the special tokens
-VISION_TOKENS = ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"]
+#: the placeholder of one image in a Qwen-VL prompt's text (the vision tokens: :data:`VISION_TOKENS`)
 IMAGE_PLACEHOLDER = "<|vision_start|> <|image_pad|> <|vision_end|>"
-
-#: words of the tiny vision-language vocabulary besides the special and vision tokens: the visual
-#: tasks' prompts and answers (colours, shapes, counts)
-VISION_WORDS = ["red", "green", "blue", "yellow", "white", "black", "square", "circle", "what", "colour", "is",
-                "the", "how", "many", "squares", "are", "there", "?", ".", "answer", ":", "shape", "largest"]
 
 
 def auto_model_class(model_path: str | Path) -> Any:
@@ -89,55 +94,6 @@ def freeze_vision_tower(model: Any, config: Any) -> int:
         if name in names:
             parameter.requires_grad_(False)
     return len(names)
-
-
-def tiny_vl_vocabulary(size: int = 128) -> list[str]:
-    """Special tokens, the vision tokens, digits, :data:`VISION_WORDS`, then filler words up to ``size``."""
-    from corerl.models.tiny import SPECIAL_TOKENS
-
-    words = [*SPECIAL_TOKENS, *VISION_TOKENS, *[str(d) for d in range(10)], *VISION_WORDS]
-    return (words + [f"w{i}" for i in range(size - len(words))])[:size]
-
-
-def tiny_vl_config(family: str = "qwen2_5_vl", hidden_size: int = 64, num_layers: int = 2, vocab_size: int = 128,
-                   vision_hidden_size: int = 32, vision_depth: int = 2, head_dim: int = 32) -> dict[str, Any]:
-    """The ``config.json`` dict of a tiny Qwen2.5-VL (``family="qwen2_5_vl"``) or Qwen3-VL
-    (``"qwen3_vl"``), without torch or transformers (``head_dim`` 64 for vLLM's CPU attention,
-    which takes no smaller head)."""
-    if family not in ("qwen2_5_vl", "qwen3_vl"):
-        raise ValueError(f"unknown tiny vision-language family {family!r}; known: qwen2_5_vl, qwen3_vl")
-    ids = {word: i for i, word in enumerate(tiny_vl_vocabulary(vocab_size))}
-    # the multimodal rotary embedding splits head_dim / 2 frequencies over (time, height, width)
-    sections = [head_dim // 8, 3 * head_dim // 16, 3 * head_dim // 16]
-    rope = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": sections}
-    text = dict(vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=2 * hidden_size,
-                num_hidden_layers=num_layers, num_attention_heads=max(1, hidden_size // head_dim), num_key_value_heads=1,
-                head_dim=head_dim, max_position_embeddings=2048, rope_parameters=rope, tie_word_embeddings=True,
-                pad_token_id=ids["<pad>"], bos_token_id=ids["<bos>"], eos_token_id=ids["<eos>"])
-    vision = dict(depth=vision_depth, hidden_size=vision_hidden_size, intermediate_size=2 * vision_hidden_size,
-                  num_heads=1, out_hidden_size=hidden_size)
-    if family == "qwen2_5_vl":
-        vision.update(patch_size=14, fullatt_block_indexes=[vision_depth - 1], window_size=56)
-    else:
-        rope["mrope_interleaved"] = True
-        vision.update(patch_size=14, num_position_embeddings=64, deepstack_visual_indexes=[vision_depth - 1])
-    return dict(model_type=family, text_config=text, vision_config=vision, tie_word_embeddings=True,
-                image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
-                vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"],
-                pad_token_id=ids["<pad>"], bos_token_id=ids["<bos>"], eos_token_id=ids["<eos>"])
-
-
-#: the tiny models' image processor: 14-pixel patches merged 2 x 2; a 56 x 56 image is 16 patches, 4 image tokens
-TINY_IMAGE_PROCESSOR = dict(patch_size=14, merge_size=2, temporal_patch_size=2, min_pixels=56 * 56,
-                            max_pixels=112 * 112)
-
-
-def save_tiny_image_processor(out_dir: str | Path) -> None:
-    """Save the tiny models' image processor (:data:`TINY_IMAGE_PROCESSOR`) into ``out_dir``, a
-    checkpoint folder :func:`corerl.models.tiny.build_tiny_model` writes."""
-    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
-
-    Qwen2VLImageProcessorPil(**TINY_IMAGE_PROCESSOR).save_pretrained(out_dir)
 
 
 def decode_image(value: Any, where: str, base: Path | None = None, max_pixels: int | None = None) -> Any:
