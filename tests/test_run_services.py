@@ -1,15 +1,19 @@
 """The written algorithm protocol (:class:`corerl.algorithms.contract.RunServices`): the run's
 :class:`corerl.run_context.RunContext` provides every member it lists, each as the protocol
 declares it (an attribute or property for a property, a method with the same parameters for a
-method); and the SDK exports it beside ``RunContext``."""
+method); the SDK exports it beside ``RunContext``; and no algorithm module reaches the run layer
+around it."""
 
 from __future__ import annotations
 
+import ast
 import inspect
+import re
 from pathlib import Path
 
 from corerl.algorithms.contract import RunServices
 from corerl.run_context import RunContext
+from tests.conftest import REPO
 
 
 def protocol_members() -> dict[str, object]:
@@ -26,7 +30,7 @@ def test_the_protocol_lists_what_algorithms_use_of_the_run():
     assert set(protocol_members()) == {
         "config", "selection", "host", "console", "run_dir", "tokenizer", "task", "training", "generation",
         "offload", "starting_weights", "steps_done", "held_out_reward", "refit", "rollout", "training_rollout",
-        "start", "start_reference", "frozen_config"}
+        "start", "start_reference", "frozen_config", "resolve_model"}
     for name, member in protocol_members().items():
         assert inspect.getdoc(member), f"RunServices.{name} has no docstring"
 
@@ -53,3 +57,14 @@ def test_the_sdk_exports_the_protocol_and_still_the_run_context():
     assert corerl.sdk.RunContext is RunContext
     assert {"RunServices", "RunContext"} <= set(corerl.sdk.__all__)
 
+
+
+def test_no_algorithm_module_imports_the_run_layer():
+    run_layer = re.compile(r"corerl\.(run|run_\w+|runner|recovery|interrupt|evaluation)(\.|$)")
+    found = []
+    for path in sorted((REPO / "core" / "src" / "corerl" / "algorithms").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = ([alias.name for alias in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            found += [f"{path.name}: {name}" for name in names if run_layer.match(name)]
+    assert not found, found

@@ -367,6 +367,12 @@ class RunContext:
         """The checkpoint the algorithm starts from: the warm start's when one ran, else the model."""
         return str(self.run_dir / "sft_model") if self.warm_started else self.model_path
 
+    def resolve_model(self, model_name: str, *, key: str, folder: str) -> str:
+        """``model_name`` (a recipe's model other than the policy's) as a Hugging Face checkpoint folder
+        (:func:`corerl.run_directory.resolve_model`): a ``builtin:`` model built once into the run
+        directory's ``folder``; ``key`` is the config key errors name."""
+        return resolve_model(model_name, self.run_dir, key=key, folder=folder)
+
     def steps_done(self, phase: str) -> int:
         """Steps of ``phase`` a resumed run had done (0 for a new run)."""
         return int(self.state.get("steps_done", {}).get(phase, 0))

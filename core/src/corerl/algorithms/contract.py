@@ -172,6 +172,11 @@ class RunServices(Protocol):
     def starting_weights(self) -> str:
         """The checkpoint the algorithm starts from: the SFT warm start's when one ran, else the model."""
 
+    def resolve_model(self, model_name: str, *, key: str, folder: str) -> str:
+        """``model_name`` (a recipe's model other than the policy's: a teacher) as a Hugging Face
+        checkpoint folder: a ``builtin:`` model built once into the run directory's ``folder``, a
+        GGUF file converted once; refused in one line naming ``key`` when it cannot be resolved."""
+
     def steps_done(self, phase: str) -> int:
         """Steps of ``phase`` a resumed run had done (0 for a new run)."""
 

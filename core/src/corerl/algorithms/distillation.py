@@ -57,11 +57,9 @@ class DistillationAlgorithm(AlgorithmBase):
         self.rollout: Any = None
 
     def begin(self) -> None:
-        from corerl.run_directory import resolve_model
-
         context = self.context
         settings = context.config.section("algorithm.distillation")
-        teacher_path = resolve_model(settings.teacher_model, context.run_dir, key=TEACHER_KEY, folder="teacher_model")
+        teacher_path = context.resolve_model(settings.teacher_model, key=TEACHER_KEY, folder="teacher_model")
         check_same_vocabulary(context.starting_weights, teacher_path, TEACHER_KEY, "teacher")
         config = context.frozen_config(teacher_path, micro_batch_size=settings.teacher_micro_batch_size,
                                        backend=settings.teacher_training_backend,
