@@ -14,18 +14,36 @@ from __future__ import annotations
 import contextlib
 import json
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     import torch
 
-    from corerl.config.schema import LoraConfig as LoraSettings
-
 ADAPTER_NAME = "default"  # PEFT's name of the one adapter a model gets
 ADAPTER_FILE = "adapter_model.safetensors"
 _WRAPPER_SEGMENTS = re.compile(r"(_fsdp_wrapped_module|_checkpoint_wrapped_module|_orig_mod)\.")
+
+
+class LoraSettings(Protocol):
+    """What an adapter is built from: ``policy.lora`` (:class:`corerl.config.schema.LoraConfig`,
+    which the models layer, below the config schema, names only through this protocol)."""
+
+    @property
+    def target_modules(self) -> Sequence[str]: ...
+    @property
+    def exclude_modules(self) -> Sequence[str]: ...
+    @property
+    def match_all_linear(self) -> bool: ...
+    @property
+    def dim(self) -> int: ...
+    @property
+    def alpha(self) -> float: ...
+    @property
+    def dropout(self) -> float: ...
+    @property
+    def lora_A_init(self) -> str: ...  # noqa: N802 (NeMo RL's key name)
 
 
 def lora_enabled(config: Any) -> bool:
