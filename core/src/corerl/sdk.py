@@ -152,6 +152,6 @@ def minibatches(batch: Any, rows: int | None, weights: Any = None) -> Any:
 
 def step_seed(seed: int, step: int) -> int:
     """The sampling seed of one step (reproducible, far from the seeds of other steps)."""
-    from corerl.algorithms.batches import step_seed as seed_of
+    from corerl.generation.seeds import step_seed as seed_of
 
     return seed_of(seed, step)
