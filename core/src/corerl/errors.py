@@ -8,6 +8,7 @@ Every error here renders as one line: ``<where>: <what>`` plus a hint. The CLI m
 from __future__ import annotations
 
 import sys
+from collections.abc import Mapping
 
 EXIT_FAILURE = 1
 EXIT_USAGE = 2
@@ -144,3 +145,15 @@ def plugin_of_module(module: str) -> str:
     except Exception:  # a broken distribution's metadata: the package name says enough
         pass
     return top
+
+
+def origin_of(path: str, origins: Mapping[str, str]) -> str | None:
+    """The origin of ``path`` or of its nearest ancestor that has one. ``origins`` maps a dotted
+    key path to where its value came from (:data:`corerl.config.tree.Origins`): what an error about
+    that key names as its ``source``."""
+    parts = path.split(".")
+    for end in range(len(parts), 0, -1):
+        found = origins.get(".".join(parts[:end]))
+        if found is not None:
+            return found
+    return None

@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from corerl.errors import origin_of  # noqa: F401 (it lives with the errors whose source it names)
+
 Origins = dict[str, str]
 
 
@@ -32,16 +34,6 @@ def deep_merge(base: dict[str, Any], top: Mapping[str, Any]) -> dict[str, Any]:
         else:
             merged[key] = value
     return merged
-
-
-def origin_of(path: str, origins: Origins) -> str | None:
-    """The origin of ``path`` or of its nearest ancestor that has one."""
-    parts = path.split(".")
-    for end in range(len(parts), 0, -1):
-        found = origins.get(".".join(parts[:end]))
-        if found is not None:
-            return found
-    return None
 
 
 def rename_key(data: dict[str, Any], path: str, new_name: str) -> bool:

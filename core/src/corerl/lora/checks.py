@@ -12,8 +12,7 @@ def check_lora(config: Any, training: Any, generation: Any) -> None:
     backend whose registration does not say ``lora=True``, LoRA with asynchronous GRPO, and
     dropout after the adapter (PEFT's LoRA drops out its input). ``generation`` is None where the
     algorithm samples nothing."""
-    from corerl.config.tree import origin_of
-    from corerl.errors import SelectionError
+    from corerl.errors import SelectionError, origin_of
 
     lora = config.core.policy.lora
     if not lora.enabled:

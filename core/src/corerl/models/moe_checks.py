@@ -13,8 +13,7 @@ from corerl.models.facts import model_shape, source_of
 def check_moe_support(config: Any, training: Any, generation: Any) -> None:
     """Refuse a mixture-of-experts policy on a training or generation backend whose registration
     does not say ``moe=True`` (``generation`` is None where the algorithm samples nothing)."""
-    from corerl.config.tree import origin_of
-    from corerl.errors import SelectionError
+    from corerl.errors import SelectionError, origin_of
 
     shape = model_shape(config)
     if shape is None or not shape.is_moe:
