@@ -103,7 +103,7 @@ def check_reads_images(backend: Any, registration: Any, model_path: str) -> None
     True``, contract 2.13) for a vision-language policy: it would sample from the text alone while
     training reads the images, and the run would optimise logprobs of samples it never drew."""
     from corerl.errors import ConfigError
-    from corerl.models.vision import is_vision_language, read_hf_config
+    from corerl.models.hf_config import is_vision_language, read_hf_config
 
     if getattr(backend, "accepts_images", False) or not is_vision_language(read_hf_config(model_path)):
         return
