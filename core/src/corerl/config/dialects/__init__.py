@@ -7,27 +7,18 @@ merged, resolved tree into a corerl tree plus an explanation of what became of e
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
-import attrs
+from corerl.config.dialects.key_fate import KeyFate
+
+__all__ = ["DIALECTS", "KeyFate", "detect"]
 
 DIALECTS = ("corerl", "nemo-rl")
-
-
-@attrs.frozen
-class KeyFate:
-    """What a dialect did with one key: ``acts`` (mapped to ``detail``, a corerl key),
-    ``inert`` (accepted, no effect; ``detail`` says why) or ``unknown`` (neither the dialect's table
-    nor corerl knows it: left out with a warning, refused with ``--strict``; ``detail`` is its file)."""
-
-    key: str
-    fate: Literal["acts", "inert", "unknown"]
-    detail: str
 
 
 def detect(raw: dict[str, Any]) -> str:
     """``nemo-rl`` for a tree with NeMo RL's algorithm sections or its ``loss_fn``/``logger``/``env``
     sections, else ``corerl``."""
-    from corerl.config.dialects import nemo_rl
+    from corerl.config.dialects import nemo_rl  # on use: `corerl --help` does not load the dialect
 
     return "nemo-rl" if nemo_rl.looks_like(raw) else "corerl"

@@ -16,8 +16,8 @@ from typing import Any, Literal
 
 import attrs
 
-from corerl.config.dialects import KeyFate
 from corerl.config.dialects import nemo_rl_vision as vision
+from corerl.config.dialects.key_fate import KeyFate
 from corerl.config.tree import Origins, drop_at, origin_of, set_at, value_at
 from corerl.errors import ConfigError, ConfigErrors
 
