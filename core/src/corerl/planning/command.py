@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from corerl.planning.memory import GIB, PlanRequest
+from corerl.planning.memory import GIB
+from corerl.planning.request import DEFAULT_GPU_MEMORY_GIB, needs_reference, request_of
 
-DEFAULT_GPU_MEMORY_GIB = 80.0
+__all__ = ["DEFAULT_GPU_MEMORY_GIB", "add_arguments", "fragment", "load_target", "needs_reference", "render",
+           "request_of", "run"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -46,40 +47,6 @@ def load_target(target: str, overrides: list[str], host: Any) -> Any:
     tree: dict[str, Any] = {"policy": {"model_name": str(path), "precision": "bfloat16"}}
     apply_overrides(tree, [parse_override(text, host) for text in overrides], {})
     return config_from_mapping(tree, host, source=str(path))
-
-
-def needs_reference(config: Any) -> bool:
-    """Whether the recipe keeps a frozen reference model on the GPUs: a KL penalty, or DPO
-    scoring each batch with one (``algorithm.dpo.precompute_reference_logprobs=false``); never with
-    ``policy.lora``, whose reference is the policy with its adapter off."""
-    if config.core.policy.lora.enabled:
-        return False
-    algorithm = config.core.algorithm
-    dpo = config.section("algorithm.dpo")
-    return algorithm.kl_penalty > 0 or (dpo is not None and not dpo.precompute_reference_logprobs)
-
-
-def request_of(config: Any, gpus: int | None = None, nodes: int | None = None,
-               gpu_memory_gib: float | None = None) -> PlanRequest:
-    """What a validated recipe asks of each GPU, on its cluster or the one given."""
-    from corerl.models.facts import local_model_name
-    from corerl.planning.shape import ModelShape
-
-    core = config.core
-    vllm = config.section("policy.generation.vllm_cfg")  # a schema instance, or a mapping without the plugin
-    fraction = (vllm.get("gpu_memory_utilization", 0.6) if isinstance(vllm, Mapping)
-                else getattr(vllm, "gpu_memory_utilization", 0.6))
-    memory = gpu_memory_gib or core.cluster.gpu_memory_gib or DEFAULT_GPU_MEMORY_GIB
-    reference = needs_reference(config)
-    from corerl.asynchronous.settings import async_settings
-
-    return PlanRequest(
-        ModelShape.of_model(local_model_name(config)), gpus_per_node=gpus or core.cluster.gpus_per_node,
-        nodes=nodes or core.cluster.num_nodes, gpu_memory=int(memory * GIB), precision=core.policy.precision,
-        seq_length=core.policy.max_seq_length, micro_batch=core.policy.train_micro_batch_size,
-        generation_batch=core.algorithm.batch_size * core.algorithm.num_generations_per_prompt,
-        generation_memory_fraction=float(fraction), reference=reference,
-        asynchronous=async_settings(config).enabled)
 
 
 def run(args: argparse.Namespace) -> int:

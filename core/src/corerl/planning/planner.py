@@ -30,6 +30,7 @@ import attrs
 
 from corerl.models.facts import tensor_parallel_fits
 from corerl.planning.memory import GIB, Layout, MemoryModel, PlanRequest, TrainingMemory
+from corerl.planning.request import request_of
 
 RESERVED = 2 * GIB
 SMALL, LARGE = 10e9, 70e9
@@ -245,8 +246,6 @@ def fit_warning(config: Any, training_backend: str, host: Any) -> str | None:
     """``corerl validate``'s check: a warning when the recipe's own layout is predicted to need more
     than ``cluster.gpu_memory_gib`` per GPU (None when it fits, the key is unset, or the backend
     has no memory model)."""
-    from corerl.planning.command import request_of
-
     if config.core.cluster.gpu_memory_gib is None:
         return None
     registration = host.memory_models.get(training_backend)
