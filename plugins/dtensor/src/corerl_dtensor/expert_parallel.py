@@ -30,6 +30,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from corerl_dtensor.decoder import decoder_layers
+
 
 @dataclass(frozen=True)
 class DispatchPlan:
@@ -146,8 +148,6 @@ def dispatch_forward(experts: nn.Module, hidden_states: torch.Tensor, top_k_inde
 def moe_experts(model: nn.Module) -> list[nn.Module]:
     """The routed-experts modules of the model's decoder layers (``layer.mlp.experts`` holding
     fused ``gate_up_proj``/``down_proj``); empty for a dense model."""
-    from corerl_dtensor.parallelize import decoder_layers
-
     found = []
     for layer in decoder_layers(model):
         experts = getattr(getattr(layer, "mlp", None), "experts", None)

@@ -10,7 +10,7 @@ from typing import Any
 
 from torch import nn
 
-from corerl_dtensor.parallelize import decoder_layers
+from corerl_dtensor.decoder import decoder_layers
 
 
 def mlp_only(model: nn.Module, tp_mesh: Any) -> None:
