@@ -22,6 +22,7 @@ from torch import nn
 
 from corerl.sdk import run_vision_on_every_rank, vision_tower
 from corerl_dtensor.decoder import decoder_layers
+from corerl_dtensor.expert_parallel import apply_expert_parallel, shard_experts_fsdp2
 
 
 def vision_blocks(model: nn.Module) -> list[nn.Module]:
@@ -158,8 +159,6 @@ def apply_fsdp2(model: nn.Module, dp_mesh: Any, param_dtype: torch.dtype, cpu_of
     mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
     offload = CPUOffloadPolicy(pin_memory=torch.cuda.is_available()) if cpu_offload else OffloadPolicy()
     if experts:
-        from corerl_dtensor.expert_parallel import shard_experts_fsdp2
-
         shard_experts_fsdp2(experts, edp_mesh, mp, offload)
     visual = vision_tower(model)
     if visual is not None:
@@ -219,8 +218,6 @@ def parallelize(model: nn.Module, mesh: Any, settings: Any, param_dtype: torch.d
         apply_tensor_parallel(model, mesh["tp"], plan, settings.sequence_parallel)
     experts: list[nn.Module] = []
     if expert_mesh is not None:
-        from corerl_dtensor.expert_parallel import apply_expert_parallel
-
         experts = apply_expert_parallel(model, expert_mesh["ep"])
     if settings.activation_checkpointing:
         apply_activation_checkpointing(model)
