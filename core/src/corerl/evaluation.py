@@ -33,9 +33,8 @@ from typing import Any, NoReturn
 import attrs
 
 from corerl.generation.contract import SamplingSettings
+from corerl.reporting.phases import EVAL_PHASE  # re-exported
 
-#: the ``phase`` of the evaluation rows in metrics.jsonl, and the loggers' prefix of their metrics
-EVAL_PHASE = "eval"
 #: an answer whose reward is above this is correct (for pass@k)
 CORRECT_ABOVE = 0.5
 

@@ -28,9 +28,7 @@ from typing import Any
 import attrs
 
 from corerl.errors import CorerlError
-
-#: metrics.jsonl's ``phase`` of a recovery's row.
-RECOVERY_PHASE = "recovery"
+from corerl.reporting.phases import RECOVERY_PHASE  # re-exported
 
 
 class RunStopped(CorerlError):

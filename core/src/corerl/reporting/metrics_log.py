@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from corerl.complete_folders import write_file_whole
+from corerl.reporting.phases import EVAL_PHASE, RECOVERY_PHASE
 
 log = logging.getLogger(__name__)
 
@@ -62,8 +63,6 @@ class MetricsLog:
 
 
 def _is_recovery(line: str) -> bool:
-    from corerl.recovery import RECOVERY_PHASE
-
     return f'"phase": "{RECOVERY_PHASE}"' in line and json.loads(line).get("phase") == RECOVERY_PHASE
 
 
@@ -84,8 +83,6 @@ def latest_values(rows: Sequence[dict[str, Any]]) -> dict[str, float]:
     """The newest value of each number in ``rows`` under the names ``checkpointing.metric_name``
     takes: ``<phase>/<metric>`` as the loggers name it (``grpo/reward/mean``, ``eval/pass@4``),
     and for a training phase the bare ``<metric>`` too (``reward/mean``: the newest phase's)."""
-    from corerl.evaluation import EVAL_PHASE
-
     latest: dict[str, float] = {}
     for row in rows:
         prefix = f"{row.get('phase', 'run')}/"

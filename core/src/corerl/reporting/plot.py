@@ -7,6 +7,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from corerl.reporting.phases import EVAL_PHASE, RECOVERY_PHASE
+
 
 def plot_curves(rows: list[dict[str, Any]], out: Path, title: str, algorithms: Iterable[Any] = ()) -> Path:
     """Left: the metrics the run's last algorithm with a plot declares, per step (GRPO and PPO:
@@ -15,9 +17,6 @@ def plot_curves(rows: list[dict[str, Any]], out: Path, title: str, algorithms: I
     loss-like metrics of each phase, one after the other (PPO: the policy's loss and the critic's
     value loss)."""
     import matplotlib
-
-    from corerl.evaluation import EVAL_PHASE
-    from corerl.recovery import RECOVERY_PHASE
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
