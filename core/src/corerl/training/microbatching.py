@@ -43,9 +43,9 @@ log = logging.getLogger(__name__)
 if TYPE_CHECKING:
     import torch
 
-    from corerl.config import Config
     from corerl.packing.contract import Packer
     from corerl.training.contract import Batch
+    from corerl.training.recipe_config import RecipeConfig
 
 Layout = Literal["rows", "dynamic", "packed"]
 Purpose = Literal["train", "logprobs"]
@@ -92,7 +92,7 @@ class MicroBatchPlan:
         return out
 
 
-def logits_token_cap(config: Config) -> int:
+def logits_token_cap(config: RecipeConfig) -> int:
     """How many tokens one forward may score within ``policy.max_logits_mb``: their fp32 logits and
     log-softmax take ``2 x 4 x tokens x vocabulary`` bytes. Unbounded where the vocabulary is not
     known here (a model whose config cannot be read before it loads)."""
@@ -104,7 +104,7 @@ def logits_token_cap(config: Config) -> int:
     return max(1, config.core.policy.max_logits_mb * 2**20 // (8 * shape.vocab))
 
 
-def _capped(asked: int, cap: int, key: str, config: Config) -> int:
+def _capped(asked: int, cap: int, key: str, config: RecipeConfig) -> int:
     """``asked``, or ``cap`` with a warning where the logits of ``asked`` would not fit."""
     if asked <= cap:
         return asked
@@ -113,7 +113,7 @@ def _capped(asked: int, cap: int, key: str, config: Config) -> int:
     return cap
 
 
-def _vocab(config: Config) -> int:
+def _vocab(config: RecipeConfig) -> int:
     from corerl.models.facts import model_shape
 
     shape = model_shape(config)
@@ -133,7 +133,7 @@ class MicroBatcher:
     packer_id: str = ""
 
     @classmethod
-    def from_config(cls, config: Config) -> MicroBatcher:
+    def from_config(cls, config: RecipeConfig) -> MicroBatcher:
         """The layout, sizes and packer the recipe asks for (``policy.sequence_packing``,
         ``policy.dynamic_batching``, ``policy.*micro_batch_size``)."""
         policy = config.core.policy
@@ -287,7 +287,7 @@ def _units(batch: Batch, contiguous: bool) -> list[list[int]]:
     return list(units.values())
 
 
-def resolve_packer(config: Config) -> Packer:
+def resolve_packer(config: RecipeConfig) -> Packer:
     """The packer ``policy.sequence_packing.algorithm`` names: the registration selection
     resolved (see :func:`corerl.selection.select`), else the installed plugins' one."""
     packer_id = config.core.policy.sequence_packing.algorithm

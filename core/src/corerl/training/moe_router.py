@@ -41,7 +41,7 @@ if TYPE_CHECKING:
 
     import torch
 
-    from corerl.config import Config
+    from corerl.training.recipe_config import RecipeConfig as Config
 
 #: routers whose weights are a softmax over all experts at the top-k, renormalised where the
 #: module says ``norm_topk_prob`` (Mixtral always): those router replay can recompute

@@ -48,9 +48,9 @@ import os
 import warnings
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from corerl.config import Config
 from corerl.distributed.devices import RankDeviceReport, rank_device
 from corerl.distributed.rank_state import barrier, capture_rng, restore_rng
+from corerl.training.recipe_config import RecipeConfig
 from corerl.training.step_totals import StepTotals
 
 if TYPE_CHECKING:  # the worker modules that subclass RankWorker import torch; this one waits until it runs
@@ -69,7 +69,7 @@ class RankWorker(RankDeviceReport):
     settings_key: ClassVar[str]  # the recipe section of the backend, e.g. "policy.dtensor_cfg"
     quiet_warnings: ClassVar[tuple[str, ...]] = ()  # library notices that say nothing about a run
 
-    def __init__(self, *, rank: int, world_size: int, config: Config, threads: int | None = None,
+    def __init__(self, *, rank: int, world_size: int, config: RecipeConfig, threads: int | None = None,
                  **options: Any) -> None:
         import torch
 
