@@ -5,6 +5,8 @@ check against the chosen algorithm and generation placement."""
 from __future__ import annotations
 
 from corerl.config.async_section import IN_FLIGHT, SAMPLERS, SECTION, AsyncSettings, async_settings
+from corerl.config.tree import origin_of
+from corerl.errors import SelectionError
 
 __all__ = ["IN_FLIGHT", "SAMPLERS", "SECTION", "AsyncSettings", "async_settings", "check_async"]
 
@@ -12,9 +14,6 @@ __all__ = ["IN_FLIGHT", "SAMPLERS", "SECTION", "AsyncSettings", "async_settings"
 def check_async(config: object, algorithm: object, asynchronous_ids: list[str]) -> None:
     """Refuse, in one line naming the key, ``algorithm.async.enabled`` for an algorithm without
     an asynchronous step, or with generation colocated with training."""
-    from corerl.config.tree import origin_of
-    from corerl.errors import SelectionError
-
     if not async_settings(config).enabled:
         return
     core, origins = config.core, config.origins  # type: ignore[attr-defined]
