@@ -14,15 +14,19 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
+from corerl.config.async_section import SECTION as ASYNC_SECTION
+from corerl.config.async_section import AsyncSettings
 from corerl.config.dialects import KeyFate, detect
 from corerl.config.interpolation import resolve_references
 from corerl.config.overrides import apply_overrides, parse_override
 from corerl.config.recipes import load_recipe, normalise_aliases
 from corerl.config.schema import CorerlConfig
+from corerl.config.section_paths import critic_section
 from corerl.config.structure import StructureContext, structure
 from corerl.config.tree import Origins, deep_merge, drop_at, origin_of, record_origins
 from corerl.errors import ConfigError, ConfigErrors
 from corerl.known_plugins import FIRST_PARTY
+from corerl.registry import TrainingBackend
 
 if TYPE_CHECKING:
     from corerl.plugin_manager import PluginHost
@@ -66,11 +70,6 @@ class Config:
 
 def owned_sections(host: PluginHost) -> dict[str, type | None]:
     """Key path -> schema of every plugin-owned section (None: owner known but not installed)."""
-    from corerl.config.async_section import SECTION as ASYNC_SECTION
-    from corerl.config.async_section import AsyncSettings
-    from corerl.config.section_paths import critic_section
-    from corerl.registry import TrainingBackend
-
     owned: dict[str, type | None] = {ASYNC_SECTION: AsyncSettings}  # the core's own, a keyword as its name
     for item in host.registrations():
         if item.config_section and owned.get(item.config_section) is None:
