@@ -15,14 +15,18 @@ import os
 import re
 import socket
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from corerl.distributed.actor import RankActor, resolve
 from corerl.distributed.placement import COLOCATED, POOLS, Pool, PoolLayout
+from corerl.distributed.ray_sessions import remove_stale_sessions
+from corerl.distributed.remote_errors import unwrap_remote
 from corerl.distributed.run_log import ray_options
 from corerl.distributed.run_variables import run_variables
 from corerl.errors import ConfigError, CorerlError
 from corerl.failures import first_line
+from corerl.generation.shared_weights import remove_stale_shared_memory
 
 log = logging.getLogger(__name__)
 
@@ -162,13 +166,7 @@ def ensure_ray(address: str | None, num_cpus_needed: int = 1) -> None:
     private_token()
     context = ray.get_runtime_context()
     atexit.register(remove_local_session, os.path.join(context.get_temp_dir(), context.get_session_name()))
-    from pathlib import Path
-
-    from corerl.distributed.ray_sessions import remove_stale_sessions
-
     remove_stale_sessions(Path(context.get_temp_dir()), keep=context.get_session_name())  # left by killed runs
-    from corerl.generation.shared_weights import remove_stale_shared_memory
-
     remove_stale_shared_memory()  # a killed run's weights in shared memory, too
 
 
@@ -192,8 +190,6 @@ def remove_local_session(session_dir: str) -> None:
 def private_token() -> None:
     """Make the token Ray's authentication writes (``~/.ray/auth_token``, 0644 as Ray leaves it)
     readable by its owner only: anyone who can read it can run code in the user's runs."""
-    from pathlib import Path
-
     token = Path.home() / ".ray" / "auth_token"
     try:
         if token.is_file() and token.stat().st_uid == os.getuid() and token.stat().st_mode & 0o077:
@@ -288,8 +284,6 @@ class RayWorkerGroup:
 
         import ray
         from ray.exceptions import RayActorError, RayTaskError
-
-        from corerl.distributed.remote_errors import unwrap_remote
 
         rank_of = {f: rank for rank, f in enumerate(futures)}
         results: list[Any] = [None] * len(futures)
