@@ -28,6 +28,7 @@ from typing import Any
 
 import attrs
 
+from corerl.errors import ConfigError
 from corerl.models.facts import tensor_parallel_fits
 from corerl.planning.memory import GIB, Layout, MemoryModel, PlanRequest, TrainingMemory
 from corerl.planning.request import request_of
@@ -251,8 +252,6 @@ def fit_warning(config: Any, training_backend: str, host: Any) -> str | None:
     registration = host.memory_models.get(training_backend)
     if registration is None:
         return None
-    from corerl.errors import ConfigError
-
     model = registration.create()
     try:
         request = request_of(config)

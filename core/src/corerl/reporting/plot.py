@@ -7,6 +7,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from corerl.environments.contract import STOP_REASONS
 from corerl.reporting.phases import EVAL_PHASE, RECOVERY_PHASE
 
 
@@ -77,8 +78,6 @@ def _plot_episodes(axes: Any, rows: list[dict[str, Any]]) -> None:
     """The environment's panel: turns per episode, tool calls and failures per episode, and the
     share of episodes ended by each reason that occurred (and environment seconds per step, on a
     second axis)."""
-    from corerl.environments.contract import STOP_REASONS
-
     steps = [r["step"] for r in rows]
     axes.plot(steps, [r["env/turns"] for r in rows], label="turns per episode")
     if any(r.get("env/tool_calls") for r in rows):

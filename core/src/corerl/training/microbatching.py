@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import attrs
 
 from corerl.errors import ConfigError
+from corerl.models.facts import model_shape
 from corerl.packing.algorithms import karmarkar_karp
 from corerl.packing.contract import check_bins, check_budget
 from corerl.training.batching import batch_rows, micro_batches, shard_rows
@@ -96,8 +97,6 @@ def logits_token_cap(config: RecipeConfig) -> int:
     """How many tokens one forward may score within ``policy.max_logits_mb``: their fp32 logits and
     log-softmax take ``2 x 4 x tokens x vocabulary`` bytes. Unbounded where the vocabulary is not
     known here (a model whose config cannot be read before it loads)."""
-    from corerl.models.facts import model_shape
-
     shape = model_shape(config)
     if shape is None:
         return 1 << 62
@@ -114,8 +113,6 @@ def _capped(asked: int, cap: int, key: str, config: RecipeConfig) -> int:
 
 
 def _vocab(config: RecipeConfig) -> int:
-    from corerl.models.facts import model_shape
-
     shape = model_shape(config)
     return shape.vocab if shape is not None else 0
 
