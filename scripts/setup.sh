@@ -15,7 +15,7 @@ fi
 echo "setup: installing corerl, its plugins and the test tools into .venv"
 .venv/bin/python -m pip install --quiet --disable-pip-version-check \
   "torch==2.13.0" "transformers==5.19.0" "ray==2.60.0" "peft==0.21.2" tokenizers safetensors psutil \
-  "setuptools>=69" wheel "pytest>=8" "pytest-xdist==3.8.0" "ruff>=0.6" \
+  "setuptools>=69" wheel "pytest>=8" "pytest-xdist==3.8.0" "ruff>=0.6" "import-linter==2.16" \
   "mkdocs>=1.6,<2" "mkdocs-material>=9.5,<10" "mkdocstrings[python]>=0.26"
 # Our packages, editable, without build isolation (setuptools is already in the venv).
 # DS_BUILD_OPS=0: DeepSpeed installs without compiling its C++/CUDA ops (it compiles what it needs on use).
