@@ -43,7 +43,10 @@ class ExampleWorker(RankWorker):
         self.model.train(training)
 
     def forward_logprobs(self, mb: dict[str, torch.Tensor]) -> torch.Tensor:
-        return model_logprobs(self.model, mb)
+        # policy.precision=bfloat16: float32 weights and optimizer, the forward computed in bf16
+        bf16 = self.config.core.policy.precision == "bfloat16"
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=bf16):
+            return model_logprobs(self.model, mb)
 
     def optimizer_step(self) -> tuple[float, float]:
         grad_norm = clip_grad_norm(self.model.parameters(), self.config.core.policy.max_grad_norm)
