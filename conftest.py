@@ -120,6 +120,12 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # a test that another covers where its condition holds is deselected there: a skip means
+    # "cannot run here", not "run elsewhere"
+    covered = [item for item in items if any(mark.args and mark.args[0] for mark in item.iter_markers("covered_elsewhere"))]
+    if covered:
+        config.hook.pytest_deselected(items=covered)
+        items[:] = [item for item in items if item not in covered]
     listed = _listed()
     slow_fixtures = {entry.split(":", 1)[1] for entry in listed if entry.startswith("fixture:")}
     for item in items:

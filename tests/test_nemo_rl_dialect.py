@@ -19,8 +19,8 @@ DATA = REPO / "tests" / "data" / "nemo_rl"
 #: NeMo RL's examples/configs: CORERL_NEMO_RL_CONFIGS, else the copy beside this checkout (../shared/nemo-rl)
 CORPUS = Path(os.environ.get("CORERL_NEMO_RL_CONFIGS") or REPO.parent / "shared" / "nemo-rl" / "examples" / "configs")
 # where NeMo RL's own recipes are at hand, tests/test_nemo_rl_corpus_runs.py trains them instead
-_OWN_RECIPES_RUN = pytest.mark.skipif(CORPUS.is_dir(), reason="NeMo RL's own GRPO and SFT recipes run in "
-                                                             "tests/test_nemo_rl_corpus_runs.py")
+_OWN_RECIPES_RUN = pytest.mark.covered_elsewhere(CORPUS.is_dir(), reason="NeMo RL's own GRPO and SFT recipes run "
+                                                                        "in tests/test_nemo_rl_corpus_runs.py")
 REWARD = "def digit_count(completion, example):\n    return min(1.0, completion.count(example['output']) / 8)\n"
 
 
