@@ -43,10 +43,13 @@ PLUGINS = "plugins"
 #: above. Prefixes are dotted module paths; the longest matching prefix decides a module's layer
 #: (``corerl`` itself, the Python API, is a face; tools/layers.py in shared/ assigns the same way).
 LAYERS: list[tuple[str, list[str]]] = [
-    ("faces", ["corerl.cli", "corerl.api", "corerl.evaluation_command", "corerl.planning.command"]),
-    ("run", ["corerl.runner", "corerl.run", "corerl.run_context", "corerl.run_steps", "corerl.run_directory",
-             "corerl.run_record", "corerl.run_inputs", "corerl.run_evaluation", "corerl.recovery",
-             "corerl.interrupt", "corerl.evaluation"]),
+    ("faces", ["corerl.cli", "corerl.api", "corerl.evaluation.command", "corerl.planning.command",
+               "corerl.evaluation_command"]),
+    # corerl.run and corerl.evaluation are the run layer's packages; the root modules after them
+    # are the old paths of their modules, kept as re-exports (issue 74)
+    ("run", ["corerl.run", "corerl.evaluation", "corerl.runner", "corerl.run_context", "corerl.run_steps",
+             "corerl.run_directory", "corerl.run_record", "corerl.run_inputs", "corerl.run_evaluation",
+             "corerl.checkpoints", "corerl.recovery", "corerl.interrupt", "corerl.out_of_memory"]),
     ("builtin", ["corerl.builtin_plugin"]),
     ("sdk", ["corerl.sdk", "corerl.testing"]),
     ("algorithms", ["corerl.algorithms"]),
@@ -62,8 +65,7 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("schema", ["corerl.config.schema", "corerl.config.fields", "corerl.config.tree", "corerl.config.structure"]),
     ("models", ["corerl.models", "corerl.lora"]),
     ("leaves", ["corerl.errors", "corerl.failures", "corerl.import_paths", "corerl.complete_folders",
-                "corerl.checkpoint_safety", "corerl.checkpoints", "corerl.progress_markers", "corerl.start_up",
-                "corerl.out_of_memory", "corerl.recipes"]),
+                "corerl.checkpoint_safety", "corerl.progress_markers", "corerl.start_up", "corerl.recipes"]),
 ]
 
 #: What each layer holds, in shared/design.md's words (docs/architecture.md shows the table).

@@ -131,7 +131,7 @@ def test_no_algorithm_name_is_compared_outside_the_algorithm_modules():
 
 
 def test_the_runner_is_short():
-    assert len((REPO / "core" / "src" / "corerl" / "runner.py").read_text().splitlines()) < 300
+    assert len((REPO / "core" / "src" / "corerl" / "run" / "loop.py").read_text().splitlines()) < 300
 
 
 def test_no_algorithm_module_imports_another():

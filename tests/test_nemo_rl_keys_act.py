@@ -222,10 +222,10 @@ def test_checkpoint_must_save_by_becomes_a_time_budget(tmp_path, capsys, monkeyp
     assert duration_seconds("02:30") == 150  # fewer fields: the last ones (MM:SS)
     import types
 
-    import corerl.checkpoints
+    import corerl.run.checkpoints
 
     now = [1000.0]  # an injected clock: the budget is judged by it, not by how fast this machine is
-    monkeypatch.setattr(corerl.checkpoints, "time", types.SimpleNamespace(monotonic=lambda: now[0]))
+    monkeypatch.setattr(corerl.run.checkpoints, "time", types.SimpleNamespace(monotonic=lambda: now[0]))
     budget = TimeBudget("0:0:0:5")
     now[0] += 4.99
     assert not budget.check() and not budget.spent

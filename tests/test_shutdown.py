@@ -29,7 +29,7 @@ def _session(calls: list[str]) -> RunContext:
 
 def test_after_a_failure_every_backend_is_shut_down_and_the_shutdown_error_only_logged(caplog):
     calls: list[str] = []
-    with caplog.at_level(logging.WARNING, logger="corerl.run_context"):
+    with caplog.at_level(logging.WARNING, logger="corerl.run.context"):
         _session(calls).close(run_failed=True)  # returns: the run's own error is the one that propagates
     assert calls == ["reference", "generation", "training"]
     assert "shutting down _Backend failed: RuntimeError: generation could not stop" in caplog.text
