@@ -122,21 +122,21 @@ ALLOWED_IMPORTS: dict[str, str] = {
         "TODO(issue 74 item 2): the RunServices protocol (contracts layer) names, under TYPE_CHECKING, types of the layers above it (Config, Selection, PluginHost, registrations, tasks, Rollout): they move below it, or the protocol's layer changes",
     "corerl.algorithms.contract -> corerl.tasks.preferences":
         "TODO(issue 74 item 2): the RunServices protocol (contracts layer) names, under TYPE_CHECKING, types of the layers above it (Config, Selection, PluginHost, registrations, tasks, Rollout): they move below it, or the protocol's layer changes",
-    "corerl.sdk -> corerl.run_context":
+    "corerl.sdk -> corerl.run.context":
         "TODO(issue 74 item 2): the SDK exports RunContext; it exports the RunServices protocol instead (RunContext kept one contract version)",
     "corerl.selection -> corerl.asynchronous.settings":
         "TODO(issue 74 item 3): the picker imports each feature's check; validation as a table removes the import",
     "corerl.selection -> corerl.asynchronous.worker":
         "TODO(issue 74 item 3): the picker imports each feature's check; validation as a table removes the import",
-    "corerl.selection -> corerl.evaluation":
+    "corerl.selection -> corerl.evaluation.figures":
         "TODO(issue 74 item 3): the picker imports each feature's check; validation as a table removes the import",
     "corerl.selection -> corerl.model_rewards":
         "TODO(issue 74 item 3): the picker imports each feature's check; validation as a table removes the import",
     "corerl.selection -> corerl.tasks.rewards":
         "TODO(issue 74 item 3): the picker imports each feature's check; validation as a table removes the import",
-    "corerl.testing.algorithm_conformance -> corerl.run_context":
+    "corerl.testing.algorithm_conformance -> corerl.run.context":
         "TODO(issue 74 item 2): the algorithm conformance suite drives the run loop's own steps; against RunServices it needs no run module",
-    "corerl.testing.algorithm_conformance -> corerl.run_steps":
+    "corerl.testing.algorithm_conformance -> corerl.run.steps":
         "TODO(issue 74 item 2): the algorithm conformance suite drives the run loop's own steps; against RunServices it needs no run module",
     "corerl.training.microbatching -> corerl.plugin_manager":
         "TODO(issue 74): resolve_packer asks the process's plugin host (registry, above the contracts) for the packer when a config was built without selection (a plugin's tests)",

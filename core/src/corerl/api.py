@@ -86,11 +86,11 @@ class Trainer:
         return trainer
 
     def train(self) -> Any:
-        """Validate, select the backends and run; returns a :class:`corerl.runner.RunResult`."""
+        """Validate, select the backends and run; returns a :class:`corerl.run.loop.RunResult`."""
         import attrs
 
         from corerl.plugin_manager import process_host
-        from corerl.runner import execute
+        from corerl.run.loop import execute
         from corerl.selection import Choice, select
 
         host = process_host()

@@ -130,8 +130,8 @@ def corerl_register_rewards(register: Callable[[Reward], None]) -> None:
 def corerl_register_commands(register: Callable[[Command], None]) -> None:
     register(Command(id="plan", factory="corerl.planning.command:run", arguments="corerl.planning.command:add_arguments",
                      description="which backend and layout for a model on some GPUs, with the memory each takes"))
-    register(Command(id="eval", factory="corerl.evaluation_command:run",
-                     arguments="corerl.evaluation_command:add_arguments",
+    register(Command(id="eval", factory="corerl.evaluation.command:run",
+                     arguments="corerl.evaluation.command:add_arguments",
                      description="evaluate a checkpoint on the recipe's held-out prompts: greedy, mean@n, pass@k"))
 
 

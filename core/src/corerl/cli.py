@@ -131,7 +131,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as exc:
         if debug:
             raise
-        from corerl.out_of_memory import out_of_memory_line
+        from corerl.run.out_of_memory import out_of_memory_line
 
         if (line := out_of_memory_line(exc)) is not None:
             print(f"corerl: error: {line}", file=sys.stderr)
@@ -257,7 +257,7 @@ def _cmd_validate(args: argparse.Namespace) -> int:
         selection.warnings.append(warning)
     refused: ConfigError | ConfigErrors | None = None
     if not args.recipe_only:
-        from corerl.run_inputs import check_run_inputs
+        from corerl.run.inputs import check_run_inputs
 
         try:
             check_run_inputs(config, selection, host)
@@ -361,9 +361,9 @@ def _command_host(args_list: list[str]) -> Any:
 
 def _cmd_run(args: argparse.Namespace) -> int:
     from corerl import start_up
-    from corerl.runner import run_recipe
+    from corerl.run.loop import run_recipe
 
-    # few garbage collections until the first step (the run ends it there: corerl.runner.Run.run)
+    # few garbage collections until the first step (the run ends it there: corerl.run.loop.Run.run)
     with start_up.starting():
         config_path, overrides = _split_run_args(args.config, args.overrides)
         host, config, selection = _load_and_select(config_path, overrides, args.preset, args.dialect, args.strict)

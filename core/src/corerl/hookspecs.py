@@ -55,7 +55,7 @@ def corerl_register_algorithms(register: Callable[[Algorithm], None]) -> None:
     Call ``register(Algorithm(id=..., factory=..., consumes=..., generation=..., critic=...,
     config_section=..., config_schema=...))`` once per algorithm. ``algorithm.name`` names the
     one a recipe runs (default ``grpo``); the core's own are ``sft``, ``grpo``, ``ppo`` and
-    ``dpo``. The factory is called with the run's :class:`corerl.run_context.RunContext` and
+    ``dpo``. The factory is called with the run's :class:`corerl.run.context.RunContext` and
     returns a :class:`corerl.algorithms.contract.AlgorithmRun`.
 
     Called when the plugin manager first needs the algorithm registry (``corerl validate``,

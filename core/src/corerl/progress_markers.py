@@ -10,7 +10,7 @@ The rank workers mark each call they take, ``<role> <rank>:<method>`` (``trainin
 ``CORERL_TEST_FAULTS`` lists faults to inject, in order, comma-separated ``kill:<name>#<n>`` or
 ``stop:<name>#<n>``: the process that writes the n-th ``<name>`` line since the previous fault
 fired SIGKILLs (or SIGSTOPs) itself there, after writing ``fault:<spec>``; so one run loses ranks
-at several chosen points and recovers from each (:mod:`corerl.recovery`).
+at several chosen points and recovers from each (:mod:`corerl.run.recovery`).
 """
 
 from __future__ import annotations

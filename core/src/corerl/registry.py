@@ -290,7 +290,7 @@ class Algorithm(Registration):
     - ``warm_start``: ``sft.enabled`` runs a supervised phase before it;
     - ``plot``: what ``curves.png`` shows of its steps;
     - ``environments``: its rollout plays episodes against ``data.env_name``'s environment (it
-      calls :meth:`corerl.run_context.RunContext.rollout`); a recipe naming an environment for
+      calls :meth:`corerl.run.context.RunContext.rollout`); a recipe naming an environment for
       an algorithm without it is refused at validation;
     - ``asynchronous``: its step can train from the rollout buffer of ``algorithm.async``
       (:mod:`corerl.asynchronous`); ``algorithm.async.enabled`` is refused for an algorithm
@@ -301,7 +301,7 @@ class Algorithm(Registration):
 
     ``config_section``/``config_schema`` name its own keys (e.g. ``algorithm.reinforce``) and
     ``check_supported(config)`` refuses, in one line, what it cannot run. The factory is called
-    as ``factory(context)`` with the run's :class:`corerl.run_context.RunContext` and returns an
+    as ``factory(context)`` with the run's :class:`corerl.run.context.RunContext` and returns an
     object with the methods of :class:`corerl.algorithms.contract.AlgorithmRun`.
     """
 

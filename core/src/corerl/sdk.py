@@ -66,7 +66,7 @@ from corerl.planning.memory import (
     tensor_parallel_sizes,
 )
 from corerl.reporting.loggers.contract import LoggerContext, LoggerSettings
-from corerl.run_context import RunContext  # what RunServices was typed as before contract 2.15
+from corerl.run.context import RunContext  # what RunServices was typed as before contract 2.15
 from corerl.sandbox import SandboxResult
 from corerl.training.batching import loss_token_count
 from corerl.training.contract import Batch, LossFn, StepResult, TrainingEngine, ValueEngine

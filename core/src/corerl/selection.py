@@ -403,7 +403,7 @@ def _core_checks(config: Config, choices: dict[str, Choice], checked: list[str])
     from corerl.config.dedicated_generation import check_dedicated_generation
 
     check_dedicated_generation(config)
-    from corerl.evaluation import check_evaluation
+    from corerl.evaluation.figures import check_evaluation
 
     check_evaluation(config, choices["algorithm"].registration)
     from corerl.model_rewards import check_reward_model

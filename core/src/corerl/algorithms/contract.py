@@ -1,11 +1,11 @@
-"""What a registered algorithm provides to the run loop (:mod:`corerl.runner`), and what the run
+"""What a registered algorithm provides to the run loop (:mod:`corerl.run.loop`), and what the run
 provides to it.
 
 An :class:`corerl.registry.Algorithm` registration's factory is called with the run's services,
 :class:`RunServices` (the config, the task, the started training and generation engines, the
 offload policy, the run directory, what a resumed run had done, and the engines an algorithm may
 start beside the policy's) and returns an :class:`AlgorithmRun`. :class:`RunServices` lists all an
-algorithm may use of the run; the run's :class:`corerl.run_context.RunContext` implements it (the
+algorithm may use of the run; the run's :class:`corerl.run.context.RunContext` implements it (the
 name an algorithm written to contract 2.14 or earlier types its factory's argument with). The run
 loop knows algorithms only through this contract:
 
@@ -17,7 +17,7 @@ loop knows algorithms only through this contract:
 
 The run loop alone counts steps. ``done`` is set by the loop: from the checkpoint when a run
 resumes (before the factory returns, through :meth:`RunServices.steps_done`), then one more after
-each ``step()`` (:func:`corerl.run_steps.take_step`). An algorithm reads it (the step being taken
+each ``step()`` (:func:`corerl.run.steps.take_step`). An algorithm reads it (the step being taken
 is ``done + 1``; its sampling seed is ``step_seed(seed, done)``) and never writes it: a ``step()``
 that changes ``done`` stops the run at once, in one line naming the algorithm
 (:class:`StepCountError`), as does one that returns a metric the loop writes itself
@@ -115,7 +115,7 @@ class RolloutStage(Protocol):
 @runtime_checkable
 class RunServices(Protocol):
     """What a run provides to its algorithm: everything an algorithm may use of the run, handed to
-    the registration's factory (the run's :class:`corerl.run_context.RunContext` implements it).
+    the registration's factory (the run's :class:`corerl.run.context.RunContext` implements it).
 
     The attributes are the run's, set before the factory is called: an algorithm reads them and
     never assigns them. The methods start what an algorithm adds beside the policy's engines (a

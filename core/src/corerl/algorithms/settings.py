@@ -73,7 +73,7 @@ class DistillationConfig:
 
 def check_distillation(config: Any) -> None:
     """Distillation's support check: a teacher is named (whether its folder is here is the run
-    inputs' check, :mod:`corerl.run_inputs`, as for the policy's); the teacher's own keys
+    inputs' check, :mod:`corerl.run.inputs`, as for the policy's); the teacher's own keys
     validate; the reward-shaping keys, which act on rewards distillation does not train on, are
     off; mini-batches divide the step."""
     from corerl.algorithms.checks import ROLLOUT_SHAPING_KEYS, check_sample_batches

@@ -30,7 +30,7 @@ def setting(
     ``path``: a local file or folder the run reads (or a list of them): a relative one written in a
     recipe file is looked up beside that file first (:mod:`corerl.config.paths`). ``model``: a
     model the run loads (a path setting too), which ``corerl validate`` and the run's start check
-    is a checkpoint folder with weights or a ``builtin:`` model (:mod:`corerl.run_inputs`), in the
+    is a checkpoint folder with weights or a ``builtin:`` model (:mod:`corerl.run.inputs`), in the
     section of a selected algorithm.
 
     Mutable defaults (dicts, lists) are copied per instance.

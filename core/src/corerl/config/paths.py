@@ -6,7 +6,7 @@ beside that file first (the folder of the file that sets it: a ``defaults:`` par
 the parent), then in the working directory, and becomes the absolute path where it is found
 (the recorded ``recipe.yaml`` of a run then names the same files from anywhere). Found in both
 places, the recipe's folder wins, with a warning; found in neither, it is left as written, and the
-run's input check (:mod:`corerl.run_inputs`) refuses it, saying where it looked.
+run's input check (:mod:`corerl.run.inputs`) refuses it, saying where it looked.
 
 A value given on the command line (``KEY=VALUE``) or through the Python API is relative to the
 working directory, as any path a program is given. Output folders (``run.output_dir``) are not

@@ -427,7 +427,7 @@ class SftConfig:
 @attrs.define(kw_only=True)
 class RunConfig:
     """``run``: where a run keeps what it writes, and how it recovers from a dead or hung worker
-    (:mod:`corerl.recovery`)."""
+    (:mod:`corerl.run.recovery`)."""
 
     output_dir: str = setting("runs", help="parent folder of run directories; a relative one is in the working "
                                            "directory (not beside the recipe)")

@@ -35,7 +35,7 @@ class WorkerFailed(CorerlError):
     """A rank died, hung or raised; the group has been shut down.
 
     ``role``, ``rank``, ``pid``, ``during`` (the method the group was calling) and ``how``
-    (``died``, ``hung`` or ``raised``) say which and when: :mod:`corerl.recovery` restarts the run's
+    (``died``, ``hung`` or ``raised``) say which and when: :mod:`corerl.run.recovery` restarts the run's
     workers after a rank that died or hung, never after one that raised (a bug, not a fault)."""
 
     def __init__(self, message: str, *, hint: str | None = None, role: str = "worker", rank: int | None = None,

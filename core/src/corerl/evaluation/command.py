@@ -64,9 +64,9 @@ def evaluate_checkpoint(config: Any, selection: Any, host: Any, kind: str, folde
     """Start the engines :func:`checkpoint_kind`'s ``kind`` of ``folder`` needs (generation alone
     for a Hugging Face folder; training, then generation refitted from it, for a run's checkpoint),
     evaluate, and shut them down; returns the :class:`corerl.evaluation.Evaluation`."""
-    from corerl.evaluation import EvalPlan, evaluate_policy
+    from corerl.evaluation.figures import EvalPlan, evaluate_policy
     from corerl.offload.schedule import NoOffload
-    from corerl.run_context import RunContext
+    from corerl.run.context import RunContext
 
     run_dir = folder.parent.parent if kind == "checkpoint" else folder.parent
     resume = (int(_STEP_FOLDER.match(folder.name).group(1)), folder) if kind == "checkpoint" else None  # type: ignore[union-attr]
@@ -102,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
 
     from corerl.config import load_config
     from corerl.errors import ConfigError, UsageError
-    from corerl.evaluation import EvalPlan
+    from corerl.evaluation.figures import EvalPlan
     from corerl.presets import default_host
     from corerl.reporting.console import make_console
     from corerl.selection import select

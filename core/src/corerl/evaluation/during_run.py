@@ -1,7 +1,7 @@
 """What a run records beside its steps for evaluation and for ranking its checkpoints: the
 held-out evaluations of ``eval.every_n_steps`` (:mod:`corerl.evaluation`; rows of the ``eval``
 phase in metrics.jsonl), each metric's newest logged value, and the value a checkpoint records
-for ``checkpointing.metric_name`` (:class:`corerl.checkpoints.KeepPolicy` prunes by it)."""
+for ``checkpointing.metric_name`` (:class:`corerl.run.checkpoints.KeepPolicy` prunes by it)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from corerl.checkpoints import KeepPolicy, best_checkpoint
 from corerl.progress_markers import mark
+from corerl.run.checkpoints import KeepPolicy, best_checkpoint
 
 
 class RunEvaluation:
@@ -49,7 +49,7 @@ class RunEvaluation:
     def evaluate(self, algorithm: Any) -> None:
         """Evaluate the current weights on the held-out prompts and log the figures as a row of
         the ``eval`` phase at the algorithm's step."""
-        from corerl.evaluation import EVAL_PHASE, EvalPlan, describe, evaluate_policy
+        from corerl.evaluation.figures import EVAL_PHASE, EvalPlan, describe, evaluate_policy
 
         context, step = self.context, algorithm.done
         plan = EvalPlan.from_config(context.config)

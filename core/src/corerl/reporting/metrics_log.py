@@ -20,7 +20,7 @@ class MetricsLog:
 
     def __init__(self, run_dir: Path, keep_lines: int | None = None, loggers: Sequence[Any] = ()) -> None:
         """Open the log; ``keep_lines`` (a resumed run) cuts the JSONL back to that many lines
-        (and the ``recovery`` rows after them: :mod:`corerl.recovery`), replacing the file whole (a kill midway leaves the old file or the new one, never a
+        (and the ``recovery`` rows after them: :mod:`corerl.run.recovery`), replacing the file whole (a kill midway leaves the old file or the new one, never a
         truncated one); ``loggers`` are the started experiment loggers."""
         self.path = run_dir / "metrics.jsonl"
         rewritten = run_dir / ".metrics.jsonl.partial"

@@ -1,5 +1,5 @@
 """The ``phase`` names of metrics.jsonl's rows that are not an algorithm's steps: what the run
-writes (:mod:`corerl.evaluation`, :mod:`corerl.recovery`, which re-export them) and what
+writes (:mod:`corerl.evaluation`, :mod:`corerl.run.recovery`, which re-export them) and what
 reporting reads back (:mod:`corerl.reporting.metrics_log`, :mod:`corerl.reporting.plot`)."""
 
 from __future__ import annotations

@@ -17,11 +17,11 @@ from typing import Any
 
 import attrs
 
-from corerl.checkpoints import read_state
 from corerl.config import Config
 from corerl.errors import ConfigError, RegistrationError
 from corerl.plugin_manager import PluginHost
-from corerl.run_directory import load_tokenizer, make_run_dir, resolve_model
+from corerl.run.checkpoints import read_state
+from corerl.run.directory import load_tokenizer, make_run_dir, resolve_model
 from corerl.selection import Selection
 
 
@@ -56,9 +56,9 @@ class RunContext:
         """The run directory (new, or resumed and checked), the model, the tokenizer and the task;
         ``on_run_dir(run_dir)`` is called once the directory exists (the CLI's quiet terminal).
         What ``corerl validate`` checks of the machine is checked first, by the same function
-        (:func:`corerl.run_inputs.check_run_inputs`: a resume's recipe included)."""
-        from corerl.run_inputs import check_run_inputs
-        from corerl.run_record import record_recipe
+        (:func:`corerl.run.inputs.check_run_inputs`: a resume's recipe included)."""
+        from corerl.run.inputs import check_run_inputs
+        from corerl.run.record import record_recipe
 
         check_run_inputs(config, selection, host)
         run_dir, resume = make_run_dir(config, console)
@@ -263,7 +263,7 @@ class RunContext:
         from corerl.model_rewards import JudgeScorer, ValueModelScorer, as_value_model, slot_token
         from corerl.models.tokenizer import check_same_vocabulary
         from corerl.offload import ReferenceOffload
-        from corerl.run_directory import resolve_model
+        from corerl.run.directory import resolve_model
 
         settings = self.config.core.reward_model
         if settings.kind == "llm_judge":
@@ -369,7 +369,7 @@ class RunContext:
 
     def resolve_model(self, model_name: str, *, key: str, folder: str) -> str:
         """``model_name`` (a recipe's model other than the policy's) as a Hugging Face checkpoint folder
-        (:func:`corerl.run_directory.resolve_model`): a ``builtin:`` model built once into the run
+        (:func:`corerl.run.directory.resolve_model`): a ``builtin:`` model built once into the run
         directory's ``folder``; ``key`` is the config key errors name."""
         return resolve_model(model_name, self.run_dir, key=key, folder=folder)
 
@@ -379,7 +379,7 @@ class RunContext:
 
     def held_out_reward(self) -> float:
         """Mean held-out reward of greedy answers from the generation engine."""
-        from corerl.evaluation import greedy_reward, greedy_settings
+        from corerl.evaluation.figures import greedy_reward, greedy_settings
 
         self.offload.before_generation()
         return greedy_reward(self.rollout(), self.task, greedy_settings(self.config),

@@ -8,11 +8,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from corerl.checkpoints import latest_checkpoint
 from corerl.complete_folders import remove, write_once
 from corerl.config import Config
 from corerl.errors import ConfigError
 from corerl.models.tiny import BUILTIN_MODELS, build_tiny_model
+from corerl.run.checkpoints import latest_checkpoint
 
 # what a run writes into its directory; a run that holds no complete checkpoint loses these
 # when it starts over (a complete built-in base model is kept: it is rebuilt identically anyway)

@@ -1,7 +1,7 @@
 """What a run needs from the machine, checked before anything is built or written: the run
 directory can be made and written (and resumed or started over in), the models and tokenizer
 are there, the data files are there. ``corerl validate`` and ``corerl run`` (through
-:meth:`corerl.run_context.RunContext.open`) both call :func:`check_run_inputs`, so that validate
+:meth:`corerl.run.context.RunContext.open`) both call :func:`check_run_inputs`, so that validate
 refuses what run would refuse at its start.
 
 Once those pass, what the run would refuse of their contents is checked too, before the run
@@ -54,7 +54,7 @@ def check_run_inputs(config: Config, selection: Selection, host: PluginHost | No
 
 
 def _checks(config: Config, selection: Selection, host: PluginHost | None) -> list[Callable[[], None]]:
-    from corerl.run_directory import check_model, check_run_dir, check_tokenizer
+    from corerl.run.directory import check_model, check_run_dir, check_tokenizer
 
     core = config.core
     policy, data = core.policy, core.data
@@ -139,8 +139,8 @@ def _raise_all(errors: list[ConfigError]) -> None:
 
 def _check_resume(config: Config, host: PluginHost) -> None:
     """A run directory holding a complete checkpoint resumes: with the recipe it started with."""
-    from corerl.checkpoints import latest_checkpoint
-    from corerl.run_record import check_same_recipe
+    from corerl.run.checkpoints import latest_checkpoint
+    from corerl.run.record import check_same_recipe
 
     run = config.core.run
     if run.name is None:

@@ -1,13 +1,13 @@
 """The run loop: an optional SFT warm start, then the algorithm ``algorithm.name`` names (a
 registered :class:`corerl.registry.Algorithm`, known here only through
 :class:`corerl.algorithms.contract.AlgorithmRun`), with a progress bar per phase, held-out
-figures before and after (and every ``eval.every_n_steps``: :mod:`corerl.run_evaluation`),
+figures before and after (and every ``eval.every_n_steps``: :mod:`corerl.evaluation.during_run`),
 checkpoints, and a run directory holding metrics.jsonl, the loggers'
 files (TensorBoard's by default), run.log, curves.png, summary.json and the final checkpoint.
 
 ``corerl run`` on a run directory that holds a complete checkpoint resumes from it; one that
 holds none starts over there (``run.resume=must`` refuses instead). With ``run.max_restarts``, a
-worker that dies or hangs is recovered in the run itself the same way (:mod:`corerl.recovery`). Folders the run trusts later
+worker that dies or hangs is recovered in the run itself the same way (:mod:`corerl.run.recovery`). Folders the run trusts later
 are written as complete folders (:mod:`corerl.complete_folders`). Ctrl-C finishes the current
 step, saves a checkpoint and exits with status 130 (``checkpointing.save_by`` spent: the same, status
 0). A NaN loss or gradient stops the run."""
@@ -22,17 +22,17 @@ from typing import Any
 
 import attrs
 
-from corerl.checkpoints import TimeBudget
 from corerl.complete_folders import write_complete, write_file_whole
 from corerl.config import Config
 from corerl.failures import checkpoint_failure, disk_error
 from corerl.plugin_manager import PluginHost
 from corerl.progress_markers import mark
 from corerl.reporting.console import bar_text, progress_bars, report_held_out
-from corerl.run_directory import (
+from corerl.run.checkpoints import TimeBudget
+from corerl.run.directory import (
     check_writable as check_writable,  # re-exported: where it used to live
 )
-from corerl.run_steps import save_run_checkpoint, start_algorithm, take_step
+from corerl.run.steps import save_run_checkpoint, start_algorithm, take_step
 from corerl.selection import Selection
 from corerl.training.final_export import export_final, final_kind
 
@@ -55,13 +55,13 @@ def execute(config: Config, selection: Selection, host: PluginHost, console: Any
     None (the Python API, tests): nothing is redirected."""
     from transformers.utils import logging as hf_logging
 
-    from corerl.checkpoints import latest_checkpoint
     from corerl.distributed.placement import POOLS
     from corerl.distributed.worker_group import set_call_timeout
-    from corerl.recovery import Recovery, describe
     from corerl.reporting.console import make_console
     from corerl.reporting.quiet import LOG_NAME, QuietTerminal
-    from corerl.run_context import RunContext
+    from corerl.run.checkpoints import latest_checkpoint
+    from corerl.run.context import RunContext
+    from corerl.run.recovery import Recovery, describe
 
     hf_logging.disable_progress_bar()  # the run's own bars say what is happening
     mark("run:start")
@@ -117,14 +117,14 @@ def same_run_again(config: Config, run_dir: Path) -> Config:
 
 
 class Run:
-    """The phases of one run over a :class:`~corerl.run_context.RunContext`: the warm start (when
+    """The phases of one run over a :class:`~corerl.run.context.RunContext`: the warm start (when
     ``sft.enabled`` and the algorithm takes one) and the algorithm, each to its step count."""
 
     def __init__(self, context: Any, recovery: Any = None) -> None:
         from corerl.algorithms.contract import WARM_START
 
         self.context = context
-        self.recovery = recovery  # the run's corerl.recovery.Recovery: a recovery under way is logged once started
+        self.recovery = recovery  # the run's corerl.run.recovery.Recovery: a recovery under way is logged once started
         selection, core = context.selection, context.config.core
         self.registration = selection.algorithm.registration
         assert self.registration is not None
@@ -149,10 +149,10 @@ class Run:
 
     def run(self) -> RunResult:
         from corerl import start_up
-        from corerl.interrupt import stop_on_sigint
+        from corerl.evaluation.during_run import RunEvaluation
         from corerl.reporting.loggers.start import start_loggers
         from corerl.reporting.metrics_log import MetricsLog
-        from corerl.run_evaluation import RunEvaluation
+        from corerl.run.interrupt import stop_on_sigint
 
         context = self.context
         # the loggers first: one that cannot start stops the run before the engines take minutes to start
@@ -205,7 +205,7 @@ class Run:
 
     def run_phase(self, phase: Any, stop: Any) -> None:
         """Steps of ``phase`` until it is done or Ctrl-C asks to stop, logging and checkpointing;
-        the loop alone counts them (:func:`corerl.run_steps.take_step`)."""
+        the loop alone counts them (:func:`corerl.run.steps.take_step`)."""
         checkpointing = self.context.config.core.checkpointing
         registration = self.registration if phase is self.algorithm else self.warm_registration
         with progress_bars(self.context.console) as progress:

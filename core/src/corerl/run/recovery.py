@@ -3,7 +3,7 @@
 A fault is a rank, an engine actor or a Ray node that died, or a group call that did not
 return within ``run.collective_timeout_s`` (:class:`~corerl.distributed.worker_group.WorkerFailed`
 with ``how`` ``died`` or ``hung``; a Ray actor's or node's death met outside a worker group).
-The runner (:func:`corerl.runner.execute`) then shuts every engine down (the worker groups kill
+The runner (:func:`corerl.run.loop.execute`) then shuts every engine down (the worker groups kill
 their actors), opens the same run directory again as a rerun of the command would, which resumes
 from the last complete checkpoint, and goes on; each recovery is one line on the terminal and a
 ``recovery`` row in metrics.jsonl (:func:`recovery_row`).

@@ -1,4 +1,4 @@
-"""What the run loop (:mod:`corerl.runner`) does around each step of a phase and at each
+"""What the run loop (:mod:`corerl.run.loop`) does around each step of a phase and at each
 checkpoint, as functions the conformance helpers (:mod:`corerl.testing.algorithm_conformance`)
 call too, so that a plugin's tests drive the very code a run does.
 
@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from corerl.algorithms.contract import check_step_counter, check_step_metrics
-from corerl.checkpoints import save_checkpoint
 from corerl.errors import RunError
+from corerl.run.checkpoints import save_checkpoint
 from corerl.training.weights import REFITS
 
 
@@ -72,7 +72,7 @@ def save_run_checkpoint(context: Any, phases: list[Any], algorithm: Any, state: 
     """A checkpoint of the run at its global step (the steps of every phase): the policy's
     training state, what the algorithm saves, and ``state.json`` with each phase's steps, the
     task's position and ``state`` (the run loop's own: metrics lines, held-out figures). A run
-    opened on the run directory resumes from it (:meth:`corerl.run_context.RunContext.open`)."""
+    opened on the run directory resumes from it (:meth:`corerl.run.context.RunContext.open`)."""
     context.offload.restore()
     snapshot = {"steps_done": {p.name: p.done for p in phases}, "task": task_state(algorithm, context.task),
                 **(state or {})}

@@ -11,8 +11,8 @@ Any registered algorithm runs the same checks, in this process, on the built-in 
         plugin = corerl_myalgo.plugin          # None: the installed plugins are discovered
         recipe = {"algorithm": {"myalgo": {"beta": 0.1}}}
 
-The suite drives the algorithm with the run loop's own functions (:mod:`corerl.run_steps`):
-the factory called with a :class:`~corerl.run_context.RunContext`, ``held_out()``, ``begin()``,
+The suite drives the algorithm with the run loop's own functions (:mod:`corerl.run.steps`):
+the factory called with a :class:`~corerl.run.context.RunContext`, ``held_out()``, ``begin()``,
 steps counted by the loop, a checkpoint, a run resumed from it. The checks:
 
 (a) the factory's object is an :class:`~corerl.algorithms.contract.AlgorithmRun` named after its
@@ -155,7 +155,7 @@ class AlgorithmConformance:
         holds a checkpoint), its engines started."""
         from corerl.config.tree import deep_merge
         from corerl.reporting.console import make_console
-        from corerl.run_context import RunContext
+        from corerl.run.context import RunContext
         from corerl.testing import select_for, write_recipe
 
         host = cls._host()
@@ -175,7 +175,7 @@ class AlgorithmConformance:
     def _first_step(cls, folder: Path) -> FirstStep:
         """A new run: the algorithm built, its held-out figures, ``begin()`` and one step."""
         from corerl.algorithms.contract import StepCountError
-        from corerl.run_steps import start_algorithm, take_step
+        from corerl.run.steps import start_algorithm, take_step
 
         context = cls._open(folder, "interrupted")
         try:
@@ -199,7 +199,7 @@ class AlgorithmConformance:
     def _continue(cls, first: FirstStep, folder: Path) -> Continuation:
         """Save ``first``'s run after its step, resume it in a fresh context and take the other
         steps; then the same steps straight through in another."""
-        from corerl.run_steps import save_run_checkpoint, start_algorithm, take_step
+        from corerl.run.steps import save_run_checkpoint, start_algorithm, take_step
 
         if first.refused is not None:
             pytest.fail(f"the first step was refused: {first.refused}", pytrace=False)
