@@ -44,7 +44,7 @@ MODELS = {
 def engines(model_dir: str, work: Path, generation: str, lora: bool, rank: int) -> tuple[Any, Any]:
     from corerl.config import load_config
     from corerl.plugin_manager import PluginHost
-    from corerl.selection import select
+    from corerl.config.selection import select
     from corerl.testing import write_recipe
 
     recipe = write_recipe(work / f"{generation}-{lora}.yaml", {

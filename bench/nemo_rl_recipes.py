@@ -119,7 +119,7 @@ def validate(path: Path) -> tuple[bool, str, frozenset[str]]:
     from corerl.config import load_config
     from corerl.errors import ConfigErrors, CorerlError
     from corerl.plugin_manager import PluginHost
-    from corerl.selection import select
+    from corerl.config.selection import select
 
     try:
         host = PluginHost()

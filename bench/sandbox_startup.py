@@ -52,7 +52,7 @@ def bwrap_command(bwrap: str, python: str) -> list[str]:
 
 
 def time_corerl(mode: str, runs: int) -> tuple[float | None, str]:
-    from corerl import sandbox
+    from corerl.environments import sandbox
 
     if mode == "namespaces" and sandbox.isolation_available() != "namespaces":
         return None, "user namespaces are refused here"

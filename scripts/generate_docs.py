@@ -159,7 +159,7 @@ def support_cell(host: Any, overrides: tuple[str, ...]) -> str:
     from corerl.config import load_config
     from corerl.errors import ConfigErrors, CorerlError
     from corerl.recipes import DEMO_RECIPE
-    from corerl.selection import select
+    from corerl.config.selection import select
 
     try:
         select(load_config(str(DEMO_RECIPE), list(overrides), host), host)

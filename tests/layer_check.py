@@ -43,21 +43,18 @@ PLUGINS = "plugins"
 #: above. Prefixes are dotted module paths; the longest matching prefix decides a module's layer
 #: (``corerl`` itself, the Python API, is a face; tools/layers.py in shared/ assigns the same way).
 LAYERS: list[tuple[str, list[str]]] = [
-    ("faces", ["corerl.cli", "corerl.api", "corerl.evaluation.command", "corerl.planning.command",
-               "corerl.evaluation_command"]),
-    # corerl.run and corerl.evaluation are the run layer's packages; the root modules after them
-    # are the old paths of their modules, kept as re-exports (issue 74)
-    ("run", ["corerl.run", "corerl.evaluation", "corerl.runner", "corerl.run_context", "corerl.run_steps",
-             "corerl.run_directory", "corerl.run_record", "corerl.run_inputs", "corerl.run_evaluation",
-             "corerl.checkpoints", "corerl.recovery", "corerl.interrupt", "corerl.out_of_memory"]),
+    ("faces", ["corerl.cli", "corerl.api", "corerl.evaluation.command", "corerl.planning.command"]),
+    # corerl.run and corerl.evaluation are the run layer's packages (their modules' old root paths
+    # import as aliases: corerl.import_paths.MOVED_MODULES)
+    ("run", ["corerl.run", "corerl.evaluation"]),
     ("builtin", ["corerl.builtin_plugin"]),
     ("sdk", ["corerl.sdk", "corerl.testing"]),
     ("algorithms", ["corerl.algorithms"]),
     ("asynchronous", ["corerl.asynchronous"]),
-    ("environments", ["corerl.environments", "corerl.tasks", "corerl.model_rewards", "corerl.sandbox"]),
+    ("environments", ["corerl.environments", "corerl.tasks"]),
     ("planning", ["corerl.planning"]),
     ("reporting", ["corerl.reporting"]),
-    ("config", ["corerl.config", "corerl.selection", "corerl.presets", "corerl.validation"]),
+    ("config", ["corerl.config", "corerl.validation"]),
     ("registry", ["corerl.plugin_manager", "corerl.registry", "corerl.hookspecs", "corerl.component_kinds",
                   "corerl.known_plugins"]),
     ("contracts", ["corerl.training", "corerl.generation", "corerl.distributed", "corerl.packing", "corerl.offload",
@@ -116,7 +113,7 @@ ALLOWED_IMPORTS: dict[str, str] = {
         "TODO(issue 74 item 2): the RunServices protocol (contracts layer) names, under TYPE_CHECKING, types of the layers above it (Config, Selection, PluginHost, registrations, tasks, Rollout): they move below it, or the protocol's layer changes",
     "corerl.algorithms.contract -> corerl.registry":
         "TODO(issue 74 item 2): the RunServices protocol (contracts layer) names, under TYPE_CHECKING, types of the layers above it (Config, Selection, PluginHost, registrations, tasks, Rollout): they move below it, or the protocol's layer changes",
-    "corerl.algorithms.contract -> corerl.selection":
+    "corerl.algorithms.contract -> corerl.config.selection":
         "TODO(issue 74 item 2): the RunServices protocol (contracts layer) names, under TYPE_CHECKING, types of the layers above it (Config, Selection, PluginHost, registrations, tasks, Rollout): they move below it, or the protocol's layer changes",
     "corerl.algorithms.contract -> corerl.tasks":
         "TODO(issue 74 item 2): the RunServices protocol (contracts layer) names, under TYPE_CHECKING, types of the layers above it (Config, Selection, PluginHost, registrations, tasks, Rollout): they move below it, or the protocol's layer changes",
@@ -124,15 +121,15 @@ ALLOWED_IMPORTS: dict[str, str] = {
         "TODO(issue 74 item 2): the RunServices protocol (contracts layer) names, under TYPE_CHECKING, types of the layers above it (Config, Selection, PluginHost, registrations, tasks, Rollout): they move below it, or the protocol's layer changes",
     "corerl.sdk -> corerl.run.context":
         "TODO(issue 74 item 2): the SDK exports RunContext; it exports the RunServices protocol instead (RunContext kept one contract version)",
-    "corerl.selection -> corerl.asynchronous.settings":
+    "corerl.config.selection -> corerl.asynchronous.settings":
         "TODO(issue 74 item 3): the picker imports each feature's check; validation as a table removes the import",
-    "corerl.selection -> corerl.asynchronous.worker":
+    "corerl.config.selection -> corerl.asynchronous.worker":
         "TODO(issue 74 item 3): the picker imports each feature's check; validation as a table removes the import",
-    "corerl.selection -> corerl.evaluation.figures":
+    "corerl.config.selection -> corerl.evaluation.figures":
         "TODO(issue 74 item 3): the picker imports each feature's check; validation as a table removes the import",
-    "corerl.selection -> corerl.model_rewards":
+    "corerl.config.selection -> corerl.environments.model_rewards":
         "TODO(issue 74 item 3): the picker imports each feature's check; validation as a table removes the import",
-    "corerl.selection -> corerl.tasks.rewards":
+    "corerl.config.selection -> corerl.tasks.rewards":
         "TODO(issue 74 item 3): the picker imports each feature's check; validation as a table removes the import",
     "corerl.testing.algorithm_conformance -> corerl.run.context":
         "TODO(issue 74 item 2): the algorithm conformance suite drives the run loop's own steps; against RunServices it needs no run module",

@@ -17,7 +17,7 @@ from pathlib import Path
 import attrs
 import psutil
 
-from corerl.recovery import RECOVERY_PHASE
+from corerl.run.recovery import RECOVERY_PHASE
 from tests.conftest import CORERL, REPO, clean_env, markers_written
 
 

@@ -202,8 +202,8 @@ def _agent_step(tmp_path, agent):
     from corerl.config import config_from_mapping
     from corerl.plugin_manager import PluginHost
     from corerl.reporting.console import make_console
-    from corerl.run_context import RunContext
-    from corerl.selection import select
+    from corerl.run.context import RunContext
+    from corerl.config.selection import select
 
     host = PluginHost(env={})
     recipe = {

@@ -12,8 +12,8 @@ from corerl.config import config_from_mapping
 from corerl.errors import ConfigError, ConfigErrors
 from corerl.plugin_manager import PluginHost
 from corerl.reporting.console import make_console
-from corerl.runner import execute
-from corerl.selection import select
+from corerl.run.loop import execute
+from corerl.config.selection import select
 from tests.conftest import EXAMPLES, clean_env, run_corerl
 
 SOURCE = Path(__file__).parent / "data" / "reinforce" / "corerl_reinforce.py"

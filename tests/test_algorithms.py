@@ -1,5 +1,5 @@
 """Every registered algorithm is driven one step in-process (world size 1, no Ray) through a
-:class:`corerl.run_context.RunContext`, as the run loop drives it; the runner knows no
+:class:`corerl.run.context.RunContext`, as the run loop drives it; the runner knows no
 algorithm by name."""
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ from corerl.config import config_from_mapping
 from corerl.plugin_manager import PluginHost
 from corerl.registry import Algorithm
 from corerl.reporting.console import make_console
-from corerl.run_context import RunContext
-from corerl.run_steps import take_step
-from corerl.runner import execute
-from corerl.selection import select
+from corerl.run.context import RunContext
+from corerl.run.steps import take_step
+from corerl.run.loop import execute
+from corerl.config.selection import select
 from corerl.testing import plugin_from
 from corerl.testing.algorithm_conformance import AlgorithmConformance
 from tests.conftest import REPO

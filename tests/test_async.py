@@ -290,7 +290,7 @@ def _config(**algorithm):
 
 
 def test_async_is_refused_for_an_algorithm_without_an_asynchronous_step_and_with_colocated_generation():
-    from corerl.selection import select
+    from corerl.config.selection import select
 
     host = PluginHost(discover=False, env={})
     with pytest.raises(ConfigErrors) as refused:

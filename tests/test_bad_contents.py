@@ -2,7 +2,7 @@
 column, a vision-language recipe's images (missing, not an image, corrupt, past
 ``data.max_image_pixels``, a decompression bomb) and placeholders, and a teacher's or reward
 model's vocabulary against the policy's. ``corerl validate`` and ``corerl run`` print the same
-one line for each (both call :func:`corerl.run_inputs.check_run_inputs`), exit 2, and the run
+one line for each (both call :func:`corerl.run.inputs.check_run_inputs`), exit 2, and the run
 writes nothing first: its directory does not exist afterwards, or is as it was (resumed). Run in
 this process (``corerl.cli.main``, fast tier)."""
 

@@ -1,4 +1,4 @@
-"""The code sandbox (corerl.sandbox), the ``code`` environment and the ``humaneval`` task.
+"""The code sandbox (corerl.environments.sandbox), the ``code`` environment and the ``humaneval`` task.
 
 Every HumanEval canonical solution passes; the environment is clean and the folder thrown away, in
 every isolation mode this machine has (``audit`` always; ``namespaces`` where user namespaces are
@@ -17,7 +17,7 @@ from types import SimpleNamespace
 import psutil
 import pytest
 
-from corerl import sandbox
+from corerl.environments import sandbox
 from corerl.environments.code_env import (
     CodeEnvironment,
     CodeScorer,
@@ -74,7 +74,7 @@ def sandbox_processes() -> list[psutil.Process]:
     for process in psutil.process_iter(["cmdline", "status"]):
         cmdline = " ".join(process.info["cmdline"] or [])
         if process.info["status"] != psutil.STATUS_ZOMBIE and ("solution.py" in cmdline or "corerl-sandbox-" in cmdline
-                                                                or "corerl/sandbox.py" in cmdline):
+                                                                or "corerl/environments/sandbox.py" in cmdline):
             alive.append(process)
     return alive + [p for p in psutil.Process().children(recursive=True)
                     if p not in alive and not in_shared_head(p.pid) and not _started_before(p)]

@@ -143,7 +143,7 @@ def test_validation_refuses_what_distillation_cannot_run(tmp_path, settings, key
 def test_a_teacher_that_is_not_here_is_refused_by_validate_and_at_run_start_but_not_for_the_recipe_alone(tmp_path):
     """The teacher's folder is checked where the policy's is: by the run's input check
     (``corerl validate``, and a run before it makes its directory), not by ``--recipe-only``."""
-    from corerl.run_inputs import check_run_inputs
+    from corerl.run.inputs import check_run_inputs
 
     recipe = write_recipe(tmp_path / "r.yaml", {
         "policy": {"model_name": "builtin:tiny-qwen2-small", "generation": {"backend": "hf"}},
@@ -161,8 +161,8 @@ def test_a_teacher_backend_that_is_not_installed_is_refused_in_one_line(tmp_path
     from corerl.config import config_from_mapping
     from corerl.plugin_manager import PluginHost
     from corerl.reporting.console import make_console
-    from corerl.run_context import RunContext
-    from corerl.selection import select
+    from corerl.run.context import RunContext
+    from corerl.config.selection import select
 
     host = PluginHost(env={})
     recipe = {"policy": {"model_name": "builtin:tiny-qwen2-small", "generation": {"backend": "hf"}},

@@ -309,7 +309,7 @@ def _refusal(tmp_path, **changes):
     from corerl.config import config_from_mapping
     from corerl.errors import ConfigError, ConfigErrors
     from corerl.plugin_manager import PluginHost
-    from corerl.selection import select
+    from corerl.config.selection import select
 
     host = PluginHost(env={})
     with pytest.raises((ConfigErrors, ConfigError)) as caught:
@@ -343,8 +343,8 @@ def test_one_grpo_step_plays_tool_episodes_in_process(tmp_path, model):
     from corerl.config import config_from_mapping
     from corerl.plugin_manager import PluginHost
     from corerl.reporting.console import make_console
-    from corerl.run_context import RunContext
-    from corerl.selection import select
+    from corerl.run.context import RunContext
+    from corerl.config.selection import select
 
     host = PluginHost(env={})
     config = config_from_mapping(_recipe(tmp_path, **{"policy.model_name": model}), host)
@@ -413,8 +413,8 @@ def test_one_ppo_step_plays_tool_episodes(tmp_path):
     from corerl.config import config_from_mapping
     from corerl.plugin_manager import PluginHost
     from corerl.reporting.console import make_console
-    from corerl.run_context import RunContext
-    from corerl.selection import select
+    from corerl.run.context import RunContext
+    from corerl.config.selection import select
 
     host = PluginHost(env={})
     config = config_from_mapping(_recipe(tmp_path, **{"algorithm.name": "ppo"}), host)

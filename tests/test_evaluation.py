@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from corerl.checkpoints import KeepPolicy, best_checkpoint, checkpoints_to_keep, save_checkpoint
+from corerl.run.checkpoints import KeepPolicy, best_checkpoint, checkpoints_to_keep, save_checkpoint
 from corerl.evaluation import EvalPlan, evaluate_policy, pass_at_k, sampled_figures
 from corerl.reporting.metrics_log import latest_values
 from tests.conftest import EXAMPLES, run_corerl

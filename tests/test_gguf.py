@@ -18,7 +18,7 @@ import corerl.models.gguf as gguf_models
 from corerl.complete_folders import MANIFEST, is_complete
 from corerl.errors import ConfigError
 from corerl.models.facts import local_model_name
-from corerl.run_directory import resolve_model
+from corerl.run.directory import resolve_model
 from tests.conftest import clean_env, run_corerl
 from tests.refusals import refused_in_one_line
 

@@ -100,7 +100,7 @@ class _QuickPacker:
 
 def _selected(host, **sections):
     from corerl.config import config_from_mapping
-    from corerl.selection import select
+    from corerl.config.selection import select
 
     recipe = {"policy": {"model_name": "some/model", "training_backend": "quick", **sections.pop("policy", {})},
               "cluster": {"gpus_per_node": 1}, **sections}
@@ -194,7 +194,7 @@ def test_hook_corerl_register_commands(monkeypatch, capsys):
 
 
 def test_hook_corerl_register_presets(tmp_path):
-    from corerl import presets
+    from corerl.config import presets
     from corerl.config import load_config
     from corerl.testing import write_recipe
 

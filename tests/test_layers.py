@@ -114,7 +114,7 @@ def _tree(tmp_path: Path, files: dict[str, str]) -> list[Path]:
     base = {"corerl/__init__.py": "", "corerl/errors.py": "", "corerl/failures.py": "",
             "corerl/training/__init__.py": "", "corerl/algorithms/__init__.py": "",
             "corerl/algorithms/batches.py": "def step_seed(): ...\n", "corerl/asynchronous/__init__.py": "",
-            "corerl/run_context.py": "", "corerl/models/__init__.py": ""}
+            "corerl/run/__init__.py": "", "corerl/run/context.py": "", "corerl/models/__init__.py": ""}
     for rel, text in {**base, **files}.items():
         path = src / rel
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -130,7 +130,7 @@ def _problems(tmp_path: Path, files: dict[str, str], allowed: dict[str, str] | N
 
 def test_a_clean_package_passes(tmp_path: Path) -> None:
     assert _problems(tmp_path, {"corerl/training/engine.py": "from corerl import errors\n",
-                                "corerl/run_context.py": "import corerl.algorithms.batches\n"}) == []
+                                "corerl/run/context.py": "import corerl.algorithms.batches\n"}) == []
 
 
 def test_a_circle_closed_inside_a_function_fails(tmp_path: Path) -> None:
@@ -170,7 +170,7 @@ def test_a_module_on_no_layer_fails(tmp_path: Path) -> None:
 
 
 def test_a_stale_allowance_entry_fails(tmp_path: Path) -> None:
-    left = _problems(tmp_path, {}, {"corerl.errors -> corerl.run_context": "gone"}, {("corerl.a", "corerl.b"): "gone"})
+    left = _problems(tmp_path, {}, {"corerl.errors -> corerl.run.context": "gone"}, {("corerl.a", "corerl.b"): "gone"})
     assert [p.split(":")[0] for p in left] == ["stale allowance", "stale allowance"]
 
 

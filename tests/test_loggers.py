@@ -16,8 +16,8 @@ from corerl.errors import RunError
 from corerl.plugin_manager import PluginHost
 from corerl.reporting.console import make_console
 from corerl.reporting.loggers.start import start_loggers
-from corerl.runner import execute
-from corerl.selection import select
+from corerl.run.loop import execute
+from corerl.config.selection import select
 
 STEPS = 3
 

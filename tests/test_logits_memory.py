@@ -8,7 +8,7 @@ import logging
 import pytest
 import torch
 
-from corerl.out_of_memory import out_of_memory_line
+from corerl.run.out_of_memory import out_of_memory_line
 from corerl.training import logprobs as logprobs_module
 from corerl.training.logprobs import token_logprobs
 

@@ -12,7 +12,7 @@ from corerl.errors import CorerlError
 from corerl.models.tiny import build_tiny_model
 from corerl.planning.shape import ModelShape
 from corerl.plugin_manager import PluginHost
-from corerl.selection import select
+from corerl.config.selection import select
 
 
 @pytest.mark.parametrize("family", ["qwen3_moe", "mixtral"])

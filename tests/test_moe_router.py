@@ -15,7 +15,7 @@ import torch
 from corerl.config import config_from_mapping
 from corerl.errors import ConfigError
 from corerl.plugin_manager import PluginHost
-from corerl.selection import select
+from corerl.config.selection import select
 from corerl.testing.conformance import conformance_batch, conformance_loss
 from corerl.training.moe_router import (
     attach_router,

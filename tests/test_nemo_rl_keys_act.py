@@ -140,7 +140,7 @@ def test_cispo_and_the_kl_in_reinforce_plus_plus_rewards_act(tmp_path, capsys):
 
 def test_model_config_overrides_reach_every_engine_through_one_folder(tmp_path):
     from corerl.models.overrides import with_config_overrides
-    from corerl.run_directory import resolve_model
+    from corerl.run.directory import resolve_model
 
     model = Path(resolve_model("builtin:tiny-qwen2", tmp_path))
     recipe = _child(tmp_path, "overrides.yaml", "policy:\n  hf_config_overrides:\n    max_position_embeddings: 64\n")
@@ -161,7 +161,7 @@ def test_model_config_overrides_reach_every_engine_through_one_folder(tmp_path):
 
 def test_a_system_prompt_file_opens_every_prompt(tmp_path):
     from corerl.config.schema import DataConfig
-    from corerl.run_directory import load_tokenizer, resolve_model
+    from corerl.run.directory import load_tokenizer, resolve_model
     from corerl.tasks.dataset import DatasetTask
 
     recipe = _child(tmp_path, "system.yaml", "data:\n  default:\n    system_prompt_file: sys.txt\n")
@@ -213,7 +213,7 @@ def test_unshuffled_data_is_drawn_in_file_order():
 
 
 def test_checkpoint_must_save_by_becomes_a_time_budget(tmp_path, capsys, monkeypatch):
-    from corerl.checkpoints import TimeBudget, duration_seconds
+    from corerl.run.checkpoints import TimeBudget, duration_seconds
 
     recipe = _child(tmp_path, "deadline.yaml", "checkpointing:\n  enabled: true\n  checkpoint_must_save_by: "
                     "00:03:30:00\n")
@@ -279,7 +279,7 @@ def test_a_hub_tokenizer_name_is_refused_at_once_without_a_network_call(monkeypa
     import transformers
 
     from corerl.errors import ConfigError
-    from corerl.run_directory import load_tokenizer
+    from corerl.run.directory import load_tokenizer
 
     def no_network(*args, **kwargs):
         raise AssertionError("transformers was asked to load a Hub name")

@@ -150,7 +150,7 @@ def test_loading_every_plugin_imports_no_heavy_engine():
         assert importlib.util.find_spec("torch") is not None, "torch must be installed for this test to mean anything"
         from corerl.plugin_manager import PluginHost
         from corerl.config import load_config
-        from corerl.selection import select
+        from corerl.config.selection import select
         host = PluginHost()
         rows = host.describe()
         config = load_config({str(__import__('tests.conftest').conftest.EXAMPLES / 'grpo_megatron.yaml')!r}, [], host)

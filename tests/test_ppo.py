@@ -15,7 +15,7 @@ from corerl.errors import ConfigErrors
 from corerl.models.tiny import build_tiny_model
 from corerl.models.value_model import is_value_model
 from corerl.plugin_manager import PluginHost
-from corerl.selection import select
+from corerl.config.selection import select
 from tests.conftest import EXAMPLES, run_corerl
 
 

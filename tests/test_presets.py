@@ -8,7 +8,7 @@ import corerl
 from corerl.config import load_config
 from corerl.errors import ConfigError
 from corerl.plugin_manager import PluginHost
-from corerl.selection import select
+from corerl.config.selection import select
 from tests.conftest import EXAMPLES, run_corerl
 
 
@@ -22,14 +22,14 @@ EXPECTED = {"fsdp": "dtensor", "zero2": "deepspeed", "zero3": "deepspeed", "zero
 
 
 def test_presets_come_from_python_as_fresh_dicts():
-    assert set(corerl.presets.names()) == set(EXPECTED)
-    zero3 = corerl.presets.get("zero3")
+    assert set(corerl.config.presets.names()) == set(EXPECTED)
+    zero3 = corerl.config.presets.get("zero3")
     assert zero3["policy"]["deepspeed_cfg"]["zero_stage"] == 3
     zero3["policy"]["deepspeed_cfg"]["zero_stage"] = 1
-    assert corerl.presets.get("zero3")["policy"]["deepspeed_cfg"]["zero_stage"] == 3
-    assert corerl.presets.get_default_fsdp_preset()["policy"]["dtensor_cfg"]["fsdp_version"] == 2
+    assert corerl.config.presets.get("zero3")["policy"]["deepspeed_cfg"]["zero_stage"] == 3
+    assert corerl.config.presets.get_default_fsdp_preset()["policy"]["dtensor_cfg"]["fsdp_version"] == 2
     with pytest.raises(ConfigError, match="no preset named 'zero9'; presets: fsdp"):
-        corerl.presets.path_of("zero9")
+        corerl.config.presets.path_of("zero9")
 
 
 @pytest.mark.parametrize(("name", "backend"), sorted(EXPECTED.items()))

@@ -14,7 +14,7 @@ from corerl.config.fields import PATH_NOTE
 from corerl.config.paths import path_keys
 from corerl.config.schema import DataConfig
 from corerl.plugin_manager import PluginHost
-from corerl.run_record import RECIPE_FILE, record_recipe
+from corerl.run.record import RECIPE_FILE, record_recipe
 
 ROW = '{"prompt": "1 2", "answer": "2"}\n'
 

@@ -1,4 +1,4 @@
-"""In-run recovery (``run.max_restarts``, :mod:`corerl.recovery`): the logic in process, and one
+"""In-run recovery (``run.max_restarts``, :mod:`corerl.run.recovery`): the logic in process, and one
 asynchronous GRPO run on dtensor at world size 2 (SFT first, then training beside a dedicated
 generation worker at staleness 0, so that it is deterministic) that loses a rank at five points
 (inside a step, inside a save, during a refit to the generation worker, a rank stopped until the
@@ -16,7 +16,7 @@ import signal
 import pytest
 
 from corerl.distributed.worker_group import WorkerFailed
-from corerl.recovery import RECOVERY_PHASE, Fault, Recovery, RunStopped, fault_of
+from corerl.run.recovery import RECOVERY_PHASE, Fault, Recovery, RunStopped, fault_of
 from corerl.reporting.metrics_log import MetricsLog
 from tests.recovery_runs import assert_same_steps, faults_of, run_with_faults
 

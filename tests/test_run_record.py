@@ -4,7 +4,7 @@ resumable keys is refused in one line listing the differences."""
 from __future__ import annotations
 
 from corerl.config import config_from_mapping
-from corerl.run_record import RESUMABLE_KEYS, effective_values, resumable
+from corerl.run.record import RESUMABLE_KEYS, effective_values, resumable
 from tests.conftest import run_corerl
 from tests.refusals import refused_in_one_line
 

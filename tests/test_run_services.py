@@ -1,5 +1,5 @@
 """The written algorithm protocol (:class:`corerl.algorithms.contract.RunServices`): the run's
-:class:`corerl.run_context.RunContext` provides every member it lists, each as the protocol
+:class:`corerl.run.context.RunContext` provides every member it lists, each as the protocol
 declares it (an attribute or property for a property, a method with the same parameters for a
 method); the SDK exports it beside ``RunContext``; and no algorithm module reaches the run layer
 around it."""
@@ -12,7 +12,7 @@ import re
 from pathlib import Path
 
 from corerl.algorithms.contract import RunServices
-from corerl.run_context import RunContext
+from corerl.run.context import RunContext
 from tests.conftest import REPO
 
 

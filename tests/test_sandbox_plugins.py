@@ -52,7 +52,7 @@ def test_auto_picks_the_available_contained_sandbox_of_highest_priority(corerl_h
 
 
 def test_auto_never_falls_back_to_a_sandbox_that_is_not_contained(corerl_host, monkeypatch) -> None:
-    monkeypatch.setattr("corerl.sandbox.isolation_available", lambda: "audit")  # a machine refusing namespaces
+    monkeypatch.setattr("corerl.environments.sandbox.isolation_available", lambda: "audit")  # a machine refusing namespaces
     with pytest.raises(ConfigError) as refused:
         choose(AUTO, corerl_host)
     line = str(refused.value.message) + " " + str(refused.value.hint)
@@ -65,7 +65,7 @@ def test_auto_never_falls_back_to_a_sandbox_that_is_not_contained(corerl_host, m
 WEAK_SANDBOX = '''
 import subprocess, sys
 from corerl.registry import Sandbox
-from corerl.sandbox import SandboxResult
+from corerl.environments.sandbox import SandboxResult
 from corerl.testing import plugin_from
 from corerl.testing.sandbox_conformance import SandboxConformance
 
@@ -110,7 +110,7 @@ def test_validate_and_run_refuse_model_code_without_a_contained_sandbox(override
     import corerl.reporting.quiet as quiet
     from corerl import cli
 
-    monkeypatch.setattr("corerl.sandbox.isolation_available", lambda: "audit")  # a machine refusing namespaces
+    monkeypatch.setattr("corerl.environments.sandbox.isolation_available", lambda: "audit")  # a machine refusing namespaces
     monkeypatch.chdir(tmp_path)
     runs = tmp_path / "runs"
     argv = ["policy.generation.backend=hf", "data.task=humaneval", *overrides, f"run.output_dir={runs}"]
@@ -133,7 +133,7 @@ def test_validate_and_run_refuse_model_code_without_a_contained_sandbox(override
 LEAKY_SANDBOX = '''
 import subprocess, sys
 from corerl.registry import Sandbox
-from corerl.sandbox import SandboxResult
+from corerl.environments.sandbox import SandboxResult
 from corerl.testing import plugin_from
 from corerl.testing.sandbox_conformance import SandboxConformance
 

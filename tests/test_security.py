@@ -261,7 +261,7 @@ def test_checkpoint_failure_names_the_rank_and_cause_and_keeps_ctrl_c():
 def test_a_new_run_directory_is_its_owners_alone_and_an_existing_one_keeps_its_mode(tmp_path):
     import stat
 
-    from corerl.run_directory import check_writable
+    from corerl.run.directory import check_writable
 
     check_writable(tmp_path / "runs" / "new")
     assert stat.S_IMODE((tmp_path / "runs" / "new").stat().st_mode) == 0o700

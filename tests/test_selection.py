@@ -142,7 +142,7 @@ def test_a_clashing_id_is_not_selected_by_priority_either():
 def test_a_training_backend_that_breaks_the_contract_is_named_at_start(tmp_path):
     from corerl.errors import RegistrationError
     from corerl.recipes import DEMO_RECIPE
-    from corerl.runner import execute
+    from corerl.run.loop import execute
 
     class Hollow:  # builds, but offers none of TrainingEngine's methods
         def __init__(self, config):

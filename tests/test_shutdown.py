@@ -7,7 +7,7 @@ import logging
 
 import pytest
 
-from corerl.run_context import RunContext
+from corerl.run.context import RunContext
 
 
 class _Backend:  # stands in for an engine: what is under test is the runner's shutdown order

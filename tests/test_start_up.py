@@ -33,7 +33,7 @@ def test_the_thresholds_come_back_when_start_up_fails():
 
 
 def test_an_end_inside_the_block_ends_it_there_and_once():
-    """The run ends start-up at its first step (corerl.runner); the block's own end then does nothing."""
+    """The run ends start-up at its first step (corerl.run.loop); the block's own end then does nothing."""
     gc.set_threshold(700, 10, 10)
     with start_up.starting():
         start_up.begin()  # a second begin changes nothing: the end restores the first thresholds

@@ -1,6 +1,6 @@
 """``corerl validate`` refuses what ``corerl run`` refuses at its start (the data files, models and
 run directory a recipe names on this machine), in the same line, because both call
-:func:`corerl.run_inputs.check_run_inputs`; ``--recipe-only`` checks the recipe alone; with no
+:func:`corerl.run.inputs.check_run_inputs`; ``--recipe-only`` checks the recipe alone; with no
 recipe, both take the built-in demo with the overrides. Run in this process (fast tier)."""
 
 from __future__ import annotations

@@ -122,7 +122,7 @@ def test_every_refusal_of_every_check_is_reached_by_a_case_and_said_in_one_line(
     from corerl.config import load_config
     from corerl.errors import ConfigErrors, CorerlError
     from corerl.plugin_manager import PluginHost
-    from corerl.selection import select
+    from corerl.config.selection import select
 
     host = PluginHost(env={})
     reached = set()

@@ -259,7 +259,7 @@ def test_a_training_backend_of_an_older_contract_is_refused_for_a_vision_languag
     from corerl.config import load_config
     from corerl.errors import CorerlError
     from corerl.recipes import DEMO_RECIPE
-    from corerl.selection import select
+    from corerl.config.selection import select
 
     host = PluginHost(env={})
     overrides = ["policy.model_name=builtin:tiny-vl", "data.task=shape_colour", "policy.generation.backend=hf"]

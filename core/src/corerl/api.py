@@ -91,7 +91,7 @@ class Trainer:
 
         from corerl.plugin_manager import process_host
         from corerl.run.loop import execute
-        from corerl.selection import Choice, select
+        from corerl.config.selection import Choice, select
 
         host = process_host()
         config = self._load(host, {})

@@ -44,7 +44,7 @@ def build_parser(host: Any = None) -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"corerl {__version__}")
-    from corerl import presets
+    from corerl.config import presets
     from corerl.config.dialects import DIALECTS
 
     preset_help = f"lay a preset over the recipe, under the overrides: {', '.join(presets.names(host))} (repeatable)"
@@ -236,7 +236,7 @@ def _load_and_select(config_path: str, overrides: list[str], presets: list[str],
                      dialect: str | None = None, strict: bool = False) -> tuple[Any, Any, Any]:
     from corerl.config import load_config
     from corerl.plugin_manager import process_host
-    from corerl.selection import select
+    from corerl.config.selection import select
 
     host = process_host()
     config = load_config(config_path, overrides, host, presets, dialect, strict)

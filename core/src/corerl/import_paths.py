@@ -14,7 +14,13 @@ or a plan, and a recipe passed around should not be one edit away from a shell.
 from __future__ import annotations
 
 import importlib
+import importlib.abc
+import importlib.machinery
+import importlib.util
 import re
+import sys
+import types
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -113,3 +119,55 @@ def import_function(path: str, key: str, wanted: str, hint: str,
     if not callable(target):
         raise ConfigError(f"{path!r} is not callable", key=key, hint=hint)
     return target
+
+
+#: modules that moved (issue 74, the core's layers): the old path still imports, as the very module
+#: at its new path, with a DeprecationWarning; the old paths go with contract 3.0
+MOVED_MODULES: dict[str, str] = {
+    "corerl.runner": "corerl.run.loop",
+    "corerl.run_context": "corerl.run.context",
+    "corerl.run_steps": "corerl.run.steps",
+    "corerl.run_directory": "corerl.run.directory",
+    "corerl.run_record": "corerl.run.record",
+    "corerl.run_inputs": "corerl.run.inputs",
+    "corerl.run_evaluation": "corerl.evaluation.during_run",
+    "corerl.evaluation_command": "corerl.evaluation.command",
+    "corerl.checkpoints": "corerl.run.checkpoints",
+    "corerl.recovery": "corerl.run.recovery",
+    "corerl.interrupt": "corerl.run.interrupt",
+    "corerl.out_of_memory": "corerl.run.out_of_memory",
+    "corerl.model_rewards": "corerl.environments.model_rewards",
+    "corerl.sandbox": "corerl.environments.sandbox",
+    "corerl.presets": "corerl.config.presets",
+    "corerl.selection": "corerl.config.selection",
+}
+
+
+class _MovedModule(importlib.abc.Loader):
+    """Loads an old module path as the module at its new one (the same object, not a copy)."""
+
+    def __init__(self, new: str) -> None:
+        self.new = new
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> None:
+        return None
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        warnings.warn(f"{module.__name__} moved to {self.new}; import it from there (the old path goes with "
+                      "contract 3.0)", DeprecationWarning, stacklevel=2)
+        # the import system returns what sys.modules holds under the name once this returns
+        sys.modules[module.__name__] = resolve(self.new, what="moved module")
+
+
+class MovedModuleFinder(importlib.abc.MetaPathFinder):
+    """Finds the old paths of :data:`MOVED_MODULES` (``corerl/__init__`` installs one on ``sys.meta_path``)."""
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> importlib.machinery.ModuleSpec | None:
+        new = MOVED_MODULES.get(fullname)
+        return importlib.util.spec_from_loader(fullname, _MovedModule(new)) if new else None
+
+
+def install_moved_module_finder() -> None:
+    """Make the old paths of :data:`MOVED_MODULES` importable (once per process)."""
+    if not any(isinstance(finder, MovedModuleFinder) for finder in sys.meta_path):
+        sys.meta_path.append(MovedModuleFinder())

@@ -419,7 +419,7 @@ class Sandbox(Registration):
     The factory, called with no arguments, returns an object with ``unavailable() -> str | None``
     (why it cannot run on this machine, in one line; None when it can) and ``run(source, *,
     timeout_s, memory_mb, max_processes, files=None) ->`` :class:`corerl.sdk.SandboxResult`, with
-    the limits and result :func:`corerl.sandbox.run_python` has (docs/security.md).
+    the limits and result :func:`corerl.environments.sandbox.run_python` has (docs/security.md).
     ``contained`` says whether it is a boundary against hostile code: ``env.code.isolation=auto``
     (the default) picks the available contained sandbox of highest priority, and never one that
     is not (the core's ``audit`` mode), which a recipe must name itself."""

@@ -67,7 +67,7 @@ from corerl.planning.memory import (
 )
 from corerl.reporting.loggers.contract import LoggerContext, LoggerSettings
 from corerl.run.context import RunContext  # what RunServices was typed as before contract 2.15
-from corerl.sandbox import SandboxResult
+from corerl.environments.sandbox import SandboxResult
 from corerl.training.batching import loss_token_count
 from corerl.training.contract import Batch, LossFn, StepResult, TrainingEngine, ValueEngine
 from corerl.training.grad_norm import clip_grad_norm

@@ -1,7 +1,7 @@
 """In-run recovery of PPO on DeepSpeed ZeRO-3 at world size 2, its critic a ZeRO-3 worker group of
 its own: a run that loses a rank of either group inside a step, inside a save, during a refit and
 while a recovery loads its checkpoint recovers by itself and ends with the uninterrupted run's
-metrics (:mod:`corerl.recovery`). One run checks both the ZeRO-3 backend and PPO's critic: it took
+metrics (:mod:`corerl.run.recovery`). One run checks both the ZeRO-3 backend and PPO's critic: it took
 the place of one test for each. The uninterrupted run is started by ``scripts/launch_zero3.sh``
 (the ZeRO-3 preset on the demo recipe), so it checks the launcher too: it took the place of a run
 of its own for that."""

@@ -17,7 +17,7 @@ from corerl.config import load_config
 from corerl.errors import ConfigError, ConfigErrors
 from corerl.models.tiny import build_tiny_model, tiny_hf_config
 from corerl.plugin_manager import PluginHost
-from corerl.selection import select
+from corerl.config.selection import select
 from corerl.testing import write_recipe
 from corerl.testing.conformance import MAX_GRAD_NORM, MOMENTUM, MoeConformance, conformance_batch
 from corerl.testing.reference import hf_logprobs

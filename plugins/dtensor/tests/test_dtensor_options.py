@@ -13,7 +13,7 @@ from corerl.errors import ConfigError
 from corerl.models.facts import model_shape
 from corerl.models.tiny import build_tiny_model
 from corerl.plugin_manager import PluginHost
-from corerl.selection import select
+from corerl.config.selection import select
 from corerl.testing import write_recipe
 from corerl.testing.conformance import conformance_batch, conformance_loss
 from corerl.testing.reference import hf_logprobs

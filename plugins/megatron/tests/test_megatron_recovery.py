@@ -1,6 +1,6 @@
 """In-run recovery on megatron at tensor-parallel size 2, generating on its own ranks: a run that
 loses a rank during generation, inside a save, inside a step and while a recovery loads its
-checkpoint recovers by itself and ends with the uninterrupted run's metrics (:mod:`corerl.recovery`).
+checkpoint recovers by itself and ends with the uninterrupted run's metrics (:mod:`corerl.run.recovery`).
 Both runs enable dtensor too: the uninterrupted one also shows that megatron's priority wins and
 says why (it took the place of a run of its own for that)."""
 

@@ -50,7 +50,7 @@ if TYPE_CHECKING:
     from corerl.offload import PhaseOffload, ReferenceOffload
     from corerl.plugin_manager import PluginHost
     from corerl.registry import GenerationBackend, TrainingBackend
-    from corerl.selection import Selection
+    from corerl.config.selection import Selection
     from corerl.tasks import TaskSource
     from corerl.tasks.preferences import PreferenceSource
     from corerl.training.contract import TrainingEngine

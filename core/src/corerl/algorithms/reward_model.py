@@ -5,7 +5,7 @@ head (:mod:`corerl.models.value_model`). A sequence's score is the head's output
 which the value engine reports one position later (position ``t`` holds the value of
 ``input_ids[:t]``): so each row gets one extra token after the response, whose value slot is the
 score and the only loss token (the score slot's helpers, :func:`slot_token`, :func:`last_token_mask`
-and :func:`slot_scores`, live in :mod:`corerl.model_rewards`, which scores samples by the same
+and :func:`slot_scores`, live in :mod:`corerl.environments.model_rewards`, which scores samples by the same
 convention, and are re-exported here). The loss of a pair is ``-log sigmoid(score_chosen - score_rejected)``.
 
 Exported as a Hugging Face sequence-classification checkpoint (``<run dir>/reward_model``): it
@@ -26,7 +26,7 @@ import torch.nn.functional as F
 
 from corerl.algorithms.contract import AlgorithmBase, RunServices
 from corerl.algorithms.dpo_math import pair_sums, preference_batch
-from corerl.model_rewards import last_token_mask, slot_scores, slot_token
+from corerl.environments.model_rewards import last_token_mask, slot_scores, slot_token
 
 if TYPE_CHECKING:
     from corerl.tasks.preferences import PreferencePair

@@ -89,19 +89,19 @@ def owned_sections(host: PluginHost) -> dict[str, type | None]:
 def unloaded_plugin_sections(host: PluginHost) -> dict[str, str]:
     """``policy.<name>_cfg`` (the documented section name) of each installed plugin that failed to
     load or is disabled, by plugin name: kept as a mapping, so that a recipe naming it is told
-    which plugin is missing rather than "unknown key" (see :func:`corerl.selection.select`)."""
+    which plugin is missing rather than "unknown key" (see :func:`corerl.config.selection.select`)."""
     return {f"policy.{info.name}_cfg": info.name for info in host.plugins.values() if info.status != "loaded"}
 
 
 def load_config(path: str | Path, overrides: Iterable[str], host: PluginHost, presets: Iterable[str] = (),
                 dialect: str | None = None, strict: bool = False) -> Config:
-    """Load a recipe, lay ``presets`` over it (:mod:`corerl.presets`), apply the overrides, resolve
+    """Load a recipe, lay ``presets`` over it (:mod:`corerl.config.presets`), apply the overrides, resolve
     ``${...}`` references, translate a recipe in another framework's ``dialect`` (None: recognised
     from its shape; :mod:`corerl.config.dialects`), and validate; every problem found is raised
     together. In another framework's dialect a key nothing maps is left out with a warning, or with
     ``strict`` refused."""
     raw, origins = load_recipe(path, host)
-    from corerl import presets as bundled
+    from corerl.config import presets as bundled
 
     for name in presets:
         preset_data, preset_origins = load_recipe(bundled.path_of(name, key="--preset", host=host), host)

@@ -40,13 +40,13 @@ def load_recipe(path: str | Path, host: Any = None) -> tuple[dict[str, Any], Ori
     """Load ``path`` with everything it inherits through ``defaults:``.
 
     ``defaults`` is a path or a list of paths, relative to the file that names them, or
-    ``preset:NAME`` (:mod:`corerl.presets`); they merge in order and the file itself goes on top.
+    ``preset:NAME`` (:mod:`corerl.config.presets`); they merge in order and the file itself goes on top.
     """
     return _load(Path(path).expanduser().resolve(), stack=(), needed_by=None, host=host)
 
 
 def _defaults_target(path: Path, entry: str, host: Any) -> Path:
-    from corerl import presets
+    from corerl.config import presets
 
     if entry.startswith(presets.PREFIX):
         return presets.path_of(entry[len(presets.PREFIX):], key="defaults", source=str(path), host=host)

@@ -449,7 +449,7 @@ class RunConfig:
 @attrs.define(kw_only=True)
 class RewardModelConfig:
     """``reward_model``: training's samples scored by a model instead of the task's reward (GRPO,
-    PPO); held-out figures and ``eval`` keep the task's own reward (:mod:`corerl.model_rewards`)."""
+    PPO); held-out figures and ``eval`` keep the task's own reward (:mod:`corerl.environments.model_rewards`)."""
 
     kind: Literal["bradley_terry", "llm_judge"] | None = setting(
         None, help="bradley_terry: a reward model's score; llm_judge: a model grading each answer; unset: the "

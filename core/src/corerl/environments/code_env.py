@@ -1,5 +1,5 @@
 """``code``: one turn, the model's Python run against the row's tests in a sandbox
-(:mod:`corerl.sandbox`); the reward is 1 when every test passes, else 0.
+(:mod:`corerl.environments.sandbox`); the reward is 1 when every test passes, else 0.
 
 A row carries HumanEval's fields (the ``humaneval`` task gives them): ``prompt`` (the function's
 signature and docstring), ``test`` (a ``check(candidate)`` function) and ``entry_point`` (the
@@ -24,7 +24,7 @@ import attrs
 from corerl.config.fields import setting
 from corerl.environments.contract import EnvironmentContext, EnvironmentSettings, EpisodeView, Turn
 from corerl.environments.sandboxes import AUDIT_LIMITS, AUTO, SandboxRunner, runner_for
-from corerl.sandbox import SandboxResult
+from corerl.environments.sandbox import SandboxResult
 
 
 @attrs.define(kw_only=True)

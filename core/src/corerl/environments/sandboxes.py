@@ -13,9 +13,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Protocol
 
-from corerl import sandbox
+from corerl.environments import sandbox
 from corerl.errors import ConfigError
-from corerl.sandbox import SandboxResult
+from corerl.environments.sandbox import SandboxResult
 
 #: the ``env.code.isolation`` value that picks the best contained sandbox available
 AUTO = "auto"
@@ -37,7 +37,7 @@ class SandboxRunner(Protocol):
 
 
 class BuiltinSandbox:
-    """One of :mod:`corerl.sandbox`'s isolation modes as a registered sandbox."""
+    """One of :mod:`corerl.environments.sandbox`'s isolation modes as a registered sandbox."""
 
     mode = ""
 

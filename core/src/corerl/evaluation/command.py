@@ -103,9 +103,9 @@ def run(args: argparse.Namespace) -> int:
     from corerl.config import load_config
     from corerl.errors import ConfigError, UsageError
     from corerl.evaluation.figures import EvalPlan
-    from corerl.presets import default_host
+    from corerl.config.presets import default_host
     from corerl.reporting.console import make_console
-    from corerl.selection import select
+    from corerl.config.selection import select
 
     kind, folder = checkpoint_kind(args.checkpoint)
     host = default_host()

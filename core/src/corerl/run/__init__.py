@@ -12,6 +12,6 @@
 - :mod:`corerl.run.out_of_memory`: running out of memory, said in one line.
 
 Evaluation during a run lives with the rest of evaluation (:mod:`corerl.evaluation`). The old
-root modules (``corerl.runner``, ``corerl.run_context``, ...) re-export these. Nothing is
+root modules (``corerl.run.loop``, ``corerl.run.context``, ...) re-export these. Nothing is
 imported here: the package stays as light as its lightest module.
 """

@@ -22,7 +22,7 @@ from corerl.errors import ConfigError, RegistrationError
 from corerl.plugin_manager import PluginHost
 from corerl.run.checkpoints import read_state
 from corerl.run.directory import load_tokenizer, make_run_dir, resolve_model
-from corerl.selection import Selection
+from corerl.config.selection import Selection
 
 
 class RunContext:
@@ -252,7 +252,7 @@ class RunContext:
         if self.config.core.reward_model.kind is None:
             return self.rollout()
         if self._training_rollout is None:
-            from corerl.model_rewards import ModelScoredRollout
+            from corerl.environments.model_rewards import ModelScoredRollout
 
             self._training_rollout = ModelScoredRollout(self.rollout(), self.start_reward_scorer())
         return self._training_rollout
@@ -260,7 +260,7 @@ class RunContext:
     def start_reward_scorer(self) -> Any:
         """The scorer ``reward_model`` describes, its engine started here (shut down with the run)."""
         from corerl.config.critic import CRITIC_ROLE
-        from corerl.model_rewards import JudgeScorer, ValueModelScorer, as_value_model, slot_token
+        from corerl.environments.model_rewards import JudgeScorer, ValueModelScorer, as_value_model, slot_token
         from corerl.models.tokenizer import check_same_vocabulary
         from corerl.offload import ReferenceOffload
         from corerl.run.directory import resolve_model

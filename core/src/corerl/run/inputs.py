@@ -24,7 +24,7 @@ from corerl.errors import ConfigError, ConfigErrors, CorerlError
 if TYPE_CHECKING:
     from corerl.config import Config
     from corerl.plugin_manager import PluginHost
-    from corerl.selection import Selection
+    from corerl.config.selection import Selection
 
 
 def check_run_inputs(config: Config, selection: Selection, host: PluginHost | None = None) -> None:

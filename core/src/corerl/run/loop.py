@@ -33,7 +33,7 @@ from corerl.run.directory import (
     check_writable as check_writable,  # re-exported: where it used to live
 )
 from corerl.run.steps import save_run_checkpoint, start_algorithm, take_step
-from corerl.selection import Selection
+from corerl.config.selection import Selection
 from corerl.training.final_export import export_final, final_kind
 
 EXIT_INTERRUPTED = 130

@@ -23,7 +23,7 @@ from corerl.testing.in_memory import plugin_from
 if TYPE_CHECKING:
     from corerl.config import Config
     from corerl.plugin_manager import PluginHost
-    from corerl.selection import Selection
+    from corerl.config.selection import Selection
 
 __all__ = ["FakeSite", "host_with", "plugin_from", "select_for", "write_recipe"]
 
@@ -71,7 +71,7 @@ def select_for(
 ) -> tuple[Config, Selection]:
     """Load and validate ``recipe`` with ``host``'s plugins, then select: what ``corerl validate`` does."""
     from corerl.config import load_config
-    from corerl.selection import select
+    from corerl.config.selection import select
 
     config = load_config(recipe, list(overrides), host)
     return config, select(config, host)

@@ -286,7 +286,7 @@ def _units(batch: Batch, contiguous: bool) -> list[list[int]]:
 
 def resolve_packer(config: RecipeConfig) -> Packer:
     """The packer ``policy.sequence_packing.algorithm`` names: the registration selection
-    resolved (see :func:`corerl.selection.select`), else the installed plugins' one."""
+    resolved (see :func:`corerl.config.selection.select`), else the installed plugins' one."""
     packer_id = config.core.policy.sequence_packing.algorithm
     registration = config.components.get("sequence_packer")
     if registration is None or registration.id != packer_id:

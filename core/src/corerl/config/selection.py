@@ -406,7 +406,7 @@ def _core_checks(config: Config, choices: dict[str, Choice], checked: list[str])
     from corerl.evaluation.figures import check_evaluation
 
     check_evaluation(config, choices["algorithm"].registration)
-    from corerl.model_rewards import check_reward_model
+    from corerl.environments.model_rewards import check_reward_model
 
     check_reward_model(config, choices["algorithm"].registration)
     from corerl.config.async_section import async_settings

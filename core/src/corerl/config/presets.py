@@ -6,8 +6,8 @@ A recipe names one in ``defaults:`` as ``preset:NAME``; ``corerl run --preset NA
 ``validate``) lays one over a recipe, under the command line's ``KEY=VALUE`` overrides; from
 Python, :func:`get` returns one as a dict.
 
-    >>> import corerl.presets
-    >>> corerl.presets.get("zero3")["policy"]["deepspeed_cfg"]["zero_stage"]
+    >>> import corerl.config.presets
+    >>> corerl.config.presets.get("zero3")["policy"]["deepspeed_cfg"]["zero_stage"]
     3
 """
 

@@ -1,3 +1,0 @@
-"""Moved to :mod:`corerl.run.interrupt` (issue 74: the run layer's package); this old path re-exports it, so imports from it keep working."""
-
-from corerl.run.interrupt import *  # noqa: F403
