@@ -41,7 +41,7 @@ def parse_override(text: str, host: Any = None) -> Override:
     if not _KEY.match(key):
         raise UsageError(
             f"malformed override {text!r}: {key!r} is not a dotted key path",
-            hint="write e.g. policy.dtensor_cfg.enabled=true",
+            hint="write e.g. policy.max_seq_length=512",
         )
     try:
         value = parse_value(raw)

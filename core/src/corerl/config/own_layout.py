@@ -37,7 +37,7 @@ def with_own_layout(config: Config, overrides: Mapping[str, Any] | None, key: st
         return config
     if not isinstance(overrides, Mapping):
         raise ConfigError(f"expected a mapping of {' and '.join(OWN_SECTIONS)} keys, got {type(overrides).__name__}",
-                          key=key, hint="e.g. {policy: {dtensor_cfg: {tensor_parallel_size: 2}}}")
+                          key=key, hint="e.g. {policy: {<backend>_cfg: {tensor_parallel_size: 2}}}, <backend> a training backend id")
     for section in overrides:
         if section not in OWN_SECTIONS:
             raise ConfigError(f"{section} is not a section a frozen model can have its own keys for", key=f"{key}.{section}",

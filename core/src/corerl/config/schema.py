@@ -53,7 +53,7 @@ class ColocatedConfig:
 class GenerationConfig:
     """``policy.generation``: the generation backend and its sampling settings."""
 
-    backend: str | None = setting(None, help="generation backend id; unset: vllm when installed, else hf")
+    backend: str | None = setting(None, help="generation backend id; unset: the default generation backend when its plugin is installed, else hf (`corerl plugins` lists both)")
     max_new_tokens: int = setting(128, min=1, help="tokens a completion may have (policy.max_seq_length also bounds it)")
     temperature: float = setting(1.0, min=0.0, help="sampling temperature; it shapes only which tokens are drawn: the logprobs returned and trained on are of the untempered distribution")
     top_p: float = setting(1.0, min=0.0, min_exclusive=True, max=1.0, help="nucleus sampling: keep the smallest set of tokens whose probability reaches this")
@@ -62,7 +62,7 @@ class GenerationConfig:
     stop_token_ids: list[int] | None = setting(None, help="a completion ends at any of these tokens, besides the model's end of sequence (generation_config.json's eos_token_id, else the tokenizer's), in training's samples and held-out evaluation's answers alike")
     ignore_eos: bool = setting(False, help="every completion runs to max_new_tokens: no token ends it (equal work in "
                                "benchmarks; stop_strings still cut it). hf never samples the stop tokens then (as "
-                               "transformers' min_new_tokens does); vllm and megatron sample them and go on")
+                               "transformers' min_new_tokens does); the other backends sample them and go on")
     hf_kv_cache: Literal["auto", "dynamic", "static"] = setting(
         "auto", help="hf backend: the KV cache of generate(); auto: static on a GPU, dynamic on CPU. A shared "
         "float32 training model under bfloat16/float16 autocast decodes with the static cache through a 16-bit "
