@@ -1,0 +1,48 @@
+"""What a generation backend (``corerl_register_generation_backends``) needs beyond
+:mod:`corerl.sdk.registering`: the generation contract, images, the sampling helpers, the weights
+a refit brings (shared, under checkpoint names, a LoRA adapter) and where its workers run."""
+
+from __future__ import annotations
+
+from corerl.distributed.devices import local_gpu_index, runs_here_without_gpu
+from corerl.distributed.placement import dedicated_generation_layout, training_layout
+from corerl.distributed.worker_group import LocalWorkerGroup, RayWorkerGroup, free_port
+from corerl.generation.contract import (
+    GenerationEngine,
+    ImagePrompt,
+    Images,
+    Sample,
+    SamplingSettings,
+    images_of,
+)
+from corerl.generation.sampling import (
+    choose_tokens,
+    choose_tokens_per_row,
+    cut_at_stop_strings,
+    row_generators,
+    row_seeds,
+)
+from corerl.generation.shared_weights import SharedWeightWriter, read_shared
+from corerl.lora.adapter import is_adapter_name, lora_enabled, write_adapter
+from corerl.lora.weights import AdapterWeights
+from corerl.models.facts import check_tensor_parallel, model_shape
+from corerl.models.tokenizer import load_tokenizer_folder
+from corerl.models.vision import is_vision_language, read_hf_config, vision_token_ids
+from corerl.training.weights import CheckpointNaming
+
+__all__ = [
+    # the generation contract
+    "GenerationEngine", "Sample", "SamplingSettings",
+    # images: vision-language models
+    "Images", "ImagePrompt", "images_of", "is_vision_language", "read_hf_config", "vision_token_ids",
+    # sampling a step's tokens, stop strings
+    "choose_tokens", "choose_tokens_per_row", "row_generators", "row_seeds", "cut_at_stop_strings",
+    # the refit's weights: shared through a file, under checkpoint names, a LoRA adapter
+    "SharedWeightWriter", "read_shared", "CheckpointNaming",
+    "lora_enabled", "is_adapter_name", "AdapterWeights", "write_adapter",
+    # the model: shape, tensor-parallel refusal, tokenizer
+    "model_shape", "check_tensor_parallel", "load_tokenizer_folder",
+    # where its workers run
+    "LocalWorkerGroup", "RayWorkerGroup", "training_layout", "dedicated_generation_layout",
+    "runs_here_without_gpu", "local_gpu_index", "free_port",
+]
