@@ -50,13 +50,13 @@ def load_target(target: str, overrides: list[str], host: Any) -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
-    from corerl.planning.planner import installed_models, make_plan
+    from corerl.planning.planner import installed_generation_models, installed_models, make_plan
     from corerl.config.presets import default_host
 
     host = default_host()
     config = load_target(args.target, list(args.overrides), host)
-    request = request_of(config, args.gpus, args.nodes, args.gpu_memory)
-    plan = make_plan(request, installed_models(host))
+    request = request_of(config, args.gpus, args.nodes, args.gpu_memory, host=host)
+    plan = make_plan(request, installed_models(host), installed_generation_models(host))
     if args.json:
         print(json.dumps(plan.as_dict(), indent=2))
     else:

@@ -1,10 +1,13 @@
 """The planner's vocabulary: what is asked (:class:`PlanRequest`), a candidate layout
-(:class:`Layout`), what a training layout holds per GPU (:class:`TrainingMemory`), and the
-protocol a backend's memory model follows (:class:`MemoryModel`).
+(:class:`Layout`), what a training layout holds per GPU (:class:`TrainingMemory`), what a backend
+says of the requests it is made for (:class:`Preference`), and the protocols a training backend's
+memory model (:class:`MemoryModel`) and a generation engine's (:class:`GenerationMemory`) follow.
 
-A training backend's plugin registers a :class:`corerl.registry.MemoryModel` whose factory
-returns a :class:`MemoryModel`; the core (:mod:`corerl.planning.planner`) adds the generation
-engine and the reference model and ranks the layouts.
+A training backend's plugin registers a :class:`corerl.registry.MemoryModel` (its id the
+backend's) whose factory returns a :class:`MemoryModel`; a generation engine's plugin registers
+one under the engine's id whose factory returns a :class:`GenerationMemory`. The core
+(:mod:`corerl.planning.planner`) adds the generation engine and the reference model to each
+layout, follows the strongest preference and ranks the layouts.
 """
 
 from __future__ import annotations
@@ -33,7 +36,9 @@ class PlanRequest:
     micro_batch: int = 1
     #: sequences one generation step holds per data-parallel group of the engine
     generation_batch: int = 64
-    generation_memory_fraction: float = 0.6  # vLLM's gpu_memory_utilization
+    #: the share of each GPU a colocated generation engine reserves (its memory model reads it
+    #: from the engine's section: :meth:`GenerationMemory.memory_fraction`)
+    generation_memory_fraction: float = 0.6
     #: a frozen reference for the KL penalty (algorithm.kl_penalty > 0)
     reference: bool = False
     #: asynchronous RL (algorithm.async.enabled): generation needs GPUs of its own
@@ -62,9 +67,11 @@ class Layout:
     activation_checkpointing: bool = False
     #: ranks each sequence is split over (context parallelism); counted as model-parallel ranks
     cp: int = 1
-    #: ranks per model instance a generation engine may shard over (vLLM's TP), and whether the
-    #: backend samples with its own training weights (megatron generation)
-    generation: str = "vllm"
+    #: the generation backend that samples beside this layout: None, the default engine (the
+    #: installed generation memory model of highest priority); a generation backend's id, that
+    #: engine; the layout's own backend id, the backend samples with its training weights
+    #: (:attr:`TrainingMemory.own_generation` says what that adds)
+    generation: str | None = None
 
 
 @attrs.frozen
@@ -78,8 +85,8 @@ class TrainingMemory:
     optimizer: int
     activations: int
     reference: int = 0
-    #: what a backend that samples with its own weights adds while generating (megatron's KV
-    #: buffer); 0 where a separate engine (vLLM) generates
+    #: what a backend that samples with its own weights adds while generating (its KV buffer);
+    #: 0 where a separate engine generates
     own_generation: int = 0
     #: the engine's own working buffers in the training phase beyond its state (DeepSpeed ZeRO-3's
     #: gradient reduce bucket and the full parameters it gathers for a forward); 0 where none is known
@@ -95,10 +102,30 @@ class TrainingMemory:
         return self.state + self.activations + self.buffers + self.reference
 
 
+@attrs.frozen
+class Preference:
+    """What a training backend's memory model says of a request it is the backend for (the
+    decision tree's branch: a model size, a node count, a model family), and why, in one line.
+    The planner follows the preference of highest ``priority`` among the installed backends (ties:
+    the memory models' order): its fitting layouts rank first."""
+
+    why: str
+    priority: int = 0
+    #: the generation it wants beside its layouts: None, the default engine; an engine's id; the
+    #: backend's own id, its own generation (its layouts with that ``Layout.generation``)
+    generation: str | None = None
+    #: the tensor-parallel size it asks of the generation engine (its smallest fitting one if larger)
+    generation_tp: int | None = None
+
+
 @runtime_checkable
 class MemoryModel(Protocol):
     """A training backend's memory model (the factory of a :class:`corerl.registry.MemoryModel`
-    returns one)."""
+    returns one).
+
+    It may also have ``preference(request) -> Preference | None`` (contract 2.16): the requests
+    this backend is the one for, and why. A memory model without it (an older contract's) is
+    planned all the same, and preferred for none."""
 
     def layouts(self, request: PlanRequest) -> list[Layout]:
         """The layouts worth considering for ``request`` on this backend."""
@@ -107,7 +134,30 @@ class MemoryModel(Protocol):
         """The layout a validated recipe ``config`` asks for (``corerl validate``'s fit check)."""
 
     def estimate(self, request: PlanRequest, layout: Layout) -> TrainingMemory:
-        """Per-GPU bytes of the largest rank of ``layout`` (the generation engine is the core's)."""
+        """Per-GPU bytes of the largest rank of ``layout`` (a separate generation engine's share
+        is its own memory model's)."""
+
+
+@runtime_checkable
+class GenerationMemory(Protocol):
+    """A generation engine's memory model (registered as a :class:`corerl.registry.MemoryModel`
+    under the engine's id; contract 2.16): what the engine takes of each GPU beside a training
+    layout, the tensor-parallel size it needs, and the overrides that select it. It may also have
+    ``memory_fraction(config) -> float | None``: the share of each GPU its section reserves
+    (:attr:`PlanRequest.generation_memory_fraction`; the request's default where absent)."""
+
+    def share(self, request: PlanRequest) -> int:
+        """Bytes of each GPU the engine reserves when colocated with training."""
+
+    def tensor_parallel(self, request: PlanRequest, reserved: int) -> int | None:
+        """The engine's tensor-parallel size (within a node) with ``reserved`` bytes of each GPU;
+        None when no size fits."""
+
+    def overrides(self, tp: int) -> list[str]:
+        """``key=value`` overrides that select the engine at tensor-parallel size ``tp``."""
+
+    def label(self, tp: int) -> str:
+        """The engine at tensor-parallel size ``tp``, for the plan's table (``Engine TP=2``)."""
 
 
 def activation_bytes(request: PlanRequest, layers: int, tp: int = 1, checkpointing: bool = False,

@@ -1,25 +1,28 @@
 """The core's half of ``corerl plan``: every installed memory model's layouts, with the
-generation engine and the frozen reference added, ranked by the backend decision tree and by
-what fits.
+generation engine and the frozen reference added, ranked by the installed backends' preferences
+and by what fits. The core names no backend: what each backend is for, and what a generation
+engine takes of a GPU, are their plugins' memory models'.
 
 Per GPU, a run's peak is the larger of its two phases: training (parameters, gradients,
 optimizer state, one micro-batch's activations, the reference's parameters) and generation
-(what training leaves on the GPU, plus the engine: colocated vLLM reserves
-``gpu_memory_utilization`` of the GPU for its weights and KV cache; megatron generation adds its
-KV buffer to the training weights it samples with). Where the training state and vLLM's share do
-not fit together, the plan asks for ``policy.offload.policy=full`` (the training state leaves
-while vLLM runs). On one node, vLLM may instead run dedicated on ``g`` GPUs of its own (its
-tensor-parallel size), training on the others: then each side only holds its own. A layout fits when its peak leaves :data:`RESERVED` of the GPU free (CUDA
+(what training leaves on the GPU, plus the engine: a colocated engine reserves its share of the
+GPU for its weights and KV cache, :meth:`~corerl.planning.memory.GenerationMemory.share`; a
+backend that samples with its own training weights adds its
+:attr:`~corerl.planning.memory.TrainingMemory.own_generation`). Where the training state and the
+engine's share do not fit together, the plan asks for ``policy.offload.policy=full`` (the
+training state leaves while the engine runs). On one node, the engine may instead run dedicated
+on ``g`` GPUs of its own (its tensor-parallel size), training on the others: then each side only
+holds its own. A layout fits when its peak leaves :data:`RESERVED` of the GPU free (CUDA
 context, allocator slack).
 
 An asynchronous recipe (``algorithm.async.enabled``) generates while training runs, so only
 dedicated layouts are candidates: on one node, ``g`` GPUs of the node; on several nodes, one
 whole node for generation and training on the others.
 
-The decision tree (NeMo RL's backend guide): under 10B parameters, dtensor + vLLM; 10-70B on
-one node, dtensor + vLLM with TP over the node (vLLM's tensor parallelism; the training layout is
-whichever dtensor layout fits, FSDP spreading the model over the node); 10-70B on several nodes,
-megatron + vLLM; over 70B, megatron + megatron generation.
+The decision tree is the backends' own: each training backend's memory model may say which
+requests it is for (``preference(request)``, a :class:`~corerl.planning.memory.Preference`: the
+first-party ones follow NeMo RL's backend guide); the plan follows the strongest, and its
+fitting layouts rank first, simplest first.
 """
 
 from __future__ import annotations
@@ -29,40 +32,61 @@ from typing import Any
 import attrs
 
 from corerl.errors import ConfigError
-from corerl.models.facts import tensor_parallel_fits
-from corerl.planning.memory import GIB, Layout, MemoryModel, PlanRequest, TrainingMemory
+from corerl.planning.installed import default_generation, installed_generation_models, installed_models
+from corerl.planning.memory import GIB, GenerationMemory, Layout, MemoryModel, PlanRequest, Preference, TrainingMemory
 from corerl.planning.request import request_of
 
+__all__ = ["RESERVED", "Candidate", "Plan", "Rule", "assess", "assess_dedicated", "complexity", "decision_rule",
+           "fit_warning", "installed_generation_models", "installed_models", "make_plan"]
+
 RESERVED = 2 * GIB
-SMALL, LARGE = 10e9, 70e9
 
 
 @attrs.frozen
 class Rule:
-    """The decision tree's branch for a request: the backend and generation it names, and why."""
+    """The preference a plan follows: the backend and generation it names, and why (``backend``
+    None where no installed backend states one)."""
 
-    backend: str
-    generation: str
+    backend: str | None
+    generation: str | None
     why: str
-    generation_tp: int | None = None  # the tree's vLLM tensor-parallel size, where it names one
+    generation_tp: int | None = None  # the tensor-parallel size it asks of the generation engine, where it names one
 
 
-def decision_rule(request: PlanRequest) -> Rule:
-    """The branch of the decision tree ``request`` falls in (see the module docstring); a
-    vision-language model's is dtensor + vLLM at any size (megatron does not train one)."""
-    billions = request.shape.parameters / 1e9
-    if request.shape.vision:
-        return Rule("dtensor", "vllm", f"a vision-language model ({billions:.1f}B in its language model): dtensor + "
-                                       "vLLM (megatron does not train one)",
-                    generation_tp=request.gpus_per_node if request.shape.parameters >= SMALL else None)
-    if request.shape.parameters < SMALL:
-        return Rule("dtensor", "vllm", f"{billions:.1f}B parameters (< 10B): dtensor + vLLM")
-    if request.shape.parameters <= LARGE:
-        if request.nodes == 1:
-            return Rule("dtensor", "vllm", f"{billions:.1f}B parameters (10-70B) on one node: dtensor + vLLM "
-                                           f"(TP={request.gpus_per_node})", generation_tp=request.gpus_per_node)
-        return Rule("megatron", "vllm", f"{billions:.1f}B parameters (10-70B) on {request.nodes} nodes: megatron + vLLM")
-    return Rule("megatron", "megatron", f"{billions:.1f}B parameters (> 70B): megatron + megatron generation")
+NO_PREFERENCE = "no installed backend states a preference for this model"
+
+
+def decision_rule(request: PlanRequest, models: dict[str, MemoryModel] | None = None,
+                  engines: dict[str, GenerationMemory] | None = None) -> Rule:
+    """The preference ``request`` falls under: the strongest that an installed training backend's
+    memory model states (``models`` None: this process's installed ones), its generation
+    resolved to an engine id (``engines`` None: this process's)."""
+    if models is None:
+        from corerl.config.presets import default_host
+
+        models = installed_models(default_host())
+    if engines is None:
+        engines = installed_generation_models()
+    best: tuple[int, str, Preference] | None = None
+    for backend, model in models.items():
+        prefers = getattr(model, "preference", None)  # an older contract's memory model has none
+        preference = prefers(request) if prefers is not None else None
+        if preference is not None and (best is None or preference.priority > best[2].priority):
+            best = (preference.priority, backend, preference)
+    if best is None:
+        return Rule(None, None, NO_PREFERENCE)
+    _, backend, preference = best
+    return Rule(backend, preference.generation or default_generation(engines), preference.why,
+                generation_tp=preference.generation_tp)
+
+
+def engine_of(layout: Layout, engines: dict[str, GenerationMemory]) -> tuple[str | None, GenerationMemory | None]:
+    """The id of the generation backend that samples beside ``layout`` and its memory model (None
+    where the layout's own backend samples, or the engine registers no memory model)."""
+    engine_id = layout.generation or default_generation(engines)
+    if engine_id is None or engine_id == layout.backend:
+        return engine_id, None
+    return engine_id, engines.get(engine_id)
 
 
 @attrs.frozen
@@ -71,21 +95,20 @@ class Candidate:
 
     layout: Layout
     training: TrainingMemory
-    generation: int  # the vLLM engine's share of each GPU while it runs (0: the backend generates)
+    generation: int  # the generation engine's share of each GPU while it runs (0: the backend generates)
     generation_tp: int
     offload: str  # the offload policy the layout needs: none, or full (training state leaves during generation)
     peak: int
     fits: bool
     follows_rule: bool
-    dedicated: bool = False  # vLLM on ``generation_tp`` GPUs of its own, training on the rest of the node
-    dedicated_nodes: int = 0  # asynchronous RL on several nodes: vLLM on this many whole nodes of its own
+    dedicated: bool = False  # the engine on ``generation_tp`` GPUs of its own, training on the rest of the node
+    dedicated_nodes: int = 0  # asynchronous RL on several nodes: the engine on this many whole nodes of its own
+    #: the generation engine's memory model (None: the layout's backend samples with its own weights)
+    engine: GenerationMemory | None = attrs.field(default=None, eq=False, repr=False)
 
     def overrides(self) -> list[str]:
         """``key=value`` overrides that run this candidate."""
-        extra = []
-        if self.layout.generation == "vllm":
-            extra += ["policy.generation.backend=vllm",
-                      f"policy.generation.vllm_cfg.tensor_parallel_size={self.generation_tp}"]
+        extra = list(self.engine.overrides(self.generation_tp)) if self.engine is not None else []
         if self.dedicated:
             extra += ["policy.generation.colocated.enabled=false",
                       f"policy.generation.colocated.resources.gpus_per_node={self.generation_tp}"]
@@ -107,74 +130,80 @@ class Candidate:
 
     @property
     def generation_label(self) -> str:
-        if self.layout.generation != "vllm":
-            return "megatron"
+        if self.engine is None:
+            return self.layout.generation or self.layout.backend
         where = f" dedicated ({self.dedicated_nodes} node)" if self.dedicated_nodes else " dedicated" if self.dedicated else ""
-        return f"vLLM TP={self.generation_tp}{where}"
+        return f"{self.engine.label(self.generation_tp)}{where}"
 
 
-def vllm_tensor_parallel(request: PlanRequest, reserved: int) -> int | None:
-    """The smallest vLLM tensor-parallel size (within a node) whose weights take at most half of
-    the engine's share ``reserved``, leaving the rest for the KV cache; None when none does."""
-    weights = request.shape.parameters * 2  # vLLM serves 16-bit weights
-    tp = 1
-    while tp <= request.gpus_per_node:
-        if tensor_parallel_fits(request.shape, tp) and weights / tp <= reserved / 2:
-            return tp
-        tp *= 2
-    return None
+def _follows(layout: Layout, engine_id: str | None, rule: Rule) -> bool:
+    return rule.backend is not None and layout.backend == rule.backend and engine_id == rule.generation
 
 
-def assess(request: PlanRequest, layout: Layout, training: TrainingMemory, rule: Rule) -> Candidate:
-    """The candidate ``layout`` makes with its training memory: generation added, offload chosen."""
+def assess(request: PlanRequest, layout: Layout, training: TrainingMemory, rule: Rule,
+           engines: dict[str, GenerationMemory] | None = None) -> Candidate:
+    """The candidate ``layout`` makes with its training memory: generation added, offload chosen
+    (``engines``: the generation engines' memory models; None, this process's)."""
+    engines = installed_generation_models() if engines is None else engines
     usable = request.gpu_memory - RESERVED
-    follows = layout.backend == rule.backend and layout.generation == rule.generation
+    engine_id, engine = engine_of(layout, engines)
+    follows = _follows(layout, engine_id, rule)
     resident = training.state + training.reference
-    if layout.generation == "vllm":
-        share = int(request.generation_memory_fraction * request.gpu_memory)
-        tp = vllm_tensor_parallel(request, share)
+    if engine is not None:
+        share = engine.share(request)
+        tp = engine.tensor_parallel(request, share)
         if follows and rule.generation_tp is not None and tp is not None:
             tp = max(tp, rule.generation_tp)
         offload = "none" if resident + share <= usable else "full"
         during_generation = (resident if offload == "none" else 0) + share
         peak = max(training.total, during_generation)
         fits = tp is not None and peak <= usable
-        return Candidate(layout, training, share, tp or request.gpus_per_node, offload, peak, fits, follows)
+        return Candidate(layout, training, share, tp or request.gpus_per_node, offload, peak, fits, follows,
+                         engine=engine)
     peak = max(training.total, resident + training.own_generation)
     return Candidate(layout, training, 0, layout.tp, "none", peak, peak <= usable, follows)
 
 
-def assess_dedicated(request: PlanRequest, model: MemoryModel, rule: Rule) -> list[Candidate]:
-    """On one node: vLLM on ``g`` GPUs of its own (``g`` its tensor-parallel size, the weights in at
-    most half of a GPU each), each of ``model``'s vLLM layouts on the remaining GPUs. An
-    asynchronous recipe on several nodes: vLLM on one whole node, training on the others."""
+def assess_dedicated(request: PlanRequest, model: MemoryModel, rule: Rule,
+                     engines: dict[str, GenerationMemory] | None = None) -> list[Candidate]:
+    """On one node: each generation engine on ``g`` GPUs of its own (``g`` its tensor-parallel
+    size with a whole GPU each), each of ``model``'s layouts that engine samples beside on the
+    remaining GPUs. An asynchronous recipe on several nodes: the engine on one whole node,
+    training on the others."""
+    engines = installed_generation_models() if engines is None else engines
     usable = request.gpu_memory - RESERVED
-    if request.nodes > 1 and request.asynchronous:
-        if vllm_tensor_parallel(request, usable) is None:
-            return []
-        return _beside_generation(attrs.evolve(request, nodes=request.nodes - 1), model, rule, usable,
-                                  request.gpus_per_node, nodes=1)
-    if request.nodes != 1 or request.gpus_per_node < 2:
-        return []
-    g = vllm_tensor_parallel(request, usable)
-    if g is None or g >= request.gpus_per_node:
-        return []
-    if rule.generation_tp is not None and rule.backend == "dtensor":
-        g = min(max(g, rule.generation_tp), request.gpus_per_node // 2)
-    return _beside_generation(attrs.evolve(request, gpus_per_node=request.gpus_per_node - g), model, rule, usable, g)
+    out: list[Candidate] = []
+    for engine_id, engine in engines.items():
+        if request.nodes > 1 and request.asynchronous:
+            if engine.tensor_parallel(request, usable) is None:
+                continue
+            out += _beside_generation(attrs.evolve(request, nodes=request.nodes - 1), model, rule, usable,
+                                      request.gpus_per_node, engine_id, engines, nodes=1)
+            continue
+        if request.nodes != 1 or request.gpus_per_node < 2:
+            continue
+        g = engine.tensor_parallel(request, usable)
+        if g is None or g >= request.gpus_per_node:
+            continue
+        if rule.generation_tp is not None:
+            g = min(max(g, rule.generation_tp), request.gpus_per_node // 2)
+        out += _beside_generation(attrs.evolve(request, gpus_per_node=request.gpus_per_node - g), model, rule, usable,
+                                  g, engine_id, engines)
+    return out
 
 
 def _beside_generation(training_request: PlanRequest, model: MemoryModel, rule: Rule, usable: int, g: int,
-                       nodes: int = 0) -> list[Candidate]:
-    """Each of ``model``'s vLLM layouts on what dedicated generation leaves (``training_request``)."""
+                       engine_id: str, engines: dict[str, GenerationMemory], nodes: int = 0) -> list[Candidate]:
+    """Each of ``model``'s layouts that engine ``engine_id`` samples beside, on what dedicated
+    generation leaves (``training_request``)."""
     out = []
     for layout in model.layouts(training_request):
-        if layout.generation != "vllm":
+        if engine_of(layout, engines)[0] != engine_id:
             continue
         training = model.estimate(training_request, layout)
-        follows = layout.backend == rule.backend and layout.generation == rule.generation
-        out.append(Candidate(layout, training, usable, g, "none", training.total, training.total <= usable, follows,
-                             dedicated=True, dedicated_nodes=nodes))
+        out.append(Candidate(layout, training, usable, g, "none", training.total, training.total <= usable,
+                             _follows(layout, engine_id, rule), dedicated=True, dedicated_nodes=nodes,
+                             engine=engines[engine_id]))
     return out
 
 
@@ -205,15 +234,18 @@ class Plan:
                 "candidates": [c.as_dict() for c in self.candidates]}
 
 
-def make_plan(request: PlanRequest, models: dict[str, MemoryModel]) -> Plan:
-    """Every layout of every memory model (by backend id), assessed and ranked: fitting layouts
-    that follow the decision tree first, simplest first; then the other fitting ones; then the
-    rest by peak memory."""
-    rule = decision_rule(request)
+def make_plan(request: PlanRequest, models: dict[str, MemoryModel],
+              engines: dict[str, GenerationMemory] | None = None) -> Plan:
+    """Every layout of every training memory model (by backend id), with the generation engines'
+    memory models (by engine id; None: this process's installed ones), assessed and ranked:
+    fitting layouts that follow the strongest preference first, simplest first; then the other
+    fitting ones; then the rest by peak memory."""
+    engines = installed_generation_models() if engines is None else engines
+    rule = decision_rule(request, models, engines)
     candidates = [] if request.asynchronous else [  # asynchronous generation never shares the training GPUs
-        assess(request, layout, model.estimate(request, layout), rule)
+        assess(request, layout, model.estimate(request, layout), rule, engines)
         for model in models.values() for layout in model.layouts(request)]
-    candidates += [c for model in models.values() for c in assess_dedicated(request, model, rule)]
+    candidates += [c for model in models.values() for c in assess_dedicated(request, model, rule, engines)]
     if request.asynchronous and not candidates:
         return Plan(request, rule, [], None, "asynchronous RL needs GPUs of its own for generation, and one node of "
                                              f"{request.gpus_per_node} GPU(s) leaves none beside training: give the "
@@ -231,16 +263,12 @@ def make_plan(request: PlanRequest, models: dict[str, MemoryModel]) -> Plan:
     else:
         wanted = [c for c in candidates if c.follows_rule]
         short = min(wanted, key=lambda c: c.peak) if wanted else None
-        why = (f"{rule.why}, but " + (f"its best layout needs {short.peak / GIB:.0f} GiB of {usable:.0f}"
-                                      if short else f"{rule.backend} is not installed")
-               + f"; {best.layout.backend} {best.layout.name} fits: {best.peak / GIB:.1f} GiB per GPU")
+        if short is not None:
+            said = f"{rule.why}, but its best layout needs {short.peak / GIB:.0f} GiB of {usable:.0f}"
+        else:
+            said = rule.why if rule.backend is None else f"{rule.why}, but it offers no layout for this request"
+        why = f"{said}; {best.layout.backend} {best.layout.name} fits: {best.peak / GIB:.1f} GiB per GPU"
     return Plan(request, rule, candidates, best, why)
-
-
-def installed_models(host: Any) -> dict[str, MemoryModel]:
-    """The memory model of every registered one whose training backend is installed, by backend id."""
-    return {registration.id: registration.create() for registration in host.memory_models
-            if registration.id in host.training_backends}
 
 
 def fit_warning(config: Any, training_backend: str, host: Any) -> str | None:
@@ -253,19 +281,22 @@ def fit_warning(config: Any, training_backend: str, host: Any) -> str | None:
     if registration is None:
         return None
     model = registration.create()
+    engines = installed_generation_models(host)
     try:
-        request = request_of(config)
+        request = request_of(config, host=host)
     except ConfigError as exc:  # the model's config.json is not here (a hub name): say so, do not refuse
         return f"cluster.gpu_memory_gib is set but the fit was not checked: {exc.message}"
     layout = model.layout_of(config, request)
-    candidate = assess(request, layout, model.estimate(request, layout), decision_rule(request))
+    rule = decision_rule(request, installed_models(host), engines)
+    candidate = assess(request, layout, model.estimate(request, layout), rule, engines)
     usable = (request.gpu_memory - RESERVED) / GIB
     if candidate.fits and (candidate.offload == "none" or config.core.policy.offload.policy != "none"):
         return None
     need = f"{candidate.peak / GIB:.1f} GiB per GPU"
-    if candidate.fits:  # it fits only if the training state leaves while vLLM runs
+    if candidate.fits:  # it fits only if the training state leaves while the generation engine runs
+        engine = f"{engine_of(layout, engines)[0]}'s share"
         return (f"the recipe's layout ({training_backend} {layout.name}) is predicted to need {need} only with "
-                f"policy.offload.policy=full (training state and vLLM's share do not fit together in "
+                f"policy.offload.policy=full (training state and {engine} do not fit together in "
                 f"{usable:.0f} GiB); set it, or see `corerl plan`")
     return (f"the recipe's layout ({training_backend} {layout.name}) is predicted to need {need}, more than the "
             f"{usable:.0f} GiB usable of cluster.gpu_memory_gib={config.core.cluster.gpu_memory_gib:g}; "

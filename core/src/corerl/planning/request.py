@@ -6,15 +6,16 @@ runs. ``corerl plan`` (:mod:`corerl.planning.command`, which re-exports these na
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 from corerl.config.async_section import async_settings
 from corerl.models.facts import local_model_name
 from corerl.models.shape import ModelShape
+from corerl.planning.installed import default_generation, installed_generation_models
 from corerl.planning.memory import GIB, PlanRequest
 
 DEFAULT_GPU_MEMORY_GIB = 80.0
+DEFAULT_MEMORY_FRACTION = PlanRequest.__attrs_attrs__.generation_memory_fraction.default
 
 
 def needs_reference(config: Any) -> bool:
@@ -28,13 +29,23 @@ def needs_reference(config: Any) -> bool:
     return algorithm.kl_penalty > 0 or (dpo is not None and not dpo.precompute_reference_logprobs)
 
 
+def generation_memory_fraction(config: Any, host: Any = None) -> float:
+    """The share of each GPU the recipe's generation engine reserves, as its memory model reads it
+    from the engine's section (``policy.generation.backend``, else the default engine); the
+    request's default where the engine has no memory model or it does not say."""
+    engines = installed_generation_models(host)
+    engine = engines.get(config.core.policy.generation.backend or default_generation(engines) or "")
+    read = getattr(engine, "memory_fraction", None)
+    fraction = read(config) if read is not None else None
+    return float(fraction) if fraction is not None else DEFAULT_MEMORY_FRACTION
+
+
 def request_of(config: Any, gpus: int | None = None, nodes: int | None = None,
-               gpu_memory_gib: float | None = None) -> PlanRequest:
-    """What a validated recipe asks of each GPU, on its cluster or the one given."""
+               gpu_memory_gib: float | None = None, host: Any = None) -> PlanRequest:
+    """What a validated recipe asks of each GPU, on its cluster or the one given (``host``: whose
+    generation engines' memory models to ask; None, this process's)."""
     core = config.core
-    vllm = config.section("policy.generation.vllm_cfg")  # a schema instance, or a mapping without the plugin
-    fraction = (vllm.get("gpu_memory_utilization", 0.6) if isinstance(vllm, Mapping)
-                else getattr(vllm, "gpu_memory_utilization", 0.6))
+    fraction = generation_memory_fraction(config, host)
     memory = gpu_memory_gib or core.cluster.gpu_memory_gib or DEFAULT_GPU_MEMORY_GIB
     reference = needs_reference(config)
     return PlanRequest(

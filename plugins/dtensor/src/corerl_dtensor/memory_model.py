@@ -21,6 +21,11 @@ Context parallelism (``cp`` > 1, tensor and expert parallelism 1) splits each se
 ``cp`` ranks: a rank keeps the activations and logits of ``seq_length / cp`` positions, and FSDP
 shards the persistent state over all ``dp x cp`` ranks. The planner counts ``cp`` as model-parallel
 ranks, so such layouts rank after the simpler ones and win where only they fit (long sequences).
+
+What this backend is for (``preference``, NeMo RL's backend guide): under 10B parameters, with the
+default engine (vLLM) generating; 10-70B on one node, with the engine's tensor parallelism over
+the node (the training layout whichever fits, FSDP spreading the model over the node); a
+vision-language model at any size (megatron does not train one).
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from typing import Any
 
 import attrs
 
+from corerl.planning.memory import Preference  # corerl.sdk once it exports it (contract 2.16)
 from corerl.sdk import (
     Layout,
     PlanRequest,
@@ -39,6 +45,7 @@ from corerl.sdk import (
 )
 
 BACKEND = "dtensor"
+SMALL, LARGE = 10e9, 70e9  # the backend guide's sizes (parameters)
 
 
 @attrs.frozen
@@ -79,6 +86,18 @@ def expert_parallel_sizes(request: PlanRequest) -> list[int]:
 class DTensorMemory:
     """FSDP2 x tensor parallel (dense models) or x expert parallel (MoE models), with and
     without activation checkpointing."""
+
+    def preference(self, request: PlanRequest) -> Preference | None:
+        shape, billions, gpus = request.shape, request.shape.parameters / 1e9, request.gpus_per_node
+        if shape.vision:
+            return Preference(f"a vision-language model ({billions:.1f}B in its language model): dtensor + vLLM "
+                              "(megatron does not train one)", generation_tp=gpus if shape.parameters >= SMALL else None)
+        if shape.parameters < SMALL:
+            return Preference(f"{billions:.1f}B parameters (< 10B): dtensor + vLLM")
+        if shape.parameters <= LARGE and request.nodes == 1:
+            return Preference(f"{billions:.1f}B parameters (10-70B) on one node: dtensor + vLLM (TP={gpus})",
+                              generation_tp=gpus)
+        return None
 
     def layouts(self, request: PlanRequest) -> list[Layout]:
         sizes = [(1, ep, 1) for ep in expert_parallel_sizes(request)] if request.shape.is_moe else \

@@ -1,10 +1,10 @@
-"""Registers the ``vllm`` generation backend, the default."""
+"""Registers the ``vllm`` generation backend, the default, and its memory model for ``corerl plan``."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from corerl.sdk import GenerationBackend, hookimpl
+from corerl.sdk import GenerationBackend, MemoryModel, hookimpl
 from corerl_vllm.config import VllmConfig
 
 
@@ -23,6 +23,12 @@ def corerl_register_generation_backends(register: Callable[[GenerationBackend], 
             moe=True,
         )
     )
+
+
+@hookimpl
+def corerl_register_memory_models(register: Callable[[MemoryModel], None]) -> None:
+    register(MemoryModel(id="vllm", factory="corerl_vllm.memory_model:VllmMemory",
+                         description="gpu_memory_utilization of each GPU colocated; 16-bit weights over its TP"))
 
 
 #: the plugin contract this plugin was written against (docs/plugins.md, "Contract changelog")
