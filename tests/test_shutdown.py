@@ -4,6 +4,7 @@ whose own shutdown fails neither hides the error that ended the run nor keeps th
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 import pytest
 
@@ -21,15 +22,16 @@ class _Backend:  # stands in for an engine: what is under test is the runner's s
 
 
 def _session(calls: list[str]) -> RunContext:
-    session = RunContext.__new__(RunContext)  # only its list of started backends matters here
-    session.started = [_Backend("training", calls), _Backend("generation", calls, fails=True),
-                       _Backend("reference", calls)]
+    session = RunContext(config=None, selection=None, console=None, host=None,  # type: ignore[arg-type]
+                         run_dir=Path("."), resume=None)  # only its list of started backends matters here
+    session.engines.started.extend([_Backend("training", calls), _Backend("generation", calls, fails=True),
+                                    _Backend("reference", calls)])
     return session
 
 
 def test_after_a_failure_every_backend_is_shut_down_and_the_shutdown_error_only_logged(caplog):
     calls: list[str] = []
-    with caplog.at_level(logging.WARNING, logger="corerl.run.context"):
+    with caplog.at_level(logging.WARNING, logger="corerl.run.engines"):
         _session(calls).close(run_failed=True)  # returns: the run's own error is the one that propagates
     assert calls == ["reference", "generation", "training"]
     assert "shutting down _Backend failed: RuntimeError: generation could not stop" in caplog.text
