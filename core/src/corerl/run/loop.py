@@ -24,6 +24,7 @@ import attrs
 
 from corerl.complete_folders import write_complete, write_file_whole
 from corerl.config import Config
+from corerl.config.selection import Selection
 from corerl.failures import checkpoint_failure, disk_error
 from corerl.plugin_manager import PluginHost
 from corerl.progress_markers import mark
@@ -33,7 +34,6 @@ from corerl.run.directory import (
     check_writable as check_writable,  # re-exported: where it used to live
 )
 from corerl.run.steps import save_run_checkpoint, start_algorithm, take_step
-from corerl.config.selection import Selection
 from corerl.training.final_export import export_final, final_kind
 
 EXIT_INTERRUPTED = 130
@@ -132,7 +132,7 @@ class Run:
         if self.registration.warm_start and core.sft.enabled:
             self.warm_registration = context.host.algorithms.get(WARM_START)
             assert self.warm_registration is not None, "the core registers the warm-start algorithm"
-            context.warm_started = True  # what the algorithm starts from (it begins after the warm start)
+            context.model.start_from_warm_start()  # what the algorithm starts from (it begins after the warm start)
         self.warm_start: Any = None
         self.evals: dict[str, float] = dict(context.state.get("evals", {}))
         self.log: Any = None
