@@ -34,7 +34,14 @@ import attrs
 
 from corerl.errors import ConfigError
 from corerl.models.facts import model_shape
-from corerl.packing.algorithms import karmarkar_karp
+from corerl.packing.algorithms import (
+    Concatenative,
+    FirstFitDecreasing,
+    FirstFitShuffle,
+    KarmarkarKarp,
+    ModifiedFirstFitDecreasing,
+    karmarkar_karp,
+)
 from corerl.packing.contract import check_bins, check_budget
 from corerl.training.batching import batch_rows, micro_batches, shard_rows
 from corerl.training.image_rows import IMAGE_FIELDS
@@ -284,20 +291,30 @@ def _units(batch: Batch, contiguous: bool) -> list[list[int]]:
     return list(units.values())
 
 
+#: the core's own packers by id (what corerl.builtin_plugin registers), for a config built without
+#: selection (a plugin's tests), which names no registration
+CORE_PACKERS: dict[str, type] = {
+    "first_fit_decreasing": FirstFitDecreasing,
+    "modified_first_fit_decreasing": ModifiedFirstFitDecreasing,
+    "first_fit_shuffle": FirstFitShuffle,
+    "concatenative": Concatenative,
+    "karmarkar_karp": KarmarkarKarp,
+}
+
+
 def resolve_packer(config: RecipeConfig) -> Packer:
     """The packer ``policy.sequence_packing.algorithm`` names: the registration selection
-    resolved (see :func:`corerl.config.selection.select`), else the installed plugins' one."""
+    resolved (see :func:`corerl.config.selection.select`, which puts it in ``config.components``),
+    else, for a config built without selection, the core's own packer of that id."""
     packer_id = config.core.policy.sequence_packing.algorithm
     registration = config.components.get("sequence_packer")
     if registration is None or registration.id != packer_id:
-        from corerl.plugin_manager import (
-            process_host,  # a config built without selection (a plugin's tests)
-        )
-
-        registration = process_host().sequence_packers.get(packer_id)
-    if registration is None:
-        raise ConfigError(f"no sequence packer {packer_id!r} is installed", key="policy.sequence_packing.algorithm",
-                          hint="`corerl plugins` lists the packers; install the plugin that provides it")
+        if packer_id in CORE_PACKERS:
+            return CORE_PACKERS[packer_id]()
+        raise ConfigError(f"no sequence packer {packer_id!r} was selected for this config",
+                          key="policy.sequence_packing.algorithm",
+                          hint="`corerl plugins` lists the packers; install the plugin that provides it, and build the "
+                               "config through selection (corerl.testing.select_for), which resolves it")
     packer = registration.create()
     if not callable(getattr(packer, "pack", None)):
         raise ConfigError(f"sequence packer {packer_id!r} (plugin {registration.plugin!r}) built an object without pack()",
