@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from corerl.algorithms.settings import DistillationConfig, DPOConfig, PPOConfig
+from corerl.config.validation import Check
 from corerl.environments.code_env import CodeSettings
 from corerl.environments.settings import AgentSettings, MathSettings, ToolsSettings
 from corerl.environments.vlm_env import (
@@ -51,6 +52,18 @@ _OFFLOAD_POLICIES = {
     "optimizer": ("OptimizerOffload", "optimizer state leaves the accelerator while generating"),
     "full": ("FullOffload", "parameters and optimizer state leave the accelerator while generating"),
 }
+
+#: the core's features' checks across the chosen components (corerl.config.validation's table),
+#: each where its feature lives, in the order validation runs them
+corerl_checks = (
+    Check("corerl.asynchronous.settings:check_async_chosen", phase="algorithm", name="asynchronous GRPO"),
+    Check("corerl.lora.checks:check_lora_chosen", name="LoRA"),
+    Check("corerl.models.moe_checks:check_moe_chosen", name="mixture of experts"),
+    Check("corerl.config.dedicated_generation:check_dedicated_generation_chosen", name="dedicated generation"),
+    Check("corerl.evaluation.figures:check_evaluation_chosen", name="evaluation and checkpoint metrics"),
+    Check("corerl.environments.model_rewards:check_reward_model_chosen", name="reward model"),
+    Check("corerl.asynchronous.worker:check_in_flight_chosen", name="asynchronous in-flight requests"),
+)
 
 
 @hookimpl

@@ -1,7 +1,9 @@
-"""The first-party plugins, so that errors can say how to install what a recipe asks for.
+"""The first-party plugins, so that errors can say how to install what a recipe asks for, and
+which of their engines the core picks when a recipe names none.
 
-The core never imports these packages; it only knows their names, what they provide and
-how to install them from a checkout of the corerl repository.
+The core never imports these packages; it only knows their names, what they provide, how to
+install them from a checkout of the corerl repository, and the defaults below. This is the one
+table of first-party engines: no other core module names one.
 """
 
 from __future__ import annotations
@@ -41,6 +43,14 @@ FIRST_PARTY: tuple[KnownPlugin, ...] = (
         generation_backends=("vllm",), sections=("policy.generation.vllm_cfg",),
     ),
 )
+
+
+#: the training backend selection picks when no training backend section is enabled
+#: (:func:`corerl.config.selection.select_training_backend`)
+DEFAULT_TRAINING_BACKEND = "dtensor"
+#: the generation backend selection picks when ``policy.generation.backend`` is unset and it is
+#: installed (else the core's own ``hf``)
+DEFAULT_GENERATION_BACKEND = "vllm"
 
 
 def provider_of(kind: str, component_id: str) -> KnownPlugin | None:

@@ -321,6 +321,17 @@ class PluginHost:
         """Every registration of every kind."""
         return [item for registry in self.registries().values() for item in registry]
 
+    def checks(self) -> list[tuple[str, Any]]:
+        """The checks across components each loaded plugin states (``corerl_checks`` on its plugin
+        object, a sequence; the core's own first), as (plugin name, entry): the validation table
+        (:mod:`corerl.config.validation` reads the entries and runs them)."""
+        found: list[tuple[str, Any]] = []
+        for name, info in self.plugins.items():
+            plugin = self.pm.get_plugin(name)
+            if info.status == "loaded" and plugin is not None:
+                found += [(name, entry) for entry in getattr(plugin, "corerl_checks", None) or ()]
+        return found
+
     def failed_plugins(self) -> list[PluginInfo]:
         self.registries()
         return [p for p in self._plugins.values() if p.status == "failed"]

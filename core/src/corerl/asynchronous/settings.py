@@ -8,7 +8,7 @@ from corerl.config.async_section import IN_FLIGHT, SAMPLERS, SECTION, AsyncSetti
 from corerl.config.tree import origin_of
 from corerl.errors import SelectionError
 
-__all__ = ["IN_FLIGHT", "SAMPLERS", "SECTION", "AsyncSettings", "async_settings", "check_async"]
+__all__ = ["IN_FLIGHT", "SAMPLERS", "SECTION", "AsyncSettings", "async_settings", "check_async", "check_async_chosen"]
 
 
 def check_async(config: object, algorithm: object, asynchronous_ids: list[str]) -> None:
@@ -31,3 +31,11 @@ def check_async(config: object, algorithm: object, asynchronous_ids: list[str]) 
                              hint="set policy.generation.colocated.enabled=false and "
                                   "policy.generation.colocated.resources.gpus_per_node (GPUs of its own; on a machine "
                                   "without GPUs, a process of its own)")
+
+
+def check_async_chosen(config: object, chosen: object) -> None:
+    """The validation table's row (:mod:`corerl.config.validation`, phase ``"algorithm"``):
+    :func:`check_async` against the chosen algorithm, naming the installed ones that have an
+    asynchronous step."""
+    host = chosen.host  # type: ignore[attr-defined]
+    check_async(config, chosen.algorithm, [a.id for a in host.algorithms if a.asynchronous])  # type: ignore[attr-defined]

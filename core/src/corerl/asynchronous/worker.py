@@ -77,6 +77,17 @@ def check_in_flight(registration: Any, in_flight: str) -> None:
                           hint="use algorithm.async.in_flight=wait, or policy.generation.backend=hf")
 
 
+def check_in_flight_chosen(config: Any, chosen: Any) -> None:
+    """The validation table's row (:mod:`corerl.config.validation`): with ``algorithm.async``
+    on, :func:`check_in_flight` for the chosen generation backend."""
+    from corerl.config.async_section import async_settings
+
+    settings = async_settings(config)
+    registration = chosen.registration("generation_backend")
+    if settings.enabled and registration is not None:
+        check_in_flight(registration, settings.in_flight)
+
+
 @attrs.define
 class StreamedCall:
     """One ``generate`` call on a streaming engine: its arguments, its requests once started, the

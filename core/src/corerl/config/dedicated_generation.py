@@ -35,3 +35,8 @@ def check_dedicated_generation(config: Any) -> None:
     if local is None:
         worker_group.ensure_ray(config.core.cluster.ray_address)
     check_fits(layout, 1, "generation engine", local or ClusterView.from_ray())
+
+
+def check_dedicated_generation_chosen(config: Any, chosen: Any) -> None:
+    """The validation table's row (:mod:`corerl.config.validation`): :func:`check_dedicated_generation`."""
+    check_dedicated_generation(config)

@@ -10,9 +10,16 @@ Training backend, in order:
 
 Generation backend: ``policy.generation.backend``, else ``vllm``, else ``hf``.
 
+The defaults are :data:`corerl.known_plugins.DEFAULT_TRAINING_BACKEND` and
+:data:`~corerl.known_plugins.DEFAULT_GENERATION_BACKEND` (the one table of first-party engines).
+
 Task: ``data.task``. Reward: ``data.reward`` as a registered id or an import path
 ``pkg.module:fn`` (imported now, so a typo fails validation), unset: the task's own.
 Environment: ``data.env_name`` (unset: none, one turn per sample).
+
+Then the one validation phase (:func:`select`): each chosen registration's own support check,
+and the checks across the chosen components, a table (:mod:`corerl.config.validation`) each
+feature fills where it lives: this module imports no feature.
 """
 
 from __future__ import annotations
@@ -24,17 +31,23 @@ from typing import Any
 import attrs
 
 from corerl.config import Config
+from corerl.config.reward_paths import IMPORT_PATH, import_reward
 from corerl.config.structure import suggest
 from corerl.config.tree import origin_of
+from corerl.config.validation import Chosen, run_checks
 from corerl.errors import ConfigError, ConfigErrors, CorerlError, PluginError, SelectionError
 from corerl.failures import first_line
-from corerl.known_plugins import FIRST_PARTY, provider_of
+from corerl.known_plugins import (
+    DEFAULT_GENERATION_BACKEND,
+    DEFAULT_TRAINING_BACKEND,
+    FIRST_PARTY,
+    provider_of,
+)
 from corerl.models.chat_template import resolve_chat_template
 from corerl.plugin_manager import CORE_PLUGIN, PluginHost, version_key
 from corerl.registry import Registration, Registry, TrainingBackend
 
-DEFAULT_TRAINING_BACKEND = "dtensor"
-DEFAULT_GENERATION_BACKEND = "vllm"
+#: the core's own generation backend: what generation falls back to without the default
 FALLBACK_GENERATION_BACKEND = "hf"
 
 
@@ -151,6 +164,11 @@ def _lookup(host: PluginHost, registry: Registry[Any], component_id: str, key: s
     return found
 
 
+def _ids(registry: Registry[Any], flag: str) -> str:
+    """The installed ids of ``registry`` whose registration says ``flag``, for a hint."""
+    return ", ".join(r.id for r in registry if getattr(r, flag, False)) or "none is installed"
+
+
 def select_training_backend(config: Config, host: PluginHost) -> tuple[Choice, list[str]]:
     """Apply the training-backend rules; returns the choice and the warnings it produced."""
     registry = host.training_backends
@@ -226,12 +244,13 @@ def select_critic_backend(config: Config, host: PluginHost, policy: Choice) -> t
             f"training backend {registration.id!r} (plugin {registration.plugin!r}) does not train value models, "
             "which PPO's critic needs", key="critic.training_backend",
             source=origin_of("critic.training_backend", config.origins) or origin_of("algorithm.name", config.origins),
-            hint="set critic.training_backend to one that does (dtensor, deepspeed, megatron), or use algorithm.name=grpo")
+            hint=f"set critic.training_backend to one that does ({_ids(host.training_backends, 'value_model')}), "
+                 "or use algorithm.name=grpo")
     return choice, critic_config(config, backend=registration.id)
 
 
 def select_generation_backend(config: Config, host: PluginHost) -> tuple[Choice, list[str]]:
-    """``policy.generation.backend``, else vllm when installed, else hf."""
+    """``policy.generation.backend``, else the default when installed, else the core's own."""
     registry = host.generation_backends
     key = "policy.generation.backend"
     explicit = config.core.policy.generation.backend
@@ -244,8 +263,9 @@ def select_generation_backend(config: Config, host: PluginHost) -> tuple[Choice,
     chosen = _lookup(host, registry, FALLBACK_GENERATION_BACKEND, key, config)
     why = _plugin_trouble(host, "generation backend", DEFAULT_GENERATION_BACKEND)[0] or "it is not installed"
     known = provider_of("generation backend", DEFAULT_GENERATION_BACKEND)
-    reason = f"{key} is unset and the default 'vllm' is not available ({why}); falling back to {chosen.id!r}"
-    warning = f"generation falls back to {chosen.id!r}: vllm is not available" + (
+    reason = (f"{key} is unset and the default {DEFAULT_GENERATION_BACKEND!r} is not available ({why}); "
+              f"falling back to {chosen.id!r}")
+    warning = f"generation falls back to {chosen.id!r}: {DEFAULT_GENERATION_BACKEND} is not available" + (
         f" (install it with: {known.install})" if known else ""
     )
     return Choice(chosen.id, reason, chosen), [warning]
@@ -290,8 +310,6 @@ def select_task(config: Config, host: PluginHost, algorithm: Any = None) -> Choi
 
 def select_reward(config: Config, host: PluginHost) -> tuple[Choice, Any]:
     """The reward ``data.reward`` names and the function itself (None: the task's own)."""
-    from corerl.tasks.rewards import IMPORT_PATH, import_reward
-
     spec = config.core.data.reward
     if spec is None:
         return Choice(None, "data.reward is unset: the task's own reward"), None
@@ -391,33 +409,6 @@ def support_check(registration: Registration, config: Config, selecting_key: str
     return []
 
 
-def _core_checks(config: Config, choices: dict[str, Choice], checked: list[str]) -> None:
-    """The core's own checks across the chosen components (LoRA, MoE, placement, evaluation,
-    reward model, asynchronous generation)."""
-    from corerl.lora.checks import check_lora
-    from corerl.models.moe_checks import check_moe_support
-
-    generation = choices["generation_backend"].registration if "generation_backend" in checked else None
-    check_lora(config, choices["training_backend"].registration, generation)
-    check_moe_support(config, choices["training_backend"].registration, generation)
-    from corerl.config.dedicated_generation import check_dedicated_generation
-
-    check_dedicated_generation(config)
-    from corerl.evaluation.figures import check_evaluation
-
-    check_evaluation(config, choices["algorithm"].registration)
-    from corerl.environments.model_rewards import check_reward_model
-
-    check_reward_model(config, choices["algorithm"].registration)
-    from corerl.config.async_section import async_settings
-
-    settings = async_settings(config)
-    if settings.enabled and choices["generation_backend"].registration is not None:
-        from corerl.asynchronous.worker import check_in_flight
-
-        check_in_flight(choices["generation_backend"].registration, settings.in_flight)
-
-
 #: the contract version that gave training batches a vision-language model's images (contract 2.13)
 IMAGES_IN_BATCHES = "2.13"
 
@@ -429,17 +420,26 @@ def check_reads_images(config: Config, host: PluginHost, training: Any) -> None:
     from corerl.models.facts import model_shape
 
     shape = model_shape(config)
-    if training is None or shape is None or not shape.vision or training.plugin == CORE_PLUGIN:
+    if training is None or shape is None or not shape.vision or _states_images(host, training.plugin):
         return
     info = host.plugins.get(training.plugin)
     stated = info.contract if info is not None else None
-    if stated is not None and version_key(stated) >= version_key(IMAGES_IN_BATCHES):
-        return
+    reading = [r.id for r in host.training_backends if _states_images(host, r.plugin)]
     raise ConfigError(f"training backend {training.id!r} (plugin {training.plugin!r}) states contract "
                       f"{stated or 'none'}, older than {IMAGES_IN_BATCHES}, which gave batches a vision-language "
                       f"model's images", key="policy.training_backend",
-                      hint="use a training backend of contract 2.13 or later (dtensor, deepspeed), or ask its author "
-                           "to pass corerl.sdk.image_inputs(batch, ...) to the forward and state 2.13")
+                      hint=f"use a training backend of contract {IMAGES_IN_BATCHES} or later "
+                           f"({', '.join(reading) or 'none is installed'}), or ask its author to pass "
+                           f"corerl.sdk.image_inputs(batch, ...) to the forward and state {IMAGES_IN_BATCHES}")
+
+
+def _states_images(host: PluginHost, plugin: str) -> bool:
+    """Whether ``plugin`` is the core or states contract 2.13 or later (its batches hold images)."""
+    if plugin == CORE_PLUGIN:
+        return True
+    info = host.plugins.get(plugin)
+    stated = info.contract if info is not None else None
+    return stated is not None and version_key(stated) >= version_key(IMAGES_IN_BATCHES)
 
 
 def unused_keys(config: Config, registry: Any, chosen: Choice, what: str) -> list[str]:
@@ -475,7 +475,8 @@ def choose_chat_template(config: Config) -> Choice:
 
 def select(config: Config, host: PluginHost) -> Selection:
     """Select every component, then run the one validation phase: each chosen registration's
-    own support check (``check_supported``) and the core's checks across them. Every selection
+    own support check (``check_supported``) and the checks across them (the table of
+    :mod:`corerl.config.validation`, which the plugins fill, the core's own first). Every selection
     error is raised together, as :class:`ConfigErrors`; so are the support checks' refusals,
     each with the origin of its key (recipe file or ``override '...'``) as schema errors carry
     it. ``EngineNotAvailable`` (what this machine lacks) is raised as it is, with its origin."""
@@ -487,12 +488,7 @@ def select(config: Config, host: PluginHost) -> Selection:
     except SelectionError as exc:
         errors.append(exc)
     algorithm = choices["algorithm"].registration if "algorithm" in choices else None
-    try:
-        from corerl.asynchronous.settings import check_async
-
-        check_async(config, algorithm, [a.id for a in host.algorithms if a.asynchronous])
-    except SelectionError as exc:
-        errors.append(exc)
+    errors += run_checks(config, Chosen(host, dict(choices)), "algorithm")  # the table's checks of the algorithm
     for name, pick in (
         ("training_backend", select_training_backend),
         ("generation_backend", select_generation_backend),
@@ -560,8 +556,8 @@ def select(config: Config, host: PluginHost) -> Selection:
             raise
     if refused:
         raise ConfigErrors(refused)
-    with origins_said(config):
-        _core_checks(config, choices, checked)
+    with origins_said(config):  # the table's checks across the chosen components (LoRA, MoE, placement, ...)
+        run_checks(config, Chosen(host, choices), "chosen")
     for name in ("sequence_packer", "offload_policy"):  # what the backends and the algorithm build
         config.components[name] = choices[name].registration
     if critic[1] is not None:

@@ -214,3 +214,9 @@ def check_reward_model(config: Any, algorithm: Any) -> None:
         raise ConfigError("the asynchronous loop's rollouts are scored by the task's reward, not rescored by a "
                           "reward model", key="reward_model.kind",
                           hint="set algorithm.async.enabled=false, or unset reward_model.kind")
+
+
+def check_reward_model_chosen(config: Any, chosen: Any) -> None:
+    """The validation table's row (:mod:`corerl.config.validation`): :func:`check_reward_model`
+    against the chosen algorithm."""
+    check_reward_model(config, chosen.algorithm)

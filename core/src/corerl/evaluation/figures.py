@@ -208,6 +208,12 @@ def check_evaluation(config: Any, algorithm: Any) -> None:
         refuse("checkpointing.metric_name", f"{name} is not a metric {algorithm.id} declares", f"did you mean {near[0]}?")
 
 
+def check_evaluation_chosen(config: Any, chosen: Any) -> None:
+    """The validation table's row (:mod:`corerl.config.validation`): :func:`check_evaluation`
+    against the chosen algorithm."""
+    check_evaluation(config, chosen.algorithm)
+
+
 def _declared_metrics(algorithm: Any) -> list[str]:
     """The metrics an algorithm says its steps log: what its curves plot, and its losses."""
     plot = getattr(algorithm, "plot", None)

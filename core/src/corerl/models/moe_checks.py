@@ -26,3 +26,9 @@ def check_moe_support(config: Any, training: Any, generation: Any) -> None:
                                  f"{registration.kind} {registration.id!r} (plugin {registration.plugin!r}) does not "
                                  f"{kind} such models", key=key, source=origin_of(key, config.origins) or source,
                                  hint="pick a backend whose registration says moe=True (corerl plugins lists them)")
+
+
+def check_moe_chosen(config: Any, chosen: Any) -> None:
+    """The validation table's row (:mod:`corerl.config.validation`): :func:`check_moe_support`
+    against the chosen training backend and, where the algorithm samples, generation backend."""
+    check_moe_support(config, chosen.training_backend, chosen.generation_backend)

@@ -6,8 +6,11 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from corerl.config.reward_paths import IMPORT_PATH, import_reward
+
+__all__ = ["IMPORT_PATH", "answer_candidates", "exact_answer", "import_reward", "normalise_answer"]
+
 _SPACES = re.compile(r"\s+")
-IMPORT_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
 
 
 def normalise_answer(text: str) -> str:
@@ -31,13 +34,3 @@ def exact_answer(completion: str, example: Mapping[str, Any]) -> float:
     equals ``example["answer"]`` up to case, spacing and a final full stop; else 0.0."""
     expected = normalise_answer(str(example["answer"]))
     return 1.0 if any(normalise_answer(c) == expected for c in answer_candidates(completion)) else 0.0
-
-
-def import_reward(path: str) -> Any:
-    """The function at import path ``pkg.module:fn`` (``data.reward``)."""
-    from corerl.import_paths import import_function
-
-    return import_function(path, "data.reward", "reward",
-                           hint="point data.reward at a function fn(completion: str, example: dict) -> float",
-                           import_hint="put the module on PYTHONPATH (or install its package), or name a registered "
-                                       "reward")
