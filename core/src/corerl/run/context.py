@@ -9,11 +9,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from corerl.run.directory import open_run_directory, resolve_model
+from corerl.run.directory import resolve_model
 from corerl.run.engines import Engines
 from corerl.run.frozen_models import FrozenModels
 from corerl.run.policy_model import PolicyModel, check_task_fits, image_encoder  # noqa: F401 (their old home)
-from corerl.run.resume_state import ResumeState
+from corerl.run.resume_state import ResumeState, open_run_directory
 from corerl.run.rollouts import Rollouts
 
 if TYPE_CHECKING:
@@ -41,7 +41,7 @@ class RunContext:
     @classmethod
     def open(cls, config: Config, selection: Selection, console: Any, host: PluginHost,
              on_run_dir: Callable[[Path], None] | None = None) -> RunContext:
-        """The run directory (:func:`~corerl.run.directory.open_run_directory`), model, tokenizer and task."""
+        """The run directory (:func:`~corerl.run.resume_state.open_run_directory`), model, tokenizer and task."""
         context = cls(config, selection, console, host, *open_run_directory(config, selection, console, host,
                                                                              on_run_dir))
         context.model.load()

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -157,27 +156,3 @@ def check_tokenizer(path: str, key: str = "policy.tokenizer_name") -> None:
         raise ConfigError(f"tokenizer {path} is not a local folder, and nothing is downloaded", key=key,
                           hint="give a folder holding the tokenizer files, or unset it to use the model's own "
                                "(in a NeMo RL recipe: policy.tokenizer.name=<the model_name you gave>)")
-
-
-def open_run_directory(config: Config, selection: Any, console: Any, host: Any,
-                       on_run_dir: Callable[[Path], None] | None = None) -> tuple[Path, tuple[int, Path] | None]:
-    """The run directory (new, or resumed and checked) and the checkpoint to resume from;
-    ``on_run_dir(run_dir)`` is called once the directory exists (the CLI's quiet terminal). What
-    ``corerl validate`` checks of the machine is checked first, by the same function
-    (:func:`corerl.run.inputs.check_run_inputs`: a resume's recipe included)."""
-    from corerl.run.inputs import check_run_inputs
-    from corerl.run.record import record_recipe
-
-    check_run_inputs(config, selection, host)
-    run_dir, resume = make_run_dir(config, console)
-    console.print(f"run directory: [bold]{run_dir}[/]" + (f" (resuming from step {resume[0]})" if resume else ""))
-    if on_run_dir is not None:
-        on_run_dir(run_dir)
-    if resume is None:
-        record_recipe(run_dir, config)
-    else:  # a checkpoint goes on under the settings it was made with (checked above), and is
-        # refused, before anything reads it, if it would run code
-        from corerl.checkpoint_safety import verify_folder
-
-        verify_folder(resume[1])
-    return run_dir, resume
