@@ -44,16 +44,10 @@ if TYPE_CHECKING:
     from rich.console import Console
     from transformers import PreTrainedTokenizerBase
 
-    from corerl.config import Config
-    from corerl.environments.rollout import Rollout
-    from corerl.generation.contract import GenerationEngine, SamplingSettings
+    from corerl.generation.contract import GenerationEngine, Sample, SamplingSettings
     from corerl.offload import PhaseOffload, ReferenceOffload
-    from corerl.plugin_manager import PluginHost
-    from corerl.registry import GenerationBackend, TrainingBackend
-    from corerl.config.selection import Selection
-    from corerl.tasks import TaskSource
-    from corerl.tasks.preferences import PreferenceSource
     from corerl.training.contract import TrainingEngine
+    from corerl.training.recipe_config import RecipeConfig
 
 #: the algorithm a recipe's ``sft`` section runs as a warm start before the algorithm it names
 WARM_START = "sft"
@@ -101,13 +95,141 @@ class AlgorithmRun(Protocol):
         last line names it (its path, and what it is)."""
 
 
+# -- the run's services as an algorithm sees them: the run builds each from the layers above this
+# one (a recipe's config, the selection, the plugin host, tasks, rollouts), and these protocols
+# name only what an algorithm reads of them ------------------------------------------------------
+
+
+class EngineRegistration(Protocol):
+    """A training or generation backend's registration, as an algorithm hands it to
+    :meth:`RunServices.start` (:class:`corerl.registry.TrainingBackend` and
+    :class:`corerl.registry.GenerationBackend` are ones)."""
+
+    @property
+    def id(self) -> str:
+        """The backend's id (``policy.training_backend``, ``policy.generation.backend``)."""
+
+    @property
+    def plugin(self) -> str:
+        """The plugin that registered it."""
+
+
+class SelectedComponent(Protocol):
+    """One component the config selected: its id (None when the feature is off) and registration."""
+
+    @property
+    def id(self) -> str | None:
+        """The selected id."""
+
+    @property
+    def registration(self) -> EngineRegistration | None:
+        """Its registration (None when nothing is selected)."""
+
+
+class RunSelection(Protocol):
+    """What an algorithm reads of the components the config selected
+    (:class:`corerl.config.selection.Selection` is one)."""
+
+    @property
+    def training_backend(self) -> SelectedComponent:
+        """The policy's training backend."""
+
+    @property
+    def generation_backend(self) -> SelectedComponent:
+        """The generation backend."""
+
+    @property
+    def critic_backend(self) -> SelectedComponent | None:
+        """The critic's training backend (None unless the algorithm trains a critic)."""
+
+    @property
+    def critic_config(self) -> RecipeConfig | None:
+        """The config the critic's engine is built from (None without a critic)."""
+
+
+class BackendRegistrations(Protocol):
+    """The installed registrations of one kind, by id."""
+
+    def get(self, id: str) -> EngineRegistration | None:
+        """The registration ``id`` names, or None."""
+
+    def ids(self) -> list[str]:
+        """Every installed id."""
+
+
+class InstalledPlugins(Protocol):
+    """What an algorithm reads of the installed plugins (:class:`corerl.plugin_manager.PluginHost` is one)."""
+
+    @property
+    def training_backends(self) -> BackendRegistrations:
+        """The installed training backends (a teacher's backend is looked up here)."""
+
+
+class PromptTask(Protocol):
+    """A task of prompts and rewards (:class:`corerl.tasks.TaskSource` is one)."""
+
+    def sample(self, count: int) -> tuple[list[list[int]], list[Any]]:
+        """``count`` training prompts (token ids) and the example each came from."""
+
+    def held_out(self) -> tuple[list[list[int]], list[Any]]:
+        """The held-out prompts and their examples."""
+
+    def demonstrations(self, count: int) -> list[tuple[list[int], list[int]]]:
+        """``count`` (prompt, answer) pairs to imitate (the SFT warm start's)."""
+
+    def reward(self, sample: Sample, example: Any) -> float:
+        """The reward of one sample of ``example``'s prompt."""
+
+    def state(self) -> Any:
+        """Where the task is (a checkpoint records it)."""
+
+    def set_state(self, state: Any) -> None:
+        """Go back to what :meth:`state` returned."""
+
+
+class PairTask(Protocol):
+    """A task of preference pairs (:class:`corerl.tasks.preferences.PreferenceSource` is one),
+    each a :class:`corerl.tasks.preferences.PreferencePair`."""
+
+    def train_pairs(self) -> Sequence[Any]:
+        """Every training pair."""
+
+    def draw(self, count: int) -> list[int]:
+        """The indices of the next ``count`` training pairs."""
+
+    def held_out_pairs(self) -> list[Any]:
+        """The held-out pairs."""
+
+    def state(self) -> Any:
+        """Where the task is (a checkpoint records it)."""
+
+    def set_state(self, state: Any) -> None:
+        """Go back to what :meth:`state` returned."""
+
+
+class ScoredSamples(Protocol):
+    """What a rollout stage returns (:class:`corerl.environments.rollout.Rollout` is one)."""
+
+    @property
+    def groups(self) -> list[list[Sample]]:
+        """The samples of each prompt."""
+
+    @property
+    def rewards(self) -> list[list[float]]:
+        """Each sample's reward, as ``groups``."""
+
+    @property
+    def metrics(self) -> dict[str, float]:
+        """The rollout's own metrics (an environment's turns, tool calls)."""
+
+
 class RolloutStage(Protocol):
     """What :meth:`RunServices.rollout` and :meth:`RunServices.training_rollout` return: prompts
     in, scored samples out (one turn scored by the task's reward, episodes against an environment,
     an agent harness, or the same samples rescored by a reward model)."""
 
     def run(self, prompts: Sequence[Sequence[int]], items: Sequence[Any], sampling: SamplingSettings, n: int,
-            max_seq_length: int) -> Rollout:
+            max_seq_length: int) -> ScoredSamples:
         """``n`` samples per prompt (``items``: the example each prompt came from), each cut to
         ``max_seq_length`` tokens in all, and their rewards."""
 
@@ -123,16 +245,16 @@ class RunServices(Protocol):
     """
 
     @property
-    def config(self) -> Config:
+    def config(self) -> RecipeConfig:
         """The run's validated config; an algorithm's own section is ``config.section("algorithm.<id>")``."""
 
     @property
-    def selection(self) -> Selection:
+    def selection(self) -> RunSelection:
         """The components the config selected: each backend's registration (``training_backend``,
         ``generation_backend``, ``critic_backend``), and the critic's config (``critic_config``)."""
 
     @property
-    def host(self) -> PluginHost:
+    def host(self) -> InstalledPlugins:
         """The installed plugins' registrations (a teacher's training backend is looked up here)."""
 
     @property
@@ -149,9 +271,9 @@ class RunServices(Protocol):
         """The policy's tokenizer (its chat template, if the recipe sets one, applied)."""
 
     @property
-    def task(self) -> TaskSource | PreferenceSource:
-        """The task (``data.task``): prompts and rewards (:class:`~corerl.tasks.TaskSource`) or
-        preference pairs (:class:`~corerl.tasks.preferences.PreferenceSource`), as the
+    def task(self) -> PromptTask | PairTask:
+        """The task (``data.task``): prompts and rewards (:class:`PromptTask`) or preference
+        pairs (:class:`PairTask`), as the
         registration's ``consumes`` says; positioned where a resumed run left it."""
 
     @property
@@ -194,8 +316,8 @@ class RunServices(Protocol):
         """The rollout training scores: :meth:`rollout`, or with ``reward_model.kind`` the same
         samples rescored by the reward model or judge."""
 
-    def start(self, registration: TrainingBackend | GenerationBackend, path: str, training: Any = None,
-              config: Config | None = None) -> Any:
+    def start(self, registration: EngineRegistration, path: str, training: Any = None,
+              config: RecipeConfig | None = None) -> Any:
         """Another engine: ``registration``'s backend built from ``config`` (default the run's),
         checked against its contract and loaded with ``path``; shut down with the run."""
 
@@ -204,7 +326,7 @@ class RunServices(Protocol):
 
     def frozen_config(self, model_path: str, *, micro_batch_size: int | None = None, backend: str | None = None,
                       role: str | None = None, own_layout: Any = None, own_layout_key: str = "",
-                      pool: str = "frozen") -> Config:
+                      pool: str = "frozen") -> RecipeConfig:
         """The config of a frozen model beside the policy (a teacher, a reward model) for :meth:`start`:
         the policy's, with ``model_path``, no adapter, ``micro_batch_size`` rows per scoring forward
         and training ``backend`` (unset: the policy's), in ``role`` (unset: the run's); with
