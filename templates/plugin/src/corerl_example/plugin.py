@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from corerl.sdk import TrainingBackend, hookimpl
+from corerl.sdk import MemoryModel, TrainingBackend, hookimpl
 from corerl_example.config import ExampleConfig
 
 
@@ -20,6 +20,13 @@ def corerl_register_training_backends(register: Callable[[TrainingBackend], None
             description="template backend",
         )
     )
+
+
+@hookimpl
+def corerl_register_memory_models(register: Callable[[MemoryModel], None]) -> None:
+    # what each GPU holds in the backend's layouts: `corerl plan` ranks them with the others'
+    register(MemoryModel(id="example", factory="corerl_example.memory_model:ExampleMemory",
+                         description="one float32 process with AdamW"))
 
 
 #: the plugin contract this plugin was written against (docs/plugins.md, "Contract changelog")
