@@ -7,7 +7,12 @@ from __future__ import annotations
 import json
 
 from corerl.planning.memory import GIB, PlanRequest
-from corerl.planning.planner import decision_rule, installed_generation_models, installed_models, make_plan
+from corerl.planning.planner import (
+    decision_rule,
+    installed_generation_models,
+    installed_models,
+    make_plan,
+)
 from corerl.planning.shape import ModelShape
 from corerl.plugin_manager import PluginHost
 from tests.conftest import run_corerl

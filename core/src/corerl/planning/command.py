@@ -50,8 +50,8 @@ def load_target(target: str, overrides: list[str], host: Any) -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
-    from corerl.planning.planner import installed_generation_models, installed_models, make_plan
     from corerl.config.presets import default_host
+    from corerl.planning.planner import installed_generation_models, installed_models, make_plan
 
     host = default_host()
     config = load_target(args.target, list(args.overrides), host)

@@ -32,14 +32,28 @@ from typing import Any
 import attrs
 
 from corerl.errors import ConfigError
-from corerl.planning.installed import default_generation, installed_generation_models, installed_models
-from corerl.planning.memory import GIB, GenerationMemory, Layout, MemoryModel, PlanRequest, Preference, TrainingMemory
+from corerl.planning.installed import (
+    default_generation,
+    installed_generation_models,
+    installed_models,
+)
+from corerl.planning.memory import (
+    GIB,
+    GenerationMemory,
+    Layout,
+    MemoryModel,
+    PlanRequest,
+    Preference,
+    TrainingMemory,
+)
 from corerl.planning.request import request_of
 
 __all__ = ["RESERVED", "Candidate", "Plan", "Rule", "assess", "assess_dedicated", "complexity", "decision_rule",
            "fit_warning", "installed_generation_models", "installed_models", "make_plan"]
 
 RESERVED = 2 * GIB
+#: the backend guide's sizes, now the first-party memory models' own (kept for importers)
+SMALL, LARGE = 10e9, 70e9
 
 
 @attrs.frozen
@@ -205,6 +219,18 @@ def _beside_generation(training_request: PlanRequest, model: MemoryModel, rule: 
                              _follows(layout, engine_id, rule), dedicated=True, dedicated_nodes=nodes,
                              engine=engines[engine_id]))
     return out
+
+
+def vllm_tensor_parallel(request: PlanRequest, reserved: int) -> int | None:
+    """Deprecated (the engine's memory model says it now): the default generation engine's
+    tensor-parallel size with ``reserved`` bytes of each GPU; None when none fits or no engine
+    has a memory model."""
+    import warnings
+
+    warnings.warn("corerl.planning.planner.vllm_tensor_parallel is deprecated: ask the generation engine's memory "
+                  "model (installed_generation_models()[id].tensor_parallel)", DeprecationWarning, stacklevel=2)
+    engine = next(iter(installed_generation_models().values()), None)
+    return engine.tensor_parallel(request, reserved) if engine is not None else None
 
 
 def complexity(candidate: Candidate) -> tuple[int, ...]:
