@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from corerl.errors import CorerlError
 from corerl.plugin_manager import PluginHost
 from corerl.testing.fake_site import FakeSite
 
@@ -35,7 +36,12 @@ _DESELECTED = pytest.StashKey[list[tuple[str, str]]]()
 def conformance_deselection(item: pytest.Item) -> str | None:
     """Why ``item``'s conformance class does not run it in its layout, or None: the class's
     ``conformance_deselected(test_name, parametrization)`` (:class:`corerl.testing.conformance.ConformanceLayout`);
-    None for any other test. A class whose answer raises is left collected (the test then shows the error)."""
+    None for any other test.
+
+    A layout whose own settings are wrong (a :class:`~corerl.errors.CorerlError`: its ``overrides``
+    give a world size that is not a number, say) is left collected: its tests build the same recipe
+    and fail on it, in one line. Anything else the class raises is a bug, in a layout's
+    ``conformance_deselected`` or in corerl: it propagates, with a note naming the test."""
     ask = getattr(getattr(item, "cls", None), "conformance_deselected", None)
     if not callable(ask):
         return None
@@ -43,8 +49,11 @@ def conformance_deselection(item: pytest.Item) -> str | None:
     params = dict(callspec.params) if callspec is not None else {}
     try:
         reason = ask(getattr(item, "originalname", item.name), params)
-    except Exception:  # noqa: BLE001 (collection goes on)
+    except CorerlError:  # the layout's mistake: its tests report it when they build their recipe
         return None
+    except Exception as exc:
+        exc.add_note(f"raised by {item.nodeid}'s conformance_deselected (corerl's pytest plugin asks it at collection)")
+        raise
     return str(reason) if reason else None
 
 

@@ -7,6 +7,20 @@ from typing import Any
 import torch
 
 
+def max_diff(a: torch.Tensor, b: torch.Tensor, *, empty: float | None = None) -> float:
+    """The largest absolute difference between ``a`` and ``b``, element by element, in float32: what
+    every check of the conformance suites compares within its tolerance. Tensors without elements
+    have no difference to measure: ``empty`` is the answer for them where the caller gives one (the
+    offload check's logprobs of an empty batch: 0.0, nothing differs), else a ValueError (a check that
+    compares nothing is a broken check, not a passing one)."""
+    if a.numel() == 0:
+        if empty is None:
+            raise ValueError(f"max_diff of tensors without elements (shapes {tuple(a.shape)} and {tuple(b.shape)}): "
+                             "nothing to compare")
+        return empty
+    return float((a.float() - b.float()).abs().max())
+
+
 def _plain_logprobs(model: Any, batch: dict[str, torch.Tensor]) -> torch.Tensor:
     """Per-token logprobs ``[B, T]`` by a plain transformers forward, written out independently of corerl."""
     logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits.float()

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from corerl.testing.conformance import MAX_GRAD_NORM, MOMENTUM, conformance_loss
+from corerl.testing.reference import max_diff
 
 #: the largest difference allowed from the plain forward and step (float32 on a CPU)
 TOLERANCE = 1e-5
@@ -109,21 +110,17 @@ def check_vision_step(backend: Any, model_dir: str, vision_batch: tuple[dict[str
     ours = backend.logprobs(batch)
     with torch.no_grad():
         plain = plain_logprobs(plain_model(model_dir), batch, samples)
-    assert _max_diff(ours, plain) <= TOLERANCE
-    assert _max_diff(ours[mask], batch["gen_logprobs"][mask]) <= TOLERANCE  # training's logprobs are generation's
+    assert max_diff(ours, plain) <= TOLERANCE
+    assert max_diff(ours[mask], batch["gen_logprobs"][mask]) <= TOLERANCE  # training's logprobs are generation's
     start = {name: tensor.clone() for name, tensor in backend.weight_stream()}  # not views of the live weights
     result = backend.train_step(batch, conformance_loss)
     ref_loss, ref_params = reference_step(model_dir, batch, samples, frozen, result.lr)
     assert abs(result.loss - ref_loss) <= TOLERANCE
     after = dict(backend.weight_stream())
     assert set(ref_params) <= set(after)  # a tied head comes too
-    worst, name = max((_max_diff(after[n], p), n) for n, p in ref_params.items())
+    worst, name = max((max_diff(after[n], p), n) for n, p in ref_params.items())
     assert worst <= TOLERANCE, f"{name} differs from the plain PyTorch step's by {worst:.3g}"
     tower = [n for n in after if n.startswith("model.visual.")]
-    moved = max(_max_diff(after[n], start[n]) for n in tower)
+    moved = max(max_diff(after[n], start[n]) for n in tower)
     assert len(tower) > 10 and (moved == 0.0 if frozen else moved > 1e-4), moved
-    assert max(_max_diff(after[n], start[n]) for n in after if n not in tower) > 1e-4  # the language model trained
-
-
-def _max_diff(a: Any, b: Any) -> float:
-    return float((a.float() - b.float()).abs().max())
+    assert max(max_diff(after[n], start[n]) for n in after if n not in tower) > 1e-4  # the language model trained
