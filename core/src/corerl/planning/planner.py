@@ -227,8 +227,8 @@ def vllm_tensor_parallel(request: PlanRequest, reserved: int) -> int | None:
     has a memory model."""
     import warnings
 
-    warnings.warn("corerl.planning.planner.vllm_tensor_parallel is deprecated: ask the generation engine's memory "
-                  "model (installed_generation_models()[id].tensor_parallel)", DeprecationWarning, stacklevel=2)
+    warnings.warn("the planner's engine tensor-parallel helper is deprecated: ask the generation engine's "
+                  "memory model (installed_generation_models()[id].tensor_parallel)", DeprecationWarning, stacklevel=2)
     engine = next(iter(installed_generation_models().values()), None)
     return engine.tensor_parallel(request, reserved) if engine is not None else None
 
