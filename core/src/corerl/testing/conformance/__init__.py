@@ -121,7 +121,7 @@ from corerl.testing.conformance.training import (
 
 # what the module imported for its checks before it was a package, still importable from here (as
 # its private names are, above)
-from corerl.testing.contract_versions import (  # noqa: F401
+from corerl.testing.contract_versions import (
     CANDIDATE_LOGPROBS,
     LOSS_METRICS,
     OFFLOAD_MOVES_STATE,
@@ -131,8 +131,8 @@ from corerl.testing.contract_versions import (  # noqa: F401
     Requirement,
     stated_contract,
 )
-from corerl.testing.offload_check import check_offload_keeps_state  # noqa: F401
-from corerl.testing.reference import (  # noqa: F401
+from corerl.testing.offload_check import check_offload_keeps_state
+from corerl.testing.reference import (
     hf_logprobs,
     hf_topk,
     reference_gradients,
@@ -150,4 +150,8 @@ __all__ = [
     "conformance_batch", "conformance_loss", "preference_conformance_batch", "dpo_conformance_loss",
     "grpo_conformance_batch", "grpo_conformance_loss", "value_conformance_batch", "value_conformance_loss",
     "write_conformance_critic", "save_load_continue",
+    # what the module imported for its checks before it was a package (a star import keeps them)
+    "CANDIDATE_LOGPROBS", "LOSS_METRICS", "OFFLOAD_MOVES_STATE", "ROUTER_METRICS", "TOPK_LOGPROBS", "ContractCheck",
+    "Requirement", "stated_contract", "check_offload_keeps_state", "hf_logprobs", "hf_topk", "reference_gradients",
+    "reference_lora_steps", "reference_sgd_step",
 ]
