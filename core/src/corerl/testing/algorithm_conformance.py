@@ -12,8 +12,10 @@ Any registered algorithm runs the same checks, in this process, on the built-in 
         recipe = {"algorithm": {"myalgo": {"beta": 0.1}}}
 
 The suite drives the algorithm with the run loop's own functions (:mod:`corerl.run.steps`):
-the factory called with a :class:`~corerl.run.context.RunContext`, ``held_out()``, ``begin()``,
-steps counted by the loop, a checkpoint, a run resumed from it. The checks:
+the factory called with a :class:`~corerl.run.context.RunContext` (the run's
+:class:`~corerl.algorithms.contract.RunServices`), ``held_out()``, ``begin()``, steps counted by
+the loop, a checkpoint, a run resumed from it. It imports the run layer on purpose: what it checks
+is the algorithm inside the very run code a run executes, not a copy of it. The checks:
 
 (a) the factory's object is an :class:`~corerl.algorithms.contract.AlgorithmRun` named after its
     registration, with ``total`` the recipe's steps and ``done`` 0 on a new run;
@@ -296,7 +298,7 @@ class AlgorithmConformance:
         assert first_step.algorithm.done == 1
         started, after_begin = continuation.resumed_done
         assert started == 1, f"resumed after step 1, the factory's object says done {started} (it reads " \
-                             "RunContext.steps_done(name), as AlgorithmBase does)"
+                             "RunServices.steps_done(name), as AlgorithmBase does)"
         assert after_begin == 1, f"begin() changed done from 1 to {after_begin}: the run loop alone counts steps"
 
     # -- (e) ---------------------------------------------------------------------------
