@@ -22,8 +22,8 @@ from corerl.testing.in_memory import plugin_from
 
 if TYPE_CHECKING:
     from corerl.config import Config
-    from corerl.plugin_manager import PluginHost
     from corerl.config.selection import Selection
+    from corerl.plugin_manager import PluginHost
 
 __all__ = ["FakeSite", "host_with", "plugin_from", "select_for", "write_recipe"]
 
