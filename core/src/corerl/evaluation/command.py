@@ -65,7 +65,6 @@ def evaluate_checkpoint(config: Any, selection: Any, host: Any, kind: str, folde
     for a Hugging Face folder; training, then generation refitted from it, for a run's checkpoint),
     evaluate, and shut them down; returns the :class:`corerl.evaluation.Evaluation`."""
     from corerl.evaluation.figures import EvalPlan, evaluate_policy
-    from corerl.offload.schedule import NoOffload
     from corerl.run.context import RunContext
 
     run_dir = folder.parent.parent if kind == "checkpoint" else folder.parent
@@ -77,19 +76,7 @@ def evaluate_checkpoint(config: Any, selection: Any, host: Any, kind: str, folde
     context = RunContext(config, selection, console, host, run_dir, resume)
     finished = False
     try:
-        generation = selection.generation_backend.registration
-        if resume is None:
-            context.load_model_and_task(str(folder))
-            context.generation = context.start(generation, str(folder))
-        else:
-            algorithm = selection.algorithm.registration
-            context.warm_started = bool(algorithm.warm_start and config.core.sft.enabled)
-            context.load_model_and_task()
-            context.training = context.start(selection.training_backend.registration, context.resumed_base())
-            context.training.load_checkpoint(str(folder / "training"))
-            context.generation = context.start(generation, context.model_path, context.training)
-            context.refit()
-        context.offload = NoOffload(context.training, context.generation)
+        context.start_for_evaluation(folder)
         result = evaluate_policy(context.rollout(), context.task, EvalPlan.from_config(config))
         finished = True
         return result

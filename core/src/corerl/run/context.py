@@ -138,13 +138,3 @@ class RunContext:
     def held_out_reward(self) -> float:
         """Mean held-out reward of greedy answers (:meth:`Rollouts.held_out_reward`)."""
         return self.rollouts.held_out_reward()
-
-    # -- until ``corerl eval`` calls start_for_evaluation: it assigns these (issue 74) ------------
-    @training.setter
-    def training(self, engine: Any) -> None: self.engines.training = engine
-    @generation.setter
-    def generation(self, engine: Any) -> None: self.engines.generation = engine
-    @offload.setter
-    def offload(self, offload: Any) -> None: self.engines.offload = offload
-    @warm_started.setter
-    def warm_started(self, value: bool) -> None: self.model.warm_started = value
