@@ -11,6 +11,8 @@ import inspect
 import re
 from pathlib import Path
 
+import pytest
+
 from corerl.algorithms.contract import RunServices
 from corerl.run.context import RunContext
 from tests.conftest import REPO
@@ -80,3 +82,22 @@ def test_nothing_outside_the_run_context_assigns_its_attributes():
              for match in assignment.finditer(path.read_text(encoding="utf-8"))]
     assert not found, found
     assert {"resume_state", "model", "engines", "frozen", "rollouts"} <= set(vars(new_context(REPO)))
+
+
+def test_the_methods_that_moved_to_a_service_still_answer_on_the_context_with_a_warning(monkeypatch):
+    """RunContext's methods outside RunServices before contract 2.16 forward to their service for one version."""
+    context = new_context(REPO)
+    called = []
+    monkeypatch.setattr(context.rollouts, "start_environment", lambda registration, settings: called.append(
+        ("start_environment", registration, settings)) or "pool")
+    monkeypatch.setattr(context.frozen, "start_reward_scorer", lambda: called.append(("start_reward_scorer",)) or "scorer")
+    monkeypatch.setattr(context.engines, "start_generation", lambda registration, path: called.append(
+        ("start_generation", registration, path)) or "engine")
+    with pytest.warns(DeprecationWarning, match=r"RunContext.start_environment moved .* context.rollouts"):
+        assert context.start_environment("reg", "settings") == "pool"
+    with pytest.warns(DeprecationWarning, match=r"RunContext.start_reward_scorer moved"):
+        assert context.start_reward_scorer() == "scorer"
+    with pytest.warns(DeprecationWarning, match=r"RunContext.start_generation moved"):
+        assert context.start_generation("gen") == "engine"
+    assert called == [("start_environment", "reg", "settings"), ("start_reward_scorer",),
+                      ("start_generation", "gen", context.model.path)]

@@ -5,12 +5,13 @@ started in-process at world size 1, a context drives one step of any algorithm i
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from corerl.run.directory import resolve_model
-from corerl.run.engines import Engines
+from corerl.run.engines import Engines, value_model_start
 from corerl.run.frozen_models import FrozenModels
 from corerl.run.policy_model import PolicyModel, check_task_fits, image_encoder  # noqa: F401 (their old home)
 from corerl.run.resume_state import ResumeState, open_run_directory
@@ -138,3 +139,29 @@ class RunContext:
     def held_out_reward(self) -> float:
         """Mean held-out reward of greedy answers (:meth:`Rollouts.held_out_reward`)."""
         return self.rollouts.held_out_reward()
+
+    # -- RunContext's methods outside RunServices before contract 2.16: kept one version -----------
+    def value_model_start(self) -> str:
+        """Deprecated (2.16): :func:`corerl.run.engines.value_model_start`."""
+        _moved("value_model_start", "corerl.run.engines.value_model_start(model_path, run_dir)")
+        return value_model_start(self.model.path, self.run_dir)
+
+    def start_generation(self, registration: Any) -> Any:
+        """Deprecated (2.16): :meth:`Engines.start_generation`."""
+        _moved("start_generation", "context.engines.start_generation(registration, model_path)")
+        return self.engines.start_generation(registration, self.model.path)
+
+    def start_reward_scorer(self) -> Any:
+        """Deprecated (2.16): :meth:`FrozenModels.start_reward_scorer`."""
+        _moved("start_reward_scorer", "context.frozen.start_reward_scorer()")
+        return self.frozen.start_reward_scorer()
+
+    def start_environment(self, registration: Any, settings: Any) -> Any:
+        """Deprecated (2.16): :meth:`Rollouts.start_environment`."""
+        _moved("start_environment", "context.rollouts.start_environment(registration, settings)")
+        return self.rollouts.start_environment(registration, settings)
+
+
+def _moved(name: str, instead: str) -> None:
+    warnings.warn(f"RunContext.{name} moved to a run service in contract 2.16: call {instead} (algorithms use "
+                  "only RunServices)", DeprecationWarning, stacklevel=3)
