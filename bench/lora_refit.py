@@ -43,8 +43,8 @@ MODELS = {
 
 def engines(model_dir: str, work: Path, generation: str, lora: bool, rank: int) -> tuple[Any, Any]:
     from corerl.config import load_config
-    from corerl.plugin_manager import PluginHost
     from corerl.config.selection import select
+    from corerl.plugin_manager import PluginHost
     from corerl.testing import write_recipe
 
     recipe = write_recipe(work / f"{generation}-{lora}.yaml", {

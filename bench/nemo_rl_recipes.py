@@ -117,9 +117,9 @@ def validate(path: Path) -> tuple[bool, str, frozenset[str]]:
     """(accepted, the reason when refused, the keys of every refusal): the same steps as
     ``corerl validate --recipe-only``."""
     from corerl.config import load_config
+    from corerl.config.selection import select
     from corerl.errors import ConfigErrors, CorerlError
     from corerl.plugin_manager import PluginHost
-    from corerl.config.selection import select
 
     try:
         host = PluginHost()

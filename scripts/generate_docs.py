@@ -157,9 +157,9 @@ def _backend_overrides(kind: str, backend_id: str, host: Any) -> tuple[str, ...]
 def support_cell(host: Any, overrides: tuple[str, ...]) -> str:
     """``supported`` or ``refused: <its one line>`` for the demo recipe with ``overrides``."""
     from corerl.config import load_config
+    from corerl.config.selection import select
     from corerl.errors import ConfigErrors, CorerlError
     from corerl.recipes import DEMO_RECIPE
-    from corerl.config.selection import select
 
     try:
         select(load_config(str(DEMO_RECIPE), list(overrides), host), host)

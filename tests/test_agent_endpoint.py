@@ -200,10 +200,10 @@ def test_a_burst_of_200_concurrent_calls_is_answered_not_reset(endpoint):
 def _agent_step(tmp_path, agent):
     """A GRPO run's context whose episodes ``agent`` plays, its engines started, and its algorithm begun."""
     from corerl.config import config_from_mapping
+    from corerl.config.selection import select
     from corerl.plugin_manager import PluginHost
     from corerl.reporting.console import make_console
     from corerl.run.context import RunContext
-    from corerl.config.selection import select
 
     host = PluginHost(env={})
     recipe = {

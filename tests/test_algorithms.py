@@ -13,13 +13,13 @@ import pytest
 
 from corerl.algorithms.contract import AlgorithmBase, StepCountError
 from corerl.config import config_from_mapping
+from corerl.config.selection import select
 from corerl.plugin_manager import PluginHost
 from corerl.registry import Algorithm
 from corerl.reporting.console import make_console
 from corerl.run.context import RunContext
-from corerl.run.steps import take_step
 from corerl.run.loop import execute
-from corerl.config.selection import select
+from corerl.run.steps import take_step
 from corerl.testing import plugin_from
 from corerl.testing.algorithm_conformance import AlgorithmConformance
 from tests.conftest import REPO

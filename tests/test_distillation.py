@@ -159,10 +159,10 @@ def test_a_teacher_that_is_not_here_is_refused_by_validate_and_at_run_start_but_
 def test_a_teacher_backend_that_is_not_installed_is_refused_in_one_line(tmp_path):
     from corerl.algorithms.distillation import DistillationAlgorithm
     from corerl.config import config_from_mapping
+    from corerl.config.selection import select
     from corerl.plugin_manager import PluginHost
     from corerl.reporting.console import make_console
     from corerl.run.context import RunContext
-    from corerl.config.selection import select
 
     host = PluginHost(env={})
     recipe = {"policy": {"model_name": "builtin:tiny-qwen2-small", "generation": {"backend": "hf"}},

@@ -307,9 +307,9 @@ def _recipe(tmp_path, **changes):
 
 def _refusal(tmp_path, **changes):
     from corerl.config import config_from_mapping
+    from corerl.config.selection import select
     from corerl.errors import ConfigError, ConfigErrors
     from corerl.plugin_manager import PluginHost
-    from corerl.config.selection import select
 
     host = PluginHost(env={})
     with pytest.raises((ConfigErrors, ConfigError)) as caught:
@@ -341,10 +341,10 @@ def test_validation_refuses_what_an_environment_run_could_not_do(tmp_path):
 def test_one_grpo_step_plays_tool_episodes_in_process(tmp_path, model):
     """Multi-turn tool episodes, on a dense policy and on a mixture of experts."""
     from corerl.config import config_from_mapping
+    from corerl.config.selection import select
     from corerl.plugin_manager import PluginHost
     from corerl.reporting.console import make_console
     from corerl.run.context import RunContext
-    from corerl.config.selection import select
 
     host = PluginHost(env={})
     config = config_from_mapping(_recipe(tmp_path, **{"policy.model_name": model}), host)
@@ -411,10 +411,10 @@ def test_nemo_rl_environment_keys_act_in_the_built_config(tmp_path):
 
 def test_one_ppo_step_plays_tool_episodes(tmp_path):
     from corerl.config import config_from_mapping
+    from corerl.config.selection import select
     from corerl.plugin_manager import PluginHost
     from corerl.reporting.console import make_console
     from corerl.run.context import RunContext
-    from corerl.config.selection import select
 
     host = PluginHost(env={})
     config = config_from_mapping(_recipe(tmp_path, **{"algorithm.name": "ppo"}), host)

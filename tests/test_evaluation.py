@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from corerl.run.checkpoints import KeepPolicy, best_checkpoint, checkpoints_to_keep, save_checkpoint
 from corerl.evaluation import EvalPlan, evaluate_policy, pass_at_k, sampled_figures
 from corerl.reporting.metrics_log import latest_values
+from corerl.run.checkpoints import KeepPolicy, best_checkpoint, checkpoints_to_keep, save_checkpoint
 from tests.conftest import EXAMPLES, run_corerl
 from tests.refusals import refused_in_one_line
 

@@ -194,8 +194,7 @@ def test_hook_corerl_register_commands(monkeypatch, capsys):
 
 
 def test_hook_corerl_register_presets(tmp_path):
-    from corerl.config import presets
-    from corerl.config import load_config
+    from corerl.config import load_config, presets
     from corerl.testing import write_recipe
 
     host = _host_with_plugin()

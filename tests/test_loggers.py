@@ -12,12 +12,12 @@ from typing import Any
 import pytest
 
 from corerl.config import config_from_mapping
+from corerl.config.selection import select
 from corerl.errors import RunError
 from corerl.plugin_manager import PluginHost
 from corerl.reporting.console import make_console
 from corerl.reporting.loggers.start import start_loggers
 from corerl.run.loop import execute
-from corerl.config.selection import select
 
 STEPS = 3
 

@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from corerl.config import config_from_mapping
+from corerl.config.selection import select
 from corerl.plugin_manager import PluginHost
 from corerl.reporting.console import make_console
 from corerl.run.context import RunContext
-from corerl.config.selection import select
 from corerl.testing.conformance import conformance_batch, conformance_loss
 
 ALGORITHMS = {

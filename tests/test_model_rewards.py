@@ -10,13 +10,13 @@ import pytest
 import torch
 
 from corerl.config import config_from_mapping
+from corerl.config.selection import select
+from corerl.environments.model_rewards import JudgeScorer, ValueModelScorer, as_value_model
 from corerl.errors import ConfigError
 from corerl.generation.contract import Sample
-from corerl.environments.model_rewards import JudgeScorer, ValueModelScorer, as_value_model
 from corerl.plugin_manager import PluginHost
 from corerl.reporting.console import make_console
 from corerl.run.context import RunContext
-from corerl.config.selection import select
 
 
 def _sample(prompt: list[int], completion: list[int], finish: str) -> Sample:

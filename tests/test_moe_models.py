@@ -8,11 +8,11 @@ import pytest
 
 from corerl import GenerationBackend, TrainingBackend, hookimpl
 from corerl.config import config_from_mapping
+from corerl.config.selection import select
 from corerl.errors import CorerlError
 from corerl.models.tiny import build_tiny_model
 from corerl.planning.shape import ModelShape
 from corerl.plugin_manager import PluginHost
-from corerl.config.selection import select
 
 
 @pytest.mark.parametrize("family", ["qwen3_moe", "mixtral"])

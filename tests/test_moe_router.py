@@ -13,9 +13,9 @@ import pytest
 import torch
 
 from corerl.config import config_from_mapping
+from corerl.config.selection import select
 from corerl.errors import ConfigError
 from corerl.plugin_manager import PluginHost
-from corerl.config.selection import select
 from corerl.testing.conformance import conformance_batch, conformance_loss
 from corerl.training.moe_router import (
     attach_router,

@@ -11,11 +11,11 @@ import torch
 from corerl import TrainingBackend, hookimpl
 from corerl.algorithms.ppo import PPO, whiten
 from corerl.config import config_from_mapping
+from corerl.config.selection import select
 from corerl.errors import ConfigErrors
 from corerl.models.tiny import build_tiny_model
 from corerl.models.value_model import is_value_model
 from corerl.plugin_manager import PluginHost
-from corerl.config.selection import select
 from tests.conftest import EXAMPLES, run_corerl
 
 

@@ -6,9 +6,9 @@ import pytest
 
 import corerl
 from corerl.config import load_config
+from corerl.config.selection import select
 from corerl.errors import ConfigError
 from corerl.plugin_manager import PluginHost
-from corerl.config.selection import select
 from tests.conftest import EXAMPLES, run_corerl
 
 

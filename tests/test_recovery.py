@@ -16,8 +16,8 @@ import signal
 import pytest
 
 from corerl.distributed.worker_group import WorkerFailed
-from corerl.run.recovery import RECOVERY_PHASE, Fault, Recovery, RunStopped, fault_of
 from corerl.reporting.metrics_log import MetricsLog
+from corerl.run.recovery import RECOVERY_PHASE, Fault, Recovery, RunStopped, fault_of
 from tests.recovery_runs import assert_same_steps, faults_of, run_with_faults
 
 # -- the logic, in process ------------------------------------------------------------------

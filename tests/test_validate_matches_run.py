@@ -120,9 +120,9 @@ def _raise_sites() -> set[tuple[str, int]]:
 
 def test_every_refusal_of_every_check_is_reached_by_a_case_and_said_in_one_line(user_model):
     from corerl.config import load_config
+    from corerl.config.selection import select
     from corerl.errors import ConfigErrors, CorerlError
     from corerl.plugin_manager import PluginHost
-    from corerl.config.selection import select
 
     host = PluginHost(env={})
     reached = set()

@@ -257,9 +257,9 @@ def test_the_vision_tower_is_frozen_for_rl_trained_for_sft_and_left_out_of_the_l
 def test_a_training_backend_of_an_older_contract_is_refused_for_a_vision_language_policy(tmp_path):
     """Its plugin states 2.12: batches of images would reach a forward that may not pass them on."""
     from corerl.config import load_config
+    from corerl.config.selection import select
     from corerl.errors import CorerlError
     from corerl.recipes import DEMO_RECIPE
-    from corerl.config.selection import select
 
     host = PluginHost(env={})
     overrides = ["policy.model_name=builtin:tiny-vl", "data.task=shape_colour", "policy.generation.backend=hf"]

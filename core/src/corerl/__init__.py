@@ -11,9 +11,9 @@ from corerl.import_paths import install_moved_module_finder
 install_moved_module_finder()  # the modules' old paths (issue 74) import, with a DeprecationWarning
 
 from corerl import component_kinds  # noqa: E402
-from corerl.config import presets  # noqa: E402
 from corerl.api import DPOTrainer, GRPOTrainer, PPOTrainer, SFTTrainer, train  # noqa: E402
 from corerl.component_kinds import *  # noqa: E402, F403  (registering: hookimpl, CONTRACT_VERSION, the registration classes)
+from corerl.config import presets  # noqa: E402
 
 __version__ = "0.1.0"
 

@@ -89,9 +89,9 @@ class Trainer:
         """Validate, select the backends and run; returns a :class:`corerl.run.loop.RunResult`."""
         import attrs
 
+        from corerl.config.selection import Choice, select
         from corerl.plugin_manager import process_host
         from corerl.run.loop import execute
-        from corerl.config.selection import Choice, select
 
         host = process_host()
         config = self._load(host, {})

@@ -235,8 +235,8 @@ def _contract_cell(row: dict[str, Any]) -> str:
 def _load_and_select(config_path: str, overrides: list[str], presets: list[str],
                      dialect: str | None = None, strict: bool = False) -> tuple[Any, Any, Any]:
     from corerl.config import load_config
-    from corerl.plugin_manager import process_host
     from corerl.config.selection import select
+    from corerl.plugin_manager import process_host
 
     host = process_host()
     config = load_config(config_path, overrides, host, presets, dialect, strict)

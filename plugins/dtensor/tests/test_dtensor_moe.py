@@ -14,10 +14,10 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from corerl.config import load_config
+from corerl.config.selection import select
 from corerl.errors import ConfigError, ConfigErrors
 from corerl.models.tiny import build_tiny_model, tiny_hf_config
 from corerl.plugin_manager import PluginHost
-from corerl.config.selection import select
 from corerl.testing import write_recipe
 from corerl.testing.conformance import MAX_GRAD_NORM, MOMENTUM, MoeConformance, conformance_batch
 from corerl.testing.reference import hf_logprobs

@@ -9,11 +9,11 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from corerl.config import load_config
+from corerl.config.selection import select
 from corerl.errors import ConfigError
 from corerl.models.facts import model_shape
 from corerl.models.tiny import build_tiny_model
 from corerl.plugin_manager import PluginHost
-from corerl.config.selection import select
 from corerl.testing import write_recipe
 from corerl.testing.conformance import conformance_batch, conformance_loss
 from corerl.testing.reference import hf_logprobs

@@ -23,8 +23,8 @@ import attrs
 
 from corerl.config.fields import setting
 from corerl.environments.contract import EnvironmentContext, EnvironmentSettings, EpisodeView, Turn
-from corerl.environments.sandboxes import AUDIT_LIMITS, AUTO, SandboxRunner, runner_for
 from corerl.environments.sandbox import SandboxResult
+from corerl.environments.sandboxes import AUDIT_LIMITS, AUTO, SandboxRunner, runner_for
 
 
 @attrs.define(kw_only=True)

@@ -14,8 +14,8 @@ from collections.abc import Mapping
 from typing import Any, Protocol
 
 from corerl.environments import sandbox
-from corerl.errors import ConfigError
 from corerl.environments.sandbox import SandboxResult
+from corerl.errors import ConfigError
 
 #: the ``env.code.isolation`` value that picks the best contained sandbox available
 AUTO = "auto"

@@ -88,11 +88,11 @@ def run(args: argparse.Namespace) -> int:
     from transformers.utils import logging as hf_logging
 
     from corerl.config import load_config
+    from corerl.config.presets import default_host
+    from corerl.config.selection import select
     from corerl.errors import ConfigError, UsageError
     from corerl.evaluation.figures import EvalPlan
-    from corerl.config.presets import default_host
     from corerl.reporting.console import make_console
-    from corerl.config.selection import select
 
     kind, folder = checkpoint_kind(args.checkpoint)
     host = default_host()

@@ -23,8 +23,8 @@ from corerl.errors import ConfigError, ConfigErrors, CorerlError
 
 if TYPE_CHECKING:
     from corerl.config import Config
-    from corerl.plugin_manager import PluginHost
     from corerl.config.selection import Selection
+    from corerl.plugin_manager import PluginHost
 
 
 def check_run_inputs(config: Config, selection: Selection, host: PluginHost | None = None) -> None:
