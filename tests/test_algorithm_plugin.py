@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 
 from corerl.config import config_from_mapping
+from corerl.config.selection import select
 from corerl.errors import ConfigError, ConfigErrors
 from corerl.plugin_manager import PluginHost
 from corerl.reporting.console import make_console
 from corerl.run.loop import execute
-from corerl.config.selection import select
 from tests.conftest import EXAMPLES, clean_env, run_corerl
 
 SOURCE = Path(__file__).parent / "data" / "reinforce" / "corerl_reinforce.py"
