@@ -46,7 +46,9 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("faces", ["corerl.cli", "corerl.api", "corerl.evaluation.command", "corerl.planning.command"]),
     # corerl.run and corerl.evaluation are the run layer's packages (their modules' old root paths
     # import as aliases: corerl.import_paths.MOVED_MODULES)
-    ("run", ["corerl.run", "corerl.evaluation"]),
+    # the algorithm conformance suite drives an algorithm through the run's own code (open, start,
+    # steps, checkpoint, resume): it is a test of the run layer, published beside the SDK's suites
+    ("run", ["corerl.run", "corerl.evaluation", "corerl.testing.algorithm_conformance"]),
     ("builtin", ["corerl.builtin_plugin"]),
     ("sdk", ["corerl.sdk", "corerl.testing"]),
     ("algorithms", ["corerl.algorithms"]),
@@ -105,38 +107,8 @@ NEVER: list[tuple[str, str, str]] = [
 # Every broken rule is an upward import too; the entries marked "rule" break a NEVER rule.
 # ---------------------------------------------------------------------------------------------
 ALLOWED_IMPORTS: dict[str, str] = {
-    "corerl.algorithms.contract -> corerl.config":
-        "TODO(issue 74 item 2): the RunServices protocol (contracts layer) names, under TYPE_CHECKING, types of the layers above it (Config, Selection, PluginHost, registrations, tasks, Rollout): they move below it, or the protocol's layer changes",
-    "corerl.algorithms.contract -> corerl.environments.rollout":
-        "TODO(issue 74 item 2): the RunServices protocol (contracts layer) names, under TYPE_CHECKING, types of the layers above it (Config, Selection, PluginHost, registrations, tasks, Rollout): they move below it, or the protocol's layer changes",
-    "corerl.algorithms.contract -> corerl.plugin_manager":
-        "TODO(issue 74 item 2): the RunServices protocol (contracts layer) names, under TYPE_CHECKING, types of the layers above it (Config, Selection, PluginHost, registrations, tasks, Rollout): they move below it, or the protocol's layer changes",
-    "corerl.algorithms.contract -> corerl.registry":
-        "TODO(issue 74 item 2): the RunServices protocol (contracts layer) names, under TYPE_CHECKING, types of the layers above it (Config, Selection, PluginHost, registrations, tasks, Rollout): they move below it, or the protocol's layer changes",
-    "corerl.algorithms.contract -> corerl.config.selection":
-        "TODO(issue 74 item 2): the RunServices protocol (contracts layer) names, under TYPE_CHECKING, types of the layers above it (Config, Selection, PluginHost, registrations, tasks, Rollout): they move below it, or the protocol's layer changes",
-    "corerl.algorithms.contract -> corerl.tasks":
-        "TODO(issue 74 item 2): the RunServices protocol (contracts layer) names, under TYPE_CHECKING, types of the layers above it (Config, Selection, PluginHost, registrations, tasks, Rollout): they move below it, or the protocol's layer changes",
-    "corerl.algorithms.contract -> corerl.tasks.preferences":
-        "TODO(issue 74 item 2): the RunServices protocol (contracts layer) names, under TYPE_CHECKING, types of the layers above it (Config, Selection, PluginHost, registrations, tasks, Rollout): they move below it, or the protocol's layer changes",
     "corerl.sdk -> corerl.run.context":
-        "TODO(issue 74 item 2): the SDK exports RunContext; it exports the RunServices protocol instead (RunContext kept one contract version)",
-    "corerl.config.selection -> corerl.asynchronous.settings":
-        "TODO(issue 74 item 3): the picker imports each feature's check; validation as a table removes the import",
-    "corerl.config.selection -> corerl.asynchronous.worker":
-        "TODO(issue 74 item 3): the picker imports each feature's check; validation as a table removes the import",
-    "corerl.config.selection -> corerl.evaluation.figures":
-        "TODO(issue 74 item 3): the picker imports each feature's check; validation as a table removes the import",
-    "corerl.config.selection -> corerl.environments.model_rewards":
-        "TODO(issue 74 item 3): the picker imports each feature's check; validation as a table removes the import",
-    "corerl.config.selection -> corerl.tasks.rewards":
-        "TODO(issue 74 item 3): the picker imports each feature's check; validation as a table removes the import",
-    "corerl.testing.algorithm_conformance -> corerl.run.context":
-        "TODO(issue 74 item 2): the algorithm conformance suite drives the run loop's own steps; against RunServices it needs no run module",
-    "corerl.testing.algorithm_conformance -> corerl.run.steps":
-        "TODO(issue 74 item 2): the algorithm conformance suite drives the run loop's own steps; against RunServices it needs no run module",
-    "corerl.training.microbatching -> corerl.plugin_manager":
-        "TODO(issue 74): resolve_packer asks the process's plugin host (registry, above the contracts) for the packer when a config was built without selection (a plugin's tests)",
+        "RunContext stays importable from corerl.sdk through contract 2.x (deprecated since 2.15: algorithms are typed against RunServices); the export and this entry go with 3.0",
 }
 
 #: Circles still closed today (each by a function-level or TYPE_CHECKING import): a circle found
