@@ -28,6 +28,7 @@ from corerl.lora.weights import AdapterWeights
 from corerl.models.facts import check_tensor_parallel, model_shape
 from corerl.models.tokenizer import load_tokenizer_folder
 from corerl.models.vision import is_vision_language, read_hf_config, vision_token_ids
+from corerl.planning.memory import GenerationMemory, PlanRequest
 from corerl.training.weights import CheckpointNaming
 
 __all__ = [
@@ -45,4 +46,6 @@ __all__ = [
     # where its workers run
     "LocalWorkerGroup", "RayWorkerGroup", "training_layout", "dedicated_generation_layout",
     "runs_here_without_gpu", "local_gpu_index", "free_port",
+    # its memory model for `corerl plan` (what the engine holds beside a training layout)
+    "GenerationMemory", "PlanRequest",
 ]

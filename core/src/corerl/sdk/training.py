@@ -27,6 +27,7 @@ from corerl.planning.memory import (
     GIB,
     Layout,
     PlanRequest,
+    Preference,
     TrainingMemory,
     activation_bytes,
     adam_state_bytes,
@@ -82,6 +83,6 @@ __all__ = [
     "image_inputs", "is_vision_language", "read_hf_config", "vision_token_ids", "vision_tower",
     "run_vision_on_every_rank",
     # memory models for `corerl plan`
-    "GIB", "Layout", "PlanRequest", "TrainingMemory", "activation_bytes", "adam_state_bytes", "cluster_overrides",
+    "GIB", "Layout", "PlanRequest", "Preference", "TrainingMemory", "activation_bytes", "adam_state_bytes", "cluster_overrides",
     "tensor_parallel_sizes",
 ]

@@ -34,10 +34,10 @@ from typing import Any
 
 import attrs
 
-from corerl.planning.memory import Preference  # corerl.sdk once it exports it (contract 2.16)
 from corerl.sdk import (
     Layout,
     PlanRequest,
+    Preference,
     TrainingMemory,
     activation_bytes,
     cluster_overrides,

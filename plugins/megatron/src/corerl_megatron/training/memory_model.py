@@ -40,11 +40,11 @@ from typing import Any
 
 import attrs
 
-from corerl.planning.memory import Preference  # corerl.sdk once it exports it (contract 2.16)
 from corerl.sdk import (
     GIB,
     Layout,
     PlanRequest,
+    Preference,
     TrainingMemory,
     activation_bytes,
     adam_state_bytes,
