@@ -53,13 +53,17 @@ class Trainer:
         self.recipe_path: str | None = None
 
     @classmethod
-    def from_pretrained(cls, model_path: str | Path, *, tensor_parallel_size: int = 1, backend: str = "dtensor",
+    def from_pretrained(cls, model_path: str | Path, *, tensor_parallel_size: int = 1, backend: str | None = None,
                         dataset: Any = None, reward_fn: RewardFunction | None = None,
                         **sections: Mapping[str, Any]) -> Trainer:
-        """A run on a local Hugging Face checkpoint with training ``backend`` (a registered id) at
+        """A run on a local Hugging Face checkpoint with training ``backend`` (a registered id; None:
+        the default, :data:`corerl.known_plugins.DEFAULT_TRAINING_BACKEND`) at
         ``tensor_parallel_size`` ranks of tensor parallelism; ``sections`` (``algorithm={...}``,
         ``data={...}``, ...) are merged into the config."""
+        from corerl.known_plugins import DEFAULT_TRAINING_BACKEND
         from corerl.plugin_manager import process_host
+
+        backend = backend or DEFAULT_TRAINING_BACKEND
 
         registration = process_host().training_backends.get(backend)
         if registration is None or registration.config_section is None:
