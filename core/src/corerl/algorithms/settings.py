@@ -55,7 +55,7 @@ class DistillationConfig:
                                                               "unset: the policy's, with its layout")
     teacher_overrides: dict[str, Any] | None = setting(
         None, help="policy and cluster keys the teacher runs with instead of the policy's: its own layout (e.g. "
-                   "{policy: {dtensor_cfg: {tensor_parallel_size: 2}}}) and, with cluster keys, ranks of its own "
+                   "{policy: {<backend>_cfg: {tensor_parallel_size: 2}}}) and, with cluster keys, ranks of its own "
                    "in a placement pool apart from the policy's; unset: the policy's layout, on its devices")
     teacher_cpu_offload: bool = setting(False, help="keep the teacher's weights in CPU memory except while it scores")
     teacher_micro_batch_size: int | None = setting(None, min=1, help="rows per teacher forward; unset: "

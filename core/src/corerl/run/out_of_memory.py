@@ -21,8 +21,8 @@ PHASES: tuple[tuple[str, str, str], ...] = (
     ("values", "scoring values", "critic.value_micro_batch_size, policy.max_seq_length"),
     ("train_step", "training", "policy.train_micro_batch_size, policy.max_logits_mb, policy.max_seq_length, "
                                "policy.activation_checkpointing"),
-    ("update_weights", "refitting the generation engine", "policy.generation.vllm_cfg.cpu_kvcache_space_gib, "
-                                                          "policy.offload.policy"),
+    ("update_weights", "refitting the generation engine", "the KV cache in the generation backend's section "
+                                                          "(policy.generation.<backend>_cfg), policy.offload.policy"),
     ("load_hf", "loading the model", "policy.precision, policy.offload.policy"),
 )
 _ASKED = (re.compile(r"tried to allocate (\d+) bytes", re.IGNORECASE),

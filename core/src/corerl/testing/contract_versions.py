@@ -73,8 +73,8 @@ CANDIDATE_LOGPROBS = Requirement(
 #: contract 2.12: a prompt's samples drawn from its own request seed
 REQUEST_SEEDS = Requirement(
     "SamplingSettings.request_seeds", "2.12",
-    "seed sample j of prompt i with request_seeds[i] + j, one stream a sample (vLLM: SamplingParams.seed per "
-    "request; a decode loop of your own: corerl.sdk.row_seeds, row_generators and choose_tokens_per_row)")
+    "seed sample j of prompt i with request_seeds[i] + j, one stream a sample (an engine that takes a seed per request: "
+    "pass it there; a decode loop of your own: corerl.sdk.row_seeds, row_generators and choose_tokens_per_row)")
 
 
 #: contract 2.14: stop ids end a completion besides the model's end of sequence

@@ -275,8 +275,8 @@ class GenerationBackendConformance:
         except CorerlError as exc:
             if not (exc.key or "").startswith("policy.generation"):
                 pytest.fail(f"the generation suite validates its recipe as `corerl validate` does, which needs more "
-                            f"than the backend under test: {exc} (install what it names, e.g. corerl-dtensor for the "
-                            f"default training backend, or choose another in the suite's overrides)", pytrace=False)
+                            f"than the backend under test: {exc} (install what it names, e.g. {_default_training_plugin()} "
+                            f"for the default training backend, or choose another in the suite's overrides)", pytrace=False)
             raise
         choice = selection.generation_backend
         assert choice.id == cls.backend_id, choice.reason
@@ -523,3 +523,11 @@ def _weights_of(model_dir: str) -> list[tuple[str, torch.Tensor]]:
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     return list(model.state_dict().items())
+
+
+def _default_training_plugin() -> str:
+    """The distribution that provides the default training backend (known_plugins' table)."""
+    from corerl.known_plugins import DEFAULT_TRAINING_BACKEND, provider_of
+
+    plugin = provider_of("training backend", DEFAULT_TRAINING_BACKEND)
+    return plugin.distribution if plugin is not None else DEFAULT_TRAINING_BACKEND

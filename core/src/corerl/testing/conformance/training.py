@@ -51,8 +51,8 @@ BF16_MIN_FACTOR = 10
 #: contract 2.15: ``policy.precision=bfloat16`` computes in bf16 (the lower bound of the bf16 check)
 BF16_COMPUTE = Requirement(
     "computing in policy.precision=bfloat16", "2.15",
-    "cast the model to the recipe's policy.precision or autocast its forward to it (corerl_dtensor's worker "
-    "does); where the engine cannot compute in bf16, refuse the recipe at policy.precision (EngineNotAvailable "
+    "cast the model to the recipe's policy.precision or autocast its forward to it (the backend "
+    "template's worker does); where the engine cannot compute in bf16, refuse the recipe at policy.precision (EngineNotAvailable "
     "on this machine, ConfigError in this layout) or set bf16_tolerance = None on that conformance class")
 
 #: the checks :attr:`TrainingChecks.algorithm_checks` governs
