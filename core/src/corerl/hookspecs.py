@@ -22,6 +22,7 @@ import pluggy
 from corerl.registry import (
     Algorithm,
     Command,
+    DialectSection,
     Environment,
     ExperimentLogger,
     GenerationBackend,
@@ -252,4 +253,20 @@ def corerl_register_sandboxes(register: Callable[[Sandbox], None]) -> None:
 
     Called when the plugin manager first needs the sandbox registry (``corerl validate`` and
     ``corerl run`` of a recipe that runs model-written code).
+    """
+
+
+@hookspec
+def corerl_register_dialect_sections(register: Callable[[DialectSection], None]) -> None:
+    """Register the translation of an engine's section of another framework's recipes.
+
+    Call ``register(DialectSection(id=..., dialect="nemo-rl", sections=("policy.my_cfg", ...),
+    backend=..., factory=...))`` once per section; ``factory`` is (or returns) a
+    :class:`corerl.sdk.SectionRules`, or a mapping of NeMo RL key -> :class:`corerl.sdk.Rule`. The
+    core's dialect (:mod:`corerl.config.dialects.nemo_rl`) translates NeMo RL's shared sections and
+    takes an engine's section (``policy.megatron_cfg.*``, ``policy.generation.vllm_cfg.*``) from the
+    plugin that registers the engine; a key of a first-party engine's section whose plugin is not
+    installed is reported with the line that installs it.
+
+    Called when a recipe in another framework's dialect is first translated.
     """

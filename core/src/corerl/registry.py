@@ -25,9 +25,9 @@ from corerl.errors import RegistrationError
 
 #: the classes a plugin registers with; ``corerl`` and ``corerl.sdk`` export these names
 __all__ = [
-    "Algorithm", "Command", "Environment", "ExperimentLogger", "GenerationBackend", "MemoryModel",
-    "OffloadPolicy", "PlotSpec", "Preset", "Reward", "Sandbox", "SequencePacker", "Task", "Tool", "ToolCallParser",
-    "TrainingBackend",
+    "Algorithm", "Command", "DialectSection", "Environment", "ExperimentLogger", "GenerationBackend", "MemoryModel",
+    "OffloadPolicy", "PlotSpec", "Preset", "Reward", "Rule", "Sandbox", "SectionRules", "SequencePacker", "Task",
+    "Tool", "ToolCallParser", "TrainingBackend",
 ]
 
 _ID_PATTERN = re.compile(r"^[a-z][a-z0-9_.-]*$")
@@ -429,6 +429,150 @@ class Sandbox(Registration):
     registry_name: ClassVar[str] = "sandboxes"
     label: ClassVar[str] = "sandboxes"
     contained: bool = True
+
+
+@attrs.frozen
+class Rule:
+    """What one key of another framework's recipe (or every key under a ``prefix.*``) becomes in
+    corerl's configuration: ``acts`` (its value goes to ``target``, through ``convert`` where the two
+    differ), ``inert`` (accepted with ``reason``: no effect in corerl; ``refuse_if`` names the values
+    that would change behaviour, ``warn_if`` those accepted with a warning at every run),
+    ``refused`` (in one line, ``reason`` saying what corerl does not support) or ``derived``
+    (decided together with other keys, by a translation function). Build one with the class
+    methods: ``Rule.acts("policy.moe.freeze_router")``, ``Rule.inert(Rule.PERF)``."""
+
+    fate: str
+    target: str | None = None
+    convert: Callable[[Any], Any] | None = None
+    reason: str = ""
+    refuse_if: Callable[[Any], bool] | None = None
+    warn_if: Callable[[Any], bool] | None = None
+
+    #: an engine's kernel-fusion or memory switch
+    PERF: ClassVar[str] = "a kernel-fusion or memory switch of NeMo RL's engines; corerl leaves the choice to the library"
+    #: a switch off by default that corerl has no feature for
+    OFF: ClassVar[str] = ("a switch NeMo RL leaves off by default; corerl has no such feature, so only false/null is "
+                          "accepted")
+    #: an engine's environment variables
+    ENV: ClassVar[str] = ("corerl sets no environment variables per backend: export them in the shell that starts "
+                          "corerl (Ray workers inherit it)")
+
+    @classmethod
+    def acts(cls, target: str, convert: Callable[[Any], Any] | None = None, note: str = "") -> Rule:
+        """The value goes to corerl's ``target`` (``convert``ed); ``note`` says what the conversion does."""
+        return cls("acts", target, convert, reason=note)
+
+    @classmethod
+    def inert(cls, reason: str, refuse_if: Callable[[Any], bool] | None = None) -> Rule:
+        """Accepted with ``reason``; a value ``refuse_if`` holds for is refused."""
+        return cls("inert", reason=reason, refuse_if=refuse_if)
+
+    @classmethod
+    def inert_with_warning(cls, reason: str, warn_if: Callable[[Any], bool]) -> Rule:
+        """Accepted with ``reason``; a value ``warn_if`` holds for is warned about at every run."""
+        return cls("inert", reason=reason, warn_if=warn_if)
+
+    @classmethod
+    def refused(cls, reason: str) -> Rule:
+        """Refused in one line (a ``prefix.*`` rule: one line for the whole section)."""
+        return cls("refused", reason=reason)
+
+    @classmethod
+    def derived(cls, what: str = "") -> Rule:
+        """Decided together with other keys (a translation function); ``what`` says how, for the guide."""
+        return cls("derived", reason=what)
+
+    @staticmethod
+    def truthy(value: Any) -> bool:
+        """On: a value other than false, null, 0, empty or ``"none"`` (``refuse_if`` of a switch)."""
+        return bool(value) and value not in ("none", "None")
+
+    @staticmethod
+    def other_than(expected: Any) -> Callable[[Any], bool]:
+        """A test for any value but ``expected``."""
+        return lambda value: value != expected
+
+    @staticmethod
+    def above(limit: int) -> Callable[[Any], bool]:
+        """A test for a value above ``limit``."""
+        return lambda value: value is not None and value > limit
+
+
+def _rules_of(value: Any) -> dict[str, Rule]:
+    rules = {}
+    for key, rule in dict(value).items():
+        if isinstance(rule, str):
+            rule = Rule.acts(rule)
+        if not isinstance(key, str) or not isinstance(rule, Rule):
+            raise RegistrationError(f"invalid dialect rule {key!r}: {rule!r}; give a Rule, or a corerl key (it acts)")
+        rules[key] = rule
+    return rules
+
+
+@attrs.frozen(kw_only=True)
+class SectionRules:
+    """What a :class:`DialectSection`'s factory returns: the translation of its section's keys.
+
+    - ``rules``: key (or ``prefix.*``) -> :class:`Rule`; a plain corerl key stands for
+      ``Rule.acts(key)``. A key without a rule passes through under its own name, so a section
+      that means what the backend's own section means needs rules only for the keys that differ;
+    - ``switched``: sections whose keys are all inert while their ``enabled`` is false (``True``:
+      ``enabled`` itself acts, it switches the backend);
+    - ``unsupported``: sections whose ``enabled: true`` is refused, with why;
+    - ``opaque``: mappings taken whole (engine arguments, environment variables);
+    - ``frozen_inert``: keys a frozen model's section (NeMo RL's teacher) holds that only training
+      or generation read, relative to the section (``my_cfg.optimizer``);
+    - ``before(raw, out)``: called before the keys are translated; returns ``{prefix: reason}``,
+      sections made inert in this recipe (it may add to ``out.warnings``);
+    - ``derived(raw, out)``: called after the core's own translation functions, to decide the
+      ``derived`` keys (``out``: :class:`corerl.config.dialects.rules.Translator`)."""
+
+    rules: dict[str, Rule] = attrs.field(factory=dict, converter=_rules_of)
+    switched: dict[str, bool] = attrs.field(factory=dict, converter=dict)
+    unsupported: dict[str, str] = attrs.field(factory=dict, converter=dict)
+    opaque: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+    frozen_inert: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+    before: Callable[[dict[str, Any], Any], dict[str, str]] | None = None
+    derived: Callable[[dict[str, Any], Any], None] | None = None
+
+
+def _check_sections(_: Any, attribute: attrs.Attribute, value: tuple[str, ...]) -> None:
+    for section in value:
+        _check_section(_, attribute, section)
+
+
+@attrs.frozen(kw_only=True)
+class DialectSection(Registration):
+    """The translation of an engine's section of another framework's recipes (a dialect,
+    :mod:`corerl.config.dialects`), contributed by the plugin that registers the engine: NeMo RL's
+    ``policy.megatron_cfg.*`` comes with the megatron plugin. The core's dialect keeps the shared
+    sections and asks the installed plugins for the rest.
+
+    ``dialect`` is the dialect's id (``nemo-rl``), ``sections`` the recipe's section prefixes this
+    registration owns (``policy.my_cfg``, and ``value.my_cfg`` for the critic's), ``backend`` the
+    corerl backend the section's ``enabled: true`` switches on. ``factory``, an import path or a
+    callable, is (or returns) a :class:`SectionRules` or a mapping of key -> :class:`Rule`."""
+
+    kind: ClassVar[str] = "dialect section"
+    hook: ClassVar[str] = "corerl_register_dialect_sections"
+    registry_name: ClassVar[str] = "dialect_sections"
+    label: ClassVar[str] = "dialect sections"
+    dialect: str = "nemo-rl"
+    sections: tuple[str, ...] = attrs.field(default=(), converter=tuple, validator=_check_sections)
+    backend: str | None = None
+
+    def section_rules(self) -> SectionRules:
+        """The factory's rules (importing the module that holds them)."""
+        found = self.load()
+        if callable(found) and not isinstance(found, (SectionRules, dict)):
+            found = found()
+        if isinstance(found, SectionRules):
+            return found
+        try:
+            return SectionRules(rules=found)
+        except (TypeError, ValueError) as exc:
+            raise RegistrationError(f"{self.kind} {self.id!r} (plugin {self.plugin!r}): its factory gave {found!r}, "
+                                    "not SectionRules or a mapping of rules") from exc
 
 
 R = TypeVar("R", bound=Registration)

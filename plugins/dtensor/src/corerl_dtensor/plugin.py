@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from corerl.sdk import MemoryModel, Preset, TrainingBackend, hookimpl
+from corerl.sdk import DialectSection, MemoryModel, Preset, TrainingBackend, hookimpl
 from corerl_dtensor.config import DTensorConfig
 
 
@@ -39,6 +39,14 @@ def corerl_register_presets(register: Callable[[Preset], None]) -> None:
 def corerl_register_memory_models(register: Callable[[MemoryModel], None]) -> None:
     register(MemoryModel(id="dtensor", factory="corerl_dtensor.memory_model:DTensorMemory",
                          description="FSDP2 x TP: fp32 shards, AdamW moments"))
+
+
+@hookimpl
+def corerl_register_dialect_sections(register: Callable[[DialectSection], None]) -> None:
+    register(DialectSection(id="nemo-rl.dtensor", dialect="nemo-rl", backend="dtensor",
+                            sections=("policy.dtensor_cfg", "value.dtensor_cfg"),
+                            factory="corerl_dtensor.nemo_rl_section:SECTION",
+                            description="NeMo RL's dtensor_cfg sections"))
 
 
 #: the plugin contract this plugin was written against (docs/plugins.md, "Contract changelog")

@@ -5,7 +5,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from corerl.sdk import Command, GenerationBackend, MemoryModel, Preset, TrainingBackend, hookimpl
+from corerl.sdk import (
+    Command,
+    DialectSection,
+    GenerationBackend,
+    MemoryModel,
+    Preset,
+    TrainingBackend,
+    hookimpl,
+)
 from corerl_megatron.config import MegatronConfig, MegatronGenerationConfig
 
 
@@ -66,6 +74,15 @@ def corerl_register_presets(register: Callable[[Preset], None]) -> None:
 def corerl_register_memory_models(register: Callable[[MemoryModel], None]) -> None:
     register(MemoryModel(id="megatron", factory="corerl_megatron.training.memory_model:MegatronMemory",
                          description="TP x PP x DP with the distributed optimizer; megatron generation's KV buffer"))
+
+
+@hookimpl
+def corerl_register_dialect_sections(register: Callable[[DialectSection], None]) -> None:
+    register(DialectSection(id="nemo-rl.megatron", dialect="nemo-rl", backend="megatron",
+                            sections=("policy.megatron_cfg", "value.megatron_cfg",
+                                      "policy.generation.mcore_generation_config"),
+                            factory="corerl_megatron.nemo_rl_section:SECTION",
+                            description="NeMo RL's megatron_cfg and mcore_generation_config sections"))
 
 
 #: the plugin contract this plugin was written against (docs/plugins.md, "Contract changelog")

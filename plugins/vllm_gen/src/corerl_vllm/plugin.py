@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from corerl.sdk import GenerationBackend, MemoryModel, hookimpl
+from corerl.sdk import DialectSection, GenerationBackend, MemoryModel, hookimpl
 from corerl_vllm.config import VllmConfig
 
 
@@ -29,6 +29,14 @@ def corerl_register_generation_backends(register: Callable[[GenerationBackend], 
 def corerl_register_memory_models(register: Callable[[MemoryModel], None]) -> None:
     register(MemoryModel(id="vllm", factory="corerl_vllm.memory_model:VllmMemory",
                          description="gpu_memory_utilization of each GPU colocated; 16-bit weights over its TP"))
+
+
+@hookimpl
+def corerl_register_dialect_sections(register: Callable[[DialectSection], None]) -> None:
+    register(DialectSection(id="nemo-rl.vllm", dialect="nemo-rl", backend="vllm",
+                            sections=("policy.generation.vllm_cfg", "policy.generation.vllm_kwargs"),
+                            factory="corerl_vllm.nemo_rl_section:SECTION",
+                            description="NeMo RL's vllm_cfg section and vllm_kwargs"))
 
 
 #: the plugin contract this plugin was written against (docs/plugins.md, "Contract changelog")

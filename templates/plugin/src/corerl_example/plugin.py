@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from corerl.sdk import MemoryModel, TrainingBackend, hookimpl
+from corerl.sdk import DialectSection, MemoryModel, TrainingBackend, hookimpl
 from corerl_example.config import ExampleConfig
 
 
@@ -27,6 +27,14 @@ def corerl_register_memory_models(register: Callable[[MemoryModel], None]) -> No
     # what each GPU holds in the backend's layouts: `corerl plan` ranks them with the others'
     register(MemoryModel(id="example", factory="corerl_example.memory_model:ExampleMemory",
                          description="one float32 process with AdamW"))
+
+
+@hookimpl
+def corerl_register_dialect_sections(register: Callable[[DialectSection], None]) -> None:
+    # NeMo RL's recipes: corerl's NeMo RL dialect takes policy.example_cfg as this backend's section
+    register(DialectSection(id="nemo-rl.example", dialect="nemo-rl", sections=("policy.example_cfg",),
+                            backend="example", factory="corerl_example.nemo_rl_section:SECTION",
+                            description="policy.example_cfg in NeMo RL's recipes"))
 
 
 #: the plugin contract this plugin was written against (docs/plugins.md, "Contract changelog")

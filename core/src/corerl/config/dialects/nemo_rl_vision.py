@@ -3,18 +3,22 @@ its models and datasets corerl takes, and the reasons it gives for the rest.
 
 corerl trains the Qwen-VL image families (``model_type`` in
 :data:`corerl.models.vision.VISION_LANGUAGE_TYPES`) on its dtensor and deepspeed backends; audio,
-video and omni models, other vision-language families and megatron's VLM path are refused in one
-line each. A recipe names its model by Hub name: the family is read from the name, as nothing is
-downloaded to read a ``config.json`` (a local folder is judged at run start, from its own).
+video and omni models and other vision-language families are refused in one line each (an
+engine without a VLM path refuses it in its plugin's section rules, megatron's among them). A
+recipe names its model by Hub name: the family is read from the name, as nothing is downloaded
+to read a ``config.json`` (a local folder is judged at run start, from its own).
 """
 
 from __future__ import annotations
 
 import os
 import re
+import sys
 from typing import Any
 
 from corerl.config.tree import value_at
+from corerl.plugin_manager import process_host
+from corerl.registry import DialectSection
 
 #: the families corerl trains on images, as the guide and the refusals name them
 SUPPORTED_FAMILIES = "Qwen2-VL, Qwen2.5-VL and Qwen3-VL (dense)"
@@ -34,8 +38,6 @@ AUDIO_VIDEO = (f"audio and video inputs are not built into corerl yet (images ar
                "models)")
 PROCESSOR_REASON = ("corerl's dataset task formats prompt/answer rows itself, and reads a row's images "
                     f"(data.image_key) with the model's image processor (NeMo RL's {VLM_PROCESSOR})")
-MEGATRON_VLM = "megatron does not train vision-language models in corerl yet; use policy.dtensor_cfg"
-MEGATRON_VLM_HINT = "set policy.megatron_cfg.enabled=false and policy.dtensor_cfg.enabled=true"
 
 _QWEN_VL = re.compile(r"qwen(2|2\.5|3)-vl", re.IGNORECASE)
 _MIXTURE = re.compile(r"-a\d+(\.\d+)?b", re.IGNORECASE)  # Qwen's active-parameter tag: 30B-A3B
@@ -106,3 +108,18 @@ def vlm_environment_of(path: str) -> str | None:
     ``clevr-cogent``), or None."""
     parts = path.split(".")
     return parts[1] if len(parts) > 2 and parts[0] == "env" and parts[1] in VLM_ENVIRONMENTS else None
+
+
+def __getattr__(name: str) -> Any:
+    """A name that moved to an engine's plugin with its section (the megatron section's VLM
+    refusal), read from the installed plugins' section modules."""
+    if not name.startswith("__"):
+        for registration in process_host().registry(DialectSection):
+            factory = registration.factory
+            module = sys.modules.get(factory.split(":")[0]) if isinstance(factory, str) else None
+            if module is None and isinstance(factory, str):
+                registration.load()
+                module = sys.modules.get(factory.split(":")[0])
+            if module is not None and hasattr(module, name):
+                return getattr(module, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

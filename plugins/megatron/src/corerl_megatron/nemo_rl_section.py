@@ -1,0 +1,148 @@
+"""NeMo RL's megatron sections (``policy.megatron_cfg``, the critic's ``value.megatron_cfg`` and
+megatron generation's ``policy.generation.mcore_generation_config``) in corerl's configuration:
+the rules this plugin contributes to the core's NeMo RL dialect (a key without a rule means what
+the same key of corerl's ``policy.megatron_cfg`` means). No engine is imported here."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from corerl.sdk import Rule, SectionRules
+
+acts, inert, inert_with_warning, refused = Rule.acts, Rule.inert, Rule.inert_with_warning, Rule.refused
+_truthy, _not, _OFF, _PERF, _ENV = Rule.truthy, Rule.other_than, Rule.OFF, Rule.PERF, Rule.ENV
+
+MEGATRON_UNPACKED = ("the megatron backend trains fixed-width unpacked rows (packing is not wired into its "
+                     "pipeline schedule): the same loss, less throughput")
+MEGATRON_VLM = "megatron does not train vision-language models in corerl yet; use policy.dtensor_cfg"
+MEGATRON_VLM_HINT = "set policy.megatron_cfg.enabled=false and policy.dtensor_cfg.enabled=true"
+
+
+def _load_balancing(value: Any) -> str:
+    """NeMo RL's ``moe_router_load_balancing_type`` as corerl's ``policy.moe.load_balancing_type``."""
+    if value in (None, "none"):
+        return "none"
+    if value not in ("aux_loss", "seq_aux_loss"):
+        raise ValueError(f"the {value!r} load balancing is not built into corerl yet (none, aux_loss and "
+                         "seq_aux_loss are)")
+    return str(value)
+
+
+RULES: dict[str, Rule] = {
+    "policy.megatron_cfg.env_vars": inert_with_warning(_ENV, _truthy),
+    **{f"policy.generation.mcore_generation_config.{key}": inert("megatron-core's inference-engine tuning; corerl's "
+                                                                  "megatron generation decodes with its own loop")
+       for key in ("max_model_len", "cuda_graph_impl", "inference_cuda_graph_scope",
+                   "use_cuda_graphs_for_non_decode_steps", "enable_prefix_caching", "max_tokens",
+                   "kv_cache_management_mode", "materialize_only_last_token_logits", "num_speculative_tokens",
+                   "refit_backend", "parsers", "expose_http_server")},
+    **{f"policy.megatron_cfg.{key}": inert(_PERF)
+       for key in ("cuda_graph_impl", "cuda_graph_modules", "cuda_graph_warmup_steps",
+                   "fine_grained_activation_offloading", "offload_modules", "recompute_granularity",
+                   "recompute_modules", "gradient_accumulation_fusion", "use_fused_weighted_squared_relu",
+                   "optimizer.overlap_cpu_optimizer_d2h_h2d", "use_fused_linear_logprobs",
+                   "fused_linear_logprobs_chunk_size", "attention_backend",
+                   "checkpoint.async_save", "checkpoint.ckpt_assume_constant_structure")},
+    "policy.megatron_cfg.model_overrides": inert("overriding megatron's model config is not built into corerl yet; "
+                                                 "only {} is accepted", _truthy),
+    "policy.megatron_cfg.mtp_num_layers": inert("multi-token prediction layers are not built into corerl yet; only "
+                                                "0 is accepted", _truthy),
+    "policy.megatron_cfg.mtp_loss_scaling_factor": inert("used only with multi-token prediction (mtp_num_layers)"),
+    "policy.megatron_cfg.mtp_use_repeated_layer": inert("used only with multi-token prediction (mtp_num_layers)"),
+    "policy.megatron_cfg.mtp_detach_heads": inert("used only with multi-token prediction (mtp_num_layers)"),
+    "policy.megatron_cfg.moe_router_enable_expert_bias": inert("aux-loss-free balancing (a learned per-expert bias) "
+                                                               "is not built into corerl yet; only false is accepted",
+                                                               _truthy),
+    **{f"policy.generation.mcore_generation_config.{key}": inert("megatron-core's inference-engine layout; corerl's "
+                                                                  "megatron generation uses the training layout")
+       for key in ("transformer_impl", "activation_checkpointing", "tensor_model_parallel_size",
+                   "expert_model_parallel_size", "sequence_parallel", "unified_memory_level",
+                   "inference_grouped_gemm_backend", "moe_router_num_groups", "moe_router_group_topk",
+                   "moe_router_dtype")},
+    **{f"policy.generation.mcore_generation_config.{key}": inert("megatron-core's inference-engine layout; corerl's "
+                                                                  "megatron generation uses the training layout")
+       for key in ("buffer_guaranteed_fraction", "mamba_inference_ssm_states_dtype", "pipeline_model_parallel_size",
+                   "expert_tensor_parallel_size", "context_parallel_size")},
+    "policy.megatron_cfg.freeze_moe_router": acts("policy.moe.freeze_router"),
+    "policy.megatron_cfg.moe_aux_loss_coeff": acts("policy.moe.aux_loss_coeff", lambda value: float(value or 0.0)),
+    "policy.megatron_cfg.moe_z_loss_coeff": acts("policy.moe.z_loss_coeff", lambda value: float(value or 0.0)),
+    "policy.megatron_cfg.moe_router_load_balancing_type": acts("policy.moe.load_balancing_type", _load_balancing),
+    **{f"policy.megatron_cfg.{key}": inert("corerl logs each MoE layer's expert load and the router losses at every step")
+       for key in ("track_moe_metrics", "moe_per_layer_logging")},
+    "policy.megatron_cfg.moe_hybridep_num_sms": inert(_PERF),
+    **{f"policy.megatron_cfg.{key}": inert("corerl normalises the loss per token over the whole step itself")
+       for key in ("do_not_average_loss", "cp_normalize", "calculate_per_token_loss", "scale_loss_by_dp_cp_size")},
+    "policy.megatron_cfg.train_iters": inert("corerl's step count is algorithm.max_steps"),
+    "policy.megatron_cfg.scheduler.override_opt_param_scheduler": inert("corerl builds the schedule from "
+                                                                        "policy.scheduler"),
+    **{f"policy.megatron_cfg.{key}": refused(MEGATRON_VLM)
+       for key in ("freeze_config.*", "freeze_vision_model", "freeze_vision_projection", "freeze_sound_encoder",
+                   "freeze_sound_projection", "radio_force_cpe_eval_mode")},
+    "policy.generation.mcore_generation_config.inference_moe_token_dispatcher_type": inert(
+        "corerl's megatron generation dispatches tokens as the training layout does"),
+    "policy.megatron_cfg.clear_memory_caches_before_refit": inert(_PERF),
+    "policy.megatron_cfg.peft.lora_A_init_method": acts("policy.lora.lora_A_init"),
+    "policy.megatron_cfg.peft.lora_B_init_method": inert("B starts at zero, so a new adapter changes nothing",
+                                                         _not("zero")),
+    "policy.megatron_cfg.peft.a2a_experimental": inert(_OFF, _truthy),
+    "policy.megatron_cfg.peft.lora_dtype": inert("the adapter trains in float32 (the optimizer's precision)",
+                                                 lambda value: value not in (None, "None", "float32")),
+    "policy.megatron_cfg.pipeline_dtype": inert("pipeline stages exchange activations in policy.precision"),
+    "policy.megatron_cfg.moe_router_dtype": inert_with_warning(
+        "the router's softmax and top-k run in float32 (megatron-core's and transformers' default): routing in "
+        "float64 is not applied, so near-ties between experts may break differently", lambda value: value == "fp64"),
+    "policy.megatron_cfg.moe_router_bias_update_rate": inert("used only with the expert bias "
+                                                             "(moe_router_enable_expert_bias), which is refused"),
+    "policy.megatron_cfg.moe_permute_fusion": inert(_PERF),
+    "policy.megatron_cfg.moe_shared_expert_overlap": inert(_PERF),
+    "policy.megatron_cfg.defer_fp32_logits": inert(_PERF),
+    "policy.megatron_cfg.use_gloo_process_groups": inert("corerl creates the process groups megatron-core needs"),
+    "policy.megatron_cfg.optimizer.bf16": inert("follows policy.precision"),
+    "policy.megatron_cfg.optimizer.fp16": inert("follows policy.precision"),
+    "policy.megatron_cfg.optimizer.params_dtype": inert("master weights are float32"),
+    "policy.megatron_cfg.optimizer.use_precision_aware_optimizer": inert(_PERF),
+    "policy.megatron_cfg.optimizer.optimizer_cpu_offload": inert(_OFF, _truthy),
+    "policy.megatron_cfg.optimizer.optimizer_offload_fraction": inert(_OFF, _truthy),
+    "policy.megatron_cfg.scheduler.start_weight_decay": inert("weight decay stays at optimizer.weight_decay"),
+    "policy.megatron_cfg.scheduler.end_weight_decay": inert("weight decay stays at optimizer.weight_decay"),
+    "policy.megatron_cfg.scheduler.weight_decay_incr_style": inert("weight decay stays at optimizer.weight_decay",
+                                                                   _not("constant")),
+    "policy.megatron_cfg.scheduler.lr_warmup_init": inert("warm-up starts from zero"),
+    "policy.megatron_cfg.distributed_data_parallel_config.*": inert(_PERF),
+    # LoRA: the section maps to policy.lora (PEFT); the megatron backend refuses it in one line
+    **{f"policy.megatron_cfg.peft.{key}": acts(f"policy.lora.{target}")
+       for key, target in (("enabled", "enabled"), ("target_modules", "target_modules"),
+                           ("exclude_modules", "exclude_modules"), ("dim", "dim"), ("alpha", "alpha"),
+                           ("dropout", "dropout"), ("dropout_position", "dropout_position"))},
+}
+
+
+def before(raw: dict[str, Any], out: Any) -> dict[str, str]:
+    """Sequence packing on with megatron: its keys are inert, with a warning (megatron trains unpacked rows)."""
+    if out.value("policy.megatron_cfg.enabled") is True and out.value("policy.sequence_packing.enabled") is True:
+        out.warnings.append(f"policy.sequence_packing.enabled=true: {MEGATRON_UNPACKED}")
+        return {"policy.sequence_packing": MEGATRON_UNPACKED}
+    return {}
+
+
+def derived(raw: dict[str, Any], out: Any) -> None:
+    """A vision-language recipe on megatron is refused in one line (megatron's VLM path is not built)."""
+    refused_already = any(error.message.startswith(MEGATRON_VLM) for error in out.errors)
+    if out.vision_language and out.value("policy.megatron_cfg.enabled") is True and not refused_already:
+        out.refuse("policy.megatron_cfg.enabled", MEGATRON_VLM, MEGATRON_VLM_HINT)
+
+
+SECTION = SectionRules(
+    rules=RULES,
+    switched={"policy.megatron_cfg": True, "policy.megatron_cfg.peft": False, "policy.megatron_cfg.fp8_cfg": False,
+              "value.megatron_cfg": True, "value.megatron_cfg.fp8_cfg": False, "value.megatron_cfg.peft": False},
+    unsupported={"policy.megatron_cfg.fp8_cfg": "FP8 training is not built into corerl yet",
+                 "value.megatron_cfg.fp8_cfg": "FP8 training is not built into corerl yet"},
+    opaque=("policy.megatron_cfg.env_vars",),
+    frozen_inert=("megatron_cfg.optimizer", "megatron_cfg.scheduler", "megatron_cfg.activation_checkpointing",
+                  "megatron_cfg.peft", "megatron_cfg.distributed_data_parallel_config", "megatron_cfg.checkpoint",
+                  "megatron_cfg.train_iters", "megatron_cfg.empty_unused_memory_level",
+                  "megatron_cfg.force_reconvert_from_hf"),
+    before=before,
+    derived=derived,
+)

@@ -1,0 +1,92 @@
+"""NeMo RL's vLLM section (``policy.generation.vllm_cfg`` and ``vllm_kwargs``) in corerl's
+configuration: the rules this plugin contributes to the core's NeMo RL dialect (a key without a
+rule means what the same key of corerl's ``policy.generation.vllm_cfg`` means). No engine is
+imported here."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from corerl.sdk import Rule, SectionRules
+
+acts, inert, inert_with_warning, refused, derived = (Rule.acts, Rule.inert, Rule.inert_with_warning, Rule.refused,
+                                                     Rule.derived)
+_truthy, _not, _above, _OFF, _PERF, _ENV = Rule.truthy, Rule.other_than, Rule.above, Rule.OFF, Rule.PERF, Rule.ENV
+
+#: as the core's vision rules say it (corerl.config.dialects.nemo_rl_vision.AUDIO_VIDEO)
+AUDIO_VIDEO = ("audio and video inputs are not built into corerl yet (images are, with Qwen2-VL, Qwen2.5-VL and "
+               "Qwen3-VL (dense) models)")
+
+RULES: dict[str, Rule] = {
+    "policy.generation.vllm_cfg.kv_cache_dtype": inert("the KV cache is kept in the model's precision; an FP8 KV "
+                                                       "cache is refused", _not("auto")),
+    "policy.generation.vllm_cfg.logprobs_mode": inert("corerl takes the model's untempered logprobs from vLLM, as "
+                                                      "the loss wants them"),
+    **{f"policy.generation.vllm_cfg.{key}": inert("vLLM's serving, metrics and refit-server settings; corerl "
+                                                  "drives vLLM in process or in a Ray actor")
+       for key in ("use_tqdm", "enable_vllm_metrics_logger", "vllm_metrics_logger_interval",
+                   "http_refit_api_key_env_var", "reset_encoder_cache_after_weight_update", "http_refit_server_port",
+                   "zmq_refit_server_port", "distributed_executor_backend", "http_server_serving_chat_kwargs")},
+    "policy.generation.vllm_cfg.env_vars": inert_with_warning(_ENV, _truthy),
+    "policy.generation.vllm_cfg.expose_http_server": inert("corerl serves the engine over HTTP only to agent "
+                                                          "harnesses (env.openai_agent)"),
+    "policy.generation.vllm_cfg.is_mx": inert("quantised (MX) generation is not built into corerl yet", _truthy),
+    "policy.generation.vllm_cfg.quantization_ignored_layer_kws": inert("used only with quantised generation"),
+    **{f"policy.generation.vllm_cfg.{key}": inert("vLLM's serving and parsing settings; corerl drives vLLM in "
+                                                  "process or in a Ray actor")
+       for key in ("skip_tokenizer_init", "reasoning_parser_plugin", "enable_prefix_caching",
+                   "enforce_monotonicity", "http_server_serving_chat_kwargs.*")},
+    **{f"policy.generation.vllm_cfg.{key}": inert("vLLM's loading and serving settings; corerl drives vLLM in "
+                                                  "process or in a Ray actor")
+       for key in ("enable_thinking", "load_format", "cap_max_tokens_to_context")},
+    "policy.generation.vllm_cfg.limit_mm_per_prompt.image": derived("policy.generation.vllm_cfg.engine_args."
+                                                                   "limit_mm_per_prompt.image (vLLM's images a "
+                                                                   "prompt may hold)"),
+    "policy.generation.vllm_cfg.limit_mm_per_prompt.*": refused(AUDIO_VIDEO),
+    "policy.generation.vllm_cfg.async_engine": inert("corerl hands vLLM a step's prompts in one call; the async engine "
+                                                     "changes how NeMo RL drives vLLM, not what is sampled"),
+    "policy.generation.vllm_cfg.precision": inert("the engine runs in policy.precision"),
+    "policy.generation.vllm_cfg.enable_expert_parallel": inert_with_warning(
+        "corerl's vLLM engine keeps the experts split over its tensor-parallel ranks (vllm_cfg.tensor_parallel_size) "
+        "rather than laying them out expert-parallel: the same samples, another speed", _truthy),
+    "policy.generation.vllm_cfg.expert_parallel_size": inert_with_warning(
+        "corerl's vLLM engine keeps the experts split over its tensor-parallel ranks (vllm_cfg.tensor_parallel_size) "
+        "rather than laying them out expert-parallel: the same samples, another speed", _above(1)),
+    "policy.generation.vllm_cfg.use_deep_gemm": inert(_PERF),
+    "policy.generation.vllm_cfg.num_last_layers_in_bf16": inert(_OFF, _truthy),
+    "policy.generation.vllm_cfg.num_first_layers_in_bf16": inert(_OFF, _truthy),
+    "policy.generation.vllm_kwargs": acts("policy.generation.vllm_cfg.engine_args"),
+    "policy.generation.vllm_cfg.video.*": refused(AUDIO_VIDEO),
+}
+
+
+def _at(tree: Any, path: str) -> Any:
+    for part in path.split("."):
+        tree = tree.get(part) if isinstance(tree, dict) else None
+    return tree
+
+
+def translate(raw: dict[str, Any], out: Any) -> None:
+    """An evaluation recipe's engine length and precision are the policy's (it has no policy), and
+    ``vllm_cfg.limit_mm_per_prompt.image``, vLLM's engine argument, is merged into
+    ``policy.generation.vllm_cfg.engine_args`` (with what ``vllm_kwargs`` gave)."""
+    if out.eval_recipe:
+        for key, target in (("generation.vllm_cfg.max_model_len", "policy.max_seq_length"),
+                            ("generation.vllm_cfg.precision", "policy.precision")):
+            value = out.value(key)
+            if value is not None:
+                out.set(key, target, value)
+                detail = next((f.detail for f in out.fates if f.key == key and f.fate == "acts"), None)
+                out.refate(key, "acts", f"{detail}, {target}" if detail else target)
+    prefix = "generation" if out.eval_recipe else "policy.generation"
+    source = f"{prefix}.vllm_cfg.limit_mm_per_prompt.image"
+    limit = out.value(source)
+    if limit is None or out.switched_off(source):
+        return
+    target = "policy.generation.vllm_cfg.engine_args.limit_mm_per_prompt"
+    given = _at(out.tree, target)
+    out.put(source, target, {**(given if isinstance(given, dict) else {}), "image": limit}, f"{target}.image")
+
+
+SECTION = SectionRules(rules=RULES, opaque=("policy.generation.vllm_kwargs", "policy.generation.vllm_cfg.env_vars"),
+                       derived=translate)
