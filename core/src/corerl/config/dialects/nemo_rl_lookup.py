@@ -16,11 +16,11 @@ from typing import Any
 
 import attrs
 
+from corerl import plugin_manager
 from corerl.config.dialects import nemo_rl_keys as core
 from corerl.config.dialects.rules import Rule, SectionRules, acts
 from corerl.config.tree import value_at
 from corerl.known_plugins import FIRST_PARTY, KnownPlugin
-from corerl import plugin_manager
 from corerl.plugin_manager import PluginHost
 from corerl.registry import DialectSection
 
