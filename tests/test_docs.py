@@ -20,6 +20,7 @@ def test_there_are_hook_specs():
     assert HOOKS == [
         "corerl_register_algorithms",
         "corerl_register_commands",
+        "corerl_register_dialect_sections",
         "corerl_register_environments",
         "corerl_register_generation_backends",
         "corerl_register_loggers",

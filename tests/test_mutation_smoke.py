@@ -35,5 +35,5 @@ def test_each_mutation_applies_to_the_current_source_and_names_existing_tests(mu
         source = (REPO / path).read_text()
         assert all(f"class {c}" in source for c in classes), test
         # a conformance check is defined in the shared suite its class inherits from
-        suites = [source, *(f.read_text() for f in (REPO / "core/src/corerl/testing").glob("*.py"))]
+        suites = [source, *(f.read_text() for f in (REPO / "core/src/corerl/testing").rglob("*.py"))]
         assert not function or any(f"def {function.split('[')[0]}(" in s for s in suites), test

@@ -119,12 +119,13 @@ def argument_error(function: str, message: str, *, hint: str | None = None,
                    internal: type[Exception] = TypeError) -> Exception:
     """The error for arguments ``function`` (a corerl function a plugin may call) does not take:
     a :class:`PluginError` naming the plugin when the code that called it is a plugin's (the
-    first frame outside ``function``'s own module, :mod:`corerl.sdk` and this one), else, when
+    first frame outside ``function``'s own module, :mod:`corerl.sdk` and its modules, and this one), else, when
     corerl's own code made the call, ``internal(...)``: a bug of corerl's, reported as one."""
     frame = sys._getframe(1)
     own = {frame.f_globals.get("__name__", ""), __name__, "corerl.sdk"}
     caller = frame.f_back
-    while caller is not None and caller.f_globals.get("__name__", "") in own:
+    while caller is not None and (caller.f_globals.get("__name__", "") in own
+                                  or caller.f_globals.get("__name__", "").startswith("corerl.sdk.")):
         caller = caller.f_back
     module = caller.f_globals.get("__name__", "") if caller is not None else ""
     if module == "corerl" or module.startswith("corerl."):

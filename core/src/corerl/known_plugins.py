@@ -31,7 +31,8 @@ FIRST_PARTY: tuple[KnownPlugin, ...] = (
     ),
     KnownPlugin(
         "megatron", "corerl-megatron", "pip install ./plugins/megatron",
-        training_backends=("megatron",), generation_backends=("megatron",), sections=("policy.megatron_cfg",),
+        training_backends=("megatron",), generation_backends=("megatron",),
+        sections=("policy.megatron_cfg", "policy.generation.mcore_generation_config"),
         commands=("convert",),
     ),
     KnownPlugin(

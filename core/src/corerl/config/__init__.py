@@ -113,7 +113,7 @@ def load_config(path: str | Path, overrides: Iterable[str], host: PluginHost, pr
     if dialect == "nemo-rl":
         from corerl.config.dialects import nemo_rl
 
-        translation = nemo_rl.translate(raw, origins, strict)
+        translation = nemo_rl.translate(raw, origins, strict, host=host)
         config = _validate_translation(translation, host, str(Path(path)), strict)
         return attrs.evolve(config, dialect=dialect)
     try:
