@@ -311,3 +311,36 @@ def test_a_reward_re_exported_from_a_code_running_module_is_refused_too(tmp_path
     monkeypatch.syspath_prepend(str(tmp_path))
     with pytest.raises(ConfigError, match="innocent:score runs commands or code \\(it comes from builtins\\)"):
         import_reward("innocent:score")
+
+
+def test_an_engines_own_globals_pass_only_where_its_registration_states_them(tmp_path):
+    """DeepSpeed's optimizer-state files name its loss scaler; the core's plain list does not hold
+    it: the deepspeed registration states it (``checkpoint_globals``), so it passes on a run whose
+    backend is deepspeed and is refused on any other."""
+    import attrs
+
+    from corerl.checkpoint_safety import engines_checkpoint_globals
+    from corerl.plugin_manager import PluginHost
+
+    # pickle the global by name without importing DeepSpeed (protocol 2: a GLOBAL opcode)
+    data = b"\x80\x02cdeepspeed.runtime.fp16.loss_scaler\nLossScaler\nq\x00)\x81q\x01."
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "ckpt" / "optim_states.pt").write_bytes(data)
+    host = PluginHost()
+    deepspeed, dtensor = (host.training_backends.get(name) for name in ("deepspeed", "dtensor"))
+
+    @attrs.frozen
+    class Choice:  # what selection chose: only the registration is read
+        registration: object
+
+    @attrs.frozen
+    class Chosen:
+        training_backend: Choice
+        critic_backend: Choice | None = None
+
+    assert "deepspeed.runtime.fp16.loss_scaler.LossScaler" in engines_checkpoint_globals(Chosen(Choice(deepspeed)))
+    verify_folder(tmp_path / "ckpt", engines_checkpoint_globals(Chosen(Choice(deepspeed))))
+    with pytest.raises(CheckpointRefused, match="names deepspeed.runtime.fp16.loss_scaler.LossScaler"):
+        verify_folder(tmp_path / "ckpt", engines_checkpoint_globals(Chosen(Choice(dtensor))))
+    with pytest.raises(CheckpointRefused):  # the critic's backend counts too, and only what it states
+        verify_folder(tmp_path / "ckpt", engines_checkpoint_globals(Chosen(Choice(dtensor), Choice(dtensor))))

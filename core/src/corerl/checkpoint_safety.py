@@ -15,6 +15,7 @@ import io
 import pickle
 import pickletools
 import zipfile
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -37,11 +38,10 @@ PLAIN_GLOBALS = (
     "collections.OrderedDict",
     "builtins.set", "builtins.frozenset", "builtins.slice", "builtins.tuple", "builtins.list", "builtins.dict",
     "builtins.int", "builtins.float", "builtins.bool", "builtins.str", "builtins.bytes", "builtins.complex",
-    # DeepSpeed's optimizer-state files: an enum, its loss scaler's plain attributes, tensor subclass rebuilding
-    "deepspeed.runtime.zero.config.ZeroStageEnum", "deepspeed.runtime.fp16.loss_scaler.LossScaler",
-    "deepspeed.runtime.fp16.loss_scaler.DynamicLossScaler", "deepspeed.utils.tensor_fragment.fragment_address",
     "torch._tensor._rebuild_from_type_v2", "torch.Tensor",
 )
+# An engine whose own files name more (its enums, its loss scaler's plain attributes) states those
+# globals on its registration (``TrainingBackend.checkpoint_globals``): the callers pass them as ``also``.
 _HINT = "a corerl checkpoint holds tensors and plain data only; resume only run directories you (or corerl) wrote"
 
 
@@ -91,24 +91,25 @@ def pickle_globals(data: bytes) -> list[str]:
     return names
 
 
-def _plain(name: str) -> bool:
+def _plain(name: str, also: Iterable[str] = ()) -> bool:
     module, _, attr = name.rpartition(".")
     if module == "torch" and attr.endswith("Storage"):  # torch.FloatStorage and kin: typed storage markers
         return True
-    return any(name == allowed.rstrip(".") or name.startswith(allowed) for allowed in PLAIN_GLOBALS)
+    return any(name == allowed.rstrip(".") or name.startswith(allowed) for allowed in (*PLAIN_GLOBALS, *also))
 
 
-def _refuse_unplain(where: str, names: list[str]) -> None:
-    """Refuse the pickle at ``where`` when a global it names is not plain data."""
-    unsafe = [name for name in names if not _plain(name)]
+def _refuse_unplain(where: str, names: list[str], also: Iterable[str] = ()) -> None:
+    """Refuse the pickle at ``where`` when a global it names is not plain data (nor in ``also``)."""
+    unsafe = [name for name in names if not _plain(name, also)]
     if unsafe:
         raise CheckpointRefused(f"{where} names {unsafe[0]}, which loading it would call; refused without "
                                 "running it", key="run.name", hint=_HINT)
 
 
-def verify_file(path: Path) -> None:
+def verify_file(path: Path, also: Iterable[str] = ()) -> None:
     """Refuse ``path`` if loading it could run code: every pickle in it (a torch zip's
-    ``data.pkl`` records, or the file itself) may name only :data:`PLAIN_GLOBALS`."""
+    ``data.pkl`` records, or the file itself) may name only :data:`PLAIN_GLOBALS` and ``also``
+    (the engines' :attr:`~corerl.registry.TrainingBackend.checkpoint_globals`)."""
     if zipfile.is_zipfile(path):
         with zipfile.ZipFile(path) as archive:
             records = [(f"{path}:{name}", archive.read(name)) for name in archive.namelist() if name.endswith(".pkl")]
@@ -124,35 +125,41 @@ def verify_file(path: Path) -> None:
         except Exception as exc:  # malformed: the engine's load would fail on it too; refuse it here, readably
             raise CheckpointRefused(f"{where} is not a readable pickle ({exc}); refused", key="run.name",
                                     hint=_HINT) from None
-        _refuse_unplain(where, names)
+        _refuse_unplain(where, names, also)
 
 
-def verify_folder(folder: str | Path) -> None:
+def verify_folder(folder: str | Path, also: Iterable[str] = ()) -> None:
     """:func:`verify_file` on every file under ``folder`` (before any engine reads it), and on
-    every record of each ``torch.distributed.checkpoint`` data file (:func:`verify_dcp_records`)."""
+    every record of each ``torch.distributed.checkpoint`` data file (:func:`verify_dcp_records`);
+    ``also``: the globals the run's engines state their own files may name."""
+    also = tuple(also)
     paths = sorted(p for p in Path(folder).rglob("*") if p.is_file())
     for path in paths:
-        verify_file(path)
+        verify_file(path, also)
     for metadata in (p for p in paths if p.name == ".metadata"):
-        verify_dcp_records(metadata)
+        verify_dcp_records(metadata, also)
 
 
 class _PlainUnpickler(pickle.Unpickler):
     """An unpickler that can only build :data:`PLAIN_GLOBALS` (a second guard: the file's globals
     were already checked by :func:`verify_file`)."""
 
+    def __init__(self, handle: Any, also: Iterable[str] = ()) -> None:
+        super().__init__(handle)
+        self.also = tuple(also)
+
     def find_class(self, module: str, name: str) -> Any:
-        if not _plain(f"{module}.{name}"):
+        if not _plain(f"{module}.{name}", self.also):
             raise pickle.UnpicklingError(f"{module}.{name} is not plain data")
         return super().find_class(module, name)
 
 
-def verify_dcp_records(metadata_path: Path) -> None:
+def verify_dcp_records(metadata_path: Path, also: Iterable[str] = ()) -> None:
     """Each record a ``torch.distributed.checkpoint`` folder's data files hold (a ``torch.save``
     archive at the offset its ``.metadata`` gives; non-tensor records are read back with a full
     unpickler by torch) may name only :data:`PLAIN_GLOBALS`."""
     with open(metadata_path, "rb") as handle:
-        metadata = _PlainUnpickler(handle).load()
+        metadata = _PlainUnpickler(handle, also).load()
     folder = metadata_path.parent
     for info in (getattr(metadata, "storage_data", None) or {}).values():
         path = folder / str(info.relative_path)
@@ -167,4 +174,12 @@ def verify_dcp_records(metadata_path: Path) -> None:
         with archive:
             pickles = [archive.read(name) for name in archive.namelist() if name.endswith(".pkl")]
         for data in pickles:
-            _refuse_unplain(where, pickle_globals(data))
+            _refuse_unplain(where, pickle_globals(data), also)
+
+
+def engines_checkpoint_globals(selection: Any) -> tuple[str, ...]:
+    """The globals the run's training backends (the policy's, and the critic's where there is one)
+    state their own checkpoint files may name (``TrainingBackend.checkpoint_globals``)."""
+    choices = (selection.training_backend, getattr(selection, "critic_backend", None))
+    return tuple(name for choice in choices if choice is not None and choice.registration is not None
+                 for name in getattr(choice.registration, "checkpoint_globals", ()))

@@ -142,7 +142,11 @@ class TrainingBackend(Registration):
     (contract 2.7; a backend written before then takes dense models only, as it always did).
     ``expert_parallel_key`` names the key of its section that sets the expert-parallel size, if it
     has one (the support matrix and ``corerl plan`` read it); ``context_parallel_key`` the key
-    that sets the context-parallel size (contract 2.13; the support matrix reads it)."""
+    that sets the context-parallel size (contract 2.13; the support matrix reads it).
+    ``checkpoint_globals`` names what the engine's own checkpoint files may hold besides tensors
+    and plain data (``module.name`` globals of their pickles, or ``module.`` prefixes: an enum, a
+    loss scaler's plain attributes); a resume refuses any other before the engine reads the files
+    (:mod:`corerl.checkpoint_safety`; contract 2.16)."""
 
     kind: ClassVar[str] = "training backend"
     hook: ClassVar[str] = "corerl_register_training_backends"
@@ -154,6 +158,7 @@ class TrainingBackend(Registration):
     value_model: bool = False
     lora: bool = False
     moe: bool = False
+    checkpoint_globals: tuple[str, ...] = attrs.field(default=(), converter=tuple)
 
 
 @attrs.frozen(kw_only=True)

@@ -70,9 +70,9 @@ def evaluate_checkpoint(config: Any, selection: Any, host: Any, kind: str, folde
     run_dir = folder.parent.parent if kind == "checkpoint" else folder.parent
     resume = (int(_STEP_FOLDER.match(folder.name).group(1)), folder) if kind == "checkpoint" else None  # type: ignore[union-attr]
     if resume is not None:  # refused before anything reads it, if it would run code (as a resumed run's)
-        from corerl.checkpoint_safety import verify_folder
+        from corerl.checkpoint_safety import engines_checkpoint_globals, verify_folder
 
-        verify_folder(folder)
+        verify_folder(folder, engines_checkpoint_globals(selection))
     context = RunContext(config, selection, console, host, run_dir, resume)
     finished = False
     try:

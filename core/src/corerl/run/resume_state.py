@@ -57,7 +57,7 @@ def open_run_directory(config: Config, selection: Any, console: Any, host: Any,
         record_recipe(run_dir, config)
     else:  # a checkpoint goes on under the settings it was made with (checked above), and is
         # refused, before anything reads it, if it would run code
-        from corerl.checkpoint_safety import verify_folder
+        from corerl.checkpoint_safety import engines_checkpoint_globals, verify_folder
 
-        verify_folder(resume[1])
+        verify_folder(resume[1], engines_checkpoint_globals(selection))
     return run_dir, resume

@@ -20,6 +20,14 @@ def _drop_accelerator_notice(record: logging.LogRecord) -> bool:
 logging.getLogger("DeepSpeed").addFilter(_drop_accelerator_notice)
 
 
+#: what DeepSpeed's optimizer-state files name besides tensors and plain data: an enum, its loss
+#: scaler's plain attributes, tensor subclass rebuilding (a resume refuses anything else unread)
+OPTIMIZER_STATE_GLOBALS = (
+    "deepspeed.runtime.zero.config.ZeroStageEnum", "deepspeed.runtime.fp16.loss_scaler.LossScaler",
+    "deepspeed.runtime.fp16.loss_scaler.DynamicLossScaler", "deepspeed.utils.tensor_fragment.fragment_address",
+)
+
+
 @hookimpl
 def corerl_register_training_backends(register: Callable[[TrainingBackend], None]) -> None:
     register(
@@ -32,6 +40,7 @@ def corerl_register_training_backends(register: Callable[[TrainingBackend], None
             value_model=True,
             lora=True,
             moe=True,
+            checkpoint_globals=OPTIMIZER_STATE_GLOBALS,
             config_schema=DeepSpeedConfig,
             description="DeepSpeed ZeRO stages 0-3 with CPU/NVMe offload",
         )
