@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from corerl.sdk import AlgorithmBase, RunContext, SamplingSettings, samples_to_batch, step_seed
+from corerl.sdk import AlgorithmBase, RunServices, SamplingSettings, samples_to_batch, step_seed
 
 STATE_FILE = "example_reinforce.json"
 
@@ -42,7 +42,7 @@ class ExampleReinforce(AlgorithmBase):
 
     name = "example_reinforce"
 
-    def __init__(self, context: RunContext) -> None:
+    def __init__(self, context: RunServices) -> None:
         super().__init__(context)  # total = algorithm.max_steps; done = the steps a resumed run had done
         settings = context.config.section("algorithm.example_reinforce")
         self.kind, self.momentum = settings.baseline, settings.baseline_momentum

@@ -17,7 +17,7 @@ def corerl_register_algorithms(register: Callable[[Algorithm], None]) -> None:
             config_section="algorithm.example_reinforce",
             config_schema=ExampleReinforceConfig,
             check_supported="corerl_example_algorithm.config:check_supported",
-            environments=True,  # its rollout is RunContext.training_rollout(): data.env_name works
+            environments=True,  # its rollout is RunServices.training_rollout(): data.env_name works
             plot=PlotSpec(metrics=("reward/mean", "baseline"), title="reward and baseline"),
             description="REINFORCE with a running-mean or group-mean baseline (template)",
         )
@@ -25,4 +25,4 @@ def corerl_register_algorithms(register: Callable[[Algorithm], None]) -> None:
 
 
 #: the plugin contract this plugin was written against (docs/plugins.md, "Contract changelog")
-corerl_contract = "2.15"
+corerl_contract = "2.16"
