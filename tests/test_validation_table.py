@@ -123,6 +123,6 @@ def test_the_defaults_are_in_the_table_of_first_party_engines():
 
 
 def test_the_packers_of_a_config_built_without_selection_are_the_cores_own():
-    from corerl.training.microbatching import CORE_PACKERS
+    from corerl.packing.algorithms import CORE_PACKERS
 
     assert set(CORE_PACKERS) == set(PluginHost(discover=False, env={}).sequence_packers.ids())

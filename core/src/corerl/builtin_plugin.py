@@ -18,6 +18,7 @@ from corerl.environments.vlm_env import (
     VLMSettings,
 )
 from corerl.hookspecs import hookimpl
+from corerl.packing.algorithms import CORE_PACKERS
 from corerl.registry import (
     Algorithm,
     Command,
@@ -37,15 +38,6 @@ from corerl.reporting.loggers.settings import MlflowSettings, TensorBoardSetting
 
 DEFAULT_PACKER = "modified_first_fit_decreasing"
 DEFAULT_OFFLOAD_POLICY = "none"
-
-_PACKERS = {
-    "first_fit_decreasing": ("FirstFitDecreasing", "sort by length, place each sequence in the first row it fits"),
-    "modified_first_fit_decreasing": ("ModifiedFirstFitDecreasing",
-                                      "first-fit decreasing that pairs long and short sequences first (default)"),
-    "first_fit_shuffle": ("FirstFitShuffle", "first fit over a shuffled order"),
-    "concatenative": ("Concatenative", "concatenate in order, cut at the token budget"),
-    "karmarkar_karp": ("KarmarkarKarp", "rows of balanced token counts (Karmarkar-Karp differencing)"),
-}
 
 _OFFLOAD_POLICIES = {
     "none": ("NoOffload", "everything stays on the accelerator"),
@@ -83,7 +75,7 @@ def corerl_register_generation_backends(register: Callable[[GenerationBackend], 
 
 @hookimpl
 def corerl_register_sequence_packers(register: Callable[[SequencePacker], None]) -> None:
-    for packer_id, (name, description) in _PACKERS.items():
+    for packer_id, (name, description) in CORE_PACKERS.items():
         register(SequencePacker(id=packer_id, factory=f"corerl.packing.algorithms:{name}", description=description))
 
 

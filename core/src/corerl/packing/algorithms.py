@@ -148,3 +148,15 @@ class KarmarkarKarp:
                 return bins
             count += 1
         raise ValueError(f"a sequence of {max(lengths)} tokens does not fit a bin of {budget}")
+
+
+#: the core's packers: id -> (class of this module, what it does); the core's plugin registers
+#: them, and a config built without selection (a plugin's tests) resolves its packer here
+CORE_PACKERS: dict[str, tuple[str, str]] = {
+    "first_fit_decreasing": ("FirstFitDecreasing", "sort by length, place each sequence in the first row it fits"),
+    "modified_first_fit_decreasing": ("ModifiedFirstFitDecreasing",
+                                      "first-fit decreasing that pairs long and short sequences first (default)"),
+    "first_fit_shuffle": ("FirstFitShuffle", "first fit over a shuffled order"),
+    "concatenative": ("Concatenative", "concatenate in order, cut at the token budget"),
+    "karmarkar_karp": ("KarmarkarKarp", "rows of balanced token counts (Karmarkar-Karp differencing)"),
+}

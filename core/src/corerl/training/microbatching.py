@@ -34,14 +34,8 @@ import attrs
 
 from corerl.errors import ConfigError
 from corerl.models.facts import model_shape
-from corerl.packing.algorithms import (
-    Concatenative,
-    FirstFitDecreasing,
-    FirstFitShuffle,
-    KarmarkarKarp,
-    ModifiedFirstFitDecreasing,
-    karmarkar_karp,
-)
+from corerl.packing import algorithms as packing_algorithms
+from corerl.packing.algorithms import CORE_PACKERS, karmarkar_karp
 from corerl.packing.contract import check_bins, check_budget
 from corerl.training.batching import batch_rows, micro_batches, shard_rows
 from corerl.training.image_rows import IMAGE_FIELDS
@@ -291,15 +285,6 @@ def _units(batch: Batch, contiguous: bool) -> list[list[int]]:
     return list(units.values())
 
 
-#: the core's own packers by id (what corerl.builtin_plugin registers), for a config built without
-#: selection (a plugin's tests), which names no registration
-CORE_PACKERS: dict[str, type] = {
-    "first_fit_decreasing": FirstFitDecreasing,
-    "modified_first_fit_decreasing": ModifiedFirstFitDecreasing,
-    "first_fit_shuffle": FirstFitShuffle,
-    "concatenative": Concatenative,
-    "karmarkar_karp": KarmarkarKarp,
-}
 
 
 def resolve_packer(config: RecipeConfig) -> Packer:
@@ -310,7 +295,7 @@ def resolve_packer(config: RecipeConfig) -> Packer:
     registration = config.components.get("sequence_packer")
     if registration is None or registration.id != packer_id:
         if packer_id in CORE_PACKERS:
-            return CORE_PACKERS[packer_id]()
+            return getattr(packing_algorithms, CORE_PACKERS[packer_id][0])()
         raise ConfigError(f"no sequence packer {packer_id!r} was selected for this config",
                           key="policy.sequence_packing.algorithm",
                           hint="`corerl plugins` lists the packers; install the plugin that provides it, and build the "
