@@ -51,8 +51,10 @@ def test_the_template_package_is_discovered_by_its_entry_point_and_states_the_co
     files = {str(path.relative_to(source)): path.read_text() for path in source.rglob("*.py")}
     fake_site.add_distribution(project["name"], project["version"], entry_points={"corerl.plugins": points},
                                files=files)
-    for name in [m for m in sys.modules if m.split(".")[0] == target.split(".")[0]]:
-        del sys.modules[name]  # imported from the template's folder above: now from the fake install
+    package = target.split(".")[0]
+    # imported from the template's folder above (the template's own tests, collected here, hold its
+    # classes): set aside, so the package imports from the fake install, and put back after
+    folder_modules = {m: sys.modules.pop(m) for m in list(sys.modules) if m.split(".")[0] == package}
     try:
         host = PluginHost(env={})
         info = host.plugins[plugin_name]
@@ -63,5 +65,6 @@ def test_the_template_package_is_discovered_by_its_entry_point_and_states_the_co
         assert registration.load().__module__.startswith(target.split(".")[0])
         assert sys.modules[target].__file__.startswith(str(fake_site.path))  # the installed copy, not the folder
     finally:
-        for name in [m for m in sys.modules if m.split(".")[0] == target.split(".")[0]]:
+        for name in [m for m in sys.modules if m.split(".")[0] == package]:
             del sys.modules[name]
+        sys.modules.update(folder_modules)
