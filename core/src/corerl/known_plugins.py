@@ -22,6 +22,7 @@ class KnownPlugin:
     generation_backends: tuple[str, ...] = ()
     sections: tuple[str, ...] = ()
     commands: tuple[str, ...] = ()
+    environments: tuple[str, ...] = ()
 
 
 FIRST_PARTY: tuple[KnownPlugin, ...] = (
@@ -42,6 +43,10 @@ FIRST_PARTY: tuple[KnownPlugin, ...] = (
     KnownPlugin(
         "vllm", "corerl-vllm", "pip install './plugins/vllm_gen[cpu]' (or [gpu] on CUDA machines)",
         generation_backends=("vllm",), sections=("policy.generation.vllm_cfg",),
+    ),
+    KnownPlugin(
+        "skyrl_gym", "corerl-skyrl-gym", "pip install ./plugins/skyrl_gym",
+        environments=("skyrl_gym",), sections=("env.skyrl_gym",),
     ),
 )
 
