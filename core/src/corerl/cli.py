@@ -48,14 +48,18 @@ def build_parser(host: Any = None) -> argparse.ArgumentParser:
     from corerl.config.dialects import DIALECTS
 
     preset_help = f"lay a preset over the recipe, under the overrides: {', '.join(presets.names(host))} (repeatable)"
-    dialect_help = "the recipe's dialect; unset: recognised from its sections (nemo-rl: a grpo:/sft:/dpo: section)"
+    dialect_help = ("the recipe's dialect; unset: recognised from its sections (nemo-rl: a grpo:/sft:/dpo: section) or "
+                    "its name (skyrl: a SkyRL launch script, *.sh, or an entry point's module such as "
+                    "skyrl.train.entrypoints.main_base; --dialect skyrl with key=value overrides alone starts main_base)")
     strict_help = ("refuse, in one line each, the keys of a recipe in another dialect that corerl does not know "
                    "(unset: they are left out with one warning)")
+    config_help = ("recipe YAML file, or a SkyRL launch script (run_*.sh: its shell defaults read from the "
+                   "environment, the KEY=VALUEs its $@, applied last)")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     commands.required = True
 
     run = commands.add_parser("run", help="run a recipe (no CONFIG: the built-in demo)")
-    run.add_argument("config", nargs="?", metavar="CONFIG", help="recipe YAML file")
+    run.add_argument("config", nargs="?", metavar="CONFIG", help=config_help)
     run.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="dotted-key overrides")
     run.add_argument("--preset", action="append", default=[], metavar="NAME", help=preset_help)
     run.add_argument("--dialect", choices=DIALECTS, help=dialect_help)
@@ -66,7 +70,7 @@ def build_parser(host: Any = None) -> argparse.ArgumentParser:
 
     validate = commands.add_parser("validate", help="check a recipe, and what it names on this machine, and show what "
                                                     "would be selected and why (no CONFIG: the built-in demo)")
-    validate.add_argument("config", nargs="?", metavar="CONFIG", help="recipe YAML file")
+    validate.add_argument("config", nargs="?", metavar="CONFIG", help=config_help)
     validate.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="dotted-key overrides")
     validate.add_argument("--json", action="store_true", help="print a JSON report")
     validate.add_argument("--preset", action="append", default=[], metavar="NAME", help=preset_help)
@@ -86,11 +90,17 @@ def build_parser(host: Any = None) -> argparse.ArgumentParser:
     return parser
 
 
-def _split_run_args(config: str | None, overrides: list[str]) -> tuple[str, list[str]]:
+def _split_run_args(config: str | None, overrides: list[str], dialect: str | None = None) -> tuple[str, list[str]]:
     """The recipe and the overrides of ``corerl run`` and ``corerl validate``: no CONFIG (``corerl
-    run key=value ...``) means the built-in demo recipe with the overrides."""
+    run key=value ...``) means the built-in demo recipe with the overrides; with ``--dialect
+    skyrl``, SkyRL's main entry point (``skyrl.train.entrypoints.main_base``) with them."""
     from corerl.recipes import DEMO_RECIPE
 
+    bare = config is None or ("=" in config and not os.path.exists(config))
+    if dialect == "skyrl" and bare:
+        from corerl.config.dialects.skyrl.entry_points import DEFAULT_MODULE
+
+        return DEFAULT_MODULE, [*([config] if config is not None else []), *overrides]
     if config is not None and "=" in config and not os.path.exists(config):
         return str(DEMO_RECIPE), [config, *overrides]
     return (str(DEMO_RECIPE) if config is None else config), overrides
@@ -247,7 +257,7 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     """``corerl validate``: the recipe checked as ``run`` checks it before it starts (what it names
     on this machine too, unless ``--recipe-only``), and what would be selected and why. A recipe
     whose inputs are missing here is reported with its selection, then its errors (exit 2)."""
-    config_path, overrides = _split_run_args(args.config, args.overrides)
+    config_path, overrides = _split_run_args(args.config, args.overrides, args.dialect)
     host, config, selection = _load_and_select(config_path, overrides, args.preset, args.dialect, args.strict)
     from corerl.errors import EXIT_USAGE, ConfigError, ConfigErrors
     from corerl.planning.planner import fit_warning
@@ -365,7 +375,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
     # few garbage collections until the first step (the run ends it there: corerl.run.loop.Run.run)
     with start_up.starting():
-        config_path, overrides = _split_run_args(args.config, args.overrides)
+        config_path, overrides = _split_run_args(args.config, args.overrides, args.dialect)
         host, config, selection = _load_and_select(config_path, overrides, args.preset, args.dialect, args.strict)
         _print_selection(config, selection, verdict="running")
         return run_recipe(config, selection, host, verbose=args.verbose)

@@ -16,7 +16,7 @@ import attrs
 
 from corerl.config.async_section import SECTION as ASYNC_SECTION
 from corerl.config.async_section import AsyncSettings
-from corerl.config.dialects import KeyFate, detect
+from corerl.config.dialects import KeyFate, detect, detect_target
 from corerl.config.interpolation import resolve_references
 from corerl.config.overrides import apply_overrides, parse_override
 from corerl.config.recipes import load_recipe, normalise_aliases
@@ -94,12 +94,15 @@ def unloaded_plugin_sections(host: PluginHost) -> dict[str, str]:
 
 
 def load_config(path: str | Path, overrides: Iterable[str], host: PluginHost, presets: Iterable[str] = (),
-                dialect: str | None = None, strict: bool = False) -> Config:
+                dialect: str | None = None, strict: bool = False, environ: Mapping[str, str] | None = None) -> Config:
     """Load a recipe, lay ``presets`` over it (:mod:`corerl.config.presets`), apply the overrides, resolve
     ``${...}`` references, translate a recipe in another framework's ``dialect`` (None: recognised
     from its shape; :mod:`corerl.config.dialects`), and validate; every problem found is raised
     together. In another framework's dialect a key nothing maps is left out with a warning, or with
-    ``strict`` refused."""
+    ``strict`` refused. A SkyRL launch script (``.sh``, or ``dialect="skyrl"``) is read with
+    ``environ`` (default: this process's environment) as its environment, the overrides as its ``$@``."""
+    if dialect == "skyrl" or (dialect is None and detect_target(str(path)) == "skyrl"):
+        return _load_skyrl(str(path), list(overrides), host, list(presets), strict, environ)
     raw, origins = load_recipe(path, host)
     from corerl.config import presets as bundled
 
@@ -122,7 +125,28 @@ def load_config(path: str | Path, overrides: Iterable[str], host: PluginHost, pr
         raise _with_dialect_hint(exc) from None
 
 
-def _validate_translation(translation: Any, host: PluginHost, source: str, strict: bool) -> Config:
+def _load_skyrl(target: str, overrides: list[str], host: PluginHost, presets: list[str], strict: bool,
+                environ: Mapping[str, str] | None) -> Config:
+    """A SkyRL launch script (or an entry point's module given by hand, with its overrides) read
+    (:mod:`corerl.config.dialects.skyrl.script`), translated and validated; what the script runs
+    besides its training command is among the warnings."""
+    from corerl.config.dialects.skyrl import script
+    from corerl.config.dialects.skyrl.translate import translate
+    from corerl.errors import UsageError
+
+    if presets:
+        raise UsageError("--preset lays a preset over a corerl recipe, not over a SkyRL launch script",
+                         hint="give SkyRL's key=value overrides after the script instead")
+    by_hand = not target.endswith(".sh") and not Path(target).is_file()
+    launch = script.by_hand(target, overrides) if by_hand else script.read(target, overrides, environ)
+    raw, origins = launch.tree()
+    translation = translate(raw, origins, strict, host=host, entry_point=launch.entry_point.id)
+    config = _validate_translation(translation, host, launch.source, strict, label="SkyRL")
+    return attrs.evolve(config, dialect="skyrl", warnings=[*launch.warnings, *config.warnings])
+
+
+def _validate_translation(translation: Any, host: PluginHost, source: str, strict: bool,
+                          label: str = "NeMo RL") -> Config:
     """Validate a translated tree. A key passed through under its own name that corerl does not
     know either is left out as ``unknown`` (refused with ``strict``, as validation says)."""
     from corerl.config.dialects import nemo_rl
@@ -141,6 +165,8 @@ def _validate_translation(translation: Any, host: PluginHost, source: str, stric
                       for leaf in sorted(translation.passthrough) if leaf == key or leaf.startswith(key + ".")]
         config = validate_tree(tree, translation.origins, host, source)  # any other problem is raised here
     block = nemo_rl.unknown_warning(fates)
+    if block is not None and label != "NeMo RL":  # the block names the dialect it was written for
+        block = block.replace("NeMo RL key(s)", f"{label} key(s)", 1)
     return attrs.evolve(config, fates=fates, warnings=[*config.warnings, *translation.warnings, *([block] if block else [])])
 
 

@@ -113,8 +113,11 @@ def by_id(entry_id: str) -> EntryPoint:
 
 
 def known() -> str:
-    """The known entry points, for a refusal: their modules, comma-separated."""
-    return ", ".join(e.module for e in ENTRY_POINTS)
+    """The known entry points, for a refusal: SkyRL's own modules, then the examples' by their
+    last name (``main_dapo``)."""
+    own = [e.module for e in ENTRY_POINTS if e.module.startswith("skyrl.")]
+    examples = sorted({e.module.rsplit(".", 1)[-1] for e in ENTRY_POINTS if not e.module.startswith("skyrl.")})
+    return f"{', '.join(own)} and the examples' {', '.join(examples)}"
 
 
 def module_of(target: str) -> str:
