@@ -530,7 +530,12 @@ class SectionRules:
     - ``before(raw, out)``: called before the keys are translated; returns ``{prefix: reason}``,
       sections made inert in this recipe (it may add to ``out.warnings``);
     - ``derived(raw, out)``: called after the core's own translation functions, to decide the
-      ``derived`` keys (``out``: :class:`corerl.config.dialects.rules.Translator`)."""
+      ``derived`` keys (``out``: :class:`corerl.config.dialects.rules.Translator`);
+    - ``claims``: a value switch, recipe key -> the values of it that choose this section's engine
+      (``None`` among them: the key unset, the other framework's default). SkyRL's
+      ``trainer.strategy``: the dialect gives the key to the one installed section claiming its
+      value (that section's own rule for the key applies), makes the keys of the other sections
+      claiming the key inert, and refuses a value no installed section claims."""
 
     rules: dict[str, Rule] = attrs.field(factory=dict, converter=_rules_of)
     switched: dict[str, bool] = attrs.field(factory=dict, converter=dict)
@@ -539,6 +544,8 @@ class SectionRules:
     frozen_inert: tuple[str, ...] = attrs.field(default=(), converter=tuple)
     before: Callable[[dict[str, Any], Any], dict[str, str]] | None = None
     derived: Callable[[dict[str, Any], Any], None] | None = None
+    claims: dict[str, tuple[Any, ...]] = attrs.field(
+        factory=dict, converter=lambda value: {key: tuple(values) for key, values in dict(value).items()})
 
 
 def _check_sections(_: Any, attribute: attrs.Attribute, value: tuple[str, ...]) -> None:

@@ -47,6 +47,11 @@ def corerl_register_dialect_sections(register: Callable[[DialectSection], None])
                             sections=("policy.dtensor_cfg", "value.dtensor_cfg"),
                             factory="corerl_dtensor.nemo_rl_section:SECTION",
                             description="NeMo RL's dtensor_cfg sections"))
+    register(DialectSection(id="skyrl.dtensor", dialect="skyrl", backend="dtensor",
+                            sections=("trainer.policy.fsdp_config", "trainer.ref.fsdp_config",
+                                      "trainer.critic.fsdp_config"),
+                            factory="corerl_dtensor.skyrl_section:SECTION",
+                            description="SkyRL's fsdp_config sections and trainer.strategy fsdp/fsdp2"))
 
 
 #: the plugin contract this plugin was written against (docs/plugins.md, "Contract changelog")

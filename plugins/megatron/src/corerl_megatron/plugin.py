@@ -83,6 +83,10 @@ def corerl_register_dialect_sections(register: Callable[[DialectSection], None])
                                       "policy.generation.mcore_generation_config"),
                             factory="corerl_megatron.nemo_rl_section:SECTION",
                             description="NeMo RL's megatron_cfg and mcore_generation_config sections"))
+    register(DialectSection(id="skyrl.megatron", dialect="skyrl", backend="megatron",
+                            sections=("trainer.policy.megatron_config", "trainer.ref.megatron_config"),
+                            factory="corerl_megatron.skyrl_section:SECTION",
+                            description="SkyRL's megatron_config sections and trainer.strategy megatron"))
 
 
 #: the plugin contract this plugin was written against (docs/plugins.md, "Contract changelog")

@@ -37,6 +37,10 @@ def corerl_register_dialect_sections(register: Callable[[DialectSection], None])
                             sections=("policy.generation.vllm_cfg", "policy.generation.vllm_kwargs"),
                             factory="corerl_vllm.nemo_rl_section:SECTION",
                             description="NeMo RL's vllm_cfg section and vllm_kwargs"))
+    register(DialectSection(id="skyrl.vllm", dialect="skyrl", backend="vllm",
+                            sections=("generator.inference_engine",),
+                            factory="corerl_vllm.skyrl_section:SECTION",
+                            description="SkyRL's inference engine keys and generator.inference_engine.backend vllm"))
 
 
 #: the plugin contract this plugin was written against (docs/plugins.md, "Contract changelog")

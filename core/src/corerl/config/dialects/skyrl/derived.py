@@ -1,0 +1,407 @@
+"""What several of SkyRL's keys decide together, in corerl's configuration: the algorithm (the
+entry point with the advantage estimator and policy loss), the batch arithmetic, the step count,
+the KL term, the loss reduction, importance-sampling correction, DAPO's dynamic sampling and
+overlong buffer, evaluation, checkpoints, the environment and SkyRL's data layout.
+
+A key the script leaves unset has SkyRL's default (:data:`DEFAULTS`, those that decide what runs)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from corerl.config.dialects.rules import Translator
+from corerl.config.dialects.skyrl.keys.data import GYM_ENVIRONMENT, GYM_SECTION
+from corerl.config.tree import set_at, value_at
+
+_A = "trainer.algorithm."
+#: SkyRL's defaults of the keys decided together (skyrl/train/config/config.py)
+DEFAULTS: dict[str, Any] = {
+    "trainer.train_batch_size": 1024, "trainer.policy_mini_batch_size": 256, "generator.n_samples_per_prompt": 5,
+    _A + "advantage_estimator": "grpo", _A + "use_kl_loss": True, _A + "kl_loss_coef": 0.001,
+    _A + "use_kl_in_reward": False, _A + "loss_reduction": "token_mean", _A + "policy_loss_type": "regular",
+    _A + "clip_ratio_c": 3.0, "trainer.eval_interval": 5, "trainer.eval_before_train": True,
+    "generator.eval_n_samples_per_prompt": 1, "trainer.epochs": 1, "trainer.ckpt_interval": 10,
+    "trainer.max_prompt_length": 512, "generator.sampling_params.max_generate_length": 1024,
+}
+#: the policy-loss types corerl runs: SkyRL's name -> what it sets
+_LOSSES = {"regular": {}, "dual_clip": {}, "gspo": {"algorithm.sequence_level_ratios": True},
+           "cispo": {"algorithm.use_cispo": True}}
+
+
+class _Keys:
+    """The script's value of a key, else SkyRL's default."""
+
+    def __init__(self, raw: dict[str, Any]) -> None:
+        self.raw = raw
+
+    def given(self, key: str) -> bool:
+        return value_at(self.raw, key) is not None or _present(self.raw, key)
+
+    def __call__(self, key: str) -> Any:
+        return value_at(self.raw, key) if self.given(key) else DEFAULTS.get(key)
+
+
+def _present(raw: dict[str, Any], key: str) -> bool:
+    node: Any = raw
+    for part in key.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return False
+        node = node[part]
+    return True
+
+
+def _put(out: Translator, keys: _Keys, source: str, target: str, value: Any, detail: str | None = None) -> None:
+    """``target`` from ``source``: a fate where the script gives the key, SkyRL's default otherwise."""
+    if keys.given(source):
+        out.put(source, target, value, detail)
+    else:
+        set_at(out.tree, target, value)
+        out.new_origins[target] = f"SkyRL's default of {source}"
+
+
+def _default(out: Translator, keys: _Keys, source: str, target: str, value: Any) -> None:
+    """SkyRL's default of ``source`` (an acting key the script leaves unset) at ``target``."""
+    if not keys.given(source):
+        set_at(out.tree, target, value)
+        out.new_origins[target] = f"SkyRL's default of {source}"
+
+
+def derive(raw: dict[str, Any], out: Translator, entry_point: str) -> None:
+    """Decide the ``derived`` keys of an RL entry point's script."""
+    keys = _Keys(raw)
+    _algorithm(keys, out, entry_point)
+    _batches(keys, out)
+    _steps(keys, out)
+    _kl(keys, out)
+    _loss(keys, out)
+    _importance_sampling(keys, out)
+    _dapo(keys, out)
+    _asynchronous(keys, out, entry_point)
+    _evaluation(keys, out)
+    _checkpoints(keys, out)
+    _reference(keys, out, entry_point)
+    _environment(keys, out)
+    _data(keys, out)
+    prompt, answer = keys("trainer.max_prompt_length"), keys("generator.sampling_params.max_generate_length")
+    if isinstance(prompt, int) and isinstance(answer, int):
+        _put(out, keys, "trainer.max_prompt_length", "policy.max_seq_length", prompt + answer,
+             "policy.max_seq_length (max_prompt_length + generator.sampling_params.max_generate_length)")
+        _default(out, keys, "generator.sampling_params.max_generate_length", "policy.generation.max_new_tokens",
+                 answer)
+
+
+def _algorithm(keys: _Keys, out: Translator, entry_point: str) -> None:
+    estimator, key = keys(_A + "advantage_estimator"), _A + "advantage_estimator"
+    name = "distillation" if entry_point == "on_policy_distillation" else "grpo"
+    if estimator == "gae":
+        name = "ppo"
+        _put(out, keys, key, "algorithm.name", "ppo", "algorithm.name ppo (GAE over a critic's values)")
+    elif estimator == "grpo":
+        _put(out, keys, key, "algorithm.advantage_estimator", "grpo")
+    elif estimator == "rloo":
+        out.put(key, "algorithm.leave_one_out_baseline", True,
+                "algorithm.leave_one_out_baseline, algorithm.scale_rewards_by_std false (RLOO)")
+        set_at(out.tree, "algorithm.scale_rewards_by_std", False)
+    elif estimator == "reinforce++":
+        out.put(key, "algorithm.advantage_estimator", "reinforce_plus_plus")
+    else:
+        out.refuse(key, f"the {estimator!r} advantage estimator is not built into corerl (grpo, gae, rloo and "
+                        "reinforce++ are)", "use one of those")
+    set_at(out.tree, "algorithm.name", name)
+    out.new_origins.setdefault("algorithm.name", f"SkyRL's {entry_point} entry point")
+    loss, key = keys(_A + "policy_loss_type"), _A + "policy_loss_type"
+    if loss not in _LOSSES:
+        out.refuse(key, f"the {loss!r} policy loss is not built into corerl (regular, dual_clip, gspo and cispo are)",
+                   "use one of those")
+    elif keys.given(key) and _LOSSES[loss]:
+        target, value = next(iter(_LOSSES[loss].items()))
+        out.put(key, target, value)
+    elif keys.given(key):
+        out.inert(key, "the clipped PPO loss, corerl's" if loss == "regular" else
+                  "dual clip: algorithm.ratio_clip_c (trainer.algorithm.clip_ratio_c)")
+    if loss == "dual_clip":
+        _put(out, keys, _A + "clip_ratio_c", "algorithm.ratio_clip_c", keys(_A + "clip_ratio_c"))
+    elif keys.given(_A + "clip_ratio_c"):
+        out.inert(_A + "clip_ratio_c", "used only by policy_loss_type dual_clip")
+    for bound, target in (("low", "algorithm.ratio_clip_min"), ("high", "algorithm.ratio_clip_max")):
+        source = f"{_A}cispo.cispo_eps_clip_{bound}"
+        if keys.given(source) and loss == "cispo":
+            out.put(source, target, keys(source))
+        elif keys.given(source):
+            out.inert(source, "used only by policy_loss_type cispo")
+
+
+def _batches(keys: _Keys, out: Translator) -> None:
+    """``train_batch_size`` prompts a step, ``n_samples_per_prompt`` samples each, an optimizer step
+    every ``policy_mini_batch_size`` prompts."""
+    prompts, samples = keys("trainer.train_batch_size"), keys("generator.n_samples_per_prompt")
+    mini, key = keys("trainer.policy_mini_batch_size"), "trainer.policy_mini_batch_size"
+    _default(out, keys, "trainer.train_batch_size", "algorithm.batch_size", prompts)
+    _default(out, keys, "generator.n_samples_per_prompt", "algorithm.num_generations_per_prompt", samples)
+    if not (isinstance(mini, int) and isinstance(prompts, int) and isinstance(samples, int)):
+        return
+    if mini < 1 or prompts % mini:
+        out.refuse(key, f"{mini} prompts per optimizer step do not divide trainer.train_batch_size ({prompts})",
+                   "give a divisor of trainer.train_batch_size")
+        return
+    _put(out, keys, key, "algorithm.optimizer_batch_size", mini * samples,
+         f"algorithm.optimizer_batch_size ({mini} x {samples} sequences: {prompts // mini} optimizer step(s) a step)")
+    if keys.given("trainer.critic_mini_batch_size"):
+        out.inert("trainer.critic_mini_batch_size", "corerl's critic takes an optimizer step with the policy's",
+                  ) if keys("trainer.critic_mini_batch_size") == mini else out.refuse(
+            "trainer.critic_mini_batch_size", "a critic mini-batch other than the policy's is not built into corerl",
+            f"set it to trainer.policy_mini_batch_size ({mini})")
+
+
+def _steps(keys: _Keys, out: Translator) -> None:
+    """``max_training_steps``, else ``epochs`` over the training rows (counted from the files' metadata)."""
+    if keys.given("trainer.max_training_steps"):
+        if keys.given("trainer.epochs"):
+            out.inert("trainer.epochs", "trainer.max_training_steps is given")
+        return
+    epochs, prompts = keys("trainer.epochs"), keys("trainer.train_batch_size")
+    rows = _rows(keys("data.train_data"))
+    if rows is None or not isinstance(prompts, int) or not isinstance(epochs, int):
+        if keys.given("trainer.epochs"):
+            out.inert("trainer.epochs", "the training files' rows could not be counted here: corerl runs "
+                                        "algorithm.max_steps steps (give trainer.max_training_steps)")
+            out.warnings.append(f"trainer.epochs={epochs}: the training rows could not be counted; corerl runs "
+                                "algorithm.max_steps steps (set trainer.max_training_steps)")
+        return
+    steps = max(1, rows // prompts) * epochs
+    _put(out, keys, "trainer.epochs", "algorithm.max_steps", steps,
+         f"algorithm.max_steps ({epochs} epoch(s) of {rows} rows, {prompts} a step: {steps})")
+
+
+def _rows(files: Any) -> int | None:
+    """The rows of local parquet files, from their metadata (None: not all countable here)."""
+    from pathlib import Path
+
+    paths = [files] if isinstance(files, str) else list(files) if isinstance(files, (list, tuple)) else []
+    if not paths or not all(str(p).endswith(".parquet") and Path(str(p)).expanduser().is_file() for p in paths):
+        return None
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        return None
+    return sum(pq.ParquetFile(str(Path(str(p)).expanduser())).metadata.num_rows for p in paths)
+
+
+def _kl(keys: _Keys, out: Translator) -> None:
+    loss, reward, coef = keys(_A + "use_kl_loss"), keys(_A + "use_kl_in_reward"), keys(_A + "kl_loss_coef")
+    if loss and reward:
+        out.refuse(_A + "use_kl_in_reward", "use_kl_loss and use_kl_in_reward are both on (SkyRL takes one)",
+                   "switch one off")
+        return
+    if loss or reward:
+        what = "the KL term in the loss" if loss else "the KL penalty in the reward"
+        _put(out, keys, _A + "kl_loss_coef", "algorithm.kl_penalty", coef, f"algorithm.kl_penalty ({what})")
+        if keys.given(_A + "use_kl_loss"):
+            out.put(_A + "use_kl_loss", "algorithm.kl_penalty", coef, "algorithm.kl_penalty (kl_loss_coef)") \
+                if loss else out.inert(_A + "use_kl_loss", "false: the KL is in the reward")
+    else:
+        _put(out, keys, _A + "use_kl_loss", "algorithm.kl_penalty", 0.0, "algorithm.kl_penalty 0 (no KL term)")
+        if keys.given(_A + "kl_loss_coef"):
+            out.inert(_A + "kl_loss_coef", "use_kl_loss and use_kl_in_reward are false")
+
+
+def _loss(keys: _Keys, out: Translator) -> None:
+    reduction, key = keys(_A + "loss_reduction"), _A + "loss_reduction"
+    if reduction in ("token_mean", "token_mean_legacy", "sequence_mean"):
+        _put(out, keys, key, "algorithm.loss_aggregation", "sequence_mean" if reduction == "sequence_mean"
+             else "token_mean")
+        if keys.given(_A + "max_seq_len"):
+            out.inert(_A + "max_seq_len", "used only by loss_reduction seq_mean_token_sum_norm")
+    elif reduction == "seq_mean_token_sum_norm":
+        length = keys(_A + "max_seq_len")
+        if length is None:
+            out.refuse(key, "seq_mean_token_sum_norm needs trainer.algorithm.max_seq_len (the length it divides by)",
+                       "set trainer.algorithm.max_seq_len")
+            return
+        out.put(key, "algorithm.loss_aggregation", "constant_length")
+        out.put(_A + "max_seq_len", "algorithm.loss_aggregation_length", length)
+    else:
+        out.refuse(key, f"the {reduction!r} loss reduction is not built into corerl (token_mean, sequence_mean and "
+                        "seq_mean_token_sum_norm are)", "use one of those")
+
+
+def _importance_sampling(keys: _Keys, out: Translator) -> None:
+    kind, key = keys(_A + "off_policy_correction.tis_ratio_type"), _A + "off_policy_correction.tis_ratio_type"
+    cap_key = _A + "off_policy_correction.token_tis_ratio_clip_high"
+    if kind == "token":
+        out.put(key, "algorithm.importance_sampling_correction", True)
+        set_at(out.tree, "algorithm.importance_sampling_type", "tis")
+        out.put(cap_key, "algorithm.importance_weight_cap", keys(cap_key) if keys.given(cap_key) else 2.0) \
+            if keys.given(cap_key) else set_at(out.tree, "algorithm.importance_weight_cap", 2.0)
+    elif kind is not None:
+        out.refuse(key, f"{kind!r} importance-sampling correction is not built into corerl (token is)",
+                   "use token, or remove the key")
+    elif keys.given(cap_key):
+        out.inert(cap_key, "used only with tis_ratio_type token")
+    if keys(_A + "use_tis"):
+        out.put(_A + "use_tis", "algorithm.importance_sampling_correction", True)
+        cap = keys(_A + "tis_imp_ratio_cap")
+        if isinstance(cap, (int, float)) and cap > 0:
+            out.put(_A + "tis_imp_ratio_cap", "algorithm.importance_weight_cap", cap)
+    else:
+        for source in (_A + "use_tis", _A + "tis_imp_ratio_cap"):
+            if keys.given(source):
+                out.inert(source, "use_tis is false")
+
+
+def _dapo(keys: _Keys, out: Translator) -> None:
+    kind, key = keys(_A + "dynamic_sampling.type"), _A + "dynamic_sampling.type"
+    if kind == "filter":
+        out.put(key, "algorithm.dynamic_sampling.enabled", True)
+    elif kind == "replace":
+        out.refuse(key, "dynamic sampling by replacing groups is not built into corerl (filter is)", "use filter")
+    elif keys.given(key):
+        out.inert(key, "null: no dynamic sampling")
+    length, key = keys(_A + "overlong_buffer_len"), _A + "overlong_buffer_len"
+    if isinstance(length, int) and length > 0:
+        out.put(key, "algorithm.overlong_penalty.buffer_length", length,
+                "algorithm.overlong_penalty (enabled, buffer_length, max_response_length)")
+        set_at(out.tree, "algorithm.overlong_penalty.enabled", True)
+        set_at(out.tree, "algorithm.overlong_penalty.max_response_length",
+               keys("generator.sampling_params.max_generate_length"))
+    elif keys.given(key):
+        out.inert(key, "0: no overlong buffer")
+
+
+def _asynchronous(keys: _Keys, out: Translator, entry_point: str) -> None:
+    key = "trainer.fully_async.enabled"
+    if entry_point == "fully_async" or keys(key):
+        if entry_point != "fully_async":
+            out.refuse(key, "trainer.fully_async.enabled runs only with SkyRL's fully_async entry point",
+                       "start the fully_async entry point")
+            return
+        set_at(out.tree, "algorithm.async.enabled", True)
+        out.new_origins["algorithm.async.enabled"] = "SkyRL's fully_async entry point"
+        if keys.given(key):
+            out.put(key, "algorithm.async.enabled", True)
+        clear = "trainer.fully_async.clear_kv_cache_on_weight_sync"
+        if keys.given(clear):
+            out.put(clear, "algorithm.async.in_flight", "abort" if keys(clear) else "continue")
+    elif keys.given(key):
+        out.inert(key, "false: synchronous training")
+
+
+def _evaluation(keys: _Keys, out: Translator) -> None:
+    interval = keys("trainer.eval_interval")
+    if isinstance(interval, int) and interval > 0 and (keys.given("data.val_data") or keys.given("trainer.eval_interval")):
+        _put(out, keys, "trainer.eval_interval", "eval.every_n_steps", interval)
+        _put(out, keys, "trainer.eval_before_train", "eval.at_start", bool(keys("trainer.eval_before_train")))
+        _put(out, keys, "generator.eval_n_samples_per_prompt", "eval.num_samples",
+             keys("generator.eval_n_samples_per_prompt"))
+        return
+    for key in ("trainer.eval_interval", "trainer.eval_before_train", "generator.eval_n_samples_per_prompt"):
+        if keys.given(key):
+            out.inert(key, "no evaluation during training (eval_interval); corerl reports the held-out reward "
+                           "before and after it")
+
+
+def _checkpoints(keys: _Keys, out: Translator) -> None:
+    interval = keys("trainer.ckpt_interval")
+    if isinstance(interval, int) and interval > 0:
+        _put(out, keys, "trainer.ckpt_interval", "checkpointing.save_period", interval,
+             "checkpointing.enabled, checkpointing.save_period")
+        set_at(out.tree, "checkpointing.enabled", True)
+    elif keys.given("trainer.ckpt_interval"):
+        out.put("trainer.ckpt_interval", "checkpointing.enabled", False)
+    keep = keys("trainer.max_ckpts_to_keep")
+    if isinstance(keep, int) and keep > 0:
+        out.put("trainer.max_ckpts_to_keep", "checkpointing.keep_last", keep)
+    elif keys.given("trainer.max_ckpts_to_keep"):
+        out.inert("trainer.max_ckpts_to_keep", "-1 (keep all): corerl keeps checkpointing.keep_last")
+    mode = keys("trainer.resume_mode")
+    if mode in ("latest", None, "none", "None"):
+        if keys.given("trainer.resume_mode"):
+            out.inert("trainer.resume_mode", "corerl resumes a run found in run.output_dir (run.resume auto)")
+    elif keys.given("trainer.resume_mode"):
+        out.refuse("trainer.resume_mode", f"resume mode {mode!r} is not built into corerl (latest is: a run resumes "
+                                          "from its own run.output_dir)", "use latest")
+
+
+def _reference(keys: _Keys, out: Translator, entry_point: str) -> None:
+    key = "trainer.ref.model.path"
+    if not keys.given(key):
+        return
+    if entry_point == "on_policy_distillation":
+        out.put(key, "algorithm.distillation.teacher_model", keys(key), "algorithm.distillation.teacher_model (the "
+                                                                        "teacher)")
+    elif keys(key) in (None, keys("trainer.policy.model.path")):
+        out.inert(key, "the reference is the policy's initial weights")
+    else:
+        out.refuse(key, "a reference model other than the policy's checkpoint is not built into corerl",
+                   "remove the key (the reference is the policy's initial weights)")
+
+
+def _environment(keys: _Keys, out: Translator) -> None:
+    env = keys("environment.env_class")
+    if keys.given("environment.env_class"):
+        out.put("environment.env_class", f"{GYM_SECTION}.env_class", env,
+                f"data.env_name {GYM_ENVIRONMENT}, {GYM_SECTION}.env_class")
+        set_at(out.tree, "data.env_name", GYM_ENVIRONMENT)
+        out.new_origins["data.env_name"] = out.new_origins[f"{GYM_SECTION}.env_class"]
+    gym = value_at(keys.raw, "environment.skyrl_gym")
+    if not isinstance(gym, dict):
+        return
+    for section, settings in gym.items():
+        if section == "max_env_workers" or not isinstance(settings, dict):
+            continue
+        for name, value in settings.items():
+            source = f"environment.skyrl_gym.{section}.{name}"
+            if section == env or (env == "text2sql" and section == "text2sql"):
+                out.put(source, f"{GYM_SECTION}.env_config.{name}", value)
+            else:
+                out.inert(source, f"environment.skyrl_gym.{section} is not the environment the script plays "
+                                  f"(environment.env_class: {env})")
+
+
+def _data(keys: _Keys, out: Translator) -> None:
+    """SkyRL's parquet layout: chat-message prompts, the answer at ``reward_spec.ground_truth``."""
+    if value_at(out.tree, "data.train_files") is None:
+        return
+    for target, value in (("data.task", "dataset"), ("data.prompt_key", "prompt"),
+                          ("data.answer_key", "reward_spec.ground_truth"), ("data.apply_chat_template", True)):
+        set_at(out.tree, target, value)
+        out.new_origins[target] = "skyrl dialect (SkyRL's dataset layout)"
+
+
+def derive_sft(raw: dict[str, Any], out: Translator) -> None:
+    """Decide the ``derived`` keys of the SFT entry point's script (its keys at the top level)."""
+    keys = _Keys(raw)
+    set_at(out.tree, "algorithm.name", "sft")
+    set_at(out.tree, "sft.enabled", False)
+    out.new_origins["algorithm.name"] = "SkyRL's sft entry point"
+    for source, target in (("train_datasets", "data.train_files"), ("eval_datasets", "data.held_out_files")):
+        if keys.given(source):
+            out.put(source, target, _files(keys(source)))
+    if keys.given("dataset_name"):
+        out.put("dataset_name", "data.hub_dataset", keys("dataset_name"))
+    if keys.given("eval_dataset_name"):
+        out.inert("eval_dataset_name", "corerl holds out rows of data.hub_dataset")
+    if keys.given("train_datasets") or keys.given("dataset_name"):
+        set_at(out.tree, "data.task", "dataset")
+        if not keys.given("messages_key"):
+            set_at(out.tree, "data.prompt_key", "messages")
+        out.new_origins["data.task"] = "skyrl dialect (SkyRL's SFT rows: chat messages)"
+    if keys.given("num_epochs"):
+        out.inert("num_epochs", "num_steps is given" if keys.given("num_steps") else
+                  "corerl runs algorithm.max_steps steps (give num_steps)")
+    interval = keys("ckpt_interval")
+    if isinstance(interval, int) and interval > 0:
+        out.put("ckpt_interval", "checkpointing.save_period", interval, "checkpointing.enabled, save_period")
+        set_at(out.tree, "checkpointing.enabled", True)
+    elif keys.given("ckpt_interval"):
+        out.put("ckpt_interval", "checkpointing.enabled", False)
+    resume = keys("resume_from")
+    if keys.given("resume_from") and resume in ("", "latest", None):
+        out.inert("resume_from", "corerl resumes a run found in run.output_dir (run.resume auto)")
+    elif keys.given("resume_from"):
+        out.refuse("resume_from", "resuming from a given checkpoint folder is not built into corerl",
+                   "remove the key (a run resumes from its own run.output_dir)")
+
+
+def _files(value: Any) -> list[str]:
+    return [value] if isinstance(value, str) else [str(v) for v in value]

@@ -1,0 +1,92 @@
+"""SkyRL's ``generator.*`` in corerl's configuration: sampling, samples per prompt, turns and the
+inference engines' shared keys. An engine's own keys (``gpu_memory_utilization``,
+``enforce_eager``, ...) come from the plugin that registers the engine (``DialectSection(
+dialect="skyrl")``), which also claims the engine's ``generator.inference_engine.backend`` value."""
+
+from __future__ import annotations
+
+from corerl.config.dialects.rules import _PERF, Rule, _not, _truthy, acts, derived, inert, refused
+
+_G = "generator."
+_E = "generator.inference_engine."
+_OFF = "a switch SkyRL leaves off by default; corerl has no such feature, so only false is accepted"
+_ENGINES = "corerl starts one generation engine per worker group; its layout is the engine's section's"
+
+
+def _stop(value: object) -> list[str] | None:
+    return None if value is None else [str(value)] if isinstance(value, str) else [str(v) for v in value]  # type: ignore[union-attr]
+
+
+def _top_k(value: object) -> int | None:
+    return None if value in (None, -1, 0) else int(value)  # type: ignore[call-overload]
+
+
+RULES: dict[str, Rule] = {
+    _G + "n_samples_per_prompt": acts("algorithm.num_generations_per_prompt"),
+    _G + "sampling_params.max_generate_length": acts("policy.generation.max_new_tokens"),
+    _G + "sampling_params.temperature": acts("policy.generation.temperature"),
+    _G + "sampling_params.top_p": acts("policy.generation.top_p"),
+    _G + "sampling_params.top_k": acts("policy.generation.top_k", _top_k, "-1: no top-k"),
+    _G + "sampling_params.min_p": inert("corerl samples without a min-p cut", lambda v: v not in (None, 0, 0.0)),
+    _G + "sampling_params.repetition_penalty": inert("corerl samples without a repetition penalty",
+                                                     lambda v: v not in (None, 1, 1.0)),
+    _G + "sampling_params.logprobs": inert("corerl keeps the sampled tokens' logprobs"),
+    _G + "sampling_params.stop": acts("policy.generation.stop_strings", _stop),
+    _G + "sampling_params.additional_kwargs": inert("engine sampling arguments corerl does not pass", _truthy),
+    _G + "eval_sampling_params.temperature": acts("eval.temperature"),
+    _G + "eval_sampling_params.max_generate_length": inert("corerl's evaluation answers within "
+                                                           "policy.generation.max_new_tokens"),
+    _G + "eval_sampling_params.top_p": inert("corerl's evaluation samples with the training top_p"),
+    _G + "eval_sampling_params.top_k": inert("corerl's evaluation samples with the training top_k"),
+    _G + "eval_sampling_params.stop": inert("corerl's evaluation stops where training does "
+                                            "(generator.sampling_params.stop)"),
+    _G + "eval_sampling_params.*": inert("corerl's evaluation samples as training does, at eval.temperature"),
+    _G + "eval_n_samples_per_prompt": derived("with evaluation during training: eval.num_samples"),
+    _G + "batched": inert("corerl generates a step's prompts as one batch in its single-turn rollout and "
+                          "per episode in its multi-turn one"),
+    _G + "max_turns": acts("algorithm.max_rollout_turns"),
+    _G + "max_input_length": inert("corerl bounds an episode by policy.max_seq_length"),
+    _G + "use_conversation_multi_turn": inert("corerl's multi-turn rollout appends each turn to the conversation",
+                                              _not(True)),
+    _G + "append_eos_token_after_stop_str_in_multi_turn": inert("corerl ends a turn at its stop string as "
+                                                                "the chat template does"),
+    _G + "zero_reward_on_non_stop": acts("algorithm.overlong_penalty.truncated_reward_factor",
+                                         lambda v: 0.0 if v else None, "true: a truncated answer's reward is 0"),
+    _G + "use_cache_salt": inert(_PERF),
+    _G + "apply_overlong_filtering": acts("algorithm.overlong_filtering"),
+    _G + "step_wise_trajectories": refused("step-wise trajectories (each turn trained as its own sample) are not "
+                                           "built into corerl"),
+    _G + "merge_stepwise_output": inert("used only with step_wise_trajectories (refused)"),
+    _G + "vision_language_generator": inert(_OFF + " (set only by SkyRL's vision examples)", _truthy),
+    _G + "chat_template.source": inert("name: the tokenizer's own template", _not("name")),
+    _G + "chat_template.name_or_path": acts("policy.chat_template"),
+    _G + "chat_template_kwargs": refused("template arguments (enable_thinking, ...) are not passed by corerl"),
+    # the example-specific generators' keys: their entry points' features
+    _G + "rate_limit.*": refused("SkyRL's rate-limited agent generator is not built into corerl"),
+    _G + "miniswe_config_path": refused("the mini-SWE-agent generator is not built into corerl"),
+    _G + "miniswe_traj_dir": refused("the mini-SWE-agent generator is not built into corerl"),
+    _G + "enable_child_agents": refused("SkyRL's recursive-LM child agents are not built into corerl"),
+    _G + "train_child_trajectories": refused("SkyRL's recursive-LM child agents are not built into corerl"),
+    # the inference engines' shared keys
+    _E + "num_engines": inert(_ENGINES),
+    _E + "run_engines_locally": inert("corerl starts its generation engines itself", _not(True)),
+    _E + "weight_sync_backend": inert("corerl hands weights to its engines over its own path (CUDA IPC where "
+                                      "colocated, NCCL otherwise)"),
+    _E + "weight_transfer_threshold_cuda_ipc_GB": inert(_PERF),
+    _E + "model_dtype": inert("the engine samples in the policy's precision"),
+    _E + "distributed_executor_backend": inert(_ENGINES),
+    _E + "async_engine": inert("corerl's engines serve requests asynchronously"),
+    _E + "served_model_name": inert("corerl's engines are not served over HTTP"),
+    _E + "language_model_only": inert("corerl loads the model's language part for text prompts"),
+    _E + "external_proxy_url": refused("generation by an external inference server is not built into corerl"),
+    _E + "external_server_urls": refused("generation by an external inference server is not built into corerl"),
+    _E + "enable_pd": inert(_OFF + " (prefill/decode disaggregation)", _truthy),
+    _E + "num_prefill": inert("used only with enable_pd (refused)"),
+    _E + "router_init_kwargs": inert("used only with several engines behind SkyRL's router"),
+    _E + "delta_weight_sync.*": refused("weight sync through a shared folder of deltas is not built into corerl"),
+    _E + "delta_weight_sync": inert("null: weights are handed over directly", _truthy),
+    _E + "enable_ray_prometheus_stats": inert("SkyRL's metrics export; corerl logs its own"),
+    _E + "thunder_agent_mode": refused("ThunderAgent's inference mode is not built into corerl"),
+    _E + "thunder_agent_profile_enabled": refused("ThunderAgent's inference mode is not built into corerl"),
+    _E + "thunder_agent_metrics_enabled": refused("ThunderAgent's inference mode is not built into corerl"),
+}

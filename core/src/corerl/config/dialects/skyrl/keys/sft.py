@@ -1,0 +1,66 @@
+"""SkyRL's SFT entry point (``skyrl.train.main_sft``): its keys lie at the top level. Those that mean
+what an RL key does take that key's rule (:data:`ALIASES`: ``model.path`` is
+``trainer.policy.model.path``); the SFT-only ones have their own (:data:`RULES`)."""
+
+from __future__ import annotations
+
+from corerl.config.dialects.rules import _PERF, Rule, _truthy, acts, derived, inert, refused
+
+_LOG = "SkyRL's logging and bookkeeping; corerl logs each step's metrics under run.output_dir"
+_OFF = "a switch SkyRL leaves off by default; corerl has no such feature, so only false is accepted"
+
+#: SFT key (or section) -> the RL key (or section) whose rule it takes
+ALIASES: dict[str, str] = {
+    **{section: f"trainer.policy.{section}" for section in (
+        "model", "optimizer_config", "sequence_parallel_size", "model_config_kwargs", "use_torch_compile",
+        "record_memory", "torch_profiler_config")},
+    **{key: f"trainer.{key}" for key in (
+        "seed", "logger", "project_name", "run_name", "tags", "ckpt_path", "max_ckpts_to_keep", "hf_save_interval",
+        "export_path", "enable_ray_gpu_monitor", "micro_train_batch_size_per_gpu", "max_training_steps",
+        "max_tokens_per_microbatch")},
+}
+
+RULES: dict[str, Rule] = {
+    "placement.num_nodes": acts("cluster.num_nodes"),
+    "placement.num_gpus_per_node": acts("cluster.gpus_per_node"),
+    "batch_size": acts("algorithm.batch_size"),
+    "num_steps": acts("algorithm.max_steps"),
+    "num_epochs": derived("without num_steps: the steps of that many epochs, counted from the rows "
+                          "(algorithm.max_steps)"),
+    "max_length": acts("policy.max_seq_length"),
+    "train_datasets": derived("local parquet/JSON files or folders: data.train_files (a Hugging Face dataset "
+                              "name: data.hub_dataset)"),
+    "dataset_name": derived("data.hub_dataset"),
+    "eval_datasets": derived("local files: data.held_out_files"),
+    "eval_dataset_name": derived("data.hub_dataset's held-out split"),
+    "train_dataset_splits": inert("corerl reads the whole files given (one split each)", _truthy),
+    "dataset_split": inert("corerl reads the dataset's train split"),
+    "eval_dataset_splits": inert("corerl reads the whole held-out files", _truthy),
+    "eval_dataset_split": inert("corerl holds out rows of the files given"),
+    "eval_dataset_names": inert(_LOG),
+    "train_dataset_weights": refused("mixing several datasets by weight is not built into corerl"),
+    "pretokenized_dataset_paths": refused("pre-tokenized datasets are not read by corerl (it tokenizes the rows)"),
+    "eval_pretokenized_dataset_paths": refused("pre-tokenized datasets are not read by corerl"),
+    "messages_key": acts("data.prompt_key", note="the chat-message column: corerl trains on its assistant turns"),
+    "tools_key": refused("tool schemas in SFT rows are not passed to the chat template by corerl"),
+    "system_key": inert("corerl reads the system turn from the messages"),
+    "train_on_what": inert("corerl trains on the last assistant message", lambda v: v != "last_assistant_message"),
+    "eval_interval": inert("corerl evaluates the held-out rows before and after training"),
+    "eval_before_train": inert("corerl always evaluates the held-out rows before training"),
+    "ckpt_interval": derived("above 0: checkpointing.enabled and checkpointing.save_period"),
+    "resume_from": derived("empty: a new run; latest: run.resume auto; a folder is refused"),
+    "num_workers": inert("corerl reads the rows in the driver"),
+    "async_batch_collation": inert(_PERF),
+    "dataloader_num_workers": inert("corerl reads the rows in the driver"),
+    "dataloader_persistent_workers": inert("corerl reads the rows in the driver"),
+    "sampler": inert("corerl shuffles the rows", lambda v: v not in ("random", None)),
+    "sampler_class_path": refused("a custom sampler class is not built into corerl"),
+    "sampler_kwargs": inert("used only by sampler_class_path (refused)", _truthy),
+    "cache_dir": inert("corerl caches the tokenized rows in its own cache"),
+    "force_recache": inert("corerl caches the tokenized rows in its own cache"),
+    "disable_cache": inert("corerl caches the tokenized rows in its own cache"),
+    "remove_microbatch_padding": inert("memory and speed only: corerl pads a micro-batch's rows"),
+    "use_sequence_packing": acts("policy.sequence_packing.enabled"),
+    "dummy_run_full_ctx": inert(_OFF + " (a benchmark on made-up rows)", _truthy),
+    "dummy_run_max_steps": inert("used only with dummy_run_full_ctx (refused)"),
+}

@@ -1,0 +1,93 @@
+"""SkyRL's Megatron sections (``trainer.policy.megatron_config``, ``trainer.ref.megatron_config``
+and the SFT entry point's ``megatron_config``) in corerl's configuration, and the
+``trainer.strategy`` value this plugin runs (``megatron``, and SkyRL's SFT default): the rules
+this plugin contributes to the core's SkyRL dialect. No engine is imported here."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from corerl.sdk import Rule, SectionRules
+
+acts, inert, refused = Rule.acts, Rule.inert, Rule.refused
+_truthy, _not, _PERF = Rule.truthy, Rule.other_than, Rule.PERF
+
+_CKPT = "Megatron's distributed-checkpoint settings; corerl saves its own checkpoints"
+
+
+def _dispatcher(value: Any) -> str:
+    if value not in ("allgather", "alltoall", "flex"):
+        raise ValueError(f"the {value!r} token dispatcher is not built into corerl (allgather, alltoall, flex are)")
+    return str(value)
+
+
+def _load_balancing(value: Any) -> str:
+    if value in (None, "none"):
+        return "none"
+    if value not in ("aux_loss", "seq_aux_loss"):
+        raise ValueError(f"the {value!r} load balancing is not built into corerl (none, aux_loss and seq_aux_loss "
+                         "are)")
+    return str(value)
+
+
+def _policy(prefix: str) -> dict[str, Rule]:
+    """The policy's ``megatron_config`` (RL's ``trainer.policy.megatron_config``, SFT's ``megatron_config``)."""
+    to = "policy.megatron_cfg."
+    return {
+        **{f"{prefix}.{key}": acts(to + key) for key in (
+            "tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size",
+            "expert_model_parallel_size", "freeze_moe_router", "moe_grouped_gemm")},
+        f"{prefix}.expert_tensor_parallel_size": acts(to + "expert_tensor_parallel_size",
+                                                      lambda value: 1 if value is None else value, "null: 1"),
+        f"{prefix}.moe_token_dispatcher_type": acts(to + "moe_token_dispatcher_type", _dispatcher),
+        f"{prefix}.moe_router_load_balancing_type": acts("policy.moe.load_balancing_type", _load_balancing),
+        f"{prefix}.moe_aux_loss_coeff": acts("policy.moe.aux_loss_coeff"),
+        f"{prefix}.moe_enable_routing_replay": acts("policy.moe.router_replay", lambda on: "r3" if on else "none",
+                                                    "true: the sampled routes are replayed in training (r3)"),
+        f"{prefix}.moe_router_score_function": inert("the checkpoint's own router score function", _truthy),
+        f"{prefix}.moe_router_enable_expert_bias": inert("the checkpoint's own router bias", _truthy),
+        f"{prefix}.moe_router_dtype": inert("the router computes in policy.precision", _not("fp32")),
+        f"{prefix}.moe_per_layer_logging": inert("corerl logs the MoE metrics per step"),
+        f"{prefix}.ddp_config.*": inert(_PERF),
+        f"{prefix}.hf_export_config.*": inert("corerl exports Hugging Face checkpoints with `corerl export`"),
+        f"{prefix}.lora_config.lora_type": inert("PEFT-style LoRA (policy.lora)", _not("lora")),
+        f"{prefix}.lora_config.merge_lora": acts("checkpointing.merge_lora_on_export"),
+        f"{prefix}.optimizer_config_kwargs.*": refused("Megatron optimizer arguments (CPU offload of the optimizer, "
+                                                       "precision-aware optimizer) are not passed by corerl"),
+        f"{prefix}.transformer_config_kwargs.num_layers_in_last_pipeline_stage": acts(
+            to + "num_layers_in_last_pipeline_stage"),
+        f"{prefix}.transformer_config_kwargs.num_layers_in_first_pipeline_stage": acts(
+            to + "num_layers_in_first_pipeline_stage"),
+        f"{prefix}.transformer_config_kwargs.recompute_granularity": acts(
+            to + "activation_checkpointing", lambda value: value is not None, "any: activation checkpointing on"),
+        f"{prefix}.transformer_config_kwargs.recompute_method": inert("corerl checkpoints every layer's activations "
+                                                                      "(policy.megatron_cfg.activation_checkpointing)"),
+        f"{prefix}.transformer_config_kwargs.recompute_num_layers": inert(
+            "corerl checkpoints every layer's activations"),
+        f"{prefix}.transformer_config_kwargs.*": refused("a Megatron transformer argument corerl does not pass"),
+        f"{prefix}.model_config_kwargs": inert("the checkpoint's own model configuration", _truthy),
+        f"{prefix}.empty_cuda_cache": inert(_PERF),
+        f"{prefix}.dist_ckpt_optim_fully_reshardable": inert(_CKPT),
+        f"{prefix}.async_dist_ckpt_save": inert(_CKPT),
+        f"{prefix}.async_dist_ckpt_strategy": inert(_CKPT),
+        f"{prefix}.async_save_prestage_to_cpu": inert(_CKPT),
+        f"{prefix}.mtp_num_layers": inert("multi-token-prediction layers are not trained by corerl",
+                                          lambda value: value not in (None, 0)),
+        f"{prefix}.mtp_loss_weight": inert("used only with mtp_num_layers (refused)"),
+        f"{prefix}.mtp_loss_chunk_size": inert("used only with mtp_num_layers (refused)"),
+        f"{prefix}.mtp_loss_topk": inert("used only with mtp_num_layers (refused)"),
+    }
+
+
+RULES: dict[str, Rule] = {
+    "trainer.strategy": acts("policy.megatron_cfg.enabled", lambda _: True, "corerl's megatron backend"),
+    "strategy": acts("policy.megatron_cfg.enabled", lambda _: True, "corerl's megatron backend"),
+    **_policy("trainer.policy.megatron_config"),
+    **_policy("megatron_config"),
+    "trainer.ref.megatron_config.*": inert("the reference scores in the policy's layout"),
+}
+
+SECTION = SectionRules(
+    rules=RULES,
+    claims={"trainer.strategy": ("megatron",), "strategy": ("megatron", None)},
+)
