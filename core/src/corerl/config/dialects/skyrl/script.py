@@ -672,7 +672,7 @@ class _Shell:
     def nested(self, how: str, fields: list[tuple[str, str]], prefix: dict[str, str], line: int) -> bool:
         target = fields[0][0]
         if _MARK in target:
-            raise self._unrun_error(target, line, "the script it starts")
+            raise self._unrun_error(target, self.at(line), "the script it starts")
         found = _find_script(target, self.path)
         if found is None:
             raise ConfigError(f"the script it starts, {target}, is not found", source=self.at(line),
@@ -712,7 +712,7 @@ class _Shell:
         else:
             return None
         if _MARK in target:
-            raise self._unrun_error(target, line, "the module it starts")
+            raise self._unrun_error(target, self.at(line), "the module it starts")
         module = entry_points.module_of(target)
         overrides = [(t, o) for t, o in rest if "=" in t and not t.startswith("-")]
         if entry_points.by_module(module) is None and (module in entry_points.NOT_TRAINING or not overrides):
@@ -723,7 +723,7 @@ class _Shell:
                               source=self.shown, hint="keep one training command in the script")
         for text, origin in rest:
             if _MARK in text:
-                raise self._unrun_error(text, line, f"the override {text.split('=')[0]!r}")
+                raise self._unrun_error(text, origin, f"the override {text.split('=')[0]!r}")
             if "=" not in text or text.startswith("-"):
                 where = origin if origin != COMMAND_LINE else COMMAND_LINE
                 raise ConfigError(f"{text!r} is not a key=value override of {module}", source=where,
@@ -734,7 +734,7 @@ class _Shell:
     def test(self, args: list[str], line: int) -> bool:
         """A ``[ ... ]`` test."""
         if any(_MARK in a for a in args):
-            raise self._unrun_error(next(a for a in args if _MARK in a), line, "an `if` test")
+            raise self._unrun_error(next(a for a in args if _MARK in a), self.at(line), "an `if` test")
         if args[:1] == ["!"]:
             return not self.test(args[1:], line)
         if len(args) == 0:
@@ -767,12 +767,12 @@ class _Shell:
         raise ConfigError(f"the test `[ {' '.join(args)} ]` is not one corerl reads", source=self.at(line),
                           hint="use = != -z -n -f -d -e or a numeric comparison, or drop the `if`")
 
-    def _unrun_error(self, text: str, line: int, what: str) -> ConfigError:
+    def _unrun_error(self, text: str, at: str, what: str) -> ConfigError:
         index = int(text.split(_MARK)[1])
         command, where = self.unrun[index]
         shown = command if command.startswith("$((") else f"$({command})"
         return ConfigError(f"{what} takes its value from `{shown}` ({where}), which corerl does not run",
-                           source=self.at(line), hint="set the variable in the environment, or write the value")
+                           source=at, hint="set the variable in the environment, or write the value")
 
 
 def _assignment(word: _Word) -> tuple[str, _Word] | None:
@@ -784,7 +784,9 @@ def _assignment(word: _Word) -> tuple[str, _Word] | None:
             break
         literal += part[1]
         if m := _ASSIGN.match(literal):
-            rest = [("lit", literal[m.end():])] if literal[m.end():] else []
+            value = literal[m.end():]
+            rest = [("tilde",), *([("lit", value[1:])] if value[1:] else [])] if value.startswith("~") else (
+                [("lit", value)] if value else [])  # NAME=~/x: the tilde is expanded (after the =)
             return m.group(1), _Word(rest + list(word.parts[n + 1:]), word.line)
         if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*\+?", literal):
             return None
