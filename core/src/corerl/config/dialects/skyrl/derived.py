@@ -82,6 +82,7 @@ def derive(raw: dict[str, Any], out: Translator, entry_point: str) -> None:
     _reference(keys, out, entry_point)
     _environment(keys, out)
     _data(keys, out)
+    _lora(keys, out, "trainer.policy.model.lora.rank")
     prompt, answer = keys("trainer.max_prompt_length"), keys("generator.sampling_params.max_generate_length")
     if isinstance(prompt, int) and isinstance(answer, int):
         _put(out, keys, "trainer.max_prompt_length", "policy.max_seq_length", prompt + answer,
@@ -371,6 +372,7 @@ def _data(keys: _Keys, out: Translator) -> None:
 def derive_sft(raw: dict[str, Any], out: Translator) -> None:
     """Decide the ``derived`` keys of the SFT entry point's script (its keys at the top level)."""
     keys = _Keys(raw)
+    _lora(keys, out, "model.lora.rank")
     set_at(out.tree, "algorithm.name", "sft")
     set_at(out.tree, "sft.enabled", False)
     out.new_origins["algorithm.name"] = "SkyRL's sft entry point"
@@ -405,3 +407,13 @@ def derive_sft(raw: dict[str, Any], out: Translator) -> None:
 
 def _files(value: Any) -> list[str]:
     return [value] if isinstance(value, str) else [str(v) for v in value]
+
+
+def _lora(keys: _Keys, out: Translator, key: str) -> None:
+    """SkyRL's LoRA is on where its rank is above 0."""
+    rank = keys(key)
+    if isinstance(rank, int) and rank > 0:
+        out.put(key, "policy.lora.dim", rank, "policy.lora.enabled, policy.lora.dim")
+        set_at(out.tree, "policy.lora.enabled", True)
+    elif keys.given(key):
+        out.inert(key, "0: no LoRA (the whole model trains)")

@@ -59,6 +59,7 @@ def translate(raw: dict[str, Any], origins: dict[str, str], strict: bool = False
     """Translate the nested tree of a SkyRL script's overrides (``entry_point``: which of SkyRL's
     entry points the script starts); every refusal is reported together (exit 2)."""
     found = lookup.table(host)
+    entry_point = _canonical(entry_point)
     out = _SkyRLTranslator(dict(origins), raw, host)
     chosen: dict[str, Any] = {}  # engine section id -> the switch key that chose it
     inert_sections: dict[int, str] = {}  # id(section) -> why its keys are inert in this script
@@ -117,6 +118,22 @@ def translate(raw: dict[str, Any], origins: dict[str, str], strict: bool = False
     if out.errors:
         raise ConfigErrors(out.errors)
     return Translation(out.tree, out.new_origins, out.fates, out.warnings)
+
+
+def _canonical(entry_point: str) -> str:
+    """The entry point's family where it decides the layout or the algorithm (an example's own SFT
+    entry point is ``sft``, a fully asynchronous one ``fully_async``), else its id."""
+    from corerl.config.dialects.skyrl import entry_points
+
+    try:
+        family = entry_points.by_id(entry_point).family
+    except Exception:  # an id the module does not list: taken as it is
+        family = None
+    if family == "sft":
+        return lookup.SFT
+    if family == "distillation":
+        return "on_policy_distillation"
+    return "fully_async" if "fully_async" in entry_point else entry_point
 
 
 def _apply(out: _SkyRLTranslator, path: str, value: Any, rule: Any, name: str | None) -> None:

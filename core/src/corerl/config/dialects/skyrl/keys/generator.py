@@ -67,6 +67,7 @@ RULES: dict[str, Rule] = {
     _G + "miniswe_traj_dir": refused("the mini-SWE-agent generator is not built into corerl"),
     _G + "enable_child_agents": refused("SkyRL's recursive-LM child agents are not built into corerl"),
     _G + "train_child_trajectories": refused("SkyRL's recursive-LM child agents are not built into corerl"),
+    "harbor_trial_config.*": refused("the Harbor agent harness's trials are not built into corerl"),
     # the inference engines' shared keys
     _E + "num_engines": inert(_ENGINES),
     _E + "run_engines_locally": inert("corerl starts its generation engines itself", _not(True)),

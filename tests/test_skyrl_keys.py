@@ -1,0 +1,245 @@
+"""SkyRL's keys, shown by the corerl config they build: each key family changes what runs; the
+refusals are one line each; a key SkyRL does not have gets a did-you-mean naming its script line;
+``trainer.strategy`` picks the training backend through the installed plugins' sections; and every
+key of every corpus script gets a fate (issue 75)."""
+
+from __future__ import annotations
+
+import glob
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from corerl.config.dialects.skyrl import lookup, script
+from corerl.config.dialects.skyrl.translate import translate
+from corerl.config.tree import value_at
+from corerl.errors import ConfigError, ConfigErrors
+from tests.refusals import refused_in_one_line
+
+CORPUS = Path(__file__).resolve().parents[2] / "shared" / "skyrl" / "examples"
+
+
+def _tree(overrides: dict[str, Any]) -> dict[str, Any]:
+    tree: dict[str, Any] = {}
+    for key, value in overrides.items():
+        node = tree
+        *parents, last = key.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[last] = value
+    return tree
+
+
+def _run(entry_point: str = "main_base", strict: bool = False, **overrides: Any):
+    keys = {key.replace("__", "."): value for key, value in overrides.items()}
+    return translate(_tree(keys), {key: "run.sh:1" for key in keys}, strict, None, entry_point)
+
+
+def _get(entry_point: str = "main_base", **overrides: Any) -> dict[str, Any]:
+    return _run(entry_point, **overrides).tree
+
+
+def test_batch_sizes_set_prompts_samples_and_optimizer_steps():
+    tree = _get(trainer__train_batch_size=16, trainer__policy_mini_batch_size=4, generator__n_samples_per_prompt=8,
+                trainer__micro_train_batch_size_per_gpu=2, trainer__update_epochs_per_batch=2)
+    assert value_at(tree, "algorithm.batch_size") == 16
+    assert value_at(tree, "algorithm.num_generations_per_prompt") == 8
+    assert value_at(tree, "algorithm.optimizer_batch_size") == 32  # 4 prompts x 8 samples: 4 optimizer steps
+    assert value_at(tree, "policy.train_micro_batch_size") == 2
+    assert value_at(tree, "algorithm.optimization_passes") == 2
+    with pytest.raises(ConfigErrors, match="do not divide"):
+        _run(trainer__train_batch_size=16, trainer__policy_mini_batch_size=5)
+
+
+def test_unset_keys_take_skyrls_defaults():
+    tree = _get(trainer__train_batch_size=8, trainer__policy_mini_batch_size=8)
+    assert value_at(tree, "algorithm.num_generations_per_prompt") == 5
+    assert value_at(tree, "algorithm.kl_penalty") == 0.001  # use_kl_loss with kl_loss_coef
+    assert value_at(tree, "policy.max_seq_length") == 512 + 1024
+
+
+def test_estimators_and_losses_choose_the_algorithm():
+    assert value_at(_get(trainer__algorithm__advantage_estimator="gae"), "algorithm.name") == "ppo"
+    rloo = _get(trainer__algorithm__advantage_estimator="rloo")
+    assert value_at(rloo, "algorithm.leave_one_out_baseline") is True
+    assert value_at(rloo, "algorithm.scale_rewards_by_std") is False
+    assert value_at(_get(trainer__algorithm__advantage_estimator="reinforce++"),
+                    "algorithm.advantage_estimator") == "reinforce_plus_plus"
+    assert value_at(_get(trainer__algorithm__policy_loss_type="gspo"), "algorithm.sequence_level_ratios") is True
+    assert value_at(_get(trainer__algorithm__policy_loss_type="dual_clip", trainer__algorithm__clip_ratio_c=5.0),
+                    "algorithm.ratio_clip_c") == 5.0
+    cispo = _get(trainer__algorithm__policy_loss_type="cispo", trainer__algorithm__cispo__cispo_eps_clip_high=4.0)
+    assert value_at(cispo, "algorithm.use_cispo") is True and value_at(cispo, "algorithm.ratio_clip_max") == 4.0
+    assert value_at(_get(trainer__algorithm__grpo_norm_by_std=False), "algorithm.scale_rewards_by_std") is False
+    assert value_at(_get("on_policy_distillation", trainer__ref__model__path="teacher"),
+                    "algorithm.distillation.teacher_model") == "teacher"
+    assert value_at(_get("fully_async", trainer__fully_async__max_staleness_steps=3), "algorithm.async.max_staleness") == 3
+
+
+def test_kl_clipping_and_loss_reduction():
+    assert value_at(_get(trainer__algorithm__use_kl_loss=False), "algorithm.kl_penalty") == 0.0
+    assert value_at(_get(trainer__algorithm__kl_loss_coef=0.05), "algorithm.kl_penalty") == 0.05
+    reward = _get(trainer__algorithm__use_kl_loss=False, trainer__algorithm__use_kl_in_reward=True)
+    assert value_at(reward, "algorithm.use_kl_in_reward") is True and value_at(reward, "algorithm.kl_penalty") == 0.001
+    clip = _get(trainer__algorithm__eps_clip_low=0.1, trainer__algorithm__eps_clip_high=0.28)
+    assert (value_at(clip, "algorithm.ratio_clip_min"), value_at(clip, "algorithm.ratio_clip_max")) == (0.1, 0.28)
+    drgrpo = _get(trainer__algorithm__loss_reduction="seq_mean_token_sum_norm", trainer__algorithm__max_seq_len=2048)
+    assert value_at(drgrpo, "algorithm.loss_aggregation") == "constant_length"
+    assert value_at(drgrpo, "algorithm.loss_aggregation_length") == 2048
+    assert value_at(_get(trainer__algorithm__loss_reduction="sequence_mean"),
+                    "algorithm.loss_aggregation") == "sequence_mean"
+    tis = _get(trainer__algorithm__off_policy_correction__tis_ratio_type="token",
+               trainer__algorithm__off_policy_correction__token_tis_ratio_clip_high=3.0)
+    assert value_at(tis, "algorithm.importance_sampling_correction") is True
+    assert value_at(tis, "algorithm.importance_weight_cap") == 3.0
+
+
+def test_dapo_dynamic_sampling_and_overlong_buffer():
+    tree = _get("dapo", trainer__algorithm__dynamic_sampling__type="filter",
+                trainer__algorithm__dynamic_sampling__max_sample_batches=7, trainer__algorithm__overlong_buffer_len=512,
+                trainer__algorithm__overlong_buffer_penalty_factor=0.5, generator__apply_overlong_filtering=True,
+                generator__sampling_params__max_generate_length=4096)
+    assert value_at(tree, "algorithm.dynamic_sampling.enabled") is True
+    assert value_at(tree, "algorithm.dynamic_sampling.max_generation_batches") == 7
+    assert value_at(tree, "algorithm.overlong_penalty") == {"enabled": True, "buffer_length": 512, "penalty": 0.5,
+                                                            "max_response_length": 4096}
+    assert value_at(tree, "algorithm.overlong_filtering") is True
+
+
+def test_model_optimizer_sampling_evaluation_and_checkpoints():
+    tree = _get(trainer__policy__model__path="Qwen/Qwen2.5-0.5B", trainer__policy__optimizer_config__lr=3e-6,
+                trainer__policy__optimizer_config__num_warmup_steps=5,
+                trainer__policy__optimizer_config__scheduler="cosine", trainer__policy__model__lora__rank=16,
+                generator__sampling_params__temperature=0.7, generator__sampling_params__top_k=-1,
+                generator__max_turns=3, trainer__eval_interval=4, trainer__eval_before_train=False,
+                generator__eval_n_samples_per_prompt=2, trainer__ckpt_interval=20, trainer__max_ckpts_to_keep=3,
+                trainer__max_training_steps=30, trainer__placement__policy_num_gpus_per_node=2)
+    assert value_at(tree, "policy.model_name") == "Qwen/Qwen2.5-0.5B"
+    assert value_at(tree, "policy.optimizer.lr") == 3e-6
+    assert value_at(tree, "policy.scheduler") == {"warmup_steps": 5, "name": "cosine"}
+    assert value_at(tree, "policy.generation.temperature") == 0.7 and value_at(tree, "policy.generation.top_k") is None
+    assert value_at(tree, "algorithm.max_rollout_turns") == 3
+    assert value_at(tree, "eval") == {"every_n_steps": 4, "at_start": False, "num_samples": 2}
+    assert value_at(tree, "checkpointing") == {"enabled": True, "save_period": 20, "keep_last": 3}
+    assert value_at(tree, "algorithm.max_steps") == 30
+    assert value_at(tree, "cluster.gpus_per_node") == 2
+
+
+def test_data_and_environment_in_skyrls_layout():
+    tree = _get(data__train_data=["/d/train.parquet"], data__val_data="/d/val.parquet",
+                environment__env_class="text2sql", environment__skyrl_gym__text2sql__db_path="/db",
+                environment__skyrl_gym__search__topk=3)
+    assert value_at(tree, "data") == {
+        "train_files": ["/d/train.parquet"], "held_out_files": ["/d/val.parquet"], "env_name": "skyrl_gym",
+        "task": "dataset", "prompt_key": "prompt", "answer_key": "reward_spec.ground_truth",
+        "apply_chat_template": True}
+    assert value_at(tree, "env.skyrl_gym") == {"env_class": "text2sql", "env_config": {"db_path": "/db"}}
+
+
+def test_sft_entry_points_keys_at_the_top_level():
+    tree = _get("sft", model__path="Qwen/Qwen3-0.6B", optimizer_config__lr=1e-5, batch_size=8, num_steps=5,
+                max_length=1024, train_datasets=["/d/sft.parquet"], strategy="fsdp2")
+    assert value_at(tree, "algorithm") == {"name": "sft", "batch_size": 8, "max_steps": 5}
+    assert value_at(tree, "policy.model_name") == "Qwen/Qwen3-0.6B" and value_at(tree, "policy.optimizer.lr") == 1e-5
+    assert value_at(tree, "policy.max_seq_length") == 1024
+    assert value_at(tree, "data.train_files") == ["/d/sft.parquet"]
+    assert value_at(tree, "policy.dtensor_cfg.enabled") is True
+
+
+def test_the_strategy_switch_picks_the_backend_through_the_plugins_sections():
+    sections = {reg.id for reg, _ in lookup.table().sections}
+    if "skyrl.dtensor" in sections:
+        fsdp = _run(trainer__strategy="fsdp2", trainer__policy__fsdp_config__cpu_offload=True,
+                    trainer__policy__megatron_config__tensor_model_parallel_size=2)
+        assert value_at(fsdp.tree, "policy.dtensor_cfg") == {"enabled": True, "cpu_offload": True}
+        assert "megatron_cfg" not in fsdp.tree["policy"]  # the other engine's section is inert
+    if "skyrl.megatron" in sections:
+        megatron = _get(trainer__strategy="megatron", trainer__policy__megatron_config__tensor_model_parallel_size=2)
+        assert value_at(megatron, "policy.megatron_cfg") == {"enabled": True, "tensor_model_parallel_size": 2}
+    if "skyrl.vllm" in sections:
+        vllm = _get(generator__inference_engine__backend="vllm",
+                    generator__inference_engine__gpu_memory_utilization=0.5)
+        assert value_at(vllm, "policy.generation.backend") == "vllm"
+        assert value_at(vllm, "policy.generation.vllm_cfg.gpu_memory_utilization") == 0.5
+    with pytest.raises(ConfigErrors, match="no installed plugin runs it") as caught:
+        _run(trainer__strategy="horovod")
+    assert caught.value.errors[0].key == "trainer.strategy"
+
+
+def _validate(capsys: pytest.CaptureFixture[str], tmp_path: Path, *overrides: str) -> tuple[int, str]:
+    from corerl.cli import main
+
+    launch = tmp_path / "run.sh"
+    launch.write_text("#!/bin/bash\npython -m skyrl.train.entrypoints.main_base \\\n  "
+                      + " \\\n  ".join(overrides) + "\n")
+    code = main(["validate", "--recipe-only", str(launch)])
+    return code, capsys.readouterr().err
+
+
+def test_a_key_skyrl_does_not_have_is_one_line_with_a_did_you_mean(capsys, tmp_path):
+    line = refused_in_one_line(_validate(capsys, tmp_path, "trainer.strategy=fsdp2", "trainer.polcy.model.path=x"),
+                               "SkyRL has no such key", "did you mean trainer.policy.model.path?", "run.sh:4",
+                               key="trainer.polcy.model.path")
+    assert "trainer.polcy" in line
+
+
+@pytest.mark.parametrize(("override", "says"), [
+    ("generator.step_wise_trajectories=true", "step-wise trajectories"),
+    ("trainer.algorithm.policy_loss_type=sapo", "'sapo' policy loss is not built into corerl"),
+    ("trainer.algorithm.advantage_estimator=maxrl", "'maxrl' advantage estimator"),
+    ("trainer.algorithm.use_entropy_loss=true", "entropy bonus"),
+    ("trainer.resume_path=/ckpt", "resuming from a given checkpoint folder"),
+])
+def test_refusals_are_one_line_naming_the_key_and_the_feature(capsys, tmp_path, override, says):
+    refused_in_one_line(_validate(capsys, tmp_path, override), says, key=override.split("=")[0])
+
+
+def test_a_skyrl_key_without_a_rule_is_unknown_and_strict_refuses_it(monkeypatch):
+    from corerl.config.dialects.skyrl import keys
+
+    monkeypatch.delitem(keys.RULES, "trainer.project_name")  # a key SkyRL has, left without a rule
+    lookup._TABLES.clear()
+    try:
+        result = _run(trainer__project_name="p")
+        assert [(f.key, f.fate) for f in result.fates if f.key == "trainer.project_name"] == [
+            ("trainer.project_name", "unknown")]
+        with pytest.raises(ConfigErrors, match="a SkyRL key corerl does not know"):
+            _run(strict=True, trainer__project_name="p")
+    finally:
+        lookup._TABLES.clear()
+
+
+def test_the_table_covers_every_key_skyrls_configuration_has():
+    rl = [key for key in lookup.known_keys("main_base") if lookup.rule_for(key, "main_base") is None
+          and key not in lookup.table().switch_keys() and not any(k.startswith(key + ".") for k in
+                                                                    lookup.known_keys("main_base"))]
+    assert rl == []
+    sft = [key for key in lookup.known_keys("sft") if lookup.rule_for(key, "sft") is None
+           and key not in lookup.table().switch_keys() and not any(k.startswith(key + ".") for k in
+                                                                     lookup.known_keys("sft"))]
+    assert sft == []
+
+
+@pytest.mark.skipif(not CORPUS.is_dir(), reason="SkyRL's corpus (../shared/skyrl) is not here")
+def test_every_key_of_every_corpus_script_has_a_fate():
+    scripts = sorted(glob.glob(str(CORPUS / "**" / "*.sh"), recursive=True))
+    read, translated = 0, 0
+    for path in scripts:
+        try:
+            launch = script.read(path, environ={"HOME": "/home/u"})
+        except ConfigError:
+            continue  # not a training script (data, servers), or a shell form the reader refuses
+        read += 1
+        raw, origins = launch.tree()
+        try:
+            result = translate(raw, origins, True, None, launch.entry_point.id)
+        except ConfigErrors as errors:
+            assert all("no such key" not in error.message and "does not know" not in error.message
+                       for error in errors.errors), (path, errors)
+            continue
+        translated += 1
+        fated = {fate.key for fate in result.fates}
+        missing = [key for key, _ in lookup.leaves(raw) if key not in fated]
+        assert missing == [], (path, missing)
+    assert read >= 100 and translated >= 40, (read, translated)
