@@ -357,6 +357,19 @@ def _gpu_grpo_summary() -> str:
             + _table(rows) + "\n")
 
 
+SKYRL_GUIDE = DOCS / "migrating-from-skyrl.md"
+#: the line of docs/migrating-from-skyrl.md after which the generated table starts (the prose above it is written)
+SKYRL_TABLE_AFTER = "`python scripts/generate_docs.py` rewrites it).\n\n"
+
+
+def skyrl_guide(host: Any) -> str:
+    """docs/migrating-from-skyrl.md: its written prose, then SkyRL's key table as ``host``'s plugins have it."""
+    from corerl.config.dialects.skyrl.lookup import markdown_table
+
+    text = SKYRL_GUIDE.read_text()
+    return text[: text.index(SKYRL_TABLE_AFTER) + len(SKYRL_TABLE_AFTER)] + markdown_table(host)
+
+
 # -- writing and checking -------------------------------------------------------------------------
 
 def pages(host: Any) -> dict[Path, str]:
@@ -365,6 +378,7 @@ def pages(host: Any) -> dict[Path, str]:
     return {DOCS / "reference" / "configuration.md": configuration_page(host),
             DOCS / "reference" / "support-matrix.md": support_matrix_page(host, matrix),
             DOCS / "benchmarks.md": benchmarks_page(),
+            SKYRL_GUIDE: skyrl_guide(host),
             REPO / "README.md": readme_text(matrix)}
 
 

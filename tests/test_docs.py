@@ -82,6 +82,18 @@ def test_the_nemo_rl_migration_guide_ends_with_the_dialect_table_as_the_code_has
         "the guide's table differs from RULES: regenerate it with corerl.config.dialects.nemo_rl.markdown_table()")
 
 
+def test_the_skyrl_migration_guide_ends_with_the_dialect_table_as_the_code_has_it():
+    from corerl.config.dialects.skyrl.keys import RULES, SFT_RULES
+    from corerl.config.dialects.skyrl.lookup import markdown_table
+
+    guide = (REPO / "docs" / "migrating-from-skyrl.md").read_text()
+    missing = [key for key in RULES if f"| `{key}` |" not in guide] + [
+        key for key in SFT_RULES if f"| `{key}` (SFT) |" not in guide]
+    assert missing == [], f"keys of the SkyRL dialect's table missing from the guide: {missing}"
+    assert guide.endswith(markdown_table(_installed())), (
+        "the guide's table differs from the rules: run .venv/bin/python scripts/generate_docs.py")
+
+
 def test_every_public_plugin_api_name_is_documented_and_imports_no_engine():
     import subprocess
     import sys
