@@ -43,6 +43,8 @@ BENCHMARKS = {
     "plan_accuracy.py": ([*TINY, "--layouts", "deepspeed ZeRO-3", "--worlds", "2"], "plan_accuracy.json"),
     "train_step.py": (["--rows", "2", "--seq", "32", "--steps", "1", *TINY], "train_step.json"),
     "nemo_rl_recipes.py": ([str(REPO / "tests" / "data" / "nemo_rl")], "nemo_rl_recipes.json"),
+    # three launch scripts in SkyRL's shape (main_base, DAPO's script path, a data script counted apart)
+    "skyrl_recipes.py": ([str(REPO / "tests" / "data" / "skyrl")], "skyrl_recipes.json"),
     # its 2-rank layouts are the dtensor MoE world-2 class's engines (plugins/dtensor/tests/test_dtensor_moe.py)
     "moe.py": (["--hidden", "64", "--layers", "1", "--rows", "2", "--seq", "16", "--steps", "1", "--layouts",
                 "1 process"], "moe.json"),
