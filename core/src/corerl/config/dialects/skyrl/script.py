@@ -406,7 +406,6 @@ class _Shell:
         self.vars = dict(environ)
         self.exported = set(environ)
         self.training: tuple[EntryPoint, str, list[tuple[str, str]]] | None = None
-        self.training_where: str | None = None
         self.helpers: list[str] = []
         self.warnings: list[str] = []
         self.unrun: list[tuple[str, str]] = []  # (command substitution, where): what a marked word holds
