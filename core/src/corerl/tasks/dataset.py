@@ -1,12 +1,18 @@
 """The ``dataset`` task: prompts and answers from local JSONL or Parquet files (read with
 ``datasets``), the held-out split taken from ``data.held_out_files`` or cut off the end of
 the shuffled training rows.
+
+A prompt is a text or a conversation (a list of ``{"role", "content"}`` messages, as SkyRL's and
+NeMo RL's data files hold it), rendered with the chat template; the answer column may be a dotted
+path into a struct column (``reward_spec.ground_truth``). Rewards and environments see every
+column of the row as read, nested dicts included.
 """
 
 from __future__ import annotations
 
 import json
 import random
+from collections.abc import Mapping
 from itertools import islice
 from pathlib import Path
 from typing import Any
@@ -47,6 +53,53 @@ def as_list(value: str | list[str] | None) -> list[str]:
     if value is None:
         return []
     return [value] if isinstance(value, str) else list(value)
+
+
+def column_value(row: Mapping[str, Any], key: str) -> Any:
+    """Column ``key`` of ``row``; where no column has that name and ``key`` is a dotted path
+    (``reward_spec.ground_truth``), the value at that path in the row's nested dicts (a struct
+    column). A missing column or step raises ``KeyError(key)``."""
+    if key in row or "." not in key:
+        return row[key]
+    value: Any = row
+    for part in key.split("."):
+        if not isinstance(value, Mapping) or part not in value:
+            raise KeyError(key)
+        value = value[part]
+    return value
+
+
+def _get(row: Mapping[str, Any], key: str) -> Any:
+    """:func:`column_value`, None where the column or path is missing."""
+    try:
+        return column_value(row, key)
+    except KeyError:
+        return None
+
+
+def _top_column(row: Mapping[str, Any], key: str) -> str:
+    """The column ``key`` starts from: itself where the row has it, else its first dotted part."""
+    return key if key in row or "." not in key else key.split(".", 1)[0]
+
+
+def _path_gap(row: Mapping[str, Any], key: str) -> str | None:
+    """Where the dotted path ``key`` stops in ``row``, e.g. ``column 'reward_spec' has no field
+    'ground_truth' (it holds: method)``; None where it reaches a value (None included) or the row
+    lacks its first column (a missing value, as a missing column is)."""
+    if key in row or "." not in key:
+        return None
+    first, *rest = key.split(".")
+    value, done = row.get(first), [first]
+    for part in rest:
+        if value is None:
+            return None  # a null struct: the value is missing
+        where = f"column {first!r}" if len(done) == 1 else f"{'.'.join(done)!r}"
+        if not isinstance(value, Mapping):
+            return f"{where} holds a {type(value).__name__}, not a struct with a field {part!r}"
+        if part not in value:
+            return f"{where} has no field {part!r} (it holds: {', '.join(map(str, value)) or 'nothing'})"
+        value, done = value[part], [*done, part]
+    return None
 
 
 def _read_jsonl(path: Path, key: str) -> list[dict[str, Any]]:
@@ -211,11 +264,38 @@ def placed_prompt(row: dict[str, Any], prompt_key: str, image_key: str) -> tuple
     images (the image column's, then the messages' image parts)."""
     where, prompt = row[ORIGIN], row[prompt_key]
     images = as_images(row.get(image_key))
+    if isinstance(prompt, Mapping):
+        raise ConfigError(f"{where}: column {prompt_key!r} (data.prompt_key) holds a struct, not a text or a list "
+                          "of chat messages", key="data.prompt_key",
+                          hint="give the prompt as text or as [{'role': 'user', 'content': ...}, ...]")
     if isinstance(prompt, list):  # chat messages, perhaps with image parts
+        check_conversation(prompt, where, prompt_key)
         messages, parts = message_text(prompt, where)
         images += parts
         return place_messages(messages, len(images)), images
     return place_images(str(prompt), len(images)), images
+
+
+def check_conversation(messages: list[Any], where: str, prompt_key: str) -> None:
+    """Refuse, naming the row (``where``: file and row), a chat-message prompt in the wrong
+    layout: no messages, a message that is not a ``{"role", "content"}`` object, a role that is
+    not a text."""
+    column = f"column {prompt_key!r} (data.prompt_key)"
+    hint = "give chat messages as [{'role': 'system' | 'user' | 'assistant', 'content': ...}, ...]"
+    if not messages:
+        raise ConfigError(f"{where}: {column} holds no messages", key="data.prompt_key", hint=hint)
+    for index, message in enumerate(messages):
+        if not isinstance(message, Mapping):
+            raise ConfigError(f"{where}: message {index} of {column} is a {type(message).__name__}, not a "
+                              "{'role', 'content'} object", key="data.prompt_key", hint=hint)
+        missing = [k for k in ("role", "content") if message.get(k) is None]
+        if missing:
+            raise ConfigError(f"{where}: message {index} of {column} has no {' or '.join(map(repr, missing))} "
+                              f"(it holds: {', '.join(k for k, v in message.items() if v is not None) or 'nothing'})",
+                              key="data.prompt_key", hint=hint)
+        if not isinstance(message["role"], str):
+            raise ConfigError(f"{where}: message {index} of {column} has the role {message['role']!r}, not a text",
+                              key="data.prompt_key", hint=hint)
 
 
 def text_only_policy(where: str, count: int, image_key: str) -> ConfigError:
@@ -227,10 +307,11 @@ def text_only_policy(where: str, count: int, image_key: str) -> ConfigError:
 
 
 def _exact_answer_in(column: str) -> Any:
-    """The built-in ``exact_answer`` reward reading the answer from ``column`` (``data.answer_key``)."""
+    """The built-in ``exact_answer`` reward reading the answer from ``column`` (``data.answer_key``:
+    a column, or a dotted path into a struct column)."""
 
     def exact_answer_in_column(completion: str, example: Any) -> float:
-        return exact_answer(completion, {"answer": example[column]})
+        return exact_answer(completion, {"answer": column_value(example, column)})
 
     return exact_answer_in_column
 
@@ -268,11 +349,19 @@ def check_columns(rows: list[dict[str, Any]], columns: dict[str, str], key: str,
         raise ConfigError(f"{', '.join(files)} holds no rows", key=key, hint="give a file with at least one example")
     present = sorted(c for c in rows[0] if c not in _INTERNAL)
     for setting, column in columns.items():
-        if column not in rows[0]:
-            raise ConfigError(f"column {column!r} (data.{setting}) is not in {', '.join(files)}; columns: {', '.join(present)}",
-                              key=f"data.{setting}", hint=f"set data.{setting} to one of: {', '.join(present)}")
+        top = _top_column(rows[0], column)
+        if top not in rows[0]:
+            named = f"column {column!r} (data.{setting})" if top == column else f"column {top!r} (data.{setting}={column})"
+            raise ConfigError(f"{named} is not in {', '.join(files)}; columns: {', '.join(present)}",
+                              key=f"data.{setting}", hint=f"set data.{setting} to one of: {', '.join(present)}"
+                                                          + (" (a struct column's field as column.field)" if setting == "answer_key" else ""))
         for row in rows:
-            if row.get(column) is None:
+            gap = _path_gap(row, column)
+            if gap is not None:
+                raise ConfigError(f"{row[ORIGIN]}: {gap}, which data.{setting}={column} reads", key=f"data.{setting}",
+                                  hint=f"give every row of {', '.join(files)} that field, or set data.{setting} to the "
+                                       "path of the row's answer")
+            if _get(row, column) is None:
                 raise ConfigError(f"{row[ORIGIN]} has no {column!r} (data.{setting})", key=key,
                                   hint="give every row that column, or remove the row")
 
@@ -379,7 +468,7 @@ class DatasetTask:
         the file the row is in)."""
         where = row[ORIGIN]
         placed, images = placed_prompt(row, self.prompt_key, self.image_key)
-        ids, text = self._encode_messages(placed) if isinstance(placed, list) else self._encode(placed)
+        ids, text = self._encode_messages(placed, where) if isinstance(placed, list) else self._encode(placed)
         if images:
             if self.images is None:
                 raise text_only_policy(where, len(images), self.image_key)
@@ -392,12 +481,21 @@ class DatasetTask:
         check_prompt_fits(ids, self.max_prompt_tokens, where, ", or shorten or remove that row")
         return ids, text
 
-    def _encode_messages(self, messages: list[dict[str, str]]) -> tuple[list[int], str]:
-        """A chat-format prompt's ids: through the chat template where the task uses one, else the
-        messages' contents, one paragraph each."""
+    def _encode_messages(self, messages: list[dict[str, str]], where: str) -> tuple[list[int], str]:
+        """A chat-format prompt's ids: the conversation (after the system prompt, when set) through
+        the chat template where the task uses one, the model's turn starting after it; else the
+        messages' contents, one paragraph each. A conversation the template refuses to render
+        (roles out of order, a role it does not know) is refused naming the row (``where``)."""
         if self.chat_template:
             system = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
-            text = chat_text(self.tokenizer, [*system, *messages], prompt=True)
+            try:
+                text = chat_text(self.tokenizer, [*system, *messages], prompt=True)
+            except Exception as exc:  # the template's own refusal (jinja's raise_exception), kept as the cause
+                roles = ", ".join(m["role"] for m in [*system, *messages])
+                raise ConfigError(f"{where}: the chat template cannot render the prompt's conversation (roles: {roles}): "
+                                  f"{first_line(exc)}", key="data.prompt_key",
+                                  hint="give messages with the roles, in the order, the model's chat template takes, or another "
+                                       "template with policy.chat_template") from exc
             return encode_text(self.tokenizer, text), text
         return self._encode("\n\n".join(m["content"] for m in messages))
 
@@ -411,10 +509,11 @@ class DatasetTask:
     def demonstrations(self, count: int) -> list[tuple[list[int], list[int]]]:
         pairs = []
         for row in self._draw(count):
-            if self.response_key not in row:
+            response_text = _get(row, self.response_key)
+            if response_text is None:
                 raise ConfigError(f"SFT needs column {self.response_key!r} (data.response_key)", key="data.response_key",
-                                  hint=f"set data.response_key to one of: {', '.join(sorted(set(row) - {ORIGIN}))}")
-            response = list(self.tokenizer.encode(" " + str(row[self.response_key]), add_special_tokens=False))
+                                  hint=f"set data.response_key to one of: {', '.join(sorted(set(row) - set(_INTERNAL)))}")
+            response = list(self.tokenizer.encode(" " + str(response_text), add_special_tokens=False))
             pairs.append((self._prompt_of(row), [*response, self.tokenizer.eos_token_id]))
         return pairs
 

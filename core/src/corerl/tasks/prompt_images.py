@@ -7,7 +7,8 @@ A row gives its images in two ways:
   or ``<image>``); a text without placeholders gets them all in front;
 - a chat-format prompt (a list of messages) whose ``content`` holds parts
   ``{"type": "image", "image": ...}`` and ``{"type": "text", "text": ...}``, as chat templates
-  and NeMo RL's VLM data take them: each image part becomes a placeholder where it stands.
+  and NeMo RL's VLM data take them (or ``{"type": "image_url", "image_url": {"url": ...}}``, the
+  OpenAI form SkyRL's data files write): each image part becomes a placeholder where it stands.
 
 An image is a path (relative to the data file's folder), bytes, base64 text or a data URL
 (:func:`corerl.models.vision.decode_image`).
@@ -49,11 +50,15 @@ def message_text(messages: Sequence[Any], where: str) -> tuple[list[dict[str, st
                 if kind == "image":
                     pieces.append(IMAGE_PLACEHOLDER)
                     images.append(part.get("image", part.get("url", part.get("path"))))
+                elif kind == "image_url":  # the OpenAI form (SkyRL's data): {"image_url": {"url": ...}}
+                    pieces.append(IMAGE_PLACEHOLDER)
+                    url = part.get("image_url")
+                    images.append(url.get("url") if isinstance(url, dict) else url)
                 elif kind == "text":
                     pieces.append(str(part.get("text", "")))
                 else:
                     raise ConfigError(f"{where}: message {index} has a content part of type {kind!r}",
-                                      key="data.prompt_key", hint="content parts are {'type': 'text'} or {'type': 'image'}")
+                                      key="data.prompt_key", hint="content parts are {'type': 'text'}, {'type': 'image'} or {'type': 'image_url'}")
             content = " ".join(pieces)
         flat.append({"role": str(message["role"]), "content": str(content or "")})
     return flat, images
