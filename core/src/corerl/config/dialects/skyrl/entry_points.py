@@ -95,7 +95,6 @@ ENTRY_POINTS: tuple[EntryPoint, ...] = (
 NOT_TRAINING = {
     "skyrl.train.entrypoints.serve": "SkyRL's inference server",
     "skyrl.tinker.api": "SkyRL's Tinker API server",
-    "vllm.entrypoints.openai.api_server": "vLLM's server",
 }
 
 _BY_MODULE = {e.module: e for e in ENTRY_POINTS}
