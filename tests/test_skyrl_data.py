@@ -226,3 +226,15 @@ def test_grpo_trains_on_a_skyrl_parquet_file(tmp_path):
     trained = [value for split, value in scored if split == "train"]
     assert sum(m["reward/mean"] for m in metrics) * 16 == sum(trained) > 0  # the metrics are those rewards
     assert max(m["grad_norm"] for m in metrics) > 0  # rewards that differ within a group: the policy moves
+
+
+def test_image_url_parts_are_image_parts():
+    """SkyRL's vision-language rows (geometry_3k_dataset.py) give images as OpenAI image_url parts."""
+    from corerl.models.vision import IMAGE_PLACEHOLDER
+    from corerl.tasks.prompt_images import message_text
+
+    url = "data:image/png;base64,AAAA"
+    messages = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}},
+                                             {"type": "text", "text": "w1 ?"}]}]
+    assert message_text(messages, "train.parquet row 1") == ([{"role": "user", "content": f"{IMAGE_PLACEHOLDER} w1 ?"}],
+                                                               [url])

@@ -374,8 +374,10 @@ class DataConfig:
                                                           "training; unset: a quarter of the rows, at most 32")
     max_train_rows: int | None = setting(None, min=1, help="dataset and preferences tasks: read only the first N rows "
                                          "of train_files, in file order, before the held-out cut; unset: every row")
-    prompt_key: str = setting("prompt", help="dataset task: the prompt column")
-    answer_key: str = setting("answer", help="dataset task: the answer column (rewards read it)")
+    prompt_key: str = setting("prompt", help="dataset task: the prompt column: a text, or chat messages "
+                                             "[{role, content}, ...] rendered as a conversation by the chat template")
+    answer_key: str = setting("answer", help="dataset task: the answer column (rewards read it), or a dotted path into "
+                                             "a struct column: reward_spec.ground_truth")
     response_key: str | None = setting(None, help="dataset task: the SFT response column; unset: answer_key")
     image_key: str = setting("images", help="dataset task: the column of a row's images (one or a list: paths "
                                             "relative to the data file, bytes, or base64 text), each placed at an "
