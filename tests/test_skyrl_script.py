@@ -266,10 +266,11 @@ def test_every_corpus_script_is_read_or_refused_in_one_line_for_a_stated_reason(
 
 def test_validate_explains_what_each_key_of_a_script_does(tmp_path, capsys):
     path = _script(tmp_path, ': "${BATCH:=512}"\nuv run --isolated --extra fsdp -m skyrl.train.entrypoints.main_base \\\n'
+                             "  trainer.policy.model.path=Qwen/Qwen2.5-0.5B-Instruct \\\n"
                              "  trainer.train_batch_size=$BATCH \\\n  trainer.logger=console \\\n  $@\n", "launch")
     assert main(["validate", "--recipe-only", "--explain", "--dialect", "skyrl", str(path), "trainer.seed=3"]) == 0
     out = capsys.readouterr().out
     assert "(skyrl dialect)" in out and "trainer.train_batch_size -> algorithm.batch_size" in out
     assert "trainer.logger: " in out  # inert, with its reason
-    code = main(["validate", "--recipe-only", "--preset", "quick", str(path)])
+    code = main(["validate", "--recipe-only", "--dialect", "skyrl", "--preset", "quick", str(path)])
     refused_in_one_line((code, capsys.readouterr().err), "--preset lays a preset over a corerl recipe")
