@@ -90,7 +90,7 @@ def _build(host: PluginHost, registrations: list[DialectSection]) -> Table:
     absent = {}
     for plugin in FIRST_PARTY:
         why = _not_loaded(host, plugin)
-        for section in plugin.sections if why else ():
+        for section in [s for s in plugin.sections if s.startswith("policy.")] if why else ():  # the engines'
             mirrors = (section, "value." + section[len("policy."):]) if section.count(".") == 1 else (section,)
             absent.update({s: f"{why}; it translates NeMo RL's {section}" for s in mirrors if s not in owned})
     return Table(rules, switched, unsupported, tuple(opaque), tuple(frozen), tuple(critic), sections, absent)
