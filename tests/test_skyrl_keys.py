@@ -243,3 +243,31 @@ def test_every_key_of_every_corpus_script_has_a_fate():
         missing = [key for key, _ in lookup.leaves(raw) if key not in fated]
         assert missing == [], (path, missing)
     assert read >= 100 and translated >= 40, (read, translated)
+
+
+def test_importance_sampling_masks_splits_and_sharding():
+    geometric = _get(trainer__algorithm__off_policy_correction__sequence_mask_metric="geometric",
+                     trainer__algorithm__off_policy_correction__geo_mask_low=0.98)
+    assert value_at(geometric, "algorithm.importance_sampling_type") == "seq-mask-tis"
+    assert (value_at(geometric, "algorithm.importance_weight_min"),
+            value_at(geometric, "algorithm.importance_weight_cap")) == (0.98, 1.01)
+    with pytest.raises(ConfigErrors, match="together with a geometric sequence mask"):
+        _run(trainer__algorithm__off_policy_correction__sequence_mask_metric="geometric",
+             trainer__algorithm__off_policy_correction__tis_ratio_type="token")
+    assert value_at(_get("sft", train_datasets=["/d"], train_dataset_splits=["train[:100]"]),
+                    "data.max_train_rows") == 100
+    if "skyrl.dtensor" in {reg.id for reg, _ in lookup.table().sections}:
+        _run(trainer__strategy="fsdp2", trainer__placement__policy_num_gpus_per_node=4,
+             trainer__policy__fsdp_config__fsdp_size=4)  # every worker: FSDP's own sharding
+        with pytest.raises(ConfigErrors, match="hybrid sharding"):
+            _run(trainer__strategy="fsdp2", trainer__placement__policy_num_gpus_per_node=4,
+                 trainer__policy__fsdp_config__fsdp_size=2)
+
+
+def test_an_entry_point_adding_code_corerl_lacks_is_refused_and_async_schedules_act():
+    with pytest.raises(ConfigErrors, match="adds a custom policy loss"):
+        _run("custom_policy_loss")
+    with pytest.raises(ConfigErrors, match="only generates"):
+        _run("generate")
+    assert value_at(_get("async"), "algorithm.async") == {"enabled": True, "max_staleness": 1}
+    assert value_at(_get("dapo_fully_async"), "algorithm.async.enabled") is True

@@ -6,10 +6,12 @@ imported here."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from corerl.sdk import Rule, SectionRules
 
 acts, inert, refused = Rule.acts, Rule.inert, Rule.refused
-_PERF = Rule.PERF
+_PERF = "a memory or speed switch of SkyRL's: the same updates; corerl leaves the choice to its backend"
 
 _WRAP = "corerl's dtensor backend wraps each decoder layer"
 _PRECISION = "corerl's dtensor backend computes in policy.precision (SkyRL: bf16 parameters, fp32 reductions)"
@@ -21,9 +23,8 @@ def _section(prefix: str, target: str | None) -> dict[str, Rule]:
     return {
         f"{prefix}.cpu_offload": offload,
         f"{prefix}.reshard_after_forward": inert(_PERF),
-        f"{prefix}.fsdp_size": inert("-1: shard over every worker (corerl's FSDP shards over the data-parallel "
-                                     "workers; hybrid sharding is policy.dtensor_cfg.dp_replicate_size)",
-                                     lambda value: value not in (-1, None)),
+        f"{prefix}.fsdp_size": Rule.derived("-1 or every worker: shard over every worker, as corerl's FSDP does; "
+                                            "a smaller group (hybrid sharding) is refused"),
         f"{prefix}.mixed_precision.*": inert(_PRECISION),
         f"{prefix}.mixed_precision": inert(_PRECISION),
         f"{prefix}.wrap_policy.*": inert(_WRAP),
@@ -42,7 +43,25 @@ RULES: dict[str, Rule] = {
     **_section("fsdp_config", "policy.dtensor_cfg.cpu_offload"),
 }
 
+def derived(raw: dict[str, Any], out: Any) -> None:
+    """``fsdp_size``: -1, or the policy's whole worker count (the same sharding), is inert; a
+    smaller sharding group (hybrid sharding) is refused."""
+    nodes = out.value("trainer.placement.policy_num_nodes") or 1
+    gpus = out.value("trainer.placement.policy_num_gpus_per_node") or out.value("placement.num_gpus_per_node") or 1
+    for prefix in ("trainer.policy", "trainer.ref", "trainer.critic", ""):
+        key = f"{prefix}.fsdp_config.fsdp_size".lstrip(".")
+        size = out.value(key)
+        if size is None or any(f.key == key for f in out.fates):
+            continue  # unset, or another engine's section (already inert in this script)
+        if size in (-1, nodes * gpus):
+            out.inert(key, f"{size}: shard over every worker ({nodes * gpus}), as corerl's FSDP does")
+        else:
+            out.refuse(key, f"sharding over {size} of the {nodes * gpus} workers (hybrid sharding) is not built into "
+                            "corerl's SkyRL translation", "set it to -1 (shard over every worker)")
+
+
 SECTION = SectionRules(
     rules=RULES,
+    derived=derived,
     claims={"trainer.strategy": ("fsdp", "fsdp2", None), "strategy": ("fsdp", "fsdp2")},
 )

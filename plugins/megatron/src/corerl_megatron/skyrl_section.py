@@ -10,7 +10,8 @@ from typing import Any
 from corerl.sdk import Rule, SectionRules
 
 acts, inert, refused = Rule.acts, Rule.inert, Rule.refused
-_truthy, _not, _PERF = Rule.truthy, Rule.other_than, Rule.PERF
+_truthy, _not = Rule.truthy, Rule.other_than
+_PERF = "a memory or speed switch of SkyRL's: the same updates; corerl leaves the choice to its backend"
 
 _CKPT = "Megatron's distributed-checkpoint settings; corerl saves its own checkpoints"
 
@@ -52,8 +53,12 @@ def _policy(prefix: str) -> dict[str, Rule]:
         f"{prefix}.hf_export_config.*": inert("corerl exports Hugging Face checkpoints with `corerl export`"),
         f"{prefix}.lora_config.lora_type": inert("PEFT-style LoRA (policy.lora)", _not("lora")),
         f"{prefix}.lora_config.merge_lora": acts("checkpointing.merge_lora_on_export"),
-        f"{prefix}.optimizer_config_kwargs.*": refused("Megatron optimizer arguments (CPU offload of the optimizer, "
-                                                       "precision-aware optimizer) are not passed by corerl"),
+        **{f"{prefix}.optimizer_config_kwargs.{key}": inert(_PERF) for key in (
+            "optimizer_cpu_offload", "optimizer_offload_fraction", "overlap_cpu_optimizer_d2h_h2d")},
+        f"{prefix}.optimizer_config_kwargs.use_precision_aware_optimizer": Rule.inert_with_warning(
+            "corerl's megatron optimizer keeps its states in fp32: the updates of full precision, with more memory",
+            _truthy),
+        f"{prefix}.optimizer_config_kwargs.*": refused("a Megatron optimizer argument corerl does not pass"),
         f"{prefix}.transformer_config_kwargs.num_layers_in_last_pipeline_stage": acts(
             to + "num_layers_in_last_pipeline_stage"),
         f"{prefix}.transformer_config_kwargs.num_layers_in_first_pipeline_stage": acts(

@@ -8,7 +8,8 @@ from __future__ import annotations
 from corerl.sdk import Rule, SectionRules
 
 acts, inert, refused = Rule.acts, Rule.inert, Rule.refused
-_truthy, _not, _PERF = Rule.truthy, Rule.other_than, Rule.PERF
+_truthy, _not = Rule.truthy, Rule.other_than
+_PERF = "a memory or speed switch of SkyRL's: the same updates; corerl leaves the choice to its backend"
 
 _E = "generator.inference_engine."
 _TO = "policy.generation.vllm_cfg."

@@ -239,6 +239,7 @@ def _importance_sampling(keys: _Keys, out: Translator) -> None:
                    "use token, or remove the key")
     elif keys.given(cap_key):
         out.inert(cap_key, "used only with tis_ratio_type token")
+    _sequence_mask(keys, out, kind)
     if keys(_A + "use_tis"):
         out.put(_A + "use_tis", "algorithm.importance_sampling_correction", True)
         cap = keys(_A + "tis_imp_ratio_cap")
@@ -271,6 +272,10 @@ def _dapo(keys: _Keys, out: Translator) -> None:
 
 def _asynchronous(keys: _Keys, out: Translator, entry_point: str) -> None:
     key = "trainer.fully_async.enabled"
+    if entry_point == "async":  # one step off-policy: generation runs a step ahead of training
+        set_at(out.tree, "algorithm.async.enabled", True)
+        set_at(out.tree, "algorithm.async.max_staleness", 1)
+        out.new_origins["algorithm.async.enabled"] = "SkyRL's async entry point (one step off-policy)"
     if entry_point == "fully_async" or keys(key):
         if entry_point != "fully_async":
             out.refuse(key, "trainer.fully_async.enabled runs only with SkyRL's fully_async entry point",
@@ -388,6 +393,7 @@ def derive_sft(raw: dict[str, Any], out: Translator) -> None:
         if not keys.given("messages_key"):
             set_at(out.tree, "data.prompt_key", "messages")
         out.new_origins["data.task"] = "skyrl dialect (SkyRL's SFT rows: chat messages)"
+    _splits(keys, out)
     if keys.given("num_epochs"):
         out.inert("num_epochs", "num_steps is given" if keys.given("num_steps") else
                   "corerl runs algorithm.max_steps steps (give num_steps)")
@@ -417,3 +423,51 @@ def _lora(keys: _Keys, out: Translator, key: str) -> None:
         set_at(out.tree, "policy.lora.enabled", True)
     elif keys.given(key):
         out.inert(key, "0: no LoRA (the whole model trains)")
+
+
+def _sequence_mask(keys: _Keys, out: Translator, token_tis: Any) -> None:
+    """SkyRL's geometric sequence mask: corerl's ``seq-mask-tis`` (a sequence whose geometric-mean
+    ratio lies outside [geo_mask_low, geo_mask_high] is left out; its tokens keep their ratios)."""
+    key = _A + "off_policy_correction.sequence_mask_metric"
+    metric = keys(key)
+    bounds = [_A + "off_policy_correction.geo_mask_low", _A + "off_policy_correction.geo_mask_high"]
+    if metric == "geometric" and token_tis is None:
+        out.put(key, "algorithm.importance_sampling_correction", True,
+                "algorithm.importance_sampling_type seq-mask-tis")
+        set_at(out.tree, "algorithm.importance_sampling_type", "seq-mask-tis")
+        for source, target, default in zip(bounds, ("algorithm.importance_weight_min",
+                                                    "algorithm.importance_weight_cap"), (0.99, 1.01)):
+            _put(out, keys, source, target, keys(source) if keys.given(source) else default)
+        return
+    if metric == "geometric":
+        out.refuse(key, "token-level TIS together with a geometric sequence mask is not built into corerl (either "
+                        "alone is)", "set tis_ratio_type=null or sequence_mask_metric=null")
+    elif metric is not None:
+        out.refuse(key, f"the {metric!r} sequence mask is not built into corerl (geometric is)", "use geometric")
+    for source in bounds:
+        if keys.given(source):
+            out.inert(source, "used only with sequence_mask_metric geometric")
+
+
+def _splits(keys: _Keys, out: Translator) -> None:
+    """SFT's ``train_dataset_splits``: a Hugging Face split slice; its first rows (``train[:N]``)
+    are corerl's ``data.max_train_rows``."""
+    import re
+
+    splits = keys("train_dataset_splits")
+    if not keys.given("train_dataset_splits"):
+        return
+    if splits is None:
+        out.inert("train_dataset_splits", "null: the whole files")
+        return
+    found = [re.fullmatch(r"\w+(\[:(\d+)\])?", str(split)) for split in (
+        [splits] if isinstance(splits, str) else splits)]
+    if len(found) == 1 and found[0] is not None:
+        rows = found[0].group(2)
+        if rows is None:
+            out.inert("train_dataset_splits", "a whole split: corerl reads the whole files")
+        else:
+            out.put("train_dataset_splits", "data.max_train_rows", int(rows), "data.max_train_rows (the first rows)")
+        return
+    out.refuse("train_dataset_splits", f"{splits!r}: a split slice other than one split's first rows is not "
+                                       "built into corerl", "give one split, as train or train[:N]")

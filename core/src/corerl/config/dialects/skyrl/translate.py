@@ -59,8 +59,11 @@ def translate(raw: dict[str, Any], origins: dict[str, str], strict: bool = False
     """Translate the nested tree of a SkyRL script's overrides (``entry_point``: which of SkyRL's
     entry points the script starts); every refusal is reported together (exit 2)."""
     found = lookup.table(host)
-    entry_point = _canonical(entry_point)
     out = _SkyRLTranslator(dict(origins), raw, host)
+    refused_entry = _refused_entry_point(entry_point)
+    if refused_entry is not None:
+        out.errors.append(refused_entry)
+    entry_point = _canonical(entry_point)
     chosen: dict[str, Any] = {}  # engine section id -> the switch key that chose it
     inert_sections: dict[int, str] = {}  # id(section) -> why its keys are inert in this script
     known = set(lookup.known_keys(entry_point, host))
@@ -120,20 +123,43 @@ def translate(raw: dict[str, Any], origins: dict[str, str], strict: bool = False
     return Translation(out.tree, out.new_origins, out.fates, out.warnings)
 
 
-def _canonical(entry_point: str) -> str:
-    """The entry point's family where it decides the layout or the algorithm (an example's own SFT
-    entry point is ``sft``, a fully asynchronous one ``fully_async``), else its id."""
+def _entry(entry_point: str) -> Any:
+    """H1a's record of the entry point (None: an id the module does not list, taken as it is)."""
     from corerl.config.dialects.skyrl import entry_points
 
     try:
-        family = entry_points.by_id(entry_point).family
-    except Exception:  # an id the module does not list: taken as it is
-        family = None
-    if family == "sft":
+        return entry_points.by_id(entry_point)
+    except Exception:  # noqa: BLE001  (an id the module does not list)
+        return None
+
+
+def _canonical(entry_point: str) -> str:
+    """The entry point as the translation reads it: ``sft`` for the SFT family (its top-level
+    layout), ``on_policy_distillation`` for distillation, ``fully_async`` for a fully
+    asynchronous schedule, ``async`` for the one-step off-policy one, else the id itself."""
+    entry = _entry(entry_point)
+    if entry is None:
+        return entry_point
+    if entry.family == "sft":
         return lookup.SFT
-    if family == "distillation":
+    if entry.family == "distillation":
         return "on_policy_distillation"
-    return "fully_async" if "fully_async" in entry_point else entry_point
+    return entry.schedule if entry.schedule in ("fully_async", "async") else entry_point
+
+
+def _refused_entry_point(entry_point: str) -> ConfigError | None:
+    """The one line for an entry point whose module adds code corerl does not have, or that trains nothing."""
+    entry = _entry(entry_point)
+    if entry is None:
+        return None
+    if entry.family == "generate":
+        return ConfigError(f"SkyRL's {entry.id} entry point ({entry.module}) only generates: it trains nothing",
+                           hint="start a training entry point (skyrl.train.entrypoints.main_base, ...)")
+    if entry.adds:
+        return ConfigError(f"SkyRL's {entry.id} entry point ({entry.module}) adds {entry.adds}, which corerl does "
+                           "not have", hint="start skyrl.train.entrypoints.main_base with the same keys, or use a "
+                                            "corerl plugin that provides it")
+    return None
 
 
 def _apply(out: _SkyRLTranslator, path: str, value: Any, rule: Any, name: str | None) -> None:

@@ -54,10 +54,15 @@ RULES: dict[str, Rule] = {
                                                                     "algorithm.importance_weight_cap"),
     _A + "off_policy_correction.sequence_tis_ratio_clip_high": inert(
         "used only with tis_ratio_type sequence (refused)"),
-    _A + "off_policy_correction.sequence_mask_metric": inert(
-        _OFF + " (masking sequences by their importance ratio)", lambda v: v is not None),
-    **{_A + f"off_policy_correction.{key}": inert("used only with sequence_mask_metric (refused)")
-       for key in ("geo_mask_high", "geo_mask_low", "product_mask_high", "product_mask_low")},
+    _A + "off_policy_correction.sequence_mask_metric": derived(
+        "geometric (without token TIS): algorithm.importance_sampling_type seq-mask-tis, bounded by geo_mask_low "
+        "and geo_mask_high; product, or geometric with tis_ratio_type token, is refused"),
+    _A + "off_policy_correction.geo_mask_low": derived("with sequence_mask_metric geometric: "
+                                                       "algorithm.importance_weight_min"),
+    _A + "off_policy_correction.geo_mask_high": derived("with sequence_mask_metric geometric: "
+                                                        "algorithm.importance_weight_cap"),
+    **{_A + f"off_policy_correction.{key}": inert("used only with sequence_mask_metric product (refused)")
+       for key in ("product_mask_high", "product_mask_low")},
     **{_A + f"off_policy_correction.{key}": inert(_OFF + " (masking outlier tokens by their importance ratio)",
                                                   lambda v: v is not None)
        for key in ("outlier_token_is_threshold_low", "outlier_token_is_threshold_high",

@@ -5,7 +5,9 @@ dialect="skyrl")``), which also claims the engine's ``generator.inference_engine
 
 from __future__ import annotations
 
-from corerl.config.dialects.rules import _PERF, Rule, _not, _truthy, acts, derived, inert, refused
+from corerl.config.dialects.rules import Rule, _not, _truthy, acts, derived, inert, refused
+
+_PERF = "a memory or speed switch of SkyRL's: the same updates; corerl leaves the choice to its backend"
 
 _G = "generator."
 _E = "generator.inference_engine."

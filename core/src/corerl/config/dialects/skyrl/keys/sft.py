@@ -4,7 +4,9 @@ what an RL key does take that key's rule (:data:`ALIASES`: ``model.path`` is
 
 from __future__ import annotations
 
-from corerl.config.dialects.rules import _PERF, Rule, _truthy, acts, derived, inert, refused
+from corerl.config.dialects.rules import Rule, _truthy, acts, derived, inert, refused
+
+_PERF = "a memory or speed switch of SkyRL's: the same updates; corerl leaves the choice to its backend"
 
 _LOG = "SkyRL's logging and bookkeeping; corerl logs each step's metrics under run.output_dir"
 _OFF = "a switch SkyRL leaves off by default; corerl has no such feature, so only false is accepted"
@@ -33,7 +35,8 @@ RULES: dict[str, Rule] = {
     "dataset_name": derived("data.hub_dataset"),
     "eval_datasets": derived("local files: data.held_out_files"),
     "eval_dataset_name": derived("data.hub_dataset's held-out split"),
-    "train_dataset_splits": inert("corerl reads the whole files given (one split each)", _truthy),
+    "train_dataset_splits": derived("one split's first rows (train[:N]): data.max_train_rows N; another slice "
+                                    "is refused"),
     "dataset_split": inert("corerl reads the dataset's train split"),
     "eval_dataset_splits": inert("corerl reads the whole held-out files", _truthy),
     "eval_dataset_split": inert("corerl holds out rows of the files given"),

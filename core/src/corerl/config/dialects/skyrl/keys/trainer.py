@@ -7,7 +7,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from corerl.config.dialects.rules import _PERF, DERIVED, Rule, _truthy, acts, derived, inert, refused
+from corerl.config.dialects.rules import DERIVED, Rule, _truthy, acts, derived, inert, refused
+
+_PERF = "a memory or speed switch of SkyRL's: the same updates; corerl leaves the choice to its backend"
 
 _T = "trainer."
 _LOG = "SkyRL's logging and bookkeeping; corerl logs each step's metrics under run.output_dir"
