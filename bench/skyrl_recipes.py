@@ -89,7 +89,16 @@ def validate(path: Path, environ: dict[str, str]) -> tuple[bool, str]:
 def refusal_key(reason: str) -> str:
     """What a refusal names first: its key (``trainer.strategy``), else its opening words."""
     head = reason.split(":")[0]
-    return head if re.fullmatch(r"[\w.\-\[\]]+", head) else " ".join(head.split()[:6])
+    if re.fullmatch(r"[\w.\-\[\]]+", head):
+        return head
+    entry = re.match(r"SkyRL's (\w+) entry point", reason)  # refused for the code its module adds
+    return f"the {entry.group(1)} entry point" if entry else " ".join(head.split()[:6])
+
+
+def first_refusals(rows: list[dict[str, Any]]) -> collections.Counter[str]:
+    """The key each refused script's first refusal names (not for want of a GPU), counted."""
+    return collections.Counter(refusal_key(row["reason"]) for row in rows
+                               if not row["accepted"] and not machine_only(row["reason"]))
 
 
 def counts(rows: list[dict[str, Any]]) -> dict[str, int]:
@@ -132,15 +141,19 @@ def main(argv: list[str] | None = None) -> int:
 
     console = make_console()
     table = Table(title=f"corerl validate --recipe-only on SkyRL's launch scripts in {args.checkout}")
-    for column in ("entry point", "scripts", "accepted", "refused: no GPU here", "refused", "accepted or GPU-only %"):
-        table.add_column(column, justify="left" if column == "entry point" else "right")
+    for column in ("entry point", "scripts", "accepted", "refused: no GPU here", "refused", "accepted or GPU-only %",
+                   "first refusals by key"):
+        table.add_column(column, justify="left" if column in ("entry point", "first refusals by key") else "right",
+                         overflow="fold")
     every = [row for rows in by_entry.values() for row in rows]
     order = sorted(by_entry, key=lambda name: (-len(by_entry[name]), name))
     for label, rows in [*((name, by_entry[name]) for name in order), ("all training scripts", every)]:
         c = counts(rows)
         share = f"{100 * (c['accepted'] + c['refused_no_gpu_here']) / c['scripts']:.0f}" if rows else "-"
+        firsts = ", ".join(f"{key} ({n})" for key, n in first_refusals(rows).most_common(3))
         table.add_row(label, str(c["scripts"]), str(c["accepted"]), str(c["refused_no_gpu_here"]), str(c["refused"]),
-                      share, style="bold" if label == "all training scripts" else None)
+                      share, firsts if label != "all training scripts" else "(below)",
+                      style="bold" if label == "all training scripts" else None)
     console.print(table)
     total = counts(every)
     share = (total["accepted"] + total["refused_no_gpu_here"]) / max(total["scripts"], 1)
@@ -148,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"GPU (goal: 85%); {len(others)} other scripts start no training command (data, servers, clusters)",
                   markup=False)
     refused = [row for row in every if not row["accepted"] and not machine_only(row["reason"])]
-    reasons = collections.Counter(refusal_key(row["reason"]) for row in refused)
+    reasons = first_refusals(every)
     why = Table(title="refused (not for want of a GPU): what the first refusal names")
     for column in ("key", "scripts"):
         why.add_column(column)
@@ -159,7 +172,9 @@ def main(argv: list[str] | None = None) -> int:
     if placeheld:
         console.print(f"{len(placeheld)} scripts require a variable set (given a placeholder here): "
                       + ", ".join(sorted({v for row in placeheld for v in row["placeholders"]})), markup=False)
-    result = {"corpus": str(args.checkout), "entry_points": {name: counts(rows) for name, rows in by_entry.items()},
+    result = {"corpus": str(args.checkout),
+              "entry_points": {name: {**counts(rows), "first_refusals": dict(first_refusals(rows).most_common())}
+                               for name, rows in by_entry.items()},
               "all": total, "accepted_or_gpu_only_share": round(share, 4),
               "refusals": [{"key": key, "scripts": count} for key, count in reasons.most_common()],
               "refused_scripts": [{"script": row["script"], "reason": row["reason"]} for row in refused],
