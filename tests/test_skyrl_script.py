@@ -79,6 +79,9 @@ def test_the_command_line_wins_over_overrides_after_dollar_at_and_where_a_script
     forgot = _script(tmp_path, "python -m skyrl.train.entrypoints.main_base trainer.epochs=3\n", "forgot.sh")
     assert script.read(forgot, ["trainer.epochs=1"], ENV).tree()[0]["trainer"]["epochs"] == 1
     assert script.read(forgot, [], ENV).tree()[0]["trainer"]["epochs"] == 3
+    cut = _script(tmp_path, "python -m skyrl.train.entrypoints.main_base \\\n  trainer.epochs=3\n  $@\n", "cut.sh")
+    launch = script.read(cut, ["trainer.epochs=1"], ENV)  # $@ on a line of its own: a continuation forgotten
+    assert launch.tree()[0]["trainer"]["epochs"] == 1 and launch.warnings == ()
 
 
 @pytest.mark.parametrize(("command", "entry"), [

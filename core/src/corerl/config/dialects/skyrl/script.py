@@ -635,8 +635,8 @@ class _Shell:
             self.vars.update(prefix)
             return True
         fields = [f for word in words for f in self.expand(word)]
-        if not fields:
-            return True
+        if not fields or all(origin == COMMAND_LINE for _, origin in fields):
+            return True  # nothing, or a lone $@ (a line continuation forgotten before it): applied last anyway
         name = fields[0][0]
         args = [text for text, _ in fields[1:]]
         if name in ("export", "local", "declare", "readonly"):
