@@ -108,6 +108,21 @@ class Epochs:
         self.order, self.position = list(state["order"]), int(state["position"])
 
 
+def column_value(row: Mapping[str, Any], key: str) -> Any:
+    """Column ``key`` of ``row``; where no column has that name and ``key`` is a dotted path
+    (``reward_spec.ground_truth``), the value at that path in the row's nested dicts (a struct
+    column). A missing column or step raises ``KeyError(key)``. What ``data.answer_key``
+    names is read with it (the dataset task's rewards and SFT responses)."""
+    if key in row or "." not in key:
+        return row[key]
+    value: Any = row
+    for part in key.split("."):
+        if not isinstance(value, Mapping) or part not in value:
+            raise KeyError(key)
+        value = value[part]
+    return value
+
+
 def decode_completion(tokenizer: Any, sample: Sample) -> str:
     """The completion's text, special tokens (the final end-of-sequence) left out."""
     return tokenizer.decode(list(sample.completion_ids), skip_special_tokens=True)

@@ -22,7 +22,7 @@ from corerl.failures import first_line
 from corerl.generation.contract import Sample, with_images
 from corerl.models.vision import IMAGE_TOKEN, check_placeholders, image_pixel_limit
 from corerl.reporting.lost_text import check_prompts
-from corerl.tasks import TaskContext, decode_completion, restore_rng, rng_state, score
+from corerl.tasks import TaskContext, column_value, decode_completion, restore_rng, rng_state, score
 from corerl.tasks.prompt_images import (
     as_images,
     check_all,
@@ -53,20 +53,6 @@ def as_list(value: str | list[str] | None) -> list[str]:
     if value is None:
         return []
     return [value] if isinstance(value, str) else list(value)
-
-
-def column_value(row: Mapping[str, Any], key: str) -> Any:
-    """Column ``key`` of ``row``; where no column has that name and ``key`` is a dotted path
-    (``reward_spec.ground_truth``), the value at that path in the row's nested dicts (a struct
-    column). A missing column or step raises ``KeyError(key)``."""
-    if key in row or "." not in key:
-        return row[key]
-    value: Any = row
-    for part in key.split("."):
-        if not isinstance(value, Mapping) or part not in value:
-            raise KeyError(key)
-        value = value[part]
-    return value
 
 
 def _get(row: Mapping[str, Any], key: str) -> Any:
