@@ -271,3 +271,19 @@ def test_an_entry_point_adding_code_corerl_lacks_is_refused_and_async_schedules_
         _run("generate")
     assert value_at(_get("async"), "algorithm.async") == {"enabled": True, "max_staleness": 1}
     assert value_at(_get("dapo_fully_async"), "algorithm.async.enabled") is True
+
+
+def test_checkpoint_folder_conversation_turns_and_dedicated_generation():
+    assert value_at(_get(trainer__ckpt_path="/ckpts/run"), "run.output_dir") == "/ckpts/run"
+    assert "run" not in _get("sft", ckpt_path="")  # empty: corerl's default output folder
+    assert [f.fate for f in _run(generator__use_conversation_multi_turn=False).fates
+            if f.key == "generator.use_conversation_multi_turn"] == ["inert"]  # one turn: nothing to place
+    with pytest.raises(ConfigErrors, match="false over 3 turns"):
+        _run(generator__use_conversation_multi_turn=False, generator__max_turns=3)
+    dedicated = _get(trainer__placement__colocate_all=False, generator__inference_engine__num_engines=2,
+                     generator__inference_engine__tensor_parallel_size=2)
+    assert value_at(dedicated, "policy.generation.colocated") == {
+        "enabled": False, "resources": {"gpus_per_node": 4, "num_nodes": 1}}
+    fully_async = _run("fully_async", trainer__eval_interval=5)
+    assert "eval" not in fully_async.tree and [f.fate for f in fully_async.fates
+                                               if f.key == "trainer.eval_interval"] == ["inert"]

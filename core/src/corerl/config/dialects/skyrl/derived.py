@@ -83,6 +83,9 @@ def derive(raw: dict[str, Any], out: Translator, entry_point: str) -> None:
     _environment(keys, out)
     _data(keys, out)
     _lora(keys, out, "trainer.policy.model.lora.rank")
+    _dedicated_generation(keys, out)
+    _output_dir(keys, out, "trainer.ckpt_path")
+    _conversation(keys, out)
     prompt, answer = keys("trainer.max_prompt_length"), keys("generator.sampling_params.max_generate_length")
     if isinstance(prompt, int) and isinstance(answer, int):
         _put(out, keys, "trainer.max_prompt_length", "policy.max_seq_length", prompt + answer,
@@ -294,6 +297,11 @@ def _asynchronous(keys: _Keys, out: Translator, entry_point: str) -> None:
 
 def _evaluation(keys: _Keys, out: Translator) -> None:
     interval = keys("trainer.eval_interval")
+    if value_at(out.tree, "algorithm.async.enabled"):
+        for key in ("trainer.eval_interval", "trainer.eval_before_train", "generator.eval_n_samples_per_prompt"):
+            if keys.given(key):
+                out.inert(key, "asynchronous GRPO evaluates the held-out prompts before and after training only")
+        return
     if isinstance(interval, int) and interval > 0 and (keys.given("data.val_data") or keys.given("trainer.eval_interval")):
         _put(out, keys, "trainer.eval_interval", "eval.every_n_steps", interval)
         _put(out, keys, "trainer.eval_before_train", "eval.at_start", bool(keys("trainer.eval_before_train")))
@@ -394,6 +402,7 @@ def derive_sft(raw: dict[str, Any], out: Translator) -> None:
             set_at(out.tree, "data.prompt_key", "messages")
         out.new_origins["data.task"] = "skyrl dialect (SkyRL's SFT rows: chat messages)"
     _splits(keys, out)
+    _output_dir(keys, out, "ckpt_path")
     if keys.given("num_epochs"):
         out.inert("num_epochs", "num_steps is given" if keys.given("num_steps") else
                   "corerl runs algorithm.max_steps steps (give num_steps)")
@@ -471,3 +480,42 @@ def _splits(keys: _Keys, out: Translator) -> None:
         return
     out.refuse("train_dataset_splits", f"{splits!r}: a split slice other than one split's first rows is not "
                                        "built into corerl", "give one split, as train or train[:N]")
+
+
+def _dedicated_generation(keys: _Keys, out: Translator) -> None:
+    """``trainer.placement.colocate_all=false``: SkyRL's engines get GPUs of their own,
+    ``num_engines`` x the engine's ``tensor_parallel_size``."""
+    if keys("trainer.placement.colocate_all") is not False:
+        return
+    engines = keys("generator.inference_engine.num_engines") or 1
+    width = keys("generator.inference_engine.tensor_parallel_size") or 1
+    if isinstance(engines, int) and isinstance(width, int):
+        set_at(out.tree, "policy.generation.colocated.resources.gpus_per_node", engines * width)
+        set_at(out.tree, "policy.generation.colocated.resources.num_nodes", 1)
+        out.new_origins["policy.generation.colocated.resources.gpus_per_node"] = (
+            "generator.inference_engine.num_engines x tensor_parallel_size (colocate_all=false)")
+
+
+def _output_dir(keys: _Keys, out: Translator, key: str) -> None:
+    """SkyRL's checkpoint folder is corerl's ``run.output_dir`` (empty: corerl's default)."""
+    if not keys.given(key):
+        return
+    folder = keys(key)
+    if folder:
+        out.put(key, "run.output_dir", str(folder), "run.output_dir (checkpoints and logs)")
+    else:
+        out.inert(key, "empty: corerl's default run.output_dir")
+
+
+def _conversation(keys: _Keys, out: Translator) -> None:
+    key = "generator.use_conversation_multi_turn"
+    if not keys.given(key):
+        return
+    turns = keys("generator.max_turns") or 1
+    if keys(key) is not False:
+        out.inert(key, "corerl's rollout: each turn a message of the conversation")
+    elif isinstance(turns, int) and turns <= 1:
+        out.inert(key, "false with one turn (generator.max_turns 1): there is no second turn to place")
+    else:
+        out.refuse(key, f"false over {turns} turns (the observations inside one assistant message) is not built into "
+                        "corerl: its rollout makes each turn a message", "set it to true")

@@ -131,7 +131,8 @@ RULES: dict[str, Rule] = {
     # checkpoints and logging
     _T + "ckpt_interval": derived("above 0: checkpointing.enabled and checkpointing.save_period"),
     _T + "max_ckpts_to_keep": derived("above 0: checkpointing.keep_last (-1: corerl keeps its default)"),
-    _T + "ckpt_path": acts("run.output_dir", note="corerl writes its checkpoints and logs under run.output_dir"),
+    _T + "ckpt_path": derived("run.output_dir (corerl writes its checkpoints and logs there); empty: corerl's "
+                              "default run.output_dir"),
     _T + "resume_mode": derived("latest: run.resume auto (a run in run.output_dir goes on); none: a new run"),
     _T + "resume_path": refused("resuming from a given checkpoint folder is not built into corerl (a run resumes "
                                 "from its own run.output_dir)"),
