@@ -373,6 +373,20 @@ def test_the_math_environment_verifies_answers_with_math_verify():
     assert turn.done and turn.reward == 1.0
 
 
+def test_the_math_environment_reads_a_dotted_answer_key_in_a_struct_column():
+    """SkyRL's rows keep the gold answer at reward_spec.ground_truth (data.answer_key)."""
+    import types
+
+    from corerl.environments.math_env import MathEnvironment
+    from corerl.environments.settings import MathSettings
+
+    data = types.SimpleNamespace(answer_key="reward_spec.ground_truth")
+    environment = MathEnvironment(EnvironmentContext(MathSettings(), 0, data=data))
+    row = {"reward_spec": {"method": "rule", "ground_truth": "44"}, "answer": "0"}
+    assert environment.step(EpisodeView(row=row, turn=1, responses=("8 + 36 = 44",))).reward == 1.0
+    assert environment.step(EpisodeView(row=row, turn=1, responses=("it is 0",))).reward == 0.0
+
+
 def test_nemo_rl_environment_keys_act_in_the_built_config(tmp_path):
     from corerl.config import load_config
     from corerl.errors import ConfigErrors

@@ -15,6 +15,7 @@ from typing import Any
 
 from corerl.environments.contract import EnvironmentContext, EpisodeView, Turn
 from corerl.errors import EngineNotAvailable
+from corerl.tasks import column_value
 
 
 class MathEnvironment:
@@ -45,7 +46,7 @@ class MathEnvironment:
         return bool(answer) and bool(self.verify(target, answer, timeout_seconds=None))
 
     def step(self, episode: EpisodeView) -> Turn:
-        gold = episode.row[self.answer_key]
+        gold = column_value(episode.row, self.answer_key)
         return Turn(reward=1.0 if self.correct(episode.response, gold) else 0.0, done=True)
 
 

@@ -46,10 +46,13 @@ import attrs
 from corerl.config.fields import setting
 from corerl.environments.contract import EnvironmentContext, EnvironmentSettings, EpisodeView, Turn
 from corerl.errors import ConfigError, ConfigErrors
+from corerl.tasks import column_value
 
 _FUNCTIONS_HELP = ("the reward functions, each {name, weight, kwargs}: name one of format, exact_alnum, math_expr, "
                    "bbox_giou; the reward is their weighted sum, the weights normalised to sum to 1 "
                    "(docs/environments.md)")
+
+_MISSING = object()  # a row without the answer column (a None answer is a value)
 
 
 def _functions(*items: tuple[str, float, dict[str, Any]]) -> list[dict[str, Any]]:
@@ -319,6 +322,10 @@ class VLMEnvironment:
 
     def step(self, episode: EpisodeView) -> Turn:
         row = episode.row
-        if not isinstance(row, Mapping) or self.answer_key not in row:
+        try:
+            gold = column_value(row, self.answer_key) if isinstance(row, Mapping) else _MISSING
+        except KeyError:
+            gold = _MISSING
+        if gold is _MISSING:
             raise ValueError(f"the row has no {self.answer_key!r} column (data.answer_key), its ground truth")
-        return Turn(reward=float(self.reward(episode.response, row[self.answer_key])), done=True)
+        return Turn(reward=float(self.reward(episode.response, gold)), done=True)
