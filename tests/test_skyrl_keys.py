@@ -287,3 +287,15 @@ def test_checkpoint_folder_conversation_turns_and_dedicated_generation():
     fully_async = _run("fully_async", trainer__eval_interval=5)
     assert "eval" not in fully_async.tree and [f.fate for f in fully_async.fates
                                                if f.key == "trainer.eval_interval"] == ["inert"]
+
+
+def test_on_policy_distillation_takes_skyrls_no_op_estimator_as_the_teachers_reverse_kl():
+    result = _run("on_policy_distillation", trainer__ref__model__path="teacher",
+                  trainer__algorithm__advantage_estimator="no_op",
+                  trainer__algorithm__policy_loss_type="importance_sampling",
+                  trainer__algorithm__use_kl_in_reward=True, trainer__algorithm__use_kl_loss=False)
+    assert value_at(result.tree, "algorithm.name") == "distillation"
+    assert value_at(result.tree, "algorithm.distillation") == {"kl_type": "reverse", "teacher_model": "teacher"}
+    assert "use_kl_in_reward" not in result.tree["algorithm"] and "kl_penalty" not in result.tree["algorithm"]
+    with pytest.raises(ConfigErrors, match="with on-policy distillation is not built into corerl"):
+        _run("on_policy_distillation", trainer__algorithm__advantage_estimator="grpo")

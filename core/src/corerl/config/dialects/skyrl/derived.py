@@ -72,7 +72,8 @@ def derive(raw: dict[str, Any], out: Translator, entry_point: str) -> None:
     _algorithm(keys, out, entry_point)
     _batches(keys, out)
     _steps(keys, out)
-    _kl(keys, out)
+    if entry_point != "on_policy_distillation":
+        _kl(keys, out)
     _loss(keys, out)
     _importance_sampling(keys, out)
     _dapo(keys, out)
@@ -94,9 +95,36 @@ def derive(raw: dict[str, Any], out: Translator, entry_point: str) -> None:
                  answer)
 
 
+_DISTILLATION = {_A + "advantage_estimator": ("no_op",), _A + "policy_loss_type": ("importance_sampling", "regular"),
+                 _A + "use_kl_in_reward": (True,), _A + "use_kl_loss": (False,)}
+
+
+def _distillation(keys: _Keys, out: Translator) -> None:
+    """SkyRL's on-policy distillation: the reward of each token is the reverse KL to the teacher
+    (``trainer.ref``), passed through as the advantage (``no_op``) with the KL in the reward:
+    corerl's distillation (``algorithm.distillation.kl_type`` reverse, on the sampled tokens)."""
+    set_at(out.tree, "algorithm.name", "distillation")
+    set_at(out.tree, "algorithm.distillation.kl_type", "reverse")
+    out.new_origins["algorithm.name"] = "SkyRL's on_policy_distillation entry point"
+    for key, accepted in _DISTILLATION.items():
+        if not keys.given(key):
+            continue
+        if keys(key) in accepted:
+            out.inert(key, "on-policy distillation's own: the per-token reverse KL to the teacher is the advantage "
+                           "(algorithm.distillation.kl_type reverse)")
+        else:
+            out.refuse(key, f"{keys(key)!r} with on-policy distillation is not built into corerl (its per-token "
+                            "reverse KL to the teacher is the advantage)", "use the value SkyRL's example gives")
+    if keys.given(_A + "kl_loss_coef"):
+        out.inert(_A + "kl_loss_coef", "on-policy distillation's reward is the teacher's KL, unweighted")
+
+
 def _algorithm(keys: _Keys, out: Translator, entry_point: str) -> None:
+    if entry_point == "on_policy_distillation":
+        _distillation(keys, out)
+        return
     estimator, key = keys(_A + "advantage_estimator"), _A + "advantage_estimator"
-    name = "distillation" if entry_point == "on_policy_distillation" else "grpo"
+    name = "grpo"
     if estimator == "gae":
         name = "ppo"
         _put(out, keys, key, "algorithm.name", "ppo", "algorithm.name ppo (GAE over a critic's values)")
@@ -150,11 +178,12 @@ def _batches(keys: _Keys, out: Translator) -> None:
         return
     _put(out, keys, key, "algorithm.optimizer_batch_size", mini * samples,
          f"algorithm.optimizer_batch_size ({mini} x {samples} sequences: {prompts // mini} optimizer step(s) a step)")
-    if keys.given("trainer.critic_mini_batch_size"):
-        out.inert("trainer.critic_mini_batch_size", "corerl's critic takes an optimizer step with the policy's",
-                  ) if keys("trainer.critic_mini_batch_size") == mini else out.refuse(
-            "trainer.critic_mini_batch_size", "a critic mini-batch other than the policy's is not built into corerl",
-            f"set it to trainer.policy_mini_batch_size ({mini})")
+    critic = "trainer.critic_mini_batch_size"
+    if keys.given(critic) and keys(critic) == mini:
+        out.inert(critic, "corerl's critic takes an optimizer step with the policy's")
+    elif keys.given(critic):
+        out.refuse(critic, "a critic mini-batch other than the policy's is not built into corerl",
+                   f"set it to trainer.policy_mini_batch_size ({mini})")
 
 
 def _steps(keys: _Keys, out: Translator) -> None:
@@ -197,12 +226,17 @@ def _kl(keys: _Keys, out: Translator) -> None:
         out.refuse(_A + "use_kl_in_reward", "use_kl_loss and use_kl_in_reward are both on (SkyRL takes one)",
                    "switch one off")
         return
+    if reward:
+        out.put(_A + "use_kl_in_reward", "algorithm.use_kl_in_reward", True)
+    elif keys.given(_A + "use_kl_in_reward"):
+        out.inert(_A + "use_kl_in_reward", "false: no KL in the reward")
     if loss or reward:
         what = "the KL term in the loss" if loss else "the KL penalty in the reward"
         _put(out, keys, _A + "kl_loss_coef", "algorithm.kl_penalty", coef, f"algorithm.kl_penalty ({what})")
-        if keys.given(_A + "use_kl_loss"):
-            out.put(_A + "use_kl_loss", "algorithm.kl_penalty", coef, "algorithm.kl_penalty (kl_loss_coef)") \
-                if loss else out.inert(_A + "use_kl_loss", "false: the KL is in the reward")
+        if keys.given(_A + "use_kl_loss") and loss:
+            out.put(_A + "use_kl_loss", "algorithm.kl_penalty", coef, "algorithm.kl_penalty (kl_loss_coef)")
+        elif keys.given(_A + "use_kl_loss"):
+            out.inert(_A + "use_kl_loss", "false: the KL is in the reward")
     else:
         _put(out, keys, _A + "use_kl_loss", "algorithm.kl_penalty", 0.0, "algorithm.kl_penalty 0 (no KL term)")
         if keys.given(_A + "kl_loss_coef"):
@@ -235,8 +269,7 @@ def _importance_sampling(keys: _Keys, out: Translator) -> None:
     if kind == "token":
         out.put(key, "algorithm.importance_sampling_correction", True)
         set_at(out.tree, "algorithm.importance_sampling_type", "tis")
-        out.put(cap_key, "algorithm.importance_weight_cap", keys(cap_key) if keys.given(cap_key) else 2.0) \
-            if keys.given(cap_key) else set_at(out.tree, "algorithm.importance_weight_cap", 2.0)
+        _put(out, keys, cap_key, "algorithm.importance_weight_cap", keys(cap_key) if keys.given(cap_key) else 2.0)
     elif kind is not None:
         out.refuse(key, f"{kind!r} importance-sampling correction is not built into corerl (token is)",
                    "use token, or remove the key")
@@ -445,7 +478,7 @@ def _sequence_mask(keys: _Keys, out: Translator, token_tis: Any) -> None:
                 "algorithm.importance_sampling_type seq-mask-tis")
         set_at(out.tree, "algorithm.importance_sampling_type", "seq-mask-tis")
         for source, target, default in zip(bounds, ("algorithm.importance_weight_min",
-                                                    "algorithm.importance_weight_cap"), (0.99, 1.01)):
+                                                    "algorithm.importance_weight_cap"), (0.99, 1.01), strict=True):
             _put(out, keys, source, target, keys(source) if keys.given(source) else default)
         return
     if metric == "geometric":

@@ -4,7 +4,7 @@ policy-loss type are decided together (:mod:`corerl.config.dialects.skyrl.derive
 
 from __future__ import annotations
 
-from corerl.config.dialects.rules import DERIVED, Rule, _not, _truthy, acts, derived, inert, refused
+from corerl.config.dialects.rules import DERIVED, Rule, _not, _truthy, acts, derived, inert
 
 _A = "trainer.algorithm."
 _OFF = "a switch SkyRL leaves off by default; corerl has no such feature, so only false is accepted"
@@ -17,7 +17,8 @@ RULES: dict[str, Rule] = {
                                         "another estimator is refused"),
     _A + "use_kl_loss": derived("with kl_loss_coef: algorithm.kl_penalty (the KL term in the loss); false: 0"),
     _A + "kl_loss_coef": derived("algorithm.kl_penalty, where use_kl_loss or use_kl_in_reward is on"),
-    _A + "use_kl_in_reward": acts("algorithm.use_kl_in_reward"),
+    _A + "use_kl_in_reward": derived("algorithm.use_kl_in_reward, kl_loss_coef its algorithm.kl_penalty (on-policy "
+                                     "distillation: its reward, the teacher's KL)"),
     _A + "kl_estimator_type": acts("algorithm.kl_type", lambda v: _kl_type(v), "k1, k2, k3 (abs is refused)"),
     _A + "kl_ctrl.type": inert("corerl's KL-in-reward coefficient is fixed", _not("fixed")),
     _A + "kl_ctrl.kl_target": inert("used only by the adaptive KL controller (refused)"),

@@ -5,7 +5,7 @@ through its SkyRL Gym adapter (environment ``skyrl_gym``, section ``env.skyrl_gy
 
 from __future__ import annotations
 
-from corerl.config.dialects.rules import Rule, acts, derived, inert, refused
+from corerl.config.dialects.rules import Rule, acts, derived, inert
 
 #: corerl's environment that plays SkyRL Gym's environments, and its settings section
 GYM_ENVIRONMENT = "skyrl_gym"

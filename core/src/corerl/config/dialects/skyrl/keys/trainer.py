@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from corerl.config.dialects.rules import DERIVED, Rule, _truthy, acts, derived, inert, refused
+from corerl.config.dialects.rules import Rule, _truthy, acts, derived, inert, refused
 
 _PERF = "a memory or speed switch of SkyRL's: the same updates; corerl leaves the choice to its backend"
 
