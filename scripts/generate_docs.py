@@ -104,7 +104,10 @@ def configuration_page(host: Any) -> str:
              "environment's, a logger's). Sections of plugins that are not installed are not listed; "
              "`corerl plugins` says what is. A key is written as its dotted path, in YAML or as an override "
              "(`corerl run recipe.yaml policy.max_seq_length=512`). The critic's `critic.<backend>_cfg` "
-             "sections take the keys of the policy's section of the same name.\n\n"]
+             "sections take the keys of the policy's section of the same name. Recipes of another framework are "
+             "translated into these keys: what each NeMo RL key becomes is in "
+             "[migrating-from-nemo-rl.md](../migrating-from-nemo-rl.md), each SkyRL key in "
+             "[migrating-from-skyrl.md](../migrating-from-skyrl.md).\n\n"]
     sections: dict[str, list[Key]] = {}
     for key in keys:
         sections.setdefault(key.path.split(".")[0], []).append(key)

@@ -5,7 +5,7 @@
 SkyRL's GSM8K launch scripts read ``$DATA_DIR/train.parquet`` and ``$DATA_DIR/validation.parquet``
 as SkyRL's own GSM8K dataset script writes them: a ``prompt`` of chat messages, ``env_class``
 ``gsm8k``, ``reward_spec.ground_truth`` and ``extra_info``. GSM8K itself comes from a model hub,
-which this machine cannot reach, so the questions here are small sums and differences a 135M model
+which this machine cannot reach, so the questions here are sums of two digits, which a 135M model
 can learn on a CPU in minutes; skyrl-gym's ``gsm8k`` environment scores them as it scores GSM8K
 (the number after ``####`` must equal the ground truth).
 """
@@ -16,16 +16,16 @@ import argparse
 import random
 from pathlib import Path
 
-INSTRUCTION = 'Answer with the number only, after "####".'
+INSTRUCTION = 'End your reply with "####" and the answer, like this: #### 9'
 
 
 def rows(count: int, seed: int, split: str) -> list[dict]:
-    """``count`` questions ``a + b`` or ``a - b`` (0-50), in SkyRL's GSM8K row layout."""
+    """``count`` questions ``a + b`` (one digit each), in SkyRL's GSM8K row layout."""
     rng = random.Random(seed)
     out = []
     for index in range(count):
-        a, b, sign = rng.randint(0, 50), rng.randint(0, 50), rng.choice("+-")
-        answer = a + b if sign == "+" else a - b
+        a, b, sign = rng.randint(0, 9), rng.randint(0, 9), "+"
+        answer = a + b
         question = f"What is {a} {sign} {b}?"
         out.append({
             "data_source": "corerl/arithmetic",
