@@ -263,3 +263,89 @@ def test_one_grpo_step_plays_skyrl_gym_episodes_on_a_tiny_model(tmp_path, env_cl
     assert metrics["optimizer_step"] == 1.0
     assert metrics["env/turns"] == turns and metrics["env/stop/done"] == 1.0
     assert metrics.get("env/failures", 0.0) == 0.0
+
+
+class Lookup(BaseTextEnv):
+    """A tool environment in SkyRL-SQL's manner: each turn not done is answered with the tool's result as
+    user messages (two on the second turn), done on the third; words the tiny tokenizer knows."""
+
+    def __init__(self, env_config=None, extras=None):
+        super().__init__()
+        self.turns = 0
+
+    def step(self, action):
+        self.turns += 1
+        if self.turns >= 3:
+            return {"observations": [], "reward": 1.0, "done": True, "metadata": {}}
+        said = [" w5 w6 "] if self.turns == 1 else [" w7", " w8 "]
+        return {"observations": [{"role": "user", "content": text} for text in said], "reward": 0.0, "done": False,
+                "metadata": {}}
+
+
+def test_without_the_conversation_format_observations_are_the_messages_text():
+    """SkyRL's use_conversation_multi_turn=false: the observation is the messages' contents, joined as they are."""
+    row = gsm8k_row("42", "gsm8k_multi_turn", extra_info={"max_turns": 3})
+    messages = play(adapter(), row, ["#### 41", "no number"])
+    text = play(adapter(conversation_format=False), row, ["#### 41", "no number"])
+    assert [t.observation for t in text] == [m.observation[0]["content"] for m in messages]
+    assert [(t.reward, t.done) for t in text] == [(m.reward, m.done) for m in messages]
+    assert isinstance(text[0].observation, str) and "#### ANSWER" in text[0].observation
+
+
+class Scripted:
+    """The generation engine (not under test): each episode's turns are the words of ``turns``; a turn that ends
+    at a stop string (SkyRL-SQL's </sql>) has no stop token after it, the last one has."""
+
+    def __init__(self, tokenizer, turns):
+        self.tokenizer, self.turns, self.calls = tokenizer, turns, 0
+
+    def generate(self, prompts, sampling, n=1):
+        from corerl.generation.contract import Sample
+
+        words = self.turns[self.calls]
+        self.calls += 1
+        ids = tuple(self.tokenizer.encode(words, add_special_tokens=False))
+        if self.calls == len(self.turns):
+            ids += (self.tokenizer.eos_token_id,)
+        return [[Sample(prompt_ids=tuple(p), completion_ids=ids, logprobs=(-0.5,) * len(ids), finish_reason="stop")
+                 for _ in range(n)] for p in prompts]
+
+
+@pytest.mark.parametrize("conversation_format", [True, False])
+def test_the_rollout_appends_text_observations_inside_the_response_and_masks_them(registered, conversation_format):
+    """The episode's layout with and without the conversation format: the model's tokens as sampled (mask 1),
+    the environment's between them (mask 0): the contents' own tokens without it (SkyRL's layout with
+    use_conversation_multi_turn=false, where turns end at stop strings), the chat template's user turn around
+    them with it."""
+    from corerl.environments.encoding import ObservationEncoder
+    from corerl.environments.pool import InProcessPool
+    from corerl.environments.rollout import MultiTurnRollout
+    from corerl.generation.contract import SamplingSettings
+    from corerl.models.tiny import build_tokenizer
+
+    registered("corerl_test_lookup", Lookup)
+    tokenizer = build_tokenizer(128)
+    tokenizer.chat_template = ("{% for m in messages %}<bos> {{ m['role'] }} : {{ m['content'] }} <eos> {% endfor %}"
+                               "{% if add_generation_prompt %}<bos> assistant : {% endif %}")
+    turns = ["w1 <sql> 3 </sql>", "w2 <sql> 4 </sql>", "<solution> 7 </solution>"]
+    environment = adapter(env_class="corerl_test_lookup", conversation_format=conversation_format)
+    rollout = MultiTurnRollout(Scripted(tokenizer, turns), InProcessPool(environment, 30), ObservationEncoder(tokenizer),
+                               tokenizer, "skyrl_gym", max_turns=4)
+    prompt = tokenizer.encode("w0 3 :", add_special_tokens=False)
+    result = rollout.run([prompt], [gsm8k_row("7", None)], SamplingSettings(max_new_tokens=8), n=1,
+                         max_seq_length=200)
+    ((sample,),) = result.groups
+    assert result.rewards == [[1.0]]
+    said = [" w5 w6 ", " w7 w8 "] if not conversation_format else [
+        " <bos> user :  w5 w6  <eos> <bos> assistant : ", " <bos> user :  w7 <eos> <bos> user :  w8  <eos> <bos> "
+                                                         "assistant : "]
+    model = [tokenizer.encode(t, add_special_tokens=False) for t in turns]
+    model[-1].append(tokenizer.eos_token_id)
+    environment_ids = [tokenizer.encode(text, add_special_tokens=False) for text in said]
+    expected = [*model[0], *environment_ids[0], *model[1], *environment_ids[1], *model[2]]
+    assert list(sample.completion_ids) == expected
+    assert list(sample.completion_mask) == ([1] * len(model[0]) + [0] * len(environment_ids[0]) + [1] * len(model[1])
+                                            + [0] * len(environment_ids[1]) + [1] * len(model[2]))
+    between = tokenizer.decode(list(sample.completion_ids[len(model[0]):len(model[0]) + len(environment_ids[0])]))
+    # without the conversation format, no template marker between the model's turns: one assistant message
+    assert between == ("w5 w6" if not conversation_format else "<bos> <unk> : w5 w6 <eos> <bos> <unk> :")

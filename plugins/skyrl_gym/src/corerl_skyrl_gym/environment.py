@@ -16,7 +16,12 @@ environment for one trajectory, ``init(prompt)`` returns the conversation the mo
   an environment whose ``init`` changes the conversation is refused (a one-line episode error);
 - each ``step`` answer is a :class:`Turn`: its observations as chat messages (rendered with the
   chat template after the model's turn), its reward (corerl adds an episode's turns up), its done
-  (and ``close()`` then).
+  (and ``close()`` then). With ``env.skyrl_gym.conversation_format`` false (SkyRL's
+  ``generator.use_conversation_multi_turn=false``) the observations are text instead: the
+  messages' contents joined as they are, with no role or template markers, which corerl's rollout
+  tokenizes on its own and appends after the model's tokens, so the episode is one assistant
+  message that the environment's text interrupts (its tokens masked out of the loss), as SkyRL
+  lays it out.
 
 What an episode keeps between turns (``Turn.state``) is its environment object. skyrl-gym's
 environments with tools hold handles that do not pickle, so the state pickles as the number of
@@ -111,6 +116,7 @@ class SkyRLGymEnvironment:
     def __init__(self, context: EnvironmentContext) -> None:
         settings = context.settings
         self.default_class, self.max_turns = settings.env_class, settings.max_turns
+        self.conversation_format = settings.conversation_format
         self.overrides = dict(settings.env_config)
         self.prompt_key = getattr(context.data, "prompt_key", None) or "prompt"
         register_extra(settings.register)
@@ -161,7 +167,20 @@ class SkyRLGymEnvironment:
         if answer["done"]:
             env.close()
             return Turn(reward=answer["reward"], done=True, state=Live(None, episode.turn))
-        return Turn(observation=answer["observations"], reward=answer["reward"], state=Live(env, episode.turn))
+        observation = answer["observations"] if self.conversation_format else self.as_text(env, answer["observations"])
+        return Turn(observation=observation, reward=answer["reward"], state=Live(env, episode.turn))
+
+    @staticmethod
+    def as_text(env: Any, messages: list[dict[str, Any]]) -> str:
+        """The observation messages as the text that continues the model's response: their contents
+        joined as they are (what SkyRL appends without the conversation format)."""
+        contents = [m.get("content", "") if isinstance(m, Mapping) else m for m in messages]
+        for content in contents:
+            if not isinstance(content, str):
+                raise ValueError(f"{env} gave an observation whose content is {type(content).__name__}, not text; "
+                                 "env.skyrl_gym.conversation_format=false appends text only (set it to true to "
+                                 "pass chat messages)")
+        return "".join(contents)
 
     @staticmethod
     def answer(env: Any, action: str) -> dict[str, Any]:

@@ -30,6 +30,11 @@ class SkyRLGymSettings(EnvironmentSettings):
     register: dict[str, str] = setting(
         {}, help="more skyrl-gym environments, id -> entry point 'module:Class', registered with skyrl_gym.register "
                  "before the first episode (what a SkyRL example's own main_*.py does)")
+    conversation_format: bool = setting(
+        True, help="SkyRL's generator.use_conversation_multi_turn. true: each turn's observations are chat messages, "
+                   "rendered with the chat template as the conversation's next turn; false: their contents, joined "
+                   "as they are (no template markers), are appended as text to the model's running response, one "
+                   "assistant message for the whole episode (the environment's tokens out of the loss either way)")
     allow_unsandboxed_code: bool = setting(
         False, help="lcb and searchcode run the model's code in a plain Python process on this machine, with no "
                     "sandbox: true accepts that; false refuses them")
