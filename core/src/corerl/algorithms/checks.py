@@ -38,6 +38,19 @@ def check_policy_loss(algorithm: Any) -> None:
     clipping to bound, a KL folded into the rewards needs REINFORCE++ (GRPO) and a KL penalty, and
     the deprecated ``token_level_loss`` acts with a warning unless it contradicts
     ``loss_aggregation``."""
+    loss = algorithm.policy_loss
+    if loss != "clipped":
+        for key, on in (("use_cispo", algorithm.use_cispo), ("ratio_clip_c", algorithm.ratio_clip_c is not None)):
+            if on:
+                raise ConfigError(f"is an option of the clipped PPO surrogate, which policy_loss {loss} replaces",
+                                  key=f"algorithm.{key}", hint="remove it, or set algorithm.policy_loss=clipped")
+        if loss != "sapo" and algorithm.sequence_level_ratios:
+            raise ConfigError(f"one ratio per sequence (GSPO) is not built into policy_loss {loss} (clipped and "
+                              "sapo take it)", key="algorithm.sequence_level_ratios",
+                              hint="set it to false, or use algorithm.policy_loss=clipped")
+    if loss == "clip_cov" and algorithm.clip_cov_lb >= algorithm.clip_cov_ub:
+        raise ConfigError(f"must be below algorithm.clip_cov_ub ({algorithm.clip_cov_ub}), got "
+                          f"{algorithm.clip_cov_lb}", key="algorithm.clip_cov_lb", hint="give a lower bound")
     if algorithm.use_cispo and algorithm.ratio_clip_c is not None:
         raise ConfigError("dual clipping bounds PPO-clip's surrogate, which CISPO replaces (its clipped ratio is a "
                           "detached weight)", key="algorithm.ratio_clip_c", hint="unset it, or set "
@@ -76,6 +89,14 @@ def check_nothing_sampled(config: Any) -> None:
         if attrgetter(key)(algorithm):
             raise ConfigError(f"acts on sampled rollouts or their policy-gradient loss, and {algorithm_id} samples "
                               "none", key=f"algorithm.{key}", hint="remove it, or use grpo or ppo")
+    check_clipped_loss(algorithm, algorithm_id)
+
+
+def check_clipped_loss(algorithm: Any, algorithm_id: str) -> None:
+    """An algorithm without GRPO's and PPO's policy-gradient loss refuses another ``policy_loss``."""
+    if algorithm.policy_loss != "clipped":
+        raise ConfigError(f"replaces GRPO's and PPO's policy-gradient surrogate, which {algorithm_id} does not train "
+                          "with", key="algorithm.policy_loss", hint="remove it, or use grpo or ppo")
 
 
 def _async_on(config: Any) -> bool:

@@ -100,6 +100,24 @@ class GRPOLoss:
     clipped ratio is a detached weight, so every token keeps a gradient (dual clipping does not
     apply).
 
+    ``policy_loss`` replaces the clipped surrogate (``clipped``, the default, with the options
+    above) by another one (the importance-sampling correction and the KL term still apply):
+
+    - ``rollout_is``: ``-A * sg(w) * logprob`` with ``w = exp(logprob - gen_logprob)`` (the policy
+      being trained over the generation engine's, not over the old policy) where ``w`` lies
+      strictly within ``(1 - ratio_clip_min, 1 + ratio_clip_max)``, 0 elsewhere (a token out of
+      range loses its gradient): GLM-5's loss for fully asynchronous training (:func:`rollout_is_surrogate`);
+    - ``sapo``: ``-A * f(r)`` with the soft gate ``f(r) = 4 / tau * sigmoid(tau * (r - 1))``,
+      ``tau`` = ``sapo_tau_pos`` for a positive advantage, ``sapo_tau_neg`` otherwise (SAPO: no
+      hard cut, the gradient fades as ``r`` leaves 1) (:func:`sapo_surrogate`);
+    - ``clip_cov``: the clipped surrogate, with up to ``clip_cov_ratio`` of the loss tokens
+      (at least one), drawn at random among the unclipped ones whose covariance
+      ``(A - mean A) * (logprob - mean logprob)`` lies strictly within ``(clip_cov_lb,
+      clip_cov_ub)``, left out of the loss (Clip-Cov) (:func:`clip_cov_surrogate`);
+    - ``kl_cov``: the unclipped ``-A * r``, plus ``kl_cov_coef * |logprob - old_logprob|`` on the
+      ``kl_cov_ratio`` share of the loss tokens (at least one) with the largest covariance
+      (KL-Cov) (:func:`kl_cov_surrogate`).
+
     Summed and divided by the number of loss tokens in the optimizer batch (``loss_aggregation``
     ``token_mean``); with ``sequence_mean`` or ``constant_length`` each token also carries its
     ``aggregation_weights`` (:func:`aggregation_weights`), which make the sum each sequence's mean
@@ -127,6 +145,14 @@ class GRPOLoss:
     loss_aggregation: str = "token_mean"
     loss_aggregation_length: int | None = None  # constant_length: the length each sequence counts as
     use_cispo: bool = False  # CISPO: -A * sg(clipped ratio) * logprob
+    policy_loss: str = "clipped"  # clipped, rollout_is, sapo, clip_cov or kl_cov (the class docstring)
+    sapo_tau_pos: float = 1.0  # SAPO's gate temperature on tokens with a positive advantage
+    sapo_tau_neg: float = 1.05  # ... and on the others
+    clip_cov_ratio: float = 0.0002  # Clip-Cov: the share of loss tokens left out
+    clip_cov_lb: float = 1.0  # Clip-Cov: the covariance range the tokens left out are drawn from
+    clip_cov_ub: float = 5.0
+    kl_cov_ratio: float = 0.2  # KL-Cov: the share of loss tokens with the KL term
+    kl_cov_coef: float = 1.0  # KL-Cov: the KL term's weight
 
     @property
     def corrects_importance(self) -> bool:
@@ -164,7 +190,28 @@ class GRPOLoss:
             log_ratio = ((log_ratio * mask).sum(dim=-1, keepdim=True) / tokens).expand_as(logprobs)
         ratio = torch.exp(log_ratio)
         clipped = torch.clamp(ratio, 1.0 - self.ratio_clip_min, 1.0 + self.ratio_clip_max)
-        if self.use_cispo:  # the clipped ratio weighs the log-likelihood's gradient; no token loses it
+        changed = (ratio - clipped).abs() > 1e-6  # the tokens the surrogate cut (clip_fraction)
+        extra: dict[str, torch.Tensor] = {}
+        if self.policy_loss == "rollout_is":
+            if "gen_logprobs" not in batch:
+                raise ValueError("the rollout_is policy loss needs the generation engine's logprobs (gen_logprobs)")
+            per_token, changed = rollout_is_surrogate(logprobs, batch["gen_logprobs"], advantages,
+                                                      self.ratio_clip_min, self.ratio_clip_max)
+        elif self.policy_loss == "sapo":
+            per_token = sapo_surrogate(log_ratio, advantages, self.sapo_tau_pos, self.sapo_tau_neg)
+            changed = torch.zeros_like(changed)  # a soft gate: nothing is cut
+        elif self.policy_loss == "clip_cov":
+            per_token, left_out = clip_cov_surrogate(logprobs, old, advantages, mask, self)
+            extra["clip_cov_fraction"] = (left_out.to(mask.dtype) * mask).sum().detach() / normaliser
+        elif self.policy_loss == "kl_cov":
+            per_token, penalised = kl_cov_surrogate(logprobs, old, advantages, mask, self.kl_cov_ratio,
+                                                    self.kl_cov_coef)
+            changed = torch.zeros_like(changed)  # no clipping
+            extra["kl_cov_fraction"] = (penalised.to(mask.dtype) * mask).sum().detach() / normaliser
+        elif self.policy_loss != "clipped":
+            raise ValueError(f"unknown policy loss {self.policy_loss!r}; known: clipped, rollout_is, sapo, clip_cov, "
+                             "kl_cov")
+        elif self.use_cispo:  # the clipped ratio weighs the log-likelihood's gradient; no token loses it
             per_token = -advantages * clipped.detach() * logprobs
         else:
             per_token = -torch.minimum(ratio * advantages, clipped * advantages)
@@ -176,9 +223,7 @@ class GRPOLoss:
             weights, _ = importance_weights(old.detach(), batch["gen_logprobs"], mask, self)
             per_token = per_token * weights
         # metrics stay 0-d tensors on the device: the backend reads them once per step
-        metrics = {
-            "clip_fraction": (((ratio - clipped).abs() > 1e-6).to(mask.dtype) * mask).sum().detach() / normaliser,
-        }
+        metrics = {"clip_fraction": (changed.to(mask.dtype) * mask).sum().detach() / normaliser, **extra}
         if "gen_logprobs" in batch:  # the generation backend's logprobs of the same tokens
             metrics.update(_gap_sums(logprobs.detach(), batch["gen_logprobs"], mask, normaliser, self))
         if weights is not None:
@@ -193,6 +238,73 @@ class GRPOLoss:
         if self.loss_aggregation != "token_mean":
             per_token = per_token * batch["aggregation_weights"].to(per_token.dtype)
         return (per_token * mask).sum() / normaliser, metrics
+
+
+def rollout_is_surrogate(logprobs: torch.Tensor, gen_logprobs: torch.Tensor, advantages: torch.Tensor,
+                         low: float, high: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """``rollout_is``'s per-token loss ``-A * sg(w) * logprob``, ``w = exp(logprob - gen_logprob)``
+    where ``1 - low < w < 1 + high`` and 0 elsewhere, and the tokens whose ``w`` was out of range."""
+    weight = torch.exp((logprobs.detach() - gen_logprobs).clamp(-20.0, 20.0))
+    inside = (weight > 1.0 - low) & (weight < 1.0 + high)
+    return -advantages * torch.where(inside, weight, torch.zeros_like(weight)) * logprobs, ~inside
+
+
+def sapo_surrogate(log_ratio: torch.Tensor, advantages: torch.Tensor, tau_pos: float,
+                   tau_neg: float) -> torch.Tensor:
+    """SAPO's per-token loss ``-A * 4 / tau * sigmoid(tau * (r - 1))``, ``r = exp(log_ratio)``,
+    ``tau`` = ``tau_pos`` where ``A > 0``, else ``tau_neg``. The gate's slope at ``r = 1`` is 1, so
+    near the old policy the gradient is the unclipped ``-A * grad r``; it fades as ``r`` moves away."""
+    ratio = torch.exp(log_ratio.clamp(-20.0, 20.0))
+    tau = torch.where(advantages > 0, torch.full_like(ratio, tau_pos), torch.full_like(ratio, tau_neg))
+    return -advantages * torch.sigmoid(tau * (ratio - 1.0)) * (4.0 / tau)
+
+
+def _covariance(logprobs: torch.Tensor, advantages: torch.Tensor, present: torch.Tensor) -> torch.Tensor:
+    """Each loss token's ``(A - mean A) * (logprob - mean logprob)``, the means over the loss
+    tokens (detached: it chooses tokens, it is not differentiated)."""
+    count = present.sum().clamp(min=1)
+    adv = advantages.detach().expand_as(logprobs)
+    logp = logprobs.detach()
+    return (adv - adv[present].sum() / count) * (logp - logp[present].sum() / count)
+
+
+def clip_cov_surrogate(logprobs: torch.Tensor, old: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
+                       loss: GRPOLoss) -> tuple[torch.Tensor, torch.Tensor]:
+    """Clip-Cov's per-token loss: PPO-clip's ``max(-A * r, -A * clip(r))``, times 0 on
+    ``max(1, int(clip_cov_ratio * loss tokens))`` tokens (fewer if fewer qualify) drawn at random
+    (torch's generator) among the loss tokens PPO-clip did not clip whose covariance lies strictly
+    within ``(clip_cov_lb, clip_cov_ub)``; and the mask of the tokens left out."""
+    ratio = torch.exp(logprobs - old)
+    unclipped = -advantages * ratio
+    clip = -advantages * torch.clamp(ratio, 1.0 - loss.ratio_clip_min, 1.0 + loss.ratio_clip_max)
+    present = mask.bool()
+    covariance = _covariance(logprobs, advantages, present)
+    eligible = present & ~(clip > unclipped) & (covariance > loss.clip_cov_lb) & (covariance < loss.clip_cov_ub)
+    candidates = eligible.reshape(-1).nonzero().squeeze(-1)
+    wanted = max(int(loss.clip_cov_ratio * int(present.sum())), 1)
+    chosen = candidates[torch.randperm(candidates.numel())[:wanted].to(candidates.device)]
+    left_out = torch.zeros(present.numel(), dtype=torch.bool, device=present.device)
+    left_out[chosen] = True
+    left_out = left_out.reshape(present.shape)
+    return torch.maximum(unclipped, clip) * (~left_out).to(logprobs.dtype), left_out
+
+
+def kl_cov_surrogate(logprobs: torch.Tensor, old: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
+                     share: float, coef: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """KL-Cov's per-token loss: ``-A * r`` (no clipping), plus ``coef * |logprob - old|`` on the
+    ``max(1, int(share * loss tokens))`` loss tokens with the largest covariance; and their mask."""
+    log_ratio = logprobs - old
+    per_token = -advantages * torch.exp(log_ratio)
+    present = mask.bool()
+    penalised = torch.zeros(present.numel(), dtype=torch.bool, device=present.device)
+    tokens = int(present.sum())
+    if tokens:
+        covariance = _covariance(logprobs, advantages, present).reshape(-1)
+        positions = present.reshape(-1).nonzero().squeeze(-1)
+        top = torch.topk(covariance[positions], min(max(int(tokens * share), 1), tokens)).indices
+        penalised[positions[top]] = True
+    penalised = penalised.reshape(present.shape)
+    return per_token + coef * log_ratio.abs() * penalised.to(logprobs.dtype), penalised
 
 
 def aggregation_weights(loss_mask: torch.Tensor, aggregation: str, length: int | None = None) -> torch.Tensor | None:

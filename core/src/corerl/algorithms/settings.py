@@ -76,7 +76,11 @@ def check_distillation(config: Any) -> None:
     inputs' check, :mod:`corerl.run.inputs`, as for the policy's); the teacher's own keys
     validate; the reward-shaping keys, which act on rewards distillation does not train on, are
     off; mini-batches divide the step."""
-    from corerl.algorithms.checks import ROLLOUT_SHAPING_KEYS, check_sample_batches
+    from corerl.algorithms.checks import (
+        ROLLOUT_SHAPING_KEYS,
+        check_clipped_loss,
+        check_sample_batches,
+    )
     from corerl.errors import ConfigError
 
     key = "algorithm.distillation.teacher_model"
@@ -97,4 +101,5 @@ def check_distillation(config: Any) -> None:
         if attrgetter(name)(algorithm):
             raise ConfigError("distillation trains on the teacher's logprobs, not on rewards, so reward shaping "
                               "would do nothing", key=f"algorithm.{name}", hint=f"unset algorithm.{path}")
+    check_clipped_loss(algorithm, "distillation")
     check_sample_batches(config)

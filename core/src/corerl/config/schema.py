@@ -303,6 +303,26 @@ class AlgorithmConfig:
     use_cispo: bool = setting(False, help="CISPO: each token's loss is -A x sg(clip(r, 1 - ratio_clip_min, 1 + "
                                           "ratio_clip_max)) x logprob, so every token keeps a gradient (the clipped "
                                           "ratio is a detached weight, not a cut-off)")
+    policy_loss: Literal["clipped", "rollout_is", "sapo", "clip_cov", "kl_cov"] = setting(
+        "clipped", help="the policy-gradient surrogate (GRPO, PPO). clipped: PPO-clip (with use_cispo, ratio_clip_c, "
+                        "sequence_level_ratios); rollout_is: -A x sg(w) x logprob, w = the policy's probability over "
+                        "the generation engine's where it lies within (1 - ratio_clip_min, 1 + ratio_clip_max), else "
+                        "0 (GLM-5's loss for asynchronous training); sapo: -A x 4/tau x sigmoid(tau x (r - 1)), a soft "
+                        "gate instead of the clip (SAPO; sapo_tau_pos, sapo_tau_neg); clip_cov: PPO-clip with a random "
+                        "clip_cov_ratio share of the tokens whose advantage-logprob covariance lies in (clip_cov_lb, "
+                        "clip_cov_ub) left out (Clip-Cov); kl_cov: -A x r, plus kl_cov_coef x |log r| on the "
+                        "kl_cov_ratio share of tokens of largest covariance (KL-Cov)")
+    sapo_tau_pos: float = setting(1.0, min=0.0, min_exclusive=True,
+                                  help="policy_loss sapo: the gate's temperature on tokens with a positive advantage")
+    sapo_tau_neg: float = setting(1.05, min=0.0, min_exclusive=True,
+                                  help="policy_loss sapo: the gate's temperature on the other tokens")
+    clip_cov_ratio: float = setting(0.0002, min=0.0, max=1.0, help="policy_loss clip_cov: the share of loss tokens "
+                                                                   "left out (at least one)")
+    clip_cov_lb: float = setting(1.0, help="policy_loss clip_cov: tokens left out have a covariance above this")
+    clip_cov_ub: float = setting(5.0, help="policy_loss clip_cov: ... and below this")
+    kl_cov_ratio: float = setting(0.2, min=0.0, max=1.0, help="policy_loss kl_cov: the share of loss tokens (at "
+                                                              "least one) with the KL term")
+    kl_cov_coef: float = setting(1.0, min=0.0, help="policy_loss kl_cov: the weight of that KL term")
     use_kl_in_reward: bool = setting(False, help="reinforce_plus_plus: kl_penalty x the kl_type estimate is taken "
                                                  "from each token's reward instead of added to the loss; advantages "
                                                  "are each token's return to go, normalised over the step's tokens "
