@@ -77,6 +77,42 @@ def test_estimators_and_losses_choose_the_algorithm():
     assert value_at(_get("fully_async", trainer__fully_async__max_staleness_steps=3), "algorithm.async.max_staleness") == 3
 
 
+def test_the_other_policy_losses_and_their_own_keys():
+    rollout_is = _get("fully_async", trainer__algorithm__policy_loss_type="rollout_is",
+                      trainer__algorithm__eps_clip_high=0.28)
+    assert value_at(rollout_is, "algorithm.policy_loss") == "rollout_is"
+    assert value_at(rollout_is, "algorithm.ratio_clip_max") == 0.28  # its range's upper bound
+    sapo = _get(trainer__algorithm__policy_loss_type="sapo", trainer__algorithm__sapo__tau_pos=1.5,
+                trainer__algorithm__sapo__tau_neg=2.0)
+    assert (value_at(sapo, "algorithm.policy_loss"), value_at(sapo, "algorithm.sapo_tau_pos"),
+            value_at(sapo, "algorithm.sapo_tau_neg")) == ("sapo", 1.5, 2.0)
+    clip_cov = _get(trainer__algorithm__policy_loss_type="clip_cov", trainer__algorithm__clip_cov__clip_ratio=0.01,
+                    trainer__algorithm__clip_cov__clip_cov_lb=0.5, trainer__algorithm__clip_cov__clip_cov_ub=4.0)
+    assert [value_at(clip_cov, f"algorithm.{key}") for key in ("policy_loss", "clip_cov_ratio", "clip_cov_lb",
+                                                                "clip_cov_ub")] == ["clip_cov", 0.01, 0.5, 4.0]
+    kl_cov = _get(trainer__algorithm__policy_loss_type="kl_cov", trainer__algorithm__kl_cov__kl_cov_frac=0.1,
+                  trainer__algorithm__kl_cov__ppo_kl_coef=2.0)
+    assert [value_at(kl_cov, f"algorithm.{key}") for key in ("policy_loss", "kl_cov_ratio", "kl_cov_coef")] == [
+        "kl_cov", 0.1, 2.0]
+    # a loss's own keys are inert with another loss, and SkyRL's defaults of them are corerl's
+    result = _run(trainer__algorithm__policy_loss_type="regular", trainer__algorithm__sapo__tau_pos=3.0)
+    assert value_at(result.tree, "algorithm.sapo_tau_pos") is None
+    assert any(fate.key == "trainer.algorithm.sapo.tau_pos" and fate.fate == "inert" for fate in result.fates)
+    from corerl.config.schema import AlgorithmConfig
+
+    defaults = AlgorithmConfig()
+    assert (defaults.sapo_tau_pos, defaults.sapo_tau_neg, defaults.clip_cov_ratio, defaults.clip_cov_lb,
+            defaults.clip_cov_ub, defaults.kl_cov_ratio, defaults.kl_cov_coef) == (1.0, 1.05, 0.0002, 1.0, 5.0, 0.2, 1.0)
+
+
+@pytest.mark.parametrize("loss", ["rollout_is", "sapo", "clip_cov", "kl_cov"])
+def test_a_script_with_another_policy_loss_validates(capsys, tmp_path, loss):
+    code, err = _validate(capsys, tmp_path, "trainer.policy.model.path=Qwen/Qwen2.5-0.5B-Instruct",
+                          f"trainer.algorithm.policy_loss_type={loss}",
+                          "trainer.algorithm.clip_ratio_c=3.0")  # dual clip's: inert with these losses
+    assert code == 0, err
+
+
 def test_kl_clipping_and_loss_reduction():
     assert value_at(_get(trainer__algorithm__use_kl_loss=False), "algorithm.kl_penalty") == 0.0
     assert value_at(_get(trainer__algorithm__kl_loss_coef=0.05), "algorithm.kl_penalty") == 0.05
@@ -186,7 +222,7 @@ def test_a_key_skyrl_does_not_have_is_one_line_with_a_did_you_mean(capsys, tmp_p
 
 @pytest.mark.parametrize(("override", "says"), [
     ("generator.step_wise_trajectories=true", "step-wise trajectories"),
-    ("trainer.algorithm.policy_loss_type=sapo", "'sapo' policy loss is not built into corerl"),
+    ("trainer.algorithm.policy_loss_type=dppo", "'dppo' policy loss is not built into corerl"),
     ("trainer.algorithm.advantage_estimator=maxrl", "'maxrl' advantage estimator"),
     ("trainer.algorithm.use_entropy_loss=true", "entropy bonus"),
     ("trainer.resume_path=/ckpt", "resuming from a given checkpoint folder"),

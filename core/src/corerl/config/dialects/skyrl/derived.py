@@ -25,7 +25,17 @@ DEFAULTS: dict[str, Any] = {
 }
 #: the policy-loss types corerl runs: SkyRL's name -> what it sets
 _LOSSES = {"regular": {}, "dual_clip": {}, "gspo": {"algorithm.sequence_level_ratios": True},
-           "cispo": {"algorithm.use_cispo": True}}
+           "cispo": {"algorithm.use_cispo": True}, "rollout_is": {"algorithm.policy_loss": "rollout_is"},
+           "sapo": {"algorithm.policy_loss": "sapo"}, "clip_cov": {"algorithm.policy_loss": "clip_cov"},
+           "kl_cov": {"algorithm.policy_loss": "kl_cov"}}
+#: each policy loss's own keys: SkyRL's key (under trainer.algorithm.) -> corerl's
+_LOSS_KEYS = {"cispo": {"cispo.cispo_eps_clip_low": "algorithm.ratio_clip_min",
+                        "cispo.cispo_eps_clip_high": "algorithm.ratio_clip_max"},
+              "sapo": {"sapo.tau_pos": "algorithm.sapo_tau_pos", "sapo.tau_neg": "algorithm.sapo_tau_neg"},
+              "clip_cov": {"clip_cov.clip_ratio": "algorithm.clip_cov_ratio",
+                           "clip_cov.clip_cov_lb": "algorithm.clip_cov_lb",
+                           "clip_cov.clip_cov_ub": "algorithm.clip_cov_ub"},
+              "kl_cov": {"kl_cov.kl_cov_frac": "algorithm.kl_cov_ratio", "kl_cov.ppo_kl_coef": "algorithm.kl_cov_coef"}}
 
 
 class _Keys:
@@ -143,7 +153,7 @@ def _algorithm(keys: _Keys, out: Translator, entry_point: str) -> None:
     out.new_origins.setdefault("algorithm.name", f"SkyRL's {entry_point} entry point")
     loss, key = keys(_A + "policy_loss_type"), _A + "policy_loss_type"
     if loss not in _LOSSES:
-        out.refuse(key, f"the {loss!r} policy loss is not built into corerl (regular, dual_clip, gspo and cispo are)",
+        out.refuse(key, f"the {loss!r} policy loss is not built into corerl ({', '.join(_LOSSES)} are)",
                    "use one of those")
     elif keys.given(key) and _LOSSES[loss]:
         target, value = next(iter(_LOSSES[loss].items()))
@@ -155,12 +165,13 @@ def _algorithm(keys: _Keys, out: Translator, entry_point: str) -> None:
         _put(out, keys, _A + "clip_ratio_c", "algorithm.ratio_clip_c", keys(_A + "clip_ratio_c"))
     elif keys.given(_A + "clip_ratio_c"):
         out.inert(_A + "clip_ratio_c", "used only by policy_loss_type dual_clip")
-    for bound, target in (("low", "algorithm.ratio_clip_min"), ("high", "algorithm.ratio_clip_max")):
-        source = f"{_A}cispo.cispo_eps_clip_{bound}"
-        if keys.given(source) and loss == "cispo":
-            out.put(source, target, keys(source))
-        elif keys.given(source):
-            out.inert(source, "used only by policy_loss_type cispo")
+    for owner, companions in _LOSS_KEYS.items():  # SkyRL's defaults of these are corerl's
+        for name, target in companions.items():
+            source = _A + name
+            if keys.given(source) and loss == owner:
+                out.put(source, target, keys(source))
+            elif keys.given(source):
+                out.inert(source, f"used only by policy_loss_type {owner}")
 
 
 def _batches(keys: _Keys, out: Translator) -> None:

@@ -4,7 +4,7 @@ policy-loss type are decided together (:mod:`corerl.config.dialects.skyrl.derive
 
 from __future__ import annotations
 
-from corerl.config.dialects.rules import DERIVED, Rule, _not, _truthy, acts, derived, inert
+from corerl.config.dialects.rules import Rule, _not, _truthy, acts, derived, inert
 
 _A = "trainer.algorithm."
 _OFF = "a switch SkyRL leaves off by default; corerl has no such feature, so only false is accepted"
@@ -30,8 +30,9 @@ RULES: dict[str, Rule] = {
     _A + "advantage_batch_normalize": inert(_OFF + " (whitening GRPO's advantages over the batch)", _truthy),
     _A + "value_head_prefix": inert("corerl's critic is a one-label token classifier with its own head"),
     _A + "policy_loss_type": derived("regular: the clipped PPO loss; dual_clip: with algorithm.ratio_clip_c; "
-                                     "gspo: algorithm.sequence_level_ratios; cispo: algorithm.use_cispo; another "
-                                     "loss is refused"),
+                                     "gspo: algorithm.sequence_level_ratios; cispo: algorithm.use_cispo; "
+                                     "rollout_is, sapo, clip_cov and kl_cov: algorithm.policy_loss; another loss "
+                                     "is refused"),
     _A + "loss_reduction": derived("token_mean (and token_mean_legacy): algorithm.loss_aggregation token_mean; "
                                    "sequence_mean: sequence_mean; seq_mean_token_sum_norm (Dr. GRPO): "
                                    "constant_length over max_seq_len; prompt_mean is refused"),
@@ -68,12 +69,16 @@ RULES: dict[str, Rule] = {
                                                   lambda v: v is not None)
        for key in ("outlier_token_is_threshold_low", "outlier_token_is_threshold_high",
                    "token_mask_is_threshold_low", "token_mask_is_threshold_high")},
-    _A + "sapo.*": inert(_LOSS_ONLY + ": sapo"),
-    _A + "clip_cov.*": inert(_LOSS_ONLY + ": clip_cov"),
-    _A + "kl_cov.*": inert(_LOSS_ONLY + ": kl_cov"),
+    _A + "sapo.tau_pos": derived("with policy_loss_type sapo: algorithm.sapo_tau_pos"),
+    _A + "sapo.tau_neg": derived("with policy_loss_type sapo: algorithm.sapo_tau_neg"),
+    _A + "clip_cov.clip_ratio": derived("with policy_loss_type clip_cov: algorithm.clip_cov_ratio"),
+    _A + "clip_cov.clip_cov_lb": derived("with policy_loss_type clip_cov: algorithm.clip_cov_lb"),
+    _A + "clip_cov.clip_cov_ub": derived("with policy_loss_type clip_cov: algorithm.clip_cov_ub"),
+    _A + "kl_cov.kl_cov_frac": derived("with policy_loss_type kl_cov: algorithm.kl_cov_ratio"),
+    _A + "kl_cov.ppo_kl_coef": derived("with policy_loss_type kl_cov: algorithm.kl_cov_coef"),
     _A + "dppo.*": inert(_LOSS_ONLY + ": dppo"),
-    _A + "cispo.cispo_eps_clip_low": DERIVED,
-    _A + "cispo.cispo_eps_clip_high": DERIVED,
+    _A + "cispo.cispo_eps_clip_low": derived("with policy_loss_type cispo: algorithm.ratio_clip_min"),
+    _A + "cispo.cispo_eps_clip_high": derived("with policy_loss_type cispo: algorithm.ratio_clip_max"),
     _A + "cispo.cispo_anchor": inert("corerl's CISPO clips the ratio to the sampling policy", _not("old")),
     # DAPO's dynamic sampling and overlong buffer (main_dapo's and main_tis_dapo's additions)
     _A + "dynamic_sampling.type": derived("filter: algorithm.dynamic_sampling.enabled (groups whose rewards all "
