@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 
+import attrs
 import pytest
 import torch
 
@@ -189,3 +190,21 @@ def test_the_policy_loss_keys_reach_the_loss_and_their_companions_are_checked():
         with pytest.raises(ConfigError) as caught:
             check_policy_loss(bad)
         assert caught.value.key == key
+
+
+def test_seq_mask_leaves_out_the_sequences_outside_the_bounds_and_weighs_the_others_one():
+    from corerl.algorithms.grpo_math import importance_weights
+
+    # row 0: log ratios old - gen of 0.004 and 0.010 (geometric mean e^0.007 = 1.007, inside [0.99, 1.01]);
+    # row 1: 0.03 and 0.01 (e^0.02 = 1.020, above): left out
+    old = torch.tensor([[-1.0, -2.0], [-1.0, -2.0]])
+    gen = old - torch.tensor([[0.004, 0.010], [0.03, 0.01]])
+    mask = torch.ones(2, 2)
+    loss = GRPOLoss(importance_sampling_correction=True, importance_sampling_type="seq-mask",
+                    importance_weight_min=0.99, importance_weight_cap=1.01)
+    weights, changed = importance_weights(old, gen, mask, loss)
+    assert torch.equal(weights, torch.tensor([[1.0, 1.0], [0.0, 0.0]]))
+    assert torch.equal(changed, torch.tensor([[False, False], [True, True]]))
+    # seq-mask-tis leaves out the same row but weighs the kept tokens by exp(old - gen)
+    tis, _ = importance_weights(old, gen, mask, attrs.evolve(loss, importance_sampling_type="seq-mask-tis"))
+    assert torch.allclose(tis, torch.tensor([[math.exp(0.004), math.exp(0.010)], [0.0, 0.0]]))

@@ -284,7 +284,7 @@ def test_every_key_of_every_corpus_script_has_a_fate():
 def test_importance_sampling_masks_splits_and_sharding():
     geometric = _get(trainer__algorithm__off_policy_correction__sequence_mask_metric="geometric",
                      trainer__algorithm__off_policy_correction__geo_mask_low=0.98)
-    assert value_at(geometric, "algorithm.importance_sampling_type") == "seq-mask-tis"
+    assert value_at(geometric, "algorithm.importance_sampling_type") == "seq-mask"  # a mask, no weight, as SkyRL's
     assert (value_at(geometric, "algorithm.importance_weight_min"),
             value_at(geometric, "algorithm.importance_weight_cap")) == (0.98, 1.01)
     with pytest.raises(ConfigErrors, match="together with a geometric sequence mask"):
@@ -295,9 +295,9 @@ def test_importance_sampling_masks_splits_and_sharding():
     if "skyrl.dtensor" in {reg.id for reg, _ in lookup.table().sections}:
         _run(trainer__strategy="fsdp2", trainer__placement__policy_num_gpus_per_node=4,
              trainer__policy__fsdp_config__fsdp_size=4)  # every worker: FSDP's own sharding
-        with pytest.raises(ConfigErrors, match="hybrid sharding"):
+        with pytest.raises(ConfigErrors, match="hybrid sharding"):  # a group that does not divide the workers
             _run(trainer__strategy="fsdp2", trainer__placement__policy_num_gpus_per_node=4,
-                 trainer__policy__fsdp_config__fsdp_size=2)
+                 trainer__policy__fsdp_config__fsdp_size=3)
 
 
 def test_an_entry_point_adding_code_corerl_lacks_is_refused_and_async_schedules_act():
@@ -335,3 +335,45 @@ def test_on_policy_distillation_takes_skyrls_no_op_estimator_as_the_teachers_rev
     assert "use_kl_in_reward" not in result.tree["algorithm"] and "kl_penalty" not in result.tree["algorithm"]
     with pytest.raises(ConfigErrors, match="with on-policy distillation is not built into corerl"):
         _run("on_policy_distillation", trainer__algorithm__advantage_estimator="grpo")
+
+
+def _sections() -> set[str]:
+    return {reg.id for reg, _ in lookup.table().sections}
+
+
+@pytest.mark.skipif("skyrl.vllm" not in _sections(), reason="the vllm plugin is not installed")
+def test_engine_init_kwargs_reach_vllm_as_given_and_those_corerl_sets_are_refused():
+    result = _run(generator__inference_engine__max_num_seqs=64, generator__inference_engine__engine_init_kwargs={
+        "gdn_prefill_backend": "triton", "kernel_config": {"moe_backend": "triton"}, "max_num_seqs": 32,
+        "max_model_len": 4096})
+    assert value_at(result.tree, "policy.generation.vllm_cfg") == {"max_model_len": 4096, "engine_args": {
+        "max_num_seqs": 32, "gdn_prefill_backend": "triton", "kernel_config": {"moe_backend": "triton"}}}
+    # SkyRL applies engine_init_kwargs last: the engine's own max_num_seqs is overridden
+    assert [f.fate for f in result.fates if f.key == "generator.inference_engine.max_num_seqs"] == ["inert"]
+    for argument, names in (("seed", "trainer.seed"), ("tensor_parallel_size",
+                                                       "generator.inference_engine.tensor_parallel_size"),
+                            ("hf_overrides", "trainer.policy.model_config_kwargs")):
+        with pytest.raises(ConfigErrors, match=f"corerl sets itself, from {names}") as caught:
+            _run(generator__inference_engine__engine_init_kwargs={argument: 1})
+        assert caught.value.errors[0].key == f"generator.inference_engine.engine_init_kwargs.{argument}"
+
+
+@pytest.mark.skipif("skyrl.dtensor" not in _sections(), reason="the dtensor plugin is not installed")
+def test_ulysses_sequence_parallelism_is_context_parallelism_and_fsdp_size_hybrid_sharding():
+    hybrid = _get(trainer__strategy="fsdp2", trainer__placement__policy_num_nodes=2,
+                  trainer__placement__policy_num_gpus_per_node=8, trainer__policy__fsdp_config__fsdp_size=8,
+                  trainer__ref__fsdp_config__fsdp_size=8)
+    assert value_at(hybrid, "policy.dtensor_cfg") == {"enabled": True, "dp_replicate_size": 2}  # 2 groups of 8
+    assert value_at(_get(trainer__placement__policy_num_gpus_per_node=8, trainer__policy__sequence_parallel_size=4),
+                    "policy.dtensor_cfg.context_parallel_size") == 4
+    sft = _get("sft", strategy="fsdp2", sequence_parallel_size=2, placement__num_gpus_per_node=4)
+    assert value_at(sft, "policy.dtensor_cfg.context_parallel_size") == 2
+    with pytest.raises(ConfigErrors, match="does not divide the policy's 8 workers"):
+        _run(trainer__placement__policy_num_gpus_per_node=8, trainer__policy__sequence_parallel_size=3)
+    with pytest.raises(ConfigErrors, match="together with sequence_parallel_size > 1"):
+        _run(trainer__placement__policy_num_gpus_per_node=8, trainer__policy__sequence_parallel_size=2,
+             trainer__policy__fsdp_config__fsdp_size=4)
+    if "skyrl.megatron" in _sections():  # SkyRL's Ulysses is its FSDP strategy's
+        with pytest.raises(ConfigErrors, match="FSDP strategy only") as caught:
+            _run(trainer__strategy="megatron", trainer__policy__sequence_parallel_size=2)
+        assert caught.value.errors[0].key == "trainer.policy.sequence_parallel_size"

@@ -138,7 +138,7 @@ class GRPOLoss:
     importance_sampling_correction: bool = False
     importance_weight_cap: float | None = None
     importance_weight_min: float | None = None
-    importance_sampling_type: str = "tis"  # tis, icepop or seq-mask-tis (importance_weights)
+    importance_sampling_type: str = "tis"  # tis, icepop, seq-mask-tis or seq-mask (importance_weights)
     # the KL term weighted by exp(logprob - gen_logprob), detached: KL under the training policy
     on_policy_kl_approximation: bool = False
     # token_mean, sequence_mean or constant_length (the batch's aggregation_weights: aggregation_weights())
@@ -380,7 +380,8 @@ def importance_weights(old: torch.Tensor, gen: torch.Tensor, mask: torch.Tensor,
     ``tis``: ``w = min(exp(old - gen), cap)`` (truncated importance sampling); ``icepop``: ``w``
     where it lies within ``[min, cap]``, 0 elsewhere; ``seq-mask-tis``: a whole sequence's
     weights are 0 when the geometric mean of its ratios, ``exp(mean(old - gen))``, lies outside
-    ``[min, cap]``, else its tokens keep ``exp(old - gen)``. An unset bound does not bound."""
+    ``[min, cap]``, else its tokens keep ``exp(old - gen)``; ``seq-mask``: the same sequences left
+    out, the others' tokens weighing 1 (a mask, no weight). An unset bound does not bound."""
     mask = mask.to(old.dtype)
     raw = torch.exp(old - gen) * mask
     high = loss.importance_weight_cap if loss.importance_weight_cap is not None else float("inf")
@@ -390,12 +391,15 @@ def importance_weights(old: torch.Tensor, gen: torch.Tensor, mask: torch.Tensor,
         weights = raw.clamp(max=high)
     elif kind == "icepop":
         weights = raw * ((raw >= low) & (raw <= high)).to(raw.dtype)
-    elif kind == "seq-mask-tis":
+    elif kind in ("seq-mask-tis", "seq-mask"):
         tokens = mask.sum(dim=-1, keepdim=True).clamp(min=1.0)
         geometric = torch.exp(((old - gen) * mask).sum(dim=-1, keepdim=True) / tokens)
-        weights = raw * ((geometric >= low) & (geometric <= high)).to(raw.dtype)
+        kept = ((geometric >= low) & (geometric <= high)).to(raw.dtype)
+        if kind == "seq-mask":  # the mask alone: the kept sequences' tokens weigh 1
+            return kept * mask, (kept * mask == 0) & mask.bool()
+        weights = raw * kept
     else:
-        raise ValueError(f"unknown importance sampling type {kind!r}; known: tis, icepop, seq-mask-tis")
+        raise ValueError(f"unknown importance sampling type {kind!r}; known: tis, icepop, seq-mask-tis, seq-mask")
     changed = ((weights - raw).abs() > 1e-12) & mask.bool()
     return weights * mask, changed
 

@@ -479,15 +479,16 @@ def _lora(keys: _Keys, out: Translator, key: str) -> None:
 
 
 def _sequence_mask(keys: _Keys, out: Translator, token_tis: Any) -> None:
-    """SkyRL's geometric sequence mask: corerl's ``seq-mask-tis`` (a sequence whose geometric-mean
-    ratio lies outside [geo_mask_low, geo_mask_high] is left out; its tokens keep their ratios)."""
+    """SkyRL's geometric sequence mask: corerl's ``seq-mask`` (a sequence whose geometric-mean
+    ratio lies outside [geo_mask_low, geo_mask_high] is left out; the others' tokens are not
+    weighted: SkyRL's mask weighs nothing)."""
     key = _A + "off_policy_correction.sequence_mask_metric"
     metric = keys(key)
     bounds = [_A + "off_policy_correction.geo_mask_low", _A + "off_policy_correction.geo_mask_high"]
     if metric == "geometric" and token_tis is None:
         out.put(key, "algorithm.importance_sampling_correction", True,
-                "algorithm.importance_sampling_type seq-mask-tis")
-        set_at(out.tree, "algorithm.importance_sampling_type", "seq-mask-tis")
+                "algorithm.importance_sampling_type seq-mask")
+        set_at(out.tree, "algorithm.importance_sampling_type", "seq-mask")
         for source, target, default in zip(bounds, ("algorithm.importance_weight_min",
                                                     "algorithm.importance_weight_cap"), (0.99, 1.01), strict=True):
             _put(out, keys, source, target, keys(source) if keys.given(source) else default)

@@ -57,7 +57,7 @@ RULES: dict[str, Rule] = {
     _A + "off_policy_correction.sequence_tis_ratio_clip_high": inert(
         "used only with tis_ratio_type sequence (refused)"),
     _A + "off_policy_correction.sequence_mask_metric": derived(
-        "geometric (without token TIS): algorithm.importance_sampling_type seq-mask-tis, bounded by geo_mask_low "
+        "geometric (without token TIS): algorithm.importance_sampling_type seq-mask, bounded by geo_mask_low "
         "and geo_mask_high; product, or geometric with tis_ratio_type token, is refused"),
     _A + "off_policy_correction.geo_mask_low": derived("with sequence_mask_metric geometric: "
                                                        "algorithm.importance_weight_min"),
