@@ -377,3 +377,11 @@ def test_ulysses_sequence_parallelism_is_context_parallelism_and_fsdp_size_hybri
         with pytest.raises(ConfigErrors, match="FSDP strategy only") as caught:
             _run(trainer__strategy="megatron", trainer__policy__sequence_parallel_size=2)
         assert caught.value.errors[0].key == "trainer.policy.sequence_parallel_size"
+
+
+def test_a_token_budget_per_micro_batch_is_dynamic_batching():
+    assert value_at(_get(trainer__max_tokens_per_microbatch=4096), "policy.dynamic_batching") == {
+        "enabled": True, "train_mb_tokens": 4096, "logprob_mb_tokens": 4096}
+    assert value_at(_get(trainer__max_tokens_per_microbatch=-1), "policy.dynamic_batching.enabled") is False
+    with pytest.raises(ConfigErrors, match="not a token budget"):
+        _run(trainer__max_tokens_per_microbatch=0)

@@ -27,6 +27,14 @@ def _scheduler(name: Any) -> str:
     return known[name]
 
 
+def _token_budget(value: Any) -> dict[str, Any]:
+    """SkyRL's ``max_tokens_per_microbatch`` as corerl's ``policy.dynamic_batching`` (-1: off)."""
+    if not isinstance(value, int) or isinstance(value, bool) or value == 0 or value < -1:
+        raise ValueError(f"{value!r} is not a token budget: give a count above 0, or -1 (off)")
+    return {"enabled": False} if value == -1 else {"enabled": True, "train_mb_tokens": value,
+                                                   "logprob_mb_tokens": value}
+
+
 def _lora_targets(value: Any) -> list[str]:
     return [] if value in (None, "all-linear") else ([value] if isinstance(value, str) else list(value))
 
@@ -90,8 +98,10 @@ RULES: dict[str, Rule] = {
     _T + "critic_mini_batch_size": derived("PPO: the critic's optimizer steps follow the policy's"),
     _T + "micro_train_batch_size_per_gpu": acts("policy.train_micro_batch_size"),
     _T + "micro_forward_batch_size_per_gpu": acts("policy.logprob_micro_batch_size"),
-    _T + "max_tokens_per_microbatch": derived("above 0: policy.dynamic_batching (train and logprob micro-batches "
-                                              "of at most that many tokens)"),
+    _T + "max_tokens_per_microbatch": acts("policy.dynamic_batching", _token_budget,
+                                           "above 0: enabled, train and logprob micro-batches of at most that many "
+                                           "tokens (corerl counts a micro-batch's rows x its longest row, SkyRL its "
+                                           "unpadded tokens: other cuts, the same updates); -1: off"),
     _T + "update_epochs_per_batch": acts("algorithm.optimization_passes"),
     _T + "epochs": derived("without max_training_steps: the steps of that many epochs, counted from the training "
                            "rows (algorithm.max_steps)"),
