@@ -385,3 +385,16 @@ def test_a_token_budget_per_micro_batch_is_dynamic_batching():
     assert value_at(_get(trainer__max_tokens_per_microbatch=-1), "policy.dynamic_batching.enabled") is False
     with pytest.raises(ConfigErrors, match="not a token budget"):
         _run(trainer__max_tokens_per_microbatch=0)
+
+
+def test_sft_whole_splits_and_one_datasets_weight_are_inert_slices_and_mixtures_refused():
+    result = _run("sft", train_datasets=["/d/sft.parquet"], eval_datasets=["/d/val.parquet"],
+                  eval_dataset_splits=["train"], train_dataset_weights=[1.0])
+    assert value_at(result.tree, "data.held_out_files") == ["/d/val.parquet"]  # read whole, as SkyRL's "train"
+    assert {f.key: f.fate for f in result.fates if f.key in ("eval_dataset_splits", "train_dataset_weights")} == {
+        "eval_dataset_splits": "inert", "train_dataset_weights": "inert"}
+    with pytest.raises(ConfigErrors, match="a split slice of them") as caught:
+        _run("sft", eval_dataset_splits=["train[-500:]"])
+    assert caught.value.errors[0].key == "eval_dataset_splits"
+    with pytest.raises(ConfigErrors, match="mixing several datasets by weight"):
+        _run("sft", train_datasets=["/a", "/b"], train_dataset_weights=[0.8, 0.2])
