@@ -356,6 +356,10 @@ def test_engine_init_kwargs_reach_vllm_as_given_and_those_corerl_sets_are_refuse
         with pytest.raises(ConfigErrors, match=f"corerl sets itself, from {names}") as caught:
             _run(generator__inference_engine__engine_init_kwargs={argument: 1})
         assert caught.value.errors[0].key == f"generator.inference_engine.engine_init_kwargs.{argument}"
+    # expert parallelism over the engine's own ranks: corerl splits the experts by tensor parallelism there
+    moe = _run(generator__inference_engine__tensor_parallel_size=4, generator__inference_engine__expert_parallel_size=4)
+    assert value_at(moe.tree, "policy.generation.vllm_cfg.tensor_parallel_size") == 4
+    assert any("generator.inference_engine.expert_parallel_size=4" in warning for warning in moe.warnings)
 
 
 @pytest.mark.skipif("skyrl.dtensor" not in _sections(), reason="the dtensor plugin is not installed")

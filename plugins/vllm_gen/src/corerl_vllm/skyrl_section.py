@@ -33,8 +33,11 @@ RULES: dict[str, Rule] = {
     _E + "max_num_batched_tokens": acts(_TO + "engine_args.max_num_batched_tokens"),
     _E + "enable_prefix_caching": inert(_SERVING),
     _E + "enable_chunked_prefill": inert(_SERVING),
-    _E + "expert_parallel_size": inert("corerl's vLLM engines shard experts with their tensor-parallel ranks",
-                                       lambda value: value != 1),
+    # SkyRL requires expert_parallel_size = data_parallel_size x tensor_parallel_size: the engine's own ranks
+    _E + "expert_parallel_size": Rule.inert_with_warning(
+        "corerl's vLLM engine keeps the experts split over its tensor-parallel ranks (the same GPUs SkyRL lays "
+        "them out expert-parallel over) rather than expert-parallel: the same samples, another speed",
+        lambda value: value not in (1, None)),
     _E + "data_parallel_size": inert("corerl starts one vLLM engine per generation group",
                                      lambda value: value != 1),
     _E + "vllm_v1_disable_multiproc": inert(_SERVING),
