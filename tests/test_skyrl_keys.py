@@ -314,8 +314,11 @@ def test_checkpoint_folder_conversation_turns_and_dedicated_generation():
     assert "run" not in _get("sft", ckpt_path="")  # empty: corerl's default output folder
     assert [f.fate for f in _run(generator__use_conversation_multi_turn=False).fates
             if f.key == "generator.use_conversation_multi_turn"] == ["inert"]  # one turn: nothing to place
-    with pytest.raises(ConfigErrors, match="false over 3 turns"):
-        _run(generator__use_conversation_multi_turn=False, generator__max_turns=3)
+    several = _run(generator__use_conversation_multi_turn=False, generator__max_turns=3, environment__env_class="search")
+    assert value_at(several.tree, "env.skyrl_gym.conversation_format") is False  # observations as text in the response
+    assert [f.fate for f in several.fates if f.key == "generator.use_conversation_multi_turn"] == ["acts"]
+    assert "conversation_format" not in value_at(_get(generator__use_conversation_multi_turn=True, generator__max_turns=3,
+                                                      environment__env_class="search"), "env.skyrl_gym")
     dedicated = _get(trainer__placement__colocate_all=False, generator__inference_engine__num_engines=2,
                      generator__inference_engine__tensor_parallel_size=2)
     assert value_at(dedicated, "policy.generation.colocated") == {

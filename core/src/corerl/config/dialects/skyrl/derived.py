@@ -562,5 +562,6 @@ def _conversation(keys: _Keys, out: Translator) -> None:
     elif isinstance(turns, int) and turns <= 1:
         out.inert(key, "false with one turn (generator.max_turns 1): there is no second turn to place")
     else:
-        out.refuse(key, f"false over {turns} turns (the observations inside one assistant message) is not built into "
-                        "corerl: its rollout makes each turn a message", "set it to true")
+        out.put(key, f"{GYM_SECTION}.conversation_format", False,
+                f"{GYM_SECTION}.conversation_format false: the environment's observations appended as text inside "
+                "the model's response (one assistant message)")

@@ -48,9 +48,11 @@ RULES: dict[str, Rule] = {
                           "per episode in its multi-turn one"),
     _G + "max_turns": acts("algorithm.max_rollout_turns"),
     _G + "max_input_length": inert("corerl bounds an episode by policy.max_seq_length"),
-    _G + "use_conversation_multi_turn": derived("true, or any value with one turn (generator.max_turns 1): corerl's "
-                                                "rollout, each turn a message of the conversation; false over several "
-                                                "turns (observations inside one assistant message) is refused"),
+    _G + "use_conversation_multi_turn": derived("false over several turns: env.skyrl_gym.conversation_format false, "
+                                                "the environment's observations appended as text inside the model's "
+                                                "one assistant message (their tokens out of the loss); true: each "
+                                                "observation a new message of the conversation (corerl's default); "
+                                                "with one turn (generator.max_turns 1) either value is inert"),
     _G + "append_eos_token_after_stop_str_in_multi_turn": inert("corerl ends a turn at its stop string as "
                                                                 "the chat template does"),
     _G + "zero_reward_on_non_stop": acts("algorithm.overlong_penalty.truncated_reward_factor",
