@@ -7,16 +7,16 @@ from __future__ import annotations
 import json
 import pickle
 
-import corerl_skyrl_gym.plugin
 import pytest
 import skyrl_gym
-from corerl_skyrl_gym.environment import Live, SkyRLGymEnvironment
-from corerl_skyrl_gym.plugin import SkyRLGymSettings
 from skyrl_gym.envs.base_text_env import BaseTextEnv
 
+import corerl_skyrl_gym.plugin
 from corerl.sdk import ConfigErrors, EnvironmentContext, EpisodeView
 from corerl.testing import select_for, write_recipe
 from corerl.testing.environment_conformance import EnvironmentConformance
+from corerl_skyrl_gym.environment import Live, SkyRLGymEnvironment
+from corerl_skyrl_gym.plugin import SkyRLGymSettings
 
 RECIPE = {"policy": {"model_name": "builtin:tiny-qwen2"}, "data": {"env_name": "skyrl_gym"},
           "algorithm": {"max_rollout_turns": 4}}
