@@ -45,19 +45,13 @@ class _Keys:
         self.raw = raw
 
     def given(self, key: str) -> bool:
-        return value_at(self.raw, key) is not None or _present(self.raw, key)
+        return value_at(self.raw, key, _ABSENT) is not _ABSENT
 
     def __call__(self, key: str) -> Any:
         return value_at(self.raw, key) if self.given(key) else DEFAULTS.get(key)
 
 
-def _present(raw: dict[str, Any], key: str) -> bool:
-    node: Any = raw
-    for part in key.split("."):
-        if not isinstance(node, dict) or part not in node:
-            return False
-        node = node[part]
-    return True
+_ABSENT = object()  # a key the script does not give (None is a value: SkyRL's null)
 
 
 def _put(out: Translator, keys: _Keys, source: str, target: str, value: Any, detail: str | None = None) -> None:

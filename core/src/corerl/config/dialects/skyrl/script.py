@@ -229,18 +229,23 @@ class _Lexer:
             elif c == "$":
                 parts.append(self.dollar())
             elif c == "`":
-                self.take()
-                start = self.i
-                while self.peek() not in ("`", ""):
-                    self.take()
-                parts.append(("cmd", self.s[start:self.i]))
-                self.take()
+                parts.append(self.backticked())
             elif c == "~" and not parts and not stop:
                 self.take()
                 parts.append(("tilde",))
             else:
                 _push(parts, "lit", self.take())
         return parts
+
+    def backticked(self) -> tuple[str, str]:
+        """A `...` command substitution, read up to its closing backtick (never run)."""
+        self.take()
+        start = self.i
+        while self.peek() not in ("`", ""):
+            self.take()
+        command = self.s[start:self.i]
+        self.take()
+        return ("cmd", command)
 
     def double_quoted(self) -> list[tuple[Any, ...]]:
         parts: list[tuple[Any, ...]] = []
@@ -254,12 +259,7 @@ class _Lexer:
             elif c == "$":
                 parts.append(self.dollar())
             elif c == "`":
-                self.take()
-                start = self.i
-                while self.peek() not in ("`", ""):
-                    self.take()
-                parts.append(("cmd", self.s[start:self.i]))
-                self.take()
+                parts.append(self.backticked())
             else:
                 _push(parts, "sq", self.take())
         self.take()

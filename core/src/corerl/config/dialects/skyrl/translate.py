@@ -16,7 +16,7 @@ from typing import Any
 
 from corerl.config.dialects.nemo_rl import Translation, _Translator
 from corerl.config.dialects.skyrl import derived, lookup
-from corerl.config.tree import origin_of
+from corerl.config.tree import origin_of, value_at
 from corerl.errors import ConfigError, ConfigErrors
 from corerl.plugin_manager import PluginHost
 
@@ -69,7 +69,7 @@ def translate(raw: dict[str, Any], origins: dict[str, str], strict: bool = False
     known = set(lookup.known_keys(entry_point, host))
     switches = [key for key in found.switch_keys() if key in known]
     for key in switches:
-        value = _value(raw, key)
+        value = value_at(raw, key)
         claiming = found.claims(key)
         picked = [(reg, own) for reg, own in claiming if value in own.claims[key]]
         for reg, own in claiming:
@@ -184,12 +184,3 @@ def _apply(out: _SkyRLTranslator, path: str, value: Any, rule: Any, name: str | 
             out.put(path, rule.target, rule.convert(value) if rule.convert else value)
         except (ValueError, TypeError) as exc:
             out.refuse(path, str(exc), "change the value")
-
-
-def _value(raw: dict[str, Any], key: str) -> Any:
-    node: Any = raw
-    for part in key.split("."):
-        if not isinstance(node, dict) or part not in node:
-            return None
-        node = node[part]
-    return node
