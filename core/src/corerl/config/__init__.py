@@ -164,9 +164,7 @@ def _validate_translation(translation: Any, host: PluginHost, source: str, stric
             fates += [KeyFate(leaf, "unknown", origin_of(leaf, translation.origins) or "override")
                       for leaf in sorted(translation.passthrough) if leaf == key or leaf.startswith(key + ".")]
         config = validate_tree(tree, translation.origins, host, source)  # any other problem is raised here
-    block = nemo_rl.unknown_warning(fates)
-    if block is not None and label != "NeMo RL":  # the block names the dialect it was written for
-        block = block.replace("NeMo RL key(s)", f"{label} key(s)", 1)
+    block = nemo_rl.unknown_warning(fates, dialect=label)
     return attrs.evolve(config, fates=fates, warnings=[*config.warnings, *translation.warnings, *([block] if block else [])])
 
 

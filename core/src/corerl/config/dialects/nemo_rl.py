@@ -302,15 +302,15 @@ def translate(raw: dict[str, Any], origins: Origins, strict: bool = False,
     return Translation(out.tree, out.new_origins, out.fates, out.warnings, frozenset(passthrough))
 
 
-def unknown_warning(fates: list[KeyFate], shown: int = 5) -> str | None:
+def unknown_warning(fates: list[KeyFate], shown: int = 5, dialect: str = "NeMo RL") -> str | None:
     """One warning block for the keys left out as unknown: their count and the first ``shown``,
-    each with its file (None when there are none)."""
+    each with its file (None when there are none); ``dialect`` names the framework they are of."""
     unknown = [f for f in fates if f.fate == "unknown"]
     if not unknown:
         return None
     listed = ", ".join(f"{f.key} ({f.detail})" for f in unknown[:shown])
     more = f", and {len(unknown) - shown} more" if len(unknown) > shown else ""
-    return (f"{len(unknown)} NeMo RL key(s) corerl does not know were left out: {listed}{more} (--explain lists "
+    return (f"{len(unknown)} {dialect} key(s) corerl does not know were left out: {listed}{more} (--explain lists "
             "them all; --strict refuses them)")
 
 
