@@ -27,18 +27,12 @@ from pathlib import Path
 from typing import Any
 
 from bench_output import results_path
+from nemo_rl_recipes import machine_only  # the same machine-only refusals in both corpora
 
-#: refusals that depend on the machine validating (no GPU here), not on the script
-MACHINE_ONLY = ("needs a GPU", "ask for a GPU each but the Ray cluster has none")
 #: the environment the scripts are read in (their shell defaults decide the rest)
 ENVIRONMENT = {"HOME": "/home/user", "PATH": "/usr/bin:/bin"}
 NOT_TRAINING = "no training command"
 _REQUIRED = re.compile(r"^(\w+) is not set: ")
-
-
-def machine_only(reason: str) -> bool:
-    """Whether a refusal says only that this machine has no GPU."""
-    return any(m in reason for m in MACHINE_ONLY)
 
 
 def entry_point_of(path: Path, environ: dict[str, str]) -> tuple[str | None, str, dict[str, str]]:
