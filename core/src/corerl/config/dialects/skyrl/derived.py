@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from corerl.config.dialects.rules import Translator
+from corerl.config.dialects.skyrl import entry_points
 from corerl.config.dialects.skyrl.keys.data import GYM_ENVIRONMENT, GYM_SECTION
 from corerl.config.tree import set_at, value_at
 
@@ -91,12 +92,24 @@ def derive(raw: dict[str, Any], out: Translator, entry_point: str) -> None:
     _dedicated_generation(keys, out)
     _output_dir(keys, out, "trainer.ckpt_path")
     _conversation(keys, out)
+    _entry_point_settings(out, entry_point)
     prompt, answer = keys("trainer.max_prompt_length"), keys("generator.sampling_params.max_generate_length")
     if isinstance(prompt, int) and isinstance(answer, int):
         _put(out, keys, "trainer.max_prompt_length", "policy.max_seq_length", prompt + answer,
              "policy.max_seq_length (max_prompt_length + generator.sampling_params.max_generate_length)")
         _default(out, keys, "generator.sampling_params.max_generate_length", "policy.generation.max_new_tokens",
                  answer)
+
+
+def _entry_point_settings(out: Translator, entry_point: str) -> None:
+    """What an entry point's own code stands for in corerl (``EntryPoint.implies``)."""
+    try:
+        entry = entry_points.by_id(entry_point)
+    except KeyError:  # an id the module does not list (a canonical schedule name): implies nothing
+        return
+    for target, value in entry.implies:
+        set_at(out.tree, target, value)
+        out.new_origins[target] = f"SkyRL's {entry.id} entry point ({entry.module})"
 
 
 _DISTILLATION = {_A + "advantage_estimator": ("no_op",), _A + "policy_loss_type": ("importance_sampling", "regular"),

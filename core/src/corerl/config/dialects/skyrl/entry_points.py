@@ -11,7 +11,7 @@ any other module is refused in one line naming its line and the known entry poin
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 import attrs
 
@@ -31,13 +31,16 @@ class EntryPoint:
     (on-policy distillation from ``trainer.ref``'s teacher) or ``generate`` (generation and
     evaluation only, no training). ``schedule``: ``sync``, ``async`` (one step off-policy) or
     ``fully_async`` (``trainer.fully_async``). ``adds``: what the module adds that a ``key=value``
-    does not say (None: nothing; the translator refuses a module that adds code corerl lacks)."""
+    does not say (None: nothing; the translator refuses a module that adds code corerl lacks).
+    ``implies``: corerl settings (dotted key, value) that stand for what the module adds, where
+    corerl has it (a policy loss, an advantage estimator, an environment); set after the keys'."""
 
     id: str
     module: str
     family: Literal["rl", "dapo", "sft", "distillation", "generate"]
     schedule: Literal["sync", "async", "fully_async"] = "sync"
     adds: str | None = None
+    implies: tuple[tuple[str, Any], ...] = ()
 
 
 #: the module a hand-written ``corerl run --dialect skyrl key=value ...`` starts
