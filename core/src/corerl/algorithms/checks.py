@@ -35,7 +35,8 @@ def check_sample_batches(config: Any) -> None:
 
 def check_policy_loss(algorithm: Any) -> None:
     """The policy-gradient loss's keys (GRPO and PPO): CISPO has no clipped surrogate for dual
-    clipping to bound, a KL folded into the rewards needs REINFORCE++ (GRPO) and a KL penalty, and
+    clipping to bound, the maxrl and batch_mean estimators have no leave-one-out baseline, a KL
+    folded into the rewards needs REINFORCE++ (GRPO) and a KL penalty, and
     the deprecated ``token_level_loss`` acts with a warning unless it contradicts
     ``loss_aggregation``."""
     loss = algorithm.policy_loss
@@ -55,6 +56,10 @@ def check_policy_loss(algorithm: Any) -> None:
         raise ConfigError("dual clipping bounds PPO-clip's surrogate, which CISPO replaces (its clipped ratio is a "
                           "detached weight)", key="algorithm.ratio_clip_c", hint="unset it, or set "
                           "algorithm.use_cispo=false")
+    if algorithm.advantage_estimator in ("maxrl", "batch_mean") and algorithm.leave_one_out_baseline:
+        raise ConfigError(f"is a baseline of the grpo estimator, and advantage_estimator {algorithm.advantage_estimator} "
+                          "has its own", key="algorithm.leave_one_out_baseline",
+                          hint="remove it, or set algorithm.advantage_estimator=grpo")
     if algorithm.use_kl_in_reward:
         if algorithm.name == "grpo" and algorithm.advantage_estimator != "reinforce_plus_plus":
             raise ConfigError("folds the KL into REINFORCE++'s token rewards, and advantage_estimator is "

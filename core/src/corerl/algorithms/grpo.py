@@ -22,11 +22,10 @@ from corerl.algorithms.batches import RewardFn, minibatches, samples_to_batch, s
 from corerl.algorithms.contract import AlgorithmBase
 from corerl.algorithms.grpo_math import (
     GRPOLoss,
-    group_advantages,
+    advantages_for,
     kl_estimate,
     kl_in_reward_advantages,
     off_policy_metrics,
-    reinforce_plus_plus_advantages,
     step_gap_metrics,
 )
 from corerl.algorithms.reward_shaping import RolloutShaping, dynamically_sampled
@@ -51,7 +50,7 @@ class GRPO:
     reference: TrainingEngine | None = None  # a frozen training backend for the KL penalty (logprobs only)
     scale_rewards_by_std: bool = True
     leave_one_out_baseline: bool = False
-    advantage_estimator: str = "grpo"  # or reinforce_plus_plus (REINFORCE++-baseline)
+    advantage_estimator: str = "grpo"  # reinforce_plus_plus (REINFORCE++-baseline), maxrl or batch_mean (advantages_for)
     minus_baseline: bool = True  # reinforce_plus_plus: the group's mean subtracted first
     advantage_clip: tuple[float | None, float | None] = (None, None)  # bounds on the advantages (low, high)
     # reinforce_plus_plus with the KL in the reward: its coefficient (the loss then has no KL term)
@@ -124,12 +123,10 @@ class GRPO:
         groups = rollout.groups
         rewards = torch.tensor(rollout.rewards, dtype=torch.float32)
         kl_in_reward = self.kl_in_reward and self.reference_offload is not None
-        if self.advantage_estimator == "reinforce_plus_plus":  # with the KL in the reward: normalised per token below
-            advantages = reinforce_plus_plus_advantages(rewards, minus_baseline=self.minus_baseline,
-                                                        normalise=self.scale_rewards_by_std and not kl_in_reward)
-        else:
-            advantages = group_advantages(rewards, scale_by_std=self.scale_rewards_by_std,
-                                          leave_one_out=self.leave_one_out_baseline)
+        # reinforce_plus_plus with the KL in the reward: normalised per token below
+        advantages = advantages_for(self.advantage_estimator, rewards, scale_by_std=self.scale_rewards_by_std,
+                                    leave_one_out=self.leave_one_out_baseline, minus_baseline=self.minus_baseline,
+                                    normalise=self.scale_rewards_by_std and not kl_in_reward)
         batch = samples_to_batch(groups, advantages)
 
         start = time.perf_counter()

@@ -39,6 +39,45 @@ def reinforce_plus_plus_advantages(rewards: torch.Tensor, *, minus_baseline: boo
     return (centred - centred.mean()) / (centred.std(unbiased=False) + eps)
 
 
+def maxrl_advantages(rewards: torch.Tensor, *, eps: float = 1e-6) -> torch.Tensor:
+    """MaxRL (maximum-likelihood RL): ``rewards`` ``[prompts, n]`` -> each reward minus its
+    group's mean, divided by that mean (``+ eps``) instead of by the std. With 0/1 rewards the
+    mean is the prompt's success rate ``p``, so a correct sample gets ``(1 - p) / p``: the ``1/p``
+    weighting of maximum likelihood, which gives hard prompts the larger weight. A group whose
+    rewards are all 0 gets zero advantages; a group of one sample keeps its reward (no baseline,
+    as SkyRL's ``maxrl``). Meant for rewards of 0 or more (a success rate): a mean near 0 from
+    rewards of both signs makes the advantages large."""
+    if rewards.shape[1] < 2:
+        return rewards.clone()
+    mean = rewards.mean(dim=1, keepdim=True)
+    return (rewards - mean) / (mean + eps)
+
+
+def batch_mean_advantages(rewards: torch.Tensor) -> torch.Tensor:
+    """``rewards`` ``[prompts, n]`` minus the mean reward of the whole step's samples: one
+    baseline for the batch, not per prompt, and no scaling (SkyRL's custom_advantage_estimator
+    example, ``simple_baseline``)."""
+    return rewards - rewards.mean()
+
+
+def advantages_for(estimator: str, rewards: torch.Tensor, *, scale_by_std: bool = True, leave_one_out: bool = False,
+                   minus_baseline: bool = True, normalise: bool = True) -> torch.Tensor:
+    """``algorithm.advantage_estimator``'s advantages of a step's ``rewards`` ``[prompts, n]``:
+    ``grpo`` (:func:`group_advantages`, with ``scale_by_std`` and ``leave_one_out``),
+    ``reinforce_plus_plus`` (:func:`reinforce_plus_plus_advantages`, with ``minus_baseline`` and
+    ``normalise``), ``maxrl`` (:func:`maxrl_advantages`) or ``batch_mean``
+    (:func:`batch_mean_advantages`); the last two take none of the options."""
+    if estimator == "grpo":
+        return group_advantages(rewards, scale_by_std=scale_by_std, leave_one_out=leave_one_out)
+    if estimator == "reinforce_plus_plus":
+        return reinforce_plus_plus_advantages(rewards, minus_baseline=minus_baseline, normalise=normalise)
+    if estimator == "maxrl":
+        return maxrl_advantages(rewards)
+    if estimator == "batch_mean":
+        return batch_mean_advantages(rewards)
+    raise ValueError(f"unknown advantage estimator {estimator!r}; known: grpo, reinforce_plus_plus, maxrl, batch_mean")
+
+
 def kl_in_reward_advantages(scores: torch.Tensor, mask: torch.Tensor, kl: torch.Tensor, kl_coef: float, *,
                             normalise: bool = True, eps: float = 1e-6) -> torch.Tensor:
     """REINFORCE++ with the KL in the reward: ``[B, T]`` per-token advantages from each sample's
@@ -117,6 +156,8 @@ class GRPOLoss:
     - ``kl_cov``: the unclipped ``-A * r``, plus ``kl_cov_coef * |logprob - old_logprob|`` on the
       ``kl_cov_ratio`` share of the loss tokens (at least one) with the largest covariance
       (KL-Cov) (:func:`kl_cov_surrogate`).
+    - ``reinforce``: plain REINFORCE, ``-A * logprob``: no ratio, no clipping (the gradient is
+      ``-A * grad logprob`` on every pass, the old policy playing no part).
 
     Summed and divided by the number of loss tokens in the optimizer batch (``loss_aggregation``
     ``token_mean``); with ``sequence_mean`` or ``constant_length`` each token also carries its
@@ -145,7 +186,7 @@ class GRPOLoss:
     loss_aggregation: str = "token_mean"
     loss_aggregation_length: int | None = None  # constant_length: the length each sequence counts as
     use_cispo: bool = False  # CISPO: -A * sg(clipped ratio) * logprob
-    policy_loss: str = "clipped"  # clipped, rollout_is, sapo, clip_cov or kl_cov (the class docstring)
+    policy_loss: str = "clipped"  # clipped, rollout_is, sapo, clip_cov, kl_cov or reinforce (the class docstring)
     sapo_tau_pos: float = 1.0  # SAPO's gate temperature on tokens with a positive advantage
     sapo_tau_neg: float = 1.05  # ... and on the others
     clip_cov_ratio: float = 0.0002  # Clip-Cov: the share of loss tokens left out
@@ -208,9 +249,12 @@ class GRPOLoss:
                                                     self.kl_cov_coef)
             changed = torch.zeros_like(changed)  # no clipping
             extra["kl_cov_fraction"] = (penalised.to(mask.dtype) * mask).sum().detach() / normaliser
+        elif self.policy_loss == "reinforce":
+            per_token = -advantages * logprobs
+            changed = torch.zeros_like(changed)  # no clipping
         elif self.policy_loss != "clipped":
             raise ValueError(f"unknown policy loss {self.policy_loss!r}; known: clipped, rollout_is, sapo, clip_cov, "
-                             "kl_cov")
+                             "kl_cov, reinforce")
         elif self.use_cispo:  # the clipped ratio weighs the log-likelihood's gradient; no token loses it
             per_token = -advantages * clipped.detach() * logprobs
         else:

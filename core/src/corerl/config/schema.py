@@ -304,7 +304,7 @@ class AlgorithmConfig:
     use_cispo: bool = setting(False, help="CISPO: each token's loss is -A x sg(clip(r, 1 - ratio_clip_min, 1 + "
                                           "ratio_clip_max)) x logprob, so every token keeps a gradient (the clipped "
                                           "ratio is a detached weight, not a cut-off)")
-    policy_loss: Literal["clipped", "rollout_is", "sapo", "clip_cov", "kl_cov"] = setting(
+    policy_loss: Literal["clipped", "rollout_is", "sapo", "clip_cov", "kl_cov", "reinforce"] = setting(
         "clipped", help="the policy-gradient surrogate (GRPO, PPO). clipped: PPO-clip (with use_cispo, ratio_clip_c, "
                         "sequence_level_ratios); rollout_is: -A x sg(w) x logprob, w = the policy's probability over "
                         "the generation engine's where it lies within (1 - ratio_clip_min, 1 + ratio_clip_max), else "
@@ -312,7 +312,8 @@ class AlgorithmConfig:
                         "gate instead of the clip (SAPO; sapo_tau_pos, sapo_tau_neg); clip_cov: PPO-clip with a random "
                         "clip_cov_ratio share of the tokens whose advantage-logprob covariance lies in (clip_cov_lb, "
                         "clip_cov_ub) left out (Clip-Cov); kl_cov: -A x r, plus kl_cov_coef x |log r| on the "
-                        "kl_cov_ratio share of tokens of largest covariance (KL-Cov)")
+                        "kl_cov_ratio share of tokens of largest covariance (KL-Cov); reinforce: -A x logprob, plain "
+                        "REINFORCE (no ratio, no clipping)")
     sapo_tau_pos: float = setting(1.0, min=0.0, min_exclusive=True,
                                   help="policy_loss sapo: the gate's temperature on tokens with a positive advantage")
     sapo_tau_neg: float = setting(1.05, min=0.0, min_exclusive=True,
@@ -328,9 +329,13 @@ class AlgorithmConfig:
                                                  "from each token's reward instead of added to the loss; advantages "
                                                  "are each token's return to go, normalised over the step's tokens "
                                                  "(REINFORCE++). PPO always does this")
-    advantage_estimator: Literal["grpo", "reinforce_plus_plus"] = setting(
+    advantage_estimator: Literal["grpo", "reinforce_plus_plus", "maxrl", "batch_mean"] = setting(
         "grpo", help="GRPO: grpo (each reward against its group, scaled by the group's std); reinforce_plus_plus: "
-                     "REINFORCE++-baseline (minus the group's mean, then normalised over the step's samples)")
+                     "REINFORCE++-baseline (minus the group's mean, then normalised over the step's samples); maxrl: "
+                     "MaxRL (minus the group's mean, divided by that mean: 1/success-rate weighting, for rewards of 0 "
+                     "or more); batch_mean: minus the mean reward of the step's samples, unscaled (one baseline for "
+                     "the batch). maxrl and batch_mean take none of scale_rewards_by_std, leave_one_out_baseline, "
+                     "minus_baseline")
     advantage_clip_low: float | None = setting(None, help="GRPO: advantages below this are raised to it; unset: "
                                                           "no bound")
     advantage_clip_high: float | None = setting(None, help="GRPO: advantages above this are lowered to it; unset: "
