@@ -5,6 +5,7 @@ against a computation written out here; and the entry points' ``implies``."""
 
 from __future__ import annotations
 
+import math
 import types
 
 import pytest
@@ -16,6 +17,7 @@ from corerl.algorithms.grpo_math import (
     batch_mean_advantages,
     maxrl_advantages,
 )
+from corerl.config.dialects.skyrl import entry_points
 
 
 def _leaf(rows):
@@ -176,3 +178,86 @@ def test_the_new_estimators_validate_and_refuse_a_leave_one_out_baseline():
         with pytest.raises(ConfigError) as caught:
             check_policy_loss(AlgorithmConfig(advantage_estimator=estimator, use_kl_in_reward=True, kl_penalty=0.1))
         assert caught.value.key == "algorithm.use_kl_in_reward"
+
+
+# --- SFT's perplexity (sft_with_callbacks' PerplexityLogger) ---------------------------------
+
+
+class _Scored:
+    """A training engine whose model gives each token a fixed probability: it computes the loss it is
+    given on those logprobs (training itself is not under test)."""
+
+    def __init__(self, probabilities) -> None:
+        self.probabilities = probabilities
+
+    def train_step(self, batch, loss):
+        from corerl.training.contract import StepResult
+
+        mask = batch["loss_mask"]
+        logprobs = torch.zeros(mask.shape, dtype=torch.float64)
+        logprobs[mask.bool()] = torch.log(torch.tensor(self.probabilities, dtype=torch.float64))
+        value, metrics = loss(logprobs, batch, float(mask.sum()))
+        return StepResult(loss=float(value), grad_norm=0.0, lr=0.1, tokens=int(mask.sum()), step=1, metrics=metrics)
+
+
+def test_sft_logs_the_perplexity_of_the_steps_response_tokens():
+    from corerl.algorithms.sft import SFT
+
+    pairs = [((1, 2), (3, 4)), ((5,), (6, 7, 8))]  # five response tokens
+    probabilities = [0.5, 0.25, 0.1, 0.8, 0.5]
+    metrics = SFT(_Scored(probabilities)).step(pairs)
+    # perplexity: the inverse geometric mean of the probabilities the model gave the tokens
+    assert metrics["perplexity"] == pytest.approx(math.prod(probabilities) ** (-1 / len(probabilities)), rel=1e-9)
+    assert metrics["perplexity"] == pytest.approx(math.exp(metrics["loss"]), rel=1e-12)
+
+
+def test_perplexity_caps_the_loss_and_keeps_nan():
+    from corerl.algorithms.sft import perplexity
+
+    assert perplexity(0.0) == 1.0 and perplexity(1000.0) == pytest.approx(math.exp(20.0))
+    assert math.isnan(perplexity(float("nan")))
+
+
+# --- the entry points' records ------------------------------------------------------------------
+
+
+def test_a_registered_name_acts_only_where_the_key_selects_it():
+    key = "trainer.algorithm.policy_loss_type"
+    assert entry_points.registered("custom_policy_loss", key, "reinforce") == (("algorithm.policy_loss", "reinforce"),)
+    assert entry_points.registered("custom_policy_loss", key, "regular") is None  # the module only adds a name
+    assert entry_points.registered("main_base", key, "reinforce") is None  # SkyRL's own entry point has no reinforce
+    assert entry_points.registered("nope", key, "reinforce") is None
+    estimator = "trainer.algorithm.advantage_estimator"
+    assert entry_points.registered("custom_advantage_estimator", estimator, "simple_baseline") == (
+        ("algorithm.advantage_estimator", "batch_mean"),)
+
+
+def test_what_the_entry_points_stand_for_is_valid_corerl_settings():
+    from corerl.algorithms.checks import check_policy_loss
+    from corerl.config.schema import AlgorithmConfig
+
+    from corerl.config.structure import StructureContext, structure
+
+    for entry in entry_points.ENTRY_POINTS:
+        assert not (entry.adds and (entry.implies or entry.registers)), entry.id
+        for item in entry.registers:
+            fields = {target.removeprefix("algorithm."): value for target, value in item.settings}
+            context = StructureContext(origins={}, owned_sections={})
+            algorithm = structure(AlgorithmConfig, fields, "algorithm", context)
+            assert context.errors == [], (entry.id, context.errors)  # a value the schema lacks is an error here
+            check_policy_loss(algorithm)
+    context = StructureContext(origins={}, owned_sections={})
+    structure(AlgorithmConfig, {"policy_loss": "unheard_of"}, "algorithm", context)
+    assert context.errors  # (the check above can fail)
+    (target, value), = entry_points.by_id("multiply").implies
+    module, _, name = value.partition(":")
+    assert target == "env.skyrl_gym.register.multiply"
+    pytest.importorskip("skyrl_gym")
+    import importlib
+
+    assert getattr(importlib.import_module(module), name).__name__ == name
+
+
+def test_the_callbacks_example_is_sft_and_refused_no_more():
+    entry = entry_points.by_id("sft_with_callbacks")
+    assert entry.family == "sft" and entry.adds is None

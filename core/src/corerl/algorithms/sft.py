@@ -5,6 +5,7 @@ training backend (only its contract is used). Used for warm starts before GRPO a
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
@@ -17,6 +18,16 @@ from corerl.algorithms.contract import AlgorithmBase, RunServices
 
 if TYPE_CHECKING:
     from corerl.training.contract import TrainingEngine
+
+
+#: the largest loss perplexity exponentiates (exp(20) ~ 4.9e8): an early, unstable step's loss does not overflow
+PERPLEXITY_LOSS_CAP = 20.0
+
+
+def perplexity(loss: float) -> float:
+    """A step's perplexity: ``exp`` of its mean token loss (:class:`SFTLoss`), the loss capped at
+    :data:`PERPLEXITY_LOSS_CAP` (as SkyRL's PerplexityLogger callback logs it); NaN stays NaN."""
+    return loss if math.isnan(loss) else math.exp(min(loss, PERPLEXITY_LOSS_CAP))
 
 
 @attrs.frozen
@@ -33,7 +44,8 @@ class SFTLoss:
 
 @attrs.define
 class SFT:
-    """SFT over a training backend; call :meth:`step` per batch of demonstrations."""
+    """SFT over a training backend; call :meth:`step` per batch of demonstrations. Each step's
+    metrics include ``perplexity``, ``exp`` of its loss (:func:`perplexity`)."""
 
     training: TrainingEngine
     loss: SFTLoss = attrs.field(factory=SFTLoss)
@@ -46,9 +58,11 @@ class SFT:
         result = self.training.train_step(batch, self.loss)
         elapsed = time.perf_counter() - start
         self.steps_done += 1
+        loss = float(result.loss)
         return {
             "optimizer_step": float(result.step),
-            "loss": float(result.loss),
+            "loss": loss,
+            "perplexity": perplexity(loss),
             "grad_norm": float(result.grad_norm),
             "lr": float(result.lr),
             "tokens": float(batch["loss_mask"].sum()),

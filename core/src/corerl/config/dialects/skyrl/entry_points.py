@@ -5,8 +5,11 @@ example's own ``main_*.py``, ``skyrl.train.main_sft``, ...) with ``key=value`` o
 decides the algorithm as much as the keys do. Each module the corpus of SkyRL's examples starts has
 an :class:`EntryPoint` here: a canonical id (what the translator is given), the algorithm family,
 its schedule, and, for an example whose module adds code of its own (an environment, a loss, a
-generator), what that code is, so that the translator can refuse it in one line. A script starting
-any other module is refused in one line naming its line and the known entry points.
+generator), either what corerl does in its place (``implies``: settings the module stands for;
+``registers``: a name the module adds to one of SkyRL's registries, which a key then selects) or,
+where corerl lacks it, what that code is (``adds``), so that the translator can refuse it in one
+line. A script starting any other module is refused in one line naming its line and the known
+entry points.
 """
 
 from __future__ import annotations
@@ -17,7 +20,21 @@ import attrs
 
 from corerl.errors import ConfigError
 
-__all__ = ["DEFAULT_MODULE", "ENTRY_POINTS", "NOT_TRAINING", "EntryPoint", "by_id", "by_module", "known", "resolve"]
+__all__ = ["DEFAULT_MODULE", "ENTRY_POINTS", "NOT_TRAINING", "EntryPoint", "Registered", "by_id", "by_module", "known",
+           "registered", "resolve"]
+
+
+@attrs.frozen
+class Registered:
+    """A name an example's module adds to one of SkyRL's registries (``PolicyLossRegistry``,
+    ``AdvantageEstimatorRegistry``): the SkyRL ``key`` that selects it, the ``name``, and the
+    corerl ``settings`` (dotted key, value) it stands for. Unlike ``implies``, it acts only where
+    the script's key names it (the module's registration makes the name available; the key picks
+    it)."""
+
+    key: str
+    name: str
+    settings: tuple[tuple[str, Any], ...]
 
 
 @attrs.frozen
@@ -33,7 +50,9 @@ class EntryPoint:
     ``fully_async`` (``trainer.fully_async``). ``adds``: what the module adds that a ``key=value``
     does not say (None: nothing; the translator refuses a module that adds code corerl lacks).
     ``implies``: corerl settings (dotted key, value) that stand for what the module adds, where
-    corerl has it (a policy loss, an advantage estimator, an environment); set after the keys'."""
+    corerl has it (an environment it registers); set after the keys'. ``registers``: the names it
+    adds to SkyRL's registries, each with the corerl settings it stands for, acting where a key
+    selects it (:class:`Registered`, :func:`registered`)."""
 
     id: str
     module: str
@@ -41,12 +60,15 @@ class EntryPoint:
     schedule: Literal["sync", "async", "fully_async"] = "sync"
     adds: str | None = None
     implies: tuple[tuple[str, Any], ...] = ()
+    registers: tuple[Registered, ...] = ()
 
 
 #: the module a hand-written ``corerl run --dialect skyrl key=value ...`` starts
 DEFAULT_MODULE = "skyrl.train.entrypoints.main_base"
 
 _EX = "examples.train."
+_ALG = "trainer.algorithm."
+_GYM = "env.skyrl_gym"
 _INT = "examples.train_integrations."
 ENTRY_POINTS: tuple[EntryPoint, ...] = (
     EntryPoint("main_base", DEFAULT_MODULE, "rl"),
@@ -54,19 +76,22 @@ ENTRY_POINTS: tuple[EntryPoint, ...] = (
     EntryPoint("dapo_fully_async", _EX + "algorithms.dapo.main_dapo_fully_async", "dapo", "fully_async"),
     EntryPoint("dapo_tis", _EX + "tis_correction.main_tis_dapo", "dapo"),
     EntryPoint("sft", "skyrl.train.main_sft", "sft"),
-    EntryPoint("sft_with_callbacks", _EX + "callbacks.main_sft_with_callbacks", "sft",
-               adds="a training callback (PerplexityLogger)"),
+    # its PerplexityLogger logs exp(min(loss, 20)) each step: corerl's SFT logs that as perplexity itself
+    EntryPoint("sft_with_callbacks", _EX + "callbacks.main_sft_with_callbacks", "sft"),
     EntryPoint("fully_async", _EX + "fully_async.main_fully_async", "rl", "fully_async"),
     EntryPoint("fully_async_sim", _EX + "fully_async.main_fully_async_sim", "rl", "fully_async",
                adds="a simulated trainer (sleeps instead of training)"),
     EntryPoint("async", _EX + "async.main_async", "rl", "async"),
     EntryPoint("on_policy_distillation", _EX + "on_policy_distillation.main_on_policy_distill", "distillation"),
     EntryPoint("generate", "skyrl.train.entrypoints.main_generate", "generate"),
-    EntryPoint("multiply", _EX + "multiply.main_multiply", "rl", adds="the multiply environment"),
+    # registers skyrl-gym's "multiply" (a \boxed{} answer scored 1 right, 0.5 wrong, retried): corerl-skyrl-gym's own
+    EntryPoint("multiply", _EX + "multiply.main_multiply", "rl",
+               implies=((f"{_GYM}.register.multiply", "corerl_skyrl_gym.multiply:MultiplyEnv"),)),
     EntryPoint("custom_policy_loss", _EX + "algorithms.custom_policy_loss.main_custom_policy_loss", "rl",
-               adds="a custom policy loss (reinforce)"),
+               registers=(Registered(_ALG + "policy_loss_type", "reinforce", (("algorithm.policy_loss", "reinforce"),)),)),
     EntryPoint("custom_advantage_estimator", _EX + "algorithms.custom_advantage_estimator.main_custom_adv_est", "rl",
-               adds="a custom advantage estimator (simple_baseline)"),
+               registers=(Registered(_ALG + "advantage_estimator", "simple_baseline",
+                                     (("algorithm.advantage_estimator", "batch_mean"),)),)),
     EntryPoint("llm_as_a_judge", _EX + "llm_as_a_judge.main_llm_judge", "rl",
                adds="the llm_as_a_judge environment (an OpenAI model as the judge)"),
     EntryPoint("mini_swe_agent", _EX + "mini_swe_agent.main_mini_swe", "rl",
@@ -112,6 +137,16 @@ def by_module(module: str) -> EntryPoint | None:
 def by_id(entry_id: str) -> EntryPoint:
     """The entry point with a canonical id (KeyError for another)."""
     return _BY_ID[entry_id]
+
+
+def registered(entry_id: str, key: str, value: Any) -> tuple[tuple[str, Any], ...] | None:
+    """The corerl settings a SkyRL ``key=value`` stands for where the entry point ``entry_id``'s
+    module registered ``value`` under ``key`` (None: it did not, or an unknown id)."""
+    entry = _BY_ID.get(entry_id)
+    for item in entry.registers if entry is not None else ():
+        if item.key == key and item.name == value:
+            return item.settings
+    return None
 
 
 def known() -> str:
