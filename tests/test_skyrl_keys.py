@@ -405,3 +405,24 @@ def test_sft_whole_splits_and_one_datasets_weight_are_inert_slices_and_mixtures_
     assert caught.value.errors[0].key == "eval_dataset_splits"
     with pytest.raises(ConfigErrors, match="mixing several datasets by weight"):
         _run("sft", train_datasets=["/a", "/b"], train_dataset_weights=[0.8, 0.2])
+
+
+def test_weight_transport_and_serving_layout_are_inert_with_a_warning_and_external_engines_refused():
+    """A shared folder of weight deltas and prefill/decode engines change how weights and requests
+    travel, not what is sampled: inert, each with a warning saying what corerl does instead; an
+    engine corerl does not start stays refused."""
+    result = _run(generator__inference_engine__weight_sync_backend="delta",
+                  generator__inference_engine__delta_weight_sync__sync_dir="/mnt/shared/sync",
+                  generator__inference_engine__delta_weight_sync__max_file_size_in_gb=1.0,
+                  generator__inference_engine__enable_pd=True, generator__inference_engine__num_prefill=2)
+    fates = {f.key: f.fate for f in result.fates}
+    assert fates["generator.inference_engine.delta_weight_sync.sync_dir"] == "inert"
+    assert fates["generator.inference_engine.delta_weight_sync.max_file_size_in_gb"] == "inert"
+    assert fates["generator.inference_engine.enable_pd"] == "inert"
+    said = " | ".join(result.warnings)
+    assert "nothing is published to this folder" in said and "prefill/decode disaggregation" in said
+    assert _run(generator__inference_engine__enable_pd=False).warnings == []
+    with pytest.raises(ConfigErrors, match="corerl starts its generation engines itself") as caught:
+        _run(generator__inference_engine__run_engines_locally=False,
+             generator__inference_engine__delta_weight_sync__sync_dir="s3://bucket/sync")
+    assert [e.key for e in caught.value.errors] == ["generator.inference_engine.run_engines_locally"]

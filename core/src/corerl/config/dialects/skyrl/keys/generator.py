@@ -5,12 +5,23 @@ dialect="skyrl")``), which also claims the engine's ``generator.inference_engine
 
 from __future__ import annotations
 
-from corerl.config.dialects.rules import Rule, _not, _truthy, acts, derived, inert, refused
+from corerl.config.dialects.rules import (
+    Rule,
+    _not,
+    _truthy,
+    acts,
+    derived,
+    inert,
+    inert_with_warning,
+    refused,
+)
 
 _PERF = "a memory or speed switch of SkyRL's: the same updates; corerl leaves the choice to its backend"
 
 _G = "generator."
 _E = "generator.inference_engine."
+_DELTA = ("weights reach corerl's own engines over its own path (as for weight_sync_backend), not as deltas "
+          "through a shared folder")
 _OFF = "a switch SkyRL leaves off by default; corerl has no such feature, so only false is accepted"
 _ENGINES = "corerl starts one generation engine per worker group; its layout is the engine's section's"
 
@@ -86,11 +97,20 @@ RULES: dict[str, Rule] = {
     _E + "language_model_only": inert("corerl loads the model's language part for text prompts"),
     _E + "external_proxy_url": refused("generation by an external inference server is not built into corerl"),
     _E + "external_server_urls": refused("generation by an external inference server is not built into corerl"),
-    _E + "enable_pd": inert(_OFF + " (prefill/decode disaggregation)", _truthy),
-    _E + "num_prefill": inert("used only with enable_pd (refused)"),
+    # a serving layout: the same samples whichever engine prefills; corerl's engines do both
+    _E + "enable_pd": inert_with_warning("prefill/decode disaggregation (prefill engines handing the cache to decode "
+                                         "engines) is a serving layout of SkyRL's: corerl's engines each prefill and "
+                                         "decode their own requests, the same samples without the split's speed",
+                                         _truthy),
+    _E + "num_prefill": inert("used only with enable_pd: corerl's engines each prefill their own requests"),
     _E + "router_init_kwargs": inert("used only with several engines behind SkyRL's router"),
-    _E + "delta_weight_sync.*": refused("weight sync through a shared folder of deltas is not built into corerl"),
-    _E + "delta_weight_sync": inert("null: weights are handed over directly", _truthy),
+    # SkyRL's weight transport through a shared folder (its trainer publishes deltas, its engines
+    # apply them); corerl's engines are its own, started here, and get the weights as with any
+    # weight_sync_backend: the same weights, another path (an external engine is refused above)
+    _E + "delta_weight_sync.sync_dir": inert_with_warning(_DELTA + "; nothing is published to this folder",
+                                                          lambda value: value not in (None, "")),
+    _E + "delta_weight_sync.*": inert(_DELTA),
+    _E + "delta_weight_sync": inert("null: weights are handed over directly"),
     _E + "enable_ray_prometheus_stats": inert("SkyRL's metrics export; corerl logs its own"),
     _E + "thunder_agent_mode": refused("ThunderAgent's inference mode is not built into corerl"),
     _E + "thunder_agent_profile_enabled": refused("ThunderAgent's inference mode is not built into corerl"),
