@@ -40,7 +40,7 @@ from __future__ import annotations
 import os
 import re
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +48,15 @@ import attrs
 
 from corerl.config.dialects.skyrl import entry_points
 from corerl.config.dialects.skyrl.entry_points import EntryPoint
+from corerl.config.dialects.skyrl.shell_syntax import (
+    Heredoc,
+    If,
+    Lexer,
+    Parser,
+    Simple,
+    Word,
+    assignment,
+)
 from corerl.config.dialects.skyrl.values import Override, parse_override, tree_of
 from corerl.errors import ConfigError
 
@@ -56,11 +65,6 @@ __all__ = ["COMMAND_LINE", "LaunchScript", "by_hand", "is_launch_target", "read"
 #: where an override given on corerl's command line (a script's ``$@``) comes from
 COMMAND_LINE = "command line"
 _MARK = "\x00"  # brackets the index of an unrun command substitution inside an expanded word
-_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-_ASSIGN = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)(\+?)=")
-_UNSUPPORTED = {"case": "a `case` statement", "for": "a `for` loop", "while": "a `while` loop",
-                "until": "an `until` loop", "function": "a function", "select": "a `select` loop",
-                "{": "a `{ ... }` group", "(": "a subshell"}
 _QUIET = {"set", "echo", "printf", "mkdir", "true", "cd", "sleep", "ulimit", "shift", "local", "ls", "nvidia-smi",
           "export", "unset", ":", "wait", "trap", "return"}
 _UV_VALUED = {"--extra", "--with", "--env-file", "--python", "-p", "--project", "--directory", "--group", "--package",
@@ -68,6 +72,10 @@ _UV_VALUED = {"--extra", "--with", "--env-file", "--python", "-p", "--project", 
               "--no-extra", "--config-file", "--cache-dir"}
 _PYTHON = re.compile(r"python(\d+(\.\d+)?)?")
 _PY_VALUED = {"-X", "-W", "-c"}
+#: the flags an example's own main module reads (argparse's parse_known_args) before SkyRL's config
+#: reads the rest: entry point -> flag -> its choices (each required). visgym's --env_variant picks the
+#: environment registered as ``visgym``: sft (env_sft: tuple actions) or instruct (env_instruct: keywords)
+_ENTRY_FLAGS = {"visgym": {"--env_variant": ("sft", "instruct")}}
 
 
 @attrs.frozen
@@ -80,6 +88,8 @@ class LaunchScript:
     line: str  #: where the training command starts (``script:line``)
     overrides: tuple[Override, ...]
     warnings: tuple[str, ...] = ()
+    #: the flags the entry point's own module reads (``--env_variant instruct``): (flag, value, where)
+    flags: tuple[tuple[str, str, str], ...] = ()
 
     def tree(self) -> tuple[dict[str, Any], dict[str, str]]:
         """The overrides as SkyRL's nested tree, and each dotted key's origin."""
@@ -113,285 +123,13 @@ def read(path: str | Path, extra: Sequence[str] = (), environ: Mapping[str, str]
         raise ConfigError(f"no training command: the script starts no SkyRL entry point (it runs {ran})",
                           source=source, hint="give the script that trains (a run_*.sh ending in an entry point "
                                               "with key=value overrides); run a data or server script yourself")
-    entry, where, words = shell.training
+    entry, where, words, flags = shell.training
     mine = [(t, o) for t, o in words if o != COMMAND_LINE]
     given = [(t, o) for t, o in words if o == COMMAND_LINE]
     if extra and not given:  # the script forgot its $@: the command line still wins
         given = [(t, COMMAND_LINE) for t in extra]
     overrides = tuple(parse_override(text, origin) for text, origin in [*mine, *given])
-    return LaunchScript(source, entry, where, overrides, tuple(shell.warnings))
-
-
-# --- reading: words and commands -------------------------------------------------------------
-
-
-@attrs.define
-class _Word:
-    parts: list[tuple[Any, ...]]
-    line: int
-
-
-@attrs.define
-class _Simple:
-    words: list[_Word]
-    line: int
-
-
-@attrs.define
-class _If:
-    branches: list[tuple[list[Any], list[Any]]]  # (condition, body); an else branch has condition []
-    line: int
-
-
-class _Lexer:
-    """Splits a script into words (each with its quoting, for expansion) and operators."""
-
-    def __init__(self, text: str, where: str) -> None:
-        self.s, self.i, self.line, self.where = text, 0, 1, where
-
-    def fail(self, what: str, line: int | None = None) -> ConfigError:
-        return ConfigError(f"{what}: corerl follows a launch script's assignments, defaults, `if` tests and one "
-                           "training command, and runs no shell code", source=f"{self.where}:{line or self.line}",
-                           hint="write the values it computes into the script, or set them in the environment")
-
-    def peek(self, k: int = 0) -> str:
-        return self.s[self.i + k] if self.i + k < len(self.s) else ""
-
-    def take(self, n: int = 1) -> str:
-        text = self.s[self.i:self.i + n]
-        self.line += text.count("\n")
-        self.i += n
-        return text
-
-    def tokens(self) -> list[Any]:
-        out: list[Any] = []
-        while self.i < len(self.s):
-            c = self.peek()
-            if c in " \t\r":
-                self.take()
-            elif c == "\\" and self.peek(1) == "\n":
-                self.take(2)
-            elif c == "#":
-                while self.peek() not in ("", "\n"):
-                    self.take()
-            elif c == "\n":
-                out.append(("op", "\n", self.line))
-                self.take()
-            elif self.s.startswith(("&&", "||", ";;"), self.i):
-                out.append(("op", self.take(2), self.line))
-            elif c in ";&|()":
-                out.append(("op", self.take(), self.line))
-            elif m := re.match(r"\d*(>>|>&|<<<|<<|>|<)(&\d|-)?", self.s[self.i:]):
-                if m.group(1) == "<<":
-                    raise self.fail("a here-document")
-                line = self.line
-                self.take(len(m.group(0)))
-                while self.peek() in " \t":
-                    self.take()
-                if not m.group(2):
-                    self.word()  # the redirection's target: not a word of the command
-                out.append(("op", "redirect", line))
-            else:
-                line = self.line
-                out.append(("word", _Word(self.word(), line), line))
-        out.append(("op", "\n", self.line))
-        return out
-
-    def word(self, stop: str = "") -> list[tuple[Any, ...]]:
-        """The parts of one word: ``("lit", text)``, ``("sq", text)``, ``("dq", parts)``,
-        ``("param", name, op, parts)``, ``("cmd", text)``, ``("tilde",)``; ``stop``: the
-        characters ending a word inside ``${...}`` (where blanks are part of it)."""
-        parts: list[tuple[Any, ...]] = []
-        while self.i < len(self.s):
-            c = self.peek()
-            if stop and c in stop:
-                break
-            if not stop and (c in " \t\r\n;&|()<>"):
-                if c == "(" and parts and parts[-1][0] == "lit" and parts[-1][1].endswith("="):
-                    raise self.fail("an array")
-                break
-            if c == "\\":
-                if self.peek(1) == "\n":
-                    self.take(2)
-                    continue
-                self.take()
-                parts.append(("sq", self.take()))
-            elif c == "'":
-                self.take()
-                start = self.i
-                while self.peek() not in ("'", ""):
-                    self.take()
-                parts.append(("sq", self.s[start:self.i]))
-                self.take()
-            elif c == '"':
-                self.take()
-                parts.append(("dq", self.double_quoted()))
-            elif c == "$":
-                parts.append(self.dollar())
-            elif c == "`":
-                parts.append(self.backticked())
-            elif c == "~" and not parts and not stop:
-                self.take()
-                parts.append(("tilde",))
-            else:
-                _push(parts, "lit", self.take())
-        return parts
-
-    def backticked(self) -> tuple[str, str]:
-        """A `...` command substitution, read up to its closing backtick (never run)."""
-        self.take()
-        start = self.i
-        while self.peek() not in ("`", ""):
-            self.take()
-        command = self.s[start:self.i]
-        self.take()
-        return ("cmd", command)
-
-    def double_quoted(self) -> list[tuple[Any, ...]]:
-        parts: list[tuple[Any, ...]] = []
-        while self.i < len(self.s) and self.peek() != '"':
-            c = self.peek()
-            if c == "\\" and self.peek(1) in '$`"\\\n':
-                self.take()
-                escaped = self.take()
-                if escaped != "\n":
-                    parts.append(("sq", escaped))
-            elif c == "$":
-                parts.append(self.dollar())
-            elif c == "`":
-                parts.append(self.backticked())
-            else:
-                _push(parts, "sq", self.take())
-        self.take()
-        return parts
-
-    def dollar(self) -> tuple[Any, ...]:
-        self.take()  # $
-        c = self.peek()
-        if self.s.startswith("((", self.i):
-            return ("arith", self.balanced("(", ")")[2:-2])
-        if c == "(":
-            return ("cmd", self.balanced("(", ")")[1:-1])
-        if c == "{":
-            self.take()
-            m = re.match(r"#?([A-Za-z_][A-Za-z0-9_]*|[0-9@*#?$!])(\[[^]]*\])?", self.s[self.i:])
-            if not m:
-                raise self.fail("a `${...}` expansion corerl does not read")
-            self.take(len(m.group(0)))
-            name = m.group(0)
-            op_match = re.match(r":?[-=?+]", self.s[self.i:])
-            if self.peek() == "}":
-                self.take()
-                return ("param", name, "", [])
-            if not op_match:
-                raise self.fail(f"the expansion `${{{name}{self.peek()}...}}` (only :- := :? :+ are read)")
-            op = self.take(len(op_match.group(0)))
-            parts = self.word(stop="}")
-            self.take()
-            return ("param", name, op, parts)
-        m = re.match(r"[A-Za-z_][A-Za-z0-9_]*|[0-9@*#?$!]", self.s[self.i:])
-        if not m:
-            return ("lit", "$")
-        self.take(len(m.group(0)))
-        return ("param", m.group(0), "", [])
-
-    def balanced(self, open_: str, close: str) -> str:
-        start, depth = self.i, 0
-        while self.i < len(self.s):
-            c = self.take()
-            if c == "'":
-                while self.peek() not in ("'", ""):
-                    self.take()
-                self.take()
-            elif c == "\\":
-                self.take()
-            elif c == open_:
-                depth += 1
-            elif c == close:
-                depth -= 1
-                if depth == 0:
-                    break
-        return self.s[start:self.i]
-
-
-class _Parser:
-    """Groups the lexer's tokens into simple commands and ``if`` statements."""
-
-    def __init__(self, tokens: list[Any], lexer: _Lexer) -> None:
-        self.t, self.k, self.lexer = tokens, 0, lexer
-
-    def keyword(self) -> str | None:
-        kind, value, _ = self.t[self.k]
-        if kind == "word" and all(p[0] == "lit" for p in value.parts):
-            return "".join(p[1] for p in value.parts)
-        return value if kind == "op" else None
-
-    def statements(self, until: tuple[str, ...] = ()) -> list[Any]:
-        out: list[Any] = []
-        while self.k < len(self.t):
-            kind, value, line = self.t[self.k]
-            if kind == "op" and value in ("\n", ";", "&"):
-                self.k += 1
-                continue
-            word = self.keyword()
-            if word in until:
-                return out
-            out.append(self.and_or())
-        if until:
-            raise self.lexer.fail(f"an unfinished `if` (no {'/'.join(until)})")
-        return out
-
-    def and_or(self) -> list[tuple[str, Any]]:
-        chain = [("", self.command())]
-        while self.k < len(self.t) and self.t[self.k][0] == "op" and self.t[self.k][1] in ("&&", "||", "|"):
-            op = self.t[self.k][1]
-            self.k += 1
-            while self.t[self.k][0] == "op" and self.t[self.k][1] == "\n":
-                self.k += 1
-            chain.append((op, self.command()))
-        return chain
-
-    def command(self) -> Any:
-        kind, value, line = self.t[self.k]
-        word = self.keyword()
-        if kind == "op" and value == "(":
-            raise self.lexer.fail(_UNSUPPORTED["("], line)
-        if word in _UNSUPPORTED or (word is not None and word.startswith(("{", "}"))):
-            raise self.lexer.fail(_UNSUPPORTED.get(word, "a `{ ... }` group"), line)
-        if word == "if":
-            return self.if_clause(line)
-        words: list[_Word] = []
-        while self.k < len(self.t):
-            kind, value, _ = self.t[self.k]
-            if kind == "op" and value == "redirect":
-                self.k += 1
-                continue
-            if kind == "op":
-                if value == "(" and words:
-                    raise self.lexer.fail(_UNSUPPORTED["function"], line)
-                break
-            words.append(value)
-            self.k += 1
-        return _Simple(words, line)
-
-    def if_clause(self, line: int) -> _If:
-        branches = []
-        self.k += 1
-        condition = self.statements(("then",))
-        self.k += 1
-        while True:
-            body = self.statements(("elif", "else", "fi"))
-            branches.append((condition, body))
-            word = self.keyword()
-            self.k += 1
-            if word == "fi":
-                return _If(branches, line)
-            if word == "else":
-                branches.append(([], self.statements(("fi",))))
-                self.k += 1
-                return _If(branches, line)
-            condition = self.statements(("then",))
-            self.k += 1
+    return LaunchScript(source, entry, where, overrides, tuple(shell.warnings), tuple(flags))
 
 
 # --- following: variables, expansion, commands ---------------------------------------------------
@@ -404,8 +142,9 @@ class _Stop(Exception):
 class _Shell:
     def __init__(self, environ: dict[str, str]) -> None:
         self.vars = dict(environ)
+        self.arrays: dict[str, list[tuple[str, str]]] = {}  # NAME=(...): each element with where it was written
         self.exported = set(environ)
-        self.training: tuple[EntryPoint, str, list[tuple[str, str]]] | None = None
+        self.training: tuple[EntryPoint, str, list[tuple[str, str]], list[tuple[str, str, str]]] | None = None
         self.helpers: list[str] = []
         self.warnings: list[str] = []
         self.unrun: list[tuple[str, str]] = []  # (command substitution, where): what a marked word holds
@@ -413,12 +152,14 @@ class _Shell:
 
     # files
 
-    def run_file(self, path: Path, shown: str, args: list[tuple[str, str]]) -> None:
+    def run_file(self, path: Path, shown: str, args: list[tuple[str, str]], text: str | None = None,
+                 first_line: int = 1) -> None:
+        """Follow a script (``text``, or the file at ``path``) as ``shown`` with ``args`` as its ``$@``."""
         self.depth += 1
         if self.depth > 8:
             raise ConfigError("launch scripts start each other more than 8 deep", source=shown)
-        lexer = _Lexer(path.read_text(errors="replace"), shown)
-        statements = _Parser(lexer.tokens(), lexer).statements()
+        lexer = Lexer(path.read_text(errors="replace") if text is None else text, shown, first_line)
+        statements = Parser(lexer.tokens(), lexer).statements()
         saved = (self.path, self.shown, self.args) if self.depth > 1 else None
         self.path, self.shown, self.args = path, shown, args
         try:
@@ -448,7 +189,7 @@ class _Shell:
         return status
 
     def command(self, command: Any) -> bool:
-        if isinstance(command, _If):
+        if isinstance(command, If):
             for condition, body in command.branches:
                 if not condition or self.block(condition):
                     return self.block(body)
@@ -457,7 +198,7 @@ class _Shell:
 
     # expansion
 
-    def expand(self, word: _Word, split: bool = True) -> list[tuple[str, str]]:
+    def expand(self, word: Word, split: bool = True) -> list[tuple[str, str]]:
         """The fields a word expands to, each with its origin (``$@``'s keep theirs)."""
         fields: list[list[Any]] = []  # [text, origin, started]
         current: list[Any] = ["", self.at(word.line), False]
@@ -490,8 +231,9 @@ class _Shell:
                 elif kind == "tilde":
                     add(self.vars.get("HOME", "~"), False)
                 elif kind == "dq":
-                    if [p[:3] for p in part[1]] not in ([("param", "@", "")], [("param", "*", "")]):
-                        current[2] = True  # "" is a word; "$@" with no arguments is none
+                    if not (len(part[1]) == 1 and (part[1][0][:3] in (("param", "@", ""), ("param", "*", ""))
+                                                   or self.elements(part[1][0], word.line) is not None)):
+                        current[2] = True  # "" is a word; "$@" with no arguments is none, as is "${X[@]}"
                     walk(part[1], True)
                 elif kind == "cmd":
                     add(self.substitute(part[1], word.line), not quoted)
@@ -503,6 +245,16 @@ class _Shell:
                             fields.append(current)
                             current = ["", origin, False]
                         current[0], current[1], current[2] = current[0] + text, origin, True
+                elif kind == "param" and (elements := self.elements(part, word.line)) is not None:
+                    if not split:  # X="${A[@]}": the elements joined by blanks
+                        add(" ".join(text for text, _ in elements), False)
+                        continue
+                    for n, (text, origin) in enumerate(elements):  # one word each ("${A[@]}"), or split
+                        for k, piece in enumerate([text] if quoted else [p for p in re.split(r"[ \t\n]+", text) if p]):
+                            if (n or k) and (current[2] or current[0]):
+                                fields.append(current)
+                                current = ["", origin, False]
+                            current[0], current[1], current[2] = current[0] + piece, origin, True
                 else:
                     add(self.parameter(part, word.line), not quoted)
 
@@ -511,19 +263,21 @@ class _Shell:
             fields.append(current)
         return [(text, origin) for text, origin, _ in fields]
 
-    def text(self, word: _Word) -> str:
+    def text(self, word: Word) -> str:
         """A word expanded as an assignment's value is (no splitting)."""
         return "".join(text for text, _ in self.expand(word, split=False))
 
     def parameter(self, part: tuple[Any, ...], line: int) -> str:
         _, name, op, parts = part
+        if name.startswith("#") and name.endswith(("[@]", "[*]")):  # ${#A[@]}: how many elements
+            return str(len(self.array(name[1:-3], line)))
         if name.startswith("#") and len(name) > 1:
-            return str(len(self.lookup(name[1:]) or ""))
-        value = self.lookup(name)
+            return str(len(self.lookup(name[1:], line) or ""))
+        value = self.lookup(name, line)
         unset = value is None or (op.startswith(":") and value == "")
         if op in ("", None):
             return value or ""
-        word = _Word(parts, line)
+        word = Word(parts, line)
         if op in (":-", "-"):
             return self.text(word) if unset else value or ""
         if op in (":=", "="):
@@ -538,9 +292,20 @@ class _Shell:
                               hint=f"set it in the environment: {name}=... corerl run {self.shown}")
         return value or ""
 
-    def lookup(self, name: str) -> str | None:
+    def lookup(self, name: str, line: int = 0) -> str | None:
         if name in ("0", "BASH_SOURCE", "BASH_SOURCE[0]"):
             return str(self.path)
+        if name.endswith("]"):  # ${A[i]}, ${A[@]}
+            base, index = name[:-1].split("[", 1)
+            values = [text for text, _ in self.array(base, line)]
+            if index in ("@", "*"):
+                return " ".join(values) if values else None
+            n = self.arithmetic(index, line)
+            if _MARK in n:
+                return n
+            return values[int(n)] if -len(values) <= int(n) < len(values) else None
+        if name in self.arrays:  # $A is ${A[0]}
+            return self.arrays[name][0][0] if self.arrays[name] else None
         if name.isdigit():
             n = int(name)
             return self.args[n - 1][0] if 0 < n <= len(self.args) else None
@@ -551,6 +316,33 @@ class _Shell:
         if name == "?":
             return "0"
         return self.vars.get(name)
+
+    def array(self, name: str, line: int) -> list[tuple[str, str]]:
+        """An array's elements, each with where it was written (a plain variable is an array of one)."""
+        if name in self.arrays:
+            return self.arrays[name]
+        return [(self.vars[name], self.at(line))] if name in self.vars else []
+
+    def elements(self, part: tuple[Any, ...], line: int) -> list[tuple[str, str]] | None:
+        """What ``${A[@]}`` (or ``${!A[@]}``, the indices) expands to, one field each; None for
+        another parameter."""
+        if part[0] != "param" or part[2] or not (m := re.fullmatch(r"(!?)([A-Za-z_]\w*)\[@\]", part[1])):
+            return None
+        values = self.array(m.group(2), line)
+        return [(str(n), self.at(line)) for n in range(len(values))] if m.group(1) else values
+
+    def assign(self, name: str, value: Word, append: bool) -> None:
+        """``NAME=value``, ``NAME+=value``, ``NAME=(a b ...)`` and ``NAME+=(...)``."""
+        if value.parts and value.parts[0][0] == "array":
+            elements = [field for word in value.parts[0][1] for field in self.expand(word)]
+            self.arrays[name] = (self.array(name, value.line) if append else []) + elements
+            self.vars.pop(name, None)
+            return
+        text = (self.lookup(name) or "") + self.text(value) if append else self.text(value)
+        if self.arrays.get(name):  # A=x sets ${A[0]}
+            self.arrays[name][0] = (text, self.at(value.line))
+        else:
+            self.vars[name] = text
 
     def substitute(self, command: str, line: int) -> str:
         """A command substitution's output where corerl can work it out without running anything
@@ -576,7 +368,7 @@ class _Shell:
         """``$((...))``: integer arithmetic over numbers and variables (+ - * / % and brackets)."""
         import ast
 
-        text = "".join(t for t, _ in self.expand(_Word(_Lexer(expression, self.shown).word(stop="\x01"), line),
+        text = "".join(t for t, _ in self.expand(Word(Lexer(expression, self.shown).word(stop="\x01"), line),
                                                   split=False))
 
         def value(node: ast.AST) -> int:
@@ -608,14 +400,14 @@ class _Shell:
 
     def _words_of(self, command: str, line: int) -> list[str] | None:
         try:
-            lexer = _Lexer(command, self.shown)
+            lexer = Lexer(command, self.shown)
             tokens = lexer.tokens()
         except ConfigError:
             return None
         out = []
         for kind, value, _ in tokens:
             if kind == "word":
-                out += [text for text, _ in self.expand(_Word(value.parts, line))]
+                out += [text for text, _ in self.expand(Word(value.parts, line))]
             elif value == "&&":
                 out.append("&&")
             elif value != "\n":
@@ -624,16 +416,17 @@ class _Shell:
 
     # commands
 
-    def simple(self, command: _Simple) -> bool:
+    def simple(self, command: Simple) -> bool:
         words = list(command.words)
-        prefix: dict[str, str] = {}
-        while words and (m := _assignment(words[0])):
-            name, value = m
-            prefix[name] = self.text(value)
+        assignments = []
+        while words and (m := assignment(words[0])):
+            assignments.append(m)
             words.pop(0)
         if not words:
-            self.vars.update(prefix)
+            for name, value, append in assignments:
+                self.assign(name, value, append)
             return True
+        prefix = {name: self.text(value) for name, value, _ in assignments}  # the command's environment only
         fields = [f for word in words for f in self.expand(word)]
         if not fields or all(origin == COMMAND_LINE for _, origin in fields):
             return True  # nothing, or a lone $@ (a line continuation forgotten before it): applied last anyway
@@ -641,8 +434,8 @@ class _Shell:
         args = [text for text, _ in fields[1:]]
         if name in ("export", "local", "declare", "readonly"):
             for word in words[1:]:
-                if m := _assignment(word):
-                    self.vars[m[0]] = self.text(m[1])
+                if m := assignment(word):
+                    self.assign(*m)
                     self.exported.add(m[0])
                 else:
                     self.exported.update(t for t, _ in self.expand(word) if not t.startswith("-"))
@@ -650,6 +443,7 @@ class _Shell:
         if name == "unset":
             for arg in args:
                 self.vars.pop(arg, None)
+                self.arrays.pop(arg, None)
             return True
         if name == "exit":
             raise _Stop
@@ -659,13 +453,30 @@ class _Shell:
             return False
         if name in ("bash", "sh", "source", ".") and args and args[0].endswith(".sh"):
             return self.nested(name, fields[1:], prefix, command.line)
+        if name in ("bash", "sh") and command.heredocs and "-c" not in args and all(a.startswith("-") for a in args[:1]):
+            return self.fed(command.heredocs[-1], fields[1:], prefix)
         if name in _QUIET:
             return True
         launch = self.launch(fields, command.line)
         if launch is None:
+            fed = f" (fed the here-document of line {command.heredocs[-1].line})" if command.heredocs else ""
             self.helpers.append(f"`{' '.join(t for t, _ in fields)[:80]}` ({self.at(command.line)})")
-            self.warnings.append(f"{self.at(command.line)}: `{' '.join(t for t, _ in fields)[:80]}` is not run "
+            self.warnings.append(f"{self.at(command.line)}: `{' '.join(t for t, _ in fields)[:80]}`{fed} is not run "
                                  "(corerl runs a launch script's training command only): run it yourself first")
+        return True
+
+    def fed(self, heredoc: Heredoc, fields: list[tuple[str, str]], prefix: dict[str, str]) -> bool:
+        """``bash [-s] [-- args] <<EOF``: the here-document is the script a child shell follows
+        (expanded first unless its end word is quoted), its lines the parent's."""
+        body = heredoc.body or ""
+        if not heredoc.quoted:
+            lexer = Lexer(body, self.shown, heredoc.line + 1)
+            body = self.text(Word([("dq", lexer.double_quoted(heredoc=True))], heredoc.line + 1))
+        options = 0
+        while options < len(fields) and fields[options][0].startswith("-") and fields[options][0] != "--":
+            options += 1
+        args = fields[options + (options < len(fields) and fields[options][0] == "--"):]
+        self.child(prefix, lambda: self.run_file(self.path, self.shown, args, body, heredoc.line + 1))
         return True
 
     def nested(self, how: str, fields: list[tuple[str, str]], prefix: dict[str, str], line: int) -> bool:
@@ -680,14 +491,18 @@ class _Shell:
         if how in ("source", "."):
             self.run_file(found, _shown(found), args or self.args)
             return True
-        saved_vars, saved_exported = self.vars, self.exported  # a child shell: the exported variables only
-        self.vars = {k: v for k, v in self.vars.items() if k in self.exported} | prefix
-        self.exported = set(self.vars)
-        try:
-            self.run_file(found, _shown(found), args)
-        finally:
-            self.vars, self.exported = saved_vars, saved_exported
+        self.child(prefix, lambda: self.run_file(found, _shown(found), args))
         return True
+
+    def child(self, prefix: dict[str, str], follow: Callable[[], None]) -> None:
+        """Follow a child shell's script: it has the exported variables only (and ``prefix``), no arrays."""
+        saved = self.vars, self.exported, self.arrays
+        self.vars = {k: v for k, v in self.vars.items() if k in self.exported} | prefix
+        self.exported, self.arrays = set(self.vars), {}
+        try:
+            follow()
+        finally:
+            self.vars, self.exported, self.arrays = saved
 
     def launch(self, fields: list[tuple[str, str]], line: int) -> bool | None:
         """The training command, recorded, if ``fields`` is one; None for a command that is not
@@ -717,6 +532,7 @@ class _Shell:
         if entry_points.by_module(module) is None and (module in entry_points.NOT_TRAINING or not overrides):
             return None
         entry = entry_points.resolve(module, self.at(line))
+        rest, flags = self.entry_flags(entry, module, list(rest), line)
         if self.training is not None:
             raise ConfigError(f"two training commands ({self.training[1]} and {self.at(line)}): corerl runs one",
                               source=self.shown, hint="keep one training command in the script")
@@ -727,8 +543,40 @@ class _Shell:
                 where = origin if origin != COMMAND_LINE else COMMAND_LINE
                 raise ConfigError(f"{text!r} is not a key=value override of {module}", source=where,
                                   hint="SkyRL's entry points take dotted.key=value overrides only")
-        self.training = (entry, self.at(line), list(rest))
+        self.training = (entry, self.at(line), rest, flags)
         return True
+
+    def entry_flags(self, entry: EntryPoint, module: str, rest: list[tuple[str, str]],
+                    line: int) -> tuple[list[tuple[str, str]], list[tuple[str, str, str]]]:
+        """The flags ``module`` reads itself (``--env_variant instruct``, or ``--env_variant=instruct``)
+        taken out of its arguments, each checked against its choices as its argparse checks them."""
+        known = _ENTRY_FLAGS.get(entry.id, {})
+        kept: list[tuple[str, str]] = []
+        flags: list[tuple[str, str, str]] = []
+        k = 0
+        while k < len(rest):
+            text, origin = rest[k]
+            flag, eq, value = text.partition("=")
+            if flag not in known:
+                kept.append(rest[k])
+            elif not eq and k + 1 == len(rest):
+                raise ConfigError(f"{flag} of {module} has no value", source=origin,
+                                  hint=f"give it one of {', '.join(known[flag])}")
+            else:
+                if not eq:
+                    k += 1
+                    value = rest[k][0]
+                if value not in known[flag]:
+                    raise ConfigError(f"{flag} {value!r} is not one of {module}'s choices ({', '.join(known[flag])})",
+                                      source=origin, hint=f"give {flag} one of {', '.join(known[flag])}")
+                flags.append((flag, value, origin))
+            k += 1
+        for flag, choices in known.items():
+            if flag not in {given for given, _, _ in flags}:
+                raise ConfigError(f"{module} needs {flag} ({' or '.join(choices)}), which the training command does "
+                                  "not give: SkyRL's entry point stops without it", source=self.at(line),
+                                  hint=f"add {flag} {choices[0]} (or another of its choices) after the module")
+        return kept, flags
 
     def test(self, args: list[str], line: int) -> bool:
         """A ``[ ... ]`` test."""
@@ -774,24 +622,6 @@ class _Shell:
                            source=at, hint="set the variable in the environment, or write the value")
 
 
-def _assignment(word: _Word) -> tuple[str, _Word] | None:
-    if not word.parts or word.parts[0][0] != "lit":
-        return None
-    literal = ""
-    for n, part in enumerate(word.parts):
-        if part[0] != "lit":
-            break
-        literal += part[1]
-        if m := _ASSIGN.match(literal):
-            value = literal[m.end():]
-            rest = [("tilde",), *([("lit", value[1:])] if value[1:] else [])] if value.startswith("~") else (
-                [("lit", value)] if value else [])  # NAME=~/x: the tilde is expanded (after the =)
-            return m.group(1), _Word(rest + list(word.parts[n + 1:]), word.line)
-        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*\+?", literal):
-            return None
-    return None
-
-
 def _find_script(target: str, beside: Path) -> Path | None:
     """A script another starts: as given, from the current folder, beside it, or from each folder
     above it (SkyRL runs its scripts from its checkout's root)."""
@@ -803,13 +633,6 @@ def _find_script(target: str, beside: Path) -> Path | None:
             return root / candidate
     return None
 
-
-def _push(parts: list[tuple[Any, ...]], kind: str, text: str) -> None:
-    """Append a literal character, joined to the literal before it."""
-    if parts and parts[-1][0] == kind:
-        parts[-1] = (kind, parts[-1][1] + text)
-    else:
-        parts.append((kind, text))
 
 
 def _shown(path: Path) -> str:
