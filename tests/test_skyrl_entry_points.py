@@ -235,7 +235,6 @@ def test_a_registered_name_acts_only_where_the_key_selects_it():
 def test_what_the_entry_points_stand_for_is_valid_corerl_settings():
     from corerl.algorithms.checks import check_policy_loss
     from corerl.config.schema import AlgorithmConfig
-
     from corerl.config.structure import StructureContext, structure
 
     for entry in entry_points.ENTRY_POINTS:
@@ -261,3 +260,40 @@ def test_what_the_entry_points_stand_for_is_valid_corerl_settings():
 def test_the_callbacks_example_is_sft_and_refused_no_more():
     entry = entry_points.by_id("sft_with_callbacks")
     assert entry.family == "sft" and entry.adds is None
+
+
+#: SkyRL's corpus (its examples' launch scripts): CORERL_SKYRL_CORPUS, else the copy beside this checkout
+def _corpus():
+    import os
+    from pathlib import Path
+
+    from tests.conftest import REPO
+
+    return Path(os.environ.get("CORERL_SKYRL_CORPUS") or REPO.parent / "shared" / "skyrl")
+
+
+def _load(script: str):
+    from corerl.config import load_config
+    from corerl.config.selection import select
+    from corerl.plugin_manager import PluginHost
+
+    path = _corpus() / script
+    if not path.is_file():
+        pytest.skip(f"SkyRL's corpus is not at {_corpus()} (set CORERL_SKYRL_CORPUS)")
+    host = PluginHost()
+    config = load_config(str(path), [], host, [], "skyrl", environ={"HOME": "/home/someone", "PATH": "/usr/bin"})
+    select(config, host)
+    return config
+
+
+def test_the_multiply_example_plays_corerl_skyrl_gyms_multiply():
+    pytest.importorskip("corerl_skyrl_gym")
+    config = _load("examples/train/multiply/run_multiply.sh")
+    gym = config.section("env.skyrl_gym")
+    assert gym.register == {"multiply": "corerl_skyrl_gym.multiply:MultiplyEnv"} and gym.env_class == "multiply"
+    assert config.core.data.env_name == "skyrl_gym"
+
+
+def test_the_callbacks_example_runs_corerls_sft():
+    config = _load("examples/train/callbacks/run_sft_with_callbacks.sh")
+    assert config.core.algorithm.name == "sft"
