@@ -400,6 +400,19 @@ class DataConfig:
                                                           "training; unset: a quarter of the rows, at most 32")
     max_train_rows: int | None = setting(None, min=1, help="dataset and preferences tasks: read only the first N rows "
                                          "of train_files, in file order, before the held-out cut; unset: every row")
+    train_rows: str | list[str] | None = setting(None, help="dataset and preferences tasks: the rows of each file of "
+                                              "train_files to read, a Python slice start:stop in file order (:1000 "
+                                              "the first 1000, -500: the last 500, 100:200), one for every file or "
+                                              "one per file; unset: every row")
+    held_out_rows: str | list[str] | None = setting(None, help="dataset and preferences tasks: the rows of each file "
+                                                 "of held_out_files to hold out, a slice as train_rows (one for every "
+                                                 "file or one per file; the held-out files may be the training files, "
+                                                 "e.g. train_rows=:50000 with held_out_rows=-500:); unset: every row")
+    train_file_weights: list[float] | None = setting(None, help="dataset task: one weight per file of train_files: "
+                                                     "each batch draws rows from the files in these proportions, "
+                                                     "whatever their sizes (a file's rows drawn in its own epochs, "
+                                                     "data.shuffle applying to each); unset: the files' rows as one "
+                                                     "pool")
     prompt_key: str = setting("prompt", help="dataset task: the prompt column: a text, or chat messages "
                                              "[{role, content}, ...] rendered as a conversation by the chat template")
     answer_key: str = setting("answer", help="dataset task: the answer column (rewards read it), or a dotted path into "

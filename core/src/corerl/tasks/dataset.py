@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 from collections.abc import Mapping
 from itertools import islice
 from pathlib import Path
@@ -22,7 +23,15 @@ from corerl.failures import first_line
 from corerl.generation.contract import Sample, with_images
 from corerl.models.vision import IMAGE_TOKEN, check_placeholders, image_pixel_limit
 from corerl.reporting.lost_text import check_prompts
-from corerl.tasks import TaskContext, column_value, decode_completion, restore_rng, rng_state, score
+from corerl.tasks import (
+    Epochs,
+    TaskContext,
+    column_value,
+    decode_completion,
+    restore_rng,
+    rng_state,
+    score,
+)
 from corerl.tasks.prompt_images import (
     as_images,
     check_all,
@@ -39,7 +48,8 @@ ORIGIN = "_corerl_origin"  # where a row came from: a key the rows carry, droppe
 PROMPT_IDS = "_corerl_prompt_ids"  # the row's prompt, encoded and checked once when the task is made
 FOLDER = "_corerl_folder"  # the folder of the row's data file: image paths are relative to it
 IMAGES = "_corerl_images"  # the row's images, encoded with its prompt (a vision-language policy's)
-_INTERNAL = (ORIGIN, PROMPT_IDS, FOLDER, IMAGES)
+SOURCE = "_corerl_source"  # the index in data.train_files of the row's file (read where files are mixed by weight)
+_INTERNAL = (ORIGIN, PROMPT_IDS, FOLDER, IMAGES, SOURCE)
 
 
 def render_prompt(tokenizer: Any, text: str, chat_template: bool, system_prompt: str | None) -> list[int]:
@@ -152,6 +162,84 @@ def read_rows(files: list[str], key: str, limit: int | None = None) -> list[dict
     return rows[:limit]
 
 
+def row_slices(value: str | list[str] | None, files: list[str], key: str) -> list[slice] | None:
+    """``data.train_rows`` / ``data.held_out_rows``: one slice per file of ``files`` (one text for
+    every file, or one per file), each ``start:stop`` as Python writes a slice; None when unset."""
+    if value is None:
+        return None
+    texts = [value] * len(files) if isinstance(value, str) else [str(text) for text in value]
+    if len(texts) != len(files):
+        raise ConfigError(f"{key} gives {len(texts)} slices for {len(files)} files", key=key,
+                          hint="give one slice for every file (e.g. -500:), or one per file")
+    slices = []
+    for text in texts:
+        found = re.fullmatch(r"\s*([+-]?\d+)?\s*:\s*([+-]?\d+)?\s*", text)
+        if found is None:
+            raise ConfigError(f"{text!r} is not a slice of rows", key=key,
+                              hint="write start:stop as Python slices a list: :1000, -500:, 100:200")
+        slices.append(slice(*(None if part is None else int(part) for part in found.groups())))
+    return slices
+
+
+def read_sliced(files: list[str], key: str, slices: list[slice] | None, limit: int | None = None,
+                sources: bool = False) -> list[dict[str, Any]]:
+    """:func:`read_rows` of ``files``, each file's rows cut by its slice (``slices``, one per file:
+    :func:`row_slices`), then the first ``limit``; ``sources``: each row remembers its file's index
+    in ``files`` under :data:`SOURCE`."""
+    if slices is None and not sources:
+        return read_rows(files, key, limit)
+    rows = []
+    for index, name in enumerate(files):
+        part = read_rows([name], key)
+        if slices is not None:
+            part = part[slices[index]]
+            if not part:
+                raise ConfigError(f"the slice {_slice_text(slices[index])} of {name} holds no rows ({key})", key=key,
+                                  hint="give a slice that keeps rows of the file")
+        for row in part:
+            row[SOURCE] = index
+        rows += part
+    return rows[:limit]
+
+
+def _slice_text(part: slice) -> str:
+    return f"{'' if part.start is None else part.start}:{'' if part.stop is None else part.stop}"
+
+
+def read_train_rows(data: Any) -> list[dict[str, Any]]:
+    """The training rows ``data`` names: each file of ``data.train_files`` cut by ``data.train_rows``,
+    then the first ``data.max_train_rows`` (each row with its file's index where files are mixed by
+    ``data.train_file_weights``)."""
+    files = as_list(data.train_files)
+    slices = row_slices(getattr(data, "train_rows", None), files, "data.train_rows")
+    weights = file_weights(data)
+    return read_sliced(files, "data.train_files", slices, data.max_train_rows, sources=weights is not None)
+
+
+def read_held_rows(data: Any) -> list[dict[str, Any]]:
+    """The rows of ``data.held_out_files``, each file cut by ``data.held_out_rows``."""
+    files = as_list(data.held_out_files)
+    return read_sliced(files, "data.held_out_files", row_slices(getattr(data, "held_out_rows", None), files,
+                                                                "data.held_out_rows"))
+
+
+def file_weights(data: Any) -> list[float] | None:
+    """``data.train_file_weights`` checked against ``data.train_files`` (one positive weight per
+    file), summing to 1; None when unset."""
+    weights = getattr(data, "train_file_weights", None)
+    if weights is None:
+        return None
+    files = as_list(data.train_files)
+    if len(weights) != len(files):
+        raise ConfigError(f"data.train_file_weights gives {len(weights)} weights for {len(files)} train files",
+                          key="data.train_file_weights", hint="give one weight per file of data.train_files")
+    if any(not isinstance(w, (int, float)) or w <= 0 for w in weights):
+        raise ConfigError(f"data.train_file_weights {list(weights)} holds a weight that is not above 0",
+                          key="data.train_file_weights", hint="give every file a weight above 0, or leave the file out")
+    total = float(sum(weights))
+    return [float(w) / total for w in weights]
+
+
 def check_data_files(files: list[str], key: str) -> set[str]:
     """Refuse, reading nothing, data files that do not exist or are not all JSONL or all
     Parquet; returns the ``datasets`` builder that reads them."""
@@ -191,13 +279,33 @@ def check_data_inputs(data: Any, task_id: str | None) -> list[ConfigError]:
                                       hint="set data.train_files=path/to/train.jsonl (or .parquet)"))
     checks = [(lambda: check_data_files(train_files, "data.train_files")),
               (lambda: check_data_files(as_list(data.held_out_files), "data.held_out_files")),
-              (lambda: read_template(data.prompt_file)), (lambda: read_system_prompt(data.system_prompt_file))]
+              (lambda: read_template(data.prompt_file)), (lambda: read_system_prompt(data.system_prompt_file)),
+              (lambda: row_slices(data.train_rows, train_files, "data.train_rows")),
+              (lambda: _check_held_out_rows(data)), (lambda: _check_weights(data, task_id))]
     for check in checks:
         try:
             check()
         except ConfigError as exc:
             errors.append(exc)
     return errors
+
+
+def _check_held_out_rows(data: Any) -> None:
+    files = as_list(data.held_out_files)
+    if data.held_out_rows is not None and not files:
+        raise ConfigError("data.held_out_rows is set and data.held_out_files is not: there are no held-out files to "
+                          "cut", key="data.held_out_rows", hint="set data.held_out_files (they may be the training "
+                          "files), or data.held_out_size for rows cut from the training rows")
+    row_slices(data.held_out_rows, files, "data.held_out_rows")
+
+
+def _check_weights(data: Any, task_id: str | None) -> None:
+    if data.train_file_weights is not None and task_id == "preferences":
+        raise ConfigError("the preferences task does not mix its files by weight (data.train_file_weights)",
+                          key="data.train_file_weights", hint="remove data.train_file_weights (the files' pairs "
+                          "are drawn as one pool)")
+    if data.train_files is not None:
+        file_weights(data)
 
 
 def check_rows(data: Any, task_id: str | None, reads_images: bool | None, processor_pixels: int | None) -> None:
@@ -216,12 +324,12 @@ def check_rows(data: Any, task_id: str | None, reads_images: bool | None, proces
         columns = {"prompt_key": data.prompt_key, "chosen_key": data.chosen_key, "rejected_key": data.rejected_key}
     else:
         columns = {"prompt_key": data.prompt_key, "answer_key": data.answer_key}
-    rows = read_rows(train_files, "data.train_files", data.max_train_rows)
+    rows = read_train_rows(data)
     check_columns(rows, columns, "data.train_files", train_files)
     files = [("data.train_files", rows)]
     held_files = as_list(data.held_out_files)
     if held_files:
-        held = read_rows(held_files, "data.held_out_files")
+        held = read_held_rows(data)
         check_columns(held, columns, "data.held_out_files", held_files)
         files.append(("data.held_out_files", held))
     if reads_images is None or task_id != "dataset":
@@ -359,7 +467,7 @@ def split_rows(rows: list[dict[str, Any]], data: Any, columns: dict[str, str],
     training rows."""
     held_files = as_list(data.held_out_files)
     if held_files:
-        held = read_rows(held_files, "data.held_out_files")
+        held = read_held_rows(data)
         check_columns(held, columns, "data.held_out_files", held_files)
         return rows, held
     count = data.held_out_size if data.held_out_size is not None else max(1, min(32, len(rows) // 4))
@@ -409,7 +517,7 @@ class DatasetTask:
                               key="data.apply_chat_template",
                               hint="give one with policy.chat_template, or set data.apply_chat_template=false")
         columns = {"prompt_key": self.prompt_key, "answer_key": self.answer_key}
-        rows = read_rows(train_files, "data.train_files", data.max_train_rows)
+        rows = read_train_rows(data)
         check_columns(rows, columns, "data.train_files", train_files)
         texts = {}  # what each prompt's ids encode, for the lost-text check
         for row in rows:  # every prompt encoded and checked, in file order, before training starts
@@ -424,6 +532,8 @@ class DatasetTask:
                       [(texts[id(row)], row[PROMPT_IDS], row[ORIGIN]) for row in [*self.train, *self.held]])
         self.order: list[int] = []
         self.position = 0
+        weights = file_weights(data)
+        self.mixture = None if weights is None else _Mixture(self.train, weights, self.rng, self.shuffle, train_files)
 
     def encode_prompt(self, text: str) -> list[int]:
         return self._encode(text)[0]
@@ -434,6 +544,8 @@ class DatasetTask:
         return encode_prompt(self.tokenizer, text, self.chat_template, self.system_prompt)
 
     def _draw(self, count: int) -> list[dict[str, Any]]:
+        if self.mixture is not None:
+            return self.mixture.draw(count)
         drawn = []
         for _ in range(count):
             if self.position >= len(self.order):
@@ -508,11 +620,56 @@ class DatasetTask:
         return score(self.reward_fn, decode_completion(self.tokenizer, sample), example, "data.reward", row)
 
     def state(self) -> Any:
-        return {"rng": rng_state(self.rng), "order": self.order, "position": self.position}
+        state = {"rng": rng_state(self.rng), "order": self.order, "position": self.position}
+        if self.mixture is not None:
+            state["mixture"] = self.mixture.state()
+        return state
 
     def set_state(self, state: Any) -> None:
         restore_rng(self.rng, state["rng"])
         self.order, self.position = list(state["order"]), int(state["position"])
+        if self.mixture is not None and "mixture" in state:
+            self.mixture.set_state(state["mixture"])
+
+
+class _Mixture:
+    """Training rows drawn from several files in proportion to ``data.train_file_weights``,
+    whatever the files' sizes: each row goes to the file furthest behind its share of the rows
+    drawn so far (smooth weighted round robin: in every run of draws each file's count is within
+    one of its share), and each file's rows are drawn in epochs of their own (a small file is
+    repeated sooner)."""
+
+    def __init__(self, rows: list[dict[str, Any]], weights: list[float], rng: random.Random, shuffle: bool,
+                 files: list[str]) -> None:
+        self.pools: list[list[dict[str, Any]]] = [[] for _ in weights]
+        for row in rows:
+            self.pools[row[SOURCE]].append(row)
+        for name, pool in zip(files, self.pools, strict=True):
+            if not pool:
+                raise ConfigError(f"{name} has no training rows left (after data.train_rows, data.max_train_rows "
+                                  "and the held-out cut), and data.train_file_weights draws from it",
+                                  key="data.train_file_weights", hint="give that file rows to train on, or leave it "
+                                  "out of data.train_files and data.train_file_weights")
+        self.weights = weights
+        self.credit = [0.0] * len(weights)
+        self.epochs = [Epochs(len(pool), rng, shuffle) for pool in self.pools]
+
+    def draw(self, count: int) -> list[dict[str, Any]]:
+        drawn = []
+        for _ in range(count):
+            self.credit = [credit + weight for credit, weight in zip(self.credit, self.weights, strict=True)]
+            source = max(range(len(self.credit)), key=self.credit.__getitem__)
+            self.credit[source] -= 1.0
+            drawn.append(self.pools[source][self.epochs[source].draw(1)[0]])
+        return drawn
+
+    def state(self) -> Any:
+        return {"credit": self.credit, "epochs": [epochs.state() for epochs in self.epochs]}
+
+    def set_state(self, state: Any) -> None:
+        self.credit = [float(credit) for credit in state["credit"]]
+        for epochs, saved in zip(self.epochs, state["epochs"], strict=True):
+            epochs.set_state(saved)
 
 
 class _Example(dict):  # type: ignore[type-arg]

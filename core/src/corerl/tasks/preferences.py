@@ -20,8 +20,9 @@ from corerl.tasks.dataset import (
     ORIGIN,
     as_list,
     check_columns,
-    read_rows,
+    read_sliced,
     read_template,
+    row_slices,
     split_rows,
 )
 from corerl.tasks.prompts import chat_text, encode_text
@@ -115,7 +116,8 @@ class PreferenceDataset:
         if not files:
             raise ConfigError("the preferences task needs data.train_files", key="data.train_files",
                               hint="set data.train_files=path/to/pairs.jsonl (rows with prompt, chosen and rejected)")
-        rows = read_rows(files, "data.train_files", data.max_train_rows)
+        rows = read_sliced(files, "data.train_files", row_slices(data.train_rows, files, "data.train_rows"),
+                           data.max_train_rows)
         check_columns(rows, self.keys, "data.train_files", files)
         rng = random.Random(context.seed)
         train_rows, held_rows = split_rows(rows, data, self.keys, rng)

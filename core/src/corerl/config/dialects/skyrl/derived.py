@@ -7,6 +7,7 @@ A key the script leaves unset has SkyRL's default (:data:`DEFAULTS`, those that 
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from corerl.config.dialects.rules import Translator
@@ -453,6 +454,8 @@ def derive_sft(raw: dict[str, Any], out: Translator) -> None:
             set_at(out.tree, "data.prompt_key", "messages")
         out.new_origins["data.task"] = "skyrl dialect (SkyRL's SFT rows: chat messages)"
     _splits(keys, out)
+    _eval_splits(keys, out)
+    _mixture(keys, out)
     _output_dir(keys, out, "ckpt_path")
     if keys.given("num_epochs"):
         out.inert("num_epochs", "num_steps is given" if keys.given("num_steps") else
@@ -510,28 +513,128 @@ def _sequence_mask(keys: _Keys, out: Translator, token_tis: Any) -> None:
             out.inert(source, "used only with sequence_mask_metric geometric")
 
 
-def _splits(keys: _Keys, out: Translator) -> None:
-    """SFT's ``train_dataset_splits``: a Hugging Face split slice; its first rows (``train[:N]``)
-    are corerl's ``data.max_train_rows``."""
-    import re
+_SPLIT = re.compile(r"\s*(\w[\w.-]*)\s*(?:\[\s*([+-]?\d+)?\s*:\s*([+-]?\d+)?\s*\])?\s*")
 
-    splits = keys("train_dataset_splits")
+
+def _split_rows(split: Any) -> tuple[str, int | None, int | None] | None:
+    """A Hugging Face split (``train``, ``train[:100]``, ``train[-500:]``, ``train[200:300]``):
+    (its name, the slice's start and stop); None for another form (a percentage, several slices)."""
+    found = _SPLIT.fullmatch(str(split))
+    if found is None:
+        return None
+    name, start, stop = found.groups()
+    return name, None if start is None else int(start), None if stop is None else int(stop)
+
+
+def _rows_text(start: int | None, stop: int | None) -> str:
+    """The slice as ``data.train_rows`` / ``data.held_out_rows`` read it (``:`` the whole file)."""
+    return f"{'' if start is None else start}:{'' if stop is None else stop}"
+
+
+def _split_list(keys: _Keys, out: Translator, key: str, datasets_key: str) -> list[tuple[str, Any, Any]] | None:
+    """``key``'s splits, one per entry of ``datasets_key`` (SkyRL refuses other counts), each read
+    by :func:`_split_rows`; None (refused) where they are not."""
+    splits = keys(key)
+    texts = [splits] if isinstance(splits, str) else [str(split) for split in splits]
+    read = [_split_rows(split) for split in texts]
+    odd = [text for text, parts in zip(texts, read, strict=True) if parts is None]
+    if odd:
+        out.refuse(key, f"{odd[0]!r}: a split other than a name with one row slice (train, train[:N], "
+                        "train[-N:], train[a:b]) is not built into corerl (percentages are not)",
+                   "give the split as rows: train[a:b]")
+        return None
+    datasets = keys(datasets_key) if keys.given(datasets_key) else None
+    count = 0 if datasets is None else len(_files(datasets))
+    if count != len(texts):
+        out.refuse(key, f"{splits!r}: one split per entry of {datasets_key} is needed ({count} given), as SkyRL "
+                        "requires", f"give {datasets_key} and one split for each of its datasets")
+        return None
+    return read  # type: ignore[return-value]
+
+
+def _splits(keys: _Keys, out: Translator) -> None:
+    """SFT's ``train_dataset_splits``: a Hugging Face split slice of each training dataset. One
+    dataset's first rows (``train[:N]``) are corerl's ``data.max_train_rows``; another slice, or
+    several datasets' slices, ``data.train_rows`` (a slice of each file's rows)."""
+    key = "train_dataset_splits"
+    if not keys.given(key):
+        return
+    if keys(key) is None:
+        out.inert(key, "null: the whole files")
+        return
+    read = _split_list(keys, out, key, "train_datasets")
+    if read is None:
+        return
+    if all(start is None and stop is None for _, start, stop in read):
+        out.inert(key, "a whole split: corerl reads the whole files")
+    elif len(read) == 1 and read[0][1] is None and read[0][2] is not None and read[0][2] > 0:
+        out.put(key, "data.max_train_rows", read[0][2], "data.max_train_rows (the first rows)")
+    else:
+        out.put(key, "data.train_rows", [_rows_text(start, stop) for _, start, stop in read],
+                "data.train_rows (each file's rows)")
+
+
+def _eval_splits(keys: _Keys, out: Translator) -> None:
+    """SFT's ``eval_dataset_splits``: a slice of each eval dataset's rows (``train[-500:]``, the
+    training dataset's last rows) is corerl's ``data.held_out_rows`` of ``data.held_out_files``."""
+    key = "eval_dataset_splits"
+    if not keys.given(key):
+        return
+    if keys(key) is None:
+        out.inert(key, "null: the whole held-out files")
+        return
+    if not keys.given("eval_datasets"):
+        out.refuse(key, f"{keys(key)!r}: a split slice of them needs eval_datasets, which is not given (SkyRL refuses "
+                        "eval_dataset_splits alone)", "give eval_datasets, one per split, or remove the key")
+        return
+    read = _split_list(keys, out, key, "eval_datasets")
+    if read is None:
+        return
+    if all(start is None and stop is None for _, start, stop in read):
+        out.inert(key, "a whole split: corerl holds out the whole held-out files (eval_datasets)")
+        return
+    out.put(key, "data.held_out_rows", [_rows_text(start, stop) for _, start, stop in read],
+            "data.held_out_rows (each held-out file's rows)")
+
+
+def _mixture(keys: _Keys, out: Translator) -> None:
+    """Several training datasets: SkyRL draws each batch from them in the ratio of
+    ``train_dataset_weights`` (unset: equal), whatever their sizes: corerl's
+    ``data.train_file_weights``. One dataset's weight changes nothing."""
+    key = "train_dataset_weights"
+    datasets = _files(keys("train_datasets")) if keys.given("train_datasets") and keys("train_datasets") else []
+    weights = keys(key) if keys.given(key) else None
+    if len(datasets) <= 1:
+        if weights is not None and len(weights) > 1:
+            out.refuse(key, f"{weights!r}: mixing several datasets by weight needs one train_datasets entry per "
+                            f"weight ({len(datasets)} given)", "give the datasets in train_datasets")
+        elif keys.given(key):
+            out.inert(key, "one dataset: its weight changes nothing")
+        return
     if not keys.given("train_dataset_splits"):
-        return
-    if splits is None:
-        out.inert("train_dataset_splits", "null: the whole files")
-        return
-    found = [re.fullmatch(r"\w+(\[:(\d+)\])?", str(split)) for split in (
-        [splits] if isinstance(splits, str) else splits)]
-    if len(found) == 1 and found[0] is not None:
-        rows = found[0].group(2)
-        if rows is None:
-            out.inert("train_dataset_splits", "a whole split: corerl reads the whole files")
+        if weights is not None:
+            out.refuse(key, f"{weights!r}: mixing several datasets by weight needs train_dataset_splits, one split "
+                            "per dataset (SkyRL refuses several datasets without)", "give train_dataset_splits")
         else:
-            out.put("train_dataset_splits", "data.max_train_rows", int(rows), "data.max_train_rows (the first rows)")
+            out.refuse("train_datasets", f"{len(datasets)} datasets need train_dataset_splits, one split per dataset "
+                                         "(SkyRL refuses them without)", "give train_dataset_splits")
         return
-    out.refuse("train_dataset_splits", f"{splits!r}: a split slice other than one split's first rows is not "
-                                       "built into corerl", "give one split, as train or train[:N]")
+    if keys("sampler") not in ("random", None):
+        if weights is not None:
+            out.refuse(key, f"sampler {keys('sampler')!r}: SkyRL mixes datasets by weight only with sampler random",
+                       "remove the key, or set sampler=random")
+        return
+    if weights is None:
+        set_at(out.tree, "data.train_file_weights", [1.0 / len(datasets)] * len(datasets))
+        out.new_origins["data.train_file_weights"] = ("SkyRL's default of train_dataset_weights (several datasets "
+                                                      "mixed equally)")
+        return
+    if len(weights) != len(datasets) or any(not isinstance(w, (int, float)) or w <= 0 for w in weights):
+        out.refuse(key, f"{weights!r}: one weight above 0 per entry of train_datasets ({len(datasets)}) is needed, as "
+                        "SkyRL requires", "give one positive weight per dataset")
+        return
+    out.put(key, "data.train_file_weights", [float(w) for w in weights],
+            "data.train_file_weights (each batch's share of each file)")
 
 
 def _dedicated_generation(keys: _Keys, out: Translator) -> None:

@@ -11,20 +11,6 @@ _PERF = "a memory or speed switch of SkyRL's: the same updates; corerl leaves th
 _LOG = "SkyRL's logging and bookkeeping; corerl logs each step's metrics under run.output_dir"
 _OFF = "a switch SkyRL leaves off by default; corerl has no such feature, so only false is accepted"
 
-def _splits(value: object) -> list[str]:
-    return [] if value is None else [value] if isinstance(value, str) else [str(v) for v in value]  # type: ignore[union-attr]
-
-
-def _a_slice(value: object) -> bool:
-    """A split slice (``train[-500:]``) among the splits; a whole split (``train``) is not one."""
-    return any("[" in split for split in _splits(value))
-
-
-def _several(value: object) -> bool:
-    """Weights of several datasets (one dataset's weight changes nothing)."""
-    return isinstance(value, (list, tuple)) and len(value) > 1
-
-
 #: SFT key (or section) -> the RL key (or section) whose rule it takes
 ALIASES: dict[str, str] = {
     **{section: f"trainer.policy.{section}" for section in (
@@ -49,15 +35,15 @@ RULES: dict[str, Rule] = {
     "dataset_name": derived("data.hub_dataset"),
     "eval_datasets": derived("local files: data.held_out_files"),
     "eval_dataset_name": derived("data.hub_dataset's held-out split"),
-    "train_dataset_splits": derived("one split's first rows (train[:N]): data.max_train_rows N; another slice "
-                                    "is refused"),
+    "train_dataset_splits": derived("one split's first rows (train[:N]): data.max_train_rows N; another row slice, "
+                                    "or several datasets' slices: data.train_rows (each file's rows)"),
     "dataset_split": inert("corerl reads the dataset's train split"),
-    "eval_dataset_splits": inert("corerl reads the whole held-out files (eval_datasets): a split slice of them "
-                                 "(train[-500:]) is not built into the translation", _a_slice),
+    "eval_dataset_splits": derived("a row slice of each eval dataset (train[-500:]): data.held_out_rows of "
+                                   "data.held_out_files (eval_datasets); a whole split: the whole files"),
     "eval_dataset_split": inert("corerl holds out rows of the files given"),
     "eval_dataset_names": inert(_LOG),
-    "train_dataset_weights": inert("mixing several datasets by weight is not built into corerl (one dataset's "
-                                   "weight changes nothing)", _several),
+    "train_dataset_weights": derived("several datasets: data.train_file_weights (each batch's share of each file; "
+                                     "unset: equal shares, as SkyRL's); one dataset's weight changes nothing"),
     "pretokenized_dataset_paths": refused("pre-tokenized datasets are not read by corerl (it tokenizes the rows)"),
     "eval_pretokenized_dataset_paths": refused("pre-tokenized datasets are not read by corerl"),
     "messages_key": acts("data.prompt_key", note="the chat-message column: corerl trains on its assistant turns"),
