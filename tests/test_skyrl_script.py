@@ -277,3 +277,133 @@ def test_validate_explains_what_each_key_of_a_script_does(tmp_path, capsys):
     assert "trainer.logger: " in out  # inert, with its reason
     code = main(["validate", "--recipe-only", "--dialect", "skyrl", "--preset", "quick", str(path)])
     refused_in_one_line((code, capsys.readouterr().err), "--preset lays a preset over a corerl recipe")
+
+
+# --- arrays, here-documents and an entry point's own flags ------------------------------------------
+
+
+def test_an_array_is_read_as_bash_reads_it_and_each_element_keeps_its_line(tmp_path):
+    path = _script(tmp_path, """D="generator.batched=true generator.n_samples_per_prompt=4"
+ARGS=(trainer.epochs=2 "trainer.run_name=a b"  # a comment between elements
+      $D)
+ARGS+=("trainer.seed=$(( 3 + 4 ))")
+EMPTY=()
+declare -a MORE=(generator.max_turns=3)
+FIRST=$ARGS
+JOINED="${ARGS[*]}"
+N=${#ARGS[@]}
+KEYS="${!ARGS[@]}"
+CNT=0
+CNT+=1
+python -m skyrl.train.entrypoints.main_base \\
+  "${ARGS[0]}" "${EMPTY[@]}" "${ARGS[@]}" ${MORE[@]} \\
+  trainer.project_name="$FIRST|${ARGS[-1]}|$N|$KEYS|$CNT|${#ARGS[1]}|${ARGS[$((N - 4))]}" \\
+  trainer.export_path="${ARGS[9]:-none}" \\
+  trainer.log_path="$JOINED"
+""")
+    launch = script.read(path, [], ENV)
+    lines = [(o.key, o.value, int(o.origin.rsplit(":", 1)[1])) for o in launch.overrides]
+    assert lines[:7] == [("trainer.epochs", 2, 14),  # ${ARGS[0]}: where it is used; "${EMPTY[@]}": no word
+                         ("trainer.epochs", 2, 2), ("trainer.run_name", "a b", 2),  # "${ARGS[@]}": where written
+                         ("generator.batched", True, 3), ("generator.n_samples_per_prompt", 4, 3),  # $D split
+                         ("trainer.seed", 7, 4), ("generator.max_turns", 3, 6)]
+    values = _values(launch)
+    assert values["trainer.project_name"] == "trainer.epochs=2|trainer.seed=7|5|0 1 2 3 4|01|20|trainer.run_name=a b"
+    assert values["trainer.export_path"] == "none"
+    assert values["trainer.log_path"] == ("trainer.epochs=2 trainer.run_name=a b generator.batched=true "
+                                          "generator.n_samples_per_prompt=4 trainer.seed=7")
+
+
+def test_an_array_in_an_untaken_branch_and_a_script_started_by_bash_which_inherits_no_array(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    _script(tmp_path, 'python -m skyrl.train.entrypoints.main_base trainer.epochs=1 "${EXTRA[@]}" "$@"\n', "base.sh")
+    path = _script(tmp_path, """EXTRA=()
+if [ -n "${RESUME:-}" ]; then
+  EXTRA+=("trainer.resume_path=$RESUME")
+fi
+export EXTRA
+bash base.sh "${EXTRA[@]}"
+""")
+    assert _values(script.read(path, [], ENV)) == {"trainer.epochs": 1}
+    launch = script.read(path, [], {**ENV, "RESUME": "/ckpt"})
+    assert _values(launch)["trainer.resume_path"] == "/ckpt"  # passed as an argument, not inherited
+    assert launch.overrides[-1].origin == f"{path}:3"
+
+
+def test_a_here_document_is_kept_on_the_command_it_feeds_and_not_read_as_commands(tmp_path):
+    path = _script(tmp_path, """N=2
+cat > notes.txt <<EOF
+for x in \\$(ls); do rm -rf "$N"; done
+EOF
+python - <<'PY' "$N"
+import sys; print(sys.argv)
+PY
+\tcat <<-END
+\t\tcase $N in *) ;; esac
+\tEND
+python -m skyrl.train.entrypoints.main_base trainer.epochs=$N
+""")
+    launch = script.read(path, [], ENV)
+    assert _values(launch) == {"trainer.epochs": 2} and launch.line == f"{path}:11"
+    assert [w.split(": ")[0] for w in launch.warnings] == [f"{path}:2", f"{path}:5", f"{path}:8"]
+    assert "(fed the here-document of line 5)" in launch.warnings[1]
+
+
+def test_a_here_document_fed_to_bash_is_the_script_it_follows(tmp_path):
+    path = _script(tmp_path, """export N=3
+M=4
+bash -s -- trainer.seed=9 <<EOF
+python -m skyrl.train.entrypoints.main_base \\\\
+  trainer.epochs=\\$N \\\\
+  trainer.max_prompt_length=$M \\\\
+  "\\$@"
+EOF
+""")
+    launch = script.read(path, [], ENV)
+    assert _values(launch) == {"trainer.epochs": 3, "trainer.max_prompt_length": 4, "trainer.seed": 9}
+    assert launch.line == f"{path}:4" and launch.overrides[0].origin == f"{path}:5"
+    quoted = _script(tmp_path, "bash <<'EOF'\npython -m skyrl.train.entrypoints.main_base trainer.epochs=${N:-5}\n"
+                               "EOF\n", "quoted.sh")
+    assert _values(script.read(quoted, [], {**ENV, "N": "6"})) == {"trainer.epochs": 6}  # expanded by the child
+
+
+@needs_corpus
+def test_visgyms_env_variant_is_its_entry_points_own_flag_and_is_kept_apart_from_the_keys(monkeypatch):
+    monkeypatch.chdir(CORPUS)
+    launch = script.read("examples/train/visgym/run_visgym_from_instruct.sh", [], ENV)
+    assert launch.entry_point.id == "visgym"
+    assert launch.flags == (("--env_variant", "instruct", "examples/train/visgym/run_visgym_from_instruct.sh:50"),)
+    assert not any(o.key.startswith("-") for o in launch.overrides)
+    assert _values(launch)["environment.env_class"] == "visgym"
+
+
+def test_an_entry_points_own_flag_may_come_with_an_equals_sign_or_from_the_command_line(tmp_path):
+    path = _script(tmp_path, "python examples/train/visgym/entrypoint.py --env_variant=sft trainer.epochs=1 \"$@\"\n")
+    launch = script.read(path, [], ENV)
+    assert launch.flags == (("--env_variant", "sft", f"{path}:1"),) and _values(launch) == {"trainer.epochs": 1}
+    bare = _script(tmp_path, "python examples/train/visgym/entrypoint.py trainer.epochs=1 \"$@\"\n", "bare.sh")
+    assert script.read(bare, ["--env_variant", "instruct"], ENV).flags == (
+        ("--env_variant", "instruct", script.COMMAND_LINE),)
+
+
+@pytest.mark.parametrize(("body", "says"), [
+    ("N=1\ncat <<EOF\nno end line\n", ["a here-document with no end line (EOF)", "run.sh:2)"]),
+    ("cat <<$END\nx\n$END\n", ["a here-document whose end word corerl does not read", "run.sh:1)"]),
+    ("A=(trainer.epochs=1\n  trainer.seed=2\n", ["an array with no closing `)`", "run.sh:1)"]),
+    ("A=(a\n  b | c)\n", ["`|` inside an array", "run.sh:2)"]),
+    ("A=(1 2)\npython -m skyrl.train.entrypoints.main_base trainer.epochs=${A[$(nproc)]}\n",
+     ["'trainer.epochs' takes its value from `$(nproc)`", "run.sh:2)"]),
+    ("python examples/train/visgym/entrypoint.py \\\n  --env_variant chat \\\n  trainer.epochs=1\n",
+     ["--env_variant 'chat' is not one of examples.train.visgym.entrypoint's choices (sft, instruct)", "run.sh:2)"]),
+    ("python examples/train/visgym/entrypoint.py trainer.epochs=1 \\\n  --env_variant\n",
+     ["--env_variant of examples.train.visgym.entrypoint has no value", "run.sh:2)"]),
+    ("python examples/train/visgym/entrypoint.py \\\n  trainer.epochs=1\n",
+     ["examples.train.visgym.entrypoint needs --env_variant (sft or instruct)", "run.sh:1)"]),
+    ("python -m skyrl.train.entrypoints.main_base \\\n  --env_variant sft \\\n  trainer.epochs=1\n",
+     ["'--env_variant' is not a key=value override of skyrl.train.entrypoints.main_base", "run.sh:2)"]),
+])
+def test_a_malformed_array_here_document_or_entry_point_flag_is_refused_in_one_line_naming_its_line(
+        tmp_path, capsys, body, says):
+    line = _refused(capsys, tmp_path, body)
+    for text in says:
+        assert text in line, (text, line)

@@ -126,7 +126,7 @@ def read(path: str | Path, extra: Sequence[str] = (), environ: Mapping[str, str]
     entry, where, words, flags = shell.training
     mine = [(t, o) for t, o in words if o != COMMAND_LINE]
     given = [(t, o) for t, o in words if o == COMMAND_LINE]
-    if extra and not given:  # the script forgot its $@: the command line still wins
+    if extra and not given and all(o != COMMAND_LINE for *_, o in flags):  # it forgot its $@: the command line wins
         given = [(t, COMMAND_LINE) for t in extra]
     overrides = tuple(parse_override(text, origin) for text, origin in [*mine, *given])
     return LaunchScript(source, entry, where, overrides, tuple(shell.warnings), tuple(flags))
@@ -235,6 +235,8 @@ class _Shell:
                                                    or self.elements(part[1][0], word.line) is not None)):
                         current[2] = True  # "" is a word; "$@" with no arguments is none, as is "${X[@]}"
                     walk(part[1], True)
+                elif kind == "array":  # declare's argument A=(...) as a word: its text (declare assigns it)
+                    add("(" + " ".join(t for element in part[1] for t, _ in self.expand(element)) + ")", False)
                 elif kind == "cmd":
                     add(self.substitute(part[1], word.line), not quoted)
                 elif kind == "arith":
@@ -370,6 +372,8 @@ class _Shell:
 
         text = "".join(t for t, _ in self.expand(Word(Lexer(expression, self.shown).word(stop="\x01"), line),
                                                   split=False))
+        if _MARK in text:  # $(( $(nproc) * 2 )): the command substitution it needs is what is unrun
+            return f"{_MARK}{text.split(_MARK)[1]}{_MARK}"
 
         def value(node: ast.AST) -> int:
             if isinstance(node, ast.Constant) and isinstance(node.value, int):
