@@ -295,18 +295,21 @@ N=${#ARGS[@]}
 KEYS="${!ARGS[@]}"
 CNT=0
 CNT+=1
+SET[2]=generator.max_turns=5
+SET[0]=trainer.seed=1
 python -m skyrl.train.entrypoints.main_base \\
-  "${ARGS[0]}" "${EMPTY[@]}" "${ARGS[@]}" ${MORE[@]} \\
+  "${ARGS[0]}" "${EMPTY[@]}" "${ARGS[@]}" ${MORE[@]} ${SET[@]} \\
   trainer.project_name="$FIRST|${ARGS[-1]}|$N|$KEYS|$CNT|${#ARGS[1]}|${ARGS[$((N - 4))]}" \\
   trainer.export_path="${ARGS[9]:-none}" \\
   trainer.log_path="$JOINED"
 """)
     launch = script.read(path, [], ENV)
     lines = [(o.key, o.value, int(o.origin.rsplit(":", 1)[1])) for o in launch.overrides]
-    assert lines[:7] == [("trainer.epochs", 2, 14),  # ${ARGS[0]}: where it is used; "${EMPTY[@]}": no word
+    assert lines[:9] == [("trainer.epochs", 2, 16),  # ${ARGS[0]}: where it is used; "${EMPTY[@]}": no word
                          ("trainer.epochs", 2, 2), ("trainer.run_name", "a b", 2),  # "${ARGS[@]}": where written
                          ("generator.batched", True, 3), ("generator.n_samples_per_prompt", 4, 3),  # $D split
-                         ("trainer.seed", 7, 4), ("generator.max_turns", 3, 6)]
+                         ("trainer.seed", 7, 4), ("generator.max_turns", 3, 6),
+                         ("trainer.seed", 1, 14), ("generator.max_turns", 5, 13)]  # SET[1] is empty: no word
     values = _values(launch)
     assert values["trainer.project_name"] == "trainer.epochs=2|trainer.seed=7|5|0 1 2 3 4|01|20|trainer.run_name=a b"
     assert values["trainer.export_path"] == "none"
@@ -399,6 +402,8 @@ def test_an_entry_points_own_flag_may_come_with_an_equals_sign_or_from_the_comma
      ["--env_variant of examples.train.visgym.entrypoint has no value", "run.sh:2)"]),
     ("python examples/train/visgym/entrypoint.py \\\n  trainer.epochs=1\n",
      ["examples.train.visgym.entrypoint needs --env_variant (sft or instruct)", "run.sh:1)"]),
+    ("declare -A SIZES=([a]=1)\n", ["an associative array", "run.sh:1)"]),
+    ("A=(x)\nA[-3]=y\n", ["A[-3]: the index is before the array's first element", "run.sh:2)"]),
     ("python -m skyrl.train.entrypoints.main_base \\\n  --env_variant sft \\\n  trainer.epochs=1\n",
      ["'--env_variant' is not a key=value override of skyrl.train.entrypoints.main_base", "run.sh:2)"]),
 ])

@@ -14,6 +14,11 @@ of the shell such scripts use, and runs nothing (a recipe must not run code):
   into words, as bash splits them); ``$(dirname ...)``, ``$(cd DIR && pwd)``, ``$(pwd)`` and
   ``$(date +FORMAT)`` are worked out; any other command substitution is left unrun, and the
   script is refused only where such a value reaches the training command;
+- arrays, as bash has them: ``A=(a "b c" $D)``, ``A+=(...)``, ``A[i]=x``, ``declare -a``, and
+  ``"${A[@]}"`` (one word per element, each keeping the line it was written on), ``${A[*]}``,
+  ``${A[i]}``, ``$A``, ``${#A[@]}`` and ``${!A[@]}``; a script started with ``bash`` inherits none;
+- here-documents (:mod:`~corerl.config.dialects.skyrl.shell_syntax`): the body is the input of the
+  command it feeds, not commands; one fed to ``bash``/``sh`` is the script that shell follows;
 - ``if``/``elif``/``else`` over ``[ ... ]``/``[[ ... ]]`` tests (``=``, ``!=``, ``-z``, ``-n``, file
   tests, numeric comparisons), so a knob such as ``USE_CONVERSATION_MULTI_TURN=true`` picks its branch;
 - ``bash OTHER.sh key=value "$@"`` (a script that starts another with more overrides) and
@@ -23,12 +28,14 @@ of the shell such scripts use, and runs nothing (a recipe must not run code):
   python -m MODULE``, ``python -m MODULE``, ``python path/main_x.py``, ``uv run path/main_x.py``)
   whose module is a SkyRL entry point or that is given ``key=value`` overrides. Its module is its
   entry point (:mod:`~corerl.config.dialects.skyrl.entry_points`) and each override keeps its line.
+  The flags an example's own module reads before SkyRL's config (visgym's ``--env_variant``) are
+  checked against their choices and kept apart (:attr:`LaunchScript.flags`).
 
 Other commands (``echo``, ``mkdir``, a dataset script the script runs first, a server it starts)
 are not run; the ones that would have made something are listed as warnings. A script must start
 exactly one training command: one starting none (a data-preparation or server script) or several
-is refused in one line naming them. Loops, ``case``, functions, arrays and here-documents are
-refused in one line naming their line: corerl follows a launch script, it does not run one.
+is refused in one line naming them. Loops, ``case``, functions and associative arrays are refused
+in one line naming their line: corerl follows a launch script, it does not run one.
 
 The overrides given after the script (``corerl run run_gsm8k.sh trainer.epochs=1``) are the
 script's ``$@``: they are applied after the script's own overrides, so they always win (as they do
@@ -340,8 +347,21 @@ class _Shell:
             self.arrays[name] = (self.array(name, value.line) if append else []) + elements
             self.vars.pop(name, None)
             return
-        text = (self.lookup(name) or "") + self.text(value) if append else self.text(value)
-        if self.arrays.get(name):  # A=x sets ${A[0]}
+        text = (self.lookup(name, value.line) or "") + self.text(value) if append else self.text(value)
+        if element := re.fullmatch(r"(\w+)\[(.+)\]", name):  # A[i]=x
+            index = self.arithmetic(element.group(2), value.line)
+            if _MARK in index:
+                raise self._unrun_error(index, self.at(value.line), f"the index of {element.group(1)}")
+            values = list(self.array(element.group(1), value.line))
+            n = int(index) + (len(values) if int(index) < 0 else 0)
+            if n < 0:
+                raise ConfigError(f"{name}: the index is before the array's first element", source=self.at(value.line),
+                                  hint="index the array from 0")
+            values += [("", self.at(value.line))] * (n + 1 - len(values))
+            values[n] = (text, self.at(value.line))
+            self.arrays[element.group(1)] = values
+            self.vars.pop(element.group(1), None)
+        elif self.arrays.get(name):  # A=x sets ${A[0]}
             self.arrays[name][0] = (text, self.at(value.line))
         else:
             self.vars[name] = text
@@ -436,7 +456,9 @@ class _Shell:
             return True  # nothing, or a lone $@ (a line continuation forgotten before it): applied last anyway
         name = fields[0][0]
         args = [text for text, _ in fields[1:]]
-        if name in ("export", "local", "declare", "readonly"):
+        if name in ("export", "local", "declare", "readonly", "typeset"):
+            if any(arg.startswith("-") and "A" in arg for arg in args):
+                raise Lexer("", self.shown).fail("an associative array", command.line)
             for word in words[1:]:
                 if m := assignment(word):
                     self.assign(*m)

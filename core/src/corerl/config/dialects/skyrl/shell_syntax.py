@@ -24,7 +24,7 @@ from corerl.errors import ConfigError
 
 __all__ = ["ASSIGN", "UNSUPPORTED", "Heredoc", "If", "Lexer", "Parser", "Simple", "Word", "assignment", "push"]
 
-ASSIGN = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)(\+?)=")
+ASSIGN = re.compile(r"([A-Za-z_][A-Za-z0-9_]*(?:\[[^]=$`]+\])?)(\+?)=")  # NAME=, NAME+=, NAME[i]=
 UNSUPPORTED = {"case": "a `case` statement", "for": "a `for` loop", "while": "a `while` loop",
                "until": "an `until` loop", "function": "a function", "select": "a `select` loop",
                "{": "a `{ ... }` group", "(": "a subshell"}
@@ -383,7 +383,8 @@ class Parser:
 
 
 def assignment(word: Word) -> tuple[str, Word, bool] | None:
-    """``NAME=value`` or ``NAME+=value`` (appending): the name, the value's word, whether it appends."""
+    """``NAME=value``, ``NAME+=value`` (appending) or ``NAME[i]=value`` (an element, ``i`` written
+    out): the name (``NAME[i]`` for an element), the value's word, whether it appends."""
     if not word.parts or word.parts[0][0] != "lit":
         return None
     literal = ""
