@@ -223,7 +223,7 @@ def test_a_key_skyrl_does_not_have_is_one_line_with_a_did_you_mean(capsys, tmp_p
 @pytest.mark.parametrize(("override", "says"), [
     ("generator.step_wise_trajectories=true", "step-wise trajectories"),
     ("trainer.algorithm.policy_loss_type=dppo", "'dppo' policy loss is not built into corerl"),
-    ("trainer.algorithm.advantage_estimator=maxrl", "'maxrl' advantage estimator"),
+    ("trainer.algorithm.advantage_estimator=simple_baseline", "'simple_baseline' advantage estimator"),
     ("trainer.algorithm.use_entropy_loss=true", "entropy bonus"),
     ("trainer.resume_path=/ckpt", "resuming from a given checkpoint folder"),
 ])
@@ -301,8 +301,8 @@ def test_importance_sampling_masks_splits_and_sharding():
 
 
 def test_an_entry_point_adding_code_corerl_lacks_is_refused_and_async_schedules_act():
-    with pytest.raises(ConfigErrors, match="adds a custom policy loss"):
-        _run("custom_policy_loss")
+    with pytest.raises(ConfigErrors, match="adds the recursive language model"):
+        _run("rlm")
     with pytest.raises(ConfigErrors, match="only generates"):
         _run("generate")
     assert value_at(_get("async"), "algorithm.async") == {"enabled": True, "max_staleness": 1}

@@ -13,8 +13,10 @@ _LOSS_ONLY = "used only by a policy_loss_type corerl does not have (refused with
 RULES: dict[str, Rule] = {
     _A + "advantage_estimator": derived("grpo: GRPO; rloo: GRPO with the leave-one-out baseline, rewards not scaled "
                                         "by their spread; reinforce++: algorithm.advantage_estimator "
-                                        "reinforce_plus_plus; gae: PPO with a critic (algorithm.name ppo); "
-                                        "another estimator is refused"),
+                                        "reinforce_plus_plus; maxrl: algorithm.advantage_estimator maxrl; gae: "
+                                        "PPO with a critic (algorithm.name ppo); simple_baseline with the "
+                                        "custom_advantage_estimator example's entry point (which registers it): "
+                                        "algorithm.advantage_estimator batch_mean; another estimator is refused"),
     _A + "use_kl_loss": derived("with kl_loss_coef: algorithm.kl_penalty (the KL term in the loss); false: 0"),
     _A + "kl_loss_coef": derived("algorithm.kl_penalty, where use_kl_loss or use_kl_in_reward is on"),
     _A + "use_kl_in_reward": derived("algorithm.use_kl_in_reward, kl_loss_coef its algorithm.kl_penalty (on-policy "
@@ -31,8 +33,9 @@ RULES: dict[str, Rule] = {
     _A + "value_head_prefix": inert("corerl's critic is a one-label token classifier with its own head"),
     _A + "policy_loss_type": derived("regular: the clipped PPO loss; dual_clip: with algorithm.ratio_clip_c; "
                                      "gspo: algorithm.sequence_level_ratios; cispo: algorithm.use_cispo; "
-                                     "rollout_is, sapo, clip_cov and kl_cov: algorithm.policy_loss; another loss "
-                                     "is refused"),
+                                     "rollout_is, sapo, clip_cov and kl_cov: algorithm.policy_loss; reinforce with "
+                                     "the custom_policy_loss example's entry point (which registers it): "
+                                     "algorithm.policy_loss reinforce; another loss is refused"),
     _A + "loss_reduction": derived("token_mean (and token_mean_legacy): algorithm.loss_aggregation token_mean; "
                                    "sequence_mean: sequence_mean; seq_mean_token_sum_norm (Dr. GRPO): "
                                    "constant_length over max_seq_len; prompt_mean is refused"),
