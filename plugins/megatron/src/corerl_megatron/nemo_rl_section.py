@@ -109,7 +109,8 @@ RULES: dict[str, Rule] = {
                                                                    _not("constant")),
     "policy.megatron_cfg.scheduler.lr_warmup_init": inert("warm-up starts from zero"),
     "policy.megatron_cfg.distributed_data_parallel_config.*": inert(_PERF),
-    # LoRA: the section maps to policy.lora (PEFT); the megatron backend refuses it in one line
+    # LoRA: the section maps to policy.lora, which the megatron backend trains with adapters of its own
+    # (corerl_megatron.training.lora); an empty target_modules is every linear layer, as in Megatron-Bridge
     **{f"policy.megatron_cfg.peft.{key}": acts(f"policy.lora.{target}")
        for key, target in (("enabled", "enabled"), ("target_modules", "target_modules"),
                            ("exclude_modules", "exclude_modules"), ("dim", "dim"), ("alpha", "alpha"),
@@ -126,7 +127,11 @@ def before(raw: dict[str, Any], out: Any) -> dict[str, str]:
 
 
 def derived(raw: dict[str, Any], out: Any) -> None:
-    """A vision-language recipe on megatron is refused in one line (megatron's VLM path is not built)."""
+    """A vision-language recipe on megatron is refused in one line (megatron's VLM path is not built).
+    The ``peft`` section's ``target_modules``, where it names some, are the layers adapted (corerl's
+    ``policy.lora.match_all_linear``, on by default, would adapt every linear layer instead)."""
+    if out.value("policy.megatron_cfg.peft.enabled") is True and out.value("policy.megatron_cfg.peft.target_modules"):
+        out.set("policy.megatron_cfg.peft.target_modules", "policy.lora.match_all_linear", False)
     refused_already = any(error.message.startswith(MEGATRON_VLM) for error in out.errors)
     if out.vision_language and out.value("policy.megatron_cfg.enabled") is True and not refused_already:
         out.refuse("policy.megatron_cfg.enabled", MEGATRON_VLM, MEGATRON_VLM_HINT)

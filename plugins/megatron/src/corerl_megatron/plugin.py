@@ -28,6 +28,7 @@ def corerl_register_training_backends(register: Callable[[TrainingBackend], None
             config_section="policy.megatron_cfg",
             value_model=True,
             moe=True,
+            lora=True,
             tensor_parallel_key="tensor_model_parallel_size",
             expert_parallel_key="expert_model_parallel_size",
             context_parallel_key="context_parallel_size",

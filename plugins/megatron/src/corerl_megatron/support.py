@@ -47,20 +47,19 @@ def check_supported(config: Config) -> None:
                                      key=key, hint="turn it off on CPU machines")
     check_tensor_parallel(config, settings.tensor_model_parallel_size, f"{section}.tensor_model_parallel_size")
     check_pipeline_stages(config, settings, section)
-    if settings.sequence_parallel and config.role != "critic" and not on_gpu:
-        # on a GPU it needs Transformer Engine too, which a recipe for another cluster cannot be judged by
-        raise EngineNotAvailable("sequence parallelism needs Transformer Engine's layer spec on a GPU; megatron-core's "
-                                 "local spec norms with torch LayerNorm, which refuses it",
-                                 key=f"{section}.sequence_parallel",
-                                 hint="set it to false on this machine, or run on a GPU machine with Transformer "
-                                      "Engine installed")
     policy = config.core.policy
-    if policy.lora.enabled and config.role != "critic":
-        raise EngineNotAvailable("megatron-core has no LoRA layers of its own (its LoRA lives in Megatron-Bridge, "
-                                 "which this backend does not build on), so the megatron backend trains whole models only",
-                                 key="policy.lora.enabled",
-                                 hint="train LoRA with policy.training_backend=dtensor (or deepspeed), or set "
-                                      "policy.lora.enabled=false")
+    lora = policy.lora.enabled and config.role != "critic"
+    if settings.sequence_parallel and config.role != "critic" and (not on_gpu or lora):
+        # on a GPU it needs Transformer Engine too, which a recipe for another cluster cannot be judged by;
+        # LoRA's adapters sit in the local spec on a GPU too (corerl_megatron.training.lora)
+        raise EngineNotAvailable("sequence parallelism needs Transformer Engine's layer spec on a GPU; megatron-core's "
+                                 "local spec" + (" (where the LoRA adapters sit)" if lora else "") +
+                                 " norms with torch LayerNorm, which refuses it",
+                                 key=f"{section}.sequence_parallel",
+                                 hint="set it to false" + (" with policy.lora" if lora else " on this machine, or run "
+                                                           "on a GPU machine with Transformer Engine installed"))
+    if lora:
+        check_lora(config, settings, section, shape)
     if policy.sequence_packing.enabled or policy.dynamic_batching.enabled:
         key = "policy.sequence_packing.enabled" if policy.sequence_packing.enabled else "policy.dynamic_batching.enabled"
         raise EngineNotAvailable("the megatron backend runs fixed-width row micro-batches only (its pipeline "
@@ -75,6 +74,35 @@ def check_supported(config: Config) -> None:
                                  "backend does not wire in yet (the local layer spec has no context-parallel attention)",
                                  key=f"{section}.context_parallel_size", hint="set it to 1")
     check_experts(config, settings, section, on_gpu)
+
+
+def check_lora(config: Config, settings: object, section: str, shape: object) -> None:
+    """Refuse what the megatron backend's own LoRA adapters (corerl_megatron.training.lora) do not
+    cover: a mixture of experts' expert layers, dropout with tensor parallelism (each rank would
+    draw its own mask over a replicated input), and a ``target_modules`` entry naming no adaptable
+    layer (sequence parallelism is refused before: the adapters' local layer spec does not run it)."""
+    from corerl_megatron.lora_targets import unmatched_target
+
+    lora = config.core.policy.lora
+    if shape is not None and shape.is_moe:  # type: ignore[attr-defined]
+        raise EngineNotAvailable("the megatron backend's LoRA adapts dense decoder layers only (attention and MLP "
+                                 "projections); adapters on a mixture of experts' expert layers are not wired",
+                                 key="policy.lora.enabled",
+                                 hint="train this model's LoRA with policy.training_backend=dtensor, or train it "
+                                      "whole (policy.lora.enabled=false)")
+    if lora.dropout > 0 and settings.tensor_model_parallel_size > 1:  # type: ignore[attr-defined]
+        raise EngineNotAvailable("LoRA dropout with tensor parallelism is not wired into the megatron backend (the "
+                                 "ranks would drop different inputs of one replicated adapter)",
+                                 key="policy.lora.dropout",
+                                 hint=f"set policy.lora.dropout=0, or {section}.tensor_model_parallel_size=1")
+    if shape is not None:
+        missing = unmatched_target(lora, shape.layers)  # type: ignore[attr-defined]
+        if missing is not None:
+            raise ConfigError(f"LoRA target {missing!r} names no linear layer the megatron backend adapts "
+                              "(q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj, all-linear, or "
+                              "megatron's linear_qkv, linear_proj, linear_fc1, linear_fc2)",
+                              key="policy.lora.target_modules",
+                              hint="name those projections (the embeddings and the output head are not adapted)")
 
 
 def check_experts(config: Config, settings: object, section: str, on_gpu: bool) -> None:

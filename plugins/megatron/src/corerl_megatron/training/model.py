@@ -74,9 +74,11 @@ class ValueHead(torch.nn.Module):
 
 
 def build_gpt(hf: Any, config: Any, *, pre_process: bool = True, post_process: bool = True,
-              value_head: bool = False) -> Any:
-    """A GPTModel (local layer spec; Transformer Engine's when importable and on a GPU); with
-    ``value_head``, a critic: :class:`ValueHead` in place of the vocabulary projection."""
+              value_head: bool = False, local_spec: bool = False) -> Any:
+    """A GPTModel (local layer spec; Transformer Engine's when importable and on a GPU, unless
+    ``local_spec``: LoRA adapters read each linear layer's input, which Transformer Engine's spec
+    takes before the norm it folds in); with ``value_head``, a critic: :class:`ValueHead` in place
+    of the vocabulary projection."""
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
@@ -85,7 +87,7 @@ def build_gpt(hf: Any, config: Any, *, pre_process: bool = True, post_process: b
         from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
 
         spec = get_gpt_decoder_block_spec(config, use_transformer_engine=False, normalization="RMSNorm")
-    if torch.cuda.is_available():
+    if torch.cuda.is_available() and not local_spec:
         try:
             import transformer_engine  # noqa: F401
             from megatron.core.models.gpt.gpt_layer_specs import (

@@ -60,8 +60,9 @@ class StageWeights:
         """This rank's shard of every parameter of ``module`` from the full Megatron state."""
         from corerl_megatron.training.sharding import shard
 
+        # a LoRA adapter's tensors (added after the layout was read) are not the checkpoint's
         local = {name: shard(name, full[self.source_name(name)], self.partition[name], self.tp_rank, self.tp)
-                 for name, _ in module.named_parameters()}
+                 for name, _ in module.named_parameters() if name in self.partition}
         missing, unexpected = module.load_state_dict(local, strict=False)
         missing = [m for m in missing if not m.endswith("_extra_state")]
         if missing or unexpected:

@@ -72,7 +72,8 @@ class MegatronWorker(RankWorker):
             hf, self.settings, dtype[self.config.core.policy.precision], tensor_parallel=self.tp,
             pipeline_parallel=self.settings.pipeline_model_parallel_size, qkv_bias=self.shape.qkv_bias, moe=moe)
         model = build_gpt(hf, self.mconfig, pre_process=self.ps.is_pipeline_first_stage(),
-                          post_process=self.ps.is_pipeline_last_stage(), value_head=self.shape.value_head)
+                          post_process=self.ps.is_pipeline_last_stage(), value_head=self.shape.value_head,
+                          local_spec=self.lora)
         if self.shape.experts and (moe.freeze_router or self.settings.freeze_moe_router):
             freeze_routers(model)
         self.ep = self.ps.get_expert_model_parallel_world_size() if self.shape.experts else 1
@@ -86,6 +87,11 @@ class MegatronWorker(RankWorker):
         self.share_weighted_router_terms = bool(self.shape.experts) and (moe.aux_loss_coeff > 0 or moe.z_loss_coeff > 0)
         self.router_term_weight = 1.0
         self.layout.copy_in(model, full)
+        if self.lora:  # before DDP and the optimizer: only the adapters get gradient buffers and state
+            from corerl_megatron.training.lora import attach
+
+            attach(model, self.config.core.policy.lora, self.layout.numbering, hf.num_hidden_layers,
+                   tp_rank=self.tp_rank, tp=self.tp, seed=self.config.core.algorithm.seed)
         ddp = DistributedDataParallelConfig(grad_reduce_in_fp32=True, overlap_grad_reduce=False,
                                             use_distributed_optimizer=False)
         self.model = DistributedDataParallel(self.mconfig, ddp, model)
@@ -173,6 +179,18 @@ class MegatronWorker(RankWorker):
         self.replay.share()
         return out
 
+    def base_logprobs(self, mbs: list[dict[str, torch.Tensor]]) -> list[torch.Tensor] | None:
+        """Logprobs with the LoRA adapters switched off: the base model's (a LoRA policy's KL reference)."""
+        from corerl_megatron.training.lora import set_enabled
+
+        if not self.lora:
+            raise RuntimeError("base_logprobs() needs a LoRA policy (policy.lora.enabled)")
+        set_enabled(self.model.module, False)
+        try:
+            return self._forward_only(mbs)
+        finally:
+            set_enabled(self.model.module, True)
+
     def topk_logprobs(self, mbs: list[dict[str, torch.Tensor]], k: int) -> list[torch.Tensor] | None:
         """The logprobs and top-k next tokens of this rank's micro-batches (the last pipeline stage
         reports them), laid out by ``join_topk``."""
@@ -244,7 +262,12 @@ class MegatronWorker(RankWorker):
 
     def save_state(self, path: str) -> dict[str, Any]:
         """Each rank writes its shard and optimizer state; the scheduler goes in its sidecar."""
-        state = {"model": self.model.module.state_dict(), "optimizer": self.optimizer.state_dict()}
+        model = self.model.module.state_dict()
+        if self.lora:  # the base is frozen (load_hf reads it again): the adapters and their optimizer state
+            from corerl_megatron.training.lora import is_adapter
+
+            model = {name: tensor for name, tensor in model.items() if is_adapter(name)}
+        state = {"model": model, "optimizer": self.optimizer.state_dict()}
         torch.save(state, os.path.join(path, f"megatron_rank{self.rank}.pt"))
         return {"scheduler": self.scheduler.state_dict()}
 
@@ -290,8 +313,11 @@ class MegatronWorker(RankWorker):
 
     def full_state_dict(self) -> dict[str, torch.Tensor] | None:
         """Every rank must call this; each pipeline stage's first tensor-parallel rank returns
-        its stage's full tensors with global Megatron names (the driver merges the stages)."""
+        its stage's full tensors with global Megatron names (the driver merges the stages). With
+        ``policy.lora`` the weights are the merged ones, W + scale B A (what a generation engine
+        gets whole and ``final/merged`` holds); the adapters themselves are :meth:`adapter_state`."""
         from corerl_megatron.training.experts import gather_experts, is_expert
+        from corerl_megatron.training.lora import merged
         from corerl_megatron.training.model import spec_neutral_name
         from corerl_megatron.training.sharding import gather, renumber
 
@@ -300,7 +326,10 @@ class MegatronWorker(RankWorker):
         group = self.ps.get_tensor_model_parallel_group()
         out, experts = {}, {}
         for name, param in module.named_parameters():
-            full = gather(name, param.detach(), self.layout.partition[name], group, self.tp)
+            if name not in self.layout.partition:  # a LoRA adapter: merged into its layer's weight
+                continue
+            local = merged(module, name, param.detach()) if self.lora else param.detach()
+            full = gather(name, local, self.layout.partition[name], group, self.tp)
             target = experts if is_expert(name) else out
             target[spec_neutral_name(renumber(name, self.layout.numbering))] = full.cpu()
         if experts:  # each expert-parallel rank holds E / ep of them
@@ -310,6 +339,22 @@ class MegatronWorker(RankWorker):
             out.pop("output_layer.weight", None)
         keep = self.tp_rank == 0 and self.ps.get_data_parallel_rank() == 0
         return out if keep else None
+
+    def adapter_state(self) -> dict[str, torch.Tensor] | None:
+        """The LoRA adapters whole, under PEFT's saved names in the Hugging Face layout, on the
+        first rank (every pipeline stage's); None elsewhere. Every rank calls it."""
+        import torch.distributed as dist
+
+        from corerl_megatron.training.lora import peft_tensors
+
+        self.require_resident("parameters")
+        stage = peft_tensors(self.model.module, self.layout.numbering, self.ps.get_tensor_model_parallel_group(),
+                             self.tp)
+        if self.settings.pipeline_model_parallel_size > 1:  # each stage holds its layers' adapters
+            stages: list[Any] = [None] * self.settings.pipeline_model_parallel_size
+            dist.all_gather_object(stages, stage, group=self.ps.get_pipeline_model_parallel_group())
+            stage = {name: tensor for part in stages for name, tensor in part.items()}
+        return stage if self.rank == 0 else None
 
 
 def _finalize(*args: Any, **kwargs: Any) -> None:
