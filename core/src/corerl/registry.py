@@ -100,6 +100,11 @@ class Registration:
     #: config this component cannot run here; selection calls it, so ``corerl validate`` refuses
     #: exactly what ``corerl run`` would at start-up
     check_supported: str | Callable[..., Any] | None = attrs.field(default=None, validator=_check_optional_factory)
+    #: ``check_inputs(config)``, an import path or a callable (contract 2.17): refuses, in one line
+    #: each, what the component needs from this machine that is not there (a database folder, a
+    #: server that must answer); ``corerl run`` calls it with the run's other inputs (the model and
+    #: data files) and ``corerl validate`` too, unless ``--recipe-only``, which judges the recipe alone
+    check_inputs: str | Callable[..., Any] | None = attrs.field(default=None, validator=_check_optional_factory)
     #: other spellings of :attr:`config_section` that recipes may use (e.g. ``policy.dtensor_config``)
     section_aliases: tuple[str, ...] = attrs.field(default=(), converter=tuple)
     #: keys outside :attr:`config_section` that only this component reads (the ``hf`` generation
@@ -115,6 +120,11 @@ class Registration:
         """Run :attr:`check_supported` on ``config`` (nothing when the registration has none)."""
         if self.check_supported is not None:
             self._resolve(self.check_supported, "check_supported")(config)
+
+    def check_machine(self, config: Any) -> None:
+        """Run :attr:`check_inputs` on ``config`` (nothing when the registration has none)."""
+        if self.check_inputs is not None:
+            self._resolve(self.check_inputs, "check_inputs")(config)
 
     def _resolve(self, path: str | Callable[..., Any], what: str) -> Callable[..., Any]:
         return import_paths.resolve(path, what=what, owner=f"{self.kind} {self.id!r} (plugin {self.plugin!r})",

@@ -12,7 +12,7 @@ import skyrl_gym
 from skyrl_gym.envs.base_text_env import BaseTextEnv
 
 import corerl_skyrl_gym.plugin
-from corerl.sdk import ConfigErrors, EnvironmentContext, EpisodeView
+from corerl.sdk import ConfigError, ConfigErrors, EnvironmentContext, EpisodeView
 from corerl.testing import select_for, write_recipe
 from corerl.testing.environment_conformance import EnvironmentConformance
 from corerl_skyrl_gym.environment import Live, SkyRLGymEnvironment
@@ -165,13 +165,9 @@ def test_what_corerl_cannot_play_ends_the_episode_in_one_line(registered):
 
 
 @pytest.mark.parametrize(("overrides", "key", "says"), [
-    (["env.skyrl_gym.env_class=text2sql", "env.skyrl_gym.env_config.db_path=/nowhere"],
-     "env.skyrl_gym.env_config.db_path", "'text2sql' needs its SQLite databases, and db_path /nowhere is not a folder"),
-    (["env.skyrl_gym.env_class=search", "env.skyrl_gym.env_config.search_url=http://127.0.0.1:9/retrieve"],
-     "env.skyrl_gym.env_config.search_url", "'search' needs a retrieval server, and http://127.0.0.1:9/retrieve does not"),
     (["env.skyrl_gym.env_class=lcb"], "env.skyrl_gym.env_class", "'lcb' runs the model's code"),
     (["env.skyrl_gym.register.mine=nowhere_at_all:Env"], "env.skyrl_gym.register.mine", "cannot import 'nowhere_at_all'"),
-], ids=["text2sql-databases", "search-server", "lcb-unsandboxed", "register-import"])
+], ids=["lcb-unsandboxed", "register-import"])
 def test_validation_refuses_an_environment_whose_needs_are_missing(corerl_host, tmp_path, overrides, key, says):
     recipe = write_recipe(tmp_path / "recipe.yaml", RECIPE)
     with pytest.raises(ConfigErrors) as refused:
@@ -180,19 +176,60 @@ def test_validation_refuses_an_environment_whose_needs_are_missing(corerl_host, 
     assert error.key == key and says in error.message and "\n" not in error.one_line()
 
 
+MACHINE_NEEDS = [
+    (["env.skyrl_gym.env_class=text2sql", "env.skyrl_gym.env_config.db_path=/nowhere"],
+     "env.skyrl_gym.env_config.db_path", "'text2sql' needs its SQLite databases, and db_path /nowhere is not a folder"),
+    (["env.skyrl_gym.env_class=search", "env.skyrl_gym.env_config.search_url=http://127.0.0.1:9/retrieve"],
+     "env.skyrl_gym.env_config.search_url", "'search' needs a retrieval server, and http://127.0.0.1:9/retrieve does not"),
+]
+
+
+@pytest.mark.parametrize(("overrides", "key", "says"), MACHINE_NEEDS, ids=["text2sql-databases", "search-server"])
+def test_what_an_environment_needs_from_the_machine_is_a_run_input(corerl_host, tmp_path, overrides, key, says):
+    """A database folder or a server is checked with the run's model and data files (the
+    registration's check_inputs): the recipe selects, the inputs check refuses in one line."""
+    from corerl.run.inputs import check_run_inputs
+
+    recipe = write_recipe(tmp_path / "recipe.yaml", {**RECIPE, "run": {"output_dir": str(tmp_path / "runs")}})
+    config, selection = select_for(corerl_host, recipe, overrides)
+    with pytest.raises(ConfigError) as refused:  # one error is raised as it is
+        check_run_inputs(config, selection, corerl_host)
+    error = refused.value
+    assert error.key == key and says in error.message and "\n" not in error.one_line()
+
+
+def test_validate_refuses_a_missing_database_and_recipe_only_judges_the_recipe_alone(capsys, tmp_path):
+    from corerl import cli
+
+    recipe = write_recipe(tmp_path / "recipe.yaml", {**RECIPE, "run": {"output_dir": str(tmp_path / "runs")}})
+    overrides = MACHINE_NEEDS[0][0]
+    assert cli.main(["validate", str(recipe), *overrides]) == 2
+    assert "db_path /nowhere is not a folder" in capsys.readouterr().err
+    assert cli.main(["validate", "--recipe-only", str(recipe), *overrides]) == 0
+    database = tmp_path / "databases"
+    database.mkdir()
+    assert cli.main(["validate", str(recipe), "env.skyrl_gym.env_class=text2sql",
+                     f"env.skyrl_gym.env_config.db_path={database}"]) == 0
+
+
 def test_validation_reads_the_environment_classes_the_data_files_name(corerl_host, tmp_path):
+    from corerl.run.inputs import check_run_inputs
+
     pyarrow = pytest.importorskip("pyarrow")
     import pyarrow.parquet as pq
 
     rows = [gsm8k_row(), {**gsm8k_row(), "env_class": "text2sql"}]
     pq.write_table(pyarrow.Table.from_pylist(rows), tmp_path / "train.parquet")
-    recipe = write_recipe(tmp_path / "recipe.yaml", {**RECIPE, "data": {
-        "env_name": "skyrl_gym", "task": "dataset", "train_files": str(tmp_path / "train.parquet")}})
-    with pytest.raises(ConfigErrors) as refused:
-        select_for(corerl_host, recipe, ["env.skyrl_gym.env_config.db_path=/nowhere"])
-    assert [e.key for e in refused.value.errors] == ["env.skyrl_gym.env_config.db_path"]
+    recipe = write_recipe(tmp_path / "recipe.yaml", {**RECIPE, "run": {"output_dir": str(tmp_path / "runs")}, "data": {
+        "env_name": "skyrl_gym", "task": "dataset", "train_files": str(tmp_path / "train.parquet"),
+        "answer_key": "reward_spec.ground_truth"}})
+    config, selection = select_for(corerl_host, recipe, ["env.skyrl_gym.env_config.db_path=/nowhere"])
+    with pytest.raises(ConfigError) as refused:
+        check_run_inputs(config, selection, corerl_host)
+    assert refused.value.key == "env.skyrl_gym.env_config.db_path"
     (tmp_path / "gsm8k.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[:1]))
-    select_for(corerl_host, recipe, [f"data.train_files={tmp_path / 'gsm8k.jsonl'}"])  # gsm8k rows alone: nothing missing
+    config, selection = select_for(corerl_host, recipe, [f"data.train_files={tmp_path / 'gsm8k.jsonl'}"])
+    check_run_inputs(config, selection, corerl_host)  # gsm8k rows alone: nothing missing
 
 
 class TestGsm8kConformance(EnvironmentConformance):

@@ -1,6 +1,7 @@
 """What a run needs from the machine, checked before anything is built or written: the run
 directory can be made and written (and resumed or started over in), the models and tokenizer
-are there, the data files are there. ``corerl validate`` and ``corerl run`` (through
+are there, the data files are there, and what each chosen component needs from the machine (its
+registration's ``check_inputs``: a database folder, a server). ``corerl validate`` and ``corerl run`` (through
 :meth:`corerl.run.context.RunContext.open`) both call :func:`check_run_inputs`, so that validate
 refuses what run would refuse at its start.
 
@@ -70,9 +71,27 @@ def _checks(config: Config, selection: Selection, host: PluginHost | None) -> li
         checks.append(lambda: check_model(reward_model.model_name, key="reward_model.model_name"))
     checks += [functools.partial(check_model, model, key=key) for key, model in _algorithm_models(config, selection)]
     checks.append(lambda: _raise_all(_data_errors(data, selection.task.id)))
+    checks += [functools.partial(registration.check_machine, on) for registration, on in _chosen(selection, config)
+               if registration.check_inputs is not None]
     if host is not None:
         checks.append(lambda: _check_resume(config, host))
     return checks
+
+
+def _chosen(selection: Selection, config: Config) -> list[tuple[Any, Any]]:
+    """The registrations ``selection`` chose (each once), with the config each is checked on (the
+    critic's own; the packer only when packing is on), as selection's ``check_supported`` are."""
+    choices = [selection.algorithm, selection.training_backend,
+               *([selection.generation_backend, selection.offload_policy] if selection.samples else []),
+               *([selection.sequence_packer] if config.core.policy.sequence_packing.enabled else []),
+               selection.task, selection.reward, selection.environment]
+    found: list[tuple[Any, Any]] = []
+    for choice in choices:
+        if choice.registration is not None and all(choice.registration is not seen for seen, _ in found):
+            found.append((choice.registration, config))
+    if selection.critic_backend is not None and selection.critic_backend.registration is not None:
+        found.append((selection.critic_backend.registration, selection.critic_config))
+    return found
 
 
 def check_contents(config: Config, selection: Selection) -> None:

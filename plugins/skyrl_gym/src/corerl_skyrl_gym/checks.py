@@ -1,8 +1,11 @@
 """``corerl validate`` (and a run's start) refuse, in one line each, a ``skyrl_gym`` recipe whose
-environments cannot play here: an id skyrl-gym does not have, an entry point that does not
-import, and what an environment class needs that is missing (text2sql's database folder, search's
-retrieval server, the opt-in for the classes that run the model's code unsandboxed). The classes
-checked are ``env.skyrl_gym.env_class`` and those the data files' ``env_class`` column names."""
+environments cannot play: an id skyrl-gym does not have, an entry point that does not import, and
+the classes that run the model's code unsandboxed without the opt-in (:func:`check_skyrl_gym`, the
+registration's ``check_supported``). What a class needs from this machine (text2sql's database
+folder, search's retrieval server) is checked with the run's other inputs, its model and data
+files (:func:`check_skyrl_gym_inputs`, the registration's ``check_inputs``): ``corerl validate
+--recipe-only`` judges the recipe without them. The classes checked are ``env.skyrl_gym.env_class``
+and those the data files' ``env_class`` column names."""
 
 from __future__ import annotations
 
@@ -30,17 +33,35 @@ def check_skyrl_gym(config: Any) -> None:
     errors = _check_register(settings.register)
     if errors:
         raise ConfigErrors(errors)
-    from corerl_skyrl_gym.environment import env_config_for, register_extra
+    from corerl_skyrl_gym.environment import register_extra
 
     register_extra(settings.register)
+    for env_class, key in _classes(config, settings).items():
+        errors += _check_class(env_class, key, settings)
+    if errors:
+        raise ConfigErrors(errors)
+
+
+def check_skyrl_gym_inputs(config: Any) -> None:
+    """What the recipe's skyrl-gym environments need from this machine, checked (see the module's
+    docstring): run after :func:`check_skyrl_gym` has passed."""
+    from corerl_skyrl_gym.environment import env_config_for
+
+    settings = config.section(SECTION)
+    errors = []
+    for env_class, key in _classes(config, settings).items():
+        errors += _check_machine(env_class, key, settings, env_config_for)
+    if errors:
+        raise ConfigErrors(errors)
+
+
+def _classes(config: Any, settings: Any) -> dict[str, str]:
+    """The environment classes the recipe plays, each with the key (or data file key) naming it."""
     data = getattr(config.core, "data", None)
     classes = {settings.env_class: f"{SECTION}.env_class"}
     for env_class, where in data_env_classes(data).items():
         classes.setdefault(env_class, where)
-    for env_class, key in classes.items():
-        errors += _check_class(env_class, key, settings, env_config_for)
-    if errors:
-        raise ConfigErrors(errors)
+    return classes
 
 
 def _check_register(entries: dict[str, str]) -> list[ConfigError]:
@@ -73,7 +94,7 @@ def _check_register(entries: dict[str, str]) -> list[ConfigError]:
     return errors
 
 
-def _check_class(env_class: str, key: str, settings: Any, env_config_for: Any) -> list[ConfigError]:
+def _check_class(env_class: str, key: str, settings: Any) -> list[ConfigError]:
     import difflib
 
     import skyrl_gym
@@ -91,6 +112,15 @@ def _check_class(env_class: str, key: str, settings: Any, env_config_for: Any) -
             "machine, with no sandbox", key=key,
             hint=f"set {SECTION}.allow_unsandboxed_code=true to accept that (on a machine you can lose), or pick "
                  "another environment"))
+    return errors
+
+
+def _check_machine(env_class: str, key: str, settings: Any, env_config_for: Any) -> list[ConfigError]:
+    import skyrl_gym
+
+    errors: list[ConfigError] = []
+    if env_class not in skyrl_gym.registry:  # refused by check_skyrl_gym already
+        return errors
     if env_class == "text2sql":
         db_path = env_config_for(env_class, settings.env_config).db_path
         if not Path(db_path).is_dir():

@@ -44,8 +44,9 @@ class SkyRLGymSettings(EnvironmentSettings):
 def corerl_register_environments(register: Callable[[Environment], None]) -> None:
     register(Environment(id="skyrl_gym", factory="corerl_skyrl_gym.environment:SkyRLGymEnvironment",
                          config_schema=SkyRLGymSettings, check_supported="corerl_skyrl_gym.checks:check_skyrl_gym",
+                         check_inputs="corerl_skyrl_gym.checks:check_skyrl_gym_inputs",
                          description="SkyRL's skyrl-gym environments (gsm8k, aime, text2sql, search, ...) as they are"))
 
 
 #: the plugin contract this plugin was written against (docs/plugins.md, "Contract changelog")
-corerl_contract = "2.16"
+corerl_contract = "2.17"
