@@ -153,3 +153,92 @@ def test_row_slices_and_weights_are_checked_before_a_row_is_read(files):
         "data.train_file_weights")
     with pytest.raises(ConfigError, match="holds no rows"):  # a slice past the file's end
         _task(attrs.evolve(data, prompt_key="question", held_out_size=1, train_rows=["30:", ":"]))
+
+
+def _step(tmp_path: Path, algorithm: str, **recipe: Any) -> tuple[Any, dict[str, float]]:
+    """One step of a tiny in-process run of ``algorithm`` (the conformance tests' recipe, ``recipe``
+    laid over it): its task and the step's metrics."""
+    from corerl.config.tree import deep_merge
+    from corerl.reporting.console import make_console
+    from corerl.run.context import RunContext
+    from corerl.run.steps import start_algorithm, take_step
+    from corerl.testing import host_for_component, select_for, write_recipe
+    from corerl.testing.algorithm_conformance import base_recipe
+
+    host = host_for_component("algorithms", algorithm, None, "algorithm")[0]
+    folder = tmp_path / f"{algorithm}-{len(list(tmp_path.iterdir()))}"
+    laid = deep_merge(base_recipe(algorithm, "prompts", 1), {**recipe, "run": {"output_dir": str(folder)}})
+    config, selection = select_for(host, write_recipe(folder / "recipe.yaml", laid))
+    context = RunContext.open(config, selection, make_console(quiet=True), host)
+    try:
+        context.start_engines()
+        run = start_algorithm(context, selection.algorithm.registration)
+        run.begin()
+        return context.task, take_step(run, selection.algorithm.registration)
+    finally:
+        context.close(run_failed=False)
+
+
+def test_a_dummy_run_trains_on_made_up_sequences_of_the_full_length(tmp_path):
+    config = _config(tmp_path, "max_length=48", "num_steps=10", "dummy_run_full_ctx=true", "dummy_run_max_steps=3")
+    assert (config.core.data.full_context, config.core.algorithm.max_steps, config.core.policy.max_seq_length) == (
+        True, 3, 48)  # SkyRL's dummy run: dummy_run_max_steps steps, num_steps unused
+    assert _config(tmp_path, "dummy_run_full_ctx=true").core.algorithm.max_steps == 5  # SkyRL's default
+    assert not _config(tmp_path, "dummy_run_full_ctx=false", "dummy_run_max_steps=3").core.data.full_context
+    errors = _refusals(tmp_path, "dummy_run_full_ctx=true", "dummy_run_max_steps=0")
+    assert [error.key for error in errors] == ["dummy_run_max_steps"]
+    # an SFT step of 4 demonstrations: 4 x 63 trained tokens (policy.max_seq_length 64, a one-token
+    # prompt), against the few of digit_echo's own answers
+    task, full = _step(tmp_path, "sft", data={"full_context": True})
+    assert type(task).__name__ == "FullContextTask" and full["tokens"] == 4 * 63
+    assert all(len(prompt) + len(response) == 64 for prompt, response in task.demonstrations(3))
+    _, real = _step(tmp_path, "sft")
+    assert real["tokens"] < 4 * 10
+
+
+def test_a_full_context_grpo_step_fills_the_context_with_random_rewards(tmp_path):
+    task, metrics = _step(tmp_path, "grpo", data={"full_context": True}, policy={"generation": {"ignore_eos": True}})
+    # prompts of 64 - 4 tokens (max_new_tokens 4), every completion 4 tokens long: 4 prompts x 2 samples
+    assert [len(prompt) for prompt in task.sample(3)[0]] == [60, 60, 60]
+    assert metrics["generated_tokens"] == 4 * 2 * 4
+    assert 0.0 <= metrics["reward/mean"] <= 1.0
+    # the held-out evaluation keeps the task's own prompts and rewards
+    assert task.held_out() == task.task.held_out() and task.held_out()[0]
+    made_up = task.sample(1)[1][0]
+    assert {task.reward(None, made_up) for _ in range(40)} == {0.0, 1.0}
+    saved = json.loads(json.dumps(task.state()))
+    want = task.sample(2)[0]
+    task.set_state(saved)
+    assert task.sample(2)[0] == want
+    with pytest.raises(ConfigError, match="data.env_name") as caught:
+        raise check_data_inputs(attrs.evolve(DataConfig(), full_context=True, env_name="math"), "digit_echo")[0]
+    assert caught.value.key == "data.full_context"
+
+
+#: what SkyRL's full_context entry point stands for in corerl (its EntryPoint.implies)
+FULL_CONTEXT_IMPLIES = (("data.full_context", True), ("policy.generation.ignore_eos", True), ("data.env_name", None))
+
+
+def test_the_full_context_entry_point_runs_its_dummy_steps_without_evaluating(monkeypatch):
+    from corerl.config.dialects.skyrl import entry_points
+    from corerl.config.dialects.skyrl.translate import translate
+    from corerl.config.tree import value_at
+
+    real = entry_points.by_id("full_context")
+    record = attrs.evolve(real, adds=None, implies=FULL_CONTEXT_IMPLIES)  # the record's part is not under test
+    looked_up = entry_points.by_id
+    monkeypatch.setattr(entry_points, "by_id", lambda name: record if name == "full_context" else looked_up(name))
+    raw = {"trainer": {"epochs": 20, "eval_interval": 5, "eval_before_train": True, "train_batch_size": 8,
+                       "policy_mini_batch_size": 8},
+           "environment": {"env_class": "gsm8k"}}
+    origins = {key: "run_full_ctx.sh:1" for key in ("trainer.epochs", "trainer.eval_interval",
+                                                     "trainer.eval_before_train", "trainer.train_batch_size",
+                                                     "trainer.policy_mini_batch_size", "environment.env_class")}
+    result = translate(raw, origins, False, None, "full_context")
+    assert value_at(result.tree, "algorithm.max_steps") == 5  # SkyRL's default of trainer.num_dummy_steps
+    assert (value_at(result.tree, "eval.every_n_steps"), value_at(result.tree, "eval.at_start")) == (0, False)
+    assert value_at(result.tree, "data.full_context") is True and value_at(result.tree, "data.env_name") is None
+    fates = {fate.key: fate.fate for fate in result.fates}
+    assert fates["trainer.epochs"] == fates["trainer.eval_interval"] == "inert"
+    main_base = translate(raw, origins, False, None, "main_base").tree
+    assert value_at(main_base, "eval.every_n_steps") == 5 and value_at(main_base, "data.full_context") is None

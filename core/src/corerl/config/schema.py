@@ -413,6 +413,13 @@ class DataConfig:
                                                      "whatever their sizes (a file's rows drawn in its own epochs, "
                                                      "data.shuffle applying to each); unset: the files' rows as one "
                                                      "pool")
+    full_context: bool = setting(False, help="a memory check: every training batch is made-up token sequences of the "
+                                             "full context length, in place of the task's rows (SFT: "
+                                             "policy.max_seq_length tokens, all trained on; GRPO and PPO: prompts "
+                                             "leaving room for policy.generation.max_new_tokens, rewards 0 or 1 at "
+                                             "random; set policy.generation.ignore_eos so every completion runs that "
+                                             "long); held-out evaluation keeps the task's rows; what is learned "
+                                             "means nothing")
     prompt_key: str = setting("prompt", help="dataset task: the prompt column: a text, or chat messages "
                                              "[{role, content}, ...] rendered as a conversation by the chat template")
     answer_key: str = setting("answer", help="dataset task: the answer column (rewards read it), or a dotted path into "

@@ -53,6 +53,11 @@ class PolicyModel:
         self.task = selection.task.registration.create(TaskContext(
             tokenizer, core.algorithm.seed, core.data, selection.reward_fn,
             max_prompt_tokens=core.policy.max_seq_length - 1, images=self.images))
+        if core.data.full_context:  # a memory check: every training batch made up at the full length
+            from corerl.tasks.full_context import FullContextTask
+
+            self.task = FullContextTask(self.task, tokenizer, core.algorithm.seed, core.policy.max_seq_length,
+                                        core.policy.generation.max_new_tokens)
         check_task_fits(self.task, selection)
 
     def start_from_warm_start(self) -> None:

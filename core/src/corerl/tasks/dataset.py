@@ -281,7 +281,8 @@ def check_data_inputs(data: Any, task_id: str | None) -> list[ConfigError]:
               (lambda: check_data_files(as_list(data.held_out_files), "data.held_out_files")),
               (lambda: read_template(data.prompt_file)), (lambda: read_system_prompt(data.system_prompt_file)),
               (lambda: row_slices(data.train_rows, train_files, "data.train_rows")),
-              (lambda: _check_held_out_rows(data)), (lambda: _check_weights(data, task_id))]
+              (lambda: _check_held_out_rows(data)), (lambda: _check_weights(data, task_id)),
+              (lambda: _check_full_context(data))]
     for check in checks:
         try:
             check()
@@ -297,6 +298,13 @@ def _check_held_out_rows(data: Any) -> None:
                           "cut", key="data.held_out_rows", hint="set data.held_out_files (they may be the training "
                           "files), or data.held_out_size for rows cut from the training rows")
     row_slices(data.held_out_rows, files, "data.held_out_rows")
+
+
+def _check_full_context(data: Any) -> None:
+    if getattr(data, "full_context", False) and data.env_name:
+        raise ConfigError(f"data.full_context makes up one-turn prompts, and data.env_name {data.env_name!r} would play "
+                          "them as its episodes", key="data.full_context",
+                          hint="unset data.env_name for the memory check, or set data.full_context=false")
 
 
 def _check_weights(data: Any, task_id: str | None) -> None:

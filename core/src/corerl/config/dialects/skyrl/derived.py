@@ -24,6 +24,7 @@ DEFAULTS: dict[str, Any] = {
     _A + "clip_ratio_c": 3.0, "trainer.eval_interval": 5, "trainer.eval_before_train": True,
     "generator.eval_n_samples_per_prompt": 1, "trainer.epochs": 1, "trainer.ckpt_interval": 10,
     "trainer.max_prompt_length": 512, "generator.sampling_params.max_generate_length": 1024,
+    "trainer.num_dummy_steps": 5,  # the full_context entry point's own (FullCtxTrainerConfig)
 }
 #: the policy-loss types corerl runs: SkyRL's name -> what it sets
 _LOSSES = {"regular": {}, "dual_clip": {}, "gspo": {"algorithm.sequence_level_ratios": True},
@@ -94,6 +95,8 @@ def derive(raw: dict[str, Any], out: Translator, entry_point: str) -> None:
     _output_dir(keys, out, "trainer.ckpt_path")
     _conversation(keys, out)
     _entry_point_settings(out, entry_point)
+    if entry_point == "full_context":
+        _dummy_steps(keys, out)
     prompt, answer = keys("trainer.max_prompt_length"), keys("generator.sampling_params.max_generate_length")
     if isinstance(prompt, int) and isinstance(answer, int):
         _put(out, keys, "trainer.max_prompt_length", "policy.max_seq_length", prompt + answer,
@@ -111,6 +114,28 @@ def _entry_point_settings(out: Translator, entry_point: str) -> None:
     for target, value in entry.implies:
         set_at(out.tree, target, value)
         out.new_origins[target] = f"SkyRL's {entry.id} entry point ({entry.module})"
+
+
+def _dummy_steps(keys: _Keys, out: Translator) -> None:
+    """SkyRL's full_context entry point trains ``trainer.num_dummy_steps`` steps on made-up
+    full-length batches (``data.full_context``, which its ``implies`` sets) and neither counts
+    epochs nor evaluates: corerl's ``algorithm.max_steps``, evaluation only before and after."""
+    reason = "the full_context entry point runs trainer.num_dummy_steps steps"
+    for key in ("trainer.epochs", "trainer.max_training_steps"):
+        if keys.given(key):
+            out.refate(key, "inert", reason)
+    for key in ("trainer.eval_interval", "trainer.eval_before_train", "generator.eval_n_samples_per_prompt"):
+        if keys.given(key):
+            out.refate(key, "inert", "SkyRL's full-context trainer does not evaluate; corerl reports the held-out "
+                                     "reward before and after training only")
+    set_at(out.tree, "eval.every_n_steps", 0)
+    set_at(out.tree, "eval.at_start", False)
+    steps = keys("trainer.num_dummy_steps")
+    if not isinstance(steps, int) or steps <= 0:
+        out.refuse("trainer.num_dummy_steps", f"{steps!r}: the steps of a full-context run are a count above 0",
+                   "give trainer.num_dummy_steps=5 (or another count)")
+        return
+    _put(out, keys, "trainer.num_dummy_steps", "algorithm.max_steps", steps)
 
 
 _DISTILLATION = {_A + "advantage_estimator": ("no_op",), _A + "policy_loss_type": ("importance_sampling", "regular"),
@@ -456,6 +481,7 @@ def derive_sft(raw: dict[str, Any], out: Translator) -> None:
     _splits(keys, out)
     _eval_splits(keys, out)
     _mixture(keys, out)
+    _full_context(keys, out)
     _output_dir(keys, out, "ckpt_path")
     if keys.given("num_epochs"):
         out.inert("num_epochs", "num_steps is given" if keys.given("num_steps") else
@@ -472,6 +498,33 @@ def derive_sft(raw: dict[str, Any], out: Translator) -> None:
     elif keys.given("resume_from"):
         out.refuse("resume_from", "resuming from a given checkpoint folder is not built into corerl",
                    "remove the key (a run resumes from its own run.output_dir)")
+
+
+def _full_context(keys: _Keys, out: Translator) -> None:
+    """SFT's ``dummy_run_full_ctx``: SkyRL's benchmark mode, made-up sequences of ``max_length``
+    tokens in place of the data for ``dummy_run_max_steps`` steps (default 5): corerl's
+    ``data.full_context`` (a memory check) for that many steps."""
+    steps = keys("dummy_run_max_steps") if keys.given("dummy_run_max_steps") else 5
+    if not keys("dummy_run_full_ctx"):
+        if keys.given("dummy_run_full_ctx"):
+            out.inert("dummy_run_full_ctx", "false: the data is trained on")
+        if keys.given("dummy_run_max_steps"):
+            out.inert("dummy_run_max_steps", "used only with dummy_run_full_ctx")
+        return
+    if not isinstance(steps, int) or steps <= 0:
+        out.refuse("dummy_run_max_steps", f"{steps!r}: the steps of a dummy run are a count above 0, as SkyRL "
+                                          "requires", "give dummy_run_max_steps=5 (or another count)")
+        return
+    out.put("dummy_run_full_ctx", "data.full_context", True, "data.full_context (every batch made-up sequences of "
+                                                              "policy.max_seq_length tokens)")
+    if keys.given("num_steps"):
+        out.make_inert("num_steps", "algorithm.max_steps", steps, "a dummy run takes dummy_run_max_steps steps")
+    else:
+        set_at(out.tree, "algorithm.max_steps", steps)
+    if keys.given("dummy_run_max_steps"):
+        out.put("dummy_run_max_steps", "algorithm.max_steps", steps)
+    else:
+        out.new_origins["algorithm.max_steps"] = "SkyRL's default of dummy_run_max_steps (5), dummy_run_full_ctx"
 
 
 def _files(value: Any) -> list[str]:

@@ -66,6 +66,8 @@ RULES: dict[str, Rule] = {
     "disable_cache": inert("corerl caches the tokenized rows in its own cache"),
     "remove_microbatch_padding": inert("memory and speed only: corerl pads a micro-batch's rows"),
     "use_sequence_packing": acts("policy.sequence_packing.enabled"),
-    "dummy_run_full_ctx": inert(_OFF + " (a benchmark on made-up rows)", _truthy),
-    "dummy_run_max_steps": inert("used only with dummy_run_full_ctx (refused)"),
+    "dummy_run_full_ctx": derived("true: data.full_context (every batch made-up sequences of max_length tokens, a "
+                                  "memory check), dummy_run_max_steps steps"),
+    "dummy_run_max_steps": derived("with dummy_run_full_ctx: algorithm.max_steps (num_steps is not used); else "
+                                   "unused"),
 }
