@@ -273,3 +273,16 @@ def test_a_nemo_rl_peft_section_naming_targets_adapts_those_only(tmp_path) -> No
     assert (lora.enabled, lora.target_modules, lora.match_all_linear) == (True, ["linear_qkv"], False)
     recipe.write_text(head)  # no targets: every linear layer, as in Megatron-Bridge
     assert load_config(recipe, [], PluginHost()).core.policy.lora.match_all_linear
+
+
+def test_a_mixture_of_experts_is_refused_at_load_where_validation_could_not_read_it(worker, tmp_path) -> None:
+    """A hub model's config is read first at start-up: the rank refuses it there, in one line."""
+    from corerl.models.tiny import BUILTIN_MODELS, build_tiny_model
+    from corerl_megatron.training.worker import MegatronWorker
+
+    folder = str(build_tiny_model(tmp_path / "moe", **BUILTIN_MODELS["builtin:tiny-moe"]))
+    rank = MegatronWorker(rank=0, world_size=1, config=_config("builtin:tiny-qwen2", tmp_path, LORA), threads=1,
+                          checkpoint_dir=str(tmp_path / "conversions"))  # the process's parallel state, as it is
+    with pytest.raises(EngineNotAvailable) as raised:
+        rank.load_hf(folder)
+    assert raised.value.key == "policy.lora.enabled" and "mixture of experts" in str(raised.value)

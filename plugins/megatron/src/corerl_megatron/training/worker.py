@@ -57,6 +57,13 @@ class MegatronWorker(RankWorker):
         torch.manual_seed(self.config.core.algorithm.seed)
         hf, self.family, self.shape = load_hf_model_config(model_path, self.settings.converter_type)
         self.hf_config, self.model_path = hf, model_path
+        if self.lora and self.shape.experts:  # validation says so where it can read the model's config
+            from corerl.sdk import EngineNotAvailable
+
+            raise EngineNotAvailable(f"{model_path} is a mixture of experts; the megatron backend's LoRA adapts dense "
+                                     "decoder layers only (adapters on expert layers are not wired)",
+                                     key="policy.lora.enabled", hint="train this model's LoRA with "
+                                     "policy.training_backend=dtensor, or train it whole (policy.lora.enabled=false)")
         convert = partial(ensure_converted, model_path, converter_type=self.settings.converter_type, root=self.checkpoint_dir)
         folder = convert(force=self.settings.force_reconvert_from_hf) if self._first_in_node() else None
         barrier()  # one rank converts; the others then find the complete conversion
