@@ -421,8 +421,18 @@ def test_weight_transport_and_serving_layout_are_inert_with_a_warning_and_extern
     assert fates["generator.inference_engine.enable_pd"] == "inert"
     said = " | ".join(result.warnings)
     assert "nothing is published to this folder" in said and "prefill/decode disaggregation" in said
+
     assert _run(generator__inference_engine__enable_pd=False).warnings == []
     with pytest.raises(ConfigErrors, match="corerl starts its generation engines itself") as caught:
         _run(generator__inference_engine__run_engines_locally=False,
              generator__inference_engine__delta_weight_sync__sync_dir="s3://bucket/sync")
     assert [e.key for e in caught.value.errors] == ["generator.inference_engine.run_engines_locally"]
+
+
+@pytest.mark.skipif("skyrl.vllm" not in _sections(), reason="the vllm plugin is not installed")
+def test_prefill_decode_cache_hand_over_is_not_passed_to_vllm():
+    connector = _run(generator__inference_engine__enable_pd=True,
+                     generator__inference_engine__engine_init_kwargs={"kv_transfer_config": {
+                         "kv_connector": "NixlConnector"}, "max_num_seqs": 8})
+    assert value_at(connector.tree, "policy.generation.vllm_cfg.engine_args") == {"max_num_seqs": 8}
+    assert any("KV-cache transfer" in warning for warning in connector.warnings)

@@ -49,8 +49,10 @@ RULES: dict[str, Rule] = {
     _E + "speculative_config": refused("speculative decoding is not built into corerl's rollouts"),
     _E + "engine_init_kwargs.max_model_len": acts(_TO + "max_model_len"),
     _E + "engine_init_kwargs.enable_log_requests": inert(_SERVING),
-    _E + "engine_init_kwargs.kv_transfer_config.*": refused("vLLM's KV transfer between engines is not built into "
-                                                            "corerl"),
+    # prefill/decode disaggregation's cache hand-over (enable_pd, inert in the core's rules): not passed
+    _E + "engine_init_kwargs.kv_transfer_config.*": Rule.inert_with_warning(
+        "vLLM's KV-cache transfer between prefill and decode engines (SkyRL's enable_pd): corerl's engines each keep "
+        "their own cache, so it is not passed; the same samples", lambda value: value is not None),
     _E + "engine_init_kwargs.chat_template": acts("policy.chat_template"),
     _E + "engine_init_kwargs.language_model_only": inert("corerl loads the model's language part for text prompts"),
     _E + "engine_init_kwargs.quantization": refused("quantised generation is not built into corerl"),
