@@ -53,10 +53,13 @@ def entry_point_of(path: Path, environ: dict[str, str]) -> tuple[str | None, str
 
 
 def names_an_entry_point(path: Path) -> bool:
-    """Whether a script's text names a SkyRL entry point (as a module or a script path) anywhere."""
+    """Whether a script's text names a SkyRL entry point (as a module or a script path) anywhere
+    but in a Python import (a set-up script checking, in a here-document, that the example's
+    modules import: it starts no training)."""
     from corerl.config.dialects.skyrl.entry_points import ENTRY_POINTS
 
-    text = path.read_text(errors="replace")
+    text = "\n".join(line for line in path.read_text(errors="replace").splitlines()
+                     if not re.match(r"\s*(from|import)\s", line))
     return any(e.module in text or e.module.replace(".", "/") + ".py" in text for e in ENTRY_POINTS)
 
 
