@@ -118,10 +118,11 @@ def test_what_skyrl_refuses_of_the_splits_and_weights_is_refused_in_one_line(tmp
     two = f"train_datasets=['{a}','{b}']"
     cases = [
         ((f"train_datasets=['{a}']", "train_dataset_splits=['train[:10%]']"), "train_dataset_splits", "percentages"),
-        ((two, "train_dataset_splits=['train[:8]']"), "train_dataset_splits", "one split per entry of train_datasets"),
+        ((two, "train_dataset_splits=['train[:8]']"), "train_dataset_splits",
+         "1 split(s) for 2 dataset(s) of train_datasets"),
         (("eval_dataset_splits=['train[-4:]']",), "eval_dataset_splits", "needs eval_datasets"),
         ((f"eval_datasets=['{a}','{b}']", "eval_dataset_splits=['train[-4:]']"), "eval_dataset_splits",
-         "one split per entry of eval_datasets"),
+         "1 split(s) for 2 dataset(s) of eval_datasets"),
         ((two, "train_dataset_splits=['train','train']", "train_dataset_weights=[1.0]"), "train_dataset_weights",
          "one weight above 0 per entry"),
         ((two, "train_dataset_splits=['train','train']", "train_dataset_weights=[1.0,0]"), "train_dataset_weights",
@@ -133,6 +134,10 @@ def test_what_skyrl_refuses_of_the_splits_and_weights_is_refused_in_one_line(tmp
     for keys, key, says in cases:
         errors = _refusals(tmp_path, *keys)
         assert any(error.key == key and says in error.one_line() for error in errors), (keys, errors)
+    # without train_datasets SkyRL reads one dataset (dataset_name's, or its default): one split is its
+    assert _config(tmp_path, "train_dataset_splits=['train[:8]']").core.data.max_train_rows == 8
+    assert _config(tmp_path, "dataset_name=org/set", "train_dataset_splits=['train[4:8]']").core.data.train_rows == [
+        "4:8"]
 
 
 def test_row_slices_and_weights_are_checked_before_a_row_is_read(files):

@@ -280,7 +280,7 @@ def check_data_inputs(data: Any, task_id: str | None) -> list[ConfigError]:
     checks = [(lambda: check_data_files(train_files, "data.train_files")),
               (lambda: check_data_files(as_list(data.held_out_files), "data.held_out_files")),
               (lambda: read_template(data.prompt_file)), (lambda: read_system_prompt(data.system_prompt_file)),
-              (lambda: row_slices(data.train_rows, train_files, "data.train_rows")),
+              (lambda: row_slices(data.train_rows if train_files else None, train_files, "data.train_rows")),
               (lambda: _check_held_out_rows(data)), (lambda: _check_weights(data, task_id)),
               (lambda: _check_full_context(data))]
     for check in checks:

@@ -597,10 +597,11 @@ def _split_list(keys: _Keys, out: Translator, key: str, datasets_key: str) -> li
                    "give the split as rows: train[a:b]")
         return None
     datasets = keys(datasets_key) if keys.given(datasets_key) else None
-    count = 0 if datasets is None else len(_files(datasets))
+    # without the list, SkyRL reads one dataset: the deprecated single name's, or its default
+    count = 1 if datasets is None else len(_files(datasets))
     if count != len(texts):
-        out.refuse(key, f"{splits!r}: one split per entry of {datasets_key} is needed ({count} given), as SkyRL "
-                        "requires", f"give {datasets_key} and one split for each of its datasets")
+        out.refuse(key, f"{splits!r}: {len(texts)} split(s) for {count} dataset(s) of {datasets_key}; SkyRL requires "
+                        "one split per entry of it", f"give {datasets_key} and one split for each of its datasets")
         return None
     return read  # type: ignore[return-value]
 
@@ -635,6 +636,10 @@ def _eval_splits(keys: _Keys, out: Translator) -> None:
         return
     if keys(key) is None:
         out.inert(key, "null: the whole held-out files")
+        return
+    if not keys.given("eval_datasets") and keys.given("eval_dataset_name"):
+        out.inert(key, "the split of eval_dataset_name (a Hugging Face dataset: corerl holds out rows of "
+                       "data.hub_dataset)")
         return
     if not keys.given("eval_datasets"):
         out.refuse(key, f"{keys(key)!r}: a split slice of them needs eval_datasets, which is not given (SkyRL refuses "
