@@ -286,3 +286,35 @@ def test_a_mixture_of_experts_is_refused_at_load_where_validation_could_not_read
     with pytest.raises(EngineNotAvailable) as raised:
         rank.load_hf(folder)
     assert raised.value.key == "policy.lora.enabled" and "mixture of experts" in str(raised.value)
+
+
+def test_the_exported_adapter_folder_loads_with_peft_and_gives_our_logits(worker: Any, model_dir: str,
+                                                                          tmp_path: Path) -> None:
+    import json
+
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    worker.export_adapter(str(tmp_path / "adapter"))
+    written = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
+    assert sorted(written["target_modules"]) == ["down_proj", "gate_proj", "o_proj", "q_proj", "v_proj"]
+    assert (written["r"], written["lora_alpha"]) == (4, 8)
+    hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    loaded = PeftModel.from_pretrained(hf, str(tmp_path / "adapter"))
+    ids = torch.randint(0, 128, (1, 9), generator=torch.Generator().manual_seed(11))
+    with torch.no_grad():
+        assert (loaded(input_ids=ids).logits - _megatron_logits(worker, ids)).abs().max() < 1e-4
+
+
+def test_peft_and_vllm_read_the_targets_by_their_hugging_face_names() -> None:
+    from corerl_megatron.lora_targets import peft_targets
+
+    class Lora:
+        def __init__(self, targets: list[str], every: bool = False, exclude: tuple[str, ...] = ()) -> None:
+            self.target_modules, self.match_all_linear, self.exclude_modules = targets, every, list(exclude)
+
+    assert peft_targets(Lora(["linear_qkv"]), 2) == ["k_proj", "q_proj", "v_proj"]
+    assert peft_targets(Lora([], every=True), 2) == peft_targets(Lora(["linear_qkv", "linear_proj", "linear_fc1",
+                                                                       "linear_fc2"]), 2) == "all-linear"
+    assert peft_targets(Lora(["*"], exclude=("*layers.1.*",)), 2) == ["down_proj", "gate_proj", "k_proj", "o_proj",
+                                                                     "q_proj", "up_proj", "v_proj"]

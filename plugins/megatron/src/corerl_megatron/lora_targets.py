@@ -78,3 +78,16 @@ def unmatched_target(settings: object, layers: int) -> str | None:
                    for linear, projections in PROJECTIONS.items() for p in projections):
             return key
     return None
+
+
+
+def peft_targets(settings: object, layers: int) -> str | list[str]:
+    """``target_modules`` as a PEFT adapter folder and a generation engine should read it: the
+    adapted projections by their Hugging Face names (``q_proj``, ...), or ``all-linear`` where
+    every projection of every layer has one. Megatron's layer names and wildcards, which PEFT and
+    vLLM do not know, do not reach them; a projection adapted in some layers only is named (PEFT
+    then gives the other layers a zero adapter, which changes nothing)."""
+    picked = chosen(settings, layers)
+    every = len(picked) == layers * len(PROJECTIONS) and all(
+        len(projections) == len(PROJECTIONS[linear]) for (_, linear), projections in picked.items())
+    return "all-linear" if every else sorted({p.rsplit(".", 1)[1] for ps in picked.values() for p in ps})

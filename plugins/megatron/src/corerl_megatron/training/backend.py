@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -47,6 +48,17 @@ class MegatronBackend(WorkerGroupBackend):
         # read once here, not on every refit
         self.hf_config, self.family, self.shape = load_hf_model_config(
             Path(model_path), self.config.section("policy.megatron_cfg").converter_type)
+
+    def adapter_weights(self) -> Any:
+        """The LoRA adapter for a refit, its config naming the Hugging Face projections adapted
+        (:func:`corerl_megatron.training.lora.peft_config`; megatron's layer names and wildcards
+        mean nothing to a generation engine)."""
+        from corerl.sdk import AdapterWeights
+        from corerl_megatron.training.lora import peft_config
+
+        config = peft_config(self.config.core.policy.lora, self.hf_config.num_hidden_layers, self.base_path)
+        return AdapterWeights(self, config, self.base_path,
+                              lambda: self.call(Dispatch.ONE_RANK, "adapter_state"))
 
     def _megatron_state(self) -> dict[str, torch.Tensor]:
         state: dict[str, torch.Tensor] = {}

@@ -35,7 +35,7 @@ from typing import Any
 
 import torch
 
-from corerl_megatron.lora_targets import COLUMN, PROJECTIONS, chosen, hf_module
+from corerl_megatron.lora_targets import COLUMN, PROJECTIONS, chosen, hf_module, peft_targets
 
 ADAPTER = "lora"  # the child module of an adapted linear layer
 PEFT_PREFIX = "base_model.model."  # PEFT's saved names: base_model.model.<module>.lora_A.weight
@@ -239,3 +239,17 @@ def peft_tensors(model: Any, numbering: dict[int, int], group: Any, tp: int,
             out[f"{prefix}.lora_A.weight"] = a.to("cpu", copy=True)
             out[f"{prefix}.lora_B.weight"] = b.to("cpu", copy=True)
     return out
+
+
+def peft_config(settings: Any, layers: int, base_model_path: str | None) -> dict[str, Any]:
+    """The ``adapter_config.json`` content of the adapters (PEFT's ``LoraConfig`` as a dict: what a
+    generation engine rebuilds it from): rank, alpha and dropout as ``policy.lora`` says, the
+    target modules by their Hugging Face names (:func:`corerl_megatron.lora_targets.peft_targets`)."""
+    import json
+
+    from peft import LoraConfig
+
+    config = LoraConfig(r=settings.dim, lora_alpha=settings.alpha, lora_dropout=settings.dropout,
+                        target_modules=peft_targets(settings, layers), task_type="CAUSAL_LM", bias="none",
+                        init_lora_weights=True, base_model_name_or_path=base_model_path)
+    return json.loads(json.dumps(config.to_dict(), default=list))

@@ -363,6 +363,21 @@ class MegatronWorker(RankWorker):
             stage = {name: tensor for part in stages for name, tensor in part.items()}
         return stage if self.rank == 0 else None
 
+    def export_adapter(self, path: str) -> None:
+        """Rank 0 writes the PEFT adapter folder (and the tokenizer) at ``path``; the others wait.
+        Its ``adapter_config.json`` names the Hugging Face projections adapted
+        (:func:`corerl_megatron.training.lora.peft_config`), not megatron's layers."""
+        from corerl.sdk import barrier, copy_tokenizer, write_adapter
+        from corerl_megatron.training.lora import peft_config
+
+        state = self.adapter_state()
+        if self.rank == 0:
+            assert state is not None and self.model_path is not None
+            write_adapter(path, state, peft_config(self.config.core.policy.lora, self.hf_config.num_hidden_layers,
+                                                  self.model_path))
+            copy_tokenizer(self.model_path, path)
+        barrier()
+
 
 def _finalize(*args: Any, **kwargs: Any) -> None:
     from megatron.core.distributed import finalize_model_grads
