@@ -237,8 +237,7 @@ def test_the_policy_loss_keys_are_refused_in_one_line_where_they_cannot_act(capl
         return caught.value.one_line()
 
     assert refusal(use_cispo=True, ratio_clip_c=3.0).startswith("algorithm.ratio_clip_c: dual clipping bounds")
-    assert refusal(use_kl_in_reward=True, kl_penalty=0.1).startswith(
-        "algorithm.use_kl_in_reward: folds the KL into REINFORCE++'s token rewards, and advantage_estimator is 'grpo'")
+    check_policy_loss(AlgorithmConfig(use_kl_in_reward=True, kl_penalty=0.1))  # grpo: the summed KL in each reward
     assert refusal(use_kl_in_reward=True, advantage_estimator="reinforce_plus_plus").endswith(
         "kl_penalty is 0; set algorithm.kl_penalty > 0, or remove it")
     assert refusal(token_level_loss=True, loss_aggregation="constant_length").startswith(
@@ -301,3 +300,36 @@ def test_grpo_takes_reinforce_plus_plus_advantages_from_rewards_with_the_kl_in_t
     assert torch.allclose(batch["advantages"], want)
     assert "ref_logprobs" in batch and "old_logprobs" in batch
     assert metrics["kl"] == pytest.approx(math.exp(-0.5) + 0.5 - 1.0)
+
+
+def test_an_outcome_estimator_takes_each_samples_summed_kl_from_its_reward_before_the_baseline():
+    """grpo (and rloo's leave-one-out) with the KL in the reward: each sample's reward less
+    kl_coef x its tokens' summed KL, then the group baseline; every token of a sample gets its
+    advantage (SkyRL's use_kl_in_reward with an outcome estimator). Checked by hand."""
+    import types
+
+    from corerl.algorithms.grpo import GRPO
+    from corerl.environments.rollout import Rollout
+    from corerl.generation.contract import Sample
+
+    policy, reference = _Scoring(-1.0), _Scoring(-1.5)
+    loop = GRPO(types.SimpleNamespace(), policy, None, lambda sample, item: 0.0, loss=GRPOLoss(), reference=reference,
+                advantage_estimator="grpo", kl_in_reward=0.2, hand_over=lambda: None, leave_one_out_baseline=True,
+                scale_rewards_by_std=False)
+
+    def sample(tokens: int) -> Sample:
+        return Sample(prompt_ids=(1, 2), completion_ids=tuple(range(tokens)), logprobs=(0.0,) * tokens,
+                      finish_reason="stop")
+
+    rollout = Rollout([[sample(3), sample(1)], [sample(2), sample(2)]], [[1.0, 0.0], [0.5, 0.5]])
+    loop.learn(rollout, {})
+    (batch,) = policy.trained
+    per_token = math.exp(-0.5) + 0.5 - 1.0  # k3 of ref - policy = -0.5 on every sampled token
+    penalised = [1.0 - 0.2 * 3 * per_token, 0.0 - 0.2 * 1 * per_token, 0.5 - 0.2 * 2 * per_token,
+                 0.5 - 0.2 * 2 * per_token]
+    # leave-one-out within each pair: each reward less the other one's
+    want = [penalised[0] - penalised[1], penalised[1] - penalised[0], 0.0, 0.0]
+    mask = batch["loss_mask"].bool()
+    for row, value in enumerate(want):
+        assert torch.allclose(batch["advantages"][row][mask[row]], torch.tensor(value), atol=1e-6), row
+    assert want[0] != pytest.approx(1.0)  # the KL changed the advantage (without it: 1.0 - 0.0)

@@ -134,8 +134,8 @@ def test_cispo_and_the_kl_in_reinforce_plus_plus_rewards_act(tmp_path, capsys):
     assert _Validated(capsys, str(recipe)).code == 0
     # the grpo estimator has no token rewards to fold the KL into: refused in one line
     refused = _Validated(capsys, str(recipe), "grpo.adv_estimator.name=grpo")
-    refused_in_one_line(refused, "algorithm.use_kl_in_reward: folds the KL into REINFORCE++'s token rewards",
-                        key="algorithm.use_kl_in_reward")
+    refused_in_one_line(refused, "loss_fn.use_kl_in_reward: folds the KL into REINFORCE++'s token rewards",
+                        key="loss_fn.use_kl_in_reward")
 
 
 def test_model_config_overrides_reach_every_engine_through_one_folder(tmp_path):

@@ -61,10 +61,6 @@ def check_policy_loss(algorithm: Any) -> None:
                           "has its own", key="algorithm.leave_one_out_baseline",
                           hint="remove it, or set algorithm.advantage_estimator=grpo")
     if algorithm.use_kl_in_reward:
-        if algorithm.name == "grpo" and algorithm.advantage_estimator != "reinforce_plus_plus":
-            raise ConfigError("folds the KL into REINFORCE++'s token rewards, and advantage_estimator is "
-                              f"{algorithm.advantage_estimator!r}", key="algorithm.use_kl_in_reward",
-                              hint="set algorithm.advantage_estimator=reinforce_plus_plus, or use_kl_in_reward=false")
         if not algorithm.kl_penalty:
             raise ConfigError("takes kl_penalty x the KL estimate from each token's reward, and kl_penalty is 0",
                               key="algorithm.use_kl_in_reward", hint="set algorithm.kl_penalty > 0, or remove it")

@@ -26,6 +26,7 @@ from corerl.algorithms.grpo_math import (
     kl_estimate,
     kl_in_reward_advantages,
     off_policy_metrics,
+    outcome_advantages_with_kl,
     step_gap_metrics,
 )
 from corerl.algorithms.reward_shaping import RolloutShaping, dynamically_sampled
@@ -148,8 +149,13 @@ class GRPO:
             loss = self.loss
             kl = kl_estimate(batch["ref_logprobs"] - batch["old_logprobs"], loss.kl_type, loss.kl_input_clamp,
                              loss.kl_output_clamp) * mask
-            batch["advantages"] = kl_in_reward_advantages(advantages.reshape(-1), mask, kl, self.kl_in_reward,
-                                                          normalise=self.scale_rewards_by_std)
+            if self.advantage_estimator == "reinforce_plus_plus":  # each token's return to go
+                batch["advantages"] = kl_in_reward_advantages(advantages.reshape(-1), mask, kl, self.kl_in_reward,
+                                                              normalise=self.scale_rewards_by_std)
+            else:  # an outcome estimator: its advantages of the rewards less each sample's summed KL
+                batch["advantages"] = outcome_advantages_with_kl(
+                    self.advantage_estimator, rewards, kl, self.kl_in_reward, batch["advantages"].shape,
+                    scale_by_std=self.scale_rewards_by_std, leave_one_out=self.leave_one_out_baseline)
             kl_metrics["kl"] = float(kl.sum() / mask.sum().clamp(min=1))
         if self.advantage_clip != (None, None):
             batch["advantages"] = batch["advantages"].clamp(*self.advantage_clip)

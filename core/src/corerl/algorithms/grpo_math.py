@@ -98,6 +98,20 @@ def kl_in_reward_advantages(scores: torch.Tensor, mask: torch.Tensor, kl: torch.
     return (returns - picked.mean()) / (picked.std(unbiased=False) + eps) * mask
 
 
+def outcome_advantages_with_kl(estimator: str, rewards: torch.Tensor, kl: torch.Tensor, kl_coef: float,
+                               shape: torch.Size, *, scale_by_std: bool = True,
+                               leave_one_out: bool = False) -> torch.Tensor:
+    """An outcome estimator's (``grpo``, ``maxrl``, ``batch_mean``) advantages with the KL in the
+    reward: each sample's reward ``[prompts, n]`` less ``kl_coef`` x the sum of its tokens' KL
+    estimates (``kl`` ``[samples, T]``, zero off the loss tokens, one row per sample in group
+    order), the estimator applied to those, and each sample's advantage on every token (``shape``).
+    SkyRL's ``use_kl_in_reward`` with its outcome estimators: the per-token KL penalty is summed
+    into the sequence's reward before the baseline."""
+    penalised = rewards.to(torch.float32) - kl_coef * kl.to(torch.float32).sum(dim=1).reshape(rewards.shape)
+    advantages = advantages_for(estimator, penalised, scale_by_std=scale_by_std, leave_one_out=leave_one_out)
+    return advantages.reshape(-1, 1).expand(shape).contiguous()
+
+
 def kl_estimate(delta: torch.Tensor, kind: str = "k3", input_clamp: float | None = None,
                 output_clamp: float | None = None) -> torch.Tensor:
     """Per-token estimate of KL(policy || reference) from ``delta = ref_logprob - logprob`` of the

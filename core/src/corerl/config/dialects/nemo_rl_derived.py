@@ -44,6 +44,12 @@ def _derived(raw: dict[str, Any], out: Translator, algorithm: str | None) -> Non
             out.put("policy.train_global_batch_size", "algorithm.optimizer_batch_size", global_batch,
                     f"algorithm.optimizer_batch_size ({updates_per_step} optimizer step(s) per "
                     f"{algorithm.upper()} step)")
+    estimator = value_at(raw, "grpo.adv_estimator.name") or "grpo"
+    if value_at(raw, "loss_fn.use_kl_in_reward") and algorithm == "grpo" and estimator != "reinforce_plus_plus":
+        # NeMo RL's KL in the reward is REINFORCE++'s (SkyRL's, with outcome estimators, is another)
+        out.refuse("loss_fn.use_kl_in_reward", "folds the KL into REINFORCE++'s token rewards, and "
+                   f"grpo.adv_estimator.name is {estimator!r}", "set grpo.adv_estimator.name=reinforce_plus_plus, "
+                   "or use_kl_in_reward=false")
     force = value_at(raw, "loss_fn.force_on_policy_ratio")
     if force and updates_per_step > 1:
         out.refuse("loss_fn.force_on_policy_ratio", f"forcing the PPO ratio to 1 over {updates_per_step} optimizer "
