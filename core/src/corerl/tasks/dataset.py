@@ -498,6 +498,8 @@ def split_rows(rows: list[dict[str, Any]], data: Any, columns: dict[str, str],
 class DatasetTask:
     """Rows with a prompt and an answer column; training prompts are drawn in shuffled epochs."""
 
+    mixture: _Mixture | None = None  # several files drawn by data.train_file_weights
+
     def __init__(self, context: TaskContext) -> None:
         data = context.data
         self.tokenizer = context.tokenizer
