@@ -100,8 +100,9 @@ ENTRY_POINTS: tuple[EntryPoint, ...] = (
     EntryPoint("geometry3k", _EX + "geometry3k.geometry3k_entrypoint", "rl",
                adds="the geometry3k vision-language environment"),
     EntryPoint("visgym", _EX + "visgym.entrypoint", "rl", adds="VisGym's vision-language environments"),
+    # a memory test: every batch made-up sequences of the full length, the environment never called
     EntryPoint("full_context", "examples.train_scripts.full_context.main_full_ctx", "rl",
-               adds="a full-context trainer (every batch at the maximum length, a memory test)"),
+               implies=(("data.full_context", True), ("policy.generation.ignore_eos", True), ("data.env_name", None))),
     EntryPoint("verifiers", _INT + "verifiers.entrypoints.main_verifiers", "rl",
                adds="the verifiers library's environments and generator"),
     EntryPoint("openenv", _INT + "openenv.entrypoints.main_openenv", "rl", adds="OpenEnv's environments"),

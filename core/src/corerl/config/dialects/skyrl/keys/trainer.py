@@ -106,7 +106,7 @@ RULES: dict[str, Rule] = {
     _T + "epochs": derived("without max_training_steps: the steps of that many epochs, counted from the training "
                            "rows (algorithm.max_steps)"),
     _T + "max_training_steps": acts("algorithm.max_steps"),
-    _T + "num_dummy_steps": inert("a benchmark's warm-up steps of SkyRL's full-context example", _truthy),
+    _T + "num_dummy_steps": derived("the full_context entry point's steps: algorithm.max_steps"),
     _T + "seed": acts("algorithm.seed"),
     _T + "eval_interval": derived("above 0: eval.every_n_steps; 0 or less: no evaluation during training"),
     _T + "eval_before_train": derived("with eval_interval: eval.at_start"),
