@@ -296,3 +296,11 @@ def test_the_multiply_example_plays_corerl_skyrl_gyms_multiply():
 def test_the_callbacks_example_runs_corerls_sft():
     config = _load("examples/train/callbacks/run_sft_with_callbacks.sh")
     assert config.core.algorithm.name == "sft"
+
+
+def test_the_full_context_example_runs_corerls_full_context_memory_check():
+    config = _load("examples/train_scripts/full_context/run_full_ctx.sh")
+    data = config.core.data
+    assert data.full_context is True and data.env_name is None
+    assert config.core.policy.generation.ignore_eos is True
+    assert config.core.algorithm.max_steps == 5  # trainer.num_dummy_steps
