@@ -425,6 +425,19 @@ class DataConfig:
     answer_key: str = setting("answer", help="dataset task: the answer column (rewards read it), or a dotted path into "
                                              "a struct column: reward_spec.ground_truth")
     response_key: str | None = setting(None, help="dataset task: the SFT response column; unset: answer_key")
+    train_on: Literal["last_assistant_message", "all_assistant_messages"] | None = setting(
+        None, help="dataset task: the rows are conversations to learn (prompt_key holds chat messages with assistant "
+                   "turns; no response column): last_assistant_message trains on the last assistant turn, the "
+                   "messages before it the prompt; all_assistant_messages on every assistant turn, the other turns "
+                   "in context untrained; held-out prompts are the messages before the last assistant turn, whose "
+                   "content is the answer where the row has no answer column; unset: prompt and response columns")
+    tools_key: str | None = setting(None, help="dataset task: the column of a row's tool schemas (a list of JSON "
+                                               "schemas, or a JSON text of one), passed to the chat template (its "
+                                               "tools argument) with the row's chat messages; a row without it has "
+                                               "none; unset: no tools")
+    system_key: str | None = setting(None, help="dataset task: the column of a row's system prompt, put before its "
+                                                "chat messages as a system turn where they do not start with one; a "
+                                                "row without it has none; unset: no such column")
     image_key: str = setting("images", help="dataset task: the column of a row's images (one or a list: paths "
                                             "relative to the data file, bytes, or base64 text), each placed at an "
                                             "image placeholder of the prompt; a row without it is text-only")
