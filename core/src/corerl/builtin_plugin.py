@@ -55,6 +55,7 @@ corerl_checks = (
     Check("corerl.evaluation.figures:check_evaluation_chosen", name="evaluation and checkpoint metrics"),
     Check("corerl.environments.model_rewards:check_reward_model_chosen", name="reward model"),
     Check("corerl.asynchronous.worker:check_in_flight_chosen", name="asynchronous in-flight requests"),
+    Check("corerl.models.chat_template:check_template_arguments_chosen", name="chat template arguments"),
 )
 
 

@@ -178,6 +178,10 @@ class PolicyConfig:
                                                "into a Hugging Face folder in corerl's model cache)")
     tokenizer_name: str | None = setting(None, help="a folder holding the tokenizer; unset: model_name's", path=True)
     chat_template: str | None = setting(None, help="a Jinja chat template replacing the tokenizer's own")
+    chat_template_kwargs: dict[str, Any] = setting({}, help="variables the chat template is rendered with "
+                                                           "(enable_thinking, reasoning_effort, ...), as "
+                                                           "apply_chat_template's keyword arguments, in every prompt "
+                                                           "corerl renders")
     hf_config_overrides: dict[str, Any] = setting({}, help="keys laid over the checkpoint's config.json before any "
                                                          "engine loads it (e.g. max_position_embeddings)")
     max_seq_length: int = setting(1024, min=1, help="prompt plus completion, in tokens: completions stop there; a longer prompt is refused before training")

@@ -57,3 +57,53 @@ def resolve_chat_template(config: Any) -> tuple[bool, str]:
     data.apply_chat_template = chosen
     return chosen, reason
 
+
+
+def with_template_arguments(template: str, arguments: dict[str, Any], key: str = "policy.chat_template_kwargs") -> str:
+    """``template`` rendering as ``apply_chat_template(..., **arguments)`` would: each argument
+    set at the template's top (``{%- set enable_thinking = false %}``), so every rendering of the
+    tokenizer's template (the tasks', the environments', evaluation's) takes them without each
+    call passing them, and the template stays a string a worker process can be sent. A name that
+    is not a Jinja variable name, or a value that is not plain data, is refused in one line."""
+    from corerl.errors import ConfigError
+
+    lines = []
+    for name, value in arguments.items():
+        if not (isinstance(name, str) and name.isidentifier()):
+            raise ConfigError(f"{name!r} is not a chat template variable name", key=f"{key}.{name}",
+                              hint="give the variable names the model's chat template reads (enable_thinking, ...)")
+        lines.append(f"{{%- set {name} = {_jinja_literal(value, f'{key}.{name}')} %}}")
+    return "".join(lines) + template
+
+
+def _jinja_literal(value: Any, key: str) -> str:
+    from corerl.errors import ConfigError
+
+    if value is None:
+        return "none"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float, str)):
+        return json.dumps(value)
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_jinja_literal(v, key) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{json.dumps(str(k))}: {_jinja_literal(v, key)}" for k, v in value.items()) + "}"
+    raise ConfigError(f"{type(value).__name__} is not a value a chat template takes", key=key,
+                      hint="give a string, number, boolean, list or mapping")
+
+
+def check_template_arguments_chosen(config: Any, chosen: Any) -> None:
+    """``policy.chat_template_kwargs``: each a Jinja variable name with plain data (validation's
+    table: refused by ``corerl validate`` as ``corerl run`` would)."""
+    arguments = config.core.policy.chat_template_kwargs
+    if arguments:
+        with_template_arguments("", dict(arguments))
+
+
+def templates_with_arguments(template: Any, arguments: dict[str, Any]) -> Any:
+    """A tokenizer's ``chat_template`` (one template, or named ones in a mapping) with
+    :func:`with_template_arguments` applied to each."""
+    if isinstance(template, dict):
+        return {name: with_template_arguments(text, arguments) for name, text in template.items()}
+    return with_template_arguments(template, arguments)

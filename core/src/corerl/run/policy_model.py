@@ -47,6 +47,11 @@ class PolicyModel:
         tokenizer = load_tokenizer(core.policy.tokenizer_path(self.path), self.path)
         if core.policy.chat_template is not None:
             tokenizer.chat_template = core.policy.chat_template
+        if core.policy.chat_template_kwargs and getattr(tokenizer, "chat_template", None):
+            from corerl.models.chat_template import templates_with_arguments
+
+            tokenizer.chat_template = templates_with_arguments(tokenizer.chat_template,
+                                                               dict(core.policy.chat_template_kwargs))
         self.tokenizer = tokenizer
         self.images = image_encoder(self.path, tokenizer)  # a vision-language policy's ImageEncoder
         assert selection.task.registration is not None

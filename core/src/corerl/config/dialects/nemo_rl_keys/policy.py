@@ -35,7 +35,7 @@ RULES: dict[str, Rule] = {
     # -- policy --
     "policy.tokenizer.name": acts("policy.tokenizer_name"),
     "policy.tokenizer.chat_template": DERIVED,
-    "policy.tokenizer.chat_template_kwargs": inert(_OFF, _truthy),
+    "policy.tokenizer.chat_template_kwargs": acts("policy.chat_template_kwargs", lambda value: dict(value or {})),
     "policy.train_global_batch_size": DERIVED,
     "policy.scheduler": DERIVED,
     "policy.scheduler.*": DERIVED,
@@ -94,7 +94,6 @@ RULES: dict[str, Rule] = {
     "policy.generation.real_quant_ignore": inert("used only with quantised generation"),
     "policy.refit_buffer_size_gb": inert("how NeMo RL buckets weights for its refit; corerl's refit is its own"),
     "policy.sequence_packing.fuse_loss": inert(_PERF),
-    "policy.tokenizer.chat_template_kwargs.*": inert(_OFF, _truthy),
     "policy.optimizer.kwargs.*": inert("precision options of NeMo RL's fused optimizer; corerl keeps float32 "
                                        "optimizer state"),
     "policy.draft.*": refused("speculative decoding with a draft model is not built into corerl yet"),
@@ -124,4 +123,4 @@ UNSUPPORTED_SECTIONS = {
     "policy.draft": "speculative decoding with a draft model is not built into corerl yet",
 }
 # mappings taken whole (their keys are not NeMo RL's own)
-OPAQUE_KEYS = ("policy.hf_config_overrides",)
+OPAQUE_KEYS = ("policy.hf_config_overrides", "policy.tokenizer.chat_template_kwargs")

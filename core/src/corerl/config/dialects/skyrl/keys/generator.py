@@ -30,6 +30,18 @@ def _stop(value: object) -> list[str] | None:
     return None if value is None else [str(value)] if isinstance(value, str) else [str(v) for v in value]  # type: ignore[union-attr]
 
 
+def _template_arguments(value: object) -> dict[str, object]:
+    """The template's variables; a name no template can read is refused (OmegaConf, which reads
+    SkyRL's overrides, takes ``{name:'v'}`` without a space after the colon as one key
+    ``name:'v'`` with no value, which SkyRL passes on and no template reads)."""
+    arguments = dict(value or {})  # type: ignore[call-overload]
+    for name in arguments:
+        if not str(name).isidentifier():
+            hint = " (YAML reads {name:'v'} as one key; write {name: v}, with a space)" if ":" in str(name) else ""
+            raise ValueError(f"{name!r} is not a template variable name, so no chat template reads it{hint}")
+    return arguments
+
+
 def _top_k(value: object) -> int | None:
     return None if value in (None, -1, 0) else int(value)  # type: ignore[call-overload]
 
@@ -76,7 +88,7 @@ RULES: dict[str, Rule] = {
     _G + "vision_language_generator": inert(_OFF + " (set only by SkyRL's vision examples)", _truthy),
     _G + "chat_template.source": inert("name: the tokenizer's own template", _not("name")),
     _G + "chat_template.name_or_path": acts("policy.chat_template"),
-    _G + "chat_template_kwargs": refused("template arguments (enable_thinking, ...) are not passed by corerl"),
+    _G + "chat_template_kwargs": acts("policy.chat_template_kwargs", _template_arguments),
     # the example-specific generators' keys: their entry points' features
     _G + "rate_limit.*": refused("SkyRL's rate-limited agent generator is not built into corerl"),
     _G + "miniswe_config_path": refused("the mini-SWE-agent generator is not built into corerl"),
