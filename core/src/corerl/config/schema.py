@@ -329,10 +329,12 @@ class AlgorithmConfig:
     kl_cov_ratio: float = setting(0.2, min=0.0, max=1.0, help="policy_loss kl_cov: the share of loss tokens (at "
                                                               "least one) with the KL term")
     kl_cov_coef: float = setting(1.0, min=0.0, help="policy_loss kl_cov: the weight of that KL term")
-    use_kl_in_reward: bool = setting(False, help="reinforce_plus_plus: kl_penalty x the kl_type estimate is taken "
-                                                 "from each token's reward instead of added to the loss; advantages "
-                                                 "are each token's return to go, normalised over the step's tokens "
-                                                 "(REINFORCE++). PPO always does this")
+    use_kl_in_reward: bool = setting(False, help="kl_penalty x the kl_type estimate is taken from the reward instead "
+                                                 "of added to the loss. reinforce_plus_plus: from each token's "
+                                                 "reward; advantages are each token's return to go, normalised over "
+                                                 "the step's tokens (REINFORCE++). grpo, maxrl, batch_mean: each "
+                                                 "sample's summed KL from its reward, before the baseline. PPO always "
+                                                 "does this")
     advantage_estimator: Literal["grpo", "reinforce_plus_plus", "maxrl", "batch_mean"] = setting(
         "grpo", help="GRPO: grpo (each reward against its group, scaled by the group's std); reinforce_plus_plus: "
                      "REINFORCE++-baseline (minus the group's mean, then normalised over the step's samples); maxrl: "
