@@ -168,7 +168,11 @@ def _algorithm(keys: _Keys, out: Translator, entry_point: str) -> None:
         return
     estimator, key = keys(_A + "advantage_estimator"), _A + "advantage_estimator"
     name = "grpo"
-    if estimator == "gae":
+    registered = entry_points.registered(entry_point, key, estimator)  # an example's own estimator, if corerl's
+    if registered is not None:
+        for target, value in registered:
+            out.put(key, target, value)
+    elif estimator == "gae":
         name = "ppo"
         _put(out, keys, key, "algorithm.name", "ppo", "algorithm.name ppo (GAE over a critic's values)")
     elif estimator == "grpo":
@@ -179,13 +183,19 @@ def _algorithm(keys: _Keys, out: Translator, entry_point: str) -> None:
         set_at(out.tree, "algorithm.scale_rewards_by_std", False)
     elif estimator == "reinforce++":
         out.put(key, "algorithm.advantage_estimator", "reinforce_plus_plus")
+    elif estimator == "maxrl":
+        out.put(key, "algorithm.advantage_estimator", "maxrl")
     else:
-        out.refuse(key, f"the {estimator!r} advantage estimator is not built into corerl (grpo, gae, rloo and "
-                        "reinforce++ are)", "use one of those")
+        out.refuse(key, f"the {estimator!r} advantage estimator is not built into corerl (grpo, gae, rloo, "
+                        "reinforce++ and maxrl are)", "use one of those")
     set_at(out.tree, "algorithm.name", name)
     out.new_origins.setdefault("algorithm.name", f"SkyRL's {entry_point} entry point")
     loss, key = keys(_A + "policy_loss_type"), _A + "policy_loss_type"
-    if loss not in _LOSSES:
+    registered = entry_points.registered(entry_point, key, loss)  # an example's own loss, if corerl's
+    if registered is not None:
+        for target, value in registered:
+            out.put(key, target, value)
+    elif loss not in _LOSSES:
         out.refuse(key, f"the {loss!r} policy loss is not built into corerl ({', '.join(_LOSSES)} are)",
                    "use one of those")
     elif keys.given(key) and _LOSSES[loss]:
