@@ -355,6 +355,13 @@ class AlgorithmConfig:
     max_rollout_turns: int | None = setting(None, min=1, help="with data.env_name: the most model turns of an episode; "
                                                               "unset: until the environment says done or "
                                                               "policy.max_seq_length is reached")
+    step_wise_trajectories: bool = setting(
+        False, help="GRPO with data.env_name: each model turn of an episode is trained as a row of its own, the "
+                    "conversation as the chat template renders it at that turn (the prompt the model saw) followed "
+                    "by the turn's tokens, every row taking its episode's advantage (computed from the episode's "
+                    "reward within its prompt's group); a template that does not render a conversation as an "
+                    "extension of its start (Qwen3 drops earlier turns' <think> blocks) trains as sampled. false: "
+                    "an episode is one sequence, the environment's tokens out of the loss")
     overlong_filtering: bool = setting(False, help="samples cut at the length limit are left out of the loss "
                                                    "(DAPO's overlong filtering)")
     reward_scaling: RewardScalingConfig = section(RewardScalingConfig)
