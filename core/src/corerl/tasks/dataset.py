@@ -32,6 +32,17 @@ from corerl.tasks import (
     rng_state,
     score,
 )
+from corerl.tasks.conversations import (
+    check_learnable,
+    encode_pieces,
+    message_fields,
+    not_a_conversation,
+    render_chat,
+    row_tools,
+    trained_pieces,
+    trained_turns,
+    with_system,
+)
 from corerl.tasks.prompt_images import (
     as_images,
     check_all,
@@ -49,7 +60,8 @@ PROMPT_IDS = "_corerl_prompt_ids"  # the row's prompt, encoded and checked once 
 FOLDER = "_corerl_folder"  # the folder of the row's data file: image paths are relative to it
 IMAGES = "_corerl_images"  # the row's images, encoded with its prompt (a vision-language policy's)
 SOURCE = "_corerl_source"  # the index in data.train_files of the row's file (read where files are mixed by weight)
-_INTERNAL = (ORIGIN, PROMPT_IDS, FOLDER, IMAGES, SOURCE)
+DEMONSTRATION = "_corerl_demonstration"  # data.train_on: the row's (prompt ids or None, response ids, mask or None)
+_INTERNAL = (ORIGIN, PROMPT_IDS, FOLDER, IMAGES, SOURCE, DEMONSTRATION)
 
 
 def render_prompt(tokenizer: Any, text: str, chat_template: bool, system_prompt: str | None) -> list[int]:
@@ -331,7 +343,7 @@ def check_rows(data: Any, task_id: str | None, reads_images: bool | None, proces
     if task_id == "preferences":
         columns = {"prompt_key": data.prompt_key, "chosen_key": data.chosen_key, "rejected_key": data.rejected_key}
     else:
-        columns = {"prompt_key": data.prompt_key, "answer_key": data.answer_key}
+        columns = _columns(data)
     rows = read_train_rows(data)
     check_columns(rows, columns, "data.train_files", train_files)
     files = [("data.train_files", rows)]
@@ -340,6 +352,10 @@ def check_rows(data: Any, task_id: str | None, reads_images: bool | None, proces
         held = read_held_rows(data)
         check_columns(held, columns, "data.held_out_files", held_files)
         files.append(("data.held_out_files", held))
+    if task_id == "dataset":
+        for _, file_rows in files:
+            for row in file_rows:
+                _check_conversation_row(row, data)
     if reads_images is None or task_id != "dataset":
         return
     template, system = read_template(data.prompt_file), read_system_prompt(data.system_prompt_file)
@@ -361,8 +377,46 @@ def check_rows(data: Any, task_id: str | None, reads_images: bool | None, proces
             check_placeholders((text + (system or "")).count(IMAGE_TOKEN), len(images), where, key)
 
 
-def placed_prompt(row: dict[str, Any], prompt_key: str, image_key: str) -> tuple[str | list[dict[str, str]], list[Any]]:
-    """A row's prompt with one image placeholder per image (a text, or chat messages) and its
+def _columns(data: Any) -> dict[str, str]:
+    """The columns every row of the dataset task must hold: the prompt and the answer, or with
+    ``data.train_on`` the prompt only (a conversation's last assistant turn is its answer where
+    the row has no answer column; a text prompt needs the answer and response columns:
+    :func:`_check_conversation_row`)."""
+    if getattr(data, "train_on", None) is not None:
+        return {"prompt_key": data.prompt_key}
+    return {"prompt_key": data.prompt_key, "answer_key": data.answer_key}
+
+
+def _check_conversation_row(row: dict[str, Any], data: Any) -> list[Any]:
+    """What the dataset task refuses of a conversation row, checked without a tokenizer: its chat
+    messages' layout, its tool schemas (``data.tools_key``), and with ``data.train_on`` an
+    assistant turn to train (with ``all_assistant_messages``, no images: only the last turn is
+    trained on rows with images). Returns the row's images."""
+    train_on, where = getattr(data, "train_on", None), row[ORIGIN]
+    prompt = row.get(data.prompt_key)
+    if not isinstance(prompt, list):
+        if train_on is not None:  # a text prompt: learned from the row's response column, as without train_on
+            for column in dict.fromkeys((data.response_key or data.answer_key, data.answer_key)):
+                if _get(row, column) is None:
+                    raise not_a_conversation(prompt, where, data.prompt_key, train_on, column)
+        return []
+    placed, images = placed_prompt(row, data.prompt_key, data.image_key)
+    tools_key = getattr(data, "tools_key", None)
+    if tools_key:
+        row_tools(_get(row, tools_key), where, tools_key)
+    if train_on is not None:
+        check_learnable(prompt, where, data.prompt_key, train_on)
+        if images and train_on == "all_assistant_messages":
+            raise ConfigError(f"{where}: the row has {len(images)} image(s), and data.train_on=all_assistant_messages "
+                              "trains every assistant turn of text-only conversations only", key="data.train_on",
+                              hint="set data.train_on=last_assistant_message for rows with images (as SkyRL's "
+                                   "vision-language SFT requires)")
+    return images
+
+
+def placed_prompt(row: dict[str, Any], prompt_key: str, image_key: str) -> tuple[str | list[dict[str, Any]], list[Any]]:
+    """A row's prompt with one image placeholder per image (a text, or chat messages, each keeping
+    the fields a chat template reads beside role and content: tool calls, a tool's name) and its
     images (the image column's, then the messages' image parts)."""
     where, prompt = row[ORIGIN], row[prompt_key]
     images = as_images(row.get(image_key))
@@ -373,6 +427,7 @@ def placed_prompt(row: dict[str, Any], prompt_key: str, image_key: str) -> tuple
     if isinstance(prompt, list):  # chat messages, perhaps with image parts
         check_conversation(prompt, where, prompt_key)
         messages, parts = message_text(prompt, where)
+        messages = [{**message_fields(given), **flat} for given, flat in zip(prompt, messages, strict=True)]
         images += parts
         return place_messages(messages, len(images)), images
     return place_images(str(prompt), len(images)), images
@@ -390,7 +445,8 @@ def check_conversation(messages: list[Any], where: str, prompt_key: str) -> None
         if not isinstance(message, Mapping):
             raise ConfigError(f"{where}: message {index} of {column} is a {type(message).__name__}, not a "
                               "{'role', 'content'} object", key="data.prompt_key", hint=hint)
-        missing = [k for k in ("role", "content") if message.get(k) is None]
+        missing = [k for k in ("role", "content") if message.get(k) is None
+                   and not (k == "content" and message.get("tool_calls"))]  # a tool call's content may be null
         if missing:
             raise ConfigError(f"{where}: message {index} of {column} has no {' or '.join(map(repr, missing))} "
                               f"(it holds: {', '.join(k for k, v in message.items() if v is not None) or 'nothing'})",
@@ -508,6 +564,8 @@ class DatasetTask:
         if self.reward_fn is exact_answer and self.answer_key != "answer":
             self.reward_fn = _exact_answer_in(self.answer_key)
         self.response_key = data.response_key or data.answer_key
+        self.train_on = getattr(data, "train_on", None)
+        self.tools_key, self.system_key = getattr(data, "tools_key", None), getattr(data, "system_key", None)
         self.chat_template = data.apply_chat_template
         self.max_prompt_tokens = context.max_prompt_tokens
         self.image_key, self.images = data.image_key, context.images
@@ -526,7 +584,13 @@ class DatasetTask:
             raise ConfigError("data.apply_chat_template is set and the tokenizer has no chat template",
                               key="data.apply_chat_template",
                               hint="give one with policy.chat_template, or set data.apply_chat_template=false")
-        columns = {"prompt_key": self.prompt_key, "answer_key": self.answer_key}
+        if self.train_on == "all_assistant_messages" and not self.chat_template:
+            raise ConfigError("data.train_on=all_assistant_messages cuts each assistant turn out of the chat template's "
+                              "rendering, and data.apply_chat_template is false", key="data.train_on",
+                              hint="set data.apply_chat_template=true (a tokenizer with a chat template, or "
+                                   "policy.chat_template), or data.train_on=last_assistant_message")
+        self.data = data
+        columns = _columns(data)
         rows = read_train_rows(data)
         check_columns(rows, columns, "data.train_files", train_files)
         texts = {}  # what each prompt's ids encode, for the lost-text check
@@ -573,10 +637,21 @@ class DatasetTask:
     def _encode_checked(self, row: dict[str, Any], key: str = "data.train_files") -> tuple[list[int], str]:
         """The row's prompt ids (its images' placeholders expanded, the images kept in the row)
         and the text they encode, refused where it does not fit (naming ``key``, the setting of
-        the file the row is in)."""
+        the file the row is in). A chat-message prompt comes after the row's system column's turn
+        and with its tool schemas (``data.system_key``, ``data.tools_key``); with ``data.train_on``
+        the prompt is the messages before the last assistant turn, and the row's demonstration is
+        made here too."""
         where = row[ORIGIN]
+        _check_conversation_row(row, self.data)
         placed, images = placed_prompt(row, self.prompt_key, self.image_key)
-        ids, text = self._encode_messages(placed, where) if isinstance(placed, list) else self._encode(placed)
+        tools = None
+        if isinstance(placed, list):
+            placed = with_system(placed, _get(row, self.system_key) if self.system_key else None)
+            tools = row_tools(_get(row, self.tools_key), where, self.tools_key) if self.tools_key else None
+        if self.train_on is not None and isinstance(placed, list):  # a text prompt: the response column's
+            self._demonstrate(row, placed, tools)
+            placed = placed[: trained_turns(placed, "last_assistant_message")[0]]
+        ids, text = self._encode_messages(placed, where, tools) if isinstance(placed, list) else self._encode(placed)
         if images:
             if self.images is None:
                 raise text_only_policy(where, len(images), self.image_key)
@@ -589,7 +664,44 @@ class DatasetTask:
         check_prompt_fits(ids, self.max_prompt_tokens, where, ", or shorten or remove that row")
         return ids, text
 
-    def _encode_messages(self, messages: list[dict[str, str]], where: str) -> tuple[list[int], str]:
+    def _demonstrate(self, row: dict[str, Any], messages: list[dict[str, Any]], tools: list[Any] | None) -> None:
+        """``data.train_on``: the row's demonstration under :data:`DEMONSTRATION` (its prompt ids
+        where they are not the row's prompt, the trained turns' ids, their 0/1 mask where some
+        are context), and its last assistant turn's content as its answer where the row has no
+        answer column (the held-out reward's)."""
+        where, last = row[ORIGIN], messages[trained_turns(messages, "last_assistant_message")[0]]
+        if _get(row, self.answer_key) is None:
+            row[self.answer_key] = last["content"]
+        if not self.chat_template:  # last_assistant_message: the turn's text after the prompt's paragraphs
+            response = list(self.tokenizer.encode(" " + last["content"], add_special_tokens=False))
+            row[DEMONSTRATION] = (None, [*response, self.tokenizer.eos_token_id], None)
+            return
+        system = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
+
+        def render(part: Any, prompt: bool) -> str:
+            return render_chat(self.tokenizer, [*system, *part], prompt, tools)
+
+        turns = trained_turns(messages, self.train_on)
+        try:
+            prompt, pieces = trained_pieces(render, messages, turns, where, self.train_on)
+        except ConfigError:
+            raise
+        except Exception as exc:  # the template's own refusal (jinja's raise_exception), kept as the cause
+            roles = ", ".join(m["role"] for m in [*system, *messages])
+            raise ConfigError(f"{where}: the chat template cannot render the row's conversation (roles: {roles}): "
+                              f"{first_line(exc)}", key="data.prompt_key",
+                              hint="give messages with the roles, in the order, the model's chat template takes, or "
+                                   "another template with policy.chat_template") from exc
+        response, mask = encode_pieces(self.tokenizer, pieces)
+        if not any(mask):
+            raise ConfigError(f"{where}: the chat template renders nothing for the assistant turn(s) data.train_on="
+                              f"{self.train_on} trains", key="data.train_on",
+                              hint="give the assistant turns content (or tool calls the template writes)")
+        first_prompt = None if len(turns) == 1 else encode_text(self.tokenizer, prompt)
+        row[DEMONSTRATION] = (first_prompt, response, None if all(mask) else mask)
+
+    def _encode_messages(self, messages: list[dict[str, Any]], where: str,
+                         tools: list[Any] | None = None) -> tuple[list[int], str]:
         """A chat-format prompt's ids: the conversation (after the system prompt, when set) through
         the chat template where the task uses one, the model's turn starting after it; else the
         messages' contents, one paragraph each. A conversation the template refuses to render
@@ -597,7 +709,8 @@ class DatasetTask:
         if self.chat_template:
             system = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
             try:
-                text = chat_text(self.tokenizer, [*system, *messages], prompt=True)
+                text = (chat_text(self.tokenizer, [*system, *messages], prompt=True) if tools is None
+                        else render_chat(self.tokenizer, [*system, *messages], True, tools))
             except Exception as exc:  # the template's own refusal (jinja's raise_exception), kept as the cause
                 roles = ", ".join(m["role"] for m in [*system, *messages])
                 raise ConfigError(f"{where}: the chat template cannot render the prompt's conversation (roles: {roles}): "
@@ -615,8 +728,27 @@ class DatasetTask:
         return [self._prompt_of(row) for row in self.held], [_public(row) for row in self.held]
 
     def demonstrations(self, count: int) -> list[tuple[list[int], list[int]]]:
-        pairs = []
+        """``count`` training rows' (prompt ids, response ids) pairs: the prompt and the response
+        column (``data.response_key``), or with ``data.train_on`` the conversation's: the messages
+        before the trained turn and that turn, or (``all_assistant_messages``) the messages before
+        the first assistant turn and the rest of the conversation, with a third element, a 0/1
+        mask over the response, 1 on its assistant turns' ids (as
+        :func:`corerl.algorithms.batches.pairs_to_batch` reads it); a text prompt's, with
+        ``data.train_on`` too, the response column's."""
+        demonstrations: list[Any] = []
         for row in self._draw(count):
+            if DEMONSTRATION not in row:  # the response column's (a text prompt with data.train_on too)
+                demonstrations += self._responses([row])
+                continue
+            prompt, response, mask = row[DEMONSTRATION]
+            prompt = self._prompt_of(row) if prompt is None else prompt
+            demonstrations.append((prompt, response) if mask is None else (prompt, response, mask))
+        return demonstrations
+
+    def _responses(self, rows: list[dict[str, Any]]) -> list[tuple[list[int], list[int]]]:
+        """Each row's prompt and its response column's text (after a space), then end-of-sequence."""
+        pairs = []
+        for row in rows:
             response_text = _get(row, self.response_key)
             if response_text is None:
                 raise ConfigError(f"SFT needs column {self.response_key!r} (data.response_key)", key="data.response_key",

@@ -485,9 +485,8 @@ def derive_sft(raw: dict[str, Any], out: Translator) -> None:
         out.inert("eval_dataset_name", "corerl holds out rows of data.hub_dataset")
     if keys.given("train_datasets") or keys.given("dataset_name"):
         set_at(out.tree, "data.task", "dataset")
-        if not keys.given("messages_key"):
-            set_at(out.tree, "data.prompt_key", "messages")
         out.new_origins["data.task"] = "skyrl dialect (SkyRL's SFT rows: chat messages)"
+        _conversation_keys(keys, out)
     _splits(keys, out)
     _eval_splits(keys, out)
     _mixture(keys, out)
@@ -508,6 +507,23 @@ def derive_sft(raw: dict[str, Any], out: Translator) -> None:
     elif keys.given("resume_from"):
         out.refuse("resume_from", "resuming from a given checkpoint folder is not built into corerl",
                    "remove the key (a run resumes from its own run.output_dir)")
+
+
+#: SFT key -> (corerl's data key, SkyRL's default): a row is a conversation to learn
+_CONVERSATION_DEFAULTS = {"messages_key": ("data.prompt_key", "messages"), "tools_key": ("data.tools_key", "tools"),
+                          "system_key": ("data.system_key", "system"),
+                          "train_on_what": ("data.train_on", "last_assistant_message")}
+
+
+def _conversation_keys(keys: _Keys, out: Translator) -> None:
+    """SkyRL's SFT rows are conversations (its chat-message format): corerl learns them as
+    ``data.train_on`` says, reading SkyRL's columns where the script names none (``messages``,
+    ``tools`` and ``system``; the last two only where a row has them) and training on the last
+    assistant message unless ``train_on_what`` says otherwise."""
+    for source, (target, default) in _CONVERSATION_DEFAULTS.items():
+        if not keys.given(source):
+            set_at(out.tree, target, default)
+            out.new_origins[target] = f"SkyRL's default of {source} ({default})"
 
 
 def _full_context(keys: _Keys, out: Translator) -> None:

@@ -46,10 +46,15 @@ RULES: dict[str, Rule] = {
                                      "unset: equal shares, as SkyRL's); one dataset's weight changes nothing"),
     "pretokenized_dataset_paths": refused("pre-tokenized datasets are not read by corerl (it tokenizes the rows)"),
     "eval_pretokenized_dataset_paths": refused("pre-tokenized datasets are not read by corerl"),
-    "messages_key": acts("data.prompt_key", note="the chat-message column: corerl trains on its assistant turns"),
-    "tools_key": refused("tool schemas in SFT rows are not passed to the chat template by corerl"),
-    "system_key": inert("corerl reads the system turn from the messages"),
-    "train_on_what": inert("corerl trains on the last assistant message", lambda v: v != "last_assistant_message"),
+    "messages_key": acts("data.prompt_key", note="the chat-message column: each row a conversation whose assistant "
+                                                 "turns are trained (data.train_on)"),
+    "tools_key": acts("data.tools_key", note="each row's tool schemas, passed to the chat template (its tools "
+                                             "argument); a row without the column has none"),
+    "system_key": acts("data.system_key", note="each row's system prompt, a system turn before its messages where "
+                                               "they do not start with one; a row without the column has none"),
+    "train_on_what": acts("data.train_on", note="last_assistant_message: the last assistant turn, the messages "
+                                                "before it the prompt; all_assistant_messages: every assistant turn "
+                                                "in one sequence, the other turns untrained context"),
     "eval_interval": inert("corerl evaluates the held-out rows before and after training"),
     "eval_before_train": inert("corerl always evaluates the held-out rows before training"),
     "ckpt_interval": derived("above 0: checkpointing.enabled and checkpointing.save_period"),
