@@ -439,11 +439,13 @@ class DataConfig:
                                              "a struct column: reward_spec.ground_truth")
     response_key: str | None = setting(None, help="dataset task: the SFT response column; unset: answer_key")
     train_on: Literal["last_assistant_message", "all_assistant_messages"] | None = setting(
-        None, help="dataset task: the rows are conversations to learn (prompt_key holds chat messages with assistant "
-                   "turns; no response column): last_assistant_message trains on the last assistant turn, the "
-                   "messages before it the prompt; all_assistant_messages on every assistant turn, the other turns "
-                   "in context untrained; held-out prompts are the messages before the last assistant turn, whose "
-                   "content is the answer where the row has no answer column; unset: prompt and response columns")
+        None, help="dataset task: learn conversations: a row whose prompt_key column holds chat messages is trained "
+                   "on its last assistant turn (last_assistant_message, the messages before it the prompt) or on "
+                   "every assistant turn (all_assistant_messages, one sequence, the other turns untrained context), "
+                   "each turn as the chat template renders it, no response column read; a row whose prompt is a "
+                   "text takes its response column as without it; held-out prompts are the messages before the last "
+                   "assistant turn, its content the answer where the row has no answer column; unset: the prompt "
+                   "and response columns")
     tools_key: str | None = setting(None, help="dataset task: the column of a row's tool schemas (a list of JSON "
                                                "schemas, or a JSON text of one), passed to the chat template (its "
                                                "tools argument) with the row's chat messages; a row without it has "
