@@ -213,7 +213,84 @@ def test_targets_map_to_megatron_layers() -> None:
     assert (0, "self_attention.linear_proj") not in chosen(Lora([], every=True, exclude=("o_proj",)), 1)
 
 
+FUSED = ["policy.lora.enabled=true", "policy.lora.dim=4", "policy.lora.alpha=8", "policy.megatron_cfg.lora_type=lora"]
+
+
+@pytest.fixture(scope="module")
+def fused_worker(worker: Any, model_dir: str, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """A second rank in this process (the first one's parallel state) with lora_type: lora, every layer
+    adapted, its adapters' B random."""
+    from corerl_megatron.training.worker import MegatronWorker
+
+    config = _config(model_dir, tmp_path_factory.mktemp("fused"), FUSED)
+    rank = MegatronWorker(rank=0, world_size=1, config=config, threads=1,
+                          checkpoint_dir=str(tmp_path_factory.mktemp("fused-conversions")))
+    rank.load_hf(model_dir)
+    generator = torch.Generator().manual_seed(4)
+    with torch.no_grad():
+        for name, param in rank.model.module.named_parameters():
+            if ".lora_B." in name:
+                param.copy_(torch.randn(param.shape, generator=generator) * 0.2)
+    return rank
+
+
+def test_fused_adapters_are_peft_adapters_sharing_a_and_give_their_logits_and_gradients(fused_worker: Any,
+                                                                                      model_dir: str) -> None:
+    """lora_type: lora (Megatron-Bridge's LoRA): one A and B over linear_qkv's and linear_fc1's rows.
+    As PEFT adapters that is q, k, v (gate, up) with one A between them and B's rows split: the same
+    function, and A's gradient the sum of theirs."""
+    from corerl_megatron.training.lora import peft_tensors
+
+    worker = fused_worker
+    assert sum(".lora_A." in n for n, _ in worker.model.module.named_parameters()) == 2 * 4  # four adapters a layer
+    adapter = worker.adapter_state()
+    for i in range(2):
+        a = {p: adapter[f"base_model.model.model.layers.{i}.{p}.lora_A.weight"]
+             for p in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "mlp.gate_proj", "mlp.up_proj")}
+        assert torch.equal(a["self_attn.q_proj"], a["self_attn.v_proj"]) and torch.equal(a["mlp.gate_proj"],
+                                                                                         a["mlp.up_proj"])
+    reference = _peft_model(model_dir, worker, adapter)
+    ids = torch.randint(0, 128, (2, 7), generator=torch.Generator().manual_seed(5))
+    weights = torch.randn(2, 7, 128, generator=torch.Generator().manual_seed(6))
+    worker.model.zero_grad_buffer()
+    ours = _megatron_logits(worker, ids)
+    (ours * weights).sum().backward()
+    theirs = reference(input_ids=ids).logits
+    (theirs * weights).sum().backward()
+    assert (ours - theirs).abs().max() < 1e-4
+    grads = peft_tensors(worker.model.module, worker.layout.numbering, worker.ps.get_tensor_model_parallel_group(), 1,
+                         of=lambda p: p.main_grad)
+    named = {n.replace(".default.", "."): p.grad for n, p in reference.named_parameters() if p.grad is not None}
+    expected = dict(named)
+    for i in range(2):  # the shared A's gradient: the sum of the projections' A gradients
+        for group in (("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"), ("mlp.gate_proj", "mlp.up_proj")):
+            names = [f"base_model.model.model.layers.{i}.{p}.lora_A.weight" for p in group]
+            total = sum(named[n] for n in names)
+            expected.update({n: total for n in names})
+    assert set(grads) == set(expected)
+    worst = max((grads[n] - expected[n]).abs().max() / expected[n].abs().max() for n in expected)
+    assert worst < 1e-4, f"adapter gradients differ from PEFT's by {worst:.3g} (relative)"
+    worker.model.zero_grad_buffer()
+
+
+def test_fused_adapters_merge_as_peft_merges_them(fused_worker: Any, model_dir: str) -> None:
+    from safetensors.torch import load_file
+    from transformers import AutoConfig
+
+    from corerl.lora.adapter import base_hf_state, config_dict, merged_hf_state
+    from corerl_megatron.conversion.convert import megatron_to_hf
+
+    worker = fused_worker
+    merged = megatron_to_hf(worker.full_state_dict(), worker.family, worker.shape)
+    expected = merged_hf_state(base_hf_state(load_file(str(Path(model_dir) / "model.safetensors"))),
+                               worker.adapter_state(), AutoConfig.from_pretrained(model_dir),
+                               config_dict(worker.config.core.policy.lora, model_dir))
+    assert max((merged[n] - expected[n]).abs().max() for n in merged) < 1e-5
+
+
 REFUSED = [
+    (["policy.megatron_cfg.lora_type=lora", "policy.lora.match_all_linear=false", "policy.lora.target_modules=[q_proj]"],
+     "builtin:tiny-qwen2", ConfigError, "policy.lora.target_modules", "linear_qkv one adapter over all its"),
     (["policy.lora.match_all_linear=false", "policy.lora.target_modules=[q_proj,lm_head]"], "builtin:tiny-qwen2",
      ConfigError, "policy.lora.target_modules", "'lm_head' names no linear layer"),
     ([], "builtin:tiny-moe", EngineNotAvailable, "policy.lora.enabled", "dense decoder layers only"),
@@ -272,7 +349,25 @@ def test_a_nemo_rl_peft_section_naming_targets_adapts_those_only(tmp_path) -> No
     lora = load_config(recipe, [], PluginHost()).core.policy.lora
     assert (lora.enabled, lora.target_modules, lora.match_all_linear) == (True, ["linear_qkv"], False)
     recipe.write_text(head)  # no targets: every linear layer, as in Megatron-Bridge
-    assert load_config(recipe, [], PluginHost()).core.policy.lora.match_all_linear
+    config = load_config(recipe, [], PluginHost())
+    assert config.core.policy.lora.match_all_linear
+    assert config.section("policy.megatron_cfg").lora_type == "lora"  # Megatron-Bridge's LoRA, as NeMo RL builds it
+
+
+def test_a_skyrl_megatron_lora_script_gets_skyrl_s_lora_type(tmp_path) -> None:
+    from corerl.config import load_config
+    from corerl.errors import ConfigErrors
+    from corerl.plugin_manager import PluginHost
+
+    script = tmp_path / "run_lora.sh"
+    script.write_text("uv run -m skyrl.train.entrypoints.main_base trainer.strategy=megatron "
+                      "trainer.policy.model.path=builtin:tiny-qwen2 trainer.policy.model.lora.rank=8 \"$@\"\n")
+    key = "trainer.policy.megatron_config.lora_config.lora_type"
+    assert load_config(script, [], PluginHost(), environ={}).section("policy.megatron_cfg").lora_type == "lora"
+    said = load_config(script, [f"{key}=canonical_lora"], PluginHost(), environ={})
+    assert said.section("policy.megatron_cfg").lora_type == "canonical_lora"
+    with pytest.raises(ConfigErrors, match="'dora' LoRA type is not built into"):
+        load_config(script, [f"{key}=dora"], PluginHost(), environ={})
 
 
 def test_a_mixture_of_experts_is_refused_at_load_where_validation_could_not_read_it(worker, tmp_path) -> None:
@@ -318,3 +413,100 @@ def test_peft_and_vllm_read_the_targets_by_their_hugging_face_names() -> None:
                                                                        "linear_fc2"]), 2) == "all-linear"
     assert peft_targets(Lora(["*"], exclude=("*layers.1.*",)), 2) == ["down_proj", "gate_proj", "k_proj", "o_proj",
                                                                      "q_proj", "up_proj", "v_proj"]
+
+
+TP2 = ["policy.megatron_cfg.tensor_model_parallel_size=2", "cluster.gpus_per_node=2"]
+
+
+def _against_peft(worker: Any, model_dir: str) -> dict[str, float] | None:
+    """Every rank calls it (collectives): the largest differences from PEFT of the logits, the adapter
+    gradients (relative; a fused A's against the sum of its projections') and the merged weights,
+    on the first rank, and the optimizer's gradient norm against theirs; None elsewhere. The adapters'
+    B are random first (a split B differs by rank)."""
+    import zlib
+
+    from safetensors.torch import load_file
+    from transformers import AutoConfig
+
+    from corerl.lora.adapter import base_hf_state, config_dict, merged_hf_state
+    from corerl_megatron.conversion.convert import megatron_to_hf
+    from corerl_megatron.training.lora import peft_tensors
+
+    with torch.no_grad():
+        for name, param in worker.model.module.named_parameters():
+            if ".lora_B." in name:
+                split = param.tensor_model_parallel
+                seed = zlib.crc32(name.encode()) + (worker.tp_rank if split else 0)
+                param.copy_(torch.randn(param.shape, generator=torch.Generator().manual_seed(seed)) * 0.2)
+    adapter = worker.adapter_state()
+    ids = torch.randint(0, 128, (2, 7), generator=torch.Generator().manual_seed(5))
+    weights = torch.randn(2, 7, 128, generator=torch.Generator().manual_seed(6))
+    worker.model.zero_grad_buffer()
+    ours = _megatron_logits(worker, ids)
+    (ours * weights).sum().backward()
+    grads = peft_tensors(worker.model.module, worker.layout.numbering, worker.ps.get_tensor_model_parallel_group(),
+                         worker.tp, of=lambda p: p.main_grad)
+    worker.optimizer.prepare_grads()  # the main gradients the optimizer clips by, and their norm
+    norm = float(worker.optimizer.get_grad_norm())
+    merged = worker.full_state_dict()
+    if worker.rank != 0:
+        return None
+    reference = _peft_model(model_dir, worker, adapter)
+    theirs = reference(input_ids=ids).logits
+    (theirs * weights).sum().backward()
+    named = {n.replace(".default.", "."): p.grad for n, p in reference.named_parameters() if p.grad is not None}
+    expected = dict(named)
+    if worker.settings.lora_type == "lora":
+        for parent in {n.rsplit(".", 3)[0] for n in named}:  # ...layers.0.self_attn, ...layers.0.mlp
+            for group in (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj")):
+                names = [f"{parent}.{p}.lora_A.weight" for p in group]
+                if all(n in named for n in names):
+                    expected.update({n: sum(named[m] for m in names) for n in names})
+    assert set(grads) == set(expected)
+    shared = ("k_proj.lora_A", "v_proj.lora_A", "up_proj.lora_A") if worker.settings.lora_type == "lora" else ()
+    want_norm = sum(float(g.square().sum()) for n, g in expected.items() if not any(x in n for x in shared)) ** 0.5
+    hf = megatron_to_hf(merged, worker.family, worker.shape)
+    want = merged_hf_state(base_hf_state(load_file(str(Path(model_dir) / "model.safetensors"))), adapter,
+                           AutoConfig.from_pretrained(model_dir), config_dict(worker.config.core.policy.lora, model_dir))
+    return {"logits": float((ours - theirs).abs().max()),
+            "gradients": float(max((grads[n] - expected[n]).abs().max() / expected[n].abs().max() for n in expected)),
+            "merged": float(max((hf[n] - want[n]).abs().max() for n in hf)),
+            "grad_norm": abs(norm - want_norm) / want_norm}  # a replicated tensor counted once
+
+
+def _tensor_parallel_rank(rank: int, model_dir: str, configs: dict[str, Any], port: int, out: str) -> None:
+    """One of two gloo ranks (tensor parallel 2): both layouts' adapters against PEFT's."""
+    import json
+    import os
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    from corerl_megatron.training.worker import MegatronWorker
+
+    found = {}
+    for kind, config in configs.items():
+        worker = MegatronWorker(rank=rank, world_size=2, config=config, threads=1,
+                                checkpoint_dir=str(Path(out).parent / f"conversions-{kind}"))
+        worker.load_hf(model_dir)
+        found[kind] = _against_peft(worker, model_dir)
+    if rank == 0:
+        Path(out).write_text(json.dumps(found))
+
+
+def test_tensor_parallel_2_adapters_match_peft_on_two_ranks(model_dir: str, tmp_path: Path) -> None:
+    """Column-parallel layers' B split by rows (a fused linear_fc1's as its [gate_r; up_r] weight), row-parallel
+    layers' A split by columns, on 2 gloo ranks: logits, gradients, the gradient norm the optimizer clips by
+    and the merged weights as PEFT's."""
+    import json
+
+    import torch.multiprocessing as mp
+
+    from corerl.sdk import free_port
+
+    configs = {"canonical_lora": _config(model_dir, tmp_path / "c", [*LORA, *TP2]),
+               "lora": _config(model_dir, tmp_path / "f", [*FUSED, *TP2])}
+    out = tmp_path / "found.json"
+    mp.spawn(_tensor_parallel_rank, args=(model_dir, configs, free_port(), str(out)), nprocs=2)
+    found = json.loads(out.read_text())
+    for kind, diffs in found.items():
+        assert diffs["logits"] < 1e-4 and diffs["gradients"] < 1e-4 and diffs["merged"] < 1e-5, (kind, diffs)
+        assert diffs["grad_norm"] < 1e-5, (kind, diffs)

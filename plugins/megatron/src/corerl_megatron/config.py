@@ -71,6 +71,11 @@ class MegatronConfig:
     bias_activation_fusion: bool = setting(False, help="megatron's fused bias and activation kernel (GPU only; off on CPU)")
     fp8_cfg: dict[str, Any] | None = setting(None, help="NeMo RL's FP8 settings; FP8 training is not supported yet (enabled: true is refused)")
     force_reconvert_from_hf: bool = setting(False, help="convert the Hugging Face checkpoint again even when a cached conversion exists")
+    lora_type: Literal["canonical_lora", "lora"] = setting(
+        "canonical_lora", help="with policy.lora: canonical_lora, one adapter per Hugging Face projection (q, k, v, "
+                               "gate, up each with A and B of their own: PEFT's, as on dtensor); lora, one per megatron "
+                               "layer (q, k, v share one A and one B over linear_qkv's rows, gate and up over "
+                               "linear_fc1's: Megatron-Bridge's LoRA, SkyRL's and NeMo RL's megatron default)")
     optimizer: MegatronOptimizerConfig = section(MegatronOptimizerConfig)
     scheduler: MegatronSchedulerConfig = section(MegatronSchedulerConfig)
 

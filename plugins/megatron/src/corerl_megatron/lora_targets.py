@@ -91,3 +91,12 @@ def peft_targets(settings: object, layers: int) -> str | list[str]:
     every = len(picked) == layers * len(PROJECTIONS) and all(
         len(projections) == len(PROJECTIONS[linear]) for (_, linear), projections in picked.items())
     return "all-linear" if every else sorted({p.rsplit(".", 1)[1] for ps in picked.values() for p in ps})
+
+
+def partial_fused(settings: object, layers: int) -> tuple[str, tuple[str, ...]] | None:
+    """With ``lora_type: lora`` (one adapter over a whole megatron layer): the first layer whose
+    projections are chosen in part (``linear_qkv`` with q only, say), with those chosen; None if none."""
+    for (_, linear), projections in chosen(settings, layers).items():
+        if len(projections) < len(PROJECTIONS[linear]):
+            return linear, projections
+    return None

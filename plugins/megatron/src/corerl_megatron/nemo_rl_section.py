@@ -128,10 +128,14 @@ def before(raw: dict[str, Any], out: Any) -> dict[str, str]:
 
 def derived(raw: dict[str, Any], out: Any) -> None:
     """A vision-language recipe on megatron is refused in one line (megatron's VLM path is not built).
-    The ``peft`` section's ``target_modules``, where it names some, are the layers adapted (corerl's
+    The ``peft`` section is Megatron-Bridge's LoRA (``policy.megatron_cfg.lora_type: lora``); its
+    ``target_modules``, where it names some, are the layers adapted (corerl's
     ``policy.lora.match_all_linear``, on by default, would adapt every linear layer instead)."""
-    if out.value("policy.megatron_cfg.peft.enabled") is True and out.value("policy.megatron_cfg.peft.target_modules"):
-        out.set("policy.megatron_cfg.peft.target_modules", "policy.lora.match_all_linear", False)
+    if out.value("policy.megatron_cfg.peft.enabled") is True:
+        # NeMo RL builds Megatron-Bridge's LoRA: one adapter over linear_qkv's (linear_fc1's) rows
+        out.set("policy.megatron_cfg.peft.enabled", "policy.megatron_cfg.lora_type", "lora")
+        if out.value("policy.megatron_cfg.peft.target_modules"):
+            out.set("policy.megatron_cfg.peft.target_modules", "policy.lora.match_all_linear", False)
     refused_already = any(error.message.startswith(MEGATRON_VLM) for error in out.errors)
     if out.vision_language and out.value("policy.megatron_cfg.enabled") is True and not refused_already:
         out.refuse("policy.megatron_cfg.enabled", MEGATRON_VLM, MEGATRON_VLM_HINT)

@@ -22,6 +22,13 @@ def _dispatcher(value: Any) -> str:
     return str(value)
 
 
+def _lora_type(value: Any) -> str:
+    if value not in ("lora", "canonical_lora"):
+        raise ValueError(f"the {value!r} LoRA type is not built into corerl's megatron backend (lora and "
+                         "canonical_lora are)")
+    return str(value)
+
+
 def _load_balancing(value: Any) -> str:
     if value in (None, "none"):
         return "none"
@@ -51,7 +58,9 @@ def _policy(prefix: str) -> dict[str, Rule]:
         f"{prefix}.moe_per_layer_logging": inert("corerl logs the MoE metrics per step"),
         f"{prefix}.ddp_config.*": inert(_PERF),
         f"{prefix}.hf_export_config.*": inert("corerl exports Hugging Face checkpoints with `corerl export`"),
-        f"{prefix}.lora_config.lora_type": inert("PEFT-style LoRA (policy.lora)", _not("lora")),
+        # lora (SkyRL's default, Megatron-Bridge's LoRA): one adapter over linear_qkv's and linear_fc1's rows;
+        # canonical_lora: one per projection; both are corerl_megatron.training.lora's
+        f"{prefix}.lora_config.lora_type": acts(to + "lora_type", _lora_type),
         f"{prefix}.lora_config.merge_lora": acts("checkpointing.merge_lora_on_export"),
         **{f"{prefix}.optimizer_config_kwargs.{key}": inert(_PERF) for key in (
             "optimizer_cpu_offload", "optimizer_offload_fraction", "overlap_cpu_optimizer_d2h_h2d")},
@@ -92,7 +101,17 @@ RULES: dict[str, Rule] = {
     "trainer.ref.megatron_config.*": inert("the reference scores in the policy's layout"),
 }
 
+def derived(raw: dict[str, Any], out: Any) -> None:
+    """SkyRL's default LoRA type on megatron is Megatron-Bridge's ``lora`` (one adapter over a whole
+    layer), where corerl's is ``canonical_lora``: a script that does not set it gets SkyRL's."""
+    keys = ("trainer.policy.megatron_config.lora_config.lora_type", "megatron_config.lora_config.lora_type")
+    megatron = ((out.tree.get("policy") or {}).get("megatron_cfg") or {}).get("enabled") is True
+    if megatron and all(out.value(key) is None for key in keys):
+        out.set(keys[0], "policy.megatron_cfg.lora_type", "lora")
+
+
 SECTION = SectionRules(
     rules=RULES,
+    derived=derived,
     claims={"trainer.strategy": ("megatron",), "strategy": ("megatron", None)},
 )

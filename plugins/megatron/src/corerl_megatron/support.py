@@ -81,7 +81,7 @@ def check_lora(config: Config, settings: object, section: str, shape: object) ->
     cover: a mixture of experts' expert layers, dropout with tensor parallelism (each rank would
     draw its own mask over a replicated input), and a ``target_modules`` entry naming no adaptable
     layer (sequence parallelism is refused before: the adapters' local layer spec does not run it)."""
-    from corerl_megatron.lora_targets import unmatched_target
+    from corerl_megatron.lora_targets import partial_fused, unmatched_target
 
     lora = config.core.policy.lora
     if shape is not None and shape.is_moe:  # type: ignore[attr-defined]
@@ -95,6 +95,16 @@ def check_lora(config: Config, settings: object, section: str, shape: object) ->
                                  "ranks would drop different inputs of one replicated adapter)",
                                  key="policy.lora.dropout",
                                  hint=f"set policy.lora.dropout=0, or {section}.tensor_model_parallel_size=1")
+    if shape is not None and settings.lora_type == "lora":  # type: ignore[attr-defined]
+        part = partial_fused(lora, shape.layers)  # type: ignore[attr-defined]
+        if part is not None:
+            linear, chosen = part
+            names = ", ".join(p.rsplit(".", 1)[1] for p in chosen)
+            raise ConfigError(f"{section}.lora_type=lora gives {linear.rsplit('.', 1)[1]} one adapter over all its "
+                              f"projections, and policy.lora chooses {names} of them only",
+                              key="policy.lora.target_modules",
+                              hint=f"target the whole layer, or set {section}.lora_type=canonical_lora (an adapter "
+                                   "per projection)")
     if shape is not None:
         missing = unmatched_target(lora, shape.layers)  # type: ignore[attr-defined]
         if missing is not None:

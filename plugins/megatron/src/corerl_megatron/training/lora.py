@@ -38,6 +38,7 @@ import torch
 from corerl_megatron.lora_targets import COLUMN, PROJECTIONS, chosen, hf_module, peft_targets
 
 ADAPTER = "lora"  # the child module of an adapted linear layer
+FUSED = "fused"  # the one adapter of a layer with lora_type "lora" (q, k, v or gate, up sharing it)
 PEFT_PREFIX = "base_model.model."  # PEFT's saved names: base_model.model.<module>.lora_A.weight
 _LAYER = re.compile(r"^decoder\.layers\.(\d+)\.(.+)$")
 
@@ -91,6 +92,8 @@ class LoraLayer(torch.nn.Module):
         """The projections' outputs ``[..., rows]`` as the layer's output rows (a projection without
         an adapter contributes zeros): linear_qkv's per query group q, k, v; linear_fc1's gate then up."""
         full = PROJECTIONS[self.linear]
+        if FUSED in parts:  # one adapter over the layer's rows, in its own layout
+            return parts[FUSED]
         if len(full) == 1:
             return parts[full[0].rsplit(".", 1)[1]]
         some = next(iter(parts.values()))
@@ -104,6 +107,17 @@ class LoraLayer(torch.nn.Module):
         rows = some.shape[-1]  # gate's and up's rows are alike
         return torch.cat([parts[n] if n in parts else some.new_zeros(*lead, rows) for n in ("gate_proj", "up_proj")],
                          dim=-1)
+
+    def split_rows(self, rows: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The whole layer's rows (``[rows, ...]``, every rank's) by projection, in the Hugging Face
+        projections' order: linear_qkv's q, k, v per query group; linear_fc1's gate then up."""
+        if self.linear.endswith("linear_qkv"):
+            d, rest = self.head_dim, rows.shape[1:]
+            grouped = rows.reshape(-1, (self.per_group + 2) * d, *rest)
+            q, k, v = torch.split(grouped, [self.per_group * d, d, d], dim=1)
+            return {"q_proj": q.reshape(-1, *rest), "k_proj": k.reshape(-1, *rest), "v_proj": v.reshape(-1, *rest)}
+        gate, up = rows.chunk(2, dim=0)
+        return {"gate_proj": gate, "up_proj": up}
 
     def delta_weight(self) -> torch.Tensor:
         """``scale * B A`` of every adapter as this rank's shard of the base weight ``[rows, cols]``."""
@@ -132,9 +146,11 @@ def initial_a(settings: Any, rank: int, width: int, seed: int) -> torch.Tensor:
 
 
 def attach(model: Any, settings: Any, numbering: dict[int, int], layers: int, *, tp_rank: int, tp: int,
-           seed: int) -> list[LoraLayer]:
+           seed: int, fused: bool = False) -> list[LoraLayer]:
     """Give ``model``'s (one pipeline stage's) chosen linear layers their adapters and freeze every
-    other parameter. ``numbering``: local -> global layer index; ``layers``: the model's count."""
+    other parameter. ``numbering``: local -> global layer index; ``layers``: the model's count.
+    ``fused`` (``lora_type: lora``): one adapter per layer, over all its rows (linear_qkv's q, k and
+    v, linear_fc1's gate and up share A and B; selection checks that a fused layer is chosen whole)."""
     for param in model.parameters():
         param.requires_grad_(False)
     targets = chosen(settings, layers)
@@ -153,18 +169,19 @@ def attach(model: Any, settings: Any, numbering: dict[int, int], layers: int, *,
             rows, cols = weight.shape
             adapters = {}
             for number, projection in enumerate(projections):
-                if projection not in picked:
+                if projection not in picked or (fused and number > 0):
                     continue
                 full_cols = cols if linear in COLUMN else cols * tp
                 a = initial_a(settings, settings.dim, full_cols,
                               seed * 1_000_003 + index * 101 + list(PROJECTIONS).index(linear) * 11 + number)
                 if linear not in COLUMN:
                     a = a.chunk(tp, dim=1)[tp_rank]
-                out_rows = _projection_rows(linear, projection, rows, groups, per_group, config.kv_channels)
+                out_rows = rows if fused else _projection_rows(linear, projection, rows, groups, per_group,
+                                                               config.kv_channels)
                 adapter = Adapter(a.to(device=weight.device, dtype=weight.dtype).contiguous(), out_rows)
                 _mark(adapter.lora_A.weight, None if linear in COLUMN else 1)
                 _mark(adapter.lora_B.weight, 0 if linear in COLUMN else None)
-                adapters[projection.rsplit(".", 1)[1]] = adapter
+                adapters[FUSED if fused and len(projections) > 1 else projection.rsplit(".", 1)[1]] = adapter
             lora = LoraLayer(linear, projections, adapters, settings.alpha / settings.dim, settings.dropout,
                              groups, per_group, config.kv_channels)
             module.add_module(ADAPTER, lora)
@@ -217,7 +234,7 @@ def peft_tensors(model: Any, numbering: dict[int, int], group: Any, tp: int,
     """This stage's adapters whole, under PEFT's saved names and in the Hugging Face projections'
     layout (a collective over the tensor-parallel ``group``: every rank of it calls this). ``of``:
     what of each adapter parameter (its gradient, say); the parameter itself by default."""
-    import torch.distributed as dist
+    from corerl_megatron.training.sharding import gather
 
     take = of or (lambda param: param)
 
@@ -227,17 +244,18 @@ def peft_tensors(model: Any, numbering: dict[int, int], group: Any, tp: int,
         assert match is not None
         index = numbering[int(match.group(1))]
         for short, adapter in layer.adapters.items():
-            projection = next(p for p in PROJECTIONS[layer.linear] if p.endswith(f".{short}"))
-            prefix = PEFT_PREFIX + hf_module(index, projection)
             a, b = take(adapter.lora_A.weight).detach(), take(adapter.lora_B.weight).detach()
             if tp > 1:  # the split one whole again: B's rows (column-parallel) or A's columns (row-parallel)
-                split, dim = (b, 0) if layer.column else (a, 1)
-                pieces = [torch.empty_like(split) for _ in range(tp)]
-                dist.all_gather(pieces, split.contiguous(), group=group)
-                whole = torch.cat(pieces, dim=dim)
-                a, b = (a, whole) if layer.column else (whole, b)
-            out[f"{prefix}.lora_A.weight"] = a.to("cpu", copy=True)
-            out[f"{prefix}.lora_B.weight"] = b.to("cpu", copy=True)
+                if layer.column:  # a fused linear_fc1's ranks hold [gate_r; up_r]: gathered as its weight is
+                    b = gather(f"{layer.linear}.weight" if short == FUSED else short, b, 0, group, tp)
+                else:
+                    a = gather(short, a, 1, group, tp)
+            parts = layer.split_rows(b) if short == FUSED else {short: b}
+            for name, part in parts.items():  # a fused adapter: each projection gets its rows of B, and A
+                prefix = PEFT_PREFIX + hf_module(index, next(p for p in PROJECTIONS[layer.linear]
+                                                             if p.endswith(f".{name}")))
+                out[f"{prefix}.lora_A.weight"] = a.to("cpu", copy=True)
+                out[f"{prefix}.lora_B.weight"] = part.to("cpu", copy=True).contiguous()
     return out
 
 

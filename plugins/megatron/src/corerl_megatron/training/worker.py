@@ -98,7 +98,8 @@ class MegatronWorker(RankWorker):
             from corerl_megatron.training.lora import attach
 
             attach(model, self.config.core.policy.lora, self.layout.numbering, hf.num_hidden_layers,
-                   tp_rank=self.tp_rank, tp=self.tp, seed=self.config.core.algorithm.seed)
+                   tp_rank=self.tp_rank, tp=self.tp, seed=self.config.core.algorithm.seed,
+                   fused=self.settings.lora_type == "lora")
         ddp = DistributedDataParallelConfig(grad_reduce_in_fp32=True, overlap_grad_reduce=False,
                                             use_distributed_optimizer=False)
         self.model = DistributedDataParallel(self.mconfig, ddp, model)
