@@ -11,6 +11,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -227,8 +228,6 @@ def test_skyrls_sft_keys_choose_what_is_learned(tokenizer, tmp_path):
 def _runnable(data: DataConfig) -> DataConfig:
     """``data`` with the chat template on (a run decides it from the tokenizer), every row both
     trained and held out, drawn in file order."""
-    import attrs
-
     return attrs.evolve(data, apply_chat_template=True, held_out_files=data.train_files, shuffle=False)
 
 
@@ -310,3 +309,22 @@ def test_every_turn_needs_the_chat_template_and_one_rendering(tokenizer, tmp_pat
     # without the chat template the last turn is learned as a response column's text is
     plain = _task(tokenizer, train, apply_chat_template=False).demonstrations(1)[0]
     assert _words(tokenizer, plain[1]) == "3 <eos>"
+
+
+def test_a_dataset_folder_is_read_as_its_train_file(tokenizer, tmp_path):
+    """SkyRL's data scripts write a folder (prepare_apigen_mt.py: <dir>/train.parquet) and its SFT
+    scripts name the folder: corerl reads its one data file, or its train split's where it holds
+    several; a folder it cannot read as one file is refused naming what it holds."""
+    folder = tmp_path / "apigen"
+    folder.mkdir()
+    write_parquet(folder / "train.parquet", rows())
+    write_parquet(folder / "validation.parquet", rows()[:1])
+    data = _skyrl(tmp_path, f"train_datasets=\"['{folder}']\"", f"eval_datasets=\"['{folder}']\"",
+                  "train_on_what=all_assistant_messages").core.data
+    task = DatasetTask(TaskContext(tokenizer, 0, attrs.evolve(data, apply_chat_template=True, shuffle=False)))
+    assert len(task.train) == 4 and len(task.demonstrations(4)) == 4
+    write_parquet(folder / "train-extra.parquet", rows())
+    with pytest.raises(ConfigError) as refused:
+        check_rows(data, "dataset", None, None)
+    assert str(refused.value).startswith(f"data.train_files: data folder {folder} holds 2 data files (train-extra."
+                                         "parquet, train.parquet), and corerl reads one data file per folder")

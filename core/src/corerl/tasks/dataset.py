@@ -72,9 +72,35 @@ def render_prompt(tokenizer: Any, text: str, chat_template: bool, system_prompt:
 
 
 def as_list(value: str | list[str] | None) -> list[str]:
+    """Data file names (``data.train_files``, ``data.held_out_files``): one or a list, a folder
+    (a dataset written to a folder, as SkyRL's data scripts write theirs) replaced by the one data
+    file it holds, or by its train split's one (the file named with the word train) where it holds
+    several; a folder without one such file stays, for :func:`check_data_files` to refuse."""
     if value is None:
         return []
-    return [value] if isinstance(value, str) else list(value)
+    return [_folder_file(str(name)) for name in ([value] if isinstance(value, str) else value)]
+
+
+_TRAIN_SPLIT = re.compile(r"(^|[-_./])train([-_.]|$)")  # train.parquet, data/train-00000-of-00001.parquet
+_NOT_DATA = ("dataset_info.json", "state.json", "dataset_dict.json")  # a datasets save_to_disk folder's bookkeeping
+
+
+def _folder_data(path: Path) -> list[Path]:
+    """The JSONL/Parquet files in folder ``path`` (and below it): the train split's where some are
+    named so, else all of them."""
+    files = sorted(found for found in path.rglob("*") if found.is_file() and found.suffix.lower() in _BUILDERS
+                   and found.name not in _NOT_DATA
+                   and not any(part.startswith(".") for part in found.relative_to(path).parts))
+    train = [found for found in files if _TRAIN_SPLIT.search(found.relative_to(path).as_posix())]
+    return train or files
+
+
+def _folder_file(name: str) -> str:
+    path = Path(name)
+    if not path.is_dir():
+        return name
+    found = _folder_data(path)
+    return str(found[0]) if len(found) == 1 else name
 
 
 def _get(row: Mapping[str, Any], key: str) -> Any:
@@ -258,6 +284,13 @@ def check_data_files(files: list[str], key: str) -> set[str]:
     builders = set()
     for name in files:
         path = Path(name)
+        if path.is_dir():  # as_list left it: not one data file
+            found = [str(file.relative_to(path)) for file in _folder_data(path)]
+            held = f"{len(found)} data files ({', '.join(found[:4])}{', ...' if len(found) > 4 else ''})" if found \
+                else "no .jsonl or .parquet file"
+            raise ConfigError(f"data folder {name} holds {held}, and corerl reads one data file per folder", key=key,
+                              hint="give the data files themselves (a list)" if found
+                                   else "give the path of a .jsonl or .parquet file")
         if not path.is_file():
             raise ConfigError(f"data file {name} does not exist", key=key, hint="give the path of a .jsonl or .parquet file")
         builder = _BUILDERS.get(path.suffix.lower())
