@@ -19,7 +19,7 @@ import pytest
 from corerl import cli
 from corerl.config import load_config
 from corerl.config.schema import DataConfig
-from corerl.errors import ConfigError
+from corerl.errors import ConfigError, ConfigErrors
 from corerl.models.tiny import build_tokenizer
 from corerl.plugin_manager import PluginHost
 from corerl.tasks import TaskContext
@@ -328,3 +328,23 @@ def test_a_dataset_folder_is_read_as_its_train_file(tokenizer, tmp_path):
         check_rows(data, "dataset", None, None)
     assert str(refused.value).startswith(f"data.train_files: data folder {folder} holds 2 data files (train-extra."
                                          "parquet, train.parquet), and corerl reads one data file per folder")
+
+
+def test_sfts_token_budget_is_the_packed_micro_batchs(tmp_path):
+    """SkyRL's SFT reads max_tokens_per_microbatch as the bin capacity of its sequence packing
+    (the RL trainer's key of that name is dynamic batching's budget): corerl's packer budget."""
+    packed = _skyrl(tmp_path, "strategy=fsdp", "max_length=512", "use_sequence_packing=true",
+                    "max_tokens_per_microbatch=2048").core.policy
+    assert packed.sequence_packing.enabled and packed.sequence_packing.train_mb_tokens == 2048
+    assert not packed.dynamic_batching.enabled
+    default = _skyrl(tmp_path, "strategy=fsdp", "max_length=512", "use_sequence_packing=true",
+                     "max_tokens_per_microbatch=null").core.policy
+    assert default.sequence_packing.train_mb_tokens == 512  # SkyRL's null: max_length
+    unpacked = _skyrl(tmp_path, "strategy=fsdp", "max_length=512", "max_tokens_per_microbatch=2048").core.policy
+    assert not unpacked.sequence_packing.enabled and unpacked.sequence_packing.train_mb_tokens is None
+    assert not unpacked.dynamic_batching.enabled
+    with pytest.raises(ConfigErrors) as refused:
+        _skyrl(tmp_path, "strategy=fsdp", "max_length=512", "use_sequence_packing=true", "max_tokens_per_microbatch=256")
+    (error,) = refused.value.errors
+    assert error.one_line().startswith("max_tokens_per_microbatch: 256 is not a packed micro-batch's token budget: a "
+                                       "count of at least max_length (512), as SkyRL requires"), error.one_line()

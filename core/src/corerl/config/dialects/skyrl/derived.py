@@ -491,6 +491,7 @@ def derive_sft(raw: dict[str, Any], out: Translator) -> None:
     _eval_splits(keys, out)
     _mixture(keys, out)
     _full_context(keys, out)
+    _packing_budget(keys, out)
     _output_dir(keys, out, "ckpt_path")
     if keys.given("num_epochs"):
         out.inert("num_epochs", "num_steps is given" if keys.given("num_steps") else
@@ -524,6 +525,30 @@ def _conversation_keys(keys: _Keys, out: Translator) -> None:
         if not keys.given(source):
             set_at(out.tree, target, default)
             out.new_origins[target] = f"SkyRL's default of {source} ({default})"
+
+
+def _packing_budget(keys: _Keys, out: Translator) -> None:
+    """SFT's ``max_tokens_per_microbatch``: the token budget of a packed micro-batch (SkyRL's bin
+    capacity, at least ``max_length``; null: ``max_length``), read only with ``use_sequence_packing``
+    (the RL trainer's key of that name is dynamic batching's budget, not this)."""
+    if not keys.given("max_tokens_per_microbatch"):
+        return
+    budget, length = keys("max_tokens_per_microbatch"), keys("max_length")
+    if not keys("use_sequence_packing"):
+        out.inert("max_tokens_per_microbatch", "used only with use_sequence_packing (a packed micro-batch's tokens)")
+    elif budget is None:
+        if isinstance(length, int):
+            out.put("max_tokens_per_microbatch", "policy.sequence_packing.train_mb_tokens", length,
+                    "policy.sequence_packing.train_mb_tokens (null: max_length)")
+        else:
+            out.inert("max_tokens_per_microbatch", "null: corerl's packer sizes the micro-batches")
+    elif not isinstance(budget, int) or isinstance(budget, bool) or budget <= 0 or (
+            isinstance(length, int) and budget < length):
+        out.refuse("max_tokens_per_microbatch", f"{budget!r} is not a packed micro-batch's token budget: a count of at "
+                                                f"least max_length ({length}), as SkyRL requires",
+                   "give max_tokens_per_microbatch a count of at least max_length, or remove it")
+    else:
+        out.put("max_tokens_per_microbatch", "policy.sequence_packing.train_mb_tokens", budget)
 
 
 def _full_context(keys: _Keys, out: Translator) -> None:

@@ -18,8 +18,7 @@ ALIASES: dict[str, str] = {
         "record_memory", "torch_profiler_config")},
     **{key: f"trainer.{key}" for key in (
         "seed", "logger", "project_name", "run_name", "tags", "ckpt_path", "max_ckpts_to_keep", "hf_save_interval",
-        "export_path", "enable_ray_gpu_monitor", "micro_train_batch_size_per_gpu", "max_training_steps",
-        "max_tokens_per_microbatch")},
+        "export_path", "enable_ray_gpu_monitor", "micro_train_batch_size_per_gpu", "max_training_steps")},
 }
 
 RULES: dict[str, Rule] = {
@@ -71,6 +70,9 @@ RULES: dict[str, Rule] = {
     "disable_cache": inert("corerl caches the tokenized rows in its own cache"),
     "remove_microbatch_padding": inert("memory and speed only: corerl pads a micro-batch's rows"),
     "use_sequence_packing": acts("policy.sequence_packing.enabled"),
+    "max_tokens_per_microbatch": derived("with use_sequence_packing: policy.sequence_packing.train_mb_tokens (the "
+                                         "tokens of each packed micro-batch; null: max_length); without it unused, "
+                                         "as in SkyRL's SFT (not the RL trainer's dynamic batching)"),
     "dummy_run_full_ctx": derived("true: data.full_context (every batch made-up sequences of max_length tokens, a "
                                   "memory check), dummy_run_max_steps steps"),
     "dummy_run_max_steps": derived("with dummy_run_full_ctx: algorithm.max_steps (num_steps is not used); else "
