@@ -13,8 +13,10 @@ import numbers
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import attrs
 import torch
 
+from corerl.environments.rollout import StepWiseSample
 from corerl.errors import argument_error
 from corerl.generation.contract import Sample, images_of
 from corerl.generation.seeds import step_seed as step_seed  # re-exported (it lives below both)
@@ -45,6 +47,34 @@ def samples_to_batch(groups: Sequence[Sequence[Sample]], advantages: torch.Tenso
             "advantages": adv, "gen_logprobs": gen_logprobs, **image_fields([s.images for s in samples])}
 
 
+def step_rows(groups: Sequence[Sequence[Sample]],
+              advantages: torch.Tensor) -> tuple[list[list[Sample]], torch.Tensor, list[int]]:
+    """Step-wise trajectories (``algorithm.step_wise_trajectories``): each episode (a
+    :class:`~corerl.environments.rollout.StepWiseSample`) replaced by its turns' rows, every row
+    taking its episode's advantage (``advantages``: one per sample, in group order); a sample
+    without steps stays one row. Returns the rows (grouped as the samples were), one advantage per
+    row and each sample's number of rows. An episode whose own completion mask is all zero
+    (overlong filtering) leaves all its rows out of the loss."""
+    values = advantages.reshape(-1)
+    rows: list[list[Sample]] = []
+    counts: list[int] = []
+    expanded: list[torch.Tensor] = []
+    index = 0
+    for group in groups:
+        out: list[Sample] = []
+        for sample in group:
+            stepped = isinstance(sample, StepWiseSample) and bool(sample.steps)
+            steps = list(sample.steps) if stepped else [sample]
+            if stepped and sample.completion_mask is not None and not any(sample.completion_mask):
+                steps = [attrs.evolve(s, completion_mask=(0,) * len(s.completion_ids)) for s in steps]
+            out.extend(steps)
+            counts.append(len(steps))
+            expanded.append(values[index].expand(len(steps)))
+            index += 1
+        rows.append(out)
+    return rows, torch.cat(expanded) if expanded else values[:0], counts
+
+
 def minibatches(batch: dict[str, torch.Tensor], rows: int | None,
                 weights: Callable[[torch.Tensor], torch.Tensor | None] | None = None) -> list[dict[str, torch.Tensor]]:
     """``batch`` cut into consecutive mini-batches of ``rows`` rows (one optimizer step each);
@@ -56,6 +86,35 @@ def minibatches(batch: dict[str, torch.Tensor], rows: int | None,
         parts = [batch]
     else:
         parts = [{key: value[start : start + rows] for key, value in batch.items()} for start in range(0, total, rows)]
+    return _weighted(parts, weights)
+
+
+def step_minibatches(batch: dict[str, torch.Tensor], counts: Sequence[int], episodes: int | None,
+                     weights: Callable[[torch.Tensor], torch.Tensor | None] | None = None) -> list[dict[str, torch.Tensor]]:
+    """:func:`minibatches` for step-wise rows: each optimizer step takes the rows of ``episodes``
+    consecutive episodes (``counts``: each episode's rows, as :func:`step_rows` gives them), so
+    the number of optimizer steps does not depend on how many turns the episodes played; ``None``:
+    the whole batch. ``episodes`` must divide the episodes."""
+    total = _check_minibatches(batch, None, weights)
+    if sum(counts) != total:
+        raise argument_error("step_minibatches", f"counts add up to {sum(counts)} rows, and the batch has {total}",
+                             internal=ValueError, hint="pass the counts step_rows returned with the rows")
+    if episodes is None or episodes >= len(counts):
+        return _weighted([batch], weights)
+    if len(counts) % episodes:
+        raise argument_error("step_minibatches", f"{episodes} episodes per optimizer step do not divide the step's "
+                                                 f"{len(counts)} episodes", internal=ValueError,
+                             hint="make the optimizer batch a divisor of the step's episodes")
+    bounds = [0]
+    for start in range(0, len(counts), episodes):
+        bounds.append(bounds[-1] + sum(counts[start : start + episodes]))
+    parts = [{key: value[a:b] for key, value in batch.items()} for a, b in zip(bounds, bounds[1:])]
+    return _weighted(parts, weights)
+
+
+def _weighted(parts: list[dict[str, torch.Tensor]],
+              weights: Callable[[torch.Tensor], torch.Tensor | None] | None) -> list[dict[str, torch.Tensor]]:
+    """Each part with the ``aggregation_weights`` of its own loss mask, where ``weights`` gives any."""
     if weights is None:
         return parts
     weighted = [(part, weights(part["loss_mask"])) for part in parts]

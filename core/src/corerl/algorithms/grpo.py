@@ -18,7 +18,14 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import torch
 
-from corerl.algorithms.batches import RewardFn, minibatches, samples_to_batch, step_seed
+from corerl.algorithms.batches import (
+    RewardFn,
+    minibatches,
+    samples_to_batch,
+    step_minibatches,
+    step_rows,
+    step_seed,
+)
 from corerl.algorithms.contract import AlgorithmBase
 from corerl.algorithms.grpo_math import (
     GRPOLoss,
@@ -30,7 +37,8 @@ from corerl.algorithms.grpo_math import (
     step_gap_metrics,
 )
 from corerl.algorithms.reward_shaping import RolloutShaping, dynamically_sampled
-from corerl.environments.rollout import Rollout, SingleTurnRollout
+from corerl.environments.rollout import Rollout, SingleTurnRollout, StepWiseSample, step_wise
+from corerl.errors import ConfigError
 from corerl.generation.contract import SamplingSettings
 from corerl.offload import NoOffload, PhaseOffload, ReferenceOffload
 from corerl.training.weights import send_weights
@@ -128,13 +136,21 @@ class GRPO:
         advantages = advantages_for(self.advantage_estimator, rewards, scale_by_std=self.scale_rewards_by_std,
                                     leave_one_out=self.leave_one_out_baseline, minus_baseline=self.minus_baseline,
                                     normalise=self.scale_rewards_by_std and not kl_in_reward)
-        batch = samples_to_batch(groups, advantages)
+        # step-wise trajectories: each episode's turns are rows of their own, with its advantage
+        stepped = any(isinstance(s, StepWiseSample) for group in groups for s in group)
+        if stepped and kl_in_reward:
+            raise ConfigError("takes each sequence's KL from its reward, and step-wise trajectories train an "
+                              "episode's turns as rows of their own", key="algorithm.use_kl_in_reward",
+                              hint="remove it, or set algorithm.step_wise_trajectories=false")
+        rows_of, row_advantages, counts = step_rows(groups, advantages) if stepped else (groups, advantages, [])
+        batch = samples_to_batch(rows_of, row_advantages)
 
         start = time.perf_counter()
         offload.before_training()
         mask = batch["loss_mask"].bool()
         rows, per_update = int(batch["input_ids"].shape[0]), self.optimizer_batch_size
-        several_updates = self.optimization_passes > 1 or (per_update is not None and per_update < rows)
+        sequences = len(counts) if stepped else rows  # what optimizer_batch_size counts: episodes or samples
+        several_updates = self.optimization_passes > 1 or (per_update is not None and per_update < sequences)
         off_policy = None
         # later updates, the IS weights and a KL in the reward need the training policy's logprobs
         if several_updates or self.loss.corrects_importance or kl_in_reward:
@@ -162,7 +178,9 @@ class GRPO:
 
         start = time.perf_counter()
         # cut once the batch holds every column the loss reads
-        parts = minibatches(batch, per_update, weights=self.loss.aggregation_weights)
+        weights = self.loss.aggregation_weights
+        parts = (step_minibatches(batch, counts, per_update, weights=weights) if stepped
+                 else minibatches(batch, per_update, weights=weights))
         results = [self.training.train_step(part, self.loss) for _ in range(self.optimization_passes) for part in parts]
         timings["time/training"] = time.perf_counter() - start
 
@@ -183,6 +201,8 @@ class GRPO:
             gap = off_policy
         loss_metrics = {k: float(v) for k, v in last.metrics.items()
                         if not k.startswith(("logprob_mismatch/", "importance_ratio/"))}
+        if stepped:
+            loss_metrics["step_wise/rows"] = float(rows)
         return {
             "optimizer_step": float(last.step),
             "reward/mean": float(rewards.mean()),
@@ -229,9 +249,20 @@ class GRPOAlgorithm(AlgorithmBase):
                          optimization_passes=algorithm.optimization_passes,
                          optimizer_batch_size=algorithm.optimizer_batch_size, reference=reference,
                          steps_done=self.done, offload=context.offload, reference_offload=reference_offload,
-                         rollout=context.training_rollout(), shaping=RolloutShaping.from_config(context.config))
+                         rollout=self.training_rollout(), shaping=RolloutShaping.from_config(context.config))
         if self.asynchronous is not None:
             self.asynchronous.begin(self.grpo)
+
+    def training_rollout(self) -> Any:
+        """The run's training rollout; with ``algorithm.step_wise_trajectories``, playing step-wise
+        (each turn a row of its own: :func:`corerl.environments.rollout.step_wise`)."""
+        from corerl.algorithms.step_wise import check_step_wise
+
+        rollout = self.context.training_rollout()
+        if not self.context.config.core.algorithm.step_wise_trajectories:
+            return rollout
+        check_step_wise(self.context.config)
+        return step_wise(rollout)
 
     @property
     def asynchronous(self) -> Any:

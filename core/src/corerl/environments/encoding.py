@@ -14,6 +14,11 @@ A vision-language policy's observation may show images: messages whose content h
 ``{"type": "image", "image": ...}`` beside ``{"type": "text", "text": ...}`` (an image as PIL,
 bytes, base64 or a path). Each image part becomes the model's image placeholder, expanded per
 merged patch, and the image joins the episode's (:meth:`ObservationEncoder.encode_with_images`).
+
+Step-wise trajectories (``algorithm.step_wise_trajectories``) append nothing: each later turn's
+prompt is the whole conversation rendered anew (:meth:`ObservationEncoder.conversation_text`),
+so a template that rewrites earlier turns (Qwen3 drops their ``<think>`` blocks) is rendered as
+the model would see it in use.
 """
 
 from __future__ import annotations
@@ -75,6 +80,23 @@ class ObservationEncoder:
                              "observation cannot be appended to the model's tokens")
         closing = self.after_stop if ended_with_stop else self.end_of_turn + self.after_stop
         return closing + full[len(base):]
+
+    def conversation_text(self, history: Sequence[Message]) -> str:
+        """Step-wise trajectories: the text that follows the prompt in the conversation the chat
+        template renders for the model's next turn, ``history`` being everything after the prompt
+        (the model's turns as assistant messages, the observations' messages). The template renders
+        the stand-in question followed by ``history`` with the generation prompt, and the part after
+        the stand-in question's own rendering (generation prompt included) is kept, so the prompt's
+        tokens stay as the task rendered them. Earlier turns come out as the template writes them
+        now (Qwen3 drops their ``<think>`` blocks): no extension property is needed, only that the
+        template starts the conversation with the prompt as it renders the prompt alone."""
+        start = self._render(self.conversation[:1], prompt=True)
+        full = self._render([*self.conversation[:1], *[dict(m) for m in history]], prompt=True)
+        if not full.startswith(start):
+            raise ValueError("the chat template does not start a conversation with its first message as it renders "
+                             "that message alone (with the generation prompt), so a later turn's prompt cannot "
+                             "follow the prompt's tokens")
+        return full[len(start):]
 
     def encode(self, observation: str | Sequence[Message], ended_with_stop: bool = True) -> list[int]:
         """Token ids of :meth:`text_of` (no special tokens added)."""

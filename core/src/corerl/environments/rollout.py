@@ -16,6 +16,17 @@ one-turn environment reproduces the single-turn path sample for sample.
 An observation whose encoding lost text (words the tokenizer does not know) is said once per
 environment and counted, with the step's prompts a task found lossy, in the rollout's
 ``encoding/lost_text`` metric (:mod:`corerl.reporting.lost_text`).
+
+Step-wise trajectories (``algorithm.step_wise_trajectories``, :func:`step_wise`): each turn's
+context is the conversation as the chat template renders it at that turn (the prompt's tokens,
+then the model's earlier turns as decoded text and the observations' messages, rendered anew:
+:meth:`~corerl.environments.encoding.ObservationEncoder.conversation_text`), and each turn becomes
+a row of its own: that context as the prompt, the turn's sampled tokens as the completion. An
+episode is then a :class:`StepWiseSample`: its last row, holding every row in ``steps``. A
+template that does not render a conversation as an extension of its start (Qwen3 drops earlier
+turns' ``<think>`` blocks) is played as it renders. Observations given as text, or without a chat
+template, are appended after the model's tokens as in the one-sequence form (from then on the
+episode's contexts grow by appending).
 """
 
 from __future__ import annotations
@@ -30,7 +41,7 @@ from typing import Any
 import attrs
 
 from corerl.environments.contract import STOP_REASONS, EpisodeView
-from corerl.errors import RunError
+from corerl.errors import ConfigError, RunError
 from corerl.generation.contract import Images, Sample, SamplingSettings, images_of, with_images
 from corerl.progress_markers import mark
 from corerl.reporting.lost_text import METRIC as LOST_TEXT
@@ -66,9 +77,21 @@ class SingleTurnRollout:
         return Rollout(groups, rewards, {LOST_TEXT: float(prompts_lost(self.tokenizer, prompts))})
 
 
+@attrs.frozen(kw_only=True)
+class StepWiseSample(Sample):
+    """An episode of step-wise trajectories (``algorithm.step_wise_trajectories``): its last turn's
+    row, with every turn's row in ``steps`` (turn order). A row is a :class:`Sample` whose prompt is
+    the conversation the model was given at that turn and whose completion is that turn's tokens
+    (all the model's). Training expands the episode into its rows
+    (:func:`corerl.algorithms.batches.step_rows`); an all-zero ``completion_mask`` on the episode
+    (overlong filtering) leaves every row out."""
+
+    steps: tuple[Sample, ...] = ()
+
+
 @attrs.define
 class PlayedEpisode:
-    """One episode while it is played."""
+    """One episode while it is played (``step_wise``: as rows of its turns, :class:`StepWiseSample`)."""
 
     prompt: list[int]
     row: Any
@@ -87,17 +110,45 @@ class PlayedEpisode:
     tool_failures: int = 0
     lost_text: int = 0  # observations whose encoding lost text
     images: Images | None = None  # the prompt's images, then each observation's, in token order
+    step_wise: bool = False
+    turn_prompt: list[int] | None = None  # step-wise: the context of the turn to come (None: the prompt)
+    history: list[dict[str, Any]] = attrs.field(factory=list)  # step-wise: the messages after the prompt
+    appending: bool = False  # step-wise: a text observation came, so later contexts grow by appending
+    rows: list[Sample] = attrs.field(factory=list)  # step-wise: one per turn
 
     @property
     def length(self) -> int:
+        """The tokens of the context the next turn continues (the turn in progress included)."""
+        if self.step_wise:
+            return len(self.current)
         return len(self.prompt) + len(self.ids)
 
+    @property
+    def current(self) -> list[int]:
+        """Step-wise: the context of the turn to come, or of the last turn played once it is in."""
+        return self.prompt if self.turn_prompt is None else self.turn_prompt
+
     def add_turn(self, sample: Sample, text: str) -> None:
+        if self.step_wise:
+            self.add_step(sample, text)
+            return
         self.ids += sample.completion_ids
         self.mask += [1] * len(sample.completion_ids)
         self.logprobs += sample.logprobs
         self.versions += sample.versions or [0] * len(sample.completion_ids)
         self.responses.append(text)
+        self.finish = sample.finish_reason
+
+    def add_step(self, sample: Sample, text: str) -> None:
+        """Step-wise: the turn as a row of its own (the context it was sampled from, its tokens)."""
+        versions = sample.versions or (0,) * len(sample.completion_ids)
+        self.rows.append(Sample(prompt_ids=tuple(self.current), completion_ids=tuple(sample.completion_ids),
+                                logprobs=tuple(sample.logprobs), finish_reason=sample.finish_reason,
+                                versions=tuple(versions) if any(versions) else None, images=self.images))
+        self.ids += sample.completion_ids  # the model's tokens, for the metrics
+        self.versions += list(versions)
+        self.responses.append(text)
+        self.history.append({"role": "assistant", "content": text})
         self.finish = sample.finish_reason
 
     def add_observation(self, ids: list[int]) -> None:
@@ -107,6 +158,11 @@ class PlayedEpisode:
         self.versions += [self.versions[-1] if self.versions else 0] * len(ids)  # not the model's: masked out
 
     def sample(self) -> Sample:
+        if self.step_wise:
+            last = self.rows[-1]
+            return StepWiseSample(prompt_ids=last.prompt_ids, completion_ids=last.completion_ids,
+                                  logprobs=last.logprobs, finish_reason="stop" if self.finish == "stop" else "length",
+                                  versions=last.versions, images=last.images, steps=tuple(self.rows))
         return Sample(prompt_ids=tuple(self.prompt), completion_ids=tuple(self.ids), logprobs=tuple(self.logprobs),
                       finish_reason="stop" if self.finish == "stop" else "length", completion_mask=tuple(self.mask),
                       versions=tuple(self.versions) if self.stamped else None, images=self.images)
@@ -115,6 +171,8 @@ class PlayedEpisode:
     def context(self) -> list[int]:
         """What the model reads for its next turn: the prompt and everything after it, with every
         image so far."""
+        if self.step_wise:
+            return with_images(list(self.current), self.images)
         return with_images(self.prompt + self.ids, self.images)
 
     @property
@@ -168,19 +226,22 @@ class MultiTurnRollout:
     """Episodes against an environment ``pool`` (:mod:`corerl.environments.pool`), named
     ``env_name`` in errors; ``encoder`` turns observations into tokens, ``tokenizer`` decodes
     the model's turns for the environment. ``max_failure_share``: the run stops when more of a
-    step's episodes than this share end by an environment fault."""
+    step's episodes than this share end by an environment fault. ``step_wise``: each turn is
+    played from the conversation rendered anew and kept as a row of its own (:class:`StepWiseSample`)."""
 
     def __init__(self, generation: Any, pool: Any, encoder: Any, tokenizer: Any, env_name: str,
-                 max_turns: int | None = None, max_failure_share: float = 1.0) -> None:
+                 max_turns: int | None = None, max_failure_share: float = 1.0, step_wise: bool = False) -> None:
         self.generation, self.pool, self.encoder, self.tokenizer = generation, pool, encoder, tokenizer
         self.env_name, self.max_turns, self.max_failure_share = env_name, max_turns, max_failure_share
+        self.step_wise = step_wise
         self.calls = 0  # rollouts played by this object (the progress markers name them)
         self.answered: dict[Future, float] = {}  # when each pending step's answer came
 
     def run(self, prompts: Sequence[Sequence[int]], items: Sequence[Any], sampling: SamplingSettings,
             n: int, max_seq_length: int) -> Rollout:
         """``n`` episodes per prompt, each at most ``max_seq_length`` tokens long."""
-        episodes = [[PlayedEpisode(list(p), clean_row(item), row_label(item), images=images_of(p)) for _ in range(n)]
+        episodes = [[PlayedEpisode(list(p), clean_row(item), row_label(item), images=images_of(p),
+                                   step_wise=self.step_wise) for _ in range(n)]
                     for p, item in zip(prompts, items, strict=True)]
         flat = [e for group in episodes for e in group]
         seconds_before = self.pool.seconds
@@ -267,6 +328,9 @@ class MultiTurnRollout:
             episode.stop = "max_turns"
         elif result.observation is None:
             episode.stop, episode.cause, episode.reward = "env_malformed", "not done, but no observation", 0.0
+        elif episode.step_wise and not (episode.appending or isinstance(result.observation, str)
+                                        or not self.encoder.has_template):
+            return self._render_turn(episode, result.observation, max_seq_length)
         else:
             try:
                 observation, text, shown = self.encoder.encode_with_images(
@@ -276,13 +340,60 @@ class MultiTurnRollout:
                 return False
             if check_observation(self.tokenizer, f"environment {self.env_name!r}", text, observation):
                 episode.lost_text += 1
-            if episode.length + len(observation) >= max_seq_length:
+            # step-wise: the next context is this turn's, its tokens and the observation appended
+            before = [*episode.current, *episode.rows[-1].completion_ids] if episode.step_wise else None
+            if (episode.length if before is None else len(before)) + len(observation) >= max_seq_length:
                 episode.stop = "max_tokens"  # no room for the observation and one more token
             else:
-                episode.add_observation(observation)
+                if before is None:
+                    episode.add_observation(observation)
+                else:
+                    episode.turn_prompt, episode.appending = before + observation, True
                 episode.images = shown if episode.images is None else episode.images + shown
                 return True
         return False
+
+    def _render_turn(self, episode: PlayedEpisode, observation: Sequence[Any], max_seq_length: int) -> bool:
+        """Step-wise: the next turn's context, the whole conversation rendered anew with the
+        observation's messages; whether the episode goes on."""
+        messages = [dict(m) for m in observation]
+        if any(isinstance(m.get("content"), list) for m in messages):
+            episode.stop, episode.reward = "env_malformed", 0.0
+            episode.cause = "step-wise trajectories render observations as text, and this one has content parts"
+            return False
+        history = [*episode.history, *messages]
+        try:
+            text = self.encoder.conversation_text(history)
+        except ValueError as error:
+            episode.stop, episode.cause, episode.reward = "env_malformed", str(error), 0.0
+            return False
+        ids = self.encoder.encode_text(text)
+        if check_observation(self.tokenizer, f"environment {self.env_name!r}", text, ids):
+            episode.lost_text += 1
+        context = [*episode.prompt, *ids]
+        if len(context) >= max_seq_length:
+            episode.stop = "max_tokens"  # no room for the conversation and one more token
+            return False
+        episode.history, episode.turn_prompt = history, context
+        return True
+
+
+def step_wise(rollout: Any) -> Any:
+    """``rollout`` playing step-wise trajectories (``algorithm.step_wise_trajectories``): a
+    :class:`MultiTurnRollout` turned to it; a single-turn rollout as it is (an episode of one turn
+    is its one row); any other refused in one line."""
+    if isinstance(rollout, MultiTurnRollout):
+        rollout.step_wise = True
+        return rollout
+    from corerl.environments.model_rewards import ModelScoredRollout
+
+    if isinstance(rollout, SingleTurnRollout) or (isinstance(rollout, ModelScoredRollout)
+                                                  and isinstance(rollout.inner, SingleTurnRollout)):
+        return rollout
+    raise ConfigError(f"step-wise trajectories are built into corerl's environment rollout (an environment that "
+                      f"answers each turn), not into {type(rollout).__name__}",
+                      key="algorithm.step_wise_trajectories",
+                      hint="set it to false (an agent harness's episodes train as one sequence each)")
 
 
 def _cut(sample: Sample, room: int) -> Sample:
