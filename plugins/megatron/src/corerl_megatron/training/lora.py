@@ -5,10 +5,13 @@ backend does not depend on), and PEFT wraps ``torch.nn.Linear`` modules, which m
 ``ColumnParallelLinear`` / ``RowParallelLinear`` are not (they take and return tensor-parallel
 shards, and return ``(output, bias)``).
 
-Each adapted linear layer gets a child module ``lora`` holding one adapter per Hugging Face
-projection it computes (:data:`corerl_megatron.lora_targets.PROJECTIONS`: ``linear_qkv`` holds q, k
-and v, ``linear_fc1`` gate and up), so the adapters are exactly PEFT's on the Hugging Face model:
-each adds ``scale * B(A(dropout(x)))`` to its projection's output rows, ``scale = alpha / r``,
+Each adapted linear layer gets a child module ``lora`` holding its adapters, as
+``policy.megatron_cfg.lora_type`` says: ``canonical_lora`` (the default), one adapter per Hugging
+Face projection the layer computes (:data:`corerl_megatron.lora_targets.PROJECTIONS`: ``linear_qkv``
+holds q, k and v, ``linear_fc1`` gate and up), exactly PEFT's adapters on the Hugging Face model; or
+``lora`` (Megatron-Bridge's LoRA, SkyRL's and NeMo RL's megatron default), one adapter over the whole
+layer's rows, which as PEFT adapters is q, k and v (gate and up) sharing one A, B's rows split between
+them. Each adds ``scale * B(A(dropout(x)))`` to its output rows, ``scale = alpha / r``,
 A initialised as ``policy.lora.lora_A_init`` says (from a generator seeded per layer, so every
 tensor-parallel layout starts from the same adapter), B zero. A forward hook adds it to the
 layer's output; the layer and its parameter names are untouched (the base weights stay where the
@@ -18,7 +21,7 @@ Tensor parallelism, as megatron splits the base layer:
 
 - column-parallel (``linear_qkv``, ``linear_fc1``; input whole, output rows split): A whole on
   every rank; B split like the projection's rows (each rank the rows of its query groups, or its
-  slice of gate and of up). ``A x`` goes through megatron's copy-to-tensor-parallel region
+  slice of gate and of up; a fused B as the layer's weight is). ``A x`` goes through megatron's copy-to-tensor-parallel region
   (identity forward, all-reduce backward), so A's gradient and the input's gradient sum every
   rank's rows, as the base layer's input gradient does;
 - row-parallel (``linear_proj``, ``linear_fc2``; input split): A split like the input columns,
