@@ -165,9 +165,10 @@ def test_what_corerl_cannot_play_ends_the_episode_in_one_line(registered):
 
 
 @pytest.mark.parametrize(("overrides", "key", "says"), [
-    (["env.skyrl_gym.env_class=lcb"], "env.skyrl_gym.env_class", "'lcb' runs the model's code"),
+    (["env.skyrl_gym.env_class=searchcode"], "env.skyrl_gym.env_class", "'searchcode' runs the model's <python> tool "
+                                                                         "calls in a plain Python process"),
     (["env.skyrl_gym.register.mine=nowhere_at_all:Env"], "env.skyrl_gym.register.mine", "cannot import 'nowhere_at_all'"),
-], ids=["lcb-unsandboxed", "register-import"])
+], ids=["searchcode-unsandboxed", "register-import"])
 def test_validation_refuses_an_environment_whose_needs_are_missing(corerl_host, tmp_path, overrides, key, says):
     recipe = write_recipe(tmp_path / "recipe.yaml", RECIPE)
     with pytest.raises(ConfigErrors) as refused:

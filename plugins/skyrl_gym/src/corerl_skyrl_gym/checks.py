@@ -1,7 +1,8 @@
 """``corerl validate`` (and a run's start) refuse, in one line each, a ``skyrl_gym`` recipe whose
-environments cannot play: an id skyrl-gym does not have, an entry point that does not import, and
-the classes that run the model's code unsandboxed without the opt-in (:func:`check_skyrl_gym`, the
-registration's ``check_supported``). What a class needs from this machine (text2sql's database
+environments cannot play: an id skyrl-gym does not have, an entry point that does not import,
+``lcb`` where no sandbox ``env.skyrl_gym.isolation`` names can run (as corerl's ``code``
+environment is refused), and ``searchcode``, which runs the model's code unsandboxed, without the
+opt-in (:func:`check_skyrl_gym`, the registration's ``check_supported``). What a class needs from this machine (text2sql's database
 folder, search's retrieval server) is checked with the run's other inputs, its model and data
 files (:func:`check_skyrl_gym_inputs`, the registration's ``check_inputs``): ``corerl validate
 --recipe-only`` judges the recipe without them. The classes checked are ``env.skyrl_gym.env_class``
@@ -17,6 +18,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 from corerl.sdk import ConfigError, ConfigErrors
+from corerl_skyrl_gym.sandboxed import SANDBOXED, sandbox_runner
 
 SECTION = "env.skyrl_gym"
 #: classes whose environments run the model's code in a plain Python process (no sandbox)
@@ -106,7 +108,12 @@ def _check_class(env_class: str, key: str, settings: Any) -> list[ConfigError]:
         return [ConfigError(f"skyrl-gym has no environment {env_class!r} (registered: {', '.join(known)})", key=key,
                             hint=hint + f"or register yours: {SECTION}.register.{env_class}=module:Class")]
     errors = []
-    if env_class in RUNS_MODEL_CODE and not settings.allow_unsandboxed_code:
+    if env_class in SANDBOXED and not settings.allow_unsandboxed_code:
+        try:
+            sandbox_runner(settings.isolation)
+        except ConfigError as error:  # no sandbox: refused in one line at env.skyrl_gym.isolation
+            errors.append(error)
+    elif env_class in RUNS_MODEL_CODE and not settings.allow_unsandboxed_code:
         errors.append(ConfigError(
             f"skyrl-gym environment {env_class!r} {RUNS_MODEL_CODE[env_class]} in a plain Python process on this "
             "machine, with no sandbox", key=key,

@@ -14,6 +14,9 @@ environment for one trajectory, ``init(prompt)`` returns the conversation the mo
   ``env.skyrl_gym.env_class``;
 - ``init`` gets the row's prompt messages; corerl has already rendered the prompt from the row, so
   an environment whose ``init`` changes the conversation is refused (a one-line episode error);
+- skyrl-gym's ``lcb`` runs the model's code against the row's tests: unless
+  ``env.skyrl_gym.allow_unsandboxed_code``, its step is swapped for one that runs them in corerl's
+  sandbox (:mod:`corerl_skyrl_gym.sandboxed`), with skyrl-gym's own grading functions;
 - each ``step`` answer is a :class:`Turn`: its observations as chat messages (rendered with the
   chat template after the model's turn), its reward (corerl adds an episode's turns up), its done
   (and ``close()`` then). With ``env.skyrl_gym.conversation_format`` false (SkyRL's
@@ -37,6 +40,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from corerl.sdk import EnvironmentContext, EpisodeView, Turn
+from corerl_skyrl_gym.sandboxed import SANDBOXED, LCBScorer, SandboxedLCB, sandbox_runner
 
 #: the row column naming an episode's environment class (SkyRL's data.env_class_key default)
 ENV_CLASS_COLUMN = "env_class"
@@ -119,6 +123,10 @@ class SkyRLGymEnvironment:
         self.conversation_format = settings.conversation_format
         self.overrides = dict(settings.env_config)
         self.prompt_key = getattr(context.data, "prompt_key", None) or "prompt"
+        #: lcb's tests run in corerl's sandbox unless allow_unsandboxed_code (the runner made on first use)
+        self.sandboxed = not settings.allow_unsandboxed_code
+        self.isolation, self.sandbox_memory_mb = settings.isolation, settings.sandbox_memory_mb
+        self.scorer: Any = None
         register_extra(settings.register)
 
     def make(self, row: Any) -> Any:
@@ -137,6 +145,7 @@ class SkyRLGymEnvironment:
         except AssertionError as error:  # skyrl-gym's environments check the row with assert
             raise ValueError(f"skyrl-gym environment {env_class!r} refuses the row: {error or 'an assertion failed'} "
                              f"(columns: {', '.join(sorted(extras))})") from None
+        env = self.contained(env_class, env)
         prompt = self.prompt_of(row)
         started, _ = env.init(copy.deepcopy(prompt))
         if plain(started) != prompt:
@@ -144,6 +153,20 @@ class SkyRLGymEnvironment:
                              f"message(s) in, {len(started)} out); corerl renders the prompt from the row's "
                              f"{self.prompt_key!r} column, so write what init() adds into the data")
         return env
+
+    def contained(self, env_class: str, env: Any) -> Any:
+        """``env``, its code-running step swapped for one that runs in corerl's sandbox where it is
+        skyrl-gym's ``lcb`` (and ``allow_unsandboxed_code`` is unset): :mod:`corerl_skyrl_gym.sandboxed`."""
+        if not self.sandboxed or env_class not in SANDBOXED:
+            return env
+        from skyrl_gym.envs.lcb.env import LCBEnv
+
+        if not isinstance(env, LCBEnv):  # the registry's lcb is skyrl-gym's (checks refuse another)
+            raise ValueError(f"skyrl-gym environment {env_class!r} is {type(env).__name__}, not skyrl-gym's LCBEnv, "
+                             "whose tests corerl knows how to run in its sandbox")
+        if self.scorer is None:
+            self.scorer = LCBScorer(sandbox_runner(self.isolation), self.sandbox_memory_mb)
+        return SandboxedLCB(env, self.scorer)
 
     def prompt_of(self, row: Mapping[str, Any]) -> list[dict[str, Any]]:
         """The row's prompt as chat messages (text as one user message; none: no messages)."""

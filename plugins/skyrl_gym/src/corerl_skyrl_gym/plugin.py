@@ -36,8 +36,16 @@ class SkyRLGymSettings(EnvironmentSettings):
                    "as they are (no template markers), are appended as text to the model's running response, one "
                    "assistant message for the whole episode (the environment's tokens out of the loss either way)")
     allow_unsandboxed_code: bool = setting(
-        False, help="lcb and searchcode run the model's code in a plain Python process on this machine, with no "
-                    "sandbox: true accepts that; false refuses them")
+        False, help="true: lcb and searchcode run the model's code as skyrl-gym runs it, in a plain Python process on "
+                    "this machine with no sandbox; false: lcb runs its tests in the sandbox env.skyrl_gym.isolation "
+                    "names, and searchcode (which has none here) is refused")
+    isolation: str = setting(
+        "auto", help="the sandbox lcb's tests run in (corerl plugins lists them), as env.code.isolation names it: auto, "
+                     "the best contained one available (namespaces), else a recipe playing lcb is refused; audit only "
+                     "when named (not a security boundary: docs/security.md)")
+    sandbox_memory_mb: int = setting(
+        4096, min=64, help="address-space limit (RLIMIT_AS) of the sandboxed program that runs lcb's tests, in MiB "
+                           "(skyrl-gym sets none)")
 
 
 @hookimpl
