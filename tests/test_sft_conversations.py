@@ -348,3 +348,16 @@ def test_sfts_token_budget_is_the_packed_micro_batchs(tmp_path):
     (error,) = refused.value.errors
     assert error.one_line().startswith("max_tokens_per_microbatch: 256 is not a packed micro-batch's token budget: a "
                                        "count of at least max_length (512), as SkyRL requires"), error.one_line()
+
+
+def test_a_conversation_is_cut_at_the_sequence_length(tokenizer, tmp_path):
+    """As SkyRL's max_length truncates a tokenized conversation: prompt and trained turns together
+    are at most policy.max_seq_length tokens (a run's tasks get max_seq_length - 1 prompt tokens)."""
+    train = write_parquet(tmp_path / "train.parquet", rows())
+    task = DatasetTask(TaskContext(tokenizer, 0, _data(train, train_on="all_assistant_messages"),
+                                   max_prompt_tokens=26))  # the tool row's last turn's prompt: 26 tokens
+    prompt, response, mask = task.demonstrations(4)[2]  # the tool row: 14 prompt tokens, 14 after them
+    assert len(prompt) + len(response) == 27 and len(mask) == len(response)
+    assert _words(tokenizer, [t for t, m in zip(response, mask, strict=True) if m]) == (
+        "<tool_call> w40 </tool_call> <eos> 5")  # its last token cut
+    assert _words(tokenizer, task.demonstrations(4)[3][1]).endswith("7 <eos>")  # a row that fits is whole

@@ -766,8 +766,9 @@ class DatasetTask:
         before the trained turn and that turn, or (``all_assistant_messages``) the messages before
         the first assistant turn and the rest of the conversation, with a third element, a 0/1
         mask over the response, 1 on its assistant turns' ids (as
-        :func:`corerl.algorithms.batches.pairs_to_batch` reads it); a text prompt's, with
-        ``data.train_on`` too, the response column's."""
+        :func:`corerl.algorithms.batches.pairs_to_batch` reads it), cut at the end of
+        ``policy.max_seq_length`` tokens; a text prompt's, with ``data.train_on`` too, the response
+        column's."""
         demonstrations: list[Any] = []
         for row in self._draw(count):
             if DEMONSTRATION not in row:  # the response column's (a text prompt with data.train_on too)
@@ -775,6 +776,9 @@ class DatasetTask:
                 continue
             prompt, response, mask = row[DEMONSTRATION]
             prompt = self._prompt_of(row) if prompt is None else prompt
+            if self.max_prompt_tokens is not None:  # cut at policy.max_seq_length, as SkyRL's max_length cuts
+                room = self.max_prompt_tokens + 1 - len(prompt)  # the prompt fits: at least one token
+                response, mask = response[:room], None if mask is None else mask[:room]
             demonstrations.append((prompt, response) if mask is None else (prompt, response, mask))
         return demonstrations
 
