@@ -380,15 +380,13 @@ class MultiTurnRollout:
 
 def step_wise(rollout: Any) -> Any:
     """``rollout`` playing step-wise trajectories (``algorithm.step_wise_trajectories``): a
-    :class:`MultiTurnRollout` turned to it; a single-turn rollout as it is (an episode of one turn
-    is its one row); any other refused in one line."""
+    :class:`MultiTurnRollout` turned to it; a single-turn rollout (or a reward model's rescoring of
+    one) as it is, an episode of one turn being its one row; any other refused in one line."""
     if isinstance(rollout, MultiTurnRollout):
         rollout.step_wise = True
         return rollout
-    from corerl.environments.model_rewards import ModelScoredRollout
-
-    if isinstance(rollout, SingleTurnRollout) or (isinstance(rollout, ModelScoredRollout)
-                                                  and isinstance(rollout.inner, SingleTurnRollout)):
+    # a single-turn rollout, or one rescoring its samples (a reward model's, .inner)
+    if isinstance(rollout, SingleTurnRollout) or isinstance(getattr(rollout, "inner", None), SingleTurnRollout):
         return rollout
     raise ConfigError(f"step-wise trajectories are built into corerl's environment rollout (an environment that "
                       f"answers each turn), not into {type(rollout).__name__}",
