@@ -63,7 +63,7 @@ DESELECTED = {
                      "test_grpo_loss_variants_match_plain_pytorch[cispo]",
                      "test_grpo_loss_variants_match_plain_pytorch[dr_grpo]",
                      "test_topk_distillation_matches_plain_pytorch", "test_lora_step_matches_plain_peft"},
-    # megatron has lora=False: its (l) checks the refusal, whatever lora_checks says
+    # megatron's one-rank class leaves its LoRA checks to test_megatron_lora (lora_checks False)
     "TestMegatronOneRank": {"test_matches_world_size_1", "test_adam_state_survives_save_and_load",
                             "test_bfloat16_logprobs_are_close_to_float32"},
     "TestDenseOnlyMoe": {"test_moe_logprobs_match_transformers", "test_moe_step_with_router_terms_matches_plain_pytorch",

@@ -192,7 +192,9 @@ def test_the_strategy_switch_picks_the_backend_through_the_plugins_sections():
         assert "megatron_cfg" not in fsdp.tree["policy"]  # the other engine's section is inert
     if "skyrl.megatron" in sections:
         megatron = _get(trainer__strategy="megatron", trainer__policy__megatron_config__tensor_model_parallel_size=2)
-        assert value_at(megatron, "policy.megatron_cfg") == {"enabled": True, "tensor_model_parallel_size": 2}
+        # SkyRL's default adapter layout rides along (Megatron-Bridge's fused LoRA; read only with LoRA on)
+        assert value_at(megatron, "policy.megatron_cfg") == {"enabled": True, "tensor_model_parallel_size": 2,
+                                                             "lora_type": "lora"}
     if "skyrl.vllm" in sections:
         vllm = _get(generator__inference_engine__backend="vllm",
                     generator__inference_engine__gpu_memory_utilization=0.5)

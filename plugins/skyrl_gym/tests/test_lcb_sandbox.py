@@ -110,9 +110,6 @@ def test_lcb_code_that_tries_to_escape_is_contained(lcb_in_sandbox, tmp_path):
     assert score(environment, ADD, fenced("a, b = map(int, input().split())\nprint(a + b)")) == 1.0  # and it goes on
 
 
-@pytest.mark.xfail(not hasattr(__import__("corerl.sdk.environments").sdk.environments, "sandbox_runner"), strict=True,
-                   reason="the plugin chooses its sandbox through corerl.sdk.environments.sandbox_runner (contract "
-                          "2.17), which this corerl does not export yet: lcb is refused in one line saying so")
 def test_lcb_is_refused_only_where_no_contained_sandbox_is_available(corerl_host, tmp_path, monkeypatch):
     monkeypatch.setattr("corerl.environments.sandbox.isolation_available", lambda: "audit")  # namespaces refused
     recipe = write_recipe(tmp_path / "recipe.yaml", RECIPE)

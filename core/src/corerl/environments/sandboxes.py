@@ -85,12 +85,12 @@ def choose(isolation: str, host: Any, opt_in: str = OPT_IN_ENV, key: str = KEY) 
         chosen = registry.get(isolation)
         if chosen is None:
             raise ConfigError(f"no sandbox {isolation!r} is registered (sandboxes: {', '.join(registry.ids())})",
-                              key=KEY, hint="name one of them, or auto for the best contained one available")
+                              key=key, hint="name one of them, or auto for the best contained one available")
         runner = chosen.create()
         why = runner.unavailable()
         if why:
-            raise ConfigError(f"sandbox {isolation!r} cannot run here: {why}", key=KEY,
-                              hint=f"set {KEY}=auto, or run on a machine it supports")
+            raise ConfigError(f"sandbox {isolation!r} cannot run here: {why}", key=key,
+                              hint=f"set {key}=auto, or run on a machine it supports")
         return chosen, runner
     refused = []
     for registration in registry:  # highest priority first

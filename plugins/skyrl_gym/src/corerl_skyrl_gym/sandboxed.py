@@ -86,14 +86,10 @@ def sandbox_runner(isolation: str) -> Any:
     """The runner of the sandbox ``isolation`` names (``auto``: the best contained one available
     here), from this process's plugins; a :class:`ConfigError` at ``env.skyrl_gym.isolation``
     saying why there is none, its hint naming the opt-in."""
-    from corerl.sdk import environments
+    from corerl.sdk.environments import (
+        sandbox_runner as choose,  # contract 2.17, which this plugin states
+    )
 
-    choose = getattr(environments, "sandbox_runner", None)
-    if choose is None:
-        raise ConfigError("this corerl lets no plugin run code in its sandboxes (corerl.sdk.environments has no "
-                          "sandbox_runner: contract 2.17)", key=ISOLATION_KEY,
-                          hint="install a corerl of contract 2.17 or later, or set "
-                               "env.skyrl_gym.allow_unsandboxed_code=true to run lcb as skyrl-gym does")
     try:
         return choose(isolation, key=ISOLATION_KEY, opt_in=OPT_IN)
     except ConfigError as error:  # a named sandbox's refusal: said at this section's key
