@@ -30,6 +30,10 @@ DROPPING = (_MARKS + "{% set ns = namespace(last=-1) %}{% for m in messages %}{%
             "{% for m in messages %}<bos> {{ mark[m['role']] }} "
             "{% if m['role'] == 'assistant' and loop.index0 < ns.last %}{% else %}{{ m['content'] }} {% endif %}"
             "<eos> {% endfor %}{% if add_generation_prompt %}<bos> = {% endif %}")
+# and, like Qwen3's with thinking off, a generation prompt that ends with a cue ("." for its empty
+# <think></think>) that an earlier turn, rendered later, does not keep
+DROPPING_WITH_CUE = DROPPING.replace("{% if add_generation_prompt %}<bos> = {% endif %}",
+                                     "{% if add_generation_prompt %}<bos> = . {% endif %}")
 
 QUESTION = "w0 3 :"
 OBSERVATION = [{"role": "user", "content": "w5 w6 ?"}]
@@ -88,8 +92,9 @@ def _play(engine, template, step_wise_on, n=2, share=1.0):
     return result, recording, prompt
 
 
-def test_step_wise_rows_are_each_turns_rendered_conversation_and_sampled_tokens(engine):
-    result, recording, prompt = _play(engine, DROPPING, True)
+@pytest.mark.parametrize("template", [DROPPING, DROPPING_WITH_CUE], ids=["dropping", "dropping_with_cue"])
+def test_step_wise_rows_are_each_turns_rendered_conversation_and_sampled_tokens(engine, template):
+    result, recording, prompt = _play(engine, template, True)
     tokenizer = engine.tokenizer
     assert len(recording.returned) == 2  # turn 1 for every episode, then turn 2 together
     first = [s for group in recording.returned[0] for s in group]

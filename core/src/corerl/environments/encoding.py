@@ -16,7 +16,7 @@ bytes, base64 or a path). Each image part becomes the model's image placeholder,
 merged patch, and the image joins the episode's (:meth:`ObservationEncoder.encode_with_images`).
 
 Step-wise trajectories (``algorithm.step_wise_trajectories``) append nothing: each later turn's
-prompt is the whole conversation rendered anew (:meth:`ObservationEncoder.conversation_text`),
+prompt is the whole conversation rendered anew (:meth:`ObservationEncoder.conversation_ids`),
 so a template that rewrites earlier turns (Qwen3 drops their ``<think>`` blocks) is rendered as
 the model would see it in use.
 """
@@ -81,22 +81,29 @@ class ObservationEncoder:
         closing = self.after_stop if ended_with_stop else self.end_of_turn + self.after_stop
         return closing + full[len(base):]
 
-    def conversation_text(self, history: Sequence[Message]) -> str:
-        """Step-wise trajectories: the text that follows the prompt in the conversation the chat
-        template renders for the model's next turn, ``history`` being everything after the prompt
-        (the model's turns as assistant messages, the observations' messages). The template renders
-        the stand-in question followed by ``history`` with the generation prompt, and the part after
-        the stand-in question's own rendering (generation prompt included) is kept, so the prompt's
-        tokens stay as the task rendered them. Earlier turns come out as the template writes them
-        now (Qwen3 drops their ``<think>`` blocks): no extension property is needed, only that the
-        template starts the conversation with the prompt as it renders the prompt alone."""
-        start = self._render(self.conversation[:1], prompt=True)
-        full = self._render([*self.conversation[:1], *[dict(m) for m in history]], prompt=True)
-        if not full.startswith(start):
-            raise ValueError("the chat template does not start a conversation with its first message as it renders "
-                             "that message alone (with the generation prompt), so a later turn's prompt cannot "
-                             "follow the prompt's tokens")
-        return full[len(start):]
+    def conversation_ids(self, prompt: Sequence[int], history: Sequence[Message]) -> tuple[list[int], str]:
+        """Step-wise trajectories: the context of the model's next turn, the conversation as the
+        chat template renders it now, and the text rendered after the prompt. ``prompt`` is the
+        first turn's prompt (the task's tokens, kept as they are) and ``history`` everything after
+        it (the model's turns as assistant messages, the observations' messages). The template
+        renders the stand-in question followed by ``history`` with the generation prompt, and what
+        follows the stand-in question's own rendering is encoded after ``prompt``. Earlier turns
+        come out as the template writes them now (Qwen3 drops their ``<think>`` blocks): no
+        extension property is needed. A generation prompt that earlier turns do not keep (Qwen3's
+        empty ``<think></think>`` with thinking off) is taken off the end of ``prompt`` first."""
+        first = self.conversation[:1]
+        full = self._render([*first, *[dict(m) for m in history]], prompt=True)
+        start = self._render(first, prompt=True)
+        if full.startswith(start):
+            text = full[len(start):]
+            return [*prompt, *self.encode_text(text)], text
+        bare = self._render(first, prompt=False)
+        cue = self.encode_text(start[len(bare):]) if start.startswith(bare) and start != bare else []
+        if cue and full.startswith(bare) and list(prompt[len(prompt) - len(cue):]) == cue:
+            text = full[len(bare):]
+            return [*prompt[: len(prompt) - len(cue)], *self.encode_text(text)], text
+        raise ValueError("the chat template does not start a conversation with its first message as it renders that "
+                         "message alone, so a later turn's prompt cannot follow the prompt's tokens")
 
     def encode(self, observation: str | Sequence[Message], ended_with_stop: bool = True) -> list[int]:
         """Token ids of :meth:`text_of` (no special tokens added)."""

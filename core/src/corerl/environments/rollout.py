@@ -20,7 +20,7 @@ environment and counted, with the step's prompts a task found lossy, in the roll
 Step-wise trajectories (``algorithm.step_wise_trajectories``, :func:`step_wise`): each turn's
 context is the conversation as the chat template renders it at that turn (the prompt's tokens,
 then the model's earlier turns as decoded text and the observations' messages, rendered anew:
-:meth:`~corerl.environments.encoding.ObservationEncoder.conversation_text`), and each turn becomes
+:meth:`~corerl.environments.encoding.ObservationEncoder.conversation_ids`), and each turn becomes
 a row of its own: that context as the prompt, the turn's sampled tokens as the completion. An
 episode is then a :class:`StepWiseSample`: its last row, holding every row in ``steps``. A
 template that does not render a conversation as an extension of its start (Qwen3 drops earlier
@@ -363,14 +363,12 @@ class MultiTurnRollout:
             return False
         history = [*episode.history, *messages]
         try:
-            text = self.encoder.conversation_text(history)
+            context, text = self.encoder.conversation_ids(episode.prompt, history)
         except ValueError as error:
             episode.stop, episode.cause, episode.reward = "env_malformed", str(error), 0.0
             return False
-        ids = self.encoder.encode_text(text)
-        if check_observation(self.tokenizer, f"environment {self.env_name!r}", text, ids):
+        if check_observation(self.tokenizer, f"environment {self.env_name!r}", text, self.encoder.encode_text(text)):
             episode.lost_text += 1
-        context = [*episode.prompt, *ids]
         if len(context) >= max_seq_length:
             episode.stop = "max_tokens"  # no room for the conversation and one more token
             return False
