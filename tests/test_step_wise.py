@@ -284,3 +284,37 @@ def test_skyrls_step_wise_key_acts_and_merging_is_refused_in_one_line(capsys, tm
     refused_in_one_line(_validate(capsys, tmp_path, "generator.step_wise_trajectories=true",
                                   "generator.merge_stepwise_output=true"),
                         "prefix-aware merging", key="generator.merge_stepwise_output")
+
+
+def test_the_grpo_algorithm_plays_a_run_s_environment_step_wise(tmp_path):
+    """``algorithm.step_wise_trajectories`` in a recipe reaches the run's rollout: the tools
+    environment's episodes train as one row per turn."""
+    from corerl.config import config_from_mapping
+    from corerl.config.selection import select
+    from corerl.plugin_manager import PluginHost
+    from corerl.reporting.console import make_console
+    from corerl.run.context import RunContext
+
+    recipe = {
+        "cluster": {"gpus_per_node": 1},
+        "policy": {"model_name": "builtin:tiny-qwen2", "generation": {"backend": "hf", "max_new_tokens": 8},
+                   "max_seq_length": 64},
+        "algorithm": {"name": "grpo", "batch_size": 2, "num_generations_per_prompt": 2, "max_steps": 1,
+                      "max_rollout_turns": 3, "step_wise_trajectories": True},
+        "data": {"task": "tool_lookup", "env_name": "tools"},
+        "env": {"tools": {"tools": ["lookup"]}},
+        "run": {"output_dir": str(tmp_path), "name": "env", "tensorboard": False},
+    }
+    host = PluginHost(env={})
+    config = config_from_mapping(recipe, host)
+    context = RunContext.open(config, select(config, host), make_console(), host)
+    try:
+        context.start_engines()
+        algorithm = context.selection.algorithm.registration.load()(context)
+        algorithm.begin()
+        assert context.training_rollout().step_wise
+        metrics = algorithm.step()
+    finally:
+        context.close(run_failed=False)
+    assert metrics["optimizer_step"] == 1.0
+    assert metrics["step_wise/rows"] == metrics["env/turns"] * metrics["env/episodes"]
