@@ -362,6 +362,12 @@ class AlgorithmConfig:
                     "reward within its prompt's group); a template that does not render a conversation as an "
                     "extension of its start (Qwen3 drops earlier turns' <think> blocks) trains as sampled. false: "
                     "an episode is one sequence, the environment's tokens out of the loss")
+    step_wise_merge: bool = setting(
+        False, help="with step_wise_trajectories: an episode's consecutive rows are merged where the later row's "
+                    "prompt begins with the earlier row's prompt and response (the tokens between the two responses "
+                    "out of the loss), so a template that renders the conversation as an extension of its start "
+                    "gives one row per episode and one that does not keeps a row per break (SkyRL's "
+                    "merge_stepwise_output); without step_wise_trajectories it does nothing")
     overlong_filtering: bool = setting(False, help="samples cut at the length limit are left out of the loss "
                                                    "(DAPO's overlong filtering)")
     reward_scaling: RewardScalingConfig = section(RewardScalingConfig)
