@@ -271,19 +271,43 @@ def _validate(capsys, tmp_path, *overrides):
     return code, capsys.readouterr().err
 
 
-def test_skyrls_step_wise_key_acts_and_merging_is_refused_in_one_line(capsys, tmp_path):
+def test_skyrls_step_wise_keys_act(capsys, tmp_path):
     from corerl.config.dialects.skyrl.translate import translate
     from corerl.config.tree import value_at
-    from tests.refusals import refused_in_one_line
 
-    keys = {"generator.step_wise_trajectories": True, "generator.merge_stepwise_output": False}
-    tree = {"generator": {"step_wise_trajectories": True, "merge_stepwise_output": False}}
+    keys = {"generator.step_wise_trajectories": True, "generator.merge_stepwise_output": True}
+    tree = {"generator": {"step_wise_trajectories": True, "merge_stepwise_output": True}}
     result = translate(tree, {key: "run.sh:1" for key in keys}, False, None, "main_base")
     assert value_at(result.tree, "algorithm.step_wise_trajectories") is True
-    assert _validate(capsys, tmp_path, "generator.step_wise_trajectories=true")[0] == 0
-    refused_in_one_line(_validate(capsys, tmp_path, "generator.step_wise_trajectories=true",
-                                  "generator.merge_stepwise_output=true"),
-                        "prefix-aware merging", key="generator.merge_stepwise_output")
+    assert value_at(result.tree, "algorithm.step_wise_merge") is True
+    assert _validate(capsys, tmp_path, "generator.step_wise_trajectories=true",
+                     "generator.merge_stepwise_output=true")[0] == 0
+
+
+def test_merging_gives_the_one_sequence_where_the_prefix_holds_and_a_row_per_break_where_it_does_not(engine):
+    from corerl.algorithms.batches import merged_steps
+
+    stepped, _, _ = _play(engine, EXTENDING, True)
+    whole, _, _ = _play(engine, EXTENDING, False)
+    for episode, sequence in zip([s for g in stepped.groups for s in g], [s for g in whole.groups for s in g],
+                                 strict=True):
+        (row,) = merged_steps(episode.steps)
+        assert (row.prompt_ids, row.completion_ids, row.logprobs, tuple(row.completion_mask)) == (
+            sequence.prompt_ids, sequence.completion_ids, sequence.logprobs, tuple(sequence.completion_mask))
+    dropping, _, _ = _play(engine, DROPPING, True)
+    breaks = 0
+    for episode in (s for g in dropping.groups for s in g):
+        one, two = episode.steps
+        holds = two.prompt_ids[: len(one.prompt_ids) + len(one.completion_ids)] == one.prompt_ids + one.completion_ids
+        assert [(r.prompt_ids, r.completion_ids) for r in merged_steps(episode.steps)] == (
+            [(one.prompt_ids, one.completion_ids + two.prompt_ids[len(one.prompt_ids) + len(one.completion_ids):]
+              + two.completion_ids)] if holds else [(one.prompt_ids, one.completion_ids),
+                                                    (two.prompt_ids, two.completion_ids)])
+        breaks += not holds
+    assert breaks
+    rows, advantages, counts = step_rows(dropping.groups, torch.tensor([[1.0, 2.0], [3.0, 4.0]]), merge=True)
+    assert sum(counts) == sum(len(g) for g in rows) == 8 - (4 - breaks)
+    assert advantages.tolist() == [a for a, c in zip([1.0, 2.0, 3.0, 4.0], counts, strict=True) for _ in range(c)]
 
 
 def test_the_grpo_algorithm_plays_a_run_s_environment_step_wise(tmp_path):

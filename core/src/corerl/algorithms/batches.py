@@ -47,14 +47,16 @@ def samples_to_batch(groups: Sequence[Sequence[Sample]], advantages: torch.Tenso
             "advantages": adv, "gen_logprobs": gen_logprobs, **image_fields([s.images for s in samples])}
 
 
-def step_rows(groups: Sequence[Sequence[Sample]],
-              advantages: torch.Tensor) -> tuple[list[list[Sample]], torch.Tensor, list[int]]:
+def step_rows(groups: Sequence[Sequence[Sample]], advantages: torch.Tensor,
+              merge: bool = False) -> tuple[list[list[Sample]], torch.Tensor, list[int]]:
     """Step-wise trajectories (``algorithm.step_wise_trajectories``): each episode (a
     :class:`~corerl.environments.rollout.StepWiseSample`) replaced by its turns' rows, every row
     taking its episode's advantage (``advantages``: one per sample, in group order); a sample
     without steps stays one row. Returns the rows (grouped as the samples were), one advantage per
     row and each sample's number of rows. An episode whose own completion mask is all zero
-    (overlong filtering) leaves all its rows out of the loss."""
+    (overlong filtering) leaves all its rows out of the loss. ``merge`` (``algorithm.step_wise_merge``):
+    an episode's consecutive rows are merged where the later row's prompt begins with the earlier
+    row's prompt and response (:func:`merged_steps`)."""
     values = advantages.reshape(-1)
     rows: list[list[Sample]] = []
     counts: list[int] = []
@@ -64,7 +66,7 @@ def step_rows(groups: Sequence[Sequence[Sample]],
         out: list[Sample] = []
         for sample in group:
             stepped = isinstance(sample, StepWiseSample) and bool(sample.steps)
-            steps = list(sample.steps) if stepped else [sample]
+            steps = (merged_steps(sample.steps) if merge else list(sample.steps)) if stepped else [sample]
             if stepped and sample.completion_mask is not None and not any(sample.completion_mask):
                 steps = [attrs.evolve(s, completion_mask=(0,) * len(s.completion_ids)) for s in steps]
             out.extend(steps)
@@ -73,6 +75,34 @@ def step_rows(groups: Sequence[Sequence[Sample]],
             index += 1
         rows.append(out)
     return rows, torch.cat(expanded) if expanded else values[:0], counts
+
+
+def merged_steps(steps: Sequence[Sample]) -> list[Sample]:
+    """An episode's step-wise rows, each merged into the row before it where its prompt begins
+    with that row's prompt and response: the merged row's response runs on through the tokens
+    between the two (out of the loss, logprob 0) and the later response. Where the chat template
+    renders the conversation as an extension of its start, one row; else a row per break."""
+    out: list[Sample] = []
+    for row in steps:
+        last = out[-1] if out else None
+        sequence = (*last.prompt_ids, *last.completion_ids) if last is not None else ()
+        if last is None or tuple(row.prompt_ids[: len(sequence)]) != sequence:
+            out.append(row)
+            continue
+        gap = tuple(row.prompt_ids[len(sequence):])
+        mask = (*_mask_of(last), *(0,) * len(gap), *_mask_of(row))
+        versions = None
+        if last.versions is not None or row.versions is not None:
+            before = last.versions or (0,) * len(last.completion_ids)
+            versions = (*before, *(before[-1:] or (0,)) * len(gap), *(row.versions or (0,) * len(row.completion_ids)))
+        out[-1] = attrs.evolve(last, completion_ids=(*last.completion_ids, *gap, *row.completion_ids),
+                               logprobs=(*last.logprobs, *(0.0,) * len(gap), *row.logprobs), completion_mask=mask,
+                               finish_reason=row.finish_reason, versions=versions, images=row.images)
+    return out
+
+
+def _mask_of(sample: Sample) -> tuple[int, ...]:
+    return sample.completion_mask if sample.completion_mask is not None else (1,) * len(sample.completion_ids)
 
 
 def minibatches(batch: dict[str, torch.Tensor], rows: int | None,
@@ -108,7 +138,7 @@ def step_minibatches(batch: dict[str, torch.Tensor], counts: Sequence[int], epis
     bounds = [0]
     for start in range(0, len(counts), episodes):
         bounds.append(bounds[-1] + sum(counts[start : start + episodes]))
-    parts = [{key: value[a:b] for key, value in batch.items()} for a, b in zip(bounds, bounds[1:])]
+    parts = [{key: value[a:b] for key, value in batch.items()} for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
     return _weighted(parts, weights)
 
 

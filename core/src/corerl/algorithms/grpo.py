@@ -74,6 +74,7 @@ class GRPO:
     # without waiting for the generation group (corerl.asynchronous.grpo)
     hand_over: Callable[[], None] | None = None
     shaping: RolloutShaping = attrs.field(factory=RolloutShaping)  # DAPO's reward scaling, overlong penalty, filtering
+    merge_steps: bool = False  # step-wise rows merged where the prefix holds (algorithm.step_wise_merge)
 
     def __attrs_post_init__(self) -> None:
         if self.rollout is None:
@@ -142,7 +143,8 @@ class GRPO:
             raise ConfigError("takes each sequence's KL from its reward, and step-wise trajectories train an "
                               "episode's turns as rows of their own", key="algorithm.use_kl_in_reward",
                               hint="remove it, or set algorithm.step_wise_trajectories=false")
-        rows_of, row_advantages, counts = step_rows(groups, advantages) if stepped else (groups, advantages, [])
+        rows_of, row_advantages, counts = (step_rows(groups, advantages, merge=self.merge_steps) if stepped
+                                           else (groups, advantages, []))
         batch = samples_to_batch(rows_of, row_advantages)
 
         start = time.perf_counter()
@@ -249,7 +251,8 @@ class GRPOAlgorithm(AlgorithmBase):
                          optimization_passes=algorithm.optimization_passes,
                          optimizer_batch_size=algorithm.optimizer_batch_size, reference=reference,
                          steps_done=self.done, offload=context.offload, reference_offload=reference_offload,
-                         rollout=self.training_rollout(), shaping=RolloutShaping.from_config(context.config))
+                         rollout=self.training_rollout(), shaping=RolloutShaping.from_config(context.config),
+                         merge_steps=algorithm.step_wise_merge)
         if self.asynchronous is not None:
             self.asynchronous.begin(self.grpo)
 

@@ -83,10 +83,7 @@ RULES: dict[str, Rule] = {
     _G + "use_cache_salt": inert(_PERF),
     _G + "apply_overlong_filtering": acts("algorithm.overlong_filtering"),
     _G + "step_wise_trajectories": acts("algorithm.step_wise_trajectories"),
-    _G + "merge_stepwise_output": inert("prefix-aware merging of step-wise rows into one sequence is not built "
-                                        "into corerl (false, SkyRL's default: each turn trains as a row of its "
-                                        "own; corerl's one-sequence form is step_wise_trajectories=false)",
-                                        _truthy),
+    _G + "merge_stepwise_output": acts("algorithm.step_wise_merge"),
     _G + "vision_language_generator": inert(_OFF + " (set only by SkyRL's vision examples)", _truthy),
     _G + "chat_template.source": inert("name: the tokenizer's own template", _not("name")),
     _G + "chat_template.name_or_path": acts("policy.chat_template"),
