@@ -57,6 +57,8 @@ def test_unset_keys_take_skyrls_defaults():
     assert value_at(tree, "algorithm.num_generations_per_prompt") == 5
     assert value_at(tree, "algorithm.kl_penalty") == 0.001  # use_kl_loss with kl_loss_coef
     assert value_at(tree, "policy.max_seq_length") == 512 + 1024
+    assert value_at(tree, "policy.precision") == "bfloat16"  # trainer.bf16's default
+    assert value_at(_get(trainer__bf16=False), "policy.precision") == "float32"
 
 
 def test_estimators_and_losses_choose_the_algorithm():

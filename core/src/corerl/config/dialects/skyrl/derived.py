@@ -95,6 +95,8 @@ def derive(raw: dict[str, Any], out: Translator, entry_point: str) -> None:
     _output_dir(keys, out, "trainer.ckpt_path")
     _conversation(keys, out)
     _entry_point_settings(out, entry_point)
+    # SkyRL trains in bfloat16 unless trainer.bf16=false (its mixed precision: corerl's policy.precision)
+    _default(out, keys, "trainer.bf16", "policy.precision", "bfloat16")
     if entry_point == "full_context":
         _dummy_steps(keys, out)
     prompt, answer = keys("trainer.max_prompt_length"), keys("generator.sampling_params.max_generate_length")
