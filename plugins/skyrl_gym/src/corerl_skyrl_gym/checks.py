@@ -3,7 +3,7 @@ environments cannot play: an id skyrl-gym does not have, an entry point that doe
 ``lcb`` where no sandbox ``env.skyrl_gym.isolation`` names can run (as corerl's ``code``
 environment is refused), and ``searchcode``, which runs the model's code unsandboxed, without the
 opt-in (:func:`check_skyrl_gym`, the registration's ``check_supported``). What a class needs from this machine (text2sql's database
-folder, search's retrieval server) is checked with the run's other inputs, its model and data
+folder, search's retrieval server, llm_as_a_judge's API key and endpoint) is checked with the run's other inputs, its model and data
 files (:func:`check_skyrl_gym_inputs`, the registration's ``check_inputs``): ``corerl validate
 --recipe-only`` judges the recipe without them. The classes checked are ``env.skyrl_gym.env_class``
 and those the data files' ``env_class`` column names."""
@@ -11,6 +11,7 @@ and those the data files' ``env_class`` column names."""
 from __future__ import annotations
 
 import json
+import os
 import socket
 from collections.abc import Iterable
 from pathlib import Path
@@ -125,6 +126,8 @@ def _check_class(env_class: str, key: str, settings: Any) -> list[ConfigError]:
 def _check_machine(env_class: str, key: str, settings: Any, env_config_for: Any) -> list[ConfigError]:
     import skyrl_gym
 
+    from corerl_skyrl_gym.llm_judge import ENTRY as JUDGE
+
     errors: list[ConfigError] = []
     if env_class not in skyrl_gym.registry:  # refused by check_skyrl_gym already
         return errors
@@ -146,7 +149,29 @@ def _check_machine(env_class: str, key: str, settings: Any, env_config_for: Any)
                 hint="start the retrieval server of SkyRL's search example"
                      + (f" and set {SECTION}.env_config.{field} to its address" if field else
                         f" at {DEFAULT_SEARCH_URL} (searchcode reads no other address)")))
+    if skyrl_gym.registry[env_class].entry_point == JUDGE:
+        errors += _check_judge(env_class, key, env_config_for(env_class, settings.env_config))
     return errors
+
+
+def _check_judge(env_class: str, key: str, env_config: Any) -> list[ConfigError]:
+    """The llm_as_a_judge environment's judge: its API key set, its endpoint answering."""
+    from corerl_skyrl_gym.llm_judge import API_KEY, judge_settings
+
+    model, base_url = judge_settings(env_config)
+    if not os.environ.get(API_KEY):
+        return [ConfigError(
+            f"skyrl-gym environment {env_class!r} asks a judge model ({model} at {base_url}), and {API_KEY} is not "
+            "set in the environment", key=key,
+            hint=f"export {API_KEY}=<the judge endpoint's API key> before the run (corerl does not read the file "
+                 "a SkyRL script gives uv run --env-file)")]
+    if (why := unreachable(base_url)) is not None:
+        return [ConfigError(
+            f"skyrl-gym environment {env_class!r} asks a judge model ({model}), and its endpoint {base_url} {why}",
+            key=f"{SECTION}.env_config.base_url",
+            hint=f"set {SECTION}.env_config.base_url (SkyRL: environment.skyrl_gym.{env_class}.base_url) to an "
+                 "OpenAI-compatible server that answers, or check this machine's network")]
+    return []
 
 
 def unreachable(url: str, timeout_s: float = 2.0) -> str | None:

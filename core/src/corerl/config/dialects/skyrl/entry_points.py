@@ -93,7 +93,7 @@ ENTRY_POINTS: tuple[EntryPoint, ...] = (
                registers=(Registered(_ALG + "advantage_estimator", "simple_baseline",
                                      (("algorithm.advantage_estimator", "batch_mean"),)),)),
     EntryPoint("llm_as_a_judge", _EX + "llm_as_a_judge.main_llm_judge", "rl",
-               adds="the llm_as_a_judge environment (an OpenAI model as the judge)"),
+               implies=((f"{_GYM}.register.llm_as_a_judge", "corerl_skyrl_gym.llm_judge:LLMJudgeEnv"),)),
     EntryPoint("mini_swe_agent", _EX + "mini_swe_agent.main_mini_swe", "rl",
                adds="the mini-SWE-agent generator (agents in Docker sandboxes)"),
     EntryPoint("rlm", _EX + "rlm.main_rlm", "rl", adds="the recursive language model (RLM) environment"),
