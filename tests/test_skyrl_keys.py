@@ -225,7 +225,6 @@ def test_a_key_skyrl_does_not_have_is_one_line_with_a_did_you_mean(capsys, tmp_p
 
 
 @pytest.mark.parametrize(("override", "says"), [
-    ("generator.step_wise_trajectories=true", "step-wise trajectories"),
     ("trainer.algorithm.policy_loss_type=dppo", "'dppo' policy loss is not built into corerl"),
     ("trainer.algorithm.advantage_estimator=simple_baseline", "'simple_baseline' advantage estimator"),
     ("trainer.algorithm.use_entropy_loss=true", "entropy bonus"),

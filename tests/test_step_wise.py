@@ -261,6 +261,18 @@ def test_step_wise_is_refused_where_it_would_not_act(tmp_path):
         step_wise(agent)
 
 
+def test_validate_refuses_step_wise_where_it_would_not_act(capsys):
+    """The validation table's row: ``corerl validate`` refuses as the run would, whatever the algorithm."""
+    from corerl import cli
+
+    for overrides, says in ((["algorithm.name=ppo"], "built into GRPO only, not 'ppo'"),
+                            (["algorithm.name=distillation"], "built into GRPO only, not 'distillation'"),
+                            (["algorithm.use_kl_in_reward=true", "algorithm.kl_penalty=0.1"], "turns as rows of their own")):
+        assert cli.main(["validate", "--recipe-only", "algorithm.step_wise_trajectories=true", *overrides]) == 2
+        err = capsys.readouterr().err
+        assert says in err and err.strip().count("\n") == 0, err
+
+
 def _validate(capsys, tmp_path, *overrides):
     from corerl.cli import main
 

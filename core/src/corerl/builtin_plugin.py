@@ -49,6 +49,7 @@ _OFFLOAD_POLICIES = {
 #: each where its feature lives, in the order validation runs them
 corerl_checks = (
     Check("corerl.asynchronous.settings:check_async_chosen", phase="algorithm", name="asynchronous GRPO"),
+    Check("corerl.algorithms.step_wise:check_step_wise_chosen", phase="algorithm", name="step-wise trajectories"),
     Check("corerl.lora.checks:check_lora_chosen", name="LoRA"),
     Check("corerl.models.moe_checks:check_moe_chosen", name="mixture of experts"),
     Check("corerl.config.dedicated_generation:check_dedicated_generation_chosen", name="dedicated generation"),

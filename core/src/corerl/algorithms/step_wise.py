@@ -28,3 +28,9 @@ def check_step_wise(config: Any) -> None:
                           "turns as rows of their own", key="algorithm.use_kl_in_reward",
                           hint="remove it (algorithm.kl_penalty in the loss works step-wise), or set "
                                f"{KEY}=false")
+
+
+def check_step_wise_chosen(config: Any, chosen: Any) -> None:
+    """The validation table's row (:mod:`corerl.config.validation`): :func:`check_step_wise`,
+    once the algorithm is chosen, whichever it is."""
+    check_step_wise(config)
