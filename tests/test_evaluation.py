@@ -226,6 +226,25 @@ def test_the_curves_show_the_evaluations_beside_the_training_reward(tmp_path):
     assert only_eval.exists()
 
 
+def test_eval_only_evaluates_the_model_as_it_is_and_writes_no_run(capsys, tmp_path, monkeypatch):
+    """``corerl run eval.only=true``: the held-out figures of policy.model_name, no training and no
+    run directory (SkyRL's main_generate runs this way)."""
+    from corerl import cli
+
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text('{"prompt": "1 2", "answer": "2"}\n{"prompt": "3 4", "answer": "4"}\n', encoding="utf-8")
+    monkeypatch.chdir(tmp_path)
+    code = cli.main(["run", "eval.only=true", "data.task=dataset", f"data.train_files={rows}",
+                     f"data.held_out_files={rows}", "policy.generation.backend=hf", "eval.num_samples=2",
+                     f"run.output_dir={tmp_path / 'runs'}"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "2 held-out prompts of dataset, 2 samples each" in out and "eval/pass@2" in out
+    assert not (tmp_path / "runs").exists()
+    assert cli.main(["run", "eval.only=true", "algorithm.name=dpo", "data.task=preferences"]) == 2
+    assert "eval.only: dpo samples nothing" in capsys.readouterr().err
+
+
 # -- end to end (slow) -----------------------------------------------------------------------------
 
 def test_a_demo_run_evaluates_every_two_steps_keeps_its_best_checkpoint_and_corerl_eval_agrees(tmp_path):

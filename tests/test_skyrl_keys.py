@@ -306,8 +306,7 @@ def test_importance_sampling_masks_splits_and_sharding():
 def test_an_entry_point_adding_code_corerl_lacks_is_refused_and_async_schedules_act():
     with pytest.raises(ConfigErrors, match="adds the recursive language model"):
         _run("rlm")
-    with pytest.raises(ConfigErrors, match="only generates"):
-        _run("generate")
+    assert value_at(_get("generate"), "eval.only") is True  # main_generate: the model evaluated as it is
     assert value_at(_get("async"), "algorithm.async") == {"enabled": True, "max_staleness": 1}
     assert value_at(_get("dapo_fully_async"), "algorithm.async.enabled") is True
 

@@ -377,6 +377,11 @@ def _cmd_run(args: argparse.Namespace) -> int:
     with start_up.starting():
         config_path, overrides = _split_run_args(args.config, args.overrides, args.dialect)
         host, config, selection = _load_and_select(config_path, overrides, args.preset, args.dialect, args.strict)
+        if config.core.eval.only:  # the model as it is, evaluated: no run directory, no training
+            from corerl.evaluation.command import evaluate_model
+
+            _print_selection(config, selection, verdict="evaluating (eval.only)")
+            return evaluate_model(config, selection, host)
         _print_selection(config, selection, verdict="running")
         return run_recipe(config, selection, host, verbose=args.verbose)
 

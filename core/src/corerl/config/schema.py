@@ -581,6 +581,9 @@ class EvalConfig:
     temperature: float | None = setting(None, min=0.0, help="temperature of the sampled completions; unset: "
                                                              "policy.generation.temperature")
     max_prompts: int | None = setting(None, min=1, help="held-out prompts evaluated; unset: all of them")
+    only: bool = setting(False, help="corerl run evaluates policy.model_name as it is on the held-out prompts and "
+                                     "stops: no training, nothing written but its figures (as corerl eval does for "
+                                     "a checkpoint; SkyRL's main_generate)")
 
 
 @attrs.define(kw_only=True)

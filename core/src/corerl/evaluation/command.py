@@ -84,15 +84,32 @@ def evaluate_checkpoint(config: Any, selection: Any, host: Any, kind: str, folde
         context.close(run_failed=not finished)
 
 
-def run(args: argparse.Namespace) -> int:
-    from transformers.utils import logging as hf_logging
+def evaluate_model(config: Any, selection: Any, host: Any) -> int:
+    """``corerl run`` with ``eval.only``: ``policy.model_name`` as it is, evaluated on the held-out
+    prompts as :func:`run` evaluates a checkpoint, its figures printed; a built-in or packaged
+    model is built or converted into a temporary folder or corerl's model cache, nothing else is
+    written."""
+    import tempfile
 
+    from corerl.errors import ConfigError
+    from corerl.run.directory import resolve_model
+    from corerl.run.inputs import check_run_inputs
+
+    if not selection.samples:
+        raise ConfigError(f"{selection.algorithm.id} samples nothing, and eval.only scores sampled answers with the "
+                          "task's reward", key="eval.only", hint="evaluate with an algorithm that samples (grpo, ppo)")
+    check_run_inputs(config, selection, host)
+    policy = config.core.policy
+    with tempfile.TemporaryDirectory(prefix="corerl-eval-") as scratch:
+        folder = Path(resolve_model(policy.model_name, Path(scratch), policy.gguf_file))
+        return _evaluate_and_report(config, selection, host, "hf", folder, str(config.source or "the recipe"))
+
+
+def run(args: argparse.Namespace) -> int:
     from corerl.config import load_config
     from corerl.config.presets import default_host
     from corerl.config.selection import select
-    from corerl.errors import ConfigError, UsageError
-    from corerl.evaluation.figures import EvalPlan
-    from corerl.reporting.console import make_console
+    from corerl.errors import ConfigError
 
     kind, folder = checkpoint_kind(args.checkpoint)
     host = default_host()
@@ -102,6 +119,17 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"{selection.algorithm.id} samples nothing, and corerl eval scores sampled answers with the "
                           "task's reward", key="algorithm.name",
                           hint="evaluate with a recipe of an algorithm that samples (grpo, ppo, sft)")
+    return _evaluate_and_report(config, selection, host, kind, folder, str(args.recipe), args.output, args.json)
+
+
+def _evaluate_and_report(config: Any, selection: Any, host: Any, kind: str, folder: Path, recipe: str,
+                         output: str | None = None, as_json: bool = False) -> int:
+    from transformers.utils import logging as hf_logging
+
+    from corerl.errors import UsageError
+    from corerl.evaluation.figures import EvalPlan
+    from corerl.reporting.console import make_console
+
     hf_logging.disable_progress_bar()
     plan = EvalPlan.from_config(config)
     progress = make_console(stderr=True)
@@ -109,16 +137,16 @@ def run(args: argparse.Namespace) -> int:
                    f"{plan.num_samples} sampled answers a prompt at temperature {plan.sampled.temperature:g}",
                    highlight=False)
     result = evaluate_checkpoint(config, selection, host, kind, folder, progress)
-    report = {"checkpoint": str(folder), "recipe": str(args.recipe), "task": selection.task.id,
+    report = {"checkpoint": str(folder), "recipe": recipe, "task": selection.task.id,
               "prompts": result.prompts, "num_samples": plan.num_samples, "pass_k": plan.pass_k,
               "temperature": plan.sampled.temperature, "seconds": round(result.seconds, 3), "metrics": result.named()}
-    if args.output:
+    if output:
         try:
-            Path(args.output).write_text(json.dumps(report, indent=2) + "\n")
+            Path(output).write_text(json.dumps(report, indent=2) + "\n")
         except OSError as exc:
-            raise UsageError(f"cannot write --output {args.output}: {exc.strerror or exc}",
+            raise UsageError(f"cannot write --output {output}: {exc.strerror or exc}",
                              hint="give a file in a folder that exists and can be written") from exc
-    if args.json:
+    if as_json:
         print(json.dumps(report, indent=2))
     else:
         render(report)

@@ -83,7 +83,8 @@ ENTRY_POINTS: tuple[EntryPoint, ...] = (
                adds="a simulated trainer (sleeps instead of training)"),
     EntryPoint("async", _EX + "async.main_async", "rl", "async"),
     EntryPoint("on_policy_distillation", _EX + "on_policy_distillation.main_on_policy_distill", "distillation"),
-    EntryPoint("generate", "skyrl.train.entrypoints.main_generate", "generate"),
+    # generation and evaluation of the model as it is: corerl run's eval.only
+    EntryPoint("generate", "skyrl.train.entrypoints.main_generate", "generate", implies=(("eval.only", True),)),
     # registers skyrl-gym's "multiply" (a \boxed{} answer scored 1 right, 0.5 wrong, retried): corerl-skyrl-gym's own
     EntryPoint("multiply", _EX + "multiply.main_multiply", "rl",
                implies=((f"{_GYM}.register.multiply", "corerl_skyrl_gym.multiply:MultiplyEnv"),)),

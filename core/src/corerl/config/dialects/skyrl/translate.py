@@ -152,9 +152,6 @@ def _refused_entry_point(entry_point: str) -> ConfigError | None:
     entry = _entry(entry_point)
     if entry is None:
         return None
-    if entry.family == "generate":
-        return ConfigError(f"SkyRL's {entry.id} entry point ({entry.module}) only generates: it trains nothing",
-                           hint="start a training entry point (skyrl.train.entrypoints.main_base, ...)")
     if entry.adds:
         return ConfigError(f"SkyRL's {entry.id} entry point ({entry.module}) adds {entry.adds}, which corerl does "
                            "not have", hint="start skyrl.train.entrypoints.main_base with the same keys, or use a "
