@@ -243,3 +243,48 @@ def test_skyrls_llm_as_a_judge_script_validates_with_recipe_only(monkeypatch, de
     monkeypatch.setenv("NUM_GPUS", "1")
     script = CORPUS / "examples" / "train" / "llm_as_a_judge" / "run_llm_judge.sh"
     assert cli.main(["validate", "--recipe-only", str(script)]) == 0
+
+
+def test_one_grpo_step_is_scored_by_the_judge_on_a_tiny_model(tmp_path, judge, monkeypatch, deregister):
+    """End to end in this process: rows laid out as the example's, the tiny policy's answers judged
+    through the adapter (registered as the entry point registers it), one GRPO step trained on the
+    judge's rewards (its judge: every answer right)."""
+    from corerl.config import config_from_mapping
+    from corerl.config.selection import select
+    from corerl.plugin_manager import PluginHost
+    from corerl.reporting.console import make_console
+    from corerl.run.context import RunContext
+
+    monkeypatch.setenv("OPENAI_API_KEY", KEY)
+    judge.reply = lambda body: "### Final Score: 1"
+    rows = [{**judge_row(str(i % 10)), "prompt": [{"role": "user", "content": f"w{i} w{i + 1} {i % 10} :"}],
+             "answer": str(i % 10)} for i in range(8)]
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    (target, entry), = entry_points.by_id("llm_as_a_judge").implies
+    recipe = {
+        "cluster": {"gpus_per_node": 1},
+        "policy": {"model_name": "builtin:tiny-qwen2", "generation": {"backend": "hf", "max_new_tokens": 6},
+                   "max_seq_length": 256},
+        "algorithm": {"name": "grpo", "batch_size": 2, "num_generations_per_prompt": 2, "max_steps": 1},
+        "data": {"task": "dataset", "train_files": str(data), "held_out_size": 2, "env_name": "skyrl_gym"},
+        "env": {"skyrl_gym": {"env_class": "llm_as_a_judge", "register": {"llm_as_a_judge": entry},
+                              "env_config": {"model": "judge-model", "base_url": judge.url}}},
+        "run": {"output_dir": str(tmp_path), "name": "judge", "tensorboard": False},
+    }
+    host = PluginHost(env={})
+    config = config_from_mapping(recipe, host)
+    context = RunContext.open(config, select(config, host), make_console(), host)
+    try:
+        context.start_engines()
+        algorithm = context.selection.algorithm.registration.load()(context)
+        algorithm.begin()
+        metrics = algorithm.step()
+    finally:
+        context.close(run_failed=False)
+    assert metrics["optimizer_step"] == 1.0 and metrics["env/turns"] == 1.0
+    assert metrics.get("env/failures", 0.0) == 0.0
+    # the tiny model never writes '#### N' (gsm8k's rule would score 0): the rewards are the judge's
+    assert metrics["reward/mean"] == 1.0
+    assert len(judge.requests) >= 4 and {r["model"] for r in judge.requests} == {"judge-model"}
+    assert all(r["messages"][0]["content"].split("REFERENCE ANSWER:\n")[1][0] in "0123456789" for r in judge.requests)
