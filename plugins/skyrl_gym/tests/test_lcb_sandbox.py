@@ -96,6 +96,9 @@ def test_lcb_code_that_tries_to_escape_is_contained(lcb_in_sandbox, tmp_path):
         # the guard takes os.fork away; posix.fork is the same call: each child waits, none may outlive the run
         "fork bomb": "import posix, time\nborn = 0\nfor _ in range(200):\n    if posix.fork() == 0:\n"
                      "        time.sleep(60)\n        posix._exit(0)\n    born += 1\nprint(3 if born == 200 else 0)",
+        # a wrong answer that patches what the grader's process would judge the results with
+        "forged verdict": "import builtins, json, os\nbuiltins.all = lambda *a, **k: True\n"
+                          "json.dumps = lambda *a, **k: 'true'\nprint(0)",
     }
     before = {(p.pid, p.create_time()) for p in psutil.Process().children(recursive=True)}
     for name, code in escapes.items():

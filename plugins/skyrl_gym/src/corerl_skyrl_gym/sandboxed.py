@@ -8,9 +8,11 @@ the sandbox ``env.skyrl_gym.isolation`` names (corerl's registered sandboxes; ``
 contained one available). The program is skyrl-gym's own grading module, given to the sandbox as
 a file (it imports nothing outside Python's standard library), and a short driver of ours that
 calls its ``run_test`` on the row's tests, as ``lcb_check_correctness``'s process does, and
-writes the verdict (every result ``True``) behind a random tag, so that what the code prints does
-not pass for it (code that reaches into the grader's frames can forge it, as it can forge the
-result list skyrl-gym's process hands back). What stays
+writes each test's result behind a random tag, with ``os.write`` bound before the code runs; the
+verdict (every result ``True``) is reached in corerl's process, so that neither what the code
+prints nor a builtin it patches (``all``, ``json``) passes for it (code that reaches into the
+grader's frames can forge the results, as it can forge the list skyrl-gym's process hands
+back). What stays
 in this process is what runs no model code: finding the code block, reading the tests
 (``postprocess_lcb_sample``, whose assertion on a malformed row is the episode's error, as in
 SkyRL).
@@ -56,6 +58,7 @@ import importlib.util, json, os, sys
 
 
 def _grade():  # the case in this function's frame, not in the module the code can import
+    write = os.write  # bound before the code runs: it cannot swap what writes the verdict
     here = os.path.dirname(os.path.abspath(__file__))
     sys.path.insert(0, here)
     with open(os.path.join(here, "{CASE}"), encoding="utf-8") as handle:
@@ -75,7 +78,10 @@ def _grade():  # the case in this function's frame, not in the module the code c
         if importlib.util.find_spec(line.split()[1]) is None:
             grader.import_string = grader.import_string.replace(line, "")
     results, _ = grader.run_test(case["sample"], test=case["code"], debug=False, timeout=case["timeout"])
-    os.write(1, ("\\n" + case["tag"] + " " + json.dumps(all(r is True for r in results)) + "\\n").encode())
+    # each result as it is (True: passed), judged in corerl's process: no builtin the code could
+    # patch (all, json) decides the verdict here
+    marks = " ".join("T" if r is True else "F" for r in results)
+    write(1, ("\\n" + case["tag"] + " " + marks + "\\n").encode())
 
 
 _grade()
@@ -127,10 +133,11 @@ class LCBScorer:
         result = self.runner.run(DRIVER, timeout_s=(TEST_TIMEOUT_S + 1) * tests + 5 + START_S,
                                  memory_mb=self.memory_mb, max_processes=MAX_PROCESSES,
                                  files={GRADER: self.grader, CASE: json.dumps(case)})
-        verdicts = [line.split()[1] for line in result.stdout.splitlines() if line.startswith(tag + " ")]
+        verdicts = [line.split()[1:] for line in result.stdout.splitlines() if line.startswith(tag + " ")]
         if not verdicts and not result.timed_out and result.why.startswith("corerl-sandbox:"):
             raise RuntimeError(f"the sandbox ({result.isolation}) could not run lcb's tests: {result.why}")
-        return verdicts[-1:] == ["true"]
+        # every test's result True, as skyrl-gym's own check reads run_test's list
+        return bool(verdicts) and all(mark == "T" for mark in verdicts[-1])
 
 
 class SandboxedLCB:
