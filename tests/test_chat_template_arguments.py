@@ -41,7 +41,13 @@ def test_the_arguments_render_as_apply_chat_templates_keyword_arguments(tmp_path
     tokenizer.chat_template = literal
     assert tokenizer.apply_chat_template(messages, tokenize=False) == "1.5[1, 'x']FalsevTrue"
     named = templates_with_arguments({"default": "{{ x }}", "tool_use": "{{ x }}!"}, {"x": 2})
-    assert named == {"default": "{%- set x = 2 %}{{ x }}", "tool_use": "{%- set x = 2 %}{{ x }}!"}
+    assert named == {"default": "{%- set x = 2 %}\n{{ x }}", "tool_use": "{%- set x = 2 %}\n{{ x }}!"}
+    # a template's own leading newline is kept (transformers renders with trim_blocks)
+    tokenizer.chat_template = "\n[{{ x }}]{{ messages[0]['content'] }}"
+    plain = tokenizer.apply_chat_template(messages, tokenize=False, x=7)
+    tokenizer.chat_template = with_template_arguments("\n[{{ x }}]{{ messages[0]['content'] }}", {"x": 7})
+    assert tokenizer.apply_chat_template(messages, tokenize=False) == plain == "\n[7]hi"
+    assert with_template_arguments(TEMPLATE, {}) == TEMPLATE
 
 
 def test_a_name_no_template_reads_and_a_value_no_template_takes_are_refused():
@@ -50,6 +56,8 @@ def test_a_name_no_template_reads_and_a_value_no_template_takes_are_refused():
     assert caught.value.key == "policy.chat_template_kwargs.reasoning_effort:'low'"
     with pytest.raises(ConfigError, match="is not a value a chat template takes"):
         with_template_arguments(TEMPLATE, {"x": object()})
+    with pytest.raises(ConfigError, match="give a finite number"):
+        with_template_arguments(TEMPLATE, {"x": float("nan")})
 
 
 def test_validate_refuses_a_bad_name_and_the_dialects_keys_act(capsys, tmp_path):

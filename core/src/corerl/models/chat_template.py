@@ -9,6 +9,7 @@ conversion writes the same files. The built-in tiny models have none.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -73,7 +74,9 @@ def with_template_arguments(template: str, arguments: dict[str, Any], key: str =
             raise ConfigError(f"{name!r} is not a chat template variable name", key=f"{key}.{name}",
                               hint="give the variable names the model's chat template reads (enable_thinking, ...)")
         lines.append(f"{{%- set {name} = {_jinja_literal(value, f'{key}.{name}')} %}}")
-    return "".join(lines) + template
+    # transformers renders templates with trim_blocks: the block's own newline is taken, the
+    # template's first character (a newline too) kept
+    return "".join(lines) + "\n" + template if lines else template
 
 
 def _jinja_literal(value: Any, key: str) -> str:
@@ -83,6 +86,8 @@ def _jinja_literal(value: Any, key: str) -> str:
         return "none"
     if isinstance(value, bool):
         return "true" if value else "false"
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(f"{value} is not a value a chat template takes", key=key, hint="give a finite number")
     if isinstance(value, (int, float, str)):
         return json.dumps(value)
     if isinstance(value, (list, tuple)):
