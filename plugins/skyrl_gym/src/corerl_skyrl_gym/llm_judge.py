@@ -110,6 +110,17 @@ def asker(base_url: str, api_key: str, use_openai: bool | None = None) -> Callab
     return ask_plain
 
 
+def reply_errors() -> tuple[type[BaseException], ...]:
+    """What a failed request or a malformed answer raises (the connection, HTTP and the openai
+    client's errors, a reply that is not JSON or lacks its fields); anything else is a bug, raised."""
+    errors: tuple[type[BaseException], ...] = (OSError, ValueError, KeyError, IndexError)
+    if importlib.util.find_spec("openai") is not None:
+        from openai import APIError
+
+        errors += (APIError,)
+    return errors
+
+
 def _text(content: Any) -> str:
     if not isinstance(content, str):
         raise ValueError(f"the reply's message content is {type(content).__name__}, not text")
@@ -139,7 +150,7 @@ class LLMJudgeEnv(BaseTextEnv):
         """The judge's reward for ``answer``: 0.0 where the request fails or the reply gives none."""
         try:
             reply = self.ask(self.model, judge_message(self.truth, answer))
-        except Exception as error:  # any failure of the request or its answer: SkyRL's reward for it is 0
+        except reply_errors() as error:  # the request failed or its answer is malformed: SkyRL's reward is 0
             log.warning("llm_as_a_judge: the judge (%s at %s) gave no reply, reward 0: %s: %s", self.model,
                         self.base_url, type(error).__name__, " ".join(str(error).split()))
             return 0.0
