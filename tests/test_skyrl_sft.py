@@ -224,15 +224,13 @@ def test_a_full_context_grpo_step_fills_the_context_with_random_rewards(tmp_path
 FULL_CONTEXT_IMPLIES = (("data.full_context", True), ("policy.generation.ignore_eos", True), ("data.env_name", None))
 
 
-def test_the_full_context_entry_point_runs_its_dummy_steps_without_evaluating(monkeypatch):
+def test_the_full_context_entry_point_runs_its_dummy_steps_without_evaluating():
     from corerl.config.dialects.skyrl import entry_points
     from corerl.config.dialects.skyrl.translate import translate
     from corerl.config.tree import value_at
 
     real = entry_points.by_id("full_context")
-    record = attrs.evolve(real, adds=None, implies=FULL_CONTEXT_IMPLIES)  # the record's part is not under test
-    looked_up = entry_points.by_id
-    monkeypatch.setattr(entry_points, "by_id", lambda name: record if name == "full_context" else looked_up(name))
+    assert real.adds is None and real.implies == FULL_CONTEXT_IMPLIES  # the record as the translation reads it
     raw = {"trainer": {"epochs": 20, "eval_interval": 5, "eval_before_train": True, "train_batch_size": 8,
                        "policy_mini_batch_size": 8},
            "environment": {"env_class": "gsm8k"}}
