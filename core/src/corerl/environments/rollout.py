@@ -379,7 +379,10 @@ class MultiTurnRollout:
 def step_wise(rollout: Any) -> Any:
     """``rollout`` playing step-wise trajectories (``algorithm.step_wise_trajectories``): a
     :class:`MultiTurnRollout` turned to it; a single-turn rollout (or a reward model's rescoring of
-    one) as it is, an episode of one turn being its one row; any other refused in one line."""
+    one) as it is, an episode of one turn being its one row; any other refused in one line. The
+    rollout is the run's one: training, the asynchronous producer and the held-out evaluation all
+    play step-wise (each turn sees the conversation as the template renders it; an evaluation's
+    reward is the episode's, as before)."""
     if isinstance(rollout, MultiTurnRollout):
         rollout.step_wise = True
         return rollout
