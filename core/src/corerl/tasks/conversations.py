@@ -123,13 +123,6 @@ def _without_nulls(value: Any) -> Any:
     return value
 
 
-def render_chat(tokenizer: Any, messages: Sequence[Mapping[str, Any]], prompt: bool, tools: list[Any] | None) -> str:
-    """``messages`` rendered with the tokenizer's chat template (the assistant's prompt after them
-    when ``prompt``), ``tools`` its tools argument where given."""
-    extra = {} if tools is None else {"tools": tools}
-    return str(tokenizer.apply_chat_template(list(messages), add_generation_prompt=prompt, tokenize=False, **extra))
-
-
 def trained_pieces(render: Callable[[Sequence[Mapping[str, Any]], bool], str], messages: Sequence[Mapping[str, Any]],
                    turns: Sequence[int], where: str, train_on: str) -> tuple[str, list[tuple[str, bool]]]:
     """The prompt text (``render`` of the messages before the first of ``turns``, with the

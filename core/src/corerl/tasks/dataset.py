@@ -37,7 +37,6 @@ from corerl.tasks.conversations import (
     encode_pieces,
     message_fields,
     not_a_conversation,
-    render_chat,
     row_tools,
     trained_pieces,
     trained_turns,
@@ -712,7 +711,7 @@ class DatasetTask:
         system = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
 
         def render(part: Any, prompt: bool) -> str:
-            return render_chat(self.tokenizer, [*system, *part], prompt, tools)
+            return chat_text(self.tokenizer, [*system, *part], prompt, tools)
 
         turns = trained_turns(messages, self.train_on)
         try:
@@ -720,11 +719,7 @@ class DatasetTask:
         except ConfigError:
             raise
         except Exception as exc:  # the template's own refusal (jinja's raise_exception), kept as the cause
-            roles = ", ".join(m["role"] for m in [*system, *messages])
-            raise ConfigError(f"{where}: the chat template cannot render the row's conversation (roles: {roles}): "
-                              f"{first_line(exc)}", key="data.prompt_key",
-                              hint="give messages with the roles, in the order, the model's chat template takes, or "
-                                   "another template with policy.chat_template") from exc
+            raise _template_refusal(where, "the row's", [*system, *messages], exc) from exc
         response, mask = encode_pieces(self.tokenizer, pieces)
         if not any(mask):
             raise ConfigError(f"{where}: the chat template renders nothing for the assistant turn(s) data.train_on="
@@ -742,14 +737,9 @@ class DatasetTask:
         if self.chat_template:
             system = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
             try:
-                text = (chat_text(self.tokenizer, [*system, *messages], prompt=True) if tools is None
-                        else render_chat(self.tokenizer, [*system, *messages], True, tools))
+                text = chat_text(self.tokenizer, [*system, *messages], True, tools)
             except Exception as exc:  # the template's own refusal (jinja's raise_exception), kept as the cause
-                roles = ", ".join(m["role"] for m in [*system, *messages])
-                raise ConfigError(f"{where}: the chat template cannot render the prompt's conversation (roles: {roles}): "
-                                  f"{first_line(exc)}", key="data.prompt_key",
-                                  hint="give messages with the roles, in the order, the model's chat template takes, or another "
-                                       "template with policy.chat_template") from exc
+                raise _template_refusal(where, "the prompt's", [*system, *messages], exc) from exc
             return encode_text(self.tokenizer, text), text
         return self._encode("\n\n".join(m["content"] for m in messages))
 
@@ -809,6 +799,16 @@ class DatasetTask:
         self.order, self.position = list(state["order"]), int(state["position"])
         if self.mixture is not None and "mixture" in state:
             self.mixture.set_state(state["mixture"])
+
+
+def _template_refusal(where: str, whose: str, messages: list[dict[str, Any]], exc: Exception) -> ConfigError:
+    """The one line for a conversation the chat template refuses to render (roles out of order, a
+    role it does not know), naming the row (``where``) and the roles it was given."""
+    roles = ", ".join(m["role"] for m in messages)
+    return ConfigError(f"{where}: the chat template cannot render {whose} conversation (roles: {roles}): "
+                       f"{first_line(exc)}", key="data.prompt_key",
+                       hint="give messages with the roles, in the order, the model's chat template takes, or "
+                            "another template with policy.chat_template")
 
 
 class _Mixture:

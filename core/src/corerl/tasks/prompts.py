@@ -14,10 +14,11 @@ from typing import Any
 from corerl.errors import ConfigError
 
 
-def chat_text(tokenizer: Any, messages: Sequence[Any], prompt: bool) -> str:
+def chat_text(tokenizer: Any, messages: Sequence[Any], prompt: bool, tools: list[Any] | None = None) -> str:
     """``messages`` rendered with the tokenizer's chat template (the assistant's prompt after
-    them when ``prompt``)."""
-    return str(tokenizer.apply_chat_template(list(messages), add_generation_prompt=prompt, tokenize=False))
+    them when ``prompt``), ``tools`` its tools argument where given."""
+    extra = {} if tools is None else {"tools": tools}
+    return str(tokenizer.apply_chat_template(list(messages), add_generation_prompt=prompt, tokenize=False, **extra))
 
 
 def encode_text(tokenizer: Any, text: str) -> list[int]:
