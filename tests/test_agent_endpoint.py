@@ -200,10 +200,8 @@ def test_a_burst_of_200_concurrent_calls_is_answered_not_reset(endpoint):
 def _agent_step(tmp_path, agent):
     """A GRPO run's context whose episodes ``agent`` plays, its engines started, and its algorithm begun."""
     from corerl.config import config_from_mapping
-    from corerl.config.selection import select
     from corerl.plugin_manager import PluginHost
-    from corerl.reporting.console import make_console
-    from corerl.run.context import RunContext
+    from corerl.testing.algorithm_conformance import started_algorithm
 
     host = PluginHost(env={})
     recipe = {
@@ -216,16 +214,9 @@ def _agent_step(tmp_path, agent):
         "run": {"output_dir": str(tmp_path), "name": "agent", "tensorboard": False},
     }
     config = config_from_mapping(recipe, host)
-    context = RunContext.open(config, select(config, host), make_console(), host)
-    failed = True
-    try:
-        context.start_engines()
-        algorithm = context.selection.algorithm.registration.load()(context)
+    with started_algorithm(config, host) as (context, algorithm):
         algorithm.begin()
         yield context, algorithm
-        failed = False
-    finally:
-        context.close(run_failed=failed)
 
 
 def test_a_grpo_step_trains_on_what_a_plain_agent_loop_did(tmp_path):

@@ -341,22 +341,15 @@ def test_validation_refuses_what_an_environment_run_could_not_do(tmp_path):
 def test_one_grpo_step_plays_tool_episodes_in_process(tmp_path, model):
     """Multi-turn tool episodes, on a dense policy and on a mixture of experts."""
     from corerl.config import config_from_mapping
-    from corerl.config.selection import select
     from corerl.plugin_manager import PluginHost
-    from corerl.reporting.console import make_console
-    from corerl.run.context import RunContext
+    from corerl.testing.algorithm_conformance import started_algorithm
 
     host = PluginHost(env={})
     config = config_from_mapping(_recipe(tmp_path, **{"policy.model_name": model}), host)
-    context = RunContext.open(config, select(config, host), make_console(), host)
-    try:
-        context.start_engines()
-        algorithm = context.selection.algorithm.registration.load()(context)
+    with started_algorithm(config, host) as (context, algorithm):
         assert 0.0 <= algorithm.held_out()["reward"] <= 1.0
         algorithm.begin()
         metrics = algorithm.step()
-    finally:
-        context.close(run_failed=False)
     assert metrics["optimizer_step"] == 1.0
     assert 1.0 <= metrics["env/turns"] <= 3.0
     assert sum(metrics[f"env/stop/{r}"] for r in ("done", "max_turns", "max_tokens")) == pytest.approx(1.0)
@@ -425,21 +418,14 @@ def test_nemo_rl_environment_keys_act_in_the_built_config(tmp_path):
 
 def test_one_ppo_step_plays_tool_episodes(tmp_path):
     from corerl.config import config_from_mapping
-    from corerl.config.selection import select
     from corerl.plugin_manager import PluginHost
-    from corerl.reporting.console import make_console
-    from corerl.run.context import RunContext
+    from corerl.testing.algorithm_conformance import started_algorithm
 
     host = PluginHost(env={})
     config = config_from_mapping(_recipe(tmp_path, **{"algorithm.name": "ppo"}), host)
-    context = RunContext.open(config, select(config, host), make_console(), host)
-    try:
-        context.start_engines()
-        algorithm = context.selection.algorithm.registration.load()(context)
+    with started_algorithm(config, host) as (context, algorithm):
         algorithm.begin()
         metrics = algorithm.step()
-    finally:
-        context.close(run_failed=False)
     assert metrics["optimizer_step"] == 1.0 and "critic/value_loss" in metrics
     assert 1.0 <= metrics["env/turns"] <= 3.0 and metrics["env/episodes"] == 4.0
 

@@ -326,10 +326,8 @@ def test_the_grpo_algorithm_plays_a_run_s_environment_step_wise(tmp_path):
     """``algorithm.step_wise_trajectories`` in a recipe reaches the run's rollout: the tools
     environment's episodes train as one row per turn."""
     from corerl.config import config_from_mapping
-    from corerl.config.selection import select
     from corerl.plugin_manager import PluginHost
-    from corerl.reporting.console import make_console
-    from corerl.run.context import RunContext
+    from corerl.testing.algorithm_conformance import started_algorithm
 
     recipe = {
         "cluster": {"gpus_per_node": 1},
@@ -343,14 +341,9 @@ def test_the_grpo_algorithm_plays_a_run_s_environment_step_wise(tmp_path):
     }
     host = PluginHost(env={})
     config = config_from_mapping(recipe, host)
-    context = RunContext.open(config, select(config, host), make_console(), host)
-    try:
-        context.start_engines()
-        algorithm = context.selection.algorithm.registration.load()(context)
+    with started_algorithm(config, host) as (context, algorithm):
         algorithm.begin()
         assert context.training_rollout().step_wise
         metrics = algorithm.step()
-    finally:
-        context.close(run_failed=False)
     assert metrics["optimizer_step"] == 1.0
     assert metrics["step_wise/rows"] == metrics["env/turns"] * metrics["env/episodes"]

@@ -250,10 +250,8 @@ def test_one_grpo_step_is_scored_by_the_judge_on_a_tiny_model(tmp_path, judge, m
     through the adapter (registered as the entry point registers it), one GRPO step trained on the
     judge's rewards (its judge: every answer right)."""
     from corerl.config import config_from_mapping
-    from corerl.config.selection import select
     from corerl.plugin_manager import PluginHost
-    from corerl.reporting.console import make_console
-    from corerl.run.context import RunContext
+    from corerl.testing.algorithm_conformance import started_algorithm
 
     monkeypatch.setenv("OPENAI_API_KEY", KEY)
     judge.reply = lambda body: "### Final Score: 1"
@@ -274,14 +272,9 @@ def test_one_grpo_step_is_scored_by_the_judge_on_a_tiny_model(tmp_path, judge, m
     }
     host = PluginHost(env={})
     config = config_from_mapping(recipe, host)
-    context = RunContext.open(config, select(config, host), make_console(), host)
-    try:
-        context.start_engines()
-        algorithm = context.selection.algorithm.registration.load()(context)
+    with started_algorithm(config, host) as (context, algorithm):
         algorithm.begin()
         metrics = algorithm.step()
-    finally:
-        context.close(run_failed=False)
     assert metrics["optimizer_step"] == 1.0 and metrics["env/turns"] == 1.0
     assert metrics.get("env/failures", 0.0) == 0.0
     # the tiny model never writes '#### N' (gsm8k's rule would score 0): the rewards are the judge's

@@ -268,10 +268,8 @@ def test_one_grpo_step_plays_skyrl_gym_episodes_on_a_tiny_model(tmp_path, env_cl
     through the adapter, one GRPO step trained. The tiny model never writes '#### N', so gsm8k_multi_turn
     ends where the environment says (extra_info.max_turns 2, before corerl's limit of 3)."""
     from corerl.config import config_from_mapping
-    from corerl.config.selection import select
     from corerl.plugin_manager import PluginHost
-    from corerl.reporting.console import make_console
-    from corerl.run.context import RunContext
+    from corerl.testing.algorithm_conformance import started_algorithm
 
     rows = [{"prompt": [{"role": "user", "content": f"w{i} w{i + 1} {i % 10} :"}], "env_class": env_class,
              "reward_spec": {"method": "rule", "ground_truth": str(i % 10)}, "answer": str(i % 10),
@@ -290,14 +288,9 @@ def test_one_grpo_step_plays_skyrl_gym_episodes_on_a_tiny_model(tmp_path, env_cl
     }
     host = PluginHost(env={})
     config = config_from_mapping(recipe, host)
-    context = RunContext.open(config, select(config, host), make_console(), host)
-    try:
-        context.start_engines()
-        algorithm = context.selection.algorithm.registration.load()(context)
+    with started_algorithm(config, host) as (context, algorithm):
         algorithm.begin()
         metrics = algorithm.step()
-    finally:
-        context.close(run_failed=False)
     assert metrics["optimizer_step"] == 1.0
     assert metrics["env/turns"] == turns and metrics["env/stop/done"] == 1.0
     assert metrics.get("env/failures", 0.0) == 0.0

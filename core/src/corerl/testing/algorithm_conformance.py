@@ -29,6 +29,7 @@ is the algorithm inside the very run code a run executes, not a copy of it. The 
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -36,6 +37,27 @@ from typing import Any, ClassVar
 
 import attrs
 import pytest
+
+
+@contextlib.contextmanager
+def started_algorithm(config: Any, host: Any) -> Iterator[tuple[Any, Any]]:
+    """``(context, algorithm)`` for a test's in-process run of ``config``: its run context opened
+    (``host``'s selection), its engines started and the selected algorithm built by its factory
+    (``begin()`` left to the test, which may read ``held_out()`` first); the context closed after
+    the block, as failed where the block raised."""
+    from corerl.config.selection import select
+    from corerl.reporting.console import make_console
+    from corerl.run.context import RunContext
+
+    context = RunContext.open(config, select(config, host), make_console(), host)
+    failed = True
+    try:
+        context.start_engines()
+        yield context, context.selection.algorithm.registration.load()(context)
+        failed = False
+    finally:
+        context.close(run_failed=failed)
+
 
 #: the model every case runs on (built into the run directory on first use)
 TINY_MODEL = "builtin:tiny-qwen2"
