@@ -81,18 +81,28 @@ class Lexer:
         self.i += n
         return text
 
+    def blank(self, newlines: bool) -> bool:
+        """Skip one blank at the cursor (a space or tab, a line continuation, a comment up to its
+        line's end; a newline too where ``newlines``), and say whether there was one."""
+        c = self.peek()
+        if c in " \t\r" or (newlines and c == "\n"):
+            self.take()
+        elif c == "\\" and self.peek(1) == "\n":
+            self.take(2)
+        elif c == "#":
+            while self.peek() not in ("", "\n"):
+                self.take()
+        else:
+            return False
+        return True
+
     def tokens(self) -> list[Any]:
         out: list[Any] = []
         while self.i < len(self.s):
             c = self.peek()
-            if c in " \t\r":
-                self.take()
-            elif c == "\\" and self.peek(1) == "\n":
-                self.take(2)
-            elif c == "#":
-                while self.peek() not in ("", "\n"):
-                    self.take()
-            elif c == "\n":
+            if self.blank(newlines=False):
+                continue
+            if c == "\n":
                 out.append(("op", "\n", self.line))
                 self.take()
                 self.heredoc_bodies()
@@ -202,14 +212,9 @@ class Lexer:
             c = self.peek()
             if c == "":
                 raise self.fail("an array with no closing `)`", line)
-            if c in " \t\r\n":
-                self.take()
-            elif c == "\\" and self.peek(1) == "\n":
-                self.take(2)
-            elif c == "#":
-                while self.peek() not in ("", "\n"):
-                    self.take()
-            elif c == ")":
+            if self.blank(newlines=True):
+                continue
+            if c == ")":
                 self.take()
                 return elements
             elif c in ";&|(<>":
