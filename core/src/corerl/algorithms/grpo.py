@@ -258,13 +258,11 @@ class GRPOAlgorithm(AlgorithmBase):
 
     def training_rollout(self) -> Any:
         """The run's training rollout; with ``algorithm.step_wise_trajectories``, playing step-wise
-        (each turn a row of its own: :func:`corerl.environments.rollout.step_wise`)."""
-        from corerl.algorithms.step_wise import check_step_wise
-
+        (each turn a row of its own: :func:`corerl.environments.rollout.step_wise`; what it cannot
+        combine with is refused by validation's table, :mod:`corerl.algorithms.step_wise`)."""
         rollout = self.context.training_rollout()
         if not self.context.config.core.algorithm.step_wise_trajectories:
             return rollout
-        check_step_wise(self.context.config)
         return step_wise(rollout)
 
     @property
