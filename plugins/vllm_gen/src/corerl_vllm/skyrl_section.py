@@ -55,7 +55,6 @@ RULES: dict[str, Rule] = {
         "their own cache, so it is not passed; the same samples", lambda value: value is not None),
     _E + "engine_init_kwargs.chat_template": acts("policy.chat_template"),
     _E + "engine_init_kwargs.language_model_only": inert("corerl loads the model's language part for text prompts"),
-    _E + "engine_init_kwargs.quantization": refused("quantised generation is not built into corerl"),
     _E + "engine_init_kwargs.*": Rule.derived("passed to vLLM as given, as SkyRL passes them: "
                                               "policy.generation.vllm_cfg.engine_args (an argument corerl sets "
                                               "itself from another key is refused, naming that key)"),
@@ -87,8 +86,7 @@ _SET_BY_CORERL: dict[str, str] = {
 }
 _ARGS = _E + "engine_init_kwargs."
 #: engine_init_kwargs with a rule of their own (above)
-_OWN = ("max_model_len", "enable_log_requests", "kv_transfer_config", "chat_template", "language_model_only",
-        "quantization")
+_OWN = ("max_model_len", "enable_log_requests", "kv_transfer_config", "chat_template", "language_model_only")
 
 
 def _leaves(node: Any, prefix: str) -> list[tuple[str, Any]]:

