@@ -17,6 +17,7 @@ from corerl.environments.vlm_env import (
     RefcocoSettings,
     VLMSettings,
 )
+from corerl.generation.remote import RemoteConfig
 from corerl.hookspecs import hookimpl
 from corerl.packing.algorithms import CORE_PACKERS
 from corerl.registry import (
@@ -71,6 +72,17 @@ def corerl_register_generation_backends(register: Callable[[GenerationBackend], 
             lora=True,
             moe=True,
             owned_keys=("policy.generation.hf_kv_cache",),
+        )
+    )
+    register(
+        GenerationBackend(
+            id="remote",
+            priority=0,
+            factory="corerl.generation.remote:RemoteGenerationBackend",
+            check_supported="corerl.generation.remote:check_remote_chosen",
+            config_section="policy.generation.remote",
+            config_schema=RemoteConfig,
+            description="generation servers started apart from the run (corerl serve-generation), over HTTP",
         )
     )
 
@@ -140,6 +152,9 @@ def corerl_register_commands(register: Callable[[Command], None]) -> None:
     register(Command(id="eval", factory="corerl.evaluation.command:run",
                      arguments="corerl.evaluation.command:add_arguments",
                      description="evaluate a checkpoint on the recipe's held-out prompts: greedy, mean@n, pass@k"))
+    register(Command(id="serve-generation", factory="corerl.run.generation_server:run",
+                     arguments="corerl.run.generation_server:add_arguments",
+                     description="serve the recipe's generation engine over HTTP for the remote generation backend"))
 
 
 @hookimpl
