@@ -208,3 +208,19 @@ def test_seq_mask_leaves_out_the_sequences_outside_the_bounds_and_weighs_the_oth
     # seq-mask-tis leaves out the same row but weighs the kept tokens by exp(old - gen)
     tis, _ = importance_weights(old, gen, mask, attrs.evolve(loss, importance_sampling_type="seq-mask-tis"))
     assert torch.allclose(tis, torch.tensor([[math.exp(0.004), math.exp(0.010)], [0.0, 0.0]]))
+
+
+def test_seq_tis_weighs_every_token_by_its_sequences_ratio_product_capped():
+    from corerl.algorithms.grpo_math import importance_weights
+
+    old = torch.tensor([[-1.0, -2.0, -3.0], [-1.0, -2.0, -3.0]])
+    # row 0: log ratios 0.1, 0.2 (product e^0.3, under the cap) and a padding token; row 1: 1.0 + 1.0 = e^2 > 5
+    gen = old - torch.tensor([[0.1, 0.2, 7.0], [1.0, 1.0, 0.0]])
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]])
+    loss = GRPOLoss(importance_sampling_correction=True, importance_sampling_type="seq-tis", importance_weight_cap=5.0)
+    weights, changed = importance_weights(old, gen, mask, loss)
+    assert torch.allclose(weights, torch.tensor([[math.exp(0.3), math.exp(0.3), 0.0], [5.0, 5.0, 5.0]]))
+    assert torch.equal(changed, torch.tensor([[False, False, False], [True, True, True]]))
+    # a long sequence's product does not overflow: the cap applies in log space
+    huge, _ = importance_weights(old, old - 400.0, torch.ones(2, 3), loss)
+    assert torch.allclose(huge, torch.full((2, 3), 5.0))

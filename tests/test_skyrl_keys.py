@@ -133,6 +133,18 @@ def test_kl_clipping_and_loss_reduction():
     assert value_at(tis, "algorithm.importance_weight_cap") == 3.0
 
 
+def test_sequence_level_tis_weighs_each_sequence_by_its_capped_ratio_product():
+    sequence = _get(trainer__algorithm__off_policy_correction__tis_ratio_type="sequence")
+    assert value_at(sequence, "algorithm.importance_sampling_type") == "seq-tis"
+    assert value_at(sequence, "algorithm.importance_weight_cap") == 5.0  # SkyRL's default clip
+    capped = _get(trainer__algorithm__off_policy_correction__tis_ratio_type="sequence",
+                  trainer__algorithm__off_policy_correction__sequence_tis_ratio_clip_high=8.0)
+    assert value_at(capped, "algorithm.importance_weight_cap") == 8.0
+    with pytest.raises(ConfigErrors, match="sequence-level TIS together with a geometric sequence mask"):
+        _run(trainer__algorithm__off_policy_correction__sequence_mask_metric="geometric",
+             trainer__algorithm__off_policy_correction__tis_ratio_type="sequence")
+
+
 def test_dapo_dynamic_sampling_and_overlong_buffer():
     tree = _get("dapo", trainer__algorithm__dynamic_sampling__type="filter",
                 trainer__algorithm__dynamic_sampling__max_sample_batches=7, trainer__algorithm__overlong_buffer_len=512,

@@ -5,6 +5,7 @@ Pure tensor functions; the loop that feeds them lives in :mod:`corerl.algorithms
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import attrs
@@ -193,7 +194,7 @@ class GRPOLoss:
     importance_sampling_correction: bool = False
     importance_weight_cap: float | None = None
     importance_weight_min: float | None = None
-    importance_sampling_type: str = "tis"  # tis, icepop, seq-mask-tis or seq-mask (importance_weights)
+    importance_sampling_type: str = "tis"  # tis, icepop, seq-mask-tis, seq-mask or seq-tis (importance_weights)
     # the KL term weighted by exp(logprob - gen_logprob), detached: KL under the training policy
     on_policy_kl_approximation: bool = False
     # token_mean, sequence_mean or constant_length (the batch's aggregation_weights: aggregation_weights())
@@ -439,7 +440,9 @@ def importance_weights(old: torch.Tensor, gen: torch.Tensor, mask: torch.Tensor,
     where it lies within ``[min, cap]``, 0 elsewhere; ``seq-mask-tis``: a whole sequence's
     weights are 0 when the geometric mean of its ratios, ``exp(mean(old - gen))``, lies outside
     ``[min, cap]``, else its tokens keep ``exp(old - gen)``; ``seq-mask``: the same sequences left
-    out, the others' tokens weighing 1 (a mask, no weight). An unset bound does not bound."""
+    out, the others' tokens weighing 1 (a mask, no weight); ``seq-tis``: every token of a sequence
+    weighs the sequence's ratio, the product ``exp(sum(old - gen))``, at most ``cap`` (truncated
+    importance sampling per sequence). An unset bound does not bound."""
     mask = mask.to(old.dtype)
     raw = torch.exp(old - gen) * mask
     high = loss.importance_weight_cap if loss.importance_weight_cap is not None else float("inf")
@@ -449,6 +452,10 @@ def importance_weights(old: torch.Tensor, gen: torch.Tensor, mask: torch.Tensor,
         weights = raw.clamp(max=high)
     elif kind == "icepop":
         weights = raw * ((raw >= low) & (raw <= high)).to(raw.dtype)
+    elif kind == "seq-tis":  # capped in log space: a long sequence's product would overflow exp
+        summed = ((old - gen) * mask).sum(dim=-1, keepdim=True)
+        capped = summed.clamp(max=math.log(high)) if math.isfinite(high) else summed
+        return torch.exp(capped) * mask, (summed > capped).expand_as(mask) & mask.bool()
     elif kind in ("seq-mask-tis", "seq-mask"):
         tokens = mask.sum(dim=-1, keepdim=True).clamp(min=1.0)
         geometric = torch.exp(((old - gen) * mask).sum(dim=-1, keepdim=True) / tokens)
@@ -457,7 +464,8 @@ def importance_weights(old: torch.Tensor, gen: torch.Tensor, mask: torch.Tensor,
             return kept * mask, (kept * mask == 0) & mask.bool()
         weights = raw * kept
     else:
-        raise ValueError(f"unknown importance sampling type {kind!r}; known: tis, icepop, seq-mask-tis, seq-mask")
+        raise ValueError(f"unknown importance sampling type {kind!r}; known: tis, icepop, seq-mask-tis, seq-mask, "
+                         "seq-tis")
     changed = ((weights - raw).abs() > 1e-12) & mask.bool()
     return weights * mask, changed
 

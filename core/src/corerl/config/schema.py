@@ -281,11 +281,12 @@ class AlgorithmConfig:
     importance_weight_cap: float | None = setting(None, min=0.0, min_exclusive=True,
                                                   help="upper bound on those weights (truncated importance sampling)")
     importance_weight_min: float | None = setting(None, min=0.0, help="lower bound (icepop and seq-mask-tis)")
-    importance_sampling_type: Literal["tis", "icepop", "seq-mask-tis", "seq-mask"] = setting(
+    importance_sampling_type: Literal["tis", "icepop", "seq-mask-tis", "seq-mask", "seq-tis"] = setting(
         "tis", help="tis: weights capped at importance_weight_cap; icepop: tokens whose weight lies outside "
                     "[importance_weight_min, importance_weight_cap] left out; seq-mask-tis: sequences whose geometric-"
                     "mean weight lies outside those bounds left out; seq-mask: those sequences left out, the others' "
-                    "tokens unweighted (a mask only)")
+                    "tokens unweighted (a mask only); seq-tis: each sequence's tokens weighted by the product of "
+                    "its ratios, capped at importance_weight_cap")
     kl_penalty: float = setting(0.0, min=0.0, help="GRPO: weight of the KL term in the loss; PPO: the KL penalty "
                                                    "folded into each token's reward")
     kl_type: Literal["k1", "k2", "k3"] = setting("k3", help="KL estimator: k1 log ratio, k2 half its square, k3 "

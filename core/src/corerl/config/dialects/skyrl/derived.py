@@ -326,11 +326,19 @@ def _importance_sampling(keys: _Keys, out: Translator) -> None:
         out.put(key, "algorithm.importance_sampling_correction", True)
         set_at(out.tree, "algorithm.importance_sampling_type", "tis")
         _put(out, keys, cap_key, "algorithm.importance_weight_cap", keys(cap_key) if keys.given(cap_key) else 2.0)
+    elif kind == "sequence":
+        out.put(key, "algorithm.importance_sampling_correction", True, "algorithm.importance_sampling_type seq-tis")
+        set_at(out.tree, "algorithm.importance_sampling_type", "seq-tis")
+        cap_key = _A + "off_policy_correction.sequence_tis_ratio_clip_high"
+        _put(out, keys, cap_key, "algorithm.importance_weight_cap", keys(cap_key) if keys.given(cap_key) else 5.0)
     elif kind is not None:
-        out.refuse(key, f"{kind!r} importance-sampling correction is not built into corerl (token is)",
-                   "use token, or remove the key")
+        out.refuse(key, f"{kind!r} importance-sampling correction is not built into corerl (token and sequence are)",
+                   "use token or sequence, or remove the key")
     elif keys.given(cap_key):
         out.inert(cap_key, "used only with tis_ratio_type token")
+    sequence_cap = _A + "off_policy_correction.sequence_tis_ratio_clip_high"
+    if kind != "sequence" and keys.given(sequence_cap):
+        out.inert(sequence_cap, "used only with tis_ratio_type sequence")
     _sequence_mask(keys, out, kind)
     if keys(_A + "use_tis"):
         out.put(_A + "use_tis", "algorithm.importance_sampling_correction", True)
@@ -610,8 +618,8 @@ def _sequence_mask(keys: _Keys, out: Translator, token_tis: Any) -> None:
             _put(out, keys, source, target, keys(source) if keys.given(source) else default)
         return
     if metric == "geometric":
-        out.refuse(key, "token-level TIS together with a geometric sequence mask is not built into corerl (either "
-                        "alone is)", "set tis_ratio_type=null or sequence_mask_metric=null")
+        out.refuse(key, f"{token_tis}-level TIS together with a geometric sequence mask is not built into corerl "
+                        "(either alone is)", "set tis_ratio_type=null or sequence_mask_metric=null")
     elif metric is not None:
         out.refuse(key, f"the {metric!r} sequence mask is not built into corerl (geometric is)", "use geometric")
     for source in bounds:

@@ -54,11 +54,12 @@ RULES: dict[str, Rule] = {
     _A + "tis_imp_ratio_cap": derived("with use_tis: algorithm.importance_weight_cap"),
     _A + "off_policy_correction.tis_ratio_type": derived("token: token-level TIS (algorithm.importance_sampling_"
                                                          "correction, importance_weight_cap from "
-                                                         "token_tis_ratio_clip_high); another type is refused"),
+                                                         "token_tis_ratio_clip_high); sequence: importance_sampling_"
+                                                         "type seq-tis, capped at sequence_tis_ratio_clip_high"),
     _A + "off_policy_correction.token_tis_ratio_clip_high": derived("with tis_ratio_type token: "
                                                                     "algorithm.importance_weight_cap"),
-    _A + "off_policy_correction.sequence_tis_ratio_clip_high": inert(
-        "used only with tis_ratio_type sequence (refused)"),
+    _A + "off_policy_correction.sequence_tis_ratio_clip_high": derived("with tis_ratio_type sequence: "
+                                                                       "algorithm.importance_weight_cap"),
     _A + "off_policy_correction.sequence_mask_metric": derived(
         "geometric (without token TIS): algorithm.importance_sampling_type seq-mask, bounded by geo_mask_low "
         "and geo_mask_high; product, or geometric with tis_ratio_type token, is refused"),
