@@ -175,21 +175,47 @@ class DedicatedGeneration:
     def push(self, weights: Iterable[tuple[str, Any]], version: int) -> None:
         """Hand the worker ``version``'s weights without waiting for what it generates; the
         version counts as pushed (:attr:`version`) once the worker holds them, so that no
-        request started after it is stamped older."""
+        request started after it is stamped older. ``weights``: the policy's (name, tensor)
+        pairs, or with ``policy.lora`` its adapter (:class:`corerl.lora.weights.AdapterWeights`:
+        only the adapter crosses, as in a synchronous LoRA refit)."""
+        from corerl.lora.weights import AdapterWeights
+
+        from .worker import AdapterRefit
+
+        payload: Any
         with self.handle:
-            if self.writer is not None:
+            if isinstance(weights, AdapterWeights):  # the adapter alone: small, through Ray
+                tensors = {name: tensor.detach().cpu() for name, tensor in weights.tensors().items()}
+                payload = self.manifest = AdapterRefit(dict(weights.config), weights.base, tensors)
+            elif self.writer is not None:
                 self.manifest = self.writer.write(weights)
-                payload: Any = self.manifest
+                payload = self.manifest
             else:  # another node: the tensors themselves, through Ray
                 payload = self.manifest = [(name, tensor.detach().cpu()) for name, tensor in weights]
             self.pushing = version
         self._call("update_weights", payload, version)
         self.version = version
 
+    def push_version(self, version: int, seconds: float) -> None:
+        """A simulated trainer's refit (``algorithm.async.simulate_training``): the worker takes
+        ``version`` with its weights unchanged, generation paused ``seconds`` as ``in_flight`` says
+        (a restarted worker loads the newest real weights, which these are)."""
+        from .worker import SimulatedRefit
+
+        with self.handle:
+            self.pushing = version
+        self._call("update_weights", SimulatedRefit(seconds), version)
+        self.version = version
+
     def update_weights(self, weights: Iterable[tuple[str, Any]]) -> None:
         """The generation contract's refit: the weights are in use when this returns."""
         self.push(weights, self.version)
         self._call("sync")
+
+    def load_adapter(self, adapter: Any) -> None:
+        """The generation contract's LoRA refit (:class:`corerl.lora.weights.AdapterWeights`): the
+        adapter is in use when this returns."""
+        self.update_weights(adapter)
 
     def sleep(self) -> None:
         return None  # generation has devices of its own: nothing to give back to training

@@ -7,10 +7,21 @@ weights trained and the oldest token of each group), ``async/staleness`` (every 
 histogram in TensorBoard), ``async/dropped`` (groups past ``max_staleness``, never trained),
 ``async/buffered`` (finished groups waiting), ``async/generation_restarts`` and
 ``time/wait_for_rollouts`` (how long training waited for the buffer).
+
+With ``policy.lora`` each hand-over carries the adapter alone (the worker's backend takes it by
+``load_adapter``, as a synchronous LoRA refit does).
+
+With ``algorithm.async.simulate_training`` the trainer is simulated (a benchmark of the generation
+side): a step takes its batch from the buffer as usual, then sleeps ``simulate_training_seconds``
+instead of training and hands over the next version without weights (the worker pauses
+``simulate_refit_seconds`` as ``in_flight`` says). The policy's weights never change; the step's
+metrics say ``simulated: 1`` and carry the rollout's figures, the staleness bookkeeping and the
+timings, but no loss, gradient norm or learning rate.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from pathlib import Path
 from typing import Any
@@ -18,7 +29,10 @@ from typing import Any
 from corerl.asynchronous.buffer import Key, RolloutBuffer
 from corerl.asynchronous.producer import RolloutProducer
 from corerl.environments.rollout import Rollout
-from corerl.training.weights import counted
+from corerl.lora.weights import AdapterWeights
+from corerl.training.weights import REFITS, counted
+
+log = logging.getLogger(__name__)
 
 STATE_FILE = "async_state.json"
 
@@ -30,6 +44,15 @@ def merged_metrics(groups: list[Any]) -> dict[str, float]:
         batches.setdefault(group.key[0], group.metrics)
     keys = {k for metrics in batches.values() for k in metrics}
     return {k: sum(m.get(k, 0.0) for m in batches.values()) / len(batches) for k in keys}
+
+
+def model_tokens(sample: Any) -> int:
+    """The tokens the model generated in ``sample`` (an episode's turns, a step-wise one's rows)."""
+    steps = getattr(sample, "steps", ())
+    if steps:
+        return sum(model_tokens(s) for s in steps)
+    mask = sample.completion_mask
+    return int(sum(mask)) if mask is not None else len(sample.completion_ids)
 
 
 class AsyncTrainer:
@@ -45,6 +68,14 @@ class AsyncTrainer:
         self.first_batch = 0
         self.producer: RolloutProducer | None = None
         self.resume_point: tuple[Any, int, list[Key]] | None = None
+        if settings.simulate_training:
+            said = (f"SIMULATED TRAINING (algorithm.async.simulate_training): each step sleeps "
+                    f"{settings.simulate_training_seconds:g} s instead of training and the policy's weights never "
+                    f"change; each refit pauses generation {settings.simulate_refit_seconds:g} s and sends no weights")
+            log.warning(said)
+            console = getattr(context, "console", None)
+            if console is not None:
+                console.print(f"[bold red]{said}[/]")
 
     def begin(self, grpo: Any) -> None:
         """Train ``grpo`` from the buffer: after each step the weights are handed over without
@@ -82,13 +113,26 @@ class AsyncTrainer:
         (folder / STATE_FILE).write_text(json.dumps({"first_batch": first, "settled": settled}))
         self.resume_point = None
 
+    def weights(self) -> Any:
+        """What a hand-over carries, counted in :data:`~corerl.training.weights.REFITS`: the policy's
+        weight stream, or with ``policy.lora`` its adapter only (as a synchronous LoRA refit)."""
+        training = self.grpo.training
+        if not getattr(training, "adapter_only", False):
+            return counted(training.weight_stream())
+        adapter = training.adapter_weights()
+        tensors = adapter.tensors()
+        REFITS.begin()
+        for tensor in tensors.values():
+            REFITS.add(tensor)
+        return AdapterWeights(adapter.engine, adapter.config, adapter.base, lambda: tensors)
+
     def push(self) -> None:
-        self.generation.push(counted(self.grpo.training.weight_stream()), self.grpo.steps_done + 1)
+        self.generation.push(self.weights(), self.grpo.steps_done + 1)
 
     def step(self) -> dict[str, float]:
         if self.producer is None:
             # the worker's weights are the policy's (a warm start's, a resumed run's) as version steps_done
-            self.generation.push(counted(self.grpo.training.weight_stream()), self.grpo.steps_done)
+            self.generation.push(self.weights(), self.grpo.steps_done)
             self.producer = RolloutProducer(self.context.rollout(), self.context.task, self.context.config,
                                             self.settings, self.buffer, lambda: self.generation.version,
                                             self.first_batch, self.settled)
@@ -101,8 +145,12 @@ class AsyncTrainer:
         taken = [g.key for g in groups]
         self.producer.settle(taken + dropped)
         self.settled.update(taken + dropped)
-        rollout = Rollout([g.samples for g in groups], [g.rewards for g in groups], merged_metrics(groups))
-        metrics = self.grpo.learn(self.grpo.shaping.apply(rollout), {"time/wait_for_rollouts": waited})
+        rollout = self.grpo.shaping.apply(Rollout([g.samples for g in groups], [g.rewards for g in groups],
+                                                  merged_metrics(groups)))
+        if self.settings.simulate_training:
+            metrics = self.simulated(rollout, waited)
+        else:
+            metrics = self.grpo.learn(rollout, {"time/wait_for_rollouts": waited})
         staleness = [version - g.min_version for g in groups]
         metrics.update({
             "async/staleness/mean": sum(staleness) / len(staleness), "async/staleness/max": float(max(staleness)),
@@ -112,10 +160,31 @@ class AsyncTrainer:
         metrics["async/staleness"] = [float(s) for s in staleness]  # type: ignore[assignment]
         return metrics
 
+    def simulated(self, rollout: Rollout, waited: float) -> dict[str, float]:
+        """A simulated step over the batch taken: sleep instead of training, then hand over the
+        next version without weights; the rollout's figures and the timings, ``simulated: 1``."""
+        settings = self.settings
+        start = time.perf_counter()
+        time.sleep(settings.simulate_training_seconds)
+        trained = time.perf_counter() - start
+        start = time.perf_counter()
+        self.generation.push_version(self.grpo.steps_done + 1, settings.simulate_refit_seconds)
+        refit = time.perf_counter() - start
+        self.grpo.steps_done += 1
+        rewards = [r for group in rollout.rewards for r in group]
+        generated = sum(model_tokens(s) for group in rollout.groups for s in group)
+        return {"simulated": 1.0, "reward/mean": sum(rewards) / len(rewards), "reward/max": max(rewards),
+                "generated_tokens": float(generated), **rollout.metrics, "time/wait_for_rollouts": waited,
+                "time/training": trained, "time/refit": refit}
+
     def stop(self) -> None:
         """Stop generating and let the worker take the newest weights (for the held-out evaluation)."""
         if self.producer is None:
             return
         self.producer.stop()
         self.producer = None
-        self.generation.update_weights(counted(self.grpo.training.weight_stream()))
+        weights = self.weights()
+        if isinstance(weights, AdapterWeights):
+            self.generation.load_adapter(weights)
+        else:
+            self.generation.update_weights(weights)

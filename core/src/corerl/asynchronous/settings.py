@@ -13,10 +13,18 @@ __all__ = ["IN_FLIGHT", "SAMPLERS", "SECTION", "AsyncSettings", "async_settings"
 
 def check_async(config: object, algorithm: object, asynchronous_ids: list[str]) -> None:
     """Refuse, in one line naming the key, ``algorithm.async.enabled`` for an algorithm without
-    an asynchronous step, or with generation colocated with training."""
-    if not async_settings(config).enabled:
-        return
+    an asynchronous step, with generation colocated with training, or a simulated trainer
+    (``simulate_training``) without the asynchronous loop it stands in for."""
     core, origins = config.core, config.origins  # type: ignore[attr-defined]
+    settings = async_settings(config)
+    if settings.simulate_training and not settings.enabled:
+        raise SelectionError("a simulated trainer stands in for asynchronous GRPO's training steps, and "
+                             "asynchronous GRPO is off", key=f"{SECTION}.simulate_training",
+                             source=origin_of(f"{SECTION}.simulate_training", origins),
+                             hint="set algorithm.async.enabled=true (with a dedicated generation group), or "
+                                  "algorithm.async.simulate_training=false")
+    if not settings.enabled:
+        return
     if algorithm is not None and not getattr(algorithm, "asynchronous", False):
         raise SelectionError(f"algorithm {algorithm.id!r} has no asynchronous step", key=f"{SECTION}.enabled",  # type: ignore[attr-defined]
                              source=origin_of(f"{SECTION}.enabled", origins),

@@ -16,6 +16,14 @@ decoding steps (the ``between_tokens`` attribute; the ``hf`` and ``vllm`` backen
 the number of tokens generated so far, or, where requests advance apart (vLLM's scheduler), with
 one count per sample of the call.
 
+What a weight update carries (:meth:`GenerationWorker.update_weights`): the policy's weights; with
+``policy.lora``, only its adapter (:class:`AdapterRefit`, which the backend takes by its
+``load_adapter``, as a synchronous LoRA refit gives it); or, with
+``algorithm.async.simulate_training``, nothing but the new version (:class:`SimulatedRefit`:
+generation pauses for its seconds as for a real update, the weights stay as they are). An
+adapter cannot reach the requests a streaming engine already runs (each request is bound to the
+adapter it started with), so there ``continue`` lets an adapter wait for them, as ``wait`` does.
+
 Every call into the backend runs on one thread of the worker's own (:attr:`GenerationWorker.engine`),
 whichever of the actor's threads took the request: compiled CUDA graphs (the ``hf`` backend's
 static KV cache on a GPU) are kept per thread by torch and assert when another thread replays them.
@@ -66,6 +74,32 @@ def stamp(sample: Sample, switches: list[tuple[Position, int]], index: int = 0) 
             at += 1
         versions.append(switches[at][1])
     return attrs.evolve(sample, versions=tuple(versions))
+
+
+@attrs.frozen
+class AdapterRefit:
+    """A LoRA refit for the worker: the adapter's ``config`` (``adapter_config.json``'s content),
+    the Hugging Face folder of its ``base`` and its ``tensors`` (PEFT's saved names), as
+    :class:`corerl.lora.weights.AdapterWeights` carries them (plain data: it crosses to the actor)."""
+
+    config: dict[str, Any]
+    base: str
+    tensors: dict[str, Any]
+
+    def adapter(self) -> Any:
+        """The refit as the generation contract's :class:`~corerl.lora.weights.AdapterWeights`."""
+        from corerl.lora.weights import AdapterWeights
+
+        tensors = self.tensors
+        return AdapterWeights(None, self.config, self.base, lambda: tensors)
+
+
+@attrs.frozen
+class SimulatedRefit:
+    """A simulated trainer's refit (``algorithm.async.simulate_training``): no weights, only the new
+    version; generation stays paused for ``seconds`` where a real update would load."""
+
+    seconds: float = 0.0
 
 
 def check_in_flight(registration: Any, in_flight: str) -> None:
@@ -121,7 +155,7 @@ class GenerationWorker:
         self.registration = registration
         self.in_flight = in_flight
         self.version = 0
-        self.pending: tuple[int, list[tuple[str, Any]]] | None = None
+        self.pending: tuple[int, Any] | None = None  # (version, what update_weights took)
         self.generating = threading.Lock()  # held for a whole generate call
         self.handover = threading.Lock()  # guards pending
         self.switches: list[tuple[Position, int]] = []
@@ -169,9 +203,9 @@ class GenerationWorker:
             if self.in_flight == "abort":
                 self.aborted = True
                 return True
-            version, weights = self.pending
+            version, update = self.pending
             self.pending = None
-        self.backend.update_weights(weights)
+        self._load(update)
         self.version = version
         self.switches.append((generated, version))
         return False
@@ -226,16 +260,19 @@ class GenerationWorker:
         with self.handover:
             if self.pending is None:
                 return False
-            if self.running and self.in_flight == "wait":
+            # an adapter cannot reach running requests (each is bound to the one it started with)
+            waits = self.in_flight == "wait" or (self.in_flight == "continue" and isinstance(self.pending[1],
+                                                                                             AdapterRefit))
+            if self.running and waits:
                 return True
-            version, weights = self.pending
+            version, update = self.pending
             self.pending = None
         if self.running and self.in_flight == "abort":
             for call in self.running:
                 self.stream.abort(call.requests)
                 self._answer(call)
             self.running = []
-        self.backend.update_weights(weights)
+        self._load(update)
         self.version = version
         for call in self.running:  # continue: each sample goes on from where it stands
             call.switches.append((call.requests.counts(), version))
@@ -248,14 +285,21 @@ class GenerationWorker:
         call.done.set_result((stamped, bool(call.requests.aborted)))
 
     def update_weights(self, weights: Any, version: int) -> int:
-        """Take weights of ``version`` (a shared-memory manifest, or (name, tensor) pairs): loaded now
-        when nothing is generated, else as ``in_flight`` says. Returns the version loaded now."""
+        """Take weights of ``version`` (a shared-memory manifest, (name, tensor) pairs, an
+        :class:`AdapterRefit` or a :class:`SimulatedRefit`): loaded now when nothing is generated,
+        else as ``in_flight`` says. Returns the version loaded now."""
         from corerl.generation.shared_weights import WeightManifest, read_shared
 
-        pairs = read_shared(weights) if isinstance(weights, WeightManifest) else weights
-        copied = [(name, tensor.clone()) for name, tensor in pairs]  # the file is rewritten by the next update
+        update: Any
+        if isinstance(weights, AdapterRefit):
+            update = attrs.evolve(weights, tensors={k: t.clone() for k, t in weights.tensors.items()})
+        elif isinstance(weights, SimulatedRefit):
+            update = weights
+        else:
+            pairs = read_shared(weights) if isinstance(weights, WeightManifest) else weights
+            update = [(name, tensor.clone()) for name, tensor in pairs]  # the file is rewritten by the next update
         with self.handover:
-            self.pending = (version, copied)
+            self.pending = (version, update)
         if self.stream is not None:
             with self.loop_lock:
                 if self.looping:
@@ -286,8 +330,19 @@ class GenerationWorker:
         with self.handover:
             pending, self.pending = self.pending, None
         if pending is not None:
-            self._on_engine(self.backend.update_weights, pending[1])
+            self._on_engine(self._load, pending[1])
             self.version = pending[0]
+
+    def _load(self, update: Any) -> None:
+        """One update into the backend, on the engine thread (generation waits meanwhile)."""
+        if isinstance(update, AdapterRefit):
+            self.backend.load_adapter(update.adapter())
+        elif isinstance(update, SimulatedRefit):
+            import time
+
+            time.sleep(update.seconds)  # the weights stay; generation pauses as for a real update
+        else:
+            self.backend.update_weights(update)
 
     def shutdown(self) -> None:
         self._on_engine(self.backend.shutdown)

@@ -44,6 +44,16 @@ class AsyncSettings:
                                                                   "beyond max_staleness")
     max_generation_failures: int = setting(3, min=0, help="generation worker deaths tolerated (each restarted, its "
                                                           "prompts requeued) before the run stops")
+    simulate_training: bool = setting(False, help="a benchmark of the generation side: each training step sleeps "
+                                                  "simulate_training_seconds instead of training (the weights never "
+                                                  "change; each step's metrics say simulated=1 and carry no loss), "
+                                                  "and each refit only advances the version, generation paused "
+                                                  "simulate_refit_seconds")
+    simulate_training_seconds: float = setting(30.0, min=0, help="with simulate_training: the seconds each "
+                                                                 "simulated training step sleeps")
+    simulate_refit_seconds: float = setting(0.0, min=0, help="with simulate_training: the seconds generation "
+                                                             "stays paused at each simulated refit (as in_flight "
+                                                             "says), standing in for the weights' transfer")
     generation_threads: int | None = setting(None, min=1, help="CPU threads of the generation worker on a machine "
                                                                "without GPUs; unset: half the cores (training keeps "
                                                                "the rest)")

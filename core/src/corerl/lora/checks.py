@@ -15,8 +15,8 @@ def _those(ids: Sequence[str] | None) -> str:
 def check_lora(config: Any, training: Any, generation: Any, *, lora_training: Sequence[str] | None = None,
                lora_generation: Sequence[str] | None = None) -> None:
     """Refuse, in one line naming the key, a LoRA policy on a training backend or a generation
-    backend whose registration does not say ``lora=True``, LoRA with asynchronous GRPO, and
-    dropout after the adapter (PEFT's LoRA drops out its input). ``generation`` is None where the
+    backend whose registration does not say ``lora=True`` (asynchronous GRPO's dedicated worker
+    included: it takes the adapter as a synchronous refit does), and dropout after the adapter (PEFT's LoRA drops out its input). ``generation`` is None where the
     algorithm samples nothing. ``lora_training`` / ``lora_generation``: the installed backends
     that do take LoRA, which the hints name."""
     from corerl.errors import SelectionError, origin_of
@@ -35,11 +35,6 @@ def check_lora(config: Any, training: Any, generation: Any, *, lora_training: Se
                              "LoRA adapter", key="policy.generation.backend",
                              source=origin_of("policy.generation.backend", config.origins) or source,
                              hint=f"use one that can ({_those(lora_generation)}), or set policy.lora.enabled=false")
-    if config.section_enabled("algorithm.async"):
-        raise SelectionError("asynchronous GRPO pushes full weights to its dedicated worker; adapter-only refits are "
-                             "not wired into it yet", key="algorithm.async.enabled",
-                             source=origin_of("algorithm.async.enabled", config.origins) or source,
-                             hint="set algorithm.async.enabled=false with policy.lora, or train the whole model")
     if lora.dropout_position == "post" and lora.dropout > 0:
         raise SelectionError("PEFT's LoRA applies dropout to the adapter's input ('pre'); dropout after it is not "
                              "available", key=f"{SECTION}.dropout_position",
