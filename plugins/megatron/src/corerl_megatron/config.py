@@ -76,6 +76,20 @@ class MegatronConfig:
                                "gate, up each with A and B of their own: PEFT's, as on dtensor); lora, one per megatron "
                                "layer (q, k, v share one A and one B over linear_qkv's rows, gate and up over "
                                "linear_fc1's: Megatron-Bridge's LoRA, SkyRL's and NeMo RL's megatron default)")
+    mtp_num_layers: int | None = setting(
+        0, min=0, help="multi-token-prediction (MTP) draft heads to build and train (megatron-core's MTP block: "
+                       "embedding norm, hidden norm, projection and one transformer layer each); 0: none; unset: "
+                       "as many as the checkpoint has (num_nextn_predict_layers or mtp_num_hidden_layers)")
+    mtp_loss_scaling_factor: float = setting(
+        0.1, min=0.0, help="w in policy_loss + w * draft_loss; the draft loss is decoupled (trunk hidden states, "
+                           "re-embedding, output layer and the trunk's next-token distribution it is distilled "
+                           "from are detached): its gradient reaches the MTP heads only")
+    mtp_loss_topk: int | None = setting(
+        None, min=1, help="distil only the trunk's top-k tokens (renormalised) in the draft loss; unset: the "
+                          "whole vocabulary")
+    mtp_loss_chunk_size: int | None = setting(
+        1024, min=1, help="sequence positions per chunk of the draft loss, each recomputed in the backward pass "
+                          "(bounds the draft logits' memory; the same loss); unset: one chunk")
     optimizer: MegatronOptimizerConfig = section(MegatronOptimizerConfig)
     scheduler: MegatronSchedulerConfig = section(MegatronSchedulerConfig)
 
@@ -89,6 +103,9 @@ class MegatronConfig:
         yield from parallel_sizes_divide_world("tensor_model_parallel_size", sizes, config)
         if self.sequence_parallel and self.tensor_model_parallel_size == 1:
             yield ("sequence_parallel", "needs tensor_model_parallel_size > 1")
+        if (self.mtp_num_layers or 0) > 0 and self.pipeline_model_parallel_size > 1:
+            yield ("mtp_num_layers", "the MTP heads are trained on the last pipeline stage with the embeddings, which "
+                   "only the first stage holds: set pipeline_model_parallel_size=1, or mtp_num_layers=0")
         for stage in ("first", "last"):
             if getattr(self, f"num_layers_in_{stage}_pipeline_stage") is not None and \
                     self.pipeline_model_parallel_size == 1:

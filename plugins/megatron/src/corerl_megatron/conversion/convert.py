@@ -31,6 +31,8 @@ class Shape:
     #: a mixture of experts: the routed experts of a MoE layer (0: a dense model), and which layers route
     experts: int = 0
     moe_layers: tuple[int, ...] = ()
+    #: the multi-token-prediction heads the checkpoint carries (0: none, or a family without MTP rules)
+    mtp_layers: int = 0
 
     @classmethod
     def from_hf_config(cls, hf: Any, family: Family, value_head: bool = False) -> Shape:
@@ -45,7 +47,15 @@ class Shape:
             qkv_bias=bool(getattr(hf, "attention_bias", family.qkv_bias_default)),
             value_head=value_head, experts=experts,
             moe_layers=moe_layer_indices(hf) if experts else (),
+            mtp_layers=mtp_layer_count(hf) if any(r.when == "mtp" for r in family.rules) and not value_head else 0,
         )
+
+
+def mtp_layer_count(hf: Any) -> int:
+    """The multi-token-prediction heads of the Hugging Face config ``hf``: MiMo's and DeepSeek's
+    ``num_nextn_predict_layers``, Qwen3.5's and Qwen3-Next's ``mtp_num_hidden_layers`` (0: none)."""
+    text = hf.get_text_config() if hasattr(hf, "get_text_config") else hf
+    return int(getattr(text, "num_nextn_predict_layers", None) or getattr(text, "mtp_num_hidden_layers", None) or 0)
 
 
 def expert_count(hf: Any) -> int:
@@ -63,7 +73,8 @@ def moe_layer_indices(hf: Any) -> tuple[int, ...]:
 
 def _applies(rule: Rule, shape: Shape) -> bool:
     return rule.when in ("always", "moe", "dense") or (rule.when == "untied" and not shape.tied) or \
-        (rule.when == "qkv_bias" and shape.qkv_bias)
+        (rule.when == "qkv_bias" and shape.qkv_bias) or (rule.when == "mtp" and shape.mtp_layers > 0) or \
+        (rule.when == "mtp_qkv_bias" and shape.mtp_layers > 0 and shape.qkv_bias)
 
 
 def _layers(rule: Rule, shape: Shape) -> list[int]:
@@ -71,6 +82,8 @@ def _layers(rule: Rule, shape: Shape) -> list[int]:
         return list(shape.moe_layers)
     if rule.when == "dense":
         return [i for i in range(shape.num_layers) if i not in shape.moe_layers]
+    if rule.when in ("mtp", "mtp_qkv_bias"):
+        return list(range(shape.mtp_layers))
     return list(range(shape.num_layers))
 
 
@@ -101,6 +114,12 @@ def split_qkv(qkv: torch.Tensor, shape: Shape) -> tuple[torch.Tensor, torch.Tens
     return q.reshape(-1, *rest), k.reshape(-1, *rest), v.reshape(-1, *rest)
 
 
+def swap_halves(weight: torch.Tensor) -> torch.Tensor:
+    """A ``[out, 2h]`` projection over [a; b] as the same projection over [b; a] (its own inverse)."""
+    first, second = torch.chunk(weight, 2, dim=1)
+    return torch.cat([second, first], dim=1)
+
+
 def hf_to_megatron(hf_state: dict[str, torch.Tensor], family: Family, shape: Shape) -> dict[str, torch.Tensor]:
     """The Megatron state dict of a Hugging Face one; every Hugging Face tensor must be used."""
     out: dict[str, torch.Tensor] = {}
@@ -122,6 +141,8 @@ def hf_to_megatron(hf_state: dict[str, torch.Tensor], family: Family, shape: Sha
                 out[target] = fuse_qkv(*tensors, shape)
             elif rule.kind == "gate_up":
                 out[target] = torch.cat(tensors, dim=0)
+            elif rule.kind == "swap_halves":
+                out[target] = swap_halves(tensors[0])
             elif rule.kind == "expert":  # transformers stacks the experts: one Megatron tensor each
                 for expert, part in enumerate(tensors[0].unbind(0)):
                     out[target.format(e=expert)] = part
@@ -143,8 +164,12 @@ def megatron_to_hf(state: dict[str, torch.Tensor], family: Family, shape: Shape)
             if rule.kind == "expert":
                 out[targets[0]] = torch.stack([state[source.format(e=e)] for e in range(shape.experts)]).contiguous()
                 continue
+            if rule.when in ("mtp", "mtp_qkv_bias") and source not in state:
+                continue  # a model built with fewer heads than its checkpoint (mtp_num_layers) exports those it has
             tensor = state[source]
-            if rule.kind == "qkv":
+            if rule.kind == "swap_halves":
+                parts = (swap_halves(tensor),)
+            elif rule.kind == "qkv":
                 parts = split_qkv(tensor, shape)
             elif rule.kind == "gate_up":
                 parts = tuple(torch.chunk(tensor, 2, dim=0))

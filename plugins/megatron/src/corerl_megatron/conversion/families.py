@@ -5,10 +5,13 @@ tensors it is made of and how: ``copy`` (one tensor, same layout), ``qkv`` (q, k
 projections fused per query group: for each group its query heads, then its key head, then
 its value head), ``gate_up`` (the gated MLP's gate and up projections stacked) or ``expert``
 (one expert's slice of a tensor transformers keeps stacked over the experts: Megatron's
-per-expert ``linear_fc1`` is ``gate_up_proj[e]``, its ``linear_fc2`` is ``down_proj[e]``).
+per-expert ``linear_fc1`` is ``gate_up_proj[e]``, its ``linear_fc2`` is ``down_proj[e]``) or
+``swap_halves`` (a ``[out, 2h]`` projection whose two input halves are in the other order).
 ``{i}`` is the layer index, ``{e}`` the expert's. ``when`` says which layers a rule covers in a
-mixture of experts: ``moe`` (routed layers), ``dense`` (the others). Adding a family is adding a
-table to :data:`FAMILIES`.
+mixture of experts: ``moe`` (routed layers), ``dense`` (the others); ``mtp`` and ``mtp_qkv_bias``
+cover the multi-token-prediction heads a checkpoint carries after its decoder layers (``{i}`` is
+then the head's index: megatron-core's ``mtp.layers.{i}``). Adding a family is adding a table to
+:data:`FAMILIES`.
 """
 
 from __future__ import annotations
@@ -17,8 +20,8 @@ from typing import Literal
 
 import attrs
 
-Kind = Literal["copy", "qkv", "gate_up", "expert"]
-When = Literal["always", "untied", "qkv_bias", "moe", "dense"]
+Kind = Literal["copy", "qkv", "gate_up", "expert", "swap_halves"]
+When = Literal["always", "untied", "qkv_bias", "moe", "dense", "mtp", "mtp_qkv_bias"]
 
 
 @attrs.frozen
@@ -79,12 +82,38 @@ def _expert_rules() -> tuple[Rule, ...]:
             Rule(f"{experts}.linear_fc2.weight", (f"{_MLP}.experts.down_proj",), "expert", when="moe"))
 
 
+def _mimo_mtp_rules() -> tuple[Rule, ...]:
+    """MiMo's MTP heads (``model.mtp_layers.{i}``, the names vLLM's ``mimo_mtp`` loads): token and hidden
+    norms, ``input_proj`` over [hidden; embedding] (megatron-core's ``eh_proj`` reads [embedding; hidden]),
+    a Qwen2 decoder layer, and a final norm."""
+    head, layer = "model.mtp_layers.{i}", "mtp.layers.{i}.transformer_layer"
+    attn, mlp = f"{head}.self_attn", f"{head}.mlp"
+    return (
+        Rule("mtp.layers.{i}.enorm.weight", (f"{head}.token_layernorm.weight",), when="mtp"),
+        Rule("mtp.layers.{i}.hnorm.weight", (f"{head}.hidden_layernorm.weight",), when="mtp"),
+        Rule("mtp.layers.{i}.eh_proj.weight", (f"{head}.input_proj.weight",), "swap_halves", when="mtp"),
+        Rule(f"{layer}.input_layernorm.weight", (f"{head}.input_layernorm.weight",), when="mtp"),
+        Rule(f"{layer}.self_attention.linear_qkv.weight",
+             (f"{attn}.q_proj.weight", f"{attn}.k_proj.weight", f"{attn}.v_proj.weight"), "qkv", when="mtp"),
+        Rule(f"{layer}.self_attention.linear_qkv.bias",
+             (f"{attn}.q_proj.bias", f"{attn}.k_proj.bias", f"{attn}.v_proj.bias"), "qkv", when="mtp_qkv_bias"),
+        Rule(f"{layer}.self_attention.linear_proj.weight", (f"{attn}.o_proj.weight",), when="mtp"),
+        Rule(f"{layer}.pre_mlp_layernorm.weight", (f"{head}.post_attention_layernorm.weight",), when="mtp"),
+        Rule(f"{layer}.mlp.linear_fc1.weight", (f"{mlp}.gate_proj.weight", f"{mlp}.up_proj.weight"), "gate_up",
+             when="mtp"),
+        Rule(f"{layer}.mlp.linear_fc2.weight", (f"{mlp}.down_proj.weight",), when="mtp"),
+        Rule("mtp.layers.{i}.final_layernorm.weight", (f"{head}.final_layernorm.weight",), when="mtp"),
+    )
+
+
 QWEN2 = Family("qwen2", ("Qwen2ForCausalLM",), _decoder_rules(), qkv_bias_default=True)
 LLAMA = Family("llama", ("LlamaForCausalLM", "MistralForCausalLM"), _decoder_rules(), qkv_bias_default=False)
 QWEN3_MOE = Family("qwen3_moe", ("Qwen3MoeForCausalLM",), _decoder_rules(qk_norm=True, experts=True),
                    qkv_bias_default=False)
 MIXTRAL = Family("mixtral", ("MixtralForCausalLM",), _decoder_rules(experts=True), qkv_bias_default=False)
-FAMILIES = (QWEN2, LLAMA, QWEN3_MOE, MIXTRAL)
+#: Xiaomi's MiMo: a Qwen2 decoder with MTP heads (``num_nextn_predict_layers``)
+MIMO = Family("mimo", ("MiMoForCausalLM",), (*_decoder_rules(), *_mimo_mtp_rules()), qkv_bias_default=True)
+FAMILIES = (QWEN2, LLAMA, QWEN3_MOE, MIXTRAL, MIMO)
 
 
 def family_of(architecture: str) -> Family | None:

@@ -78,7 +78,7 @@ def load_hf_model_config(source: Path, converter_type: str | None = None) -> tup
     from corerl_megatron.conversion.convert import Shape
     from corerl_megatron.conversion.families import family_of, supported_architectures
 
-    hf = AutoConfig.from_pretrained(source)
+    hf = _base_config(source) or AutoConfig.from_pretrained(source)
     architecture = converter_type or (hf.architectures or ["?"])[0]
     # a critic's value model (a token classifier) has its causal LM's table, with a one-output head
     value_head = architecture.endswith("ForTokenClassification")
@@ -93,6 +93,42 @@ def load_hf_model_config(source: Path, converter_type: str | None = None) -> tup
     return hf, family, Shape.from_hf_config(hf, family, value_head=value_head)
 
 
+#: checkpoints whose config ``model_type`` transformers does not ship, read with the config class of
+#: the decoder they extend (MiMo: a Qwen2 decoder with multi-token-prediction heads); corerl never
+#: runs the Python code such a checkpoint ships
+_BASE_MODEL_TYPES = {"mimo": "qwen2"}
+
+
+def _base_config(source: Path) -> Any:
+    path = Path(source) / "config.json"
+    if not path.is_file():
+        return None
+    base = _BASE_MODEL_TYPES.get(json.loads(path.read_text(encoding="utf-8")).get("model_type"))
+    if base is None:
+        return None
+    from transformers import CONFIG_MAPPING
+    from transformers.utils import logging as hf_logging
+
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # "a model of type mimo to instantiate a model of type qwen2": as meant
+    try:
+        return CONFIG_MAPPING[base].from_pretrained(str(source))
+    finally:
+        hf_logging.set_verbosity(verbosity)
+
+
+def checkpoint_tensors(source: Path) -> dict[str, Any]:
+    """Every tensor of the checkpoint's safetensors files under its stored name, in float32 (what
+    transformers' model would hold; its state dict leaves out the multi-token-prediction heads)."""
+    import torch
+    from safetensors.torch import load_file
+
+    state: dict[str, Any] = {}
+    for path in sorted(Path(source).glob("*.safetensors")):
+        state.update(load_file(str(path)))
+    return {k: v.float() if v.is_floating_point() else v for k, v in state.items() if isinstance(v, torch.Tensor)}
+
+
 def convert_folder(source: Path, target: Path, converter_type: str | None = None) -> dict[str, Any]:
     """Write the Megatron state dict of the Hugging Face checkpoint ``source`` into ``target``."""
     from safetensors.torch import save_file
@@ -101,8 +137,12 @@ def convert_folder(source: Path, target: Path, converter_type: str | None = None
     from corerl_megatron.conversion.convert import hf_to_megatron
 
     hf, family, shape = load_hf_model_config(source, converter_type)
-    model = load_pretrained(source, "critic" if shape.value_head else "policy")
-    state = hf_to_megatron({k: v.detach() for k, v in model.state_dict().items()}, family, shape)
+    if any(rule.when == "mtp" for rule in family.rules):  # the heads are in the files, not in transformers' model
+        hf_state = checkpoint_tensors(source)
+    else:
+        model = load_pretrained(source, "critic" if shape.value_head else "policy")
+        hf_state = {k: v.detach() for k, v in model.state_dict().items()}
+    state = hf_to_megatron(hf_state, family, shape)
     save_file(state, str(target / WEIGHTS))
     hf.save_pretrained(target / HF_FILES)
     copy_tokenizer(str(source), str(target / HF_FILES))

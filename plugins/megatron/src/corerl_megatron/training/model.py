@@ -74,15 +74,18 @@ class ValueHead(torch.nn.Module):
 
 
 def build_gpt(hf: Any, config: Any, *, pre_process: bool = True, post_process: bool = True,
-              value_head: bool = False, local_spec: bool = False) -> Any:
+              value_head: bool = False, local_spec: bool = False, mtp_layers: int = 0) -> Any:
     """A GPTModel (local layer spec; Transformer Engine's when importable and on a GPU, unless
     ``local_spec``: LoRA adapters read each linear layer's input, which Transformer Engine's spec
     takes before the norm it folds in); with ``value_head``, a critic: :class:`ValueHead` in place
-    of the vocabulary projection."""
+    of the vocabulary projection; with ``mtp_layers``, megatron-core's multi-token-prediction
+    block of that many heads as ``model.mtp`` (run by :mod:`corerl_megatron.training.mtp`, not by
+    GPTModel's forward: its draft loss is decoupled from the trunk)."""
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
     spec = get_gpt_layer_local_spec(normalization="RMSNorm")
+    engine_spec = False
     if config.num_moe_experts:  # dense and MoE layers as config.moe_layer_freq says, this stage's only
         from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
 
@@ -95,6 +98,7 @@ def build_gpt(hf: Any, config: Any, *, pre_process: bool = True, post_process: b
             )
 
             spec = get_gpt_layer_with_transformer_engine_spec()
+            engine_spec = True
             if config.num_moe_experts:
                 from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
 
@@ -109,6 +113,10 @@ def build_gpt(hf: Any, config: Any, *, pre_process: bool = True, post_process: b
     )
     if value_head and post_process:
         model.output_layer = ValueHead(config.hidden_size, config.params_dtype)
+    if mtp_layers and post_process:
+        from corerl_megatron.training.mtp import build_mtp_block
+
+        model.mtp = build_mtp_block(config, spec, mtp_layers, engine_spec)
     # the local spec's norms are plain torch.nn.RMSNorm modules, made on the default device in
     # float32 whatever the config says: bring them to the rank's GPU and the parameters' dtype
     for param in model.parameters():

@@ -40,6 +40,7 @@ class MegatronWorker(RankWorker):
         self.tp_rank, self.tp = ps.get_tensor_model_parallel_rank(), ps.get_tensor_model_parallel_world_size()
         self.dp = ps.get_data_parallel_world_size()
         self.model: Any = None
+        self.draft: Any = None  # the multi-token-prediction heads' draft loss (set by load_hf when it builds heads)
         self.routing: Any = None  # a mixture of experts' load counters and router replay (set by load_hf)
         self.replay: Any = None
 
@@ -78,9 +79,14 @@ class MegatronWorker(RankWorker):
         self.mconfig = transformer_config(
             hf, self.settings, dtype[self.config.core.policy.precision], tensor_parallel=self.tp,
             pipeline_parallel=self.settings.pipeline_model_parallel_size, qkv_bias=self.shape.qkv_bias, moe=moe)
+        from corerl_megatron.training.mtp import DraftHeads, heads_to_build
+
+        heads = 0 if self.critic else heads_to_build(self.settings.mtp_num_layers, self.shape.mtp_layers, model_path,
+                                                     lora=self.lora, stages=self.settings.pipeline_model_parallel_size)
         model = build_gpt(hf, self.mconfig, pre_process=self.ps.is_pipeline_first_stage(),
                           post_process=self.ps.is_pipeline_last_stage(), value_head=self.shape.value_head,
-                          local_spec=self.lora)
+                          local_spec=self.lora, mtp_layers=heads)
+        self.draft = DraftHeads(model, self.settings) if heads else None  # multi-token-prediction heads
         if self.shape.experts and (moe.freeze_router or self.settings.freeze_moe_router):
             freeze_routers(model)
         self.ep = self.ps.get_expert_model_parallel_world_size() if self.shape.experts else 1
@@ -224,6 +230,8 @@ class MegatronWorker(RankWorker):
         self.optimizer.zero_grad()
         if self.routing is not None:
             self.routing.active = True
+        if self.draft is not None:  # the MTP heads' decoupled draft loss joins each micro-batch's loss
+            loss_fn = self.draft.wrap(loss_fn)
         try:
             out = self._run(mbs, loss_fn, normaliser, forward_only=False)
         finally:

@@ -1,0 +1,241 @@
+"""Multi-token-prediction (MTP) heads on the megatron backend (corerl_megatron.training.mtp): a tiny
+MiMo-like checkpoint (a Qwen2 decoder with one MTP head under MiMo's Hugging Face names), one megatron
+rank in this process (gloo, world size 1). The heads are megatron-core's MTP block with the local
+layer spec; their logits equal MiMo's head computed by hand from the Hugging Face tensors; a training
+step with the draft loss moves the heads and leaves the trunk's gradient what it is without them."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from corerl.testing import host_with, select_for, write_recipe
+
+HIDDEN, HEADS, KV_HEADS, VOCAB = 64, 4, 2, 128
+
+
+def _mtp_tensors(config: dict[str, Any], generator: torch.Generator) -> dict[str, torch.Tensor]:
+    """One MiMo MTP head's tensors under MiMo's names (model.mtp_layers.0.*), random."""
+    h, d = config["hidden_size"], config["hidden_size"] // config["num_attention_heads"]
+    q, kv, ffn = config["num_attention_heads"] * d, config["num_key_value_heads"] * d, config["intermediate_size"]
+    shapes = {"token_layernorm.weight": (h,), "hidden_layernorm.weight": (h,), "input_proj.weight": (h, 2 * h),
+              "input_layernorm.weight": (h,), "post_attention_layernorm.weight": (h,), "final_layernorm.weight": (h,),
+              "self_attn.q_proj.weight": (q, h), "self_attn.q_proj.bias": (q,), "self_attn.k_proj.weight": (kv, h),
+              "self_attn.k_proj.bias": (kv,), "self_attn.v_proj.weight": (kv, h), "self_attn.v_proj.bias": (kv,),
+              "self_attn.o_proj.weight": (h, q), "mlp.gate_proj.weight": (ffn, h), "mlp.up_proj.weight": (ffn, h),
+              "mlp.down_proj.weight": (h, ffn)}
+    out = {}
+    for name, shape in shapes.items():
+        value = torch.randn(shape, generator=generator) * 0.1
+        out[f"model.mtp_layers.0.{name}"] = value + 1.0 if name.endswith("norm.weight") else value
+    return out
+
+
+@pytest.fixture(scope="module")
+def mimo_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A tiny Qwen2 checkpoint made MiMo: its config names MiMoForCausalLM with one MTP head, whose
+    tensors are added to the weights file."""
+    from safetensors.torch import load_file, save_file
+
+    from corerl.models.tiny import build_tiny_model
+
+    path = build_tiny_model(tmp_path_factory.mktemp("mimo"), family="qwen2", hidden_size=HIDDEN, num_layers=2,
+                            num_heads=HEADS, num_kv_heads=KV_HEADS, tie_word_embeddings=False)
+    config = json.loads((path / "config.json").read_text())
+    config.update(model_type="mimo", architectures=["MiMoForCausalLM"], num_nextn_predict_layers=1)
+    (path / "config.json").write_text(json.dumps(config))
+    weights = path / "model.safetensors"
+    state = load_file(str(weights))
+    state.update(_mtp_tensors(config, torch.Generator().manual_seed(5)))
+    save_file(state, str(weights), metadata={"format": "pt"})
+    return str(path)
+
+
+def _config(model: str, tmp_path: Path, overrides: list[str]) -> Any:
+    recipe = write_recipe(tmp_path / "r.yaml", {
+        "policy": {"model_name": model, "precision": "float32", "megatron_cfg": {"enabled": True},
+                   "generation": {"backend": "hf"}},
+        "algorithm": {"seed": 7}})
+    config, _ = select_for(host_with(None, "installed"), recipe, overrides)
+    return config
+
+
+# no clipping: the global norm counts the heads' gradients, and would scale the trunk's by it
+_PLAIN = ["policy.megatron_cfg.optimizer.clip_grad=0", "policy.megatron_cfg.optimizer.weight_decay=0"]
+
+
+@pytest.fixture(scope="module")
+def workers(mimo_dir: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    """Two megatron ranks on the same checkpoint in this process: with its MTP head, and without."""
+    import torch.distributed as dist
+    from megatron.core import parallel_state
+
+    from corerl.sdk import free_port
+    from corerl_megatron.training.worker import MegatronWorker
+
+    made = {}
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("MASTER_ADDR", "127.0.0.1")
+        patch.setenv("MASTER_PORT", str(free_port()))
+        try:
+            for name, heads in (("mtp", ["policy.megatron_cfg.mtp_num_layers=1",
+                                         "policy.megatron_cfg.mtp_loss_scaling_factor=0.5",
+                                         "policy.megatron_cfg.mtp_loss_chunk_size=3"]),
+                                ("plain", ["policy.megatron_cfg.mtp_num_layers=0"])):
+                config = _config(mimo_dir, tmp_path_factory.mktemp(name), [*_PLAIN, *heads])
+                made[name] = MegatronWorker(rank=0, world_size=1, config=config, threads=1,
+                                            checkpoint_dir=str(tmp_path_factory.mktemp(f"conversions-{name}")))
+                made[name].load_hf(mimo_dir)
+            yield made
+        finally:
+            parallel_state.destroy_model_parallel()
+            if dist.is_initialized():
+                dist.destroy_process_group()
+
+
+def _batch() -> dict[str, torch.Tensor]:
+    ids = torch.randint(1, VOCAB, (2, 9), generator=torch.Generator().manual_seed(8))
+    mask = torch.ones_like(ids)
+    mask[:, :3] = 0  # a prompt of 3 tokens: no loss there
+    return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "loss_mask": mask}
+
+
+def _mimo_head_by_hand(model_dir: str, ids: torch.Tensor) -> torch.Tensor:
+    """MiMo's MTP head from its Hugging Face tensors (as vLLM's mimo_mtp computes it): the trunk's
+    final hidden state of position t and the embedding of token t + 1, each normed, concatenated
+    hidden first, projected, one Qwen2 decoder layer, the head's final norm, the output head."""
+    from safetensors.torch import load_file
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+    from transformers.models.qwen2.modeling_qwen2 import Qwen2DecoderLayer, Qwen2RMSNorm, Qwen2RotaryEmbedding
+
+    config = Qwen2Config.from_pretrained(model_dir)
+    config._attn_implementation = "sdpa"  # no mask given: causal
+    trunk = Qwen2ForCausalLM.from_pretrained(model_dir, config=config, dtype=torch.float32).eval()
+    head = {k.removeprefix("model.mtp_layers.0."): v for k, v in load_file(f"{model_dir}/model.safetensors").items()
+            if k.startswith("model.mtp_layers.0.")}
+
+    def norm(name: str) -> Qwen2RMSNorm:
+        module = Qwen2RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        module.weight.data.copy_(head[f"{name}.weight"])
+        return module
+
+    layer = Qwen2DecoderLayer(config, layer_idx=0)
+    layer.load_state_dict({k: v for k, v in head.items() if k.startswith(("self_attn.", "mlp.", "input_layernorm",
+                                                                          "post_attention_layernorm"))})
+    with torch.no_grad():
+        hidden = trunk.model(input_ids=ids).last_hidden_state[:, :-1]
+        embedded = trunk.model.embed_tokens(ids[:, 1:])
+        x = torch.cat([norm("hidden_layernorm")(hidden), norm("token_layernorm")(embedded)], dim=-1)
+        x = x @ head["input_proj.weight"].T
+        positions = torch.arange(x.shape[1]).expand(x.shape[0], -1)
+        rotary = Qwen2RotaryEmbedding(config)(x, positions)
+        out = layer(x, attention_mask=None, position_ids=positions, position_embeddings=rotary)
+        out = out[0] if isinstance(out, tuple) else out
+        return trunk.lm_head(norm("final_layernorm")(out))
+
+
+def test_the_heads_are_megatron_s_mtp_block_and_compute_mimo_s_head(workers: dict[str, Any], mimo_dir: str) -> None:
+    worker = workers["mtp"]
+    module = worker.model.module
+    names = [n for n, _ in module.named_parameters() if n.startswith("mtp.")]
+    assert "mtp.layers.0.eh_proj.weight" in names and "mtp.layers.0.transformer_layer.mlp.linear_fc1.weight" in names
+    assert not any(n.startswith("mtp.") for n, _ in workers["plain"].model.module.named_parameters())
+    ids = _batch()["input_ids"]
+    module.train()
+    module(ids, torch.arange(ids.shape[1]).expand_as(ids), attention_mask=None)  # the training forward runs them
+    per_depth, _ = worker.draft.pending
+    worker.draft.pending = None
+    with torch.no_grad():
+        ours = worker.draft.logits(per_depth[0])[:, :-1]  # the last position's next-next token is past the row
+    theirs = _mimo_head_by_hand(mimo_dir, ids)
+    assert (ours - theirs).abs().max() < 1e-4, float((ours - theirs).abs().max())
+
+
+def test_the_draft_loss_trains_the_heads_and_leaves_the_trunk_s_gradient_as_without_them(
+        workers: dict[str, Any]) -> None:
+    mb = _batch()
+
+    def loss_fn(logprobs: torch.Tensor, batch: dict[str, torch.Tensor], normaliser: float) -> tuple[Any, dict]:
+        return -(logprobs * batch["loss_mask"]).sum() / normaliser, {}
+
+    found = {}
+    for name, worker in workers.items():
+        module = worker.model.module
+        before = {n: p.detach().clone() for n, p in module.named_parameters()}
+        result = worker.train_step([mb], loss_fn, float(mb["loss_mask"].sum()))
+        grads = {n: p.main_grad.detach().clone() for n, p in module.named_parameters()}
+        moved = {n for n, p in module.named_parameters() if not torch.equal(before[n], p.detach())}
+        found[name] = (result, grads, moved)
+    (with_heads, grads, moved), (plain, plain_grads, _) = found["mtp"], found["plain"]
+    assert with_heads["metrics"]["mtp/draft_loss"] > 0 and "mtp/draft_loss" not in plain["metrics"]
+    # the policy loss is the same; the reported loss adds w * the draft loss
+    assert with_heads["loss"] == pytest.approx(plain["loss"] + 0.5 * with_heads["metrics"]["mtp/draft_loss"], rel=1e-5)
+    heads = {n for n in grads if n.startswith("mtp.")}
+    assert heads and all(grads[n].abs().max() > 0 for n in heads) and heads <= moved
+    assert set(plain_grads) == set(grads) - heads
+    for name, grad in plain_grads.items():  # the trunk, the embeddings and the output layer: untouched by the draft
+        assert torch.equal(grad, grads[name]), name
+
+
+def test_the_draft_loss_is_the_trunk_distilled_into_the_heads(workers: dict[str, Any]) -> None:
+    """The loss by hand from the heads' logits: soft cross-entropy against the trunk's distribution one
+    position on, over the completion's targets; chunked (3 positions a chunk) as whole; top-k renormalised."""
+    from corerl_megatron.training.mtp import soft_cross_entropy
+
+    worker, mb = workers["mtp"], _batch()
+    module, draft = worker.model.module, worker.draft
+    module.train()
+    ids = mb["input_ids"]
+    teacher = module(ids, torch.arange(ids.shape[1]).expand_as(ids), attention_mask=None).detach()
+    per_depth, _ = draft.pending
+    with torch.no_grad():
+        student = draft.logits(per_depth[0])
+        ce = -(teacher[:, 1:-1].softmax(-1) * student[:, :-2].log_softmax(-1)).sum(-1)
+        want = (ce * mb["loss_mask"][:, 2:]).sum() / 10.0
+        got = draft.loss(mb, 10.0)
+    assert got == pytest.approx(float(want), rel=1e-5)
+    top = soft_cross_entropy(student, teacher, topk=teacher.shape[-1])
+    assert torch.allclose(top, soft_cross_entropy(student, teacher, topk=None), atol=1e-5)
+
+
+def test_hf_megatron_hf_round_trip_of_mtp_weights_is_exact(mimo_dir: str) -> None:
+    from corerl_megatron.conversion.convert import hf_to_megatron, megatron_to_hf
+    from corerl_megatron.conversion.store import checkpoint_tensors, load_hf_model_config
+
+    hf, family, shape = load_hf_model_config(Path(mimo_dir))
+    assert family.name == "mimo" and shape.mtp_layers == 1 and shape.qkv_bias
+    state = checkpoint_tensors(Path(mimo_dir))
+    megatron = hf_to_megatron(state, family, shape)
+    assert {k for k in megatron if k.startswith("mtp.")} == {
+        f"mtp.layers.0.{n}" for n in ("enorm.weight", "hnorm.weight", "eh_proj.weight", "final_layernorm.weight",
+                                      *(f"transformer_layer.{t}" for t in (
+                                          "input_layernorm.weight", "self_attention.linear_qkv.weight",
+                                          "self_attention.linear_qkv.bias", "self_attention.linear_proj.weight",
+                                          "pre_mlp_layernorm.weight", "mlp.linear_fc1.weight",
+                                          "mlp.linear_fc2.weight")))}
+    # megatron-core's eh_proj reads [embedding; hidden], MiMo's input_proj [hidden; embedding]
+    proj = state["model.mtp_layers.0.input_proj.weight"]
+    assert torch.equal(megatron["mtp.layers.0.eh_proj.weight"][:, :HIDDEN], proj[:, HIDDEN:])
+    back = megatron_to_hf(megatron, family, shape)
+    assert sorted(back) == sorted(state)
+    assert all(torch.equal(back[k], state[k]) for k in state)
+    # a model built with fewer heads than the checkpoint exports the trunk (and the heads it has)
+    trunk_only = megatron_to_hf({k: v for k, v in megatron.items() if not k.startswith("mtp.")}, family, shape)
+    assert sorted(trunk_only) == sorted(k for k in state if ".mtp_layers." not in k)
+
+
+def test_more_heads_than_the_checkpoint_has_are_refused_in_one_line() -> None:
+    from corerl.errors import ConfigError, EngineNotAvailable
+    from corerl_megatron.training.mtp import heads_to_build
+
+    assert heads_to_build(None, 1, "m") == 1 and heads_to_build(0, 1, "m") == 0
+    with pytest.raises(ConfigError, match="asks for 2 multi-token-prediction heads and m has 1"):
+        heads_to_build(2, 1, "m")
+    with pytest.raises(EngineNotAvailable, match="policy.lora"):
+        heads_to_build(None, 1, "m", lora=True)
+    assert heads_to_build(None, 0, "m", lora=True, stages=2) == 0  # a checkpoint without heads: nothing to refuse
