@@ -61,18 +61,27 @@ class RemoteConfig:
 
 
 def check_remote_chosen(config: Any) -> None:
-    """Refuse, in one line and without contacting anything, a remote backend with no server."""
+    """Refuse, in one line and without contacting anything, a remote backend with no server. The
+    addresses themselves are checked when the run starts (:meth:`RemoteGenerationBackend.load_hf`):
+    a recipe may be validated for another machine, where they are given later."""
     from corerl.errors import ConfigError
 
     settings = config.section(SECTION)
     if not settings.urls and not settings.proxy_url:
         raise ConfigError("the remote generation backend has no server to send requests to",
                           key=f"{SECTION}.urls", hint="list the generation servers (policy.generation.remote."
-                                                      "urls=[http://host:port]); " + _START)
-    for key, url in [*((f"{SECTION}.urls", u) for u in settings.urls), (f"{SECTION}.proxy_url", settings.proxy_url)]:
+                                                      "urls=[http://host:port]), started with `corerl "
+                                                      "serve-generation RECIPE --port N` (docs/generation-backends.md)")
+
+
+def check_addresses(urls: list[str], proxy: str | None) -> None:
+    """Refuse, in one line, an address that is not an http(s) URL."""
+    from corerl.errors import ConfigError
+
+    for key, url in [*((f"{SECTION}.urls", u) for u in urls), (f"{SECTION}.proxy_url", proxy)]:
         if url is not None and not str(url).startswith(("http://", "https://")):
             raise ConfigError(f"{url!r} is not an http:// or https:// URL", key=key,
-                              hint="write the server's address as http://host:port")
+                              hint="write the generation server's address as http://host:port")
 
 
 def model_fingerprint(model_path: str) -> str:
@@ -144,6 +153,7 @@ class RemoteGenerationBackend:
     def load_hf(self, model_path: str) -> None:
         """Check that every server is up and serves ``model_path``'s checkpoint (the same
         config.json and weight files; a resumed run refits them right after)."""
+        check_addresses(self.urls, self.proxy)
         mine = model_fingerprint(model_path)
         for url in self.control:
             key = f"{SECTION}.urls" if self.urls else f"{SECTION}.proxy_url"

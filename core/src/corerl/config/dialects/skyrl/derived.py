@@ -92,6 +92,7 @@ def derive(raw: dict[str, Any], out: Translator, entry_point: str) -> None:
     _data(keys, out)
     _lora(keys, out, "trainer.policy.model.lora.rank")
     _dedicated_generation(keys, out)
+    _external_servers(keys, out)
     _output_dir(keys, out, "trainer.ckpt_path")
     _conversation(keys, out)
     _entry_point_settings(out, entry_point)
@@ -390,6 +391,34 @@ def _asynchronous(keys: _Keys, out: Translator, entry_point: str) -> None:
             out.put(clear, "algorithm.async.in_flight", "abort" if keys(clear) else "continue")
     elif keys.given(key):
         out.inert(key, "false: synchronous training")
+    _simulated_trainer(keys, out, entry_point)
+
+
+_SIM = "trainer.fully_async.simulate_"
+
+
+def _simulated_trainer(keys: _Keys, out: Translator, entry_point: str) -> None:
+    """``trainer.fully_async.simulate_training`` (which SkyRL's fully_async_sim entry point requires):
+    corerl's simulated trainer, ``algorithm.async.simulate_training``: each step sleeps
+    ``simulate_training_step_seconds`` instead of training, each refit pauses generation
+    ``simulate_weight_sync_seconds`` and sends no weights."""
+    flag, seconds = _SIM + "training", {_SIM + "training_step_seconds": "algorithm.async.simulate_training_seconds",
+                                        _SIM + "weight_sync_seconds": "algorithm.async.simulate_refit_seconds"}
+    if not keys(flag):
+        if keys.given(flag):
+            out.inert(flag, "false: training runs")
+        for key in seconds:
+            if keys.given(key):
+                out.inert(key, "used only with trainer.fully_async.simulate_training true")
+        return
+    if entry_point != "fully_async":
+        out.refuse(flag, "a simulated trainer runs only in SkyRL's fully asynchronous schedule",
+                   "start the fully_async_sim entry point")
+        return
+    out.put(flag, "algorithm.async.simulate_training", True,
+            "algorithm.async.simulate_training (steps sleep instead of training; the weights never change)")
+    for key, target in seconds.items():
+        _put(out, keys, key, target, float(keys(key) if keys.given(key) else (30.0 if "step" in key else 0.0)))
 
 
 def _evaluation(keys: _Keys, out: Translator) -> None:
@@ -759,8 +788,8 @@ def _mixture(keys: _Keys, out: Translator) -> None:
 def _dedicated_generation(keys: _Keys, out: Translator) -> None:
     """``trainer.placement.colocate_all=false``: SkyRL's engines get GPUs of their own,
     ``num_engines`` x the engine's ``tensor_parallel_size``."""
-    if keys("trainer.placement.colocate_all") is not False:
-        return
+    if keys("trainer.placement.colocate_all") is not False or keys(_IE + "run_engines_locally") is False:
+        return  # (run_engines_locally=false: the engines run outside the run: _external_servers)
     engines = keys("generator.inference_engine.num_engines") or 1
     width = keys("generator.inference_engine.tensor_parallel_size") or 1
     if isinstance(engines, int) and isinstance(width, int):
@@ -768,6 +797,51 @@ def _dedicated_generation(keys: _Keys, out: Translator) -> None:
         set_at(out.tree, "policy.generation.colocated.resources.num_nodes", 1)
         out.new_origins["policy.generation.colocated.resources.gpus_per_node"] = (
             "generator.inference_engine.num_engines x tensor_parallel_size (colocate_all=false)")
+
+
+_IE = "generator.inference_engine."
+_OUTSIDE = ("an inference engine setting of SkyRL's external servers: corerl's remote backend sends them requests "
+            "and weights, and each server's engine is the one its own recipe set (corerl serve-generation)")
+
+
+def _external_servers(keys: _Keys, out: Translator) -> None:
+    """``run_engines_locally=false``: the inference engines run outside the run, reached over HTTP
+    (``external_proxy_url`` takes the generation requests, each of ``external_server_urls`` the
+    refits; without a proxy the servers share the requests): corerl's ``remote`` generation backend."""
+    proxy_key, urls_key, local_key = _IE + "external_proxy_url", _IE + "external_server_urls", _IE + "run_engines_locally"
+    proxy, urls = keys(proxy_key), keys(urls_key)
+    urls = [urls] if isinstance(urls, str) else list(urls or [])
+    if keys(local_key) is not False:
+        if keys.given(local_key):
+            out.inert(local_key, "true: corerl starts its generation engines itself")
+        for key in (proxy_key, urls_key):
+            if keys.given(key):
+                out.inert(key, "used only with run_engines_locally false: corerl starts its generation engines itself")
+        return
+    if not proxy and not urls:
+        out.refuse(local_key, "false names no external server (external_proxy_url, external_server_urls), and "
+                              "without one corerl starts its generation engines itself",
+                   f"give {urls_key}=['http://host:port'] (servers started with `corerl serve-generation`)")
+        return
+    for fate in [f for f in getattr(out, "fates", []) if f.key.startswith(_IE) and f.fate == "acts"]:
+        out.refate(fate.key, "inert", _OUTSIDE)
+    if keys.given(_IE + "weight_sync_backend"):
+        out.refate(_IE + "weight_sync_backend", "inert", "external servers take each refit as safetensors chunks over "
+                                                         "HTTP (corerl's remote generation backend)")
+    out.put(local_key, "policy.generation.backend", "remote",
+            "policy.generation.backend remote (generation servers started apart from the run)")
+    if urls:
+        out.put(urls_key, "policy.generation.remote.urls", [str(u) for u in urls])
+    elif keys.given(urls_key):
+        out.inert(urls_key, "null: the proxy takes the refits too")
+    if proxy:
+        out.put(proxy_key, "policy.generation.remote.proxy_url", str(proxy))
+    elif keys.given(proxy_key):
+        out.inert(proxy_key, "null: the servers share the generation requests")
+    if keys.given("trainer.placement.colocate_all"):
+        out.refate("trainer.placement.colocate_all", "inert", "the inference engines run outside the run "
+                                                               "(run_engines_locally false): every GPU of the run trains")
+        set_at(out.tree, "policy.generation.colocated.enabled", True)
 
 
 def _output_dir(keys: _Keys, out: Translator, key: str) -> None:

@@ -84,7 +84,10 @@ RULES: dict[str, Rule] = {
     _G + "apply_overlong_filtering": acts("algorithm.overlong_filtering"),
     _G + "step_wise_trajectories": acts("algorithm.step_wise_trajectories"),
     _G + "merge_stepwise_output": acts("algorithm.step_wise_merge"),
-    _G + "vision_language_generator": inert(_OFF + " (set only by SkyRL's vision examples)", _truthy),
+    _G + "vision_language_generator": inert("true: SkyRL's vision-language generator, which gives the model the prompt's "
+                                            "images (and an observation's); corerl's rollout does so whenever the rows "
+                                            "have images and the policy is a vision-language model (a text-only "
+                                            "policy's rows with images are refused), and on text rows both are the same"),
     _G + "chat_template.source": inert("name: the tokenizer's own template", _not("name")),
     _G + "chat_template.name_or_path": acts("policy.chat_template"),
     _G + "chat_template_kwargs": acts("policy.chat_template_kwargs", _template_arguments),
@@ -97,7 +100,9 @@ RULES: dict[str, Rule] = {
     "harbor_trial_config.*": refused("the Harbor agent harness's trials are not built into corerl"),
     # the inference engines' shared keys
     _E + "num_engines": inert(_ENGINES),
-    _E + "run_engines_locally": inert("corerl starts its generation engines itself", _not(True)),
+    _E + "run_engines_locally": derived("false: generation by servers started apart from the run "
+                                        "(policy.generation.backend remote: docs/generation-backends.md); true: corerl "
+                                        "starts its generation engines itself"),
     _E + "weight_sync_backend": inert("corerl hands weights to its engines over its own path (CUDA IPC where "
                                       "colocated, NCCL otherwise)"),
     _E + "weight_transfer_threshold_cuda_ipc_GB": inert(_PERF),
@@ -106,8 +111,8 @@ RULES: dict[str, Rule] = {
     _E + "async_engine": inert("corerl's engines serve requests asynchronously"),
     _E + "served_model_name": inert("corerl's engines are not served over HTTP"),
     _E + "language_model_only": inert("corerl loads the model's language part for text prompts"),
-    _E + "external_proxy_url": refused("generation by an external inference server is not built into corerl"),
-    _E + "external_server_urls": refused("generation by an external inference server is not built into corerl"),
+    _E + "external_proxy_url": derived("with run_engines_locally false: policy.generation.remote.proxy_url"),
+    _E + "external_server_urls": derived("with run_engines_locally false: policy.generation.remote.urls"),
     # a serving layout: the same samples whichever engine prefills; corerl's engines do both
     _E + "enable_pd": inert_with_warning("prefill/decode disaggregation (prefill engines handing the cache to decode "
                                          "engines) is a serving layout of SkyRL's: corerl's engines each prefill and "
@@ -117,7 +122,7 @@ RULES: dict[str, Rule] = {
     _E + "router_init_kwargs": inert("used only with several engines behind SkyRL's router"),
     # SkyRL's weight transport through a shared folder (its trainer publishes deltas, its engines
     # apply them); corerl's engines are its own, started here, and get the weights as with any
-    # weight_sync_backend: the same weights, another path (an external engine is refused above)
+    # weight_sync_backend: the same weights, another path (external servers take them over HTTP)
     _E + "delta_weight_sync.sync_dir": inert_with_warning(_DELTA + "; nothing is published to this folder",
                                                           lambda value: value not in (None, "")),
     _E + "delta_weight_sync.*": inert(_DELTA),
