@@ -323,6 +323,25 @@ def test_an_entry_point_adding_code_corerl_lacks_is_refused_and_async_schedules_
     assert value_at(_get("dapo_fully_async"), "algorithm.async.enabled") is True
 
 
+def test_the_simulated_trainers_keys_act_in_the_fully_asynchronous_schedule_and_are_refused_elsewhere():
+    """fully_async_sim's trainer sleeps instead of training: corerl's algorithm.async.simulate_training
+    (tests/test_async_lora_sim.py shows it acting)."""
+    sim = "trainer__fully_async__simulate_"
+    tree = _get("fully_async_sim", **{sim + "training": True, sim + "training_step_seconds": 5,
+                                      sim + "weight_sync_seconds": 1})
+    assert value_at(tree, "algorithm.async") == {"enabled": True, "simulate_training": True,
+                                                 "simulate_training_seconds": 5.0, "simulate_refit_seconds": 1.0}
+    defaults = _get("fully_async_sim", **{sim + "training": True})  # SkyRL's defaults: 30 s a step, no pause
+    assert value_at(defaults, "algorithm.async.simulate_training_seconds") == 30.0
+    assert value_at(defaults, "algorithm.async.simulate_refit_seconds") == 0.0
+    off = _run("fully_async", **{sim + "training": False, sim + "training_step_seconds": 5})
+    assert "simulate_training" not in value_at(off.tree, "algorithm.async")
+    assert {f.key: f.fate for f in off.fates if f.key.startswith("trainer.fully_async.simulate")} == {
+        "trainer.fully_async.simulate_training": "inert", "trainer.fully_async.simulate_training_step_seconds": "inert"}
+    with pytest.raises(ConfigErrors, match="simulated trainer runs only"):
+        _run("async", **{sim + "training": True})
+
+
 def test_checkpoint_folder_conversation_turns_and_dedicated_generation():
     assert value_at(_get(trainer__ckpt_path="/ckpts/run"), "run.output_dir") == "/ckpts/run"
     assert "run" not in _get("sft", ckpt_path="")  # empty: corerl's default output folder

@@ -79,8 +79,8 @@ ENTRY_POINTS: tuple[EntryPoint, ...] = (
     # its PerplexityLogger logs exp(min(loss, 20)) each step: corerl's SFT logs that as perplexity itself
     EntryPoint("sft_with_callbacks", _EX + "callbacks.main_sft_with_callbacks", "sft"),
     EntryPoint("fully_async", _EX + "fully_async.main_fully_async", "rl", "fully_async"),
-    EntryPoint("fully_async_sim", _EX + "fully_async.main_fully_async_sim", "rl", "fully_async",
-               adds="a simulated trainer (sleeps instead of training)"),
+    # a simulated trainer (sleeps instead of training): trainer.fully_async.simulate_training, which it requires
+    EntryPoint("fully_async_sim", _EX + "fully_async.main_fully_async_sim", "rl", "fully_async"),
     EntryPoint("async", _EX + "async.main_async", "rl", "async"),
     EntryPoint("on_policy_distillation", _EX + "on_policy_distillation.main_on_policy_distill", "distillation"),
     # generation and evaluation of the model as it is: corerl run's eval.only
@@ -98,8 +98,10 @@ ENTRY_POINTS: tuple[EntryPoint, ...] = (
     EntryPoint("mini_swe_agent", _EX + "mini_swe_agent.main_mini_swe", "rl",
                adds="the mini-SWE-agent generator (agents in Docker sandboxes)"),
     EntryPoint("rlm", _EX + "rlm.main_rlm", "rl", adds="the recursive language model (RLM) environment"),
+    # registers skyrl-gym's "geometry3k" (a diagram and a question, answers checked with a calc_score tool call over
+    # up to 3 turns, scored as mathematics): corerl-skyrl-gym's own
     EntryPoint("geometry3k", _EX + "geometry3k.geometry3k_entrypoint", "rl",
-               adds="the geometry3k vision-language environment"),
+               implies=((f"{_GYM}.register.geometry3k", "corerl_skyrl_gym.geometry3k:Geometry3kEnv"),)),
     EntryPoint("visgym", _EX + "visgym.entrypoint", "rl", adds="VisGym's vision-language environments"),
     # a memory test: every batch made-up sequences of the full length, the environment never called
     EntryPoint("full_context", "examples.train_scripts.full_context.main_full_ctx", "rl",

@@ -100,9 +100,13 @@ RULES: dict[str, Rule] = {
     "trainer.fully_async.sample_full_batch": inert("a corerl step waits for its whole batch of groups"),
     "trainer.fully_async.clear_kv_cache_on_weight_sync": derived("algorithm.async.in_flight: true aborts what is "
                                                                  "in flight at a weight update, false continues it"),
-    "trainer.fully_async.simulate_training": inert(_OFF + " (a benchmark that skips training)", _truthy),
-    "trainer.fully_async.simulate_training_step_seconds": inert("used only with simulate_training (refused)"),
-    "trainer.fully_async.simulate_weight_sync_seconds": inert("used only with simulate_training (refused)"),
+    "trainer.fully_async.simulate_training": derived("true (SkyRL's fully_async_sim entry point requires it): "
+                                                     "algorithm.async.simulate_training, steps sleep instead of "
+                                                     "training; false: training runs"),
+    "trainer.fully_async.simulate_training_step_seconds": derived("with simulate_training: "
+                                                                  "algorithm.async.simulate_training_seconds"),
+    "trainer.fully_async.simulate_weight_sync_seconds": derived("with simulate_training: "
+                                                                "algorithm.async.simulate_refit_seconds"),
     "trainer.mtp.enabled": inert(_OFF + " (multi-token-prediction heads)", _truthy),
     "trainer.mtp.*": inert("used only with trainer.mtp.enabled (refused)"),
     "trainer.update_ref_every_epoch": inert(_OFF + " (refreshing the reference model each epoch)", _truthy),
