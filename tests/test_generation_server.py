@@ -1,0 +1,99 @@
+"""``corerl serve-generation`` in a subprocess against the same engine in process: the remote
+backend's greedy tokens and logprobs equal the in-process hf engine's, before and after a refit
+sent in several chunks; every answer carries the server's weight version."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from corerl.config import load_config
+from corerl.config.selection import select
+from corerl.generation.contract import SamplingSettings
+from corerl.plugin_manager import process_host
+from corerl.recipes import DEMO_RECIPE
+
+PROMPTS = [[2, 5, 9, 13], [2, 7], [2, 11, 4, 6, 8, 10, 12]]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
+    """A tiny model built in code, served by ``corerl serve-generation`` (hf) on a free port."""
+    from corerl.models.tiny import BUILTIN_MODELS, build_tiny_model
+
+    folder = tmp_path_factory.mktemp("served")
+    model = str(build_tiny_model(folder / "model", **BUILTIN_MODELS["builtin:tiny-qwen2"]))
+    url = f"http://127.0.0.1:{_free_port()}"
+    log = open(folder / "server.log", "w")  # noqa: SIM115 (closed below)
+    server = subprocess.Popen([sys.executable, "-m", "corerl.cli", "serve-generation", str(DEMO_RECIPE),
+                               f"policy.model_name={model}", "policy.generation.backend=hf",
+                               "--port", url.rsplit(":", 1)[1]], stdout=log, stderr=subprocess.STDOUT)
+    try:
+        from corerl.generation.remote import call
+
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                call(url, "/info", timeout=5)
+                break
+            except Exception:
+                if server.poll() is not None or time.monotonic() > deadline:
+                    raise AssertionError((folder / "server.log").read_text()) from None
+                time.sleep(0.3)
+        yield url, model
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+        log.close()
+
+
+def _engines(url: str, model: str) -> tuple[Any, Any]:
+    from corerl.generation.hf import HFGenerationBackend
+    from corerl.generation.remote import RemoteGenerationBackend
+
+    host = process_host()
+    config = load_config(DEMO_RECIPE, [f"policy.model_name={model}", "policy.generation.backend=remote",
+                                       f"policy.generation.remote.urls=[{url}]",
+                                       "policy.generation.remote.weight_chunk_mb=1"], host)
+    assert select(config, host).generation_backend.id == "remote"
+    remote, local = RemoteGenerationBackend(config), HFGenerationBackend(config)
+    remote.load_hf(model)
+    local.load_hf(model)
+    return remote, local
+
+
+def test_the_server_samples_as_the_engine_in_process_before_and_after_a_refit(served: tuple[str, str]):
+    import torch
+
+    url, model = served
+    remote, local = _engines(url, model)
+    greedy = SamplingSettings(temperature=0.0, max_new_tokens=8)
+    seeded = SamplingSettings(temperature=1.0, max_new_tokens=8, request_seeds=(11, 12, 13))
+    before = local.generate(PROMPTS, greedy)
+    assert remote.generate(PROMPTS, greedy) == before  # token ids, logprobs (floats, exactly) and finish reasons
+    assert remote.generate(PROMPTS, seeded, n=2) == local.generate(PROMPTS, seeded, n=2)
+
+    (server,) = remote.expected
+    version = remote.expected[server]
+    generator = torch.Generator().manual_seed(0)
+    weights = [(name, tensor + 0.05 * torch.randn(tensor.shape, generator=generator))
+               for name, tensor in local.model.state_dict().items()]
+    local.update_weights(weights)
+    remote.update_weights(weights)  # 1 MiB chunks: the tiny model's weights go in several
+    assert remote.expected[server] == version + 1
+    after = local.generate(PROMPTS, greedy)
+    assert after != before
+    assert remote.generate(PROMPTS, greedy) == after
