@@ -21,6 +21,7 @@ from corerl.asynchronous.worker import AdapterRefit, GenerationWorker, Simulated
 from corerl.config import config_from_mapping
 from corerl.generation.contract import SamplingSettings
 from corerl.plugin_manager import PluginHost
+from corerl.reporting.console import bar_text
 
 
 class InProcessGeneration(DedicatedGeneration):
@@ -143,6 +144,8 @@ def test_a_simulated_trainer_sleeps_keeps_the_weights_and_generation_keeps_the_s
         assert not {"loss", "grad_norm", "lr", "optimizer_step"} & row.keys()
         assert row["time/training"] >= 0.4 and row["async/staleness/max"] <= 1
         assert math.isfinite(row["reward/mean"]) and row["generated_tokens"] > 0
+        shown = bar_text({**row, "time/step": 1.0})  # the progress bar reads the row (the loop adds time/step)
+        assert "simulated" in shown and "loss" not in shown
     assert algorithm.done == 3
 
 

@@ -61,4 +61,8 @@ def bar_text(metrics: dict[str, float]) -> str:
         text += f"value loss {metrics['critic/value_loss']:.4f}  "
     if "env/turns" in metrics:
         text += f"turns {metrics['env/turns']:.1f}  "
-    return text + f"loss {metrics['loss']:+.4f}  {tokens / metrics['time/step']:,.0f} tok/s"
+    if "loss" in metrics:
+        text += f"loss {metrics['loss']:+.4f}  "
+    elif metrics.get("simulated"):  # algorithm.async.simulate_training: the step slept, nothing trained
+        text += "simulated  "
+    return text + f"{tokens / metrics['time/step']:,.0f} tok/s"
