@@ -72,10 +72,11 @@ class AsyncTrainer:
             said = (f"SIMULATED TRAINING (algorithm.async.simulate_training): each step sleeps "
                     f"{settings.simulate_training_seconds:g} s instead of training and the policy's weights never "
                     f"change; each refit pauses generation {settings.simulate_refit_seconds:g} s and sends no weights")
-            log.warning(said)
             console = getattr(context, "console", None)
-            if console is not None:
+            if console is not None:  # the console shows warnings too: said once, in red
                 console.print(f"[bold red]{said}[/]")
+            else:
+                log.warning(said)
 
     def begin(self, grpo: Any) -> None:
         """Train ``grpo`` from the buffer: after each step the weights are handed over without
