@@ -114,3 +114,19 @@ def test_an_address_that_is_not_a_url_is_refused_when_the_run_starts(tmp_path: P
     with pytest.raises(ConfigError) as caught:
         backend.load_hf(str(tmp_path))
     assert caught.value.key == "policy.generation.remote.proxy_url" and "/placeholder/proxy" in str(caught.value)
+
+
+@pytest.mark.skipif(not (SKYRL / "examples").is_dir(), reason="SkyRL's corpus is not beside the checkout")
+def test_skyrls_server_script_is_read_as_its_keys_for_serve_generation():
+    """run_vllm_server.sh starts skyrl.train.entrypoints.serve: corerl serve-generation reads its keys
+    (the model, the inference engine's) as main_base's, the engine in the server's own process."""
+    from corerl.run.generation_server import load_serving_config
+
+    host = process_host()
+    script = SKYRL / "examples/train/remote_inference_server/run_vllm_server.sh"
+    config = load_serving_config(str(script), ["trainer.policy.model.path=/models/qwen"], None, host)
+    assert config.core.policy.model_name == "/models/qwen"
+    assert config.core.policy.generation.colocated.enabled is True
+    if "vllm" in host.generation_backends:
+        assert select(config, host).generation_backend.id == "vllm"
+        assert config.section("policy.generation.vllm_cfg").tensor_parallel_size == 4

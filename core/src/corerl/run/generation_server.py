@@ -69,8 +69,9 @@ def load_serving_config(target: str, overrides: list[str], dialect: str | None, 
         from corerl.config.dialects.skyrl.entry_points import DEFAULT_MODULE
 
         words = _serve_command(target)
-        if words is not None:
-            return load_config(DEFAULT_MODULE, [*words, *overrides], host, dialect="skyrl")
+        if words is not None:  # the engine runs in this process: no training beside it to place it apart from
+            return load_config(DEFAULT_MODULE, [*words, "trainer.placement.colocate_all=true", *overrides], host,
+                               dialect="skyrl")
     return load_config(target, overrides, host, dialect=dialect)
 
 
