@@ -97,3 +97,28 @@ def test_the_server_samples_as_the_engine_in_process_before_and_after_a_refit(se
     after = local.generate(PROMPTS, greedy)
     assert after != before
     assert remote.generate(PROMPTS, greedy) == after
+
+
+def test_one_grpo_step_samples_through_the_server_and_refits_it(served: tuple[str, str], tmp_path: Path):
+    """``corerl run``'s GRPO over the remote backend: the server (refitted by the test above) goes
+    back to the checkpoint's weights when the run starts, samples the step, takes its refit."""
+    import json
+
+    from corerl.api import Trainer
+    from corerl.generation.remote import call
+
+    url, model = served
+    if call(url, "/info")["checkpoint"]:  # the test above ran apart: refit the server as an earlier run would
+        _engines(url, model)[0].update_weights(_engines(url, model)[1].model.state_dict().items())
+    start = call(url, "/info")
+    result = Trainer.from_recipe(DEMO_RECIPE, f"policy.model_name={model}", "policy.generation.backend=remote",
+                                 f"policy.generation.remote.urls=[{url}]", "sft.enabled=false", "algorithm.max_steps=1",
+                                 "algorithm.batch_size=4", "algorithm.num_generations_per_prompt=4",
+                                 "eval.every_n_steps=0", "eval.at_start=false", "checkpointing.enabled=false",
+                                 f"run.output_dir={tmp_path}").train()
+    after = call(url, "/info")
+    assert after["version"] >= start["version"] + 2  # the reset to the checkpoint, then at least the step's refit
+    assert not after["checkpoint"]
+    (step,) = [json.loads(line) for line in (result.run_dir / "metrics.jsonl").read_text().splitlines()
+               if "reward/mean" in line]
+    assert step["step"] == 1

@@ -15,6 +15,8 @@ The protocol (JSON unless said otherwise; :mod:`corerl.run.generation_server` se
   (``policy.generation.remote.weight_chunk_mb`` of tensors at most, a tensor larger than that alone);
 - ``POST /weights/{update}/commit`` ``{"chunks"}``: the chunks loaded into the engine at once, between
   two generation calls, and the server's ``version`` counter stepped (-> ``{"version"}``);
+- ``POST /reset``: the checkpoint's weights reloaded (a run starts from them; ``/info``'s
+  ``checkpoint`` says whether a refit changed them since);
 - ``POST /pause``, ``POST /resume``: hold new generation requests, and let them go.
 
 No request mixes weights: a server runs generation calls and weight loads one at a time, in
@@ -152,7 +154,8 @@ class RemoteGenerationBackend:
 
     def load_hf(self, model_path: str) -> None:
         """Check that every server is up and serves ``model_path``'s checkpoint (the same
-        config.json and weight files; a resumed run refits them right after)."""
+        config.json and weight files), with its weights as loaded: a server an earlier run refitted
+        reloads them (a resumed run refits them right after)."""
         check_addresses(self.urls, self.proxy)
         mine = model_fingerprint(model_path)
         for url in self.control:
@@ -164,8 +167,12 @@ class RemoteGenerationBackend:
                 raise ConfigError(f"generation server {url} serves {info.get('model')!r}, another checkpoint than the "
                                   f"policy's {model_path} (config.json or weight files differ)", key=key,
                                   hint="start the server on the policy's checkpoint (the same recipe)")
+            version = int(info["version"])
+            if not info.get("checkpoint", True):  # refitted by an earlier run: back to the checkpoint's weights
+                version = int(call(url, "/reset", {}, timeout=self.timeout, key=key)["version"])
+                log.info("remote generation: %s had taken an earlier run's weights; it reloaded the checkpoint", url)
             self.ids[url] = info["server_id"]
-            self.expected[info["server_id"]] = int(info["version"])
+            self.expected[info["server_id"]] = version
         if self.proxy is not None and self.urls:
             call(self.proxy, "/info", timeout=self.timeout, key=f"{SECTION}.proxy_url")
         log.info("remote generation: %d server(s)%s", len(self.control),

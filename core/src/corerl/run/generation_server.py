@@ -147,7 +147,8 @@ def build_app(engine: Any, *, model: str, backend: str) -> Any:
 
     app = FastAPI(title="corerl generation server")
     worker = ThreadPoolExecutor(1, thread_name_prefix="engine")  # one engine call at a time, in order
-    state: dict[str, Any] = {"version": 0, "paused": False, "resumed": None}
+    # checkpoint: the weights are the checkpoint's as loaded (no refit since the start or a /reset)
+    state: dict[str, Any] = {"version": 0, "paused": False, "resumed": None, "checkpoint": True}
     server_id = uuid.uuid4().hex[:12]
     fingerprint = model_fingerprint(model)
     staged: dict[str, dict[int, bytes]] = {}
@@ -166,7 +167,8 @@ def build_app(engine: Any, *, model: str, backend: str) -> Any:
     @app.get("/info")
     async def info() -> Response:
         return answer({"server_id": server_id, "version": state["version"], "model": model,
-                       "fingerprint": fingerprint, "backend": backend, "paused": state["paused"]})
+                       "fingerprint": fingerprint, "backend": backend, "paused": state["paused"],
+                       "checkpoint": state["checkpoint"]})
 
     @app.get("/health")
     async def health() -> Response:
@@ -206,11 +208,23 @@ def build_app(engine: Any, *, model: str, backend: str) -> Any:
             size = sum(len(chunks[i]) for i in chunks)
             engine.update_weights(pair for i in sorted(chunks) for pair in load(chunks[i]).items())
             state["version"] += 1
+            state["checkpoint"] = False
             log.warning("refit %d: %.1f MB in %d chunk(s) loaded in %.2f s", state["version"], size / 1e6,
                         len(chunks), time.monotonic() - started)
             return int(state["version"])
 
         return answer({"server_id": server_id, "version": await run_in_engine(load)})
+
+    @app.post("/reset")
+    async def reset() -> Response:  # back to the checkpoint's weights: a new run starts from them
+        def reload() -> int:
+            engine.load_hf(model)
+            state["version"] += 1
+            state["checkpoint"] = True
+            log.warning("weights %d: the checkpoint's, reloaded from %s", state["version"], model)
+            return int(state["version"])
+
+        return answer({"server_id": server_id, "version": await run_in_engine(reload)})
 
     @app.post("/pause")
     async def pause() -> Response:
