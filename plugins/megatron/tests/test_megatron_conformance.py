@@ -43,6 +43,9 @@ class TestTensorParallel2(_Megatron):
 
 class TestPipelineParallel2(_Megatron):
     critic_checks = False  # the critic runs at world size 1 and with tensor parallelism
+    # packed rows, padded to one width per call, through the two stages' pipeline schedule (the packed
+    # critic and packed against unpacked at world size 1: test_megatron_packing.py)
+    micro_batch_layouts = ("packed",)
     overrides = ["cluster.gpus_per_node=2", "policy.megatron_cfg.pipeline_model_parallel_size=2", *MEGATRON]
 
 

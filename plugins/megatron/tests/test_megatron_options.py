@@ -16,8 +16,8 @@ from corerl_megatron.support import check_supported
 GPU_ONLY = ["policy.megatron_cfg.fp8_cfg={format: hybrid}", "policy.megatron_cfg.optimizer.use_distributed_optimizer=true",
             "policy.megatron_cfg.apply_rope_fusion=true", "policy.megatron_cfg.bias_activation_fusion=true"]
 NOT_OFFERED = [
-    ("policy.sequence_packing.enabled=true", "policy.sequence_packing.enabled", "packing is not wired"),
-    ("policy.dynamic_batching.enabled=true", "policy.dynamic_batching.enabled", "packing is not wired"),
+    # packing is run (test_megatron_packing.py); micro-batches of varying shapes are not
+    ("policy.dynamic_batching.enabled=true", "policy.dynamic_batching.enabled", "needs one shape for every micro-batch"),
     ("policy.megatron_cfg.context_parallel_size=2", "policy.megatron_cfg.context_parallel_size", "Transformer Engine"),
     ("policy.model_name=builtin:tiny-vl", "policy.model_name", "does not train vision-language models"),
 ]

@@ -12,8 +12,9 @@ from corerl.sdk import Rule, SectionRules
 acts, inert, inert_with_warning, refused = Rule.acts, Rule.inert, Rule.inert_with_warning, Rule.refused
 _truthy, _not, _OFF, _PERF, _ENV = Rule.truthy, Rule.other_than, Rule.OFF, Rule.PERF, Rule.ENV
 
-MEGATRON_UNPACKED = ("the megatron backend trains fixed-width unpacked rows (packing is not wired into its "
-                     "pipeline schedule): the same loss, less throughput")
+MEGATRON_UNPACKED = ("with sequence parallelism the megatron backend trains unpacked rows (its packed rows run on "
+                     "megatron-core's local layer spec, which refuses sequence parallelism): the same loss, less "
+                     "throughput")
 MEGATRON_VLM = "megatron does not train vision-language models in corerl yet; use policy.dtensor_cfg"
 MEGATRON_VLM_HINT = "set policy.megatron_cfg.enabled=false and policy.dtensor_cfg.enabled=true"
 
@@ -119,8 +120,10 @@ RULES: dict[str, Rule] = {
 
 
 def before(raw: dict[str, Any], out: Any) -> dict[str, str]:
-    """Sequence packing on with megatron: its keys are inert, with a warning (megatron trains unpacked rows)."""
-    if out.value("policy.megatron_cfg.enabled") is True and out.value("policy.sequence_packing.enabled") is True:
+    """Sequence packing on with megatron's sequence parallelism: the packing keys are inert, with a warning
+    (packed rows run on the local layer spec, which takes no sequence parallelism; without it they are packed)."""
+    if (out.value("policy.megatron_cfg.enabled") is True and out.value("policy.sequence_packing.enabled") is True
+            and out.value("policy.megatron_cfg.sequence_parallel") is True):
         out.warnings.append(f"policy.sequence_packing.enabled=true: {MEGATRON_UNPACKED}")
         return {"policy.sequence_packing": MEGATRON_UNPACKED}
     return {}

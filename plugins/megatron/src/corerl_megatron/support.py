@@ -49,22 +49,27 @@ def check_supported(config: Config) -> None:
     check_pipeline_stages(config, settings, section)
     policy = config.core.policy
     lora = policy.lora.enabled and config.role != "critic"
-    if settings.sequence_parallel and config.role != "critic" and (not on_gpu or lora):
+    packed = policy.sequence_packing.enabled
+    if settings.sequence_parallel and config.role != "critic" and (not on_gpu or lora or packed):
         # on a GPU it needs Transformer Engine too, which a recipe for another cluster cannot be judged by;
-        # LoRA's adapters sit in the local spec on a GPU too (corerl_megatron.training.lora)
+        # LoRA's adapters and packed rows' masked attention run on the local spec on a GPU too
+        local = " (where the LoRA adapters sit)" if lora else " (where packed rows run)" if packed else ""
         raise EngineNotAvailable("sequence parallelism needs Transformer Engine's layer spec on a GPU; megatron-core's "
-                                 "local spec" + (" (where the LoRA adapters sit)" if lora else "") +
-                                 " norms with torch LayerNorm, which refuses it",
+                                 f"local spec{local} norms with torch LayerNorm, which refuses it",
                                  key=f"{section}.sequence_parallel",
-                                 hint="set it to false" + (" with policy.lora" if lora else " on this machine, or run "
-                                                           "on a GPU machine with Transformer Engine installed"))
+                                 hint="set it to false" + (" with policy.lora" if lora else " with policy.sequence_packing"
+                                                           if packed else " on this machine, or run on a GPU machine "
+                                                           "with Transformer Engine installed"))
     if lora:
         check_lora(config, settings, section, shape)
-    if policy.sequence_packing.enabled or policy.dynamic_batching.enabled:
-        key = "policy.sequence_packing.enabled" if policy.sequence_packing.enabled else "policy.dynamic_batching.enabled"
-        raise EngineNotAvailable("the megatron backend runs fixed-width row micro-batches only (its pipeline "
-                                 "schedule needs one shape); packing is not wired into it yet", key=key,
-                                 hint="turn it off, or use the dtensor backend for packed sequences")
+    if policy.dynamic_batching.enabled:
+        raise EngineNotAvailable("dynamic batching (micro-batches of as many rows as a token budget holds, each as "
+                                 "wide as its longest row) is not wired into the megatron backend: its pipeline "
+                                 "schedule needs one shape for every micro-batch", key="policy.dynamic_batching.enabled",
+                                 hint="use policy.sequence_packing instead (packed rows of one width), or the dtensor "
+                                      "backend")
+    if packed:
+        check_packing(config, settings, section)
     if config.role == "critic" and settings.sequence_parallel:
         raise EngineNotAvailable("the megatron critic's value head reads the whole sequence on every tensor-parallel "
                                  "rank; sequence parallelism is not wired into it", key="critic.megatron_cfg.sequence_parallel",
@@ -74,6 +79,23 @@ def check_supported(config: Config) -> None:
                                  "backend does not wire in yet (the local layer spec has no context-parallel attention)",
                                  key=f"{section}.context_parallel_size", hint="set it to 1")
     check_experts(config, settings, section, on_gpu)
+
+
+def check_packing(config: Config, settings: object, section: str) -> None:
+    """Refuse what packed rows (:mod:`corerl_megatron.training.packed_rows`) do not run with: router
+    replay r2 (it keeps each row's experts by the row's tokens, and a packed row of the logprob pass
+    is not one of the training pass) and multi-token-prediction heads (they read the tokens after
+    each position, across a packed row's sequences)."""
+    for key, on, why in (
+            ("policy.moe.router_replay", config.core.policy.moe.router_replay == "r2",
+             "router replay r2 keeps each row's experts by the row's tokens, and the logprob and training passes "
+             "pack the sequences into different rows"),
+            (f"{section}.mtp_num_layers", (settings.mtp_num_layers or 0) > 0,  # type: ignore[attr-defined]
+             "the multi-token-prediction heads read the tokens after each position, across a packed row's "
+             "sequences")):
+        if on:
+            raise EngineNotAvailable(f"{why}: not wired into the megatron backend's packed rows", key=key,
+                                     hint="turn it off, or set policy.sequence_packing.enabled=false")
 
 
 def check_lora(config: Config, settings: object, section: str, shape: object) -> None:

@@ -85,7 +85,8 @@ class MegatronWorker(RankWorker):
                                                      lora=self.lora, stages=self.settings.pipeline_model_parallel_size)
         model = build_gpt(hf, self.mconfig, pre_process=self.ps.is_pipeline_first_stage(),
                           post_process=self.ps.is_pipeline_last_stage(), value_head=self.shape.value_head,
-                          local_spec=self.lora, mtp_layers=heads)
+                          local_spec=self.lora or self.config.core.policy.sequence_packing.enabled,
+                          mtp_layers=heads)  # packed rows: the local spec's attention takes their mask
         self.draft = DraftHeads(model, self.settings) if heads else None  # multi-token-prediction heads
         if self.shape.experts and (moe.freeze_router or self.settings.freeze_moe_router):
             freeze_routers(model)
@@ -130,6 +131,18 @@ class MegatronWorker(RankWorker):
     def _run(self, mbs: list[dict[str, torch.Tensor]], loss_fn: Any, normaliser: float, forward_only: bool) -> list[Any]:
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
+        from corerl_megatron.training.packed_rows import is_packed, same_width, segment_mask
+
+        packed = is_packed(mbs)
+        if packed and self.draft is not None:  # heads the checkpoint brought (mtp_num_layers unset)
+            from corerl.sdk import EngineNotAvailable
+
+            raise EngineNotAvailable("the multi-token-prediction heads read the tokens after each position, across a "
+                                     "packed row's sequences: not wired into the megatron backend's packed rows",
+                                     key="policy.megatron_cfg.mtp_num_layers",
+                                     hint="set it to 0, or policy.sequence_packing.enabled=false")
+        if packed:  # one shape for the schedule: every packed row as wide as the widest
+            mbs = same_width(mbs)
         count, width = len(mbs), int(mbs[0]["input_ids"].shape[1])
         scale = count * self.dp  # the schedule divides by the micro-batch count, DDP averages over dp
         weighted = self.share_weighted_router_terms and not forward_only
@@ -140,12 +153,20 @@ class MegatronWorker(RankWorker):
                 self.router_term_weight = float(mb["loss_mask"][:, 1:].sum()) / normaliser * scale
             ids = mb["input_ids"]
             positions = torch.arange(ids.shape[1], device=self.device).expand_as(ids)
+            mask = None  # causal: right padding never reaches a real token
+            if packed:  # each sequence sees itself only, rotated from its own position 0
+                positions, mask = mb["position_ids"], segment_mask(mb["position_ids"])
+                self._restarted_rope().positions = positions
             if self.replay is not None and not forward_only:
                 self.replay.replay(mb)
-            if self.mconfig.num_moe_experts:  # the routers (their losses, load and dropping) skip the padding
-                output = model(ids, positions, attention_mask=None, padding_mask=mb["attention_mask"] == 0)
-            else:
-                output = model(ids, positions, attention_mask=None)
+            try:
+                if self.mconfig.num_moe_experts:  # the routers (their losses, load and dropping) skip the padding
+                    output = model(ids, positions, attention_mask=mask, padding_mask=mb["attention_mask"] == 0)
+                else:
+                    output = model(ids, positions, attention_mask=mask)
+            finally:
+                if packed:
+                    self._restarted_rope().positions = None
             if self.replay is not None and forward_only and not self.critic:
                 self.replay.keep(mb)
             # grad_scale_func also scales the main loss in the backward: the loss is divided by it first
@@ -159,15 +180,29 @@ class MegatronWorker(RankWorker):
             seq_length=width, micro_batch_size=int(mbs[0]["input_ids"].shape[0]), forward_only=forward_only,
         )
 
+    def _restarted_rope(self) -> Any:
+        """The rotary-position hook packed rows use, on the model this rank holds now (made at its first
+        packed call)."""
+        rope = getattr(self, "restarted_rope", None)
+        if rope is None or rope.gpt is not self.model.module:
+            from corerl_megatron.training.packed_rows import RestartedRope
+
+            rope = self.restarted_rope = RestartedRope(self.model.module)
+        return rope
+
     @staticmethod
     def _loss(mb: dict[str, torch.Tensor], loss_fn: Any, normaliser: float, scale: float, forward_only: bool,
               critic: bool, logits: torch.Tensor) -> tuple[torch.Tensor, dict[str, Any]]:
+        from corerl_megatron.training.packed_rows import scored_positions
+
+        # a packed sequence's first token has no context in its row: no logprob, no value there
+        inside = scored_positions(mb) if "position_ids" in mb else mb["attention_mask"]
         if critic:  # a value head's one output per token: values lined up with the logprobs
             from corerl.sdk import shift_values
 
-            logprobs = shift_values(logits[..., 0], mb["attention_mask"])
+            logprobs = shift_values(logits[..., 0], inside)
         else:  # with the candidates' logprobs or the top-k the micro-batch asks for (distillation)
-            logprobs = batch_logprobs(logits, mb, mb["attention_mask"])
+            logprobs = batch_logprobs(logits, mb, inside)
         if forward_only:
             out = join_topk(logprobs, mb) if TOPK_REQUEST in mb else logprobs
             return logits.new_zeros(()), {"logprobs": out.detach().float().cpu()}
