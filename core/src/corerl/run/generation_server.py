@@ -112,7 +112,7 @@ def start_engine(target: str, overrides: list[str], dialect: str | None, scratch
     if registration is None or registration.id == "remote":
         raise ConfigError("a generation server needs an engine of its own, and the recipe sends generation to "
                           "other servers", key="policy.generation.backend",
-                          hint="serve with policy.generation.backend=hf (or vllm, ...)")
+                          hint="serve with policy.generation.backend=hf, or another engine `corerl plugins` lists")
     policy = config.core.policy
     model = resolve_model(policy.model_name, Path(scratch), policy.gguf_file)
     if policy.hf_config_overrides:
