@@ -377,6 +377,36 @@ def _sections() -> set[str]:
     return {reg.id for reg, _ in lookup.table().sections}
 
 
+@pytest.mark.skipif(not {"skyrl.vllm", "skyrl.megatron"} <= _sections(), reason="megatron and vllm plugins needed")
+def test_mtp_trains_the_checkpoint_s_heads_on_megatron_and_vllm_drafts_with_them():
+    """trainer.mtp: the heads (plugins/megatron/tests/test_megatron_mtp.py shows them trained, decoupled)
+    and vLLM's speculative decoding with them (method mtp, num_speculative_tokens deep)."""
+    mtp = _get(trainer__strategy="megatron", trainer__mtp__enabled=True, trainer__mtp__num_speculative_tokens=3,
+               trainer__mtp__loss_weight=0.5, trainer__policy__megatron_config__mtp_loss_topk=256,
+               trainer__policy__megatron_config__mtp_loss_chunk_size=512)
+    assert {k: v for k, v in value_at(mtp, "policy.megatron_cfg").items() if k.startswith("mtp")} == {
+        "mtp_num_layers": None, "mtp_loss_scaling_factor": 0.5, "mtp_loss_topk": 256, "mtp_loss_chunk_size": 512}
+    assert value_at(mtp, "policy.generation.vllm_cfg.speculative_config") == {"method": "mtp",
+                                                                              "num_speculative_tokens": 3}
+    # a head count and the engine's own speculative config, given, are taken as they are
+    given = _get(trainer__strategy="megatron", trainer__mtp__enabled=True,
+                 trainer__policy__megatron_config__mtp_num_layers=1,
+                 generator__inference_engine__speculative_config={"method": "mtp", "num_speculative_tokens": 2})
+    assert value_at(given, "policy.megatron_cfg.mtp_num_layers") == 1
+    assert value_at(given, "policy.generation.vllm_cfg.speculative_config") == {"method": "mtp",
+                                                                                "num_speculative_tokens": 2}
+    off = _run(trainer__strategy="megatron", trainer__mtp__enabled=False, trainer__mtp__num_speculative_tokens=3,
+               trainer__policy__megatron_config__mtp_loss_weight=0.3)
+    assert "mtp_num_layers" not in value_at(off.tree, "policy.megatron_cfg")  # corerl's default: no heads
+    assert value_at(off.tree, "policy.generation.vllm_cfg") is None
+    assert {f.key: f.fate for f in off.fates if "mtp" in f.key} == dict.fromkeys(
+        ("trainer.mtp.enabled", "trainer.mtp.num_speculative_tokens",
+         "trainer.policy.megatron_config.mtp_loss_weight"), "inert")
+    with pytest.raises(ConfigErrors, match="trained by the megatron backend only") as caught:
+        _run(trainer__strategy="fsdp2", trainer__mtp__enabled=True)
+    assert caught.value.errors[0].key == "trainer.mtp.enabled"
+
+
 @pytest.mark.skipif("skyrl.vllm" not in _sections(), reason="the vllm plugin is not installed")
 def test_engine_init_kwargs_reach_vllm_as_given_and_those_corerl_sets_are_refused():
     result = _run(generator__inference_engine__max_num_seqs=64, generator__inference_engine__engine_init_kwargs={

@@ -239,3 +239,15 @@ def test_more_heads_than_the_checkpoint_has_are_refused_in_one_line() -> None:
     with pytest.raises(EngineNotAvailable, match="policy.lora"):
         heads_to_build(None, 1, "m", lora=True)
     assert heads_to_build(None, 0, "m", lora=True, stages=2) == 0  # a checkpoint without heads: nothing to refuse
+
+
+def test_validation_refuses_heads_the_checkpoint_lacks_in_one_line(mimo_dir: str, tmp_path: Path) -> None:
+    from corerl.errors import ConfigError, ConfigErrors
+
+    config = _config(mimo_dir, tmp_path / "ok", ["policy.megatron_cfg.mtp_num_layers=null"])
+    assert config.section("policy.megatron_cfg").mtp_num_layers is None  # the checkpoint's one head
+    with pytest.raises((ConfigError, ConfigErrors), match="asks for 2 multi-token-prediction heads and .* has 1"):
+        _config(mimo_dir, tmp_path / "two", ["policy.megatron_cfg.mtp_num_layers=2"])
+    with pytest.raises((ConfigError, ConfigErrors), match="pipeline_model_parallel_size=1"):
+        _config(mimo_dir, tmp_path / "pp", ["policy.megatron_cfg.mtp_num_layers=1", "cluster.gpus_per_node=2",
+                                            "policy.megatron_cfg.pipeline_model_parallel_size=2"])

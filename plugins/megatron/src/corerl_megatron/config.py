@@ -103,6 +103,7 @@ class MegatronConfig:
         yield from parallel_sizes_divide_world("tensor_model_parallel_size", sizes, config)
         if self.sequence_parallel and self.tensor_model_parallel_size == 1:
             yield ("sequence_parallel", "needs tensor_model_parallel_size > 1")
+        yield from self._check_mtp_heads(config)
         if (self.mtp_num_layers or 0) > 0 and self.pipeline_model_parallel_size > 1:
             yield ("mtp_num_layers", "the MTP heads are trained on the last pipeline stage with the embeddings, which "
                    "only the first stage holds: set pipeline_model_parallel_size=1, or mtp_num_layers=0")
@@ -111,6 +112,24 @@ class MegatronConfig:
                     self.pipeline_model_parallel_size == 1:
                 yield (f"num_layers_in_{stage}_pipeline_stage", "sets a pipeline stage's layers, and "
                        "pipeline_model_parallel_size is 1 (one stage holds them all); unset it")
+
+    def _check_mtp_heads(self, config: Any) -> Iterator[tuple[str, str]]:
+        """Heads asked for that the checkpoint lacks (where its config.json is readable here)."""
+        from corerl.sdk import read_hf_config
+
+        if self.mtp_num_layers == 0:
+            return
+        hf = read_hf_config(config.policy.model_name) or {}
+        if not hf:
+            return
+        text = hf.get("text_config") or hf
+        heads = int(text.get("num_nextn_predict_layers") or text.get("mtp_num_hidden_layers") or 0)
+        if self.mtp_num_layers is None and heads == 0:
+            yield ("mtp_num_layers", f"is unset (the checkpoint's multi-token-prediction heads) and "
+                   f"{config.policy.model_name} has none: set it to 0, or use a checkpoint with heads (MiMo)")
+        elif (self.mtp_num_layers or 0) > heads:
+            yield ("mtp_num_layers", f"asks for {self.mtp_num_layers} multi-token-prediction heads and "
+                   f"{config.policy.model_name} has {heads}: set it to {heads} or less")
 
 
 @attrs.define(kw_only=True)

@@ -85,11 +85,13 @@ def _policy(prefix: str) -> dict[str, Rule]:
         f"{prefix}.async_dist_ckpt_save": inert(_CKPT),
         f"{prefix}.async_dist_ckpt_strategy": inert(_CKPT),
         f"{prefix}.async_save_prestage_to_cpu": inert(_CKPT),
-        f"{prefix}.mtp_num_layers": inert("multi-token-prediction layers are not trained by corerl",
-                                          lambda value: value not in (None, 0)),
-        f"{prefix}.mtp_loss_weight": inert("used only with mtp_num_layers (refused)"),
-        f"{prefix}.mtp_loss_chunk_size": inert("used only with mtp_num_layers (refused)"),
-        f"{prefix}.mtp_loss_topk": inert("used only with mtp_num_layers (refused)"),
+        f"{prefix}.mtp_num_layers": Rule.derived(
+            "policy.megatron_cfg.mtp_num_layers, the multi-token-prediction heads trained (null: the checkpoint's, "
+            "with trainer.mtp.enabled; 0: none)"),
+        f"{prefix}.mtp_loss_weight": Rule.derived("policy.megatron_cfg.mtp_loss_scaling_factor where heads are "
+                                                  "trained and trainer.mtp.loss_weight is not set"),
+        f"{prefix}.mtp_loss_chunk_size": acts(to + "mtp_loss_chunk_size"),
+        f"{prefix}.mtp_loss_topk": acts(to + "mtp_loss_topk"),
     }
 
 
@@ -99,16 +101,69 @@ RULES: dict[str, Rule] = {
     **_policy("trainer.policy.megatron_config"),
     **_policy("megatron_config"),
     "trainer.ref.megatron_config.*": inert("the reference scores in the policy's layout"),
+    # trainer.mtp.num_speculative_tokens is the generation plugin's (its drafter's depth)
+    "trainer.mtp.enabled": Rule.derived("true: the checkpoint's multi-token-prediction heads are trained with the "
+                                        "decoupled draft loss (policy.megatron_cfg.mtp_num_layers: "
+                                        "megatron_config.mtp_num_layers, null: the checkpoint's) and draft in "
+                                        "generation; with trainer.strategy=megatron only"),
+    "trainer.mtp.loss_weight": Rule.derived("policy.megatron_cfg.mtp_loss_scaling_factor (w in policy_loss + w * "
+                                            "draft_loss) with trainer.mtp.enabled"),
 }
+
+_MTP = "trainer.policy.megatron_config."
 
 def derived(raw: dict[str, Any], out: Any) -> None:
     """SkyRL's default LoRA type on megatron is Megatron-Bridge's ``lora`` (one adapter over a whole
-    layer), where corerl's is ``canonical_lora``: a script that does not set it gets SkyRL's."""
+    layer), where corerl's is ``canonical_lora``: a script that does not set it gets SkyRL's. And
+    the multi-token-prediction heads (:func:`_mtp`)."""
     keys = ("trainer.policy.megatron_config.lora_config.lora_type", "megatron_config.lora_config.lora_type")
     megatron = ((out.tree.get("policy") or {}).get("megatron_cfg") or {}).get("enabled") is True
     if megatron and all(out.value(key) is None for key in keys):
         out.set(keys[0], "policy.megatron_cfg.lora_type", "lora")
+    _mtp(out, megatron)
 
+
+def _mtp(out: Any, megatron: bool) -> None:
+    """``trainer.mtp.enabled`` trains the checkpoint's heads (``mtp_num_layers`` null: all of them)
+    with ``trainer.mtp.loss_weight`` (else ``mtp_loss_weight``) as w; without it, heads are trained
+    where ``mtp_num_layers`` names a count above 0 (SFT's ``megatron_config`` too). SkyRL trains
+    them on megatron only."""
+    to = "policy.megatron_cfg."
+    enabled = out.value("trainer.mtp.enabled") in (True, "true", "True")
+    layers = {prefix: out.value(prefix + "mtp_num_layers") for prefix in (_MTP, "megatron_config.")}
+    given = [prefix for prefix, count in layers.items() if (count or 0) > 0]
+    heads = (enabled and layers[_MTP] != 0) or bool(given)
+    if not megatron:  # this section's keys are inert in the script already; heads asked for are refused
+        if heads:
+            key = "trainer.mtp.enabled" if enabled else given[0] + "mtp_num_layers"
+            out.refuse(key, "multi-token-prediction heads are trained by the megatron backend only (as in SkyRL)",
+                       "set trainer.strategy=megatron, or trainer.mtp.enabled=false")
+        return
+    if enabled:
+        out.put("trainer.mtp.enabled", to + "mtp_num_layers", layers[_MTP],
+                "the heads are trained (policy.megatron_cfg.mtp_num_layers, null: the checkpoint's) and draft in "
+                "generation (the generation plugin's speculative decoding)")
+    elif out.value("trainer.mtp.enabled") is not None:
+        out.inert("trainer.mtp.enabled", "false: no multi-token-prediction heads")
+    for prefix, count in layers.items():
+        if prefix in given or (enabled and prefix == _MTP and count is not None):
+            out.put(prefix + "mtp_num_layers", to + "mtp_num_layers", count)
+        elif count is not None:
+            out.inert(prefix + "mtp_num_layers", "no multi-token-prediction heads are trained")
+    weight = out.value("trainer.mtp.loss_weight")
+    if heads and enabled and weight is not None:
+        out.put("trainer.mtp.loss_weight", to + "mtp_loss_scaling_factor", weight)
+    elif weight is not None:
+        out.inert("trainer.mtp.loss_weight", "used only with trainer.mtp.enabled")
+    for prefix in layers:
+        own = out.value(prefix + "mtp_loss_weight")
+        if own is None:
+            continue
+        if heads and not (enabled and weight is not None):
+            out.put(prefix + "mtp_loss_weight", to + "mtp_loss_scaling_factor", own)
+        else:
+            out.inert(prefix + "mtp_loss_weight", "trainer.mtp.loss_weight sets the draft loss's weight" if heads
+                      else "no multi-token-prediction heads are trained")
 
 SECTION = SectionRules(
     rules=RULES,

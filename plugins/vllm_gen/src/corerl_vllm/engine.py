@@ -6,10 +6,13 @@ engine's process layout, and thread binding.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
+import tempfile
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 import attrs
@@ -33,6 +36,35 @@ INSTALL_HINT = (
     "reinstall it: pip install './plugins/vllm_gen[cpu]' (or [gpu]), then on CPU machines "
     "pip uninstall -y torchvision torchaudio torchcodec"
 )
+
+
+#: checkpoints whose ``model_type`` transformers does not ship, read as the decoder they extend (MiMo:
+#: a Qwen2 decoder with multi-token-prediction heads, which vLLM runs natively by its architecture)
+BASE_MODEL_TYPES = {"mimo": "qwen2"}
+
+
+def decoder_view(hf_config: dict[str, Any] | None, model_path: str) -> tempfile.TemporaryDirectory[str] | None:
+    """A folder showing ``model_path``'s files with its config naming the decoder's ``model_type`` (and
+    no ``auto_map``: corerl never runs Python code a checkpoint ships), for a model type
+    :data:`BASE_MODEL_TYPES` lists; None for any other. vLLM's target and its MTP drafter load from it."""
+    base = BASE_MODEL_TYPES.get((hf_config or {}).get("model_type", ""))
+    if hf_config is None or base is None:
+        return None
+    view = tempfile.TemporaryDirectory(prefix="corerl-vllm-view-")
+    for entry in Path(model_path).iterdir():
+        if entry.name != "config.json":
+            (Path(view.name) / entry.name).symlink_to(entry.resolve())
+    config = {key: value for key, value in hf_config.items() if key != "auto_map"}
+    (Path(view.name) / "config.json").write_text(json.dumps({**config, "model_type": base}), encoding="utf-8")
+    return view
+
+
+def auto_config(model_path: str) -> Any:
+    """transformers' config of ``model_path``, a :data:`BASE_MODEL_TYPES` checkpoint's as its decoder's."""
+    from transformers import CONFIG_MAPPING, AutoConfig
+
+    base = BASE_MODEL_TYPES.get((read_hf_config(model_path) or {}).get("model_type", ""))
+    return CONFIG_MAPPING[base].from_pretrained(model_path) if base else AutoConfig.from_pretrained(model_path)
 
 
 def resolve_layout(layout: str, on_gpu: bool) -> str:
@@ -241,10 +273,15 @@ class VllmEngine:
             if self.moe:
                 kwargs["enable_mixed_moe_lora_format"] = True
         hf_config = read_hf_config(model_path)
+        self.view = decoder_view(hf_config, model_path)
+        if self.view is not None:  # vLLM reads the checkpoint through it (the draft heads' config too)
+            kwargs["model"] = kwargs["tokenizer"] = self.view.name
         self.vision_tokens = vision_token_ids(hf_config)
         self.image_token_id = int(hf_config["image_token_id"]) if is_vision_language(hf_config) else None
         if self.image_token_id is not None:  # images, no videos; vLLM's processor reads the checkpoint's config
             kwargs["limit_mm_per_prompt"] = {"image": IMAGES_PER_PROMPT, "video": 0}
+        if s.speculative_config is not None:  # e.g. the checkpoint's MTP heads as the drafter (method mtp)
+            kwargs["speculative_config"] = dict(s.speculative_config)
         kwargs.update(s.engine_args)
         self.llm = LLM(**kwargs)
         self.adapter: Any = None  # the LoRARequest of the newest adapter; None: the base model

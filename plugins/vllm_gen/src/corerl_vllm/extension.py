@@ -34,7 +34,25 @@ class RefitExtension:
         weights = with_tied_copy(self.model_runner.model_config.hf_config, weights)
         self.reload_weights(weights_iterator=weights)
         repack_cpu_experts(self.model_runner.model, [name for name, _ in weights])
+        reload_drafter(self, weights)
         return len(weights)
+
+
+def reload_drafter(worker: Any, weights: list[tuple[str, Any]]) -> bool:
+    """Speculative decoding with the checkpoint's multi-token-prediction heads (``speculative_config``
+    method mtp): the drafter is a model of its own, which the target's reload leaves as it was; it
+    takes the same update (its loader keeps the heads' tensors and the shared embeddings and output
+    head). True when there was a drafter with weights to reload."""
+    drafter = getattr(getattr(worker.model_runner, "drafter", None), "model", None)
+    if drafter is None or not hasattr(drafter, "load_weights"):
+        return False
+    if not any(".mtp" in name or name.startswith("mtp.") for name, _ in weights):
+        return False  # an update without the heads (a LoRA refit, a trunk-only export): the drafter keeps its own
+    from vllm.model_executor.model_loader.reload.inplace import reload_weights
+
+    reload_weights(worker.vllm_config, drafter, weights_iterator=iter(weights), weights_path=None,
+                   is_checkpoint_format=True)
+    return True
 
 
 def with_tied_copy(hf_config: Any, weights: list[tuple[str, Any]]) -> list[tuple[str, Any]]:

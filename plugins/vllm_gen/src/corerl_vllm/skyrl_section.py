@@ -46,7 +46,11 @@ RULES: dict[str, Rule] = {
     _E + "fully_sharded_loras": inert(_PERF),
     _E + "offload_kv_for_weight_sync": inert(_PERF),
     _E + "use_expandable_segments": inert(_PERF),
-    _E + "speculative_config": refused("speculative decoding is not built into corerl's rollouts"),
+    _E + "speculative_config": acts(_TO + "speculative_config"),
+    "trainer.mtp.num_speculative_tokens": Rule.derived(
+        "with trainer.mtp.enabled: policy.generation.vllm_cfg.speculative_config {method: mtp, "
+        "num_speculative_tokens: N}, the trained heads drafting (generator.inference_engine.speculative_config, "
+        "where given, is passed instead)"),
     _E + "engine_init_kwargs.max_model_len": acts(_TO + "max_model_len"),
     _E + "engine_init_kwargs.enable_log_requests": inert(_SERVING),
     # prefill/decode disaggregation's cache hand-over (enable_pd, inert in the core's rules): not passed
@@ -95,12 +99,35 @@ def _leaves(node: Any, prefix: str) -> list[tuple[str, Any]]:
     return [(prefix, node)]
 
 
+def _drafter(out: Any) -> None:
+    """``trainer.mtp.enabled``: vLLM drafts with the checkpoint's multi-token-prediction heads (SkyRL's
+    ``speculative_config`` method mtp, ``trainer.mtp.num_speculative_tokens`` deep, default 1), unless
+    ``generator.inference_engine.speculative_config`` is given (passed as it is)."""
+    key, depth = "trainer.mtp.num_speculative_tokens", out.value("trainer.mtp.num_speculative_tokens")
+    if out.value(_E + "backend") not in (None, "vllm"):
+        return  # another engine generates: this section's keys are inert in the script already
+    if out.value("trainer.mtp.enabled") not in (True, "true", "True"):
+        if depth is not None:
+            out.inert(key, "used only with trainer.mtp.enabled")
+        return
+    if out.value(_E + "speculative_config") is not None:
+        if depth is not None:
+            out.inert(key, "generator.inference_engine.speculative_config gives vLLM's speculative decoding")
+        return
+    config = {"method": "mtp", "num_speculative_tokens": 1 if depth is None else depth}
+    if depth is None:
+        out.set("trainer.mtp.enabled", _TO + "speculative_config", config)
+    else:
+        out.put(key, _TO + "speculative_config", config)
+
+
 def derived(raw: dict[str, Any], out: Any) -> None:
     """``engine_init_kwargs``: each argument without a rule of its own goes to
     ``policy.generation.vllm_cfg.engine_args`` at its place in the mapping (``kernel_config.moe_backend``
     inside ``kernel_config``); one corerl sets itself is refused. An argument that is also one of
     the engine's own keys corerl passes in ``engine_args`` (``max_num_seqs``) wins, as in SkyRL,
     where ``engine_init_kwargs`` are applied last: the other key is then inert."""
+    _drafter(out)
     given = out.value(_ARGS[:-1])
     if not isinstance(given, dict):
         return
@@ -122,4 +149,5 @@ def derived(raw: dict[str, Any], out: Any) -> None:
                                           "last)")
 
 
-SECTION = SectionRules(rules=RULES, derived=derived, claims={_E + "backend": ("vllm", None)})
+SECTION = SectionRules(rules=RULES, derived=derived, claims={_E + "backend": ("vllm", None)},
+                       opaque=(_E + "speculative_config",))  # vLLM's speculative_config, passed whole

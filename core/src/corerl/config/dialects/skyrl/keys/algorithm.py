@@ -107,7 +107,10 @@ RULES: dict[str, Rule] = {
                                                                   "algorithm.async.simulate_training_seconds"),
     "trainer.fully_async.simulate_weight_sync_seconds": derived("with simulate_training: "
                                                                 "algorithm.async.simulate_refit_seconds"),
-    "trainer.mtp.enabled": inert(_OFF + " (multi-token-prediction heads)", _truthy),
+    # a training plugin that trains multi-token-prediction heads (and a generation plugin drafting with them)
+    # brings rules of its own for these keys; these are taken where none is installed
+    "trainer.mtp.enabled": inert("no installed training plugin trains multi-token-prediction heads, so only false "
+                                 "is accepted", _truthy),
     "trainer.mtp.*": inert("used only with trainer.mtp.enabled (refused)"),
     "trainer.update_ref_every_epoch": inert(_OFF + " (refreshing the reference model each epoch)", _truthy),
 }
