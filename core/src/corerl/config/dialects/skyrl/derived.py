@@ -838,10 +838,16 @@ def _external_servers(keys: _Keys, out: Translator) -> None:
         out.put(proxy_key, "policy.generation.remote.proxy_url", str(proxy))
     elif keys.given(proxy_key):
         out.inert(proxy_key, "null: the servers share the generation requests")
-    if keys.given("trainer.placement.colocate_all"):
+    # the run's GPUs all train; asynchronous RL keeps its generation worker (here the servers' client)
+    # in a process of its own, apart from training, as colocate_all=false says
+    if keys.given("trainer.placement.colocate_all") and value_at(out.tree, "algorithm.async.enabled") is not True:
         out.refate("trainer.placement.colocate_all", "inert", "the inference engines run outside the run "
                                                                "(run_engines_locally false): every GPU of the run trains")
         set_at(out.tree, "policy.generation.colocated.enabled", True)
+    elif value_at(out.tree, "policy.generation.colocated.enabled") is False:  # the client's worker: one process
+        set_at(out.tree, "policy.generation.colocated.resources.gpus_per_node", 1)
+        out.new_origins["policy.generation.colocated.resources.gpus_per_node"] = (
+            "asynchronous RL's generation worker, the external servers' client (run_engines_locally=false)")
 
 
 def _output_dir(keys: _Keys, out: Translator, key: str) -> None:
