@@ -177,6 +177,8 @@ def test_packing_is_accepted_and_what_it_cannot_run_with_is_refused(tmp_path: Pa
         (["policy.dynamic_batching.enabled=true"], "policy.dynamic_batching.enabled", "dynamic batching"),
         (["policy.sequence_packing.enabled=true", "policy.moe.router_replay=r2", "policy.model_name=builtin:tiny-moe"],
          "policy.moe.router_replay", "router replay"),
+        (["policy.sequence_packing.enabled=true", "policy.moe.load_balancing_type=seq_aux_loss",
+          "policy.moe.aux_loss_coeff=0.01"], "policy.moe.load_balancing_type", "seq_aux_loss"),
         (["policy.sequence_packing.enabled=true", "policy.megatron_cfg.mtp_num_layers=1"],
          "policy.megatron_cfg.mtp_num_layers", "multi-token-prediction"),
     ]

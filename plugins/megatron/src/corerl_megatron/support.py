@@ -84,12 +84,16 @@ def check_supported(config: Config) -> None:
 def check_packing(config: Config, settings: object, section: str) -> None:
     """Refuse what packed rows (:mod:`corerl_megatron.training.packed_rows`) do not run with: router
     replay r2 (it keeps each row's experts by the row's tokens, and a packed row of the logprob pass
-    is not one of the training pass) and multi-token-prediction heads (they read the tokens after
-    each position, across a packed row's sequences)."""
+    is not one of the training pass), megatron-core's per-sequence load-balancing loss (its
+    sequences are rows) and multi-token-prediction heads (they read the tokens after each
+    position, across a packed row's sequences)."""
+    moe = config.core.policy.moe
     for key, on, why in (
-            ("policy.moe.router_replay", config.core.policy.moe.router_replay == "r2",
+            ("policy.moe.router_replay", moe.router_replay == "r2",
              "router replay r2 keeps each row's experts by the row's tokens, and the logprob and training passes "
              "pack the sequences into different rows"),
+            ("policy.moe.load_balancing_type", moe.load_balancing_type == "seq_aux_loss" and moe.aux_loss_coeff > 0,
+             "megatron-core's seq_aux_loss balances each row's experts, and a packed row holds several sequences"),
             (f"{section}.mtp_num_layers", (settings.mtp_num_layers or 0) > 0,  # type: ignore[attr-defined]
              "the multi-token-prediction heads read the tokens after each position, across a packed row's "
              "sequences")):
