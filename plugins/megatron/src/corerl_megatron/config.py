@@ -124,7 +124,11 @@ class MegatronConfig:
             return
         text = hf.get("text_config") or hf
         heads = int(text.get("num_nextn_predict_layers") or text.get("mtp_num_hidden_layers") or 0)
-        if self.mtp_num_layers is None and heads == 0:
+        if self.mtp_num_layers is None and heads and config.policy.sequence_packing.enabled:
+            yield ("mtp_num_layers", f"is unset, so {config.policy.model_name}'s {heads} multi-token-prediction "
+                   "head(s) would be trained, and their draft loss does not run on packed rows yet: set it to 0, "
+                   "or policy.sequence_packing.enabled=false")
+        elif self.mtp_num_layers is None and heads == 0:
             yield ("mtp_num_layers", f"is unset (the checkpoint's multi-token-prediction heads) and "
                    f"{config.policy.model_name} has none: set it to 0, or use a checkpoint with heads (MiMo)")
         elif (self.mtp_num_layers or 0) > heads:

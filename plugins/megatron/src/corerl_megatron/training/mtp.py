@@ -120,6 +120,13 @@ class DraftHeads:
             self.pending = None
             return
         seen, model = self.seen, self.model
+        if seen["attention_mask"] is not None or seen["packed_seq_params"] is not None:
+            from corerl.sdk import EngineNotAvailable
+
+            # packed rows: the heads' shifted tokens and targets would cross from one sequence into the next
+            raise EngineNotAvailable("the MTP heads' draft loss does not run on packed rows yet",
+                                     key="policy.megatron_cfg.mtp_num_layers",
+                                     hint="set it to 0, or policy.sequence_packing.enabled=false")
         embedding = model.embedding
         hidden = model.mtp(
             input_ids=seen["input_ids"], position_ids=seen["position_ids"], hidden_states=seen["hidden"].detach(),
