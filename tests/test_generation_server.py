@@ -122,3 +122,22 @@ def test_one_grpo_step_samples_through_the_server_and_refits_it(served: tuple[st
     (step,) = [json.loads(line) for line in (result.run_dir / "metrics.jsonl").read_text().splitlines()
                if "reward/mean" in line]
     assert step["step"] == 1
+
+
+def test_a_paused_server_holds_generation_requests_until_resumed(served: tuple[str, str]):
+    from concurrent.futures import ThreadPoolExecutor
+
+    from corerl.generation.remote import call
+
+    url, _ = served
+    body = {"prompts": [[2, 5]], "n": 1, "sampling": {"temperature": 0.0, "max_new_tokens": 2, "ignore_eos": True}}
+    call(url, "/pause", {})
+    try:
+        with ThreadPoolExecutor(1) as pool:
+            pending = pool.submit(call, url, "/generate", body)
+            time.sleep(1.0)
+            assert not pending.done() and call(url, "/info")["paused"]
+            call(url, "/resume", {})
+            assert len(pending.result(timeout=60)["samples"][0][0]["completion_ids"]) == 2
+    finally:
+        call(url, "/resume", {})

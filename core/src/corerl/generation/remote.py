@@ -98,10 +98,6 @@ def model_fingerprint(model_path: str) -> str:
     return digest.hexdigest()[:16]
 
 
-class ServerError(Exception):
-    """A server answered with an error (its one line in ``message``)."""
-
-
 def call(url: str, path: str, body: Any = None, *, raw: bytes | None = None, timeout: float = 600.0,
          key: str = f"{SECTION}.urls") -> Any:
     """One request to a generation server: ``body`` as JSON (or ``raw`` bytes), the JSON answer
