@@ -134,13 +134,6 @@ class MegatronWorker(RankWorker):
         from corerl_megatron.training.packed_rows import is_packed, same_width, segment_mask
 
         packed = is_packed(mbs)
-        if packed and self.draft is not None:  # heads the checkpoint brought (mtp_num_layers unset)
-            from corerl.sdk import EngineNotAvailable
-
-            raise EngineNotAvailable("the multi-token-prediction heads read the tokens after each position, across a "
-                                     "packed row's sequences: not wired into the megatron backend's packed rows",
-                                     key="policy.megatron_cfg.mtp_num_layers",
-                                     hint="set it to 0, or policy.sequence_packing.enabled=false")
         if packed:  # one shape for the schedule: every packed row as wide as the widest
             mbs = same_width(mbs)
         count, width = len(mbs), int(mbs[0]["input_ids"].shape[1])
