@@ -99,6 +99,21 @@ def test_the_server_samples_as_the_engine_in_process_before_and_after_a_refit(se
     assert remote.generate(PROMPTS, greedy) == after
 
 
+def test_a_server_on_another_checkpoint_is_refused_in_one_line(served: tuple[str, str], tmp_path: Path):
+    from corerl.errors import ConfigError
+    from corerl.generation.remote import RemoteGenerationBackend
+    from corerl.models.tiny import BUILTIN_MODELS, build_tiny_model
+
+    url, _ = served
+    other = str(build_tiny_model(tmp_path / "other", seed=1, **BUILTIN_MODELS["builtin:tiny-qwen2"]))
+    host = process_host()
+    config = load_config(DEMO_RECIPE, [f"policy.model_name={other}", "policy.generation.backend=remote",
+                                       f"policy.generation.remote.urls=[{url}]"], host)
+    with pytest.raises(ConfigError, match="another checkpoint than the policy's") as caught:
+        RemoteGenerationBackend(config).load_hf(other)
+    assert caught.value.key == "policy.generation.remote.urls" and url in str(caught.value)
+
+
 def test_one_grpo_step_samples_through_the_server_and_refits_it(served: tuple[str, str], tmp_path: Path):
     """``corerl run``'s GRPO over the remote backend: the server (refitted by the test above) goes
     back to the checkpoint's weights when the run starts, samples the step, takes its refit."""

@@ -147,3 +147,30 @@ def test_asynchronous_rl_keeps_the_servers_client_in_a_worker_of_its_own():
     assert value_at(result.tree, "policy.generation.backend") == "remote"
     assert value_at(result.tree, "policy.generation.colocated.enabled") is False
     assert value_at(result.tree, "policy.generation.colocated.resources.gpus_per_node") == 1
+
+
+def test_the_fingerprint_tells_two_trainings_of_one_architecture_apart(tmp_path: Path):
+    import shutil
+
+    from corerl.generation.remote import model_fingerprint
+    from corerl.models.tiny import BUILTIN_MODELS, build_tiny_model
+
+    shape = BUILTIN_MODELS["builtin:tiny-qwen2"]
+    first = build_tiny_model(tmp_path / "first", seed=0, **shape)
+    other = build_tiny_model(tmp_path / "other", seed=1, **shape)
+    copy = shutil.copytree(first, tmp_path / "copy")
+    assert model_fingerprint(str(first)) == model_fingerprint(str(copy))
+    assert model_fingerprint(str(first)) != model_fingerprint(str(other))
+
+
+def test_an_answer_from_weights_older_than_the_last_refit_is_refused_in_one_line():
+    from corerl.errors import RunError
+
+    backend = RemoteGenerationBackend(_config("policy.generation.remote.urls=[http://127.0.0.1:1]"))
+    backend.expected = {"known": 3}
+    backend._check_version("http://127.0.0.1:1", {"server_id": "known", "version": 3})
+    with pytest.raises(RunError, match="version 2, not the last refit's \\(3\\)"):
+        backend._check_version("http://127.0.0.1:1", {"server_id": "known", "version": 2})
+    with pytest.raises(RunError, match="does not send weights to") as caught:
+        backend._check_version("http://proxy:1", {"server_id": "elsewhere", "version": 3})
+    assert caught.value.key == "policy.generation.remote.urls" and "\n" not in str(caught.value)

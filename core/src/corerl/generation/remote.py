@@ -86,15 +86,22 @@ def check_addresses(urls: list[str], proxy: str | None) -> None:
                               hint="write the generation server's address as http://host:port")
 
 
-def model_fingerprint(model_path: str) -> str:
+def model_fingerprint(model_path: str, sample_bytes: int = 2**20) -> str:
     """What a trainer and a server compare to know they hold the same checkpoint, without reading
-    its weights: its ``config.json`` and the names and sizes of its weight files."""
+    all of its weights: its ``config.json``, the names and sizes of its weight files, and
+    ``sample_bytes`` of each file at its start, middle and end (two trainings of one architecture
+    differ there)."""
     folder = Path(model_path)
     digest = hashlib.sha256()
     config = folder / "config.json"
     digest.update(json.dumps(json.loads(config.read_text()), sort_keys=True).encode() if config.is_file() else b"")
     for f in sorted(folder.glob("*.safetensors")) + sorted(folder.glob("*.bin")):
-        digest.update(f"{f.name}:{f.stat().st_size}".encode())
+        size = f.stat().st_size
+        digest.update(f"{f.name}:{size}".encode())
+        with f.open("rb") as weights:
+            for offset in sorted({0, max(0, size // 2 - sample_bytes // 2), max(0, size - sample_bytes)}):
+                weights.seek(offset)
+                digest.update(weights.read(sample_bytes))
     return digest.hexdigest()[:16]
 
 
@@ -161,7 +168,7 @@ class RemoteGenerationBackend:
                 from corerl.errors import ConfigError
 
                 raise ConfigError(f"generation server {url} serves {info.get('model')!r}, another checkpoint than the "
-                                  f"policy's {model_path} (config.json or weight files differ)", key=key,
+                                  f"policy's {model_path} (config.json or the weights differ)", key=key,
                                   hint="start the server on the policy's checkpoint (the same recipe)")
             version = int(info["version"])
             if not info.get("checkpoint", True):  # refitted by an earlier run: back to the checkpoint's weights
