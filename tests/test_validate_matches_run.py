@@ -85,6 +85,7 @@ REFUSALS = [
      "policy.generation.colocated.resources.gpus_per_node=2", "policy.generation.vllm_cfg.tensor_parallel_size=2"],
     ["policy.lora.enabled=true", "policy.lora.match_all_linear=false", "policy.lora.target_modules=[q_proj,lm_head]"],
     ["policy.lora.enabled=true", "policy.lora.dim=1024"],
+    ["policy.generation.backend=vllm", "policy.generation.vllm_cfg.engine_args.quantization=fp8"],
     [f"policy.model_name={USER_MODEL}", "policy.max_seq_length=1024", *HF],
     ["algorithm.optimizer_batch_size=5", *HF],
     ["algorithm.name=ppo", "algorithm.dynamic_sampling.enabled=true", *HF],
