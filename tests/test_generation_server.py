@@ -156,3 +156,39 @@ def test_a_paused_server_holds_generation_requests_until_resumed(served: tuple[s
             assert len(pending.result(timeout=60)["samples"][0][0]["completion_ids"]) == 2
     finally:
         call(url, "/resume", {})
+
+
+def test_a_proxy_passes_requests_on_and_the_servers_take_the_refits(served: tuple[str, str], tmp_path: Path):
+    """``--proxy-for``: SkyRL's external_proxy_url in front of its external_server_urls."""
+    from corerl.errors import ConfigError
+    from corerl.generation.remote import RemoteGenerationBackend, call
+
+    url, model = served
+    proxy = f"http://127.0.0.1:{_free_port()}"
+    process = subprocess.Popen([sys.executable, "-m", "corerl.cli", "serve-generation", "--proxy-for", url,
+                                "--port", proxy.rsplit(":", 1)[1]], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                assert call(proxy, "/info", timeout=5) == {"proxy": True, "servers": [url]}
+                break
+            except Exception:
+                if process.poll() is not None or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+        host = process_host()
+        common = [f"policy.model_name={model}", "policy.generation.backend=remote",
+                  f"policy.generation.remote.proxy_url={proxy}"]
+        through = RemoteGenerationBackend(load_config(DEMO_RECIPE, [*common, f"policy.generation.remote.urls=[{url}]"],
+                                                      host))
+        through.load_hf(model)
+        direct, _ = _engines(url, model)
+        greedy = SamplingSettings(temperature=0.0, max_new_tokens=6)
+        assert through.generate(PROMPTS, greedy) == direct.generate(PROMPTS, greedy)
+        alone = RemoteGenerationBackend(load_config(DEMO_RECIPE, common, host))
+        with pytest.raises(ConfigError, match="a proxy takes no weights"):
+            alone.load_hf(model)
+    finally:
+        process.terminate()
+        process.wait(timeout=30)

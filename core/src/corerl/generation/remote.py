@@ -164,6 +164,13 @@ class RemoteGenerationBackend:
         for url in self.control:
             key = f"{SECTION}.urls" if self.urls else f"{SECTION}.proxy_url"
             info = call(url, "/info", timeout=self.timeout, key=key)
+            if info.get("proxy"):
+                from corerl.errors import ConfigError
+
+                raise ConfigError(f"{url} is a proxy for generation servers ({', '.join(info.get('servers', []))}), "
+                                  "and a proxy takes no weights", key=f"{SECTION}.urls",
+                                  hint="list the servers behind it in policy.generation.remote.urls (SkyRL: "
+                                       "external_server_urls)")
             if info.get("fingerprint") != mine:
                 from corerl.errors import ConfigError
 

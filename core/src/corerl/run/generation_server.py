@@ -27,12 +27,15 @@ SKYRL_SERVE = "skyrl.train.entrypoints.serve"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("config", metavar="RECIPE_OR_SCRIPT",
+    parser.add_argument("config", metavar="RECIPE_OR_SCRIPT", nargs="?",
                         help="a corerl recipe, or a SkyRL launch script (its serve or training command's keys)")
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="dotted-key overrides, as for `corerl run`")
     parser.add_argument("--port", type=int, default=8000, help="the port to listen on (default 8000)")
     parser.add_argument("--host", default="127.0.0.1",
                         help="the address to listen on (default 127.0.0.1; 0.0.0.0 for other machines)")
+    parser.add_argument("--proxy-for", metavar="URL,URL", default=None,
+                        help="serve no engine: pass each generation request on to one of these generation servers in "
+                             "turn (SkyRL's external_proxy_url in front of its external_server_urls)")
     parser.add_argument("--dialect", choices=("corerl", "nemo-rl", "skyrl"), help="the recipe's dialect (unset: "
                                                                                   "recognised as for `corerl run`)")
 
@@ -46,6 +49,15 @@ def run(args: argparse.Namespace) -> int:
     except ImportError as exc:
         raise UsageError(f"corerl serve-generation serves over HTTP with FastAPI and uvicorn, and {exc.name} is not "
                          "installed", hint="pip install fastapi uvicorn") from None
+    if (args.config is None) == (args.proxy_for is None):
+        raise UsageError("corerl serve-generation serves a recipe's engine or is a proxy: give RECIPE_OR_SCRIPT or "
+                         "--proxy-for, one of them", hint="see `corerl serve-generation --help`")
+    if args.proxy_for is not None:
+        servers = [u.strip().rstrip("/") for u in args.proxy_for.split(",") if u.strip()]
+        print(f"corerl serve-generation: a proxy for {', '.join(servers)} on http://{args.host}:{args.port}",
+              flush=True)
+        uvicorn.run(build_proxy(servers), host=args.host, port=args.port, log_level="warning")
+        return 0
     import tempfile
 
     with tempfile.TemporaryDirectory(prefix="corerl-serve-") as scratch:
@@ -240,4 +252,49 @@ def build_app(engine: Any, *, model: str, backend: str) -> Any:
         return answer({"paused": False})
 
     app.state.worker = worker
+    return app
+
+
+def build_proxy(servers: list[str]) -> Any:
+    """A FastAPI application passing each ``/generate`` on to the next of ``servers`` (their answers
+    name the server and its weights' version, as the trainer checks) and ``/pause`` and ``/resume``
+    to all; it takes no weights (a trainer refits the servers themselves: ``urls``)."""
+    import asyncio
+    import itertools
+    import json
+
+    from fastapi import FastAPI, Request
+    from fastapi.responses import Response
+
+    from corerl.errors import CorerlError
+    from corerl.generation.remote import call
+
+    app = FastAPI(title="corerl generation proxy")
+    turn = itertools.cycle(range(len(servers)))
+
+    def answer(content: Any, status: int = 200) -> Response:
+        return Response(json.dumps(content), status_code=status, media_type="application/json")
+
+    async def forward(url: str, path: str, body: Any) -> Response:
+        try:
+            return answer(await asyncio.get_running_loop().run_in_executor(None, lambda: call(url, path, body)))
+        except CorerlError as exc:
+            return answer({"error": exc.message}, 502)
+
+    @app.get("/info")
+    async def info() -> Response:
+        return answer({"proxy": True, "servers": servers})
+
+    @app.post("/generate")
+    async def generate(request: Request) -> Response:
+        return await forward(servers[next(turn)], "/generate", await request.json())
+
+    @app.post("/pause")
+    async def pause() -> Response:
+        return answer({"paused": [json.loads((await forward(url, "/pause", {})).body) for url in servers]})
+
+    @app.post("/resume")
+    async def resume() -> Response:
+        return answer({"resumed": [json.loads((await forward(url, "/resume", {})).body) for url in servers]})
+
     return app
