@@ -114,7 +114,7 @@ def test_load_plugins_loads_only_those_and_empty_means_only_the_core():
     assert {p.name for p in only.plugins.values() if p.status == "loaded"} == {"corerl", "dtensor"}
     none = PluginHost(env={"CORERL_LOAD_PLUGINS": ""})
     assert none.training_backends.ids() == []
-    assert none.generation_backends.ids() == ["hf"]
+    assert none.generation_backends.ids() == ["hf", "remote"]  # the core's own: hf and external servers' client
     assert all(p.status == "disabled" for name, p in none.plugins.items() if name != "corerl")
 
 

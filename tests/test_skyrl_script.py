@@ -206,6 +206,8 @@ def _refused(capsys, tmp_path: Path, body: str, *extra: str, env: dict[str, str]
      ["two training commands", "run.sh:1 and", "run.sh:2)"]),
     ("uv run examples/gsm8k/gsm8k_dataset.py --output_dir /tmp/g\n", (),
      ["no training command", "gsm8k_dataset.py", "run.sh:1)"]),
+    ("uv run -m skyrl.train.entrypoints.serve trainer.policy.model.path=m\n", (),
+     ["no training command", "corerl serve-generation", "run.sh --port N", "run_engines_locally=false"]),
     ("for n in 1 2; do\n  echo $n\ndone\n", (), ["a `for` loop", "runs no shell code", "run.sh:1)"]),
     ("start() {\n  echo\n}\n", (), ["a function", "run.sh:1)"]),
     ("R=$(git rev-parse HEAD)\npython -m skyrl.train.entrypoints.main_base \\\n  trainer.run_name=$R\n", (),

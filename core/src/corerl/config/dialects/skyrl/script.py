@@ -127,9 +127,14 @@ def read(path: str | Path, extra: Sequence[str] = (), environ: Mapping[str, str]
     shell.run_file(Path(source), source, [(text, COMMAND_LINE) for text in extra])
     if shell.training is None:
         ran = "; ".join(shell.helpers[:3]) or "nothing"
+        hint = ("give the script that trains (a run_*.sh ending in an entry point with key=value overrides); run a "
+                "data or server script yourself")
+        if any("skyrl.train.entrypoints.serve" in command for command in shell.helpers):
+            hint = (f"it starts SkyRL's inference server: corerl's is `corerl serve-generation {source} --port N`, "
+                    "and a training script reaches it with generator.inference_engine.run_engines_locally=false and "
+                    "external_server_urls")
         raise ConfigError(f"no training command: the script starts no SkyRL entry point (it runs {ran})",
-                          source=source, hint="give the script that trains (a run_*.sh ending in an entry point "
-                                              "with key=value overrides); run a data or server script yourself")
+                          source=source, hint=hint)
     entry, where, words, flags = shell.training
     mine = [(t, o) for t, o in words if o != COMMAND_LINE]
     given = [(t, o) for t, o in words if o == COMMAND_LINE]
