@@ -254,3 +254,62 @@ def test_validation_refuses_heads_the_checkpoint_lacks_in_one_line(mimo_dir: str
     with pytest.raises((ConfigError, ConfigErrors), match="does not run on packed rows"):
         _config(mimo_dir, tmp_path / "packed", ["policy.megatron_cfg.mtp_num_layers=null",
                                                 "policy.sequence_packing.enabled=true"])
+
+
+def _draft_and_head_gradients(worker: Any) -> tuple[float, dict[str, torch.Tensor]]:
+    """The draft loss of the test batch and its gradient on each head parameter, whole (gathered over
+    the tensor-parallel ranks), from a fresh worker's weights."""
+    from corerl_megatron.training.sharding import gather
+
+    module, mb = worker.model.module, _batch()
+    module.train()
+    worker.model.zero_grad_buffer()
+    ids = mb["input_ids"]
+    module(ids, torch.arange(ids.shape[1]).expand_as(ids), attention_mask=None)
+    loss = worker.draft.loss(mb, 10.0)
+    loss.backward()
+    group = worker.ps.get_tensor_model_parallel_group()
+    grads = {name: gather(name, param.main_grad.detach(), worker.layout.partition[name], group, worker.tp)
+             for name, param in module.named_parameters() if name.startswith("mtp.")}
+    return float(loss.detach()), grads
+
+
+def _tensor_parallel_rank(rank: int, model_dir: str, config: Any, port: int, out: str) -> None:
+    """One of two gloo ranks (tensor parallel 2): the draft loss and the heads' gradients."""
+    import os
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    from corerl_megatron.training.worker import MegatronWorker
+
+    worker = MegatronWorker(rank=rank, world_size=2, config=config, threads=1,
+                            checkpoint_dir=str(Path(out).parent / "conversions-tp2"))
+    worker.load_hf(model_dir)
+    assert worker.tp == 2 and worker.layout.partition["mtp.layers.0.eh_proj.weight"] == 0  # the heads are split
+    found = _draft_and_head_gradients(worker)
+    if rank == 0:
+        torch.save(found, out)
+
+
+def test_tensor_parallel_2_heads_give_the_same_draft_loss_and_head_gradients(
+        workers: dict[str, Any], mimo_dir: str, tmp_path: Path) -> None:
+    """The heads split over 2 gloo ranks (eh_proj by rows, the layer's projections as the decoder's):
+    the draft loss and each head parameter's gradient, whole, as on one rank."""
+    import torch.multiprocessing as mp
+
+    from corerl.sdk import free_port
+    from corerl_megatron.training.worker import MegatronWorker
+
+    heads = ["policy.megatron_cfg.mtp_num_layers=1"]
+    single = MegatronWorker(rank=0, world_size=1, config=_config(mimo_dir, tmp_path / "tp1", [*_PLAIN, *heads]),
+                            threads=1, checkpoint_dir=str(tmp_path / "conversions-tp1"))
+    single.load_hf(mimo_dir)
+    want_loss, want = _draft_and_head_gradients(single)
+    config = _config(mimo_dir, tmp_path / "tp2", [*_PLAIN, *heads, "policy.megatron_cfg.tensor_model_parallel_size=2",
+                                                  "cluster.gpus_per_node=2"])
+    out = tmp_path / "found.pt"
+    mp.spawn(_tensor_parallel_rank, args=(mimo_dir, config, free_port(), str(out)), nprocs=2)
+    loss, grads = torch.load(out)
+    assert loss == pytest.approx(want_loss, rel=1e-5)
+    assert set(grads) == set(want)
+    for name, grad in want.items():
+        assert grad.abs().max() > 0 and torch.allclose(grads[name], grad, atol=1e-6, rtol=1e-4), name
