@@ -251,6 +251,8 @@ def test_validation_refuses_heads_the_checkpoint_lacks_in_one_line(mimo_dir: str
     with pytest.raises((ConfigError, ConfigErrors), match="pipeline_model_parallel_size=1"):
         _config(mimo_dir, tmp_path / "pp", ["policy.megatron_cfg.mtp_num_layers=1", "cluster.gpus_per_node=2",
                                             "policy.megatron_cfg.pipeline_model_parallel_size=2"])
+    with pytest.raises((ConfigError, ConfigErrors), match="not trained with policy.lora"):
+        _config(mimo_dir, tmp_path / "lora", ["policy.megatron_cfg.mtp_num_layers=null", "policy.lora.enabled=true"])
     with pytest.raises((ConfigError, ConfigErrors), match="does not run on packed rows"):
         _config(mimo_dir, tmp_path / "packed", ["policy.megatron_cfg.mtp_num_layers=null",
                                                 "policy.sequence_packing.enabled=true"])

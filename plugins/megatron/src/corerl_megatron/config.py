@@ -120,10 +120,14 @@ class MegatronConfig:
         if self.mtp_num_layers == 0:
             return
         hf = read_hf_config(config.policy.model_name) or {}
-        if not hf:
-            return
         text = hf.get("text_config") or hf
         heads = int(text.get("num_nextn_predict_layers") or text.get("mtp_num_hidden_layers") or 0)
+        if config.policy.lora.enabled and ((self.mtp_num_layers or 0) > 0 or (self.mtp_num_layers is None and heads)):
+            yield ("mtp_num_layers", "multi-token-prediction heads are not trained with policy.lora (it freezes every "
+                   "base weight, the heads' too): set it to 0 with LoRA")
+            return
+        if not hf:
+            return
         if self.mtp_num_layers is None and heads and config.policy.sequence_packing.enabled:
             yield ("mtp_num_layers", f"is unset, so {config.policy.model_name}'s {heads} multi-token-prediction "
                    "head(s) would be trained, and their draft loss does not run on packed rows yet: set it to 0, "
