@@ -116,10 +116,11 @@ class DraftHeads:
 
     def _after(self, module: Any, args: Any, output: torch.Tensor) -> None:
         """In training, the heads' hidden states from the trunk's detached ones (kept for the loss)."""
+        seen, model = self.seen, self.model
+        self.seen = {}  # no reference to this forward's graph outlives it
         if not module.training or not torch.is_grad_enabled():
             self.pending = None
             return
-        seen, model = self.seen, self.model
         if seen["attention_mask"] is not None or seen["packed_seq_params"] is not None:
             from corerl.sdk import EngineNotAvailable
 
