@@ -41,9 +41,9 @@ from corerl.registry import (
 PROJECT_NAME = "corerl"
 
 #: The plugin contract this corerl offers, ``MAJOR.MINOR`` (docs/plugins.md, "Contract changelog").
-#: A plugin states the version it was written against as ``corerl_contract = "2.17"`` in its plugin
+#: A plugin states the version it was written against as ``corerl_contract = "2.18"`` in its plugin
 #: module; it is loaded when the majors match and its minor is not newer than this one's.
-CONTRACT_VERSION = "2.17"
+CONTRACT_VERSION = "2.18"
 
 hookspec = pluggy.HookspecMarker(PROJECT_NAME)
 hookimpl = pluggy.HookimplMarker(PROJECT_NAME)

@@ -2,7 +2,7 @@ import attrs
 
 from corerl.sdk import Environment, EnvironmentSettings, Turn, hookimpl, setting
 
-corerl_contract = "2.17"
+corerl_contract = "2.18"
 
 
 @attrs.define(kw_only=True)

@@ -61,4 +61,4 @@ def corerl_register_memory_models(register: Callable[[MemoryModel], None]) -> No
 
 
 #: the plugin contract this plugin was written against (docs/plugins.md, "Contract changelog")
-corerl_contract = "2.17"
+corerl_contract = "2.18"

@@ -44,4 +44,4 @@ def corerl_register_dialect_sections(register: Callable[[DialectSection], None])
 
 
 #: the plugin contract this plugin was written against (docs/plugins.md, "Contract changelog")
-corerl_contract = "2.17"
+corerl_contract = "2.18"

@@ -25,4 +25,4 @@ def corerl_register_algorithms(register: Callable[[Algorithm], None]) -> None:
 
 
 #: the plugin contract this plugin was written against (docs/plugins.md, "Contract changelog")
-corerl_contract = "2.17"
+corerl_contract = "2.18"

@@ -33,4 +33,4 @@ def corerl_register_environments(register: Callable[[Environment], None]) -> Non
 
 
 #: the plugin contract this plugin was written against (docs/plugins.md, "Contract changelog")
-corerl_contract = "2.17"
+corerl_contract = "2.18"

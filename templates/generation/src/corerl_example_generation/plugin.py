@@ -18,4 +18,4 @@ def corerl_register_generation_backends(register: Callable[[GenerationBackend], 
 
 
 #: the plugin contract this plugin was written against (docs/plugins.md, "Contract changelog")
-corerl_contract = "2.17"
+corerl_contract = "2.18"
