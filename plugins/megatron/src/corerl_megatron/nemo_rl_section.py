@@ -46,8 +46,10 @@ RULES: dict[str, Rule] = {
                    "checkpoint.async_save", "checkpoint.ckpt_assume_constant_structure")},
     "policy.megatron_cfg.model_overrides": inert("overriding megatron's model config is not built into corerl yet; "
                                                  "only {} is accepted", _truthy),
-    "policy.megatron_cfg.mtp_num_layers": inert("multi-token prediction layers are not built into corerl yet; only "
-                                                "0 is accepted", _truthy),
+    "policy.megatron_cfg.mtp_num_layers": inert("NeMo RL's multi-token prediction heads, trained on the labels, are not "
+                                                "built into corerl (its heads learn the policy's own next-token "
+                                                "distribution, detached: SkyRL's draft loss, corerl's "
+                                                "policy.megatron_cfg.mtp_num_layers); only 0 is accepted", _truthy),
     "policy.megatron_cfg.mtp_loss_scaling_factor": inert("used only with multi-token prediction (mtp_num_layers)"),
     "policy.megatron_cfg.mtp_use_repeated_layer": inert("used only with multi-token prediction (mtp_num_layers)"),
     "policy.megatron_cfg.mtp_detach_heads": inert("used only with multi-token prediction (mtp_num_layers)"),
