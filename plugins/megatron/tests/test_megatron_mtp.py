@@ -6,7 +6,6 @@ step with the draft loss moves the heads and leaves the trunk's gradient what it
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,44 +14,20 @@ import pytest
 import torch
 
 from corerl.testing import host_with, select_for, write_recipe
+from tests.mimo_checkpoint import make_mimo
 
 HIDDEN, HEADS, KV_HEADS, VOCAB = 64, 4, 2, 128
-
-
-def _mtp_tensors(config: dict[str, Any], generator: torch.Generator) -> dict[str, torch.Tensor]:
-    """One MiMo MTP head's tensors under MiMo's names (model.mtp_layers.0.*), random."""
-    h, d = config["hidden_size"], config["hidden_size"] // config["num_attention_heads"]
-    q, kv, ffn = config["num_attention_heads"] * d, config["num_key_value_heads"] * d, config["intermediate_size"]
-    shapes = {"token_layernorm.weight": (h,), "hidden_layernorm.weight": (h,), "input_proj.weight": (h, 2 * h),
-              "input_layernorm.weight": (h,), "post_attention_layernorm.weight": (h,), "final_layernorm.weight": (h,),
-              "self_attn.q_proj.weight": (q, h), "self_attn.q_proj.bias": (q,), "self_attn.k_proj.weight": (kv, h),
-              "self_attn.k_proj.bias": (kv,), "self_attn.v_proj.weight": (kv, h), "self_attn.v_proj.bias": (kv,),
-              "self_attn.o_proj.weight": (h, q), "mlp.gate_proj.weight": (ffn, h), "mlp.up_proj.weight": (ffn, h),
-              "mlp.down_proj.weight": (h, ffn)}
-    out = {}
-    for name, shape in shapes.items():
-        value = torch.randn(shape, generator=generator) * 0.1
-        out[f"model.mtp_layers.0.{name}"] = value + 1.0 if name.endswith("norm.weight") else value
-    return out
 
 
 @pytest.fixture(scope="module")
 def mimo_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
     """A tiny Qwen2 checkpoint made MiMo: its config names MiMoForCausalLM with one MTP head, whose
     tensors are added to the weights file."""
-    from safetensors.torch import load_file, save_file
-
     from corerl.models.tiny import build_tiny_model
 
     path = build_tiny_model(tmp_path_factory.mktemp("mimo"), family="qwen2", hidden_size=HIDDEN, num_layers=2,
                             num_heads=HEADS, num_kv_heads=KV_HEADS, tie_word_embeddings=False)
-    config = json.loads((path / "config.json").read_text())
-    config.update(model_type="mimo", architectures=["MiMoForCausalLM"], num_nextn_predict_layers=1)
-    (path / "config.json").write_text(json.dumps(config))
-    weights = path / "model.safetensors"
-    state = load_file(str(weights))
-    state.update(_mtp_tensors(config, torch.Generator().manual_seed(5)))
-    save_file(state, str(weights), metadata={"format": "pt"})
+    make_mimo(path)
     return str(path)
 
 
@@ -111,7 +86,11 @@ def _mimo_head_by_hand(model_dir: str, ids: torch.Tensor) -> torch.Tensor:
     hidden first, projected, one Qwen2 decoder layer, the head's final norm, the output head."""
     from safetensors.torch import load_file
     from transformers import Qwen2Config, Qwen2ForCausalLM
-    from transformers.models.qwen2.modeling_qwen2 import Qwen2DecoderLayer, Qwen2RMSNorm, Qwen2RotaryEmbedding
+    from transformers.models.qwen2.modeling_qwen2 import (
+        Qwen2DecoderLayer,
+        Qwen2RMSNorm,
+        Qwen2RotaryEmbedding,
+    )
 
     config = Qwen2Config.from_pretrained(model_dir)
     config._attn_implementation = "sdpa"  # no mask given: causal

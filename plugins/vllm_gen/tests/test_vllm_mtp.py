@@ -7,7 +7,6 @@ tokens); the drafter runs; a refit reaches the drafter's heads."""
 
 from __future__ import annotations
 
-import json
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,41 +17,21 @@ import torch
 
 from corerl.generation.contract import SamplingSettings
 from corerl.testing.generation_conformance import PROMPTS, reference_greedy
+from tests.mimo_checkpoint import make_mimo
 
 MAX_NEW = 10
-
-
-def _head(config: dict[str, Any], generator: torch.Generator) -> dict[str, torch.Tensor]:
-    """One MiMo MTP head's tensors (``model.mtp_layers.0.*``), random."""
-    h, d = config["hidden_size"], config["hidden_size"] // config["num_attention_heads"]
-    q, kv, ffn = config["num_attention_heads"] * d, config["num_key_value_heads"] * d, config["intermediate_size"]
-    shapes = {"token_layernorm.weight": (h,), "hidden_layernorm.weight": (h,), "input_proj.weight": (h, 2 * h),
-              "input_layernorm.weight": (h,), "post_attention_layernorm.weight": (h,), "final_layernorm.weight": (h,),
-              "self_attn.q_proj.weight": (q, h), "self_attn.q_proj.bias": (q,), "self_attn.k_proj.weight": (kv, h),
-              "self_attn.k_proj.bias": (kv,), "self_attn.v_proj.weight": (kv, h), "self_attn.v_proj.bias": (kv,),
-              "self_attn.o_proj.weight": (h, q), "mlp.gate_proj.weight": (ffn, h), "mlp.up_proj.weight": (ffn, h),
-              "mlp.down_proj.weight": (h, ffn)}
-    return {f"model.mtp_layers.0.{name}": torch.randn(shape, generator=generator) * 0.1 + name.endswith("norm.weight")
-            for name, shape in shapes.items()}
 
 
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """(the MiMo-like checkpoint, its decoder alone as a Qwen2 checkpoint for transformers' reference)."""
-    from safetensors.torch import load_file, save_file
-
     from corerl.models.tiny import build_tiny_model
 
     decoder = build_tiny_model(tmp_path_factory.mktemp("qwen2"), family="qwen2", hidden_size=128, num_layers=2,
                                num_heads=4, num_kv_heads=2, tie_word_embeddings=False, initializer_range=0.3)
     mimo = tmp_path_factory.mktemp("mimo")
     shutil.copytree(decoder, mimo, dirs_exist_ok=True)
-    config = json.loads((mimo / "config.json").read_text())
-    config.update(model_type="mimo", architectures=["MiMoForCausalLM"], num_nextn_predict_layers=1)
-    (mimo / "config.json").write_text(json.dumps(config))
-    state = load_file(str(mimo / "model.safetensors"))
-    save_file({**state, **_head(config, torch.Generator().manual_seed(5))}, str(mimo / "model.safetensors"),
-              metadata={"format": "pt"})
+    make_mimo(mimo)
     return mimo, decoder
 
 
