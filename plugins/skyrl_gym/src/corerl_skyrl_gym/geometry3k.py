@@ -42,6 +42,7 @@ from typing import Any
 from skyrl_gym.envs.base_text_env import BaseTextEnv, BaseTextEnvStepOutput
 
 from corerl_skyrl_gym.boxed_math import boxed_content, grade_boxed
+from corerl_skyrl_gym.rows import ground_truth
 
 __all__ = ["CALC_SCORE", "DEFAULT_MAX_TURNS", "Geometry3kEnv", "score_answer", "tool_call_of"]
 
@@ -103,10 +104,7 @@ class Geometry3kEnv(BaseTextEnv):
     def __init__(self, env_config: Any = None, extras: dict[str, Any] | None = None) -> None:
         super().__init__()
         extras = extras or {}
-        spec = extras.get("reward_spec")
-        if not isinstance(spec, dict) or "ground_truth" not in spec:
-            raise ValueError("the geometry3k environment needs the row's reward_spec.ground_truth (the answer)")
-        self.truth = str(spec["ground_truth"])
+        self.truth = str(ground_truth(extras, "geometry3k", "the answer"))
         self.max_turns = int(extras.get("max_turns") or DEFAULT_MAX_TURNS)
         self.correct = False
 

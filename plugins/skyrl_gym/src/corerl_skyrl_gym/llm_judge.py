@@ -35,6 +35,8 @@ from typing import Any
 
 from skyrl_gym.envs.base_text_env import BaseTextEnv, BaseTextEnvStepOutput
 
+from corerl_skyrl_gym.rows import ground_truth
+
 log = logging.getLogger(__name__)
 
 ENTRY = "corerl_skyrl_gym.llm_judge:LLMJudgeEnv"
@@ -134,11 +136,7 @@ class LLMJudgeEnv(BaseTextEnv):
     def __init__(self, env_config: Any = None, extras: dict[str, Any] | None = None) -> None:
         super().__init__()
         extras = extras or {}
-        spec = extras.get("reward_spec")
-        if not isinstance(spec, dict) or "ground_truth" not in spec:
-            raise ValueError("the llm_as_a_judge environment needs the row's reward_spec.ground_truth (the answer "
-                             "the judge compares with)")
-        self.truth = spec["ground_truth"]
+        self.truth = ground_truth(extras, "llm_as_a_judge", "the answer the judge compares with")
         self.model, self.base_url = judge_settings(env_config)
         api_key = os.environ.get(API_KEY)
         if not api_key:

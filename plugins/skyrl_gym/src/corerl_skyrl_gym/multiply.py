@@ -23,6 +23,8 @@ from typing import Any
 
 from skyrl_gym.envs.base_text_env import BaseTextEnv, BaseTextEnvStepOutput
 
+from corerl_skyrl_gym.rows import ground_truth
+
 #: the first \boxed{...}: one or more characters, none of them a closing brace
 _BOXED = re.compile(r"\\boxed\{([^}]+)\}")
 DEFAULT_MAX_TURNS = 5
@@ -42,10 +44,7 @@ class MultiplyEnv(BaseTextEnv):
     def __init__(self, env_config: Any = None, extras: dict[str, Any] | None = None) -> None:
         super().__init__()
         extras = extras or {}
-        spec = extras.get("reward_spec")
-        if not isinstance(spec, dict) or "ground_truth" not in spec:
-            raise ValueError("the multiply environment needs the row's reward_spec.ground_truth (the product)")
-        self.truth = str(spec["ground_truth"]).strip()
+        self.truth = str(ground_truth(extras, "multiply", "the product")).strip()
         self.max_turns = int(extras.get("max_turns") or DEFAULT_MAX_TURNS)
 
     def step(self, action: str) -> BaseTextEnvStepOutput:
