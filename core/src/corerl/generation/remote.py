@@ -40,7 +40,7 @@ from typing import Any
 import attrs
 
 from corerl.config.fields import setting
-from corerl.errors import EngineNotAvailable, RunError
+from corerl.errors import ConfigError, EngineNotAvailable, RunError
 from corerl.generation.contract import Sample, SamplingSettings
 
 log = logging.getLogger(__name__)
@@ -66,8 +66,6 @@ def check_remote_chosen(config: Any) -> None:
     """Refuse, in one line and without contacting anything, a remote backend with no server. The
     addresses themselves are checked when the run starts (:meth:`RemoteGenerationBackend.load_hf`):
     a recipe may be validated for another machine, where they are given later."""
-    from corerl.errors import ConfigError
-
     settings = config.section(SECTION)
     if not settings.urls and not settings.proxy_url:
         raise ConfigError("the remote generation backend has no server to send requests to",
@@ -78,8 +76,6 @@ def check_remote_chosen(config: Any) -> None:
 
 def check_addresses(urls: list[str], proxy: str | None) -> None:
     """Refuse, in one line, an address that is not an http(s) URL."""
-    from corerl.errors import ConfigError
-
     for key, url in [*((f"{SECTION}.urls", u) for u in urls), (f"{SECTION}.proxy_url", proxy)]:
         if url is not None and not str(url).startswith(("http://", "https://")):
             raise ConfigError(f"{url!r} is not an http:// or https:// URL", key=key,
@@ -165,16 +161,12 @@ class RemoteGenerationBackend:
             key = f"{SECTION}.urls" if self.urls else f"{SECTION}.proxy_url"
             info = call(url, "/info", timeout=self.timeout, key=key)
             if info.get("proxy"):
-                from corerl.errors import ConfigError
-
-                raise ConfigError(f"{url} is a proxy for generation servers ({', '.join(info.get('servers', []))}), "
+                            raise ConfigError(f"{url} is a proxy for generation servers ({', '.join(info.get('servers', []))}), "
                                   "and a proxy takes no weights", key=f"{SECTION}.urls",
                                   hint="list the servers behind it in policy.generation.remote.urls (SkyRL: "
                                        "external_server_urls)")
             if info.get("fingerprint") != mine:
-                from corerl.errors import ConfigError
-
-                raise ConfigError(f"generation server {url} serves {info.get('model')!r}, another checkpoint than the "
+                            raise ConfigError(f"generation server {url} serves {info.get('model')!r}, another checkpoint than the "
                                   f"policy's {model_path} (config.json or the weights differ)", key=key,
                                   hint="start the server on the policy's checkpoint (the same recipe)")
             version = int(info["version"])
