@@ -79,7 +79,12 @@ class AdamParams:
 
 @dataclass(frozen=True)
 class SampleParams:
-    """The SDK's sampling parameters; ``top_k = -1`` and ``top_p = 1`` mean no truncation."""
+    """The SDK's sampling parameters; ``top_k = -1`` and ``top_p = 1`` mean no truncation.
+
+    ``stop_at_eos``: whether the tokenizer's end-of-sequence token(s) stop a sample too. The SDK's
+    ``stop`` left out means an implicit EOS (True); a ``stop`` given, ``[]`` included, means only
+    the stops it lists (False).
+    """
 
     max_tokens: int
     temperature: float = 1.0
@@ -88,6 +93,7 @@ class SampleParams:
     seed: int | None = None
     stop_tokens: list[int] = field(default_factory=list)
     stop_strings: list[str] = field(default_factory=list)
+    stop_at_eos: bool = True
 
 
 @dataclass
