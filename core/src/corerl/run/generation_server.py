@@ -6,7 +6,7 @@ The recipe picks the engine as ``corerl run`` does (``policy.generation.backend`
 the ``hf`` backend, the vLLM plugin's, ...) and its sampling settings come with each request. A
 SkyRL launch script that starts SkyRL's server (``-m skyrl.train.entrypoints.serve``, as
 ``run_vllm_server.sh`` does) is read as the same keys given to ``main_base``. Served with FastAPI
-and uvicorn (``pip install fastapi uvicorn``). Registered by the core's own plugin
+and uvicorn (``pip install fastapi uvicorn``; :mod:`corerl.environments.http_serving`). Registered by the core's own plugin
 (``corerl_register_commands``).
 
 Weights arrive as safetensors chunks (``POST /weights/{update}/{index}``), kept in host memory until
@@ -41,14 +41,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from corerl.environments.http_serving import require_server_stack, serve
     from corerl.errors import UsageError
 
-    try:
-        import fastapi  # noqa: F401
-        import uvicorn
-    except ImportError as exc:
-        raise UsageError(f"corerl serve-generation serves over HTTP with FastAPI and uvicorn, and {exc.name} is not "
-                         "installed", hint="pip install fastapi uvicorn") from None
+    require_server_stack("corerl serve-generation")
     if (args.config is None) == (args.proxy_for is None):
         raise UsageError("corerl serve-generation serves a recipe's engine or is a proxy: give RECIPE_OR_SCRIPT or "
                          "--proxy-for, one of them", hint="see `corerl serve-generation --help`")
@@ -56,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
         servers = [u.strip().rstrip("/") for u in args.proxy_for.split(",") if u.strip()]
         print(f"corerl serve-generation: a proxy for {', '.join(servers)} on http://{args.host}:{args.port}",
               flush=True)
-        uvicorn.run(build_proxy(servers), host=args.host, port=args.port, log_level="warning")
+        serve(build_proxy(servers), host=args.host, port=args.port)
         return 0
     import tempfile
 
@@ -65,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
         app = build_app(engine, model=model, backend=backend)
         print(f"corerl serve-generation: {backend} serving {model} on http://{args.host}:{args.port}", flush=True)
         try:
-            uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+            serve(app, host=args.host, port=args.port)
         finally:
             app.state.worker.shutdown(wait=False)
             engine.shutdown()
