@@ -14,14 +14,13 @@ chain (counted); the episode's trajectory is its last chain.
 Concurrent calls are answered in batches: a single thread owns the generation engine and
 answers every call waiting when it is free with one ``generate`` call.
 
-Limits (docs/security.md): a request body over ``max_request_bytes`` is refused with 413 before it
-is read; a body that is not a JSON object is refused with 400; the server takes each connection
-on a thread of its own with a listen backlog of :data:`LISTEN_BACKLOG`, so a burst of calls waits
-rather than being reset. Rendering and tokenizing a call's messages happen under its episode's
-own lock (an episode's calls stay in order), never under one all episodes share.
-
-Written with the standard library's ``http.server`` rather than a web framework: the endpoint
-has two routes, and the core installs no server stack for them.
+Served with FastAPI and uvicorn (:mod:`corerl.environments.http_serving`) on a thread of the
+run's process. Limits (docs/security.md): a request body over ``max_request_bytes`` is refused
+with 413 before it is read (neither library limits a body's size: the route checks it); a body
+that is not a JSON object is refused with 400; uvicorn's listen backlog is :data:`LISTEN_BACKLOG`,
+so a burst of calls waits rather than being reset. Each call in progress has a thread of its own
+(it waits there for the engine's next batch); rendering and tokenizing a call's messages happen
+under its episode's own lock (an episode's calls stay in order), never under one all episodes share.
 """
 
 from __future__ import annotations
@@ -32,18 +31,20 @@ import secrets
 import threading
 import time
 from collections.abc import Sequence
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import attrs
 
+from corerl.environments.daemon_threads import DaemonThreadExecutor
 from corerl.environments.encoding import ObservationEncoder
+from corerl.environments.http_serving import BackgroundServer, require_server_stack
 from corerl.generation.contract import Sample, SamplingSettings
 from corerl.reporting.lost_text import check_observation
 
 MODEL_NAME = "corerl-policy"
-LISTEN_BACKLOG = 1024  # connections the kernel queues before the server accepts them (http.server's default: 5)
-DISCARDED_BYTES = 8 << 20  # of a refused body, read and dropped so the refusal reaches the client
+LISTEN_BACKLOG = 1024  # connections the kernel queues before the server accepts them (uvicorn's backlog)
+CALL_THREADS = 1024  # calls in progress at once, each waiting in a thread for its answer; more wait for a thread
+KEEP_ALIVE_S = 30  # an idle connection of a harness (between its calls, tools running) stays open this long
 
 
 def default_max_request_bytes(max_seq_length: int) -> int:
@@ -106,6 +107,7 @@ class ChatEndpoint:
 
     def __init__(self, generation: Any, tokenizer: Any, sampling: SamplingSettings, max_seq_length: int,
                  max_request_bytes: int | None = None, name: str = "the agent endpoint") -> None:
+        require_server_stack("the agent endpoint (an environment that plays an agent harness)", key="data.env_name")
         if not getattr(tokenizer, "chat_template", None):
             from corerl.errors import ConfigError
 
@@ -122,13 +124,15 @@ class ChatEndpoint:
         self.lock = threading.Lock()  # guards the episodes' dict only
         self.calls: queue.Queue[_Call] = queue.Queue()
         self.batches = 0
-        self.server = _Server(("127.0.0.1", 0), _handler(self))
-        self.port = self.server.server_address[1]
-        self._threads = [threading.Thread(target=self.server.serve_forever, name="corerl-endpoint", daemon=True),
-                         threading.Thread(target=self._generate_loop, name="corerl-endpoint-engine", daemon=True)]
         self._stopping = False
-        for thread in self._threads:
-            thread.start()
+        self._engine_thread = threading.Thread(target=self._generate_loop, name="corerl-endpoint-engine", daemon=True)
+        self._engine_thread.start()
+        # daemon threads: a call still waiting when the run ends never keeps the process alive
+        self._call_threads = DaemonThreadExecutor(CALL_THREADS, "corerl-endpoint-call")
+        # no limit_concurrency (uvicorn's 503 past it): a burst is queued in the backlog, never refused
+        self.server = BackgroundServer(_app(self), backlog=LISTEN_BACKLOG, timeout_keep_alive=KEEP_ALIVE_S,
+                                       name="corerl-endpoint")
+        self.port = self.server.port
 
     # -- episodes ----------------------------------------------------------------------------
 
@@ -259,132 +263,99 @@ class ChatEndpoint:
             for call in batch:
                 call.done.set()
 
+    def respond(self, episode: str, body: bytes) -> tuple[int, dict[str, Any]]:
+        """The HTTP status and JSON answer to a chat-completions request body of ``episode``."""
+        try:
+            request = json.loads(body or b"{}")
+            if not isinstance(request, dict):
+                raise ValueError(f"the request body must be a JSON object, not a JSON {type(request).__name__}")
+            if request.get("stream"):
+                raise ValueError("streaming is not supported: call with stream=false")
+            if int(request.get("n", 1)) != 1:
+                raise ValueError("n must be 1: each episode samples one answer per call")
+            return 200, self.chat(episode, request)
+        except KeyError:
+            return _error(404, f"no open episode {episode}", "invalid_request_error")
+        except OverflowError as exc:
+            return _error(400, f"{exc}: the episode is out of tokens", "context_length_exceeded")
+        except (ValueError, TypeError) as exc:
+            return _error(400, str(exc), "invalid_request_error")
+        except Exception as exc:  # the engine failed: the agent's call fails, the rollout reports it
+            return _error(500, f"{type(exc).__name__}: {exc}", "server_error")
+
     def shutdown(self) -> None:
         self._stopping = True
-        self.server.shutdown()
-        self.server.server_close()
+        self.server.stop()
+        self._call_threads.shutdown(cancel_futures=True)
 
 
-class _Server(ThreadingHTTPServer):
-    """A thread per connection (daemon threads), and a listen backlog for bursts of calls."""
-
-    daemon_threads = True
-    request_queue_size = LISTEN_BACKLOG
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        """A client that went away before its answer (a harness timed out, a closed socket) is no
-        fault of the run; anything else is printed as socketserver does."""
-        import sys
-
-        if not isinstance(sys.exc_info()[1], ConnectionError):
-            super().handle_error(request, client_address)
+def _error(status: int, message: str, kind: str) -> tuple[int, dict[str, Any]]:
+    return status, {"error": {"message": message, "type": kind, "code": status}}
 
 
-def _handler(endpoint: ChatEndpoint) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        def log_message(self, format: str, *args: Any) -> None:  # the run's terminal is not the access log
-            return None
+def _app(endpoint: ChatEndpoint) -> Any:
+    """The endpoint's FastAPI application: its two routes, behind the run's token."""
+    import asyncio
 
-        def _send(self, status: int, payload: dict[str, Any]) -> None:
-            body = json.dumps(payload).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+    from fastapi import FastAPI
+    from starlette.exceptions import HTTPException
+    from starlette.requests import Request
+    from starlette.responses import Response
 
-        def _error(self, status: int, message: str, kind: str) -> None:
-            self._send(status, {"error": {"message": message, "type": kind, "code": status}})
+    def answer(status: int, payload: dict[str, Any]) -> Response:
+        return Response(json.dumps(payload), status_code=status, media_type="application/json")
 
-        def _route(self) -> tuple[str, str] | None:
-            parts = self.path.split("?")[0].strip("/").split("/")
-            if self.headers.get("Authorization") != f"Bearer {endpoint.token}":
-                self._error(401, "missing or wrong API key (the run's token)", "authentication_error")
-                return None
-            if len(parts) == 4 and parts[0] == "episodes" and parts[2] == "v1":
-                return parts[1], parts[3]
-            if len(parts) == 5 and parts[0] == "episodes" and parts[2] == "v1" and parts[3] == "chat":
-                return parts[1], "chat/" + parts[4]
-            self._error(404, f"no route {self.path}", "invalid_request_error")
-            return None
+    app = FastAPI(openapi_url=None, docs_url=None, redoc_url=None)  # two routes for harnesses, no schema pages
 
-        def do_GET(self) -> None:
-            route = self._route()
-            if route is None:
+    @app.exception_handler(HTTPException)
+    async def no_route(request: Request, exc: HTTPException) -> Response:  # unknown path, or a route's other method
+        return answer(*_error(404, f"no route {request.url.path}", "invalid_request_error"))
+
+    async def models(request: Request) -> Response:
+        return answer(200, {"object": "list", "data": [{"id": MODEL_NAME, "object": "model", "owned_by": "corerl"}]})
+
+    async def chat_completions(request: Request) -> Response:
+        episode, limit = request.path_params["episode"], endpoint.body_limit()
+        # neither uvicorn nor FastAPI limits a body's size. A body announced over the limit is
+        # refused before a byte of it is read; uvicorn reads and drops what the client still sends,
+        # so the client reads the 413 rather than a reset connection. A body sent without a length
+        # (chunked) is counted as it arrives. (uvicorn refuses a Content-Length that is no number.)
+        length = request.headers.get("content-length")
+        if length is not None and int(length) > limit:
+            return answer(*_too_large(f"{length} bytes", limit))
+        body = bytearray()
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > limit:
+                return answer(*_too_large(f"at least {len(body)} bytes", limit))
+        loop = asyncio.get_running_loop()
+        return answer(*await loop.run_in_executor(endpoint._call_threads, endpoint.respond, episode, bytes(body)))
+
+    app.add_route("/episodes/{episode}/v1/models", models, methods=["GET"])
+    app.add_route("/episodes/{episode}/v1/chat/completions", chat_completions, methods=["POST"])
+    app.add_middleware(_TokenCheck, token=endpoint.token, refusal=answer(
+        *_error(401, "missing or wrong API key (the run's token)", "authentication_error")))
+    return app
+
+
+def _too_large(size: str, limit: int) -> tuple[int, dict[str, Any]]:
+    return _error(413, f"the request body is {size}, over this endpoint's {limit} (env.openai_agent.max_request_bytes)"
+                       ": the conversation cannot fit policy.max_seq_length anyway", "invalid_request_error")
+
+
+class _TokenCheck:
+    """ASGI middleware: a request without the run's token gets ``refusal`` (401), whatever its path."""
+
+    def __init__(self, app: Any, token: str, refusal: Any) -> None:
+        self.app, self.expected, self.refusal = app, f"Bearer {token}".encode(), refusal
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            given = next((value for name, value in scope["headers"] if name == b"authorization"), b"")
+            if not secrets.compare_digest(given, self.expected):
+                await self.refusal(scope, receive, send)
                 return
-            if route[1] == "models":
-                self._send(200, {"object": "list", "data": [{"id": MODEL_NAME, "object": "model", "owned_by": "corerl"}]})
-            else:
-                self._error(404, f"no route {self.path}", "invalid_request_error")
-
-        def do_POST(self) -> None:
-            route = self._route()
-            if route is None:
-                return
-            episode, what = route
-            if what != "chat/completions":
-                self._error(404, f"no route {self.path}", "invalid_request_error")
-                return
-            body = self._body()
-            if body is None:
-                return
-            try:
-                request = json.loads(body or b"{}")
-                if not isinstance(request, dict):
-                    raise ValueError(f"the request body must be a JSON object, not a JSON {type(request).__name__}")
-                if request.get("stream"):
-                    raise ValueError("streaming is not supported: call with stream=false")
-                if int(request.get("n", 1)) != 1:
-                    raise ValueError("n must be 1: each episode samples one answer per call")
-                self._send(200, endpoint.chat(episode, request))
-            except KeyError:
-                self._error(404, f"no open episode {episode}", "invalid_request_error")
-            except OverflowError as exc:
-                self._error(400, f"{exc}: the episode is out of tokens", "context_length_exceeded")
-            except (ValueError, TypeError) as exc:
-                self._error(400, str(exc), "invalid_request_error")
-            except Exception as exc:  # the engine failed: the agent's call fails, the rollout reports it
-                self._error(500, f"{type(exc).__name__}: {exc}", "server_error")
-
-        def _body(self) -> bytes | None:
-            """The request's body, or None once a refusal is sent: a body over the limit is refused
-            before it is read (and the connection closed, so its bytes are never taken)."""
-            try:
-                length = int(self.headers.get("Content-Length") or 0)
-            except ValueError:
-                self._error(400, "Content-Length is not a number", "invalid_request_error")
-                return None
-            limit = endpoint.body_limit()
-            if length > limit:
-                self.close_connection = True
-                self._error(413, f"the request body is {length} bytes, over this endpoint's {limit} "
-                                 "(env.openai_agent.max_request_bytes): the conversation cannot fit "
-                                 "policy.max_seq_length anyway", "invalid_request_error")
-                self._discard_unread()
-                return None
-            return self.rfile.read(length) if length > 0 else b""
-
-        def _discard_unread(self) -> None:
-            """After a refusal: end our side, then read and drop what the client still sends (at
-            most :data:`DISCARDED_BYTES`, for at most two seconds), so that closing the socket with
-            unread bytes does not reset the connection before the client has read the answer."""
-            import socket
-            import time
-
-            self.wfile.flush()
-            try:
-                self.connection.shutdown(socket.SHUT_WR)
-                deadline, dropped = time.monotonic() + 2.0, 0
-                while dropped < DISCARDED_BYTES and (left := deadline - time.monotonic()) > 0:
-                    self.connection.settimeout(left)
-                    chunk = self.connection.recv(1 << 16)
-                    if not chunk:
-                        break
-                    dropped += len(chunk)
-            except OSError:  # the client is gone or slow: it has the answer or never will
-                pass
-
-    return Handler
+        await self.app(scope, receive, send)
 
 
 @attrs.frozen
