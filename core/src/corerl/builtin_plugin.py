@@ -155,6 +155,10 @@ def corerl_register_commands(register: Callable[[Command], None]) -> None:
     register(Command(id="serve-generation", factory="corerl.run.generation_server:run",
                      arguments="corerl.run.generation_server:add_arguments",
                      description="serve the recipe's generation engine over HTTP for the remote generation backend"))
+    register(Command(id="serve", factory="corerl.run.tinker.command:run",
+                     arguments="corerl.run.tinker.command:add_arguments",
+                     description="a training service speaking the Tinker API (LoRA adapters on one base model) for the "
+                                 "tinker SDK"))
 
 
 @hookimpl

@@ -1,0 +1,143 @@
+"""``corerl serve [RECIPE] [KEY=VALUE ...] [--base-model NAME]``: a training service speaking the
+Tinker API, for the official ``tinker`` SDK (issue 76; docs/serve.md).
+
+The base model is the recipe's ``policy.model_name`` (and its ``policy.precision``), or
+``--base-model``; each training client is a LoRA adapter on it (:mod:`corerl.run.tinker.peft_engine`
+for now). Served with FastAPI and uvicorn on 127.0.0.1 unless ``--host`` says otherwise; every
+request needs one of the API keys held by the environment variable ``--api-key-env`` names.
+Registered by the core's own plugin (``corerl_register_commands``), imported only when run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import os
+from typing import Any
+
+DEFAULT_KEY_ENV = "CORERL_SERVE_API_KEY"
+#: the prefixes the SDK accepts in a key (it refuses to send any other)
+KEY_PREFIXES = ("tml-", "eyJ")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from corerl.run.tinker.server import Limits
+
+    limits = Limits()
+    parser.add_argument("config", metavar="RECIPE", nargs="?",
+                        help="a corerl recipe: its policy.model_name is the base model (unset: --base-model)")
+    parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="dotted-key overrides, as for `corerl run`")
+    parser.add_argument("--base-model", metavar="NAME", default=None,
+                        help="the base model (a Hugging Face folder, a packaged or built-in model name); "
+                             "overrides the recipe's policy.model_name")
+    parser.add_argument("--host", default="127.0.0.1",
+                        help="the address to listen on (default 127.0.0.1: this machine only; 0.0.0.0 for others)")
+    parser.add_argument("--port", type=int, default=8000, help="the port to listen on (default 8000)")
+    parser.add_argument("--api-key-env", metavar="VAR", default=DEFAULT_KEY_ENV,
+                        help=f"the environment variable holding the API key, or several separated by commas, one per "
+                             f"client that must not reach another's weights (default {DEFAULT_KEY_ENV}; keys start "
+                             "with tml-, as the SDK requires)")
+    parser.add_argument("--state-dir", metavar="DIR", default=None,
+                        help="where saved states and sampler weights go, kept across restarts (default: a temporary "
+                             "folder, removed at exit)")
+    parser.add_argument("--max-adapters", type=int, default=16, metavar="N",
+                        help="training adapters held at once, all clients together (default 16)")
+    parser.add_argument("--precision", choices=("float32", "bfloat16", "float16"), default=None,
+                        help="the base model's weights and compute (default: the recipe's policy.precision, else "
+                             "float32)")
+    parser.add_argument("--max-body-mb", type=float, default=limits.max_body_bytes / 2**20, metavar="MB",
+                        help=f"the largest request body taken (default {limits.max_body_bytes // 2**20})")
+    parser.add_argument("--max-sample-tokens", type=int, default=limits.max_sample_tokens, metavar="N",
+                        help=f"a sample's max_tokens at most, and when left out (default {limits.max_sample_tokens})")
+    parser.add_argument("--session-timeout", type=float, default=limits.session_timeout, metavar="SECONDS",
+                        help="a session that sends nothing (not even its heartbeat) this long ends and its adapters "
+                             f"are freed (default {limits.session_timeout:.0f})")
+
+
+def api_keys(variable: str, environ: Any = None) -> list[str]:
+    """The keys the variable holds (comma-separated); one line when there are none or one the SDK
+    would never send."""
+    from corerl.errors import UsageError
+
+    value = (os.environ if environ is None else environ).get(variable, "")
+    keys = [k.strip() for k in value.split(",") if k.strip()]
+    if not keys:
+        raise UsageError(f"corerl serve needs an API key and ${variable} is unset or empty",
+                         hint=f"export {variable}=tml-<a secret of your own>, and give clients the same key as "
+                              "TINKER_API_KEY (or name another variable with --api-key-env)")
+    for key in keys:
+        if not key.startswith(KEY_PREFIXES):
+            raise UsageError(f"${variable} holds a key that does not start with tml-; the tinker SDK refuses to send "
+                             "any other", hint=f"use keys like tml-<a secret of your own> in ${variable}")
+    return keys
+
+
+def base_model_of(args: argparse.Namespace) -> tuple[str, str]:
+    """(base model name, precision) from --base-model / --precision and the recipe."""
+    from corerl.errors import UsageError
+
+    if args.config is None:
+        if args.overrides:
+            raise UsageError("KEY=VALUE overrides apply to a recipe, and none was given",
+                             hint="give the recipe first: corerl serve RECIPE KEY=VALUE ...")
+        if args.base_model is None:
+            raise UsageError("corerl serve needs a base model: give a RECIPE (its policy.model_name) or --base-model",
+                             hint="e.g. corerl serve --base-model builtin:tiny-qwen2")
+        return args.base_model, args.precision or "float32"
+    from corerl.config import load_config
+    from corerl.plugin_manager import process_host
+
+    config = load_config(args.config, list(args.overrides), process_host())
+    policy = config.core.policy
+    return args.base_model or policy.model_name, args.precision or policy.precision
+
+
+def run(args: argparse.Namespace) -> int:
+    import tempfile
+    from pathlib import Path
+
+    from corerl.errors import UsageError
+
+    try:
+        import fastapi  # noqa: F401
+        import uvicorn
+        from tinker.proto import tinker_public_pb2  # noqa: F401
+    except ImportError as exc:
+        raise UsageError(f"corerl serve needs FastAPI, uvicorn and the tinker SDK's wire types, and {exc.name} is "
+                         "not installed", hint="pip install 'corerl[serve,train]'") from None
+    keys = api_keys(args.api_key_env)
+    for name, value, least in (("--port", args.port, 0), ("--max-adapters", args.max_adapters, 1),
+                               ("--max-body-mb", args.max_body_mb, 0.001),
+                               ("--max-sample-tokens", args.max_sample_tokens, 1),
+                               ("--session-timeout", args.session_timeout, 1)):
+        if value < least:
+            raise UsageError(f"{name} must be at least {least}, not {value}")
+    base_model, precision = base_model_of(args)
+    from corerl.run.tinker.peft_engine import PeftEngine
+    from corerl.run.tinker.server import Limits, Service, build_app
+
+    limits = Limits(max_body_bytes=int(args.max_body_mb * 2**20), max_sample_tokens=args.max_sample_tokens,
+                    session_timeout=args.session_timeout)
+    with tempfile.TemporaryDirectory(prefix="corerl-serve-") as scratch:
+        state_dir = Path(args.state_dir) if args.state_dir else Path(scratch) / "state"
+        state_dir.mkdir(parents=True, exist_ok=True)
+        engine = PeftEngine(base_model, precision=precision, max_adapters=args.max_adapters,
+                            work_dir=Path(scratch) / "model")
+        app = build_app(Service(engine, state_dir, limits), keys)
+        where = f"http://{args.host}:{args.port}"
+        print(f"corerl serve: the Tinker API on {where}, training LoRA adapters on {base_model} "
+              f"({precision}, at most {args.max_adapters}); saved weights in {state_dir}", flush=True)
+        if not _loopback(args.host):
+            print(f"corerl serve: listening on {args.host}, reachable from other machines over plain HTTP; the API "
+                  "key is all that guards it", flush=True)
+        uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    return 0
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
