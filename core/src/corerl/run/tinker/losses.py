@@ -57,7 +57,7 @@ def check_loss(loss_fn: str, loss_fn_config: Mapping[str, Any] | None) -> dict[s
         takes = f"it takes {', '.join(allowed)}" if allowed else "it takes no loss_fn_config"
         raise ServiceError(USER, f"loss_fn_config key {unknown[0]!r} is not a parameter of {loss_fn}; {takes}")
     clips: dict[str, float] = {}
-    for key, default in zip(CLIP_KEYS, defaults):
+    for key, default in zip(CLIP_KEYS[:len(defaults)], defaults, strict=True):
         value = config.get(key, default)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(float(value)):
             raise ServiceError(USER, f"loss_fn_config.{key} must be a finite number, not {value!r}")

@@ -197,7 +197,7 @@ class PeftEngine:
                 with torch.enable_grad() if backward else torch.no_grad():
                     logps = self._target_logprobs(batch)
                     losses = []
-                    for datum, logp in zip(batch, logps):
+                    for datum, logp in zip(batch, logps, strict=True):
                         inputs = self._input_tensors(datum)
                         element = elementwise_loss(loss_fn, logp, inputs, clips)
                         losses.append(element.sum())
@@ -278,7 +278,7 @@ class PeftEngine:
     def _write(self, adapter: _Adapter, path: Path, *, kind: str, with_optimizer: bool) -> None:
         path.mkdir(parents=True, exist_ok=True)
         tensors = {name: p.detach().to("cpu", copy=True).contiguous()
-                   for name, p in zip(adapter.param_names, adapter.params)}
+                   for name, p in zip(adapter.param_names, adapter.params, strict=True)}
         save_file(tensors, str(path / ADAPTER_FILE))
         if with_optimizer:
             torch.save(adapter.optimizer.state_dict(), path / OPTIMIZER_FILE)
@@ -306,7 +306,7 @@ class PeftEngine:
 
     def _load_tensors(self, adapter: _Adapter, path: Path) -> None:
         saved = load_file(str(path / ADAPTER_FILE), device=str(self.device))
-        expected = dict(zip(adapter.param_names, adapter.params))
+        expected = dict(zip(adapter.param_names, adapter.params, strict=True))
         if set(saved) != set(expected):
             extra = sorted(set(saved) ^ set(expected))
             raise ServiceError(USER, f"the weights at {path} do not fit their spec on this base model "
@@ -381,7 +381,8 @@ class PeftEngine:
             if all(done) or step + 1 == params.max_tokens:
                 break
             out = model(input_ids=picked.unsqueeze(-1), past_key_values=out.past_key_values, use_cache=True)
-        return [SampledSequence(tokens=t, logprobs=lp, stop_reason=r) for t, lp, r in zip(tokens, logprobs, reasons)]
+        return [SampledSequence(tokens=t, logprobs=lp, stop_reason=r)
+                for t, lp, r in zip(tokens, logprobs, reasons, strict=True)]
 
     def _hits_stop_string(self, tokens: list[int], params: SampleParams) -> bool:
         text = self.tokenizer.decode(tokens, skip_special_tokens=False)
@@ -467,7 +468,9 @@ class PeftEngine:
 
     def _drop(self, name: str) -> None:
         if self._peft is not None and name in self._peft.peft_config:
-            self._peft.delete_adapter(name)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # PEFT's note that another adapter is now the active one
+                self._peft.delete_adapter(name)
 
     def _find_targets(self) -> dict[str, list[str]]:
         """The base model's linear layers by kind: ``attn``, ``mlp``, ``unembed``."""
