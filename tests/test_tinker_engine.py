@@ -336,6 +336,11 @@ def bad_calls(engine: PeftEngine, tmp_path: Path) -> dict[str, object]:
     engine.export_sampler("bad-ok", other)
     state = json.loads((other / "state.json").read_text())
     (other / "state.json").write_text(json.dumps(dict(state, base_model="Qwen/Qwen3-8B")))
+    weights_only = tmp_path / "weights-only"
+    engine.save_state("bad-ok", weights_only, with_optimizer=False)
+    corrupt = tmp_path / "corrupt"
+    engine.save_state("bad-ok", corrupt)
+    (corrupt / "adapter.safetensors").write_bytes(b"not a safetensors file")
     return {
         "unknown model": lambda: engine.forward("nobody", [ok], "cross_entropy", None),
         "unknown model step": lambda: engine.optim_step("nobody", AdamParams()),
@@ -369,9 +374,11 @@ def bad_calls(engine: PeftEngine, tmp_path: Path) -> dict[str, object]:
         "bad beta": lambda: engine.optim_step("bad-ok", AdamParams(beta1=1.0)),
         "negative lr": lambda: engine.optim_step("bad-ok", AdamParams(learning_rate=-1.0)),
         "no saved state": lambda: engine.load_state("bad-load", tmp_path / "nothing", True),
-        "state without optimizer": lambda: engine.load_state("bad-load", other, True),
+        "state without optimizer": lambda: engine.load_state("bad-load", weights_only, True),
         "another base model": lambda: engine.load_state("bad-load", other, False),
         "sampler of another base model": lambda: engine.sample(other, [5], 1, SampleParams(max_tokens=2)),
+        "corrupt weights": lambda: engine.load_state("bad-load", corrupt, True),
+        "corrupt sampler weights": lambda: engine.sample(corrupt, [5], 1, SampleParams(max_tokens=2)),
         "no sampler weights": lambda: engine.sample(tmp_path / "nothing", [5], 1, SampleParams(max_tokens=2)),
         "prompt out of vocabulary": lambda: engine.sample(None, [VOCAB], 1, SampleParams(max_tokens=2)),
         "empty prompt": lambda: engine.sample(None, [], 1, SampleParams(max_tokens=2)),

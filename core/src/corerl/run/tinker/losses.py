@@ -103,7 +103,8 @@ def check_data(loss_fn: str, data: Sequence[Datum], vocab_size: int, max_length:
 def _check_token_ids(values: Sequence[float], vocab_size: int, where: str) -> None:
     for value in values:
         if not float(value).is_integer() or not 0 <= int(value) < vocab_size:
-            raise ServiceError(USER, f"{where}: token {value!r} is outside the model's vocabulary of {vocab_size}")
+            shown = int(value) if float(value).is_integer() else value
+            raise ServiceError(USER, f"{where}: token {shown!r} is outside the model's vocabulary of {vocab_size}")
 
 
 def check_request(loss_fn: str, loss_fn_config: Mapping[str, Any] | None, data: Sequence[Datum],
