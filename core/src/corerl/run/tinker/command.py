@@ -5,14 +5,18 @@ The base model is the recipe's ``policy.model_name`` (and its ``policy.precision
 ``--base-model``; each training client is a LoRA adapter on it (:mod:`corerl.run.tinker.peft_engine`
 for now). Served with FastAPI and uvicorn on 127.0.0.1 unless ``--host`` says otherwise; every
 request needs one of the API keys held by the environment variable ``--api-key-env`` names.
-Registered by the core's own plugin (``corerl_register_commands``), imported only when run.
+Served by :func:`corerl.environments.http_serving.serve`, the one HTTP stack; registered by the
+core's own plugin (``corerl_register_commands``), imported only when run.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ipaddress
 import os
+import signal
+from collections.abc import Iterator
 from typing import Any
 
 DEFAULT_KEY_ENV = "CORERL_SERVE_API_KEY"
@@ -96,15 +100,15 @@ def run(args: argparse.Namespace) -> int:
     import tempfile
     from pathlib import Path
 
+    from corerl.environments.http_serving import require_server_stack, serve
     from corerl.errors import UsageError
 
+    require_server_stack("corerl serve")
     try:
-        import fastapi  # noqa: F401
-        import uvicorn
         from tinker.proto import tinker_public_pb2  # noqa: F401
-    except ImportError as exc:
-        raise UsageError(f"corerl serve needs FastAPI, uvicorn and the tinker SDK's wire types, and {exc.name} is "
-                         "not installed", hint="pip install 'corerl[serve,train]'") from None
+    except ImportError:
+        raise UsageError("corerl serve reads the tinker SDK's wire types, and tinker is not installed",
+                         hint="pip install tinker==0.38.0 (or corerl's serve extra)") from None
     keys = api_keys(args.api_key_env)
     for name, value, least in (("--port", args.port, 0), ("--max-adapters", args.max_adapters, 1),
                                ("--max-body-mb", args.max_body_mb, 0.001),
@@ -130,8 +134,27 @@ def run(args: argparse.Namespace) -> int:
         if not _loopback(args.host):
             print(f"corerl serve: listening on {args.host}, reachable from other machines over plain HTTP; the API "
                   "key is all that guards it", flush=True)
-        uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+        with _sigterm_exits():
+            serve(app, host=args.host, port=args.port)
     return 0
+
+
+@contextlib.contextmanager
+def _sigterm_exits() -> Iterator[None]:
+    """SIGTERM as SystemExit: uvicorn shuts down on it, then raises it again with the handler it
+    found, and with the default one the process would die before the scratch folder is removed."""
+    def stop(signum: int, frame: Any) -> None:
+        raise SystemExit(128 + signum)
+
+    try:
+        previous = signal.signal(signal.SIGTERM, stop)
+    except ValueError:  # not the main thread: nothing to set up
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _loopback(host: str) -> bool:
