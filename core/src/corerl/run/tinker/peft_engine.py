@@ -14,8 +14,8 @@ the base model), A from PEFT's initialiser under ``spec.seed``. ``train_attn`` t
 layers of the attention blocks, ``train_mlp`` those of the MLP blocks, ``train_unembed`` the
 output projection.
 
-Refusals name a saved folder by its last segment (the name the client gave it), never by its
-place on the server's disk. Saved states and sampler weights are folders: ``state.json`` (format, base model, spec, steps),
+Refusals about saved weights never name their place on the server's disk (the server names
+the client's path for them). Saved states and sampler weights are folders: ``state.json`` (format, base model, spec, steps),
 ``adapter.safetensors`` (the adapter's tensors under PEFT's names without the adapter's name) and,
 for a state saved with its optimizer, ``optimizer.pt`` (torch's AdamW state dict, read back with
 ``weights_only``). Sampling loads exported weights as extra adapters, the most recently used kept
@@ -254,7 +254,7 @@ class PeftEngine:
                 raise ServiceError(USER, "model_id is empty")
             state = self._read_state(Path(path))
             if with_optimizer and not state.get("with_optimizer"):
-                raise ServiceError(USER, f"the state {path.name!r} was saved without its optimizer; "
+                raise ServiceError(USER, "this state was saved without its optimizer; "
                                          "load it without the optimizer")
             if model_id not in self._adapters:
                 self._check_capacity()
@@ -292,16 +292,16 @@ class PeftEngine:
         try:
             state = json.loads((path / STATE_FILE).read_text())
         except (OSError, ValueError):
-            raise ServiceError(USER, f"no saved weights named {path.name!r}") from None
+            raise ServiceError(USER, "no saved weights there") from None
         if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
-            raise ServiceError(USER, f"{path.name!r} does not hold weights this server saved")
+            raise ServiceError(USER, "that path holds no weights this server saved")
         if state.get("base_model") != self.base_model:
-            raise ServiceError(USER, f"the weights {path.name!r} are for base model {state.get('base_model')!r}, "
+            raise ServiceError(USER, f"these weights are for base model {state.get('base_model')!r}, "
                                      f"not this server's {self.base_model!r}")
         try:
             state["spec"] = LoraSpec(**state["spec"])
         except (KeyError, TypeError):
-            raise ServiceError(USER, f"{path.name!r} holds no readable LoRA spec") from None
+            raise ServiceError(USER, "these saved weights hold no readable LoRA spec") from None
         return state
 
     def _load_tensors(self, adapter: _Adapter, path: Path) -> None:
@@ -309,12 +309,12 @@ class PeftEngine:
         expected = dict(zip(adapter.param_names, adapter.params, strict=True))
         if set(saved) != set(expected):
             extra = sorted(set(saved) ^ set(expected))
-            raise ServiceError(USER, f"the weights {path.name!r} do not fit their spec on this base model "
+            raise ServiceError(USER, f"these weights do not fit their spec on this base model "
                                      f"({len(extra)} tensors differ, e.g. {extra[0]})")
         with torch.no_grad():
             for name, param in expected.items():
                 if saved[name].shape != param.shape:
-                    raise ServiceError(USER, f"the weights {path.name!r}: {name} is {tuple(saved[name].shape)}, "
+                    raise ServiceError(USER, f"these weights' {name} is {tuple(saved[name].shape)}, "
                                              f"this base model needs {tuple(param.shape)}")
                 param.copy_(saved[name])
 
@@ -339,7 +339,7 @@ class PeftEngine:
         try:
             key = (str(path.resolve()), (path / ADAPTER_FILE).stat().st_mtime_ns)
         except OSError:
-            raise ServiceError(USER, f"no sampler weights named {path.name!r}") from None
+            raise ServiceError(USER, "no sampler weights there") from None
         if key in self._samplers:
             self._samplers.move_to_end(key)
             return self._samplers[key]
@@ -566,5 +566,5 @@ def _unreadable(exc: BaseException, path: Path) -> BaseException:
     """A file error while reading saved weights as one line for the user; anything else (an
     interrupt, running out of memory) as it was."""
     if isinstance(exc, Exception) and not isinstance(exc, (MemoryError, torch.OutOfMemoryError)):
-        return ServiceError(USER, f"cannot read the saved weights {path.name!r}: {first_line(exc)}")
+        return ServiceError(USER, f"cannot read these saved weights: {first_line(exc)}")
     return exc
