@@ -266,6 +266,10 @@ def test_save_and_load_state_resume_identically(tinker_server: Served):
         assert resumed.forward_backward(data, "cross_entropy").result().metrics["loss:sum"] == loss
         resumed.optim_step(adam).result()
         again = resumed.save_state("step-2").result().path
+        # loading into an existing client (the SDK's deprecated TrainingClient.load_state) rewinds it
+        with pytest.warns(Warning):
+            resumed.load_state_with_optimizer(saved).result()
+        assert resumed.forward(data, "cross_entropy").result().metrics["loss:sum"] == loss
         fresh = client.create_training_client_from_state(saved).result()  # weights only: a new Adam
         fresh.forward_backward(data, "cross_entropy")
         fresh.optim_step(adam).result()
