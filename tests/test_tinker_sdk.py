@@ -141,6 +141,19 @@ def tinker_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
         yield Served(server.url, service, folder / "state")
 
 
+@pytest.fixture(scope="module")
+def chunking_server(tinker_server: Served) -> Iterator[Served]:
+    """A second server on the same engine whose small body limit makes the SDK split a batch into
+    chunks (its client config caps a chunk at half the limit)."""
+    from corerl.environments.http_serving import BackgroundServer
+    from corerl.run.tinker.server import Limits, Service, build_app
+
+    service = Service(tinker_server.service.engine, tinker_server.state_dir.parent / "state-small",
+                      Limits(poll_seconds=5, max_body_bytes=8192))
+    with BackgroundServer(build_app(service, [ALICE]), name="corerl-serve-test-small") as server:
+        yield Served(server.url, service, tinker_server.state_dir.parent / "state-small")
+
+
 def _datum(tokens: list[int], weights: list[float] | None = None) -> Any:
     """Next-token prediction on ``tokens``: input tokens[:-1], targets tokens[1:]."""
     inputs: dict[str, Any] = {"target_tokens": tokens[1:]}
@@ -234,6 +247,29 @@ def test_importance_sampling_trains_on_tokens_sampled_through_the_sdk(tinker_ser
         live = training.save_weights_and_get_sampling_client().result().sample(
             types.ModelInput.from_ints(PROMPT), 1, greedy).result().sequences[0].tokens
         assert from_path == live and len(live) >= 1
+
+
+def test_a_batch_the_sdk_sends_in_chunks_first_chunk_last_trains_as_one_request(tinker_server: Served,
+                                                                                 chunking_server: Served):
+    rows = [[2, 3 + i % 50, 60 + i % 40, 7, 11, 13, 17, 19] for i in range(120)]
+    data = [_datum(row, [1.0] * (len(row) - 1)) for row in rows]
+    results, requests = {}, {}
+    for served in (tinker_server, chunking_server):
+        before = served.service.table.created["forward_backward"]
+        with served.client() as client:
+            training = client.create_lora_training_client(BASE, rank=4, seed=8).result()
+            fb = training.forward_backward(data, "cross_entropy")
+            step = training.optim_step(types.AdamParams(learning_rate=1e-2))
+            loss = fb.result().metrics["loss:sum"]
+            step.result()
+            after = training.forward(data[:3], "cross_entropy").result()
+            results[served.url] = loss, [x for o in after.loss_fn_outputs for x in o["logprobs"].tolist()]
+        requests[served.url] = served.service.table.created["forward_backward"] - before
+    whole, chunked = results[tinker_server.url], results[chunking_server.url]
+    assert chunked[0] == pytest.approx(whole[0], rel=1e-5)
+    assert chunked[1] == pytest.approx(whole[1], abs=1e-5)
+    # the SDK did split it: the small server took several forward_backward requests for the one call
+    assert (requests[tinker_server.url], requests[chunking_server.url] > 2) == (1, True), requests
 
 
 def _adapter(served: Served, path: str) -> dict[str, Any]:

@@ -19,7 +19,7 @@ import logging
 import threading
 import time
 import uuid
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -69,6 +69,7 @@ class FutureTable:
 
     def __init__(self, keep_seconds: float = 900.0) -> None:
         self.keep_seconds = keep_seconds
+        self.created: Counter[str] = Counter()  # requests taken since the start, by kind
         self._entries: dict[str, _Entry] = {}
         self._lock = threading.Lock()
 
@@ -82,6 +83,7 @@ class FutureTable:
         with self._lock:
             self._prune()
             self._entries[request_id] = _Entry(owner, kind, time.monotonic(), loop)
+            self.created[kind] += 1
         return request_id
 
     def resolve(self, request_id: str, outcome: Outcome) -> None:
