@@ -541,7 +541,10 @@ class Guard:
         self.max_body_bytes = max_body_bytes
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] != "http" or scope["path"] in self.OPEN:
+        if scope["type"] == "websocket":  # nothing here speaks it: refused before anything reads it
+            await send({"type": "websocket.close", "code": 1008})
+            return
+        if scope["type"] != "http" or scope["path"] in self.OPEN:  # lifespan events, the health check
             await self.app(scope, receive, send)
             return
         headers = dict(scope.get("headers") or [])
