@@ -127,17 +127,16 @@ class Served:
 @pytest.fixture(scope="module")
 def tinker_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     """``corerl serve``'s application over a PeftEngine on the tiny Qwen2, on a free port, two keys."""
-    import os
-
     from corerl.environments.http_serving import BackgroundServer
     from corerl.run.tinker.peft_engine import PeftEngine
     from corerl.run.tinker.server import Limits, Service, build_app
 
-    os.environ["TINKER_TELEMETRY"] = "0"
     folder = tmp_path_factory.mktemp("tinker")
     engine = PeftEngine(BASE, max_adapters=12, work_dir=folder / "model")
     service = Service(engine, folder / "state", Limits(poll_seconds=5, max_sample_tokens=16))
-    with BackgroundServer(build_app(service, [ALICE, BOB]), name="corerl-serve-test") as server:
+    with pytest.MonkeyPatch.context() as patch, \
+            BackgroundServer(build_app(service, [ALICE, BOB]), name="corerl-serve-test") as server:
+        patch.setenv("TINKER_TELEMETRY", "0")  # the SDK's telemetry off (the server would drop it)
         yield Served(server.url, service, folder / "state")
 
 
