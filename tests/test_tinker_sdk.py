@@ -246,6 +246,9 @@ def test_importance_sampling_trains_on_tokens_sampled_through_the_sdk(tinker_ser
         live = training.save_weights_and_get_sampling_client().result().sample(
             types.ModelInput.from_ints(PROMPT), 1, greedy).result().sequences[0].tokens
         assert from_path == live and len(live) >= 1
+        base = client.create_sampling_client(base_model=BASE).result()  # no adapter: the base model's weights
+        assert base.get_base_model() == BASE
+        assert len(base.sample(types.ModelInput.from_ints(PROMPT), 2, greedy).result().sequences) == 2
 
 
 def test_a_batch_the_sdk_sends_in_chunks_first_chunk_last_trains_as_one_request(tinker_server: Served,
