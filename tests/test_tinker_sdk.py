@@ -339,6 +339,22 @@ def test_two_concurrent_clients_each_with_an_adapter_end_as_each_alone(tinker_se
     assert together[11][0][-1] != pytest.approx(together[12][0][-1], rel=1e-6)  # two adapters, not one
 
 
+def test_a_silent_session_ends_and_frees_its_adapters(tinker_server: Served):
+    service = tinker_server.service
+    with tinker_server.client() as client:
+        training = client.create_lora_training_client(BASE, rank=4, seed=9).result()
+        assert _held(tinker_server, training.model_id)
+        ended = service.reap(now=time.monotonic() + service.limits.session_timeout + 1)  # as if it went silent
+        assert training.model_id.split(":")[0] in ended
+        deadline = time.monotonic() + 10
+        while _held(tinker_server, training.model_id) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _held(tinker_server, training.model_id)
+        with pytest.raises(tinker.RequestFailedError) as gone:
+            training.forward([_datum(BATCH[0])], "cross_entropy").result()
+        assert f"forward.model_id: no training model '{training.model_id}' for this API key" in _one_line(gone.value)
+
+
 def _one_line(exc: BaseException) -> str:
     text = str(exc)
     assert "\n" not in text, text

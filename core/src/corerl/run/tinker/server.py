@@ -484,7 +484,11 @@ class Service:
         return {"request_id": request_id, "sample_sequence_ids": ids}
 
     def finish_session(self, tenant: str, session_id: str) -> dict[str, Any]:
-        self.session(tenant, session_id, "sessions.finish")
+        """End a session of this key; one that ended already (or is not this key's) is left as it is."""
+        try:
+            self.session(tenant, session_id, "sessions.finish")
+        except ServiceError:
+            return {}
         self.end_session(session_id)
         log.info("session %s finished", session_id)
         return {}
