@@ -9,9 +9,12 @@ the foreground with :func:`serve`; a run or a test serves on a thread of its own
 
 from __future__ import annotations
 
+import contextlib
+import signal
 import socket
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 #: how to install what :func:`require_server_stack` asks for
@@ -35,10 +38,30 @@ def require_server_stack(what: str, *, key: str | None = None) -> None:
 
 
 def serve(app: Any, *, host: str, port: int) -> None:
-    """Serve ``app`` on ``host:port`` in this thread until interrupted (Ctrl-C, SIGTERM)."""
+    """Serve ``app`` on ``host:port`` in this thread until interrupted (Ctrl-C, SIGTERM). SIGTERM
+    ends it as :class:`SystemExit`: uvicorn shuts down on it and then raises it again with the
+    handler it found, and with the default one the process would die before the caller's
+    ``finally`` blocks (a command's scratch folders) ran."""
     import uvicorn
 
-    uvicorn.run(app, host=host, port=port, log_level="warning")
+    with _sigterm_exits():
+        uvicorn.run(app, host=host, port=port, log_level="warning")
+
+
+@contextlib.contextmanager
+def _sigterm_exits() -> Iterator[None]:
+    def stop(signum: int, frame: Any) -> None:
+        raise SystemExit(128 + signum)
+
+    try:
+        previous = signal.signal(signal.SIGTERM, stop)
+    except ValueError:  # not the main thread: nothing to set up
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 class BackgroundServer:

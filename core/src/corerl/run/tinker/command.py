@@ -12,11 +12,8 @@ core's own plugin (``corerl_register_commands``), imported only when run.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import ipaddress
 import os
-import signal
-from collections.abc import Iterator
 from typing import Any
 
 DEFAULT_KEY_ENV = "CORERL_SERVE_API_KEY"
@@ -134,27 +131,8 @@ def run(args: argparse.Namespace) -> int:
         if not _loopback(args.host):
             print(f"corerl serve: listening on {args.host}, reachable from other machines over plain HTTP; the API "
                   "key is all that guards it", flush=True)
-        with _sigterm_exits():
-            serve(app, host=args.host, port=args.port)
+        serve(app, host=args.host, port=args.port)
     return 0
-
-
-@contextlib.contextmanager
-def _sigterm_exits() -> Iterator[None]:
-    """SIGTERM as SystemExit: uvicorn shuts down on it, then raises it again with the handler it
-    found, and with the default one the process would die before the scratch folder is removed."""
-    def stop(signum: int, frame: Any) -> None:
-        raise SystemExit(128 + signum)
-
-    try:
-        previous = signal.signal(signal.SIGTERM, stop)
-    except ValueError:  # not the main thread: nothing to set up
-        yield
-        return
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 def _loopback(host: str) -> bool:
