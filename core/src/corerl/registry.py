@@ -156,7 +156,17 @@ class TrainingBackend(Registration):
     ``checkpoint_globals`` names what the engine's own checkpoint files may hold besides tensors
     and plain data (``module.name`` globals of their pickles, or ``module.`` prefixes: an enum, a
     loss scaler's plain attributes); a resume refuses any other before the engine reads the files
-    (:mod:`corerl.checkpoint_safety`; contract 2.16)."""
+    (:mod:`corerl.checkpoint_safety`; contract 2.16).
+    ``adapter_model``, an import path or a callable (contract 2.18, optional), is
+    ``build(config, model_path)``: the base model the Tinker service (``corerl serve RECIPE``,
+    docs/serve.md) trains its many LoRA adapters on, built this backend's way from the recipe
+    (its precision, activation checkpointing, wrapping) in the calling process (world size 1),
+    for the Hugging Face folder ``model_path``. It returns ``(model, forward_context)``: the
+    model (a causal LM module on the device it runs on; the service freezes it and adds its
+    adapters with PEFT) and a callable with no arguments returning the context manager each of
+    the service's forward passes runs under (the backend's autocast, or
+    ``contextlib.nullcontext``). A backend without it is refused by ``corerl serve RECIPE`` in
+    one line."""
 
     kind: ClassVar[str] = "training backend"
     hook: ClassVar[str] = "corerl_register_training_backends"
@@ -169,6 +179,7 @@ class TrainingBackend(Registration):
     lora: bool = False
     moe: bool = False
     checkpoint_globals: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+    adapter_model: str | Callable[..., Any] | None = attrs.field(default=None, validator=_check_optional_factory)
 
 
 @attrs.frozen(kw_only=True)

@@ -2,8 +2,10 @@
 Tinker API, for the official ``tinker`` SDK (issue 76; docs/serve.md).
 
 The base model is the recipe's ``policy.model_name`` (and its ``policy.precision``), or
-``--base-model``; each training client is a LoRA adapter on it (:mod:`corerl.run.tinker.peft_engine`
-for now). Served with FastAPI and uvicorn on 127.0.0.1 unless ``--host`` says otherwise; every
+``--base-model``; each training client is a LoRA adapter on it. With a recipe, the recipe is
+selected as ``corerl run`` selects it and the selected training backend builds the base model
+(:mod:`corerl.run.tinker.selection`; a backend that cannot is refused in one line, exit 2); with
+``--base-model`` alone, :mod:`corerl.run.tinker.peft_engine` loads it itself. Served with FastAPI and uvicorn on 127.0.0.1 unless ``--host`` says otherwise; every
 request needs one of the API keys held by the environment variable ``--api-key-env`` names.
 Served by :func:`corerl.environments.http_serving.serve`, the one HTTP stack; registered by the
 core's own plugin (``corerl_register_commands``), imported only when run.
@@ -113,8 +115,8 @@ def run(args: argparse.Namespace) -> int:
                                ("--session-timeout", args.session_timeout, 1)):
         if value < least:
             raise UsageError(f"{name} must be at least {least}, not {value}")
-    base_model, precision = base_model_of(args)
-    from corerl.run.tinker.peft_engine import PeftEngine
+    if args.config is None:
+        base_model_of(args)  # the usage errors of a missing base model, or overrides without a recipe
     from corerl.run.tinker.server import Limits, Service, build_app
 
     limits = Limits(max_body_bytes=int(args.max_body_mb * 2**20), max_sample_tokens=args.max_sample_tokens,
@@ -122,17 +124,35 @@ def run(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="corerl-serve-") as scratch:
         state_dir = Path(args.state_dir) if args.state_dir else Path(scratch) / "state"
         state_dir.mkdir(parents=True, exist_ok=True)
-        engine = PeftEngine(base_model, precision=precision, max_adapters=args.max_adapters,
-                            work_dir=Path(scratch) / "model")
-        app = build_app(Service(engine, state_dir, limits), keys)
+        opened = open_engine(args, Path(scratch) / "model")
+        app = build_app(Service(opened.engine, state_dir, limits), keys)
         where = f"http://{args.host}:{args.port}"
-        print(f"corerl serve: the Tinker API on {where}, training LoRA adapters on {base_model} "
-              f"({precision}, at most {args.max_adapters}); saved weights in {state_dir}", flush=True)
+        for line in opened.lines:
+            print(f"corerl serve: {line}", flush=True)
+        print(f"corerl serve: the Tinker API on {where}, training LoRA adapters on {opened.base_model} "
+              f"({opened.precision}, at most {args.max_adapters}); saved weights in {state_dir}", flush=True)
         if not _loopback(args.host):
             print(f"corerl serve: listening on {args.host}, reachable from other machines over plain HTTP; the API "
                   "key is all that guards it", flush=True)
         serve(app, host=args.host, port=args.port)
     return 0
+
+
+def open_engine(args: argparse.Namespace, work_dir: Any) -> Any:
+    """The adapter engine the arguments ask for (:class:`corerl.run.tinker.selection.Opened`): the
+    recipe's selected training backend's (a recipe given), else a :class:`PeftEngine` on
+    ``--base-model``."""
+    from corerl.run.tinker.selection import Opened
+    from corerl.run.tinker.selection import open_engine as from_recipe
+
+    if args.config is not None:
+        return from_recipe(args.config, list(args.overrides), base_model=args.base_model, precision=args.precision,
+                           max_adapters=args.max_adapters, work_dir=work_dir)
+    from corerl.run.tinker.peft_engine import PeftEngine
+
+    base_model, precision = base_model_of(args)
+    engine = PeftEngine(base_model, precision=precision, max_adapters=args.max_adapters, work_dir=work_dir)
+    return Opened(engine, base_model, precision)
 
 
 def _loopback(host: str) -> bool:

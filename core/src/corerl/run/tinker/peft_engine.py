@@ -2,7 +2,9 @@
 
 One base model is loaded the way corerl loads a policy (a ``builtin:`` model built into the work
 folder, a packaged or GGUF model converted once into corerl's model cache, or a checkpoint folder)
-and frozen. Each training client is one PEFT LoRA adapter on it (``add_adapter``; one adapter
+and frozen; or, given ``model``, the one a training backend built its own way (its
+``adapter_model``: ``corerl serve RECIPE``, :mod:`corerl.run.tinker.selection`), every forward
+pass then under that backend's ``forward_context``. Each training client is one PEFT LoRA adapter on it (``add_adapter``; one adapter
 active per call, ``set_adapter``), with its own torch AdamW and step count. Only the active
 adapter takes part in a forward and only its parameters require gradients, so a client's
 ``forward_backward`` and ``optim_step`` never touch another's weights, gradients or optimizer
@@ -36,7 +38,7 @@ import tempfile
 import threading
 import warnings
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -73,6 +75,9 @@ OPTIMIZER_FILE = "optimizer.pt"
 ATTENTION_BLOCKS = ("self_attn", "attn", "attention", "self_attention")
 MLP_BLOCKS = ("mlp", "feed_forward", "ffn")
 MAX_SAMPLES = 256
+#: what torch's activation-checkpoint wrapper adds to the names inside it: left out of saved names,
+#: so that weights saved with activation checkpointing load without it, and back
+WRAPPED = "._checkpoint_wrapped_module"
 
 
 @dataclass
@@ -91,7 +96,11 @@ class PeftEngine:
     """Many LoRA adapters on one base model, in this process (see the module's docstring)."""
 
     def __init__(self, base_model: str, *, precision: str = "float32", max_adapters: int = 16,
-                 work_dir: str | Path | None = None, device: str | None = None) -> None:
+                 work_dir: str | Path | None = None, device: str | None = None, model: Any = None,
+                 model_path: str | Path | None = None,
+                 forward_context: Callable[[], contextlib.AbstractContextManager[Any]] | None = None) -> None:
+        """``model`` (with ``model_path``, the folder it was built from): a base model built
+        already, on its device (``device`` is ignored), instead of one loaded here."""
         if precision not in PRECISIONS:
             raise ConfigError(f"unknown precision {precision!r}", key="precision",
                               hint=f"use one of {', '.join(PRECISIONS)}")
@@ -101,12 +110,19 @@ class PeftEngine:
         self.precision = precision
         self.max_adapters = max_adapters
         self.work_dir = Path(work_dir) if work_dir is not None else Path(tempfile.mkdtemp(prefix="corerl-tinker-"))
-        self.model_path = resolve_model(base_model, self.work_dir, key="base_model")
-        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        self._forward_context = forward_context or contextlib.nullcontext
+        if model is None:
+            self.model_path = resolve_model(base_model, self.work_dir, key="base_model")
+            self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+            model = auto_model_class("policy", read_hf_config(self.model_path)).from_pretrained(
+                self.model_path, dtype=PRECISIONS[precision])
+            model.to(self.device)
+        else:
+            if model_path is None:
+                raise ValueError("PeftEngine(model=...) needs the model_path it was built from")
+            self.model_path = Path(model_path)
+            self.device = next(model.parameters()).device
         self.tokenizer = load_tokenizer_folder(self.model_path)
-        model = auto_model_class("policy", read_hf_config(self.model_path)).from_pretrained(
-            self.model_path, dtype=PRECISIONS[precision])
-        model.to(self.device)
         model.eval()  # no dropout: a step is a function of the data and the weights
         model.requires_grad_(False)
         self._base = model
@@ -221,7 +237,8 @@ class PeftEngine:
             targets[row, :len(datum.tokens)] = torch.tensor(
                 [int(t) for t in datum.inputs["target_tokens"]], dtype=torch.long)
         ids, targets = ids.to(self.device), targets.to(self.device)
-        logits = self._model()(input_ids=ids, use_cache=False).logits.float()
+        with self._forward_context():
+            logits = self._model()(input_ids=ids, use_cache=False).logits.float()
         logp = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - logits.logsumexp(-1)
         return [logp[row, :len(datum.tokens)] for row, datum in enumerate(batch)]
 
@@ -367,7 +384,8 @@ class PeftEngine:
         generator.manual_seed(params.seed if params.seed is not None else secrets.randbits(63))
         stops = set(params.stop_tokens) | (self._eos if params.stop_at_eos else set())
         ids = torch.tensor([prompt] * num_samples, dtype=torch.long, device=self.device)
-        out = model(input_ids=ids, use_cache=True)
+        with self._forward_context():
+            out = model(input_ids=ids, use_cache=True)
         tokens: list[list[int]] = [[] for _ in range(num_samples)]
         logprobs: list[list[float]] = [[] for _ in range(num_samples)]
         reasons = ["length"] * num_samples
@@ -384,7 +402,8 @@ class PeftEngine:
                     done[row], reasons[row] = True, "stop"
             if all(done) or step + 1 == params.max_tokens:
                 break
-            out = model(input_ids=picked.unsqueeze(-1), past_key_values=out.past_key_values, use_cache=True)
+            with self._forward_context():
+                out = model(input_ids=picked.unsqueeze(-1), past_key_values=out.past_key_values, use_cache=True)
         return [SampledSequence(tokens=t, logprobs=lp, stop_reason=r)
                 for t, lp, r in zip(tokens, logprobs, reasons, strict=True)]
 
@@ -467,8 +486,8 @@ class PeftEngine:
         params = [p for _, p in named]
         optimizer = torch.optim.AdamW(params, lr=AdamParams().learning_rate, betas=(0.9, 0.95), eps=1e-12,
                                       weight_decay=0.0)
-        return _Adapter(name=name, spec=spec, params=params, param_names=[n.replace(marker, ".") for n, _ in named],
-                        optimizer=optimizer)
+        return _Adapter(name=name, spec=spec, params=params, optimizer=optimizer,
+                        param_names=[n.replace(marker, ".").replace(WRAPPED, "") for n, _ in named])
 
     def _drop(self, name: str) -> None:
         if self._peft is not None and name in self._peft.peft_config:
