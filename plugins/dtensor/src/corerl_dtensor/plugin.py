@@ -25,6 +25,7 @@ def corerl_register_training_backends(register: Callable[[TrainingBackend], None
             moe=True,
             section_aliases=("policy.dtensor_config",),
             config_schema=DTensorConfig,
+            adapter_model="corerl_dtensor.adapter_model:build",
             description="PyTorch FSDP2 + tensor parallel (DTensor)",
         )
     )
