@@ -4,8 +4,8 @@ Selection as ``corerl run`` makes it: the default recipe gets the dtensor backen
 engine (its model build: activation checkpointing from policy.dtensor_cfg), megatron is refused
 in one line naming the key to change, and a recipe error is one line, exit 2. The dtensor
 adapter engine against :class:`PeftEngine` on the same model and inputs: the same logprobs,
-losses and gradients, the same weights after steps (1e-5), weights saved by one loading into the
-other; and on it, two adapters interleaved equal each run alone. builtin:tiny-qwen2 on the CPU.
+losses and gradients, the same weights after steps and greedy samples (1e-5), weights saved by
+one loading into the other; and on it, two adapters interleaved equal each run alone. builtin:tiny-qwen2 on the CPU.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("peft")
 
 from corerl.recipes import DEMO_RECIPE  # noqa: E402
-from corerl.run.tinker.engine import Datum, LoraSpec  # noqa: E402
+from corerl.run.tinker.engine import Datum, LoraSpec, SampleParams  # noqa: E402
 from corerl.run.tinker.peft_engine import PeftEngine  # noqa: E402
 from corerl.run.tinker.selection import Opened, open_engine  # noqa: E402
 from tests.refusals import refused_in_one_line  # noqa: E402
@@ -102,7 +102,7 @@ def test_a_recipe_error_is_one_line_exit_2(monkeypatch: pytest.MonkeyPatch, caps
 def test_the_dtensor_adapter_engine_computes_what_peft_engine_does(opened: Opened, reference: PeftEngine,
                                                                    tmp_path: Path) -> None:
     """Same spec and seed on both: the same logprobs, losses and gradients (importance sampling
-    too), and after optimizer steps the same weights and Adam state, within 1e-5."""
+    too), and after optimizer steps the same weights and Adam state and greedy samples, within 1e-5."""
     engines = {"dtensor": opened.engine, "peft": reference}
     spec = LoraSpec(rank=4, seed=51)
     rl = Datum(tokens=[3, 9, 27, 81 % 128, 50], inputs={
@@ -126,6 +126,14 @@ def test_the_dtensor_adapter_engine_computes_what_peft_engine_does(opened: Opene
     after = {name: e.forward("same", [sft_datum([60, 61, 62, 63])], "cross_entropy", None).outputs[0]["logprobs"]
              for name, e in engines.items()}
     assert after["dtensor"] == pytest.approx(after["peft"], abs=1e-5)
+    # greedy samples from each one's exported weights: the same tokens and logprobs
+    samples = {}
+    for name, engine in engines.items():
+        engine.export_sampler("same", tmp_path / f"sampler-{name}")
+        samples[name] = engine.sample(tmp_path / f"sampler-{name}", [2, 5, 9, 13], 1,
+                                      SampleParams(max_tokens=6, temperature=0.0, stop_at_eos=False))[0]
+    assert samples["dtensor"].tokens == samples["peft"].tokens
+    assert samples["dtensor"].logprobs == pytest.approx(samples["peft"].logprobs, abs=1e-5)
     # a state saved on one loads into the other (activation checkpointing's wrapper is not in the names)
     reference.load_state("from-dtensor", tmp_path / "d", with_optimizer=True)
     assert reference.forward("from-dtensor", [sft_datum([60, 61, 62, 63])], "cross_entropy",
