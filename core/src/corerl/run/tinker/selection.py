@@ -96,6 +96,6 @@ def open_engine(config_path: str, overrides: list[str], *, base_model: str | Non
     generation = selection.generation_backend
     lines = [*config.warnings, *selection.warnings,
              f"training backend {training.id}: {selection.training_backend.reason}",
-             f"sampling: in this process with the adapter engine's own torch sampling (the recipe's generation "
-             f"backend {generation.id} takes no per-request adapters from this service)"]
+             f"sampling: in this process, by the adapter engine with torch (the recipe's generation backend "
+             f"{generation.id} is not used: no generation backend takes this service's adapters per request yet)"]
     return Opened(engine, policy.model_name, policy.precision, training.id, lines)
