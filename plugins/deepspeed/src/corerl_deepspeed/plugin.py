@@ -42,6 +42,7 @@ def corerl_register_training_backends(register: Callable[[TrainingBackend], None
             moe=True,
             checkpoint_globals=OPTIMIZER_STATE_GLOBALS,
             config_schema=DeepSpeedConfig,
+            adapter_model="corerl_deepspeed.adapter_model:build",
             description="DeepSpeed ZeRO stages 0-3 with CPU/NVMe offload",
         )
     )
