@@ -188,7 +188,23 @@ class GenerationBackend(Registration):
     ``lora`` says it samples with a LoRA adapter: its engine has ``load_adapter(adapter)`` taking a
     :class:`corerl.lora.weights.AdapterWeights` at each refit (a backend without it is refused
     with ``policy.lora.enabled``). ``moe`` says it samples mixture-of-experts models, their expert
-    weights included in each refit (a backend without it is refused for such a model)."""
+    weights included in each refit (a backend without it is refused for such a model).
+    ``adapter_sampler``, an import path or a callable (optional), is
+    ``build(config, model_path, max_adapters, max_rank)``: the sampler the Tinker service
+    (``corerl serve RECIPE``, docs/serve.md) samples its many LoRA adapters with, when the recipe
+    selects this backend; an engine on the Hugging Face folder ``model_path`` in the recipe's
+    ``policy.precision``, built in the calling process, holding up to ``max_adapters`` adapters of
+    rank up to ``max_rank`` at once. Plain values cross in both directions. The sampler has
+    ``max_length`` (an int: prompt plus sampled tokens at most) and
+    ``sample(adapter, prompt, num_samples, *, max_tokens, temperature, top_k, top_p, seed,
+    stop_tokens, stop_strings, stop_at_eos)``, ``adapter`` a PEFT adapter folder
+    (``adapter_config.json`` and ``adapter_model.safetensors``; None: the base model), ``top_k``
+    -1 and ``top_p`` 1 for no truncation, ``temperature`` 0 greedy, ``seed`` None for an unseeded
+    draw, ``stop_at_eos`` whether the model's end of sequence stops a sample besides ``stop_tokens``
+    and ``stop_strings``. It returns ``num_samples`` dicts with ``tokens`` (the sampled ids, a stop
+    token included), ``logprobs`` (each token's, from the distribution sampled at ``temperature``)
+    and ``stop_reason`` (``"stop"`` or ``"length"``); and may have ``close()``. A backend without
+    it: the service samples in its own process with torch."""
 
     kind: ClassVar[str] = "generation backend"
     hook: ClassVar[str] = "corerl_register_generation_backends"
@@ -196,6 +212,7 @@ class GenerationBackend(Registration):
     label: ClassVar[str] = "generation"
     lora: bool = False
     moe: bool = False
+    adapter_sampler: str | Callable[..., Any] | None = attrs.field(default=None, validator=_check_optional_factory)
 
 
 @attrs.frozen(kw_only=True)

@@ -21,6 +21,7 @@ def corerl_register_generation_backends(register: Callable[[GenerationBackend], 
             description="vLLM engine with in-place weight refit",
             lora=True,
             moe=True,
+            adapter_sampler="corerl_vllm.adapter_sampler:build",
         )
     )
 

@@ -5,7 +5,9 @@ The base model is the recipe's ``policy.model_name`` (and its ``policy.precision
 ``--base-model``; each training client is a LoRA adapter on it. With a recipe, the recipe is
 selected as ``corerl run`` selects it and the selected training backend builds the base model
 (:mod:`corerl.run.tinker.selection`; a backend that cannot is refused in one line, exit 2); with
-``--base-model`` alone, :mod:`corerl.run.tinker.peft_engine` loads it itself. Served with FastAPI and uvicorn on 127.0.0.1 unless ``--host`` says otherwise; every
+``--base-model`` alone, :mod:`corerl.run.tinker.peft_engine` loads it itself. Sampling is the
+recipe's generation backend's where it takes an adapter per request (vllm), else in this process.
+Served with FastAPI and uvicorn on 127.0.0.1 unless ``--host`` says otherwise; every
 request needs one of the API keys held by the environment variable ``--api-key-env`` names.
 Served by :func:`corerl.environments.http_serving.serve`, the one HTTP stack; registered by the
 core's own plugin (``corerl_register_commands``), imported only when run.
@@ -45,6 +47,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "folder, removed at exit)")
     parser.add_argument("--max-adapters", type=int, default=16, metavar="N",
                         help="training adapters held at once, all clients together (default 16)")
+    parser.add_argument("--max-lora-rank", type=int, default=None, metavar="R",
+                        help="the largest adapter rank a client may ask for where the recipe's generation backend "
+                             "samples the adapters (vllm: its engine is sized for it; default 32); in-process "
+                             "sampling takes any rank the model can")
     parser.add_argument("--precision", choices=("float32", "bfloat16", "float16"), default=None,
                         help="the base model's weights and compute (default: the recipe's policy.precision, else "
                              "float32)")
@@ -112,7 +118,8 @@ def run(args: argparse.Namespace) -> int:
     for name, value, least in (("--port", args.port, 0), ("--max-adapters", args.max_adapters, 1),
                                ("--max-body-mb", args.max_body_mb, 0.001),
                                ("--max-sample-tokens", args.max_sample_tokens, 1),
-                               ("--session-timeout", args.session_timeout, 1)):
+                               ("--session-timeout", args.session_timeout, 1),
+                               ("--max-lora-rank", 1 if args.max_lora_rank is None else args.max_lora_rank, 1)):
         if value < least:
             raise UsageError(f"{name} must be at least {least}, not {value}")
     if args.config is None:
@@ -134,7 +141,12 @@ def run(args: argparse.Namespace) -> int:
         if not _loopback(args.host):
             print(f"corerl serve: listening on {args.host}, reachable from other machines over plain HTTP; the API "
                   "key is all that guards it", flush=True)
-        serve(app, host=args.host, port=args.port)
+        try:
+            serve(app, host=args.host, port=args.port)
+        finally:
+            close = getattr(opened.engine, "close", None)
+            if callable(close):
+                close()
     return 0
 
 
@@ -146,8 +158,11 @@ def open_engine(args: argparse.Namespace, work_dir: Any) -> Any:
     from corerl.run.tinker.selection import open_engine as from_recipe
 
     if args.config is not None:
+        from corerl.run.tinker.selection import DEFAULT_MAX_RANK
+
         return from_recipe(args.config, list(args.overrides), base_model=args.base_model, precision=args.precision,
-                           max_adapters=args.max_adapters, work_dir=work_dir)
+                           max_adapters=args.max_adapters, work_dir=work_dir,
+                           max_rank=getattr(args, "max_lora_rank", None) or DEFAULT_MAX_RANK)
     from corerl.run.tinker.peft_engine import PeftEngine
 
     base_model, precision = base_model_of(args)

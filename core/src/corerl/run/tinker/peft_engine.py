@@ -20,8 +20,16 @@ Refusals about saved weights never name their place on the server's disk (the se
 the client's path for them). Saved states and sampler weights are folders: ``state.json`` (format, base model, spec, steps),
 ``adapter.safetensors`` (the adapter's tensors under PEFT's names without the adapter's name) and,
 for a state saved with its optimizer, ``optimizer.pt`` (torch's AdamW state dict, read back with
-``weights_only``). Sampling loads exported weights as extra adapters, the most recently used kept
-(at most ``max_adapters`` of them).
+``weights_only``). Sampler weights are a PEFT adapter folder too: ``adapter_config.json`` and
+``adapter_model.safetensors`` (a hard link to ``adapter.safetensors``: the same tensors, no second
+copy), which ``peft.PeftModel.from_pretrained`` and vLLM load. Sampling loads exported weights as
+extra adapters, the most recently used kept (at most ``max_adapters`` of them).
+
+Given a ``sampler`` (the ``adapter_sampler`` of the recipe's generation backend,
+:class:`corerl.registry.GenerationBackend`), :meth:`PeftEngine.sample` checks the request and the
+weights here and hands the sampling to it, with the exported PEFT folder; an adapter it cannot
+take (a rank above ``max_rank``, the output projection where it takes none) is refused when the
+training client is created.
 
 Sampled tokens' logprobs are those of the distribution sampled from at the request's temperature
 (``log_softmax(logits / temperature)``), before top-k/top-p truncation; at temperature 0 (greedy)
@@ -71,6 +79,9 @@ TOKENS_PER_MICROBATCH = 4096
 STATE_FORMAT = "corerl-tinker-adapter/1"
 STATE_FILE = "state.json"
 ADAPTER_FILE = "adapter.safetensors"
+#: PEFT's files of an adapter folder (sampler weights): what ``PeftModel.from_pretrained`` and vLLM read
+PEFT_ADAPTER_FILE = "adapter_model.safetensors"
+PEFT_CONFIG_FILE = "adapter_config.json"
 OPTIMIZER_FILE = "optimizer.pt"
 ATTENTION_BLOCKS = ("self_attn", "attn", "attention", "self_attention")
 MLP_BLOCKS = ("mlp", "feed_forward", "ffn")
@@ -98,9 +109,12 @@ class PeftEngine:
     def __init__(self, base_model: str, *, precision: str = "float32", max_adapters: int = 16,
                  work_dir: str | Path | None = None, device: str | None = None, model: Any = None,
                  model_path: str | Path | None = None,
-                 forward_context: Callable[[], contextlib.AbstractContextManager[Any]] | None = None) -> None:
+                 forward_context: Callable[[], contextlib.AbstractContextManager[Any]] | None = None,
+                 sampler: Any = None, max_rank: int | None = None) -> None:
         """``model`` (with ``model_path``, the folder it was built from): a base model built
-        already, on its device (``device`` is ignored), instead of one loaded here."""
+        already, on its device (``device`` is ignored), instead of one loaded here. ``sampler``:
+        what samples instead of this process's torch (see the module's docstring), taking adapters
+        up to rank ``max_rank``."""
         if precision not in PRECISIONS:
             raise ConfigError(f"unknown precision {precision!r}", key="precision",
                               hint=f"use one of {', '.join(PRECISIONS)}")
@@ -111,6 +125,9 @@ class PeftEngine:
         self.max_adapters = max_adapters
         self.work_dir = Path(work_dir) if work_dir is not None else Path(tempfile.mkdtemp(prefix="corerl-tinker-"))
         self._forward_context = forward_context or contextlib.nullcontext
+        self.sampler = sampler
+        self.max_rank = max_rank
+        self._sampler_lock = threading.Lock()
         if model is None:
             self.model_path = resolve_model(base_model, self.work_dir, key="base_model")
             self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -301,7 +318,23 @@ class PeftEngine:
             torch.save(adapter.optimizer.state_dict(), path / OPTIMIZER_FILE)
         state = {"format": STATE_FORMAT, "kind": kind, "base_model": self.base_model, "spec": asdict(adapter.spec),
                  "steps": adapter.steps, "with_optimizer": with_optimizer, "lora_alpha": LORA_ALPHA}
+        if kind == "sampler":
+            self._write_peft(path, adapter.spec)
         (path / STATE_FILE).write_text(json.dumps(state, indent=1))  # last: its presence marks a whole save
+
+    def _write_peft(self, path: Path, spec: LoraSpec) -> None:
+        """PEFT's files of the adapter whose tensors ``path`` holds: ``adapter_config.json`` and
+        ``adapter_model.safetensors``, a hard link to ``adapter.safetensors`` (a copy where the
+        folder's file system has no links)."""
+        import shutil
+
+        peft_file = path / PEFT_ADAPTER_FILE
+        peft_file.unlink(missing_ok=True)
+        try:
+            peft_file.hardlink_to(path / ADAPTER_FILE)
+        except OSError:
+            shutil.copyfile(path / ADAPTER_FILE, peft_file)
+        self._lora_config(spec).save_pretrained(str(path))
 
     def _read_state(self, path: Path) -> dict[str, Any]:
         """The saved state's ``state.json`` with its spec as a :class:`LoraSpec`; one line when
@@ -339,6 +372,8 @@ class PeftEngine:
 
     def sample(self, sampler_path: Path | None, prompt: list[int], num_samples: int,
                params: SampleParams) -> list[SampledSequence]:
+        if self.sampler is not None:
+            return self._sample_outside(sampler_path, prompt, num_samples, params)
         with self._lock:
             self._check_sample(prompt, num_samples, params)
             if sampler_path is None:
@@ -349,6 +384,31 @@ class PeftEngine:
             assert self._peft is not None
             self._peft.set_adapter(name)
             return self._generate(prompt, num_samples, params)
+
+    def _sample_outside(self, sampler_path: Path | None, prompt: list[int], num_samples: int,
+                        params: SampleParams) -> list[SampledSequence]:
+        """Samples by :attr:`sampler` from the PEFT folder of the exported weights (checked here
+        first: this server's, for this base model); training goes on meanwhile."""
+        with self._lock:
+            self._check_sample(prompt, num_samples, params)
+            folder = None
+            if sampler_path is not None:
+                folder = Path(sampler_path)
+                state = self._read_state(folder)
+                self._check_spec(state["spec"])
+                if not (folder / PEFT_ADAPTER_FILE).is_file() or not (folder / PEFT_CONFIG_FILE).is_file():
+                    self._write_peft(folder, state["spec"])  # weights exported before the PEFT files were
+        with self._sampler_lock:
+            out = self.sampler.sample(None if folder is None else str(folder), [int(t) for t in prompt], num_samples,
+                                      **asdict(params))
+        return [SampledSequence(tokens=[int(t) for t in o["tokens"]], logprobs=[float(v) for v in o["logprobs"]],
+                                stop_reason=str(o["stop_reason"])) for o in out]
+
+    def close(self) -> None:
+        """Stop the sampler's engine, where there is one."""
+        close = getattr(self.sampler, "close", None)
+        if callable(close):
+            close()
 
     def _sampler(self, path: Path) -> str:
         """PEFT's name of the adapter holding the sampler weights at ``path``, loaded once (until
@@ -425,9 +485,10 @@ class PeftEngine:
             raise ServiceError(USER, f"num_samples must be between 1 and {MAX_SAMPLES}, not {num_samples}")
         if params.max_tokens < 1:
             raise ServiceError(USER, f"sampling_params.max_tokens must be at least 1, not {params.max_tokens}")
-        if len(prompt) + params.max_tokens > self.max_length:
+        longest = min(self.max_length, int(getattr(self.sampler, "max_length", self.max_length)))
+        if len(prompt) + params.max_tokens > longest:
             raise ServiceError(USER, f"prompt ({len(prompt)} tokens) + max_tokens ({params.max_tokens}) exceeds the "
-                                     f"model's context of {self.max_length}")
+                                     f"{'model' if longest == self.max_length else 'sampler'}'s context of {longest}")
         if not math.isfinite(params.temperature) or params.temperature < 0:
             raise ServiceError(USER, f"sampling_params.temperature must be >= 0, not {params.temperature}")
         if not 0 < params.top_p <= 1:
@@ -463,15 +524,24 @@ class PeftEngine:
         if isinstance(spec.rank, bool) or not isinstance(spec.rank, int) or not 1 <= spec.rank <= limit:
             raise ServiceError(USER, f"lora_config.rank {spec.rank!r} is not one this base model can take: "
                                      f"use 1 to {limit}")
+        if self.sampler is not None and self.max_rank is not None and spec.rank > self.max_rank:
+            raise ServiceError(USER, f"lora_config.rank {spec.rank} is more than this server samples: use 1 to "
+                                     f"{min(limit, self.max_rank)} (its --max-lora-rank)")
+        if self.sampler is not None and spec.train_unembed and not getattr(self.sampler, "takes_unembed", False):
+            raise ServiceError(USER, "lora_config.train_unembed: this server's sampler takes adapters on the decoder "
+                                     "layers' projections only; set train_unembed false")
         return targets
+
+    def _lora_config(self, spec: LoraSpec) -> LoraConfig:
+        return LoraConfig(r=spec.rank, lora_alpha=LORA_ALPHA, lora_dropout=0.0, target_modules=self._check_spec(spec),
+                          bias="none")
 
     def _new_adapter(self, spec: LoraSpec, prefix: str = "t") -> _Adapter:
         """A fresh PEFT adapter for ``spec`` (B zero, A drawn under ``spec.seed``) and its optimizer;
         torch's global random state is left as it was."""
-        targets = self._check_spec(spec)
+        config = self._lora_config(spec)
         self._names += 1
         name = f"{prefix}{self._names}"
-        config = LoraConfig(r=spec.rank, lora_alpha=LORA_ALPHA, lora_dropout=0.0, target_modules=targets, bias="none")
         seed = spec.seed if spec.seed is not None else secrets.randbits(63)
         devices = [self.device.index or 0] if self.device.type == "cuda" else []
         with torch.random.fork_rng(devices=devices), warnings.catch_warnings():

@@ -8,9 +8,11 @@ exit 2). The selected training backend's registration names its ``adapter_model`
 built that backend's way (precision, activation checkpointing, wrapping) and the context its
 forward passes run under; :class:`~corerl.run.tinker.peft_engine.PeftEngine` holds the adapters on
 it (an optimizer and step count each, the Tinker losses, sampling). A backend without one is
-refused in one line naming the key that picked it. Sampling is the engine's own (torch, in this
-process), whatever generation backend the recipe selects: no generation backend registration says
-yet how to take a per-request adapter.
+refused in one line naming the key that picked it. Sampling is the selected generation backend's
+where its registration names an ``adapter_sampler`` (:class:`corerl.registry.GenerationBackend`:
+vllm's, one engine on the base model taking each request's adapter), built on the same model
+folder in the recipe's ``policy.precision`` for ``max_adapters`` adapters of rank up to
+``max_rank``; otherwise (hf) the adapter engine's own, with torch in this process. A line says which.
 
 Without a recipe (``--base-model`` alone) the engine loads the model itself, as before.
 """
@@ -36,6 +38,8 @@ class Opened:
     precision: str
     training_backend: str | None = None
     lines: list[str] = field(default_factory=list)
+    #: the generation backend sampling the adapters; None: the adapter engine, in this process
+    sampling_backend: str | None = None
 
 
 def select_recipe(config_path: str, overrides: list[str], base_model: str | None = None,
@@ -75,10 +79,15 @@ def refusal(config: Any, host: Any, training: Any) -> ConfigError:
                        source=origin_of(key, config.origins), hint=change)
 
 
+#: the adapter rank a sampling engine is sized for unless ``corerl serve --max-lora-rank`` says otherwise
+DEFAULT_MAX_RANK = 32
+
+
 def open_engine(config_path: str, overrides: list[str], *, base_model: str | None, precision: str | None,
-                max_adapters: int, work_dir: Path) -> Opened:
+                max_adapters: int, work_dir: Path, max_rank: int = DEFAULT_MAX_RANK) -> Opened:
     """The adapter engine for ``corerl serve RECIPE``: selection, then the selected training backend's
-    base model under :class:`~corerl.run.tinker.peft_engine.PeftEngine`."""
+    base model under :class:`~corerl.run.tinker.peft_engine.PeftEngine`, sampling with the selected
+    generation backend's ``adapter_sampler`` where it registers one."""
     from corerl.run.directory import resolve_model
 
     _, config, selection = select_recipe(config_path, overrides, base_model, precision)
@@ -91,11 +100,30 @@ def open_engine(config_path: str, overrides: list[str], *, base_model: str | Non
     model, forward_context = build(config, model_path)
     from corerl.run.tinker.peft_engine import PeftEngine
 
-    engine = PeftEngine(policy.model_name, precision=policy.precision, max_adapters=max_adapters,
-                        work_dir=work_dir, model=model, model_path=model_path, forward_context=forward_context)
     generation = selection.generation_backend
+    sampler = open_sampler(config, generation.registration, model_path, max_adapters, max_rank)
+    engine = PeftEngine(policy.model_name, precision=policy.precision, max_adapters=max_adapters,
+                        work_dir=work_dir, model=model, model_path=model_path, forward_context=forward_context,
+                        sampler=sampler, max_rank=max_rank if sampler is not None else None)
+    if sampler is not None:
+        sampling = (f"sampling: by generation backend {generation.id} ({generation.reason}), each request with its "
+                    f"client's adapter, at most {max_adapters} adapters of rank {max_rank} held at once, in "
+                    f"{policy.precision}")
+    else:
+        sampling = (f"sampling: in this process, by the adapter engine with torch in {policy.precision} (generation "
+                    f"backend {generation.id} takes no adapter per request: its plugin "
+                    f"{generation.registration.plugin!r} registers no adapter_sampler)")
     lines = [*config.warnings, *selection.warnings,
-             f"training backend {training.id}: {selection.training_backend.reason}",
-             f"sampling: in this process, by the adapter engine with torch (the recipe's generation backend "
-             f"{generation.id} is not used: no generation backend takes this service's adapters per request yet)"]
-    return Opened(engine, policy.model_name, policy.precision, training.id, lines)
+             f"training backend {training.id}: {selection.training_backend.reason}", sampling]
+    return Opened(engine, policy.model_name, policy.precision, training.id, lines, generation.id if sampler else None)
+
+
+def open_sampler(config: Any, generation: Any, model_path: Path, max_adapters: int, max_rank: int) -> Any:
+    """The selected generation backend's adapter sampler on ``model_path``, or None where its
+    registration names no ``adapter_sampler``."""
+    if generation.adapter_sampler is None:
+        return None
+    build = resolve(generation.adapter_sampler, what="adapter_sampler",
+                    owner=f"generation backend {generation.id!r} (plugin {generation.plugin!r})",
+                    hint="install the engine the plugin needs, or pick another generation backend")
+    return build(config, str(model_path), max_adapters, max_rank)
