@@ -10,6 +10,7 @@ one loading into the other; and on it, two adapters interleaved equal each run a
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 import pytest
@@ -34,6 +35,7 @@ from tests.test_tinker_engine import (  # noqa: E402
 )
 
 KEY = "tml-serve-engines-test"
+DEEPSPEED = ["policy.deepspeed_cfg.enabled=true"]
 #: the default recipe (the demo's), with activation checkpointing: a model build of the backend's own
 RECIPE = [str(DEMO_RECIPE), f"policy.model_name={BASE}", "policy.dtensor_cfg.activation_checkpointing=true"]
 
@@ -56,6 +58,17 @@ def reference(work: Path, opened: Opened) -> PeftEngine:
     return engine
 
 
+@pytest.fixture(scope="module")
+def opened_deepspeed(work: Path) -> Opened:
+    """The same recipe with policy.deepspeed_cfg.enabled=true: the deepspeed backend's adapter engine."""
+    from corerl.plugin_manager import process_host
+
+    if "deepspeed" not in {b.id for b in process_host().training_backends}:
+        pytest.skip("the deepspeed plugin is not installed")
+    return open_engine(RECIPE[0], [*RECIPE[1:], *DEEPSPEED], base_model=None, precision=None, max_adapters=16,
+                       work_dir=work)
+
+
 def test_a_default_recipe_serves_on_the_dtensor_adapter_engine(opened: Opened) -> None:
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
 
@@ -65,6 +78,29 @@ def test_a_default_recipe_serves_on_the_dtensor_adapter_engine(opened: Opened) -
     assert any(isinstance(m, CheckpointWrapper) for m in opened.engine._model().modules())
     assert any(line.startswith("training backend dtensor: ") for line in opened.lines)
     assert any("sampling: in this process" in line for line in opened.lines)
+
+
+def test_a_deepspeed_recipe_serves_on_the_deepspeed_adapter_engine(opened_deepspeed: Opened, work: Path) -> None:
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
+
+    assert opened_deepspeed.training_backend == "deepspeed"
+    assert isinstance(opened_deepspeed.engine, PeftEngine) and opened_deepspeed.base_model == BASE
+    assert any(line.startswith("training backend deepspeed: policy.deepspeed_cfg.enabled is true")
+               for line in opened_deepspeed.lines)
+    model = opened_deepspeed.engine._model()
+    # the deepspeed backend's build: no activation checkpointing (policy.dtensor_cfg's is not its), no autocast
+    assert not any(isinstance(m, CheckpointWrapper) for m in model.modules())
+    assert opened_deepspeed.engine._forward_context is contextlib.nullcontext
+    # bfloat16 as DeepSpeed casts it: the parameters; the buffers (rotary inv_freq) kept in float32,
+    # unless the DeepSpeed config's data_types.buffer_dtype says otherwise
+    bf16 = open_engine(RECIPE[0], [*RECIPE[1:], *DEEPSPEED], base_model=None, precision="bfloat16", max_adapters=2,
+                       work_dir=work).engine._model()
+    assert {p.dtype for p in bf16.parameters()} == {torch.bfloat16}
+    assert {b.dtype for b in bf16.buffers()} == {torch.float32}
+    cast = open_engine(RECIPE[0], [*RECIPE[1:], *DEEPSPEED, "policy.deepspeed_cfg.config={data_types: {buffer_dtype: bf16}}"],
+                       base_model=None, precision="bfloat16", max_adapters=2, work_dir=work).engine._model()
+    assert {b.dtype for b in cast.buffers()} == {torch.bfloat16}
+    torch.testing.assert_close(dict(cast.named_parameters()), dict(bf16.named_parameters()), rtol=0, atol=0)
 
 
 def serve(argv: list[str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
@@ -85,11 +121,21 @@ def test_a_backend_without_adapters_is_refused_in_one_line(monkeypatch: pytest.M
         pytest.skip("the megatron plugin is not installed")
     line = refused_in_one_line(serve([*RECIPE, "policy.megatron_cfg.enabled=true"], monkeypatch, capsys),
                                "the megatron training backend serves no Tinker adapters",
-                               "use policy.megatron_cfg.enabled=false", "(dtensor", key="policy.megatron_cfg.enabled")
+                               "use policy.megatron_cfg.enabled=false", "(deepspeed, dtensor", key="policy.megatron_cfg.enabled")
     assert "override" in line  # where the key was set
     refused_in_one_line(serve([*RECIPE, "policy.training_backend=megatron"], monkeypatch, capsys),
-                        "serves no Tinker adapters", "set policy.training_backend to one that serves them (dtensor",
+                        "serves no Tinker adapters", "set policy.training_backend to one that serves them (deepspeed, dtensor",
                         key="policy.training_backend")
+
+
+def test_the_deepspeed_adapter_engine_refuses_more_than_one_rank_in_one_line(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], opened_deepspeed: Opened) -> None:
+    refused_in_one_line(serve([*RECIPE, *DEEPSPEED, "cluster.gpus_per_node=2"], monkeypatch, capsys),
+                        "runs the deepspeed backend in its own process, one rank, and the recipe asks for 2",
+                        "set cluster.num_nodes=1 cluster.gpus_per_node=1", key="cluster.gpus_per_node")
+    refused_in_one_line(serve([*RECIPE, *DEEPSPEED, "policy.deepspeed_cfg.config={torch_autocast: {enabled: true}}"],
+                              monkeypatch, capsys),
+                        "without its torch_autocast", key="policy.deepspeed_cfg.config.torch_autocast")
 
 
 def test_a_recipe_error_is_one_line_exit_2(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
@@ -99,11 +145,13 @@ def test_a_recipe_error_is_one_line_exit_2(monkeypatch: pytest.MonkeyPatch, caps
     refused_in_one_line(serve([str(tmp_path / "missing.yaml")], monkeypatch, capsys), "missing.yaml")
 
 
-def test_the_dtensor_adapter_engine_computes_what_peft_engine_does(opened: Opened, reference: PeftEngine,
-                                                                   tmp_path: Path) -> None:
+@pytest.mark.parametrize("backend", ["dtensor", "deepspeed"])
+def test_the_backend_adapter_engine_computes_what_peft_engine_does(backend: str, request: pytest.FixtureRequest,
+                                                                   reference: PeftEngine, tmp_path: Path) -> None:
     """Same spec and seed on both: the same logprobs, losses and gradients (importance sampling
     too), and after optimizer steps the same weights and Adam state and greedy samples, within 1e-5."""
-    engines = {"dtensor": opened.engine, "peft": reference}
+    opened = request.getfixturevalue("opened" if backend == "dtensor" else f"opened_{backend}")
+    engines = {backend: opened.engine, "peft": reference}
     spec = LoraSpec(rank=4, seed=51)
     rl = Datum(tokens=[3, 9, 27, 81 % 128, 50], inputs={
         "target_tokens": [9.0, 27.0, 81.0, 50.0, 7.0], "logprobs": [-4.0, -5.0, -3.5, -4.5, -6.0],
@@ -111,36 +159,36 @@ def test_the_dtensor_adapter_engine_computes_what_peft_engine_does(opened: Opene
     for engine in engines.values():
         engine.create("same", spec)
     outs = {name: e.forward("same", BATCHES[0], "cross_entropy", None) for name, e in engines.items()}
-    for a, b in zip(outs["dtensor"].outputs, outs["peft"].outputs, strict=True):
+    for a, b in zip(outs[backend].outputs, outs["peft"].outputs, strict=True):
         assert a["logprobs"] == pytest.approx(b["logprobs"], abs=1e-5)
     for batch, loss_fn in ((BATCHES[0], "cross_entropy"), ([rl], "importance_sampling"), (BATCHES[1], "cross_entropy")):
         losses = {name: e.forward_backward("same", batch, loss_fn, None).metrics["loss:sum"]
                   for name, e in engines.items()}
-        assert losses["dtensor"] == pytest.approx(losses["peft"], abs=1e-5)
-        for a, b in zip(grads_of(engines["dtensor"], "same"), grads_of(engines["peft"], "same"), strict=True):
+        assert losses[backend] == pytest.approx(losses["peft"], abs=1e-5)
+        for a, b in zip(grads_of(engines[backend], "same"), grads_of(engines["peft"], "same"), strict=True):
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
         steps = {name: e.optim_step("same", ADAM) for name, e in engines.items()}
-        assert steps["dtensor"]["grad_norm"] == pytest.approx(steps["peft"]["grad_norm"], abs=1e-5)
-    assert_same(weights_of(engines["dtensor"], "same", tmp_path / "d"), weights_of(engines["peft"], "same",
+        assert steps[backend]["grad_norm"] == pytest.approx(steps["peft"]["grad_norm"], abs=1e-5)
+    assert_same(weights_of(engines[backend], "same", tmp_path / backend), weights_of(engines["peft"], "same",
                                                                                   tmp_path / "p"), atol=1e-5)
     after = {name: e.forward("same", [sft_datum([60, 61, 62, 63])], "cross_entropy", None).outputs[0]["logprobs"]
              for name, e in engines.items()}
-    assert after["dtensor"] == pytest.approx(after["peft"], abs=1e-5)
+    assert after[backend] == pytest.approx(after["peft"], abs=1e-5)
     # greedy samples from each one's exported weights: the same tokens and logprobs
     samples = {}
     for name, engine in engines.items():
         engine.export_sampler("same", tmp_path / f"sampler-{name}")
         samples[name] = engine.sample(tmp_path / f"sampler-{name}", [2, 5, 9, 13], 1,
                                       SampleParams(max_tokens=6, temperature=0.0, stop_at_eos=False))[0]
-    assert samples["dtensor"].tokens == samples["peft"].tokens
-    assert samples["dtensor"].logprobs == pytest.approx(samples["peft"].logprobs, abs=1e-5)
-    # a state saved on one loads into the other (activation checkpointing's wrapper is not in the names)
-    reference.load_state("from-dtensor", tmp_path / "d", with_optimizer=True)
-    assert reference.forward("from-dtensor", [sft_datum([60, 61, 62, 63])], "cross_entropy",
-                             None).outputs[0]["logprobs"] == pytest.approx(after["dtensor"], abs=1e-5)
+    assert samples[backend].tokens == samples["peft"].tokens
+    assert samples[backend].logprobs == pytest.approx(samples["peft"].logprobs, abs=1e-5)
+    # a state saved on one loads into the other (dtensor's activation checkpointing wrapper is not in the names)
+    reference.load_state(f"from-{backend}", tmp_path / backend, with_optimizer=True)
+    assert reference.forward(f"from-{backend}", [sft_datum([60, 61, 62, 63])], "cross_entropy",
+                             None).outputs[0]["logprobs"] == pytest.approx(after[backend], abs=1e-5)
     for engine in engines.values():
         engine.delete("same")
-    reference.delete("from-dtensor")
+    reference.delete(f"from-{backend}")
 
 
 def test_two_adapters_interleaved_on_the_dtensor_engine_equal_each_alone(opened: Opened, tmp_path: Path) -> None:
