@@ -73,7 +73,11 @@ def cast_as_deepspeed(model: torch.nn.Module, ds_config: dict[str, Any]) -> None
     where ``data_types.buffer_dtype`` is set, and those ``data_types.keep_in_fp32_modules`` names
     (by default the model's own list) in float32."""
     from deepspeed.runtime.config import DtypeEnum
-    from deepspeed.runtime.keep_in_fp32 import KEEP_IN_FP32_AUTO, buffers_to_keep_in_fp32, keep_in_fp32_pattern
+    from deepspeed.runtime.keep_in_fp32 import (
+        KEEP_IN_FP32_AUTO,
+        buffers_to_keep_in_fp32,
+        keep_in_fp32_pattern,
+    )
 
     if (ds_config.get("fp16") or {}).get("enabled"):
         param_dtype = torch.float16
