@@ -42,6 +42,9 @@ BENCHMARKS = {
     # world size 2 (world size 1 is the same estimate(); ZeRO-3's state at world size 1 is its conformance class's)
     "plan_accuracy.py": ([*TINY, "--layouts", "deepspeed ZeRO-3", "--worlds", "2"], "plan_accuracy.json"),
     "train_step.py": (["--rows", "2", "--seq", "32", "--steps", "1", *TINY], "train_step.json"),
+    # corerl serve through the tinker SDK, two clients (tests/test_tinker_sdk.py checks what the steps compute)
+    "serve.py": (["--steps", "1", "--warmup", "1", "--client-steps", "1", "--rounds", "1", "--clients", "1", "2",
+                  "--seq", "16"], "serve.json"),
     "nemo_rl_recipes.py": ([str(REPO / "tests" / "data" / "nemo_rl")], "nemo_rl_recipes.json"),
     # three launch scripts in SkyRL's shape (main_base, DAPO's script path, a data script counted apart)
     "skyrl_recipes.py": ([str(REPO / "tests" / "data" / "skyrl")], "skyrl_recipes.json"),
