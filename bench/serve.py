@@ -122,7 +122,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--steps", type=int, default=20, help="timed steps per contender")
     parser.add_argument("--clients", type=int, nargs="+", default=[1, 2, 4])
-    parser.add_argument("--client-steps", type=int, default=12, help="steps each client takes in a throughput round")
+    parser.add_argument("--client-steps", type=int, default=30, help="steps each client takes in a throughput round")
     parser.add_argument("--rounds", type=int, default=3, help="throughput rounds (each count once a round); the median")
     parser.add_argument("--no-sft", action="store_true", help="leave out corerl's SFT step")
     parser.add_argument("--threads", type=int, default=1,
