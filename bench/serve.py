@@ -26,11 +26,12 @@ token rows of ``--seq`` tokens, each a ``cross_entropy`` datum (input ``row[:-1]
 
 2. Throughput: ``--clients`` (1, 2, 4) SDK clients on threads, each its own ``ServiceClient``
    and adapter, each taking ``--client-steps`` steps; datums per second over the wall time of all
-   of them, the median of ``--rounds`` rounds (each round runs every count once). The engine runs one call at a time (a lock), so clients share its compute: more
-   clients overlap the service's own work (HTTP, decoding, polling) with the engine's; "engine
+   of them, the median of ``--rounds`` rounds (each round runs every count once). The engine runs
+   one call at a time (a lock), so clients share its compute: more clients overlap the service's own work (HTTP, decoding, polling) with the engine's; "engine
    busy" is the share of the wall time spent inside the engine's ``forward_backward`` and
    ``optim_step`` (1.0: the engine is the bottleneck), "engine ms/step" the time inside it per
-   step (on a CPU it grows when the clients' threads take cores from torch's).
+   step (on a CPU it grows when the clients' threads, in this process here, take CPU and the GIL
+   from the engine's).
 
 3. Memory per added adapter: ``engine.adapter_bytes`` and ``optimizer_bytes`` (after a step) of
    one adapter, and the process's resident memory (RSS): its growth from the loaded base model to
