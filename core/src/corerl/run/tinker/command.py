@@ -49,8 +49,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="training adapters held at once, all clients together (default 16)")
     parser.add_argument("--max-lora-rank", type=int, default=None, metavar="R",
                         help="the largest adapter rank a client may ask for where the recipe's generation backend "
-                             "samples the adapters (vllm: its engine is sized for it; default 32); in-process "
-                             "sampling takes any rank the model can")
+                             "samples the adapters (its engine is sized for it; default 32); in-process sampling "
+                             "takes any rank the model can")
     parser.add_argument("--precision", choices=("float32", "bfloat16", "float16"), default=None,
                         help="the base model's weights and compute (default: the recipe's policy.precision, else "
                              "float32)")
