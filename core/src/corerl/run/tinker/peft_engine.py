@@ -27,9 +27,10 @@ extra adapters, the most recently used kept (at most ``max_adapters`` of them).
 
 Given a ``sampler`` (the ``adapter_sampler`` of the recipe's generation backend,
 :class:`corerl.registry.GenerationBackend`), :meth:`PeftEngine.sample` checks the request and the
-weights here and hands the sampling to it, with the exported PEFT folder; an adapter it cannot
-take (a rank above ``max_rank``, the output projection where it takes none) is refused when the
-training client is created.
+weights here and hands the sampling to it, with the exported PEFT folder. A rank above
+``max_rank`` is refused when the training client is created; an adapter on the output projection
+(``train_unembed``, the SDK's default) where the sampler takes none (its ``takes_unembed``) is
+sampled here with torch.
 
 Sampled tokens' logprobs are those of the distribution sampled from at the request's temperature
 (``log_softmax(logits / temperature)``), before top-k/top-p truncation; at temperature 0 (greedy)
@@ -376,14 +377,19 @@ class PeftEngine:
             return self._sample_outside(sampler_path, prompt, num_samples, params)
         with self._lock:
             self._check_sample(prompt, num_samples, params)
-            if sampler_path is None:
-                scope = self._peft.disable_adapter() if self._peft is not None else contextlib.nullcontext()
-                with scope:
-                    return self._generate(prompt, num_samples, params)
-            name = self._sampler(Path(sampler_path))
-            assert self._peft is not None
-            self._peft.set_adapter(name)
-            return self._generate(prompt, num_samples, params)
+            return self._sample_here(sampler_path, prompt, num_samples, params)
+
+    def _sample_here(self, sampler_path: Path | None, prompt: list[int], num_samples: int,
+                     params: SampleParams) -> list[SampledSequence]:
+        """Samples with torch in this process (the caller holds the lock)."""
+        if sampler_path is None:
+            scope = self._peft.disable_adapter() if self._peft is not None else contextlib.nullcontext()
+            with scope:
+                return self._generate(prompt, num_samples, params)
+        name = self._sampler(Path(sampler_path))
+        assert self._peft is not None
+        self._peft.set_adapter(name)
+        return self._generate(prompt, num_samples, params)
 
     def _sample_outside(self, sampler_path: Path | None, prompt: list[int], num_samples: int,
                         params: SampleParams) -> list[SampledSequence]:
@@ -395,6 +401,8 @@ class PeftEngine:
             if sampler_path is not None:
                 folder = Path(sampler_path)
                 state = self._read_state(folder)
+                if state["spec"].train_unembed and not getattr(self.sampler, "takes_unembed", False):
+                    return self._sample_here(folder, prompt, num_samples, params)  # the output projection's adapter
                 self._check_spec(state["spec"])
                 if not (folder / PEFT_ADAPTER_FILE).is_file() or not (folder / PEFT_CONFIG_FILE).is_file():
                     self._write_peft(folder, state["spec"])  # weights exported before the PEFT files were
@@ -526,10 +534,7 @@ class PeftEngine:
                                      f"use 1 to {limit}")
         if self.sampler is not None and self.max_rank is not None and spec.rank > self.max_rank:
             raise ServiceError(USER, f"lora_config.rank {spec.rank} is more than this server samples: use 1 to "
-                                     f"{min(limit, self.max_rank)} (its --max-lora-rank)")
-        if self.sampler is not None and spec.train_unembed and not getattr(self.sampler, "takes_unembed", False):
-            raise ServiceError(USER, "lora_config.train_unembed: this server's sampler takes adapters on the decoder "
-                                     "layers' projections only; set train_unembed false")
+                                     f"{min(limit, self.max_rank)}, or restart it with a larger --max-lora-rank")
         return targets
 
     def _lora_config(self, spec: LoraSpec) -> LoraConfig:

@@ -109,6 +109,9 @@ def open_engine(config_path: str, overrides: list[str], *, base_model: str | Non
         sampling = (f"sampling: by generation backend {generation.id} ({generation.reason}), each request with its "
                     f"client's adapter, at most {max_adapters} adapters of rank {max_rank} held at once, in "
                     f"{policy.precision}")
+        if not getattr(sampler, "takes_unembed", False):
+            sampling += (f"; an adapter on the output projection (train_unembed, the SDK's default) is sampled in "
+                         f"this process with torch: {generation.id} takes adapters on the decoder layers only")
     else:
         sampling = (f"sampling: in this process, by the adapter engine with torch in {policy.precision} (generation "
                     f"backend {generation.id} takes no adapter per request: its plugin "
