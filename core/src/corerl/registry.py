@@ -203,8 +203,10 @@ class GenerationBackend(Registration):
     draw, ``stop_at_eos`` whether the model's end of sequence stops a sample besides ``stop_tokens``
     and ``stop_strings``. It returns ``num_samples`` dicts with ``tokens`` (the sampled ids, a stop
     token included), ``logprobs`` (each token's, from the distribution sampled at ``temperature``)
-    and ``stop_reason`` (``"stop"`` or ``"length"``); and may have ``close()``. A backend without
-    it: the service samples in its own process with torch."""
+    and ``stop_reason`` (``"stop"`` or ``"length"``). Optional: ``takes_unembed`` (default False:
+    an adapter on the output projection is sampled by the service itself) and ``close()``. The
+    service calls ``sample`` one call at a time. A backend without it: the service samples in its
+    own process with torch."""
 
     kind: ClassVar[str] = "generation backend"
     hook: ClassVar[str] = "corerl_register_generation_backends"
