@@ -107,7 +107,7 @@ def test_the_engine_hands_a_sampler_plain_values_and_refuses_what_it_cannot_take
                               (None, [3], 1, dataclasses.asdict(params))]
     assert (tmp_path / "a" / "adapter_config.json").is_file() and (tmp_path / "a" / "adapter_model.safetensors").is_file()
     # refused before the sampler is asked
-    with pytest.raises(ServiceError, match=r"exceeds the sampler's context of 12$"):
+    with pytest.raises(ServiceError, match=r"exceeds the sampler's context of 12 \(the server's recipe sets it: policy\.max_seq_length\)$"):
         engine.sample(None, [1] * 10, 1, params)
     other = PeftEngine("builtin:tiny-qwen2-small", work_dir=work, device="cpu")
     other.create("b", LoraSpec(rank=2))

@@ -496,7 +496,9 @@ class PeftEngine:
         longest = min(self.max_length, int(getattr(self.sampler, "max_length", self.max_length)))
         if len(prompt) + params.max_tokens > longest:
             raise ServiceError(USER, f"prompt ({len(prompt)} tokens) + max_tokens ({params.max_tokens}) exceeds the "
-                                     f"{'model' if longest == self.max_length else 'sampler'}'s context of {longest}")
+                                     f"{'model' if longest == self.max_length else 'sampler'}'s context of {longest}"
+                                     + ("" if longest == self.max_length else
+                                        " (the server's recipe sets it: policy.max_seq_length)"))
         if not math.isfinite(params.temperature) or params.temperature < 0:
             raise ServiceError(USER, f"sampling_params.temperature must be >= 0, not {params.temperature}")
         if not 0 < params.top_p <= 1:
