@@ -36,8 +36,11 @@ from tests.test_tinker_engine import (  # noqa: E402
 
 KEY = "tml-serve-engines-test"
 DEEPSPEED = ["policy.deepspeed_cfg.enabled=true"]
-#: the default recipe (the demo's), with activation checkpointing: a model build of the backend's own
-RECIPE = [str(DEMO_RECIPE), f"policy.model_name={BASE}", "policy.dtensor_cfg.activation_checkpointing=true"]
+#: the default recipe (the demo's), with activation checkpointing: a model build of the backend's own;
+#: hf generation, so the service samples in its process (vLLM's sampler has tests of its own:
+#: tests/test_tinker_vllm_sampler.py) and these compare training engines alone
+RECIPE = [str(DEMO_RECIPE), f"policy.model_name={BASE}", "policy.dtensor_cfg.activation_checkpointing=true",
+          "policy.generation.backend=hf"]
 
 
 @pytest.fixture(scope="module")
