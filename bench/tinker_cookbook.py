@@ -68,7 +68,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="the cookbook's renderer_name (qwen3_instruct: ChatML without thinking, as SmolLM2's "
                              "chat template; role_colon for a base model)")
     parser.add_argument("--steps", type=int, default=8, help="RL steps (the recipe's max_steps)")
-    parser.add_argument("--groups", type=int, default=6, help="problems per step (groups_per_batch)")
+    parser.add_argument("--groups", type=int, default=8, help="problems per step (groups_per_batch)")
     parser.add_argument("--group-size", type=int, default=4, help="answers sampled per problem")
     parser.add_argument("--lr", type=float, default=3e-4, help="the LoRA's Adam learning rate")
     parser.add_argument("--rank", type=int, default=16, help="the LoRA rank")
