@@ -45,6 +45,9 @@ BENCHMARKS = {
     # corerl serve through the tinker SDK, two clients (tests/test_tinker_sdk.py checks what the steps compute)
     "serve.py": (["--steps", "1", "--warmup", "1", "--client-steps", "1", "--rounds", "1", "--clients", "1", "2",
                   "--seq", "16"], "serve.json"),
+    # tinker-cookbook's RL loop against corerl serve, the smallest step on the tiny model (it learns nothing there)
+    "tinker_cookbook.py": (["--model", "builtin:tiny-qwen2", "--renderer", "role_colon", "--steps", "1", "--groups",
+                            "2", "--group-size", "2"], "tinker_cookbook.json"),
     "nemo_rl_recipes.py": ([str(REPO / "tests" / "data" / "nemo_rl")], "nemo_rl_recipes.json"),
     # three launch scripts in SkyRL's shape (main_base, DAPO's script path, a data script counted apart)
     "skyrl_recipes.py": ([str(REPO / "tests" / "data" / "skyrl")], "skyrl_recipes.json"),
