@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -206,18 +207,25 @@ def run_steps(engine: PeftEngine, model_id: str, batches: list[list[Datum]]) -> 
     return losses
 
 
-def test_interleaved_adapters_equal_each_run_alone(engine: PeftEngine, work: Path, tmp_path: Path) -> None:
-    spec_a = LoraSpec(rank=4, seed=21)
-    spec_b = LoraSpec(rank=8, train_mlp=False, train_unembed=True, seed=22)
-    batches_b = list(reversed(BATCHES))
+def interleave(engine: Any, spec_a: LoraSpec, spec_b: LoraSpec, batches_b: list[Any]) -> tuple[list[float], list[float]]:
+    """Adapters ``inter-a`` (on BATCHES) and ``inter-b`` (on ``batches_b``) created and trained
+    interleaved: A forward-backward, B forward-backward, A step, B step, ...; their losses."""
     engine.create("inter-a", spec_a)
     engine.create("inter-b", spec_b)
     losses_a, losses_b = [], []
-    for batch_a, batch_b in zip(BATCHES, batches_b, strict=True):  # A fwd-bwd, B fwd-bwd, A step, B step, ...
+    for batch_a, batch_b in zip(BATCHES, batches_b, strict=True):
         losses_a.append(engine.forward_backward("inter-a", batch_a, "cross_entropy", None).metrics["loss:sum"])
         losses_b.append(engine.forward_backward("inter-b", batch_b, "cross_entropy", None).metrics["loss:sum"])
         engine.optim_step("inter-a", ADAM)
         engine.optim_step("inter-b", ADAM)
+    return losses_a, losses_b
+
+
+def test_interleaved_adapters_equal_each_run_alone(engine: PeftEngine, work: Path, tmp_path: Path) -> None:
+    spec_a = LoraSpec(rank=4, seed=21)
+    spec_b = LoraSpec(rank=8, train_mlp=False, train_unembed=True, seed=22)
+    batches_b = list(reversed(BATCHES))
+    losses_a, losses_b = interleave(engine, spec_a, spec_b, batches_b)
     alone = PeftEngine(BASE, work_dir=work, device="cpu")
     alone.create("a", spec_a)
     assert run_steps(alone, "a", BATCHES) == pytest.approx(losses_a, abs=1e-6)

@@ -29,6 +29,7 @@ from tests.test_tinker_engine import (  # noqa: E402
     BATCHES,
     assert_same,
     grads_of,
+    interleave,
     run_steps,
     sft_datum,
     weights_of,
@@ -199,14 +200,7 @@ def test_two_adapters_interleaved_on_the_dtensor_engine_equal_each_alone(opened:
     spec_a = LoraSpec(rank=4, seed=61)
     spec_b = LoraSpec(rank=8, train_mlp=False, train_unembed=True, seed=62)
     batches_b = list(reversed(BATCHES))
-    engine.create("inter-a", spec_a)
-    engine.create("inter-b", spec_b)
-    losses_a, losses_b = [], []
-    for batch_a, batch_b in zip(BATCHES, batches_b, strict=True):  # A fwd-bwd, B fwd-bwd, A step, B step, ...
-        losses_a.append(engine.forward_backward("inter-a", batch_a, "cross_entropy", None).metrics["loss:sum"])
-        losses_b.append(engine.forward_backward("inter-b", batch_b, "cross_entropy", None).metrics["loss:sum"])
-        engine.optim_step("inter-a", ADAM)
-        engine.optim_step("inter-b", ADAM)
+    losses_a, losses_b = interleave(engine, spec_a, spec_b, batches_b)
     interleaved = {"a": weights_of(engine, "inter-a", tmp_path / "ia"), "b": weights_of(engine, "inter-b", tmp_path / "ib")}
     engine.delete("inter-a")
     engine.delete("inter-b")
