@@ -141,7 +141,8 @@ def main() -> None:
     from corerl.reporting.console import make_console
     from corerl.run.tinker.engine import AdamParams, Datum, LoraSpec
     from corerl.run.tinker.peft_engine import PeftEngine
-    from corerl.run.tinker.server import Limits, Service, build_app
+    from corerl.run.tinker.server import build_app
+    from corerl.run.tinker.service import Limits, Service
 
     hf_logging.disable_progress_bar()
     if args.threads:

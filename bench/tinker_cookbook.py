@@ -121,7 +121,8 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
 
     from corerl.environments.http_serving import BackgroundServer
     from corerl.run.tinker.peft_engine import PeftEngine
-    from corerl.run.tinker.server import Limits, Service, build_app
+    from corerl.run.tinker.server import build_app
+    from corerl.run.tinker.service import Limits, Service
 
     if args.threads:
         torch.set_num_threads(args.threads)

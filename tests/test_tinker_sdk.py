@@ -129,7 +129,8 @@ def tinker_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     """``corerl serve``'s application over a PeftEngine on the tiny Qwen2, on a free port, two keys."""
     from corerl.environments.http_serving import BackgroundServer
     from corerl.run.tinker.peft_engine import PeftEngine
-    from corerl.run.tinker.server import Limits, Service, build_app
+    from corerl.run.tinker.server import build_app
+    from corerl.run.tinker.service import Limits, Service
 
     folder = tmp_path_factory.mktemp("tinker")
     engine = PeftEngine(BASE, max_adapters=12, work_dir=folder / "model")
@@ -145,7 +146,8 @@ def chunking_server(tinker_server: Served) -> Iterator[Served]:
     """A second server on the same engine whose small body limit makes the SDK split a batch into
     chunks (its client config caps a chunk at half the limit)."""
     from corerl.environments.http_serving import BackgroundServer
-    from corerl.run.tinker.server import Limits, Service, build_app
+    from corerl.run.tinker.server import build_app
+    from corerl.run.tinker.service import Limits, Service
 
     service = Service(tinker_server.service.engine, tinker_server.state_dir.parent / "state-small",
                       Limits(poll_seconds=5, max_body_bytes=8192))
@@ -279,7 +281,7 @@ def _adapter(served: Served, path: str) -> dict[str, Any]:
     from safetensors.torch import load_file
 
     from corerl.run.tinker.peft_engine import ADAPTER_FILE
-    from corerl.run.tinker.server import tenant_of
+    from corerl.run.tinker.service import tenant_of
 
     _, folder, _ = served.service.saved(tenant_of(ALICE), path, "test", "weights")
     return load_file(str(folder / "engine" / ADAPTER_FILE))

@@ -26,7 +26,7 @@ KEY_PREFIXES = ("tml-", "eyJ")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from corerl.run.tinker.server import Limits
+    from corerl.run.tinker.service import Limits
 
     limits = Limits()
     parser.add_argument("config", metavar="RECIPE", nargs="?",
@@ -124,7 +124,8 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError(f"{name} must be at least {least}, not {value}")
     if args.config is None:
         base_model_of(args)  # the usage errors of a missing base model, or overrides without a recipe
-    from corerl.run.tinker.server import Limits, Service, build_app
+    from corerl.run.tinker.server import build_app
+    from corerl.run.tinker.service import Limits, Service
 
     limits = Limits(max_body_bytes=int(args.max_body_mb * 2**20), max_sample_tokens=args.max_sample_tokens,
                     session_timeout=args.session_timeout)
