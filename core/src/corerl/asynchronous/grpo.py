@@ -29,8 +29,7 @@ from typing import Any
 from corerl.asynchronous.buffer import Key, RolloutBuffer
 from corerl.asynchronous.producer import RolloutProducer
 from corerl.environments.rollout import Rollout
-from corerl.lora.weights import AdapterWeights
-from corerl.training.weights import REFITS, counted
+from corerl.training.weights import refit_weights, send_weights
 
 log = logging.getLogger(__name__)
 
@@ -114,26 +113,13 @@ class AsyncTrainer:
         (folder / STATE_FILE).write_text(json.dumps({"first_batch": first, "settled": settled}))
         self.resume_point = None
 
-    def weights(self) -> Any:
-        """What a hand-over carries, counted in :data:`~corerl.training.weights.REFITS`: the policy's
-        weight stream, or with ``policy.lora`` its adapter only (as a synchronous LoRA refit)."""
-        training = self.grpo.training
-        if not getattr(training, "adapter_only", False):
-            return counted(training.weight_stream())
-        adapter = training.adapter_weights()
-        tensors = adapter.tensors()
-        REFITS.begin()
-        for tensor in tensors.values():
-            REFITS.add(tensor)
-        return AdapterWeights(adapter.engine, adapter.config, adapter.base, lambda: tensors)
-
     def push(self) -> None:
-        self.generation.push(self.weights(), self.grpo.steps_done + 1)
+        self.generation.push(refit_weights(self.grpo.training), self.grpo.steps_done + 1)
 
     def step(self) -> dict[str, float]:
         if self.producer is None:
             # the worker's weights are the policy's (a warm start's, a resumed run's) as version steps_done
-            self.generation.push(self.weights(), self.grpo.steps_done)
+            self.generation.push(refit_weights(self.grpo.training), self.grpo.steps_done)
             self.producer = RolloutProducer(self.context.rollout(), self.context.task, self.context.config,
                                             self.settings, self.buffer, lambda: self.generation.version,
                                             self.first_batch, self.settled)
@@ -184,8 +170,4 @@ class AsyncTrainer:
             return
         self.producer.stop()
         self.producer = None
-        weights = self.weights()
-        if isinstance(weights, AdapterWeights):
-            self.generation.load_adapter(weights)
-        else:
-            self.generation.update_weights(weights)
+        send_weights(self.grpo.training, self.generation)

@@ -71,23 +71,38 @@ def counted(weights: Any, tally: RefitTally = REFITS) -> Any:
     return count(weights)
 
 
+def counted_adapter(adapter: Any, tally: RefitTally = REFITS) -> Any:
+    """``adapter`` (:class:`corerl.lora.weights.AdapterWeights`) counted into ``tally`` when its
+    tensors are gathered: one update."""
+    tally.begin()
+
+    def produce() -> Any:
+        tensors = adapter._produce()
+        for tensor in dict(tensors).values():
+            tally.add(tensor)
+        return tensors
+
+    return type(adapter)(adapter.engine, adapter.config, adapter.base, produce)
+
+
+def refit_weights(training: Any) -> Any:
+    """What a refit of ``training`` carries, counted in :data:`REFITS`: only its adapter where it
+    trains a LoRA adapter (``training.adapter_only``, see :mod:`corerl.lora.weights`), else its
+    weight stream."""
+    if getattr(training, "adapter_only", False):
+        return counted_adapter(training.adapter_weights())
+    return counted(training.weight_stream())
+
+
 def send_weights(training: Any, generation: Any) -> None:
     """A refit: the training engine's weights into the generation engine, or only its adapter
-    where it trains a LoRA adapter (``training.adapter_only``; the generation backend's
-    ``load_adapter``, see :mod:`corerl.lora.weights`); counted in :data:`REFITS`."""
+    where it trains a LoRA adapter (the generation backend's ``load_adapter``); counted in
+    :data:`REFITS`."""
+    weights = refit_weights(training)
     if getattr(training, "adapter_only", False):
-        adapter = training.adapter_weights()
-        REFITS.begin()
-
-        def produce() -> Any:  # the adapter's tensors, counted when the engine gathers them
-            tensors = adapter._produce()
-            for tensor in dict(tensors).values():
-                REFITS.add(tensor)
-            return tensors
-
-        generation.load_adapter(type(adapter)(adapter.engine, adapter.config, adapter.base, produce))
+        generation.load_adapter(weights)
     else:
-        generation.update_weights(counted(training.weight_stream()))
+        generation.update_weights(weights)
 
 
 class CheckpointNaming:
