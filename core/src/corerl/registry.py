@@ -160,7 +160,8 @@ class TrainingBackend(Registration):
     ``adapter_model``, an import path or a callable (contract 2.18, optional), is
     ``build(config, model_path)``: the base model the Tinker service (``corerl serve RECIPE``,
     docs/serve.md) trains its many LoRA adapters on, built this backend's way from the recipe
-    (its precision, activation checkpointing, wrapping) in the calling process (world size 1),
+    (its precision, activation checkpointing, wrapping) in the calling process (world size 1: the
+    service refuses a recipe of more ranks before calling it),
     for the Hugging Face folder ``model_path``. It returns ``(model, forward_context)``: the
     model (a causal LM module on the device it runs on; the service freezes it and adds its
     adapters with PEFT) and a callable with no arguments returning the context manager each of

@@ -16,8 +16,8 @@ nothing here (at one rank they place memory, not numbers). DeepSpeed's ``torch_a
 context of the engine's own, is refused in one line.
 
 Several ranks would need the service's adapter engine on every rank (a rank worker holding the
-adapters and their optimizers, each call dispatched to all ranks); until then a recipe of more than
-one rank is refused in one line.
+adapters and their optimizers, each call dispatched to all ranks); until then corerl serve refuses a recipe of
+more than one rank in one line, before it calls this.
 """
 
 from __future__ import annotations
@@ -45,11 +45,6 @@ def build(config: Any, model_path: str) -> tuple[torch.nn.Module, Callable[[], c
     from corerl_deepspeed.ds_config import build_ds_config
     from corerl_deepspeed.runtime import import_deepspeed
 
-    world = config.core.cluster.world_size
-    if world != 1:
-        raise ConfigError(f"corerl serve runs the deepspeed backend in its own process, one rank, and the recipe "
-                          f"asks for {world}", key="cluster.gpus_per_node",
-                          hint="set cluster.num_nodes=1 cluster.gpus_per_node=1 for corerl serve")
     worker = BaseModelLoader(rank=0, world_size=1, config=config)
     ds_config = build_ds_config(config, worker.on_gpu)
     if (ds_config.get("torch_autocast") or {}).get("enabled"):

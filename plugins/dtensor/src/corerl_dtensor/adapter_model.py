@@ -10,7 +10,8 @@ an optimizer and a step count per training client.
 
 Several ranks would need the service's adapter engine on every rank (a rank worker holding the
 adapters and their optimizers, each call dispatched to all ranks and FSDP2 sharding the adapters
-with the base); until then a recipe of more than one rank is refused in one line.
+with the base); until then corerl serve refuses a recipe of
+more than one rank in one line, before it calls this.
 """
 
 from __future__ import annotations
@@ -21,19 +22,12 @@ from typing import Any
 
 import torch
 
-from corerl.sdk import ConfigError
-
 
 def build(config: Any, model_path: str) -> tuple[torch.nn.Module, Callable[[], contextlib.AbstractContextManager]]:
     """(the frozen base model on its device, the context of each forward pass) for ``model_path``."""
     from corerl_dtensor import parallelize
     from corerl_dtensor.worker import DTensorWorker
 
-    world = config.core.cluster.world_size
-    if world != 1:
-        raise ConfigError(f"corerl serve runs the dtensor backend in its own process, one rank, and the recipe asks "
-                          f"for {world}", key="cluster.gpus_per_node",
-                          hint="set cluster.num_nodes=1 cluster.gpus_per_node=1 for corerl serve")
     worker = DTensorWorker(rank=0, world_size=1, config=config)
     worker.lora = False  # the service's adapters are its own: not the recipe's one policy.lora adapter
     model = worker.load_pretrained(model_path).to(worker.device)

@@ -59,6 +59,12 @@ def select_recipe(config_path: str, overrides: list[str], base_model: str | None
     training = selection.training_backend.registration
     if training.adapter_model is None:
         raise refusal(config, host, training)
+    world = config.core.cluster.world_size
+    if world != 1:  # an adapter_model builds at world size 1: the service runs in its own process
+        raise ConfigError(f"corerl serve runs the {training.id} backend in its own process, one rank, and the recipe "
+                          f"asks for {world}", key="cluster.gpus_per_node",
+                          source=origin_of("cluster.gpus_per_node", config.origins),
+                          hint="set cluster.num_nodes=1 cluster.gpus_per_node=1 for corerl serve")
     return host, config, selection
 
 
