@@ -16,12 +16,9 @@ from pathlib import Path
 import pytest
 import skyrl_gym
 
-from corerl.config.dialects.skyrl import entry_points
-from corerl.sdk import EnvironmentContext, EpisodeView
 from corerl_skyrl_gym.boxed_math import grade_boxed
-from corerl_skyrl_gym.environment import SkyRLGymEnvironment
 from corerl_skyrl_gym.geometry3k import Geometry3kEnv, score_answer, tool_call_of
-from corerl_skyrl_gym.plugin import SkyRLGymSettings
+from tests.skyrl_gym_episodes import play, registered_as_its_entry_point
 
 ENTRY = "corerl_skyrl_gym.geometry3k:Geometry3kEnv"
 REPO = Path(__file__).resolve().parents[3]
@@ -51,22 +48,7 @@ def geometry_row(answer="12", question="Find x.", image=None, split="train", ind
 @pytest.fixture
 def environment():
     """The adapter with geometry3k registered as the entry point registers it; deregistered after."""
-    (target, entry), = entry_points.by_id("geometry3k").implies
-    assert (target, entry) == ("env.skyrl_gym.register.geometry3k", ENTRY)
-    made = SkyRLGymEnvironment(EnvironmentContext(SkyRLGymSettings(register={"geometry3k": entry}), seed=0))
-    yield made
-    skyrl_gym.envs.registration.deregister("geometry3k")
-
-
-def play(environment, row, responses):
-    turns, state = [], None
-    for number in range(1, len(responses) + 1):
-        turn = environment.step(EpisodeView(row=row, turn=number, responses=tuple(responses[:number]), state=state))
-        turns.append(turn)
-        state = turn.state
-        if turn.done:
-            break
-    return turns
+    yield from registered_as_its_entry_point("geometry3k", ENTRY)
 
 
 def test_a_right_calc_score_ends_the_episode_with_one(environment):

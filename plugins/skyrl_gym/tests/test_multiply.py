@@ -5,13 +5,9 @@ the example's multiply_dataset.py writes them."""
 from __future__ import annotations
 
 import pytest
-import skyrl_gym
 
-from corerl.config.dialects.skyrl import entry_points
-from corerl.sdk import EnvironmentContext, EpisodeView
-from corerl_skyrl_gym.environment import SkyRLGymEnvironment
 from corerl_skyrl_gym.multiply import MultiplyEnv, boxed_answer
-from corerl_skyrl_gym.plugin import SkyRLGymSettings
+from tests.skyrl_gym_episodes import play, registered_as_its_entry_point
 
 ENTRY = "corerl_skyrl_gym.multiply:MultiplyEnv"
 
@@ -28,22 +24,7 @@ def multiply_row(question="12 * 34", answer="408"):
 @pytest.fixture
 def environment():
     """The adapter with multiply registered as the entry point registers it; deregistered after."""
-    (target, entry), = entry_points.by_id("multiply").implies
-    assert (target, entry) == ("env.skyrl_gym.register.multiply", ENTRY)
-    made = SkyRLGymEnvironment(EnvironmentContext(SkyRLGymSettings(register={"multiply": entry}), seed=0))
-    yield made
-    skyrl_gym.envs.registration.deregister("multiply")
-
-
-def play(environment, row, responses):
-    turns, state = [], None
-    for number in range(1, len(responses) + 1):
-        turn = environment.step(EpisodeView(row=row, turn=number, responses=tuple(responses[:number]), state=state))
-        turns.append(turn)
-        state = turn.state
-        if turn.done:
-            break
-    return turns
+    yield from registered_as_its_entry_point("multiply", ENTRY)
 
 
 def test_a_right_boxed_answer_scores_one_and_ends_the_episode(environment):
