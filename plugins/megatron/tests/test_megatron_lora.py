@@ -13,20 +13,11 @@ import pytest
 import torch
 
 from corerl.errors import ConfigError, EngineNotAvailable
-from corerl.testing import host_with, select_for, write_recipe
+from tests.megatron_recipe import megatron_config
 
 LORA = ["policy.lora.enabled=true", "policy.lora.dim=4", "policy.lora.alpha=8", "policy.lora.match_all_linear=false",
         # k_proj and up_proj left out: their rows of the fused layers get no adapter
         "policy.lora.target_modules=[q_proj,v_proj,o_proj,gate_proj,down_proj]"]
-
-
-def _config(model: str, tmp_path: Path, overrides: list[str]) -> Any:
-    recipe = write_recipe(tmp_path / "r.yaml", {
-        "policy": {"model_name": model, "precision": "float32", "megatron_cfg": {"enabled": True},
-                   "generation": {"backend": "hf"}},
-        "algorithm": {"seed": 7}})
-    config, _ = select_for(host_with(None, "installed"), recipe, overrides)
-    return config
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +38,7 @@ def worker(model_dir: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator
     from corerl.sdk import free_port
     from corerl_megatron.training.worker import MegatronWorker
 
-    config = _config(model_dir, tmp_path_factory.mktemp("recipe"), LORA)
+    config = megatron_config(model_dir, tmp_path_factory.mktemp("recipe"), LORA)
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("MASTER_ADDR", "127.0.0.1")
         patch.setenv("MASTER_PORT", str(free_port()))
@@ -222,7 +213,7 @@ def fused_worker(worker: Any, model_dir: str, tmp_path_factory: pytest.TempPathF
     adapted, its adapters' B random."""
     from corerl_megatron.training.worker import MegatronWorker
 
-    config = _config(model_dir, tmp_path_factory.mktemp("fused"), FUSED)
+    config = megatron_config(model_dir, tmp_path_factory.mktemp("fused"), FUSED)
     rank = MegatronWorker(rank=0, world_size=1, config=config, threads=1,
                           checkpoint_dir=str(tmp_path_factory.mktemp("fused-conversions")))
     rank.load_hf(model_dir)
@@ -304,14 +295,14 @@ def test_what_the_adapters_do_not_cover_is_refused_in_one_line(tmp_path, overrid
     from corerl_megatron.support import check_supported
 
     with pytest.raises(error) as raised:
-        check_supported(_config(model, tmp_path, ["policy.lora.enabled=true", *overrides]))
+        check_supported(megatron_config(model, tmp_path, ["policy.lora.enabled=true", *overrides]))
     assert raised.value.key == key and said in str(raised.value) and "\n" not in str(raised.value)
 
 
 def test_a_dense_lora_recipe_is_taken(tmp_path) -> None:
     from corerl_megatron.support import check_supported
 
-    check_supported(_config("builtin:tiny-qwen2", tmp_path, [*LORA, "policy.megatron_cfg.tensor_model_parallel_size=2",
+    check_supported(megatron_config("builtin:tiny-qwen2", tmp_path, [*LORA, "policy.megatron_cfg.tensor_model_parallel_size=2",
                                                              "cluster.gpus_per_node=2"]))
 
 
@@ -331,7 +322,7 @@ def test_sequence_parallelism_is_refused_with_lora_on_any_machine(tmp_path) -> N
     from corerl_megatron.support import check_supported
 
     with pytest.raises(EngineNotAvailable) as raised:
-        check_supported(_config("builtin:tiny-qwen2", tmp_path, [
+        check_supported(megatron_config("builtin:tiny-qwen2", tmp_path, [
             "policy.lora.enabled=true", "policy.megatron_cfg.tensor_model_parallel_size=2",
             "policy.megatron_cfg.sequence_parallel=true", "cluster.gpus_per_node=2"]))
     assert raised.value.key == "policy.megatron_cfg.sequence_parallel" and "LoRA adapters" in str(raised.value)
@@ -376,7 +367,7 @@ def test_a_mixture_of_experts_is_refused_at_load_where_validation_could_not_read
     from corerl_megatron.training.worker import MegatronWorker
 
     folder = str(build_tiny_model(tmp_path / "moe", **BUILTIN_MODELS["builtin:tiny-moe"]))
-    rank = MegatronWorker(rank=0, world_size=1, config=_config("builtin:tiny-qwen2", tmp_path, LORA), threads=1,
+    rank = MegatronWorker(rank=0, world_size=1, config=megatron_config("builtin:tiny-qwen2", tmp_path, LORA), threads=1,
                           checkpoint_dir=str(tmp_path / "conversions"))  # the process's parallel state, as it is
     with pytest.raises(EngineNotAvailable) as raised:
         rank.load_hf(folder)
@@ -502,8 +493,8 @@ def test_tensor_parallel_2_adapters_match_peft_on_two_ranks(model_dir: str, tmp_
 
     from corerl.sdk import free_port
 
-    configs = {"canonical_lora": _config(model_dir, tmp_path / "c", [*LORA, *TP2]),
-               "lora": _config(model_dir, tmp_path / "f", [*FUSED, *TP2])}
+    configs = {"canonical_lora": megatron_config(model_dir, tmp_path / "c", [*LORA, *TP2]),
+               "lora": megatron_config(model_dir, tmp_path / "f", [*FUSED, *TP2])}
     out = tmp_path / "found.json"
     mp.spawn(_tensor_parallel_rank, args=(model_dir, configs, free_port(), str(out)), nprocs=2)
     found = json.loads(out.read_text())

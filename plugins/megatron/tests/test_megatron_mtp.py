@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import torch
 
-from corerl.testing import host_with, select_for, write_recipe
+from tests.megatron_recipe import megatron_config
 from tests.mimo_checkpoint import make_mimo
 
 HIDDEN, HEADS, KV_HEADS, VOCAB = 64, 4, 2, 128
@@ -29,15 +29,6 @@ def mimo_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
                             num_heads=HEADS, num_kv_heads=KV_HEADS, tie_word_embeddings=False)
     make_mimo(path)
     return str(path)
-
-
-def _config(model: str, tmp_path: Path, overrides: list[str]) -> Any:
-    recipe = write_recipe(tmp_path / "r.yaml", {
-        "policy": {"model_name": model, "precision": "float32", "megatron_cfg": {"enabled": True},
-                   "generation": {"backend": "hf"}},
-        "algorithm": {"seed": 7}})
-    config, _ = select_for(host_with(None, "installed"), recipe, overrides)
-    return config
 
 
 # no clipping: the global norm counts the heads' gradients, and would scale the trunk's by it
@@ -62,7 +53,7 @@ def workers(mimo_dir: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator
                                          "policy.megatron_cfg.mtp_loss_scaling_factor=0.5",
                                          "policy.megatron_cfg.mtp_loss_chunk_size=3"]),
                                 ("plain", ["policy.megatron_cfg.mtp_num_layers=0"])):
-                config = _config(mimo_dir, tmp_path_factory.mktemp(name), [*_PLAIN, *heads])
+                config = megatron_config(mimo_dir, tmp_path_factory.mktemp(name), [*_PLAIN, *heads])
                 made[name] = MegatronWorker(rank=0, world_size=1, config=config, threads=1,
                                             checkpoint_dir=str(tmp_path_factory.mktemp(f"conversions-{name}")))
                 made[name].load_hf(mimo_dir)
@@ -223,17 +214,17 @@ def test_more_heads_than_the_checkpoint_has_are_refused_in_one_line() -> None:
 def test_validation_refuses_heads_the_checkpoint_lacks_in_one_line(mimo_dir: str, tmp_path: Path) -> None:
     from corerl.errors import ConfigError, ConfigErrors
 
-    config = _config(mimo_dir, tmp_path / "ok", ["policy.megatron_cfg.mtp_num_layers=null"])
+    config = megatron_config(mimo_dir, tmp_path / "ok", ["policy.megatron_cfg.mtp_num_layers=null"])
     assert config.section("policy.megatron_cfg").mtp_num_layers is None  # the checkpoint's one head
     with pytest.raises((ConfigError, ConfigErrors), match="asks for 2 multi-token-prediction heads and .* has 1"):
-        _config(mimo_dir, tmp_path / "two", ["policy.megatron_cfg.mtp_num_layers=2"])
+        megatron_config(mimo_dir, tmp_path / "two", ["policy.megatron_cfg.mtp_num_layers=2"])
     with pytest.raises((ConfigError, ConfigErrors), match="pipeline_model_parallel_size=1"):
-        _config(mimo_dir, tmp_path / "pp", ["policy.megatron_cfg.mtp_num_layers=1", "cluster.gpus_per_node=2",
+        megatron_config(mimo_dir, tmp_path / "pp", ["policy.megatron_cfg.mtp_num_layers=1", "cluster.gpus_per_node=2",
                                             "policy.megatron_cfg.pipeline_model_parallel_size=2"])
     with pytest.raises((ConfigError, ConfigErrors), match="not trained with policy.lora"):
-        _config(mimo_dir, tmp_path / "lora", ["policy.megatron_cfg.mtp_num_layers=null", "policy.lora.enabled=true"])
+        megatron_config(mimo_dir, tmp_path / "lora", ["policy.megatron_cfg.mtp_num_layers=null", "policy.lora.enabled=true"])
     with pytest.raises((ConfigError, ConfigErrors), match="does not run on packed rows"):
-        _config(mimo_dir, tmp_path / "packed", ["policy.megatron_cfg.mtp_num_layers=null",
+        megatron_config(mimo_dir, tmp_path / "packed", ["policy.megatron_cfg.mtp_num_layers=null",
                                                 "policy.sequence_packing.enabled=true"])
 
 
@@ -281,11 +272,11 @@ def test_tensor_parallel_2_heads_give_the_same_draft_loss_and_head_gradients(
     from corerl_megatron.training.worker import MegatronWorker
 
     heads = ["policy.megatron_cfg.mtp_num_layers=1"]
-    single = MegatronWorker(rank=0, world_size=1, config=_config(mimo_dir, tmp_path / "tp1", [*_PLAIN, *heads]),
+    single = MegatronWorker(rank=0, world_size=1, config=megatron_config(mimo_dir, tmp_path / "tp1", [*_PLAIN, *heads]),
                             threads=1, checkpoint_dir=str(tmp_path / "conversions-tp1"))
     single.load_hf(mimo_dir)
     want_loss, want = _draft_and_head_gradients(single)
-    config = _config(mimo_dir, tmp_path / "tp2", [*_PLAIN, *heads, "policy.megatron_cfg.tensor_model_parallel_size=2",
+    config = megatron_config(mimo_dir, tmp_path / "tp2", [*_PLAIN, *heads, "policy.megatron_cfg.tensor_model_parallel_size=2",
                                                   "cluster.gpus_per_node=2"])
     out = tmp_path / "found.pt"
     mp.spawn(_tensor_parallel_rank, args=(mimo_dir, config, free_port(), str(out)), nprocs=2)
