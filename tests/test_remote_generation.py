@@ -19,20 +19,10 @@ from corerl.errors import ConfigError, ConfigErrors, EngineNotAvailable
 from corerl.generation.remote import RemoteGenerationBackend
 from corerl.plugin_manager import process_host
 from corerl.recipes import DEMO_RECIPE
+from tests.test_skyrl_keys import _run as _translate  # main_base's translation of dotted keys
 
 SKYRL = Path(__file__).resolve().parents[2] / "shared" / "skyrl"
 _E = "generator.inference_engine."
-
-
-def _translate(**keys: Any) -> Any:
-    tree: dict[str, Any] = {}
-    for dotted, value in keys.items():
-        node = tree
-        *parents, last = dotted.split(".")
-        for part in parents:
-            node = node.setdefault(part, {})
-        node[last] = value
-    return translate(tree, {key: "run.sh:1" for key in keys}, False, None, "main_base")
 
 
 def test_external_servers_select_the_remote_backend_and_their_engine_keys_are_the_servers():
