@@ -12,7 +12,6 @@ from typing import Any
 import pytest
 
 from corerl.config import load_config
-from corerl.config.dialects.skyrl.translate import translate
 from corerl.config.selection import select
 from corerl.config.tree import value_at
 from corerl.errors import ConfigError, ConfigErrors, EngineNotAvailable
@@ -125,14 +124,7 @@ def test_skyrls_server_script_is_read_as_its_keys_for_serve_generation():
 def test_asynchronous_rl_keeps_the_servers_client_in_a_worker_of_its_own():
     keys = {_E + "run_engines_locally": False, _E + "external_server_urls": ["http://10.0.0.2:8001"],
             "trainer.placement.colocate_all": False, "trainer.fully_async.enabled": True}
-    tree: dict[str, Any] = {}
-    for dotted, value in keys.items():
-        node = tree
-        *parents, last = dotted.split(".")
-        for part in parents:
-            node = node.setdefault(part, {})
-        node[last] = value
-    result = translate(tree, {key: "run.sh:1" for key in keys}, False, None, "fully_async")
+    result = _translate("fully_async", **keys)
     assert value_at(result.tree, "algorithm.async.enabled") is True
     assert value_at(result.tree, "policy.generation.backend") == "remote"
     assert value_at(result.tree, "policy.generation.colocated.enabled") is False
