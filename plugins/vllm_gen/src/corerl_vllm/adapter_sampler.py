@@ -28,6 +28,7 @@ from corerl_vllm.engine import (
     _hide_broken_vision_packages,
     cpu_kv_cache_bytes,
     resolve_layout,
+    shutdown_llm,
     tokens_prompt,
     vllm_lora_rank,
 )
@@ -138,8 +139,5 @@ class VllmAdapterSampler:
 
     def close(self) -> None:
         if self.llm is not None:
-            engine = getattr(self.llm, "llm_engine", None)
-            shutdown = getattr(getattr(engine, "engine_core", None), "shutdown", None)
-            if callable(shutdown):
-                shutdown()
+            shutdown_llm(self.llm)
             self.llm = None

@@ -450,11 +450,16 @@ class VllmEngine:
             os.close(self.scratch_lock)
             self.scratch = None
         if self.llm is not None:
-            engine = getattr(self.llm, "llm_engine", None)
-            shutdown = getattr(getattr(engine, "engine_core", None), "shutdown", None)
-            if callable(shutdown):
-                shutdown()
+            shutdown_llm(self.llm)
             self.llm = None
+
+
+def shutdown_llm(llm: Any) -> None:
+    """Stop a ``vllm.LLM``'s engine core (its processes) now, rather than when it is collected."""
+    engine = getattr(llm, "llm_engine", None)
+    shutdown = getattr(getattr(engine, "engine_core", None), "shutdown", None)
+    if callable(shutdown):
+        shutdown()
 
 
 def _request_seed(sampling: SamplingSettings, index: int, n: int) -> int | None:
