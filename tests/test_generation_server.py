@@ -1,5 +1,5 @@
 """``corerl serve-generation`` in a subprocess against the same engine in process: the remote
-backend's greedy tokens and logprobs equal the in-process hf engine's, before and after a refit
+backend's greedy tokens equal the in-process hf engine's (logprobs within 1e-5), before and after a refit
 sent in several chunks; every answer carries the server's weight version."""
 
 from __future__ import annotations
@@ -75,6 +75,19 @@ def _engines(url: str, model: str) -> tuple[Any, Any]:
     return remote, local
 
 
+def _same_samples(served: list[list[Any]], local: list[list[Any]]) -> bool:
+    """Token ids and finish reasons exactly, logprobs within 1e-5: the server is another process,
+    whose torch may split a matmul's sums over another number of threads than the test's."""
+    import math
+
+    if [[(s.prompt_ids, s.completion_ids, s.finish_reason) for s in g] for g in served] != \
+            [[(s.prompt_ids, s.completion_ids, s.finish_reason) for s in g] for g in local]:
+        return False
+    return all(math.isclose(a, b, rel_tol=0, abs_tol=1e-5)
+               for gs, gl in zip(served, local, strict=True) for ss, sl in zip(gs, gl, strict=True)
+               for a, b in zip(ss.logprobs, sl.logprobs, strict=True))
+
+
 def test_the_server_samples_as_the_engine_in_process_before_and_after_a_refit(served: tuple[str, str]):
     import torch
 
@@ -83,8 +96,8 @@ def test_the_server_samples_as_the_engine_in_process_before_and_after_a_refit(se
     greedy = SamplingSettings(temperature=0.0, max_new_tokens=8)
     seeded = SamplingSettings(temperature=1.0, max_new_tokens=8, request_seeds=(11, 12, 13))
     before = local.generate(PROMPTS, greedy)
-    assert remote.generate(PROMPTS, greedy) == before  # token ids, logprobs (floats, exactly) and finish reasons
-    assert remote.generate(PROMPTS, seeded, n=2) == local.generate(PROMPTS, seeded, n=2)
+    assert _same_samples(remote.generate(PROMPTS, greedy), before)
+    assert _same_samples(remote.generate(PROMPTS, seeded, n=2), local.generate(PROMPTS, seeded, n=2))
 
     (server,) = remote.expected
     version = remote.expected[server]
@@ -96,7 +109,7 @@ def test_the_server_samples_as_the_engine_in_process_before_and_after_a_refit(se
     assert remote.expected[server] == version + 1
     after = local.generate(PROMPTS, greedy)
     assert after != before
-    assert remote.generate(PROMPTS, greedy) == after
+    assert _same_samples(remote.generate(PROMPTS, greedy), after)
 
 
 def test_a_server_on_another_checkpoint_is_refused_in_one_line(served: tuple[str, str], tmp_path: Path):

@@ -12,7 +12,10 @@ those sampled, with their logprobs. A call that does not extend the previous one
 chain (counted); the episode's trajectory is its last chain.
 
 Concurrent calls are answered in batches: a single thread owns the generation engine and
-answers every call waiting when it is free with one ``generate`` call.
+answers every call waiting when it is free with one ``generate`` call. Once a call is waiting, the
+thread waits up to :data:`GATHER_S` more for the other open episodes' calls (it stops waiting as
+soon as every open episode has one queued), so episodes that call at about the same time share a
+batch even on a busy machine, where their HTTP requests are parsed one after another.
 
 Served with FastAPI and uvicorn (:mod:`corerl.environments.http_serving`) on a thread of the
 run's process. Limits (docs/security.md): a request body over ``max_request_bytes`` is refused
@@ -44,6 +47,7 @@ from corerl.reporting.lost_text import check_observation
 MODEL_NAME = "corerl-policy"
 LISTEN_BACKLOG = 1024  # connections the kernel queues before the server accepts them (uvicorn's backlog)
 CALL_THREADS = 1024  # calls in progress at once, each waiting in a thread for its answer; more wait for a thread
+GATHER_S = 0.05  # after a batch's first call, how long the engine waits for the other open episodes' calls
 KEEP_ALIVE_S = 30  # an idle connection of a harness (between its calls, tools running) stays open this long
 
 
@@ -241,9 +245,13 @@ class ChatEndpoint:
             except queue.Empty:
                 continue
             batch = [first]
+            deadline = time.monotonic() + GATHER_S
             while True:
+                with self.lock:
+                    if len(batch) >= len(self.episodes):
+                        break
                 try:
-                    batch.append(self.calls.get_nowait())
+                    batch.append(self.calls.get(timeout=max(0.0, deadline - time.monotonic())))
                 except queue.Empty:
                     break
             try:
