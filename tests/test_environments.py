@@ -257,6 +257,35 @@ def test_the_tools_environment_executes_calls_with_the_row_and_scores_the_answer
     assert final.done and final.reward == 1.0
 
 
+def test_tool_call_latency_delays_each_turn_with_calls_and_the_episodes_wait_together():
+    """``env.tools.call_latency_s``: a turn with calls answers that late, a final answer at once;
+    96 episodes (three times the in-process pool's threads) wait together, not in waves."""
+    from corerl.plugin_manager import PluginHost
+
+    host = PluginHost(discover=False, env={})
+    context = EnvironmentContext(ToolsSettings(tools=["lookup"], call_latency_s=0.3), 0,
+                                 tools={t.id: t for t in host.tools}, tool_parsers={p.id: p for p in host.tool_parsers})
+    environment = ToolsEnvironment(context)
+    assert inspect.iscoroutinefunction(environment.step)
+    pool = InProcessPool(environment, timeout_s=30)
+    call = '<tool_call> {"name": "lookup", "arguments": {}} </tool_call>'
+    try:
+        start = time.perf_counter()
+        answers = pool.answer([EpisodeView(row={"value": i % 10, "answer": str(i % 10)}, turn=1, responses=(call,))
+                               for i in range(96)])
+        took = time.perf_counter() - start
+        assert [a.turn.observation for a in answers] == [[{"role": "tool", "content": str(i % 10)}] for i in range(96)]
+        assert 0.3 <= took < 0.6  # one latency for all (in waves of the pool's 32 threads: 0.9 s or more)
+        start = time.perf_counter()
+        final = pool.answer([EpisodeView(row={"value": 4, "answer": "4"}, turn=2, responses=(call, "4"))])[0].turn
+        assert final.done and final.reward == 1.0 and time.perf_counter() - start < 0.3
+    finally:
+        pool.shutdown()
+    assert not inspect.iscoroutinefunction(ToolsEnvironment(EnvironmentContext(
+        ToolsSettings(tools=["lookup"]), 0, tools={t.id: t for t in host.tools},
+        tool_parsers={p.id: p for p in host.tool_parsers})).step)  # no latency: the plain step, as before
+
+
 def test_chat_messages_continue_the_conversation_as_the_template_renders_it(tmp_path):
     from corerl.models.tiny import build_tokenizer
 
@@ -537,6 +566,12 @@ class TestToolsEnvironmentConformance(EnvironmentConformance):
     @classmethod
     def respond(cls, row, turn):
         return LOOKUP_CALL if turn == 1 else str(row.get("value"))
+
+
+class TestSlowToolsEnvironmentConformance(TestToolsEnvironmentConformance):
+    """``tools`` with ``call_latency_s``: its step is a coroutine, and conforms as the plain one does."""
+
+    settings = {"tools": ["lookup"], "call_latency_s": 0.05}
 
 
 class TestMathEnvironmentConformance(EnvironmentConformance):

@@ -19,6 +19,10 @@ class ToolsSettings(EnvironmentSettings):
     tools: list[str] = setting([], help="ids of registered tools the model may call (corerl plugins lists them)")
     tool_parser: str = setting("hermes", help="id of the tool-call parser: hermes (Qwen/Hermes <tool_call> JSON)")
     max_calls_per_turn: int = setting(4, min=1, help="calls executed per turn; further ones are answered with an error")
+    call_latency_s: float = setting(0.0, min=0.0, help="seconds a turn's tool calls take before they answer (a "
+                                                       "stand-in for a sandbox's or a web tool's round trip, e.g. "
+                                                       "0.3; the episodes' waits overlap): for benchmarks and for "
+                                                       "trying a pipeline against slow tools; 0: none")
 
 
 @attrs.define(kw_only=True)

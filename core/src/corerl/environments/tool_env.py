@@ -10,10 +10,17 @@ names among the registered ones.
 A tool function that has a keyword-only parameter ``row`` receives the episode's dataset row
 there (not shown to the model): that is how a tool answers per episode (the ``lookup`` tool of
 the ``tool_lookup`` task reads the episode's table).
+
+``env.tools.call_latency_s`` makes a turn's calls answer that many seconds late, as a sandbox's or
+a web tool's round trip does (``bench/async_vs_sync.py --workload slow_tools``). The wait is an
+``asyncio`` sleep (the step is then a coroutine, run on the environment pool's event loop), so
+every episode's wait overlaps the others' as real network waits do, however many episodes a step
+plays (the pool's threads do not bound it); the tools themselves then run on a worker thread.
 """
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 from collections.abc import Callable
 from typing import Any
@@ -51,11 +58,25 @@ class ToolsEnvironment:
         self.parse = context.tool_parsers[settings.tool_parser].load()
         self.max_calls = settings.max_calls_per_turn
         self.reward = context.reward or exact_answer
+        self.latency = settings.call_latency_s
+        if self.latency > 0:  # a coroutine step: the pool awaits it on its loop, every episode's wait at once
+            self.step = self.step_after_latency  # type: ignore[method-assign]
 
     def step(self, episode: EpisodeView) -> Turn:
         calls: list[ToolCall] = self.parse(episode.response)
         if not calls:
             return Turn(reward=float(self.reward(episode.response, episode.row)), done=True)
+        return self._executed(episode, calls)
+
+    async def step_after_latency(self, episode: EpisodeView) -> Turn:
+        """:meth:`step` with ``call_latency_s``: a turn with calls answers that many seconds late."""
+        calls: list[ToolCall] = self.parse(episode.response)
+        if not calls:
+            return Turn(reward=float(self.reward(episode.response, episode.row)), done=True)
+        await asyncio.sleep(self.latency)
+        return await asyncio.to_thread(self._executed, episode, calls)
+
+    def _executed(self, episode: EpisodeView, calls: list[ToolCall]) -> Turn:
         tools = {name: function if (signature := self.row_signatures[name]) is None
                  else _with_row(function, episode.row, signature) for name, function in self.tools.items()}
         results = [execute(call, tools) for call in calls[: self.max_calls]]
