@@ -5,7 +5,10 @@ through Ray's object store and then serialise it again for the engine. Here the 
 each tensor once into a file under ``/dev/shm`` that both processes map (``torch.from_file``
 with ``shared=True``); only a small manifest (names, dtypes, shapes, offsets) crosses the
 process boundary, and the reader's tensors are views of the mapping: no copy on its side.
-Tensors that share storage (tied embeddings) are written once and named twice.
+Tensors that share storage (tied embeddings) are written once and named twice. A refit to a
+generation engine streams through two such files, one bucket at a time
+(:mod:`corerl.generation.weight_buckets`); asynchronous generation's worker, which holds an update
+until its engine can take it and hands the newest to a restarted worker, gets the whole model in one.
 
 The file is named after the process that writes it (``corerl-weights-<pid>-<random>``), which holds
 a shared ``flock`` on it while it lives, and is removed when the writer closes. A writer killed with
@@ -21,12 +24,14 @@ import logging
 import os
 import re
 import tempfile
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import torch
+
+    from .weight_buckets import RefitStats
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +66,7 @@ class SharedWeightWriter:
         fcntl.flock(self.handle, fcntl.LOCK_SH)  # held while this writer lives: the file is not stale
         self.size = 0
         self.buffer: Any = None
+        self.partner: SharedWeightWriter | None = None  # the second buffer of a bucketed refit (stream)
 
     def write(self, weights: Iterable[tuple[str, torch.Tensor]]) -> WeightManifest:
         """Copy ``weights`` into the file; the manifest a reader needs to see them."""
@@ -91,7 +97,22 @@ class SharedWeightWriter:
             (name, str(tensor.dtype).removeprefix("torch."), tuple(tensor.shape), offset)
             for name, tensor, offset, _ in layout))
 
+    def stream(self, weights: Iterable[tuple[str, torch.Tensor]], load: Callable[[WeightManifest], Any],
+               bucket_bytes: int) -> RefitStats:
+        """A refit in buckets of at most ``bucket_bytes`` through this file and a second one (made at
+        the first call), ``load(manifest)`` called here for each bucket while the next is packed:
+        see :mod:`corerl.generation.weight_buckets`. Each file is overwritten once its bucket's
+        ``load`` has returned."""
+        from .weight_buckets import send_buckets
+
+        if self.partner is None:
+            self.partner = SharedWeightWriter()
+        return send_buckets((self, self.partner), weights, load, bucket_bytes)
+
     def close(self) -> None:
+        if self.partner is not None:
+            self.partner.close()
+            self.partner = None
         self.buffer = None
         try:
             os.unlink(self.path)
@@ -155,6 +176,26 @@ def _view(buffer: torch.Tensor, dtype: torch.dtype, shape: tuple[int, ...], offs
     return buffer[offset: offset + nbytes].view(dtype).view(shape)
 
 
+#: the reader's mappings of the newest files, reused: a bucketed refit reads the same few buffers
+#: again and again (:mod:`corerl.generation.weight_buckets`), and a mapping made once is not faulted
+#: in again at every read. Keyed by path and size (a writer grows its file to a new size).
+_MAPPINGS: dict[tuple[str, int], Any] = {}
+_MAPPINGS_KEPT = 4
+
+
+def _mapping(path: str, size: int) -> torch.Tensor:
+    import torch
+
+    key = (path, size)
+    buffer = _MAPPINGS.pop(key, None)
+    if buffer is None:
+        buffer = torch.from_file(path, shared=True, size=size, dtype=torch.uint8)
+    _MAPPINGS[key] = buffer  # the newest last
+    while len(_MAPPINGS) > _MAPPINGS_KEPT:  # the oldest goes: its file may be gone (a closed writer)
+        del _MAPPINGS[next(iter(_MAPPINGS))]
+    return buffer
+
+
 def read_shared(manifest: WeightManifest | Mapping[str, Any]) -> list[tuple[str, torch.Tensor]]:
     """The named tensors of ``manifest``, as views of the shared file (valid until it is rewritten).
     A manifest that crossed vLLM's multi-process RPC (msgpack) arrives as a mapping of its fields."""
@@ -162,6 +203,5 @@ def read_shared(manifest: WeightManifest | Mapping[str, Any]) -> list[tuple[str,
 
     if isinstance(manifest, Mapping):
         manifest = WeightManifest(**manifest)
-
-    buffer = torch.from_file(manifest.path, shared=True, size=manifest.size, dtype=torch.uint8)
+    buffer = _mapping(manifest.path, manifest.size)
     return [(name, _view(buffer, getattr(torch, dtype), shape, offset)) for name, dtype, shape, offset in manifest.entries]

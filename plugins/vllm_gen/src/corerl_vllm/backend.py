@@ -115,14 +115,18 @@ class VllmGenerationBackend:
         return self.group.call("generate", prompts, sampling, n)[0]
 
     def update_weights(self, weights: Iterable[tuple[str, Any]]) -> None:
-        """Through a shared-memory file where the engine runs on this machine (one copy, a small
-        manifest through Ray), else as tensors through Ray; either way under the checkpoint's names
-        (:class:`corerl.sdk.CheckpointNaming`), which vLLM's loader takes."""
+        """In buckets through shared memory where the engine runs on this machine (the next bucket
+        packed while the engine loads the last, a small manifest per bucket through Ray:
+        :mod:`corerl.generation.weight_buckets`), else as tensors through Ray; either way under the
+        checkpoint's names (:class:`corerl.sdk.CheckpointNaming`), which vLLM's loader takes."""
         weights = self.naming(weights)
         if self.shared is None:
             self.group.call("update_weights", list(weights))
             return
-        self.group.call("update_weights_shared", self.shared.write(weights))
+        from corerl_vllm.engine import bucket_bytes
+
+        self.last_refit = self.shared.stream(weights, lambda manifest: self.group.call("update_weights_shared", manifest)[0],
+                                             bucket_bytes(self.config.section("policy.generation.vllm_cfg")))
 
     def load_adapter(self, adapter: Any) -> None:
         """A LoRA refit (:class:`corerl.sdk.AdapterWeights`): the adapter's tensors, not the model,

@@ -31,6 +31,12 @@ class VllmConfig:
         "auto", help="auto: in-process on CPU (faster there, no busy-spinning core), multi-process on GPU"
     )
     host: Literal["ray_actor", "driver"] = setting("ray_actor", help="where the engine object lives")
+    refit_bucket_mib: float = setting(
+        128, min=0.0, min_exclusive=True,
+        help="a refit to an engine in another process of this machine (a multi-process engine's workers, an engine "
+             "in a Ray actor) streams the weights through two shared-memory buffers of this size, the next bucket "
+             "packed while the engine loads the last; a decoder block's attention or MLP bigger than this goes alone "
+             "in a bucket of its own size")
     cpu_threads: int | None = setting(None, min=1, help="threads for the engine on CPU; unset: all cores")
     engine_args: dict[str, Any] = setting({}, help="further vLLM engine arguments, passed through as given")
     speculative_config: dict[str, Any] | None = setting(

@@ -376,24 +376,18 @@ class VllmEngine:
 
     def update_weights(self, weights: Iterable[tuple[str, Any]]) -> int:
         """New weights under their Hugging Face names. An in-process engine takes the tensors as they
-        are (vLLM copies each into its own weight); a multi-process one gets one safetensors archive,
-        which its message channel carries (the archive and its decoded copy are two whole fp32
-        models at each refit: on the SmolLM2 recipe, the spikes at every step's end)."""
+        are (vLLM copies each into its own weight); a multi-process one's workers take them in
+        buckets through shared memory, the next packed while they load the last (see
+        :mod:`corerl.generation.weight_buckets`): only each bucket's manifest crosses vLLM's RPC."""
         if self.layout == "in_process":
             pairs = [(name, tensor.detach()) for name, tensor in weights]
             return int(self.llm.collective_rpc("corerl_reload_tensors", args=(pairs,))[0])
-        from safetensors.torch import save
+        if getattr(self, "buckets", None) is None:
+            from corerl.sdk import SharedWeightWriter
 
-        seen: set[int] = set()
-        state = {}
-        for name, tensor in weights:
-            tensor = tensor.detach().contiguous()
-            if tensor.data_ptr() in seen:  # tied weights share storage; safetensors wants distinct tensors
-                tensor = tensor.clone()
-            seen.add(tensor.data_ptr())
-            state[name] = tensor
-        counts = self.llm.collective_rpc("corerl_reload_weights", args=(save(state),))
-        return int(counts[0])
+            self.buckets = SharedWeightWriter()
+        self.last_refit = self.buckets.stream(weights, self.update_weights_shared, bucket_bytes(self.settings))
+        return sum(self.last_refit.loaded)
 
     def load_adapter(self, config: dict[str, Any], tensors: dict[str, Any]) -> int:
         """A LoRA refit: the adapter is written as a PEFT folder in this engine's scratch folder
@@ -426,7 +420,14 @@ class VllmEngine:
         return sum(t.numel() * t.element_size() for t in tensors.values())
 
     def update_weights_shared(self, manifest: Any) -> int:
-        """New weights from a shared-memory file on this machine (see :mod:`corerl.generation.shared_weights`)."""
+        """New weights from a shared-memory file on this machine (one bucket of a refit, see
+        :mod:`corerl.generation.weight_buckets`), loaded before this returns: the writer then
+        reuses the buffer. In process, vLLM takes views of the file; a multi-process engine's
+        workers each map it themselves."""
+        if self.layout == "in_process":
+            from corerl.sdk import read_shared
+
+            return int(self.llm.collective_rpc("corerl_reload_tensors", args=(read_shared(manifest),))[0])
         return int(self.llm.collective_rpc("corerl_reload_shared", args=(manifest,))[0])
 
     def sleep(self) -> None:
@@ -443,6 +444,9 @@ class VllmEngine:
         return os.getpid()
 
     def shutdown(self) -> None:
+        if getattr(self, "buckets", None) is not None:
+            self.buckets.close()
+            self.buckets = None
         if getattr(self, "scratch", None) is not None:
             import shutil
 
@@ -452,6 +456,11 @@ class VllmEngine:
         if self.llm is not None:
             shutdown_llm(self.llm)
             self.llm = None
+
+
+def bucket_bytes(settings: Any) -> int:
+    """A refit's bucket size in bytes (``policy.generation.vllm_cfg.refit_bucket_mib``)."""
+    return max(1, int(settings.refit_bucket_mib * 2**20))
 
 
 def shutdown_llm(llm: Any) -> None:

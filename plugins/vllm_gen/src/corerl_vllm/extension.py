@@ -10,7 +10,9 @@ class RefitExtension:
     """Loads new weights into the running model without restarting the engine."""
 
     def corerl_reload_weights(self, blob: bytes) -> int:
-        """``blob`` is a safetensors archive of ``{Hugging Face name: tensor}``; returns how many tensors."""
+        """``blob`` is a safetensors archive of ``{Hugging Face name: tensor}``; returns how many tensors.
+        No refit sends one any more (:meth:`corerl_reload_shared` takes its buckets): kept for
+        ``bench/weight_sync.py``, which measures the archive path the buckets replaced."""
         from safetensors.torch import load
 
         return self.corerl_reload_tensors(list(load(blob).items()))
@@ -21,8 +23,11 @@ class RefitExtension:
         return self._reload(weights)
 
     def corerl_reload_shared(self, manifest: object) -> int:
-        """The weights named by a :class:`corerl.generation.shared_weights.WeightManifest`, read as
-        views of the shared-memory file the driver wrote (no copy before vLLM's own)."""
+        """The weights named by a :class:`corerl.generation.shared_weights.WeightManifest` (one
+        bucket of a refit, :mod:`corerl.generation.weight_buckets`), read as views of the
+        shared-memory buffer the writer filled (no copy before vLLM's own). A bucket holds whole
+        layers, so this reload completes each layer it touches; the writer reuses the buffer
+        once it returns."""
         from corerl.sdk import read_shared
 
         return self._reload(read_shared(manifest))  # type: ignore[arg-type]
