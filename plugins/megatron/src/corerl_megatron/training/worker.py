@@ -40,6 +40,12 @@ class MegatronWorker(RankWorker):
         self.tp_rank, self.tp = ps.get_tensor_model_parallel_rank(), ps.get_tensor_model_parallel_world_size()
         self.dp = ps.get_data_parallel_world_size()
         self.model: Any = None
+        self.head: Any = None  # the output layer's tap (set by load_hf on a policy's last stage)
+        #: the logits of every position through GPTModel's own output layer instead of the head's
+        #: chunks at the positions that need them (a reference for tests and benches; the
+        #: multi-token-prediction heads' training distils the full distribution and takes it too)
+        self.full_logits = False
+        self.head_chunk_elements: int | None = None  # None: response_head.CHUNK_ELEMENTS
         self.draft: Any = None  # the multi-token-prediction heads' draft loss (set by load_hf when it builds heads)
         self.routing: Any = None  # a mixture of experts' load counters and router replay (set by load_hf)
         self.replay: Any = None
@@ -88,6 +94,10 @@ class MegatronWorker(RankWorker):
                           local_spec=self.lora or self.config.core.policy.sequence_packing.enabled,
                           mtp_layers=heads)  # packed rows: the local spec's attention takes their mask
         self.draft = DraftHeads(model, self.settings) if heads else None  # multi-token-prediction heads
+        from corerl_megatron.training.response_head import HiddenTap
+
+        # the policy's last stage: logprobs at the positions that need them, through the head in chunks
+        self.head = HiddenTap(model) if not self.critic and self.ps.is_pipeline_last_stage() else None
         if self.shape.experts and (moe.freeze_router or self.settings.freeze_moe_router):
             freeze_routers(model)
         self.ep = self.ps.get_expert_model_parallel_world_size() if self.shape.experts else 1
@@ -139,6 +149,8 @@ class MegatronWorker(RankWorker):
         count, width = len(mbs), int(mbs[0]["input_ids"].shape[1])
         scale = count * self.dp  # the schedule divides by the micro-batch count, DDP averages over dp
         weighted = self.share_weighted_router_terms and not forward_only
+        tap = self.head if self.head is not None and not self.full_logits and (forward_only or self.draft is None) \
+            else None
 
         def forward_step(data: Any, model: Any) -> tuple[torch.Tensor, Any]:
             mb = {k: v.to(self.device) if isinstance(v, torch.Tensor) else v for k, v in next(data).items()}
@@ -152,19 +164,25 @@ class MegatronWorker(RankWorker):
                 self._restarted_rope().positions = positions
             if self.replay is not None and not forward_only:
                 self.replay.replay(mb)
+            if tap is not None:  # the model's output: its final hidden states, not logits
+                tap.active = True
             try:
                 if self.mconfig.num_moe_experts:  # the routers (their losses, load and dropping) skip the padding
                     output = model(ids, positions, attention_mask=mask, padding_mask=mb["attention_mask"] == 0)
                 else:
                     output = model(ids, positions, attention_mask=mask)
             finally:
+                if tap is not None:
+                    tap.active = False
                 if packed:
                     self._restarted_rope().positions = None
             if self.replay is not None and forward_only and not self.critic:
                 self.replay.keep(mb)
             # grad_scale_func also scales the main loss in the backward: the loss is divided by it first
             divisor = self.router_term_weight if weighted and self.router_term_weight > 0 else 1.0
-            return output, partial(self._loss, mb, loss_fn, normaliser, scale / divisor, forward_only, self.critic)
+            head = (tap, self.head_chunk_elements) if tap is not None else None
+            return output, partial(self._loss, mb, loss_fn, normaliser, scale / divisor, forward_only, self.critic,
+                                   head)
 
         self.mconfig.finalize_model_grads_func = None if forward_only else _finalize
         self.mconfig.grad_scale_func = (lambda t: t * self.router_term_weight) if weighted else None
@@ -185,17 +203,24 @@ class MegatronWorker(RankWorker):
 
     @staticmethod
     def _loss(mb: dict[str, torch.Tensor], loss_fn: Any, normaliser: float, scale: float, forward_only: bool,
-              critic: bool, logits: torch.Tensor) -> tuple[torch.Tensor, dict[str, Any]]:
+              critic: bool, head: Any, logits: torch.Tensor) -> tuple[torch.Tensor, dict[str, Any]]:
+        """The micro-batch's loss (or, forward only, its logprobs or values) from the model's output:
+        logits, or with ``head`` (the output layer's tap and the chunk size) the final hidden states."""
         from corerl_megatron.training.packed_rows import scored_positions
+        from corerl_megatron.training.response_head import head_logprobs, needed_positions
 
-        # a packed sequence's first token has no context in its row: no logprob, no value there
-        inside = scored_positions(mb) if "position_ids" in mb else mb["attention_mask"]
         if critic:  # a value head's one output per token: values lined up with the logprobs
             from corerl.sdk import shift_values
 
-            logprobs = shift_values(logits[..., 0], inside)
+            # a packed sequence's first token has no context in its row: no value there
+            logprobs = shift_values(logits[..., 0], scored_positions(mb) if "position_ids" in mb else mb["attention_mask"])
+        elif head is not None:  # logits at the positions that need them only, a chunk at a time
+            tap, chunk = head
+            topk = int(mb[TOPK_REQUEST]) if TOPK_REQUEST in mb else None
+            logprobs = head_logprobs(logits, tap.weight(), mb, topk=topk,
+                                     **({"chunk_elements": chunk} if chunk else {}))
         else:  # with the candidates' logprobs or the top-k the micro-batch asks for (distillation)
-            logprobs = batch_logprobs(logits, mb, inside)
+            logprobs = batch_logprobs(logits, mb, needed_positions(mb).to(mb["attention_mask"].dtype))
         if forward_only:
             out = join_topk(logprobs, mb) if TOPK_REQUEST in mb else logprobs
             return logits.new_zeros(()), {"logprobs": out.detach().float().cpu()}
