@@ -96,6 +96,11 @@ class DraftHeads:
         self.chunk: int | None = settings.mtp_loss_chunk_size
         self.seen: dict[str, Any] = {}
         self.pending: tuple[list[torch.Tensor], torch.Tensor] | None = None
+        #: the worker's output-layer tap (:class:`corerl_megatron.training.response_head.HiddenTap`):
+        #: while it is active the trunk's output is its final hidden states, and the distribution the
+        #: heads are distilled from is computed from them a chunk at a time (:meth:`teacher`)
+        self.tap: Any = None
+        self.teacher_is_hidden = False
         model.register_forward_pre_hook(self._inputs, with_kwargs=True)
         model.decoder.register_forward_hook(lambda module, args, output: self.seen.__setitem__("hidden", output))
         if getattr(model, "rotary_pos_emb", None) is not None:
@@ -135,6 +140,7 @@ class DraftHeads:
             packed_seq_params=seen["packed_seq_params"],
             embedding=lambda **kw: embedding(**kw).detach())
         per_depth = list(torch.chunk(hidden, 1 + self.heads, dim=0))[1:]
+        self.teacher_is_hidden = self.tap is not None and self.tap.active
         self.pending = (per_depth, output.detach())
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -142,6 +148,20 @@ class DraftHeads:
         logits, _ = self.model.output_layer(hidden, weight=self._output_weight().detach(),
                                             runtime_gather_output=True)
         return logits.transpose(0, 1)
+
+    def teacher(self, trunk: torch.Tensor) -> torch.Tensor:
+        """``[b, s, vocab]`` logits of the trunk's output ``trunk``: itself, or through the output
+        layer's weight (detached) where it is the trunk's final hidden states ``[b, s, h]``."""
+        if not self.teacher_is_hidden:
+            return trunk
+        from megatron.core import parallel_state as ps
+        from megatron.core.tensor_parallel import gather_from_tensor_model_parallel_region
+
+        with torch.no_grad():  # the hidden states are whole on every rank; the vocabulary is split over them
+            logits = torch.nn.functional.linear(trunk, self._output_weight().detach())
+            if ps.get_tensor_model_parallel_world_size() > 1:
+                logits = gather_from_tensor_model_parallel_region(logits, ps.get_tensor_model_parallel_group())
+        return logits
 
     def loss(self, mb: dict[str, torch.Tensor], normaliser: float) -> torch.Tensor:
         """The micro-batch's draft loss (see the module docstring), from the last training forward."""
@@ -161,7 +181,7 @@ class DraftHeads:
 
     def _depth(self, hidden: torch.Tensor, teacher: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         def part(h: torch.Tensor, t: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
-            return (soft_cross_entropy(self.logits(h), t, self.topk) * m).sum()
+            return (soft_cross_entropy(self.logits(h), self.teacher(t), self.topk) * m).sum()
 
         size = self.chunk if self.topk is None and self.chunk else hidden.shape[0]
         if size >= hidden.shape[0]:

@@ -22,8 +22,10 @@ whose logprob no loss reads. Here instead:
 
 The result keeps the layout of the full-logits path (``[rows, tokens]`` float32, candidates and
 top-k ``[rows, tokens, k]``) with 0 (and id 0) at every position that is not needed. A critic's
-value head is no vocabulary head and does not go through here; the multi-token-prediction heads'
-draft loss distils the trunk's full distribution and keeps the full-logits path in training.
+value head is no vocabulary head and does not go through here. The multi-token-prediction heads'
+draft loss distils the trunk's whole distribution: :class:`corerl_megatron.training.mtp.DraftHeads`
+computes it from the trunk's hidden states where the tap was active (a chunk at a time with
+``mtp_loss_chunk_size``).
 """
 
 from __future__ import annotations

@@ -42,8 +42,7 @@ class MegatronWorker(RankWorker):
         self.model: Any = None
         self.head: Any = None  # the output layer's tap (set by load_hf on a policy's last stage)
         #: the logits of every position through GPTModel's own output layer instead of the head's
-        #: chunks at the positions that need them (a reference for tests and benches; the
-        #: multi-token-prediction heads' training distils the full distribution and takes it too)
+        #: chunks at the positions that need them (a reference for tests and benches)
         self.full_logits = False
         self.head_chunk_elements: int | None = None  # None: response_head.CHUNK_ELEMENTS
         self.draft: Any = None  # the multi-token-prediction heads' draft loss (set by load_hf when it builds heads)
@@ -98,6 +97,8 @@ class MegatronWorker(RankWorker):
 
         # the policy's last stage: logprobs at the positions that need them, through the head in chunks
         self.head = HiddenTap(model) if not self.critic and self.ps.is_pipeline_last_stage() else None
+        if self.draft is not None:  # the heads' teacher: the trunk's distribution from its hidden states
+            self.draft.tap = self.head
         if self.shape.experts and (moe.freeze_router or self.settings.freeze_moe_router):
             freeze_routers(model)
         self.ep = self.ps.get_expert_model_parallel_world_size() if self.shape.experts else 1
@@ -149,8 +150,7 @@ class MegatronWorker(RankWorker):
         count, width = len(mbs), int(mbs[0]["input_ids"].shape[1])
         scale = count * self.dp  # the schedule divides by the micro-batch count, DDP averages over dp
         weighted = self.share_weighted_router_terms and not forward_only
-        tap = self.head if self.head is not None and not self.full_logits and (forward_only or self.draft is None) \
-            else None
+        tap = self.head if self.head is not None and not self.full_logits else None
 
         def forward_step(data: Any, model: Any) -> tuple[torch.Tensor, Any]:
             mb = {k: v.to(self.device) if isinstance(v, torch.Tensor) else v for k, v in next(data).items()}
