@@ -21,22 +21,41 @@ def max_diff(a: torch.Tensor, b: torch.Tensor, *, empty: float | None = None) ->
     return float((a.float() - b.float()).abs().max())
 
 
+def loss_positions(batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """``[B, T]`` float32: 1 where the training contract defines a token's logprob (inside the
+    attention mask, not position 0, and where the batch has a ``loss_mask``, inside it), else 0."""
+    keep = batch["attention_mask"].float().clone()
+    if "loss_mask" in batch:
+        keep *= batch["loss_mask"].float()
+    keep[:, 0] = 0
+    return keep
+
+
+def at_loss_positions(logprobs: torch.Tensor, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """``logprobs`` (``[B, T]`` or ``[B, T, k]``) with 0 wherever :func:`loss_positions` is 0: what
+    the conformance suites compare, so that a backend may compute the other positions or not."""
+    keep = loss_positions(batch).to(logprobs.device)
+    return logprobs * (keep if logprobs.dim() == 2 else keep.unsqueeze(-1)).to(logprobs.dtype)
+
+
 def _plain_logprobs(model: Any, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-    """Per-token logprobs ``[B, T]`` by a plain transformers forward, written out independently of corerl."""
+    """Per-token logprobs ``[B, T]`` by a plain transformers forward, written out independently of
+    corerl; 0 outside :func:`loss_positions`."""
     logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits.float()
     logp = torch.log_softmax(logits[:, :-1], dim=-1).gather(-1, batch["input_ids"][:, 1:, None])[..., 0]
-    return torch.cat([torch.zeros_like(logp[:, :1]), logp], dim=1) * batch["attention_mask"]
+    return torch.cat([torch.zeros_like(logp[:, :1]), logp], dim=1) * loss_positions(batch)
 
 
 def _unpadded_logprobs(model: Any, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-    """Per-token logprobs ``[B, T]``, each row run alone at its own length (no padding, no mask)."""
+    """Per-token logprobs ``[B, T]``, each row run alone at its own length (no padding, no mask);
+    0 outside :func:`loss_positions`."""
     rows = []
     for ids, mask in zip(batch["input_ids"], batch["attention_mask"], strict=True):
         n = int(mask.sum())
         logits = model(input_ids=ids[None, :n]).logits.float()
         logp = torch.log_softmax(logits[0, :-1], dim=-1).gather(-1, ids[1:n, None])[:, 0]
         rows.append(torch.cat([logp.new_zeros(1), logp, logp.new_zeros(ids.shape[0] - n)]))
-    return torch.stack(rows)
+    return torch.stack(rows) * loss_positions(batch)
 
 
 def _plain_values(model: Any, batch: dict[str, torch.Tensor], unpadded: bool = False) -> torch.Tensor:
@@ -69,20 +88,20 @@ def _plain_candidate_logprobs(model: Any, batch: dict[str, torch.Tensor]) -> tor
     """``[B, T, K]`` logprobs of the batch's ``candidate_ids`` at each position, by a plain forward."""
     logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits.float()
     logp = torch.log_softmax(logits[:, :-1], dim=-1).gather(-1, batch["candidate_ids"][:, 1:])
-    return torch.cat([torch.zeros_like(logp[:, :1]), logp], dim=1) * batch["attention_mask"][..., None]
+    return torch.cat([torch.zeros_like(logp[:, :1]), logp], dim=1) * loss_positions(batch)[..., None]
 
 
 def hf_topk(model: Any, batch: dict[str, torch.Tensor], k: int) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
     """By a plain transformers forward, without gradient: ``({"tokens": [B, T] logprobs,
     "topk": [B, T, k] top-k logprobs, "all": [B, T - 1, V] every next token's logprob}, [B, T, k]
-    top-k ids)``, aligned as the training contract's logprobs (position 0 and padding 0)."""
+    top-k ids)``, aligned as the training contract's logprobs (0 outside :func:`loss_positions`)."""
     with torch.no_grad():
         logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits.float()
         full = torch.log_softmax(logits[:, :-1], dim=-1)
         top, ids = full.topk(k, dim=-1)
-        mask = batch["attention_mask"][..., None]
+        mask = loss_positions(batch)[..., None]
         top = torch.cat([torch.zeros_like(top[:, :1]), top], dim=1) * mask
-        ids = torch.cat([torch.zeros_like(ids[:, :1]), ids], dim=1) * mask
+        ids = torch.cat([torch.zeros_like(ids[:, :1]), ids], dim=1) * mask.long()
         return {"tokens": _plain_logprobs(model, batch), "topk": top, "all": full}, ids
 
 

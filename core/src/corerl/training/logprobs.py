@@ -115,8 +115,12 @@ def batch_logprobs(logits: torch.Tensor, batch: dict[str, torch.Tensor], inside:
 
 
 def model_logprobs(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-    """Run ``model`` on a micro-batch and return :func:`batch_logprobs` (the token logprobs, and
-    the candidates' or the top-k the micro-batch asks for, written into it).
+    """Run ``model`` on a micro-batch and return its token logprobs at the positions a loss reads
+    (:func:`corerl.training.head_logprobs.needed_positions`: the ``loss_mask``'s; 0 elsewhere), and
+    the candidates' or the top-k the micro-batch asks for, written into it (see :func:`batch_logprobs`).
+
+    The LM head runs only at those positions, in chunks (:mod:`corerl.training.head_logprobs`);
+    a model whose head cannot be hooked so is scored from its full logits, masked the same way.
 
     A right-padded micro-batch goes in with its ``attention_mask``. A packed one (it has
     ``position_ids``, restarting at 0 where each sequence starts) goes in with the positions
@@ -126,12 +130,37 @@ def model_logprobs(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> to
 
     A vision-language batch's images (:mod:`corerl.training.image_rows`) go in with its rows.
     """
+    from corerl.training.head_logprobs import head_hookable, needed_positions, scoring_head
     from corerl.training.image_rows import image_inputs, image_token_id
 
     if "position_ids" in batch:
-        out = model(input_ids=batch["input_ids"], position_ids=batch["position_ids"], use_cache=False)
+        inputs = {"input_ids": batch["input_ids"], "position_ids": batch["position_ids"], "use_cache": False}
         inside = batch["attention_mask"] * (batch["position_ids"] != 0).to(batch["attention_mask"].dtype)
-        return batch_logprobs(out.logits, batch, inside)
-    out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False,
-                **image_inputs(batch, image_token_id(model)))
-    return batch_logprobs(out.logits, batch, batch["attention_mask"])
+    else:
+        inputs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"], "use_cache": False,
+                  **image_inputs(batch, image_token_id(model))}
+        inside = batch["attention_mask"]
+    needed = needed_positions(batch, inside)
+    if not head_hookable(model):
+        out = model(**inputs)
+        return _masked(batch_logprobs(out.logits, batch, inside), batch, needed)
+    topk = int(batch[TOPK_REQUEST]) if TOPK_REQUEST in batch else None
+    with scoring_head(model, batch["input_ids"], needed, candidates=batch.get("candidate_ids"), topk=topk) as scores:
+        model(**inputs)
+    assert scores.logprobs is not None
+    if scores.candidate_logprobs is not None:
+        batch["candidate_logprobs"] = scores.candidate_logprobs
+    if scores.topk is not None:
+        batch["topk_logprobs"], batch["topk_ids"] = scores.topk
+    return scores.logprobs
+
+
+def _masked(logprobs: torch.Tensor, batch: dict[str, torch.Tensor], needed: torch.Tensor) -> torch.Tensor:
+    """The full-logits path's answers kept at the ``needed`` positions only, as the head's path gives them."""
+    keep = needed.to(logprobs.dtype)
+    for key in ("candidate_logprobs", "topk_logprobs"):
+        if key in batch:
+            batch[key] = batch[key] * keep.unsqueeze(-1)
+    if "topk_ids" in batch:
+        batch["topk_ids"] = batch["topk_ids"] * needed.to(batch["topk_ids"].dtype).unsqueeze(-1)
+    return logprobs * keep

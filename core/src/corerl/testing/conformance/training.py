@@ -37,8 +37,10 @@ from corerl.testing.contract_versions import (
 )
 from corerl.testing.offload_check import offload_round_trip
 from corerl.testing.reference import (
+    at_loss_positions,
     hf_logprobs,
     hf_topk,
+    loss_positions,
     max_diff,
     reference_gradients,
     reference_sgd_step,
@@ -121,7 +123,7 @@ class TrainingChecks(TrainingLayout):
         ours = backend.logprobs(batch)
         reference = hf_logprobs(AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32), batch)
         assert ours.shape == batch["input_ids"].shape
-        assert max_diff(ours, reference) <= self.tolerance
+        assert max_diff(at_loss_positions(ours, batch), reference) <= self.tolerance
 
     # -- (b) ---------------------------------------------------------------------------
 
@@ -165,7 +167,8 @@ class TrainingChecks(TrainingLayout):
         try:
             for engine in (backend, single):
                 engine.load_hf(model_dir)
-            assert max_diff(backend.logprobs(batch), single.logprobs(batch)) <= self.tolerance
+            assert max_diff(at_loss_positions(backend.logprobs(batch), batch),
+                            at_loss_positions(single.logprobs(batch), batch)) <= self.tolerance
             for _ in range(2):
                 ours, theirs = backend.train_step(batch, conformance_loss), single.train_step(batch, conformance_loss)
                 assert abs(ours.loss - theirs.loss) <= self.tolerance
@@ -228,7 +231,7 @@ class TrainingChecks(TrainingLayout):
         finally:
             engine.shutdown()
         reference = hf_logprobs(AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32), batch)
-        diff = max_diff(ours, reference)
+        diff = max_diff(at_loss_positions(ours, batch), reference)
         assert diff <= self.bf16_tolerance, f"bf16 logprobs differ from the fp32 reference by {diff:.3g}"
         assert abs(result.loss) < float("inf") and all(torch.isfinite(w.float()).all() for w in weights.values())
         # and further than fp32 noise: a backend that ignores policy.precision (computes in fp32) lands within the
@@ -251,9 +254,9 @@ class TrainingChecks(TrainingLayout):
         backend.export_hf(str(out))
         assert list(out.glob("*.safetensors")) and (out / "config.json").exists()
         exported = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)
-        assert max_diff(hf_logprobs(exported, batch), backend.logprobs(batch)) <= self.tolerance
+        assert max_diff(hf_logprobs(exported, batch), at_loss_positions(backend.logprobs(batch), batch)) <= self.tolerance
         original = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-        assert max_diff(hf_logprobs(original, batch), backend.logprobs(batch)) > self.tolerance
+        assert max_diff(hf_logprobs(original, batch), at_loss_positions(backend.logprobs(batch), batch)) > self.tolerance
         tokenizer = AutoTokenizer.from_pretrained(out)
         assert tokenizer.vocab_size == AutoTokenizer.from_pretrained(model_dir).vocab_size
 
@@ -330,9 +333,9 @@ class TrainingChecks(TrainingLayout):
         logprobs, top, ids = topk_logprobs(batch, k)
         expected, expected_ids = hf_topk(AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32),
                                          batch, k)
-        inside = batch["attention_mask"][:, 1:].bool()
+        inside = loss_positions(batch)[:, 1:].bool()  # where a student's loss reads the teacher's top-k
         assert top.shape == ids.shape == (*batch["input_ids"].shape, k)
-        assert (logprobs - expected["tokens"]).abs().max() <= self.tolerance
+        assert (at_loss_positions(logprobs, batch) - expected["tokens"]).abs().max() <= self.tolerance
         assert (top - expected["topk"]).abs()[:, 1:][inside].max() <= self.tolerance  # the same k values, in order
         at_ids = expected["all"].gather(-1, ids[:, 1:])[inside]  # ties aside, the same tokens: theirs at ours
         assert (at_ids - top[:, 1:][inside]).abs().max() <= self.tolerance
@@ -391,7 +394,7 @@ class TrainingChecks(TrainingLayout):
             original = {name: p.clone() for name, p in engine.weight_stream()}  # copies: a stream may share storage
 
             reference = hf_logprobs(AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32), batch, unpadded=True)
-            assert max_diff(engine.logprobs(batch), reference) <= self.tolerance
+            assert max_diff(at_loss_positions(engine.logprobs(batch), batch), reference) <= self.tolerance
 
             result = engine.train_step(batch, conformance_loss)
             ref_loss, (ref_norm, ref_grads), _ = reference_gradients(
