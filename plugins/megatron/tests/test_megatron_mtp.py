@@ -241,9 +241,38 @@ def _draft_and_head_gradients(worker: Any) -> tuple[float, dict[str, torch.Tenso
     loss = worker.draft.loss(mb, 10.0)
     loss.backward()
     group = worker.ps.get_tensor_model_parallel_group()
-    grads = {name: gather(name, param.main_grad.detach(), worker.layout.partition[name], group, worker.tp)
+    grads = {name: gather(name, param.main_grad.detach().clone(), worker.layout.partition[name], group, worker.tp)
              for name, param in module.named_parameters() if name.startswith("mtp.")}
     return float(loss.detach()), grads
+
+
+def _head_answers(worker: Any) -> dict[str, Any]:
+    """Through the head's chunks (:mod:`corerl_megatron.training.response_head`, 2 positions a chunk): the
+    test batch's logprobs, top-3 and candidate logprobs, the draft loss distilled from the trunk's hidden
+    states, and the gradients of the logprobs' and candidates' sum on the output weight (whole) and on the
+    final norm (the same on every rank: the hidden states' gradient summed over the vocabulary's slices)."""
+    from corerl_megatron.training.response_head import head_logprobs
+    from corerl_megatron.training.sharding import gather
+
+    module, mb = worker.model.module, _batch()
+    mb["candidate_ids"] = torch.stack([mb["input_ids"].roll(k, dims=1) for k in (1, 2)], dim=-1)
+    module.train()
+    worker.model.zero_grad_buffer()
+    ids = mb["input_ids"]
+    worker.head.active = True
+    try:
+        hidden = module(ids, torch.arange(ids.shape[1]).expand_as(ids), attention_mask=None)
+    finally:
+        worker.head.active = False
+    draft = float(worker.draft.loss(mb, 10.0).detach())
+    weight = worker.head.weight()
+    logprobs = head_logprobs(hidden, weight, mb, chunk_elements=2 * weight.shape[0], topk=3)
+    (logprobs.sum() + mb["candidate_logprobs"].sum()).backward()
+    grad = gather("output_layer.weight", weight.main_grad.detach(), worker.layout.partition["output_layer.weight"],
+                  worker.ps.get_tensor_model_parallel_group(), worker.tp)
+    return {"logprobs": logprobs.detach(), "candidates": mb["candidate_logprobs"].detach(),
+            "topk": mb["topk_logprobs"], "topk_ids": mb["topk_ids"], "draft": draft, "grad": grad,
+            "norm_grad": module.decoder.final_layernorm.weight.main_grad.detach().clone()}
 
 
 def _tensor_parallel_rank(rank: int, model_dir: str, config: Any, port: int, out: str) -> None:
@@ -257,7 +286,7 @@ def _tensor_parallel_rank(rank: int, model_dir: str, config: Any, port: int, out
                             checkpoint_dir=str(Path(out).parent / "conversions-tp2"))
     worker.load_hf(model_dir)
     assert worker.tp == 2 and worker.layout.partition["mtp.layers.0.eh_proj.weight"] == 0  # the heads are split
-    found = _draft_and_head_gradients(worker)
+    found = (*_draft_and_head_gradients(worker), _head_answers(worker))
     if rank == 0:
         torch.save(found, out)
 
@@ -276,12 +305,20 @@ def test_tensor_parallel_2_heads_give_the_same_draft_loss_and_head_gradients(
                             threads=1, checkpoint_dir=str(tmp_path / "conversions-tp1"))
     single.load_hf(mimo_dir)
     want_loss, want = _draft_and_head_gradients(single)
+    want_head = _head_answers(single)
     config = megatron_config(mimo_dir, tmp_path / "tp2", [*_PLAIN, *heads, "policy.megatron_cfg.tensor_model_parallel_size=2",
                                                   "cluster.gpus_per_node=2"])
     out = tmp_path / "found.pt"
     mp.spawn(_tensor_parallel_rank, args=(mimo_dir, config, free_port(), str(out)), nprocs=2)
-    loss, grads = torch.load(out)
+    loss, grads, head = torch.load(out)
     assert loss == pytest.approx(want_loss, rel=1e-5)
     assert set(grads) == set(want)
     for name, grad in want.items():
         assert grad.abs().max() > 0 and torch.allclose(grads[name], grad, atol=1e-6, rtol=1e-4), name
+    # the vocabulary split over the two ranks: the head's logprobs, top-k, candidates, the heads' teacher
+    # and the output weight's gradient as on one rank
+    assert head["draft"] == pytest.approx(want_head["draft"], rel=1e-5) and want_head["draft"] > 0
+    assert torch.equal(head["topk_ids"], want_head["topk_ids"]) and int(want_head["topk_ids"].max()) > 0
+    for key in ("logprobs", "candidates", "topk", "grad", "norm_grad"):
+        assert float(want_head[key].abs().max()) > 0
+        assert torch.allclose(head[key], want_head[key], atol=1e-5), key

@@ -78,8 +78,12 @@ class HiddenTap:
 
         group = _tp()[0]
         if getattr(self.gpt.output_layer, "sequence_parallel", False):  # all-gather; reduce-scatter backward
-            return gather_from_sequence_parallel_region(hidden, tensor_parallel_output_grad=True, group=group), None
-        return copy_to_tensor_model_parallel_region(hidden, group), None  # identity; all-reduce backward
+            hidden = gather_from_sequence_parallel_region(hidden, tensor_parallel_output_grad=True, group=group)
+        else:
+            hidden = copy_to_tensor_model_parallel_region(hidden, group)  # identity; all-reduce backward
+        # GPTModel transposes what the layer returns: the gradient comes back as a transposed view, and
+        # megatron-core's all-reduce of a gradient reduces a contiguous copy and hands back the view
+        return _ContiguousGrad.apply(hidden), None
 
     def weight(self) -> torch.Tensor:
         """This rank's ``[vocabulary / tp, hidden]`` slice of the output weight (the embedding's
@@ -87,6 +91,18 @@ class HiddenTap:
         if self.gpt.share_embeddings_and_output_weights:
             return self.gpt.shared_embedding_or_output_weight()
         return self.gpt.output_layer.weight
+
+
+class _ContiguousGrad(torch.autograd.Function):
+    """The identity, whose gradient is made contiguous on its way back."""
+
+    @staticmethod
+    def forward(ctx: Any, tensor: torch.Tensor) -> torch.Tensor:
+        return tensor.view_as(tensor)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        return grad.contiguous()
 
 
 def _tp() -> tuple[Any, int, int]:
