@@ -115,6 +115,8 @@ class AsyncTrainer:
 
     def push(self) -> None:
         self.generation.push(refit_weights(self.grpo.training), self.grpo.steps_done + 1)
+        if self.producer is not None:  # the batch this version lets start starts now, not at the next poll
+            self.producer.wake()
 
     def step(self) -> dict[str, float]:
         if self.producer is None:
@@ -131,6 +133,7 @@ class AsyncTrainer:
         dropped = self.buffer.drain_dropped()
         taken = [g.key for g in groups]
         self.producer.settle(taken + dropped)
+        self.producer.wake()  # groups left the buffer (taken, or dropped as too old): a batch may start
         self.settled.update(taken + dropped)
         rollout = self.grpo.shaping.apply(Rollout([g.samples for g in groups], [g.rewards for g in groups],
                                                   merged_metrics(groups)))
@@ -156,6 +159,8 @@ class AsyncTrainer:
         trained = time.perf_counter() - start
         start = time.perf_counter()
         self.generation.push_version(self.grpo.steps_done + 1, settings.simulate_refit_seconds)
+        if self.producer is not None:
+            self.producer.wake()
         refit = time.perf_counter() - start
         self.grpo.steps_done += 1
         rewards = [r for group in rollout.rewards for r in group]

@@ -23,6 +23,10 @@ from corerl.asynchronous.buffer import Key, RolloutBuffer, RolloutGroup
 
 log = logging.getLogger(__name__)
 
+#: seconds between two looks at the version while a batch waits to start, besides :meth:`RolloutProducer.wake`
+#: (which the trainer calls after each push: the batch then starts as soon as the worker holds the weights)
+POLL_S = 0.1
+
 
 class RolloutProducer:
     """Fills ``buffer`` from ``task`` through ``rollout``; ``version()`` is the newest pushed
@@ -60,6 +64,12 @@ class RolloutProducer:
         for thread in self.threads:
             thread.join(timeout=600)
 
+    def wake(self) -> None:
+        """A new version was pushed, or groups left the buffer: a batch waiting to start looks again
+        at once (the trainer calls it; without it the wait would notice within ``POLL_S``)."""
+        with self.lock:
+            self.lock.notify_all()
+
     def _may_start(self) -> bool:
         # the step that will train the next group, counted from this producer's start
         step = (self.drawn - self.buffer.dropped_total) // self.config.core.algorithm.batch_size
@@ -71,7 +81,7 @@ class RolloutProducer:
     def _draw(self) -> tuple[int, list[Any], list[Any], list[Key]] | None:
         with self.lock:
             while not self.stopping and not self._may_start():
-                self.lock.wait(0.02)
+                self.lock.wait(POLL_S)
             if self.stopping:
                 return None
             batch, self.next_batch = self.next_batch, self.next_batch + 1

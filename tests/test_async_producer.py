@@ -1,0 +1,108 @@
+"""The asynchronous producer in-process (a scripted rollout stands in for generation, which is
+not under test): a batch held back by the staleness bound starts as soon as the trainer's push
+wakes it, not at the next poll, and the batches the bound lets start generate at once."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from corerl.asynchronous import producer as producer_module
+from corerl.asynchronous.buffer import RolloutBuffer
+from corerl.asynchronous.producer import RolloutProducer
+from corerl.asynchronous.settings import async_settings
+from corerl.config import config_from_mapping
+from corerl.environments.rollout import Rollout
+from corerl.generation.contract import Sample
+from corerl.plugin_manager import PluginHost
+
+BATCH = 2
+
+
+def config(**asynchronous):
+    return config_from_mapping({
+        "policy": {"model_name": "builtin:tiny-qwen2",
+                   "generation": {"colocated": {"enabled": False, "resources": {"gpus_per_node": 1}}}},
+        "algorithm": {"batch_size": BATCH, "num_generations_per_prompt": 1, "async": {"enabled": True, **asynchronous}},
+    }, PluginHost(discover=False, env={}))
+
+
+class Task:
+    """Prompts drawn in order, one number each."""
+
+    def __init__(self):
+        self.drawn = 0
+
+    def state(self):
+        return self.drawn
+
+    def sample(self, count):
+        prompts = [[self.drawn + i] for i in range(count)]
+        self.drawn += count
+        return prompts, [None] * count
+
+
+class Scripted:
+    """A rollout that records when each batch started and holds it ``seconds`` (a tool's wait);
+    its tokens are stamped with ``version()``."""
+
+    def __init__(self, version, seconds=0.0):
+        self.version, self.seconds, self.started, self.running, self.most = version, seconds, [], 0, 0
+        self.lock = threading.Lock()
+
+    def run(self, prompts, items, sampling, n, max_seq_length):
+        with self.lock:
+            self.started.append((prompts[0][0] // BATCH, time.perf_counter()))
+            self.running += 1
+            self.most = max(self.most, self.running)
+        time.sleep(self.seconds)
+        with self.lock:
+            self.running -= 1
+        samples = [[Sample(prompt_ids=tuple(p), completion_ids=(1,), logprobs=(0.0,), finish_reason="stop",
+                           versions=(self.version(),))]
+                   for p in prompts]
+        return Rollout(samples, [[0.0] for _ in prompts])
+
+
+def producer(rollout, version, **asynchronous):
+    settings_config = config(**asynchronous)
+    settings = async_settings(settings_config)
+    buffer = RolloutBuffer(settings.sampler, settings.max_staleness)
+    return RolloutProducer(rollout, Task(), settings_config, settings, buffer, version), buffer
+
+
+def test_a_push_wakes_the_batch_the_new_version_lets_start(monkeypatch):
+    monkeypatch.setattr(producer_module, "POLL_S", 60.0)  # without the wake, batch 1 would wait a minute
+    version = [0]
+    rollout = Scripted(lambda: version[0])
+    made, buffer = producer(rollout, lambda: version[0], max_staleness=0)
+    made.start()
+    try:
+        groups = buffer.take(BATCH, 0, timeout=10)
+        time.sleep(0.2)
+        assert [b for b, _ in rollout.started] == [0]  # staleness 0: batch 1 waits for version 1
+        made.settle([g.key for g in groups])
+        version[0] = 1
+        pushed = time.perf_counter()
+        made.wake()
+        buffer.take(BATCH, 1, timeout=10)
+        assert [b for b, _ in rollout.started] == [0, 1] and rollout.started[1][1] - pushed < 10
+    finally:
+        made.stop()
+
+
+def test_the_batches_the_bound_lets_start_wait_on_their_tools_together():
+    """``max_inflight_prompts`` of three batches, staleness 2: three rollouts held 0.5 s each
+    overlap, so all three batches are ready after about one wait, not three."""
+    rollout = Scripted(lambda: 0, seconds=0.5)
+    made, buffer = producer(rollout, lambda: 0, max_staleness=2, max_inflight_prompts=3 * BATCH)
+    start = time.perf_counter()
+    made.start()
+    try:
+        for step in range(3):
+            buffer.take(BATCH, 0, timeout=10)
+        assert rollout.most == 3 and time.perf_counter() - start < 1.4
+        time.sleep(0.2)
+        assert len(rollout.started) == 3  # the bound holds batch 3 until version 1
+    finally:
+        made.stop()
