@@ -5,6 +5,7 @@ steps on the same cores, in one run.
     .venv/bin/python bench/async_vs_sync.py --steps 3    # a quick look
     .venv/bin/python bench/async_vs_sync.py --backend vllm   # the same with vLLM generating
     .venv/bin/python bench/async_vs_sync.py --workload tools # multi-turn tool episodes (grpo_tools_demo.yaml)
+    .venv/bin/python bench/async_vs_sync.py --workload slow_tools   # the same, each tool call 0.3 s late
 
 A Qwen2-style model (hidden 128, 2 layers by default, the built-in word-level tokenizer) built once;
 the digit-echo prompts as rows; the reward is the share of completion words equal to the prompt's
@@ -14,7 +15,14 @@ in its own actor for the synchronous run and in the generation worker for the ot
 in bench/results/async_vs_sync-vllm.json). ``--workload tools``: instead, the multi-turn tool task
 of examples/configs/grpo_tools_demo.yaml (16 prompts x 8 episodes of up to 3 turns, 20 SFT steps
 first), run by ``corerl run`` with the same contenders' overrides (results in
-bench/results/async_vs_sync-tools[-vllm].json). Contenders, each in a fresh process, one after the other:
+bench/results/async_vs_sync-tools[-vllm].json). ``--workload slow_tools``: the same episodes with
+each turn's tool calls answering ``--tool-latency`` seconds late (0.3 by default:
+``env.tools.call_latency_s``, a sandbox's or web tool's round trip; every episode's wait overlaps
+the others', in the synchronous run as in the asynchronous ones), and the asynchronous contenders
+generating ``max_staleness + 1`` prompt batches at once (``algorithm.async.max_inflight_prompts``:
+the most the staleness bound lets start, so that one batch's tool waits overlap another's
+generation); results in bench/results/async_vs_sync-slow_tools[-vllm].json. Contenders, each in a
+fresh process, one after the other:
 
 - sync: generation with the training model itself (vllm: its engine beside training), every core
   for each phase in turn (the fastest synchronous layout on one machine: no copy, no refit with hf);
@@ -25,7 +33,12 @@ bench/results/async_vs_sync-tools[-vllm].json). Contenders, each in a fresh proc
 
 The baseline is the faster of the two synchronous ones. The table's last line is the bound
 splitting the cores allows on this machine: the baseline's s/step over the slower phase of
-sync-dedicated (each phase on its share of the cores, nothing overlapping). Steps after the first two are timed (they
+sync-dedicated (each phase on its share of the cores, nothing overlapping). The trainer's phase
+is all a step does besides waiting for its batch (the logprob pass, the optimizer steps and the
+hand-over of the weights: the ``trainer s`` column, a step's time less ``time/wait_for_rollouts``),
+the generation phase a batch's rollout (``gen s``); with slow_tools, whose contenders overlap
+batches, the generation phase less its environment waits (``time/environment``: another batch
+generates meanwhile). Steps after the first two are timed (they
 warm up); s/step is the median, tokens/s the completion tokens of a step over it; the held-out
 reward is taken after the same number of optimizer steps. Writes bench/results/async_vs_sync.json.
 """
@@ -50,6 +63,8 @@ RESULTS = results_path("async_vs_sync.json")
 MODEL = dict(hidden_size=128, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=256, vocab_size=128)
 PROMPTS, GENERATIONS, NEW_TOKENS, LR, UPDATES = 8, 8, 64, 1e-3, 4
 CONTENDERS = {"sync": None, "sync-dedicated": 0, "async-1": 1, "async-2": 2}
+TOOL_LATENCY = 0.3  # seconds a slow_tools turn's calls take (env.tools.call_latency_s)
+TOOLS_BATCH = 16  # grpo_tools_demo.yaml's algorithm.batch_size
 
 
 def prompt_rows(count: int = 160) -> list[dict[str, Any]]:
@@ -65,6 +80,9 @@ def figures(rows: list[dict[str, Any]], summary: dict[str, Any]) -> dict[str, An
     """What a contender's child reports: its steps' metrics (``rows``) and the run's summary."""
     return {"step_times": [r["time/step"] for r in rows], "tokens": [r["generated_tokens"] for r in rows],
             "generation_s": [r["time/generation"] for r in rows], "training_s": [r["time/training"] for r in rows],
+            # the trainer's whole phase: the step less its wait for the batch (generation, in a synchronous step)
+            "trainer_s": [r["time/step"] - r.get("time/wait_for_rollouts", r["time/generation"]) for r in rows],
+            "environment_s": [r.get("time/environment", 0.0) for r in rows],
             "staleness_max": max((r.get("async/staleness/max", 0.0) for r in rows), default=0.0),
             "held_out_before": summary["held_out_reward_before"], "held_out_after": summary["held_out_reward_after"]}
 
@@ -94,15 +112,21 @@ def run_child(model_dir: str, steps: int, staleness: int | None, new_tokens: int
     return figures(rows, summary)
 
 
-def run_tools_child(steps: int, staleness: int | None, backend: str) -> dict[str, Any]:
-    """The multi-turn tool demo under ``corerl run`` with this contender's overrides."""
+def run_tools_child(steps: int, staleness: int | None, backend: str, latency: float = 0.0) -> dict[str, Any]:
+    """The multi-turn tool demo under ``corerl run`` with this contender's overrides; ``latency``:
+    each turn's tool calls that many seconds late, and the asynchronous contenders generating
+    every batch their staleness bound lets start."""
     recipe = Path(__file__).resolve().parent.parent / "examples" / "configs" / "grpo_tools_demo.yaml"
     overrides = [f"algorithm.max_steps={steps}", "sft.max_steps=20", f"policy.generation.backend={backend}",
                  "run.tensorboard=false", "checkpointing.enabled=false"]
+    if latency:
+        overrides.append(f"env.tools.call_latency_s={latency}")
     if staleness is not None:
         overrides += ["algorithm.async.enabled=true", f"algorithm.async.max_staleness={staleness}",
                       "policy.generation.colocated.enabled=false",
                       "policy.generation.colocated.resources.gpus_per_node=1"]
+        if latency:
+            overrides.append(f"algorithm.async.max_inflight_prompts={TOOLS_BATCH * (staleness + 1)}")
     with tempfile.TemporaryDirectory() as out:
         subprocess.run([str(Path(sys.executable).parent / "corerl"), "run", str(recipe), f"run.output_dir={out}",
                         "run.name=bench", *overrides], check=True, stdout=subprocess.DEVNULL)
@@ -119,6 +143,8 @@ def summarise(name: str, result: dict[str, Any], wall: float) -> dict[str, Any]:
     return {"contender": name, "max_staleness": CONTENDERS[name], "median_step_s": step, "tokens_per_s": tokens,
             "generation_median_s": statistics.median(result["generation_s"][timed]),
             "training_median_s": statistics.median(result["training_s"][timed]),
+            "trainer_median_s": statistics.median(result["trainer_s"][timed]),
+            "environment_median_s": statistics.median(result["environment_s"][timed]),
             "staleness_seen_max": result["staleness_max"], "held_out_before": result["held_out_before"],
             "held_out_after": result["held_out_after"], "wall_s": wall}
 
@@ -133,16 +159,22 @@ def main() -> None:
     parser.add_argument("--updates", type=int, default=UPDATES, help="optimizer steps per step (mini-batches)")
     parser.add_argument("--lr", type=float, default=LR)
     parser.add_argument("--backend", choices=["hf", "vllm"], default="hf", help="the generation backend of every contender")
-    parser.add_argument("--workload", choices=["digits", "tools"], default="digits",
-                        help="digits: single-turn digit echo (default); tools: the multi-turn tool demo")
+    parser.add_argument("--workload", choices=["digits", "tools", "slow_tools"], default="digits",
+                        help="digits: single-turn digit echo (default); tools: the multi-turn tool demo; "
+                             "slow_tools: the same with each turn's tool calls --tool-latency seconds late")
+    parser.add_argument("--tool-latency", type=float, default=TOOL_LATENCY,
+                        help="slow_tools: seconds a turn's tool calls take (env.tools.call_latency_s)")
     parser.add_argument("--contenders", help=f"comma-separated subset of {', '.join(CONTENDERS)} with a sync one; "
                                              "default: all")
     parser.add_argument("--contender", choices=list(CONTENDERS), help=argparse.SUPPRESS)
     parser.add_argument("--model", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.contender and args.workload == "tools":
-        Path(args.out).write_text(json.dumps(run_tools_child(args.steps, CONTENDERS[args.contender], args.backend)))
+    tools = args.workload in ("tools", "slow_tools")
+    latency = args.tool_latency if args.workload == "slow_tools" else 0.0
+    if args.contender and tools:
+        Path(args.out).write_text(json.dumps(run_tools_child(args.steps, CONTENDERS[args.contender], args.backend,
+                                                             latency)))
         return
     if args.contender:
         Path(args.out).write_text(json.dumps(run_child(args.model, args.steps, CONTENDERS[args.contender],
@@ -167,7 +199,7 @@ def main() -> None:
             subprocess.run([sys.executable, __file__, "--contender", name, "--model", model, "--out", str(out),
                             "--steps", str(args.steps), "--new-tokens", str(args.new_tokens), "--lr", str(args.lr),
                             "--prompts", str(args.prompts), "--updates", str(args.updates), "--backend", args.backend,
-                            "--workload", args.workload],
+                            "--workload", args.workload, "--tool-latency", str(args.tool_latency)],
                            check=True, stdout=subprocess.DEVNULL, env=env)
             rows.append(summarise(name, json.loads(out.read_text()), time.perf_counter() - start))
 
@@ -176,32 +208,42 @@ def main() -> None:
         r["speedup_vs_sync"] = baseline["median_step_s"] / r["median_step_s"]
         r["held_out_vs_sync_points"] = 100 * (r["held_out_after"] - baseline["held_out_after"])
     cores = os.cpu_count()
-    if args.workload == "tools":
-        print(f"\nexamples/configs/grpo_tools_demo.yaml (16 prompts x 8 episodes, up to 3 turns), {args.steps} GRPO "
-              f"steps, {cores} cores, {args.backend} generation; baseline: {baseline['contender']}")
+    if tools:
+        slow = (f", tool calls {latency:g} s late, async: max_staleness + 1 batches in flight" if latency else "")
+        print(f"\nexamples/configs/grpo_tools_demo.yaml (16 prompts x 8 episodes, up to 3 turns{slow}), {args.steps} "
+              f"GRPO steps, {cores} cores, {args.backend} generation; baseline: {baseline['contender']}")
     else:
         print(f"\n{args.prompts} prompts x {GENERATIONS} generations, {args.new_tokens} new tokens, {args.steps} "
               f"optimizer steps, {cores} cores, float32, hidden {args.hidden} x {args.layers} layers, {args.backend} "
               f"generation; baseline: {baseline['contender']}")
-    print(f"{'contender':<16}{'s/step':>8}{'tokens/s':>10}{'gen s':>8}{'train s':>9}{'vs sync':>9}"
-          f"{'held-out after':>16}{'vs sync':>10}{'max staleness':>15}")
+    print(f"{'contender':<16}{'s/step':>8}{'tokens/s':>10}{'gen s':>8}{'env s':>7}{'train s':>9}{'trainer s':>11}"
+          f"{'vs sync':>9}{'held-out after':>16}{'vs sync':>10}{'max staleness':>15}")
     for r in rows:
         print(f"{r['contender']:<16}{r['median_step_s']:>8.3f}{r['tokens_per_s']:>10,.0f}{r['generation_median_s']:>8.3f}"
-              f"{r['training_median_s']:>9.3f}{r['speedup_vs_sync']:>8.2f}x{r['held_out_after']:>16.3f}"
+              f"{r['environment_median_s']:>7.3f}{r['training_median_s']:>9.3f}{r['trainer_median_s']:>11.3f}"
+              f"{r['speedup_vs_sync']:>8.2f}x{r['held_out_after']:>16.3f}"
               f"{r['held_out_vs_sync_points']:>+9.1f}p{r['staleness_seen_max']:>15.0f}")
     dedicated = next((r for r in rows if r["contender"] == "sync-dedicated"), None)
     bound = None  # needs sync-dedicated's phase times
     if dedicated is not None:
-        bound = baseline["median_step_s"] / max(dedicated["generation_median_s"], dedicated["training_median_s"])
-        print(f"bound on this machine: {bound:.2f}x (sync s/step over the slower phase on half the cores)")
-    suffix = ("-tools" if args.workload == "tools" else "") + ("" if args.backend == "hf" else f"-{args.backend}")
+        generating = dedicated["generation_median_s"] - (dedicated["environment_median_s"] if latency else 0.0)
+        bound = baseline["median_step_s"] / max(generating, dedicated["trainer_median_s"])
+        what = "generation less its tool waits" if latency else "generation"
+        print(f"bound on this machine: {bound:.2f}x (sync s/step over the slower phase of sync-dedicated, each on "
+              f"half the cores: {what} {generating:.3f} s, the trainer's step {dedicated['trainer_median_s']:.3f} s)")
+        for r in rows:
+            if r["max_staleness"]:
+                print(f"{r['contender']}: {r['speedup_vs_sync'] / bound:.0%} of the bound")
+    suffix = (f"-{args.workload}" if tools else "") + ("" if args.backend == "hf" else f"-{args.backend}")
     results = RESULTS.with_name(f"async_vs_sync{suffix}.json")
     results.parent.mkdir(exist_ok=True)
     results.write_text(json.dumps({
-        "setup": {"model": "builtin:tiny-qwen2 (grpo_tools_demo.yaml)" if args.workload == "tools" else shape, "prompts": args.prompts, "generations": GENERATIONS, "new_tokens": args.new_tokens, "optimizer_steps_per_step": args.updates,
+        "setup": {"model": "builtin:tiny-qwen2 (grpo_tools_demo.yaml)" if tools else shape,
+                  "tool_latency_s": latency, "prompts": args.prompts, "generations": GENERATIONS, "new_tokens": args.new_tokens, "optimizer_steps_per_step": args.updates,
                   "steps": args.steps, "cores": cores, "precision": "float32", "lr": args.lr, "generation": args.backend,
                   "workload": args.workload},
         "baseline": baseline["contender"], "rows": rows, "bound_on_this_machine": bound,
+        "share_of_bound": {r["contender"]: r["speedup_vs_sync"] / bound for r in rows if bound and r["max_staleness"]},
     }, indent=2) + "\n")
     print(f"wrote {results}")
 
