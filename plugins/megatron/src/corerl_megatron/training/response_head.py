@@ -15,8 +15,8 @@ whose logprob no loss reads. Here instead:
   output weight a chunk of positions at a time (:data:`CHUNK_ELEMENTS` logits at most), each token's
   logprob from megatron-core's vocabulary-parallel cross-entropy (max and sum of exponentials
   all-reduced over the tensor-parallel group, the target's logit from the rank that holds it).
-  In training each chunk is recomputed in the backward pass (``torch.utils.checkpoint``), so the
-  backward holds one chunk's logits too.
+  In training, where there is more than one chunk, each is recomputed in the backward pass
+  (``torch.utils.checkpoint``), so the backward holds one chunk's logits too.
 - the top-k a distillation teacher reports and a student's candidate logprobs come from the same
   chunks (a vocabulary-parallel log-sum-exp; the top-k of each rank's slice, then of theirs).
 
@@ -196,13 +196,14 @@ def head_logprobs(hidden: torch.Tensor, weight: torch.Tensor, mb: dict[str, torc
     targets = mb["input_ids"].to(hidden.device)[row, col]
     candidates = mb["candidate_ids"].to(hidden.device)[row, col] if "candidate_ids" in mb else None
     step = max(1, chunk_elements // max(1, weight.shape[0]))
-    train = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
+    # with more than one chunk, each one's logits are computed again in the backward pass instead of
+    # kept from the forward (one chunk's are kept: a chunk's worth of memory either way)
+    recompute = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad) and states.shape[0] > step
     tokens, chosen, top_values, top_ids = [], [], [], []
     for start in range(0, states.shape[0], step):
         part = slice(start, start + step)
         args = (states[part], weight, targets[part], candidates[part] if candidates is not None else None, topk)
-        # in training the chunk's logits are computed again in the backward pass, not kept from the forward
-        out = checkpoint(_chunk, *args, use_reentrant=False) if train else _chunk(*args)
+        out = checkpoint(_chunk, *args, use_reentrant=False) if recompute else _chunk(*args)
         tokens.append(out[0])
         rest = list(out[1:])
         if candidates is not None:
