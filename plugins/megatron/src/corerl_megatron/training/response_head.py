@@ -168,16 +168,19 @@ def _chunk(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, ca
     from megatron.core.tensor_parallel import vocab_parallel_cross_entropy
 
     logits = _chunk_logits(hidden, weight)
-    extra: tuple[torch.Tensor, ...] = ()
-    # these before the cross-entropy, which works in the logits' own storage
-    if candidates is not None or k is not None:
-        normaliser = _log_normaliser(logits)
-        if candidates is not None:
-            extra += (_picked(logits, candidates) - normaliser.unsqueeze(-1),)
-        if k is not None:
-            with torch.no_grad():
-                extra += _topk(logits.detach(), normaliser.detach(), k)
-    return (-vocab_parallel_cross_entropy(logits, targets), *extra)
+    top: tuple[torch.Tensor, ...] = ()
+    if candidates is None and k is None:  # the token's logprob alone: megatron-core's, in the logits' storage
+        return (-vocab_parallel_cross_entropy(logits, targets),)
+    normaliser = _log_normaliser(logits)
+    if k is not None:
+        with torch.no_grad():
+            top = _topk(logits.detach(), normaliser.detach(), k)
+    if candidates is None:
+        return (-vocab_parallel_cross_entropy(logits, targets), *top)
+    # the token and its candidates from the same gather (the cross-entropy would overwrite logits the
+    # gather's backward pass reads)
+    picked = _picked(logits, torch.cat([targets.unsqueeze(-1), candidates], dim=-1)) - normaliser.unsqueeze(-1)
+    return (picked[:, 0], picked[:, 1:], *top)
 
 
 def head_logprobs(hidden: torch.Tensor, weight: torch.Tensor, mb: dict[str, torch.Tensor],
@@ -200,7 +203,9 @@ def head_logprobs(hidden: torch.Tensor, weight: torch.Tensor, mb: dict[str, torc
     # kept from the forward (one chunk's are kept: a chunk's worth of memory either way)
     recompute = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad) and states.shape[0] > step
     tokens, chosen, top_values, top_ids = [], [], [], []
-    for start in range(0, states.shape[0], step):
+    # no needed position: one empty chunk still, so that the loss reaches the hidden states and the weight
+    # (a backward pass, and a pipeline's previous stage, wait for their gradients)
+    for start in range(0, max(1, states.shape[0]), step):
         part = slice(start, start + step)
         args = (states[part], weight, targets[part], candidates[part] if candidates is not None else None, topk)
         out = checkpoint(_chunk, *args, use_reentrant=False) if recompute else _chunk(*args)
