@@ -3,8 +3,10 @@
 No extra engine: the reference for correctness tests and the fallback where vLLM is not
 installed. torch and transformers are imported when the backend is built.
 
-Logprobs come from the raw logits ``generate()`` returns for each step (untempered, one
-log-softmax), so no second forward runs. The checkpoint's ``generation_config.json`` is set aside
+Logprobs come from each decoding step's raw next-token logits (untempered, one log-softmax),
+read by a forward hook as the model returns them (:func:`_step_logprobs`): no second forward runs,
+and no step's logits are kept past the next step (``generate()``'s ``output_logits`` would keep
+``rows x steps x vocabulary`` floats until it returns). The checkpoint's ``generation_config.json`` is set aside
 while sampling (:func:`without_checkpoint_defaults`): only ``SamplingSettings`` shape the draw. ``policy.generation.hf_kv_cache`` picks the KV cache
 (static on a GPU by default: its fixed shapes let transformers compile the decoding step with CUDA
 graphs). Beside a training engine that keeps its unsharded model in this process (dtensor at
@@ -197,13 +199,13 @@ class HFGenerationBackend:
         model.eval()
         try:
             with torch.no_grad(), torch.autocast(self.device.type, dtype=autocast, enabled=autocast is not None), \
-                    without_checkpoint_defaults(model):
+                    without_checkpoint_defaults(model), _step_logprobs(model) as recorded:
                 out = model.generate(
                     input_ids=input_ids.to(self.device), attention_mask=attention.to(self.device),
                     max_new_tokens=sampling.max_new_tokens, num_return_sequences=returned,
                     min_new_tokens=sampling.max_new_tokens if sampling.ignore_eos else 0,
                     eos_token_id=stop_ids or None, pad_token_id=pad, use_cache=True, return_dict_in_generate=True,
-                    output_logits=True, **kwargs,
+                    **kwargs,
                 )
         except RuntimeError as exc:
             if "probability tensor contains" not in str(exc):  # anything else is a real failure
@@ -215,16 +217,9 @@ class HFGenerationBackend:
                            hint="lower the learning rate; the last checkpoint, if any, is intact") from exc
         finally:
             model.train(was_training)
-        # the logprob of each chosen token under the model's untempered distribution, from the
-        # raw logits of its decoding step: [rows, steps]
+        # the logprob of each chosen token under the model's untempered distribution: [rows, steps]
         chosen = out.sequences[:, width:]
-        raw, out.logits = list(out.logits), None
-        columns = []
-        for step in range(len(raw)):  # one step's logits at a time, each freed once read
-            logits, raw[step] = raw[step].float(), None
-            picked = logits.gather(-1, chosen[:, step:step + 1]).squeeze(-1) - torch.logsumexp(logits, dim=-1)
-            columns.append(picked.cpu())
-        logprobs = torch.stack(columns, dim=1) if columns else torch.zeros(chosen.shape)
+        logprobs = recorded.logprobs(chosen)
         chosen = chosen.cpu()
         samples = []
         for row in range(chosen.shape[0]):
@@ -341,6 +336,52 @@ def _seeded_choice(sampling: SamplingSettings, seeds: list[int], device: Any) ->
             return only.scatter_(1, tokens.unsqueeze(1).to(scores.device), 0.0)
 
     return LogitsProcessorList([SeededChoice()])
+
+
+class _StepLogprobs:
+    """What :func:`_step_logprobs` records: each decoding step's chosen-token logprob, computed when
+    the next step's forward shows which token was chosen (only one step's logits are held)."""
+
+    def __init__(self) -> None:
+        self.columns: list[Any] = []
+        self.pending: Any = None  # the last step's float32 next-token logits [rows, vocab]
+
+    def forward_hook(self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> None:
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        if self.pending is not None and ids is not None:
+            self._pick(ids[:, -1:])
+        self.pending = output.logits[:, -1, :].float()
+
+    def _pick(self, tokens: Any) -> None:
+        import torch
+
+        logits, self.pending = self.pending, None
+        picked = logits.gather(-1, tokens.to(logits.device)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+        self.columns.append(picked.cpu())
+
+    def logprobs(self, chosen: Any) -> Any:
+        """``[rows, steps]``: the recorded logprobs of ``chosen`` (the generated ids), the last step's now."""
+        import torch
+
+        if self.pending is not None and chosen.shape[1] > len(self.columns):
+            self._pick(chosen[:, len(self.columns):len(self.columns) + 1])
+        if len(self.columns) != chosen.shape[1]:
+            raise RuntimeError(f"the hf backend recorded {len(self.columns)} decoding steps' logits for "
+                               f"{chosen.shape[1]} generated tokens")
+        return torch.stack(self.columns, dim=1) if self.columns else torch.zeros(chosen.shape)
+
+
+@contextmanager
+def _step_logprobs(model: Any) -> Iterator[_StepLogprobs]:
+    """A forward hook for one ``generate()`` call on the model whose forward decodes (under a PEFT
+    wrapper, its base model: PEFT's ``generate`` calls the base model's): see :class:`_StepLogprobs`."""
+    recorded = _StepLogprobs()
+    base = model.get_base_model() if callable(getattr(model, "get_base_model", None)) else model
+    handle = base.register_forward_hook(recorded.forward_hook, with_kwargs=True)
+    try:
+        yield recorded
+    finally:
+        handle.remove()
 
 
 def _hook_criteria(hook: Any, width: int) -> Any:
