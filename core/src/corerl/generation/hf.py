@@ -154,11 +154,11 @@ class HFGenerationBackend:
         return out
 
     def _prompts_per_call(self, sampling: SamplingSettings, n: int) -> int:
-        """How many prompts' rows one ``generate()`` call takes: it keeps each decoding step's fp32
-        logits (rows x new tokens x vocabulary x 4 bytes) until it returns."""
+        """How many prompts' rows one ``generate()`` call takes: a decoding step holds its rows'
+        next-token logits and their float32 copy (:func:`_step_logprobs`), rows x vocabulary x 8 bytes."""
         vocab = int(getattr(self.model.config, "vocab_size", 0) or 0)
         budget = self.config.core.policy.max_logits_mb * 2**20
-        per_prompt = n * max(1, sampling.max_new_tokens) * vocab * 4
+        per_prompt = n * vocab * 8
         return max(1, budget // per_prompt) if per_prompt else 1 << 30
 
     def _generate(self, prompts: list[list[int]], sampling: SamplingSettings, n: int) -> list[list[Sample]]:
