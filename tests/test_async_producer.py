@@ -1,16 +1,21 @@
 """The asynchronous producer in-process (a scripted rollout stands in for generation, which is
 not under test): a batch held back by the staleness bound starts as soon as the trainer's push
-wakes it, not at the next poll, and the batches the bound lets start generate at once."""
+wakes it, not at the next poll, and the batches the bound lets start generate at once. And the
+dedicated engine's push (its worker, the transport, replaced by a recorder): it returns before
+the worker has taken the weights, the version counts once it has, and hand-overs stay in order."""
 
 from __future__ import annotations
 
 import threading
 import time
 
+import torch
+
 from corerl.asynchronous import producer as producer_module
 from corerl.asynchronous.buffer import RolloutBuffer
+from corerl.asynchronous.engine import DedicatedGeneration
 from corerl.asynchronous.producer import RolloutProducer
-from corerl.asynchronous.settings import async_settings
+from corerl.asynchronous.settings import AsyncSettings, async_settings
 from corerl.config import config_from_mapping
 from corerl.environments.rollout import Rollout
 from corerl.generation.contract import Sample
@@ -106,3 +111,49 @@ def test_the_batches_the_bound_lets_start_wait_on_their_tools_together():
         assert len(rollout.started) == 3  # the bound holds batch 3 until version 1
     finally:
         made.stop()
+
+
+class Recorder:
+    """The worker's side of a hand-over: takes each version once ``gate`` opens, in the order sent."""
+
+    def __init__(self):
+        self.gate, self.taken = threading.Event(), []
+
+    def update_weights(self, weights, version):
+        assert self.gate.wait(10)
+        self.taken.append((version, float(weights[0][1][0])))
+        return version
+
+    def sync(self):
+        return self.taken[-1][0]
+
+
+class Recorded(DedicatedGeneration):
+    def _start(self):
+        self.actor, self.pid = Recorder(), 0
+
+    def _call(self, method, *args):
+        return getattr(self.actor, method)(*args)
+
+    def _shutdown_actor(self):
+        self.actor = None
+
+
+def test_a_push_returns_before_the_worker_takes_the_weights_and_the_version_counts_once_it_has():
+    engine = Recorded(None, None, AsyncSettings(enabled=True, in_flight="wait"))
+    told = []
+    engine.on_version = lambda: told.append(engine.version)
+    try:
+        start = time.perf_counter()
+        engine.push([("w", torch.tensor([1.0]))], 1)
+        assert time.perf_counter() - start < 5 and engine.version == 0 and not told  # the worker has not taken it
+        engine.actor.gate.set()
+        engine.settle()
+        assert engine.version == 1 and told == [1]
+        for version in (2, 3):  # each push waits for the one before it (its file is rewritten)
+            engine.push([("w", torch.tensor([float(version)]))], version)
+        engine.update_weights([("w", torch.tensor([4.0]))])  # the contract's refit: in use on return
+        assert engine.actor.taken == [(1, 1.0), (2, 2.0), (3, 3.0), (3, 4.0)] and engine.version == 3
+        assert told == [1, 2, 3, 3]
+    finally:
+        engine.shutdown()

@@ -8,6 +8,13 @@ own (``policy.generation.colocated.resources``) on a cluster with GPUs, else a p
 own with ``algorithm.async.generation_threads`` CPU threads. A worker that dies is started
 again with the newest weights and the call it was serving is repeated (its prompts requeued),
 up to ``algorithm.async.max_generation_failures`` times.
+
+A push returns once the weights are written for the worker (to shared memory on the same node);
+the worker takes them on a thread of this engine's own (:attr:`DedicatedGeneration.sender`), so
+the trainer's next step does not wait for the round trip or for the worker copying them while it
+generates. The next push, a refit by the contract (:meth:`DedicatedGeneration.update_weights`) and
+:meth:`DedicatedGeneration.settle` wait for the hand-over before (the shared-memory file is
+rewritten by the next push); a hand-over that failed for good raises there.
 """
 
 from __future__ import annotations
@@ -15,7 +22,8 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import attrs
@@ -60,6 +68,9 @@ class DedicatedGeneration:
         self.closed = False
         self.failure: RunError | None = None  # set once the restarts are spent
         self.handle = threading.RLock()  # one restart at a time; a push never lands on a dead worker's handle
+        self.sender = ThreadPoolExecutor(max_workers=1, thread_name_prefix="corerl-weights-hand-over")
+        self.handing: Future | None = None  # the hand-over in progress (update_weights on the worker)
+        self.on_version: Callable[[], None] | None = None  # told when the worker holds a new version
         from .worker import check_in_flight
 
         check_in_flight(registration, settings.in_flight)  # here, before any process starts
@@ -173,8 +184,9 @@ class DedicatedGeneration:
         return groups
 
     def push(self, weights: Iterable[tuple[str, Any]], version: int) -> None:
-        """Hand the worker ``version``'s weights without waiting for what it generates; the
-        version counts as pushed (:attr:`version`) once the worker holds them, so that no
+        """Hand the worker ``version``'s weights without waiting for what it generates, nor for
+        the worker to take them (see the module doc); the version counts as pushed
+        (:attr:`version`, then :attr:`on_version` called) once the worker holds them, so that no
         request started after it is stamped older. ``weights``: the policy's (name, tensor)
         pairs, or with ``policy.lora`` its adapter (:class:`corerl.lora.weights.AdapterWeights`:
         only the adapter crosses, as in a synchronous LoRA refit)."""
@@ -182,6 +194,7 @@ class DedicatedGeneration:
 
         from .worker import AdapterRefit
 
+        self.settle()  # the previous hand-over read its file before this one rewrites it
         payload: Any
         with self.handle:
             if isinstance(weights, AdapterWeights):  # the adapter alone: small, through Ray
@@ -193,8 +206,23 @@ class DedicatedGeneration:
             else:  # another node: the tensors themselves, through Ray
                 payload = self.manifest = [(name, tensor.detach().cpu()) for name, tensor in weights]
             self.pushing = version
+        self.handing = self.sender.submit(self._hand_over, payload, version)
+
+    def _hand_over(self, payload: Any, version: int) -> None:
+        """On :attr:`sender`: the worker takes ``payload`` as ``version`` (restarted if it died)."""
         self._call("update_weights", payload, version)
+        self._took(version)
+
+    def _took(self, version: int) -> None:
         self.version = version
+        if self.on_version is not None:
+            self.on_version()
+
+    def settle(self) -> None:
+        """Wait until the worker holds the last version pushed; raises what failed the hand-over."""
+        handing, self.handing = self.handing, None
+        if handing is not None:
+            handing.result()
 
     def push_version(self, version: int, seconds: float) -> None:
         """A simulated trainer's refit (``algorithm.async.simulate_training``): the worker takes
@@ -202,14 +230,17 @@ class DedicatedGeneration:
         (a restarted worker loads the newest real weights, which these are)."""
         from .worker import SimulatedRefit
 
+        self.settle()
         with self.handle:
             self.pushing = version
         self._call("update_weights", SimulatedRefit(seconds), version)
-        self.version = version
+        self._took(version)
 
     def update_weights(self, weights: Iterable[tuple[str, Any]]) -> None:
         """The generation contract's refit: the weights are in use when this returns."""
+        self.settle()  # the version the worker holds is the newest pushed
         self.push(weights, self.version)
+        self.settle()  # the update is on the worker before sync asks for it (the actor's calls are not ordered)
         self._call("sync")
 
     def load_adapter(self, adapter: Any) -> None:
@@ -240,6 +271,7 @@ class DedicatedGeneration:
 
     def shutdown(self) -> None:
         self.closed = True
+        self.sender.shutdown(wait=False)  # a hand-over in flight ends with the worker
         self._shutdown_actor()
         if self.writer is not None:
             self.writer.close()

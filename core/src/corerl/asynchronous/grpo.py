@@ -114,17 +114,20 @@ class AsyncTrainer:
         self.resume_point = None
 
     def push(self) -> None:
+        """The new weights to the worker; the step goes on while it takes them (the batch they let
+        start starts once it holds them: ``on_version`` wakes the producer)."""
         self.generation.push(refit_weights(self.grpo.training), self.grpo.steps_done + 1)
-        if self.producer is not None:  # the batch this version lets start starts now, not at the next poll
-            self.producer.wake()
 
     def step(self) -> dict[str, float]:
         if self.producer is None:
             # the worker's weights are the policy's (a warm start's, a resumed run's) as version steps_done
             self.generation.push(refit_weights(self.grpo.training), self.grpo.steps_done)
+            self.generation.settle()  # the producer counts its versions from this one
             self.producer = RolloutProducer(self.context.rollout(), self.context.task, self.context.config,
                                             self.settings, self.buffer, lambda: self.generation.version,
                                             self.first_batch, self.settled)
+            # a version the worker takes starts the batch it lets start at once, not at the producer's next poll
+            self.generation.on_version = self.producer.wake
             self.producer.start()
         version = self.grpo.steps_done
         start = time.perf_counter()
@@ -159,8 +162,6 @@ class AsyncTrainer:
         trained = time.perf_counter() - start
         start = time.perf_counter()
         self.generation.push_version(self.grpo.steps_done + 1, settings.simulate_refit_seconds)
-        if self.producer is not None:
-            self.producer.wake()
         refit = time.perf_counter() - start
         self.grpo.steps_done += 1
         rewards = [r for group in rollout.rewards for r in group]
@@ -175,4 +176,5 @@ class AsyncTrainer:
             return
         self.producer.stop()
         self.producer = None
+        self.generation.on_version = None
         send_weights(self.grpo.training, self.generation)
