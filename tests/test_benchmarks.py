@@ -41,6 +41,9 @@ BENCHMARKS = {
     # its twin memory.py measures every layout (the same measure()); here one layout checks the estimates' side, at
     # world size 2 (world size 1 is the same estimate(); ZeRO-3's state at world size 1 is its conformance class's)
     "plan_accuracy.py": ([*TINY, "--layouts", "deepspeed ZeRO-3", "--worlds", "2"], "plan_accuracy.json"),
+    # the SmolLM2 shape's vocabulary with one layer, a tiny batch (tests/test_head_logprobs.py checks the values)
+    "head_logprobs.py": (["--rows", "1", "--prompt", "4", "--response", "4", "--layers", "1", "--steps", "1",
+                          "--shapes", "smollm2-135m"], "head_logprobs.json"),
     "train_step.py": (["--rows", "2", "--seq", "32", "--steps", "1", *TINY], "train_step.json"),
     # corerl serve through the tinker SDK, two clients (tests/test_tinker_sdk.py checks what the steps compute)
     "serve.py": (["--steps", "1", "--warmup", "1", "--client-steps", "1", "--rounds", "1", "--clients", "1", "2",
