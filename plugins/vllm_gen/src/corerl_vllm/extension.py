@@ -28,9 +28,19 @@ class RefitExtension:
         shared-memory buffer the writer filled (no copy before vLLM's own). A bucket holds whole
         layers, so this reload completes each layer it touches; the writer reuses the buffer
         once it returns."""
+        import logging
+
         from corerl.sdk import read_shared
 
-        return self._reload(read_shared(manifest))  # type: ignore[arg-type]
+        # a bucket names some layers only: vLLM's in-place reload warns of every other one ("Failed to
+        # load weights", "Following weights were not loaded") though it keeps them as they were
+        reload_log = logging.getLogger("vllm.model_executor.model_loader.reload")
+        level = reload_log.level
+        reload_log.setLevel(logging.ERROR)
+        try:
+            return self._reload(read_shared(manifest))  # type: ignore[arg-type]
+        finally:
+            reload_log.setLevel(level)
 
     def _reload(self, weights: list[tuple[str, Any]]) -> int:
         """Load ``weights`` (the tied head's copy added where the update left it out) into the model."""
