@@ -26,12 +26,17 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     import torch
 
-    from .shared_weights import SharedWeightWriter, WeightManifest
+
+class BucketWriter(Protocol):
+    """One buffer of the ring: :class:`corerl.generation.shared_weights.SharedWeightWriter`."""
+
+    def write(self, weights: Iterable[tuple[str, torch.Tensor]]) -> Any:
+        """Copy ``weights`` into the buffer; the manifest (a ``WeightManifest``) a reader needs."""
 
 log = logging.getLogger(__name__)
 
@@ -89,8 +94,8 @@ class RefitStats:
     loaded: list[Any] = field(default_factory=list)
 
 
-def send_buckets(writers: Sequence[SharedWeightWriter], weights: Iterable[tuple[str, torch.Tensor]],
-                 load: Callable[[WeightManifest], Any], bucket_bytes: int = DEFAULT_BUCKET_MIB * 2**20) -> RefitStats:
+def send_buckets(writers: Sequence[BucketWriter], weights: Iterable[tuple[str, torch.Tensor]],
+                 load: Callable[[Any], Any], bucket_bytes: int = DEFAULT_BUCKET_MIB * 2**20) -> RefitStats:
     """Stream ``weights`` through ``writers`` (the ring of buffers, each reused once the engine has
     loaded what it held), calling ``load(manifest)`` for each bucket in the calling thread (an
     engine's RPC client is only ever used there) while a helper thread packs the next bucket.
@@ -104,7 +109,7 @@ def send_buckets(writers: Sequence[SharedWeightWriter], weights: Iterable[tuple[
     plan = plan_buckets(pairs, bucket_bytes)
     ring = len(writers)
     free = [threading.Semaphore(1) for _ in range(ring)]  # a buffer the engine is done with
-    ready: queue.Queue[tuple[WeightManifest | None, BaseException | None]] = queue.Queue()
+    ready: queue.Queue[tuple[Any, BaseException | None]] = queue.Queue()
     stop = threading.Event()
 
     def pack() -> None:
@@ -139,7 +144,7 @@ def send_buckets(writers: Sequence[SharedWeightWriter], weights: Iterable[tuple[
     return stats
 
 
-def _written(manifest: WeightManifest) -> int:
+def _written(manifest: Any) -> int:
     """The bytes a manifest's bucket holds (a tied name counted once)."""
     import math
 
