@@ -8,7 +8,13 @@ import pytest
 import torch
 
 from corerl.training import head_logprobs
-from corerl.training.logprobs import TOPK_REQUEST, candidate_logprobs, model_logprobs, token_logprobs, topk_logprobs
+from corerl.training.logprobs import (
+    TOPK_REQUEST,
+    candidate_logprobs,
+    model_logprobs,
+    token_logprobs,
+    topk_logprobs,
+)
 
 
 @pytest.fixture(scope="module")
