@@ -61,7 +61,8 @@ class TrainingEngine(Protocol):
         """(Re)initialise model, optimizer, scheduler and step from a Hugging Face checkpoint directory."""
 
     def logprobs(self, batch: Batch) -> torch.Tensor:
-        """Per-token logprobs ``[B, T]`` of ``batch`` under the current weights (no gradient)."""
+        """Per-token logprobs ``[B, T]`` of ``batch`` under the current weights (no gradient), at
+        the positions the loss reads (``loss_mask``; see docs/plugins.md): others are never read."""
 
     # Optional (contract 2.10): ``topk_logprobs(batch, k) -> (logprobs [B, T], topk_logprobs
     # [B, T, k], topk_ids [B, T, k])``, the token logprobs and each position's k most likely next
