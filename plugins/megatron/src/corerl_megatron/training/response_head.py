@@ -15,7 +15,7 @@ whose logprob no loss reads. Here instead:
   output weight a chunk of positions at a time (:data:`CHUNK_ELEMENTS` logits at most), each token's
   logprob from megatron-core's vocabulary-parallel cross-entropy (max and sum of exponentials
   all-reduced over the tensor-parallel group, the target's logit from the rank that holds it).
-  In training, where there is more than one chunk, each is recomputed in the backward pass
+  In training, past :data:`KEPT_CHUNKS` chunks, each is recomputed in the backward pass
   (``torch.utils.checkpoint``), so the backward holds one chunk's logits too.
 - the top-k a distillation teacher reports and a student's candidate logprobs come from the same
   chunks (a vocabulary-parallel log-sum-exp; the top-k of each rank's slice, then of theirs).
@@ -37,6 +37,10 @@ import torch
 #: logits (positions x this rank's vocabulary slice) one chunk computes at a time: 64 MiB in float32,
 #: about 340 positions at SmolLM2's 49,152 words on one rank
 CHUNK_ELEMENTS = 1 << 24
+
+#: chunks whose logits a training forward keeps for its backward pass (256 MiB at CHUNK_ELEMENTS, as
+#: the core's head for the other backends keeps): past them every chunk is recomputed in the backward
+KEPT_CHUNKS = 4
 
 
 def needed_positions(mb: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -199,9 +203,10 @@ def head_logprobs(hidden: torch.Tensor, weight: torch.Tensor, mb: dict[str, torc
     targets = mb["input_ids"].to(hidden.device)[row, col]
     candidates = mb["candidate_ids"].to(hidden.device)[row, col] if "candidate_ids" in mb else None
     step = max(1, chunk_elements // max(1, weight.shape[0]))
-    # with more than one chunk, each one's logits are computed again in the backward pass instead of
-    # kept from the forward (one chunk's are kept: a chunk's worth of memory either way)
-    recompute = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad) and states.shape[0] > step
+    # past KEPT_CHUNKS chunks, each one's logits are computed again in the backward pass instead of kept
+    # from the forward (what the cross-entropy keeps for its backward is a chunk's logits)
+    recompute = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad) and \
+        states.shape[0] > KEPT_CHUNKS * step
     tokens, chosen, top_values, top_ids = [], [], [], []
     # no needed position: one empty chunk still, so that the loss reaches the hidden states and the weight
     # (a backward pass, and a pipeline's previous stage, wait for their gradients)
