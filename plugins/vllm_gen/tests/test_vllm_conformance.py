@@ -1,5 +1,5 @@
-"""vllm through the generation conformance suite (one engine per class, in a Ray actor; refits through
-a shared-memory file, which the refit checks therefore cover)."""
+"""vllm through the generation conformance suite (one engine per class, in a Ray actor; refits in
+buckets through shared memory, which the refit checks therefore cover)."""
 
 from __future__ import annotations
 

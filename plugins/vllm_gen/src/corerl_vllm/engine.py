@@ -422,12 +422,7 @@ class VllmEngine:
     def update_weights_shared(self, manifest: Any) -> int:
         """New weights from a shared-memory file on this machine (one bucket of a refit, see
         :mod:`corerl.generation.weight_buckets`), loaded before this returns: the writer then
-        reuses the buffer. In process, vLLM takes views of the file; a multi-process engine's
-        workers each map it themselves."""
-        if self.layout == "in_process":
-            from corerl.sdk import read_shared
-
-            return int(self.llm.collective_rpc("corerl_reload_tensors", args=(read_shared(manifest),))[0])
+        reuses the buffer. Each vLLM worker maps the file itself and loads views of it."""
         return int(self.llm.collective_rpc("corerl_reload_shared", args=(manifest,))[0])
 
     def sleep(self) -> None:
