@@ -270,6 +270,7 @@ def main() -> None:
                         help="bucket size (policy.generation.vllm_cfg.refit_bucket_mib); default: the setting's default")
     parser.add_argument("--reps", type=int, default=5)
     args = parser.parse_args()
+    load_before = os.getloadavg()[0]  # other processes' load: the figures are only as steady as the machine
     import torch
     from rich.console import Console
     from rich.table import Table
@@ -295,7 +296,8 @@ def main() -> None:
                 row.update(shape=shape, vs_bound=row["seconds"] / bound["seconds"])
                 rows.append(row)
         del pairs
-    table = Table(title=f"one refit into another process ({args.dtype}, {bucket_mib:g} MiB buckets, best of {reps})")
+    table = Table(title=f"one refit into another process ({args.dtype}, {bucket_mib:g} MiB buckets, best of {reps}; "
+                        f"load average {load_before:.1f} to {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores)")
     for column in ("shape", "measure", "path", "seconds", "GB per s", "bytes", "manifest bytes", "buckets", "x bound"):
         table.add_column(column)
     for row in rows:
@@ -314,7 +316,8 @@ def main() -> None:
                           f"{GOAL}x: {'met' if row['vs_bound'] <= GOAL else 'NOT met'}){faster}")
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps({"dtype": args.dtype, "bucket_mib": bucket_mib, "reps": reps, "goal_vs_bound": GOAL,
-                                   "cpus": os.cpu_count(), "rows": rows}, indent=2) + "\n")
+                                   "cpus": os.cpu_count(), "load_average": [load_before, os.getloadavg()[0]],
+                                   "rows": rows}, indent=2) + "\n")
     print(f"wrote {RESULTS}")
 
 
