@@ -44,6 +44,8 @@ BENCHMARKS = {
     # the SmolLM2 shape's vocabulary with one layer, a tiny batch (tests/test_head_logprobs.py checks the values)
     "head_logprobs.py": (["--rows", "1", "--prompt", "4", "--response", "4", "--layers", "1", "--steps", "1",
                           "--shapes", "smollm2-135m"], "head_logprobs.json"),
+    # the refit transports at their smallest (tests/test_shared_weights.py checks the buckets' contents)
+    "weight_sync.py": (["--smoke"], "weight_sync.json"),
     "train_step.py": (["--rows", "2", "--seq", "32", "--steps", "1", *TINY], "train_step.json"),
     # corerl serve through the tinker SDK, two clients (tests/test_tinker_sdk.py checks what the steps compute)
     "serve.py": (["--steps", "1", "--warmup", "1", "--client-steps", "1", "--rounds", "1", "--clients", "1", "2",
