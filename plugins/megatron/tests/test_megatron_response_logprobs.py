@@ -100,7 +100,7 @@ def _step(rank: Any, mbs: list[dict[str, torch.Tensor]], normaliser: float) -> t
 
 def test_the_head_s_chunks_give_the_full_logits_answers_where_needed_and_0_elsewhere(model_dir: str,
                                                                                     tmp_path: Path) -> None:
-    from corerl_megatron.training.response_head import needed_positions
+    from corerl.sdk import needed_positions
 
     batch = conformance_batch(rows=ROWS, length=LENGTH, vocab=VOCAB)
     mbs = [{k: v[i:i + 2] for k, v in batch.items()} for i in (0, 2)]

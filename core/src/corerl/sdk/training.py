@@ -37,6 +37,7 @@ from corerl.planning.memory import (
 from corerl.training.batching import loss_token_count
 from corerl.training.contract import Batch, LossFn, StepResult, TrainingEngine, ValueEngine
 from corerl.training.grad_norm import clip_grad_norm
+from corerl.training.head_logprobs import needed_positions
 from corerl.training.hf_export import copy_tokenizer, write_hf_checkpoint
 from corerl.training.image_rows import image_inputs
 from corerl.training.logprobs import (
@@ -66,7 +67,7 @@ __all__ = [
     # micro-batches, the loss's normaliser, optimizers, gradient clipping
     "MicroBatcher", "loss_token_count", "build_optimizer", "build_scheduler", "clip_grad_norm",
     # logprobs and values
-    "model_logprobs", "model_values", "load_pretrained", "token_logprobs", "picked_logprobs", "TOPK_REQUEST",
+    "model_logprobs", "needed_positions", "model_values", "load_pretrained", "token_logprobs", "picked_logprobs", "TOPK_REQUEST",
     "batch_logprobs", "join_topk", "shift_values", "register_segment_attention",
     # weights: the stream, under checkpoint names, the optimizer's state and what it holds
     "EngineWeights", "CheckpointNaming", "checkpoint_weights", "optimizer_state_tensors", "storage_bytes",

@@ -35,17 +35,18 @@ KEEP_LOGITS_ELEMENTS = 1 << 26
 _LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling", "output_multiplier_scale")
 
 
-def needed_positions(batch: dict[str, torch.Tensor], inside: torch.Tensor) -> torch.Tensor:
-    """``[B, T]`` bool: the positions whose token logprob is computed: inside the sequence
-    (``inside``: its attention mask, and in a packed row not a sequence's first token), not
-    position 0, and read by the loss (``loss_mask``, where the batch has one)."""
-    import torch
-
-    needed = inside.bool().clone()
+def needed_positions(batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """``[B, T]`` bool: the positions whose token logprob is computed: a real token
+    (``attention_mask``), read by the loss (``loss_mask``, where the batch has one), with a token
+    before it in its sequence (not position 0; in a packed row, not where ``position_ids`` is 0)."""
+    needed = batch["attention_mask"] != 0
     if "loss_mask" in batch:
-        needed &= batch["loss_mask"].bool()
+        needed = needed & (batch["loss_mask"] != 0)
+    if "position_ids" in batch:
+        needed = needed & (batch["position_ids"] != 0)
+    needed = needed.clone()
     needed[:, 0] = False
-    return needed.to(torch.bool)
+    return needed
 
 
 def _unwrapped(model: Any) -> Any:

@@ -140,7 +140,7 @@ def model_logprobs(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> to
         inputs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"], "use_cache": False,
                   **image_inputs(batch, image_token_id(model))}
         inside = batch["attention_mask"]
-    needed = needed_positions(batch, inside)
+    needed = needed_positions(batch)
     if not head_hookable(model):
         out = model(**inputs)
         return _masked(batch_logprobs(out.logits, batch, inside), batch, needed)

@@ -10,7 +10,7 @@ whose logprob no loss reads. Here instead:
   norm's output, gathered over the sequence-parallel ranks; the model's forward then returns
   ``[rows, tokens, hidden]``), so the decoder runs as before and GPTModel's own forward stays in
   charge of everything up to the head (pipeline stages, packed rows' masks, LoRA, MoE).
-- :func:`head_logprobs` picks the hidden states the needed positions read (:func:`needed_positions`:
+- :func:`head_logprobs` picks the hidden states the needed positions read (:func:`corerl.sdk.needed_positions`:
   position t's logprob reads the state at t - 1) and pushes them through this rank's slice of the
   output weight a chunk of positions at a time (:data:`CHUNK_ELEMENTS` logits at most), each token's
   logprob from megatron-core's vocabulary-parallel cross-entropy (max and sum of exponentials
@@ -34,6 +34,8 @@ from typing import Any
 
 import torch
 
+from corerl.sdk import needed_positions
+
 #: logits (positions x this rank's vocabulary slice) one chunk computes at a time: 64 MiB in float32,
 #: about 340 positions at SmolLM2's 49,152 words on one rank
 CHUNK_ELEMENTS = 1 << 24
@@ -41,20 +43,6 @@ CHUNK_ELEMENTS = 1 << 24
 #: chunks whose logits a training forward keeps for its backward pass (256 MiB at CHUNK_ELEMENTS, as
 #: the core's head for the other backends keeps): past them every chunk is recomputed in the backward
 KEPT_CHUNKS = 4
-
-
-def needed_positions(mb: dict[str, torch.Tensor]) -> torch.Tensor:
-    """``[rows, tokens]`` bool: where a micro-batch's logprob is read: a loss token (every real token
-    where the micro-batch has no ``loss_mask``) with a token before it in its sequence (t >= 1, and
-    in a packed row not a sequence's first, where ``position_ids`` is 0)."""
-    needed = mb["attention_mask"] != 0
-    if "loss_mask" in mb:
-        needed = needed & (mb["loss_mask"] != 0)
-    if "position_ids" in mb:
-        needed = needed & (mb["position_ids"] != 0)
-    needed = needed.clone()
-    needed[:, 0] = False
-    return needed
 
 
 class HiddenTap:
@@ -191,7 +179,7 @@ def head_logprobs(hidden: torch.Tensor, weight: torch.Tensor, mb: dict[str, torc
                   chunk_elements: int = CHUNK_ELEMENTS, topk: int | None = None) -> torch.Tensor:
     """``[rows, tokens]`` float32 logprobs of ``mb``'s tokens from the final hidden states ``hidden``
     ``[rows, tokens, hidden]`` (:class:`HiddenTap`) through this rank's output weight slice, at
-    :func:`needed_positions` only (0 elsewhere). With ``candidate_ids`` in ``mb`` its
+    :func:`corerl.sdk.needed_positions` only (0 elsewhere). With ``candidate_ids`` in ``mb`` its
     ``candidate_logprobs`` (differentiable), with ``topk`` its ``topk_logprobs`` and ``topk_ids``,
     are written into it, laid out as the full-logits path lays them out."""
     from torch.utils.checkpoint import checkpoint

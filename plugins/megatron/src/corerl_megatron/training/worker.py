@@ -206,8 +206,9 @@ class MegatronWorker(RankWorker):
               critic: bool, head: Any, logits: torch.Tensor) -> tuple[torch.Tensor, dict[str, Any]]:
         """The micro-batch's loss (or, forward only, its logprobs or values) from the model's output:
         logits, or with ``head`` (the output layer's tap and the chunk size) the final hidden states."""
+        from corerl.sdk import needed_positions
         from corerl_megatron.training.packed_rows import scored_positions
-        from corerl_megatron.training.response_head import head_logprobs, needed_positions
+        from corerl_megatron.training.response_head import head_logprobs
 
         if critic:  # a value head's one output per token: values lined up with the logprobs
             from corerl.sdk import shift_values
