@@ -97,7 +97,7 @@ def main() -> None:
                      "speedup": old["median_s"] / new["median_s"]})
     print(f"rows {args.rows}, {args.prompt} prompt + {args.response} response tokens, {args.layers} layers; "
           "one forward + backward of a logprob loss")
-    print(f"| shape | vocabulary | full logits: peak MB, s | head at the loss: peak MB, s | memory ratio | speed-up |")
+    print("| shape | vocabulary | full logits: peak MB, s | head at the loss: peak MB, s | memory ratio | speed-up |")
     print("| --- | --- | --- | --- | --- | --- |")
     for r in rows:
         o, n = r["full_logits"], r["head_at_loss"]
