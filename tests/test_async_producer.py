@@ -104,7 +104,7 @@ def test_the_batches_the_bound_lets_start_wait_on_their_tools_together():
     start = time.perf_counter()
     made.start()
     try:
-        for step in range(3):
+        for _ in range(3):
             buffer.take(BATCH, 0, timeout=10)
         assert rollout.most == 3 and time.perf_counter() - start < 1.4
         time.sleep(0.2)
