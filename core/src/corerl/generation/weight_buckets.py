@@ -31,6 +31,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     import torch
 
+log = logging.getLogger(__name__)
+
 
 class BucketWriter(Protocol):
     """One buffer of the ring: :class:`corerl.generation.shared_weights.SharedWeightWriter`."""
@@ -38,7 +40,6 @@ class BucketWriter(Protocol):
     def write(self, weights: Iterable[tuple[str, torch.Tensor]]) -> Any:
         """Copy ``weights`` into the buffer; the manifest (a ``WeightManifest``) a reader needs."""
 
-log = logging.getLogger(__name__)
 
 #: the default bucket size (``policy.generation.vllm_cfg.refit_bucket_mib``)
 DEFAULT_BUCKET_MIB = 128
