@@ -6,8 +6,6 @@ the same sequences unpacked, from fewer rows. One megatron rank in this process 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +25,7 @@ from corerl.testing.conformance import (
 )
 from corerl_megatron.support import check_supported
 from corerl_megatron.training.packed_rows import computed_slots, same_width, segment_mask
+from tests.megatron_recipe import megatron_rank
 
 PACKED = ["policy.sequence_packing.enabled=true", "policy.sequence_packing.train_mb_tokens=30",
           "policy.sequence_packing.logprob_mb_tokens=40"]
@@ -48,28 +47,6 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
     # grouped-query attention and rotary positions: both must see each packed sequence alone
     return str(build_tiny_model(tmp_path_factory.mktemp("tiny"), family="llama", hidden_size=64, num_layers=2,
                                 num_heads=4, num_kv_heads=2))
-
-
-@contextmanager
-def _rank(config: Any, model_dir: str, folder: Path) -> Iterator[Any]:
-    """A megatron rank in this process (world size 1) holding ``model_dir``."""
-    import torch.distributed as dist
-    from megatron.core import parallel_state
-
-    from corerl.sdk import free_port
-    from corerl_megatron.training.worker import MegatronWorker
-
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("MASTER_ADDR", "127.0.0.1")
-        patch.setenv("MASTER_PORT", str(free_port()))
-        rank = MegatronWorker(rank=0, world_size=1, config=config, threads=1, checkpoint_dir=str(folder))
-        try:
-            rank.load_hf(model_dir)
-            yield rank
-        finally:
-            parallel_state.destroy_model_parallel()
-            if dist.is_initialized():
-                dist.destroy_process_group()
 
 
 def _answers(rank: Any, batcher: Any, batch: dict[str, torch.Tensor], purpose: str, method: str) -> torch.Tensor:
@@ -98,7 +75,7 @@ def test_packed_rows_give_the_unpacked_logprobs_loss_and_gradients_from_fewer_ro
     rows = MicroBatcher.from_config(_select(model_dir, tmp_path, [])[0])
     assert (packed.layout, rows.layout) == ("packed", "rows")
     batch = conformance_batch(rows=8)  # lengths 9 to 16 in rows of 16
-    with _rank(config, model_dir, tmp_path / "conversions") as rank:
+    with megatron_rank(config, model_dir, tmp_path / "conversions") as rank:
         ours, theirs = (_answers(rank, b, batch, "logprobs", "logprobs") for b in (packed, rows))
         assert float((ours - theirs).abs().max()) < 1e-5
         assert float(theirs.abs().sum()) > 1.0 and torch.equal(ours == 0, theirs == 0)  # 0 at position 0 and padding
@@ -127,7 +104,7 @@ def test_a_packed_critic_gives_the_unpacked_values_and_value_gradients(model_dir
     packed = MicroBatcher.from_config(config)
     rows = MicroBatcher(layout="rows", train_rows=2, logprob_rows=2)
     batch = value_conformance_batch(rows=8)
-    with _rank(config, critic_dir, tmp_path / "conversions") as rank:
+    with megatron_rank(config, critic_dir, tmp_path / "conversions") as rank:
         ours, theirs = (_answers(rank, b, batch, "logprobs", "values") for b in (packed, rows))
         assert float((ours - theirs).abs().max()) < 1e-5 and float(theirs.abs().sum()) > 1.0
         (step_p, grads_p), (step_r, grads_r) = (_step(rank, b, batch, value_conformance_loss()) for b in (packed, rows))

@@ -17,7 +17,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from corerl.testing.conformance import conformance_batch, conformance_loss
-from tests.megatron_recipe import megatron_config
+from tests.megatron_recipe import megatron_config, megatron_rank
 
 VOCAB = 49_152
 ROWS, LENGTH = 4, 48
@@ -35,26 +35,11 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 @contextmanager
 def _rank(model_dir: str, folder: Path) -> Iterator[Any]:
-    """A megatron rank in this process (world size 1) holding ``model_dir``."""
-    import torch.distributed as dist
-    from megatron.core import parallel_state
-
-    from corerl.sdk import free_port
-    from corerl_megatron.training.worker import MegatronWorker
-
+    """A megatron rank in this process (world size 1) holding ``model_dir``, training with SGD."""
     config = megatron_config(model_dir, folder, ["policy.megatron_cfg.optimizer.optimizer=sgd",
                                                  "policy.megatron_cfg.optimizer.lr=0.1"])
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("MASTER_ADDR", "127.0.0.1")
-        patch.setenv("MASTER_PORT", str(free_port()))
-        rank = MegatronWorker(rank=0, world_size=1, config=config, threads=1, checkpoint_dir=str(folder / "conv"))
-        try:
-            rank.load_hf(model_dir)
-            yield rank
-        finally:
-            parallel_state.destroy_model_parallel()
-            if dist.is_initialized():
-                dist.destroy_process_group()
+    with megatron_rank(config, model_dir, folder / "conv") as rank:
+        yield rank
 
 
 class _Largest(TorchDispatchMode):
