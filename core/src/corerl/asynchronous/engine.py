@@ -198,13 +198,14 @@ class DedicatedGeneration:
         payload: Any
         with self.handle:
             if isinstance(weights, AdapterWeights):  # the adapter alone: small, through Ray
-                tensors = {name: tensor.detach().cpu() for name, tensor in weights.tensors().items()}
+                # copies: the hand-over runs on after push returns, while the next step trains in place
+                tensors = {name: tensor.detach().to("cpu", copy=True) for name, tensor in weights.tensors().items()}
                 payload = self.manifest = AdapterRefit(dict(weights.config), weights.base, tensors)
             elif self.writer is not None:
                 self.manifest = self.writer.write(weights)
                 payload = self.manifest
             else:  # another node: the tensors themselves, through Ray
-                payload = self.manifest = [(name, tensor.detach().cpu()) for name, tensor in weights]
+                payload = self.manifest = [(name, tensor.detach().to("cpu", copy=True)) for name, tensor in weights]
             self.pushing = version
         self.handing = self.sender.submit(self._hand_over, payload, version)
 
