@@ -13,8 +13,9 @@ kept (``torch.utils.checkpoint``), so neither pass holds more than one chunk's l
 
 Models whose forward changes the logits after the head (a final soft-cap or scale, read from the
 config), heads whose weight DeepSpeed ZeRO-3 partitions (gathered only around the head's own
-forward and backward, which this bypasses) and models without output embeddings are scored from
-the model's full logits instead (:func:`head_hookable` says which).
+forward and backward, which this bypasses), models under the legacy FSDP1 wrapper (its backward
+hooks wait on the root's outputs, which the scores bypass) and models without output embeddings are
+scored from the model's full logits instead (:func:`head_hookable` says which).
 """
 
 from __future__ import annotations
@@ -57,9 +58,26 @@ def _unwrapped(model: Any) -> Any:
     return model
 
 
+def _under_fsdp1(model: Any) -> bool:
+    """Whether ``model`` is wrapped by the legacy ``FullyShardedDataParallel`` (FSDP1): its backward
+    hooks hang on the root's outputs, which the head's scores bypass."""
+    import sys
+
+    fsdp = sys.modules.get("torch.distributed.fsdp")
+    legacy = getattr(fsdp, "FullyShardedDataParallel", None)
+    while legacy is not None and model is not None:
+        if isinstance(model, legacy):
+            return True
+        model = getattr(model, "module", None) if not hasattr(model, "get_output_embeddings") else None
+    return False
+
+
 def head_hookable(model: Any) -> bool:
     """Whether :func:`scoring_head` can score ``model``: it has output embeddings with a weight that
-    is not partitioned by ZeRO-3, and its config applies nothing to the logits after the head."""
+    is not partitioned by ZeRO-3, it is not under FSDP1, and its config applies nothing to the
+    logits after the head."""
+    if _under_fsdp1(model):
+        return False
     inner = _unwrapped(model)
     get_head = getattr(inner, "get_output_embeddings", None)
     head = get_head() if callable(get_head) else None
