@@ -142,32 +142,41 @@ class Service:
 
     def session(self, tenant: str, session_id: Any, where: str) -> _Session:
         with self._lock:
-            session = self.sessions.get(session_id) if isinstance(session_id, str) else None
-            if session is None or session.tenant != tenant:
+            session = self._owned(self.sessions, session_id, tenant)
+            if session is None:
                 raise wire.refuse(where, f"no session {session_id!r} for this API key (it ended, or the server "
                                          "restarted); make a new ServiceClient")
-            session.last_seen = time.monotonic()
+            self._seen(session_id)
             return session
 
     def model(self, tenant: str, model_id: Any, where: str) -> _Model:
         with self._lock:
-            model = self.models.get(model_id) if isinstance(model_id, str) else None
-            if model is None or model.tenant != tenant:
+            model = self._owned(self.models, model_id, tenant)
+            if model is None:
                 raise wire.refuse(where, f"no training model {model_id!r} for this API key")
-            if model.session_id in self.sessions:
-                self.sessions[model.session_id].last_seen = time.monotonic()
+            self._seen(model.session_id)
             return model
 
     def sampler(self, tenant: str, sampler_id: Any, where: str) -> _Sampler:
         with self._lock:
-            sampler = self.samplers.get(sampler_id) if isinstance(sampler_id, str) else None
-            if sampler is None or sampler.tenant != tenant:
+            sampler = self._owned(self.samplers, sampler_id, tenant)
+            if sampler is None:
                 raise wire.refuse(where, f"no sampling session {sampler_id!r} for this API key (it ended, or its "
                                          "weights were replaced by newer ones); make a new sampling client")
-            session_id = sampler_id.split(":", 1)[0]
-            if session_id in self.sessions:
-                self.sessions[session_id].last_seen = time.monotonic()
+            self._seen(sampler_id.split(":", 1)[0])
             return sampler
+
+    @staticmethod
+    def _owned(table: dict[str, Any], key: Any, tenant: str) -> Any:
+        """``table[key]`` where ``key`` is a string naming an object of ``tenant``, else None (another
+        tenant's object is not found, as one that does not exist)."""
+        found = table.get(key) if isinstance(key, str) else None
+        return found if found is not None and found.tenant == tenant else None
+
+    def _seen(self, session_id: str) -> None:
+        """The session (where it is still open) was used now (under :attr:`_lock`)."""
+        if session_id in self.sessions:
+            self.sessions[session_id].last_seen = time.monotonic()
 
     def checked_base(self, name: Any, where: str) -> str:
         if name not in self.base_names:
