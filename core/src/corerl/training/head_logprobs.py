@@ -156,14 +156,16 @@ def _score(head: Any, hidden: torch.Tensor, input_ids: torch.Tensor, needed: tor
             from torch.utils.checkpoint import checkpoint
 
             parts.append(checkpoint(_picked, head, chunk, wanted, use_reentrant=False))
+            if topk is not None:
+                with torch.no_grad():
+                    _top(head(chunk).float(), topk, tops, top_ids)
         else:
-            parts.append(_picked(head, chunk, wanted))
-        if topk is not None:
-            with torch.no_grad():
-                logits = head(chunk).float()
-                values, ids = logits.topk(topk, dim=-1)
-                tops.append(values - torch.logsumexp(logits, dim=-1, keepdim=True))
-                top_ids.append(ids)
+            logits = head(chunk).float()
+            norm = torch.logsumexp(logits, dim=-1, keepdim=True)
+            parts.append(logits.gather(-1, wanted) - norm)
+            if topk is not None:  # from the same logits: the head runs once a chunk
+                with torch.no_grad():
+                    _top(logits, topk, tops, top_ids, norm)
     width_k = targets.shape[-1]
     values = torch.cat(parts) if parts else hidden.new_zeros((0, width_k), dtype=torch.float32)
     full = _placed(values, picked, rows, width, width_k)
@@ -174,6 +176,18 @@ def _score(head: Any, hidden: torch.Tensor, input_ids: torch.Tensor, needed: tor
         top = torch.cat(tops) if tops else values.new_zeros((0, topk))
         ids = torch.cat(top_ids) if top_ids else torch.zeros((0, topk), dtype=torch.long, device=values.device)
         scores.topk = (_placed(top, picked, rows, width, topk), _placed(ids, picked, rows, width, topk))
+
+
+def _top(logits: torch.Tensor, k: int, tops: list[torch.Tensor], ids: list[torch.Tensor],
+         norm: torch.Tensor | None = None) -> None:
+    """Append the ``k`` likeliest tokens' logprobs and ids under ``logits`` (float32, ``[n, V]``;
+    ``norm`` their log-sum-exp where known) to ``tops`` and ``ids``, without gradient."""
+    import torch
+
+    values, index = logits.detach().topk(k, dim=-1)
+    norm = torch.logsumexp(logits.detach(), dim=-1, keepdim=True) if norm is None else norm.detach()
+    tops.append(values - norm)
+    ids.append(index)
 
 
 def _picked(head: Any, states: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
