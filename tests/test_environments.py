@@ -286,6 +286,32 @@ def test_tool_call_latency_delays_each_turn_with_calls_and_the_episodes_wait_tog
         tool_parsers={p.id: p for p in host.tool_parsers})).step)  # no latency: the plain step, as before
 
 
+def test_check_latency_delays_each_final_answer_and_leaves_tool_turns_alone():
+    """``env.tools.check_latency_s``: a final answer's reward comes that late (the episodes wait
+    together), a turn with calls answers at once when ``call_latency_s`` is 0."""
+    from corerl.plugin_manager import PluginHost
+
+    host = PluginHost(discover=False, env={})
+    context = EnvironmentContext(ToolsSettings(tools=["lookup"], check_latency_s=0.3), 0,
+                                 tools={t.id: t for t in host.tools}, tool_parsers={p.id: p for p in host.tool_parsers})
+    environment = ToolsEnvironment(context)
+    assert inspect.iscoroutinefunction(environment.step)
+    pool = InProcessPool(environment, timeout_s=30)
+    call = '<tool_call> {"name": "lookup", "arguments": {}} </tool_call>'
+    try:
+        start = time.perf_counter()
+        finals = pool.answer([EpisodeView(row={"value": i % 10, "answer": "4"}, turn=2, responses=(call, "4"))
+                              for i in range(64)])
+        took = time.perf_counter() - start
+        assert [(a.turn.done, a.turn.reward) for a in finals] == [(True, 1.0)] * 64
+        assert 0.3 <= took < 0.6  # one latency for all
+        start = time.perf_counter()
+        turn = pool.answer([EpisodeView(row={"value": 7, "answer": "7"}, turn=1, responses=(call,))])[0].turn
+        assert turn.observation == [{"role": "tool", "content": "7"}] and time.perf_counter() - start < 0.3
+    finally:
+        pool.shutdown()
+
+
 def test_chat_messages_continue_the_conversation_as_the_template_renders_it(tmp_path):
     from corerl.models.tiny import build_tokenizer
 

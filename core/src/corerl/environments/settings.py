@@ -23,6 +23,10 @@ class ToolsSettings(EnvironmentSettings):
                                                        "stand-in for a sandbox's or a web tool's round trip, e.g. "
                                                        "0.3; the episodes' waits overlap): for benchmarks and for "
                                                        "trying a pipeline against slow tools; 0: none")
+    check_latency_s: float = setting(0.0, min=0.0, help="seconds checking a final answer takes before the episode's "
+                                                        "reward comes back (a stand-in for a sandbox running the "
+                                                        "answer's tests, e.g. 0.3; the episodes' waits overlap): "
+                                                        "for benchmarks; 0: none")
 
 
 @attrs.define(kw_only=True)

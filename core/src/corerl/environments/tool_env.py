@@ -12,7 +12,9 @@ there (not shown to the model): that is how a tool answers per episode (the ``lo
 the ``tool_lookup`` task reads the episode's table).
 
 ``env.tools.call_latency_s`` makes a turn's calls answer that many seconds late, as a sandbox's or
-a web tool's round trip does (``bench/async_vs_sync.py --workload slow_tools``). The wait is an
+a web tool's round trip does, and ``env.tools.check_latency_s`` the final answer's reward, as a
+sandbox running the answer's tests does (``bench/async_vs_sync.py --workload slow_tools``: every
+episode then waits, however few of them the policy makes call a tool). The wait is an
 ``asyncio`` sleep (the step is then a coroutine, run on the environment pool's event loop), so
 every episode's wait overlaps the others' as real network waits do, however many episodes a step
 plays (the pool's threads do not bound it); the tools themselves then run on a worker thread.
@@ -59,8 +61,9 @@ class ToolsEnvironment:
         self.max_calls = settings.max_calls_per_turn
         self.reward = context.reward or exact_answer
         self.latency = settings.call_latency_s
-        if self.latency > 0:  # a coroutine step: the pool awaits it on its loop, every episode's wait at once
-            self.step = self.step_after_latency  # type: ignore[method-assign]
+        self.check_latency = settings.check_latency_s
+        if self.latency > 0 or self.check_latency > 0:  # a coroutine step: the pool awaits it on its loop,
+            self.step = self.step_after_latency  # type: ignore[method-assign]  # every episode's wait at once
 
     def step(self, episode: EpisodeView) -> Turn:
         calls: list[ToolCall] = self.parse(episode.response)
@@ -69,11 +72,15 @@ class ToolsEnvironment:
         return self._executed(episode, calls)
 
     async def step_after_latency(self, episode: EpisodeView) -> Turn:
-        """:meth:`step` with ``call_latency_s``: a turn with calls answers that many seconds late."""
+        """:meth:`step` with ``call_latency_s`` (a turn with calls answers that many seconds late) and
+        ``check_latency_s`` (a final answer's reward that late)."""
         calls: list[ToolCall] = self.parse(episode.response)
         if not calls:
+            if self.check_latency > 0:
+                await asyncio.sleep(self.check_latency)
             return Turn(reward=float(self.reward(episode.response, episode.row)), done=True)
-        await asyncio.sleep(self.latency)
+        if self.latency > 0:
+            await asyncio.sleep(self.latency)
         return await asyncio.to_thread(self._executed, episode, calls)
 
     def _executed(self, episode: EpisodeView, calls: list[ToolCall]) -> Turn:
