@@ -113,6 +113,30 @@ def test_the_batches_the_bound_lets_start_wait_on_their_tools_together():
         made.stop()
 
 
+class Busy(Scripted):
+    """A rollout that works ``seconds`` of CPU in this process (decoding, an environment's Python)."""
+
+    def run(self, prompts, items, sampling, n, max_seq_length):
+        start = time.process_time()
+        while time.process_time() - start < self.seconds:
+            sum(range(1000))
+        return Scripted(self.version).run(prompts, items, sampling, n, max_seq_length)
+
+
+def test_each_batch_reports_the_cpu_this_process_spent_generating_it():
+    """``time/generation_driver_cpu``: a rollout busy 0.3 s of CPU here reports about that; one that
+    only waits 0.3 s (its tools elsewhere) reports next to none."""
+    for rollout, low, high in ((Busy(lambda: 0, seconds=0.3), 0.28, 1.0), (Scripted(lambda: 0, seconds=0.3), 0.0, 0.1)):
+        made, buffer = producer(rollout, lambda: 0, max_staleness=0)
+        made.start()
+        try:
+            groups = buffer.take(BATCH, 0, timeout=10)
+        finally:
+            made.stop()
+        cpu = groups[0].metrics["time/generation_driver_cpu"]
+        assert low <= cpu <= high and groups[0].metrics["time/generation"] >= 0.3
+
+
 class Recorder:
     """The worker's side of a hand-over: takes each version once ``gate`` opens, in the order sent."""
 

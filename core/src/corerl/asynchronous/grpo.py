@@ -6,7 +6,10 @@ Metrics added to each step: ``async/staleness/mean`` and ``/max`` (policy versio
 weights trained and the oldest token of each group), ``async/staleness`` (every group's, a
 histogram in TensorBoard), ``async/dropped`` (groups past ``max_staleness``, never trained),
 ``async/buffered`` (finished groups waiting), ``async/generation_restarts`` and
-``time/wait_for_rollouts`` (how long training waited for the buffer).
+``time/wait_for_rollouts`` (how long training waited for the buffer) and
+``time/generation_driver_cpu`` (the CPU seconds this process used while the batch trained was
+generated, every thread's: the rollout's own work here, tokenising, decoding, the environment
+pool, with training's beside it unless ``max_staleness`` is 0, where training waits meanwhile).
 
 With ``policy.lora`` each hand-over carries the adapter alone (the worker's backend takes it by
 ``load_adapter``, as a synchronous LoRA refit does).

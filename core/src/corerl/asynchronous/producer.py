@@ -105,10 +105,11 @@ class RolloutProducer:
             while (drawn := self._draw()) is not None:
                 batch, prompts, items, keys = drawn
                 sampling = SamplingSettings.from_config(self.config, seed=step_seed(algorithm.seed, batch))
-                start = time.perf_counter()
+                start, cpu = time.perf_counter(), time.process_time()
                 rollout = self.rollout.run(prompts, items, sampling, algorithm.num_generations_per_prompt,
                                            policy.max_seq_length)
-                metrics = {**rollout.metrics, "time/generation": time.perf_counter() - start}
+                metrics = {**rollout.metrics, "time/generation": time.perf_counter() - start,
+                           "time/generation_driver_cpu": time.process_time() - cpu}
                 for (b, i) in keys:
                     self.buffer.put(RolloutGroup.of((b, i), rollout.groups[i], rollout.rewards[i], metrics))
         except BaseException as exc:  # the trainer raises it at its next take
