@@ -223,7 +223,7 @@ def main() -> None:
         r["held_out_vs_sync_points"] = 100 * (r["held_out_after"] - baseline["held_out_after"])
     cores = os.cpu_count()
     if tools:
-        slow = (f", tool calls {latency:g} s late, async: max_staleness + 1 batches in flight" if latency else "")
+        slow = (f", every turn answered {latency:g} s late, async: max_staleness + 1 batches in flight" if latency else "")
         print(f"\nexamples/configs/grpo_tools_demo.yaml (16 prompts x 8 episodes, up to 3 turns{slow}), {args.steps} "
               f"GRPO steps, {cores} cores, {args.backend} generation; baseline: {baseline['contender']}")
     else:

@@ -46,7 +46,8 @@ decodes through a bfloat16 copy of the training model's weights, refreshed befor
 corerl-hf-dynamic decodes the training model itself under autocast, as TRL does). A contender that fails is recorded as an error
 row (its stderr shows as it runs) and the others go on; the exit status is then 1. Writes the JSON
 (machine, package versions, command line, precision, shape, parameter count, rows) to
-bench/results/grpo_vs_trl.json on CPU and to bench/results/gpu/grpo_vs_trl-<shape>-<precision>.json
+bench/results/grpo_vs_trl.json on CPU (grpo_vs_trl-<model>.json with ``--model``, -<model>-bfloat16.json
+in bfloat16) and to bench/results/gpu/grpo_vs_trl-<shape>-<precision>.json
 on ``--device cuda``, or into ``--out-dir``.
 """
 
@@ -276,8 +277,8 @@ def parameter_count(model_dir: Path) -> int:
 
 def output_path(args: argparse.Namespace, label: str) -> Path:
     name = "grpo_vs_trl.json" if args.device == "cpu" else f"grpo_vs_trl-{label}-{args.precision}.json"
-    if args.model and args.device == "cpu":
-        name = f"grpo_vs_trl-{label}.json"
+    if args.model and args.device == "cpu":  # float32 keeps the name it always had
+        name = f"grpo_vs_trl-{label}.json" if args.precision == "float32" else f"grpo_vs_trl-{label}-{args.precision}.json"
     if args.out_dir:
         return Path(args.out_dir) / name
     return results_path(name if args.device == "cpu" else f"gpu/{name}")
