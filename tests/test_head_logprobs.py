@@ -71,6 +71,17 @@ def test_logprobs_and_gradients_equal_the_full_logits_at_the_loss_positions_only
     assert seen.count(0) == 1 and len(seen) > 3
 
 
+def test_a_batch_the_loss_masks_out_entirely_still_backpropagates(model):
+    """A micro-batch without a loss position (every row dropped or filtered): zeros, and a loss
+    whose backward runs (zero gradients) as the full logits' would, not an error."""
+    batch = _batch()
+    batch["loss_mask"] = torch.zeros_like(batch["loss_mask"])
+    ours = model_logprobs(model, dict(batch))
+    assert ours.shape == batch["input_ids"].shape and (ours == 0).all() and ours.requires_grad
+    grads = _grads(model, ours.sum())
+    assert grads and all((g == 0).all() for g in grads.values())
+
+
 def test_candidates_and_top_k_equal_the_full_logits_at_the_loss_positions(model):
     batch = _batch()
     gen = torch.Generator().manual_seed(3)

@@ -167,7 +167,9 @@ def _score(head: Any, hidden: torch.Tensor, input_ids: torch.Tensor, needed: tor
                 with torch.no_grad():
                     _top(logits, topk, tops, top_ids, norm)
     width_k = targets.shape[-1]
-    values = torch.cat(parts) if parts else hidden.new_zeros((0, width_k), dtype=torch.float32)
+    if not parts:  # no position to score (a micro-batch whose rows the loss masks out): the head still
+        parts.append(_picked(head, states, targets))  # runs, on none, so the loss keeps its graph
+    values = torch.cat(parts)
     full = _placed(values, picked, rows, width, width_k)
     scores.logprobs = full[..., 0]
     if candidates is not None:
