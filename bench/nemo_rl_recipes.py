@@ -60,6 +60,7 @@ FEATURES = (
     ("async.in_flight", "in-flight weight updates on vLLM (it takes them between calls: in_flight=wait)"),
     ("lora", "LoRA on the megatron backend (megatron-core has no LoRA layers)"),
     ("seq_logprob_error_threshold", "masking sequences by their train/generation logprob gap"),
+    ("optimizer_cpu_offload", "megatron's optimizer offloaded to the CPU"),
     ("colocated.enabled", "asynchronous RL with colocated generation (an async-colocated schedule)"),
     ("async_ppo", "asynchronous PPO"),
     ("scheduler", "other learning-rate schedules (a LinearLR warm-up then constant is translated)"),

@@ -62,6 +62,28 @@ def test_the_logprob_check_catches_a_generation_backend_that_missed_a_refit(grpo
     assert metrics["logprob_mismatch/rms"] > 1e-3
 
 
+def test_sequences_whose_engines_disagree_past_the_threshold_leave_the_loss(grpo):
+    """``algorithm.seq_logprob_error_threshold``: while the two backends agree nothing is dropped;
+    once the generation engine misses refits, its sequences' probability error passes a tight
+    threshold and they leave the loss (the trained batch's loss mask is all zero)."""
+    grpo.seq_logprob_error_threshold = 1.001
+    seen = []
+    train_step = grpo.training.train_step
+    grpo.training.train_step = lambda batch, loss: seen.append(batch) or train_step(batch, loss)
+    metrics = grpo.step(PROMPTS)
+    assert metrics["logprob_mismatch/seq_dropped_share"] == 0.0 and metrics["time/logprobs"] > 0
+    assert 1.0 <= metrics["logprob_mismatch/seq_prob_error/max"] < 1.001
+    assert bool(seen[-1]["loss_mask"].any())
+    grpo.generation.update_weights = lambda weights: None  # a refit bug: the engine keeps old weights
+    for _ in range(3):
+        metrics = grpo.step(PROMPTS)
+    assert metrics["logprob_mismatch/seq_prob_error/max"] > 1.001
+    dropped = metrics["logprob_mismatch/seq_dropped_share"]
+    assert dropped > 0.5
+    kept_rows = int(seen[-1]["loss_mask"].bool().any(dim=1).sum())
+    assert kept_rows == round((1 - dropped) * seen[-1]["loss_mask"].shape[0])
+
+
 def test_several_passes_use_a_separate_logprob_pass_and_report_the_largest_gap(grpo):
     grpo.optimization_passes = 2
     metrics = grpo.step(PROMPTS)

@@ -138,6 +138,17 @@ def test_cispo_and_the_kl_in_reinforce_plus_plus_rewards_act(tmp_path, capsys):
                         key="loss_fn.use_kl_in_reward")
 
 
+def test_the_sequence_logprob_error_threshold_drops_sequences_in_corerls_grpo(tmp_path, capsys):
+    """``grpo.seq_logprob_error_threshold``: corerl's GRPO takes it (it runs the logprob pass and
+    drops the sequences past it: tests/test_grpo_loop.py); null leaves every sequence in."""
+    recipe = _child(tmp_path, "gate.yaml", "grpo:\n  seq_logprob_error_threshold: 2\n")
+    assert _load(recipe).core.algorithm.seq_logprob_error_threshold == 2.0
+    assert _Validated(capsys, str(recipe)).code == 0
+    assert _load(recipe, "grpo.seq_logprob_error_threshold=null").core.algorithm.seq_logprob_error_threshold is None
+    refused = _Validated(capsys, str(recipe), "grpo.seq_logprob_error_threshold=0.5")  # below 1: every one dropped
+    assert refused.code == 2 and "seq_logprob_error_threshold" in refused.err
+
+
 def test_model_config_overrides_reach_every_engine_through_one_folder(tmp_path):
     from corerl.models.overrides import with_config_overrides
     from corerl.run.directory import resolve_model

@@ -32,6 +32,7 @@ from corerl.algorithms.grpo_math import (
     advantages_for,
     kl_estimate,
     kl_in_reward_advantages,
+    mask_by_prob_error,
     off_policy_metrics,
     outcome_advantages_with_kl,
     step_gap_metrics,
@@ -62,6 +63,8 @@ class GRPO:
     advantage_estimator: str = "grpo"  # reinforce_plus_plus (REINFORCE++-baseline), maxrl or batch_mean (advantages_for)
     minus_baseline: bool = True  # reinforce_plus_plus: the group's mean subtracted first
     advantage_clip: tuple[float | None, float | None] = (None, None)  # bounds on the advantages (low, high)
+    # drop sequences whose training/generation probability error is above this (mask_by_prob_error)
+    seq_logprob_error_threshold: float | None = None
     # reinforce_plus_plus with the KL in the reward: its coefficient (the loss then has no KL term)
     kl_in_reward: float = 0.0
     optimization_passes: int = 1
@@ -154,10 +157,15 @@ class GRPO:
         sequences = len(counts) if stepped else rows  # what optimizer_batch_size counts: episodes or samples
         several_updates = self.optimization_passes > 1 or (per_update is not None and per_update < sequences)
         off_policy = None
-        # later updates, the IS weights and a KL in the reward need the training policy's logprobs
-        if several_updates or self.loss.corrects_importance or kl_in_reward:
+        # later updates, the IS weights, a KL in the reward and the sequences' error check need the
+        # training policy's logprobs
+        dropping = self.seq_logprob_error_threshold is not None
+        if several_updates or self.loss.corrects_importance or kl_in_reward or dropping:
             batch["old_logprobs"] = self.training.logprobs(batch)
             off_policy = off_policy_metrics(batch["old_logprobs"], batch["gen_logprobs"], mask, self.loss)
+            if dropping:  # measured over every sequence, then the ones past the threshold leave the loss
+                assert self.seq_logprob_error_threshold is not None
+                off_policy.update(mask_by_prob_error(batch, self.seq_logprob_error_threshold))
         if self.reference_offload is not None and (self.loss.kl_penalty or kl_in_reward):
             with self.reference_offload.scoring() as reference:
                 batch["ref_logprobs"] = reference.logprobs(batch)
@@ -248,6 +256,7 @@ class GRPOAlgorithm(AlgorithmBase):
                          leave_one_out_baseline=algorithm.leave_one_out_baseline,
                          advantage_estimator=algorithm.advantage_estimator, minus_baseline=algorithm.minus_baseline,
                          advantage_clip=(algorithm.advantage_clip_low, algorithm.advantage_clip_high),
+                         seq_logprob_error_threshold=algorithm.seq_logprob_error_threshold,
                          optimization_passes=algorithm.optimization_passes,
                          optimizer_batch_size=algorithm.optimizer_batch_size, reference=reference,
                          steps_done=self.done, offload=context.offload, reference_offload=reference_offload,

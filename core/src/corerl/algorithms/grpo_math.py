@@ -470,6 +470,38 @@ def importance_weights(old: torch.Tensor, gen: torch.Tensor, mask: torch.Tensor,
     return weights * mask, changed
 
 
+def sequence_prob_errors(old: torch.Tensor, gen: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Each row's multiplicative probability error between the training policy's logprobs of its
+    sampled tokens (``old``) and the generation engine's (``gen``): the mean over its loss tokens
+    of ``exp(|old - gen|)``, 1.0 where they agree; 0.0 for a row without loss tokens. NeMo RL's
+    ``seq_logprob_error_threshold`` compares this with its threshold."""
+    mask = mask.bool()
+    gap = torch.where(mask, (old - gen).abs(), torch.zeros_like(old))
+    # a token the engine gave -inf or NaN to (a mismatch past measuring) counts as out of bounds
+    errors = torch.where(mask, torch.nan_to_num(torch.exp(gap), nan=float("inf")), torch.zeros_like(old))
+    tokens = mask.sum(dim=1)
+    return errors.sum(dim=1) / tokens.clamp(min=1)
+
+
+def mask_by_prob_error(batch: dict[str, torch.Tensor], threshold: float) -> dict[str, float]:
+    """Drop from the loss (``loss_mask`` set to 0, in place) every row whose
+    :func:`sequence_prob_errors` is above ``threshold``; the rows' error (mean, max over the rows
+    with loss tokens) and the share dropped."""
+    mask = batch["loss_mask"].bool()
+    errors = sequence_prob_errors(batch["old_logprobs"], batch["gen_logprobs"], mask)
+    scored = mask.any(dim=1)
+    if not bool(scored.any()):
+        return {}
+    dropped = scored & (errors > threshold)
+    batch["loss_mask"] = batch["loss_mask"] * (~dropped).unsqueeze(1).to(batch["loss_mask"].dtype)
+    finite = errors[scored & torch.isfinite(errors)]
+    return {
+        "logprob_mismatch/seq_prob_error/mean": float(finite.mean()) if finite.numel() else float("inf"),
+        "logprob_mismatch/seq_prob_error/max": float(errors[scored].max()),
+        "logprob_mismatch/seq_dropped_share": float(dropped.sum() / scored.sum()),
+    }
+
+
 def off_policy_metrics(old: torch.Tensor, gen: torch.Tensor, mask: torch.Tensor, loss: GRPOLoss) -> dict[str, float]:
     """How far the generation engine's logprobs of the sampled tokens are from the training
     policy's (``old``, before the update): the absolute gap (mean, max, rms), a KL estimate

@@ -347,6 +347,12 @@ class AlgorithmConfig:
                                                           "no bound")
     advantage_clip_high: float | None = setting(None, help="GRPO: advantages above this are lowered to it; unset: "
                                                            "no bound")
+    seq_logprob_error_threshold: float | None = setting(
+        None, min=1.0, help="GRPO: drop from the loss every sequence whose mean over its tokens of "
+                            "exp(|training logprob - generation logprob|) is above this (e.g. 2: the engines' "
+                            "probabilities of its tokens differ twofold on average); the training policy's logprob "
+                            "pass then runs every step; logged as logprob_mismatch/seq_prob_error/* and "
+                            "/seq_dropped_share; unset: every sequence trains")
     minus_baseline: bool = setting(True, help="reinforce_plus_plus: subtract the group's mean reward first")
     scale_rewards_by_std: bool = setting(True, help="divide each group's advantages by its reward standard deviation")
     leave_one_out_baseline: bool = setting(False, help="each sample's baseline is the mean of its group's other rewards")

@@ -137,9 +137,7 @@ RULES: dict[str, Rule] = {
                                                    "NeMo RL's default)"),
     "grpo.stop_at_validation_metric": inert(_OFF, _truthy),
     "grpo.stop_at_validation_threshold": inert(_OFF, lambda value: value is not None),
-    "grpo.seq_logprob_error_threshold": inert("a sequence-level train/generation logprob gap check; corerl logs "
-                                              "the gap every step (logprob_mismatch/*) and masks nothing",
-                                              lambda value: value is not None),
+    "grpo.seq_logprob_error_threshold": acts("algorithm.seq_logprob_error_threshold"),
     "grpo.invalid_tool_call_advantage": inert(_OFF, lambda value: value is not None),
     "grpo.malformed_thinking_advantage": inert(_OFF, lambda value: value is not None),
     "grpo.advantage_clip_low": acts("algorithm.advantage_clip_low"),
