@@ -528,3 +528,22 @@ def test_an_evaluation_recipe_is_read_for_corerl_eval(tmp_path, capsys):
                            ("env.math.verifier_type=english_multichoice",
                             "env.math.verifier_type: 'english_multichoice' is not supported")):
         refused_in_one_line(_Validated(capsys, str(recipe), override), says)
+
+
+def test_an_evaluation_recipe_reads_a_csv_file(tmp_path, capsys):
+    """``data.file_format: csv`` (NeMo RL's local_eval.yaml): the CSV's columns become the
+    evaluated rows; a format corerl has no reader for is refused in one line."""
+    recipe = tmp_path / "eval.yaml"
+    recipe.write_text(EVAL_RECIPE)
+    rows = tmp_path / "math.csv"
+    rows.write_text('Question,Answer\n"What is 1+1, in digits?",2\n')
+    config = _load(recipe, f"data.train_data_path={rows}", "data.file_format=csv",
+                   "data.problem_key=Question", "data.solution_key=Answer").core.data
+    assert config.train_files == str(rows) and (config.prompt_key, config.answer_key) == ("Question", "Answer")
+    from corerl.tasks.dataset import read_rows
+
+    assert [(r["Question"], r["Answer"]) for r in read_rows([str(rows)], "data.train_files")] == [
+        ("What is 1+1, in digits?", "2")]
+    assert _Validated(capsys, str(recipe), "data.file_format=csv").code == 0
+    refused_in_one_line(_Validated(capsys, str(recipe), "data.file_format=xml"),
+                        "data.file_format: 'xml' is not supported")

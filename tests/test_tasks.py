@@ -1,4 +1,4 @@
-"""Tasks and rewards: the dataset task over real JSONL/Parquet files, the exact-answer reward,
+"""Tasks and rewards: the dataset task over real JSONL/Parquet/CSV files, the exact-answer reward,
 rewards by import path, and their errors."""
 
 from __future__ import annotations
@@ -26,16 +26,28 @@ def _write_jsonl(path, rows):
     return path
 
 
+def _write_csv(path, rows):
+    import csv
+
+    with path.open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    return path
+
+
 def _task(tmp_path, train, **data):
     values = {"prompt_key": "question", "held_out_size": 4, **data, "train_files": str(train)}
     return DatasetTask(TaskContext(build_tokenizer(), seed=5, data=attrs.evolve(DataConfig(), **values)))
 
 
-@pytest.mark.parametrize("fmt", ["jsonl", "parquet"])
+@pytest.mark.parametrize("fmt", ["jsonl", "parquet", "csv"])
 def test_dataset_task_reads_the_file_and_keeps_a_held_out_split(tmp_path, fmt):
     path = tmp_path / f"train.{fmt}"
     if fmt == "jsonl":
         _write_jsonl(path, ROWS)
+    elif fmt == "csv":
+        _write_csv(path, ROWS)
     else:
         datasets.Dataset.from_list(ROWS).to_parquet(str(path))
     task = _task(tmp_path, path)
@@ -66,6 +78,17 @@ def test_max_train_rows_reads_only_the_first_rows_of_the_files(tmp_path, fmt):
     # the first 8 rows in file order (the first file's 6, the second's first 2), then the held-out cut
     assert sorted(r["id"] for r in [*task.train, *task.held]) == list(range(8))
     assert len(task.held) == 2
+
+
+def test_a_csv_file_gives_its_values_as_text_and_a_bad_row_its_line(tmp_path):
+    """A CSV has no types: an id column of numbers is read as their text (no builder guessing it
+    from the first rows); a row with more fields than the header is refused with its line."""
+    task = _task(tmp_path, _write_csv(tmp_path / "train.csv", ROWS))
+    assert {type(r["id"]) for r in task.train} == {str} and {r["answer"] for r in task.train} <= set("0123456789")
+    bad = tmp_path / "bad.csv"
+    bad.write_text("question,answer\nw1 3,3\nw1 4,4,extra\n")
+    with pytest.raises(Exception, match=r"bad.csv line 3 has 3 fields for a header of 2"):
+        _task(tmp_path, bad)
 
 
 def test_dataset_task_state_replays_the_same_draws(tmp_path):
@@ -160,7 +183,7 @@ def test_bad_task_or_reward_fails_validation_in_one_line(args, key, words):
 
 @pytest.mark.parametrize(("make", "args", "words"), [
     (None, ["data.train_files=nowhere.jsonl"], "data file nowhere.jsonl does not exist"),
-    ("train.csv", [], "neither JSONL nor Parquet"),
+    ("train.txt", [], "is not JSONL, Parquet or CSV"),
     ("train.jsonl", ["data.prompt_key=prompt_text"], "column 'prompt_text' (data.prompt_key) is not in"),
     (None, [], "the dataset task needs data.train_files"),
 ])

@@ -54,7 +54,7 @@ REFUSED = [
      "data.hub_dataset: 'org/pairs' is a Hugging Face Hub dataset, and nothing is downloaded"),
     ("missing-held-out-file", ["data.task=dataset", "data.train_files={train}", "data.held_out_files=[{train}, gone.jsonl]"],
      "data.held_out_files: data file gone.jsonl does not exist"),
-    ("csv-file", ["data.task=dataset", "data.train_files={csv}"], "is neither JSONL nor Parquet"),
+    ("text-file", ["data.task=dataset", "data.train_files={text}"], "is not JSONL, Parquet or CSV"),
     ("missing-prompt-file", ["data.prompt_file=nowhere.txt"], "data.prompt_file: cannot read the prompt file nowhere.txt"),
     ("missing-model", ["policy.model_name=no/such/model"], "policy.model_name: model path no/such/model does not exist"),
     ("weightless-model", ["policy.model_name={model}"], "holds no weights"),
@@ -69,14 +69,15 @@ REFUSED = [
 
 
 def _filled(overrides: list[str], tmp_path: Path) -> list[str]:
-    train, csv = tmp_path / "train.jsonl", tmp_path / "train.csv"
+    train, csv, text = tmp_path / "train.jsonl", tmp_path / "train.csv", tmp_path / "train.txt"
     train.write_text(ROW)
     csv.write_text("prompt,answer\n")
+    text.write_text("a prompt\n")
     (tmp_path / "runs" / "empty").mkdir(parents=True, exist_ok=True)
     model = tmp_path / "model"
     if not model.exists():
         _weightless_model(tmp_path)
-    return [o.format(train=train, csv=csv, model=model, runs=tmp_path / "runs") for o in overrides]
+    return [o.format(train=train, csv=csv, text=text, model=model, runs=tmp_path / "runs") for o in overrides]
 
 
 @pytest.mark.parametrize(("overrides", "says"), [c[1:] for c in REFUSED], ids=[c[0] for c in REFUSED])

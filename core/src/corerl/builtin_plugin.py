@@ -104,7 +104,7 @@ def corerl_register_tasks(register: Callable[[Task], None]) -> None:
     register(Task(id="digit_echo", factory="corerl.tasks.digit_echo:DigitEcho",
                   description="echo the digit in the prompt (made in code; the demo's task)"))
     register(Task(id="dataset", factory="corerl.tasks.dataset:DatasetTask",
-                  description="prompt/answer rows from data.train_files (JSONL or Parquet)"))
+                  description="prompt/answer rows from data.train_files (JSONL, Parquet or CSV)"))
     register(Task(id="shape_colour", factory="corerl.tasks.shape_colour:ShapeColour",
                   description="the colour of the larger of two squares in an image (made in code; a VLM's, the VL demo's)"))
     register(Task(id="tool_lookup", factory="corerl.tasks.tool_lookup:ToolLookup",
@@ -115,7 +115,7 @@ def corerl_register_tasks(register: Callable[[Task], None]) -> None:
                   provides="preferences",
                   description="reward-model pairs: two sampled digit_echo answers, the higher-scoring one chosen"))
     register(Task(id="preferences", factory="corerl.tasks.preferences:PreferenceDataset", provides="preferences",
-                  description="DPO pairs: prompt/chosen/rejected rows from data.train_files (JSONL or Parquet)"))
+                  description="DPO pairs: prompt/chosen/rejected rows from data.train_files (JSONL, Parquet or CSV)"))
     register(Task(id="gsm_symbolic", factory="corerl.tasks.real_tasks:GSMSymbolic",
                   description="GSM8K-derived word problems from reasoning-gym 0.1.25, scored by math-verify "
                               "(docs/real-tasks.md)"))

@@ -419,7 +419,7 @@ class DataConfig:
 
     task: str = setting("digit_echo", help="a registered task id: digit_echo, dataset, or one a plugin registers")
     reward: str | None = setting(None, help="a registered reward id or an import path pkg.module:fn; unset: the task's own")
-    train_files: str | list[str] | None = setting(None, help="dataset task: JSONL or Parquet file(s); a folder: its "
+    train_files: str | list[str] | None = setting(None, help="dataset task: JSONL, Parquet or CSV file(s); a folder: its "
                                                            "one data file, or its train split's (the file named "
                                                            "train) where it holds several", path=True)
     held_out_files: str | list[str] | None = setting(None, help="dataset task: held-out file(s); unset: cut from "

@@ -53,7 +53,7 @@ from corerl.tasks.prompt_images import (
 from corerl.tasks.prompts import chat_text, check_prompt_fits, encode_prompt, encode_text
 from corerl.tasks.rewards import exact_answer
 
-_BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
+_BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
 ORIGIN = "_corerl_origin"  # where a row came from: a key the rows carry, dropped before a reward sees them
 PROMPT_IDS = "_corerl_prompt_ids"  # the row's prompt, encoded and checked once when the task is made
 FOLDER = "_corerl_folder"  # the folder of the row's data file: image paths are relative to it
@@ -156,6 +156,28 @@ def _read_jsonl(path: Path, key: str) -> list[dict[str, Any]]:
     return rows
 
 
+def _read_csv(path: Path, key: str) -> list[dict[str, Any]]:
+    """The rows of a CSV file with a header line, every value as the text it holds (a CSV has no
+    types: an answer column of numbers stays the numbers' text); a row with more fields than the
+    header is refused with its line number. Read with the standard library's ``csv``: no
+    ``datasets`` builder guessing column types from the first rows."""
+    import csv
+
+    rows = []
+    with path.open(encoding="utf-8", newline="") as handle:
+        reader = csv.DictReader(handle)
+        if not reader.fieldnames:
+            raise ConfigError(f"{path} has no header line", key=key,
+                              hint="the first line of a CSV data file names its columns, e.g. prompt,answer")
+        for row in reader:
+            if None in row:  # fields past the header's
+                raise ConfigError(f"{path} line {reader.line_num} has {len(reader.fieldnames) + len(row[None])} "
+                                  f"fields for a header of {len(reader.fieldnames)}", key=key,
+                                  hint="quote fields that hold commas")
+            rows.append({**row, ORIGIN: f"{path.name} line {reader.line_num}", FOLDER: str(path.parent)})
+    return rows
+
+
 def _holds_json_lines(path: Path) -> bool:
     """A ``.jsonl`` file, or a ``.json`` file of JSON lines (not one JSON array or object)."""
     suffix = path.suffix.lower()
@@ -174,10 +196,12 @@ def _holds_json_lines(path: Path) -> bool:
 
 
 def read_rows(files: list[str], key: str, limit: int | None = None) -> list[dict[str, Any]]:
-    """Every row of ``files`` (all JSONL/JSON lines or all Parquet), in file order, or the first
-    ``limit``; each row remembers where it came from under :data:`ORIGIN` (file and line or row
-    number)."""
+    """Every row of ``files`` (all JSONL/JSON lines, all Parquet or all CSV), in file order, or the
+    first ``limit``; each row remembers where it came from under :data:`ORIGIN` (file and line or
+    row number)."""
     builders = check_data_files(files, key)
+    if builders == {"csv"}:
+        return list(islice((row for name in files for row in _read_csv(Path(name), key)), limit))
     if all(_holds_json_lines(Path(name)) for name in files):  # read here: errors name the line
         return list(islice((row for name in files for row in _read_jsonl(Path(name), key)), limit))
     import datasets
@@ -278,8 +302,8 @@ def file_weights(data: Any) -> list[float] | None:
 
 
 def check_data_files(files: list[str], key: str) -> set[str]:
-    """Refuse, reading nothing, data files that do not exist or are not all JSONL or all
-    Parquet; returns the ``datasets`` builder that reads them."""
+    """Refuse, reading nothing, data files that do not exist or are not all JSONL, all Parquet or
+    all CSV; returns the ``datasets`` builder that reads them (``csv``: read by :func:`_read_csv`)."""
     builders = set()
     for name in files:
         path = Path(name)
@@ -294,11 +318,12 @@ def check_data_files(files: list[str], key: str) -> set[str]:
             raise ConfigError(f"data file {name} does not exist", key=key, hint="give the path of a .jsonl or .parquet file")
         builder = _BUILDERS.get(path.suffix.lower())
         if builder is None:
-            raise ConfigError(f"data file {name} is neither JSONL nor Parquet", key=key,
+            raise ConfigError(f"data file {name} is not JSONL, Parquet or CSV", key=key,
                               hint=f"use one of the extensions {', '.join(_BUILDERS)}")
         builders.add(builder)
     if len(builders) > 1:
-        raise ConfigError("data files mix JSONL and Parquet", key=key, hint="convert them to one format")
+        raise ConfigError(f"data files mix formats ({', '.join(sorted(builders))})", key=key,
+                          hint="convert them to one format")
     return builders
 
 

@@ -84,8 +84,8 @@ RULES: dict[str, Rule] = {
     "data.solution_key": acts("data.answer_key"),
     "data.processor": inert(vision.PROCESSOR_REASON),
     "data.repeat": inert("each prompt is answered eval.num_samples times (eval.num_tests_per_prompt)", _not(1)),
-    "data.file_format": inert("corerl's dataset task reads JSONL and Parquet files: a CSV is refused (convert it)",
-                              lambda value: value not in (None, "json", "jsonl", "parquet")),
+    "data.file_format": inert("corerl's dataset task reads a data file by its extension (.jsonl, .json, .parquet, "
+                              ".csv)", lambda value: value not in (None, "json", "jsonl", "parquet", "csv")),
     "env.math.verifier_type": inert("corerl's math environment verifies with math-verify (NeMo RL's math verifier); "
                                     "its multiple-choice verifiers are not built into corerl yet",
                                     lambda value: value not in (None, "math")),
