@@ -525,8 +525,9 @@ def test_an_evaluation_recipe_is_read_for_corerl_eval(tmp_path, capsys):
                            ("generation.vllm_cfg.limit_mm_per_prompt.audio=1",
                             "generation.vllm_cfg.limit_mm_per_prompt.audio: audio and video inputs are not built into "
                             "corerl yet"),
-                           ("env.math.verifier_type=english_multichoice",
-                            "env.math.verifier_type: 'english_multichoice' is not supported")):
+                           ("env.math.verifier_type=mgsm",
+                            "env.math.verifier_type: expected one of 'math', 'english_multichoice', "
+                            "'multilingual_multichoice', got str 'mgsm'")):
         refused_in_one_line(_Validated(capsys, str(recipe), override), says)
 
 
@@ -547,3 +548,29 @@ def test_an_evaluation_recipe_reads_a_csv_file(tmp_path, capsys):
     assert _Validated(capsys, str(recipe), "data.file_format=csv").code == 0
     refused_in_one_line(_Validated(capsys, str(recipe), "data.file_format=xml"),
                         "data.file_format: 'xml' is not supported")
+
+
+@pytest.mark.parametrize("verifier", ["english_multichoice", "multilingual_multichoice"])
+def test_a_multiple_choice_verifier_scores_the_option_letter(tmp_path, capsys, verifier):
+    """``env.math.verifier_type`` (NeMo RL's GPQA and MMLU evaluations): the option after
+    'Answer:' against the gold letter, where math-verify would read the letter as a symbol; the
+    multilingual one reads the marker in other languages and scripts."""
+    recipe = tmp_path / "eval.yaml"
+    recipe.write_text(EVAL_RECIPE)
+    config = _load(recipe, f"env.math.verifier_type={verifier}")
+    settings = config.section("env.math")
+    assert settings.verifier_type == verifier
+    from corerl.environments.contract import EnvironmentContext, EpisodeView
+    from corerl.environments.math_env import MathEnvironment
+
+    environment = MathEnvironment(EnvironmentContext(settings, 0, data=config.core.data))
+    key = config.core.data.answer_key
+
+    def reward(response, gold):
+        return environment.step(EpisodeView(row={key: gold}, turn=1, responses=(response,))).reward
+
+    assert reward("The second: **Answer: B**", "B") == 1.0
+    assert reward("Answer: C", "B") == 0.0 and reward("I pick B", "B") == 0.0  # no marker: no answer
+    for other in ("答案：Ｂ", "الإجابة: ب", "Antwort: b"):
+        assert reward(other, "B") == (1.0 if verifier == "multilingual_multichoice" else 0.0), other
+    assert _Validated(capsys, str(recipe), f"env.math.verifier_type={verifier}").code == 0

@@ -1,5 +1,7 @@
 """``math``: one turn, the answer checked by Hugging Face's ``math-verify`` (NeMo RL's
-``env.math`` with ``math_verify_impl: hf_math_verify``).
+``env.math`` with ``math_verify_impl: hf_math_verify``); with ``env.math.verifier_type``
+``english_multichoice`` or ``multilingual_multichoice``, the option letter after an answer marker
+(:mod:`corerl.environments.multichoice`).
 
 The gold answer is the row's answer column (``data.answer_key``); the reward is 1 when
 ``math_verify.verify`` finds the model's answer (a ``\\boxed{}`` expression, LaTeX or a plain
@@ -13,6 +15,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from corerl.environments import multichoice
 from corerl.environments.contract import EnvironmentContext, EpisodeView, Turn
 from corerl.errors import EngineNotAvailable
 from corerl.tasks import column_value
@@ -30,8 +33,11 @@ class MathEnvironment:
         self.parse, self.verify = math_verify.parse, math_verify.verify
         self.answer_key = getattr(context.data, "answer_key", "answer") if context.data is not None else "answer"
         self.dapo = getattr(context.settings, "math_verify_impl", "hf_math_verify") == "dapo_math_verify"
+        self.verifier = getattr(context.settings, "verifier_type", "math")
 
     def correct(self, response: str, gold: Any) -> bool:
+        if self.verifier in multichoice.VERIFIERS:
+            return multichoice.correct(response, gold, self.verifier)
         if self.dapo:
             answer = dapo_answer(response)
             if answer is None:

@@ -37,6 +37,11 @@ class MathSettings(EnvironmentSettings):
         "hf_math_verify", help="hf_math_verify: Hugging Face's math-verify finds the answer anywhere in the turn; "
                                "dapo_math_verify: DAPO's rule, the text after the last 'Answer:' compared with the "
                                "gold answer (normalised, then by math-verify)")
+    verifier_type: Literal["math", "english_multichoice", "multilingual_multichoice"] = setting(
+        "math", help="math: the answer checked as mathematics (math_verify_impl); english_multichoice: the option "
+                     "letter after the first 'Answer:' equal to the gold letter (GPQA, MMLU); "
+                     "multilingual_multichoice: the same with the marker in other languages too ('Antwort:', "
+                     "'答案：', 'الإجابة:') and option letters in other scripts")
 
 
 @attrs.define(kw_only=True)

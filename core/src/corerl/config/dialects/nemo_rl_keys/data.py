@@ -86,9 +86,7 @@ RULES: dict[str, Rule] = {
     "data.repeat": inert("each prompt is answered eval.num_samples times (eval.num_tests_per_prompt)", _not(1)),
     "data.file_format": inert("corerl's dataset task reads a data file by its extension (.jsonl, .json, .parquet, "
                               ".csv)", lambda value: value not in (None, "json", "jsonl", "parquet", "csv")),
-    "env.math.verifier_type": inert("corerl's math environment verifies with math-verify (NeMo RL's math verifier); "
-                                    "its multiple-choice verifiers are not built into corerl yet",
-                                    lambda value: value not in (None, "math")),
+    "env.math.verifier_type": acts("env.math.verifier_type"),
     # -- data --
     "data.max_input_seq_length": inert("a prompt that leaves no room for a completion in policy.max_seq_length is "
                                        "refused with its row; completions end at policy.max_seq_length"),
