@@ -257,18 +257,23 @@ def test_the_tools_environment_executes_calls_with_the_row_and_scores_the_answer
     assert final.done and final.reward == 1.0
 
 
-def test_tool_call_latency_delays_each_turn_with_calls_and_the_episodes_wait_together():
-    """``env.tools.call_latency_s``: a turn with calls answers that late, a final answer at once;
-    96 episodes (three times the in-process pool's threads) wait together, not in waves."""
+def _lookup_tools(**settings):
+    """The tools environment offering the built-in ``lookup`` tool, with ``settings`` (latencies)."""
     from corerl.plugin_manager import PluginHost
 
     host = PluginHost(discover=False, env={})
-    context = EnvironmentContext(ToolsSettings(tools=["lookup"], call_latency_s=0.3), 0,
-                                 tools={t.id: t for t in host.tools}, tool_parsers={p.id: p for p in host.tool_parsers})
-    environment = ToolsEnvironment(context)
+    return ToolsEnvironment(EnvironmentContext(ToolsSettings(tools=["lookup"], **settings), 0,
+                                               tools={t.id: t for t in host.tools},
+                                               tool_parsers={p.id: p for p in host.tool_parsers}))
+
+
+def test_tool_call_latency_delays_each_turn_with_calls_and_the_episodes_wait_together():
+    """``env.tools.call_latency_s``: a turn with calls answers that late, a final answer at once;
+    96 episodes (three times the in-process pool's threads) wait together, not in waves."""
+    environment = _lookup_tools(call_latency_s=0.3)
     assert inspect.iscoroutinefunction(environment.step)
     pool = InProcessPool(environment, timeout_s=30)
-    call = '<tool_call> {"name": "lookup", "arguments": {}} </tool_call>'
+    call = LOOKUP_CALL
     try:
         start = time.perf_counter()
         answers = pool.answer([EpisodeView(row={"value": i % 10, "answer": str(i % 10)}, turn=1, responses=(call,))
@@ -281,23 +286,16 @@ def test_tool_call_latency_delays_each_turn_with_calls_and_the_episodes_wait_tog
         assert final.done and final.reward == 1.0 and time.perf_counter() - start < 0.3
     finally:
         pool.shutdown()
-    assert not inspect.iscoroutinefunction(ToolsEnvironment(EnvironmentContext(
-        ToolsSettings(tools=["lookup"]), 0, tools={t.id: t for t in host.tools},
-        tool_parsers={p.id: p for p in host.tool_parsers})).step)  # no latency: the plain step, as before
+    assert not inspect.iscoroutinefunction(_lookup_tools().step)  # no latency: the plain step, as before
 
 
 def test_check_latency_delays_each_final_answer_and_leaves_tool_turns_alone():
     """``env.tools.check_latency_s``: a final answer's reward comes that late (the episodes wait
     together), a turn with calls answers at once when ``call_latency_s`` is 0."""
-    from corerl.plugin_manager import PluginHost
-
-    host = PluginHost(discover=False, env={})
-    context = EnvironmentContext(ToolsSettings(tools=["lookup"], check_latency_s=0.3), 0,
-                                 tools={t.id: t for t in host.tools}, tool_parsers={p.id: p for p in host.tool_parsers})
-    environment = ToolsEnvironment(context)
+    environment = _lookup_tools(check_latency_s=0.3)
     assert inspect.iscoroutinefunction(environment.step)
     pool = InProcessPool(environment, timeout_s=30)
-    call = '<tool_call> {"name": "lookup", "arguments": {}} </tool_call>'
+    call = LOOKUP_CALL
     try:
         start = time.perf_counter()
         finals = pool.answer([EpisodeView(row={"value": i % 10, "answer": "4"}, turn=2, responses=(call, "4"))
