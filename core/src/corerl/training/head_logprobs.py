@@ -161,8 +161,8 @@ def _score(head: Any, hidden: torch.Tensor, input_ids: torch.Tensor, needed: tor
                     _top(head(chunk).float(), topk, tops, top_ids)
         else:
             logits = head(chunk).float()
-            norm = torch.logsumexp(logits, dim=-1, keepdim=True)
-            parts.append(logits.gather(-1, wanted) - norm)
+            scored, norm = _scored(logits, wanted)
+            parts.append(scored)
             if topk is not None:  # from the same logits: the head runs once a chunk
                 with torch.no_grad():
                     _top(logits, topk, tops, top_ids, norm)
@@ -192,12 +192,17 @@ def _top(logits: torch.Tensor, k: int, tops: list[torch.Tensor], ids: list[torch
     ids.append(index)
 
 
-def _picked(head: Any, states: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """``[n, K]`` float32: log p(targets[i, k]) under the head's distribution at ``states[i]``."""
+def _scored(logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``[n, K]``: log p(targets[i, k]) under float32 ``logits`` ``[n, V]``, and their log-sum-exp ``[n, 1]``."""
     import torch
 
-    logits = head(states).float()
-    return logits.gather(-1, targets) - torch.logsumexp(logits, dim=-1, keepdim=True)
+    norm = torch.logsumexp(logits, dim=-1, keepdim=True)
+    return logits.gather(-1, targets) - norm, norm
+
+
+def _picked(head: Any, states: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """``[n, K]`` float32: log p(targets[i, k]) under the head's distribution at ``states[i]``."""
+    return _scored(head(states).float(), targets)[0]
 
 
 def _placed(values: torch.Tensor, picked: torch.Tensor, rows: int, width: int, k: int) -> torch.Tensor:
