@@ -3,7 +3,7 @@ how completions are scored.
 
 A task is registered through ``corerl_register_tasks`` and named by ``data.task``; a reward
 through ``corerl_register_rewards`` (or given by import path) and named by ``data.reward``.
-The core registers ``digit_echo`` (made in code), ``dataset`` (JSONL/Parquet files) and the
+The core registers ``digit_echo`` (made in code), ``dataset`` (JSONL/Parquet/CSV files) and the
 ``exact_answer`` reward.
 """
 

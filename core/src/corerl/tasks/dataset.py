@@ -85,7 +85,7 @@ _NOT_DATA = ("dataset_info.json", "state.json", "dataset_dict.json")  # a datase
 
 
 def _folder_data(path: Path) -> list[Path]:
-    """The JSONL/Parquet files in folder ``path`` (and below it): the train split's where some are
+    """The JSONL/Parquet/CSV files in folder ``path`` (and below it): the train split's where some are
     named so, else all of them."""
     files = sorted(found for found in path.rglob("*") if found.is_file() and found.suffix.lower() in _BUILDERS
                    and found.name not in _NOT_DATA
@@ -310,12 +310,13 @@ def check_data_files(files: list[str], key: str) -> set[str]:
         if path.is_dir():  # as_list left it: not one data file
             found = [str(file.relative_to(path)) for file in _folder_data(path)]
             held = f"{len(found)} data files ({', '.join(found[:4])}{', ...' if len(found) > 4 else ''})" if found \
-                else "no .jsonl or .parquet file"
+                else "no .jsonl, .parquet or .csv file"
             raise ConfigError(f"data folder {name} holds {held}, and corerl reads one data file per folder", key=key,
                               hint="give the data files themselves (a list)" if found
-                                   else "give the path of a .jsonl or .parquet file")
+                                   else "give the path of a .jsonl, .parquet or .csv file")
         if not path.is_file():
-            raise ConfigError(f"data file {name} does not exist", key=key, hint="give the path of a .jsonl or .parquet file")
+            raise ConfigError(f"data file {name} does not exist", key=key,
+                              hint="give the path of a .jsonl, .parquet or .csv file")
         builder = _BUILDERS.get(path.suffix.lower())
         if builder is None:
             raise ConfigError(f"data file {name} is not JSONL, Parquet or CSV", key=key,
