@@ -333,12 +333,9 @@ def main() -> None:
     console.print(table)
     for row in rows:
         if row["path"] == "buckets":
-            archives = [r for r in rows if r["shape"] == row["shape"] and r["measure"] == row["measure"]
-                        and r["path"] == "archive"]
-            faster = f", {archives[0]['seconds'] / row['seconds']:.2f}x faster than the archive" if archives else ""
-            floors = [r for r in rows if r["shape"] == row["shape"] and r["measure"] == row["measure"]
-                      and r["path"] == "two copies"]
-            floor = f", {row['seconds'] / floors[0]['seconds']:.2f}x two plain copies" if floors else ""
+            beside = {r["path"]: r["seconds"] for r in rows if (r["shape"], r["measure"]) == (row["shape"], row["measure"])}
+            faster = f", {beside['archive'] / row['seconds']:.2f}x faster than the archive" if "archive" in beside else ""
+            floor = f", {row['seconds'] / beside['two copies']:.2f}x two plain copies" if "two copies" in beside else ""
             console.print(f"{row['shape']} {row['measure']}: buckets {row['vs_bound']:.2f}x the bound (goal: at most "
                           f"{GOAL}x: {'met' if row['vs_bound'] <= GOAL else 'NOT met'}){floor}{faster}")
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
