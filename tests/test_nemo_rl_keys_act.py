@@ -601,3 +601,51 @@ def test_an_fp8_kv_cache_and_fp8_generation_reach_vllm(tmp_path, capsys):
     assert result.code == 0, result
     fates = {k["key"]: (k["fate"], k["detail"]) for k in result.json()["keys"]}
     assert fates["policy.generation.vllm_cfg.kv_cache_dtype"][0] == "acts"
+
+
+def test_megatron_fp8_training_reaches_megatron_cores_transformer_config(tmp_path, capsys):
+    """``policy.megatron_cfg.fp8_cfg`` switched on is corerl's section of that name: megatron-core's
+    FP8 fields (format, scaling recipe) in the TransformerConfig the backend builds; FP8 parameters
+    (``fp8_param``) are refused at config check, and a machine without a GPU refuses the rest at the
+    key (what it does on a GPU: plugins/megatron/tests/test_megatron_fp8.py)."""
+    import torch
+    from transformers import Qwen2Config
+
+    from corerl_megatron.training.model import transformer_config
+
+    recipe = _child(tmp_path, "fp8.yaml", "policy:\n  dtensor_cfg:\n    enabled: false\n  megatron_cfg:\n"
+                                          "    enabled: true\n    tensor_model_parallel_size: 1\n    fp8_cfg:\n      enabled: true\n"
+                                          "      fp8: hybrid\n"
+                                          "      fp8_recipe: blockwise\n      fp8_param: false\n")
+    settings = _load(recipe).section("policy.megatron_cfg")
+    assert (settings.fp8_cfg.enabled, settings.fp8_cfg.fp8, settings.fp8_cfg.fp8_recipe) == (True, "hybrid", "blockwise")
+    hf = Qwen2Config(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
+                     num_hidden_layers=2, vocab_size=128)
+    built = transformer_config(hf, settings, torch.bfloat16)
+    assert (built.fp8, built.fp8_recipe, built.fp8_param) == ("hybrid", "blockwise", False)
+    off = transformer_config(hf, _load(DATA / "base_grpo.yaml").section("policy.megatron_cfg"), torch.bfloat16)
+    assert off.fp8 is None
+    refused_in_one_line(_Validated(capsys, str(recipe), "policy.megatron_cfg.fp8_cfg.fp8_param=true"),
+                        "policy.megatron_cfg.fp8_cfg.fp8_param: FP8 parameters are not exported")
+    from corerl.distributed.devices import machine_has_gpu
+
+    if not machine_has_gpu():
+        refused_in_one_line(_Validated(capsys, str(recipe)), "policy.megatron_cfg.fp8_cfg.enabled: "
+                            "policy.megatron_cfg.fp8_cfg.enabled needs a GPU", code=1)
+
+
+@pytest.mark.parametrize("lora, packed, says", [
+    (True, False, "policy.lora's adapters run on megatron-core's local layer spec"),
+    (False, True, "packed rows (policy.sequence_packing) run on megatron-core's local layer spec"),
+])
+def test_megatron_fp8_training_is_refused_on_a_gpu_where_the_local_spec_runs(lora, packed, says):
+    """On a GPU, LoRA's adapters and packed rows run on megatron-core's local layer spec, which has
+    no FP8 layers: FP8 training with either is refused in one line, not run without FP8."""
+    from corerl.errors import EngineNotAvailable
+    from corerl_megatron.config import MegatronConfig, MegatronFp8Config
+    from corerl_megatron.support import check_fp8_training
+
+    settings = MegatronConfig(enabled=True, fp8_cfg=MegatronFp8Config(enabled=True))
+    with pytest.raises(EngineNotAvailable) as refused:
+        check_fp8_training(settings, "policy.megatron_cfg", lora, packed)
+    assert refused.value.key == "policy.megatron_cfg.fp8_cfg.enabled" and says in refused.value.one_line()

@@ -13,7 +13,7 @@ from corerl.errors import ConfigError, EngineNotAvailable
 from corerl.testing import host_with, select_for, write_recipe
 from corerl_megatron.support import check_supported
 
-GPU_ONLY = ["policy.megatron_cfg.fp8_cfg={format: hybrid}", "policy.megatron_cfg.optimizer.use_distributed_optimizer=true",
+GPU_ONLY = ["policy.megatron_cfg.fp8_cfg.enabled=true", "policy.megatron_cfg.optimizer.use_distributed_optimizer=true",
             "policy.megatron_cfg.apply_rope_fusion=true", "policy.megatron_cfg.bias_activation_fusion=true"]
 NOT_OFFERED = [
     # packing is run (test_megatron_packing.py); micro-batches of varying shapes are not

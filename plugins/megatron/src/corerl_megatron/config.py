@@ -36,6 +36,23 @@ class MegatronSchedulerConfig:
 
 
 @attrs.define(kw_only=True)
+class MegatronFp8Config:
+    """``policy.megatron_cfg.fp8_cfg``: FP8 training, megatron-core's own (its TransformerConfig's
+    ``fp8``, ``fp8_recipe``, ``fp8_param``), run by Transformer Engine's layers on a GPU: the linear
+    layers' matrix multiplications in FP8, the parameters, gradients and optimizer state as before."""
+
+    enabled: bool = setting(False, help="train with FP8 matrix multiplications (needs a GPU with FP8 support and "
+                                        "Transformer Engine; refused in one line elsewhere)")
+    fp8: Literal["e4m3", "hybrid"] = setting("e4m3", help="FP8 format: e4m3 everywhere, or hybrid (e4m3 forward, "
+                                                          "e5m2 gradients)")
+    fp8_recipe: Literal["tensorwise", "delayed", "mxfp8", "blockwise"] = setting(
+        "tensorwise", help="how scales are kept: tensorwise (current scaling), delayed (from an amax history), "
+                           "blockwise (DeepSeek-style 128-wide blocks; Hopper), mxfp8 (Blackwell)")
+    fp8_param: bool = setting(False, help="keep the parameters themselves in FP8; corerl keeps them in "
+                                          "policy.precision and exports them so, so only false is accepted")
+
+
+@attrs.define(kw_only=True)
 class MegatronConfig:
     """Settings of the megatron training backend."""
 
@@ -69,7 +86,7 @@ class MegatronConfig:
                                                   "on by default, does too)")
     apply_rope_fusion: bool = setting(False, help="megatron's fused rotary-embedding kernel (GPU only; off on CPU)")
     bias_activation_fusion: bool = setting(False, help="megatron's fused bias and activation kernel (GPU only; off on CPU)")
-    fp8_cfg: dict[str, Any] | None = setting(None, help="NeMo RL's FP8 settings; FP8 training is not supported yet (enabled: true is refused)")
+    fp8_cfg: MegatronFp8Config = section(MegatronFp8Config)
     force_reconvert_from_hf: bool = setting(False, help="convert the Hugging Face checkpoint again even when a cached conversion exists")
     lora_type: Literal["canonical_lora", "lora"] = setting(
         "canonical_lora", help="with policy.lora: canonical_lora, one adapter per Hugging Face projection (q, k, v, "
@@ -103,6 +120,9 @@ class MegatronConfig:
         yield from parallel_sizes_divide_world("tensor_model_parallel_size", sizes, config)
         if self.sequence_parallel and self.tensor_model_parallel_size == 1:
             yield ("sequence_parallel", "needs tensor_model_parallel_size > 1")
+        if self.fp8_cfg.enabled and self.fp8_cfg.fp8_param:
+            yield ("fp8_cfg.fp8_param", "FP8 parameters are not exported to the generation engine or checkpoints: "
+                   "corerl keeps them in policy.precision (the matrix multiplications still run in FP8); set it to false")
         yield from self._check_mtp_heads(config)
         if (self.mtp_num_layers or 0) > 0 and self.pipeline_model_parallel_size > 1:
             yield ("mtp_num_layers", "the MTP heads are trained on the last pipeline stage with the embeddings, which "

@@ -150,8 +150,6 @@ SECTION = SectionRules(
     rules=RULES,
     switched={"policy.megatron_cfg": True, "policy.megatron_cfg.peft": False, "policy.megatron_cfg.fp8_cfg": False,
               "value.megatron_cfg": True, "value.megatron_cfg.fp8_cfg": False, "value.megatron_cfg.peft": False},
-    unsupported={"policy.megatron_cfg.fp8_cfg": "FP8 training is not built into corerl yet",
-                 "value.megatron_cfg.fp8_cfg": "FP8 training is not built into corerl yet"},
     opaque=("policy.megatron_cfg.env_vars",),
     frozen_inert=("megatron_cfg.optimizer", "megatron_cfg.scheduler", "megatron_cfg.activation_checkpointing",
                   "megatron_cfg.peft", "megatron_cfg.distributed_data_parallel_config", "megatron_cfg.checkpoint",

@@ -5,6 +5,8 @@ logic only; GPU-only options are refused where the recipe runs on this machine a
 
 from __future__ import annotations
 
+from typing import Any
+
 from corerl.sdk import (
     Config,
     ConfigError,
@@ -28,7 +30,7 @@ def check_supported(config: Config) -> None:
                                  "path is not wired)", key="policy.model_name",
                                  hint="use policy.training_backend=dtensor or deepspeed")
     gpu_only = {
-        f"{section}.fp8_cfg": settings.fp8_cfg,
+        f"{section}.fp8_cfg.enabled": settings.fp8_cfg.enabled,
         f"{section}.optimizer.use_distributed_optimizer": settings.optimizer.use_distributed_optimizer,
         f"{section}.apply_rope_fusion": settings.apply_rope_fusion,
         f"{section}.bias_activation_fusion": settings.bias_activation_fusion,
@@ -50,6 +52,8 @@ def check_supported(config: Config) -> None:
     policy = config.core.policy
     lora = policy.lora.enabled and config.role != "critic"
     packed = policy.sequence_packing.enabled
+    if settings.fp8_cfg.enabled and on_gpu:
+        check_fp8_training(settings, section, lora, packed)
     if settings.sequence_parallel and config.role != "critic" and (not on_gpu or lora or packed):
         # on a GPU it needs Transformer Engine too, which a recipe for another cluster cannot be judged by;
         # LoRA's adapters and packed rows' masked attention run on the local spec on a GPU too
@@ -199,6 +203,24 @@ def check_pipeline_stages(config: Config, settings: object, section: str) -> Non
                           f"{stages - given} stage(s) share the rest)", key=f"{section}.{key}",
                           hint="pick stage sizes that leave each other stage the same number of layers, or set "
                                "num_layers_in_first/last_pipeline_stage")
+
+
+def check_fp8_training(settings: Any, section: str, lora: bool, packed: bool) -> None:
+    """FP8 training on a GPU: megatron-core runs it in Transformer Engine's layers (its layer spec),
+    which must be installed; the local spec that LoRA's adapters and packed rows run on has no FP8
+    layers, so those are refused with it, in one line."""
+    from importlib.util import find_spec
+
+    key = f"{section}.fp8_cfg.enabled"
+    if lora or packed:
+        what = "policy.lora's adapters" if lora else "packed rows (policy.sequence_packing)"
+        raise EngineNotAvailable(f"FP8 training runs in Transformer Engine's layers, and {what} run on megatron-core's "
+                                 "local layer spec, which has none", key=key,
+                                 hint="turn FP8 training off, or " + ("policy.lora" if lora else "policy.sequence_packing"))
+    if find_spec("transformer_engine") is None:
+        raise EngineNotAvailable("FP8 training runs in Transformer Engine's layers, and transformer_engine is not "
+                                 "installed here", key=key,
+                                 hint="pip install transformer_engine[pytorch] (a CUDA build), or turn FP8 training off")
 
 
 def check_generation_supported(config: Config) -> None:

@@ -53,7 +53,17 @@ def transformer_config(hf: Any, settings: Any = None, params_dtype: torch.dtype 
         masked_softmax_fusion=False, bias_dropout_fusion=False, gradient_accumulation_fusion=False,
         persist_layer_norm=False,
         **moe_fields(hf, settings, moe),
+        **fp8_fields(get("fp8_cfg", None)),
     )
+
+
+def fp8_fields(fp8: Any) -> dict[str, Any]:
+    """megatron-core's FP8 training fields for ``policy.megatron_cfg.fp8_cfg`` (none where it is
+    off): Transformer Engine's layers then run their matrix multiplications in FP8 under the
+    recipe's scaling (megatron-core enters the FP8 context around each layer itself)."""
+    if fp8 is None or not fp8.enabled:
+        return {}
+    return {"fp8": fp8.fp8, "fp8_recipe": fp8.fp8_recipe, "fp8_param": fp8.fp8_param}
 
 
 class ValueHead(torch.nn.Module):
