@@ -84,10 +84,10 @@ class TestHybridShardDataParallel2(_DTensorVariant):
 
 class TestContextParallel2(_DTensorVariant):
     """Each sequence split over 2 ranks (ring attention), the model sharded over both by FSDP2 (the
-    loss sees the gathered logprobs: the GRPO variants are world size 1's; LoRA wraps the
-    projections, not attention: DP2's check)."""
+    loss sees the gathered logprobs, and top-k distillation the gathered top-k and candidates: the
+    algorithm checks run here too; LoRA wraps the projections, not attention: DP2's check)."""
 
-    critic_checks = True
+    critic_checks = algorithm_checks = True
     micro_batch_layouts = ("dynamic",)  # packed rows are refused with context parallelism
     overrides = ["cluster.gpus_per_node=2", "policy.dtensor_cfg.context_parallel_size=2"]
 

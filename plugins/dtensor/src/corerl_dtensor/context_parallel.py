@@ -3,7 +3,10 @@ context-parallel ranks, each running the model on its two chunks (attention over
 sequence by :mod:`corerl_dtensor.ring_attention`), and the token logprobs gathered back into the
 whole sequence's order on every rank, so that the loss functions see what they see without it.
 
-A critic's values are split and gathered the same way (:func:`context_parallel_values`).
+A micro-batch's other asks of the same logits are answered the same way, each rank at its own
+positions: a student's ``candidate_ids`` (a teacher's top-k tokens: ``candidate_logprobs``,
+differentiable) and a teacher's :data:`~corerl.training.logprobs.TOPK_REQUEST` (``topk_logprobs``
+and ``topk_ids``). A critic's values are split and gathered the same way (:func:`context_parallel_values`).
 
 Gradients: every rank computes the loss on the gathered logprobs, so the gather's backward hands
 each rank ``cp`` times its positions' share; FSDP's mean over the ``dp x cp`` ranks that shard
@@ -20,8 +23,10 @@ import torch
 from corerl.sdk import picked_logprobs, shift_values
 from corerl_dtensor.ring_attention import Ring, positions_of, splitting_sequences_over
 
-#: micro-batch fields context parallelism does not take yet (packing, images, a teacher's top-k)
-NOT_YET = ("position_ids", "candidate_ids", "topk_request", "pixel_values")
+#: micro-batch fields context parallelism does not take yet (packing, images)
+NOT_YET = ("position_ids", "pixel_values")
+#: positions of a rank's logits per top-k pass (bounds the float32 copy, as the core's chunks do)
+TOPK_POSITIONS = 256
 
 
 class _RingAllGather(torch.autograd.Function):
@@ -92,13 +97,43 @@ def context_parallel_logprobs(model: torch.nn.Module, batch: dict[str, torch.Ten
     (``[B, T]``: position t holds log p(token t | tokens before it), 0 at t = 0 and on padding), with
     each sequence split over ``ring``'s ranks. The model must attend with ring attention
     (``attn_implementation="corerl_ring"``); a MoE model's ``router`` hooks, see :func:`_forward_split`."""
+    from corerl.training.logprobs import TOPK_REQUEST
+
     logits, where, ids_padded = _forward_split(model, batch, ring, router)
-    following = ids_padded[:, (where + 1).clamp(max=ids_padded.shape[1] - 1)]  # the token each position predicts
-    mine = picked_logprobs(logits, following.unsqueeze(-1)).squeeze(-1)
-    of_next = _in_sequence_order(mine, ring)  # position p: log p(token p + 1 | tokens up to p)
+    after = (where + 1).clamp(max=ids_padded.shape[1] - 1)  # the token each of this rank's positions predicts
+    mine = picked_logprobs(logits, ids_padded[:, after].unsqueeze(-1)).squeeze(-1)
+    if "candidate_ids" in batch:  # [B, T, K]: position t's candidates for token t
+        candidates = batch["candidate_ids"]
+        padded = torch.nn.functional.pad(candidates, (0, 0, 0, ids_padded.shape[1] - candidates.shape[1]))
+        batch["candidate_logprobs"] = _whole(picked_logprobs(logits, padded[:, after]), batch, ring)
+    if TOPK_REQUEST in batch:
+        top, ids = _topk(logits, int(batch[TOPK_REQUEST]))
+        batch["topk_logprobs"], batch["topk_ids"] = _whole(top, batch, ring), _whole(ids, batch, ring)
+    return _whole(mine, batch, ring)
+
+
+def _whole(mine: torch.Tensor, batch: dict[str, torch.Tensor], ring: Ring) -> torch.Tensor:
+    """This rank's per-position predictions (``[B, its positions, ...]``: position p's of token
+    p + 1) as the whole sequence's ``[B, T, ...]``, aligned as the core's logprobs are: position t
+    holds the prediction of token t, 0 at t = 0 and on padding."""
+    of_next = _in_sequence_order(mine, ring)
     length = batch["input_ids"].shape[1]
     out = torch.cat([torch.zeros_like(of_next[:, :1]), of_next[:, :length - 1]], dim=1)
-    return out * batch["attention_mask"].to(out.dtype)
+    mask = batch["attention_mask"].to(out.dtype)
+    return out * mask.reshape(*mask.shape, *(1,) * (out.dim() - 2))
+
+
+def _topk(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each of this rank's positions' ``k`` most likely next tokens: (float32 logprobs, long ids),
+    a slice of positions at a time (a teacher's answer: no gradient)."""
+    values, ids = [], []
+    with torch.no_grad():
+        for start in range(0, logits.shape[1], TOPK_POSITIONS):
+            chunk = logits[:, start:start + TOPK_POSITIONS].float()
+            top, index = chunk.topk(k, dim=-1)
+            values.append(top - torch.logsumexp(chunk, dim=-1, keepdim=True))
+            ids.append(index)
+    return torch.cat(values, dim=1), torch.cat(ids, dim=1)
 
 
 def context_parallel_values(model: torch.nn.Module, batch: dict[str, torch.Tensor], ring: Ring,

@@ -109,9 +109,6 @@ def check_context_parallel(config: Config, settings: Any, section: str) -> None:
         return
     key = f"{section}.context_parallel_size"
     core = config.core
-    teacher = config.section("algorithm.distillation")  # a teacher's top-k candidates are asked for
-    topk = (teacher is not None and getattr(teacher, "teacher_model", None) is not None
-            and getattr(teacher, "kl_type", "reverse") != "reverse")
     shape = model_shape(config)
     refusals = (
         (core.policy.sequence_packing.enabled,
@@ -131,9 +128,6 @@ def check_context_parallel(config: Config, settings: Any, section: str) -> None:
         (shape is not None and shape.vision,
          "context parallelism splits a text decoder's sequences; a vision-language model's image tokens are not "
          "split yet", "set it to 1"),
-        (topk,
-         "context parallelism computes the sampled tokens' logprobs; the teacher's top-k candidates (kl_type "
-         "forward or mixed) are not split yet", "use algorithm.distillation.kl_type=reverse, or set it to 1"),
     )
     for refused, message, hint in refusals:
         if refused:
