@@ -224,15 +224,11 @@ def check_fp8_training(settings: Any, section: str, lora: bool, packed: bool) ->
 
 
 def check_generation_supported(config: Config) -> None:
-    """What the megatron generation backend refuses: sequence parallelism (a decode step is one
-    token wide), and, where it starts a megatron engine of its own (the training backend is
-    another), whatever that engine refuses."""
+    """What the megatron generation backend refuses: expert parallelism, and, where it starts a
+    megatron engine of its own (the training backend is another), whatever that engine refuses.
+    A model trained with sequence parallelism decodes with it switched off
+    (:func:`corerl_megatron.generation.rank_decode.generate`)."""
     settings = config.section("policy.megatron_cfg")
-    if settings.sequence_parallel:
-        raise EngineNotAvailable("megatron generation does not run with sequence parallelism (a decode step is one "
-                                 "token wide)", key="policy.megatron_cfg.sequence_parallel",
-                                 hint="set policy.megatron_cfg.sequence_parallel=false, or sample with "
-                                      "policy.generation.backend=vllm")
     if settings.expert_model_parallel_size > 1:
         raise EngineNotAvailable("megatron generation decodes each data-parallel rank's rows on its own, and expert "
                                  "parallelism needs every rank of the expert group in each forward pass",

@@ -3,6 +3,8 @@ run over the rank's model stage, with megatron's pipeline schedule for each forw
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -18,17 +20,32 @@ def generate(worker: Any, part: Any, sampling: Any, stop_ids: list[int]) -> list
     from corerl_megatron.training import cpu_redirect
 
     cpu_redirect.install()  # the KV cache is allocated on torch.cuda.current_device()
-    if worker.mconfig.sequence_parallel:
-        raise RuntimeError("megatron generation does not run with sequence_parallel (a decode step "
-                           "is one token wide); set policy.megatron_cfg.sequence_parallel=false")
     worker.model.eval()
     budget = worker.config.section("policy.generation.mcore_generation_config").buffer_size_gb * 2**30
     rows, seeds = part if isinstance(part, tuple) else (part, None)
-    with torch.no_grad():
+    with torch.no_grad(), _without_sequence_parallel(worker.model.module):
         out = decode_rows(rows, sampling, stop_ids, lambda ids, positions, cache: _last_logits(worker, ids, positions, cache),
                           lambda tokens: _share_tokens(worker.ps, tokens), _kv_bytes_per_token(worker), budget,
                           worker.device, seeds) if rows else []
     return out if worker.coordinates()["reports"] else None
+
+
+@contextlib.contextmanager
+def _without_sequence_parallel(model: Any) -> Iterator[None]:
+    """A model trained with sequence parallelism decodes without it (a decode step is one token
+    wide, not a sequence to split over the tensor-parallel ranks): megatron-core's own switch,
+    ``set_model_to_sequence_parallel``, turns every layer's flag off for the decoding and back on
+    for training, as its inference controller does."""
+    if not model.config.sequence_parallel:
+        yield
+        return
+    from megatron.core.transformer.utils import set_model_to_sequence_parallel
+
+    set_model_to_sequence_parallel(model, False)
+    try:
+        yield
+    finally:
+        set_model_to_sequence_parallel(model, True)
 
 
 def _kv_bytes_per_token(worker: Any) -> int:
