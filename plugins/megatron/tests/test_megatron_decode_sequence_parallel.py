@@ -8,11 +8,14 @@ sequence parallelism on two GPUs is tests/test_megatron_generation.py's gpu clas
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
 
 import pytest
+
+pytestmark = pytest.mark.slow
 
 CHECK = textwrap.dedent(
     """
@@ -66,7 +69,7 @@ def test_decoding_switches_sequence_parallelism_off_and_back_on(tmp_path):
     script = tmp_path / "check.py"
     script.write_text(CHECK, encoding="utf-8")
     proc = subprocess.run([sys.executable, str(script), str(model)], capture_output=True, text=True, timeout=300,
-                          env={**__import__("os").environ, "CUDA_VISIBLE_DEVICES": ""})
+                          env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     trained_flags, count, trained_config = result["trained"]
@@ -74,5 +77,3 @@ def test_decoding_switches_sequence_parallelism_off_and_back_on(tmp_path):
     assert result["decoding"] == [[False], count, False] and result["same_logits"]
     assert result["after"] == result["after_error"] == [[True], count, True]
 
-
-pytestmark = pytest.mark.slow
