@@ -25,6 +25,7 @@ TINY = ["policy.model_name=builtin:tiny-qwen2", "policy.tokenizer.name=builtin:t
 # GRPO on the math environment: the answer is the prompt's digit (math-verify checks it)
 GRPO = ["data.default.prompt_file=null", "env.math.num_workers=0", "grpo.max_val_samples=20",
         "grpo.num_prompts_per_step=16", "grpo.num_generations_per_prompt=8", "grpo.max_num_steps=60",
+        "grpo.max_num_epochs=10",  # the recipe's 1 epoch of these 100 rows would end the run at 7 steps
         "policy.train_global_batch_size=128", "policy.train_micro_batch_size=128",
         "policy.max_total_sequence_length=10", "policy.generation.max_new_tokens=10",
         "policy.generation.vllm_cfg.max_model_len=10", "data.max_input_seq_length=10"]
@@ -72,7 +73,7 @@ def test_grpo_math_1b_runs_and_its_held_out_reward_rises(tmp_path):
 
 def test_sft_runs_and_its_held_out_reward_rises(tmp_path):
     summary = _run(tmp_path, "sft.yaml", f"data.train.data_path={_digits(tmp_path / 'train.jsonl')}",
-                   "sft.max_num_steps=60", "policy.train_global_batch_size=16", "policy.train_micro_batch_size=16",
+                   "sft.max_num_steps=60", "sft.max_num_epochs=20", "policy.train_global_batch_size=16", "policy.train_micro_batch_size=16",
                    "policy.max_total_sequence_length=16", "policy.optimizer.kwargs.lr=3e-3")
     assert summary["algorithm"] == "sft" and summary["steps"] == 60
     assert len(list((tmp_path / "run" / "wandb").glob("offline-run-*/run-*.wandb"))) == 1  # sft.yaml: wandb_enabled
@@ -81,7 +82,7 @@ def test_sft_runs_and_its_held_out_reward_rises(tmp_path):
 
 def test_dpo_runs_and_its_held_out_preference_accuracy_rises(tmp_path):
     summary = _run(tmp_path, "dpo.yaml", f"data.train.data_path={_pairs(tmp_path / 'pairs.jsonl')}",
-                   "dpo.max_num_steps=40", "policy.train_global_batch_size=16", "policy.train_micro_batch_size=16",
+                   "dpo.max_num_steps=40", "dpo.max_num_epochs=20", "policy.train_global_batch_size=16", "policy.train_micro_batch_size=16",
                    "policy.max_total_sequence_length=16", "policy.optimizer.kwargs.lr=3e-3")
     assert summary["algorithm"] == "dpo" and summary["dpo_steps"] == 40
     before, after = summary["held_out_preference_accuracy_before"], summary["held_out_preference_accuracy_after"]

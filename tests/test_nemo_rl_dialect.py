@@ -65,7 +65,8 @@ def test_a_nemo_rl_recipe_validates_and_explains_every_key(tmp_path):
 
     text = _validate(str(DATA / "base_grpo.yaml"), "--explain")
     assert text.code == 0 and "valid (nemo-rl dialect)" in text.out
-    assert "inert (" in text.out and "  grpo.max_num_epochs: corerl stops" in text.out
+    assert "inert (" in text.out and "  grpo.val_batch_size: the held-out rows are generated in one batch" in text.out
+    assert "  grpo.max_num_epochs -> algorithm.max_epochs" in text.out
 
 
 def test_interpolation_and_defaults_chains_resolve_with_overrides_first(tmp_path):
@@ -282,7 +283,7 @@ def test_a_nemo_rl_dpo_recipe_runs_on_local_pairs_and_its_held_out_accuracy_rise
                              for k in range(1, 10) for d in range(10)))
     recipe = tmp_path / "dpo.yaml"
     recipe.write_text(
-        "dpo:\n  max_num_steps: 80\n  max_num_epochs: 1\n  val_period: 10\n  seed: 7\n"
+        "dpo:\n  max_num_steps: 80\n  max_num_epochs: 50\n  val_period: 10\n  seed: 7\n"
         "  reference_policy_kl_penalty: 0.1\n  preference_loss_weight: 1.0\n  sft_loss_weight: 0.0\n"
         "  preference_average_log_probs: false\n  sft_average_log_probs: false\n"
         "policy:\n  model_name: builtin:tiny-qwen2\n  train_global_batch_size: 32\n  train_micro_batch_size: 64\n"

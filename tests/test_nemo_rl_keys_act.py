@@ -458,8 +458,10 @@ def test_an_rm_recipe_trains_corerls_reward_model_on_preference_pairs(tmp_path, 
         "rm", 30, 5, 64)
     assert (core.data.task, core.data.hub_dataset) == ("preferences", "ResponseDataset")
     assert _Validated(capsys, str(recipe)).code == 0
-    line = refused_in_one_line(_Validated(capsys, str(recipe), "rm.max_num_steps=-1"))
-    assert "rm.max_num_steps: -1 (train for max_num_epochs epochs) is not translated" in line, line
+    epochs = _load(recipe, "rm.max_num_steps=-1").core.algorithm  # NeMo RL's "train max_num_epochs epochs"
+    assert (epochs.max_steps, epochs.max_epochs) == (None, 1)
+    line = refused_in_one_line(_Validated(capsys, str(recipe), "rm.max_num_steps=0"))
+    assert "rm.max_num_steps: 0 is not a step count" in line, line
     line = refused_in_one_line(_Validated(capsys, str(recipe), "policy.reward_model_cfg.reward_model_type=regression"))
     assert "only Bradley-Terry reward models are built into corerl" in line, line
 
@@ -649,3 +651,4 @@ def test_megatron_fp8_training_is_refused_on_a_gpu_where_the_local_spec_runs(lor
     with pytest.raises(EngineNotAvailable) as refused:
         check_fp8_training(settings, "policy.megatron_cfg", lora, packed)
     assert refused.value.key == "policy.megatron_cfg.fp8_cfg.enabled" and says in refused.value.one_line()
+

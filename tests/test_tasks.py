@@ -196,3 +196,45 @@ def test_bad_dataset_settings_stop_the_run_in_one_line(tmp_path, make, args, wor
     result = run_corerl(*_recipe_args(tmp_path, "data.task=dataset", "data.prompt_key=question", *files, *args))
     refused_in_one_line(result, "data.", words)
     assert result.err.startswith("corerl: error: data."), result
+
+
+@pytest.mark.parametrize("max_steps, epochs, batch, want", [
+    (100, 2, 4, 8),  # 16 training rows, 4 a step: 4 steps an epoch; the epochs come first
+    (5, 2, 4, 5),  # max_steps comes first
+    (None, 3, 5, 12),  # max_steps unset (NeMo RL's max_num_steps: -1): ceil(16 / 5) = 4 steps an epoch
+    (7, None, 4, 7),  # no max_epochs: max_steps alone
+])
+def test_max_epochs_sets_the_runs_steps_from_the_training_rows(tmp_path, max_steps, epochs, batch, want):
+    from corerl.config import load_config
+    from corerl.plugin_manager import PluginHost
+    from corerl.run.epochs import limit_to_epochs
+
+    task = _task(tmp_path, _write_jsonl(tmp_path / "train.jsonl", ROWS))
+    assert task.train_rows == 16
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("policy:\n  model_name: builtin:tiny-qwen2\n")
+    config = load_config(recipe, [f"algorithm.max_steps={'null' if max_steps is None else max_steps}",
+                                  f"algorithm.max_epochs={'null' if epochs is None else epochs}",
+                                  f"algorithm.batch_size={batch}"], PluginHost(env={}))
+    limit_to_epochs(config, task)
+    assert config.core.algorithm.max_steps == want
+    drawn = [row["id"] for _ in range(-(-16 // batch)) for row in task.sample(batch)[1]]
+    assert sorted(set(drawn)) == sorted(r["id"] for r in task.train)  # an epoch's steps draw every training row
+
+
+def test_max_epochs_is_refused_for_a_task_that_makes_up_its_prompts(tmp_path):
+    from corerl.config import load_config
+    from corerl.errors import ConfigError, ConfigErrors
+    from corerl.plugin_manager import PluginHost
+    from corerl.run.epochs import limit_to_epochs
+    from corerl.tasks.digit_echo import DigitEcho
+
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("policy:\n  model_name: builtin:tiny-qwen2\n")
+    config = load_config(recipe, ["algorithm.max_epochs=2"], PluginHost(env={}))
+    with pytest.raises(ConfigError) as refused:
+        limit_to_epochs(config, DigitEcho(TaskContext(build_tokenizer(), seed=5, data=config.core.data)))
+    assert refused.value.key == "algorithm.max_epochs" and "no fixed training set" in refused.value.one_line()
+    with pytest.raises(ConfigErrors) as neither:  # nothing says when to stop
+        load_config(recipe, ["algorithm.max_steps=null"], PluginHost(env={}))
+    assert [e.key for e in neither.value.errors] == ["algorithm.max_steps"]

@@ -267,7 +267,13 @@ class AlgorithmConfig:
                                              "step (DPO)")
     gradient_accumulation_steps: int = setting(1, min=1, help="optimizer steps per training step: the batch is split into this many parts")
     num_generations_per_prompt: int = setting(4, min=1, help="completions sampled per prompt (GRPO's group size)")
-    max_steps: int = setting(10, min=1, help="training steps of the algorithm")
+    max_steps: int | None = setting(10, min=1, help="training steps of the algorithm; unset: as many as "
+                                                     "algorithm.max_epochs passes over the training rows take")
+    max_epochs: int | None = setting(
+        None, min=1, help="stop after this many passes over the task's training rows (ceil(rows / batch_size) steps "
+                          "each) where that comes before max_steps; the run's steps, its learning-rate schedule's "
+                          "among them, are set once the data is read. Needs a task with a fixed training set (the "
+                          "dataset and preference tasks); unset: max_steps alone")
     seed: int = setting(42, min=0, help="seeds sampling, data order and initialisation (the same seed gives the same run)")
     ratio_clip_min: float = setting(0.2, min=0.0, help="PPO-clip's lower bound: the ratio is clipped to 1 - this")
     ratio_clip_max: float = setting(0.2, min=0.0, help="PPO-clip's upper bound: the ratio is clipped to 1 + this")
@@ -642,6 +648,8 @@ class CorerlConfig:
                 "policy.dynamic_batching.enabled",
                 "sequence packing and dynamic batching are two ways to cut micro-batches; pick one",
             )
+        if self.algorithm.max_steps is None and self.algorithm.max_epochs is None:
+            yield ("algorithm.max_steps", "unset, the run needs algorithm.max_epochs to know when to stop: set one")
         if (self.algorithm.max_rollout_turns or 1) > 1 and self.data.env_name is None:
             yield (
                 "algorithm.max_rollout_turns",

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from corerl.errors import ConfigError
 from corerl.run.directory import load_tokenizer, resolve_model
+from corerl.run.epochs import limit_to_epochs
 
 if TYPE_CHECKING:
     from corerl.config import Config
@@ -64,6 +65,7 @@ class PolicyModel:
             self.task = FullContextTask(self.task, tokenizer, core.algorithm.seed, core.policy.max_seq_length,
                                         core.policy.generation.max_new_tokens)
         check_task_fits(self.task, selection)
+        limit_to_epochs(self.config, self.task)  # the run's steps, once the training rows are known
 
     def start_from_warm_start(self) -> None:
         """The algorithm starts from the SFT warm start's weights (it begins after the warm start)."""

@@ -62,6 +62,10 @@ class TaskSource(Protocol):
     def set_state(self, state: Any) -> None:
         """Restore what :meth:`state` returned."""
 
+    # Optional: ``train_rows`` (int), the training rows one pass over the training set draws, which
+    # ``algorithm.max_epochs`` counts epochs by (:mod:`corerl.run.epochs`); a task without it
+    # (one that makes up its prompts) has no epochs, and max_epochs is refused for it.
+
 
 def rng_state(rng: random.Random) -> list[Any]:
     """A ``random.Random``'s state as JSON (for :meth:`TaskSource.state`)."""

@@ -769,6 +769,12 @@ class DatasetTask:
             return encode_text(self.tokenizer, text), text
         return self._encode("\n\n".join(m["content"] for m in messages))
 
+    @property
+    def train_rows(self) -> int:
+        """The training rows one epoch draws (``algorithm.max_epochs`` counts by them; with
+        ``data.train_file_weights``, as many draws as the files hold rows)."""
+        return len(self.train)
+
     def sample(self, count: int) -> tuple[list[list[int]], list[Any]]:
         rows = self._draw(count)
         return [self._prompt_of(row) for row in rows], [_public(row) for row in rows]

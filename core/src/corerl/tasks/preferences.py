@@ -88,6 +88,11 @@ class DigitPreference:
     def held_out_pairs(self) -> list[PreferencePair]:
         return [self.pair(*combo) for combo in self.held]
 
+    @property
+    def train_rows(self) -> int:
+        """The training pairs one epoch draws (``algorithm.max_epochs`` counts by them)."""
+        return self.epochs.size
+
     def state(self) -> Any:
         return self.epochs.state()
 
@@ -194,6 +199,11 @@ class PreferenceDataset:
 
     def held_out_pairs(self) -> list[PreferencePair]:
         return list(self.held)
+
+    @property
+    def train_rows(self) -> int:
+        """The training pairs one epoch draws (``algorithm.max_epochs`` counts by them)."""
+        return self.epochs.size
 
     def state(self) -> Any:
         return self.epochs.state()

@@ -38,13 +38,17 @@ def _aggregation(token_level: Any) -> str:
     return "token_mean" if token_level else "sequence_mean"
 
 
-def _step_count(value: Any) -> int:
-    """NeMo RL's ``max_num_steps`` where -1 means "until max_num_epochs epochs are done"."""
+def _step_count(value: Any) -> int | None:
+    """NeMo RL's ``max_num_steps``, where -1 means "until max_num_epochs epochs are done" (corerl's
+    ``algorithm.max_steps`` unset: ``algorithm.max_epochs`` decides)."""
+    if value == -1:
+        return None
     if not isinstance(value, int) or value < 1:
-        raise ValueError(f"{value} (train for max_num_epochs epochs) is not translated: corerl stops at a step count, "
-                         "and an epoch's steps are known only once the data is read; give the steps (an epoch is the "
-                         "training pairs / policy.train_global_batch_size)")
+        raise ValueError(f"{value} is not a step count: give one above 0, or -1 to train max_num_epochs epochs")
     return value
+
+
+EPOCHS = "algorithm.max_epochs"
 
 
 # NeMo RL key (or prefix.*) -> what corerl does with it
@@ -52,12 +56,12 @@ RULES: dict[str, Rule] = {
     # -- grpo --
     "grpo.num_prompts_per_step": acts("algorithm.batch_size"),
     "grpo.num_generations_per_prompt": acts("algorithm.num_generations_per_prompt"),
-    "grpo.max_num_steps": acts("algorithm.max_steps"),
+    "grpo.max_num_steps": acts("algorithm.max_steps", _step_count),
     "grpo.seed": acts("algorithm.seed"),
     "grpo.normalize_rewards": acts("algorithm.scale_rewards_by_std"),
     "grpo.use_leave_one_out_baseline": acts("algorithm.leave_one_out_baseline"),
     "grpo.max_val_samples": acts("data.held_out_size"),
-    "grpo.max_num_epochs": inert("corerl stops at max_num_steps, drawing the shuffled data again epoch after epoch"),
+    "grpo.max_num_epochs": acts(EPOCHS),
     "grpo.max_rollout_turns": acts("algorithm.max_rollout_turns"),
     "grpo.val_period": derived("above 0: eval.every_n_steps (greedy, mean@n and pass@n on the held-out prompts); 0 "
                                "or -1: no evaluation during training, the held-out reward before and after it"),
@@ -90,9 +94,9 @@ RULES: dict[str, Rule] = {
     "async_rl.generation_fleet_health.*": inert(_FLEET),
     "async_rl.generation_router.*": inert(_FLEET),
     # -- sft --
-    "sft.max_num_steps": acts("algorithm.max_steps"),
+    "sft.max_num_steps": acts("algorithm.max_steps", _step_count),
     "sft.seed": acts("algorithm.seed"),
-    "sft.max_num_epochs": inert("corerl stops at max_num_steps, drawing the shuffled data again epoch after epoch"),
+    "sft.max_num_epochs": acts(EPOCHS),
     "sft.val_period": inert("corerl evaluates the held-out rows before and after training"),
     "sft.val_batches": inert("the held-out rows are evaluated in one batch"),
     "sft.val_global_batch_size": inert("the held-out rows are evaluated in one batch"),
@@ -100,14 +104,14 @@ RULES: dict[str, Rule] = {
     "sft.val_at_start": inert("corerl always evaluates before training"),
     "sft.val_at_end": inert("corerl always evaluates after training"),
     # -- dpo --
-    "dpo.max_num_steps": acts("algorithm.max_steps"),
+    "dpo.max_num_steps": acts("algorithm.max_steps", _step_count),
     "dpo.seed": acts("algorithm.seed"),
     "dpo.reference_policy_kl_penalty": acts("algorithm.dpo.beta"),
     "dpo.preference_loss_weight": acts("algorithm.dpo.preference_weight"),
     "dpo.sft_loss_weight": acts("algorithm.dpo.sft_weight"),
     "dpo.preference_average_log_probs": acts("algorithm.dpo.preference_average_log_probs"),
     "dpo.sft_average_log_probs": acts("algorithm.dpo.sft_average_log_probs"),
-    "dpo.max_num_epochs": inert("corerl stops at max_num_steps, drawing the shuffled pairs again epoch after epoch"),
+    "dpo.max_num_epochs": acts(EPOCHS),
     "dpo.val_period": inert("corerl scores the held-out pairs before and after training"),
     "dpo.val_batches": inert("every held-out pair is scored"),
     "dpo.val_global_batch_size": inert("every held-out pair is scored"),
@@ -234,8 +238,6 @@ RULES: dict[str, Rule] = {
     "on_policy_distillation": inert("null: no on-policy distillation", _truthy),
     "on_policy_distillation.*": refused("on-policy distillation is not built into corerl yet"),
     # -- rm: a Bradley-Terry reward model (its other keys are dpo's: rule_for reads dpo.<key>'s rule for rm.<key>) --
-    "rm.max_num_steps": acts("algorithm.max_steps", _step_count, "-1 (train max_num_epochs epochs) is refused: "
-                                                                   "corerl stops at a step count"),
 }
 
 # sections whose keys are all inert while their ``enabled`` is false (``enabled`` itself acts)
