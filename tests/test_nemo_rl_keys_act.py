@@ -652,3 +652,16 @@ def test_megatron_fp8_training_is_refused_on_a_gpu_where_the_local_spec_runs(lor
         check_fp8_training(settings, "policy.megatron_cfg", lora, packed)
     assert refused.value.key == "policy.megatron_cfg.fp8_cfg.enabled" and says in refused.value.one_line()
 
+
+def test_override_marker_replaces_the_inherited_section(tmp_path):
+    """NeMo RL's ``_override_: true`` (gdpo_math_1B.yaml's ``data:``): the section replaces what the
+    defaults give instead of merging into it; without it the two merge key by key."""
+    from corerl.config.recipes import load_recipe
+
+    replaced = _child(tmp_path, "replaced.yaml", "data:\n  _override_: true\n  dataset_name: ResponseDataset\n"
+                                                  "  shuffle: false\n")
+    merged = _child(tmp_path, "merged.yaml", "data:\n  shuffle: false\n")
+    tree, _ = load_recipe(replaced)
+    assert tree["data"] == {"dataset_name": "ResponseDataset", "shuffle": False}  # the base's others are gone
+    assert {"max_input_seq_length", "prompt_file", "shuffle"} <= set(load_recipe(merged)[0]["data"])
+    assert _load(replaced).core.data.shuffle is False

@@ -23,13 +23,21 @@ def record_origins(data: Mapping[str, Any], source: str, origins: Origins, prefi
             record_origins(value, source, origins, prefix=f"{path}.")
 
 
+#: a mapping holding this key set to true replaces what is below it instead of merging into it
+#: (the spelling NeMo RL's recipes use: ``data: {_override_: true, ...}``)
+OVERRIDE = "_override_"
+
+
 def deep_merge(base: dict[str, Any], top: Mapping[str, Any]) -> dict[str, Any]:
-    """``top`` over ``base``: mappings merge key by key, anything else (lists too) replaces. The
-    result shares no mapping with ``top`` (renaming a key in it leaves the caller's intact)."""
+    """``top`` over ``base``: mappings merge key by key, anything else (lists too) replaces, and so
+    does a mapping of ``top`` that holds :data:`OVERRIDE` set to true (the marker itself is dropped).
+    The result shares no mapping with ``top`` (renaming a key in it leaves the caller's intact)."""
     merged = dict(base)
     for key, value in top.items():
         if isinstance(value, Mapping):
             below = merged.get(key)
+            if value.get(OVERRIDE) is True:
+                below, value = {}, {k: v for k, v in value.items() if k != OVERRIDE}
             merged[key] = deep_merge(dict(below) if isinstance(below, Mapping) else {}, value)
         else:
             merged[key] = value

@@ -65,11 +65,10 @@ RULES: dict[str, Rule] = {
     "data.train.*": refused("a NeMo RL dataset option corerl does not translate; give a local file "
                             "(data.train.data_path)"),
     **{f"data.{key}": refused("several or custom data loaders are not built into corerl yet")
-       for key in ("_override_", "num_prompts_per_dataloader", "custom_dataloader")},
+       for key in ("num_prompts_per_dataloader", "custom_dataloader")},
     "data.add_system_prompt": inert(_OFF, _truthy),
     "data.validation.allowed_problem_types": inert("used by NeMo RL's validation datasets; corerl holds rows of the "
                                                    "training data out"),
-    "env._override_": refused("several or custom data loaders are not built into corerl yet"),
     # -- evaluation recipes (examples/configs/evals: eval, generation, tokenizer and data, no policy) --
     "eval.metric": inert("corerl eval reports pass@k (eval/pass@k) beside mean@n and the greedy reward; cons@k "
                          "(majority vote) is not built into corerl yet", _not("pass@k")),
