@@ -5,7 +5,7 @@ whole sequence's order on every rank, so that the loss functions see what they s
 
 A micro-batch's other asks of the same logits are answered the same way, each rank at its own
 positions: a student's ``candidate_ids`` (a teacher's top-k tokens: ``candidate_logprobs``,
-differentiable) and a teacher's :data:`~corerl.training.logprobs.TOPK_REQUEST` (``topk_logprobs``
+differentiable) and a teacher's :data:`~corerl.sdk.TOPK_REQUEST` (``topk_logprobs``
 and ``topk_ids``). A critic's values are split and gathered the same way (:func:`context_parallel_values`).
 
 Gradients: every rank computes the loss on the gathered logprobs, so the gather's backward hands
@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from corerl.sdk import picked_logprobs, shift_values
+from corerl.sdk import TOPK_REQUEST, picked_logprobs, shift_values
 from corerl_dtensor.ring_attention import Ring, positions_of, splitting_sequences_over
 
 #: micro-batch fields context parallelism does not take yet (packing, images)
@@ -97,8 +97,6 @@ def context_parallel_logprobs(model: torch.nn.Module, batch: dict[str, torch.Ten
     (``[B, T]``: position t holds log p(token t | tokens before it), 0 at t = 0 and on padding), with
     each sequence split over ``ring``'s ranks. The model must attend with ring attention
     (``attn_implementation="corerl_ring"``); a MoE model's ``router`` hooks, see :func:`_forward_split`."""
-    from corerl.training.logprobs import TOPK_REQUEST
-
     logits, where, ids_padded = _forward_split(model, batch, ring, router)
     after = (where + 1).clamp(max=ids_padded.shape[1] - 1)  # the token each of this rank's positions predicts
     mine = picked_logprobs(logits, ids_padded[:, after].unsqueeze(-1)).squeeze(-1)
