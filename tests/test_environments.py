@@ -721,3 +721,23 @@ def test_the_environment_suite_sees_a_real_timeout_and_fails_a_pool_that_does_no
         case().test_timeouts_are_reported_without_waiting_for_the_step(built)
     assert "held past the 0.05 s timeout was answered Answer(turn=Turn(" in str(failed.value), failed.value
     assert "the timeout could not fire" in str(failed.value)
+
+
+@pytest.mark.parametrize("response, gold, parts", [
+    ("<think>2 and 2</think>\n<answer>4</answer>", "4", {"correctness": 1.0, "integer": 1.0, "format": 1.0}),
+    ("<think>hm</think>\n<answer> 5 </answer>", "4", {"correctness": 0.0, "integer": 1.0, "format": 1.0}),
+    ("<answer>four</answer>", "4", {"correctness": 0.0, "integer": 0.0, "format": 0.0}),
+    ("<think>x</think>\n<answer>4</answer><answer>4</answer>", "4", {"correctness": 1.0, "integer": 1.0, "format": 0.0}),
+    ("the answer is 4", "4", {"correctness": 0.0, "integer": 0.0, "format": 0.0}),
+])
+def test_math_multi_reward_names_three_parts_of_the_reward(response, gold, parts):
+    """NeMo RL's math_multi_reward (GDPO's environment): correctness, an integer answer and the
+    think/answer format, each 0 or 1, as the turn's reward_components; the reward is their sum."""
+    from corerl.environments.contract import EnvironmentContext, EpisodeView
+    from corerl.environments.math_multi_reward import MathMultiRewardEnvironment
+    from corerl.plugin_manager import PluginHost
+
+    assert "math_multi_reward" in PluginHost(env={}).environments
+    environment = MathMultiRewardEnvironment(EnvironmentContext(None, 0))
+    turn = environment.step(EpisodeView(row={"answer": gold}, turn=1, responses=(response,)))
+    assert dict(turn.reward_components) == parts and turn.reward == sum(parts.values()) and turn.done

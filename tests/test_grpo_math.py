@@ -333,3 +333,77 @@ def test_an_outcome_estimator_takes_each_samples_summed_kl_from_its_reward_befor
     for row, value in enumerate(want):
         assert torch.allclose(batch["advantages"][row][mask[row]], torch.tensor(value), atol=1e-6), row
     assert want[0] != pytest.approx(1.0)  # the KL changed the advantage (without it: 1.0 - 0.0)
+
+
+def _by_hand_group(rewards: list[float], eps: float = 1e-6) -> list[float]:
+    mean = sum(rewards) / len(rewards)
+    std = math.sqrt(sum((r - mean) ** 2 for r in rewards) / len(rewards))
+    return [(r - mean) / (std + eps) for r in rewards]
+
+
+def test_gdpo_normalises_each_reward_part_in_its_group_then_the_sums_over_the_step():
+    """GDPO (arXiv:2601.05242): each part against its own group, the parts summed, the sums
+    centred and scaled over the step; a rare part (format, hit once) weighs as much as a common one."""
+    from corerl.algorithms.grpo_math import advantages_for, gdpo_advantages
+
+    correctness = [[1.0, 0.0, 0.0, 1.0], [1.0, 1.0, 1.0, 0.0]]
+    fmt = [[0.0, 0.0, 0.0, 10.0], [0.0, 0.0, 0.0, 0.0]]  # another scale, and one group all equal
+    sums = [[a + b for a, b in zip(_by_hand_group(c), _by_hand_group(f) if len(set(f)) > 1 else [0.0] * 4, strict=True)]
+            for c, f in zip(correctness, fmt, strict=True)]
+    flat = [x for group in sums for x in group]
+    mean = sum(flat) / len(flat)
+    std = math.sqrt(sum((x - mean) ** 2 for x in flat) / len(flat))
+    want = torch.tensor([[(x - mean) / (std + 1e-6) for x in group] for group in sums])
+    parts = torch.tensor([correctness, fmt])
+    got = gdpo_advantages(parts)
+    assert torch.allclose(got, want, atol=1e-5)
+    assert torch.allclose(advantages_for("gdpo", torch.zeros(2, 4), components=parts), want, atol=1e-5)
+    summed = group_advantages(parts.sum(dim=0))  # GRPO on the summed reward: the 10-point format part dominates
+    assert not torch.allclose(summed, got, atol=1e-2)
+    with pytest.raises(ValueError, match="needs the rewards' named parts"):
+        advantages_for("gdpo", torch.zeros(2, 4))
+
+
+def test_the_grpo_loop_trains_gdpo_advantages_from_the_rollouts_reward_parts():
+    """The loop hands each sample's reward parts (``Rollout.components``) to the gdpo estimator and
+    logs each part's mean; a rollout without parts is refused in one line at the key."""
+    import types
+
+    from corerl.algorithms.grpo import GRPO
+    from corerl.environments.rollout import Rollout
+    from corerl.errors import ConfigError
+    from corerl.generation.contract import Sample
+    from corerl.training.contract import StepResult
+
+    class Recording:  # the training engine: what is under test is the loop's advantages
+        def __init__(self) -> None:
+            self.trained: list = []
+
+        def logprobs(self, batch):
+            return torch.zeros(batch["input_ids"].shape)
+
+        def train_step(self, batch, loss):
+            self.trained.append(batch)
+            return StepResult(loss=0.0, grad_norm=0.0, lr=0.1, tokens=int(batch["loss_mask"].sum()), step=1)
+
+    def sample(tokens: int) -> Sample:
+        return Sample(prompt_ids=(1, 2), completion_ids=tuple(range(1, tokens + 1)), logprobs=(0.0,) * tokens,
+                      finish_reason="stop")
+
+    groups = [[sample(2), sample(1)], [sample(3), sample(2)]]
+    parts = [[{"a": 1.0, "b": 0.0}, {"a": 0.0, "b": 1.0}], [{"a": 1.0, "b": 1.0}, {"a": 1.0, "b": 0.0}]]
+    policy = Recording()
+    loop = GRPO(types.SimpleNamespace(), policy, None, lambda s, item: 0.0, advantage_estimator="gdpo",
+                hand_over=lambda: None)
+    metrics = loop.learn(Rollout(groups, [[1.0, 1.0], [2.0, 1.0]], components=parts), {})
+    assert metrics["reward_components/a"] == 0.75 and metrics["reward_components/b"] == 0.5
+    from corerl.algorithms.grpo_math import gdpo_advantages
+
+    want = gdpo_advantages(torch.tensor([[[p[k] for p in g] for g in parts] for k in ("a", "b")])).reshape(-1)
+    (batch,) = policy.trained
+    mask = batch["loss_mask"].bool()
+    for row, advantage in enumerate(want):
+        assert torch.allclose(batch["advantages"][row][mask[row]], advantage, atol=1e-5)
+    with pytest.raises(ConfigError) as refused:
+        loop.learn(Rollout(groups, [[1.0, 1.0], [2.0, 1.0]]), {})
+    assert refused.value.key == "algorithm.advantage_estimator" and "gave none" in refused.value.one_line()

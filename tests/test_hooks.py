@@ -230,8 +230,8 @@ def test_hook_corerl_register_environments():
     assert selection.environment.id == "quickenv" and selection.environment.registration.plugin == "quick"
     settings = config.section("env.quickenv")  # every environment's section, with the common keys
     assert (settings.num_workers, settings.timeout_s) == (0, 60.0)
-    assert host.environments.ids() == ["clevr_cogent", "code", "geometry3k", "math", "openai_agent", "quickenv", "refcoco",
-                                       "tools", "vlm"]
+    assert host.environments.ids() == ["clevr_cogent", "code", "geometry3k", "math", "math_multi_reward", "openai_agent",
+                                       "quickenv", "refcoco", "tools", "vlm"]
 
 
 def test_hook_corerl_register_tools():

@@ -77,8 +77,8 @@ def test_the_ppo_recipe_explains_its_critic_keys_and_refuses_what_corerl_lacks(c
     assert fates["value.optimizer.kwargs.lr"] == ("acts", "critic.optimizer.lr")
     assert fates["value.model_name"][0] == "inert" and fates["ppo.adv_estimator.gae_lambda"][0] == "inert"
     assert fates["ppo.async_ppo.max_trajectory_age_steps"] == ("inert", "ppo.async_ppo.enabled is false")
-    gdpo = _Validated(capsys, str(DATA / "base_grpo.yaml"), "grpo.adv_estimator.name=gdpo")
-    refused_in_one_line(gdpo, "grpo.adv_estimator.name: the 'gdpo' advantage estimator is not built",
+    opd = _Validated(capsys, str(DATA / "base_grpo.yaml"), "grpo.adv_estimator.name=opd")  # gdpo is built in since
+    refused_in_one_line(opd, "grpo.adv_estimator.name: the 'opd' advantage estimator is not built",
                         key="grpo.adv_estimator.name")
     for override, says in (("ppo.async_ppo.enabled=true", "ppo.async_ppo.enabled: asynchronous PPO is not built"),
                            ("value.precision=bfloat16", "value.precision: 'bfloat16' differs from policy.precision"),
@@ -313,7 +313,8 @@ def test_the_section_of_an_environment_the_recipe_does_not_play_is_inert(tmp_pat
     assert fates["env.math.num_workers"][0] == "acts" and config.core.data.env_name == "math"
     from corerl.errors import ConfigErrors
 
-    with pytest.raises(ConfigErrors, match="env.dapo: unknown key; known keys here: clevr_cogent, code, geometry3k, math, openai_agent"):
+    with pytest.raises(ConfigErrors, match="env.dapo: unknown key; known keys here: clevr_cogent, code, geometry3k, math, math_multi_reward, "
+                                           "openai_agent"):
         _load(recipe, "data.env_name=dapo")  # played, it must be an environment corerl has
 
 
@@ -665,3 +666,23 @@ def test_override_marker_replaces_the_inherited_section(tmp_path):
     assert tree["data"] == {"dataset_name": "ResponseDataset", "shuffle": False}  # the base's others are gone
     assert {"max_input_seq_length", "prompt_file", "shuffle"} <= set(load_recipe(merged)[0]["data"])
     assert _load(replaced).core.data.shuffle is False
+
+
+def test_gdpo_recipes_keys_reach_the_gdpo_estimator_and_its_environment(tmp_path, capsys):
+    """gdpo_math_1B.yaml's keys: ``adv_estimator.name: gdpo`` is corerl's estimator of that name
+    (what it computes: tests/test_grpo_math.py), ``env_name: math_multi_reward`` its environment
+    (tests/test_environments.py); per-part weights are refused, and gdpo without an environment
+    that names the reward's parts is refused at validation."""
+    recipe = _child(tmp_path, "gdpo.yaml", "grpo:\n  adv_estimator:\n    name: gdpo\n    normalize_rewards: true\n"
+                                           "    use_leave_one_out_baseline: false\ndata:\n  default:\n"
+                                           "    env_name: math_multi_reward\nenv:\n  math_multi_reward:\n"
+                                           "    num_workers: 8\n    math_verify_impl: hf_math_verify\n")
+    core = _load(recipe).core
+    assert (core.algorithm.advantage_estimator, core.algorithm.scale_rewards_by_std, core.data.env_name) == (
+        "gdpo", True, "math_multi_reward")
+    assert _Validated(capsys, str(recipe)).code == 0
+    refused_in_one_line(_Validated(capsys, str(recipe), "grpo.adv_estimator.reward_weights=[1.0,0.5]"),
+                        "grpo.adv_estimator.reward_weights: [1.0, 0.5] is not supported")
+    bare = _child(tmp_path, "bare.yaml", "grpo:\n  adv_estimator:\n    name: gdpo\n")
+    refused_in_one_line(_Validated(capsys, str(bare)), "algorithm.advantage_estimator: the gdpo estimator normalises "
+                                                       "each named part of the reward")

@@ -102,9 +102,13 @@ REFUSALS = [
     ["algorithm.advantage_estimator=maxrl", "algorithm.leave_one_out_baseline=true", *HF],
     ["algorithm.use_kl_in_reward=true", "algorithm.advantage_estimator=reinforce_plus_plus", *HF],
     ["algorithm.token_level_loss=false", "algorithm.loss_aggregation=constant_length", *HF],
+    ["algorithm.advantage_estimator=gdpo", *HF],
+    ["algorithm.advantage_estimator=gdpo", "data.env_name=math_multi_reward", "algorithm.use_kl_in_reward=true",
+     "algorithm.kl_penalty=0.1", *HF],
+    ["policy.generation.backend=vllm", "policy.generation.vllm_cfg.kv_cache_dtype=fp8", f"policy.model_name={USER_MODEL}"],
 ]
 # reached only on a machine with a GPU (the CPU refusal of the same option comes first here)
-GPU_ONLY = {"check_generation_supported"}
+GPU_ONLY = {"check_generation_supported", "check_fp8_training"}
 CHECKED = ["plugins/dtensor/src/corerl_dtensor/support.py", "plugins/megatron/src/corerl_megatron/support.py",
            "plugins/deepspeed/src/corerl_deepspeed/support.py", "plugins/vllm_gen/src/corerl_vllm/support.py",
            "core/src/corerl/models/facts.py", "core/src/corerl/algorithms/checks.py",

@@ -221,6 +221,11 @@ def corerl_register_environments(register: Callable[[Environment], None]) -> Non
     register(Environment(id="math", factory="corerl.environments.math_env:MathEnvironment", config_schema=MathSettings,
                          description="one turn, the answer checked against the row's with math-verify (NeMo RL's "
                                      "env.math)"))
+    register(Environment(id="math_multi_reward",
+                         factory="corerl.environments.math_multi_reward:MathMultiRewardEnvironment",
+                         description="one turn scored by three named parts (correctness, integer, format of "
+                                     "<think>...</think><answer>...</answer>), for algorithm.advantage_estimator=gdpo "
+                                     "(NeMo RL's env.math_multi_reward)"))
     for env_id, schema, what in _VLM_ENVIRONMENTS:
         register(Environment(id=env_id, factory="corerl.environments.vlm_env:VLMEnvironment", config_schema=schema,
                              check_supported="corerl.environments.vlm_env:check_vlm_environment",

@@ -21,6 +21,14 @@ def check_sample_batches(config: Any) -> None:
         raise ConfigError(f"must divide the {samples} samples of a step (algorithm.batch_size x "
                           f"num_generations_per_prompt), got {rows}", key="algorithm.optimizer_batch_size",
                           hint="pick a divisor of algorithm.batch_size x algorithm.num_generations_per_prompt")
+    if algorithm.advantage_estimator == "gdpo" and (config.core.data.env_name is None or _async_on(config)):
+        why = ("the asynchronous loop's rollout buffer keeps each group's rewards, not their parts" if
+               config.core.data.env_name is not None else "the reward's named parts come from an environment "
+               "(Turn.reward_components), and data.env_name is unset")
+        raise ConfigError(f"the gdpo estimator normalises each named part of the reward; {why}",
+                          key="algorithm.advantage_estimator",
+                          hint="set data.env_name=math_multi_reward (or an environment that names its reward's parts)"
+                          if config.core.data.env_name is None else "set algorithm.async.enabled=false, or use grpo")
     if algorithm.dynamic_sampling.enabled:
         if algorithm.name != "grpo":
             raise ConfigError(f"DAPO's dynamic sampling is built into GRPO only, not {algorithm.name!r}",
@@ -60,6 +68,10 @@ def check_policy_loss(algorithm: Any) -> None:
         raise ConfigError(f"is a baseline of the grpo estimator, and advantage_estimator {algorithm.advantage_estimator} "
                           "has its own", key="algorithm.leave_one_out_baseline",
                           hint="remove it, or set algorithm.advantage_estimator=grpo")
+    if algorithm.advantage_estimator == "gdpo" and algorithm.use_kl_in_reward:
+        raise ConfigError("takes the KL from each sample's reward, and the gdpo estimator reads the reward's named "
+                          "parts instead of the reward", key="algorithm.use_kl_in_reward",
+                          hint="remove it (the KL stays a loss term, algorithm.kl_penalty), or use another estimator")
     if algorithm.use_kl_in_reward:
         if not algorithm.kl_penalty:
             raise ConfigError("takes kl_penalty x the KL estimate from each token's reward, and kl_penalty is 0",

@@ -48,6 +48,13 @@ if TYPE_CHECKING:
     from corerl.generation.contract import GenerationEngine
     from corerl.training.contract import TrainingEngine
 
+
+def component_means(rollout: Rollout) -> dict[str, float]:
+    """Each named part of the step's rewards averaged over its samples (``reward_components/<name>``)."""
+    flat = [parts for group in rollout.components or [] for parts in group]
+    return {f"reward_components/{name}": sum(parts[name] for parts in flat) / len(flat) for name in flat[0]} if flat else {}
+
+
 @attrs.define
 class GRPO:
     """GRPO over a training backend and a generation backend; call :meth:`step` per batch of prompts."""
@@ -139,7 +146,8 @@ class GRPO:
         # reinforce_plus_plus with the KL in the reward: normalised per token below
         advantages = advantages_for(self.advantage_estimator, rewards, scale_by_std=self.scale_rewards_by_std,
                                     leave_one_out=self.leave_one_out_baseline, minus_baseline=self.minus_baseline,
-                                    normalise=self.scale_rewards_by_std and not kl_in_reward)
+                                    normalise=self.scale_rewards_by_std and not kl_in_reward,
+                                    components=self._components(rollout))
         # step-wise trajectories: each episode's turns are rows of their own, with its advantage
         stepped = any(isinstance(s, StepWiseSample) for group in groups for s in group)
         if stepped and kl_in_reward:
@@ -224,9 +232,24 @@ class GRPO:
             **gap,
             **loss_metrics,
             **kl_metrics,
+            **component_means(rollout),
             **rollout.metrics,
             **timings,
         }
+
+    def _components(self, rollout: Rollout) -> torch.Tensor | None:
+        """The rewards' named parts as ``[K, prompts, n]`` for the gdpo estimator (None for the
+        others); refused in one line where the environment names none."""
+        if self.advantage_estimator != "gdpo":
+            return None
+        if rollout.components is None:
+            raise ConfigError("the gdpo estimator normalises each named part of the reward, and this step's "
+                              "environment gave none (Turn.reward_components)", key="algorithm.advantage_estimator",
+                              hint="use an environment that names its reward's parts (data.env_name=math_multi_reward), "
+                                   "or algorithm.advantage_estimator=grpo")
+        names = list(rollout.components[0][0])
+        return torch.tensor([[[parts[name] for parts in group] for group in rollout.components] for name in names],
+                            dtype=torch.float32)
 
     def refit(self) -> None:
         """The new weights to the generation engine (waiting until it uses them)."""

@@ -40,6 +40,19 @@ def reinforce_plus_plus_advantages(rewards: torch.Tensor, *, minus_baseline: boo
     return (centred - centred.mean()) / (centred.std(unbiased=False) + eps)
 
 
+def gdpo_advantages(components: torch.Tensor, *, scale_by_std: bool = True, leave_one_out: bool = False,
+                    eps: float = 1e-6) -> torch.Tensor:
+    """GDPO (group reward-decoupled normalisation, arXiv:2601.05242): ``components`` ``[K, prompts,
+    n]``, the K named parts of each sample's reward, each turned into :func:`group_advantages`
+    within its own group (so a part with another scale or hit rate does not drown the others),
+    summed over the parts, and the sums centred and scaled over the whole step's samples."""
+    total = sum((group_advantages(part, scale_by_std=scale_by_std, leave_one_out=leave_one_out, eps=eps)
+                 for part in components), torch.zeros(components.shape[1:], dtype=torch.float32))
+    if total.numel() < 2:
+        return total
+    return (total - total.mean()) / (total.std(unbiased=False) + eps)
+
+
 def maxrl_advantages(rewards: torch.Tensor, *, eps: float = 1e-6) -> torch.Tensor:
     """MaxRL (maximum-likelihood RL): ``rewards`` ``[prompts, n]`` -> each reward minus its
     group's mean, divided by that mean (``+ eps``) instead of by the std. With 0/1 rewards the
@@ -62,12 +75,19 @@ def batch_mean_advantages(rewards: torch.Tensor) -> torch.Tensor:
 
 
 def advantages_for(estimator: str, rewards: torch.Tensor, *, scale_by_std: bool = True, leave_one_out: bool = False,
-                   minus_baseline: bool = True, normalise: bool = True) -> torch.Tensor:
+                   minus_baseline: bool = True, normalise: bool = True,
+                   components: torch.Tensor | None = None) -> torch.Tensor:
     """``algorithm.advantage_estimator``'s advantages of a step's ``rewards`` ``[prompts, n]``:
     ``grpo`` (:func:`group_advantages`, with ``scale_by_std`` and ``leave_one_out``),
     ``reinforce_plus_plus`` (:func:`reinforce_plus_plus_advantages`, with ``minus_baseline`` and
     ``normalise``), ``maxrl`` (:func:`maxrl_advantages`) or ``batch_mean``
-    (:func:`batch_mean_advantages`); the last two take none of the options."""
+    (:func:`batch_mean_advantages`); the last two take none of the options. ``gdpo``
+    (:func:`gdpo_advantages`, with ``scale_by_std`` and ``leave_one_out``) reads the reward's parts,
+    ``components`` ``[K, prompts, n]``, instead of ``rewards``."""
+    if estimator == "gdpo":
+        if components is None:
+            raise ValueError("the gdpo advantage estimator needs the rewards' named parts (reward_components)")
+        return gdpo_advantages(components, scale_by_std=scale_by_std, leave_one_out=leave_one_out)
     if estimator == "grpo":
         return group_advantages(rewards, scale_by_std=scale_by_std, leave_one_out=leave_one_out)
     if estimator == "reinforce_plus_plus":
@@ -76,7 +96,8 @@ def advantages_for(estimator: str, rewards: torch.Tensor, *, scale_by_std: bool 
         return maxrl_advantages(rewards)
     if estimator == "batch_mean":
         return batch_mean_advantages(rewards)
-    raise ValueError(f"unknown advantage estimator {estimator!r}; known: grpo, reinforce_plus_plus, maxrl, batch_mean")
+    raise ValueError(f"unknown advantage estimator {estimator!r}; known: grpo, gdpo, reinforce_plus_plus, maxrl, "
+                     "batch_mean")
 
 
 def kl_in_reward_advantages(scores: torch.Tensor, mask: torch.Tensor, kl: torch.Tensor, kl_coef: float, *,

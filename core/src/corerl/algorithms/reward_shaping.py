@@ -105,7 +105,7 @@ class RolloutShaping:
             groups = [[_masked_out(s) if truncated(s) else s for s in group] for group in groups]
             cut = sum(truncated(s) for group in rollout.groups for s in group)
             metrics["overlong_filtered"] = cut / max(len(flat), 1)
-        return Rollout(groups, rewards, metrics)
+        return Rollout(groups, rewards, metrics, rollout.components)  # the reward's parts are not shaped
 
 
 def _masked_out(sample: Sample) -> Sample:
@@ -123,7 +123,9 @@ def merge(parts: Sequence[Rollout]) -> Rollout:
     rewards = [r for part in parts for r in part.rewards]
     keys = {k for part in parts for k in part.metrics}
     metrics = {k: sum(p.metrics.get(k, 0.0) for p in parts) / len(parts) for k in keys}
-    return Rollout(groups, rewards, metrics)
+    components = ([c for part in parts for c in part.components]  # type: ignore[union-attr]
+                  if all(part.components is not None for part in parts) else None)
+    return Rollout(groups, rewards, metrics, components)
 
 
 def dynamically_sampled(batch_size: int, multiplier: float, max_batches: int,
@@ -137,17 +139,19 @@ def dynamically_sampled(batch_size: int, multiplier: float, max_batches: int,
     prompts = max(batch_size, round(batch_size * multiplier))
     kept_groups: list[list[Sample]] = []
     kept_rewards: list[list[float]] = []
+    kept_components: list[Any] = []  # each kept group's reward parts (None where the rollout has none)
     parts: list[Rollout] = []
     uniform: Counter[float] = Counter()  # the all-equal groups by their reward
     seen = 0
     while len(kept_groups) < batch_size and len(parts) < max_batches:
         part = generate(prompts)
         parts.append(part)
-        for group, rewards in zip(part.groups, part.rewards, strict=True):
+        for index, (group, rewards) in enumerate(zip(part.groups, part.rewards, strict=True)):
             seen += 1
             if informative(rewards):
                 kept_groups.append(group)
                 kept_rewards.append(rewards)
+                kept_components.append(None if part.components is None else part.components[index])
             else:
                 uniform[rewards[0] if rewards else 0.0] += 1
     kept = len(kept_groups)
@@ -164,4 +168,6 @@ def dynamically_sampled(batch_size: int, multiplier: float, max_batches: int,
                     "dynamic_sampling/kept_share": kept / max(seen, 1),
                     "dynamic_sampling/dropped_groups": float(seen - batch_size),
                     "dynamic_sampling/all_equal_groups": float(sum(uniform.values()))})
-    return Rollout(kept_groups[:batch_size], kept_rewards[:batch_size], metrics)
+    components_kept = kept_components[:batch_size]
+    return Rollout(kept_groups[:batch_size], kept_rewards[:batch_size], metrics,
+                   None if any(p is None for p in components_kept) else components_kept)

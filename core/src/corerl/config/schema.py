@@ -342,12 +342,14 @@ class AlgorithmConfig:
                                                  "the step's tokens (REINFORCE++). grpo, maxrl, batch_mean: each "
                                                  "sample's summed KL from its reward, before the baseline. PPO always "
                                                  "does this")
-    advantage_estimator: Literal["grpo", "reinforce_plus_plus", "maxrl", "batch_mean"] = setting(
+    advantage_estimator: Literal["grpo", "gdpo", "reinforce_plus_plus", "maxrl", "batch_mean"] = setting(
         "grpo", help="GRPO: grpo (each reward against its group, scaled by the group's std); reinforce_plus_plus: "
                      "REINFORCE++-baseline (minus the group's mean, then normalised over the step's samples); maxrl: "
                      "MaxRL (minus the group's mean, divided by that mean: 1/success-rate weighting, for rewards of 0 "
                      "or more); batch_mean: minus the mean reward of the step's samples, unscaled (one baseline for "
-                     "the batch). maxrl and batch_mean take none of scale_rewards_by_std, leave_one_out_baseline, "
+                     "the batch); gdpo: GDPO, each named part of the reward (an environment's reward_components, e.g. "
+                     "math_multi_reward's) against its group as grpo does, the parts summed, then normalised over the "
+                     "step's samples. maxrl and batch_mean take none of scale_rewards_by_std, leave_one_out_baseline, "
                      "minus_baseline")
     advantage_clip_low: float | None = setting(None, help="GRPO: advantages below this are raised to it; unset: "
                                                           "no bound")

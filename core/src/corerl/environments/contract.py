@@ -59,10 +59,14 @@ class Turn:
     ``{"role": "tool", "content": ...}``). ``reward`` is this turn's reward (an episode's reward
     is the sum over its turns: give it per turn or only at the end). ``done`` ends the episode.
     ``state`` is kept for the next turn. ``tool_calls`` and ``tool_failures`` count the tool
-    calls this turn made and how many of them failed (for the metrics)."""
+    calls this turn made and how many of them failed (for the metrics). ``reward_components``
+    (optional, contract 2.18) names the reward's parts, e.g. ``{"correctness": 1.0, "format": 0.0}``
+    (summed over an episode's turns like ``reward``): the ``gdpo`` advantage estimator normalises each
+    part within its group; the other estimators read ``reward`` alone."""
 
     observation: str | Sequence[Message] | None = None
     reward: float = 0.0
+    reward_components: Mapping[str, float] | None = None
     done: bool = False
     state: Any = None
     tool_calls: int = 0

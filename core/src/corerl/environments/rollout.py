@@ -56,6 +56,9 @@ class Rollout:
     groups: list[list[Sample]]
     rewards: list[list[float]]
     metrics: dict[str, float] = attrs.field(factory=dict)
+    #: the rewards' named parts (``Turn.reward_components``), per sample like ``rewards``; None where
+    #: the environment gives none
+    components: list[list[dict[str, float]]] | None = None
 
 
 class SingleTurnRollout:
@@ -102,6 +105,7 @@ class PlayedEpisode:
     versions: list[int] = attrs.field(factory=list)
     responses: list[str] = attrs.field(factory=list)
     reward: float = 0.0
+    components: dict[str, float] | None = None  # the reward's named parts, summed over the turns
     state: Any = None
     finish: str = "stop"
     stop: str | None = None
@@ -273,7 +277,7 @@ class MultiTurnRollout:
         metrics = episode_metrics(flat, self.pool.seconds - seconds_before)
         metrics["time/generation_rounds"] = float(rounds)
         metrics[LOST_TEXT] += prompts_lost(self.tokenizer, prompts)
-        return Rollout(groups, rewards, metrics)
+        return Rollout(groups, rewards, metrics, reward_components(episodes))
 
     def _hand_over(self, pending: dict[Future, tuple[int, PlayedEpisode, float]], index: int,
                    episode: PlayedEpisode, sample: Sample) -> None:
@@ -316,8 +320,15 @@ class MultiTurnRollout:
         result = answer.turn
         try:
             episode.reward += float(result.reward)
-        except (TypeError, ValueError):
-            episode.stop, episode.cause, episode.reward = "env_malformed", f"reward {result.reward!r} is not a number", 0.0
+            if result.reward_components is not None:
+                parts = episode.components if episode.components is not None else {}
+                for name, value in result.reward_components.items():
+                    parts[str(name)] = parts.get(str(name), 0.0) + float(value)
+                episode.components = parts
+        except (TypeError, ValueError, AttributeError):
+            episode.stop, episode.cause, episode.reward = "env_malformed", (
+                f"reward {result.reward!r} or reward_components {result.reward_components!r} is not a number "
+                "(a mapping of names to numbers)"), 0.0
             return False
         episode.state = result.state
         episode.tool_calls += result.tool_calls
@@ -405,6 +416,17 @@ def _cut(sample: Sample, room: int) -> Sample:
 
 
 FAULTS = ("env_error", "env_timeout", "env_malformed")
+
+
+def reward_components(episodes: Sequence[Sequence[PlayedEpisode]]) -> list[list[dict[str, float]]] | None:
+    """Each episode's reward parts, every part named by any episode of the step (0 where an
+    episode lacks it, and for an episode a fault ended, whose reward is 0 too); None where no
+    episode has any."""
+    names = sorted({name for group in episodes for e in group for name in (e.components or {})})
+    if not names:
+        return None
+    return [[{name: 0.0 if e.stop in FAULTS else (e.components or {}).get(name, 0.0) for name in names}
+             for e in group] for group in episodes]
 
 
 def check_failures(episodes: Sequence[PlayedEpisode], env_name: str, max_failure_share: float) -> None:

@@ -27,8 +27,8 @@ _FLEET = ("NeMo RL's generation-fleet resiliency (retries per prompt, watchdogs,
 
 def _estimator(name: Any) -> str:
     """NeMo RL's GRPO advantage estimator as corerl's ``algorithm.advantage_estimator``."""
-    if name not in ("grpo", "reinforce_plus_plus"):
-        raise ValueError(f"the {name!r} advantage estimator is not built into corerl yet (grpo and "
+    if name not in ("grpo", "gdpo", "reinforce_plus_plus"):
+        raise ValueError(f"the {name!r} advantage estimator is not built into corerl yet (grpo, gdpo and "
                          "reinforce_plus_plus are)")
     return str(name)
 
@@ -163,7 +163,8 @@ RULES: dict[str, Rule] = {
     "grpo.penalize_malformed_thinking": inert(_OFF, _truthy),
     "grpo.invalid_tool_call_strategy": inert("used only with grpo.penalize_invalid_tool_call"),
     "grpo.calculate_advantages_on_gpu": inert(_PERF),
-    "grpo.adv_estimator.reward_weights": inert("used only by the gdpo estimator (refused)"),
+    "grpo.adv_estimator.reward_weights": inert("null: the gdpo estimator sums the reward's parts with equal "
+                                               "weights; other weights are not built into corerl yet", _truthy),
     "grpo.reward_shaping.enabled": acts("algorithm.overlong_penalty.enabled"),
     "grpo.reward_shaping.overlong_buffer_length": acts("algorithm.overlong_penalty.buffer_length"),
     "grpo.reward_shaping.overlong_buffer_penalty": acts("algorithm.overlong_penalty.penalty"),

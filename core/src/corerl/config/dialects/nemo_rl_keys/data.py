@@ -37,6 +37,10 @@ RULES: dict[str, Rule] = {
     "data.validation.dataset_name": DERIVED,
     "data.default.dataset_name": DERIVED,
     "data.use_multiple_dataloader": inert(_OFF, _truthy),
+    # NeMo RL's GDPO environment (data.*.env_name: math_multi_reward): corerl's environment of that name
+    "env.math_multi_reward.math_verify_impl": inert("its parts are text checks (NeMo RL's hf_math_verify "
+                                                    "implementation of this environment compares text too)",
+                                                    _not("hf_math_verify")),
     "data.validation.repeat": inert("corerl's held-out answers are greedy: repeating a row adds nothing"),
     # NeMo RL's reward-model environment (data.*.env_name: reward_model): corerl's reward_model section
     "env.reward_model.model_name": acts("reward_model.model_name"),
