@@ -741,3 +741,18 @@ def test_math_multi_reward_names_three_parts_of_the_reward(response, gold, parts
     environment = MathMultiRewardEnvironment(EnvironmentContext(None, 0))
     turn = environment.step(EpisodeView(row={"answer": gold}, turn=1, responses=(response,)))
     assert dict(turn.reward_components) == parts and turn.reward == sum(parts.values()) and turn.done
+
+
+def test_a_rollouts_reward_parts_cover_every_named_part_and_a_failed_episode_scores_none():
+    """``Rollout.components``: each episode's parts, a part an episode lacks as 0, and 0 for an
+    episode a fault ended (its reward is 0 too); None where no episode names any."""
+    from corerl.environments.rollout import PlayedEpisode, reward_components
+
+    def episode(parts, stop="done"):
+        played = PlayedEpisode(prompt=[1], row={}, where="row 0")
+        played.components, played.stop = parts, stop
+        return played
+
+    groups = [[episode({"a": 1.0, "b": 2.0}), episode({"a": 0.5})], [episode({"b": 1.0}, stop="env_timeout")]]
+    assert reward_components(groups) == [[{"a": 1.0, "b": 2.0}, {"a": 0.5, "b": 0.0}], [{"a": 0.0, "b": 0.0}]]
+    assert reward_components([[episode(None), episode(None)]]) is None
