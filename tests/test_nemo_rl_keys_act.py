@@ -686,3 +686,19 @@ def test_gdpo_recipes_keys_reach_the_gdpo_estimator_and_its_environment(tmp_path
     bare = _child(tmp_path, "bare.yaml", "grpo:\n  adv_estimator:\n    name: gdpo\n")
     refused_in_one_line(_Validated(capsys, str(bare)), "algorithm.advantage_estimator: the gdpo estimator normalises "
                                                        "each named part of the reward")
+
+
+def test_bad_words_reach_the_sampling_settings_and_a_backend_without_them_is_refused(tmp_path, capsys):
+    """``policy.generation.bad_words`` (NeMo RL's omni recipes ban ``<image>``) is corerl's key of
+    that name: the words go into every call's SamplingSettings (what the hf and vllm backends do
+    with them: the generation conformance suite's test_banned_words_never_appear); a backend that
+    does not ban words is refused at the key."""
+    from corerl.generation.contract import SamplingSettings
+
+    recipe = _child(tmp_path, "banned.yaml", "policy:\n  generation:\n    bad_words:\n    - <image>\n    - <img>\n")
+    config = _load(recipe)
+    assert SamplingSettings.from_config(config).bad_words == ("<image>", "<img>")
+    assert _Validated(capsys, str(recipe)).code == 0
+    refused_in_one_line(_Validated(capsys, str(recipe), "policy.generation.backend=remote",
+                                   "policy.generation.remote.urls=[http://127.0.0.1:1]"),
+                        "policy.generation.bad_words: generation backend 'remote' does not ban words")

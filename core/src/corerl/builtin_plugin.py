@@ -58,6 +58,7 @@ corerl_checks = (
     Check("corerl.environments.model_rewards:check_reward_model_chosen", name="reward model"),
     Check("corerl.asynchronous.worker:check_in_flight_chosen", name="asynchronous in-flight requests"),
     Check("corerl.models.chat_template:check_template_arguments_chosen", name="chat template arguments"),
+    Check("corerl.generation.bad_words:check_bad_words_chosen", name="banned words at generation"),
 )
 
 

@@ -59,6 +59,9 @@ class GenerationConfig:
     top_p: float = setting(1.0, min=0.0, min_exclusive=True, max=1.0, help="nucleus sampling: keep the smallest set of tokens whose probability reaches this")
     top_k: int | None = setting(None, min=1, help="sample among the k likeliest tokens; unset: all")
     stop_strings: list[str] | None = setting(None, help="a completion ends after any of these strings (kept in it)")
+    bad_words: list[str] | None = setting(None, help="words a completion never holds: each banned as the tokenizer "
+                                                     "writes it alone and after a space (vLLM's rule); the hf and vllm "
+                                                     "backends ban them, another is refused")
     stop_token_ids: list[int] | None = setting(None, help="a completion ends at any of these tokens, besides the model's end of sequence (generation_config.json's eos_token_id, else the tokenizer's), in training's samples and held-out evaluation's answers alike")
     ignore_eos: bool = setting(False, help="every completion runs to max_new_tokens: no token ends it (equal work in "
                                "benchmarks; stop_strings still cut it). hf never samples the stop tokens then (as "

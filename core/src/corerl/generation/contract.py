@@ -50,6 +50,9 @@ class SamplingSettings:
     seed: int | None = None
     ignore_eos: bool = False  # no token ends a completion: each runs to max_new_tokens (contract 2.6)
     request_seeds: tuple[int, ...] | None = None
+    #: words a completion never holds (contract 2.18; a backend bans them where it sets
+    #: ``accepts_bad_words = True``: :mod:`corerl.generation.bad_words`)
+    bad_words: tuple[str, ...] = ()
 
     @classmethod
     def from_config(cls, config: Any, **changes: Any) -> SamplingSettings:
@@ -58,7 +61,7 @@ class SamplingSettings:
         values = dict(
             temperature=gen.temperature, top_p=gen.top_p, top_k=gen.top_k, max_new_tokens=gen.max_new_tokens,
             stop_strings=tuple(gen.stop_strings or ()), stop_token_ids=tuple(gen.stop_token_ids or ()),
-            seed=config.core.algorithm.seed, ignore_eos=gen.ignore_eos,
+            seed=config.core.algorithm.seed, ignore_eos=gen.ignore_eos, bad_words=tuple(gen.bad_words or ()),
         )
         values.update(changes)
         return cls(**values)

@@ -26,6 +26,7 @@ from typing import Any
 
 import attrs
 
+from corerl.generation.bad_words import banned_sequences
 from corerl.generation.contract import Sample, SamplingSettings, images_of
 from corerl.generation.sampling import (
     choose_tokens_per_row,
@@ -47,6 +48,8 @@ class HFGenerationBackend:
     # call there (its completions are returned as they stand): asynchronous generation's hook
     # for weights that arrive while a request runs (corerl.asynchronous.worker)
     between_tokens: Any = None
+    #: bans policy.generation.bad_words (contract 2.18: corerl.generation.bad_words)
+    accepts_bad_words = True
     #: reads a prompt's images (contract 2.13: an ImagePrompt's pixel values go into generate())
     accepts_images = True
 
@@ -184,6 +187,8 @@ class HFGenerationBackend:
             kwargs = {"do_sample": False, "logits_processor": _seeded_choice(sampling, seeds, self.device)}
         elif sampling.temperature > 0:
             kwargs.update(temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k or 0)
+        if sampling.bad_words:  # transformers' ban runs before the seeded choice (its processors come first)
+            kwargs["bad_words_ids"] = banned_sequences(self.tokenizer, sampling.bad_words)
         if self.static_cache:
             kwargs["cache_implementation"] = "static"
         if self.between_tokens is not None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from corerl.distributed.devices import local_gpu_index, runs_here_without_gpu
 from corerl.distributed.placement import dedicated_generation_layout, training_layout
 from corerl.distributed.worker_group import LocalWorkerGroup, RayWorkerGroup, free_port
+from corerl.generation.bad_words import banned_sequences
 from corerl.generation.contract import (
     GenerationEngine,
     ImagePrompt,
@@ -36,8 +37,9 @@ __all__ = [
     "GenerationEngine", "Sample", "SamplingSettings",
     # images: vision-language models
     "Images", "ImagePrompt", "images_of", "is_vision_language", "read_hf_config", "vision_token_ids",
-    # sampling a step's tokens, stop strings
+    # sampling a step's tokens, stop strings, banned words
     "choose_tokens", "choose_tokens_per_row", "row_generators", "row_seeds", "cut_at_stop_strings",
+    "banned_sequences",
     # the refit's weights: shared through a file, under checkpoint names, a LoRA adapter
     "SharedWeightWriter", "read_shared", "CheckpointNaming",
     "lora_enabled", "is_adapter_name", "AdapterWeights", "write_adapter",

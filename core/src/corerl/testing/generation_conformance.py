@@ -26,6 +26,9 @@ backend may apply):
   ``stop_token_ids`` set, a completion still ends at the model's end of sequence;
 - ``test_ignore_eos_runs_every_completion_to_max_new_tokens``: with ``ignore_eos`` nothing ends a
   completion early, the stop ids included;
+- ``test_banned_words_never_appear`` (contract 2.18): with ``bad_words``, for a backend setting
+  ``accepts_bad_words = True`` (skipped otherwise), the banned words' token sequences appear in no
+  completion;
 - ``test_outputs_follow_refitted_weights``: after ``update_weights`` with another model's weights,
   greedy outputs follow the new weights;
 - ``test_an_update_may_leave_out_the_tied_copy`` (contract 2.14): an update without the tied
@@ -364,6 +367,32 @@ class GenerationBackendConformance:
                                      f"sequence ({eos}): got {[list(s.completion_ids) for s in got]}, want {plain}",
                                      STOP_IDS_BESIDES_EOS)
         assert all(s.finish_reason == "stop" for s in got)
+
+    def test_banned_words_never_appear(self, engine: Any, model_dirs: tuple[str, str]) -> None:
+        """``SamplingSettings.bad_words`` (contract 2.18), for a backend that sets
+        ``accepts_bad_words = True`` (skipped for another, which validation refuses the key for): the
+        words greedy decoding starts its completions with, banned, appear in no completion, as
+        :func:`corerl.generation.bad_words.banned_sequences` spells them."""
+        from transformers import AutoTokenizer
+
+        from corerl.generation.bad_words import banned_sequences
+
+        if not getattr(engine, "accepts_bad_words", False):
+            pytest.skip("the backend does not ban words (accepts_bad_words is not set)")
+        tokenizer = AutoTokenizer.from_pretrained(model_dirs[0])
+        greedy = SamplingSettings(temperature=0.0, max_new_tokens=self.max_new_tokens)
+        plain = [list(g[0].completion_ids) for g in engine.generate(PROMPTS, greedy)]
+        # tokens of the completions (not special ones) whose text the tokenizer writes back as that one token
+        special = set(tokenizer.all_special_ids)
+        texts = {tokenizer.decode([t]).strip(): t for ids in plain for t in ids if t not in special}
+        words = sorted(w for w, t in texts.items() if w and tokenizer.encode(w, add_special_tokens=False) == [t])[:4]
+        banned = banned_sequences(tokenizer, words)
+        assert words, plain
+        got = [list(g[0].completion_ids) for g in engine.generate(PROMPTS, attrs.evolve(greedy, bad_words=tuple(words)))]
+        for ids in got:
+            held = [seq for seq in banned if any(ids[k:k + len(seq)] == seq for k in range(len(ids)))]
+            assert not held, f"banned {words}: a completion holds {held}: {ids}"
+        assert got != plain
 
     def test_ignore_eos_runs_every_completion_to_max_new_tokens(self, engine: Any) -> None:
         """``SamplingSettings.ignore_eos`` (contract 2.6): no token ends a completion, not even the

@@ -42,6 +42,7 @@ class VllmGenerationBackend:
     ``between_tokens`` hook reach the engine's decoding loop."""
 
     accepts_images = True
+    accepts_bad_words = True  # vLLM's own SamplingParams.bad_words (contract 2.18)
 
     def __init__(self, config: Config) -> None:
         self.config = config

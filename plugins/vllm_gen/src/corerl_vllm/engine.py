@@ -307,8 +307,14 @@ class VllmEngine:
                 for prompt, request in zip(prompts, outputs, strict=True)]
 
     def _params(self, prompts: list[list[int]], sampling: SamplingSettings, n: int) -> list[Any]:
-        """vLLM's sampling parameters of each prompt's request."""
+        """vLLM's sampling parameters of each prompt's request (banned words checked as the hf
+        backend checks them: a word of no token is refused in one line, not by vLLM's traceback)."""
         from vllm import SamplingParams
+
+        if sampling.bad_words:
+            from corerl.sdk import banned_sequences
+
+            banned_sequences(self.llm.get_tokenizer(), sampling.bad_words)
 
         return [
             SamplingParams(
@@ -316,7 +322,7 @@ class VllmEngine:
                 max_tokens=sampling.max_new_tokens, stop=list(sampling.stop_strings) or None,
                 # stop ids end a completion besides the model's end of sequence, which vLLM keeps
                 stop_token_ids=None if sampling.ignore_eos else list(sampling.stop_token_ids) or None,
-                ignore_eos=sampling.ignore_eos,
+                ignore_eos=sampling.ignore_eos, bad_words=list(sampling.bad_words) or None,
                 seed=_request_seed(sampling, i, n), logprobs=0,
                 # a completion never holds an image's own tokens (training would count them as images)
                 logit_bias={token: -100.0 for token in self.vision_tokens} or None,
