@@ -24,7 +24,7 @@ echo "setup: installing corerl, its plugins and the test tools into .venv"
 # DS_BUILD_OPS=0: DeepSpeed installs without compiling its C++/CUDA ops (it compiles what it needs on use).
 DS_BUILD_OPS=0 .venv/bin/python -m pip install --quiet --disable-pip-version-check --no-build-isolation \
   -e "./core[train,math,wandb,mlflow,serve]" \
-  -e ./plugins/dtensor \
+  -e "./plugins/dtensor[fp8]" \
   -e ./plugins/megatron \
   -e ./plugins/deepspeed \
   -e "./plugins/vllm_gen[cpu]" \

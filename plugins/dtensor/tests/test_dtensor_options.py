@@ -169,3 +169,44 @@ def test_custom_parallel_plan_by_import_path(model_dir, tmp_path):
         backend.shutdown()
     reference = hf_logprobs(AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32), batch)
     assert float((ours - reference).abs().max()) <= 1e-5
+
+
+def test_fp8_training_multiplies_the_decoder_in_float8_and_leaves_the_head_and_weights(tmp_path):
+    """``fp8_training`` (torchao's float8 training, through torch._scaled_mm on this CPU): the
+    decoder's linear layers become Float8Linear, the LM head does not; the logprobs move off a
+    float32 forward by FP8's rounding and stay near it, a step trains, and the weights keep their
+    names and dtype (what a refit or checkpoint reads)."""
+    from corerl.testing.reference import at_loss_positions, max_diff
+    from corerl_dtensor.float8 import float8_layers
+
+    model_dir = str(build_tiny_model(tmp_path / "m", hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
+                                     intermediate_size=128, vocab_size=128, tie_word_embeddings=False))
+    batch = conformance_batch()
+    backend = DTensorBackend(make_config(model_dir, tmp_path, "policy.dtensor_cfg.fp8_training=true"))
+    try:
+        backend.load_hf(model_dir)
+        model = backend.group.worker.model  # world size 1: the worker runs in this process
+        ours = backend.logprobs(batch)
+        result = backend.train_step(batch, conformance_loss)
+        weights = dict(backend.weight_stream())
+    finally:
+        backend.shutdown()
+    reference = hf_logprobs(AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32), batch)
+    gap = max_diff(at_loss_positions(ours, batch), reference)
+    print(f"\nfloat8 training: logprobs vs a float32 forward, max |difference| {gap:.3g}")
+    assert 1e-4 < gap < 0.5 and math.isfinite(result.loss)
+    plain = dict(AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).state_dict())
+    assert sorted(weights) == sorted(plain) and all(w.dtype == torch.float32 for w in weights.values())
+    assert float8_layers(model) == 2 * 7 and type(model.lm_head).__name__ == "Linear"  # 7 a decoder layer, no head
+
+
+@pytest.mark.parametrize("overrides, says", [
+    (["cluster.gpus_per_node=2", "policy.dtensor_cfg.tensor_parallel_size=2"], "tensor parallelism"),
+    (["policy.lora.enabled=true"], "PEFT's adapters"),
+    (["cluster.gpus_per_node=2", "policy.dtensor_cfg.fsdp_version=1"], "FSDP1"),
+])
+def test_fp8_training_is_refused_with_what_it_does_not_combine_with(model_dir, tmp_path, overrides, says):
+    config = make_config(model_dir, tmp_path, "policy.dtensor_cfg.fp8_training=true", *overrides)
+    with pytest.raises(ConfigError) as caught:
+        check_supported(config)
+    assert caught.value.key == "policy.dtensor_cfg.fp8_training" and says in str(caught.value)

@@ -21,6 +21,11 @@ class DTensorConfig:
     sequence_parallel: bool = setting(False, help="split activations along the sequence in tensor-parallel regions")
     activation_checkpointing: bool = setting(False, help="recompute activations in the backward pass (less memory, more compute)")
     cpu_offload: bool = setting(False, help="keep parameters and gradients in CPU memory between uses (FSDP's CPUOffloadPolicy)")
+    fp8_training: bool = setting(
+        False, help="torchao's float8 training: the decoder's linear layers multiply in FP8 (dynamic tensorwise "
+                    "scales, e4m3 forward, e5m2 gradients), the LM head and the weights, gradients and optimizer "
+                    "state as before; through torch._scaled_mm, on CPU too (the fp8 extra: pip install "
+                    "'corerl-dtensor[fp8]'); not with tensor parallelism, FSDP1 or policy.lora")
     custom_parallel_plan: str | None = setting(None, help="import path of a tensor-parallel plan")
     fsdp_version: Literal[1, 2] = setting(2, help="2: fully_shard (FSDP2); 1: legacy FullyShardedDataParallel")
     expert_parallel_size: int = setting(1, min=1, help="ranks a mixture-of-experts layer's routed experts are split over "

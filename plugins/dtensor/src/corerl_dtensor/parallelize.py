@@ -205,12 +205,17 @@ def data_parallel_mesh(mesh: Any) -> Any:
 
 def parallelize(model: nn.Module, mesh: Any, settings: Any, param_dtype: torch.dtype,
                 device: torch.device, expert_mesh: Any = None) -> tuple[nn.Module, bool, bool]:
-    """``model`` with the recipe's parallelisms applied in order: tensor parallelism over the
+    """``model`` with the recipe's parallelisms applied in order (after torchao's float8 linear
+    layers where ``fp8_training``, :mod:`corerl_dtensor.float8`): tensor parallelism over the
     mesh's ``tp`` axis, expert parallelism over ``expert_mesh``'s ``ep`` axis (where given),
     activation checkpointing, then FSDP2 (or FSDP1) over ``dp`` (FSDP2 as HSDP over
     ``(dp_replicate, dp_shard)`` where ``dp_replicate_size`` > 1); a vision-language model's tower
     then runs on every rank in every forward pass (:func:`run_vision_on_every_rank`). Returns (the
     model, whether forward passes need autocast to ``param_dtype``, whether it is FSDP1)."""
+    if getattr(settings, "fp8_training", False):  # before FSDP2 wraps the layers (torchao's float8 linear layers shard as any)
+        from corerl_dtensor.float8 import apply_float8_training
+
+        apply_float8_training(model)
     if mesh is not None and settings.tensor_parallel_size > 1:
         from corerl.sdk import resolve
 

@@ -20,6 +20,7 @@ def check_supported(config: Config) -> None:
     settings = config.section("policy.dtensor_cfg")
     section = "policy.dtensor_cfg"
     check_context_parallel(config, settings, section)
+    check_fp8_training(config, settings, section)
     if settings.sequence_parallel and settings.custom_parallel_plan:
         raise ConfigError(
             "sequence_parallel applies to the built-in plan; a custom_parallel_plan lays out sequences itself",
@@ -96,6 +97,30 @@ def check_hybrid_shard(settings: Any, section: str) -> None:
          "hybrid sharding (dp_replicate_size > 1) is not combined with expert parallelism "
          "(the experts are sharded over their own mesh)",
          "set dp_replicate_size=1 or expert_parallel_size=1"),
+    )
+    for refused, message, hint in refusals:
+        if refused:
+            raise ConfigError(message, key=key, hint=hint)
+
+
+def check_fp8_training(config: Config, settings: Any, section: str) -> None:
+    """``fp8_training`` (torchao's float8 linear layers, :mod:`corerl_dtensor.float8`): torchao must
+    be installed, and it is not combined with tensor parallelism (its layers need float8 plans of
+    their own), FSDP1 or LoRA (PEFT's adapters wrap the linear layers it would swap)."""
+    if not settings.fp8_training:
+        return
+    from importlib.util import find_spec
+
+    key = f"{section}.fp8_training"
+    refusals = (
+        (find_spec("torchao") is None, "FP8 training runs torchao's float8 linear layers, and torchao is not "
+         "installed here", "pip install 'corerl-dtensor[fp8]' (torchao), or turn it off"),
+        (settings.tensor_parallel_size > 1, "FP8 training is not combined with tensor parallelism yet (torchao's "
+         "float8 layers need float8 tensor-parallel plans)", "set tensor_parallel_size=1, or turn it off"),
+        (settings.fsdp_version == 1, "FP8 training shards torchao's float8 layers with FSDP2, not the legacy FSDP1 "
+         "wrapper", "use fsdp_version 2"),
+        (config.core.policy.lora.enabled, "FP8 training swaps the linear layers PEFT's adapters wrap",
+         "turn policy.lora or FP8 training off"),
     )
     for refused, message, hint in refusals:
         if refused:
