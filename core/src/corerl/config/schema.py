@@ -60,8 +60,9 @@ class GenerationConfig:
     top_k: int | None = setting(None, min=1, help="sample among the k likeliest tokens; unset: all")
     stop_strings: list[str] | None = setting(None, help="a completion ends after any of these strings (kept in it)")
     bad_words: list[str] | None = setting(None, help="words a completion never holds: each banned as the tokenizer "
-                                                     "writes it alone and after a space (vLLM's rule); the hf and vllm "
-                                                     "backends ban them, another is refused")
+                                                     "writes it alone and after a space; a generation backend that can "
+                                                     "ban them does (hf does; docs/generation-backends.md lists the "
+                                                     "others), another is refused in one line")
     stop_token_ids: list[int] | None = setting(None, help="a completion ends at any of these tokens, besides the model's end of sequence (generation_config.json's eos_token_id, else the tokenizer's), in training's samples and held-out evaluation's answers alike")
     ignore_eos: bool = setting(False, help="every completion runs to max_new_tokens: no token ends it (equal work in "
                                "benchmarks; stop_strings still cut it). hf never samples the stop tokens then (as "

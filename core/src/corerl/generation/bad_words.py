@@ -41,4 +41,5 @@ def check_bad_words_chosen(config: Any, chosen: Any) -> None:
         return
     raise ConfigError(f"generation backend {registration.id!r} does not ban words at generation",
                       key="policy.generation.bad_words",
-                      hint="sample with policy.generation.backend=hf or vllm, or remove the key")
+                      hint="sample with a backend that bans words (policy.generation.backend=hf does), or remove "
+                           "the key")
