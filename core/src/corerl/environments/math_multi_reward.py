@@ -20,7 +20,6 @@ from corerl.environments.contract import EnvironmentContext, EpisodeView, Turn
 from corerl.tasks import column_value
 
 _FORMAT = re.compile(r"^<think>.*?</think>\n<answer>.*?</answer>$", re.DOTALL)
-PARTS = ("correctness", "integer", "format")
 
 
 def answer_text(response: str) -> str:

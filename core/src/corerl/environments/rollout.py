@@ -318,17 +318,19 @@ class MultiTurnRollout:
             episode.stop, episode.cause, episode.reward = answer.fault, answer.cause, 0.0
             return False
         result = answer.turn
+        given = getattr(result, "reward_components", None)  # a turn object of a plugin's own may lack it
         try:
             episode.reward += float(result.reward)
-            if result.reward_components is not None:
+            if given is not None:
                 parts = episode.components if episode.components is not None else {}
-                for name, value in result.reward_components.items():
+                for name, value in given.items():
                     parts[str(name)] = parts.get(str(name), 0.0) + float(value)
                 episode.components = parts
         except (TypeError, ValueError, AttributeError):
             episode.stop, episode.cause, episode.reward = "env_malformed", (
-                f"reward {result.reward!r} or reward_components {result.reward_components!r} is not a number "
-                "(a mapping of names to numbers)"), 0.0
+                f"reward {result.reward!r} is not a number" if given is None else
+                f"reward {result.reward!r} or reward_components {given!r} is not a number (a mapping of names to "
+                "numbers)"), 0.0
             return False
         episode.state = result.state
         episode.tool_calls += result.tool_calls
