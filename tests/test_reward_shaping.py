@@ -204,3 +204,16 @@ def test_reinforce_plus_plus_subtracts_the_group_mean_then_normalises_over_the_s
     assert float(group_advantages(rewards)[3, 0]) == pytest.approx(float(group_advantages(rewards)[0, 0]), rel=1e-4)
     no_baseline = reinforce_plus_plus_advantages(rewards, minus_baseline=False, normalise=False)
     assert torch.equal(no_baseline, rewards)
+
+
+def test_dynamic_sampling_keeps_a_group_whose_reward_parts_differ_though_its_sums_are_equal():
+    """With reward parts (gdpo's), a group of equal sums whose parts differ still teaches: it is kept;
+    a group whose parts are equal too is dropped, and the kept groups' parts stay with them."""
+    equal_sums = [{"a": 1.0, "b": 0.0}, {"a": 0.0, "b": 1.0}]
+    all_equal = [{"a": 1.0, "b": 0.0}, {"a": 1.0, "b": 0.0}]
+
+    def generate(count: int) -> Rollout:
+        return Rollout([[_sample(1)] * 2, [_sample(2)] * 2], [[1.0, 1.0], [1.0, 1.0]], components=[equal_sums, all_equal])
+
+    rollout = dynamically_sampled(1, 1.0, 3, generate)
+    assert rollout.components == [equal_sums] and rollout.metrics["dynamic_sampling/all_equal_groups"] == 1.0

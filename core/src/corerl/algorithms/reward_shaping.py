@@ -112,9 +112,14 @@ def _masked_out(sample: Sample) -> Sample:
     return attrs.evolve(sample, completion_mask=tuple(0 for _ in sample.completion_ids))
 
 
-def informative(rewards: Sequence[float]) -> bool:
-    """Whether a group's rewards differ (a group of equal rewards has zero advantage everywhere)."""
-    return len(rewards) > 1 and statistics.pstdev(rewards) > 0
+def informative(rewards: Sequence[float], parts: Sequence[dict[str, float]] | None = None) -> bool:
+    """Whether a group's rewards differ (a group of equal rewards has zero advantage everywhere),
+    or, given its samples' reward ``parts`` (``Rollout.components``), any one part does (gdpo
+    normalises each part in its group: equal sums of differing parts still teach)."""
+    if len(rewards) > 1 and statistics.pstdev(rewards) > 0:
+        return True
+    return bool(parts) and len(parts) > 1 and any(
+        statistics.pstdev([p.get(name, 0.0) for p in parts]) > 0 for name in parts[0])
 
 
 def merge(parts: Sequence[Rollout]) -> Rollout:
@@ -148,7 +153,7 @@ def dynamically_sampled(batch_size: int, multiplier: float, max_batches: int,
         parts.append(part)
         for index, (group, rewards) in enumerate(zip(part.groups, part.rewards, strict=True)):
             seen += 1
-            if informative(rewards):
+            if informative(rewards, None if part.components is None else part.components[index]):
                 kept_groups.append(group)
                 kept_rewards.append(rewards)
                 kept_components.append(None if part.components is None else part.components[index])
