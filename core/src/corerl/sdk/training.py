@@ -46,6 +46,7 @@ from corerl.training.logprobs import (
     join_topk,
     model_logprobs,
     picked_logprobs,
+    picked_topk,
     token_logprobs,
 )
 from corerl.training.memory import move_optimizer_state, optimizer_state_tensors, storage_bytes
@@ -67,7 +68,8 @@ __all__ = [
     # micro-batches, the loss's normaliser, optimizers, gradient clipping
     "MicroBatcher", "loss_token_count", "build_optimizer", "build_scheduler", "clip_grad_norm",
     # logprobs and values
-    "model_logprobs", "needed_positions", "model_values", "load_pretrained", "token_logprobs", "picked_logprobs", "TOPK_REQUEST",
+    "model_logprobs", "needed_positions", "model_values", "load_pretrained", "token_logprobs", "picked_logprobs", "picked_topk",
+    "TOPK_REQUEST",
     "batch_logprobs", "join_topk", "shift_values", "register_segment_attention",
     # weights: the stream, under checkpoint names, the optimizer's state and what it holds
     "EngineWeights", "CheckpointNaming", "checkpoint_weights", "optimizer_state_tensors", "storage_bytes",

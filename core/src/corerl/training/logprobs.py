@@ -61,6 +61,23 @@ def picked_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor
                                                                   dtype=torch.float32)
 
 
+def picked_topk(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ``k`` most likely tokens under each position's own logits (no shift, as
+    :func:`picked_logprobs`): ``([B, T, k]`` float32 logprobs, ``[B, T, k]`` long ids``)``, a slice of
+    positions at a time (:func:`_position_chunks`)."""
+    import torch
+
+    values, ids = [], []
+    for _, chunk in _position_chunks(logits):
+        top, index = chunk.topk(k, dim=-1)
+        values.append(top - torch.logsumexp(chunk, dim=-1, keepdim=True))
+        ids.append(index)
+    if not values:
+        shape = (*logits.shape[:2], k)
+        return logits.new_zeros(shape, dtype=torch.float32), logits.new_zeros(shape, dtype=torch.long)
+    return torch.cat(values, dim=1), torch.cat(ids, dim=1)
+
+
 def topk_logprobs(logits: torch.Tensor, k: int, attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The ``k`` most likely next tokens at every position: ``([B, T, k]`` float32 logprobs,
     ``[B, T, k]`` long token ids``)``, aligned like :func:`token_logprobs` (position t holds the
@@ -68,13 +85,9 @@ def topk_logprobs(logits: torch.Tensor, k: int, attention_mask: torch.Tensor) ->
     import torch
 
     body = logits[:, :-1]
-    values, ids = [], []
-    for _, chunk in _position_chunks(body):
-        top, index = chunk.topk(k, dim=-1)
-        values.append(top - torch.logsumexp(chunk, dim=-1, keepdim=True))
-        ids.append(index)
-    return (_shifted(values, body, (k,), torch.float32, attention_mask),
-            _shifted(ids, body, (k,), torch.long, attention_mask))
+    values, ids = picked_topk(body, k)
+    return (_shifted([values], body, (k,), torch.float32, attention_mask),
+            _shifted([ids], body, (k,), torch.long, attention_mask))
 
 
 #: a micro-batch field asking the forward pass for the top-k next tokens (a 0-d long tensor: k)

@@ -20,13 +20,11 @@ from typing import Any
 
 import torch
 
-from corerl.sdk import TOPK_REQUEST, picked_logprobs, shift_values
+from corerl.sdk import TOPK_REQUEST, picked_logprobs, picked_topk, shift_values
 from corerl_dtensor.ring_attention import Ring, positions_of, splitting_sequences_over
 
 #: micro-batch fields context parallelism does not take yet (packing, images)
 NOT_YET = ("position_ids", "pixel_values")
-#: positions of a rank's logits per top-k pass (bounds the float32 copy, as the core's chunks do)
-TOPK_POSITIONS = 256
 
 
 class _RingAllGather(torch.autograd.Function):
@@ -105,7 +103,7 @@ def context_parallel_logprobs(model: torch.nn.Module, batch: dict[str, torch.Ten
         padded = torch.nn.functional.pad(candidates, (0, 0, 0, ids_padded.shape[1] - candidates.shape[1]))
         batch["candidate_logprobs"] = _whole(picked_logprobs(logits, padded[:, after]), batch, ring)
     if TOPK_REQUEST in batch:
-        top, ids = _topk(logits, int(batch[TOPK_REQUEST]))
+        top, ids = picked_topk(logits, int(batch[TOPK_REQUEST]))
         batch["topk_logprobs"], batch["topk_ids"] = _whole(top, batch, ring), _whole(ids, batch, ring)
     return _whole(mine, batch, ring)
 
@@ -119,19 +117,6 @@ def _whole(mine: torch.Tensor, batch: dict[str, torch.Tensor], ring: Ring) -> to
     out = torch.cat([torch.zeros_like(of_next[:, :1]), of_next[:, :length - 1]], dim=1)
     mask = batch["attention_mask"].to(out.dtype)
     return out * mask.reshape(*mask.shape, *(1,) * (out.dim() - 2))
-
-
-def _topk(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each of this rank's positions' ``k`` most likely next tokens: (float32 logprobs, long ids),
-    a slice of positions at a time (a teacher's answer: no gradient)."""
-    values, ids = [], []
-    with torch.no_grad():
-        for start in range(0, logits.shape[1], TOPK_POSITIONS):
-            chunk = logits[:, start:start + TOPK_POSITIONS].float()
-            top, index = chunk.topk(k, dim=-1)
-            values.append(top - torch.logsumexp(chunk, dim=-1, keepdim=True))
-            ids.append(index)
-    return torch.cat(values, dim=1), torch.cat(ids, dim=1)
 
 
 def context_parallel_values(model: torch.nn.Module, batch: dict[str, torch.Tensor], ring: Ring,
