@@ -65,10 +65,12 @@ def _at(tree: Any, path: str) -> Any:
     return tree
 
 
-def _merge_engine_arg(out: Any, source: str, name: str, value: Any) -> None:
-    """``source`` sets vLLM's engine argument ``name``, merged into ``policy.generation.vllm_cfg.
-    engine_args`` with what ``vllm_kwargs`` and other keys gave."""
-    target = "policy.generation.vllm_cfg.engine_args"
+ENGINE_ARGS = "policy.generation.vllm_cfg.engine_args"
+
+
+def _merge(out: Any, source: str, target: str, name: str, value: Any) -> None:
+    """``source`` sets ``name`` in the mapping at ``target`` (vLLM's engine arguments, or one of
+    them), merged with what ``vllm_kwargs`` and other keys gave there."""
     given = _at(out.tree, target)
     out.put(source, target, {**(given if isinstance(given, dict) else {}), name: value}, f"{target}.{name}")
 
@@ -82,7 +84,7 @@ def translate(raw: dict[str, Any], out: Any) -> None:
     prefix = "generation" if out.eval_recipe else "policy.generation"
     precision = f"{prefix}.vllm_cfg.precision"
     if out.value(precision) == "fp8" and not out.switched_off(precision):
-        _merge_engine_arg(out, precision, "quantization", "fp8")
+        _merge(out, precision, ENGINE_ARGS, "quantization", "fp8")
         out.refate(precision, "acts", "policy.generation.vllm_cfg.engine_args.quantization=fp8 (vLLM's FP8 weights)")
     if out.eval_recipe:
         for key, target in (("generation.vllm_cfg.max_model_len", "policy.max_seq_length"),
@@ -96,9 +98,7 @@ def translate(raw: dict[str, Any], out: Any) -> None:
     limit = out.value(source)
     if limit is None or out.switched_off(source):
         return
-    target = "policy.generation.vllm_cfg.engine_args.limit_mm_per_prompt"
-    given = _at(out.tree, target)
-    out.put(source, target, {**(given if isinstance(given, dict) else {}), "image": limit}, f"{target}.image")
+    _merge(out, source, f"{ENGINE_ARGS}.limit_mm_per_prompt", "image", limit)
 
 
 SECTION = SectionRules(rules=RULES, opaque=("policy.generation.vllm_kwargs", "policy.generation.vllm_cfg.env_vars"),
