@@ -106,15 +106,14 @@ def cpu_kv_cache_bytes(config: Any, max_model_len: int) -> int:
     sequence of one step at ``max_model_len`` tokens (a fifth more for vLLM's block rounding), at
     least 64 MiB (a byte per element with an FP8 cache, ``kv_cache_dtype``); 1 GiB where the model's
     shape cannot be read. vLLM queues what does not fit."""
-    gib = config.section("policy.generation.vllm_cfg").cpu_kvcache_space_gib
-    if gib is not None:
-        return int(gib * 2**30)
+    settings = config.section("policy.generation.vllm_cfg")
+    if settings.cpu_kvcache_space_gib is not None:
+        return int(settings.cpu_kvcache_space_gib * 2**30)
     shape = model_shape(config)
     if shape is None:
         return 2**30
     algorithm = config.core.algorithm
     sequences = algorithm.batch_size * algorithm.num_generations_per_prompt
-    settings = config.section("policy.generation.vllm_cfg")
     element = 1 if settings.kv_cache_dtype != "auto" else 2 if config.core.policy.precision in ("bfloat16", "float16") else 4
     per_token = shape.kv_bytes_per_token(element)
     return max(64 * 2**20, math.ceil(1.2 * sequences * max_model_len * per_token))
