@@ -13,22 +13,21 @@ from __future__ import annotations
 from torch import nn
 
 
-def takes_float8(module: nn.Module, name: str, head: nn.Module | None) -> bool:
-    """Whether ``module`` (at ``name``) becomes a float8 linear layer: a linear layer that is not
-    the model's output embeddings (``head``), both sizes multiples of 16."""
+def takes_float8(module: nn.Module, head: nn.Module | None) -> bool:
+    """Whether ``module`` becomes a float8 linear layer: a linear layer that is not the model's
+    output embeddings (``head``), both sizes multiples of 16."""
     return (isinstance(module, nn.Linear) and module is not head
             and module.in_features % 16 == 0 and module.out_features % 16 == 0)
 
 
-def apply_float8_training(model: nn.Module) -> int:
-    """Swap ``model``'s decoder linear layers for torchao's ``Float8Linear`` in place; how many."""
+def apply_float8_training(model: nn.Module) -> None:
+    """Swap ``model``'s decoder linear layers for torchao's ``Float8Linear`` in place
+    (:func:`float8_layers` counts them)."""
     from torchao.float8 import convert_to_float8_training
 
     get_head = getattr(model, "get_output_embeddings", None)
     head = get_head() if callable(get_head) else None
-    chosen = [name for name, module in model.named_modules() if takes_float8(module, name, head)]
-    convert_to_float8_training(model, module_filter_fn=lambda module, name: takes_float8(module, name, head))
-    return len(chosen)
+    convert_to_float8_training(model, module_filter_fn=lambda module, name: takes_float8(module, head))
 
 
 def float8_layers(model: nn.Module) -> int:
