@@ -106,15 +106,8 @@ def test_adapters_give_peft_logits_and_gradients(worker: Any, model_dir: str) ->
     worker.model.zero_grad_buffer()
 
 
-def test_a_step_trains_only_the_adapters_and_the_export_is_the_merged_model(worker: Any, model_dir: str,
-                                                                             tmp_path: Path) -> None:
-    from transformers import AutoConfig
-
-    from corerl.lora.adapter import base_hf_state, config_dict, merged_hf_state
-    from corerl_megatron.conversion.convert import megatron_to_hf
-
-    module = worker.model.module
-    before = {n: p.detach().clone() for n, p in module.named_parameters()}
+def _train_step(worker: Any) -> dict[str, torch.Tensor]:
+    """One optimizer step on a fixed micro-batch; returns the micro-batch."""
     ids = torch.randint(1, 128, (2, 6), generator=torch.Generator().manual_seed(8))
     mask = torch.ones_like(ids)
     mask[:, 0] = 0  # position 0 holds no logprob
@@ -124,6 +117,20 @@ def test_a_step_trains_only_the_adapters_and_the_export_is_the_merged_model(work
         return -(logprobs * batch["loss_mask"]).sum() / normaliser, {}
 
     worker.train_step([mb], loss_fn, float(ids.numel()))
+    return mb
+
+
+def test_a_step_trains_only_the_adapters_and_the_export_is_the_merged_model(worker: Any, model_dir: str,
+                                                                             tmp_path: Path) -> None:
+    from transformers import AutoConfig
+
+    from corerl.lora.adapter import base_hf_state, config_dict, merged_hf_state
+    from corerl_megatron.conversion.convert import megatron_to_hf
+
+    module = worker.model.module
+    before = {n: p.detach().clone() for n, p in module.named_parameters()}
+    mb = _train_step(worker)
+    ids = mb["input_ids"]
     after = dict(module.named_parameters())
     moved = {n for n in before if not torch.equal(before[n], after[n].detach())}
     assert moved and all(".lora_" in n for n in moved), sorted(moved)[:3]
@@ -164,6 +171,8 @@ def test_a_step_trains_only_the_adapters_and_the_export_is_the_merged_model(work
 def test_a_checkpoint_holds_the_adapters_and_their_optimizer_state(worker: Any, tmp_path: Path) -> None:
     from corerl.sdk import load_plain
 
+    # its own step: under xdist this test may run in a process where the step test above did not
+    _train_step(worker)
     sidecar = worker.save_state(str(tmp_path))
     saved = load_plain(str(tmp_path / "megatron_rank0.pt"))
     assert saved["model"] and all(".lora_" in n for n in saved["model"])  # the frozen base is read again at load_hf
