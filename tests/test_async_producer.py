@@ -117,8 +117,9 @@ class Busy(Scripted):
     """A rollout that works ``seconds`` of CPU in this process (decoding, an environment's Python)."""
 
     def run(self, prompts, items, sampling, n, max_seq_length):
-        start = time.process_time()
-        while time.process_time() - start < self.seconds:
+        # this thread's CPU, not the process's: other threads' work must not cut the rollout short
+        start = time.thread_time()
+        while time.thread_time() - start < self.seconds:
             sum(range(1000))
         return Scripted(self.version).run(prompts, items, sampling, n, max_seq_length)
 
