@@ -249,7 +249,9 @@ def test_refusals_are_one_line_naming_the_key_and_the_feature(capsys, tmp_path, 
 def test_a_skyrl_key_without_a_rule_is_unknown_and_strict_refuses_it(monkeypatch):
     from corerl.config.dialects.skyrl import keys
 
-    monkeypatch.delitem(keys.RULES, "trainer.project_name")  # a key SkyRL has, left without a rule
+    # a key SkyRL has, left without a rule (a copy: deleting from RULES itself and putting it back
+    # at teardown would move the key to the end, and the generated table with it)
+    monkeypatch.setattr(keys, "RULES", {k: v for k, v in keys.RULES.items() if k != "trainer.project_name"})
     lookup._TABLES.clear()
     try:
         result = _run(trainer__project_name="p")
