@@ -109,7 +109,18 @@ def pytest_configure(config: pytest.Config) -> None:
     # garbage collections, as a corerl process has while it starts (the fast tier: 140 s of CPU, 122)
     GC_BEFORE.append(gc.get_threshold())
     gc.set_threshold(START_UP_THRESHOLD, *GC_BEFORE[-1][1:])
+    _warm_matplotlib_font_cache()
     STARTS.install()
+
+
+def _warm_matplotlib_font_cache() -> None:
+    """matplotlib lists the system's fonts with ``fc-list`` (a subprocess) the first time it runs
+    on a machine, and writes its cache: done here, before the fast tier's subprocess guard, so
+    that whichever test draws curves.png first on a fresh machine is not failed for it."""
+    import matplotlib  # one of corerl's dependencies (core/pyproject.toml)
+
+    matplotlib.use("Agg")
+    import matplotlib.font_manager  # noqa: F401 - builds (or reads) the font cache
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
