@@ -87,7 +87,10 @@ def test_adapters_give_peft_logits_and_gradients(worker: Any, model_dir: str) ->
     reference = _peft_model(model_dir, worker, adapter)
     ids = torch.randint(0, 128, (2, 7), generator=torch.Generator().manual_seed(5))
     weights = torch.randn(2, 7, 128, generator=torch.Generator().manual_seed(6))
+    # as train_step does: after an optimizer step each param.grad is its main_grad (megatron's
+    # optimizer points it there), and a backward would then add each gradient twice
     worker.model.zero_grad_buffer()
+    worker.optimizer.zero_grad()
     ours = _megatron_logits(worker, ids)
     (ours * weights).sum().backward()
     theirs = reference(input_ids=ids).logits
@@ -252,7 +255,10 @@ def test_fused_adapters_are_peft_adapters_sharing_a_and_give_their_logits_and_gr
     reference = _peft_model(model_dir, worker, adapter)
     ids = torch.randint(0, 128, (2, 7), generator=torch.Generator().manual_seed(5))
     weights = torch.randn(2, 7, 128, generator=torch.Generator().manual_seed(6))
+    # as train_step does: after an optimizer step each param.grad is its main_grad (megatron's
+    # optimizer points it there), and a backward would then add each gradient twice
     worker.model.zero_grad_buffer()
+    worker.optimizer.zero_grad()
     ours = _megatron_logits(worker, ids)
     (ours * weights).sum().backward()
     theirs = reference(input_ids=ids).logits
@@ -441,7 +447,10 @@ def _against_peft(worker: Any, model_dir: str) -> dict[str, float] | None:
     adapter = worker.adapter_state()
     ids = torch.randint(0, 128, (2, 7), generator=torch.Generator().manual_seed(5))
     weights = torch.randn(2, 7, 128, generator=torch.Generator().manual_seed(6))
+    # as train_step does: after an optimizer step each param.grad is its main_grad (megatron's
+    # optimizer points it there), and a backward would then add each gradient twice
     worker.model.zero_grad_buffer()
+    worker.optimizer.zero_grad()
     ours = _megatron_logits(worker, ids)
     (ours * weights).sum().backward()
     grads = peft_tensors(worker.model.module, worker.layout.numbering, worker.ps.get_tensor_model_parallel_group(),
