@@ -76,8 +76,11 @@ def test_staleness_0_in_order_trains_exactly_the_steps_of_a_synchronous_run(tmp_
 
 
 def test_staleness_1_never_trains_a_trajectory_more_than_one_version_old(tmp_path):
-    """On vllm (the hf worker's staleness is the staleness-0 test's and the abort test's)."""
+    """On vllm (the hf worker's staleness is the staleness-0 test's and the abort test's), its engine
+    split over 2 tensor-parallel ranks in the worker's actor: the new weights reach both ranks between
+    two engine steps (in_flight=continue, the default)."""
     result = run_corerl("run", f"run.output_dir={tmp_path}", "run.name=one", *VLLM, *ASYNC, "algorithm.max_steps=6",
+                        "policy.generation.vllm_cfg.tensor_parallel_size=2",
                         "algorithm.async.max_staleness=1", "algorithm.importance_sampling_correction=true",
                         "algorithm.importance_weight_cap=2.0", "run.tensorboard=true")
     assert result.code == 0, result

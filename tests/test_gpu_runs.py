@@ -158,6 +158,24 @@ def test_asynchronous_grpo_runs_three_steps_beside_its_generation_worker(tmp_pat
     assert len(_rows(tmp_path / "async", "grpo")) == 3
 
 
+@pytest.mark.gpu
+def test_asynchronous_grpo_updates_a_vllm_engine_split_over_two_gpus_while_it_generates(tmp_path):
+    """The dedicated worker's vLLM engine split over two GPUs (tensor parallel): its actor hosts the
+    engine, vLLM's Ray executor puts one worker in each of generation's two bundles, and the weights
+    reach both between two engine steps (in_flight=continue)."""
+    import torch
+
+    if torch.cuda.device_count() < 2:
+        pytest.skip(f"needs two GPUs; torch sees {torch.cuda.device_count()}")
+    result = run_corerl("run", "policy.generation.backend=vllm", *ASYNC[1:], "algorithm.async.in_flight=continue",
+                        "policy.generation.vllm_cfg.tensor_parallel_size=2",
+                        "policy.generation.colocated.resources.gpus_per_node=2",
+                        f"run.output_dir={tmp_path}", "run.name=split")
+    assert result.code == 0, result
+    rows = _rows(tmp_path / "split", "grpo")
+    assert len(rows) == 3 and max(age for r in rows for age in r["async/staleness"]) <= 1
+
+
 @pytest.mark.parametrize("recipe, name, device", [
     ("grpo_lora_demo.yaml", "lora", "cpu"),
     pytest.param("grpo_lora_demo.yaml", "lora", "gpu", marks=pytest.mark.gpu),

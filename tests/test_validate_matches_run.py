@@ -81,8 +81,6 @@ REFUSALS = [
     [*DEEPSPEED, "policy.deepspeed_cfg.offload_optimizer=nvme", "policy.deepspeed_cfg.nvme_path=/tmp", *HF],
     ["policy.generation.vllm_cfg.tensor_parallel_size=4", "cluster.gpus_per_node=4"],
     [f"policy.model_name={USER_MODEL}", "policy.max_seq_length=256", "policy.generation.vllm_cfg.cpu_kvcache_space_gib=1"],
-    ["algorithm.async.enabled=true", "policy.generation.colocated.enabled=false",
-     "policy.generation.colocated.resources.gpus_per_node=2", "policy.generation.vllm_cfg.tensor_parallel_size=2"],
     ["policy.lora.enabled=true", "policy.lora.match_all_linear=false", "policy.lora.target_modules=[q_proj,lm_head]"],
     ["policy.lora.enabled=true", "policy.lora.dim=1024"],
     ["policy.generation.backend=vllm", "policy.generation.vllm_cfg.engine_args.quantization=fp8"],

@@ -76,7 +76,8 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
 def engine_worker(model_dir: str) -> Iterator[UpdateArrivesAt]:
     host = PluginHost(env={})
     config = config_from_mapping({"policy": {"model_name": model_dir, "max_seq_length": 64, "generation": {
-        "backend": "vllm", "vllm_cfg": {"host": "driver", "cpu_kvcache_space_gib": 0.05}}}}, host)
+        "backend": "vllm", "vllm_cfg": {"host": "driver", "cpu_kvcache_space_gib": 0.05, "tensor_parallel_size": 2}}}},
+        host)
     worker = UpdateArrivesAt(host.generation_backends.get("vllm"), config, threads=None, in_flight="continue")
     worker.load_hf(model_dir)
     worker.arriving = weights(model_dir, flat=True)

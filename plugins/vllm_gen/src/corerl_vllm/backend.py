@@ -37,9 +37,9 @@ class VllmGenerationBackend:
     """``policy.generation.vllm_cfg`` decides the engine; ``colocated`` decides its resources.
     It reads a prompt's images (``accepts_images``, contract 2.13) where vLLM's Qwen-VL processor
     imports (torchvision: a GPU machine; refused in one line elsewhere, :mod:`corerl_vllm.support`).
-    Built inside a Ray actor (asynchronous generation's worker, already placed for generation), an
-    engine on one device lives in that actor's process, which also lets the worker's
-    ``between_tokens`` hook reach the engine's decoding loop."""
+    Built inside a Ray actor (asynchronous generation's worker, already placed for generation), the
+    engine lives in that actor's process, on one device or split over several, which also lets the
+    worker's ``between_tokens`` hook reach the engine's decoding loop."""
 
     accepts_images = True
     accepts_bad_words = True  # vLLM's own SamplingParams.bad_words (contract 2.18)
@@ -48,10 +48,11 @@ class VllmGenerationBackend:
         self.config = config
         settings = config.section("policy.generation.vllm_cfg")
         colocated = config.core.policy.generation.colocated
-        # an engine split over several devices keeps its own actor(s): the worker's actor holds one
-        alone = settings.tensor_parallel_size * settings.pipeline_parallel_size == 1
+        # in an actor (asynchronous generation's worker, placed in generation's pool) the engine lives
+        # in its process, split or not: its ranks are vLLM's worker processes (CPU), or Ray actors in
+        # the pool's bundles (GPU; see VllmEngine.load_hf)
         in_actor = inside_ray_actor()
-        hosted_here = settings.host == "driver" or (alone and in_actor)
+        hosted_here = settings.host == "driver" or in_actor
         if settings.cpu_threads:
             threads = settings.cpu_threads
         elif hosted_here and in_actor:

