@@ -55,6 +55,7 @@ from corerl.training.moe_router import check_router_replay
 from corerl.training.optim import build_optimizer, build_scheduler
 from corerl.training.rank_worker import RankWorker
 from corerl.training.segment_attention import register as register_segment_attention
+from corerl.training.sequence_chunks import context_parallel_chunks, context_parallel_positions
 from corerl.training.vision_ranks import run_vision_on_every_rank, vision_tower
 from corerl.training.weights import CheckpointNaming, EngineWeights, checkpoint_weights
 
@@ -71,6 +72,8 @@ __all__ = [
     "model_logprobs", "needed_positions", "model_values", "load_pretrained", "token_logprobs", "picked_logprobs", "picked_topk",
     "TOPK_REQUEST",
     "batch_logprobs", "join_topk", "shift_values", "register_segment_attention",
+    # context parallelism's load-balanced chunks of a sequence
+    "context_parallel_chunks", "context_parallel_positions",
     # weights: the stream, under checkpoint names, the optimizer's state and what it holds
     "EngineWeights", "CheckpointNaming", "checkpoint_weights", "optimizer_state_tensors", "storage_bytes",
     "move_optimizer_state",

@@ -22,6 +22,8 @@ from typing import Protocol
 import torch
 import torch.distributed as dist
 
+from corerl.sdk import context_parallel_chunks, context_parallel_positions
+
 
 class Ring(Protocol):
     """The context-parallel ranks in ring order: ``shift`` sends to the next rank and returns what
@@ -52,17 +54,7 @@ class ProcessGroupRing:
         return received
 
 
-def chunks_of(rank: int, size: int) -> tuple[int, int]:
-    """The two chunks (of ``2 * size``) that ``rank`` holds: an early one and its mirror."""
-    return rank, 2 * size - 1 - rank
-
-
-def positions_of(seq_len: int, rank: int, size: int) -> torch.Tensor:
-    """The positions of a ``seq_len`` sequence that ``rank`` of ``size`` holds, in its order."""
-    if seq_len % (2 * size):
-        raise ValueError(f"a sequence of {seq_len} tokens cannot be split into 2 x {size} equal chunks")
-    chunk = seq_len // (2 * size)
-    return torch.cat([torch.arange(c * chunk, (c + 1) * chunk) for c in chunks_of(rank, size)])
+chunks_of, positions_of = context_parallel_chunks, context_parallel_positions  # the layout's names here
 
 
 def _wide(t: torch.Tensor) -> torch.Tensor:
