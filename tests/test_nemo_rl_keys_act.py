@@ -606,6 +606,27 @@ def test_an_fp8_kv_cache_and_fp8_generation_reach_vllm(tmp_path, capsys):
     assert fates["policy.generation.vllm_cfg.kv_cache_dtype"][0] == "acts"
 
 
+@pytest.mark.parametrize(("parallel", "unpacked"), [
+    ("    tensor_model_parallel_size: 1\n    context_parallel_size: 2\n",
+     "with context parallelism the megatron backend trains unpacked rows"),
+    ("    tensor_model_parallel_size: 2\n    sequence_parallel: true\n    context_parallel_size: 1\n",
+     "with sequence parallelism the megatron backend trains unpacked rows"),
+    ("    tensor_model_parallel_size: 1\n    context_parallel_size: 1\n    fp8_cfg:\n      enabled: true\n",
+     "with FP8 training the megatron backend trains unpacked rows"),
+    ("    tensor_model_parallel_size: 1\n    context_parallel_size: 1\n", None),
+])
+def test_megatron_packing_is_switched_off_with_a_warning_where_its_layer_spec_cannot_run(tmp_path, parallel, unpacked):
+    """Packed rows run on megatron-core's local layer spec, which has no context-parallel attention, no
+    sequence parallelism and no FP8 layers: with any of them, the recipe's packing keys are inert, with a
+    warning (the same loss over unpacked rows); without, its rows are packed."""
+    recipe = _child(tmp_path, "packed.yaml", "cluster:\n  gpus_per_node: 2\npolicy:\n  dtensor_cfg:\n"
+                                             "    enabled: false\n  megatron_cfg:\n    enabled: true\n"
+                                             "    pipeline_model_parallel_size: 1\n" + parallel + "  sequence_packing:\n    enabled: true\n")
+    config = _load(recipe)
+    assert config.core.policy.sequence_packing.enabled is (unpacked is None)
+    assert any(unpacked in w for w in config.warnings) if unpacked else not any("unpacked" in w for w in config.warnings)
+
+
 @pytest.mark.parametrize(("lines", "quantization", "ignore"), [
     ("      is_mx: true\n", "mxfp8", None),
     ("      is_mx: true\n      quantization_ignored_layer_kws: [q_proj, lm_head]\n", "mxfp8",
@@ -676,7 +697,7 @@ def test_megatron_fp8_training_is_refused_on_a_gpu_where_the_local_spec_runs(lor
 
     settings = MegatronConfig(enabled=True, fp8_cfg=MegatronFp8Config(enabled=True))
     with pytest.raises(EngineNotAvailable) as refused:
-        check_fp8_training(settings, "policy.megatron_cfg", lora, packed)
+        check_fp8_training(None, settings, "policy.megatron_cfg", lora, packed)  # refused before the config is read
     assert refused.value.key == "policy.megatron_cfg.fp8_cfg.enabled" and says in refused.value.one_line()
 
 

@@ -46,6 +46,8 @@ REFUSALS = [
      "critic.megatron_cfg.tensor_model_parallel_size=2", "critic.megatron_cfg.sequence_parallel=true",
      "cluster.gpus_per_node=2", *HF],
     [*MEGATRON, "policy.megatron_cfg.context_parallel_size=2", "cluster.gpus_per_node=2", *HF],
+    [*MEGATRON, "policy.megatron_cfg.context_parallel_size=2", "policy.sequence_packing.enabled=true",
+     "cluster.gpus_per_node=2", *HF],
     [*MEGATRON, "policy.megatron_cfg.expert_model_parallel_size=2", "cluster.gpus_per_node=2", *HF],
     # mixtures of experts (builtin:tiny-moe: 8 experts, top-2)
     [*MEGATRON, "policy.megatron_cfg.expert_model_parallel_size=2", "policy.model_name=builtin:tiny-moe",
@@ -106,7 +108,7 @@ REFUSALS = [
     ["policy.generation.backend=vllm", "policy.generation.vllm_cfg.kv_cache_dtype=fp8", f"policy.model_name={USER_MODEL}"],
 ]
 # reached only on a machine with a GPU (the CPU refusal of the same option comes first here)
-GPU_ONLY = {"check_generation_supported", "check_fp8_training"}
+GPU_ONLY = {"check_generation_supported", "check_fp8_training", "check_transformer_engine"}
 CHECKED = ["plugins/dtensor/src/corerl_dtensor/support.py", "plugins/megatron/src/corerl_megatron/support.py",
            "plugins/deepspeed/src/corerl_deepspeed/support.py", "plugins/vllm_gen/src/corerl_vllm/support.py",
            "core/src/corerl/models/facts.py", "core/src/corerl/algorithms/checks.py",

@@ -14,11 +14,11 @@ from corerl.testing import host_with, select_for, write_recipe
 from corerl_megatron.support import check_supported
 
 GPU_ONLY = ["policy.megatron_cfg.fp8_cfg.enabled=true", "policy.megatron_cfg.optimizer.use_distributed_optimizer=true",
-            "policy.megatron_cfg.apply_rope_fusion=true", "policy.megatron_cfg.bias_activation_fusion=true"]
+            "policy.megatron_cfg.apply_rope_fusion=true", "policy.megatron_cfg.bias_activation_fusion=true",
+            "policy.megatron_cfg.context_parallel_size=2"]
 NOT_OFFERED = [
     # packing is run (test_megatron_packing.py); micro-batches of varying shapes are not
     ("policy.dynamic_batching.enabled=true", "policy.dynamic_batching.enabled", "needs one shape for every micro-batch"),
-    ("policy.megatron_cfg.context_parallel_size=2", "policy.megatron_cfg.context_parallel_size", "Transformer Engine"),
     ("policy.model_name=builtin:tiny-vl", "policy.model_name", "does not train vision-language models"),
 ]
 
@@ -47,6 +47,32 @@ def test_what_the_backend_does_not_offer_is_refused_with_its_reason(tmp_path, ov
     with pytest.raises(EngineNotAvailable) as raised:
         check_supported(_config(tmp_path, override))
     assert raised.value.key == key and reason in str(raised.value) and "\n" not in str(raised.value)
+
+
+@pytest.mark.parametrize(("override", "key", "reason"), [
+    ("policy.lora.enabled=true", "policy.lora.enabled", "policy.lora's adapters run on megatron-core's local layer spec"),
+    ("policy.sequence_packing.enabled=true", "policy.sequence_packing.enabled", "packed rows run on megatron-core's "
+                                                                                "local layer spec"),
+    ("policy.moe.router_replay=r3", "policy.moe.router_replay", "router replay keeps each row's experts"),
+])
+def test_what_context_parallelism_cannot_run_with_is_refused_on_any_machine(tmp_path, override, key, reason):
+    """Refused before the GPU it needs is asked for: a CPU machine does not count such a recipe as GPU-only."""
+    config = load_config(_recipe(tmp_path), ["policy.megatron_cfg.context_parallel_size=2", override],
+                         host_with(None, "installed"))
+    with pytest.raises(EngineNotAvailable) as raised:
+        check_supported(config)
+    line = raised.value.one_line()
+    assert raised.value.key == key and reason in line and "context_parallel_size=1" in line and "\n" not in line
+
+
+def test_megatron_generation_refuses_context_parallelism(tmp_path):
+    from corerl_megatron.support import check_generation_supported
+
+    config = load_config(_recipe(tmp_path), ["policy.megatron_cfg.context_parallel_size=2"], host_with(None, "installed"))
+    with pytest.raises(EngineNotAvailable) as raised:
+        check_generation_supported(config)
+    assert raised.value.key == "policy.megatron_cfg.context_parallel_size" and "decodes each row on one rank" in str(
+        raised.value)
 
 
 TAKEN = [

@@ -29,15 +29,18 @@ def machine_has_gpu() -> bool:
     return torch.cuda.is_available()
 
 
-def runs_here_without_gpu(config: Any) -> bool:
-    """True when the recipe's ranks run on this very machine (one node, no Ray cluster named by
-    ``cluster.ray_address`` or ``RAY_ADDRESS``) and it has no GPU: the case where a GPU-only
-    option can be refused from the config alone. A recipe for another cluster is not judged by
-    this machine."""
+def runs_here(config: Any) -> bool:
+    """Whether the recipe's ranks run on this very machine: one node, no Ray cluster named by
+    ``cluster.ray_address`` or ``RAY_ADDRESS``. A recipe for another cluster is not judged by what
+    this machine has (its GPUs, the packages installed here)."""
     cluster = config.core.cluster
-    if cluster.num_nodes > 1 or cluster.ray_address or os.environ.get("RAY_ADDRESS"):
-        return False
-    return not machine_has_gpu()
+    return not (cluster.num_nodes > 1 or cluster.ray_address or os.environ.get("RAY_ADDRESS"))
+
+
+def runs_here_without_gpu(config: Any) -> bool:
+    """True when the recipe's ranks run on this very machine (:func:`runs_here`) and it has no GPU:
+    the case where a GPU-only option can be refused from the config alone."""
+    return runs_here(config) and not machine_has_gpu()
 
 
 def local_gpu_index() -> int:

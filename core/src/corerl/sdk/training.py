@@ -9,7 +9,7 @@ from __future__ import annotations
 from corerl.checkpoint_safety import load_plain
 from corerl.complete_folders import is_complete, write_complete
 from corerl.config.checks import parallel_sizes_divide_world
-from corerl.distributed.devices import local_gpu_index, runs_here_without_gpu
+from corerl.distributed.devices import local_gpu_index, runs_here, runs_here_without_gpu
 from corerl.distributed.dispatch import Dispatch, RankLayout
 from corerl.distributed.group_backend import WorkerGroupBackend, step_result
 from corerl.distributed.placement import training_layout
@@ -65,7 +65,7 @@ __all__ = [
     # the rank-side template, the driver-side base, dispatch and worker groups
     "RankWorker", "WorkerGroupBackend", "step_result", "Dispatch", "RankLayout", "LocalWorkerGroup",
     "RayWorkerGroup", "training_layout", "join_process_group", "barrier", "free_port", "local_gpu_index",
-    "runs_here_without_gpu",
+    "runs_here_without_gpu", "runs_here",
     # micro-batches, the loss's normaliser, optimizers, gradient clipping
     "MicroBatcher", "loss_token_count", "build_optimizer", "build_scheduler", "clip_grad_norm",
     # logprobs and values

@@ -64,7 +64,7 @@ class MegatronConfig:
         None, min=1, help="uneven pipeline stages: the first stage's layers (the rest split evenly); unset: even")
     num_layers_in_last_pipeline_stage: int | None = setting(
         None, min=1, help="uneven pipeline stages: the last stage's layers (the rest split evenly); unset: even")
-    context_parallel_size: int = setting(1, min=1, help="ranks a sequence is split over (needs Transformer Engine on GPUs; refused otherwise)")
+    context_parallel_size: int = setting(1, min=1, help="ranks each row is split over (Transformer Engine's attention, on GPUs; refused without one)")
     expert_model_parallel_size: int = setting(1, min=1, help="ranks a mixture of experts' experts are split over (each holds experts / size)")
     expert_tensor_parallel_size: int = setting(1, min=1, help="ranks each expert's weights are split over (tensor parallelism inside experts)")
     moe_token_dispatcher_type: Literal["allgather", "alltoall", "flex"] = setting(

@@ -15,6 +15,11 @@ _truthy, _not, _OFF, _PERF, _ENV = Rule.truthy, Rule.other_than, Rule.OFF, Rule.
 MEGATRON_UNPACKED = ("with sequence parallelism the megatron backend trains unpacked rows (its packed rows run on "
                      "megatron-core's local layer spec, which refuses sequence parallelism): the same loss, less "
                      "throughput")
+MEGATRON_UNPACKED_CP = ("with context parallelism the megatron backend trains unpacked rows (its packed rows run on "
+                        "megatron-core's local layer spec, which has no context-parallel attention): the same loss, "
+                        "less throughput")
+MEGATRON_UNPACKED_FP8 = ("with FP8 training the megatron backend trains unpacked rows (its packed rows run on "
+                         "megatron-core's local layer spec, which has no FP8 layers): the same loss, less throughput")
 MEGATRON_VLM = "megatron does not train vision-language models in corerl yet; use policy.dtensor_cfg"
 MEGATRON_VLM_HINT = "set policy.megatron_cfg.enabled=false and policy.dtensor_cfg.enabled=true"
 
@@ -122,13 +127,18 @@ RULES: dict[str, Rule] = {
 
 
 def before(raw: dict[str, Any], out: Any) -> dict[str, str]:
-    """Sequence packing on with megatron's sequence parallelism: the packing keys are inert, with a warning
-    (packed rows run on the local layer spec, which takes no sequence parallelism; without it they are packed)."""
-    if (out.value("policy.megatron_cfg.enabled") is True and out.value("policy.sequence_packing.enabled") is True
-            and out.value("policy.megatron_cfg.sequence_parallel") is True):
-        out.warnings.append(f"policy.sequence_packing.enabled=true: {MEGATRON_UNPACKED}")
-        return {"policy.sequence_packing": MEGATRON_UNPACKED}
-    return {}
+    """Sequence packing on with megatron's sequence or context parallelism, or its FP8 training: the
+    packing keys are inert, with a warning (packed rows run on the local layer spec, which takes none
+    of them; without them they are packed)."""
+    if out.value("policy.megatron_cfg.enabled") is not True or out.value("policy.sequence_packing.enabled") is not True:
+        return {}
+    why = (MEGATRON_UNPACKED if out.value("policy.megatron_cfg.sequence_parallel") is True
+           else MEGATRON_UNPACKED_CP if (out.value("policy.megatron_cfg.context_parallel_size") or 1) > 1
+           else MEGATRON_UNPACKED_FP8 if out.value("policy.megatron_cfg.fp8_cfg.enabled") is True else None)
+    if why is None:
+        return {}
+    out.warnings.append(f"policy.sequence_packing.enabled=true: {why}")
+    return {"policy.sequence_packing": why}
 
 
 def derived(raw: dict[str, Any], out: Any) -> None:

@@ -31,6 +31,8 @@ def check_supported(config: Config) -> None:
                                  hint="use policy.training_backend=dtensor or deepspeed")
     gpu_only = {
         f"{section}.fp8_cfg.enabled": settings.fp8_cfg.enabled,
+        # Transformer Engine's attention exchanges keys and values between the ranks (the local spec has none)
+        f"{section}.context_parallel_size": settings.context_parallel_size > 1,
         f"{section}.optimizer.use_distributed_optimizer": settings.optimizer.use_distributed_optimizer,
         f"{section}.apply_rope_fusion": settings.apply_rope_fusion,
         f"{section}.bias_activation_fusion": settings.bias_activation_fusion,
@@ -43,6 +45,10 @@ def check_supported(config: Config) -> None:
         raise ConfigError("DeepEP is the flex dispatcher's backend (megatron-core refuses it with another dispatcher)",
                           key=f"{section}.moe_enable_deepep", hint=f"set {section}.moe_token_dispatcher_type=flex, or "
                                                                   "turn moe_enable_deepep off")
+    if settings.context_parallel_size > 1:  # what it cannot run with, on any machine, before the GPU it needs
+        policy = config.core.policy
+        check_context_parallel(config, settings, section, policy.lora.enabled and config.role != "critic",
+                               policy.sequence_packing.enabled, on_gpu)
     for key, value in gpu_only.items():
         if value and not on_gpu:
             raise EngineNotAvailable(f"{key} needs a GPU (megatron-core runs it with CUDA kernels); this machine has none",
@@ -53,7 +59,7 @@ def check_supported(config: Config) -> None:
     lora = policy.lora.enabled and config.role != "critic"
     packed = policy.sequence_packing.enabled
     if settings.fp8_cfg.enabled and on_gpu:
-        check_fp8_training(settings, section, lora, packed)
+        check_fp8_training(config, settings, section, lora, packed)
     if settings.sequence_parallel and config.role != "critic" and (not on_gpu or lora or packed):
         # on a GPU it needs Transformer Engine too, which a recipe for another cluster cannot be judged by;
         # LoRA's adapters and packed rows' masked attention run on the local spec on a GPU too
@@ -78,10 +84,6 @@ def check_supported(config: Config) -> None:
         raise EngineNotAvailable("the megatron critic's value head reads the whole sequence on every tensor-parallel "
                                  "rank; sequence parallelism is not wired into it", key="critic.megatron_cfg.sequence_parallel",
                                  hint="set critic.megatron_cfg.sequence_parallel=false (the policy may keep it)")
-    if settings.context_parallel_size > 1:
-        raise EngineNotAvailable("context parallelism needs Transformer Engine's attention, which the megatron "
-                                 "backend does not wire in yet (the local layer spec has no context-parallel attention)",
-                                 key=f"{section}.context_parallel_size", hint="set it to 1")
     check_experts(config, settings, section, on_gpu)
 
 
@@ -205,22 +207,53 @@ def check_pipeline_stages(config: Config, settings: object, section: str) -> Non
                                "num_layers_in_first/last_pipeline_stage")
 
 
-def check_fp8_training(settings: Any, section: str, lora: bool, packed: bool) -> None:
+def check_fp8_training(config: Config, settings: Any, section: str, lora: bool, packed: bool) -> None:
     """FP8 training on a GPU: megatron-core runs it in Transformer Engine's layers (its layer spec),
     which must be installed; the local spec that LoRA's adapters and packed rows run on has no FP8
     layers, so those are refused with it, in one line."""
-    from importlib.util import find_spec
-
     key = f"{section}.fp8_cfg.enabled"
     if lora or packed:
         what = "policy.lora's adapters" if lora else "packed rows (policy.sequence_packing)"
         raise EngineNotAvailable(f"FP8 training runs in Transformer Engine's layers, and {what} run on megatron-core's "
                                  "local layer spec, which has none", key=key,
                                  hint="turn FP8 training off, or " + ("policy.lora" if lora else "policy.sequence_packing"))
-    if find_spec("transformer_engine") is None:
-        raise EngineNotAvailable("FP8 training runs in Transformer Engine's layers, and transformer_engine is not "
-                                 "installed here", key=key,
-                                 hint="pip install transformer_engine[pytorch] (a CUDA build), or turn FP8 training off")
+    check_transformer_engine(config, key, "FP8 training runs in Transformer Engine's layers", "turn FP8 training off")
+
+
+def check_context_parallel(config: Config, settings: Any, section: str, lora: bool, packed: bool,
+                           on_gpu: bool) -> None:
+    """Context parallelism (:mod:`corerl_megatron.training.context_parallel`): Transformer Engine's
+    attention takes it, on a GPU, where it must be installed; the local spec that LoRA's adapters and
+    packed rows run on has no context-parallel attention, router replay keeps each row's experts by
+    its whole tokens, and the multi-token-prediction heads read the tokens after each position, so
+    those are refused with it, in one line."""
+    key = f"{section}.context_parallel_size"
+    for other, on, why in (
+            ("policy.lora.enabled", lora, "policy.lora's adapters run on megatron-core's local layer spec, which has "
+                                          "no context-parallel attention"),
+            ("policy.sequence_packing.enabled", packed, "packed rows run on megatron-core's local layer spec, which "
+                                                        "has no context-parallel attention"),
+            ("policy.moe.router_replay", config.core.policy.moe.router_replay != "none",
+             "router replay keeps each row's experts by the row's whole tokens"),
+            (f"{section}.mtp_num_layers", (settings.mtp_num_layers or 0) > 0,
+             "the multi-token-prediction heads read the tokens after each position, across the ranks' chunks")):
+        if on:
+            raise EngineNotAvailable(f"context parallelism on megatron: {why}", key=other,
+                                     hint=f"turn it off, or set {key}=1")
+    if on_gpu:
+        check_transformer_engine(config, key, "context parallelism runs in Transformer Engine's attention", "set it to 1")
+
+
+def check_transformer_engine(config: Config, key: str, why: str, otherwise: str) -> None:
+    """Refuse ``key``, in one line, where the recipe runs on this machine (a recipe for another
+    cluster is not judged by what is installed here) and transformer_engine is not installed."""
+    from importlib.util import find_spec
+
+    from corerl.sdk import runs_here
+
+    if runs_here(config) and find_spec("transformer_engine") is None:
+        raise EngineNotAvailable(f"{why}, and transformer_engine is not installed here", key=key,
+                                 hint=f"pip install transformer_engine[pytorch] (a CUDA build), or {otherwise}")
 
 
 def check_generation_supported(config: Config) -> None:
@@ -229,6 +262,10 @@ def check_generation_supported(config: Config) -> None:
     A model trained with sequence parallelism decodes with it switched off
     (:func:`corerl_megatron.generation.rank_decode.generate`)."""
     settings = config.section("policy.megatron_cfg")
+    if settings.context_parallel_size > 1:
+        raise EngineNotAvailable("megatron generation decodes each row on one rank, and context parallelism splits "
+                                 "every row over several", key="policy.megatron_cfg.context_parallel_size",
+                                 hint="sample with policy.generation.backend=vllm (or hf); training keeps the split")
     if settings.expert_model_parallel_size > 1:
         raise EngineNotAvailable("megatron generation decodes each data-parallel rank's rows on its own, and expert "
                                  "parallelism needs every rank of the expert group in each forward pass",

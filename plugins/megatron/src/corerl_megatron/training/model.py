@@ -41,6 +41,7 @@ def transformer_config(hf: Any, settings: Any = None, params_dtype: torch.dtype 
         num_layers_in_last_pipeline_stage=get("num_layers_in_last_pipeline_stage", None) if pipeline_parallel > 1
         else None,
         sequence_parallel=get("sequence_parallel", False),
+        context_parallel_size=get("context_parallel_size", 1),
         pipeline_dtype=params_dtype if pipeline_parallel > 1 else None,
         params_dtype=params_dtype, bf16=params_dtype == torch.bfloat16,
         # on a GPU the parameters are allocated on the rank's device (the weights are copied in after)
@@ -135,6 +136,12 @@ def build_gpt(hf: Any, config: Any, *, pre_process: bool = True, post_process: b
     if torch.cuda.is_available():
         model.cuda(torch.cuda.current_device())
     return model
+
+
+def engine_spec(model: Any) -> bool:
+    """Whether ``model`` (a GPTModel) was built on Transformer Engine's layer spec (:func:`build_gpt`)."""
+    return any(type(module).__module__.startswith("megatron.core.extensions.transformer_engine")
+               for module in model.modules())
 
 
 # Transformer Engine's layer spec folds each pre-norm into the linear layer after it; the

@@ -39,6 +39,13 @@ class MegatronWorker(RankWorker):
         self.ps = ps
         self.tp_rank, self.tp = ps.get_tensor_model_parallel_rank(), ps.get_tensor_model_parallel_world_size()
         self.dp = ps.get_data_parallel_world_size()
+        #: each row split over the context-parallel ranks (None without context parallelism)
+        self.split: Any = None
+        if ps.get_context_parallel_world_size() > 1:
+            from corerl_megatron.training.context_parallel import SequenceSplit
+
+            self.split = SequenceSplit(ps.get_context_parallel_group(), ps.get_context_parallel_rank(),
+                                       ps.get_context_parallel_world_size())
         self.model: Any = None
         self.head: Any = None  # the output layer's tap (set by load_hf on a policy's last stage)
         #: the logits of every position through GPTModel's own output layer instead of the head's
@@ -56,7 +63,7 @@ class MegatronWorker(RankWorker):
         from safetensors.torch import load_file
 
         from corerl_megatron.conversion.store import WEIGHTS, ensure_converted, load_hf_model_config
-        from corerl_megatron.training.model import build_gpt, transformer_config
+        from corerl_megatron.training.model import build_gpt, engine_spec, transformer_config
         from corerl_megatron.training.routing import RouteReplay, RoutingStats
         from corerl_megatron.training.stage_weights import StageWeights, freeze_routers
 
@@ -92,6 +99,13 @@ class MegatronWorker(RankWorker):
                           post_process=self.ps.is_pipeline_last_stage(), value_head=self.shape.value_head,
                           local_spec=self.lora or self.config.core.policy.sequence_packing.enabled,
                           mtp_layers=heads)  # packed rows: the local spec's attention takes their mask
+        if self.split is not None and not engine_spec(model):  # validation refuses what would get here
+            from corerl.sdk import EngineNotAvailable
+
+            raise EngineNotAvailable("context parallelism runs in Transformer Engine's attention, and this model was "
+                                     "built on megatron-core's local layer spec (no GPU, no transformer_engine, or "
+                                     "LoRA or packed rows)", key="policy.megatron_cfg.context_parallel_size",
+                                     hint="set it to 1")
         self.draft = DraftHeads(model, self.settings) if heads else None  # multi-token-prediction heads
         from corerl_megatron.training.response_head import HiddenTap
 
@@ -148,6 +162,7 @@ class MegatronWorker(RankWorker):
         if packed:  # one shape for the schedule: every packed row as wide as the widest
             mbs = same_width(mbs)
         count, width = len(mbs), int(mbs[0]["input_ids"].shape[1])
+        split = self.split  # context parallelism: this rank runs its chunks of each row
         scale = count * self.dp  # the schedule divides by the micro-batch count, DDP averages over dp
         weighted = self.share_weighted_router_terms and not forward_only
         tap = self.head if self.head is not None and not self.full_logits else None
@@ -159,6 +174,10 @@ class MegatronWorker(RankWorker):
             ids = mb["input_ids"]
             positions = torch.arange(ids.shape[1], device=self.device).expand_as(ids)
             mask = None  # causal: right padding never reaches a real token
+            padding = mb["attention_mask"] == 0
+            if split is not None:  # the rotary embeddings take this rank's positions in the same layout
+                ids, padding = split.local(ids), split.local(mb["attention_mask"]) == 0  # the row's padding too
+                positions = split.positions(width, self.device).expand_as(ids)
             if packed:  # each sequence sees itself only, rotated from its own position 0
                 positions, mask = mb["position_ids"], segment_mask(mb["position_ids"])
                 self._restarted_rope().positions = positions
@@ -168,7 +187,7 @@ class MegatronWorker(RankWorker):
                 tap.active = True
             try:
                 if self.mconfig.num_moe_experts:  # the routers (their losses, load and dropping) skip the padding
-                    output = model(ids, positions, attention_mask=mask, padding_mask=mb["attention_mask"] == 0)
+                    output = model(ids, positions, attention_mask=mask, padding_mask=padding)
                 else:
                     output = model(ids, positions, attention_mask=mask)
             finally:
@@ -181,14 +200,17 @@ class MegatronWorker(RankWorker):
             # grad_scale_func also scales the main loss in the backward: the loss is divided by it first
             divisor = self.router_term_weight if weighted and self.router_term_weight > 0 else 1.0
             head = (tap, self.head_chunk_elements) if tap is not None else None
-            return output, partial(self._loss, mb, loss_fn, normaliser, scale / divisor, forward_only, self.critic,
-                                   head)
+            loss = partial(self._loss, mb, loss_fn, normaliser, scale / divisor, forward_only, self.critic, head)
+            if split is not None:  # the last stage's output, every rank's positions in row order, whole rows
+                return output, partial(self._whole_rows_loss, split, width, loss)
+            return output, loss
 
         self.mconfig.finalize_model_grads_func = None if forward_only else _finalize
         self.mconfig.grad_scale_func = (lambda t: t * self.router_term_weight) if weighted else None
         return get_forward_backward_func()(
             forward_step_func=forward_step, data_iterator=iter(mbs), model=[self.model], num_microbatches=count,
-            seq_length=width, micro_batch_size=int(mbs[0]["input_ids"].shape[0]), forward_only=forward_only,
+            seq_length=split.padded(width) if split is not None else width,  # megatron divides it by cp
+            micro_batch_size=int(mbs[0]["input_ids"].shape[0]), forward_only=forward_only,
         )
 
     def _restarted_rope(self) -> Any:
@@ -200,6 +222,14 @@ class MegatronWorker(RankWorker):
 
             rope = self.restarted_rope = RestartedRope(self.model.module)
         return rope
+
+    @staticmethod
+    def _whole_rows_loss(split: Any, width: int, loss: Any, mine: torch.Tensor) -> tuple[torch.Tensor, dict[str, Any]]:
+        """``loss`` of the rows whole (context parallelism): every rank's output gathered into row order.
+        Divided by the context-parallel size: megatron's schedule multiplies a loss by it (its own
+        losses are each rank's chunks'), and this one, on every rank, is the whole rows'."""
+        value, out = loss(split.gather(mine, width))
+        return value / split.size, out
 
     @staticmethod
     def _loss(mb: dict[str, torch.Tensor], loss_fn: Any, normaliser: float, scale: float, forward_only: bool,
@@ -375,9 +405,10 @@ class MegatronWorker(RankWorker):
 
     def coordinates(self) -> dict[str, Any]:
         """This rank's data-parallel index, and whether it reports losses and logprobs (the last
-        pipeline stage's first tensor-parallel rank)."""
+        pipeline stage's first tensor- and context-parallel rank)."""
         return {"dp": self.ps.get_data_parallel_rank(),
-                "reports": self.ps.is_pipeline_last_stage() and self.tp_rank == 0}
+                "reports": self.ps.is_pipeline_last_stage() and self.tp_rank == 0
+                and self.ps.get_context_parallel_rank() == 0}
 
     # -- weights out -------------------------------------------------------------------
 
