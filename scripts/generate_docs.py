@@ -143,7 +143,8 @@ FEATURES: dict[str, tuple[str, ...]] = {
     "MoE": ("policy.model_name=builtin:tiny-moe",),
     "expert parallel": ("policy.model_name=builtin:tiny-moe", "cluster.gpus_per_node=2", EXPERT_PARALLEL),
     "VLM": ("policy.model_name=builtin:tiny-vl", "data.task=shape_colour"),
-    "context parallel": ("cluster.gpus_per_node=2", CONTEXT_PARALLEL),
+    # in bfloat16: Transformer Engine's context-parallel attention (megatron's) takes no float32
+    "context parallel": ("cluster.gpus_per_node=2", "policy.precision=bfloat16", CONTEXT_PARALLEL),
 }
 #: a refusal that says only that this machine has no GPU: the backend supports the feature
 MACHINE_ONLY = ("needs a GPU", "needs CUDA", "ask for a GPU", "has no GPU")

@@ -323,3 +323,15 @@ def test_r2_refuses_a_training_sequence_it_did_not_record(replaying: Any, moe_di
     # the scored batch itself, cut in other mini-batches, trains
     half = {k: v[:2] for k, v in scored.items()}
     assert math.isfinite(replaying.train_step(half, conformance_loss).loss)
+
+
+def test_r3_is_refused_for_a_model_not_read_here_as_for_a_local_mixture_of_experts(tmp_path: Path) -> None:
+    """A hub name (not read offline) is judged as a mixture of experts: r3 is refused at validation, not
+    accepted to be refused once the run reads the model."""
+    from corerl.errors import ConfigErrors
+    from corerl.models.facts import check_moe_settings
+
+    host = PluginHost(env={})
+    with pytest.raises((ConfigError, ConfigErrors), match="r3 needs the generation engine to report"):
+        check_moe_settings(config_from_mapping(_recipe("Qwen/Qwen3-30B-A3B", {"router_replay": "r3"}), host))
+    check_moe_settings(config_from_mapping(_recipe("Qwen/Qwen3-30B-A3B", {"router_replay": "r2"}), host))

@@ -15,7 +15,7 @@ from corerl_megatron.support import check_supported
 
 GPU_ONLY = ["policy.megatron_cfg.fp8_cfg.enabled=true", "policy.megatron_cfg.optimizer.use_distributed_optimizer=true",
             "policy.megatron_cfg.apply_rope_fusion=true", "policy.megatron_cfg.bias_activation_fusion=true",
-            "policy.megatron_cfg.context_parallel_size=2"]
+            "policy.megatron_cfg.context_parallel_size=2 policy.precision=bfloat16"]
 NOT_OFFERED = [
     # packing is run (test_megatron_packing.py); micro-batches of varying shapes are not
     ("policy.dynamic_batching.enabled=true", "policy.dynamic_batching.enabled", "needs one shape for every micro-batch"),
@@ -36,9 +36,9 @@ def _config(tmp_path, override: str):
 @pytest.mark.skipif(torch.cuda.is_available(), reason="these run where a GPU is present")
 @pytest.mark.parametrize("override", GPU_ONLY)
 def test_gpu_only_options_are_refused_on_a_machine_without_one(tmp_path, override):
-    key = override.split("=")[0]
+    key = override.split("=")[0]  # the option; what follows a space is a setting it needs besides
     with pytest.raises(EngineNotAvailable) as raised:
-        check_supported(_config(tmp_path, override))
+        check_supported(select_for(host_with(None, "installed"), _recipe(tmp_path), override.split(" "))[0])
     assert raised.value.key == key and "needs a GPU" in str(raised.value) and "\n" not in str(raised.value)
 
 
@@ -53,11 +53,13 @@ def test_what_the_backend_does_not_offer_is_refused_with_its_reason(tmp_path, ov
     ("policy.lora.enabled=true", "policy.lora.enabled", "policy.lora's adapters run on megatron-core's local layer spec"),
     ("policy.sequence_packing.enabled=true", "policy.sequence_packing.enabled", "packed rows run on megatron-core's "
                                                                                 "local layer spec"),
-    ("policy.moe.router_replay=r3", "policy.moe.router_replay", "router replay keeps each row's experts"),
+    ("policy.precision=float32", "policy.precision", "flash or fused kernels, which take bfloat16 or float16 only"),
+    ("policy.moe.router_replay=r2", "policy.moe.router_replay", "router replay keeps each row's experts"),
 ])
 def test_what_context_parallelism_cannot_run_with_is_refused_on_any_machine(tmp_path, override, key, reason):
     """Refused before the GPU it needs is asked for: a CPU machine does not count such a recipe as GPU-only."""
-    config = load_config(_recipe(tmp_path), ["policy.megatron_cfg.context_parallel_size=2", override],
+    config = load_config(_recipe(tmp_path), ["policy.megatron_cfg.context_parallel_size=2", override,
+                                             *(["policy.precision=bfloat16"] if "precision" not in override else [])],
                          host_with(None, "installed"))
     with pytest.raises(EngineNotAvailable) as raised:
         check_supported(config)

@@ -103,11 +103,11 @@ def check_moe_settings(config: Any) -> None:
                           "policy.moe.load_balancing_type is 'none'", key="policy.moe.aux_loss_coeff",
                           hint="set policy.moe.load_balancing_type to aux_loss or seq_aux_loss, or remove the key")
     shape = model_shape(config)
+    if shape is None or shape.is_moe:  # a model not read here (a hub name) is judged as a mixture of experts
+        check_router_replay(config)  # r3: no generation engine reports its experts yet
     if shape is None:
         return
-    if shape.is_moe:
-        check_router_replay(config)  # r3: no generation engine reports its experts yet
-    else:
+    if not shape.is_moe:
         for key, value, default in (("router_replay", moe.router_replay, "none"),
                                     ("load_balancing_type", moe.load_balancing_type, "none"),
                                     ("aux_loss_coeff", moe.aux_loss_coeff, 0.0),

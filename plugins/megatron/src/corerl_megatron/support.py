@@ -223,8 +223,8 @@ def check_fp8_training(config: Config, settings: Any, section: str, lora: bool, 
 def check_context_parallel(config: Config, settings: Any, section: str, lora: bool, packed: bool,
                            on_gpu: bool) -> None:
     """Context parallelism (:mod:`corerl_megatron.training.context_parallel`): Transformer Engine's
-    attention takes it, on a GPU, where it must be installed; the local spec that LoRA's adapters and
-    packed rows run on has no context-parallel attention, router replay keeps each row's experts by
+    attention takes it, on a GPU, where it must be installed, in bfloat16 or float16; the local spec
+    that LoRA's adapters and packed rows run on has no context-parallel attention, router replay keeps each row's experts by
     its whole tokens, and the multi-token-prediction heads read the tokens after each position, so
     those are refused with it, in one line."""
     key = f"{section}.context_parallel_size"
@@ -233,13 +233,16 @@ def check_context_parallel(config: Config, settings: Any, section: str, lora: bo
                                           "no context-parallel attention"),
             ("policy.sequence_packing.enabled", packed, "packed rows run on megatron-core's local layer spec, which "
                                                         "has no context-parallel attention"),
+            ("policy.precision", config.core.policy.precision not in ("bfloat16", "float16"),
+             "Transformer Engine's context-parallel attention runs in its flash or fused kernels, which take "
+             "bfloat16 or float16 only"),
             ("policy.moe.router_replay", config.core.policy.moe.router_replay != "none",
              "router replay keeps each row's experts by the row's whole tokens"),
             (f"{section}.mtp_num_layers", (settings.mtp_num_layers or 0) > 0,
              "the multi-token-prediction heads read the tokens after each position, across the ranks' chunks")):
         if on:
-            raise EngineNotAvailable(f"context parallelism on megatron: {why}", key=other,
-                                     hint=f"turn it off, or set {key}=1")
+            fix = "set it to bfloat16" if other == "policy.precision" else "turn it off"
+            raise EngineNotAvailable(f"context parallelism on megatron: {why}", key=other, hint=f"{fix}, or set {key}=1")
     if on_gpu:
         check_transformer_engine(config, key, "context parallelism runs in Transformer Engine's attention", "set it to 1")
 

@@ -25,14 +25,20 @@ import torch
 
 
 class SequenceSplit:
-    """This rank's share of each row (rank ``rank`` of the ``size`` ranks of ``group``)."""
+    """This rank's share of each row (rank ``rank`` of the ``size`` ranks of ``group``); with
+    sequence parallelism over ``tensor_parallel`` ranks, a share they split again evenly."""
 
-    def __init__(self, group: Any, rank: int, size: int) -> None:
+    def __init__(self, group: Any, rank: int, size: int, tensor_parallel: int = 1) -> None:
+        import math
+
         self.group, self.rank, self.size = group, rank, size
+        #: rows are padded to a multiple of it: 2 x size equal chunks, each rank's two of them a multiple of
+        #: tensor_parallel tokens
+        self.multiple = size * math.lcm(2, tensor_parallel)
 
     def padded(self, width: int) -> int:
-        """``width`` rounded up to whole chunks: ``2 x size`` of equal length."""
-        return width + (-width) % (2 * self.size)
+        """``width`` rounded up to whole chunks (:attr:`multiple`)."""
+        return width + (-width) % self.multiple
 
     def positions(self, width: int, device: Any = None) -> torch.Tensor:
         """The positions of a row of ``width`` tokens (once padded) that this rank holds, in order."""

@@ -138,10 +138,12 @@ def build_gpt(hf: Any, config: Any, *, pre_process: bool = True, post_process: b
     return model
 
 
-def engine_spec(model: Any) -> bool:
-    """Whether ``model`` (a GPTModel) was built on Transformer Engine's layer spec (:func:`build_gpt`)."""
-    return any(type(module).__module__.startswith("megatron.core.extensions.transformer_engine")
-               for module in model.modules())
+def engine_spec_here(local_spec: bool) -> bool:
+    """Whether :func:`build_gpt` builds on Transformer Engine's layer spec here: a GPU, transformer_engine
+    importable, and no ``local_spec`` asked for."""
+    import importlib.util
+
+    return torch.cuda.is_available() and not local_spec and importlib.util.find_spec("transformer_engine") is not None
 
 
 # Transformer Engine's layer spec folds each pre-norm into the linear layer after it; the

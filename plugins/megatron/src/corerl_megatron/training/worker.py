@@ -44,8 +44,10 @@ class MegatronWorker(RankWorker):
         if ps.get_context_parallel_world_size() > 1:
             from corerl_megatron.training.context_parallel import SequenceSplit
 
+            # with sequence parallelism each rank's share is split over the tensor-parallel ranks again
             self.split = SequenceSplit(ps.get_context_parallel_group(), ps.get_context_parallel_rank(),
-                                       ps.get_context_parallel_world_size())
+                                       ps.get_context_parallel_world_size(),
+                                       tensor_parallel=self.tp if s.sequence_parallel else 1)
         self.model: Any = None
         self.head: Any = None  # the output layer's tap (set by load_hf on a policy's last stage)
         #: the logits of every position through GPTModel's own output layer instead of the head's
@@ -63,7 +65,7 @@ class MegatronWorker(RankWorker):
         from safetensors.torch import load_file
 
         from corerl_megatron.conversion.store import WEIGHTS, ensure_converted, load_hf_model_config
-        from corerl_megatron.training.model import build_gpt, engine_spec, transformer_config
+        from corerl_megatron.training.model import build_gpt, engine_spec_here, transformer_config
         from corerl_megatron.training.routing import RouteReplay, RoutingStats
         from corerl_megatron.training.stage_weights import StageWeights, freeze_routers
 
@@ -95,17 +97,17 @@ class MegatronWorker(RankWorker):
 
         heads = 0 if self.critic else heads_to_build(self.settings.mtp_num_layers, self.shape.mtp_layers, model_path,
                                                      lora=self.lora, stages=self.settings.pipeline_model_parallel_size)
-        model = build_gpt(hf, self.mconfig, pre_process=self.ps.is_pipeline_first_stage(),
-                          post_process=self.ps.is_pipeline_last_stage(), value_head=self.shape.value_head,
-                          local_spec=self.lora or self.config.core.policy.sequence_packing.enabled,
-                          mtp_layers=heads)  # packed rows: the local spec's attention takes their mask
-        if self.split is not None and not engine_spec(model):  # validation refuses what would get here
+        local_spec = self.lora or self.config.core.policy.sequence_packing.enabled
+        if self.split is not None and not engine_spec_here(local_spec):  # validation refuses what gets here
             from corerl.sdk import EngineNotAvailable
 
-            raise EngineNotAvailable("context parallelism runs in Transformer Engine's attention, and this model was "
-                                     "built on megatron-core's local layer spec (no GPU, no transformer_engine, or "
-                                     "LoRA or packed rows)", key="policy.megatron_cfg.context_parallel_size",
-                                     hint="set it to 1")
+            raise EngineNotAvailable("context parallelism runs in Transformer Engine's attention, and this model "
+                                     "would be built on megatron-core's local layer spec (no GPU, no "
+                                     "transformer_engine, or LoRA or packed rows)",
+                                     key="policy.megatron_cfg.context_parallel_size", hint="set it to 1")
+        model = build_gpt(hf, self.mconfig, pre_process=self.ps.is_pipeline_first_stage(),
+                          post_process=self.ps.is_pipeline_last_stage(), value_head=self.shape.value_head,
+                          local_spec=local_spec, mtp_layers=heads)  # packed rows: the local spec's attention takes their mask
         self.draft = DraftHeads(model, self.settings) if heads else None  # multi-token-prediction heads
         from corerl_megatron.training.response_head import HiddenTap
 
@@ -334,7 +336,8 @@ class MegatronWorker(RankWorker):
             for key, value in o["metrics"].items():
                 metrics[key] = metrics.get(key, 0.0) + float(value)
         if self.routing is not None:  # every rank takes part (collectives); the reporting ranks log it
-            metrics.update(self.routing.metrics(len(mbs), self.ps.get_data_parallel_group(),
+            # over every rank whose tokens differ: the data- and context-parallel ranks
+            metrics.update(self.routing.metrics(len(mbs), self.ps.get_data_parallel_group(with_context_parallel=True),
                                                 self.ps.get_pipeline_model_parallel_group(), self.dp))
         last = self.ps.is_pipeline_last_stage()
         return {"loss": sum(o["loss"] for o in out) if last else None, "grad_norm": float(grad_norm or 0.0),
@@ -438,7 +441,7 @@ class MegatronWorker(RankWorker):
                                       self.layout.experts_per_rank))
         if self.shape.tied:
             out.pop("output_layer.weight", None)
-        keep = self.tp_rank == 0 and self.ps.get_data_parallel_rank() == 0
+        keep = self.tp_rank == 0 and self.ps.get_data_parallel_rank() == 0 and self.ps.get_context_parallel_rank() == 0
         return out if keep else None
 
     def adapter_state(self) -> dict[str, torch.Tensor] | None:
