@@ -108,8 +108,8 @@ REFUSALS = [
      "algorithm.kl_penalty=0.1", *HF],
     ["policy.generation.backend=vllm", "policy.generation.vllm_cfg.kv_cache_dtype=fp8", f"policy.model_name={USER_MODEL}"],
 ]
-# reached only on a machine with a GPU (the CPU refusal of the same option comes first here)
-GPU_ONLY = {"check_generation_supported", "check_fp8_training", "check_transformer_engine"}
+# reached only on a machine with a GPU or for another cluster (the CPU refusal of the same option comes first here)
+GPU_ONLY = {"check_generation_supported", "check_fp8_training", "check_transformer_engine", "check_split_engine"}
 CHECKED = ["plugins/dtensor/src/corerl_dtensor/support.py", "plugins/megatron/src/corerl_megatron/support.py",
            "plugins/deepspeed/src/corerl_deepspeed/support.py", "plugins/vllm_gen/src/corerl_vllm/support.py",
            "core/src/corerl/models/facts.py", "core/src/corerl/algorithms/checks.py",

