@@ -76,11 +76,8 @@ def test_staleness_0_in_order_trains_exactly_the_steps_of_a_synchronous_run(tmp_
 
 
 def test_staleness_1_never_trains_a_trajectory_more_than_one_version_old(tmp_path):
-    """On vllm (the hf worker's staleness is the staleness-0 test's and the abort test's), its engine
-    split over 2 tensor-parallel ranks in the worker's actor: the new weights reach both ranks between
-    two engine steps (in_flight=continue, the default)."""
+    """On vllm (the hf worker's staleness is the staleness-0 test's and the abort test's)."""
     result = run_corerl("run", f"run.output_dir={tmp_path}", "run.name=one", *VLLM, *ASYNC, "algorithm.max_steps=6",
-                        "policy.generation.vllm_cfg.tensor_parallel_size=2",
                         "algorithm.async.max_staleness=1", "algorithm.importance_sampling_correction=true",
                         "algorithm.importance_weight_cap=2.0", "run.tensorboard=true")
     assert result.code == 0, result
@@ -213,7 +210,9 @@ def test_abort_resumes_each_cut_request_from_its_tokens_on_the_dedicated_worker(
     call short; each request resumes from its tokens under the new version and ends as it would
     (at a stop token or the token budget), its stamps old then new. The weights pushed differ from
     the ones loaded (the final norm's weight times 20: the same model, 20 times sharper), and every
-    token's logged logprob is the one the weights of its stamped version give, not the other's."""
+    token's logged logprob is the one the weights of its stamped version give, not the other's. On vllm
+    the engine is split over 2 tensor-parallel ranks in the worker's actor (vLLM's worker processes):
+    each push reaches both ranks."""
     import threading
 
     from transformers import AutoModelForCausalLM
@@ -228,8 +227,9 @@ def test_abort_resumes_each_cut_request_from_its_tokens_on_the_dedicated_worker(
     shape = {"hidden_size": 64} if backend == "hf" else {"hidden_size": 128, "num_heads": 4, "num_kv_heads": 2}
     model = str(build_tiny_model(tmp_path / "model", num_layers=2, vocab_size=128, **shape))  # vLLM: head_dim 32
     host = PluginHost(discover=backend != "hf", env={})
+    split = {"vllm_cfg": {"tensor_parallel_size": 2}} if backend == "vllm" else {}
     config = config_from_mapping({"policy": {"model_name": model, "max_seq_length": 512, "generation": {
-        "backend": backend, "colocated": {"enabled": False, "resources": {"gpus_per_node": 1}}}}}, host)
+        "backend": backend, "colocated": {"enabled": False, "resources": {"gpus_per_node": 1}}, **split}}}, host)
     engine = DedicatedGeneration(host.generation_backends.get(backend), config, AsyncSettings(enabled=True,
                                                                                              in_flight="abort"))
     loaded = AutoModelForCausalLM.from_pretrained(model).eval()
