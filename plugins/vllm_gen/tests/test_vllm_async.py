@@ -6,6 +6,7 @@ when the call is over (wait). One engine for the module; each test starts from t
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -78,11 +79,22 @@ def engine_worker(model_dir: str) -> Iterator[UpdateArrivesAt]:
     config = config_from_mapping({"policy": {"model_name": model_dir, "max_seq_length": 64, "generation": {
         "backend": "vllm", "vllm_cfg": {"host": "driver", "cpu_kvcache_space_gib": 0.05, "tensor_parallel_size": 2}}}},
         host)
+    # the engine binds its two workers' threads in this process's environment: put it back after, so that
+    # a run this process starts later (a subprocess inherits it) does not take the two-list binding
+    names = ("VLLM_CPU_OMP_THREADS_BIND", "_CORERL_SET_VLLM_CPU_OMP_THREADS_BIND")
+    before = {name: os.environ.get(name) for name in names}
     worker = UpdateArrivesAt(host.generation_backends.get("vllm"), config, threads=None, in_flight="continue")
-    worker.load_hf(model_dir)
-    worker.arriving = weights(model_dir, flat=True)
-    yield worker
-    worker.shutdown()
+    try:
+        worker.load_hf(model_dir)
+        worker.arriving = weights(model_dir, flat=True)
+        yield worker
+    finally:
+        worker.shutdown()
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 @pytest.fixture

@@ -263,24 +263,26 @@ def split_engine_on_ray(ranks: int) -> bool:
 
 
 #: the VLLM_CPU_OMP_THREADS_BIND value corerl set (in this process or the one that started it): a
-#: value the user set is theirs to keep
-_BIND_SET_BY = "CORERL_VLLM_CPU_OMP_THREADS_BIND"
+#: value the user set is theirs to keep. Not named CORERL_*: it goes with the value to a child process
+#: whose environment is its parent's less corerl's settings (a test's subprocess)
+_BIND_SET_BY = "_CORERL_SET_VLLM_CPU_OMP_THREADS_BIND"
 
 
-def bind_cpu_threads(value: str, ranks: int = 1) -> None:
+def bind_cpu_threads(value: str, ranks: int = 1) -> EngineNotAvailable | None:
     """Set ``VLLM_CPU_OMP_THREADS_BIND`` to ``value`` unless the user set it (a value corerl set
     before, here or in a parent process, for another layout, is replaced). A user's value of
-    another number of core lists than the engine's ``ranks`` is refused in one line (vLLM would
-    stop on an assertion)."""
+    another number of core lists than the engine's ``ranks`` is returned as the one-line refusal
+    to raise (vLLM would stop on an assertion); None otherwise."""
     current = os.environ.get("VLLM_CPU_OMP_THREADS_BIND")
     if current is None or current == os.environ.get(_BIND_SET_BY):
         os.environ["VLLM_CPU_OMP_THREADS_BIND"] = os.environ[_BIND_SET_BY] = value
-        return
+        return None
     if current not in ("auto", "nobind") and len(current.split("|")) != ranks:
-        raise EngineNotAvailable(f"VLLM_CPU_OMP_THREADS_BIND={current!r} gives {len(current.split('|'))} core "
-                                 f"list(s), and this vLLM engine has {ranks} CPU workers",
-                                 key="policy.generation.vllm_cfg.tensor_parallel_size",
-                                 hint="give one list per worker, separated by | (e.g. 0-3|4-7), or unset it")
+        return EngineNotAvailable(f"VLLM_CPU_OMP_THREADS_BIND={current!r} gives {len(current.split('|'))} core "
+                                  f"list(s), and this vLLM engine has {ranks} CPU workers",
+                                  key="policy.generation.vllm_cfg.tensor_parallel_size",
+                                  hint="give one list per worker, separated by | (e.g. 0-3|4-7), or unset it")
+    return None
 
 
 class VllmEngine:
@@ -301,11 +303,14 @@ class VllmEngine:
         self.settings = config.section("policy.generation.vllm_cfg")
         self.on_gpu = torch.cuda.is_available()
         self.layout = resolve_layout(self.settings.engine_layout, self.on_gpu)
+        #: a refusal found while setting up, raised by check_engine (the first call the backend makes:
+        #: a constructor's error would reach the driver as a dead actor, not as its line)
+        self.refusal: EngineNotAvailable | None = None
         if not self.on_gpu:
             if threads:
                 torch.set_num_threads(threads)  # vLLM's CPU worker forbids this once it has bound threads
                 ranks = self.settings.tensor_parallel_size * self.settings.pipeline_parallel_size
-                bind_cpu_threads(cpu_threads_bind(threads, ranks), ranks)
+                self.refusal = bind_cpu_threads(cpu_threads_bind(threads, ranks), ranks)
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0" if self.layout == "in_process" else "1"
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # no per-call notes over the progress bar
         #: eager unless asked otherwise on CPU: vLLM's compile cache is keyed by the model's folder, a new
@@ -317,7 +322,10 @@ class VllmEngine:
         self.owners: dict[str, Requests] = {}  # a stepped request's id -> its call's requests
 
     def check_engine(self) -> str:
-        """Import vLLM now, so that a broken install is reported before any work starts."""
+        """Import vLLM now, so that a broken install is reported before any work starts (and what
+        setting up refused, :attr:`refusal`)."""
+        if self.refusal is not None:
+            raise self.refusal
         _hide_broken_vision_packages()
         try:
             import vllm
