@@ -1,6 +1,6 @@
 """Hugging Face <-> Megatron conversion: the converted GPTModel's logits equal transformers',
-and the round trip is exact (tied Qwen2 and untied Llama, grouped-query attention; the Qwen3-MoE
-and Mixtral mixtures of experts, whose export loads back into transformers with equal logits).
+and the round trip is exact (tied Qwen2 and untied Llama, grouped-query attention; the Qwen3-MoE,
+Mixtral and GLM-4.5 mixtures of experts, whose export loads back into transformers with equal logits).
 
 megatron-core keeps process-wide parallel state, so the check runs in a fresh process.
 """
@@ -35,6 +35,17 @@ CHECK = textwrap.dedent(
         with torch.no_grad():
             ours = model(ids, torch.arange(17, device=device).expand(3, -1), attention_mask=None)
             theirs = hf_model(ids).logits
+        biases = [b for name, b in model.named_buffers() if name.endswith("router.expert_bias")]
+        unbiased = None
+        if biases:  # the router's per-expert bias picks experts: without it the logits change
+            kept = [b.clone() for b in biases]
+            for b in biases:
+                b.zero_()
+            with torch.no_grad():
+                unbiased = float((model(ids, torch.arange(17, device=device).expand(3, -1), attention_mask=None)
+                                  - theirs).abs().max())
+            for b, k in zip(biases, kept):
+                b.copy_(k)
         back = megatron_to_hf({k: v for k, v in model.state_dict().items() if "_extra_state" not in k}, family, shape)
         ref = hf_model.state_dict()
         with tempfile.TemporaryDirectory() as folder:  # the export, loaded back by transformers
@@ -46,7 +57,7 @@ CHECK = textwrap.dedent(
             "device": str(next(model.parameters()).device.type),
             "same_names": sorted(back) == sorted(ref),
             "exact": all(torch.equal(back[k], ref[k]) for k in ref),
-            "export_diff": float((exported - theirs).abs().max()),
+            "export_diff": float((exported - theirs).abs().max()), "unbiased_diff": unbiased,
         }))
 
 
@@ -98,6 +109,24 @@ def test_moe_families_convert_with_fp32_logits_within_1e_5_and_export_back(tmp_p
     for result in results:
         assert result["logit_diff"] <= 1e-5 and result["export_diff"] <= 1e-5, result
         assert result["same_names"] and result["exact"], result
+
+
+def test_glm4_moe_converts_with_its_biased_sigmoid_router_and_shared_expert(tmp_path):
+    """GLM-4.5's MoE: q/k/v biases, q/k norms, half-width rotary, a dense first layer, a shared
+    expert and a sigmoid router scaled by routed_scaling_factor whose per-expert bias
+    (e_score_correction_bias, megatron-core's expert_bias) picks the experts: logits within 1e-5
+    of transformers', and the bias is not decoration (zeroed, the logits move); the export
+    (bias included) loads back exactly."""
+    from corerl.models.tiny import build_tiny_model
+
+    model = build_tiny_model(tmp_path / "glm", family="glm4_moe", hidden_size=64, num_layers=3, num_heads=4,
+                             num_kv_heads=2, head_dim=16, num_experts=4, experts_per_token=2,
+                             expert_intermediate_size=32, tie_word_embeddings=False)
+    [result] = _run([model], tmp_path)
+    assert result["family"] == "glm4_moe"
+    assert result["logit_diff"] <= 1e-5 and result["export_diff"] <= 1e-5, result
+    assert result["same_names"] and result["exact"], result
+    assert result["unbiased_diff"] > 1e-3, result
 
 
 @pytest.mark.gpu

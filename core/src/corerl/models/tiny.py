@@ -1,4 +1,4 @@
-"""Tiny Qwen2/Llama-style models, tiny Qwen3-MoE/Mixtral mixtures of experts, tiny Qwen2.5-VL/Qwen3-VL
+"""Tiny Qwen2/Llama-style models, tiny Qwen3-MoE/Mixtral/GLM-4.5 mixtures of experts, tiny Qwen2.5-VL/Qwen3-VL
 vision-language models and a word-level tokenizer, built in code and saved in Hugging Face format, for
 tests, benchmarks and the offline demo.
 
@@ -29,7 +29,7 @@ BUILTIN_MODELS: dict[str, dict[str, Any]] = {
 VL_FAMILIES = ("qwen2_5_vl", "qwen3_vl")
 
 #: the families :func:`build_tiny_model` builds; the mixtures of experts take ``num_experts``
-MOE_FAMILIES = ("qwen3_moe", "mixtral")
+MOE_FAMILIES = ("qwen3_moe", "mixtral", "glm4_moe")
 
 
 #: words that spell a Hermes tool call of the ``lookup`` tool, and its result, when joined by spaces
@@ -104,7 +104,8 @@ def tiny_hf_config(
     if family in VL_FAMILIES:
         return tiny_vl_config(family=family, hidden_size=hidden_size, num_layers=num_layers, vocab_size=vocab_size,
                               head_dim=head_dim or 32)
-    families = {"qwen2": "qwen2", "llama": "llama", "qwen3_moe": "qwen3_moe", "mixtral": "mixtral"}
+    families = {"qwen2": "qwen2", "llama": "llama", "qwen3_moe": "qwen3_moe", "mixtral": "mixtral",
+                "glm4_moe": "glm4_moe"}
     if family not in families:
         raise ValueError(f"unknown tiny model family {family!r}; known: {', '.join(families)}")
     ids = {word: i for i, word in enumerate(tiny_vocabulary(vocab_size))}
@@ -130,6 +131,12 @@ def tiny_hf_config(
                       decoder_sparse_step=1, norm_topk_prob=True)
     elif family == "mixtral":  # every layer routes; intermediate_size is the experts' size
         config.update(num_local_experts=num_experts, num_experts_per_tok=experts_per_token, intermediate_size=experts)
+    elif family == "glm4_moe":  # GLM-4.5: a dense first layer, a shared expert, a sigmoid router with a per-expert
+        # bias (e_score_correction_bias), half-width rotary, q/k/v biases and q/k norms
+        config.update(n_routed_experts=num_experts, num_experts_per_tok=experts_per_token, moe_intermediate_size=experts,
+                      n_shared_experts=1, first_k_dense_replace=1, n_group=1, topk_group=1, norm_topk_prob=True,
+                      routed_scaling_factor=2.5, partial_rotary_factor=0.5, attention_bias=True, use_qk_norm=True,
+                      num_nextn_predict_layers=0)
     return config
 
 
@@ -140,7 +147,7 @@ def builtin_hf_config(name: str) -> dict[str, Any]:
 
 def build_tiny_model(out_dir: str | Path, *, seed: int = 0, **shape: Any) -> Path:
     """Build a randomly initialised causal LM (the keywords of :func:`tiny_hf_config`: a dense
-    Qwen2/Llama, a Qwen3-MoE/Mixtral mixture of experts, or a Qwen2.5-VL/Qwen3-VL with its image
+    Qwen2/Llama, a Qwen3-MoE/Mixtral/GLM-4.5 mixture of experts, or a Qwen2.5-VL/Qwen3-VL with its image
     processor) plus tokenizer, and save them to ``out_dir``."""
     import torch
     from transformers import AutoConfig
@@ -157,6 +164,10 @@ def build_tiny_model(out_dir: str | Path, *, seed: int = 0, **shape: Any) -> Pat
     config = AutoConfig.for_model(**values)
     torch.manual_seed(seed)
     model = auto_model_class("policy", values).from_config(config)
+    if values.get("model_type") == "glm4_moe":  # a trained router's bias is not zero: give routing one to follow
+        for layer in model.model.layers:
+            if hasattr(layer.mlp, "gate"):
+                layer.mlp.gate.e_score_correction_bias.normal_(0.0, 0.05)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     save_pretrained(model, out)

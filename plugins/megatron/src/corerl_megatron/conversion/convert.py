@@ -65,9 +65,10 @@ def expert_count(hf: Any) -> int:
 
 def moe_layer_indices(hf: Any) -> tuple[int, ...]:
     """The decoder layers that route to experts: Qwen's ``decoder_sparse_step`` and
-    ``mlp_only_layers`` leave some layers dense; Mixtral routes in every layer."""
+    ``mlp_only_layers`` and GLM-4.5's (DeepSeek's) ``first_k_dense_replace`` leave some layers
+    dense; Mixtral routes in every layer."""
     step = int(getattr(hf, "decoder_sparse_step", None) or 1)
-    dense = set(getattr(hf, "mlp_only_layers", None) or ())
+    dense = set(getattr(hf, "mlp_only_layers", None) or ()) | set(range(int(getattr(hf, "first_k_dense_replace", 0) or 0)))
     return tuple(i for i in range(hf.num_hidden_layers) if i not in dense and (i + 1) % step == 0)
 
 

@@ -82,6 +82,16 @@ def _expert_rules() -> tuple[Rule, ...]:
             Rule(f"{experts}.linear_fc2.weight", (f"{_MLP}.experts.down_proj",), "expert", when="moe"))
 
 
+def _shared_expert_rules() -> tuple[Rule, ...]:
+    """A MoE layer's always-on shared expert (DeepSeek/GLM-4.5 layout: ``mlp.shared_experts``) and its
+    router's per-expert bias (``e_score_correction_bias``, megatron-core's ``router.expert_bias``: a buffer)."""
+    shared, hf = f"{_LAYER}.mlp.shared_experts", f"{_MLP}.shared_experts"
+    return (Rule(f"{shared}.linear_fc1.weight", (f"{hf}.gate_proj.weight", f"{hf}.up_proj.weight"), "gate_up",
+                 when="moe"),
+            Rule(f"{shared}.linear_fc2.weight", (f"{hf}.down_proj.weight",), when="moe"),
+            Rule(f"{_LAYER}.mlp.router.expert_bias", (f"{_MLP}.gate.e_score_correction_bias",), when="moe"))
+
+
 def _mimo_mtp_rules() -> tuple[Rule, ...]:
     """MiMo's MTP heads (``model.mtp_layers.{i}``, the names vLLM's ``mimo_mtp`` loads): token and hidden
     norms, ``input_proj`` over [hidden; embedding] (megatron-core's ``eh_proj`` reads [embedding; hidden]),
@@ -111,9 +121,13 @@ LLAMA = Family("llama", ("LlamaForCausalLM", "MistralForCausalLM"), _decoder_rul
 QWEN3_MOE = Family("qwen3_moe", ("Qwen3MoeForCausalLM",), _decoder_rules(qk_norm=True, experts=True),
                    qkv_bias_default=False)
 MIXTRAL = Family("mixtral", ("MixtralForCausalLM",), _decoder_rules(experts=True), qkv_bias_default=False)
+#: GLM-4.5's MoE (``Glm4MoeForCausalLM``): q/k/v biases and q/k norms, dense first layers, one shared
+#: expert beside the routed ones, a sigmoid router whose per-expert bias picks the experts
+GLM4_MOE = Family("glm4_moe", ("Glm4MoeForCausalLM",),
+                  (*_decoder_rules(qk_norm=True, experts=True), *_shared_expert_rules()), qkv_bias_default=False)
 #: Xiaomi's MiMo: a Qwen2 decoder with MTP heads (``num_nextn_predict_layers``)
 MIMO = Family("mimo", ("MiMoForCausalLM",), (*_decoder_rules(), *_mimo_mtp_rules()), qkv_bias_default=True)
-FAMILIES = (QWEN2, LLAMA, QWEN3_MOE, MIXTRAL, MIMO)
+FAMILIES = (QWEN2, LLAMA, QWEN3_MOE, MIXTRAL, GLM4_MOE, MIMO)
 
 
 def family_of(architecture: str) -> Family | None:

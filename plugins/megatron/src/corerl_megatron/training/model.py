@@ -1,4 +1,4 @@
-"""A megatron-core GPTModel shaped like a Hugging Face Llama/Qwen2 checkpoint, or a Qwen3-MoE/Mixtral
+"""A megatron-core GPTModel shaped like a Hugging Face Llama/Qwen2 checkpoint, or a Qwen3-MoE/Mixtral/GLM-4.5
 mixture of experts (megatron-core's MoE layers: :mod:`corerl_megatron.training.moe_config`)."""
 
 from __future__ import annotations
@@ -13,6 +13,12 @@ import torch.nn.functional as F
 def rope_theta(hf: Any) -> float:
     params = getattr(hf, "rope_parameters", None) or {}
     return float(params.get("rope_theta", getattr(hf, "rope_theta", 10000.0)))
+
+
+def rotary_fraction(hf: Any) -> float:
+    """The share of each head's channels that rotate (GLM-4.5's ``partial_rotary_factor``; 1.0: all)."""
+    params = getattr(hf, "rope_parameters", None) or {}
+    return float(params.get("partial_rotary_factor", getattr(hf, "partial_rotary_factor", None)) or 1.0)
 
 
 def transformer_config(hf: Any, settings: Any = None, params_dtype: torch.dtype = torch.float32, *,
@@ -120,7 +126,7 @@ def build_gpt(hf: Any, config: Any, *, pre_process: bool = True, post_process: b
         config, spec, vocab_size=hf.vocab_size, max_sequence_length=hf.max_position_embeddings,
         pre_process=pre_process, post_process=post_process, parallel_output=False,
         share_embeddings_and_output_weights=bool(getattr(hf, "tie_word_embeddings", False)) and not value_head,
-        position_embedding_type="rope", rotary_base=int(rope_theta(hf)),
+        position_embedding_type="rope", rotary_base=int(rope_theta(hf)), rotary_percent=rotary_fraction(hf),
     )
     if value_head and post_process:
         model.output_layer = ValueHead(config.hidden_size, config.params_dtype)
