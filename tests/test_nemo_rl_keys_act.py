@@ -320,7 +320,7 @@ def test_the_section_of_an_environment_the_recipe_does_not_play_is_inert(tmp_pat
 
 def test_moe_router_keys_act_on_policy_moe(tmp_path, capsys):
     """NeMo RL's megatron router keys (megatron enabled) land on ``policy.moe``; its router replay (from generation) is r3;
-    balancing corerl lacks and the expert bias are refused in one line."""
+    balancing corerl lacks is refused in one line; the expert bias and its rate act together."""
     recipe = _child(tmp_path, "moe.yaml", "policy:\n  dtensor_cfg:\n    enabled: false\n  megatron_cfg:\n    enabled: true\n    tensor_model_parallel_size: 1\n    pipeline_model_parallel_size: 1\n    context_parallel_size: 1\n    freeze_moe_router: false\n"
                     "    moe_aux_loss_coeff: 0.001\n    moe_z_loss_coeff: null\n"
                     "    moe_router_load_balancing_type: seq_aux_loss\n    moe_router_dtype: fp32\n"
@@ -333,8 +333,41 @@ def test_moe_router_keys_act_on_policy_moe(tmp_path, capsys):
     sinkhorn = _Validated(capsys, str(recipe), "policy.megatron_cfg.moe_router_load_balancing_type=sinkhorn")
     refused_in_one_line(sinkhorn, "the 'sinkhorn' load balancing is not built into corerl yet",
                         key="policy.megatron_cfg.moe_router_load_balancing_type")
-    bias = _Validated(capsys, str(recipe), "policy.megatron_cfg.moe_router_enable_expert_bias=true")
-    refused_in_one_line(bias, "moe_router_enable_expert_bias", key="policy.megatron_cfg.moe_router_enable_expert_bias")
+    biased = _load(recipe, "policy.megatron_cfg.moe_router_enable_expert_bias=true",
+                   "policy.megatron_cfg.moe_router_bias_update_rate=0.001").core.policy.moe
+    assert (biased.expert_bias, biased.expert_bias_update_rate) == (True, 0.001)
+    # without the bias NeMo RL moves none: the rate is inert, and the model routes as its checkpoint says
+    unbiased = _load(recipe, "policy.megatron_cfg.moe_router_bias_update_rate=0.001").core.policy.moe
+    assert (unbiased.expert_bias, unbiased.expert_bias_update_rate) == (None, 0.0)
+
+
+def test_the_expert_bias_is_refused_for_a_router_without_one_and_acts_with_one(tmp_path, capsys):
+    """``moe_router_enable_expert_bias`` on a Qwen3-MoE (a softmax router, no bias in its layout) is
+    refused in one line; on a GLM-4.5 MoE (sigmoid plus e_score_correction_bias) the recipe validates."""
+    from corerl.models.tiny import build_tiny_model
+
+    glm = build_tiny_model(tmp_path / "glm", family="glm4_moe", hidden_size=64, num_heads=4, num_kv_heads=2,
+                           num_experts=4, max_positions=4096)
+    qwen = build_tiny_model(tmp_path / "qwen", family="qwen3_moe", hidden_size=64, num_heads=4, num_kv_heads=2,
+                            num_experts=4, max_positions=4096)
+    recipe = _child(tmp_path, "bias.yaml", "policy:\n  dtensor_cfg:\n    enabled: false\n  megatron_cfg:\n    enabled: true\n"
+                    "    tensor_model_parallel_size: 1\n    pipeline_model_parallel_size: 1\n    context_parallel_size: 1\n"
+                    "    moe_router_enable_expert_bias: true\n    moe_router_bias_update_rate: 0.001\n")
+    from corerl.config.selection import select
+    from corerl.errors import CorerlError
+    from corerl.plugin_manager import PluginHost
+
+    host = PluginHost()
+    for model, ok in ((glm, True), (qwen, False)):
+        config = _load(recipe, f"policy.model_name={model}", f"policy.tokenizer.name={model}",
+                       "policy.generation.backend=hf", "cluster.gpus_per_node=1", "policy.max_total_sequence_length=256")
+        if ok:
+            select(config, host)
+            continue
+        with pytest.raises(CorerlError) as refused:
+            select(config, host)
+        assert "policy.moe.expert_bias" in str(refused.value) and "softmax without one" in str(refused.value)
+        assert "\n" not in str(refused.value)
 
 
 def _reshaped(tmp_path: Path, name: str, edit) -> Path:

@@ -18,6 +18,8 @@ HF = ["policy.generation.backend=hf"]
 #: a Llama with head_dim 16 and 256 positions, as a user's own small checkpoint: the fixture builds it in
 #: pytest's temporary folder (a fixed path in /tmp was raced on by two workers) and puts its path here
 USER_MODEL = "{user_model}"
+#: a tiny GLM-4.5 MoE (a sigmoid router with a per-expert bias), built the same way
+GLM_MODEL = "{glm_model}"
 # every refusal a registration's check (or the core's model check) makes, with the overrides that reach it
 REFUSALS = [
     ["policy.dtensor_cfg.context_parallel_size=2", "policy.sequence_packing.enabled=true", "cluster.gpus_per_node=2", *HF],
@@ -66,9 +68,14 @@ REFUSALS = [
     [*MEGATRON, "policy.megatron_cfg.tensor_model_parallel_size=2", "policy.model_name=builtin:tiny-moe",
      "cluster.gpus_per_node=2", *HF],
     [*MEGATRON, "policy.megatron_cfg.moe_enable_deepep=true", "policy.model_name=builtin:tiny-moe", *HF],
+    [*MEGATRON, "policy.megatron_cfg.converter_type=NemotronHForCausalLM", *HF],
     [*MEGATRON, "policy.moe.load_balancing_type=aux_loss", "policy.moe.aux_loss_coeff=0.01", "cluster.gpus_per_node=2",
      "policy.megatron_cfg.pipeline_model_parallel_size=2", "policy.model_name=builtin:tiny-moe", *HF],
     ["policy.moe.aux_loss_coeff=0.01", "policy.model_name=builtin:tiny-moe", *HF],
+    ["policy.moe.expert_bias=true", "policy.model_name=builtin:tiny-moe", *HF],
+    ["policy.moe.expert_bias=false", f"policy.model_name={GLM_MODEL}", *HF],
+    ["policy.moe.expert_bias_update_rate=0.001", f"policy.model_name={GLM_MODEL}", *HF],
+    [*DEEPSPEED, "policy.moe.z_loss_coeff=0.001", f"policy.model_name={GLM_MODEL}", *HF],
     [*MEGATRON, "policy.moe.router_replay=r2", "policy.megatron_cfg.activation_checkpointing=true",
      "policy.model_name=builtin:tiny-moe", *HF],
     [*MEGATRON, "policy.megatron_cfg.tensor_model_parallel_size=4", "cluster.gpus_per_node=4", *HF],
@@ -125,8 +132,18 @@ def user_model(tmp_path_factory):
     return str(folder)
 
 
-def _with_model(overrides: list[str], user_model: str) -> list[str]:
-    return [o.replace(USER_MODEL, user_model) for o in overrides]
+@pytest.fixture(scope="module")
+def glm_model(tmp_path_factory):
+    from corerl.models.tiny import build_tiny_model
+
+    folder = tmp_path_factory.mktemp("user-glm")
+    build_tiny_model(folder, family="glm4_moe", hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
+                     num_experts=4, max_positions=256)
+    return str(folder)
+
+
+def _with_model(overrides: list[str], user_model: str, glm_model: str = "") -> list[str]:
+    return [o.replace(USER_MODEL, user_model).replace(GLM_MODEL, glm_model) for o in overrides]
 
 
 def _raise_sites() -> set[tuple[str, int]]:
@@ -139,7 +156,7 @@ def _raise_sites() -> set[tuple[str, int]]:
     return sites
 
 
-def test_every_refusal_of_every_check_is_reached_by_a_case_and_said_in_one_line(user_model):
+def test_every_refusal_of_every_check_is_reached_by_a_case_and_said_in_one_line(user_model, glm_model):
     from corerl.config import load_config
     from corerl.config.selection import select
     from corerl.errors import ConfigErrors, CorerlError
@@ -148,7 +165,8 @@ def test_every_refusal_of_every_check_is_reached_by_a_case_and_said_in_one_line(
     host = PluginHost(env={})
     reached = set()
     for overrides in REFUSALS:
-        config = load_config(REPO / "core/src/corerl/recipes/demo.yaml", _with_model(overrides, user_model), host)
+        config = load_config(REPO / "core/src/corerl/recipes/demo.yaml", _with_model(overrides, user_model, glm_model),
+                             host)
         with pytest.raises(CorerlError) as refused:
             select(config, host)
         # a check's refusal comes as ConfigErrors (with its origin); each error keeps its own traceback
@@ -166,8 +184,8 @@ CASES = [(overrides[0].split("=")[0], overrides) for overrides in REFUSALS]
 
 @pytest.mark.slow
 @pytest.mark.parametrize("first, overrides", CASES, ids=[" ".join(o) for _, o in CASES])
-def test_validate_refuses_what_run_refuses_at_start_up(tmp_path, user_model, first, overrides):
-    overrides = _with_model(overrides, user_model)
+def test_validate_refuses_what_run_refuses_at_start_up(tmp_path, user_model, glm_model, first, overrides):
+    overrides = _with_model(overrides, user_model, glm_model)
     validate = run_corerl("validate", "core/src/corerl/recipes/demo.yaml", *overrides)
     # no cluster named: GPU-only options are judged by this machine, as validate judges them
     run = run_corerl("run", *overrides, f"run.output_dir={tmp_path}", env=clean_env(shared_ray=False))

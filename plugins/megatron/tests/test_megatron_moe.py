@@ -216,3 +216,75 @@ def test_megatron_generation_refuses_expert_parallelism_in_one_line(moe_dir, tmp
         check_generation_supported(config)
     assert refused.value.key == "policy.megatron_cfg.expert_model_parallel_size"
     assert "decodes each data-parallel rank's rows on its own" in str(refused.value)
+
+
+# -- GLM-4.5's biased sigmoid router: aux-loss-free balancing ------------------------------------
+
+TINY_GLM = dict(family="glm4_moe", hidden_size=64, num_layers=3, num_heads=4, num_kv_heads=2, head_dim=16,
+                num_experts=4, experts_per_token=2, expert_intermediate_size=32, initializer_range=0.2)
+RATE = 0.01
+
+
+@pytest.fixture(scope="module")
+def glm_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    from corerl.models.tiny import build_tiny_model
+
+    return str(build_tiny_model(tmp_path_factory.mktemp("glm"), **TINY_GLM))
+
+
+def test_a_biased_router_routes_by_sigmoid_plus_bias_and_its_rate_is_policy_moes(glm_dir, tmp_path):
+    from transformers import AutoConfig
+
+    from corerl_megatron.training.moe_config import moe_fields
+
+    hf = AutoConfig.from_pretrained(glm_dir)
+    config = _config(glm_dir, tmp_path, [f"policy.moe.expert_bias_update_rate={RATE}"])
+    fields = moe_fields(hf, config.section("policy.megatron_cfg"), config.core.policy.moe)
+    assert fields["moe_router_score_function"] == "sigmoid" and fields["moe_router_enable_expert_bias"] is True
+    assert fields["moe_router_bias_update_rate"] == RATE and fields["moe_router_topk_scaling_factor"] == 2.5
+    assert fields["moe_shared_expert_intermediate_size"] == 32 and fields["moe_layer_freq"] == [0, 1, 1]
+    assert fields["qk_layernorm"] is True
+    plain = moe_fields(AutoConfig.from_pretrained(glm_dir), None, _config(glm_dir, tmp_path, []).core.policy.moe)
+    assert plain["moe_router_bias_update_rate"] == 0.0  # the checkpoint's bias is kept as it is
+
+
+def test_glm_trains_on_megatron_and_its_router_bias_moves_towards_even_load(glm_dir, tmp_path):
+    """A GLM-4.5 MoE on the megatron backend: logprobs equal transformers' (the biased router, the
+    shared expert, half-width rotary), and after one step each router's bias moved by exactly
+    the rate, down for the experts that took more than their share of the step's tokens and up for
+    the others; the bias reaches the Hugging Face weights (the generation engines' refit)."""
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    from corerl.plugin_manager import PluginHost
+    from corerl.testing import select_for
+    from corerl.testing.reference import hf_logprobs
+
+    recipe = write_recipe(tmp_path / "r.yaml", {"policy": {"model_name": glm_dir, "precision": "float32"}})
+    overrides = [*MEGATRON, f"policy.moe.expert_bias_update_rate={RATE}", "policy.generation.backend=hf"]
+    config, selection = select_for(PluginHost(), recipe, overrides)
+    engine = selection.training_backend.registration.create(config=config)
+    batch = conformance_batch()
+    reference = AutoModelForCausalLM.from_pretrained(glm_dir, dtype=torch.float32)
+    counts, real = {}, batch["attention_mask"].reshape(-1).bool()
+    for index, layer in enumerate(reference.model.layers):  # each MoE layer's experts, over the real tokens
+        if hasattr(layer.mlp, "gate"):
+            layer.mlp.gate.register_forward_hook(
+                lambda _m, _i, out, index=index: counts.__setitem__(index, torch.bincount(out[2][real].reshape(-1),
+                                                                                           minlength=4)))
+    with torch.no_grad():
+        want = hf_logprobs(reference, batch)
+    try:
+        engine.load_hf(glm_dir)
+        got = engine.logprobs(batch)
+        engine.train_step(batch, conformance_loss)
+        after = dict(engine.weight_stream())
+    finally:
+        engine.shutdown()
+    assert float((got - want)[batch["attention_mask"].bool()].abs().max()) <= 1e-5
+    before = load_file(f"{glm_dir}/model.safetensors")
+    for index, count in counts.items():
+        name = f"model.layers.{index}.mlp.gate.e_score_correction_bias"
+        moved = after[name] - before[name]
+        expected = RATE * torch.sign(count.float().mean() - count.float())
+        assert torch.allclose(moved, expected, atol=1e-6), (index, count.tolist(), moved.tolist())

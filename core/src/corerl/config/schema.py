@@ -142,6 +142,16 @@ class MoeConfig:
     router_replay: Literal["none", "r2", "r3"] = setting(
         "none", help="route training tokens as before: r2 records the experts chosen while scoring the old-policy "
                      "logprobs, r3 takes those the generation engine chose; none routes afresh")
+    expert_bias: bool | None = setting(
+        None, help="route with the router's per-expert bias (aux-loss-free balancing: GLM-4.5's "
+                   "e_score_correction_bias, added to the sigmoid scores to pick the experts, not to weigh them): "
+                   "unset, as the model's router does; true requires a model whose router has one; false is refused "
+                   "for such a model (its routing is defined with the bias)")
+    expert_bias_update_rate: float = setting(
+        0.0, min=0.0, help="after each training step, move each router's per-expert bias by this much towards even "
+                           "load (up for an expert that took fewer of the step's tokens than the mean, down for one "
+                           "that took more: DeepSeek-V3's rule, megatron-core's update); 0 keeps the checkpoint's "
+                           "bias. A model whose router has that bias only; the bias is exported with the weights")
 
 
 @attrs.define(kw_only=True)

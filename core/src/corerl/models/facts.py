@@ -111,17 +111,59 @@ def check_moe_settings(config: Any) -> None:
         for key, value, default in (("router_replay", moe.router_replay, "none"),
                                     ("load_balancing_type", moe.load_balancing_type, "none"),
                                     ("aux_loss_coeff", moe.aux_loss_coeff, 0.0),
-                                    ("z_loss_coeff", moe.z_loss_coeff, 0.0)):
+                                    ("z_loss_coeff", moe.z_loss_coeff, 0.0),
+                                    ("expert_bias", moe.expert_bias, None),
+                                    ("expert_bias_update_rate", moe.expert_bias_update_rate, 0.0)):
             if value != default:
                 raise ConfigError(f"{key}={value} acts on a mixture-of-experts router; {source_of(config)} is a dense "
                                   "model", key=f"policy.moe.{key}", hint=f"remove the key (default {default})")
         return
+    check_expert_bias(config, shape)
     if shape.experts_per_token > shape.experts:
         overridden = "num_experts_per_tok" in (config.core.policy.hf_config_overrides or {})
         raise ConfigError(f"each token is routed to {shape.experts_per_token} experts but the model has "
                           f"{shape.experts} ({source_of(config)})",
                           key="policy.hf_config_overrides.num_experts_per_tok" if overridden else "policy.model_name",
                           hint=f"set num_experts_per_tok to {shape.experts} or less")
+
+
+def check_expert_bias(config: Any, shape: Any) -> None:
+    """Refuse a per-expert router bias (``policy.moe.expert_bias``, ``expert_bias_update_rate``)
+    the mixture of experts ``shape`` has no place for, and routing without the bias its router has."""
+    moe = config.core.policy.moe
+    if shape.router_bias:
+        if moe.expert_bias is False:
+            raise ConfigError(f"the model's router picks experts with a per-expert bias (e_score_correction_bias in "
+                              f"{source_of(config)}); routing without it is not built", key="policy.moe.expert_bias",
+                              hint="remove the key (unset: as the model's router)")
+        return
+    wanted = [(key, value) for key, value in (("expert_bias", moe.expert_bias), ("expert_bias_update_rate",
+                                                                                moe.expert_bias_update_rate)) if value]
+    if wanted:
+        key, value = wanted[0]
+        raise ConfigError(f"{key}={value} needs a router with a per-expert bias (GLM-4.5's e_score_correction_bias); "
+                          f"{source_of(config)}'s routes by softmax without one, and its Hugging Face layout has no "
+                          "place to export one", key=f"policy.moe.{key}",
+                          hint="remove the key, or train a model whose router has the bias (e.g. Glm4MoeForCausalLM)")
+
+
+def check_hf_router(config: Any, backend: str) -> None:
+    """Refuse, for a backend training a transformers model (``backend``: its name, for the line),
+    router settings that would not act on a router picking experts by sigmoid scores plus a
+    per-expert bias (GLM-4.5's): corerl's router hooks there know the softmax routers (Qwen3-MoE,
+    Mixtral) only, and the bias moves on megatron-core's update only."""
+    shape = model_shape(config)
+    if shape is None or not shape.router_bias:
+        return
+    moe = config.core.policy.moe
+    for key, value, default in (("expert_bias_update_rate", moe.expert_bias_update_rate, 0.0),
+                                ("router_replay", moe.router_replay, "none"),
+                                ("aux_loss_coeff", moe.aux_loss_coeff, 0.0), ("z_loss_coeff", moe.z_loss_coeff, 0.0)):
+        if value != default:
+            raise ConfigError(f"{key}={value}: the {backend} backend trains {source_of(config)}'s sigmoid router with "
+                              "its per-expert bias as transformers runs it, without router losses, replay or bias "
+                              "updates", key=f"policy.moe.{key}",
+                              hint="remove the key, or train on the megatron backend (policy.megatron_cfg.enabled=true)")
 
 
 def check_router_replay(config: Any) -> None:

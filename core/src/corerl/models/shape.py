@@ -15,6 +15,9 @@ from corerl.errors import ConfigError
 
 #: ``config.json`` keys that name a mixture-of-experts model's routed experts, by family
 EXPERT_COUNT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts")
+#: ``model_type``s whose router picks experts by sigmoid scores plus a per-expert bias
+#: (``gate.e_score_correction_bias``: aux-loss-free balancing)
+BIASED_ROUTER_TYPES = ("glm4_moe", "glm4_moe_lite", "deepseek_v3", "dots1")
 
 
 @attrs.frozen
@@ -41,6 +44,8 @@ class ModelShape:
     shared_experts: int = 0
     moe_layers: int = 0
     qk_norm: bool = False
+    #: the router adds a per-expert bias to its sigmoid scores to pick experts (``e_score_correction_bias``)
+    router_bias: bool = False
     #: a vision-language checkpoint (its vision tower is not counted in this shape)
     vision: bool = False
 
@@ -74,7 +79,8 @@ class ModelShape:
                        expert_intermediate=expert_intermediate if experts else 0,
                        shared_experts=int(config.get("n_shared_experts") or 0),
                        moe_layers=_moe_layer_count(config, layers) if experts else 0,
-                       qk_norm=config.get("model_type", "").startswith("qwen3"), vision=vision)
+                       qk_norm=config.get("model_type", "").startswith("qwen3") or bool(config.get("use_qk_norm")),
+                       router_bias=bool(experts) and config.get("model_type") in BIASED_ROUTER_TYPES, vision=vision)
         except KeyError as exc:
             raise ConfigError(f"{name}: config.json lacks {exc.args[0]!r}, which the memory estimate needs",
                               hint="corerl plan reads dense Llama/Qwen2-style decoders") from None

@@ -19,7 +19,12 @@ from corerl.distributed.worker_group import LocalWorkerGroup, RayWorkerGroup, fr
 from corerl.failures import checkpoint_errors
 from corerl.lora.adapter import adapter_tensors, is_adapter_name, lora_enabled, write_adapter
 from corerl.lora.weights import AdapterWeights
-from corerl.models.facts import check_expert_parallel, check_tensor_parallel, model_shape
+from corerl.models.facts import (
+    check_expert_parallel,
+    check_hf_router,
+    check_tensor_parallel,
+    model_shape,
+)
 from corerl.models.tokenizer import load_tokenizer_folder
 from corerl.models.value_model import load_pretrained, model_values, shift_values
 from corerl.models.vision import is_vision_language, read_hf_config, vision_token_ids
@@ -81,7 +86,7 @@ __all__ = [
     "checkpoint_errors", "load_plain", "is_complete", "write_complete", "copy_tokenizer", "write_hf_checkpoint",
     "load_tokenizer_folder",
     # the model: shape, refusals of parallel sizes and router modes it cannot take
-    "model_shape", "check_tensor_parallel", "check_expert_parallel", "check_router_replay",
+    "model_shape", "check_tensor_parallel", "check_expert_parallel", "check_router_replay", "check_hf_router",
     "parallel_sizes_divide_world",
     # LoRA (policy.lora)
     "lora_enabled", "is_adapter_name", "adapter_tensors", "AdapterWeights", "write_adapter",

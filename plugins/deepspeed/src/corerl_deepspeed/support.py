@@ -5,7 +5,7 @@ logic only; GPU-only options are refused where the recipe runs on this machine a
 
 from __future__ import annotations
 
-from corerl.sdk import Config, EngineNotAvailable
+from corerl.sdk import Config, EngineNotAvailable, check_hf_router
 
 
 def check_supported(config: Config) -> None:
@@ -16,6 +16,7 @@ def check_supported(config: Config) -> None:
 
     settings = config.section("policy.deepspeed_cfg")
     on_gpu = not runs_here_without_gpu(config)
+    check_hf_router(config, "deepspeed")
     if config.core.policy.precision == "float16" and not on_gpu:
         raise EngineNotAvailable("float16 training needs a GPU (DeepSpeed's loss scaling runs with CUDA); this "
                                  "machine has none", key="policy.precision", hint="use float32 or bfloat16")

@@ -58,9 +58,9 @@ RULES: dict[str, Rule] = {
     "policy.megatron_cfg.mtp_loss_scaling_factor": inert("used only with multi-token prediction (mtp_num_layers)"),
     "policy.megatron_cfg.mtp_use_repeated_layer": inert("used only with multi-token prediction (mtp_num_layers)"),
     "policy.megatron_cfg.mtp_detach_heads": inert("used only with multi-token prediction (mtp_num_layers)"),
-    "policy.megatron_cfg.moe_router_enable_expert_bias": inert("aux-loss-free balancing (a learned per-expert bias) "
-                                                               "is not built into corerl yet; only false is accepted",
-                                                               _truthy),
+    "policy.megatron_cfg.moe_router_enable_expert_bias": Rule.derived(
+        "true: policy.moe.expert_bias (the router must pick experts with a per-expert bias: GLM-4.5's "
+        "e_score_correction_bias; refused for a model without one); false: the model routes as its checkpoint says"),
     **{f"policy.generation.mcore_generation_config.{key}": inert("megatron-core's inference-engine layout; corerl's "
                                                                   "megatron generation uses the training layout")
        for key in ("transformer_impl", "activation_checkpointing", "tensor_model_parallel_size",
@@ -99,8 +99,9 @@ RULES: dict[str, Rule] = {
     "policy.megatron_cfg.moe_router_dtype": inert_with_warning(
         "the router's softmax and top-k run in float32 (megatron-core's and transformers' default): routing in "
         "float64 is not applied, so near-ties between experts may break differently", lambda value: value == "fp64"),
-    "policy.megatron_cfg.moe_router_bias_update_rate": inert("used only with the expert bias "
-                                                             "(moe_router_enable_expert_bias), which is refused"),
+    "policy.megatron_cfg.moe_router_bias_update_rate": Rule.derived(
+        "with moe_router_enable_expert_bias: policy.moe.expert_bias_update_rate; without it, inert (NeMo RL moves no "
+        "bias then)"),
     "policy.megatron_cfg.moe_permute_fusion": inert(_PERF),
     "policy.megatron_cfg.moe_shared_expert_overlap": inert(_PERF),
     "policy.megatron_cfg.defer_fp32_logits": inert(_PERF),
@@ -151,9 +152,29 @@ def derived(raw: dict[str, Any], out: Any) -> None:
         out.set("policy.megatron_cfg.peft.enabled", "policy.megatron_cfg.lora_type", "lora")
         if out.value("policy.megatron_cfg.peft.target_modules"):
             out.set("policy.megatron_cfg.peft.target_modules", "policy.lora.match_all_linear", False)
+    _expert_bias(out)
     refused_already = any(error.message.startswith(MEGATRON_VLM) for error in out.errors)
     if out.vision_language and out.value("policy.megatron_cfg.enabled") is True and not refused_already:
         out.refuse("policy.megatron_cfg.enabled", MEGATRON_VLM, MEGATRON_VLM_HINT)
+
+
+def _expert_bias(out: Any) -> None:
+    """``moe_router_enable_expert_bias`` and ``moe_router_bias_update_rate``: with the bias on, the
+    router must have one (``policy.moe.expert_bias``) and it moves at the rate; off, the rate moves
+    nothing in NeMo RL, so it is inert."""
+    enable, rate = "policy.megatron_cfg.moe_router_enable_expert_bias", "policy.megatron_cfg.moe_router_bias_update_rate"
+    if out.switched_off(enable):  # megatron_cfg.enabled is false: its keys are inert
+        return
+    on = out.value(enable) is True
+    if on:
+        out.put(enable, "policy.moe.expert_bias", True)
+    elif out.value(enable) is not None:
+        out.inert(enable, "false: the model routes as its checkpoint says")
+    if out.value(rate) is not None:
+        if on:
+            out.put(rate, "policy.moe.expert_bias_update_rate", float(out.value(rate)))
+        else:
+            out.inert(rate, "moe_router_enable_expert_bias is off: NeMo RL moves no bias")
 
 
 SECTION = SectionRules(

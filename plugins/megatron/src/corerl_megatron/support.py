@@ -85,6 +85,29 @@ def check_supported(config: Config) -> None:
                                  "rank; sequence parallelism is not wired into it", key="critic.megatron_cfg.sequence_parallel",
                                  hint="set critic.megatron_cfg.sequence_parallel=false (the policy may keep it)")
     check_experts(config, settings, section, on_gpu)
+    check_architecture(config, settings, section)
+
+
+def check_architecture(config: Config, settings: Any, section: str) -> None:
+    """Refuse a model whose architecture no conversion table covers (``converter_type``, else the
+    local checkpoint's ``config.json``; a model not read here is judged when it loads)."""
+    from corerl.sdk import read_hf_config
+    from corerl_megatron.conversion.families import family_of, supported_architectures
+
+    name = config.core.critic.model_name if config.role == "critic" and config.core.critic.model_name else \
+        config.core.policy.model_name
+    named = (read_hf_config(name) or {}).get("architectures") or [None]
+    architecture = settings.converter_type or named[0]
+    if architecture is None:
+        return
+    # a critic's value model (a token classifier) has its causal LM's table
+    causal = architecture.removesuffix("ForTokenClassification") + "ForCausalLM" \
+        if architecture.endswith("ForTokenClassification") else architecture
+    if family_of(causal) is None:
+        where = f"{section}.converter_type" if settings.converter_type else "policy.model_name"
+        raise ConfigError(f"no Hugging Face -> Megatron table for {architecture} ({name})", key=where,
+                          hint=f"supported: {', '.join(supported_architectures())}; add a table in "
+                               "corerl_megatron.conversion.families")
 
 
 def check_packing(config: Config, settings: object, section: str) -> None:

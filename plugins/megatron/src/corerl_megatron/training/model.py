@@ -103,6 +103,10 @@ def build_gpt(hf: Any, config: Any, *, pre_process: bool = True, post_process: b
 
     spec = get_gpt_layer_local_spec(normalization="RMSNorm")
     engine_spec = False
+    if config.moe_router_enable_expert_bias:
+        from corerl_megatron.training.router_bias import count_real_tokens_only
+
+        count_real_tokens_only()
     if config.num_moe_experts:  # dense and MoE layers as config.moe_layer_freq says, this stage's only
         from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
 

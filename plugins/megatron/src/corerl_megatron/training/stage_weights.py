@@ -63,10 +63,17 @@ class StageWeights:
         # a LoRA adapter's tensors (added after the layout was read) are not the checkpoint's
         local = {name: shard(name, full[self.source_name(name)], self.partition[name], self.tp_rank, self.tp)
                  for name, _ in module.named_parameters() if name in self.partition}
+        local.update({name: full[self.source_name(name)] for name, _ in routed_buffers(module)})
         missing, unexpected = module.load_state_dict(local, strict=False)
         missing = [m for m in missing if not m.endswith("_extra_state")]
         if missing or unexpected:
             raise RuntimeError(f"megatron stage: missing {missing[:3]}, unexpected {unexpected[:3]}")
+
+
+def routed_buffers(module: Any) -> list[tuple[str, torch.Tensor]]:
+    """The checkpoint's tensors a stage keeps as buffers, not parameters: each router's per-expert
+    bias (``router.expert_bias``, whole on every rank: the router is not split)."""
+    return [(name, buffer) for name, buffer in module.named_buffers() if name.endswith("router.expert_bias")]
 
 
 def freeze_routers(model: Any) -> None:

@@ -424,6 +424,7 @@ class MegatronWorker(RankWorker):
         from corerl_megatron.training.lora import merged
         from corerl_megatron.training.model import spec_neutral_name
         from corerl_megatron.training.sharding import gather, renumber
+        from corerl_megatron.training.stage_weights import routed_buffers
 
         self.require_resident("parameters")
         module = self.model.module
@@ -436,6 +437,8 @@ class MegatronWorker(RankWorker):
             full = gather(name, local, self.layout.partition[name], group, self.tp)
             target = experts if is_expert(name) else out
             target[spec_neutral_name(renumber(name, self.layout.numbering))] = full.cpu()
+        for name, buffer in routed_buffers(module):  # the routers' per-expert biases (the same on every rank)
+            out[spec_neutral_name(renumber(name, self.layout.numbering))] = buffer.detach().cpu()
         if experts:  # each expert-parallel rank holds E / ep of them
             out.update(gather_experts(experts, self.ps.get_expert_model_parallel_group(), self.ep,
                                       self.layout.experts_per_rank))
