@@ -207,15 +207,12 @@ class TestMegatronGenerationOfAMixtureOfExperts(GenerationBackendConformance):
     test_samples_follow_each_lora_adapter_loaded = None
 
 
-def test_megatron_generation_refuses_expert_parallelism_in_one_line(moe_dir, tmp_path):
-    from corerl.errors import CorerlError
-    from corerl_megatron.support import check_generation_supported
+class TestMegatronGenerationOfAMixtureOfExpertsExpertParallel2(TestMegatronGenerationOfAMixtureOfExperts):
+    """The same suite with the experts split over 2 ranks: each rank's rows come to both ranks of
+    the expert group, which decode them together (every forward pass needs the whole group) and
+    continue with the group's first rank's tokens; each rank returns its own rows."""
 
-    config = _config(moe_dir, tmp_path, ["cluster.gpus_per_node=2", "policy.megatron_cfg.expert_model_parallel_size=2"])
-    with pytest.raises(CorerlError) as refused:
-        check_generation_supported(config)
-    assert refused.value.key == "policy.megatron_cfg.expert_model_parallel_size"
-    assert "decodes each data-parallel rank's rows on its own" in str(refused.value)
+    overrides = ["cluster.gpus_per_node=2", "policy.megatron_cfg.expert_model_parallel_size=2"]
 
 
 # -- GLM-4.5's biased sigmoid router: aux-loss-free balancing ------------------------------------

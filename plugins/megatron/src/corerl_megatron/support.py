@@ -283,7 +283,7 @@ def check_transformer_engine(config: Config, key: str, why: str, otherwise: str)
 
 
 def check_generation_supported(config: Config) -> None:
-    """What the megatron generation backend refuses: expert parallelism, and, where it starts a
+    """What the megatron generation backend refuses: context parallelism, and, where it starts a
     megatron engine of its own (the training backend is another), whatever that engine refuses.
     A model trained with sequence parallelism decodes with it switched off
     (:func:`corerl_megatron.generation.rank_decode.generate`)."""
@@ -292,10 +292,5 @@ def check_generation_supported(config: Config) -> None:
         raise EngineNotAvailable("megatron generation decodes each row on one rank, and context parallelism splits "
                                  "every row over several", key="policy.megatron_cfg.context_parallel_size",
                                  hint="sample with policy.generation.backend=vllm (or hf); training keeps the split")
-    if settings.expert_model_parallel_size > 1:
-        raise EngineNotAvailable("megatron generation decodes each data-parallel rank's rows on its own, and expert "
-                                 "parallelism needs every rank of the expert group in each forward pass",
-                                 key="policy.megatron_cfg.expert_model_parallel_size",
-                                 hint="sample with policy.generation.backend=vllm (or hf); training keeps the experts split")
     if not config.section_enabled("policy.megatron_cfg") and config.core.policy.training_backend != "megatron":
         check_supported(config)  # it samples with a megatron engine of its own

@@ -18,8 +18,9 @@ from corerl.sdk import SamplingSettings, choose_tokens, choose_tokens_per_row, r
 # (ids [rows, width], positions [rows, width], KV cache) -> last-position logits [rows, vocab],
 # or None on a rank that is not the last pipeline stage
 Forward = Callable[[torch.Tensor, torch.Tensor, Any], "torch.Tensor | None"]
-# the chosen tokens [rows] of the last stage, the same tensor on every stage afterwards
-ShareTokens = Callable[[torch.Tensor], torch.Tensor]
+# the chosen tokens [rows] and their logprobs (None where this rank holds no logits) -> the tokens every
+# rank decoding the rows continues with, and the logprobs of those tokens where the rank reports them
+ShareTokens = Callable[[torch.Tensor, "torch.Tensor | None"], "tuple[torch.Tensor, torch.Tensor | None]"]
 Decoded = tuple[list[int], list[float], str]
 
 
@@ -70,7 +71,7 @@ def _decode_batch(rows: list[list[int]], members: list[int], length: int, sampli
                 chosen, chosen_logprobs = choose_tokens(logits.cpu(), sampling, generator)
         else:
             chosen, chosen_logprobs = torch.zeros(len(members), dtype=torch.long), None
-        chosen = share(chosen.to(device))  # the pipeline's broadcast runs on the model's device
+        chosen, chosen_logprobs = share(chosen.to(device), chosen_logprobs)  # broadcasts run on the model's device
         for slot, token in enumerate(chosen.tolist()):
             if reasons[slot] == "stop":
                 continue

@@ -23,11 +23,29 @@ def generate(worker: Any, part: Any, sampling: Any, stop_ids: list[int]) -> list
     worker.model.eval()
     budget = worker.config.section("policy.generation.mcore_generation_config").buffer_size_gb * 2**30
     rows, seeds = part if isinstance(part, tuple) else (part, None)
+    experts = worker.ps.get_expert_model_parallel_group() if worker.ep > 1 else None
+    own = slice(0, len(rows))
+    if experts is not None:  # every rank of an expert group takes part in each forward: they decode their rows together
+        rows, seeds, own = _group_rows(rows, seeds, experts)
     with torch.no_grad(), _without_sequence_parallel(worker.model.module):
         out = decode_rows(rows, sampling, stop_ids, lambda ids, positions, cache: _last_logits(worker, ids, positions, cache),
-                          lambda tokens: _share_tokens(worker.ps, tokens), _kv_bytes_per_token(worker), budget,
-                          worker.device, seeds) if rows else []
-    return out if worker.coordinates()["reports"] else None
+                          lambda tokens, logprobs: _share_tokens(worker.ps, tokens, logprobs, experts),
+                          _kv_bytes_per_token(worker), budget, worker.device, seeds) if rows else []
+    return out[own] if worker.coordinates()["reports"] else None
+
+
+def _group_rows(rows: list[list[int]], seeds: list[int] | None, group: Any) -> tuple[list[list[int]], Any, slice]:
+    """The rows (and seeds) of every rank of the expert-parallel ``group``, in rank order, and the
+    slice of them that are this rank's."""
+    import torch.distributed as dist
+
+    parts: list[Any] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(parts, (rows, seeds), group=group)
+    index = dist.get_rank(group)
+    start = sum(len(r) for r, _ in parts[:index])
+    every = [row for r, _ in parts for row in r]
+    seeded = [seed for r, s in parts for seed in (s if s is not None else [None] * len(r))]
+    return every, (seeded if seeds is not None else None), slice(start, start + len(rows))
 
 
 @contextlib.contextmanager
@@ -76,11 +94,21 @@ def _last_logits(worker: Any, ids: torch.Tensor, positions: torch.Tensor, cache:
     return out[0]["logits"] if worker.ps.is_pipeline_last_stage() else None
 
 
-def _share_tokens(ps: Any, tokens: torch.Tensor) -> torch.Tensor:
-    """The last stage's chosen tokens, sent to every stage of the pipeline."""
-    if ps.get_pipeline_model_parallel_world_size() > 1:
-        import torch.distributed as dist
+def _share_tokens(ps: Any, tokens: torch.Tensor, logprobs: torch.Tensor | None,
+                  experts: Any = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The chosen tokens every rank continues with: within an expert-parallel group (``experts``),
+    which decodes the same rows on every rank, the group's first rank's tokens and their logprobs
+    (each rank samples from its own generator); then the last stage's tokens, sent to every stage
+    of the pipeline."""
+    import torch.distributed as dist
 
+    if experts is not None:
+        first = dist.get_global_rank(experts, 0)
+        dist.broadcast(tokens, src=first, group=experts)
+        if logprobs is not None:  # the last stage's ranks hold them, all of one expert group alike
+            logprobs = logprobs.to(tokens.device).float().contiguous()
+            dist.broadcast(logprobs, src=first, group=experts)
+    if ps.get_pipeline_model_parallel_world_size() > 1:
         dist.broadcast(tokens, src=ps.get_pipeline_model_parallel_last_rank(),
                        group=ps.get_pipeline_model_parallel_group())
-    return tokens
+    return tokens, logprobs
