@@ -782,3 +782,18 @@ def test_bad_words_reach_the_sampling_settings_and_a_backend_without_them_is_ref
     refused_in_one_line(_Validated(capsys, str(recipe), "policy.generation.backend=remote",
                                    "policy.generation.remote.urls=[http://127.0.0.1:1]"),
                         "policy.generation.bad_words: generation backend 'remote' does not ban words")
+
+
+def test_nemo_rl_s_mtp_heads_learn_the_labels_with_their_weight_detachment_and_repeated_head(tmp_path):
+    """``mtp_num_layers`` with NeMo RL's other MTP keys (the Nemotron-3 Super recipes): corerl's heads of the
+    same count, trained on the row's tokens (mtp_loss_target=labels), weighted, detached and repeated as given;
+    without heads, the target stays corerl's default."""
+    text = ("policy:\n  dtensor_cfg:\n    enabled: false\n  megatron_cfg:\n    enabled: true\n"
+            "    tensor_model_parallel_size: 1\n    pipeline_model_parallel_size: 1\n    context_parallel_size: 1\n"
+            "    mtp_num_layers: 5\n    mtp_detach_heads: true\n    mtp_use_repeated_layer: true\n"
+            "    mtp_loss_scaling_factor: 0.3\n")
+    megatron = _load(_child(tmp_path, "mtp.yaml", text)).section("policy.megatron_cfg")
+    assert (megatron.mtp_num_layers, megatron.mtp_loss_target, megatron.mtp_detach_heads,
+            megatron.mtp_use_repeated_layer, megatron.mtp_loss_scaling_factor) == (5, "labels", True, True, 0.3)
+    none = _load(_child(tmp_path, "none.yaml", text.replace("mtp_num_layers: 5", "mtp_num_layers: 0")))
+    assert none.section("policy.megatron_cfg").mtp_loss_target == "policy"

@@ -49,10 +49,17 @@ def workers(mimo_dir: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator
         patch.setenv("MASTER_ADDR", "127.0.0.1")
         patch.setenv("MASTER_PORT", str(free_port()))
         try:
+            labels = ["policy.megatron_cfg.mtp_num_layers=1", "policy.megatron_cfg.mtp_loss_scaling_factor=0.5",
+                      "policy.megatron_cfg.mtp_loss_chunk_size=3", "policy.megatron_cfg.mtp_loss_target=labels"]
             for name, heads in (("mtp", ["policy.megatron_cfg.mtp_num_layers=1",
                                          "policy.megatron_cfg.mtp_loss_scaling_factor=0.5",
                                          "policy.megatron_cfg.mtp_loss_chunk_size=3"]),
-                                ("plain", ["policy.megatron_cfg.mtp_num_layers=0"])):
+                                ("plain", ["policy.megatron_cfg.mtp_num_layers=0"]),
+                                # NeMo RL's MTP: the heads learn the row's tokens, the trunk too unless detached
+                                ("labels", labels),
+                                ("labels_detached", [*labels, "policy.megatron_cfg.mtp_detach_heads=true"]),
+                                ("repeated", ["policy.megatron_cfg.mtp_num_layers=2", "policy.megatron_cfg.mtp_loss_target=labels",
+                                              "policy.megatron_cfg.mtp_use_repeated_layer=true"])):
                 config = megatron_config(mimo_dir, tmp_path_factory.mktemp(name), [*_PLAIN, *heads])
                 made[name] = MegatronWorker(rank=0, world_size=1, config=config, threads=1,
                                             checkpoint_dir=str(tmp_path_factory.mktemp(f"conversions-{name}")))
@@ -134,7 +141,8 @@ def test_the_draft_loss_trains_the_heads_and_leaves_the_trunk_s_gradient_as_with
         return -(logprobs * batch["loss_mask"]).sum() / normaliser, {}
 
     found = {}
-    for name, worker in workers.items():
+    for name in ("mtp", "plain"):
+        worker = workers[name]
         module = worker.model.module
         before = {n: p.detach().clone() for n, p in module.named_parameters()}
         result = worker.train_step([mb], loss_fn, float(mb["loss_mask"].sum()))
@@ -174,6 +182,74 @@ def test_the_draft_loss_is_the_trunk_distilled_into_the_heads(workers: dict[str,
     assert got == pytest.approx(float(want), rel=1e-5)
     top = soft_cross_entropy(student, teacher, topk=teacher.shape[-1])
     assert torch.allclose(top, soft_cross_entropy(student, teacher, topk=None), atol=1e-5)
+
+
+def _step_gradients(worker: Any, mb: dict[str, torch.Tensor]) -> tuple[dict, dict[str, torch.Tensor]]:
+    """One training step's result and gradients (the weights put back after it)."""
+    def loss_fn(logprobs: torch.Tensor, batch: dict[str, torch.Tensor], normaliser: float) -> tuple[Any, dict]:
+        return -(logprobs * batch["loss_mask"]).sum() / normaliser, {}
+
+    module = worker.model.module
+    before = {n: p.detach().clone() for n, p in module.named_parameters()}
+    result = worker.train_step([mb], loss_fn, float(mb["loss_mask"].sum()))
+    grads = {n: p.main_grad.detach().clone() for n, p in module.named_parameters()}
+    with torch.no_grad():
+        for n, p in module.named_parameters():
+            p.copy_(before[n])
+    return result, grads
+
+
+def _label_loss_by_hand(worker: Any, mb: dict[str, torch.Tensor], normaliser: float) -> tuple[float, float, int]:
+    """(the heads' loss on the row's own tokens computed here, the worker's, the depths): head k at t
+    against token t + k + 1."""
+    module, draft = worker.model.module, worker.draft
+    module.train()
+    ids = mb["input_ids"]
+    module(ids, torch.arange(ids.shape[1]).expand_as(ids), attention_mask=None)
+    per_depth, _ = draft.pending
+    with torch.no_grad():
+        want = 0.0
+        for k, hidden in enumerate(per_depth, start=1):
+            logits = draft.logits(hidden)[:, :-(k + 1)]
+            ce = torch.nn.functional.cross_entropy(logits.transpose(1, 2), ids[:, k + 1:], reduction="none")
+            want += float((ce * mb["loss_mask"][:, k + 1:]).sum())
+        got = float(draft.loss(mb, normaliser))
+    return want / (normaliser * len(per_depth)), got, len(per_depth)
+
+
+def test_with_labels_the_heads_learn_the_row_s_tokens_in_chunks_as_whole(workers: dict[str, Any]) -> None:
+    """mtp_loss_target=labels (NeMo RL's MTP loss): cross-entropy of head 1 at t against token t + 2 over
+    the completion, by hand; its chunks of 3 positions give the whole loss."""
+    want, got, depths = _label_loss_by_hand(workers["labels"], _batch(), 10.0)
+    assert got == pytest.approx(want, rel=1e-5) and got > 0 and depths == 1
+
+
+def test_with_labels_the_loss_reaches_the_trunk_unless_the_heads_are_detached(workers: dict[str, Any]) -> None:
+    mb = _batch()
+    plain, plain_grads = _step_gradients(workers["plain"], mb)
+    for name, reaches_trunk in (("labels", True), ("labels_detached", False)):
+        result, grads = _step_gradients(workers[name], mb)
+        assert result["metrics"]["mtp/draft_loss"] > 0
+        assert result["loss"] == pytest.approx(plain["loss"] + 0.5 * result["metrics"]["mtp/draft_loss"], rel=1e-5)
+        assert all(grads[n].abs().max() > 0 for n in grads if n.startswith("mtp."))
+        changed = [n for n, g in plain_grads.items() if not torch.allclose(g, grads[n], atol=1e-7)]
+        if reaches_trunk:  # the embeddings, the trunk's layers and the output layer learn from it too
+            assert any("decoder.layers" in n for n in changed) and "output_layer.weight" in changed, changed
+            assert "embedding.word_embeddings.weight" in changed
+        else:
+            assert changed == [], changed
+
+
+def test_a_repeated_head_runs_at_every_depth_with_one_set_of_weights(workers: dict[str, Any]) -> None:
+    """mtp_use_repeated_layer: 2 depths from the checkpoint's one head (its weights once, under head 0's
+    names, which export back to the checkpoint's); the loss averages both depths."""
+    worker = workers["repeated"]
+    module = worker.model.module
+    assert module.mtp.layers[1] is module.mtp.layers[0]
+    names = [n for n, _ in module.named_parameters() if n.startswith("mtp.")]
+    assert names and all(n.startswith("mtp.layers.0.") for n in names)
+    want, got, depths = _label_loss_by_hand(worker, _batch(), 10.0)
+    assert got == pytest.approx(want, rel=1e-5) and depths == 2
 
 
 def test_hf_megatron_hf_round_trip_of_mtp_weights_is_exact(mimo_dir: str) -> None:

@@ -101,6 +101,17 @@ class MegatronConfig:
         0.1, min=0.0, help="w in policy_loss + w * draft_loss; the draft loss is decoupled (trunk hidden states, "
                            "re-embedding, output layer and the trunk's next-token distribution it is distilled "
                            "from are detached): its gradient reaches the MTP heads only")
+    mtp_loss_target: Literal["policy", "labels"] = setting(
+        "policy", help="what the MTP heads learn: policy, the trunk's own next-token distribution (the decoupled "
+                       "draft loss: a speculative drafter of the policy); labels, the row's tokens themselves "
+                       "(megatron-core's and NeMo RL's MTP loss: cross-entropy against the sampled completion), "
+                       "whose gradient reaches the trunk too unless mtp_detach_heads")
+    mtp_detach_heads: bool = setting(
+        False, help="with mtp_loss_target=labels: the MTP loss trains the heads only (the trunk's hidden states, "
+                    "the re-embedded tokens and the output layer detached); the policy target always is")
+    mtp_use_repeated_layer: bool = setting(
+        False, help="one MTP head (the checkpoint's first) applied mtp_num_layers times, its weights shared by "
+                    "every depth, instead of one head a depth")
     mtp_loss_topk: int | None = setting(
         None, min=1, help="distil only the trunk's top-k tokens (renormalised) in the draft loss; unset: the "
                           "whole vocabulary")
@@ -155,7 +166,10 @@ class MegatronConfig:
         elif self.mtp_num_layers is None and heads == 0:
             yield ("mtp_num_layers", f"is unset (the checkpoint's multi-token-prediction heads) and "
                    f"{config.policy.model_name} has none: set it to 0, or use a checkpoint with heads (MiMo)")
-        elif (self.mtp_num_layers or 0) > heads:
+        elif self.mtp_use_repeated_layer and (self.mtp_num_layers or 0) > 0 and heads == 0:
+            yield ("mtp_use_repeated_layer", f"repeats the checkpoint's first multi-token-prediction head, and "
+                   f"{config.policy.model_name} has none: set mtp_num_layers=0, or use a checkpoint with one")
+        elif (self.mtp_num_layers or 0) > heads and not self.mtp_use_repeated_layer:
             yield ("mtp_num_layers", f"asks for {self.mtp_num_layers} multi-token-prediction heads and "
                    f"{config.policy.model_name} has {heads}: set it to {heads} or less")
 

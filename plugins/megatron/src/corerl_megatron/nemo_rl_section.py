@@ -51,13 +51,11 @@ RULES: dict[str, Rule] = {
                    "checkpoint.async_save", "checkpoint.ckpt_assume_constant_structure")},
     "policy.megatron_cfg.model_overrides": inert("overriding megatron's model config is not built into corerl yet; "
                                                  "only {} is accepted", _truthy),
-    "policy.megatron_cfg.mtp_num_layers": inert("NeMo RL's multi-token prediction heads, trained on the labels, are not "
-                                                "built into corerl (its heads learn the policy's own next-token "
-                                                "distribution, detached: SkyRL's draft loss, corerl's "
-                                                "policy.megatron_cfg.mtp_num_layers); only 0 is accepted", _truthy),
-    "policy.megatron_cfg.mtp_loss_scaling_factor": inert("used only with multi-token prediction (mtp_num_layers)"),
-    "policy.megatron_cfg.mtp_use_repeated_layer": inert("used only with multi-token prediction (mtp_num_layers)"),
-    "policy.megatron_cfg.mtp_detach_heads": inert("used only with multi-token prediction (mtp_num_layers)"),
+    # multi-token prediction: mtp_num_layers, mtp_loss_scaling_factor, mtp_detach_heads and mtp_use_repeated_layer
+    # mean what corerl's keys of the same names do; with heads, the heads learn the labels (derived below)
+    "policy.megatron_cfg.mtp_num_layers": Rule.derived(
+        "policy.megatron_cfg.mtp_num_layers, with policy.megatron_cfg.mtp_loss_target=labels (NeMo RL's heads learn "
+        "the row's tokens; corerl's default target is the policy's own distribution)"),
     "policy.megatron_cfg.moe_router_enable_expert_bias": Rule.derived(
         "true: policy.moe.expert_bias (the router must pick experts with a per-expert bias: GLM-4.5's "
         "e_score_correction_bias; refused for a model without one); false: the model routes as its checkpoint says"),
@@ -153,9 +151,21 @@ def derived(raw: dict[str, Any], out: Any) -> None:
         if out.value("policy.megatron_cfg.peft.target_modules"):
             out.set("policy.megatron_cfg.peft.target_modules", "policy.lora.match_all_linear", False)
     _expert_bias(out)
+    _mtp_heads(out)
     refused_already = any(error.message.startswith(MEGATRON_VLM) for error in out.errors)
     if out.vision_language and out.value("policy.megatron_cfg.enabled") is True and not refused_already:
         out.refuse("policy.megatron_cfg.enabled", MEGATRON_VLM, MEGATRON_VLM_HINT)
+
+
+def _mtp_heads(out: Any) -> None:
+    """``mtp_num_layers``: NeMo RL's heads are megatron-core's, trained on the labels."""
+    key = "policy.megatron_cfg.mtp_num_layers"
+    if out.value(key) is None or out.switched_off(key):
+        return
+    heads = out.value(key)
+    out.put(key, key, heads)
+    if heads:
+        out.set(key, "policy.megatron_cfg.mtp_loss_target", "labels")
 
 
 def _expert_bias(out: Any) -> None:

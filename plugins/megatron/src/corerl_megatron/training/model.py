@@ -91,12 +91,13 @@ class ValueHead(torch.nn.Module):
 
 
 def build_gpt(hf: Any, config: Any, *, pre_process: bool = True, post_process: bool = True,
-              value_head: bool = False, local_spec: bool = False, mtp_layers: int = 0) -> Any:
+              value_head: bool = False, local_spec: bool = False, mtp_layers: int = 0,
+              mtp_repeated: bool = False) -> Any:
     """A GPTModel (local layer spec; Transformer Engine's when importable and on a GPU, unless
     ``local_spec``: LoRA adapters read each linear layer's input, which Transformer Engine's spec
     takes before the norm it folds in); with ``value_head``, a critic: :class:`ValueHead` in place
     of the vocabulary projection; with ``mtp_layers``, megatron-core's multi-token-prediction
-    block of that many heads as ``model.mtp`` (run by :mod:`corerl_megatron.training.mtp`, not by
+    block of that many heads as ``model.mtp`` (``mtp_repeated``: one head at every depth; run by :mod:`corerl_megatron.training.mtp`, not by
     GPTModel's forward: its draft loss is decoupled from the trunk)."""
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
@@ -137,7 +138,7 @@ def build_gpt(hf: Any, config: Any, *, pre_process: bool = True, post_process: b
     if mtp_layers and post_process:
         from corerl_megatron.training.mtp import build_mtp_block
 
-        model.mtp = build_mtp_block(config, spec, mtp_layers, engine_spec)
+        model.mtp = build_mtp_block(config, spec, mtp_layers, engine_spec, repeated=mtp_repeated)
     # the local spec's norms are plain torch.nn.RMSNorm modules, made on the default device in
     # float32 whatever the config says: bring them to the rank's GPU and the parameters' dtype
     for param in model.parameters():

@@ -19,6 +19,12 @@ divided by the step's normaliser (as the policy loss is) and averaged over the h
 ``mtp_loss_topk`` only the trunk's ``k`` most likely tokens, renormalised, are distilled; with
 ``mtp_loss_chunk_size`` the positions go through the output layer a chunk at a time, each chunk
 recomputed in the backward pass (the same loss, less memory).
+
+With ``mtp_loss_target: labels`` (megatron-core's and NeMo RL's MTP loss) head ``k``'s target at
+``t`` is the row's own token ``t + k + 1`` (cross-entropy, the same positions and normalisation),
+and the loss's gradient reaches the trunk, the embeddings and the output layer as well, unless
+``mtp_detach_heads``. With ``mtp_use_repeated_layer`` one head (the checkpoint's first) runs at
+every depth, its weights shared.
 """
 
 from __future__ import annotations
@@ -32,8 +38,9 @@ import torch
 DRAFT_METRIC = "mtp/draft_loss"
 
 
-def build_mtp_block(config: Any, layer_spec: Any, heads: int, engine_spec: bool) -> Any:
-    """megatron-core's MTP block of ``heads`` heads, each with the decoder's (last) layer spec."""
+def build_mtp_block(config: Any, layer_spec: Any, heads: int, engine_spec: bool, repeated: bool = False) -> Any:
+    """megatron-core's MTP block of ``heads`` heads, each with the decoder's (last) layer spec; with
+    ``repeated``, its first head at every depth (one set of weights)."""
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_mtp_block_spec
     from megatron.core.transformer.multi_token_prediction import MultiTokenPredictionBlock
 
@@ -41,10 +48,14 @@ def build_mtp_block(config: Any, layer_spec: Any, heads: int, engine_spec: bool)
     # does not run the heads itself (it would train them with the trunk, against the labels)
     block_config = dataclasses.replace(config, mtp_num_layers=heads)
     spec = get_gpt_mtp_block_spec(block_config, layer_spec, use_transformer_engine=engine_spec)
-    return MultiTokenPredictionBlock(block_config, spec)
+    block = MultiTokenPredictionBlock(block_config, spec)
+    if repeated:  # the parameters are named once, as the first head's (what the checkpoint holds)
+        block.layers = torch.nn.ModuleList([block.layers[0]] * heads)
+    return block
 
 
-def heads_to_build(setting: int | None, in_checkpoint: int, model: str, *, lora: bool = False, stages: int = 1) -> int:
+def heads_to_build(setting: int | None, in_checkpoint: int, model: str, *, lora: bool = False, stages: int = 1,
+                   repeated: bool = False) -> int:
     """The heads ``policy.megatron_cfg.mtp_num_layers`` asks for (None: the checkpoint's), at most the
     checkpoint's (a head has no weights to start from otherwise); refused with LoRA (the base weights,
     the heads' among them, are frozen there) and over pipeline stages (the heads re-embed tokens on the
@@ -61,6 +72,8 @@ def heads_to_build(setting: int | None, in_checkpoint: int, model: str, *, lora:
         raise EngineNotAvailable(f"{model}'s multi-token-prediction heads re-embed tokens on the last pipeline stage, "
                                  "which holds no embeddings", key=key,
                                  hint="set policy.megatron_cfg.pipeline_model_parallel_size=1, or mtp_num_layers=0")
+    if repeated and heads and in_checkpoint:  # the checkpoint's first head at every depth
+        return heads
     if heads > in_checkpoint:
         raise ConfigError(f"policy.megatron_cfg.mtp_num_layers asks for {heads} multi-token-prediction heads and "
                           f"{model} has {in_checkpoint}" + (" (or its architecture's MTP heads have no conversion "
@@ -92,6 +105,9 @@ class DraftHeads:
     def __init__(self, model: Any, settings: Any) -> None:
         self.model, self.heads = model, len(model.mtp.layers)
         self.weight = float(settings.mtp_loss_scaling_factor)
+        self.labels = getattr(settings, "mtp_loss_target", "policy") == "labels"
+        #: whether the loss's gradient stops at the heads (always for the policy target)
+        self.detached = not self.labels or bool(getattr(settings, "mtp_detach_heads", False))
         self.topk: int | None = settings.mtp_loss_topk
         self.chunk: int | None = settings.mtp_loss_chunk_size
         self.seen: dict[str, Any] = {}
@@ -133,19 +149,22 @@ class DraftHeads:
             raise EngineNotAvailable("the MTP heads' draft loss does not run on packed rows yet",
                                      key="policy.megatron_cfg.mtp_num_layers",
                                      hint="set it to 0, or policy.sequence_packing.enabled=false")
-        embedding = model.embedding
+        embedding, detached = model.embedding, self.detached
         hidden = model.mtp(
-            input_ids=seen["input_ids"], position_ids=seen["position_ids"], hidden_states=seen["hidden"].detach(),
+            input_ids=seen["input_ids"], position_ids=seen["position_ids"],
+            hidden_states=seen["hidden"].detach() if detached else seen["hidden"],
             attention_mask=seen["attention_mask"], rotary_pos_emb=seen.get("rotary"),
             packed_seq_params=seen["packed_seq_params"],
-            embedding=lambda **kw: embedding(**kw).detach())
+            embedding=lambda **kw: embedding(**kw).detach() if detached else embedding(**kw))
         per_depth = list(torch.chunk(hidden, 1 + self.heads, dim=0))[1:]
         self.teacher_is_hidden = self.tap is not None and self.tap.active
         self.pending = (per_depth, output.detach())
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """``[s, b, h]`` head states -> ``[b, s, vocab]`` logits through the output layer, its weight detached."""
-        logits, _ = self.model.output_layer(hidden, weight=self._output_weight().detach(),
+        """``[s, b, h]`` head states -> ``[b, s, vocab]`` logits through the output layer (its weight
+        detached where the loss stops at the heads)."""
+        weight = self._output_weight()
+        logits, _ = self.model.output_layer(hidden, weight=weight.detach() if self.detached else weight,
                                             runtime_gather_output=True)
         return logits.transpose(0, 1)
 
@@ -170,28 +189,33 @@ class DraftHeads:
         per_depth, teacher = self.pending
         self.pending = None
         mask = mb["loss_mask"].to(teacher.device)
+        ids = mb["input_ids"].to(teacher.device)
         width = teacher.shape[1]
         total = teacher.new_zeros((), dtype=torch.float32)
         for k, hidden in enumerate(per_depth, start=1):
             usable = width - k - 1  # positions t whose target token t + k + 1 is in the row
             if usable <= 0:
                 continue
-            total = total + self._depth(hidden[:usable], teacher[:, k:k + usable], mask[:, k + 1:].float())
+            target = ids[:, k + 1:] if self.labels else teacher[:, k:k + usable]
+            total = total + self._depth(hidden[:usable], target, mask[:, k + 1:].float())
         return total / (normaliser * self.heads)
 
-    def _depth(self, hidden: torch.Tensor, teacher: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    def _depth(self, hidden: torch.Tensor, target: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         def part(h: torch.Tensor, t: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+            if self.labels:  # the row's own tokens
+                logits = self.logits(h).float()
+                return (torch.nn.functional.cross_entropy(logits.transpose(1, 2), t, reduction="none") * m).sum()
             return (soft_cross_entropy(self.logits(h), self.teacher(t), self.topk) * m).sum()
 
-        size = self.chunk if self.topk is None and self.chunk else hidden.shape[0]
+        size = self.chunk if (self.labels or self.topk is None) and self.chunk else hidden.shape[0]
         if size >= hidden.shape[0]:
-            return part(hidden, teacher, mask)
+            return part(hidden, target, mask)
         from torch.utils.checkpoint import checkpoint
 
         total = hidden.new_zeros((), dtype=torch.float32)
         for start in range(0, hidden.shape[0], size):
             end = start + size
-            total = total + checkpoint(part, hidden[start:end], teacher[:, start:end], mask[:, start:end],
+            total = total + checkpoint(part, hidden[start:end], target[:, start:end], mask[:, start:end],
                                        use_reentrant=False)
         return total
 

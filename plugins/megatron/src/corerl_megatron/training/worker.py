@@ -96,7 +96,8 @@ class MegatronWorker(RankWorker):
         from corerl_megatron.training.mtp import DraftHeads, heads_to_build
 
         heads = 0 if self.critic else heads_to_build(self.settings.mtp_num_layers, self.shape.mtp_layers, model_path,
-                                                     lora=self.lora, stages=self.settings.pipeline_model_parallel_size)
+                                                     lora=self.lora, stages=self.settings.pipeline_model_parallel_size,
+                                                     repeated=self.settings.mtp_use_repeated_layer)
         local_spec = self.lora or self.config.core.policy.sequence_packing.enabled
         if self.split is not None and not engine_spec_here(local_spec):  # validation refuses what gets here
             from corerl.sdk import EngineNotAvailable
@@ -107,7 +108,8 @@ class MegatronWorker(RankWorker):
                                      key="policy.megatron_cfg.context_parallel_size", hint="set it to 1")
         model = build_gpt(hf, self.mconfig, pre_process=self.ps.is_pipeline_first_stage(),
                           post_process=self.ps.is_pipeline_last_stage(), value_head=self.shape.value_head,
-                          local_spec=local_spec, mtp_layers=heads)  # packed rows: the local spec's attention takes their mask
+                          local_spec=local_spec,  # packed rows: the local spec's attention takes their mask
+                          mtp_layers=heads, mtp_repeated=self.settings.mtp_use_repeated_layer)
         self.draft = DraftHeads(model, self.settings) if heads else None  # multi-token-prediction heads
         from corerl_megatron.training.response_head import HiddenTap
 
