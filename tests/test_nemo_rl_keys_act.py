@@ -797,3 +797,30 @@ def test_nemo_rl_s_mtp_heads_learn_the_labels_with_their_weight_detachment_and_r
             megatron.mtp_use_repeated_layer, megatron.mtp_loss_scaling_factor) == (5, "labels", True, True, 0.3)
     none = _load(_child(tmp_path, "none.yaml", text.replace("mtp_num_layers: 5", "mtp_num_layers: 0")))
     assert none.section("policy.megatron_cfg").mtp_loss_target == "policy"
+
+
+def test_several_training_datasets_are_read_as_one_pool_and_their_settings_must_agree(tmp_path, capsys):
+    """``data.train`` as a list (NeMo RL's grpo_multiple_datasets.yaml, use_multiple_dataloader off: its
+    datasets concatenated): the local files become corerl's data.train_files, read as one pool; an
+    inert setting may differ between them, one that acts may not; the custom-dataloader mode is refused."""
+    first, second = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    first.write_text('{"input": "1 + 1", "output": "2"}\n')
+    second.write_text('{"input": "2 + 2", "output": "4"}\n{"input": "3 + 3", "output": "6"}\n')
+    text = (f"data:\n  use_multiple_dataloader: false\n  num_prompts_per_dataloader: 16\n  train:\n"
+            f"    - data_path: {first}\n      split_validation_size: 0.05\n      seed: 3\n"
+            f"    - data_path: {second}\n")
+    recipe = _child(tmp_path, "pool.yaml", text)
+    data = _load(recipe).core.data
+    assert data.train_files == [str(first), str(second)] and data.train_file_weights is None
+    from corerl.tasks.dataset import read_rows
+
+    assert [row["input"] for row in read_rows(data.train_files, "data.train_files")] == ["1 + 1", "2 + 2", "3 + 3"]
+    assert _Validated(capsys, str(recipe)).code == 0
+    differing = _child(tmp_path, "differ.yaml", text.replace(f"    - data_path: {second}\n",
+                                                             f"    - data_path: {second}\n      env_name: code\n"))
+    refused_in_one_line(_Validated(capsys, str(differing)), "differs between the datasets",
+                        key="data.train.env_name")
+    custom = _child(tmp_path, "custom.yaml", text.replace("use_multiple_dataloader: false",
+                                                          "use_multiple_dataloader: true"))
+    refused_in_one_line(_Validated(capsys, str(custom)), "data.use_multiple_dataloader: True is not supported",
+                        key="data.use_multiple_dataloader")

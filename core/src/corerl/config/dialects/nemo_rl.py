@@ -26,6 +26,7 @@ import attrs
 
 from corerl.config.dialects import nemo_rl_vision as vision
 from corerl.config.dialects.key_fate import KeyFate
+from corerl.config.dialects.nemo_rl_datasets import merge_dataset_lists
 from corerl.config.dialects.nemo_rl_derived import *  # noqa: F403  (the names it had here)
 from corerl.config.dialects.nemo_rl_derived import (  # noqa: F401  (private names, importable from here as before)
     _NO_EVALUATION,
@@ -219,13 +220,22 @@ class _Translator:
         error.message = f"{message} ({len(error.keys)} keys under it: {names})"
 
 
+def _is_inert(path: str, host: PluginHost | None) -> bool:
+    """Whether the dialect leaves ``path`` inert whatever its value."""
+    rule = rule_for(path, host)
+    return rule is not None and rule.fate == "inert" and rule.refuse_if is None
+
+
 def translate(raw: dict[str, Any], origins: Origins, strict: bool = False,
               host: PluginHost | None = None) -> Translation:
     """Translate a resolved NeMo RL tree; every refused key is reported together (exit 2). A
     NeMo RL key nothing maps is left out with an ``unknown`` fate, or with ``strict`` refused.
     ``host``'s plugins give the engine sections (None: this process's plugin host)."""
     rules = table(host)
+    raw, merge_refusals = merge_dataset_lists(raw, lambda path: _is_inert(path, host))
     out = _Translator(origins, raw, host)
+    for key, reason, hint in merge_refusals:
+        out.refuse(key, reason, hint)
     passthrough: set[str] = set()
     algorithm = next((name for name in ("grpo", "ppo", "dpo", "sft", "distillation", "rm") if name in raw), None)
     if algorithm:

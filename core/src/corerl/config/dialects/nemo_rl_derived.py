@@ -74,7 +74,8 @@ def _derived(raw: dict[str, Any], out: Translator, algorithm: str | None) -> Non
     if algorithm == "ppo":
         _critic(raw, out, updates_per_step, max_steps)
     keys = ["data.dataset_name", "data.train.dataset_name", "data.validation.dataset_name", "data.default.dataset_name"]
-    names = [(key, value_at(raw, key)) for key in keys if value_at(raw, key)]
+    # several datasets at once (nemo_rl_datasets): a list of names, the first standing for them all
+    names = [(key, value[0] if isinstance(value, list) else value) for key in keys if (value := value_at(raw, key))]
     if value_at(out.tree, "data.train_files") is not None and algorithm in ("dpo", "rm"):
         set_at(out.tree, "data.task", "preferences")  # prompt/chosen/rejected rows (data.*_key rename them)
         for key, name in names:
@@ -103,10 +104,22 @@ def _derived(raw: dict[str, Any], out: Translator, algorithm: str | None) -> Non
                                       "policy.max_total_sequence_length tokens",
                                       "shorter than policy.max_total_sequence_length: the teacher scores the "
                                       "student's whole sequences")}, own_layout="algorithm.distillation.teacher_overrides")
+    _dataloaders(raw, out)
     _reward_model_environment(raw, out)
     _reward_model_policy(raw, out, algorithm)
     _eval_recipe(raw, out)
     _vision(raw, out)
+
+
+def _dataloaders(raw: dict[str, Any], out: Translator) -> None:
+    """``data.num_prompts_per_dataloader`` and ``custom_dataloader``: NeMo RL's multiple dataloaders'
+    settings, read only with ``use_multiple_dataloader`` on (refused: its custom function is the
+    recipe's code); the datasets' rows are otherwise one pool."""
+    data = raw.get("data") if isinstance(raw.get("data"), dict) else {}
+    for key in ("num_prompts_per_dataloader", "custom_dataloader"):
+        if key in data:
+            out.inert(f"data.{key}", "used only with data.use_multiple_dataloader (off here, refused on): the "
+                                     "datasets' rows are drawn as one pool")
 
 
 def _chat_template(raw: dict[str, Any], out: Translator) -> None:

@@ -36,7 +36,9 @@ RULES: dict[str, Rule] = {
     "data.train.dataset_name": DERIVED,
     "data.validation.dataset_name": DERIVED,
     "data.default.dataset_name": DERIVED,
-    "data.use_multiple_dataloader": inert(_OFF, _truthy),
+    "data.use_multiple_dataloader": inert("false: the datasets' rows are drawn as one pool, as NeMo RL concatenates "
+                                          "them; true (a custom function of the recipe picks the dataloaders, "
+                                          "code corerl does not run) is refused", _truthy),
     # NeMo RL's GDPO environment (data.*.env_name: math_multi_reward): corerl's environment of that name
     "env.math_multi_reward.math_verify_impl": inert("its parts are text checks (NeMo RL's hf_math_verify "
                                                     "implementation of this environment compares text too)",
@@ -64,12 +66,10 @@ RULES: dict[str, Rule] = {
        for name in vision.VLM_ENVIRONMENTS},
     **{f"env.{key}": inert("NeMo Gym's switches; corerl has no bridge to NeMo Gym")
        for key in ("should_use_nemo_gym", "should_log_nemo_gym_responses", "should_mask_flagged_samples")},
-    "data.train": refused("several training datasets at once are not translated yet; give one local file "
-                          "(data.train.data_path)"),
+    "data.train": refused("a dataset section (data_path or dataset_name), or a list of them, is expected"),
     "data.train.*": refused("a NeMo RL dataset option corerl does not translate; give a local file "
                             "(data.train.data_path)"),
-    **{f"data.{key}": refused("several or custom data loaders are not built into corerl yet")
-       for key in ("num_prompts_per_dataloader", "custom_dataloader")},
+    **{f"data.{key}": DERIVED for key in ("num_prompts_per_dataloader", "custom_dataloader")},
     "data.add_system_prompt": inert(_OFF, _truthy),
     "data.validation.allowed_problem_types": inert("used by NeMo RL's validation datasets; corerl holds rows of the "
                                                    "training data out"),
