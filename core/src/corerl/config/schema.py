@@ -150,8 +150,9 @@ class MoeConfig:
     expert_bias_update_rate: float = setting(
         0.0, min=0.0, help="after each training step, move each router's per-expert bias by this much towards even "
                            "load (up for an expert that took fewer of the step's tokens than the mean, down for one "
-                           "that took more: DeepSeek-V3's rule, megatron-core's update); 0 keeps the checkpoint's "
-                           "bias. A model whose router has that bias only; the bias is exported with the weights")
+                           "that took more: DeepSeek-V3's aux-loss-free rule); 0 keeps the checkpoint's bias. A model "
+                           "whose router has that bias only, on a backend that moves it; the bias is exported with "
+                           "the weights")
 
 
 @attrs.define(kw_only=True)
