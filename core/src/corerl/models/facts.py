@@ -147,11 +147,12 @@ def check_expert_bias(config: Any, shape: Any) -> None:
                           hint="remove the key, or train a model whose router has the bias (e.g. Glm4MoeForCausalLM)")
 
 
-def check_hf_router(config: Any, backend: str) -> None:
+def check_hf_router(config: Any, backend: str, otherwise: str) -> None:
     """Refuse, for a backend training a transformers model (``backend``: its name, for the line),
     router settings that would not act on a router picking experts by sigmoid scores plus a
     per-expert bias (GLM-4.5's): corerl's router hooks there know the softmax routers (Qwen3-MoE,
-    Mixtral) only, and the bias moves on megatron-core's update only."""
+    Mixtral) only, and such a backend does not move the bias. ``otherwise`` ends the hint (where
+    the settings do act)."""
     shape = model_shape(config)
     if shape is None or not shape.router_bias:
         return
@@ -163,7 +164,7 @@ def check_hf_router(config: Any, backend: str) -> None:
             raise ConfigError(f"{key}={value}: the {backend} backend trains {source_of(config)}'s sigmoid router with "
                               "its per-expert bias as transformers runs it, without router losses, replay or bias "
                               "updates", key=f"policy.moe.{key}",
-                              hint="remove the key, or train on the megatron backend (policy.megatron_cfg.enabled=true)")
+                              hint=f"remove the key, or {otherwise}")
 
 
 def check_router_replay(config: Any) -> None:

@@ -16,7 +16,7 @@ def check_supported(config: Config) -> None:
 
     settings = config.section("policy.deepspeed_cfg")
     on_gpu = not runs_here_without_gpu(config)
-    check_hf_router(config, "deepspeed")
+    check_hf_router(config, "deepspeed", "train on the megatron backend (policy.megatron_cfg.enabled=true)")
     if config.core.policy.precision == "float16" and not on_gpu:
         raise EngineNotAvailable("float16 training needs a GPU (DeepSpeed's loss scaling runs with CUDA); this "
                                  "machine has none", key="policy.precision", hint="use float32 or bfloat16")

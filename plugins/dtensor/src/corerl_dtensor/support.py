@@ -52,7 +52,7 @@ def check_supported(config: Config) -> None:
                           key=f"{section}.tensor_parallel_size",
                           hint="set it to 1 and use expert_parallel_size (or the megatron backend for TP x EP)")
     check_expert_parallel_layout(config, settings, section)
-    check_hf_router(config, "dtensor")
+    check_hf_router(config, "dtensor", "train on the megatron backend (policy.megatron_cfg.enabled=true)")
     if config.core.policy.precision == "float16":
         raise ConfigError(
             "the dtensor backend trains in float32 or bfloat16", key="policy.precision", hint="use bfloat16",
