@@ -824,3 +824,15 @@ def test_several_training_datasets_are_read_as_one_pool_and_their_settings_must_
                                                           "use_multiple_dataloader: true"))
     refused_in_one_line(_Validated(capsys, str(custom)), "data.use_multiple_dataloader: True is not supported",
                         key="data.use_multiple_dataloader")
+    # a cap is each dataset's, as in NeMo RL; a setting given once in data.default is every dataset's
+    capped = _child(tmp_path, "capped.yaml", text.replace("      seed: 3\n", "      seed: 3\n      max_samples: 1\n")
+                    .replace(f"    - data_path: {second}\n", f"    - data_path: {second}\n      max_samples: 1\n")
+                    + "  default:\n    env_name: math\n")
+    data = _load(capped).core.data
+    assert (data.train_rows, data.max_train_rows, data.env_name) == (":1", None, "math")
+    from corerl.tasks.dataset import read_train_rows
+
+    assert [row["input"] for row in read_train_rows(data)] == ["1 + 1", "2 + 2"]
+    mixed = _child(tmp_path, "mixed.yaml", text.replace(f"    - data_path: {second}\n", "    - dataset_name: DAPOMath17K\n"))
+    refused_in_one_line(_Validated(capsys, str(mixed)), "some datasets are local files and some are Hub datasets",
+                        key="data.train.data_path")

@@ -135,6 +135,9 @@ class MegatronConfig:
             yield ("fp8_cfg.fp8_param", "FP8 parameters are not exported to the generation engine or checkpoints: "
                    "corerl keeps them in policy.precision (the matrix multiplications still run in FP8); set it to false")
         yield from self._check_mtp_heads(config)
+        if self.mtp_loss_target == "labels" and self.mtp_loss_topk is not None:
+            yield ("mtp_loss_topk", "distils the trunk's top-k tokens, and mtp_loss_target=labels learns the row's "
+                   "own tokens: unset it, or set mtp_loss_target=policy")
         if (self.mtp_num_layers or 0) > 0 and self.pipeline_model_parallel_size > 1:
             yield ("mtp_num_layers", "the MTP heads are trained on the last pipeline stage with the embeddings, which "
                    "only the first stage holds: set pipeline_model_parallel_size=1, or mtp_num_layers=0")

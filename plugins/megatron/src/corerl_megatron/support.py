@@ -92,22 +92,15 @@ def check_architecture(config: Config, settings: Any, section: str) -> None:
     """Refuse a model whose architecture no conversion table covers (``converter_type``, else the
     local checkpoint's ``config.json``; a model not read here is judged when it loads)."""
     from corerl.sdk import read_hf_config
-    from corerl_megatron.conversion.families import family_of, supported_architectures
+    from corerl_megatron.conversion.families import family_for_checkpoint, no_table_hint
 
-    name = config.core.critic.model_name if config.role == "critic" and config.core.critic.model_name else \
-        config.core.policy.model_name
+    name = config.core.policy.model_name  # a critic's config holds its own model here
     named = (read_hf_config(name) or {}).get("architectures") or [None]
     architecture = settings.converter_type or named[0]
-    if architecture is None:
-        return
-    # a critic's value model (a token classifier) has its causal LM's table
-    causal = architecture.removesuffix("ForTokenClassification") + "ForCausalLM" \
-        if architecture.endswith("ForTokenClassification") else architecture
-    if family_of(causal) is None:
+    if architecture is not None and family_for_checkpoint(architecture) is None:
         where = f"{section}.converter_type" if settings.converter_type else "policy.model_name"
         raise ConfigError(f"no Hugging Face -> Megatron table for {architecture} ({name})", key=where,
-                          hint=f"supported: {', '.join(supported_architectures())}; add a table in "
-                               "corerl_megatron.conversion.families")
+                          hint=no_table_hint())
 
 
 def check_packing(config: Config, settings: object, section: str) -> None:
@@ -197,12 +190,36 @@ def check_experts(config: Config, settings: object, section: str, on_gpu: bool) 
                                  "which the pipeline schedule's interleaved backward passes do not keep apart",
                                  key=f"{section}.pipeline_model_parallel_size",
                                  hint="set it to 1, or policy.moe.aux_loss_coeff and z_loss_coeff to 0")
+    check_biased_router(config, shape, section)
     replay = moe.router_replay
     if replay == "r2" and (settings.activation_checkpointing or settings.sequence_parallel):  # type: ignore[attr-defined]
         key = "activation_checkpointing" if settings.activation_checkpointing else "sequence_parallel"  # type: ignore[attr-defined]
         raise EngineNotAvailable(f"router replay r2 on megatron records each row's experts per token of a whole "
                                  f"sequence; {key} recomputes or splits them", key=f"{section}.{key}",
                                  hint="turn it off, or set policy.moe.router_replay=none")
+
+
+def check_biased_router(config: Config, shape: Any, section: str) -> None:
+    """Refuse what megatron-core's sigmoid router cannot route as a GLM-4.5 checkpoint does: it
+    always renormalises the top-k weights, and picks groups by their top ``k / groups_picked``
+    scores where transformers takes the top 2. (LoRA on a mixture of experts is refused before,
+    so a moving bias never sits under adapters.)"""
+    from corerl.sdk import read_hf_config
+
+    if not shape.router_bias:
+        return
+    hf = {**(read_hf_config(config.core.policy.model_name) or {}), **(config.core.policy.hf_config_overrides or {})}
+    source = f"{config.core.policy.model_name}/config.json"
+    if hf.get("norm_topk_prob") is False and int(hf.get("num_experts_per_tok") or 1) > 1:
+        raise EngineNotAvailable(f"megatron-core's sigmoid router always renormalises the chosen experts' weights, and "
+                                 f"{source} says norm_topk_prob: false", key="policy.model_name",
+                                 hint="train this model on the dtensor or deepspeed backend")
+    groups, picked, top = (int(hf.get(k) or 1) for k in ("n_group", "topk_group", "num_experts_per_tok"))
+    if groups > 1 and top // picked != 2:
+        raise EngineNotAvailable(f"megatron-core picks expert groups by their top {top // picked} scores where "
+                                 f"transformers takes the top 2 ({source}: num_experts_per_tok {top}, topk_group "
+                                 f"{picked})", key="policy.model_name",
+                                 hint="train this model on the dtensor or deepspeed backend")
 
 
 def check_pipeline_stages(config: Config, settings: object, section: str) -> None:

@@ -4,9 +4,11 @@ false``, its default; with it on, a custom Python function of the recipe picks t
 which corerl does not run).
 
 Before the dialect's rules run, such a list is merged into one section: its ``data_path`` and
-``dataset_name`` become lists (corerl's ``data.train_files`` take several files as one pool), and
-each other key must have one value for every dataset, except the keys corerl leaves inert (their
-values may differ: none acts). The merged section then goes through the rules of a single one.
+``dataset_name`` become lists (corerl's ``data.train_files`` take several files as one pool; the
+datasets are all local files or all Hub datasets), and each other key, a dataset's own or else
+``data.default``'s, must have one value for every dataset, except the keys corerl leaves inert
+(their values may differ: none acts). The merged section then goes through the rules of a single
+one; ``max_samples`` then caps each file (``data.train_rows``), as NeMo RL caps each dataset.
 """
 
 from __future__ import annotations
@@ -31,7 +33,8 @@ def merge_dataset_lists(raw: dict[str, Any], inert: Any) -> tuple[dict[str, Any]
         entries = raw["data"].get(section)
         if not isinstance(entries, list):
             continue
-        merged, why = _merge(section, entries, inert)
+        defaults = raw["data"].get("default") if isinstance(raw["data"].get("default"), dict) else {}
+        merged, why = _merge(section, entries, defaults, inert)
         if why is not None:  # refused once, for the key at fault: the list itself says nothing more
             refusals.append(why)
             del raw["data"][section]
@@ -40,17 +43,24 @@ def merge_dataset_lists(raw: dict[str, Any], inert: Any) -> tuple[dict[str, Any]
     return raw, refusals
 
 
-def _merge(section: str, entries: list[Any], inert: Any) -> tuple[dict[str, Any], tuple[str, str, str] | None]:
+def _merge(section: str, entries: list[Any], defaults: dict[str, Any],
+           inert: Any) -> tuple[dict[str, Any], tuple[str, str, str] | None]:
+    """One section for ``entries`` (each laid over ``data.default``), or the refusal."""
     key = f"data.{section}"
     if not entries or not all(isinstance(entry, dict) for entry in entries):
         return {}, (key, "a list of datasets must hold one dataset section (a mapping) per dataset",
                     "give each dataset as a mapping with data_path (a local file) or dataset_name")
+    local = [entry.get("data_path") is not None for entry in entries]
+    if any(local) and not all(local):  # the local files would be read, the Hub datasets left out
+        return {}, (f"{key}.data_path", "some datasets are local files and some are Hub datasets (dataset_name "
+                    "without data_path); corerl reads local files and downloads nothing",
+                    "give every dataset a local file (data_path)")
     merged: dict[str, Any] = {}
     for name in dict.fromkeys(k for entry in entries for k in entry):
-        values = [entry.get(name) for entry in entries]
+        values = [entry.get(name, defaults.get(name)) for entry in entries]
         if name in LISTED:
             given = [value for value in values if value is not None]
-            merged[name] = given[0] if len(given) == 1 else given
+            merged[name] = (given[0] if len(given) == 1 else given) if given else None
             continue
         distinct = [v for i, v in enumerate(values) if v not in values[:i]]
         if len(distinct) > 1 and not inert(f"{key}.{name}"):

@@ -114,8 +114,15 @@ def _derived(raw: dict[str, Any], out: Translator, algorithm: str | None) -> Non
 def _dataloaders(raw: dict[str, Any], out: Translator) -> None:
     """``data.num_prompts_per_dataloader`` and ``custom_dataloader``: NeMo RL's multiple dataloaders'
     settings, read only with ``use_multiple_dataloader`` on (refused: its custom function is the
-    recipe's code); the datasets' rows are otherwise one pool."""
+    recipe's code); the datasets' rows are otherwise one pool. Several files with ``max_samples``:
+    the cap is each file's (``data.train_rows``), as NeMo RL caps each dataset."""
     data = raw.get("data") if isinstance(raw.get("data"), dict) else {}
+    files, cap = value_at(out.tree, "data.train_files"), value_at(raw, "data.train.max_samples")
+    if isinstance(files, list) and len(files) > 1 and cap is not None:
+        drop_at(out.tree, "data.max_train_rows")
+        set_at(out.tree, "data.train_rows", f":{cap}")
+        out.new_origins["data.train_rows"] = origin_of("data.train.max_samples", out.origins) or "nemo-rl dialect"
+        out.refate("data.train.max_samples", "acts", f"data.train_rows (the first {cap} rows of each file)")
     for key in ("num_prompts_per_dataloader", "custom_dataloader"):
         if key in data:
             out.inert(f"data.{key}", "used only with data.use_multiple_dataloader (off here, refused on): the "

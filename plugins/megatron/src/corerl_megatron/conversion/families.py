@@ -135,6 +135,19 @@ def family_of(architecture: str) -> Family | None:
     return next((f for f in FAMILIES if architecture in f.architectures), None)
 
 
+def family_for_checkpoint(architecture: str) -> Family | None:
+    """The family whose table converts a checkpoint of ``architecture``: a critic's value model
+    (a token classifier) has its causal LM's table, with a one-output head."""
+    if architecture.endswith("ForTokenClassification"):
+        architecture = architecture.removesuffix("ForTokenClassification") + "ForCausalLM"
+    return family_of(architecture)
+
+
+def no_table_hint() -> str:
+    """What to do about an architecture without a table."""
+    return f"supported: {', '.join(supported_architectures())}; add a table in corerl_megatron.conversion.families"
+
+
 def supported_architectures() -> list[str]:
     """Every Hugging Face architecture some family's table covers, sorted."""
     return sorted(a for f in FAMILIES for a in f.architectures)

@@ -76,20 +76,16 @@ def load_hf_model_config(source: Path, converter_type: str | None = None) -> tup
 
     from corerl.sdk import ConfigError
     from corerl_megatron.conversion.convert import Shape
-    from corerl_megatron.conversion.families import family_of, supported_architectures
+    from corerl_megatron.conversion.families import family_for_checkpoint, no_table_hint
 
     hf = _base_config(source) or AutoConfig.from_pretrained(source)
     architecture = converter_type or (hf.architectures or ["?"])[0]
     # a critic's value model (a token classifier) has its causal LM's table, with a one-output head
     value_head = architecture.endswith("ForTokenClassification")
-    if value_head:
-        architecture = architecture.removesuffix("ForTokenClassification") + "ForCausalLM"
-    family = family_of(architecture)
+    family = family_for_checkpoint(architecture)
     if family is None:
-        raise ConfigError(
-            f"no Hugging Face -> Megatron table for {architecture} ({source})", key="policy.megatron_cfg.converter_type",
-            hint=f"supported: {', '.join(supported_architectures())}; add a table in corerl_megatron.conversion.families",
-        )
+        raise ConfigError(f"no Hugging Face -> Megatron table for {architecture} ({source})",
+                          key="policy.megatron_cfg.converter_type", hint=no_table_hint())
     return hf, family, Shape.from_hf_config(hf, family, value_head=value_head)
 
 

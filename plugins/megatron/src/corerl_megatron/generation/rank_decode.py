@@ -26,7 +26,7 @@ def generate(worker: Any, part: Any, sampling: Any, stop_ids: list[int]) -> list
     experts = worker.ps.get_expert_model_parallel_group() if worker.ep > 1 else None
     own = slice(0, len(rows))
     if experts is not None:  # every rank of an expert group takes part in each forward: they decode their rows together
-        rows, seeds, own = _group_rows(rows, seeds, experts)
+        rows, seeds, own = _group_rows(worker.ps.get_data_parallel_rank(), rows, seeds, experts)
     with torch.no_grad(), _without_sequence_parallel(worker.model.module):
         out = decode_rows(rows, sampling, stop_ids, lambda ids, positions, cache: _last_logits(worker, ids, positions, cache),
                           lambda tokens, logprobs: _share_tokens(worker.ps, tokens, logprobs, experts),
@@ -34,17 +34,19 @@ def generate(worker: Any, part: Any, sampling: Any, stop_ids: list[int]) -> list
     return out[own] if worker.coordinates()["reports"] else None
 
 
-def _group_rows(rows: list[list[int]], seeds: list[int] | None, group: Any) -> tuple[list[list[int]], Any, slice]:
-    """The rows (and seeds) of every rank of the expert-parallel ``group``, in rank order, and the
-    slice of them that are this rank's."""
+def _group_rows(dp_rank: int, rows: list[list[int]], seeds: list[int] | None,
+                group: Any) -> tuple[list[list[int]], Any, slice]:
+    """The rows (and seeds) of every data-parallel rank in the expert-parallel ``group``, in
+    data-parallel order, and the slice of them that are this rank's (ranks of one data-parallel
+    replica, e.g. its tensor-parallel ranks, hold the same rows: each replica's count once)."""
     import torch.distributed as dist
 
     parts: list[Any] = [None] * dist.get_world_size(group)
-    dist.all_gather_object(parts, (rows, seeds), group=group)
-    index = dist.get_rank(group)
-    start = sum(len(r) for r, _ in parts[:index])
-    every = [row for r, _ in parts for row in r]
-    seeded = [seed for r, s in parts for seed in (s if s is not None else [None] * len(r))]
+    dist.all_gather_object(parts, (dp_rank, rows, seeds), group=group)
+    replicas = {dp: (r, s) for dp, r, s in sorted(parts, key=lambda part: part[0])}
+    start = sum(len(r) for dp, (r, _) in replicas.items() if dp < dp_rank)
+    every = [row for r, _ in replicas.values() for row in r]
+    seeded = [seed for r, s in replicas.values() for seed in (s if s is not None else [None] * len(r))]
     return every, (seeded if seeds is not None else None), slice(start, start + len(rows))
 
 
@@ -102,12 +104,13 @@ def _share_tokens(ps: Any, tokens: torch.Tensor, logprobs: torch.Tensor | None,
     of the pipeline."""
     import torch.distributed as dist
 
-    if experts is not None:
+    if experts is not None and ps.is_pipeline_last_stage():  # an expert group's ranks are of one stage
         first = dist.get_global_rank(experts, 0)
         dist.broadcast(tokens, src=first, group=experts)
         if logprobs is not None:  # the last stage's ranks hold them, all of one expert group alike
-            logprobs = logprobs.to(tokens.device).float().contiguous()
-            dist.broadcast(logprobs, src=first, group=experts)
+            shared = logprobs.to(tokens.device).float().contiguous()
+            dist.broadcast(shared, src=first, group=experts)
+            logprobs = shared.cpu()  # read a row at a time: on the host
     if ps.get_pipeline_model_parallel_world_size() > 1:
         dist.broadcast(tokens, src=ps.get_pipeline_model_parallel_last_rank(),
                        group=ps.get_pipeline_model_parallel_group())

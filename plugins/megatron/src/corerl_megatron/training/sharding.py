@@ -24,7 +24,8 @@ def renumber(name: str, mapping: dict[int, int]) -> str:
 
 
 def _is_gated_fc1(name: str) -> bool:
-    return name.endswith("mlp.linear_fc1.weight")
+    """A gated MLP's fc1 (gate and up stacked): the MLP's, or a MoE layer's shared expert's."""
+    return name.endswith(("mlp.linear_fc1.weight", "mlp.shared_experts.linear_fc1.weight"))
 
 
 def partition_dim(full_shape: torch.Size, local_shape: torch.Size) -> int | None:
