@@ -285,3 +285,15 @@ def test_glm_trains_on_megatron_and_its_router_bias_moves_towards_even_load(glm_
         moved = after[name] - before[name]
         expected = RATE * torch.sign(count.float().mean() - count.float())
         assert torch.allclose(moved, expected, atol=1e-6), (index, count.tolist(), moved.tolist())
+
+
+@pytest.mark.parametrize("name", ["decoder.layers.1.mlp.linear_fc1.weight",
+                                  "decoder.layers.1.mlp.shared_experts.linear_fc1.weight"])
+def test_a_gated_fc1_is_cut_per_rank_as_gate_and_up_halves(name):
+    """megatron-core splits a gated MLP's fc1 (a dense layer's, or a MoE layer's shared expert's)
+    over the tensor-parallel ranks as [gate_r; up_r]: each rank keeps its rows of both halves."""
+    from corerl_megatron.training.sharding import shard
+
+    gate, up = torch.arange(8.0).reshape(4, 2), 100 + torch.arange(8.0).reshape(4, 2)
+    full = torch.cat([gate, up])
+    assert torch.equal(shard(name, full, 0, 1, 2), torch.cat([gate[2:], up[2:]]))
