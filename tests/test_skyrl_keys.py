@@ -501,3 +501,19 @@ def test_prefill_decode_cache_hand_over_is_not_passed_to_vllm():
                          "kv_connector": "NixlConnector"}, "max_num_seqs": 8})
     assert value_at(connector.tree, "policy.generation.vllm_cfg.engine_args") == {"max_num_seqs": 8}
     assert any("KV-cache transfer" in warning for warning in connector.warnings)
+
+
+@pytest.mark.skipif("skyrl.megatron" not in _sections(), reason="the megatron plugin is needed")
+def test_a_sigmoid_router_or_an_expert_bias_asks_for_a_router_with_a_per_expert_bias():
+    """SkyRL's GLM-4.7 script: moe_router_score_function sigmoid and moe_router_enable_expert_bias true are
+    policy.moe.expert_bias (the model must route by sigmoid scores plus a per-expert bias, checked when it is
+    read); softmax and false leave the checkpoint's own router; another score function is refused."""
+    prefix = "trainer__policy__megatron_config__"
+    glm = _get(trainer__strategy="megatron", **{prefix + "moe_router_score_function": "sigmoid",
+                                               prefix + "moe_router_enable_expert_bias": True})
+    assert value_at(glm, "policy.moe.expert_bias") is True
+    plain = _get(trainer__strategy="megatron", **{prefix + "moe_router_score_function": "softmax",
+                                                 prefix + "moe_router_enable_expert_bias": False})
+    assert value_at(plain, "policy.moe.expert_bias") is None
+    with pytest.raises(ConfigErrors, match="corerl's routers score by softmax, or by sigmoid"):
+        _get(trainer__strategy="megatron", **{prefix + "moe_router_score_function": "sqrtsoftplus"})

@@ -52,8 +52,13 @@ def _policy(prefix: str) -> dict[str, Rule]:
         f"{prefix}.moe_aux_loss_coeff": acts("policy.moe.aux_loss_coeff"),
         f"{prefix}.moe_enable_routing_replay": acts("policy.moe.router_replay", lambda on: "r3" if on else "none",
                                                     "true: the sampled routes are replayed in training (r3)"),
-        f"{prefix}.moe_router_score_function": inert("the checkpoint's own router score function", _truthy),
-        f"{prefix}.moe_router_enable_expert_bias": inert("the checkpoint's own router bias", _truthy),
+        # the router the checkpoint has: sigmoid with a per-expert bias (GLM-4.5's) or softmax (Qwen3-MoE's, Mixtral's)
+        f"{prefix}.moe_router_score_function": Rule.derived(
+            "sigmoid: policy.moe.expert_bias (corerl's sigmoid routers pick experts with a per-expert bias: the model "
+            "must have one); softmax: the checkpoint's own router"),
+        f"{prefix}.moe_router_enable_expert_bias": Rule.derived(
+            "true: policy.moe.expert_bias (the model's router must have a per-expert bias); false: the checkpoint's "
+            "own router"),
         f"{prefix}.moe_router_dtype": inert("the router computes in policy.precision", _not("fp32")),
         f"{prefix}.moe_per_layer_logging": inert("corerl logs the MoE metrics per step"),
         f"{prefix}.ddp_config.*": inert(_PERF),
@@ -121,6 +126,24 @@ def derived(raw: dict[str, Any], out: Any) -> None:
     if megatron and all(out.value(key) is None for key in keys):
         out.set(keys[0], "policy.megatron_cfg.lora_type", "lora")
     _mtp(out, megatron)
+    _router(out)
+
+
+def _router(out: Any) -> None:
+    """``moe_router_score_function`` and ``moe_router_enable_expert_bias``: a sigmoid router or an
+    expert bias asks for a model whose router picks experts with a per-expert bias
+    (``policy.moe.expert_bias``, checked against the model); softmax and false are its own router."""
+    for prefix in ("trainer.policy.megatron_config.", "megatron_config."):
+        score, bias = prefix + "moe_router_score_function", prefix + "moe_router_enable_expert_bias"
+        for key, asks in ((score, out.value(score) == "sigmoid"), (bias, out.value(bias) in (True, "true", "True"))):
+            if asks:
+                out.put(key, "policy.moe.expert_bias", True)
+            elif out.value(key) is not None:
+                if key == score and out.value(key) != "softmax":
+                    out.refuse(key, f"{out.value(key)!r}: corerl's routers score by softmax, or by sigmoid with a "
+                               "per-expert bias", "use softmax or sigmoid (the checkpoint's own)")
+                else:
+                    out.inert(key, f"{out.value(key)}: the checkpoint's own router")
 
 
 def _mtp(out: Any, megatron: bool) -> None:
