@@ -191,6 +191,10 @@ class PolicyConfig:
                               path=True)
     gguf_file: str | None = setting(None, help="the .gguf file inside the model_name folder to load (converted once "
                                                "into a Hugging Face folder in corerl's model cache)")
+    dequantize_base_checkpoint: bool = setting(False, help="a quantised checkpoint (gpt-oss's MXFP4 experts), "
+                                                           "which transformers loads for inference only: dequantise "
+                                                           "it once into corerl's model cache, and train and sample "
+                                                           "that copy")
     tokenizer_name: str | None = setting(None, help="a folder holding the tokenizer; unset: model_name's", path=True)
     chat_template: str | None = setting(None, help="a Jinja chat template replacing the tokenizer's own")
     chat_template_kwargs: dict[str, Any] = setting({}, help="variables the chat template is rendered with "

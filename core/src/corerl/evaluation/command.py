@@ -101,7 +101,8 @@ def evaluate_model(config: Any, selection: Any, host: Any) -> int:
     check_run_inputs(config, selection, host)
     policy = config.core.policy
     with tempfile.TemporaryDirectory(prefix="corerl-eval-") as scratch:
-        folder = Path(resolve_model(policy.model_name, Path(scratch), policy.gguf_file))
+        folder = Path(resolve_model(policy.model_name, Path(scratch), policy.gguf_file,
+                                         dequantize=policy.dequantize_base_checkpoint))
         return _evaluate_and_report(config, selection, host, "hf", folder, str(config.source or "the recipe"))
 
 

@@ -98,16 +98,22 @@ def make_run_dir(config: Config, console: Any = None) -> tuple[Path, tuple[int, 
 
 
 def resolve_model(model_name: str, run_dir: Path, gguf_file: str | None = None, *, key: str = "policy.model_name",
-                  folder: str = "base_model") -> str:
+                  folder: str = "base_model", dequantize: bool = False) -> str:
     """A Hugging Face checkpoint directory, building a ``builtin:`` model into the run directory and
-    converting a GGUF file (or a packaged model) into corerl's model cache once. ``key`` is the
-    config key errors name; ``folder`` where in the run directory a ``builtin:`` model is built."""
+    converting a GGUF file (or a packaged model), or with ``dequantize`` a quantised checkpoint
+    (``policy.dequantize_base_checkpoint``), into corerl's model cache once. ``key`` is the config
+    key errors name; ``folder`` where in the run directory a ``builtin:`` model is built."""
     from corerl.models.gguf import ensure_converted, gguf_source
 
     check_model(model_name, gguf_file, key=key)
     source = gguf_source(model_name, gguf_file)
     if source is not None:
         return str(ensure_converted(source))
+    if dequantize:
+        from corerl.models.dequantize import ensure_dequantized, quantization_of
+
+        if quantization_of(model_name) is not None:
+            return str(ensure_dequantized(model_name))
     if model_name in BUILTIN_MODELS:
         # a resumed run keeps its base model; a half-built one is rebuilt
         return str(write_once(run_dir / folder, lambda work: build_tiny_model(work, **BUILTIN_MODELS[model_name])))

@@ -122,7 +122,8 @@ def start_engine(target: str, overrides: list[str], dialect: str | None, scratch
                           "other servers", key="policy.generation.backend",
                           hint="serve with policy.generation.backend=hf, or another engine `corerl plugins` lists")
     policy = config.core.policy
-    model = resolve_model(policy.model_name, Path(scratch), policy.gguf_file)
+    model = resolve_model(policy.model_name, Path(scratch), policy.gguf_file,
+                          dequantize=policy.dequantize_base_checkpoint)
     if policy.hf_config_overrides:
         from corerl.models.overrides import with_config_overrides
 

@@ -54,13 +54,23 @@ def check_run_inputs(config: Config, selection: Selection, host: PluginHost | No
         raise ConfigErrors(errors)
 
 
+def _check_quantized(policy: Any) -> None:
+    """A quantised policy checkpoint trains only dequantised (``policy.dequantize_base_checkpoint``)."""
+    from corerl.models.dequantize import check_quantized_checkpoint
+    from corerl.models.gguf import gguf_source
+
+    if gguf_source(policy.model_name, policy.gguf_file) is None:  # a GGUF file is dequantised by its conversion
+        check_quantized_checkpoint(policy.model_name, policy.dequantize_base_checkpoint)
+
+
 def _checks(config: Config, selection: Selection, host: PluginHost | None) -> list[Callable[[], None]]:
     from corerl.run.directory import check_model, check_run_dir, check_tokenizer
 
     core = config.core
     policy, data = core.policy, core.data
     checks: list[Callable[[], None]] = [lambda: check_run_dir(config),
-                                        lambda: check_model(policy.model_name, policy.gguf_file)]
+                                        lambda: check_model(policy.model_name, policy.gguf_file),
+                                        lambda: _check_quantized(policy)]
     tokenizer = policy.tokenizer_path(policy.model_name)
     if tokenizer != policy.model_name:
         checks.append(lambda: check_tokenizer(tokenizer))

@@ -39,7 +39,8 @@ class PolicyModel:
         if model_path is not None:
             self.path = model_path
         else:
-            self.path = resolve_model(core.policy.model_name, self.run_dir, core.policy.gguf_file)
+            self.path = resolve_model(core.policy.model_name, self.run_dir, core.policy.gguf_file,
+                                      dequantize=core.policy.dequantize_base_checkpoint)
             if core.policy.hf_config_overrides:
                 from corerl.models.overrides import with_config_overrides
 

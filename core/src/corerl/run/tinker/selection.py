@@ -99,7 +99,8 @@ def open_engine(config_path: str, overrides: list[str], *, base_model: str | Non
     _, config, selection = select_recipe(config_path, overrides, base_model, precision)
     training = selection.training_backend.registration
     policy = config.core.policy
-    model_path = resolve_model(policy.model_name, work_dir, policy.gguf_file)
+    model_path = resolve_model(policy.model_name, work_dir, policy.gguf_file,
+                               dequantize=policy.dequantize_base_checkpoint)
     build = resolve(training.adapter_model, what="adapter_model",
                     owner=f"training backend {training.id!r} (plugin {training.plugin!r})",
                     hint="install the engine the plugin needs, or pick another backend")

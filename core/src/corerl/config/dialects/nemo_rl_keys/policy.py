@@ -101,7 +101,7 @@ RULES: dict[str, Rule] = {
     # model and the datasets, and refuses megatron's VLM path
     "policy.is_vlm": inert("corerl reads whether the model is a vision-language one from its config.json "
                            f"(model_type); a VLM recipe's model must be a {vision.SUPPORTED_FAMILIES} one"),
-    "policy.dequantize_base_checkpoint": inert(_OFF, _truthy),
+    "policy.dequantize_base_checkpoint": acts("policy.dequantize_base_checkpoint"),
     "policy.reward_model_cfg.enabled": derived("true with an rm section: algorithm.name=rm trains a score head on "
                                                "the policy's model; refused in a recipe of another algorithm"),
     "policy.reward_model_cfg.reward_model_type": inert("only Bradley-Terry reward models are built into corerl",
