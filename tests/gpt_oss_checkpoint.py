@@ -14,7 +14,7 @@ import torch
 #: the tiny model: head_dim 64 for vLLM's CPU attention, 4 experts of width 64
 SHAPE = dict(vocab_size=128, hidden_size=64, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
              num_key_value_heads=1, head_dim=64, num_local_experts=4, num_experts_per_tok=2,
-             max_position_embeddings=512, sliding_window=64, pad_token_id=0, bos_token_id=2, eos_token_id=3,
+             max_position_embeddings=131072, sliding_window=64, pad_token_id=0, bos_token_id=2, eos_token_id=3,
              layer_types=["sliding_attention", "full_attention"])
 
 
