@@ -157,20 +157,11 @@ def derived(raw: dict[str, Any], out: Any) -> None:
         out.refuse("policy.megatron_cfg.enabled", MEGATRON_VLM, MEGATRON_VLM_HINT)
 
 
-def _present(raw: dict[str, Any], path: str) -> bool:
-    """Whether the recipe has the key ``path`` (null included)."""
-    node: Any = raw
-    for part in path.split("."):
-        if not isinstance(node, dict) or part not in node:
-            return False
-        node = node[part]
-    return True
-
-
 def _mtp_heads(out: Any) -> None:
     """``mtp_num_layers``: NeMo RL's heads are megatron-core's, trained on the labels."""
     key = "policy.megatron_cfg.mtp_num_layers"
-    if out.switched_off(key) or not _present(out.raw, key):
+    section = (out.raw.get("policy") or {}).get("megatron_cfg") or {}
+    if out.switched_off(key) or not isinstance(section, dict) or "mtp_num_layers" not in section:
         return
     heads = out.value(key)
     if heads is None:  # NeMo RL's null: no heads (corerl's null would build the checkpoint's)
