@@ -20,6 +20,8 @@ HF = ["policy.generation.backend=hf"]
 USER_MODEL = "{user_model}"
 #: a tiny GLM-4.5 MoE (a sigmoid router with a per-expert bias), built the same way
 GLM_MODEL = "{glm_model}"
+#: a tiny gpt-oss, built the same way
+GPT_OSS_MODEL = "{gpt_oss_model}"
 # every refusal a registration's check (or the core's model check) makes, with the overrides that reach it
 REFUSALS = [
     ["policy.dtensor_cfg.context_parallel_size=2", "policy.sequence_packing.enabled=true", "cluster.gpus_per_node=2", *HF],
@@ -117,6 +119,7 @@ REFUSALS = [
     ["algorithm.advantage_estimator=gdpo", "data.env_name=math_multi_reward", "algorithm.use_kl_in_reward=true",
      "algorithm.kl_penalty=0.1", *HF],
     ["policy.generation.backend=vllm", "policy.generation.vllm_cfg.kv_cache_dtype=fp8", f"policy.model_name={USER_MODEL}"],
+    ["policy.generation.backend=vllm", f"policy.model_name={GPT_OSS_MODEL}"],
 ]
 # reached only on a machine with a GPU or for another cluster (the CPU refusal of the same option comes first here)
 GPU_ONLY = {"check_generation_supported", "check_fp8_training", "check_transformer_engine", "check_split_engine"}
@@ -145,8 +148,29 @@ def glm_model(tmp_path_factory):
     return str(folder)
 
 
-def _with_model(overrides: list[str], user_model: str, glm_model: str = "") -> list[str]:
-    return [o.replace(USER_MODEL, user_model).replace(GLM_MODEL, glm_model) for o in overrides]
+@pytest.fixture(scope="module")
+def models(user_model, glm_model, tmp_path_factory):
+    """The placeholders' models (the gpt-oss one a transformers model saved as it is)."""
+    import torch
+    from transformers import GptOssConfig, GptOssForCausalLM
+
+    from corerl.models.tiny import build_tokenizer
+    from tests.gpt_oss_checkpoint import SHAPE
+
+    folder = tmp_path_factory.mktemp("user-gpt-oss")
+    torch.manual_seed(0)
+    GptOssForCausalLM(GptOssConfig(**{**SHAPE, "max_position_embeddings": 256})).save_pretrained(folder)
+    build_tokenizer(SHAPE["vocab_size"]).save_pretrained(folder)
+    return {USER_MODEL: user_model, GLM_MODEL: glm_model, GPT_OSS_MODEL: str(folder)}
+
+
+def _with_model(overrides: list[str], models: dict[str, str]) -> list[str]:
+    out = []
+    for override in overrides:
+        for placeholder, model in models.items():
+            override = override.replace(placeholder, model)
+        out.append(override)
+    return out
 
 
 def _raise_sites() -> set[tuple[str, int]]:
@@ -159,7 +183,7 @@ def _raise_sites() -> set[tuple[str, int]]:
     return sites
 
 
-def test_every_refusal_of_every_check_is_reached_by_a_case_and_said_in_one_line(user_model, glm_model):
+def test_every_refusal_of_every_check_is_reached_by_a_case_and_said_in_one_line(models):
     from corerl.config import load_config
     from corerl.config.selection import select
     from corerl.errors import ConfigErrors, CorerlError
@@ -168,8 +192,7 @@ def test_every_refusal_of_every_check_is_reached_by_a_case_and_said_in_one_line(
     host = PluginHost(env={})
     reached = set()
     for overrides in REFUSALS:
-        config = load_config(REPO / "core/src/corerl/recipes/demo.yaml", _with_model(overrides, user_model, glm_model),
-                             host)
+        config = load_config(REPO / "core/src/corerl/recipes/demo.yaml", _with_model(overrides, models), host)
         with pytest.raises(CorerlError) as refused:
             select(config, host)
         # a check's refusal comes as ConfigErrors (with its origin); each error keeps its own traceback
@@ -187,8 +210,8 @@ CASES = [(overrides[0].split("=")[0], overrides) for overrides in REFUSALS]
 
 @pytest.mark.slow
 @pytest.mark.parametrize("first, overrides", CASES, ids=[" ".join(o) for _, o in CASES])
-def test_validate_refuses_what_run_refuses_at_start_up(tmp_path, user_model, glm_model, first, overrides):
-    overrides = _with_model(overrides, user_model, glm_model)
+def test_validate_refuses_what_run_refuses_at_start_up(tmp_path, models, first, overrides):
+    overrides = _with_model(overrides, models)
     validate = run_corerl("validate", "core/src/corerl/recipes/demo.yaml", *overrides)
     # no cluster named: GPU-only options are judged by this machine, as validate judges them
     run = run_corerl("run", *overrides, f"run.output_dir={tmp_path}", env=clean_env(shared_ray=False))
