@@ -1,7 +1,8 @@
 """The router of a mixture-of-experts policy in training (policy.moe, corerl.training.moe_router):
 the load-balancing and z-losses against hand computations and transformers' own, a step with
 them against a plain PyTorch step, the per-layer load metrics as means over micro-batches, the
-frozen router, and router replay (r2) on the in-process dtensor backend at world size 1."""
+frozen router, and router replay (r2, and r3 with the hf generation backend's reported experts) on
+the in-process dtensor backend at world size 1."""
 
 from __future__ import annotations
 
@@ -133,22 +134,20 @@ def test_sequence_spans_of_padded_and_packed_micro_batches() -> None:
     assert sequence_spans(packed) == [(0, 0, 3), (0, 3, 2), (0, 5, 1)]
 
 
-def test_r3_is_refused_in_one_line_and_a_dense_model_gets_no_hooks(tmp_path: Path) -> None:
+def test_a_dense_model_gets_no_hooks_and_check_router_replay_is_deprecated(tmp_path: Path) -> None:
     from transformers import AutoModelForCausalLM
 
     from corerl.models.tiny import build_tiny_model
 
     host = PluginHost(env={})
     config = config_from_mapping(_recipe("builtin:tiny-moe", {"router_replay": "r3"}), host)
-    with pytest.raises(ConfigError, match="r3 needs the generation engine to report the experts it chose") as err:
-        check_router_replay(config)
-    assert err.value.key == "policy.moe.router_replay"
+    with pytest.warns(DeprecationWarning, match="check_router_replay is deprecated and refuses nothing"):
+        check_router_replay(config)  # r3 is served since contract 2.18: nothing to refuse
     dense = AutoModelForCausalLM.from_pretrained(build_tiny_model(tmp_path / "dense", hidden_size=64, num_layers=2,
                                                                   vocab_size=128))
     hooks_before = sum(len(m._forward_hooks) for m in dense.modules())
     assert attach_router(dense, config_from_mapping(_recipe("builtin:tiny-qwen2", {}), host)) is None
     assert sum(len(m._forward_hooks) for m in dense.modules()) == hooks_before
-    assert all(p.requires_grad for p in dense.parameters())
 
 
 def test_seq_aux_loss_is_the_mean_over_each_micro_batchs_sequences(moe_dir: str) -> None:
@@ -325,13 +324,104 @@ def test_r2_refuses_a_training_sequence_it_did_not_record(replaying: Any, moe_di
     assert math.isfinite(replaying.train_step(half, conformance_loss).loss)
 
 
-def test_r3_is_refused_for_a_model_not_read_here_as_for_a_local_mixture_of_experts(tmp_path: Path) -> None:
-    """A hub name (not read offline) is judged as a mixture of experts: r3 is refused at validation, not
-    accepted to be refused once the run reads the model."""
-    from corerl.errors import ConfigErrors
-    from corerl.models.facts import check_moe_settings
+# -- router replay (r3) ---------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def given(moe_dir: str) -> Any:
+    """Router replay r3: the batch's routed_experts (the generation engine's) in both passes."""
+    backend = _backend(moe_dir, {"router_replay": "r3"})
+    yield backend
+    backend.shutdown()
+
+
+def _random_routes(batch: dict[str, torch.Tensor], layers: int, seed: int = 5) -> torch.Tensor:
+    """``[rows, width, layers, k]`` distinct random experts per token (not what the router picks)."""
+    gen = torch.Generator().manual_seed(seed)
+    rows, width = batch["input_ids"].shape
+    scores = torch.rand((rows, width, layers, EXPERTS), generator=gen)
+    return scores.topk(TOP_K, dim=-1).indices.to(torch.int16)
+
+
+def test_r3_routes_both_passes_to_the_engines_experts(given: Any, free: Any, moe_dir: str) -> None:
+    """The old-policy logprobs and the training forward route every real token to the batch's
+    ``routed_experts`` (random experts here, so not the router's choice); a token marked -1 (the last
+    sampled one) routes as the router chooses; and the logprobs differ from free routing's."""
+    batch = conformance_batch(rows=4, length=16, vocab=128)
+    routes = _random_routes(batch, layers=2)
+    for row, length in enumerate(batch["attention_mask"].sum(dim=1).tolist()):
+        routes[row, length - 1] = -1  # the engine never ran the last token
+    batch = {**batch, "routed_experts": routes}
+    given.load_hf(moe_dir)
+    free.load_hf(moe_dir)
+    spy = _RoutingSpy(given.local_model())
+    try:
+        replayed = given.logprobs(batch)
+        scored = spy.take()
+        metrics = given.train_step({**batch, "old_logprobs": replayed}, _mismatch_loss).metrics
+        trained = spy.take()
+    finally:
+        spy.remove()
+    free_spy = _RoutingSpy(free.local_model())
+    try:
+        routed_freely = free.logprobs(batch)
+        own = free_spy.take()
+    finally:
+        free_spy.remove()
+    for seen in (scored, trained):  # micro-batches of two rows, layer by layer
+        for index, chosen in enumerate(seen):
+            first, layer = 2 * (index // 2), index % 2
+            rows = slice(first, first + 2)
+            expected = routes[rows, :, layer].reshape(-1, TOP_K).long()
+            real = batch["attention_mask"][rows].reshape(-1).bool()
+            ran = real & (expected[:, 0] >= 0)
+            assert torch.equal(chosen[ran].sort(-1).values, expected[ran].sort(-1).values)
+            last = real & (expected[:, 0] < 0)  # the router's own choice, as free routing makes it
+            assert last.any()
+            assert torch.equal(chosen[last].sort(-1).values, own[index][last].sort(-1).values)
+    assert metrics["gap/max"] == 0.0  # the training forward saw what the old-policy pass saw
+    mask = batch["loss_mask"].bool()
+    assert (replayed - routed_freely).abs()[mask].max() > 1e-3
+
+
+def test_r3_hf_generation_reports_the_experts_a_full_forward_of_its_samples_chooses(moe_dir: str) -> None:
+    """The hf backend's ``routed_experts`` (from the cached decoding) equal the experts a forward
+    of the whole sample picks, for every token it ran (all but the last, which is cut off)."""
+    from transformers import AutoModelForCausalLM
+
+    from corerl.generation.contract import SamplingSettings
 
     host = PluginHost(env={})
-    with pytest.raises((ConfigError, ConfigErrors), match="r3 needs the generation engine to report"):
-        check_moe_settings(config_from_mapping(_recipe("Qwen/Qwen3-30B-A3B", {"router_replay": "r3"}), host))
-    check_moe_settings(config_from_mapping(_recipe("Qwen/Qwen3-30B-A3B", {"router_replay": "r2"}), host))
+    config = config_from_mapping(_recipe(moe_dir, {"router_replay": "r3"}), host)
+    engine = select(config, host).generation_backend.registration.create(config=config)
+    engine.load_hf(moe_dir)
+    prompts = [[5, 6, 7, 8, 9, 10], [11, 12, 13]]
+    groups = engine.generate(prompts, SamplingSettings(temperature=1.0, max_new_tokens=6, seed=3), n=2)
+    engine.shutdown()
+    model = AutoModelForCausalLM.from_pretrained(moe_dir, dtype=torch.float32).eval()
+    spy = _RoutingSpy(model)
+    try:
+        for group in groups:
+            for sample in group:
+                tokens = [*sample.prompt_ids, *sample.completion_ids]
+                routes = torch.as_tensor(sample.routed_experts).long()
+                assert routes.shape == (len(tokens) - 1, 2, TOP_K)
+                with torch.no_grad():
+                    model(torch.tensor([tokens]))
+                for layer, chosen in enumerate(spy.take()):
+                    assert torch.equal(chosen[:-1].sort(-1).values, routes[:, layer].sort(-1).values)
+    finally:
+        spy.remove()
+
+
+def test_r3_is_refused_at_validation_where_the_generation_backend_does_not_report_experts() -> None:
+    """A backend without ``reports_routed_experts`` (the core's remote one) is refused at validation
+    in one line; with hf, the same recipe validates."""
+    from corerl.errors import ConfigErrors
+
+    host = PluginHost(env={})
+    remote = _recipe("Qwen/Qwen3-30B-A3B", {"router_replay": "r3"})
+    remote["policy"]["generation"] = {"backend": "remote", "remote": {"urls": ["http://127.0.0.1:1"]}}
+    with pytest.raises((ConfigError, ConfigErrors), match="generation backend 'remote' .* does not report them"):
+        select(config_from_mapping(remote, host), host)
+    select(config_from_mapping(_recipe("Qwen/Qwen3-30B-A3B", {"router_replay": "r3"}), host), host)

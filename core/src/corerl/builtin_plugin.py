@@ -59,6 +59,7 @@ corerl_checks = (
     Check("corerl.asynchronous.worker:check_in_flight_chosen", name="asynchronous in-flight requests"),
     Check("corerl.models.chat_template:check_template_arguments_chosen", name="chat template arguments"),
     Check("corerl.generation.bad_words:check_bad_words_chosen", name="banned words at generation"),
+    Check("corerl.generation.routes:check_routes_reported", name="router replay r3"),
 )
 
 

@@ -19,6 +19,8 @@ import torch
 from corerl.environments.rollout import StepWiseSample
 from corerl.errors import argument_error
 from corerl.generation.contract import Sample, images_of
+from corerl.generation.routes import FIELD as ROUTES
+from corerl.generation.routes import routes_field
 from corerl.generation.seeds import step_seed as step_seed  # re-exported (it lives below both)
 from corerl.training.batching import right_pad
 from corerl.training.image_rows import image_fields
@@ -30,7 +32,9 @@ def samples_to_batch(groups: Sequence[Sequence[Sample]], advantages: torch.Tenso
     """Right-padded training rows (prompt + completion), a loss mask on the model's completion
     tokens (a multi-turn episode's environment tokens stay out: ``Sample.completion_mask``), each
     row's advantage on every token, and the generation backend's logprobs for comparison; the
-    samples' images, where they have any (:mod:`corerl.training.image_rows`).
+    samples' images, where they have any (:mod:`corerl.training.image_rows`), and the experts the
+    generation engine chose, where it reported them (``routed_experts``, router replay r3:
+    :mod:`corerl.generation.routes`).
     ``advantages``: a tensor with one value per sample, in group order (any shape of that size)."""
     samples = _check_samples(groups)
     _check_advantages(advantages, len(samples))
@@ -43,8 +47,12 @@ def samples_to_batch(groups: Sequence[Sequence[Sample]], advantages: torch.Tenso
         loss_mask[row, p : p + c] = 1 if s.completion_mask is None else torch.tensor(s.completion_mask)
         gen_logprobs[row, p : p + c] = torch.tensor(s.logprobs, dtype=torch.float32)
     adv = advantages.reshape(rows, 1).to(torch.float32).expand(rows, width).contiguous()
-    return {"input_ids": input_ids, "attention_mask": attention, "loss_mask": loss_mask,
-            "advantages": adv, "gen_logprobs": gen_logprobs, **image_fields([s.images for s in samples])}
+    batch = {"input_ids": input_ids, "attention_mask": attention, "loss_mask": loss_mask,
+             "advantages": adv, "gen_logprobs": gen_logprobs, **image_fields([s.images for s in samples])}
+    routes = routes_field(samples, width)
+    if routes is not None:
+        batch[ROUTES] = routes
+    return batch
 
 
 def step_rows(groups: Sequence[Sequence[Sample]], advantages: torch.Tensor,
@@ -97,7 +105,8 @@ def merged_steps(steps: Sequence[Sample]) -> list[Sample]:
             versions = (*before, *(before[-1:] or (0,)) * len(gap), *(row.versions or (0,) * len(row.completion_ids)))
         out[-1] = attrs.evolve(last, completion_ids=(*last.completion_ids, *gap, *row.completion_ids),
                                logprobs=(*last.logprobs, *(0.0,) * len(gap), *row.logprobs), completion_mask=mask,
-                               finish_reason=row.finish_reason, versions=versions, images=row.images)
+                               finish_reason=row.finish_reason, versions=versions, images=row.images,
+                               routed_experts=row.routed_experts)  # the later row ran the merged tokens
     return out
 
 

@@ -114,6 +114,7 @@ class PlayedEpisode:
     tool_failures: int = 0
     lost_text: int = 0  # observations whose encoding lost text
     images: Images | None = None  # the prompt's images, then each observation's, in token order
+    routes: Any = None  # the last turn's routed experts (r3): its context is every token before it
     step_wise: bool = False
     turn_prompt: list[int] | None = None  # step-wise: the context of the turn to come (None: the prompt)
     history: list[dict[str, Any]] = attrs.field(factory=list)  # step-wise: the messages after the prompt
@@ -140,6 +141,7 @@ class PlayedEpisode:
         self.mask += [1] * len(sample.completion_ids)
         self.logprobs += sample.logprobs
         self.versions += sample.versions or [0] * len(sample.completion_ids)
+        self.routes = sample.routed_experts
         self.responses.append(text)
         self.finish = sample.finish_reason
 
@@ -148,7 +150,8 @@ class PlayedEpisode:
         versions = sample.versions or (0,) * len(sample.completion_ids)
         self.rows.append(Sample(prompt_ids=tuple(self.current), completion_ids=tuple(sample.completion_ids),
                                 logprobs=tuple(sample.logprobs), finish_reason=sample.finish_reason,
-                                versions=tuple(versions) if any(versions) else None, images=self.images))
+                                versions=tuple(versions) if any(versions) else None, images=self.images,
+                                routed_experts=sample.routed_experts))
         self.ids += sample.completion_ids  # the model's tokens, for the metrics
         self.versions += list(versions)
         self.responses.append(text)
@@ -166,10 +169,12 @@ class PlayedEpisode:
             last = self.rows[-1]
             return StepWiseSample(prompt_ids=last.prompt_ids, completion_ids=last.completion_ids,
                                   logprobs=last.logprobs, finish_reason="stop" if self.finish == "stop" else "length",
-                                  versions=last.versions, images=last.images, steps=tuple(self.rows))
+                                  versions=last.versions, images=last.images, steps=tuple(self.rows),
+                                  routed_experts=last.routed_experts)
         return Sample(prompt_ids=tuple(self.prompt), completion_ids=tuple(self.ids), logprobs=tuple(self.logprobs),
                       finish_reason="stop" if self.finish == "stop" else "length", completion_mask=tuple(self.mask),
-                      versions=tuple(self.versions) if self.stamped else None, images=self.images)
+                      versions=tuple(self.versions) if self.stamped else None, images=self.images,
+                      routed_experts=self.routes)
 
     @property
     def context(self) -> list[int]:

@@ -90,7 +90,14 @@ class Sample:
 
     ``images`` (contract 2.13): the images of the prompt and of a multi-turn episode's
     observations, in the order of their image tokens; the core sets them from the prompts
-    (a backend may leave them None)."""
+    (a backend may leave them None).
+
+    ``routed_experts`` (contract 2.18): a mixture of experts' chosen experts while the engine ran
+    the sample's tokens, an integer array ``[tokens, decoder layers, experts per token]`` from the
+    first prompt token (layers without a router, and tokens the engine never ran, such as the last
+    one, hold -1 or are cut off). A backend that sets ``reports_routed_experts = True`` fills it when
+    ``policy.moe.router_replay`` is ``r3`` (:mod:`corerl.generation.routes`); training then routes
+    the same tokens to the same experts."""
 
     prompt_ids: tuple[int, ...]
     completion_ids: tuple[int, ...]
@@ -99,6 +106,7 @@ class Sample:
     completion_mask: tuple[int, ...] | None = None
     versions: tuple[int, ...] | None = None
     images: Images | None = attrs.field(default=None, eq=False)
+    routed_experts: Any = attrs.field(default=None, eq=False)
 
 
 def check_reads_images(backend: Any, registration: Any, model_path: str) -> None:

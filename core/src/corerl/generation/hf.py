@@ -21,13 +21,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import Any
 
 import attrs
 
 from corerl.generation.bad_words import banned_sequences
 from corerl.generation.contract import Sample, SamplingSettings, images_of
+from corerl.generation.routes import recorded_routes, wants_routes
 from corerl.generation.sampling import (
     choose_tokens_per_row,
     cut_at_stop_ids,
@@ -52,6 +53,8 @@ class HFGenerationBackend:
     accepts_bad_words = True
     #: reads a prompt's images (contract 2.13: an ImagePrompt's pixel values go into generate())
     accepts_images = True
+    #: fills Sample.routed_experts for router replay r3 (contract 2.18: corerl.generation.routes)
+    reports_routed_experts = True
 
     def __init__(self, config: Any) -> None:
         self.config = config
@@ -204,7 +207,8 @@ class HFGenerationBackend:
         model.eval()
         try:
             with torch.no_grad(), torch.autocast(self.device.type, dtype=autocast, enabled=autocast is not None), \
-                    without_checkpoint_defaults(model), _step_logprobs(model) as recorded:
+                    without_checkpoint_defaults(model), _step_logprobs(model) as recorded, \
+                    (recorded_routes(model) if wants_routes(self.config) else nullcontext()) as routes:
                 out = model.generate(
                     input_ids=input_ids.to(self.device), attention_mask=attention.to(self.device),
                     max_new_tokens=sampling.max_new_tokens, num_return_sequences=returned,
@@ -226,13 +230,17 @@ class HFGenerationBackend:
         chosen = out.sequences[:, width:]
         logprobs = recorded.logprobs(chosen)
         chosen = chosen.cpu()
+        routed = routes.rows(chosen.shape[0]) if routes is not None else None  # [rows, tokens run, layers, k]
         samples = []
         for row in range(chosen.shape[0]):
             ids, reason = cut_at_stop_ids(chosen[row].tolist(), () if sampling.ignore_eos else stop_ids)
             ids, reason = cut_at_stop_strings(ids, sampling.stop_strings, self.tokenizer, reason)
-            samples.append(Sample(prompt_ids=tuple(prompts[row // n]), completion_ids=tuple(ids),
+            prompt = prompts[row // n]
+            samples.append(Sample(prompt_ids=tuple(prompt), completion_ids=tuple(ids),
                                   logprobs=tuple(logprobs[row, : len(ids)].tolist()), finish_reason=reason,
-                                  images=images[row // n]))
+                                  images=images[row // n],
+                                  routed_experts=None if routed is None
+                                  else routed[row, width - len(prompt): width + len(ids)].numpy()))
         return [samples[i * n:(i + 1) * n] for i in range(len(prompts))]
 
     def update_weights(self, weights: Iterable[tuple[str, Any]]) -> None:

@@ -103,8 +103,6 @@ def check_moe_settings(config: Any) -> None:
                           "policy.moe.load_balancing_type is 'none'", key="policy.moe.aux_loss_coeff",
                           hint="set policy.moe.load_balancing_type to aux_loss or seq_aux_loss, or remove the key")
     shape = model_shape(config)
-    if shape is None or shape.is_moe:  # a model not read here (a hub name) is judged as a mixture of experts
-        check_router_replay(config)  # r3: no generation engine reports its experts yet
     if shape is None:
         return
     if not shape.is_moe:
@@ -168,11 +166,13 @@ def check_hf_router(config: Any, backend: str, otherwise: str) -> None:
 
 
 def check_router_replay(config: Any) -> None:
-    """Refuse, at ``policy.moe.router_replay``, a replay mode the Hugging Face backends cannot do."""
-    if config.core.policy.moe.router_replay == "r3":
-        raise ConfigError("router_replay=r3 needs the generation engine to report the experts it chose; not "
-                          "available yet", key="policy.moe.router_replay",
-                          hint="use r2 (the experts chosen while computing the old-policy logprobs) or none")
+    """Deprecated (contract 2.18), to go in 3.0: it refused r3, which every training backend now
+    replays; whether the generation backend reports its experts is the core's validation
+    (:func:`corerl.generation.routes.check_routes_reported`). It refuses nothing."""
+    import warnings
+
+    warnings.warn("corerl.sdk.check_router_replay is deprecated and refuses nothing since contract 2.18 (r3 is "
+                  "served; the core checks the generation backend): remove the call", DeprecationWarning, stacklevel=2)
 
 
 def check_vision_settings(config: Any, algorithm: Any = None) -> None:

@@ -14,7 +14,11 @@ and an expert-parallel experts module) and, per micro-batch:
 - with ``policy.moe.router_replay: r2``, records each sequence's chosen experts while the
   old-policy logprobs are computed, and makes the training forward of the same sequences choose
   them again (the routing weights recomputed from the current logits at the recorded experts, so
-  the router keeps its gradient).
+  the router keeps its gradient);
+- with ``r3``, makes the old-policy logprob forward and the training forward choose the experts
+  the generation engine chose (the batch's ``routed_experts``, :mod:`corerl.generation.routes`),
+  weighted the same way; where the engine reported none (-1: the last sampled token), the router
+  chooses.
 
 A recording is keyed by a sequence's tokens, so it survives any re-cut of the batch (other
 micro-batches, mini-batches, ranks: at world size above 1 every rank gets every rank's
@@ -34,7 +38,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from corerl.errors import ConfigError
-from corerl.models.facts import check_router_replay
+from corerl.models.facts import check_router_replay as check_router_replay  # the SDK's name (deprecated)
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -58,13 +62,11 @@ def attach_router(model: Any, config: Config, replay: bool = True) -> RouterHook
     if not routers:
         return None
     settings = config.core.policy.moe
-    check_router_replay(config)
     routers.sort(key=lambda pair: pair[0])
     if settings.freeze_router:
         for _, module in routers:
             module.requires_grad_(False)
-    hooks = RouterHooks(routers, settings, replay=replay and settings.router_replay == "r2")
-    return hooks
+    return RouterHooks(routers, settings, replay=settings.router_replay if replay else "none")
 
 
 def sequence_spans(mb: dict[str, torch.Tensor]) -> list[tuple[int, int, int]]:
@@ -109,14 +111,15 @@ class RouterHooks:
     """Forward hooks on a model's routers (``routers``: ``(decoder layer index, module)`` in layer
     order) that keep what the loss terms, the metrics and router replay need."""
 
-    def __init__(self, routers: list[tuple[int, Any]], settings: Any, replay: bool) -> None:
+    def __init__(self, routers: list[tuple[int, Any]], settings: Any, replay: str) -> None:
         self.layer_ids = [layer for layer, _ in routers]
         self.modules = [module for _, module in routers]
         self.experts = int(self.modules[0].num_experts)
         self.top_k = int(self.modules[0].top_k)
         self.settings = settings
-        self.replay = replay
-        if replay:
+        self.replay = replay == "r2"  # r2 records in the old-policy pass and replays in training
+        self.replay_given = replay == "r3"  # r3 replays the engine's routes in both passes
+        if replay != "none":
             unknown = sorted({type(m).__name__ for m in self.modules} - set(SOFTMAX_ROUTERS))
             if unknown:
                 raise ConfigError(f"router replay cannot recompute the routing weights of {', '.join(unknown)}",
@@ -157,6 +160,8 @@ class RouterHooks:
         """Around one micro-batch's forward: captures the routers' outputs when training (for
         :meth:`step_terms`) or when r2 records, and replays a recording in training."""
         replay = self._replay_indices(mb) if training and self.replay else None
+        if self.replay_given:
+            replay = self._given_indices(mb)
         self._current = _MicroBatch(len(self.modules), capture=training or self.replay, replay=replay)
         try:
             yield self._current
@@ -255,6 +260,23 @@ class RouterHooks:
                                    "routing; the old-policy logprobs of this batch were not computed by this engine")
             out[row, start:start + length] = recorded.long()
         return out.reshape(rows * width, len(self.modules), self.top_k)
+
+    def _given_indices(self, mb: dict[str, torch.Tensor]) -> torch.Tensor:
+        """r3: ``[rows x width, layers, k]`` of the batch's ``routed_experts`` at this model's MoE
+        layers (-1 where the router chooses: padding, tokens the engine never ran)."""
+        from corerl.generation.routes import FIELD
+
+        given = mb.get(FIELD)
+        if given is None:
+            raise RuntimeError("router replay (r3): the micro-batch carries no routed_experts; the samples' generation "
+                               "backend reported none")
+        if given.shape[2] <= max(self.layer_ids):
+            raise RuntimeError(f"router replay (r3): the generation engine reported {given.shape[2]} layers' experts, "
+                               f"the model routes at layer {max(self.layer_ids)}")
+        rows, width = mb["input_ids"].shape
+        chosen = given[:, :, self.layer_ids].long()
+        chosen = chosen.masked_fill(mb["attention_mask"].to(chosen.device)[:, :, None, None] == 0, -1)
+        return chosen.reshape(rows * width, len(self.modules), -1)
 
     # -- the loss terms and metrics -----------------------------------------------------------
 
