@@ -8,8 +8,8 @@ where a layer has no router or the engine never ran the token (the last sampled 
 its output). The hf backend records them with forward hooks on the routers (:func:`recorded_routes`);
 vLLM returns them itself. :func:`routes_field` lays a batch's samples out as the training rows'
 ``routed_experts`` field ``[rows, width, layers, k]``, which the training backends' router replay
-reads in the old-policy logprob pass and the training forward alike (the reference model routes
-afresh). Without such a backend the recipe is refused at validation (:func:`check_routes_reported`).
+reads in the old-policy logprob pass and the training forward alike (the reference model, and rows
+nothing sampled, such as SFT's and DPO's, route afresh). Without such a backend the recipe is refused at validation (:func:`check_routes_reported`).
 """
 
 from __future__ import annotations
@@ -106,6 +106,9 @@ def routes_field(samples: Sequence[Sample], width: int) -> torch.Tensor | None:
     given = [s.routed_experts for s in samples if s.routed_experts is not None]
     if not given:
         return None
+    if len(given) != len(samples):
+        raise ValueError(f"{len(samples) - len(given)} of {len(samples)} samples have no routed_experts: router replay "
+                         "r3 needs every sample's (a generation backend reports them for all or none)")
     layers, k = given[0].shape[1], given[0].shape[2]
     out = torch.full((len(samples), width, layers, k), -1, dtype=torch.int16)
     for row, sample in enumerate(samples):

@@ -261,15 +261,15 @@ class RouterHooks:
             out[row, start:start + length] = recorded.long()
         return out.reshape(rows * width, len(self.modules), self.top_k)
 
-    def _given_indices(self, mb: dict[str, torch.Tensor]) -> torch.Tensor:
+    def _given_indices(self, mb: dict[str, torch.Tensor]) -> torch.Tensor | None:
         """r3: ``[rows x width, layers, k]`` of the batch's ``routed_experts`` at this model's MoE
-        layers (-1 where the router chooses: padding, tokens the engine never ran)."""
+        layers (-1 where the router chooses: padding, tokens the engine never ran); None for a batch
+        that holds none (SFT's or DPO's rows: nothing sampled them), which routes afresh."""
         from corerl.generation.routes import FIELD
 
         given = mb.get(FIELD)
         if given is None:
-            raise RuntimeError("router replay (r3): the micro-batch carries no routed_experts; the samples' generation "
-                               "backend reported none")
+            return None
         if given.shape[2] <= max(self.layer_ids):
             raise RuntimeError(f"router replay (r3): the generation engine reported {given.shape[2]} layers' experts, "
                                f"the model routes at layer {max(self.layer_ids)}")
