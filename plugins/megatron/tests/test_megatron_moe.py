@@ -138,6 +138,52 @@ def test_router_replay_routes_each_row_as_recorded_whatever_its_padding_and_batc
         RouterReplay.clear_global_router_replay_instances()
 
 
+def test_r3_routes_each_token_to_the_engines_experts_cut_as_its_tokens_are():
+    """r3's targets over megatron-core's RouterReplay: the batch's routed_experts at each router's
+    decoder layer, in [seq, batch] token order; experts 0..k-1 where the engine reported none
+    (padding, the last token); this rank's positions under context parallelism and its sequence
+    chunk under sequence parallelism; free routing for a batch without routes."""
+    from types import SimpleNamespace
+
+    from megatron.core.transformer.moe.router_replay import RouterReplay, RouterReplayAction
+
+    from corerl_megatron.training.context_parallel import SequenceSplit
+    from corerl_megatron.training.routing import GivenRoutes
+
+    RouterReplay.clear_global_router_replay_instances()
+    try:
+        routers = [SimpleNamespace(layer_number=2, router_replay=RouterReplay()),  # decoder layers 1 and 3
+                   SimpleNamespace(layer_number=4, router_replay=RouterReplay())]
+        gen = torch.Generator().manual_seed(0)
+        routes = torch.rand((2, 4, 4, 4), generator=gen).topk(2, dim=-1).indices.to(torch.int16)  # [rows, width, layers, k]
+        routes[0, 2] = -1  # row 0's last token: never run by the engine
+        mb = {"input_ids": torch.tensor([[5, 6, 7, 0], [8, 9, 4, 3]]),
+              "attention_mask": torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1]]), "routed_experts": routes}
+        given = GivenRoutes.__new__(GivenRoutes)
+        given.routers, given.tp_rank, given.tp, given.sequence_parallel = routers, 0, 1, False
+        given.replay(mb, split=None)
+        filler = torch.tensor([0, 1])
+        for router, layer in zip(routers, (1, 3), strict=True):
+            assert router.router_replay.router_replay_action == RouterReplayAction.REPLAY_FORWARD
+            target = router.router_replay.target_topk_idx.view(4, 2, 2)  # [seq, batch, k]
+            assert torch.equal(target[:2, 0], routes[0, :2, layer].long())
+            assert torch.equal(target[:, 1], routes[1, :, layer].long())
+            assert torch.equal(target[2, 0], filler) and torch.equal(target[3, 0], filler)  # none reported, padding
+        # context parallelism (2 ranks, rank 1 holds chunks 1 and 2 of 4): its positions, in order
+        given.replay(mb, split=SequenceSplit(None, rank=1, size=2))
+        held = SequenceSplit(None, rank=1, size=2).positions(4)
+        target = routers[1].router_replay.target_topk_idx.view(len(held), 2, 2)
+        assert torch.equal(target[:, 1], routes[1, held, 3].long())
+        # sequence parallelism over 2 tensor-parallel ranks: rank 1 holds the second half of the sequence
+        given.tp_rank, given.tp, given.sequence_parallel = 1, 2, True
+        given.replay(mb, split=None)
+        assert torch.equal(routers[0].router_replay.target_topk_idx.view(2, 2, 2)[:, 1], routes[1, 2:, 1].long())
+        given.replay({k: v for k, v in mb.items() if k != "routed_experts"}, split=None)  # SFT's rows: afresh
+        assert all(r.router_replay.router_replay_action is None for r in routers)
+    finally:
+        RouterReplay.clear_global_router_replay_instances()
+
+
 # -- slow: expert parallelism over gloo ---------------------------------------------------------
 
 # megatron's own optimizer and scheduler, as the suite's reference step (test_megatron_conformance.py)

@@ -41,6 +41,7 @@ from corerl.algorithms.reward_shaping import RolloutShaping, dynamically_sampled
 from corerl.environments.rollout import Rollout, SingleTurnRollout, StepWiseSample, step_wise
 from corerl.errors import ConfigError
 from corerl.generation.contract import SamplingSettings
+from corerl.generation.routes import without_routes
 from corerl.offload import NoOffload, PhaseOffload, ReferenceOffload
 from corerl.training.weights import send_weights
 
@@ -176,7 +177,7 @@ class GRPO:
                 off_policy.update(mask_by_prob_error(batch, self.seq_logprob_error_threshold))
         if self.reference_offload is not None and (self.loss.kl_penalty or kl_in_reward):
             with self.reference_offload.scoring() as reference:
-                batch["ref_logprobs"] = reference.logprobs(batch)
+                batch["ref_logprobs"] = reference.logprobs(without_routes(batch))
         timings["time/logprobs"] = time.perf_counter() - start
         kl_metrics: dict[str, float] = {}
         if kl_in_reward:

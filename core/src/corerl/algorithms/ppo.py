@@ -29,6 +29,7 @@ from corerl.algorithms.ppo_math import ValueLoss, explained_variance, gae, token
 from corerl.algorithms.reward_shaping import RolloutShaping
 from corerl.environments.rollout import SingleTurnRollout
 from corerl.generation.contract import SamplingSettings
+from corerl.generation.routes import without_routes
 from corerl.offload import NoOffload, PhaseOffload, ReferenceOffload
 from corerl.training.weights import send_weights
 
@@ -157,7 +158,7 @@ class PPO:
         kl = None
         if self.reference_offload is not None and self.kl_coef:
             with self.reference_offload.scoring() as reference:
-                ref_logprobs = reference.logprobs(batch)
+                ref_logprobs = reference.logprobs(without_routes(batch))
             kl = kl_estimate(ref_logprobs - batch["old_logprobs"], self.kl_type) * mask
         old_values = self.critic.values(batch)
         timings["time/logprobs"] = time.perf_counter() - start

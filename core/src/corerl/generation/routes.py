@@ -122,3 +122,9 @@ def routes_field(samples: Sequence[Sample], width: int) -> torch.Tensor | None:
         tokens = min(routes.shape[0], len(sample.prompt_ids) + len(sample.completion_ids))
         out[row, :tokens] = routes[:tokens].to(torch.int16)
     return out
+
+
+def without_routes(batch: dict[str, Any]) -> dict[str, Any]:
+    """``batch`` without its ``routed_experts``: what the KL reference scores (its weights are the
+    starting ones, so it routes afresh, as with r2 and a LoRA policy's base)."""
+    return {key: value for key, value in batch.items() if key != FIELD}

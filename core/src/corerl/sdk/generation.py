@@ -23,6 +23,8 @@ from corerl.generation.sampling import (
     row_generators,
     row_seeds,
 )
+from corerl.generation.routes import FIELD as ROUTED_EXPERTS
+from corerl.generation.routes import wants_routes
 from corerl.generation.shared_weights import SharedWeightWriter, read_shared
 from corerl.lora.adapter import is_adapter_name, lora_enabled, write_adapter
 from corerl.lora.weights import AdapterWeights
@@ -40,6 +42,8 @@ __all__ = [
     # sampling a step's tokens, stop strings, banned words
     "choose_tokens", "choose_tokens_per_row", "row_generators", "row_seeds", "cut_at_stop_strings",
     "banned_sequences",
+    # router replay r3: whether to report the experts chosen (Sample.routed_experts), the batch field
+    "wants_routes", "ROUTED_EXPERTS",
     # the refit's weights: shared through a file, under checkpoint names, a LoRA adapter
     "SharedWeightWriter", "read_shared", "CheckpointNaming",
     "lora_enabled", "is_adapter_name", "AdapterWeights", "write_adapter",

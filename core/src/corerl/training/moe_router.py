@@ -38,7 +38,9 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from corerl.errors import ConfigError
-from corerl.models.facts import check_router_replay as check_router_replay  # the SDK's name (deprecated)
+from corerl.models.facts import (
+    check_router_replay as check_router_replay,  # the SDK's name (deprecated)
+)
 
 if TYPE_CHECKING:
     from collections.abc import Iterator

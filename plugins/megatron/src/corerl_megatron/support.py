@@ -167,9 +167,9 @@ def check_experts(config: Config, settings: object, section: str, on_gpu: bool) 
     """Refuse an expert layout the model or this machine cannot take, and router settings the
     megatron backend does not run: a dense model's expert parallelism (the SDK's check),
     tensor parallelism inside experts (not wired), tensor parallelism over a MoE model's training
-    on the CPU (megatron-core's MoE layer wants sequence parallelism with it), and router replay
-    r2 with activation recomputation / sequence parallelism (r3 is refused for every backend by the
-    SDK's model checks)."""
+    on the CPU (megatron-core's MoE layer wants sequence parallelism with it), router replay
+    r2 with activation recomputation / sequence parallelism, and r3 with recomputation under a
+    pipeline schedule or with multi-token-prediction heads."""
     check_expert_parallel(config, settings.expert_model_parallel_size,  # type: ignore[attr-defined]
                           f"{section}.expert_model_parallel_size")
     if settings.expert_tensor_parallel_size > 1:  # type: ignore[attr-defined]
@@ -192,6 +192,15 @@ def check_experts(config: Config, settings: object, section: str, on_gpu: bool) 
                                  hint="set it to 1, or policy.moe.aux_loss_coeff and z_loss_coeff to 0")
     check_biased_router(config, shape, section)
     replay = moe.router_replay
+    if replay == "r3" and settings.activation_checkpointing and settings.pipeline_model_parallel_size > 1:  # type: ignore[attr-defined]
+        raise EngineNotAvailable("router replay r3 on megatron sets each forward's experts before it runs, and the "
+                                 "pipeline schedule recomputes a micro-batch after later ones have set theirs",
+                                 key=f"{section}.activation_checkpointing",
+                                 hint=f"turn it off, or set {section}.pipeline_model_parallel_size=1")
+    if replay == "r3" and (settings.mtp_num_layers or 0) > 0:  # type: ignore[attr-defined]
+        raise EngineNotAvailable("router replay r3 replays the experts the generation engine chose in the decoder "
+                                 "layers; the multi-token-prediction heads' routers have none reported",
+                                 key=f"{section}.mtp_num_layers", hint="set it to 0, or policy.moe.router_replay=r2")
     if replay == "r2" and (settings.activation_checkpointing or settings.sequence_parallel):  # type: ignore[attr-defined]
         key = "activation_checkpointing" if settings.activation_checkpointing else "sequence_parallel"  # type: ignore[attr-defined]
         raise EngineNotAvailable(f"router replay r2 on megatron records each row's experts per token of a whole "
@@ -264,7 +273,7 @@ def check_context_parallel(config: Config, settings: Any, section: str, lora: bo
                            on_gpu: bool) -> None:
     """Context parallelism (:mod:`corerl_megatron.training.context_parallel`): Transformer Engine's
     attention takes it, on a GPU, where it must be installed, in bfloat16 or float16; the local spec
-    that LoRA's adapters and packed rows run on has no context-parallel attention, router replay keeps each row's experts by
+    that LoRA's adapters and packed rows run on has no context-parallel attention, router replay r2 keeps each row's experts by
     its whole tokens, and the multi-token-prediction heads read the tokens after each position, so
     those are refused with it, in one line."""
     key = f"{section}.context_parallel_size"
@@ -276,8 +285,8 @@ def check_context_parallel(config: Config, settings: Any, section: str, lora: bo
             ("policy.precision", config.core.policy.precision not in ("bfloat16", "float16"),
              "Transformer Engine's context-parallel attention runs in its flash or fused kernels, which take "
              "bfloat16 or float16 only"),
-            ("policy.moe.router_replay", config.core.policy.moe.router_replay != "none",
-             "router replay keeps each row's experts by the row's whole tokens"),
+            ("policy.moe.router_replay", config.core.policy.moe.router_replay == "r2",
+             "router replay r2 keeps each row's experts by the row's whole tokens (r3 is cut as the tokens are)"),
             (f"{section}.mtp_num_layers", (settings.mtp_num_layers or 0) > 0,
              "the multi-token-prediction heads read the tokens after each position, across the ranks' chunks")):
         if on:

@@ -43,6 +43,7 @@ class VllmGenerationBackend:
 
     accepts_images = True
     accepts_bad_words = True  # vLLM's own SamplingParams.bad_words (contract 2.18)
+    reports_routed_experts = True  # r3: enable_return_routed_experts, on a GPU (corerl_vllm.support)
 
     def __init__(self, config: Config) -> None:
         self.config = config

@@ -27,6 +27,7 @@ from corerl.sdk import (
     model_shape,
     read_hf_config,
     vision_token_ids,
+    wants_routes,
 )
 from corerl_vllm.support import VLLM_LORA_RANKS
 
@@ -153,11 +154,14 @@ def check_expanded(prompt: list[int], expanded: Any) -> None:
 
 
 def _sample(prompt: list[int], completion: Any) -> Sample:
-    """corerl's sample of one of vLLM's completions (its logprobs: each chosen token's)."""
+    """corerl's sample of one of vLLM's completions (its logprobs: each chosen token's; with
+    ``enable_return_routed_experts``, the experts each token it ran went to, ``[tokens, layers, k]``
+    from the first prompt token: router replay r3)."""
     ids = tuple(completion.token_ids)
     logprobs = tuple(float(step[token].logprob) for step, token in zip(completion.logprobs, ids, strict=True))
     reason = "length" if completion.finish_reason == "length" else "stop"
-    return Sample(prompt_ids=tuple(prompt), completion_ids=ids, logprobs=logprobs, finish_reason=reason)
+    return Sample(prompt_ids=tuple(prompt), completion_ids=ids, logprobs=logprobs, finish_reason=reason,
+                  routed_experts=getattr(completion, "routed_experts", None))
 
 
 @attrs.define
@@ -390,6 +394,9 @@ class VllmEngine:
             kwargs["kv_cache_dtype"] = s.kv_cache_dtype
         if s.speculative_config is not None:  # e.g. the checkpoint's MTP heads as the drafter (method mtp)
             kwargs["speculative_config"] = dict(s.speculative_config)
+        if wants_routes(self.config):  # router replay r3: vLLM returns each token's experts (its model runner V2)
+            os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "1"
+            kwargs["enable_return_routed_experts"] = True
         kwargs.update(s.engine_args)
         self.llm = LLM(**kwargs)
         self.adapter: Any = None  # the LoRARequest of the newest adapter; None: the base model

