@@ -42,8 +42,7 @@ FEATURES = (
     ("video", "audio and video inputs"),
     ("expert_parallel", "mixture-of-experts models (expert parallelism)"),
     ("expert_model_parallel", "mixture-of-experts models (expert parallelism)"),
-    ("router_replay", "router replay r3 (the generation engine's experts; r2 runs, not with megatron's context "
-                      "parallelism)"),
+    ("router_replay", "router replay (r2 with megatron's context parallelism; r3 with vLLM needs a GPU)"),
     ("moe_", "mixture-of-experts models"),
     ("fp8", "FP8 training (on a GPU: with packed rows, Transformer Engine's packed attention)"),
     ("megatron_cfg.context_parallel", "context parallelism on megatron (Transformer Engine's attention)"),
