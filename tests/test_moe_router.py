@@ -425,3 +425,29 @@ def test_r3_is_refused_at_validation_where_the_generation_backend_does_not_repor
     with pytest.raises((ConfigError, ConfigErrors), match="generation backend 'remote' .* does not report them"):
         select(config_from_mapping(remote, host), host)
     select(config_from_mapping(_recipe("Qwen/Qwen3-30B-A3B", {"router_replay": "r3"}), host), host)
+
+
+def test_samples_to_batch_lays_the_reported_experts_out_as_the_rows_tokens() -> None:
+    """``routed_experts`` rows line up with ``input_ids``: a sample's routes from its first prompt
+    token, -1 past what the engine ran and in the padding; a batch where only some samples carry
+    routes is refused (r3 would replay some rows and route others afresh)."""
+    import numpy as np
+
+    from corerl.algorithms.batches import samples_to_batch
+    from corerl.generation.contract import Sample
+
+    def sample(prompt: int, completion: int, ran: int, seed: int) -> Sample:
+        routes = np.random.default_rng(seed).integers(0, EXPERTS, size=(ran, 3, TOP_K)).astype("int16")
+        return Sample(prompt_ids=tuple(range(1, prompt + 1)), completion_ids=tuple(range(5, 5 + completion)),
+                      logprobs=(-1.0,) * completion, finish_reason="stop", routed_experts=routes)
+
+    long, short = sample(3, 4, ran=6, seed=0), sample(2, 2, ran=3, seed=1)
+    batch = samples_to_batch([[long, short]], torch.tensor([1.0, -1.0]))
+    field = batch["routed_experts"]
+    assert field.shape == (2, 7, 3, TOP_K) and field.dtype == torch.int16
+    assert torch.equal(field[0, :6], torch.as_tensor(long.routed_experts)) and (field[0, 6] == -1).all()
+    assert torch.equal(field[1, :3], torch.as_tensor(short.routed_experts)) and (field[1, 3:] == -1).all()
+    plain = Sample(prompt_ids=(1, 2), completion_ids=(5,), logprobs=(-1.0,), finish_reason="stop")
+    assert "routed_experts" not in samples_to_batch([[plain]], torch.tensor([0.0]))
+    with pytest.raises(Exception, match="1 of 2 samples have no routed_experts"):
+        samples_to_batch([[long, plain]], torch.tensor([1.0, -1.0]))
