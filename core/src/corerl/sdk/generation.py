@@ -16,6 +16,8 @@ from corerl.generation.contract import (
     SamplingSettings,
     images_of,
 )
+from corerl.generation.routes import FIELD as ROUTED_EXPERTS
+from corerl.generation.routes import wants_routes
 from corerl.generation.sampling import (
     choose_tokens,
     choose_tokens_per_row,
@@ -23,8 +25,6 @@ from corerl.generation.sampling import (
     row_generators,
     row_seeds,
 )
-from corerl.generation.routes import FIELD as ROUTED_EXPERTS
-from corerl.generation.routes import wants_routes
 from corerl.generation.shared_weights import SharedWeightWriter, read_shared
 from corerl.lora.adapter import is_adapter_name, lora_enabled, write_adapter
 from corerl.lora.weights import AdapterWeights
