@@ -54,7 +54,7 @@ def test_what_the_backend_does_not_offer_is_refused_with_its_reason(tmp_path, ov
     ("policy.sequence_packing.enabled=true", "policy.sequence_packing.enabled", "packed rows run on megatron-core's "
                                                                                 "local layer spec"),
     ("policy.precision=float32", "policy.precision", "flash or fused kernels, which take bfloat16 or float16 only"),
-    ("policy.moe.router_replay=r2", "policy.moe.router_replay", "router replay keeps each row's experts"),
+    ("policy.moe.router_replay=r2", "policy.moe.router_replay", "router replay r2 keeps each row's experts"),
 ])
 def test_what_context_parallelism_cannot_run_with_is_refused_on_any_machine(tmp_path, override, key, reason):
     """Refused before the GPU it needs is asked for: a CPU machine does not count such a recipe as GPU-only."""
