@@ -141,7 +141,7 @@ class MoeConfig:
                                                     "router logits)")
     router_replay: Literal["none", "r2", "r3"] = setting(
         "none", help="route training tokens as before: r2 records the experts chosen while scoring the old-policy "
-                     "logprobs, r3 takes those the generation engine chose (hf; vllm on a GPU) for the old-policy "
+                     "logprobs, r3 takes those the generation engine chose (a backend that reports them) for the old-policy "
                      "pass and training alike; none routes afresh")
     expert_bias: bool | None = setting(
         None, help="route with the router's per-expert bias (aux-loss-free balancing: GLM-4.5's "

@@ -46,8 +46,9 @@ def check_routes_reported(config: Any, chosen: Any) -> None:
     raise ConfigError(f"router_replay=r3 replays the experts the generation engine chose, and generation backend "
                       f"{registration.id!r} (plugin {registration.plugin!r}) does not report them",
                       key="policy.moe.router_replay",
-                      hint="sample with a backend that reports them (policy.generation.backend=hf does; vllm on a GPU), "
-                           "or use r2 (the experts chosen while computing the old-policy logprobs)")
+                      hint="sample with a backend that reports them (policy.generation.backend=hf does; a plugin's backend "
+                           "where it sets reports_routed_experts), or use r2 (the experts chosen while computing the "
+                           "old-policy logprobs)")
 
 
 class _Recorder:
