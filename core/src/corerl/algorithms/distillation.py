@@ -34,6 +34,7 @@ from corerl.algorithms.distillation_math import (
 from corerl.algorithms.grpo_math import GRPOLoss
 from corerl.errors import ConfigError
 from corerl.generation.contract import SamplingSettings
+from corerl.generation.routes import without_routes
 from corerl.models.tokenizer import check_same_vocabulary
 from corerl.offload import ReferenceOffload
 from corerl.training.weights import send_weights
@@ -118,12 +119,12 @@ class DistillationAlgorithm(AlgorithmBase):
         context.offload.before_training()
         mask = batch["loss_mask"].to(torch.float32)
         student = context.training.logprobs(batch)
-        with self.teacher_offload.scoring() as teacher:
+        with self.teacher_offload.scoring() as teacher:  # the teacher routes its own way (not the student's r3)
             if self.topk is None:
-                teacher_logprobs = teacher.logprobs(batch)
+                teacher_logprobs = teacher.logprobs(without_routes(batch))
             else:  # forward or mixed KL: the teacher's top-k next tokens, and the student's logprobs of them
                 teacher_logprobs, batch["teacher_topk_logprobs"], batch["candidate_ids"] = teacher.topk_logprobs(
-                    batch, self.topk)
+                    without_routes(batch), self.topk)
         batch["advantages"] = reverse_kl_advantages(student, teacher_logprobs, mask)
         timings["time/logprobs"] = time.perf_counter() - start
 

@@ -48,7 +48,9 @@ def joined(head: Sample, tail: Sample) -> Sample:
     """A request cut by an abort (``head``) and its resumption from its tokens (``tail``) as one sample."""
     return attrs.evolve(head, completion_ids=head.completion_ids + tail.completion_ids,
                         logprobs=head.logprobs + tail.logprobs, finish_reason=tail.finish_reason,
-                        versions=(head.versions or ()) + (tail.versions or ()))
+                        versions=(head.versions or ()) + (tail.versions or ()),
+                        # the resumption ran the head's tokens again (its prompt holds them): its routes cover both
+                        routed_experts=tail.routed_experts if tail.routed_experts is not None else head.routed_experts)
 
 
 class DedicatedGeneration:

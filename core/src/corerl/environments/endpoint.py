@@ -67,6 +67,7 @@ class Chain:
     mask: list[int] = attrs.field(factory=list)
     logprobs: list[float] = attrs.field(factory=list)
     finish: str = "stop"
+    routes: Any = None  # the last call's routed experts (r3): its prompt is every token before it
 
     @property
     def tokens(self) -> list[int]:
@@ -74,7 +75,8 @@ class Chain:
 
     def sample(self) -> Sample:
         return Sample(prompt_ids=tuple(self.prompt), completion_ids=tuple(self.ids), logprobs=tuple(self.logprobs),
-                      finish_reason="stop" if self.finish == "stop" else "length", completion_mask=tuple(self.mask))
+                      finish_reason="stop" if self.finish == "stop" else "length", completion_mask=tuple(self.mask),
+                      routed_experts=self.routes)
 
 
 @attrs.define
@@ -199,6 +201,7 @@ class ChatEndpoint:
         text = self.tokenizer.decode(list(sample.completion_ids), skip_special_tokens=True)
         chain.ids += sample.completion_ids
         chain.mask += [1] * len(sample.completion_ids)
+        chain.routes = sample.routed_experts
         chain.logprobs += sample.logprobs
         chain.finish = sample.finish_reason
         chain.messages = [*messages, {"role": "assistant", "content": text}]

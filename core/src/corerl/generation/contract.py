@@ -94,8 +94,8 @@ class Sample:
 
     ``routed_experts`` (contract 2.18): a mixture of experts' chosen experts while the engine ran
     the sample's tokens, an integer array ``[tokens, decoder layers, experts per token]`` from the
-    first prompt token (layers without a router, and tokens the engine never ran, such as the last
-    one, hold -1 or are cut off). A backend that sets ``reports_routed_experts = True`` fills it when
+    first prompt token (a layer without a router holds no meaning, -1 or 0: the trainers read the MoE
+    layers only; tokens the engine never ran, such as the last one, hold -1 or are cut off). A backend that sets ``reports_routed_experts = True`` fills it when
     ``policy.moe.router_replay`` is ``r3`` (:mod:`corerl.generation.routes`); training then routes
     the same tokens to the same experts."""
 

@@ -3,9 +3,9 @@ the generation engine sampled, replayed when the trainer computes the same token
 
 A generation backend that can say which experts it chose sets ``reports_routed_experts = True``
 (contract 2.18) and, with r3, fills each :class:`~corerl.generation.contract.Sample`'s
-``routed_experts``: ``[tokens, decoder layers, experts per token]`` from the first prompt token, -1
-where a layer has no router or the engine never ran the token (the last sampled one: nothing reads
-its output). The hf backend records them with forward hooks on the routers (:func:`recorded_routes`);
+``routed_experts``: ``[tokens, decoder layers, experts per token]`` from the first prompt token (a
+layer without a router holds no meaning: -1 from hf, 0 from vLLM; the trainers read the MoE layers
+only), cut where the engine stopped running tokens (the last sampled one: nothing reads its output). The hf backend records them with forward hooks on the routers (:func:`recorded_routes`);
 vLLM returns them itself. :func:`routes_field` lays a batch's samples out as the training rows'
 ``routed_experts`` field ``[rows, width, layers, k]``, which the training backends' router replay
 reads in the old-policy logprob pass and the training forward alike (the reference model, and rows
@@ -58,17 +58,20 @@ class _Recorder:
         self.layers = layers
         self.forwards: list[dict[int, torch.Tensor]] = []
 
-    def rows(self, rows: int) -> torch.Tensor:
-        """``[rows, tokens run, layers, k]`` (-1 for a layer without a router), the forwards in order."""
+    def rows(self, rows: int) -> torch.Tensor | None:
+        """``[rows, tokens run, layers, k]`` on the CPU (-1 for a layer without a router), the forwards
+        in order; None where the model has no router (a dense model: nothing to replay)."""
         import torch
 
+        if not self.forwards:
+            return None
         steps = []
         for chosen in self.forwards:
             first = next(iter(chosen.values()))
             k = first.shape[-1]
             step = torch.full((rows, first.shape[0] // rows, self.layers, k), -1, dtype=torch.int16)
             for layer, indices in chosen.items():
-                step[:, :, layer] = indices.reshape(rows, -1, k).to(torch.int16)
+                step[:, :, layer] = indices.reshape(rows, -1, k).cpu()
             steps.append(step)
         return torch.cat(steps, dim=1)
 
@@ -77,9 +80,13 @@ class _Recorder:
 def recorded_routes(model: Any) -> Iterator[_Recorder]:
     """Around a ``generate()`` call of a transformers mixture of experts: every forward's chosen
     experts (its ``*TopKRouter`` modules return ``(logits, weights, indices)``), one entry per
-    forward (the prompt's, then one per decoding step)."""
+    forward (the prompt's, then one per decoding step), kept on the model's device as int16 until
+    :meth:`_Recorder.rows` (no host copy per layer and step). Routers are the modules whose class name
+    ends in ``TopKRouter`` (any case: Qwen3-MoE's, GLM-4.5's ``Glm4MoeTopkRouter``)."""
+    import torch
+
     routers = [(int(found.group(1)), module) for name, module in model.named_modules()
-               if type(module).__name__.endswith("TopKRouter") and (found := _LAYER.search(name))]
+               if type(module).__name__.lower().endswith("topkrouter") and (found := _LAYER.search(name))]
     recorder = _Recorder(int(getattr(model.config.get_text_config(), "num_hidden_layers", 0) or 0)
                          or max((layer for layer, _ in routers), default=-1) + 1)
     first_layer = min((layer for layer, _ in routers), default=0)
@@ -88,7 +95,7 @@ def recorded_routes(model: Any) -> Iterator[_Recorder]:
         def hook(module: Any, args: Any, output: Any) -> None:
             if layer == first_layer:  # the first router of a forward opens its entry
                 recorder.forwards.append({})
-            recorder.forwards[-1][layer] = output[2].detach().to("cpu")
+            recorder.forwards[-1][layer] = output[2].detach().to(torch.int16)
         return hook
 
     handles = [module.register_forward_hook(hook_for(layer)) for layer, module in routers]
