@@ -85,7 +85,7 @@ def tiny_hf_config(
     hidden_size: int = 64,
     num_layers: int = 2,
     num_heads: int = 4,
-    num_kv_heads: int = 2,
+    num_kv_heads: int | None = None,
     head_dim: int | None = None,
     intermediate_size: int | None = None,
     vocab_size: int = 128,
@@ -100,10 +100,12 @@ def tiny_hf_config(
     torch or transformers: validation and ``corerl plan`` read a built-in model's facts from it.
     ``num_experts``, ``experts_per_token`` and ``expert_intermediate_size`` apply to the
     mixture-of-experts families (:data:`MOE_FAMILIES`) only; the vision-language families
-    (:data:`VL_FAMILIES`) take ``hidden_size``, ``num_layers``, ``vocab_size`` and ``head_dim``."""
+    (:data:`VL_FAMILIES`) take ``hidden_size``, ``num_layers``, ``vocab_size``, ``head_dim`` and
+    ``num_kv_heads``. Key-value heads: 2 unless given (1 for a vision-language model)."""
     if family in VL_FAMILIES:
         return tiny_vl_config(family=family, hidden_size=hidden_size, num_layers=num_layers, vocab_size=vocab_size,
-                              head_dim=head_dim or 32)
+                              head_dim=head_dim or 32, num_kv_heads=num_kv_heads or 1)
+    num_kv_heads = 2 if num_kv_heads is None else num_kv_heads
     families = {"qwen2": "qwen2", "llama": "llama", "qwen3_moe": "qwen3_moe", "mixtral": "mixtral",
                 "glm4_moe": "glm4_moe"}
     if family not in families:
@@ -195,10 +197,11 @@ def tiny_vl_vocabulary(size: int = 128) -> list[str]:
 
 
 def tiny_vl_config(family: str = "qwen2_5_vl", hidden_size: int = 64, num_layers: int = 2, vocab_size: int = 128,
-                   vision_hidden_size: int = 32, vision_depth: int = 2, head_dim: int = 32) -> dict[str, Any]:
+                   vision_hidden_size: int = 32, vision_depth: int = 2, head_dim: int = 32,
+                   num_kv_heads: int = 1) -> dict[str, Any]:
     """The ``config.json`` dict of a tiny Qwen2.5-VL (``family="qwen2_5_vl"``) or Qwen3-VL
     (``"qwen3_vl"``), without torch or transformers (``head_dim`` 64 for vLLM's CPU attention,
-    which takes no smaller head)."""
+    which takes no smaller head; ``num_kv_heads`` 2 for two tensor-parallel ranks)."""
     if family not in ("qwen2_5_vl", "qwen3_vl"):
         raise ValueError(f"unknown tiny vision-language family {family!r}; known: qwen2_5_vl, qwen3_vl")
     ids = {word: i for i, word in enumerate(tiny_vl_vocabulary(vocab_size))}
@@ -206,7 +209,7 @@ def tiny_vl_config(family: str = "qwen2_5_vl", hidden_size: int = 64, num_layers
     sections = [head_dim // 8, 3 * head_dim // 16, 3 * head_dim // 16]
     rope = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": sections}
     text = dict(vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=2 * hidden_size,
-                num_hidden_layers=num_layers, num_attention_heads=max(1, hidden_size // head_dim), num_key_value_heads=1,
+                num_hidden_layers=num_layers, num_attention_heads=max(1, hidden_size // head_dim), num_key_value_heads=num_kv_heads,
                 head_dim=head_dim, max_position_embeddings=2048, rope_parameters=rope, tie_word_embeddings=True,
                 pad_token_id=ids["<pad>"], bos_token_id=ids["<bos>"], eos_token_id=ids["<eos>"])
     vision = dict(depth=vision_depth, hidden_size=vision_hidden_size, intermediate_size=2 * vision_hidden_size,

@@ -36,14 +36,18 @@ class Shape:
 
     @classmethod
     def from_hf_config(cls, hf: Any, family: Family, value_head: bool = False) -> Shape:
-        """The shape of the Hugging Face config ``hf`` of a model of ``family``."""
+        """The shape of the Hugging Face config ``hf`` of a model of ``family`` (a vision-language
+        model's: its text config's, tying as the model says)."""
+        tied_model = hf
+        hf = hf.get_text_config() if hasattr(hf, "get_text_config") else hf
         heads = hf.num_attention_heads
         experts = expert_count(hf)
         return cls(
             num_layers=hf.num_hidden_layers, num_heads=heads,
             num_kv_heads=getattr(hf, "num_key_value_heads", None) or heads,
             head_dim=getattr(hf, "head_dim", None) or hf.hidden_size // heads,
-            tied=bool(getattr(hf, "tie_word_embeddings", False)) and not value_head,
+            tied=bool(getattr(tied_model, "tie_word_embeddings", None) if getattr(tied_model, "tie_word_embeddings", None)
+                      is not None else getattr(hf, "tie_word_embeddings", False)) and not value_head,
             qkv_bias=bool(getattr(hf, "attention_bias", family.qkv_bias_default)),
             value_head=value_head, experts=experts,
             moe_layers=moe_layer_indices(hf) if experts else (),
@@ -132,6 +136,11 @@ def hf_to_megatron(hf_state: dict[str, torch.Tensor], family: Family, shape: Sha
     for rule in family.rules:
         if not _applies(rule, shape):
             continue
+        if rule.kind == "prefix":  # a whole sub-model, names and tensors unchanged past the prefix
+            for name in [n for n in hf_state if n.startswith(rule.hf[0])]:
+                out[rule.megatron + name[len(rule.hf[0]):]] = hf_state[name]
+                used.add(name)
+            continue
         for target, sources in _expand(rule, shape):
             missing = [s for s in sources if s not in hf_state]
             if missing:
@@ -161,6 +170,10 @@ def megatron_to_hf(state: dict[str, torch.Tensor], family: Family, shape: Shape)
     for rule in family.rules:
         if not _applies(rule, shape):
             continue
+        if rule.kind == "prefix":
+            for name in [n for n in state if n.startswith(rule.megatron)]:
+                out[rule.hf[0] + name[len(rule.megatron):]] = state[name].contiguous()
+            continue
         for source, targets in _expand(rule, shape):
             if rule.kind == "expert":
                 out[targets[0]] = torch.stack([state[source.format(e=e)] for e in range(shape.experts)]).contiguous()
@@ -179,7 +192,8 @@ def megatron_to_hf(state: dict[str, torch.Tensor], family: Family, shape: Shape)
             for name, part in zip(targets, parts, strict=True):
                 out[name] = part.contiguous()
     if shape.tied:
-        out["lm_head.weight"] = out["model.embed_tokens.weight"]
+        embeddings = next(r for r in family.rules if r.megatron == "embedding.word_embeddings.weight").hf[0]
+        out["lm_head.weight"] = out[embeddings]
     if shape.value_head:
         out["score.weight"] = out.pop("lm_head.weight")
         if "output_layer.bias" in state:

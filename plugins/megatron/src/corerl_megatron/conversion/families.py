@@ -6,7 +6,10 @@ projections fused per query group: for each group its query heads, then its key 
 its value head), ``gate_up`` (the gated MLP's gate and up projections stacked) or ``expert``
 (one expert's slice of a tensor transformers keeps stacked over the experts: Megatron's
 per-expert ``linear_fc1`` is ``gate_up_proj[e]``, its ``linear_fc2`` is ``down_proj[e]``) or
-``swap_halves`` (a ``[out, 2h]`` projection whose two input halves are in the other order).
+``swap_halves`` (a ``[out, 2h]`` projection whose two input halves are in the other order) or
+``prefix`` (every Hugging Face tensor under a name prefix, unchanged, under another: a
+vision-language model's vision tower, which runs as transformers builds it beside megatron-core's
+decoder).
 ``{i}`` is the layer index, ``{e}`` the expert's. ``when`` says which layers a rule covers in a
 mixture of experts: ``moe`` (routed layers), ``dense`` (the others); ``mtp`` and ``mtp_qkv_bias``
 cover the multi-token-prediction heads a checkpoint carries after its decoder layers (``{i}`` is
@@ -20,7 +23,7 @@ from typing import Literal
 
 import attrs
 
-Kind = Literal["copy", "qkv", "gate_up", "expert", "swap_halves"]
+Kind = Literal["copy", "qkv", "gate_up", "expert", "swap_halves", "prefix"]
 When = Literal["always", "untied", "qkv_bias", "moe", "dense", "mtp", "mtp_qkv_bias"]
 
 
@@ -49,7 +52,13 @@ _MLP = "model.layers.{i}.mlp"
 _LAYER = "decoder.layers.{i}"
 
 
-def _decoder_rules(*, qk_norm: bool = False, experts: bool = False) -> tuple[Rule, ...]:
+def _decoder_rules(*, qk_norm: bool = False, experts: bool = False, root: str = "model") -> tuple[Rule, ...]:
+    """The decoder's rules; ``root`` is where transformers keeps it (a vision-language model's
+    ``model.language_model``)."""
+    if root != "model":
+        return tuple(attrs.evolve(rule, hf=tuple(h.replace("model.", f"{root}.", 1) if h.startswith("model.") else h
+                                                 for h in rule.hf))
+                     for rule in _decoder_rules(qk_norm=qk_norm, experts=experts))
     mlp = "dense" if experts else "always"
     return (
         Rule("embedding.word_embeddings.weight", ("model.embed_tokens.weight",)),
@@ -127,7 +136,14 @@ GLM4_MOE = Family("glm4_moe", ("Glm4MoeForCausalLM",),
                   (*_decoder_rules(qk_norm=True, experts=True), *_shared_expert_rules()), qkv_bias_default=False)
 #: Xiaomi's MiMo: a Qwen2 decoder with MTP heads (``num_nextn_predict_layers``)
 MIMO = Family("mimo", ("MiMoForCausalLM",), (*_decoder_rules(), *_mimo_mtp_rules()), qkv_bias_default=True)
-FAMILIES = (QWEN2, LLAMA, QWEN3_MOE, MIXTRAL, GLM4_MOE, MIMO)
+#: Qwen2.5-VL and Qwen2-VL: a Qwen2 decoder with multimodal rotary positions, the vision tower kept
+#: as transformers has it (``model.visual``, megatron's ``vision_model``: corerl_megatron.training.vision)
+VISION_TOWER = Rule("vision_model.", ("model.visual.",), "prefix")
+#: the config model types of those checkpoints
+VISION_MODEL_TYPES = ("qwen2_5_vl", "qwen2_vl")
+QWEN2_5_VL = Family("qwen2_5_vl", ("Qwen2_5_VLForConditionalGeneration", "Qwen2VLForConditionalGeneration"),
+                    (*_decoder_rules(root="model.language_model"), VISION_TOWER), qkv_bias_default=True)
+FAMILIES = (QWEN2, LLAMA, QWEN3_MOE, MIXTRAL, GLM4_MOE, MIMO, QWEN2_5_VL)
 
 
 def family_of(architecture: str) -> Family | None:

@@ -30,7 +30,11 @@ def transformer_config(hf: Any, settings: Any = None, params_dtype: torch.dtype 
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     from corerl_megatron.training.moe_config import moe_fields
+    from corerl_megatron.training.vision import is_vision_language, mrope_section
 
+    vision = is_vision_language(hf)
+    rotary = {"mrope_section": mrope_section(hf)} if vision else {}
+    hf = hf.get_text_config() if vision else hf  # a vision-language model's decoder
     on_gpu = torch.cuda.is_available()
     get = (lambda name, default: getattr(settings, name, default)) if settings is not None else (lambda n, d: d)
     return TransformerConfig(
@@ -61,6 +65,7 @@ def transformer_config(hf: Any, settings: Any = None, params_dtype: torch.dtype 
         persist_layer_norm=False,
         **moe_fields(hf, settings, moe),
         **fp8_fields(get("fp8_cfg", None)),
+        **rotary,
     )
 
 
@@ -102,6 +107,10 @@ def build_gpt(hf: Any, config: Any, *, pre_process: bool = True, post_process: b
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
+    from corerl_megatron.training.vision import build_tower, is_vision_language
+
+    model_config, vision = hf, is_vision_language(hf)
+    hf = hf.get_text_config() if vision else hf  # a vision-language model: its decoder's, plus the tower
     spec = get_gpt_layer_local_spec(normalization="RMSNorm")
     engine_spec = False
     if config.moe_router_enable_expert_bias:
@@ -130,9 +139,12 @@ def build_gpt(hf: Any, config: Any, *, pre_process: bool = True, post_process: b
     model = GPTModel(
         config, spec, vocab_size=hf.vocab_size, max_sequence_length=hf.max_position_embeddings,
         pre_process=pre_process, post_process=post_process, parallel_output=False,
-        share_embeddings_and_output_weights=bool(getattr(hf, "tie_word_embeddings", False)) and not value_head,
-        position_embedding_type="rope", rotary_base=int(rope_theta(hf)), rotary_percent=rotary_fraction(hf),
+        share_embeddings_and_output_weights=bool(getattr(model_config, "tie_word_embeddings", False)) and not value_head,
+        position_embedding_type="mrope" if vision else "rope", rotary_base=int(rope_theta(hf)),
+        rotary_percent=rotary_fraction(hf),
     )
+    if vision and pre_process:  # the first stage runs the vision tower (corerl_megatron.training.vision)
+        model.vision_model = build_tower(model_config, config.params_dtype)
     if value_head and post_process:
         model.output_layer = ValueHead(config.hidden_size, config.params_dtype)
     if mtp_layers and post_process:

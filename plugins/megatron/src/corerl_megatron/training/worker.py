@@ -58,6 +58,7 @@ class MegatronWorker(RankWorker):
         self.routing: Any = None  # a mixture of experts' load counters and router replay (set by load_hf)
         self.replay: Any = None
         self.given_routes: Any = None  # router replay r3 (set by load_hf)
+        self.vision: Any = None  # a vision-language model's inputs (corerl_megatron.training.vision; set by load_hf)
 
     # -- set-up ------------------------------------------------------------------------
 
@@ -120,6 +121,12 @@ class MegatronWorker(RankWorker):
             self.draft.tap = self.head
         if self.shape.experts and (moe.freeze_router or self.settings.freeze_moe_router):
             freeze_routers(model)
+        from corerl_megatron.training.vision import VisionInputs, is_vision_language
+
+        self.vision = VisionInputs(hf) if is_vision_language(hf) else None
+        frozen_tower = self.config.core.policy.freeze_vision_tower is not False  # unset: frozen (RL's default)
+        if self.vision is not None and frozen_tower and hasattr(model, "vision_model"):
+            model.vision_model.requires_grad_(False)  # before DDP: no gradient buffers, no optimizer state
         self.ep = self.ps.get_expert_model_parallel_world_size() if self.shape.experts else 1
         self.layout = StageWeights.of(model, full, self.shape.tied, self.tp_rank, self.tp,
                                       self.ps.get_expert_model_parallel_rank() if self.shape.experts else 0,
@@ -188,6 +195,11 @@ class MegatronWorker(RankWorker):
             if packed:  # each sequence sees itself only, rotated from its own position 0
                 positions, mask = mb["position_ids"], segment_mask(mb["position_ids"])
                 self._restarted_rope().positions = positions
+            images: dict[str, Any] = {}
+            if self.vision is not None:  # multimodal rotary positions; the image features in the first stage's input
+                positions = self.vision.positions(mb)
+                if self.ps.is_pipeline_first_stage():
+                    images["decoder_input"] = self.vision.decoder_input(model.module, mb)
             if self.replay is not None and not forward_only:
                 self.replay.replay(mb)
             if self.given_routes is not None:  # r3: the generation engine's experts, in both passes
@@ -196,9 +208,9 @@ class MegatronWorker(RankWorker):
                 tap.active = True
             try:
                 if self.mconfig.num_moe_experts:  # the routers (their losses, load and dropping) skip the padding
-                    output = model(ids, positions, attention_mask=mask, padding_mask=padding)
+                    output = model(ids, positions, attention_mask=mask, padding_mask=padding, **images)
                 else:
-                    output = model(ids, positions, attention_mask=mask)
+                    output = model(ids, positions, attention_mask=mask, **images)
             finally:
                 if tap is not None:
                     tap.active = False
