@@ -492,14 +492,24 @@ def test_a_qwen_vl_grpo_recipe_validates_with_its_vision_keys_acting(tmp_path, c
     ("data.dataset_name=avqa", "data.dataset_name: 'avqa' is an audio or audio-visual dataset"),
     ("policy.generation.vllm_cfg.limit_mm_per_prompt.audio=1", "policy.generation.vllm_cfg.limit_mm_per_prompt.audio: "
                                                                "audio and video inputs are not built into corerl yet"),
-    ("policy.megatron_cfg.enabled=true", "policy.megatron_cfg.enabled: megatron does not train vision-language models "
-                                         "in corerl yet; use policy.dtensor_cfg"),
     ("policy.dtensor_cfg.automodel_kwargs.freeze_config.freeze_language_model=true",
      "freeze_config.freeze_language_model: True is not supported: corerl trains the language model"),
 ])
 def test_what_a_vlm_recipe_needs_beyond_the_qwen_vl_image_families_is_refused_in_one_line(tmp_path, capsys, override,
                                                                                            says):
     refused_in_one_line(_validated_in_process(capsys, str(_vlm_recipe(tmp_path)), override), says)
+
+
+def test_megatron_takes_a_qwen2_5_vl_recipe_and_refuses_a_qwen3_vl_one_in_one_line(tmp_path, capsys):
+    """megatron trains Qwen2.5-VL and Qwen2-VL (corerl_megatron.training.vision); a Qwen3-VL Hub name
+    is refused at the megatron switch."""
+    recipe = str(_vlm_recipe(tmp_path))
+    code, err = _validated_in_process(capsys, recipe, "policy.megatron_cfg.enabled=true", "policy.dtensor_cfg.enabled=false",
+                                      "policy.megatron_cfg.tensor_model_parallel_size=1")
+    assert code == 0, err
+    refused_in_one_line(_validated_in_process(capsys, recipe, "policy.megatron_cfg.enabled=true",
+                                              "policy.model_name=Qwen/Qwen3-VL-8B-Instruct"),
+                        "policy.megatron_cfg.enabled: megatron trains the vision-language models Qwen2.5-VL and Qwen2-VL")
 
 
 def test_a_text_recipe_on_a_multimodal_checkpoint_is_not_taken_for_a_vlm_recipe(tmp_path, capsys):
@@ -514,12 +524,13 @@ def test_a_text_recipe_on_a_multimodal_checkpoint_is_not_taken_for_a_vlm_recipe(
 @pytest.mark.skipif(not CORPUS.is_dir(), reason=f"NeMo RL's recipes are not at {CORPUS}")
 def test_nemo_rls_own_vlm_recipes_validate_where_nothing_else_blocks_them(capsys):
     """The Qwen2.5-VL SFT and GRPO recipes validate (the GRPO one plays corerl's clevr_cogent, NeMo
-    RL's clevr-cogent reward environment: tests/test_vlm_rewards.py); on megatron, or with audio-visual
-    inputs, a recipe is refused in one line."""
+    RL's clevr-cogent reward environment: tests/test_vlm_rewards.py); on megatron only for this
+    machine's want of a GPU; with audio-visual inputs a recipe is refused in one line."""
     assert _validated_in_process(capsys, str(CORPUS / "sft_vlm_3B.yaml"))[0] == 0
     code, err = _validated_in_process(capsys, str(CORPUS / "vlm_grpo_3B.yaml"))
     assert code == 0, err
-    refused_in_one_line(_validated_in_process(capsys, str(CORPUS / "vlm_grpo_3B_megatron.yaml"), "data.default.env_name=math"),
-                        "megatron does not train vision-language models in corerl yet")
+    # on megatron, refused here only for the distributed optimizer's GPU (exit 1: this machine, not the recipe)
+    code, err = _validated_in_process(capsys, str(CORPUS / "vlm_grpo_3B_megatron.yaml"))
+    assert code == 1 and "use_distributed_optimizer needs a GPU" in err and err.count("\n") == 1, err
     code, err = _validated_in_process(capsys, str(CORPUS / "sft_avlm.yaml"))
     assert code == 2 and "audio and video inputs are not built into corerl yet" in err, err

@@ -22,6 +22,8 @@ USER_MODEL = "{user_model}"
 GLM_MODEL = "{glm_model}"
 #: a tiny gpt-oss, built the same way
 GPT_OSS_MODEL = "{gpt_oss_model}"
+#: a tiny Qwen3-VL, built the same way
+QWEN3_VL_MODEL = "{qwen3_vl_model}"
 # every refusal a registration's check (or the core's model check) makes, with the overrides that reach it
 REFUSALS = [
     ["policy.dtensor_cfg.context_parallel_size=2", "policy.sequence_packing.enabled=true", "cluster.gpus_per_node=2", *HF],
@@ -92,7 +94,9 @@ REFUSALS = [
     [*MEGATRON, "policy.megatron_cfg.pipeline_model_parallel_size=2",
      "policy.megatron_cfg.num_layers_in_first_pipeline_stage=2", "cluster.gpus_per_node=2", *HF],
     # vision-language models (builtin:tiny-vl, a Qwen2.5-VL)
-    [*MEGATRON, "policy.model_name=builtin:tiny-vl", *HF],
+    [*MEGATRON, "policy.model_name=builtin:tiny-vl", "policy.megatron_cfg.pipeline_model_parallel_size=2",
+     "cluster.gpus_per_node=2", *HF],
+    [*MEGATRON, f"policy.model_name={QWEN3_VL_MODEL}", *HF],
     ["policy.dtensor_cfg.tensor_parallel_size=2", "policy.model_name=builtin:tiny-vl", "cluster.gpus_per_node=2", *HF],
     ["policy.sequence_packing.enabled=true", "policy.model_name=builtin:tiny-vl", "data.task=shape_colour", *HF],
     ["algorithm.name=ppo", "policy.model_name=builtin:tiny-vl", "data.task=shape_colour", *HF],
@@ -159,14 +163,16 @@ def models(user_model, glm_model, tmp_path_factory):
     import torch
     from transformers import GptOssConfig, GptOssForCausalLM
 
-    from corerl.models.tiny import build_tokenizer
+    from corerl.models.tiny import build_tiny_model, build_tokenizer
     from tests.gpt_oss_checkpoint import SHAPE
 
     folder = tmp_path_factory.mktemp("user-gpt-oss")
     torch.manual_seed(0)
     GptOssForCausalLM(GptOssConfig(**{**SHAPE, "max_position_embeddings": 256})).save_pretrained(folder)
     build_tokenizer(SHAPE["vocab_size"]).save_pretrained(folder)
-    return {USER_MODEL: user_model, GLM_MODEL: glm_model, GPT_OSS_MODEL: str(folder)}
+    qwen3_vl = tmp_path_factory.mktemp("user-qwen3-vl")
+    build_tiny_model(qwen3_vl, family="qwen3_vl")
+    return {USER_MODEL: user_model, GLM_MODEL: glm_model, GPT_OSS_MODEL: str(folder), QWEN3_VL_MODEL: str(qwen3_vl)}
 
 
 def _with_model(overrides: list[str], models: dict[str, str]) -> list[str]:

@@ -48,6 +48,8 @@ class ModelShape:
     router_bias: bool = False
     #: a vision-language checkpoint (its vision tower is not counted in this shape)
     vision: bool = False
+    #: the checkpoint's ``model_type`` (a vision-language model's own, not its text config's); None: not said
+    model_type: str | None = None
 
     @property
     def is_moe(self) -> bool:
@@ -61,6 +63,7 @@ class ModelShape:
         from corerl.models.hf_config import is_vision_language, text_config
 
         vision = is_vision_language(dict(config))
+        model_type = dict(config).get("model_type")
         config = text_config(dict(config))
         try:
             heads = int(config["num_attention_heads"])
@@ -80,7 +83,8 @@ class ModelShape:
                        shared_experts=int(config.get("n_shared_experts") or 0),
                        moe_layers=_moe_layer_count(config, layers) if experts else 0,
                        qk_norm=config.get("model_type", "").startswith("qwen3") or bool(config.get("use_qk_norm")),
-                       router_bias=bool(experts) and config.get("model_type") in BIASED_ROUTER_TYPES, vision=vision)
+                       router_bias=bool(experts) and config.get("model_type") in BIASED_ROUTER_TYPES, vision=vision,
+                       model_type=model_type)
         except KeyError as exc:
             raise ConfigError(f"{name}: config.json lacks {exc.args[0]!r}, which the memory estimate needs",
                               hint="corerl plan reads dense Llama/Qwen2-style decoders") from None

@@ -20,7 +20,8 @@ MEGATRON_UNPACKED_CP = ("with context parallelism the megatron backend trains un
                         "less throughput")
 MEGATRON_UNPACKED_FP8 = ("with FP8 training the megatron backend trains unpacked rows (its packed rows run on "
                          "megatron-core's local layer spec, which has no FP8 layers): the same loss, less throughput")
-MEGATRON_VLM = "megatron does not train vision-language models in corerl yet; use policy.dtensor_cfg"
+MEGATRON_VLM = ("megatron trains the vision-language models Qwen2.5-VL and Qwen2-VL only (their vision tower as "
+                "transformers builds it), not this one's; use policy.dtensor_cfg")
 MEGATRON_VLM_HINT = "set policy.megatron_cfg.enabled=false and policy.dtensor_cfg.enabled=true"
 
 
@@ -141,7 +142,8 @@ def before(raw: dict[str, Any], out: Any) -> dict[str, str]:
 
 
 def derived(raw: dict[str, Any], out: Any) -> None:
-    """A vision-language recipe on megatron is refused in one line (megatron's VLM path is not built).
+    """A vision-language recipe on megatron whose model megatron does not build (Qwen3-VL, by its Hub
+    name; a local checkpoint's family is checked at validation) is refused in one line.
     The ``peft`` section is Megatron-Bridge's LoRA (``policy.megatron_cfg.lora_type: lora``); its
     ``target_modules``, where it names some, are the layers adapted (corerl's
     ``policy.lora.match_all_linear``, on by default, would adapt every linear layer instead)."""
@@ -153,7 +155,9 @@ def derived(raw: dict[str, Any], out: Any) -> None:
     _expert_bias(out)
     _mtp_heads(out)
     refused_already = any(error.message.startswith(MEGATRON_VLM) for error in out.errors)
-    if out.vision_language and out.value("policy.megatron_cfg.enabled") is True and not refused_already:
+    model = str(out.value("policy.model_name") or "")
+    if out.vision_language and out.value("policy.megatron_cfg.enabled") is True and not refused_already \
+            and "qwen3-vl" in model.lower():
         out.refuse("policy.megatron_cfg.enabled", MEGATRON_VLM, MEGATRON_VLM_HINT)
 
 

@@ -26,7 +26,7 @@ def check_supported(config: Config) -> None:
     on_gpu = not runs_here_without_gpu(config)
     shape = model_shape(config)
     if shape is not None and shape.vision:
-        check_vision_language(config, settings, section)
+        check_vision_language(config, settings, section, shape.model_type)
     gpu_only = {
         f"{section}.fp8_cfg.enabled": settings.fp8_cfg.enabled,
         # Transformer Engine's attention exchanges keys and values between the ranks (the local spec has none)
@@ -267,15 +267,12 @@ def check_fp8_training(config: Config, settings: Any, section: str, lora: bool, 
     check_transformer_engine(config, key, "FP8 training runs in Transformer Engine's layers", "turn FP8 training off")
 
 
-def check_vision_language(config: Config, settings: Any, section: str) -> None:
+def check_vision_language(config: Config, settings: Any, section: str, model_type: str | None) -> None:
     """A vision-language policy (:mod:`corerl_megatron.training.vision`): Qwen2.5-VL and Qwen2-VL,
     with data and tensor parallelism; what the tower's replicated module and the multimodal rotary
     positions are not wired with is refused in one line."""
-    from corerl.sdk import read_hf_config
-
     from corerl_megatron.conversion.families import VISION_MODEL_TYPES
 
-    model_type = (read_hf_config(config.core.policy.model_name) or {}).get("model_type")
     if model_type not in VISION_MODEL_TYPES:
         raise EngineNotAvailable(f"megatron trains the vision-language families Qwen2.5-VL and Qwen2-VL; "
                                  f"{config.core.policy.model_name} is a {model_type}", key="policy.model_name",
@@ -291,8 +288,9 @@ def check_vision_language(config: Config, settings: Any, section: str) -> None:
              "LoRA (adapters on the decoder; the tower is not adapted)"),
             (f"{section}.mtp_num_layers", (settings.mtp_num_layers or 0) > 0, "multi-token-prediction heads")):
         if on:
+            fix = "set it to 1" if key.endswith("_size") else "turn it off"
             raise EngineNotAvailable(f"megatron trains a vision-language model without {why}", key=key,
-                                     hint="turn it off, or use policy.training_backend=dtensor")
+                                     hint=f"{fix}, or use policy.training_backend=dtensor")
 
 
 def check_context_parallel(config: Config, settings: Any, section: str, lora: bool, packed: bool,

@@ -59,7 +59,8 @@ def transformer_config(hf: Any, settings: Any = None, params_dtype: torch.dtype 
         recompute_granularity="full" if get("activation_checkpointing", False) else None,
         recompute_method="uniform" if get("activation_checkpointing", False) else None,
         recompute_num_layers=1 if get("activation_checkpointing", False) else None,
-        apply_rope_fusion=get("apply_rope_fusion", False) and on_gpu,
+        # the fused kernel takes one rotation per position, not multimodal rotary's per row and axis
+        apply_rope_fusion=get("apply_rope_fusion", False) and on_gpu and not vision,
         bias_activation_fusion=get("bias_activation_fusion", False) and on_gpu,
         masked_softmax_fusion=False, bias_dropout_fusion=False, gradient_accumulation_fusion=False,
         persist_layer_norm=False,
