@@ -158,7 +158,8 @@ def test_r3_routes_each_token_to_the_engines_experts_cut_as_its_tokens_are():
         routes = torch.rand((2, 4, 4, 4), generator=gen).topk(2, dim=-1).indices.to(torch.int16)  # [rows, width, layers, k]
         routes[0, 2] = -1  # row 0's last token: never run by the engine
         mb = {"input_ids": torch.tensor([[5, 6, 7, 0], [8, 9, 4, 3]]),
-              "attention_mask": torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1]]), "routed_experts": routes}
+              "attention_mask": torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1]]),
+              "loss_mask": torch.tensor([[0, 1, 1, 0], [0, 1, 1, 1]]), "routed_experts": routes}
         given = GivenRoutes.__new__(GivenRoutes)
         given.routers, given.tp_rank, given.tp, given.sequence_parallel = routers, 0, 1, False
         given.replay(mb, split=None)
@@ -180,6 +181,11 @@ def test_r3_routes_each_token_to_the_engines_experts_cut_as_its_tokens_are():
         assert torch.equal(routers[0].router_replay.target_topk_idx.view(2, 2, 2)[:, 1], routes[1, 2:, 1].long())
         given.replay({k: v for k, v in mb.items() if k != "routed_experts"}, split=None)  # SFT's rows: afresh
         assert all(r.router_replay.router_replay_action is None for r in routers)
+        gap = routes.clone()
+        gap[1, 1] = -1  # a token inside row 1's loss span the engine did not report: refused, not filled
+        given.tp, given.sequence_parallel = 1, False
+        with pytest.raises(RuntimeError, match="row 1's token 1 has no reported experts"):
+            given.replay({**mb, "routed_experts": gap}, split=None)
     finally:
         RouterReplay.clear_global_router_replay_instances()
 

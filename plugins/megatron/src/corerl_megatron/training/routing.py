@@ -199,7 +199,17 @@ class GivenRoutes:
             raise RuntimeError(f"router replay (r3): the generation engine reported {given.shape[2]} layers' experts, "
                                f"the model routes at layer {max(layers)}")
         routes = given[:, :, layers].long() + 1  # 0: none reported (so that padding added below is none too)
-        routes = routes.masked_fill(mb["attention_mask"].to(routes.device)[:, :, None, None] == 0, 0)
+        real = mb["attention_mask"].to(routes.device) != 0
+        routes = routes.masked_fill(~real[:, :, None, None], 0)
+        # a token the engine did not report takes experts 0..k-1 below: harmless after a row's last
+        # loss token (nothing read later depends on it), wrong before one
+        loss = mb["loss_mask"].to(routes.device) != 0
+        later_loss = loss.flip(1).long().cumsum(1).flip(1) - loss.long() > 0
+        unreported = real & (routes[..., 0, 0] == 0) & later_loss
+        if bool(unreported.any()):
+            row, token = (int(i) for i in unreported.nonzero()[0])
+            raise RuntimeError(f"router replay (r3): row {row}'s token {token} has no reported experts and tokens after "
+                               "it enter the loss; the generation engine reported routes for part of the sequence only")
         if split is not None:
             routes = split.local(routes)
         routes = routes.transpose(0, 1)  # megatron's tokens run sequence first: [s, b, layers, k]
