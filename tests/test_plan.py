@@ -226,14 +226,20 @@ def test_the_training_estimate_is_within_15_percent_of_the_cuda_peak_measured(la
     assert abs(training / 2**20 - peak_mib) <= 0.15 * peak_mib, (training / 2**20, peak_mib)
 
 
-def test_a_vision_language_model_is_planned_on_dtensor_without_tensor_parallelism_or_megatron():
-    """Megatron refuses a VLM and dtensor its tensor parallelism: neither is offered, at any size."""
+def test_a_vision_language_model_is_planned_on_dtensor_and_on_megatron_in_one_stage():
+    """The rule picks dtensor for a VLM at any size; dtensor's layouts keep tensor parallelism off (it
+    refuses it for a VLM), megatron's keep one pipeline stage and the default engine (the tower's
+    features reach the first stage only; megatron generation reads no images)."""
     import attrs
 
     request = PlanRequest(attrs.evolve(_qwen("72B"), vision=True), gpus_per_node=8, nodes=4, gpu_memory=80 * GIB)
     plan = make_plan(request, installed_models(PluginHost()))
     assert (plan.rule.backend, plan.rule.generation) == ("dtensor", "vllm")
-    assert plan.candidates and all(c.layout.backend != "megatron" and c.layout.tp == 1 for c in plan.candidates)
+    dtensor = [c for c in plan.candidates if c.layout.backend == "dtensor"]
+    megatron = [c for c in plan.candidates if c.layout.backend == "megatron"]
+    assert dtensor and all(c.layout.tp == 1 for c in dtensor)
+    assert megatron and all(c.layout.pp == 1 and "generation.backend" not in " ".join(c.layout.overrides)
+                            for c in megatron)
 
 
 def test_long_sequences_are_planned_with_context_parallelism_where_only_it_fits():

@@ -22,8 +22,10 @@ parallelism: a MoE's layouts with ``tp`` or ``ep`` above 1 sample with the defau
 
 What this backend is for (``preference``, NeMo RL's backend guide): 10-70B parameters on several
 nodes, with the default engine (vLLM) generating; over 70B, with megatron generation (a mixture of
-experts: with vLLM, which samples with its experts whole while training keeps them split); never a
-vision-language model (megatron does not train one).
+experts: with vLLM, which samples with its experts whole while training keeps them split); a
+vision-language model is left to dtensor by preference, and its megatron layouts are one pipeline
+stage with the default engine (corerl_megatron.training.vision: the tower's features reach the first
+stage only; megatron generation reads no images). The vision tower is not counted (as elsewhere).
 
 Where neither Transformer Engine nor apex is installed, megatron-core steps with torch's AdamW,
 whose multi-tensor step makes a temporary the size of the second moment (4 bytes a parameter of
@@ -93,16 +95,15 @@ class MegatronMemory:
         return Preference(f"{billions:.1f}B parameters (> 70B): megatron + megatron generation", generation=BACKEND)
 
     def layouts(self, request: PlanRequest) -> list[Layout]:
-        if request.shape.vision:  # megatron does not train a vision-language model (corerl_megatron.support)
-            return []
+        vision = request.shape.vision  # one stage, the default engine (corerl_megatron.training.vision)
         moe = request.shape.is_moe
         out: list[Layout] = []
         for tp in tensor_parallel_sizes(request):
             for pp in range(1, request.shape.layers + 1):
-                if request.shape.layers % pp or request.world_size % (tp * pp) or pp > 16:
+                if request.shape.layers % pp or request.world_size % (tp * pp) or pp > 16 or (vision and pp > 1):
                     continue
                 # a MoE with TP needs sequence parallelism, which megatron generation refuses
-                for generation in ((None,) if moe and tp > 1 else (None, BACKEND)):
+                for generation in ((None,) if (moe and tp > 1) or vision else (None, BACKEND)):
                     for checkpointing in (False, True):
                         out.append(self._layout(request, tp, pp, checkpointing, generation, distributed=True))
                 for ep in expert_parallel_sizes(request, pp):  # megatron generation refuses expert parallelism
