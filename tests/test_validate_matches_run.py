@@ -97,6 +97,7 @@ REFUSALS = [
     [*MEGATRON, "policy.model_name=builtin:tiny-vl", "policy.megatron_cfg.pipeline_model_parallel_size=2",
      "cluster.gpus_per_node=2", *HF],
     [*MEGATRON, f"policy.model_name={QWEN3_VL_MODEL}", *HF],
+    [*MEGATRON, "policy.model_name=builtin:tiny-vl", "policy.generation.backend=megatron"],
     ["policy.dtensor_cfg.tensor_parallel_size=2", "policy.model_name=builtin:tiny-vl", "cluster.gpus_per_node=2", *HF],
     ["policy.sequence_packing.enabled=true", "policy.model_name=builtin:tiny-vl", "data.task=shape_colour", *HF],
     ["algorithm.name=ppo", "policy.model_name=builtin:tiny-vl", "data.task=shape_colour", *HF],

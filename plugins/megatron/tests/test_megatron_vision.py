@@ -4,14 +4,16 @@ multimodal rotary positions as the decoder and transformers' vision tower beside
 generation's, one step equals a plain PyTorch SGD step (megatron's own SGD, clipping and
 scheduler), and the tower moves only where trained: with two tensor-parallel ranks and the tower
 trained, and with two data-parallel ranks and the tower frozen (the second rank's rows hold no
-image, so its tower takes no gradient)."""
+image, so its tower takes no gradient). A batch without any image reads as text."""
 
 from __future__ import annotations
 
 import pytest
+import torch
 
 from corerl.testing.conformance import LR, MAX_GRAD_NORM, MOMENTUM
-from corerl.testing.vision_reference import check_vision_step, generated_batch
+from corerl.testing.reference import at_loss_positions, loss_positions, max_diff
+from corerl.testing.vision_reference import TOLERANCE, check_vision_step, generated_batch, plain_model
 
 pytestmark = pytest.mark.slow
 
@@ -42,5 +44,14 @@ def test_megatron_trains_a_vision_language_model_as_plain_pytorch_does(tmp_path,
     backend = selection.training_backend.registration.create(config=config)
     try:
         check_vision_step(backend, model_dir, vision_batch, frozen=frozen)
+        # a batch without any image (no image fields at all): text rotary positions, no tower
+        backend.load_hf(model_dir)
+        batch = {k: v[2:] for k, v in vision_batch[0].items() if k not in ("pixel_values", "image_grid_thw")}
+        with torch.no_grad():
+            logits = plain_model(model_dir)(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+        plain = torch.log_softmax(logits[:, :-1].float(), dim=-1).gather(-1, batch["input_ids"][:, 1:, None])[..., 0]
+        ours = at_loss_positions(backend.logprobs(batch), batch)[:, 1:]
+        mask = loss_positions(batch)[:, 1:].bool()
+        assert max_diff(ours[mask], plain[mask]) <= TOLERANCE
     finally:
         backend.shutdown()

@@ -23,6 +23,8 @@ MEGATRON_UNPACKED_FP8 = ("with FP8 training the megatron backend trains unpacked
 MEGATRON_VLM = ("megatron trains the vision-language models Qwen2.5-VL and Qwen2-VL only (their vision tower as "
                 "transformers builds it), not this one's; use policy.dtensor_cfg")
 MEGATRON_VLM_HINT = "set policy.megatron_cfg.enabled=false and policy.dtensor_cfg.enabled=true"
+MEGATRON_FREEZE = ("a setting of Megatron-Bridge's multimodal models (Nemotron omni, Qwen3.5), which megatron does "
+                   "not train in corerl; a Qwen2.5-VL's tower is kept fixed with policy.freeze_vision_tower")
 
 
 def _load_balancing(value: Any) -> str:
@@ -82,7 +84,7 @@ RULES: dict[str, Rule] = {
     "policy.megatron_cfg.train_iters": inert("corerl's step count is algorithm.max_steps"),
     "policy.megatron_cfg.scheduler.override_opt_param_scheduler": inert("corerl builds the schedule from "
                                                                         "policy.scheduler"),
-    **{f"policy.megatron_cfg.{key}": refused(MEGATRON_VLM)
+    **{f"policy.megatron_cfg.{key}": refused(MEGATRON_FREEZE)
        for key in ("freeze_config.*", "freeze_vision_model", "freeze_vision_projection", "freeze_sound_encoder",
                    "freeze_sound_projection", "radio_force_cpe_eval_mode")},
     "policy.generation.mcore_generation_config.inference_moe_token_dispatcher_type": inert(
@@ -154,7 +156,7 @@ def derived(raw: dict[str, Any], out: Any) -> None:
             out.set("policy.megatron_cfg.peft.target_modules", "policy.lora.match_all_linear", False)
     _expert_bias(out)
     _mtp_heads(out)
-    refused_already = any(error.message.startswith(MEGATRON_VLM) for error in out.errors)
+    refused_already = any(error.message.startswith((MEGATRON_VLM, MEGATRON_FREEZE)) for error in out.errors)
     model = str(out.value("policy.model_name") or "")
     if out.vision_language and out.value("policy.megatron_cfg.enabled") is True and not refused_already \
             and "qwen3-vl" in model.lower():

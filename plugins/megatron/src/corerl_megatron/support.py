@@ -338,6 +338,12 @@ def check_generation_supported(config: Config) -> None:
     A model trained with sequence parallelism decodes with it switched off
     (:func:`corerl_megatron.generation.rank_decode.generate`)."""
     settings = config.section("policy.megatron_cfg")
+    shape = model_shape(config)
+    if shape is not None and shape.vision:
+        raise EngineNotAvailable("megatron generation reads no images, and the policy is a vision-language model",
+                                 key="policy.generation.backend",
+                                 hint="sample with policy.generation.backend=hf (or vllm where it reads images); "
+                                      "megatron still trains it")
     if settings.context_parallel_size > 1:
         raise EngineNotAvailable("megatron generation decodes each row on one rank, and context parallelism splits "
                                  "every row over several", key="policy.megatron_cfg.context_parallel_size",

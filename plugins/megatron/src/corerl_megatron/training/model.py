@@ -3,11 +3,14 @@ mixture of experts (megatron-core's MoE layers: :mod:`corerl_megatron.training.m
 
 from __future__ import annotations
 
+import logging
 import re
 from typing import Any
 
 import torch
 import torch.nn.functional as F
+
+log = logging.getLogger(__name__)
 
 
 def rope_theta(hf: Any) -> float:
@@ -34,6 +37,9 @@ def transformer_config(hf: Any, settings: Any = None, params_dtype: torch.dtype 
 
     vision = is_vision_language(hf)
     rotary = {"mrope_section": mrope_section(hf)} if vision else {}
+    if vision and getattr(settings, "apply_rope_fusion", False):
+        log.info("megatron: apply_rope_fusion is off for a vision-language model (the fused kernel takes one "
+                 "rotation per position, not multimodal rotary's)")
     hf = hf.get_text_config() if vision else hf  # a vision-language model's decoder
     on_gpu = torch.cuda.is_available()
     get = (lambda name, default: getattr(settings, name, default)) if settings is not None else (lambda n, d: d)

@@ -55,7 +55,8 @@ def mrope_section(hf: Any) -> list[int]:
 def build_tower(hf: Any, dtype: torch.dtype) -> Any:
     """The vision tower of ``hf`` (weights copied in afterwards), in ``dtype``, on the rank's device."""
     tower = _load(TOWERS[hf.model_type])._from_config(hf.vision_config)
-    tower = tower.to(dtype)
+    for param in tower.parameters():  # the rotary buffers stay float32, as transformers and vLLM keep them
+        param.data = param.data.to(dtype)
     if torch.cuda.is_available():
         tower = tower.cuda(torch.cuda.current_device())
     return tower
@@ -75,8 +76,9 @@ class VisionInputs:
         from corerl.sdk import image_inputs
 
         ids, mask = mb["input_ids"], mb["attention_mask"]
-        extra = image_inputs(mb, self.image_token_id)
-        positions, _ = self.rope.get_rope_index(ids, extra["mm_token_type_ids"], image_grid_thw=extra.get("image_grid_thw"),
+        extra = image_inputs(mb, self.image_token_id)  # nothing for a batch without images
+        kinds = (ids == self.image_token_id).long()  # 1 on image tokens (none: every row is text)
+        positions, _ = self.rope.get_rope_index(ids, kinds, image_grid_thw=extra.get("image_grid_thw"),
                                                 attention_mask=mask)
         return positions.to(ids.device)
 
@@ -103,3 +105,19 @@ class VisionInputs:
         flat = embeddings.transpose(0, 1).reshape(rows * width, -1)
         flat = flat.index_put((order,), features.to(flat.dtype))
         return flat.reshape(rows, width, -1).transpose(0, 1).contiguous()
+
+
+def average_tower_gradients(gpt: Any, group: Any, size: int) -> None:
+    """Average a trained tower's gradients over the tensor-parallel ranks: each runs the tower whole
+    on the same images, but a GPU's attention and convolution kernels need not be deterministic, so
+    the copies could drift apart (the export reads the first rank's)."""
+    import torch.distributed as dist
+
+    tower = getattr(gpt, "vision_model", None)
+    if tower is None or size <= 1:
+        return
+    for param in tower.parameters():
+        grad = getattr(param, "main_grad", None)
+        if param.requires_grad and grad is not None:
+            dist.all_reduce(grad, group=group)
+            grad.div_(size)

@@ -343,6 +343,10 @@ class MegatronWorker(RankWorker):
             loss_fn = self.draft.wrap(loss_fn)
         try:
             out = self._run(mbs, loss_fn, normaliser, forward_only=False)
+            if self.vision is not None:  # the replicated tower's copies stay equal over tensor-parallel ranks
+                from corerl_megatron.training.vision import average_tower_gradients
+
+                average_tower_gradients(self.model.module, self.ps.get_tensor_model_parallel_group(), self.tp)
         finally:
             if self.routing is not None:
                 self.routing.active = False
