@@ -13,7 +13,12 @@ import torch
 
 from corerl.testing.conformance import LR, MAX_GRAD_NORM, MOMENTUM
 from corerl.testing.reference import at_loss_positions, loss_positions, max_diff
-from corerl.testing.vision_reference import TOLERANCE, check_vision_step, generated_batch, plain_model
+from corerl.testing.vision_reference import (
+    TOLERANCE,
+    check_vision_step,
+    generated_batch,
+    plain_model,
+)
 
 pytestmark = pytest.mark.slow
 
