@@ -836,3 +836,23 @@ def test_several_training_datasets_are_read_as_one_pool_and_their_settings_must_
     mixed = _child(tmp_path, "mixed.yaml", text.replace(f"    - data_path: {second}\n", "    - dataset_name: DAPOMath17K\n"))
     refused_in_one_line(_Validated(capsys, str(mixed)), "some datasets are local files and some are Hub datasets",
                         key="data.train.data_path")
+
+
+def test_megatron_freeze_config_keys_act_on_the_vision_tower(tmp_path, capsys):
+    """Megatron-Bridge's ``freeze_config`` (NeMo RL's megatron multimodal freezing): the vision model's
+    switch is ``policy.freeze_vision_tower``; its projection (corerl's tower holds the patch merger)
+    goes with it, and another choice is refused in one line; the language model trains."""
+    megatron = ("policy:\n  dtensor_cfg:\n    enabled: false\n  megatron_cfg:\n    enabled: true\n"
+                "    tensor_model_parallel_size: 1\n    pipeline_model_parallel_size: 1\n    context_parallel_size: 1\n"
+                "    freeze_config:\n      freeze_vision_model: {tower}\n      freeze_vision_projection: {projection}\n"
+                "      freeze_language_model: false\n")
+    frozen = _child(tmp_path, "frozen.yaml", megatron.format(tower="true", projection="true"))
+    trained = _child(tmp_path, "trained.yaml", megatron.format(tower="false", projection="false"))
+    assert _load(frozen).core.policy.freeze_vision_tower is True
+    assert _load(trained).core.policy.freeze_vision_tower is False
+    mixed = _child(tmp_path, "mixed.yaml", megatron.format(tower="true", projection="false"))
+    refused_in_one_line(_Validated(capsys, str(mixed)), "freeze_vision_projection=False with freeze_vision_model=True",
+                        key="policy.megatron_cfg.freeze_config.freeze_vision_projection")
+    refused_in_one_line(_Validated(capsys, str(frozen), "policy.megatron_cfg.freeze_config.freeze_language_model=true"),
+                        "corerl trains the language model",
+                        key="policy.megatron_cfg.freeze_config.freeze_language_model")

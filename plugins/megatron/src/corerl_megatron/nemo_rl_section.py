@@ -84,6 +84,11 @@ RULES: dict[str, Rule] = {
     "policy.megatron_cfg.train_iters": inert("corerl's step count is algorithm.max_steps"),
     "policy.megatron_cfg.scheduler.override_opt_param_scheduler": inert("corerl builds the schedule from "
                                                                         "policy.scheduler"),
+    # Megatron-Bridge's multimodal freezing: the vision tower (its patch merger, NeMo RL's projection, with it)
+    "policy.megatron_cfg.freeze_config.freeze_vision_model": acts("policy.freeze_vision_tower"),
+    "policy.megatron_cfg.freeze_config.freeze_vision_projection": Rule.derived(
+        "accepted where it equals freeze_vision_model: corerl's vision tower holds its patch merger (the projection)"),
+    "policy.megatron_cfg.freeze_config.freeze_language_model": inert("corerl trains the language model", _truthy),
     **{f"policy.megatron_cfg.{key}": refused(MEGATRON_FREEZE)
        for key in ("freeze_config.*", "freeze_vision_model", "freeze_vision_projection", "freeze_sound_encoder",
                    "freeze_sound_projection", "radio_force_cpe_eval_mode")},
@@ -156,11 +161,27 @@ def derived(raw: dict[str, Any], out: Any) -> None:
             out.set("policy.megatron_cfg.peft.target_modules", "policy.lora.match_all_linear", False)
     _expert_bias(out)
     _mtp_heads(out)
+    _vision_projection(out)
     refused_already = any(error.message.startswith((MEGATRON_VLM, MEGATRON_FREEZE)) for error in out.errors)
     model = str(out.value("policy.model_name") or "")
     if out.vision_language and out.value("policy.megatron_cfg.enabled") is True and not refused_already \
             and "qwen3-vl" in model.lower():
         out.refuse("policy.megatron_cfg.enabled", MEGATRON_VLM, MEGATRON_VLM_HINT)
+
+
+def _vision_projection(out: Any) -> None:
+    """``freeze_config.freeze_vision_projection``: the patch merger is part of corerl's vision tower,
+    so it is frozen or trained with it; another choice than ``freeze_vision_model``'s is refused."""
+    key = "policy.megatron_cfg.freeze_config.freeze_vision_projection"
+    projection, tower = out.value(key), out.value("policy.megatron_cfg.freeze_config.freeze_vision_model")
+    if projection is None:
+        return
+    if tower is not None and bool(projection) != bool(tower):
+        out.refuse(key, f"freeze_vision_projection={projection} with freeze_vision_model={tower}: corerl's vision "
+                        "tower holds its patch merger, frozen or trained with it",
+                   "set both alike (policy.freeze_vision_tower)")
+        return
+    out.inert(key, "frozen or trained with the vision tower (policy.freeze_vision_tower)")
 
 
 def _mtp_heads(out: Any) -> None:
