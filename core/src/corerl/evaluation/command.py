@@ -92,7 +92,7 @@ def evaluate_model(config: Any, selection: Any, host: Any) -> int:
     import tempfile
 
     from corerl.errors import ConfigError
-    from corerl.run.directory import resolve_model
+    from corerl.run.directory import resolve_policy_model
     from corerl.run.inputs import check_run_inputs
 
     if not selection.samples:
@@ -101,8 +101,7 @@ def evaluate_model(config: Any, selection: Any, host: Any) -> int:
     check_run_inputs(config, selection, host)
     policy = config.core.policy
     with tempfile.TemporaryDirectory(prefix="corerl-eval-") as scratch:
-        folder = Path(resolve_model(policy.model_name, Path(scratch), policy.gguf_file,
-                                         dequantize=policy.dequantize_base_checkpoint))
+        folder = Path(resolve_policy_model(policy, Path(scratch)))
         return _evaluate_and_report(config, selection, host, "hf", folder, str(config.source or "the recipe"))
 
 

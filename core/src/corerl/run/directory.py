@@ -97,6 +97,12 @@ def make_run_dir(config: Config, console: Any = None) -> tuple[Path, tuple[int, 
     return path, None
 
 
+def resolve_policy_model(policy: Any, run_dir: Path) -> str:
+    """``policy.model_name`` as a checkpoint directory: :func:`resolve_model` with the policy's
+    ``gguf_file`` and ``dequantize_base_checkpoint``."""
+    return resolve_model(policy.model_name, run_dir, policy.gguf_file, dequantize=policy.dequantize_base_checkpoint)
+
+
 def resolve_model(model_name: str, run_dir: Path, gguf_file: str | None = None, *, key: str = "policy.model_name",
                   folder: str = "base_model", dequantize: bool = False) -> str:
     """A Hugging Face checkpoint directory, building a ``builtin:`` model into the run directory and

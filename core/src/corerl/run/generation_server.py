@@ -111,7 +111,7 @@ def start_engine(target: str, overrides: list[str], dialect: str | None, scratch
     from corerl.config.selection import select
     from corerl.errors import ConfigError
     from corerl.plugin_manager import process_host
-    from corerl.run.directory import resolve_model
+    from corerl.run.directory import resolve_policy_model
 
     host = process_host()
     config = load_serving_config(target, overrides, dialect, host)
@@ -122,8 +122,7 @@ def start_engine(target: str, overrides: list[str], dialect: str | None, scratch
                           "other servers", key="policy.generation.backend",
                           hint="serve with policy.generation.backend=hf, or another engine `corerl plugins` lists")
     policy = config.core.policy
-    model = resolve_model(policy.model_name, Path(scratch), policy.gguf_file,
-                          dequantize=policy.dequantize_base_checkpoint)
+    model = resolve_policy_model(policy, Path(scratch))
     if policy.hf_config_overrides:
         from corerl.models.overrides import with_config_overrides
 

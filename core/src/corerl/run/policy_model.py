@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from corerl.errors import ConfigError
-from corerl.run.directory import load_tokenizer, resolve_model
+from corerl.run.directory import load_tokenizer, resolve_policy_model
 from corerl.run.epochs import limit_to_epochs
 
 if TYPE_CHECKING:
@@ -39,8 +39,7 @@ class PolicyModel:
         if model_path is not None:
             self.path = model_path
         else:
-            self.path = resolve_model(core.policy.model_name, self.run_dir, core.policy.gguf_file,
-                                      dequantize=core.policy.dequantize_base_checkpoint)
+            self.path = resolve_policy_model(core.policy, self.run_dir)
             if core.policy.hf_config_overrides:
                 from corerl.models.overrides import with_config_overrides
 

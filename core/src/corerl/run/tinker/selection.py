@@ -94,13 +94,12 @@ def open_engine(config_path: str, overrides: list[str], *, base_model: str | Non
     """The adapter engine for ``corerl serve RECIPE``: selection, then the selected training backend's
     base model under :class:`~corerl.run.tinker.peft_engine.PeftEngine`, sampling with the selected
     generation backend's ``adapter_sampler`` where it registers one."""
-    from corerl.run.directory import resolve_model
+    from corerl.run.directory import resolve_policy_model
 
     _, config, selection = select_recipe(config_path, overrides, base_model, precision)
     training = selection.training_backend.registration
     policy = config.core.policy
-    model_path = resolve_model(policy.model_name, work_dir, policy.gguf_file,
-                               dequantize=policy.dequantize_base_checkpoint)
+    model_path = resolve_policy_model(policy, work_dir)
     build = resolve(training.adapter_model, what="adapter_model",
                     owner=f"training backend {training.id!r} (plugin {training.plugin!r})",
                     hint="install the engine the plugin needs, or pick another backend")
