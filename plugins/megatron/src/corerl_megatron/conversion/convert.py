@@ -38,16 +38,16 @@ class Shape:
     def from_hf_config(cls, hf: Any, family: Family, value_head: bool = False) -> Shape:
         """The shape of the Hugging Face config ``hf`` of a model of ``family`` (a vision-language
         model's: its text config's, tying as the model says)."""
-        tied_model = hf
+        tied = getattr(hf, "tie_word_embeddings", None)  # a vision-language model says it at the top level
         hf = hf.get_text_config() if hasattr(hf, "get_text_config") else hf
+        tied = getattr(hf, "tie_word_embeddings", False) if tied is None else tied
         heads = hf.num_attention_heads
         experts = expert_count(hf)
         return cls(
             num_layers=hf.num_hidden_layers, num_heads=heads,
             num_kv_heads=getattr(hf, "num_key_value_heads", None) or heads,
             head_dim=getattr(hf, "head_dim", None) or hf.hidden_size // heads,
-            tied=bool(getattr(tied_model, "tie_word_embeddings", None) if getattr(tied_model, "tie_word_embeddings", None)
-                      is not None else getattr(hf, "tie_word_embeddings", False)) and not value_head,
+            tied=bool(tied) and not value_head,
             qkv_bias=bool(getattr(hf, "attention_bias", family.qkv_bias_default)),
             value_head=value_head, experts=experts,
             moe_layers=moe_layer_indices(hf) if experts else (),
