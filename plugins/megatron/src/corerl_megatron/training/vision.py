@@ -63,48 +63,42 @@ def build_tower(hf: Any, dtype: torch.dtype) -> Any:
 
 
 class VisionInputs:
-    """Builds a vision-language micro-batch's ``decoder_input`` and rotary positions."""
+    """Builds a vision-language micro-batch's rotary positions and ``decoder_input``."""
 
     def __init__(self, hf: Any) -> None:
-        self.hf = hf
         self.image_token_id = int(hf.image_token_id)
         with torch.device("meta"):  # transformers' get_rope_index reads the config only: no weights
             self.rope = _load(_ROPE[hf.model_type])(hf)
 
-    def positions(self, mb: dict[str, torch.Tensor]) -> torch.Tensor:
-        """``[3, rows, tokens]`` rotary positions of the micro-batch (text rows: the token index on all three)."""
-        from corerl.sdk import image_inputs
-
-        ids, mask = mb["input_ids"], mb["attention_mask"]
-        extra = image_inputs(mb, self.image_token_id)  # nothing for a batch without images
-        kinds = (ids == self.image_token_id).long()  # 1 on image tokens (none: every row is text)
-        positions, _ = self.rope.get_rope_index(ids, kinds, image_grid_thw=extra.get("image_grid_thw"),
-                                                attention_mask=mask)
-        return positions.to(ids.device)
-
-    def decoder_input(self, gpt: Any, mb: dict[str, torch.Tensor]) -> torch.Tensor:
-        """``[tokens, rows, hidden]``: the word embeddings, the tower's output at the image tokens."""
+    def inputs(self, gpt: Any, mb: dict[str, torch.Tensor], first_stage: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``[3, rows, tokens]`` rotary positions of the micro-batch (text rows: the token index on
+        all three) and, on the first stage, its ``decoder_input`` ``[tokens, rows, hidden]``: the word
+        embeddings with the tower's output at the image tokens (None on a later stage)."""
         from corerl.sdk import image_inputs
 
         ids = mb["input_ids"]
+        extra = image_inputs(mb, self.image_token_id)  # nothing for a batch without images
+        image = ids == self.image_token_id  # none: every row is text
+        positions, _ = self.rope.get_rope_index(ids, image.long(), image_grid_thw=extra.get("image_grid_thw"),
+                                                attention_mask=mb["attention_mask"])
+        if not first_stage:
+            return positions.to(ids.device), None
         embeddings = gpt.embedding(input_ids=ids, position_ids=None)  # [s, b, h]
-        extra = image_inputs(mb, self.image_token_id)
         if "pixel_values" not in extra:
-            return embeddings
+            return positions.to(ids.device), embeddings
         tower = gpt.vision_model
         pixels = extra["pixel_values"].to(ids.device, next(tower.parameters()).dtype)
         features = tower(pixels, grid_thw=extra["image_grid_thw"].to(ids.device))
         features = getattr(features, "pooler_output", features)  # transformers 5: the merged patches
-        where = (ids == self.image_token_id).transpose(0, 1)  # [s, b], as the embeddings run
-        if int(where.sum()) != features.shape[0]:
-            raise ValueError(f"the micro-batch has {int(where.sum())} image tokens and its images "
+        if int(image.sum()) != features.shape[0]:
+            raise ValueError(f"the micro-batch has {int(image.sum())} image tokens and its images "
                              f"{features.shape[0]} merged patches")
         # the rows' image tokens in row order, as the tower returns the images' patches
-        order = where.transpose(0, 1).reshape(-1).nonzero().flatten()
+        order = image.reshape(-1).nonzero().flatten()
         rows, width = ids.shape
         flat = embeddings.transpose(0, 1).reshape(rows * width, -1)
         flat = flat.index_put((order,), features.to(flat.dtype))
-        return flat.reshape(rows, width, -1).transpose(0, 1).contiguous()
+        return positions.to(ids.device), flat.reshape(rows, width, -1).transpose(0, 1).contiguous()
 
 
 def average_tower_gradients(gpt: Any, group: Any, size: int) -> None:

@@ -197,9 +197,9 @@ class MegatronWorker(RankWorker):
                 self._restarted_rope().positions = positions
             images: dict[str, Any] = {}
             if self.vision is not None:  # multimodal rotary positions; the image features in the first stage's input
-                positions = self.vision.positions(mb)
-                if self.ps.is_pipeline_first_stage():
-                    images["decoder_input"] = self.vision.decoder_input(model.module, mb)
+                positions, decoder_input = self.vision.inputs(model.module, mb, self.ps.is_pipeline_first_stage())
+                if decoder_input is not None:
+                    images["decoder_input"] = decoder_input
             if self.replay is not None and not forward_only:
                 self.replay.replay(mb)
             if self.given_routes is not None:  # r3: the generation engine's experts, in both passes
