@@ -47,6 +47,37 @@ def test_a_rank_that_raises_ends_the_group_and_is_named():
         group.call("echo", 1)
 
 
+def test_a_rank_that_fails_to_start_ends_the_start_at_once_and_is_named(monkeypatch):
+    # rank 0 raises before it hosts the rendezvous store: rank 1 would wait for that store until its
+    # own connect timeout, and the group, until the start timeout, naming no cause
+    monkeypatch.setenv("CORERL_WORKER_START_TIMEOUT", "240")
+    with pytest.raises(WorkerFailed) as caught:
+        RayWorkerGroup(PROBE, 2, fail_at_start=0)
+    said = str(caught.value)
+    assert said.startswith("worker rank 0 raised ValueError: rank 0 refuses to start during 'start'"), said
+    assert (caught.value.how, caught.value.during) == ("raised", "start")  # a raise, not a fault to restart after
+
+
+def test_the_rendezvous_port_is_held_from_its_probe_until_rank_0_listens_on_it():
+    import errno
+    import socket
+
+    from corerl.distributed.rendezvous import loopback_listener
+    from corerl.distributed.worker_group import held_port
+
+    hold = held_port()
+    port = hold.getsockname()[1]
+    try:
+        other = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        with other, pytest.raises(OSError) as taken:  # another process's socket cannot take it meanwhile
+            other.bind(("127.0.0.1", port))
+        assert taken.value.errno == errno.EADDRINUSE
+        with loopback_listener(port) as store:  # rank 0's store can
+            assert store.getsockname() == ("127.0.0.1", port)
+    finally:
+        hold.close()
+
+
 def test_a_user_error_on_a_rank_keeps_its_type_key_and_message():
     group = RayWorkerGroup(PROBE, 2)
     with pytest.raises(ConfigError) as caught:

@@ -63,18 +63,39 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(sock.getsockname()[1])
 
 
-def rendezvous_address(pool: Pool, world_size: int) -> dict[str, str]:
+def held_port(host: str = "127.0.0.1") -> socket.socket:
+    """A socket bound to a free port of ``host`` and held there, not listening, with
+    ``SO_REUSEADDR``: until it is closed no other probe (a bind to port 0), outgoing connection or
+    plain bind on this machine gets that port, while rank 0's store (``SO_REUSEADDR`` too, as
+    torch's own) can still listen on it. :func:`free_port` lets the port go at once, and on a busy
+    machine another process's socket could take it before rank 0 binds it (rank 0 then fails, and
+    the other ranks wait for its store until their connect timeout)."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, 0))
+    return sock
+
+
+def start_timeout_s() -> float:
+    """How long a group's ranks may take to start (``CORERL_WORKER_START_TIMEOUT``, 300 s)."""
+    return float(os.environ.get("CORERL_WORKER_START_TIMEOUT", "300"))
+
+
+def rendezvous_address(pool: Pool, world_size: int) -> tuple[dict[str, str], socket.socket | None]:
     """``MASTER_ADDR``/``MASTER_PORT`` for a group of ``world_size`` ranks in ``pool``: loopback
     when rank 0 and every other rank share the driver's node (rank 0's store then listens on
-    loopback alone: :mod:`corerl.distributed.rendezvous`), else rank 0's node address."""
+    loopback alone: :mod:`corerl.distributed.rendezvous`), else rank 0's node address. On one
+    node the port comes with its :func:`held_port` socket, for the caller to close once the group
+    is done with the port; across nodes nothing can hold rank 0's port from here (None)."""
     import ray
 
     here = ray.get_runtime_context().get_node_id()
     if all(pool.node_of(rank) == here for rank in range(world_size)):
-        return {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+        hold = held_port()
+        return {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(hold.getsockname()[1])}, hold
     address = next(n["NodeManagerAddress"] for n in ray.nodes() if n["NodeID"] == pool.node_of(0))
     # the port is probed here, on the driver's node: the best guess available for rank 0's
-    return {"MASTER_ADDR": address, "MASTER_PORT": str(free_port(""))}
+    return {"MASTER_ADDR": address, "MASTER_PORT": str(free_port(""))}, None
 
 
 def process_stopped(pid: int) -> bool:
@@ -230,9 +251,11 @@ class RayWorkerGroup:
         self._nodes: list[str] = []
         self.actors: list[Any] = []
         self.pool: Pool | None = None
+        self._port_hold: socket.socket | None = None
         ensure_ray(ray_address, world_size)
         self.pool = POOLS.acquire(layout or PoolLayout(COLOCATED, 1, world_size), world_size, role)
-        rendezvous = {**run_variables(), **rendezvous_address(self.pool, world_size), **(env or {})}
+        address, self._port_hold = rendezvous_address(self.pool, world_size)
+        rendezvous = {**run_variables(), **address, **(env or {})}
         actor_cls = ray.remote(RankActor)
         # Every rank asks for no CPU and a share of its bundle's GPU: the backend sets its threads,
         # and the bundle (reserved once per pool) is what keeps groups apart or together.
@@ -243,15 +266,8 @@ class RayWorkerGroup:
             for rank in range(world_size)
         ]
         started = [actor.pid.remote() for actor in self.actors]
-        timeout = float(os.environ.get("CORERL_WORKER_START_TIMEOUT", "300"))
-        ready, _ = ray.wait(started, num_returns=len(started), timeout=timeout)
-        if len(ready) < len(started):
-            self.shutdown()
-            raise WorkerFailed(
-                f"Ray started {len(ready)} of {world_size} {role}s within {timeout:.0f} s",
-                hint="see the Ray log for the actors' start-up errors, or raise CORERL_WORKER_START_TIMEOUT",
-                role=role, during="start", how="hung",
-            )
+        # a rank that fails to start ends the start at once (the others may wait for it until
+        # their own connect timeouts); ranks that do not answer at all, after the start timeout
         self._pids = self._gather(started, "start")
         self._nodes = [self.pool.node_of(rank) for rank in range(world_size)]
         log.info("%d %ss on %d Ray node(s), %s", world_size, role, len(set(self._nodes)),
@@ -289,10 +305,12 @@ class RayWorkerGroup:
         results: list[Any] = [None] * len(futures)
         pending = list(futures)
         begin = time.monotonic()
-        limit = self.call_timeout_s if what != "start" else None  # the start has its own limit
+        limit = self.call_timeout_s if what != "start" else start_timeout_s()  # the start has its own limit
         while pending:
             left = None if limit is None else max(0.0, begin + limit - time.monotonic())
             done, pending = ray.wait(pending, num_returns=1, timeout=left)
+            if not done and what == "start":
+                self._not_started(len(futures) - len(pending), limit or 0.0)
             if not done:
                 self._hung(sorted(rank_of[f] for f in pending), what, limit or 0.0)
             for future in done:
@@ -304,9 +322,20 @@ class RayWorkerGroup:
                     self._blame_a_dead_rank(pending, rank_of, what)
                     self._fail(rank, what, "raised", f"raised {remote_cause(exc)}", cause)
                 except RayActorError as exc:
+                    raised = exc.args[0] if getattr(exc, "actor_init_failed", False) and exc.args else None
+                    if isinstance(raised, RayTaskError):  # the rank's constructor raised: not a death
+                        self._fail(rank, what, "raised", f"raised {remote_cause(raised)}", unwrap_remote(raised))
                     self._fail(rank, what, "died", "died", exc)
         self.slowest[what] = max(self.slowest.get(what, 0.0), time.monotonic() - begin)
         return results
+
+    def _not_started(self, started: int, limit: float) -> None:
+        self.shutdown()
+        raise WorkerFailed(
+            f"Ray started {started} of {self.world_size} {self.role}s within {limit:.0f} s",
+            hint="see the Ray log for the actors' start-up errors, or raise CORERL_WORKER_START_TIMEOUT",
+            role=self.role, during="start", how="hung",
+        )
 
     def _hung(self, ranks: list[int], what: str, limit: float) -> None:
         """Ranks that did not answer ``what`` within the call timeout: killed (SIGKILL where the
@@ -382,6 +411,9 @@ class RayWorkerGroup:
             except Exception as exc:  # already dead: nothing to release
                 log.debug("ray.kill: %s", exc)
         self.actors = []
+        if self._port_hold is not None:  # the group's store is gone: its port may go too
+            self._port_hold.close()
+            self._port_hold = None
         if self.pool is not None:
             pool, self.pool = self.pool, None
             POOLS.release(pool)

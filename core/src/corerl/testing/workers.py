@@ -9,10 +9,13 @@ from corerl.errors import ConfigError
 
 
 class ProbeWorker:
-    """Joins a gloo process group when ``world_size > 1`` and answers simple requests."""
+    """Joins a gloo process group when ``world_size > 1`` and answers simple requests; rank
+    ``fail_at_start`` raises instead of joining."""
 
-    def __init__(self, *, rank: int, world_size: int, tag: str = "") -> None:
+    def __init__(self, *, rank: int, world_size: int, tag: str = "", fail_at_start: int | None = None) -> None:
         self.rank, self.world_size, self.tag = rank, world_size, tag
+        if rank == fail_at_start:  # before joining: the other ranks wait for this one in the rendezvous
+            raise ValueError(f"rank {rank} refuses to start")
         if world_size > 1:
             from corerl.distributed.rendezvous import join_process_group
 
