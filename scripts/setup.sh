@@ -28,6 +28,7 @@ DS_BUILD_OPS=0 .venv/bin/python -m pip install --quiet --disable-pip-version-che
   -e ./plugins/megatron \
   -e ./plugins/deepspeed \
   -e "./plugins/vllm_gen[cpu]" \
+  -e ./plugins/sglang_gen \
   -e ./plugins/skyrl_gym
 # the benchmarks' comparison point (bench/grpo_vs_trl.py, bench/dpo_vs_trl.py; a slow test runs them)
 .venv/bin/python -m pip install --quiet --disable-pip-version-check -r bench/requirements-trl.txt

@@ -45,6 +45,10 @@ FIRST_PARTY: tuple[KnownPlugin, ...] = (
         generation_backends=("vllm",), sections=("policy.generation.vllm_cfg",),
     ),
     KnownPlugin(
+        "sglang", "corerl-sglang", "pip install './plugins/sglang_gen[gpu]' (a GPU machine)",
+        generation_backends=("sglang",), sections=("policy.generation.sglang_cfg",),
+    ),
+    KnownPlugin(
         "skyrl_gym", "corerl-skyrl-gym", "pip install ./plugins/skyrl_gym",
         environments=("skyrl_gym",), sections=("env.skyrl_gym",),
     ),

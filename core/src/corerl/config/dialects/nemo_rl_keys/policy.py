@@ -76,8 +76,8 @@ RULES: dict[str, Rule] = {
     # generation engines corerl does not have: their settings, inert (policy.generation.backend naming one is refused)
     **{f"policy.generation.{section}.*": inert(f"settings of the {engine} generation engine, which corerl does not "
                                                "have (policy.generation.backend naming it is refused)")
-       for section, engine in (("sglang_cfg", "SGLang"), ("trtllm_cfg", "TensorRT-LLM"),
-                               ("trtllm_kwargs", "TensorRT-LLM"), ("dynamo_cfg", "Dynamo"))},
+       for section, engine in (("trtllm_cfg", "TensorRT-LLM"), ("trtllm_kwargs", "TensorRT-LLM"),
+                               ("dynamo_cfg", "Dynamo"))},
     "policy.generation.use_async_rollouts": inert(_OFF, _truthy),
     "policy.generation.quant_cfg": inert("quantised (ModelOpt) generation is not built into corerl yet",
                                          lambda value: value is not None),

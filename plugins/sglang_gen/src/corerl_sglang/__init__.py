@@ -1,0 +1,1 @@
+"""corerl's SGLang generation backend (``policy.generation.backend: sglang``)."""

@@ -1,0 +1,39 @@
+"""What the sglang generation backend refuses for a validated config, from the config and the
+model's ``config.json`` alone (no SGLang import: ``corerl validate`` stays fast). Called by
+selection as the registration's ``check_supported``."""
+
+from __future__ import annotations
+
+import importlib.util
+
+from corerl.sdk import Config, EngineNotAvailable, check_tensor_parallel, runs_here, runs_here_without_gpu
+
+INSTALL = "pip install './plugins/sglang_gen[gpu]'"
+
+
+def check_supported(config: Config) -> None:
+    """Refuse, in one line, what SGLang cannot run here: any machine without a GPU (SGLang has no
+    CPU build on PyPI), generation on GPUs of its own (the engine lives in the driver's process,
+    on the training ranks' GPUs), more GPUs than a node has, and a GPU machine without SGLang."""
+    settings = config.section("policy.generation.sglang_cfg")
+    if runs_here_without_gpu(config):
+        raise EngineNotAvailable("the sglang generation backend needs a GPU (SGLang has no CPU build on PyPI); this "
+                                 "machine has none", key="policy.generation.backend",
+                                 hint="sample with policy.generation.backend=vllm (or hf) on this machine, or run on "
+                                      "a GPU machine")
+    if not config.core.policy.generation.colocated.enabled:
+        raise EngineNotAvailable("the sglang engine runs colocated with training only: it lives in the driver's "
+                                 "process, on the training ranks' GPUs, which it frees while they train",
+                                 key="policy.generation.colocated.enabled",
+                                 hint="set it to true, or sample on GPUs of their own with policy.generation.backend=vllm")
+    check_tensor_parallel(config, settings.tp_size, "policy.generation.sglang_cfg.tp_size")
+    gpus = settings.tp_size * settings.dp_size * settings.pp_size
+    per_node = config.core.cluster.gpus_per_node
+    if settings.base_gpu_id + gpus > per_node:
+        raise EngineNotAvailable(f"the sglang engine takes {gpus} GPUs (tp_size x dp_size x pp_size) from GPU "
+                                 f"{settings.base_gpu_id} on, and a node has {per_node} (cluster.gpus_per_node)",
+                                 key="policy.generation.sglang_cfg.tp_size",
+                                 hint="make tp_size x dp_size x pp_size, from base_gpu_id, fit cluster.gpus_per_node")
+    if runs_here(config) and importlib.util.find_spec("sglang") is None:
+        raise EngineNotAvailable("SGLang is not installed", key="policy.generation.backend",
+                                 hint=f"install it with: {INSTALL}")
