@@ -208,7 +208,10 @@ def support_matrix(host: Any) -> dict[tuple[str, str], dict[str, str]]:
             pair = support_cell(host, base)
             cells = {"pair": pair}
             for name, overrides in FEATURES.items():
-                cells[name] = pair if pair != "supported" else feature_cell(host, train, base, overrides)
+                # a pair that needs a GPU still has its features probed: the backends refuse what they
+                # cannot do whatever the machine (a feature they both take then needs the GPU too)
+                cell = pair if pair.startswith("refused") else feature_cell(host, train, base, overrides)
+                cells[name] = "supported (needs a GPU)" if cell == "supported" and pair != "supported" else cell
             matrix[train, gen] = cells
     return matrix
 

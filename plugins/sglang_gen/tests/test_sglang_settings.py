@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from corerl.errors import ConfigErrors, EngineNotAvailable
+from corerl.errors import ConfigErrors, CorerlError, EngineNotAvailable
 from corerl.sdk import SamplingSettings
 from corerl.testing import host_with, select_for, write_recipe
 from corerl_sglang import requests
@@ -34,19 +34,38 @@ def test_a_machine_without_a_gpu_refuses_sglang_in_one_line_at_the_backend(tmp_p
     assert "the sglang generation backend needs a GPU" in line and "policy.generation.backend=vllm" in line
 
 
+def _refused(recipe, overrides=()):
+    """The one refusal of a recipe (validation's chosen-phase checks raise theirs as they are)."""
+    with pytest.raises(CorerlError) as caught:
+        select_for(host_with(None, "installed"), recipe, list(overrides))
+    (error,) = getattr(caught.value, "errors", [caught.value])
+    assert not isinstance(error, EngineNotAvailable), error  # a refusal on any machine, not this one's lack
+    assert "\n" not in error.one_line()
+    return error
+
+
 def test_generation_on_gpus_of_its_own_and_more_gpus_than_a_node_are_refused_at_their_keys(tmp_path):
-    # two nodes: the recipe is for a cluster, not this machine, so the GPU check of this machine stays out
+    # refused whatever the machine: said before this machine's want of a GPU
     recipe = write_recipe(tmp_path / "d.yaml", {
         "policy": {"model_name": "builtin:tiny-qwen2", "generation": {
             "backend": "sglang", "colocated": {"enabled": False, "resources": {"gpus_per_node": 1}}}},
-        "cluster": {"gpus_per_node": 2, "num_nodes": 2}})
-    with pytest.raises(EngineNotAvailable) as caught:
-        select_for(host_with(None, "installed"), recipe, [])
-    assert caught.value.key == "policy.generation.colocated.enabled" and "colocated with training only" in str(caught.value)
-    with pytest.raises(EngineNotAvailable) as caught:
-        select_for(host_with(None, "installed"), _recipe(tmp_path, {"tp_size": 2, "base_gpu_id": 1}, num_nodes=2), [])
-    assert caught.value.key == "policy.generation.sglang_cfg.tp_size"
-    assert "takes 2 GPUs (tp_size x dp_size x pp_size) from GPU 1 on, and a node has 2" in str(caught.value)
+        "cluster": {"gpus_per_node": 2}})
+    error = _refused(recipe)
+    assert error.key == "policy.generation.colocated.enabled" and "colocated with training only" in error.message
+    error = _refused(_recipe(tmp_path, {"tp_size": 2, "base_gpu_id": 1}))
+    assert error.key == "policy.generation.sglang_cfg.tp_size"
+    assert "takes 2 GPUs (tp_size x dp_size x pp_size) from GPU 1 on, and a node has 2" in error.message
+
+
+def test_what_the_backend_lacks_is_said_before_this_machines_want_of_a_gpu(tmp_path):
+    """A LoRA adapter (the registration says lora=False: the core's check) and a vision-language
+    model are refused as such, on any machine; the GPU line comes only where nothing else stops the
+    recipe (the support matrix reads these cells)."""
+    error = _refused(_recipe(tmp_path), ["policy.lora.enabled=true"])
+    assert error.key == "policy.generation.backend" and "'sglang' (plugin 'sglang') cannot sample with a LoRA" in \
+        error.message
+    error = _refused(_recipe(tmp_path), ["policy.model_name=builtin:tiny-vl", "data.task=shape_colour"])
+    assert error.key == "policy.generation.backend" and "does not read images" in error.message
 
 
 def test_engine_args_may_not_repeat_what_the_plugin_sets(tmp_path):

@@ -32,5 +32,8 @@ def corerl_register_dialect_sections(register: Callable[[DialectSection], None])
                             description="NeMo RL's sglang_cfg section"))
 
 
+#: the table's checks this plugin adds (run after the core's): what this machine lacks for SGLang
+corerl_checks = ("corerl_sglang.support:check_machine",)
+
 #: the plugin contract this plugin was written against (docs/plugins.md, "Contract changelog")
 corerl_contract = "2.18"
