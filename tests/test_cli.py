@@ -10,7 +10,8 @@ from tests.conftest import EXAMPLES, clean_env, run_corerl
 from tests.refusals import refused_in_one_line
 from tests.test_plugin_loading import add_plugin, plugin_source
 
-FIRST_PARTY = {"dtensor": "corerl-dtensor", "megatron": "corerl-megatron", "deepspeed": "corerl-deepspeed", "vllm": "corerl-vllm"}
+FIRST_PARTY = {"dtensor": "corerl-dtensor", "megatron": "corerl-megatron", "deepspeed": "corerl-deepspeed", "vllm": "corerl-vllm",
+               "sglang": "corerl-sglang"}
 MEGATRON = str(EXAMPLES / "grpo_megatron.yaml")
 DTENSOR = str(EXAMPLES / "grpo_dtensor.yaml")
 # the example recipes name a model on a cluster: the recipe alone is checked here

@@ -12,7 +12,7 @@ from corerl.plugin_manager import PluginHost
 from tests.conftest import REPO, clean_env, run_corerl
 from tests.refusals import refused_in_one_line
 
-FIRST_PARTY = {"dtensor", "megatron", "deepspeed", "vllm"}
+FIRST_PARTY = {"dtensor", "megatron", "deepspeed", "vllm", "sglang"}
 
 
 def plugin_source(backend_id: str, priority: int = 400, section: str | None = None) -> str:

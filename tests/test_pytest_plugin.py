@@ -23,7 +23,8 @@ def test_a_plugin_without_a_training_backend_selects_a_grpo_recipe_with_the_firs
     config, selection = select_for(corerl_host, recipe)
     assert selection.algorithm.id == "grpo" and selection.training_backend.id == "dtensor"
     assert selection.reward.id == "always_one"
-    assert set(corerl_host.plugins) <= {"corerl", "mine", "dtensor", "megatron", "deepspeed", "vllm", "skyrl_gym"}
+    assert set(corerl_host.plugins) <= {"corerl", "mine", "dtensor", "megatron", "deepspeed", "vllm", "sglang",
+                                        "skyrl_gym"}
 
 
 def test_corerls_marks_are_registered_by_the_plugin(request):
