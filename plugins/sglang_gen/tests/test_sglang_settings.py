@@ -5,11 +5,11 @@ calls in SGLang's request and answer format (the format of sglang 0.5.23's ``Eng
 from __future__ import annotations
 
 import pytest
+from corerl_sglang import requests
 
 from corerl.errors import ConfigErrors, CorerlError, EngineNotAvailable
 from corerl.sdk import SamplingSettings
 from corerl.testing import host_with, select_for, write_recipe
-from corerl_sglang import requests
 
 NEMO_RL = "tests/data/nemo_rl/base_grpo.yaml"
 
@@ -171,7 +171,7 @@ def test_each_sample_is_a_request_of_its_own_with_its_seed():
 
 def _answer(ids, logprobs, reason):
     return {"output_ids": ids, "meta_info": {"finish_reason": reason,
-                                             "output_token_logprobs": [(lp, t, None) for lp, t in zip(logprobs, ids)]}}
+                                             "output_token_logprobs": [(lp, t, None) for lp, t in zip(logprobs, ids, strict=True)]}}
 
 
 def test_sglangs_answers_come_back_as_samples_grouped_by_prompt():

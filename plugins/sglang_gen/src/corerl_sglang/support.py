@@ -5,10 +5,17 @@ selection as the registration's ``check_supported``."""
 from __future__ import annotations
 
 import importlib.util
-
 from typing import Any
 
-from corerl.sdk import Config, ConfigError, EngineNotAvailable, check_tensor_parallel, model_shape, runs_here, runs_here_without_gpu
+from corerl.sdk import (
+    Config,
+    ConfigError,
+    EngineNotAvailable,
+    check_tensor_parallel,
+    model_shape,
+    runs_here,
+    runs_here_without_gpu,
+)
 
 INSTALL = "pip install './plugins/sglang_gen[gpu]'"
 
