@@ -12,6 +12,7 @@ from corerl.algorithms.distillation_math import (
     reverse_kl_advantages,
     reverse_kl_k3,
     topk_forward_kl,
+    with_outcome_advantages,
 )
 from corerl.algorithms.grpo_math import GRPOLoss
 from corerl.errors import ConfigError
@@ -85,6 +86,21 @@ def test_the_top_k_sum_by_hand_and_the_mixed_weighting():
     assert set(metrics) >= {"forward_kl", "clip_fraction"}
 
 
+def test_the_outcome_advantage_adds_each_samples_group_advantage_on_its_loss_tokens():
+    """NeMo RL's OPD with use_orm_advantage: beside the teacher's per-token advantage, each row's
+    loss tokens get weight x its GRPO advantage (its group's mean taken away, scaled by the std)."""
+    teacher_part = torch.tensor([[0.1, -0.2, 0.0], [0.3, 0.0, 0.0], [-0.1, -0.1, 0.2], [0.0, 0.0, 0.0]])
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0], [1.0, 1.0, 1.0], [0.0, 0.0, 0.0]])
+    rewards = torch.tensor([[1.0, 0.0], [0.5, 0.5]])  # 2 prompts x 2 samples, rows in that order
+    combined = with_outcome_advantages(teacher_part, rewards, mask, 0.5, scale_by_std=False)
+    outcome = torch.tensor([0.5, -0.5, 0.0, 0.0]).reshape(-1, 1)  # each group's mean taken away
+    assert torch.equal(combined, teacher_part + 0.5 * outcome * mask)
+    assert combined[0, 2] == teacher_part[0, 2]  # a position outside the loss gets nothing
+    assert with_outcome_advantages(teacher_part, rewards, mask, 0.0) is teacher_part  # the teacher alone
+    scaled = with_outcome_advantages(torch.zeros(4, 3), rewards, mask, 1.0)  # scaled by the group's std
+    assert scaled[0, 0] > 0.5 and scaled[1, 0] < -0.5 and scaled[2, 0] == 0
+
+
 def test_top_k_and_candidate_logprobs_of_logits_line_up_with_the_token_logprobs():
     """The helpers every backend's forward uses: at each position the top-k of the next-token
     distribution (the sampled token's logprob among them when it is the most likely), and the
@@ -130,7 +146,9 @@ def test_a_teacher_with_another_tokenizer_is_refused_in_one_line(tmp_path):
     ({}, "algorithm.distillation.teacher_model", "needs a teacher"),
     ({"distillation": {"teacher_model": "builtin:tiny-qwen2"}, "dynamic_sampling": {"enabled": True}},
      "algorithm.dynamic_sampling.enabled", "not on rewards"),
-], ids=["no teacher", "reward shaping"])
+    ({"distillation": {"teacher_model": "builtin:tiny-qwen2", "kl_type": "forward", "outcome_advantage_weight": 0.5}},
+     "algorithm.distillation.outcome_advantage_weight", "reads the teacher's top-k, not advantages"),
+], ids=["no teacher", "reward shaping", "outcome with the forward KL"])
 def test_validation_refuses_what_distillation_cannot_run(tmp_path, settings, key, words):
     recipe = write_recipe(tmp_path / "r.yaml", {
         "policy": {"model_name": "builtin:tiny-qwen2-small", "generation": {"backend": "hf"}},

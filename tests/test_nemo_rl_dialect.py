@@ -148,7 +148,10 @@ def test_keys_nothing_maps_are_left_out_with_one_warning_and_refused_with_strict
     ("loss_fn.kl_type=sideways", "algorithm.distillation.kl_type: expected one of 'reverse', 'forward', 'mixed'"),
     ("policy.train_global_batch_size=48", "policy.train_global_batch_size: 48 sequences per optimizer step do not "
                                           "divide the 64"),
-    ("grpo.adv_estimator.name=opd", "the 'opd' advantage estimator is not built into corerl yet"),  # gdpo is
+    ("grpo.adv_estimator.name=rloo", "the 'rloo' advantage estimator is not built into corerl yet"),  # gdpo and
+    # opd are (opd with its on_policy_distillation section: tests/test_nemo_rl_keys_act.py)
+    ("grpo.adv_estimator.name=opd", "the opd estimator distils from the teachers of on_policy_distillation, which "
+                                    "is not enabled"),
     ("policy.draft.enabled=true", "speculative decoding with a draft model is not built into corerl yet"),
     ("policy.optimizer.name=torch.optim.Adagrad", "optimizer 'torch.optim.Adagrad' is not one corerl builds"),
 ])

@@ -77,9 +77,9 @@ def test_the_ppo_recipe_explains_its_critic_keys_and_refuses_what_corerl_lacks(c
     assert fates["value.optimizer.kwargs.lr"] == ("acts", "critic.optimizer.lr")
     assert fates["value.model_name"][0] == "inert" and fates["ppo.adv_estimator.gae_lambda"][0] == "inert"
     assert fates["ppo.async_ppo.max_trajectory_age_steps"] == ("inert", "ppo.async_ppo.enabled is false")
-    opd = _Validated(capsys, str(DATA / "base_grpo.yaml"), "grpo.adv_estimator.name=opd")  # gdpo is built in since
-    refused_in_one_line(opd, "grpo.adv_estimator.name: the 'opd' advantage estimator is not built",
-                        key="grpo.adv_estimator.name")
+    opd = _Validated(capsys, str(DATA / "base_grpo.yaml"), "grpo.adv_estimator.name=opd")  # without its teachers
+    refused_in_one_line(opd, "grpo.adv_estimator.name: the opd estimator distils from the teachers of "
+                        "on_policy_distillation, which is not enabled", key="grpo.adv_estimator.name")
     for override, says in (("ppo.async_ppo.enabled=true", "ppo.async_ppo.enabled: asynchronous PPO is not built"),
                            ("value.precision=bfloat16", "value.precision: 'bfloat16' differs from policy.precision"),
                            ("ppo.adv_estimator.length_adaptive_alpha=0.05", "VAPO's length-adaptive lambda"),
@@ -856,3 +856,57 @@ def test_megatron_freeze_config_keys_act_on_the_vision_tower(tmp_path, capsys):
     refused_in_one_line(_Validated(capsys, str(frozen), "policy.megatron_cfg.freeze_config.freeze_language_model=true"),
                         "corerl trains the language model",
                         key="policy.megatron_cfg.freeze_config.freeze_language_model")
+
+
+OPD = """grpo:
+  adv_estimator:
+    name: opd
+on_policy_distillation:
+  enabled: true
+  teacher_model_by_agent_name:
+    default_teacher: builtin:tiny-qwen2
+  default_teacher_alias: default_teacher
+  strict_agent_name_match: false
+  deduplicate_shared_teacher_checkpoints: true
+  use_orm_advantage: true
+  orm_advantage_weight: 0.5
+  non_colocated_teachers:
+    enabled: false
+    default_teacher_cfg:
+      tensor_model_parallel_size: 2
+"""
+
+
+def test_the_opd_estimator_is_on_policy_distillation_from_its_one_teacher(tmp_path):
+    """NeMo RL's opd advantage estimator: corerl's distillation (each token's advantage the teacher's
+    logprob less the student's), its teacher the one the agents' map names, the outcome advantage
+    added with orm_advantage_weight where use_orm_advantage is on."""
+    config = _load(_child(tmp_path, "opd.yaml", OPD))
+    settings = config.section("algorithm.distillation")
+    assert config.core.algorithm.name == "distillation"
+    assert (settings.teacher_model, settings.kl_type, settings.outcome_advantage_weight) == (
+        "builtin:tiny-qwen2", "reverse", 0.5)
+    fates = {fate.key: fate.fate for fate in config.fates}
+    assert fates["grpo.adv_estimator.name"] == "acts" and fates["on_policy_distillation.enabled"] == "acts"
+    assert fates["on_policy_distillation.non_colocated_teachers.default_teacher_cfg.tensor_model_parallel_size"] == \
+        "inert"  # its section is off
+    off = _load(_child(tmp_path, "off.yaml", OPD.replace("use_orm_advantage: true", "use_orm_advantage: false")))
+    assert off.section("algorithm.distillation").outcome_advantage_weight == 0.0
+    # NeMo RL's OPD recipes train without PPO's ratio: corerl's distillation pass has each ratio 1 already
+    no_ratio = _load(_child(tmp_path, "ratio.yaml", OPD + "loss_fn:\n  disable_ppo_ratio: true\n"))
+    assert {f.key: f.fate for f in no_ratio.fates}["loss_fn.disable_ppo_ratio"] == "inert"
+
+
+@pytest.mark.parametrize("old, new, says", [
+    ("    default_teacher: builtin:tiny-qwen2\n", "    default_teacher: builtin:tiny-qwen2\n    math: builtin:tiny-moe\n",
+     "on_policy_distillation.teacher_model_by_agent_name: names 2 teachers (one per NeMo Gym agent); corerl distils "
+     "from one teacher"),
+    ("enabled: false\n    default_teacher_cfg", "enabled: true\n    default_teacher_cfg",
+     "on_policy_distillation.non_colocated_teachers.enabled: NeMo RL's teachers on GPUs of their own are not "
+     "translated"),
+    ("    name: opd\n", "    name: grpo\n",
+     "on_policy_distillation.enabled: on-policy distillation acts with grpo.adv_estimator.name opd, and it is 'grpo'"),
+], ids=["two-teachers", "teachers-apart", "without-opd"])
+def test_what_the_opd_translation_cannot_keep_is_refused_in_one_line(tmp_path, capsys, old, new, says):
+    assert old in OPD
+    refused_in_one_line(_Validated(capsys, str(_child(tmp_path, "r.yaml", OPD.replace(old, new)))), says)

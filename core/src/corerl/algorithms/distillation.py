@@ -13,7 +13,8 @@ per token, estimated on the student's own samples (no discount over later tokens
 ``topk_logprobs``; the student's backend computes its logprobs of the same tokens as
 ``candidate_logprobs``). ``mixed``: a weighted sum of the two
 (:class:`~corerl.algorithms.distillation_math.TopKDistillationLoss`). The task's reward is
-scored and logged, not trained on: the teacher is the only signal.
+scored and logged; it is trained on only with ``outcome_advantage_weight`` above 0, which adds
+that much of each sample's GRPO advantage to its tokens' (NeMo RL's OPD with an outcome reward).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from corerl.algorithms.distillation_math import (
     TopKDistillationLoss,
     reverse_kl_advantages,
     reverse_kl_k3,
+    with_outcome_advantages,
 )
 from corerl.algorithms.grpo_math import GRPOLoss
 from corerl.errors import ConfigError
@@ -55,11 +57,12 @@ class DistillationAlgorithm(AlgorithmBase):
         self.teacher_offload: ReferenceOffload | None = None
         self.loss: Any = GRPOLoss()
         self.topk: int | None = None  # forward or mixed KL: how many of the teacher's next tokens
+        self.settings: Any = None  # algorithm.distillation
         self.rollout: Any = None
 
     def begin(self) -> None:
         context = self.context
-        settings = context.config.section("algorithm.distillation")
+        settings = self.settings = context.config.section("algorithm.distillation")
         teacher_path = context.resolve_model(settings.teacher_model, key=TEACHER_KEY, folder="teacher_model")
         check_same_vocabulary(context.starting_weights, teacher_path, TEACHER_KEY, "teacher")
         config = context.frozen_config(teacher_path, micro_batch_size=settings.teacher_micro_batch_size,
@@ -125,7 +128,11 @@ class DistillationAlgorithm(AlgorithmBase):
             else:  # forward or mixed KL: the teacher's top-k next tokens, and the student's logprobs of them
                 teacher_logprobs, batch["teacher_topk_logprobs"], batch["candidate_ids"] = teacher.topk_logprobs(
                     without_routes(batch), self.topk)
-        batch["advantages"] = reverse_kl_advantages(student, teacher_logprobs, mask)
+        rewards = torch.tensor(rollout.rewards, dtype=torch.float32)
+        batch["advantages"] = with_outcome_advantages(
+            reverse_kl_advantages(student, teacher_logprobs, mask), rewards, mask,
+            self.settings.outcome_advantage_weight, scale_by_std=core.algorithm.scale_rewards_by_std,
+            leave_one_out=core.algorithm.leave_one_out_baseline)
         timings["time/logprobs"] = time.perf_counter() - start
 
         start = time.perf_counter()
@@ -140,7 +147,6 @@ class DistillationAlgorithm(AlgorithmBase):
         timings["time/refit"] = time.perf_counter() - start
 
         tokens = float(mask.sum().clamp(min=1.0))
-        rewards = torch.tensor(rollout.rewards, dtype=torch.float32)
         last = results[-1]
         return {
             "optimizer_step": float(last.step),

@@ -20,6 +20,19 @@ def reverse_kl_advantages(student: torch.Tensor, teacher: torch.Tensor, mask: to
     return ((teacher - student) * mask).to(torch.float32)
 
 
+def with_outcome_advantages(advantages: torch.Tensor, rewards: torch.Tensor, mask: torch.Tensor, weight: float, *,
+                            scale_by_std: bool = True, leave_one_out: bool = False) -> torch.Tensor:
+    """``advantages`` ``[rows, width]`` plus ``weight`` times each row's GRPO advantage of its
+    reward (``rewards`` ``[prompts, n]``, rows in the same order) on its loss tokens: the teacher's
+    signal and the task's together (NeMo RL's OPD estimator with ``use_orm_advantage``)."""
+    if not weight:
+        return advantages
+    from corerl.algorithms.grpo_math import group_advantages
+
+    outcome = group_advantages(rewards, scale_by_std=scale_by_std, leave_one_out=leave_one_out).reshape(-1, 1)
+    return advantages + weight * outcome.to(advantages.dtype) * mask.to(advantages.dtype)
+
+
 def reverse_kl_k3(student: torch.Tensor, teacher: torch.Tensor) -> torch.Tensor:
     """Per token, ``r - 1 - log r`` with ``r = p_teacher / p_student``: an estimate of
     KL(student || teacher) from the student's samples that is unbiased and never negative."""

@@ -69,6 +69,10 @@ class DistillationConfig:
                                                  "next tokens the forward KL sums over")
     zero_outside_topk: bool = setting(False, help="kl_type forward or mixed: renormalise the teacher over its top-k "
                                                   "(false: its own probabilities, the rest of the vocabulary left out)")
+    outcome_advantage_weight: float = setting(
+        0.0, min=0.0, help="adds this times each sample's GRPO advantage of the task's reward (its group's mean "
+                           "taken away, scaled by algorithm.scale_rewards_by_std) to its tokens' advantages, beside "
+                           "the teacher's (NeMo RL's OPD with use_orm_advantage); 0: the teacher is the only signal")
 
 
 def check_distillation(config: Any) -> None:
@@ -101,5 +105,10 @@ def check_distillation(config: Any) -> None:
         if attrgetter(name)(algorithm):
             raise ConfigError("distillation trains on the teacher's logprobs, not on rewards, so reward shaping "
                               "would do nothing", key=f"algorithm.{name}", hint=f"unset algorithm.{path}")
+    settings = config.section("algorithm.distillation")
+    if settings.outcome_advantage_weight and settings.kl_type == "forward":
+        raise ConfigError("the forward KL reads the teacher's top-k, not advantages, so an outcome advantage would "
+                          "do nothing", key="algorithm.distillation.outcome_advantage_weight",
+                          hint="set kl_type reverse or mixed, or the weight to 0")
     check_clipped_loss(algorithm, "distillation")
     check_sample_batches(config)

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from corerl.config.dialects import nemo_rl_opd as opd
 from corerl.config.dialects import nemo_rl_vision as vision
 from corerl.config.dialects.key_fate import KeyFate
 from corerl.config.dialects.nemo_rl_lookup import (
@@ -44,6 +45,9 @@ def _derived(raw: dict[str, Any], out: Translator, algorithm: str | None) -> Non
             out.put("policy.train_global_batch_size", "algorithm.optimizer_batch_size", global_batch,
                     f"algorithm.optimizer_batch_size ({updates_per_step} optimizer step(s) per "
                     f"{algorithm.upper()} step)")
+    if algorithm is not None and algorithm != "ppo":
+        opd.translate(raw, out, algorithm)  # the advantage estimator (opd: on-policy distillation)
+    opd.without_ratio(raw, out)
     estimator = value_at(raw, "grpo.adv_estimator.name") or "grpo"
     if value_at(raw, "loss_fn.use_kl_in_reward") and algorithm == "grpo" and estimator != "reinforce_plus_plus":
         # NeMo RL's KL in the reward is REINFORCE++'s (SkyRL's, with outcome estimators, is another)

@@ -26,10 +26,11 @@ _FLEET = ("NeMo RL's generation-fleet resiliency (retries per prompt, watchdogs,
 
 
 def _estimator(name: Any) -> str:
-    """NeMo RL's GRPO advantage estimator as corerl's ``algorithm.advantage_estimator``."""
+    """NeMo RL's GRPO advantage estimator as corerl's ``algorithm.advantage_estimator`` (``opd``, on-policy
+    distillation, is another algorithm: :mod:`corerl.config.dialects.nemo_rl_opd`)."""
     if name not in ("grpo", "gdpo", "reinforce_plus_plus"):
-        raise ValueError(f"the {name!r} advantage estimator is not built into corerl yet (grpo, gdpo and "
-                         "reinforce_plus_plus are)")
+        raise ValueError(f"the {name!r} advantage estimator is not built into corerl yet (grpo, gdpo, "
+                         "reinforce_plus_plus and opd are)")
     return str(name)
 
 
@@ -146,13 +147,13 @@ RULES: dict[str, Rule] = {
     "grpo.malformed_thinking_advantage": inert(_OFF, lambda value: value is not None),
     "grpo.advantage_clip_low": acts("algorithm.advantage_clip_low"),
     "grpo.advantage_clip_high": acts("algorithm.advantage_clip_high"),
-    "grpo.adv_estimator.name": acts("algorithm.advantage_estimator", _estimator),
+    "grpo.adv_estimator.name": DERIVED,  # corerl.config.dialects.nemo_rl_opd: opd is on-policy distillation
     "grpo.adv_estimator.normalize_rewards": acts("algorithm.scale_rewards_by_std"),
     "grpo.adv_estimator.use_leave_one_out_baseline": acts("algorithm.leave_one_out_baseline"),
     "grpo.adv_estimator.minus_baseline": acts("algorithm.minus_baseline"),
     "loss_fn.use_kl_in_reward": acts("algorithm.use_kl_in_reward"),
     "loss_fn.use_cispo": acts("algorithm.use_cispo"),
-    "loss_fn.disable_ppo_ratio": inert(_OFF, _truthy),
+    "loss_fn.disable_ppo_ratio": DERIVED,  # true: with opd only (corerl.config.dialects.nemo_rl_opd)
     "loss_fn.positive_example_nll_weight": inert(_OFF, _truthy),
     "loss_fn.force_on_policy_ratio": DERIVED,
     "reward_penalties.*": inert(_OFF, _truthy),
@@ -237,16 +238,26 @@ RULES: dict[str, Rule] = {
     "teachers": refused("several teachers (NeMo RL's cross-tokenizer off-policy distillation) are not built into "
                         "corerl yet"),
     "on_policy_distillation": inert("null: no on-policy distillation", _truthy),
-    "on_policy_distillation.*": refused("on-policy distillation is not built into corerl yet"),
+    # the opd estimator's section (corerl.config.dialects.nemo_rl_opd); its other keys are refused
+    **{f"on_policy_distillation.{key}": DERIVED
+       for key in ("enabled", "teacher_model_by_agent_name.*", "default_teacher_alias", "strict_agent_name_match",
+                   "deduplicate_shared_teacher_checkpoints", "use_orm_advantage", "orm_advantage_weight")},
+    "on_policy_distillation.non_colocated_teachers.*": inert("the layout of teachers on GPUs of their own, whose "
+                                                             "enabled is refused"),
+    "on_policy_distillation.*": refused("an on-policy distillation option corerl does not have"),
     # -- rm: a Bradley-Terry reward model (its other keys are dpo's: rule_for reads dpo.<key>'s rule for rm.<key>) --
 }
 
 # sections whose keys are all inert while their ``enabled`` is false (``enabled`` itself acts)
 SWITCHED_SECTIONS = {
+    "on_policy_distillation": False, "on_policy_distillation.non_colocated_teachers": False,
     "grpo.reward_scaling": False, "grpo.reward_shaping": False, "grpo.async_grpo": True, "ppo.reward_scaling": False,
     "ppo.reward_shaping": False, "ppo.async_ppo": False,
 }
 # on in these sections is refused: corerl has no such feature
 UNSUPPORTED_SECTIONS = {
+    "on_policy_distillation.non_colocated_teachers": (
+        "NeMo RL's teachers on GPUs of their own are not translated: give the teacher its layout and ranks with "
+        "algorithm.distillation.teacher_overrides"),
     "ppo.async_ppo": "asynchronous PPO is not built into corerl yet (asynchronous GRPO is: grpo.async_grpo)",
 }
