@@ -130,11 +130,18 @@ REFUSALS = [
      "algorithm.kl_penalty=0.1", *HF],
     ["policy.generation.backend=vllm", "policy.generation.vllm_cfg.kv_cache_dtype=fp8", f"policy.model_name={USER_MODEL}"],
     ["policy.generation.backend=vllm", f"policy.model_name={GPT_OSS_MODEL}"],
+    ["policy.generation.backend=sglang", "policy.generation.colocated.enabled=false",
+     "policy.generation.colocated.resources.gpus_per_node=1"],
+    ["policy.generation.backend=sglang", "policy.generation.sglang_cfg.tp_size=2"],
+    ["policy.generation.backend=sglang", "policy.model_name=builtin:tiny-vl", "data.task=shape_colour"],
+    ["policy.generation.backend=sglang"],
 ]
 # reached only on a machine with a GPU or for another cluster (the CPU refusal of the same option comes first here)
-GPU_ONLY = {"check_generation_supported", "check_fp8_training", "check_transformer_engine", "check_split_engine"}
+GPU_ONLY = {"check_generation_supported", "check_fp8_training", "check_transformer_engine", "check_split_engine",
+            "check_installed"}
 CHECKED = ["plugins/dtensor/src/corerl_dtensor/support.py", "plugins/megatron/src/corerl_megatron/support.py",
            "plugins/deepspeed/src/corerl_deepspeed/support.py", "plugins/vllm_gen/src/corerl_vllm/support.py",
+           "plugins/sglang_gen/src/corerl_sglang/support.py",
            "core/src/corerl/models/facts.py", "core/src/corerl/algorithms/checks.py",
            "core/src/corerl/algorithms/step_wise.py"]
 

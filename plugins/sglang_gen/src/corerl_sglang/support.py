@@ -58,6 +58,11 @@ def check_machine(config: Config, chosen: Any) -> None:
                                  "machine has none", key="policy.generation.backend",
                                  hint="sample with policy.generation.backend=vllm (or hf) on this machine, or run on "
                                       "a GPU machine")
+    check_installed(config)
+
+
+def check_installed(config: Config) -> None:
+    """A GPU machine running the recipe without SGLang (the plugin installs without it)."""
     if runs_here(config) and importlib.util.find_spec("sglang") is None:
         raise EngineNotAvailable("SGLang is not installed", key="policy.generation.backend",
                                  hint=f"install it with: {INSTALL}")
