@@ -69,29 +69,30 @@ def test_what_the_backend_lacks_is_said_before_this_machines_want_of_a_gpu(tmp_p
 
 
 def test_engine_args_may_not_repeat_what_the_plugin_sets(tmp_path):
-    recipe = _recipe(tmp_path, {"engine_args": {"tp_size": 2, "trust_remote_code": True, "chunked_prefill_size": 64}},
-                     num_nodes=2)
+    recipe = _recipe(tmp_path, {"engine_args": {"tp_size": 2, "trust_remote_code": True, "chunked_prefill_size": 64,
+                                                "enable_deterministic_inference": False}}, num_nodes=2)
     with pytest.raises(ConfigErrors) as caught:
         select_for(host_with(None, "installed"), recipe, [])
     keys = sorted(error.key for error in caught.value.errors)
-    assert keys == ["policy.generation.sglang_cfg.engine_args.tp_size",
+    assert keys == ["policy.generation.sglang_cfg.engine_args.enable_deterministic_inference",
+                    "policy.generation.sglang_cfg.engine_args.tp_size",
                     "policy.generation.sglang_cfg.engine_args.trust_remote_code"]
 
 
 def test_the_engine_arguments_follow_the_config(tmp_path):
-    from corerl_sglang.backend import SglangGenerationBackend
+    from corerl_sglang.engine import engine_arguments
 
     recipe = _recipe(tmp_path, {"tp_size": 2, "mem_fraction_static": 0.5, "disable_cuda_graph": True,
                                 "engine_args": {"chunked_prefill_size": 64}}, num_nodes=2)
     config, _ = select_for(host_with(None, "installed"), recipe, ["policy.max_seq_length=96", "algorithm.seed=7",
                                                                   "policy.precision=bfloat16"])
-    arguments = SglangGenerationBackend(config)._engine_arguments("/models/m")
-    assert arguments == {
-        "model_path": "/models/m", "tokenizer_path": "/models/m", "dtype": "bfloat16", "context_length": 96,
-        "random_seed": 7, "enable_memory_saver": True, "log_level": "error", "tp_size": 2, "dp_size": 1, "pp_size": 1,
-        "ep_size": 1, "base_gpu_id": 0, "mem_fraction_static": 0.5, "max_running_requests": None,
-        "disable_cuda_graph": True, "disable_prefill_cuda_graph": False, "enable_weights_cpu_backup": True,
-        "chunked_prefill_size": 64,
+    assert engine_arguments(config, "/models/m") == {
+        "model_path": "/models/m", "tokenizer_path": "/models/m", "dtype": "bfloat16",
+        "context_length": 98,  # SGLang ends a request 2 tokens before its context length
+        "random_seed": 7, "enable_memory_saver": True, "enable_deterministic_inference": True, "log_level": "error",
+        "tp_size": 2, "dp_size": 1, "pp_size": 1, "ep_size": 1, "base_gpu_id": 0, "mem_fraction_static": 0.5,
+        "max_running_requests": None, "disable_cuda_graph": True, "disable_prefill_cuda_graph": False,
+        "enable_weights_cpu_backup": True, "chunked_prefill_size": 64,
     }
 
 
@@ -166,7 +167,10 @@ def test_each_sample_is_a_request_of_its_own_with_its_seed():
     called = requests.expand([[1], [2]], SamplingSettings(seed=5, top_k=4, ignore_eos=True, stop_token_ids=(3,)), 2)[1]
     assert [p["sampling_seed"] for p in called] == [5, 6, 7, 8] and called[0]["top_k"] == 4
     assert "stop_token_ids" not in called[0]  # ignore_eos: no token ends a completion
-    assert "sampling_seed" not in requests.expand([[1]], SamplingSettings(), 1)[1][0]
+    # SGLang's seeded sampler gives a request without a seed a fixed one: each gets a fresh seed instead
+    unseeded = [p["sampling_seed"] for p in requests.expand([[1]], SamplingSettings(), 4)[1]]
+    assert len(set(unseeded)) == 4
+    assert "sampling_seed" not in requests.expand([[1]], sampling, 1, seeded=False)[1][0]  # the unseeded sampler
 
 
 def _answer(ids, logprobs, reason):

@@ -1,5 +1,6 @@
-"""The sglang generation backend: SGLang's offline engine (``sglang.Engine``) in the driver's
-process, its tensor-parallel ranks SGLang's own worker processes on the driver machine's GPUs.
+"""The driver side of the sglang generation backend: SGLang's offline engine (``sglang.Engine``)
+in a Ray actor of its own (:mod:`corerl_sglang.engine`), on the training ranks' first node and
+GPUs, its tensor-parallel ranks SGLang's worker processes there.
 
 Colocated with training only (:mod:`corerl_sglang.support`): the engine takes
 ``mem_fraction_static`` of the GPUs from ``base_gpu_id`` on, sleeps while the training ranks
@@ -9,15 +10,20 @@ train (SGLang's memory saver releases its KV cache, CUDA graphs and, with
 
 from __future__ import annotations
 
-import logging
-import os
 from collections.abc import Iterable
 from typing import Any
 
-from corerl.sdk import CheckpointNaming, Config, Sample, SamplingSettings
+from corerl.sdk import (
+    CheckpointNaming,
+    Config,
+    RayWorkerGroup,
+    Sample,
+    SamplingSettings,
+    training_layout,
+)
 from corerl_sglang import requests
 
-log = logging.getLogger(__name__)
+ENGINE = "corerl_sglang.engine:SglangEngine"
 
 
 class SglangGenerationBackend:
@@ -26,79 +32,40 @@ class SglangGenerationBackend:
     def __init__(self, config: Config) -> None:
         self.config = config
         self.settings = config.section("policy.generation.sglang_cfg")
-        self.engine: Any = None
+        cluster = config.core.cluster
+        # a share of rank 0's GPU in the training pool (colocated), seeing every GPU of its node: the
+        # engine's ranks are SGLang's processes on GPUs base_gpu_id onwards
+        every_gpu = ",".join(str(i) for i in range(cluster.gpus_per_node))
+        self.group = RayWorkerGroup(ENGINE, 1, ray_address=cluster.ray_address, layout=training_layout(cluster),
+                                    role="generation engine", env={"CUDA_VISIBLE_DEVICES": every_gpu}, config=config)
         self.model_path: str | None = None
-        self.asleep = False
-
-    def _engine_arguments(self, model_path: str) -> dict[str, Any]:
-        policy, settings = self.config.core.policy, self.settings
-        seed = settings.random_seed if settings.random_seed is not None else self.config.core.algorithm.seed
-        return {
-            "model_path": model_path,
-            "tokenizer_path": model_path,  # stop strings are matched on the decoded text
-            "dtype": policy.precision,
-            "context_length": settings.context_length or policy.max_seq_length,
-            "random_seed": seed,
-            "enable_memory_saver": True,  # the engine sleeps while the training ranks train
-            "log_level": "error",
-            **settings.server_arguments(),
-            **settings.engine_args,
-        }
 
     def load_hf(self, model_path: str) -> None:
-        """Start the engine on ``model_path`` (a running one is shut down first)."""
-        import sglang
         from transformers import AutoConfig
 
-        if self.engine is not None:
-            self.shutdown()
-        os.environ.update(requests.ORIGINAL_LOGPROBS)  # the engine's processes read it as they start
-        self.engine = sglang.Engine(**self._engine_arguments(model_path))
+        self.group.call("load_hf", model_path)
         self.model_path = model_path
-        self.asleep = False
         # SGLang loads checkpoint names: a training engine's fused experts go back to per-expert tensors
         self.naming = CheckpointNaming(AutoConfig.from_pretrained(model_path))
 
     def generate(self, prompts: list[list[int]], sampling: SamplingSettings, n: int = 1) -> list[list[Sample]]:
-        ids, params = requests.expand(prompts, sampling, n)
-        if not ids:
-            return [[] for _ in prompts]
-        outputs = self.engine.generate(input_ids=ids, sampling_params=params, return_logprob=True)
-        return requests.group(prompts, outputs, n)
+        return self.group.call("generate", prompts, sampling, n)[0]
 
     def update_weights(self, weights: Iterable[tuple[str, Any]]) -> None:
-        """The weights in buckets of about ``refit_bucket_mib``, each moved to the engine's first
-        GPU and handed over through CUDA IPC; SGLang casts each to its parameter's type."""
-        import torch
-
-        device = torch.device("cuda", self.settings.base_gpu_id)
+        """The weights in buckets of about ``refit_bucket_mib`` (on the CPU through Ray), inside one
+        of SGLang's weight-update sessions; its prefix cache is flushed at the end."""
         limit = int(self.settings.refit_bucket_mib * 2**20)
-        self.engine.begin_weight_update(selector="all")
-        try:
-            for bucket in requests.buckets(self.naming(weights), limit):
-                done, message = self.engine.update_weights_from_tensor(
-                    [(name, tensor.detach().to(device)) for name, tensor in bucket], flush_cache=False)
-                if not done:
-                    raise RuntimeError(f"SGLang refused a refit: {message}")
-        finally:
-            self.engine.end_weight_update()
-        self.engine.flush_cache()
-
-    def _tags(self) -> list[str]:
-        return ["kv_cache", "weights", "cuda_graph"] if self.settings.enable_weights_cpu_backup else \
-            ["kv_cache", "cuda_graph"]
+        self.group.call("begin_refit")
+        for bucket in requests.buckets(self.naming(weights), limit):
+            self.group.call("refit_bucket", [(name, tensor.detach().cpu()) for name, tensor in bucket])
+        self.group.call("end_refit")
 
     def sleep(self) -> None:
-        if self.engine is not None and not self.asleep:
-            self.engine.release_memory_occupation(tags=self._tags())
-            self.asleep = True
+        self.group.call("sleep")
 
     def wake(self) -> None:
-        if self.engine is not None and self.asleep:
-            self.engine.resume_memory_occupation(tags=self._tags())
-            self.asleep = False
+        self.group.call("wake")
 
     def shutdown(self) -> None:
-        if self.engine is not None:
-            engine, self.engine = self.engine, None
-            engine.shutdown()
+        self.group.call("shutdown")
+        self.group.shutdown()

@@ -21,6 +21,7 @@ OWNED_ARGUMENTS = {
     "random_seed": "policy.generation.sglang_cfg.random_seed",
     "mem_fraction_static": "policy.generation.sglang_cfg.mem_fraction_static",
     "context_length": "policy.generation.sglang_cfg.context_length",
+    "enable_deterministic_inference": "policy.generation.sglang_cfg.seeded",
     "enable_memory_saver": "the plugin: on where the engine sleeps between rollouts (colocated)",
     "trust_remote_code": "corerl never runs Python code shipped inside a checkpoint (docs/security.md)",
 }
@@ -28,9 +29,9 @@ OWNED_ARGUMENTS = {
 
 @attrs.define(kw_only=True)
 class SglangConfig:
-    """Settings of the sglang generation backend (SGLang's offline engine, in the driver's
-    process; its tensor-parallel ranks are SGLang's own worker processes on the GPUs
-    ``base_gpu_id`` onwards of the driver's machine)."""
+    """Settings of the sglang generation backend (SGLang's offline engine, in a Ray actor on the
+    training ranks' first node; its tensor-parallel ranks are SGLang's own worker processes on
+    that node's GPUs from ``base_gpu_id`` on)."""
 
     tp_size: int = setting(1, min=1, help="GPUs one SGLang engine's weights are split over (its tp_size)")
     dp_size: int = setting(1, min=1, max=1, help="SGLang's data-parallel replicas inside the engine: 1 (SGLang refits "
@@ -38,11 +39,17 @@ class SglangConfig:
     pp_size: int = setting(1, min=1, help="pipeline stages of the engine (SGLang's pp_size)")
     ep_size: int = setting(1, min=1, help="expert-parallel ranks of a mixture of experts within the engine's "
                                           "tensor-parallel ranks (SGLang's ep_size)")
-    base_gpu_id: int = setting(0, min=0, help="the first GPU of the driver's machine the engine takes (then the next "
+    base_gpu_id: int = setting(0, min=0, help="the first GPU of the training ranks' first node the engine takes (then the next "
                                               "tp_size x dp_size x pp_size - 1); colocated: the training ranks' GPUs")
     mem_fraction_static: float = setting(0.6, min=0.0, min_exclusive=True, max=1.0,
                                          help="share of each GPU's memory SGLang takes for weights and KV cache")
-    context_length: int | None = setting(None, min=1, help="the engine's longest sequence; unset: policy.max_seq_length")
+    context_length: int | None = setting(None, min=1, help="the engine's longest sequence, prompt and completion; "
+                                                           "unset: policy.max_seq_length (SGLang is given 2 more: "
+                                                           "it ends a request 2 tokens before its context length)")
+    seeded: bool = setting(True, help="seed each request (a prompt's request seed plus the sample's index, as corerl's "
+                                      "other engines do), through SGLang's deterministic inference, whose sampler is "
+                                      "slower; false: SGLang's faster sampler, which reads no seeds (runs do not "
+                                      "reproduce)")
     random_seed: int | None = setting(None, help="the engine's seed; unset: algorithm.seed")
     max_running_requests: int | None = setting(None, min=1, help="requests SGLang runs at once; unset: SGLang's own")
     disable_cuda_graph: bool = setting(False, help="run the decoder without CUDA graphs (faster start, slower decode)")

@@ -14,8 +14,8 @@ acts, inert, refused, derived = Rule.acts, Rule.inert, Rule.refused, Rule.derive
 _not = Rule.other_than
 
 SECTION_KEY = "policy.generation.sglang_cfg"
-_SERVERS = ("NeMo RL runs SGLang as HTTP servers behind a router; corerl drives one engine in the driver's "
-            "process and hands it the step's requests itself")
+_SERVERS = ("NeMo RL runs SGLang as HTTP servers behind a router; corerl drives one engine in a Ray actor of its "
+            "own and hands it the step's requests itself")
 
 RULES: dict[str, Rule] = {
     f"{SECTION_KEY}.model_path": derived("the engine starts on policy.model_name; another path is refused"),
@@ -29,7 +29,7 @@ RULES: dict[str, Rule] = {
         "corerl's colocated sglang engine always frees the GPUs while training runs (sleep, wake)", _not(True)),
     f"{SECTION_KEY}.sglang_server_config.cpu_weight_backup": acts(f"{SECTION_KEY}.enable_weights_cpu_backup"),
     f"{SECTION_KEY}.sglang_server_config.num_gpus": inert("the GPUs of NeMo RL's SGLang servers; corerl's engine "
-                                                          "takes tp_size x dp_size x pp_size of the driver's machine"),
+                                                          "takes tp_size x dp_size x pp_size of the training ranks' first node"),
     f"{SECTION_KEY}.sglang_server_config.num_gpus_per_engine": derived("must equal tp_size, as NeMo RL's recipes "
                                                                        "set it; another value is refused"),
     f"{SECTION_KEY}.sglang_server_config.*": inert(_SERVERS),

@@ -25,6 +25,14 @@ def request_seed(sampling: SamplingSettings, prompt: int, sample: int, n: int) -
     return None
 
 
+def _unseeded() -> int:
+    """A fresh seed for a request that has none: SGLang's seeded sampler would give every such
+    request the same one, and a prompt's samples must differ."""
+    import random
+
+    return random.SystemRandom().randrange(2**31)
+
+
 def sampling_params(sampling: SamplingSettings, seed: int | None) -> dict[str, Any]:
     """One request's ``sampling_params`` (SGLang's ``SamplingParams`` keys)."""
     params: dict[str, Any] = {
@@ -44,13 +52,17 @@ def sampling_params(sampling: SamplingSettings, seed: int | None) -> dict[str, A
     return params
 
 
-def expand(prompts: list[list[int]], sampling: SamplingSettings, n: int) -> tuple[list[list[int]], list[dict[str, Any]]]:
-    """The call as SGLang requests: prompt ``i``'s ``n`` samples at ``i * n`` onwards."""
+def expand(prompts: list[list[int]], sampling: SamplingSettings, n: int,
+           seeded: bool = True) -> tuple[list[list[int]], list[dict[str, Any]]]:
+    """The call as SGLang requests: prompt ``i``'s ``n`` samples at ``i * n`` onwards, each with
+    its seed where the engine reads seeds (``seeded``: SGLang's deterministic inference), a fresh
+    one where the call gives none."""
     ids, params = [], []
     for i, prompt in enumerate(prompts):
         for j in range(n):
+            seed = request_seed(sampling, i, j, n) if seeded else None
             ids.append(list(prompt))
-            params.append(sampling_params(sampling, request_seed(sampling, i, j, n)))
+            params.append(sampling_params(sampling, seed if seed is not None or not seeded else _unseeded()))
     return ids, params
 
 

@@ -22,12 +22,12 @@ INSTALL = "pip install './plugins/sglang_gen[gpu]'"
 
 def check_supported(config: Config) -> None:
     """Refuse, in one line, what the sglang backend cannot run on any machine: generation on GPUs
-    of its own (the engine lives in the driver's process, on the training ranks' GPUs), more GPUs
-    than a node has, a vision-language model (it reads no images)."""
+    of its own (the engine runs on the training ranks' GPUs), more GPUs than a node has, a
+    vision-language model (it reads no images)."""
     settings = config.section("policy.generation.sglang_cfg")
     if not config.core.policy.generation.colocated.enabled:
-        raise ConfigError("the sglang engine runs colocated with training only: it lives in the driver's "
-                                 "process, on the training ranks' GPUs, which it frees while they train",
+        raise ConfigError("the sglang engine runs colocated with training only: on the training ranks' GPUs, "
+                                 "which it frees while they train",
                                  key="policy.generation.colocated.enabled",
                                  hint="set it to true, or sample on GPUs of their own with policy.generation.backend=vllm")
     check_tensor_parallel(config, settings.tp_size, "policy.generation.sglang_cfg.tp_size")
