@@ -34,7 +34,7 @@ CASES = [
     ("malformed-override-key", None, ["policy..precision=x"], "is not a dotted key path"),
     ("malformed-override-value", None, ["policy.model_name=[a"], "the value is not valid YAML"),
     ("unknown-training-backend", None, ["policy.training_backend=tpu"], "policy.training_backend: training backend 'tpu' is not available"),
-    ("unknown-generation-backend", None, ["policy.generation.backend=sglang"], "policy.generation.backend: generation backend 'sglang' is not available"),
+    ("unknown-generation-backend", None, ["policy.generation.backend=trtllm"], "policy.generation.backend: generation backend 'trtllm' is not available"),
     ("unknown-packer", None, ["policy.sequence_packing.enabled=true", "policy.sequence_packing.algorithm=best"], "policy.sequence_packing.algorithm: sequence packer 'best' is not available"),
     ("tp-does-not-divide-world", None, ["policy.dtensor_cfg.tensor_parallel_size=3"], "policy.dtensor_cfg.tensor_parallel_size: tensor_parallel_size x context_parallel_size (3) must divide"),
     ("megatron-parallel-too-large", None, ["policy.megatron_cfg.pipeline_model_parallel_size=4"], "policy.megatron_cfg.tensor_model_parallel_size: tensor_model_parallel_size x pipeline_model_parallel_size x context_parallel_size (4) must divide"),
