@@ -39,6 +39,12 @@ CPU_BUNDLE = 0.01
 COLOCATED = "colocated"
 
 
+def start_timeout_s() -> float:
+    """How long a group may take to start: its pool's reservation, then its ranks
+    (``CORERL_WORKER_START_TIMEOUT``, 300 s)."""
+    return float(os.environ.get("CORERL_WORKER_START_TIMEOUT", "300"))
+
+
 @dataclass(frozen=True)
 class NodeResources:
     """What one alive Ray node offers."""
@@ -238,7 +244,7 @@ class PoolRegistry:
             pool = self._pools.get(key)
             if pool is None:
                 self._check_not_blocked_by_own_pools(layout, cluster)
-                timeout = max(float(os.environ.get("CORERL_WORKER_START_TIMEOUT", "300")), self.wait_s)
+                timeout = max(start_timeout_s(), self.wait_s)
                 pool = self._pools[key] = Pool(layout, cluster, timeout)
             pool.users += 1
             return pool

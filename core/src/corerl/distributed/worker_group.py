@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from corerl.distributed.actor import RankActor, resolve
-from corerl.distributed.placement import COLOCATED, POOLS, Pool, PoolLayout
+from corerl.distributed.placement import COLOCATED, POOLS, Pool, PoolLayout, start_timeout_s
 from corerl.distributed.ray_sessions import remove_stale_sessions
 from corerl.distributed.remote_errors import unwrap_remote
 from corerl.distributed.run_log import ray_options
@@ -74,11 +74,6 @@ def held_port(host: str = "127.0.0.1") -> socket.socket:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, 0))
     return sock
-
-
-def start_timeout_s() -> float:
-    """How long a group's ranks may take to start (``CORERL_WORKER_START_TIMEOUT``, 300 s)."""
-    return float(os.environ.get("CORERL_WORKER_START_TIMEOUT", "300"))
 
 
 def rendezvous_address(pool: Pool, world_size: int) -> tuple[dict[str, str], socket.socket | None]:
