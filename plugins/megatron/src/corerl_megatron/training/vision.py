@@ -22,6 +22,8 @@ from typing import Any
 
 import torch
 
+from corerl.sdk import resolve
+
 #: the families whose checkpoints hold a vision tower this module builds, by config model_type
 TOWERS = {
     "qwen2_5_vl": "transformers.models.qwen2_5_vl.modeling_qwen2_5_vl:Qwen2_5_VisionTransformerPretrainedModel",
@@ -38,13 +40,6 @@ def is_vision_language(hf: Any) -> bool:
     return getattr(hf, "model_type", None) in TOWERS
 
 
-def _load(path: str) -> Any:
-    import importlib
-
-    module, _, name = path.partition(":")
-    return getattr(importlib.import_module(module), name)
-
-
 def mrope_section(hf: Any) -> list[int]:
     """The text config's multimodal rotary split of each head's rotated channels (time, height, width)."""
     text = hf.get_text_config()
@@ -54,7 +49,7 @@ def mrope_section(hf: Any) -> list[int]:
 
 def build_tower(hf: Any, dtype: torch.dtype) -> Any:
     """The vision tower of ``hf`` (weights copied in afterwards), in ``dtype``, on the rank's device."""
-    tower = _load(TOWERS[hf.model_type])._from_config(hf.vision_config)
+    tower = resolve(TOWERS[hf.model_type], what="vision tower")._from_config(hf.vision_config)
     for param in tower.parameters():  # the rotary buffers stay float32, as transformers and vLLM keep them
         param.data = param.data.to(dtype)
     if torch.cuda.is_available():
@@ -68,7 +63,7 @@ class VisionInputs:
     def __init__(self, hf: Any) -> None:
         self.image_token_id = int(hf.image_token_id)
         with torch.device("meta"):  # transformers' get_rope_index reads the config only: no weights
-            self.rope = _load(_ROPE[hf.model_type])(hf)
+            self.rope = resolve(_ROPE[hf.model_type], what="rotary positions")(hf)
 
     def inputs(self, gpt: Any, mb: dict[str, torch.Tensor], first_stage: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``[3, rows, tokens]`` rotary positions of the micro-batch (text rows: the token index on
