@@ -13,8 +13,8 @@ from corerl.sdk import setting
 #: server arguments the plugin sets itself (from the run's config): not to be given in engine_args
 OWNED_ARGUMENTS = {
     "model_path": "policy.model_name (the engine starts on the policy's checkpoint, then takes every refit)",
-    "tokenizer_path": "policy.model_name (corerl hands the engine token ids)",
-    "skip_tokenizer_init": "the plugin: corerl hands the engine token ids and reads ids back",
+    "tokenizer_path": "policy.model_name (the engine's tokenizer matches stop strings on the decoded text)",
+    "skip_tokenizer_init": "the plugin: the engine keeps its tokenizer, which matches stop strings",
     "dtype": "policy.precision",
     "tp_size": "policy.generation.sglang_cfg.tp_size", "dp_size": "policy.generation.sglang_cfg.dp_size",
     "pp_size": "policy.generation.sglang_cfg.pp_size", "ep_size": "policy.generation.sglang_cfg.ep_size",

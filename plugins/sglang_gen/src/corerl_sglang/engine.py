@@ -14,9 +14,11 @@ from corerl.sdk import Sample, SamplingSettings
 from corerl_sglang import requests
 
 #: set before the engine starts (its worker processes read them as they import SGLang): logprobs
-#: of the model's own distribution, and a context 2 tokens past the model's own limit accepted
-#: (SGLang ends a request 2 tokens before its context length: :func:`engine_context_length`)
-ENGINE_ENVIRONMENT = {**requests.ORIGINAL_LOGPROBS, "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN": "1"}
+#: of the model's own distribution (SGLang reports the distribution it sampled, after temperature,
+#: unless told otherwise; corerl's samples carry the untempered ones), and a context 2 tokens past
+#: the model's own limit accepted (SGLang ends a request 2 tokens before its context length:
+#: :func:`engine_context_length`)
+ENGINE_ENVIRONMENT = {"SGLANG_RETURN_ORIGINAL_LOGPROB": "1", "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN": "1"}
 #: SGLang caps a request's prompt and completion at its context length less this
 CONTEXT_MARGIN = 2
 

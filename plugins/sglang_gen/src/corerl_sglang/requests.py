@@ -8,11 +8,6 @@ from typing import Any
 
 from corerl.sdk import Sample, SamplingSettings
 
-#: SGLang reports the logprobs of the distribution it sampled (after temperature) unless told
-#: otherwise; corerl's samples carry the model's own, untempered ones (read by the engine's
-#: worker processes, so it is set before the engine starts)
-ORIGINAL_LOGPROBS = {"SGLANG_RETURN_ORIGINAL_LOGPROB": "1"}
-
 
 def request_seed(sampling: SamplingSettings, prompt: int, sample: int, n: int) -> int | None:
     """The seed of sample ``sample`` of prompt ``prompt``: the prompt's request seed plus the

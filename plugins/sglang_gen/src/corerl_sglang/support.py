@@ -27,22 +27,21 @@ def check_supported(config: Config) -> None:
     settings = config.section("policy.generation.sglang_cfg")
     if not config.core.policy.generation.colocated.enabled:
         raise ConfigError("the sglang engine runs colocated with training only: on the training ranks' GPUs, "
-                                 "which it frees while they train",
-                                 key="policy.generation.colocated.enabled",
-                                 hint="set it to true, or sample on GPUs of their own with policy.generation.backend=vllm")
+                          "which it frees while they train", key="policy.generation.colocated.enabled",
+                          hint="set it to true, or sample on GPUs of their own with policy.generation.backend=vllm")
     check_tensor_parallel(config, settings.tp_size, "policy.generation.sglang_cfg.tp_size")
     gpus = settings.tp_size * settings.dp_size * settings.pp_size
     per_node = config.core.cluster.gpus_per_node
     if settings.base_gpu_id + gpus > per_node:
         raise ConfigError(f"the sglang engine takes {gpus} GPUs (tp_size x dp_size x pp_size) from GPU "
-                                 f"{settings.base_gpu_id} on, and a node has {per_node} (cluster.gpus_per_node)",
-                                 key="policy.generation.sglang_cfg.tp_size",
-                                 hint="make tp_size x dp_size x pp_size, from base_gpu_id, fit cluster.gpus_per_node")
+                          f"{settings.base_gpu_id} on, and a node has {per_node} (cluster.gpus_per_node)",
+                          key="policy.generation.sglang_cfg.tp_size",
+                          hint="make tp_size x dp_size x pp_size, from base_gpu_id, fit cluster.gpus_per_node")
     shape = model_shape(config)
     if shape is not None and shape.vision:
         raise ConfigError(f"the sglang backend does not read images: {config.core.policy.model_name} is a "
-                                 "vision-language model", key="policy.generation.backend",
-                                 hint="sample it with policy.generation.backend=vllm (or hf)")
+                          "vision-language model", key="policy.generation.backend",
+                          hint="sample it with policy.generation.backend=vllm (or hf)")
 
 
 def check_machine(config: Config, chosen: Any) -> None:
