@@ -77,6 +77,13 @@ def test_engine_args_may_not_repeat_what_the_plugin_sets(tmp_path):
     assert keys == ["policy.generation.sglang_cfg.engine_args.enable_deterministic_inference",
                     "policy.generation.sglang_cfg.engine_args.tp_size",
                     "policy.generation.sglang_cfg.engine_args.trust_remote_code"]
+    # every setting of the section that is a server argument: engine_args may not slip past its checks
+    recipe = _recipe(tmp_path, {"engine_args": {"base_gpu_id": 3, "disable_cuda_graph": True}}, num_nodes=2)
+    with pytest.raises(ConfigErrors) as caught:
+        select_for(host_with(None, "installed"), recipe, [])
+    assert sorted(error.key for error in caught.value.errors) == [
+        "policy.generation.sglang_cfg.engine_args.base_gpu_id",
+        "policy.generation.sglang_cfg.engine_args.disable_cuda_graph"]
 
 
 def test_the_engine_arguments_follow_the_config(tmp_path):

@@ -10,16 +10,18 @@ import attrs
 
 from corerl.sdk import setting
 
+#: this section's settings that are SGLang's server arguments of the same name
+SERVER_ARGUMENTS = ("tp_size", "dp_size", "pp_size", "ep_size", "base_gpu_id", "mem_fraction_static",
+                    "max_running_requests", "disable_cuda_graph", "disable_prefill_cuda_graph",
+                    "enable_weights_cpu_backup")
 #: server arguments the plugin sets itself (from the run's config): not to be given in engine_args
 OWNED_ARGUMENTS = {
+    **{name: f"policy.generation.sglang_cfg.{name}" for name in SERVER_ARGUMENTS},
     "model_path": "policy.model_name (the engine starts on the policy's checkpoint, then takes every refit)",
     "tokenizer_path": "policy.model_name (the engine's tokenizer matches stop strings on the decoded text)",
     "skip_tokenizer_init": "the plugin: the engine keeps its tokenizer, which matches stop strings",
     "dtype": "policy.precision",
-    "tp_size": "policy.generation.sglang_cfg.tp_size", "dp_size": "policy.generation.sglang_cfg.dp_size",
-    "pp_size": "policy.generation.sglang_cfg.pp_size", "ep_size": "policy.generation.sglang_cfg.ep_size",
     "random_seed": "policy.generation.sglang_cfg.random_seed",
-    "mem_fraction_static": "policy.generation.sglang_cfg.mem_fraction_static",
     "context_length": "policy.generation.sglang_cfg.context_length",
     "enable_deterministic_inference": "policy.generation.sglang_cfg.seeded",
     "enable_memory_saver": "the plugin: on where the engine sleeps between rollouts (colocated)",
@@ -65,10 +67,7 @@ class SglangConfig:
 
     def server_arguments(self) -> dict[str, Any]:
         """The arguments of this section that are SGLang's server arguments of the same name."""
-        names = ("tp_size", "dp_size", "pp_size", "ep_size", "base_gpu_id", "mem_fraction_static",
-                 "max_running_requests", "disable_cuda_graph", "disable_prefill_cuda_graph",
-                 "enable_weights_cpu_backup")
-        return {name: getattr(self, name) for name in names}
+        return {name: getattr(self, name) for name in SERVER_ARGUMENTS}
 
     def check(self, config: Any) -> Iterator[tuple[str, str]]:
         """The engine's length holds every sequence of the run; engine_args repeats none of the
